@@ -1,0 +1,1 @@
+/* accesslog.c — placeholder, being written. */

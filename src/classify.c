@@ -1,0 +1,1 @@
+/* classify.c — placeholder, being written. */

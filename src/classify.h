@@ -1,0 +1,48 @@
+/*
+ * classify.h — which streamed events carry tokens, and where usage lives.
+ *
+ * The API of a request is known from its path. For each framed event the
+ * classifier answers "token-bearing or not" and picks input/output token
+ * counts out of the event that carries usage. It decides with cheap byte
+ * scans wherever they suffice, and parses JSON (jansson) only for the rare
+ * events that carry usage numbers. Definitions: docs/metrics.md.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "framer.h"
+
+enum api_kind {
+	API_UNKNOWN = 0,
+	API_OPENAI_CHAT,	/* /v1/chat/completions */
+	API_OPENAI_COMPLETIONS, /* /v1/completions */
+	API_ANTHROPIC,		/* /v1/messages */
+	API_TGI,		/* /generate_stream, /generate */
+	API_LLAMACPP,		/* /completion, /completions (llama.cpp native) */
+	API_OLLAMA_GENERATE,	/* /api/generate */
+	API_OLLAMA_CHAT,	/* /api/chat */
+};
+
+/* Usage as reported by the server; -1 where not (yet) known. */
+struct usage {
+	int64_t input_tokens;
+	int64_t output_tokens;
+};
+
+#define USAGE_UNKNOWN ((struct usage){ -1, -1 })
+
+/* The API a request path (without query string) speaks. */
+enum api_kind classify_api(const char *path, size_t len);
+
+/* Short stable name for logs: "openai-chat", "anthropic", ... */
+const char *classify_api_name(enum api_kind api);
+
+/* Classifies one streamed event. Returns true when it bears tokens. Updates
+ * `usage` when the event carries counts (later values win field by field). */
+bool classify_event(enum api_kind api, const struct framer_event *ev, struct usage *usage);
+
+/* Reads usage from a whole non-streamed JSON response body. */
+void classify_body(enum api_kind api, const char *body, size_t len, struct usage *usage);

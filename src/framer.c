@@ -1,0 +1,1 @@
+/* framer.c — placeholder, being written. */

@@ -1,0 +1,69 @@
+/*
+ * framer.h — incremental event framer for streamed LLM responses.
+ *
+ * Splits a response body into events as bytes arrive: Server-Sent Events
+ * (text/event-stream: `data:` lines, multi-line data, `event:` names,
+ * comments, CRLF / LF / CR line ends) or NDJSON (application/x-ndjson, one
+ * JSON value per line, as Ollama streams). The framer only parses: it is fed
+ * whatever slices the socket produced, keeps the partial line between calls,
+ * and calls back once per complete event. It never allocates per event: one
+ * buffer per stream, grown at most to `max_event` bytes. An event larger than
+ * that is dropped (counted in `oversized`) and framing resumes at the next
+ * event boundary; the bytes themselves are forwarded by the caller untouched.
+ */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum framer_kind {
+	FRAMER_NONE = 0, /* not a streamed body: feed is a no-op */
+	FRAMER_SSE,
+	FRAMER_NDJSON,
+};
+
+/* One complete event. Pointers are valid only during the callback. */
+struct framer_event {
+	const char *name; /* SSE `event:` field, NULL when absent; NULL for NDJSON */
+	size_t name_len;
+	const char *data; /* SSE: data lines joined by '\n'; NDJSON: the line without its end */
+	size_t data_len;
+};
+
+typedef void (*framer_cb)(void *arg, const struct framer_event *ev);
+
+struct framer {
+	enum framer_kind kind;
+	framer_cb cb;
+	void *arg;
+	size_t max_event;
+	/* private: parse state */
+	char *buf;
+	size_t len, cap;
+	size_t name_off, name_len; /* `event:` value stored at buf[name_off] */
+	size_t data_len;	   /* bytes of joined data at the start of buf */
+	int has_data, has_name;
+	int state;
+	int skip; /* discarding the rest of an oversized event */
+	/* counters, readable by the caller */
+	uint64_t events;
+	uint64_t oversized;
+};
+
+/* Prepares `f`; allocates nothing until the first byte. */
+void framer_init(struct framer *f, enum framer_kind kind, size_t max_event, framer_cb cb, void *arg);
+
+/* Consumes `len` bytes; calls `cb` for every event they complete. */
+void framer_feed(struct framer *f, const char *buf, size_t len);
+
+/* End of body: an NDJSON line without a final newline is delivered; an SSE
+ * event without its blank line is dispatched too (servers that close right
+ * after the last `data:` line exist). */
+void framer_finish(struct framer *f);
+
+/* Releases the buffer; safe on a zeroed or already-freed framer. */
+void framer_free(struct framer *f);
+
+/* Picks the framer for a Content-Type header value (case-insensitive, with or
+ * without parameters). */
+enum framer_kind framer_kind_for_content_type(const char *ct, size_t len);

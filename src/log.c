@@ -1,0 +1,1 @@
+/* log.c — placeholder, being written. */

@@ -1,0 +1,1 @@
+/* proxy.c — placeholder, being written. */

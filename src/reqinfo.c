@@ -1,0 +1,1 @@
+/* reqinfo.c — placeholder, being written. */

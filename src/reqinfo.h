@@ -1,0 +1,23 @@
+/*
+ * reqinfo.h — what tokentap learns from a request body: model and stream flag.
+ *
+ * Fed a bounded prefix of the body (the proxy keeps at most a few tens of
+ * KiB). Works on a complete JSON body and on a truncated prefix (large
+ * prompts with images): only top-level keys count, never a "model" nested in
+ * messages. Never allocates per call beyond what the JSON library needs.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#define REQINFO_MODEL_MAX 128
+
+struct reqinfo {
+	char model[REQINFO_MODEL_MAX]; /* "" when absent; truncated to fit, NUL-terminated */
+	int stream;		       /* 1 true, 0 false, -1 absent */
+};
+
+/* Fills `out` from `body[0..len)`. `complete` says whether that is the whole
+ * body. Returns 0 when the body was JSON (or a JSON prefix), -1 otherwise. */
+int reqinfo_parse(const char *body, size_t len, bool complete, struct reqinfo *out);

@@ -1,0 +1,1 @@
+/* timeline.c — placeholder, being written. */
