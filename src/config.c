@@ -1,1 +1,70 @@
-/* config.c — placeholder, being written. */
+/*
+ * config.c — defaults and value parsers for tokentap's settings.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+void config_defaults(struct config *c)
+{
+	memset(c, 0, sizeof(*c));
+	c->listen = "127.0.0.1:8080";
+	c->max_body_size = 32u << 20; /* prompts with images are large */
+	c->max_header_size = 32u << 10;
+	c->max_headers = 100;
+	c->header_timeout_ms = 30000;
+	c->keepalive_timeout_ms = 75000;
+	c->connect_timeout_ms = 5000;
+	/* Long prompts, full queues: the first byte of a stream can take minutes. */
+	c->first_byte_timeout_ms = 300000;
+	c->idle_timeout_ms = 300000;
+	c->pool_idle_timeout_ms = 60000;
+	c->pool_max_idle = 256;
+	c->stream_buffer = 256u << 10;
+	c->max_event_size = 1u << 20;
+	c->body_inspect_max = 64u << 10;
+}
+
+static int parse_scaled(const char *s, uint64_t *out, const char *const units[], const uint64_t scale[],
+			size_t nunits, uint64_t bare_scale)
+{
+	char *end;
+	unsigned long long v;
+
+	if (!s || !*s || *s == '-' || *s == '+')
+		return -1;
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno || end == s)
+		return -1;
+	uint64_t mul = bare_scale;
+	if (*end) {
+		size_t i;
+		for (i = 0; i < nunits; i++)
+			if (strcmp(end, units[i]) == 0)
+				break;
+		if (i == nunits)
+			return -1;
+		mul = scale[i];
+	}
+	if (mul && v > UINT64_MAX / mul)
+		return -1;
+	*out = (uint64_t)v * mul;
+	return 0;
+}
+
+int config_parse_size(const char *s, uint64_t *out)
+{
+	static const char *const units[] = { "k", "K", "m", "M", "g", "G" };
+	static const uint64_t scale[] = { 1u << 10, 1u << 10, 1u << 20, 1u << 20, 1u << 30, 1u << 30 };
+	return parse_scaled(s, out, units, scale, 6, 1);
+}
+
+int config_parse_duration_ms(const char *s, uint64_t *out)
+{
+	static const char *const units[] = { "ms", "s", "m", "h" };
+	static const uint64_t scale[] = { 1, 1000, 60000, 3600000 };
+	return parse_scaled(s, out, units, scale, 4, 1000);
+}

@@ -1,1 +1,1395 @@
-/* proxy.c — placeholder, being written. */
+/*
+ * proxy.c — client connections, requests and their exchange with the upstream.
+ *
+ *   client ──bytes──▶ [llhttp request] ──head+body──▶ upstream connection
+ *   client ◀──same bytes── [llhttp response ─▶ framer ─▶ classifier] ◀── upstream
+ *
+ * A client connection carries one request at a time: a pipelined request
+ * waits, unparsed, in the client's input buffer until the response before it
+ * has been written (llhttp is paused at each message end). The request head
+ * is re-written for the upstream (hop-by-hop headers dropped, x-request-id
+ * added); the request body is streamed as it arrives. The response is never
+ * rewritten: once its head has parsed, every byte read from the upstream is
+ * moved, not copied, into the client's output buffer in the same callback.
+ * Parsing it only stamps the timeline and feeds the event framer.
+ *
+ * Client states (client_set_state is the one place they change):
+ *
+ *   IDLE ──first byte──▶ HEAD ──headers──▶ BODY ──message end──▶ WAIT
+ *     ▲                                                            │
+ *     └──────────── response written, keep-alive ◀─────────────────┘
+ *   any ──error / close──▶ CLOSING ──output drained / linger──▶ freed
+ *
+ * Backpressure follows libevent's le-proxy: when the destination's output
+ * passes cfg->stream_buffer the source stops reading, and the destination's
+ * write callback (low watermark at half) resumes it. Memory per stream stays
+ * bounded by a few buffers whatever the speeds of either side.
+ *
+ * Objects are never freed inside a call chain that may still touch them:
+ * client_close() tears down the sockets at once (so an upstream sees an
+ * aborted client immediately) and frees the memory from a zero timer.
+ */
+#include "proxy.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <event2/util.h>
+#include <jansson.h>
+#include <llhttp.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/queue.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "accesslog.h"
+#include "classify.h"
+#include "config.h"
+#include "framer.h"
+#include "log.h"
+#include "reqinfo.h"
+#include "timeline.h"
+#include "upstream.h"
+
+#define CLIENT_STATES(X) \
+	X(IDLE) \
+	X(HEAD) \
+	X(BODY) \
+	X(WAIT) \
+	X(CLOSING)
+
+enum client_state {
+#define X(s) CL_##s,
+	CLIENT_STATES(X)
+#undef X
+};
+
+static const char *const client_state_names[] = {
+#define X(s) #s,
+	CLIENT_STATES(X)
+#undef X
+};
+
+enum req_timer { RT_NONE, RT_CONNECT, RT_FIRST_BYTE, RT_IDLE };
+
+/* Lingering close: after an error response, keep reading (and dropping)
+ * what the client still sends for a moment, so it sees the response rather
+ * than a reset. */
+#define LINGER_MS 2000
+/* Client input kept unparsed while a response runs (pipelined requests). */
+#define CLIENT_INPUT_MAX (64u << 10)
+#define RESP_BODY_MAX (1u << 20)
+#define REQUEST_ID_MAX 128
+
+struct proxy {
+	struct event_base *base;
+	const struct config *cfg;
+	struct upstream *up;
+	struct accesslog *alog;
+	struct evconnlistener *listener;
+	char listen_addr[80];
+	uint64_t next_client_id;
+	uint64_t id_seed, id_counter;
+	llhttp_settings_t req_settings, resp_settings;
+	LIST_HEAD(, client) clients;
+};
+
+struct hdr {
+	uint32_t name_off, name_len, val_off, val_len;
+};
+
+/* One request and its exchange with the upstream. Owned by its client. */
+struct request {
+	struct client *cl;
+	struct req_record rec;
+
+	/* request head as parsed: URL, header names and values in hbuf */
+	char *hbuf;
+	size_t hlen, hcap;
+	struct hdr *hdrs;
+	unsigned nhdr;
+	size_t url_off, url_len;
+	bool in_url, in_name, in_value;
+	bool chunked_in;
+	bool http10;
+	uint64_t body_bytes;
+	bool body_done;
+	char *body_prefix; /* the first cfg->body_inspect_max bytes, for the model */
+	size_t body_prefix_len;
+	bool reqinfo_done;
+	bool head_method; /* HEAD: the response has no body whatever it says */
+	bool logged;
+	int reject_status; /* set by a parser callback that refuses the request */
+	const char *reject_msg;
+
+	/* upstream side */
+	struct upconn *uc;
+	struct evbuffer *up_pending; /* request bytes waiting for the connection */
+	struct event *timer;
+	enum req_timer timer_kind;
+	llhttp_t rparser;
+	size_t resp_parsed; /* bytes at the front of the input parsed, not yet moved */
+	bool resp_head_done, resp_done, resp_started, resp_keepalive, resp_informational;
+	bool upstream_paused;
+	bool upstream_dirty; /* bytes past the response end: never reuse */
+	uint64_t now;	     /* time of the read being parsed */
+	struct framer framer;
+	struct evbuffer *resp_body; /* non-streamed bodies, for usage */
+	char rh_name[32], rh_val[128];
+	size_t rh_name_len, rh_val_len;
+	bool rh_in_name, rh_in_value;
+	bool content_encoded;
+	enum framer_kind resp_kind;
+};
+
+/* One client connection. Owned by the proxy's client list. */
+struct client {
+	struct proxy *px;
+	uint64_t id;
+	struct bufferevent *bev;
+	llhttp_t parser;
+	enum client_state state;
+	struct event *timer; /* keep-alive idle, header deadline, upload idle, linger */
+	struct request *req;
+	char peer[64];
+	uint64_t last_read_ns;
+	bool close_after; /* close once the current response is written */
+	bool closing;
+	bool reading_blocked; /* upload backpressure */
+	LIST_ENTRY(client) link;
+};
+
+static void client_close(struct client *cl, const char *why);
+static void client_parse(struct client *cl);
+static void request_finish(struct request *req);
+static void request_flush_upstream(struct request *req);
+static void on_up_read(struct bufferevent *bev, void *arg);
+static void on_up_write(struct bufferevent *bev, void *arg);
+static void on_up_event(struct bufferevent *bev, short what, void *arg);
+
+/* ---- small helpers ---- */
+
+static struct timeval ms_to_tv(uint64_t ms)
+{
+	struct timeval tv = { (time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000) };
+	return tv;
+}
+
+static void timer_arm(struct event *ev, uint64_t ms)
+{
+	struct timeval tv = ms_to_tv(ms);
+	evtimer_add(ev, &tv);
+}
+
+static void format_addr(const struct sockaddr *sa, char *out, size_t len)
+{
+	char host[INET6_ADDRSTRLEN] = "?";
+
+	if (sa->sa_family == AF_INET6) {
+		const struct sockaddr_in6 *s6 = (const void *)sa;
+		inet_ntop(AF_INET6, &s6->sin6_addr, host, sizeof(host));
+		snprintf(out, len, "[%s]:%u", host, ntohs(s6->sin6_port));
+	} else {
+		const struct sockaddr_in *s4 = (const void *)sa;
+		inet_ntop(AF_INET, &s4->sin_addr, host, sizeof(host));
+		snprintf(out, len, "%s:%u", host, ntohs(s4->sin_port));
+	}
+}
+
+static bool name_eq(const char *a, size_t alen, const char *lit)
+{
+	size_t n = strlen(lit);
+	return alen == n && strncasecmp(a, lit, n) == 0;
+}
+
+static const char *status_reason(int status)
+{
+	switch (status) {
+	case 400: return "Bad Request";
+	case 404: return "Not Found";
+	case 408: return "Request Timeout";
+	case 413: return "Content Too Large";
+	case 414: return "URI Too Long";
+	case 417: return "Expectation Failed";
+	case 431: return "Request Header Fields Too Large";
+	case 501: return "Not Implemented";
+	case 502: return "Bad Gateway";
+	case 503: return "Service Unavailable";
+	case 504: return "Gateway Timeout";
+	default: return "Error";
+	}
+}
+
+static void client_set_state(struct client *cl, enum client_state st)
+{
+	if (cl->state == st)
+		return;
+	if (log_enabled(LOG_DEBUG))
+		log_conn(LOG_DEBUG, cl->id, "%s -> %s", client_state_names[cl->state], client_state_names[st]);
+	cl->state = st;
+}
+
+/* Request ids: 128 bits from a random seed and a counter, mixed so that ids
+ * look random yet never repeat within a process. */
+static uint64_t mix64(uint64_t x)
+{
+	x += 0x9e3779b97f4a7c15ull;
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+static void request_id_generate(struct proxy *px, char *out, size_t len)
+{
+	uint64_t hi = mix64(px->id_seed + ++px->id_counter);
+	snprintf(out, len, "%016llx%016llx", (unsigned long long)hi, (unsigned long long)mix64(hi ^ px->id_seed));
+}
+
+/* A client-supplied id is kept only when it is safe to log and forward. */
+static bool request_id_acceptable(const char *s, size_t len)
+{
+	if (len == 0 || len > REQUEST_ID_MAX)
+		return false;
+	for (size_t i = 0; i < len; i++) {
+		unsigned char c = (unsigned char)s[i];
+		if (c <= 0x20 || c >= 0x7f || c == '"' || c == '\\')
+			return false;
+	}
+	return true;
+}
+
+/* ---- request objects ---- */
+
+static struct request *request_new(struct client *cl)
+{
+	const struct config *cfg = cl->px->cfg;
+	struct request *req = calloc(1, sizeof(*req));
+
+	if (!req)
+		return NULL;
+	req->cl = cl;
+	req->hdrs = calloc(cfg->max_headers, sizeof(*req->hdrs));
+	req->up_pending = evbuffer_new();
+	req->timer = evtimer_new(cl->px->base, NULL, NULL);
+	if (!req->hdrs || !req->up_pending || !req->timer) {
+		free(req->hdrs);
+		if (req->up_pending)
+			evbuffer_free(req->up_pending);
+		if (req->timer)
+			event_free(req->timer);
+		free(req);
+		return NULL;
+	}
+	req->rec.usage = USAGE_UNKNOWN;
+	req->rec.stream = -1;
+	req->rec.upstream = cl->px->up->name;
+	req->rec.at[TL_ARRIVE] = cl->last_read_ns ? cl->last_read_ns : clock_now_ns();
+	llhttp_init(&req->rparser, HTTP_RESPONSE, &cl->px->resp_settings);
+	req->rparser.data = req;
+	return req;
+}
+
+/* Releases the upstream connection: pooled only when `reusable`. */
+static void request_drop_upstream(struct request *req, bool reusable)
+{
+	if (!req->uc)
+		return;
+	upstream_release(req->uc, reusable);
+	req->uc = NULL;
+	req->timer_kind = RT_NONE;
+	evtimer_del(req->timer);
+}
+
+static void request_free(struct request *req)
+{
+	if (!req)
+		return;
+	request_drop_upstream(req, false);
+	framer_free(&req->framer);
+	record_release(&req->rec);
+	if (req->up_pending)
+		evbuffer_free(req->up_pending);
+	if (req->resp_body)
+		evbuffer_free(req->resp_body);
+	if (req->timer)
+		event_free(req->timer);
+	free(req->hbuf);
+	free(req->hdrs);
+	free(req->body_prefix);
+	free(req);
+}
+
+/* Each request is logged once, when its outcome is known. */
+static void request_log(struct request *req)
+{
+	if (req->logged)
+		return;
+	req->logged = true;
+	accesslog_write(req->cl->px->alog, &req->rec);
+}
+
+static bool hbuf_append(struct request *req, const char *at, size_t len)
+{
+	const struct config *cfg = req->cl->px->cfg;
+
+	if (req->hlen + len > cfg->max_header_size)
+		return false;
+	if (req->hlen + len > req->hcap) {
+		size_t cap = req->hcap ? req->hcap : 1024;
+		while (cap < req->hlen + len)
+			cap *= 2;
+		if (cap > cfg->max_header_size)
+			cap = cfg->max_header_size;
+		char *p = realloc(req->hbuf, cap);
+		if (!p)
+			return false;
+		req->hbuf = p;
+		req->hcap = cap;
+	}
+	memcpy(req->hbuf + req->hlen, at, len);
+	req->hlen += len;
+	return true;
+}
+
+static const struct hdr *request_header(const struct request *req, const char *name)
+{
+	for (unsigned i = 0; i < req->nhdr; i++)
+		if (name_eq(req->hbuf + req->hdrs[i].name_off, req->hdrs[i].name_len, name))
+			return &req->hdrs[i];
+	return NULL;
+}
+
+/* True when `name` appears as a token of the Connection header. */
+static bool listed_in_connection(const struct request *req, const char *name, size_t nlen)
+{
+	for (unsigned i = 0; i < req->nhdr; i++) {
+		const struct hdr *h = &req->hdrs[i];
+		if (!name_eq(req->hbuf + h->name_off, h->name_len, "connection"))
+			continue;
+		const char *v = req->hbuf + h->val_off, *end = v + h->val_len;
+		while (v < end) {
+			while (v < end && (*v == ' ' || *v == '\t' || *v == ','))
+				v++;
+			const char *tok = v;
+			while (v < end && *v != ',' && *v != ' ' && *v != '\t')
+				v++;
+			if ((size_t)(v - tok) == nlen && strncasecmp(tok, name, nlen) == 0)
+				return true;
+		}
+	}
+	return false;
+}
+
+static bool hop_by_hop(const struct request *req, const char *name, size_t len)
+{
+	static const char *const hop[] = { "connection", "keep-alive", "proxy-connection", "te", "trailer",
+					   "transfer-encoding", "upgrade", "expect", "http2-settings" };
+	for (size_t i = 0; i < sizeof(hop) / sizeof(hop[0]); i++)
+		if (name_eq(name, len, hop[i]))
+			return true;
+	return listed_in_connection(req, name, len);
+}
+
+/* ---- error answers ---- */
+
+/* Answers the current request with a JSON error and closes the connection
+ * (with a lingering read so the client sees the answer). When the response
+ * already started, the only honest signal left is closing mid-stream. */
+static void client_fail(struct client *cl, int status, enum req_error kind, const char *type, const char *msg)
+{
+	struct request *req = cl->req;
+
+	if (cl->closing || cl->state == CL_CLOSING)
+		return;
+	if (req) {
+		req->rec.error = kind;
+		request_drop_upstream(req, false);
+		if (req->resp_started) {
+			log_conn(LOG_WARN, cl->id, "request %s: %s; closing mid-response", req->rec.id, msg);
+			client_close(cl, msg);
+			return;
+		}
+		req->rec.status = status;
+	}
+	json_t *body = json_pack("{s:{s:s,s:s,s:i}}", "error", "message", msg, "type", type, "code", status);
+	char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+	json_decref(body);
+	size_t tlen = text ? strlen(text) : 0;
+	struct evbuffer *out = bufferevent_get_output(cl->bev);
+	evbuffer_add_printf(out,
+			    "HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %zu\r\n"
+			    "connection: close\r\n",
+			    status, status_reason(status), tlen);
+	if (req && req->rec.id[0])
+		evbuffer_add_printf(out, "x-request-id: %s\r\n", req->rec.id);
+	evbuffer_add(out, "\r\n", 2);
+	evbuffer_add(out, text ? text : "", tlen);
+	free(text);
+	log_conn(status >= 500 ? LOG_WARN : LOG_INFO, cl->id, "%d %s%s%s", status, msg, req ? " request " : "",
+		 req ? req->rec.id : "");
+	if (req) {
+		req->resp_done = true;
+		request_log(req);
+	}
+	cl->close_after = true;
+	client_set_state(cl, CL_CLOSING);
+	/* The answer goes out from the write callback; then linger. */
+	bufferevent_setwatermark(cl->bev, EV_WRITE, 0, 0);
+	bufferevent_enable(cl->bev, EV_WRITE);
+	bufferevent_enable(cl->bev, EV_READ);
+	timer_arm(cl->timer, LINGER_MS);
+}
+
+/* ---- upstream exchange ---- */
+
+static void request_timer_set(struct request *req, enum req_timer kind, uint64_t ms)
+{
+	req->timer_kind = kind;
+	timer_arm(req->timer, ms);
+}
+
+static void on_request_timer(evutil_socket_t fd, short what, void *arg)
+{
+	struct request *req = arg;
+	struct client *cl = req->cl;
+	const struct config *cfg = cl->px->cfg;
+	char msg[160];
+
+	switch (req->timer_kind) {
+	case RT_CONNECT:
+		snprintf(msg, sizeof(msg), "upstream %s did not accept the connection within %llu ms",
+			 cl->px->up->name, (unsigned long long)cfg->connect_timeout_ms);
+		break;
+	case RT_FIRST_BYTE:
+		snprintf(msg, sizeof(msg), "upstream %s sent no response headers within %llu ms", cl->px->up->name,
+			 (unsigned long long)cfg->first_byte_timeout_ms);
+		break;
+	case RT_IDLE:
+		snprintf(msg, sizeof(msg), "upstream %s went silent for %llu ms", cl->px->up->name,
+			 (unsigned long long)cfg->idle_timeout_ms);
+		break;
+	default:
+		return;
+	}
+	client_fail(cl, 504, REQ_ERR_TIMEOUT, "upstream_timeout", msg);
+}
+
+static void request_dispatch(struct request *req)
+{
+	struct client *cl = req->cl;
+	struct proxy *px = cl->px;
+	bool reused = false;
+	char msg[160];
+
+	timeline_mark(&req->rec, TL_DISPATCH, clock_now_ns());
+	req->uc = upstream_acquire(px->up, &reused);
+	if (!req->uc) {
+		snprintf(msg, sizeof(msg), "cannot open a connection to upstream %s: %s", px->up->name,
+			 strerror(errno));
+		client_fail(cl, 502, REQ_ERR_CONNECT_FAILED, "upstream_unreachable", msg);
+		return;
+	}
+	event_assign(req->timer, px->base, -1, 0, on_request_timer, req);
+	bufferevent_setcb(req->uc->bev, on_up_read, on_up_write, on_up_event, req);
+	bufferevent_setwatermark(req->uc->bev, EV_WRITE, 0, 0);
+	if (reused) {
+		req->rec.at[TL_UP_CONNECTED] = req->rec.at[TL_DISPATCH];
+		bufferevent_enable(req->uc->bev, EV_READ | EV_WRITE);
+		request_flush_upstream(req);
+	} else {
+		request_timer_set(req, RT_CONNECT, px->cfg->connect_timeout_ms);
+	}
+}
+
+/* Moves pending request bytes to the upstream, and applies upload
+ * backpressure to the client. */
+static void request_flush_upstream(struct request *req)
+{
+	struct client *cl = req->cl;
+	size_t queued = evbuffer_get_length(req->up_pending);
+
+	if (req->uc && req->uc->connected) {
+		struct evbuffer *out = bufferevent_get_output(req->uc->bev);
+		if (queued)
+			evbuffer_add_buffer(out, req->up_pending);
+		queued = evbuffer_get_length(out);
+	}
+	if (queued > cl->px->cfg->stream_buffer && !cl->reading_blocked) {
+		cl->reading_blocked = true;
+		bufferevent_disable(cl->bev, EV_READ);
+	}
+}
+
+/* The whole request is on the wire once the body is complete and nothing
+ * waits in either buffer; from then the first-byte clock runs. */
+static void request_check_sent(struct request *req)
+{
+	if (!req->body_done || !req->uc || !req->uc->connected || req->rec.at[TL_REQ_SENT])
+		return;
+	if (evbuffer_get_length(req->up_pending) ||
+	    evbuffer_get_length(bufferevent_get_output(req->uc->bev)))
+		return;
+	timeline_mark(&req->rec, TL_REQ_SENT, clock_now_ns());
+	if (!req->resp_head_done)
+		request_timer_set(req, RT_FIRST_BYTE, req->cl->px->cfg->first_byte_timeout_ms);
+}
+
+static void on_up_write(struct bufferevent *bev, void *arg)
+{
+	struct request *req = arg;
+	struct client *cl = req->cl;
+
+	if (cl->closing)
+		return;
+	if (cl->reading_blocked && evbuffer_get_length(bufferevent_get_output(bev)) <= cl->px->cfg->stream_buffer / 2) {
+		cl->reading_blocked = false;
+		bufferevent_enable(cl->bev, EV_READ);
+		client_parse(cl);
+		if (cl->closing || cl->req != req)
+			return;
+	}
+	request_check_sent(req);
+}
+
+static void on_up_event(struct bufferevent *bev, short what, void *arg)
+{
+	struct request *req = arg;
+	struct client *cl = req->cl;
+	struct proxy *px = cl->px;
+	char msg[200];
+
+	if (cl->closing)
+		return;
+	if (what & BEV_EVENT_CONNECTED) {
+		req->uc->connected = true;
+		timeline_mark(&req->rec, TL_UP_CONNECTED, clock_now_ns());
+		evtimer_del(req->timer);
+		req->timer_kind = RT_NONE;
+		bufferevent_enable(bev, EV_READ | EV_WRITE);
+		request_flush_upstream(req);
+		return;
+	}
+	if (!req->uc->connected) {
+		int err = EVUTIL_SOCKET_ERROR();
+		snprintf(msg, sizeof(msg), "upstream %s is unreachable: %s", px->up->name,
+			 err ? evutil_socket_error_to_string(err) : "connection failed");
+		client_fail(cl, 502, REQ_ERR_CONNECT_FAILED, "upstream_unreachable", msg);
+		return;
+	}
+	/* A response delimited by the close is complete now. */
+	if ((what & BEV_EVENT_EOF) && req->resp_head_done && !req->resp_done) {
+		on_up_read(bev, req); /* anything still buffered */
+		if (cl->closing || cl->req != req || req->resp_done)
+			return;
+		if (llhttp_message_needs_eof(&req->rparser)) {
+			req->now = clock_now_ns();
+			llhttp_finish(&req->rparser);
+			req->upstream_dirty = true;
+			if (req->resp_done) {
+				request_drop_upstream(req, false);
+				if (evbuffer_get_length(bufferevent_get_output(cl->bev)) == 0)
+					request_finish(req);
+				return;
+			}
+		}
+	}
+	if (req->resp_done)
+		return;
+	snprintf(msg, sizeof(msg), "upstream %s %s %s", px->up->name,
+		 (what & BEV_EVENT_EOF) ? "closed the connection" : "connection failed",
+		 req->resp_started ? "mid-response" : "before responding");
+	client_fail(cl, 502, REQ_ERR_UPSTREAM_RESET, "upstream_reset", msg);
+}
+
+/* A framed event: the timeline learns about it, the bytes are already on
+ * their way to the client. */
+static void on_stream_event(void *arg, const struct framer_event *ev)
+{
+	struct request *req = arg;
+
+	req->rec.events++;
+	timeline_mark(&req->rec, TL_FIRST_EVENT, req->now);
+	if (classify_event(req->rec.api, ev, &req->rec.usage))
+		record_token_event(&req->rec, req->now);
+}
+
+static void request_response_done(struct request *req)
+{
+	struct client *cl = req->cl;
+	bool reusable = req->resp_keepalive && !req->upstream_dirty && !req->http10 && req->body_done &&
+			req->rec.at[TL_REQ_SENT];
+
+	request_drop_upstream(req, reusable);
+	/* The upstream answered before the client finished its body: the rest
+	 * of that body cannot be told from a next request. */
+	if (!req->body_done)
+		cl->close_after = true;
+	if (evbuffer_get_length(bufferevent_get_output(cl->bev)) == 0)
+		request_finish(req);
+}
+
+static void on_up_read(struct bufferevent *bev, void *arg)
+{
+	struct request *req = arg;
+	struct client *cl = req->cl;
+	struct evbuffer *in = bufferevent_get_input(bev);
+	const struct config *cfg = cl->px->cfg;
+
+	if (cl->closing)
+		return;
+	req->now = clock_now_ns();
+	if (req->resp_head_done && !req->resp_done)
+		request_timer_set(req, RT_IDLE, cfg->idle_timeout_ms);
+
+	while (!req->resp_done && evbuffer_get_length(in) > req->resp_parsed) {
+		struct evbuffer_ptr pos;
+		struct evbuffer_iovec v;
+
+		if (evbuffer_ptr_set(in, &pos, req->resp_parsed, EVBUFFER_PTR_SET) == -1 ||
+		    evbuffer_peek(in, -1, &pos, &v, 1) < 1)
+			break;
+		enum llhttp_errno e = llhttp_execute(&req->rparser, v.iov_base, v.iov_len);
+		size_t used = v.iov_len;
+		if (e == HPE_PAUSED) {
+			used = (size_t)(llhttp_get_error_pos(&req->rparser) - (const char *)v.iov_base);
+		} else if (e != HPE_OK) {
+			char msg[200];
+			snprintf(msg, sizeof(msg), "upstream %s sent an invalid response: %s", cl->px->up->name,
+				 llhttp_errno_name(e));
+			req->upstream_dirty = true;
+			client_fail(cl, 502, REQ_ERR_UPSTREAM_PROTOCOL, "upstream_protocol", msg);
+			return;
+		}
+		req->resp_parsed += used;
+		if (e == HPE_PAUSED)
+			break;
+	}
+	if (cl->closing)
+		return;
+	if (req->resp_head_done && req->resp_parsed) {
+		struct evbuffer *out = bufferevent_get_output(cl->bev);
+		evbuffer_remove_buffer(in, out, req->resp_parsed);
+		req->rec.bytes_out += req->resp_parsed;
+		req->resp_parsed = 0;
+		req->resp_started = true;
+		if (!req->resp_done && evbuffer_get_length(out) > cfg->stream_buffer) {
+			req->upstream_paused = true;
+			bufferevent_disable(bev, EV_READ);
+			bufferevent_setwatermark(cl->bev, EV_WRITE, cfg->stream_buffer / 2, 0);
+		}
+	}
+	if (req->resp_done) {
+		if (evbuffer_get_length(in))
+			req->upstream_dirty = true;
+		request_response_done(req);
+	}
+}
+
+/* ---- response parser callbacks ---- */
+
+static int on_resp_header_field(llhttp_t *p, const char *at, size_t len)
+{
+	struct request *req = p->data;
+	if (!req->rh_in_name) {
+		req->rh_in_name = true;
+		req->rh_name_len = req->rh_val_len = 0;
+	}
+	size_t room = sizeof(req->rh_name) - req->rh_name_len;
+	if (len > room)
+		len = room; /* a long name is not one we look for */
+	memcpy(req->rh_name + req->rh_name_len, at, len);
+	req->rh_name_len += len;
+	return 0;
+}
+
+static int on_resp_header_field_complete(llhttp_t *p)
+{
+	struct request *req = p->data;
+	req->rh_in_name = false;
+	return 0;
+}
+
+static int on_resp_header_value(llhttp_t *p, const char *at, size_t len)
+{
+	struct request *req = p->data;
+	size_t room = sizeof(req->rh_val) - req->rh_val_len;
+	if (len > room)
+		len = room;
+	memcpy(req->rh_val + req->rh_val_len, at, len);
+	req->rh_val_len += len;
+	return 0;
+}
+
+static int on_resp_header_value_complete(llhttp_t *p)
+{
+	struct request *req = p->data;
+	if (name_eq(req->rh_name, req->rh_name_len, "content-type")) {
+		req->resp_kind = framer_kind_for_content_type(req->rh_val, req->rh_val_len);
+	} else if (name_eq(req->rh_name, req->rh_name_len, "content-encoding")) {
+		req->content_encoded = !name_eq(req->rh_val, req->rh_val_len, "identity");
+	}
+	req->rh_name_len = req->rh_val_len = 0;
+	return 0;
+}
+
+static int on_resp_headers_complete(llhttp_t *p)
+{
+	struct request *req = p->data;
+	int status = p->status_code;
+
+	if (status < 200) {
+		/* 101 would switch protocols, which was never asked for. */
+		if (status == 101)
+			return -1;
+		req->resp_informational = true; /* 1xx: forwarded, then the real one */
+		return 0;
+	}
+	req->resp_informational = false;
+	req->resp_head_done = true;
+	req->rec.status = status;
+	timeline_mark(&req->rec, TL_RESP_HEADERS, req->now);
+	request_timer_set(req, RT_IDLE, req->cl->px->cfg->idle_timeout_ms);
+	/* Compressed bodies are forwarded, not framed. */
+	if (req->content_encoded)
+		req->resp_kind = FRAMER_NONE;
+	if (req->resp_kind != FRAMER_NONE) {
+		req->rec.stream = 1;
+		framer_init(&req->framer, req->resp_kind, req->cl->px->cfg->max_event_size, on_stream_event, req);
+	} else if (status >= 200 && status < 300) {
+		req->rec.stream = 0;
+	}
+	if (req->head_method)
+		return 1;
+	return 0;
+}
+
+static int on_resp_body(llhttp_t *p, const char *at, size_t len)
+{
+	struct request *req = p->data;
+
+	if (req->resp_kind != FRAMER_NONE) {
+		framer_feed(&req->framer, at, len);
+		return 0;
+	}
+	if (!req->resp_body)
+		req->resp_body = evbuffer_new();
+	if (req->resp_body && evbuffer_get_length(req->resp_body) + len <= RESP_BODY_MAX)
+		evbuffer_add(req->resp_body, at, len);
+	return 0;
+}
+
+static int on_resp_message_complete(llhttp_t *p)
+{
+	struct request *req = p->data;
+
+	if (req->resp_informational) {
+		req->resp_informational = false;
+		return 0;
+	}
+	timeline_mark(&req->rec, TL_RESP_END, req->now);
+	if (req->resp_kind != FRAMER_NONE) {
+		framer_finish(&req->framer);
+	} else if (req->resp_body && req->rec.status >= 200 && req->rec.status < 300) {
+		size_t n = evbuffer_get_length(req->resp_body);
+		const char *body = (const char *)evbuffer_pullup(req->resp_body, -1);
+		if (body)
+			classify_body(req->rec.api, body, n, &req->rec.usage);
+	}
+	req->resp_done = true;
+	req->resp_keepalive = llhttp_should_keep_alive(p);
+	evtimer_del(req->timer);
+	req->timer_kind = RT_NONE;
+	return HPE_PAUSED;
+}
+
+/* ---- request parser callbacks ---- */
+
+static int reject(struct request *req, int status, const char *msg)
+{
+	req->reject_status = status;
+	req->reject_msg = msg;
+	return -1;
+}
+
+static int on_req_message_begin(llhttp_t *p)
+{
+	struct client *cl = p->data;
+
+	if (!cl->req) {
+		cl->req = request_new(cl);
+		if (!cl->req)
+			return -1;
+	}
+	client_set_state(cl, CL_HEAD);
+	timer_arm(cl->timer, cl->px->cfg->header_timeout_ms);
+	return 0;
+}
+
+static int on_req_url(llhttp_t *p, const char *at, size_t len)
+{
+	struct request *req = ((struct client *)p->data)->req;
+	if (!req->in_url) {
+		req->in_url = true;
+		req->url_off = req->hlen;
+	}
+	if (!hbuf_append(req, at, len))
+		return reject(req, 414, "request URL too long");
+	req->url_len += len;
+	return 0;
+}
+
+static int on_req_header_field(llhttp_t *p, const char *at, size_t len)
+{
+	struct request *req = ((struct client *)p->data)->req;
+	const struct config *cfg = req->cl->px->cfg;
+
+	if (!req->in_name) {
+		if (req->nhdr == cfg->max_headers)
+			return reject(req, 431, "too many request header fields");
+		req->in_name = true;
+		req->hdrs[req->nhdr].name_off = (uint32_t)req->hlen;
+		req->hdrs[req->nhdr].name_len = 0;
+		req->hdrs[req->nhdr].val_off = (uint32_t)req->hlen;
+		req->hdrs[req->nhdr].val_len = 0;
+		req->nhdr++;
+	}
+	if (!hbuf_append(req, at, len))
+		return reject(req, 431, "request header fields too large");
+	req->hdrs[req->nhdr - 1].name_len += (uint32_t)len;
+	return 0;
+}
+
+static int on_req_header_field_complete(llhttp_t *p)
+{
+	struct request *req = ((struct client *)p->data)->req;
+	req->in_name = false;
+	req->hdrs[req->nhdr - 1].val_off = (uint32_t)req->hlen;
+	return 0;
+}
+
+static int on_req_header_value(llhttp_t *p, const char *at, size_t len)
+{
+	struct request *req = ((struct client *)p->data)->req;
+	if (!hbuf_append(req, at, len))
+		return reject(req, 431, "request header fields too large");
+	req->hdrs[req->nhdr - 1].val_len += (uint32_t)len;
+	return 0;
+}
+
+static void copy_trunc(char *dst, size_t dstlen, const char *src, size_t len)
+{
+	if (len >= dstlen)
+		len = dstlen - 1;
+	memcpy(dst, src, len);
+	dst[len] = '\0';
+}
+
+/* The head the upstream gets: same method, target and end-to-end headers,
+ * HTTP/1.1 framing of tokentap's choosing, and the request id. */
+static void request_write_head(struct request *req, bool add_id)
+{
+	struct evbuffer *out = req->up_pending;
+	const char *method = llhttp_method_name(llhttp_get_method(&req->cl->parser));
+	bool has_host = false;
+
+	evbuffer_add_printf(out, "%s ", method);
+	evbuffer_add(out, req->hbuf + req->url_off, req->url_len);
+	evbuffer_add_printf(out, " HTTP/1.%d\r\n", req->http10 ? 0 : 1);
+	for (unsigned i = 0; i < req->nhdr; i++) {
+		const struct hdr *h = &req->hdrs[i];
+		const char *name = req->hbuf + h->name_off;
+		if (hop_by_hop(req, name, h->name_len))
+			continue;
+		if (add_id && name_eq(name, h->name_len, "x-request-id"))
+			continue; /* replaced: the client's was not usable */
+		if (name_eq(name, h->name_len, "host"))
+			has_host = true;
+		evbuffer_add(out, name, h->name_len);
+		evbuffer_add(out, ": ", 2);
+		evbuffer_add(out, req->hbuf + h->val_off, h->val_len);
+		evbuffer_add(out, "\r\n", 2);
+	}
+	if (!has_host)
+		evbuffer_add_printf(out, "host: %s\r\n", req->cl->px->up->name);
+	if (add_id)
+		evbuffer_add_printf(out, "x-request-id: %s\r\n", req->rec.id);
+	if (req->chunked_in)
+		evbuffer_add_printf(out, "transfer-encoding: chunked\r\n");
+	if (req->http10)
+		evbuffer_add_printf(out, "connection: close\r\n");
+	evbuffer_add(out, "\r\n", 2);
+}
+
+static int on_req_headers_complete(llhttp_t *p)
+{
+	struct client *cl = p->data;
+	struct request *req = cl->req;
+	const struct config *cfg = cl->px->cfg;
+	const struct hdr *h;
+	bool add_id = true;
+	uint64_t now = clock_now_ns();
+
+	timeline_mark(&req->rec, TL_REQ_HEADERS, now);
+	evtimer_del(cl->timer);
+	copy_trunc(req->rec.method, sizeof(req->rec.method), llhttp_method_name(llhttp_get_method(p)),
+		   strlen(llhttp_method_name(llhttp_get_method(p))));
+	{
+		const char *url = req->hbuf + req->url_off;
+		size_t plen = 0;
+		while (plen < req->url_len && url[plen] != '?' && url[plen] != '#')
+			plen++;
+		copy_trunc(req->rec.path, sizeof(req->rec.path), url, plen);
+		req->rec.api = classify_api(url, plen);
+	}
+	h = request_header(req, "x-request-id");
+	if (h && request_id_acceptable(req->hbuf + h->val_off, h->val_len)) {
+		copy_trunc(req->rec.id, sizeof(req->rec.id), req->hbuf + h->val_off, h->val_len);
+		add_id = false;
+	} else {
+		request_id_generate(cl->px, req->rec.id, sizeof(req->rec.id));
+	}
+	if (req->rec.api == API_OLLAMA_CHAT || req->rec.api == API_OLLAMA_GENERATE)
+		req->rec.stream = 1; /* Ollama streams unless told not to */
+	else
+		req->rec.stream = 0;
+
+	if (llhttp_get_method(p) == HTTP_CONNECT)
+		return reject(req, 501, "CONNECT is not supported: tokentap is a reverse proxy");
+	h = request_header(req, "upgrade");
+	if (h && !name_eq(req->hbuf + h->val_off, h->val_len, "h2c"))
+		return reject(req, 501, "protocol upgrades (such as WebSocket) are not supported");
+	if ((p->flags & F_CONTENT_LENGTH) && p->content_length > cfg->max_body_size)
+		return reject(req, 413, "request body exceeds the configured maximum body size");
+	h = request_header(req, "expect");
+	if (h) {
+		if (!name_eq(req->hbuf + h->val_off, h->val_len, "100-continue"))
+			return reject(req, 417, "only the expectation 100-continue is supported");
+		if (p->http_major == 1 && p->http_minor >= 1)
+			bufferevent_write(cl->bev, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+	}
+	req->http10 = p->http_major == 1 && p->http_minor == 0;
+	req->head_method = llhttp_get_method(p) == HTTP_HEAD;
+	req->chunked_in = (p->flags & F_CHUNKED) != 0;
+	if (!llhttp_should_keep_alive(p))
+		cl->close_after = true;
+
+	request_write_head(req, add_id);
+	client_set_state(cl, CL_BODY);
+	if (cfg->idle_timeout_ms)
+		timer_arm(cl->timer, cfg->idle_timeout_ms); /* a stalled upload */
+	request_dispatch(req);
+	return cl->state == CL_CLOSING ? -1 : 0;
+}
+
+static void request_learn_body(struct request *req, bool complete)
+{
+	struct reqinfo info;
+
+	if (req->reqinfo_done)
+		return;
+	req->reqinfo_done = true;
+	if (!req->body_prefix_len)
+		return;
+	if (reqinfo_parse(req->body_prefix, req->body_prefix_len, complete, &info) == 0) {
+		copy_trunc(req->rec.model, sizeof(req->rec.model), info.model, strlen(info.model));
+		if (info.stream >= 0)
+			req->rec.stream = info.stream;
+	}
+	free(req->body_prefix);
+	req->body_prefix = NULL;
+}
+
+static int on_req_body(llhttp_t *p, const char *at, size_t len)
+{
+	struct client *cl = p->data;
+	struct request *req = cl->req;
+	const struct config *cfg = cl->px->cfg;
+
+	req->body_bytes += len;
+	if (req->body_bytes > cfg->max_body_size)
+		return reject(req, 413, "request body exceeds the configured maximum body size");
+	if (!req->reqinfo_done) {
+		size_t room = cfg->body_inspect_max - req->body_prefix_len;
+		size_t take = len < room ? len : room;
+		if (!req->body_prefix)
+			req->body_prefix = malloc(cfg->body_inspect_max);
+		if (req->body_prefix) {
+			memcpy(req->body_prefix + req->body_prefix_len, at, take);
+			req->body_prefix_len += take;
+		}
+		if (!req->body_prefix || req->body_prefix_len == cfg->body_inspect_max)
+			request_learn_body(req, false);
+	}
+	if (req->chunked_in)
+		evbuffer_add_printf(req->up_pending, "%zx\r\n", len);
+	evbuffer_add(req->up_pending, at, len);
+	if (req->chunked_in)
+		evbuffer_add(req->up_pending, "\r\n", 2);
+	return 0;
+}
+
+static int on_req_message_complete(llhttp_t *p)
+{
+	struct client *cl = p->data;
+	struct request *req = cl->req;
+
+	if (req->chunked_in)
+		evbuffer_add(req->up_pending, "0\r\n\r\n", 5);
+	req->body_done = true;
+	request_learn_body(req, true);
+	evtimer_del(cl->timer);
+	client_set_state(cl, CL_WAIT);
+	return HPE_PAUSED; /* a pipelined request waits for this response */
+}
+
+/* ---- client connection ---- */
+
+static void client_free(struct client *cl)
+{
+	LIST_REMOVE(cl, link);
+	request_free(cl->req);
+	if (cl->bev)
+		bufferevent_free(cl->bev);
+	if (cl->timer)
+		event_free(cl->timer);
+	free(cl);
+}
+
+static void on_deferred_free(evutil_socket_t fd, short what, void *arg)
+{
+	client_free(arg);
+}
+
+/* Ends the connection now: sockets close at once (an upstream sees its
+ * client go within the same loop turn), memory goes on the next turn. */
+static void client_close(struct client *cl, const char *why)
+{
+	struct request *req = cl->req;
+
+	if (cl->closing && !cl->bev)
+		return;
+	cl->closing = true;
+	client_set_state(cl, CL_CLOSING);
+	if (req) {
+		if (!req->resp_done || evbuffer_get_length(bufferevent_get_output(cl->bev))) {
+			if (req->rec.error == REQ_ERR_NONE)
+				req->rec.error = REQ_ERR_CLIENT_ABORTED;
+		}
+		request_drop_upstream(req, false);
+		if (req->rec.at[TL_REQ_HEADERS] || req->rec.status)
+			request_log(req);
+		request_free(req);
+		cl->req = NULL;
+	}
+	log_conn(LOG_DEBUG, cl->id, "closed: %s", why);
+	if (cl->bev) {
+		bufferevent_free(cl->bev);
+		cl->bev = NULL;
+	}
+	evtimer_del(cl->timer);
+	struct timeval zero = { 0, 0 };
+	event_base_once(cl->px->base, -1, EV_TIMEOUT, on_deferred_free, cl, &zero);
+}
+
+/* The response is fully written: log it, then either close or take the next
+ * (possibly already buffered) request. */
+static void request_finish(struct request *req)
+{
+	struct client *cl = req->cl;
+
+	timeline_mark(&req->rec, TL_CLIENT_DONE, clock_now_ns());
+	request_log(req);
+	request_free(req);
+	cl->req = NULL;
+	cl->reading_blocked = false;
+	if (cl->close_after) {
+		client_close(cl, "response done, connection: close");
+		return;
+	}
+	client_set_state(cl, CL_IDLE);
+	llhttp_resume(&cl->parser);
+	bufferevent_setwatermark(cl->bev, EV_WRITE, 0, 0);
+	bufferevent_enable(cl->bev, EV_READ);
+	timer_arm(cl->timer, cl->px->cfg->keepalive_timeout_ms);
+	if (evbuffer_get_length(bufferevent_get_input(cl->bev)))
+		client_parse(cl);
+}
+
+static void client_reject(struct client *cl, enum llhttp_errno e)
+{
+	struct request *req = cl->req;
+	int status = 400;
+	const char *msg = "malformed HTTP request";
+	char buf[160];
+
+	if (!req) {
+		cl->req = req = request_new(cl);
+		if (!req) {
+			client_close(cl, "out of memory");
+			return;
+		}
+	}
+	if (req->reject_status) {
+		status = req->reject_status;
+		msg = req->reject_msg;
+	} else if (e == HPE_INVALID_METHOD && llhttp_get_method(&cl->parser) == HTTP_PRI) {
+		msg = "HTTP/2 prior knowledge is not supported; speak HTTP/1.1";
+	} else {
+		snprintf(buf, sizeof(buf), "malformed HTTP request: %s", llhttp_get_error_reason(&cl->parser));
+		msg = buf;
+	}
+	if (!req->rec.id[0])
+		request_id_generate(cl->px, req->rec.id, sizeof(req->rec.id));
+	client_fail(cl, status, REQ_ERR_BAD_REQUEST, "invalid_request", msg);
+}
+
+/* Feeds buffered client bytes to the request parser, one request at a time. */
+static void client_parse(struct client *cl)
+{
+	struct evbuffer *in;
+
+	if (!cl->bev)
+		return;
+	in = bufferevent_get_input(cl->bev);
+	while (cl->state != CL_WAIT && cl->state != CL_CLOSING && evbuffer_get_length(in)) {
+		struct evbuffer_iovec v;
+		if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
+			break;
+		enum llhttp_errno e = llhttp_execute(&cl->parser, v.iov_base, v.iov_len);
+		if (cl->state == CL_CLOSING)
+			return; /* a callback already answered or closed */
+		size_t used = v.iov_len;
+		if (e == HPE_PAUSED)
+			used = (size_t)(llhttp_get_error_pos(&cl->parser) - (const char *)v.iov_base);
+		else if (e != HPE_OK) {
+			client_reject(cl, e);
+			return;
+		}
+		evbuffer_drain(in, used);
+		if (cl->req)
+			cl->req->rec.bytes_in += used;
+		if (cl->req)
+			request_flush_upstream(cl->req);
+		if (e == HPE_PAUSED)
+			break;
+		if (cl->reading_blocked)
+			break;
+	}
+	if (cl->req && cl->state != CL_CLOSING)
+		request_check_sent(cl->req);
+}
+
+static void on_client_read(struct bufferevent *bev, void *arg)
+{
+	struct client *cl = arg;
+
+	cl->last_read_ns = clock_now_ns();
+	if (cl->state == CL_CLOSING) {
+		/* lingering: drop what the client still sends */
+		evbuffer_drain(bufferevent_get_input(bev), evbuffer_get_length(bufferevent_get_input(bev)));
+		return;
+	}
+	if (cl->state == CL_BODY && cl->px->cfg->idle_timeout_ms)
+		timer_arm(cl->timer, cl->px->cfg->idle_timeout_ms);
+	client_parse(cl);
+}
+
+static void on_client_write(struct bufferevent *bev, void *arg)
+{
+	struct client *cl = arg;
+	struct request *req = cl->req;
+	struct evbuffer *out = bufferevent_get_output(bev);
+
+	if (cl->state == CL_CLOSING && !cl->closing) {
+		if (evbuffer_get_length(out) == 0) {
+			/* error answer written: half-close and linger until EOF or timer */
+			shutdown(bufferevent_getfd(bev), SHUT_WR);
+		}
+		return;
+	}
+	if (!req)
+		return;
+	if (req->upstream_paused && req->uc) {
+		req->upstream_paused = false;
+		bufferevent_setwatermark(bev, EV_WRITE, 0, 0);
+		bufferevent_enable(req->uc->bev, EV_READ);
+		if (req->resp_head_done && !req->resp_done)
+			request_timer_set(req, RT_IDLE, cl->px->cfg->idle_timeout_ms);
+		/* bytes may have arrived while reading was off */
+		if (evbuffer_get_length(bufferevent_get_input(req->uc->bev)))
+			on_up_read(req->uc->bev, req);
+		if (cl->closing || cl->req != req)
+			return;
+	}
+	if (req->resp_done && evbuffer_get_length(out) == 0)
+		request_finish(req);
+}
+
+static void on_client_event(struct bufferevent *bev, short what, void *arg)
+{
+	struct client *cl = arg;
+
+	if (cl->state == CL_CLOSING && cl->req && cl->req->resp_done) {
+		client_close(cl, "closed after error answer");
+		return;
+	}
+	client_close(cl, (what & BEV_EVENT_EOF) ? "client closed the connection" : "client connection error");
+}
+
+static void on_client_timer(evutil_socket_t fd, short what, void *arg)
+{
+	struct client *cl = arg;
+	char msg[120];
+
+	switch (cl->state) {
+	case CL_IDLE:
+		client_close(cl, "keep-alive timeout");
+		break;
+	case CL_HEAD:
+		snprintf(msg, sizeof(msg), "request headers not received within %llu ms",
+			 (unsigned long long)cl->px->cfg->header_timeout_ms);
+		client_fail(cl, 408, REQ_ERR_BAD_REQUEST, "request_timeout", msg);
+		break;
+	case CL_BODY:
+		snprintf(msg, sizeof(msg), "request body stalled for %llu ms",
+			 (unsigned long long)cl->px->cfg->idle_timeout_ms);
+		client_fail(cl, 408, REQ_ERR_CLIENT_ABORTED, "request_timeout", msg);
+		break;
+	case CL_CLOSING:
+		client_close(cl, "linger done");
+		break;
+	case CL_WAIT:
+		break;
+	}
+}
+
+static void on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg)
+{
+	struct proxy *px = arg;
+	struct client *cl = calloc(1, sizeof(*cl));
+	int one = 1;
+
+	if (!cl) {
+		evutil_closesocket(fd);
+		return;
+	}
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	cl->px = px;
+	cl->id = ++px->next_client_id;
+	cl->bev = bufferevent_socket_new(px->base, fd, BEV_OPT_CLOSE_ON_FREE);
+	cl->timer = evtimer_new(px->base, on_client_timer, cl);
+	if (!cl->bev || !cl->timer) {
+		if (cl->bev)
+			bufferevent_free(cl->bev);
+		else
+			evutil_closesocket(fd);
+		if (cl->timer)
+			event_free(cl->timer);
+		free(cl);
+		return;
+	}
+	format_addr(sa, cl->peer, sizeof(cl->peer));
+	llhttp_init(&cl->parser, HTTP_REQUEST, &px->req_settings);
+	cl->parser.data = cl;
+	LIST_INSERT_HEAD(&px->clients, cl, link);
+	bufferevent_setcb(cl->bev, on_client_read, on_client_write, on_client_event, cl);
+	bufferevent_setwatermark(cl->bev, EV_READ, 0, CLIENT_INPUT_MAX);
+	bufferevent_enable(cl->bev, EV_READ | EV_WRITE);
+	timer_arm(cl->timer, px->cfg->keepalive_timeout_ms);
+	log_conn(LOG_DEBUG, cl->id, "accepted from %s", cl->peer);
+}
+
+static void on_accept_error(struct evconnlistener *lev, void *arg)
+{
+	int err = EVUTIL_SOCKET_ERROR();
+	log_error("accept failed: %s", evutil_socket_error_to_string(err));
+}
+
+struct proxy *proxy_new(struct event_base *base, const struct config *cfg, struct upstream *up,
+			struct accesslog *alog, char *err, size_t errlen)
+{
+	struct sockaddr_storage ss;
+	int sslen = sizeof(ss);
+	struct proxy *px;
+
+	if (evutil_parse_sockaddr_port(cfg->listen, (struct sockaddr *)&ss, &sslen) == -1) {
+		snprintf(err, errlen, "listen address %s: expected ADDR:PORT, e.g. 127.0.0.1:8080", cfg->listen);
+		return NULL;
+	}
+	px = calloc(1, sizeof(*px));
+	if (!px) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	px->base = base;
+	px->cfg = cfg;
+	px->up = up;
+	px->alog = alog;
+	LIST_INIT(&px->clients);
+	if (getrandom(&px->id_seed, sizeof(px->id_seed), 0) != sizeof(px->id_seed))
+		px->id_seed = (uint64_t)clock_now_ns() ^ (uint64_t)getpid();
+
+	llhttp_settings_init(&px->req_settings);
+	px->req_settings.on_message_begin = on_req_message_begin;
+	px->req_settings.on_url = on_req_url;
+	px->req_settings.on_header_field = on_req_header_field;
+	px->req_settings.on_header_field_complete = on_req_header_field_complete;
+	px->req_settings.on_header_value = on_req_header_value;
+	px->req_settings.on_headers_complete = on_req_headers_complete;
+	px->req_settings.on_body = on_req_body;
+	px->req_settings.on_message_complete = on_req_message_complete;
+
+	llhttp_settings_init(&px->resp_settings);
+	px->resp_settings.on_header_field = on_resp_header_field;
+	px->resp_settings.on_header_field_complete = on_resp_header_field_complete;
+	px->resp_settings.on_header_value = on_resp_header_value;
+	px->resp_settings.on_header_value_complete = on_resp_header_value_complete;
+	px->resp_settings.on_headers_complete = on_resp_headers_complete;
+	px->resp_settings.on_body = on_resp_body;
+	px->resp_settings.on_message_complete = on_resp_message_complete;
+
+	px->listener = evconnlistener_new_bind(base, on_accept, px,
+					       LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC,
+					       1024, (struct sockaddr *)&ss, sslen);
+	if (!px->listener) {
+		snprintf(err, errlen, "cannot listen on %s: %s", cfg->listen, strerror(errno));
+		free(px);
+		return NULL;
+	}
+	evconnlistener_set_error_cb(px->listener, on_accept_error);
+	{
+		struct sockaddr_storage bound;
+		socklen_t blen = sizeof(bound);
+		getsockname(evconnlistener_get_fd(px->listener), (struct sockaddr *)&bound, &blen);
+		format_addr((struct sockaddr *)&bound, px->listen_addr, sizeof(px->listen_addr));
+	}
+	return px;
+}
+
+const char *proxy_listen_addr(const struct proxy *px)
+{
+	return px->listen_addr;
+}
+
+void proxy_free(struct proxy *px)
+{
+	struct client *cl;
+
+	if (!px)
+		return;
+	if (px->listener)
+		evconnlistener_free(px->listener);
+	while ((cl = LIST_FIRST(&px->clients)))
+		client_free(cl);
+	free(px);
+}

@@ -1,1 +1,111 @@
-/* timeline.c — placeholder, being written. */
+/*
+ * timeline.c — metrics derived from a request's timeline.
+ *
+ * Formulas (docs/metrics.md): queue = dispatch - req_headers;
+ * connect = up_connected - dispatch; ttfb = resp_headers - arrive;
+ * ttft = first_token - arrive; upstream_ttft = first_token - req_sent;
+ * tpot = (last_token - first_token) / (N - 1) for N > 1;
+ * e2e = resp_end - arrive; decode rate = (N - 1) / (last_token - first_token).
+ */
+#include "timeline.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+static const char *const event_names[] = {
+#define X(e, k) #k,
+	TIMELINE_EVENTS(X)
+#undef X
+};
+
+static const char *const metric_keys[] = {
+#define X(e, k, u) #k,
+	REQUEST_METRICS(X)
+#undef X
+};
+
+static const char *const error_names[] = {
+#define X(e, n) n,
+	REQUEST_ERRORS(X)
+#undef X
+};
+
+const char *timeline_event_name(enum tl_event e)
+{
+	return event_names[e];
+}
+
+const char *req_metric_key(enum req_metric m)
+{
+	return metric_keys[m];
+}
+
+const char *req_error_name(enum req_error e)
+{
+	return error_names[e];
+}
+
+void record_token_event(struct req_record *r, uint64_t now)
+{
+	r->token_events++;
+	if (!r->at[TL_FIRST_TOKEN]) {
+		r->at[TL_FIRST_TOKEN] = now;
+		r->at[TL_LAST_TOKEN] = now;
+		return;
+	}
+	uint64_t gap = now - r->at[TL_LAST_TOKEN];
+	r->at[TL_LAST_TOKEN] = now;
+	r->itl_total++;
+	if (r->itl_n == ITL_SAMPLES_MAX)
+		return;
+	if (r->itl_n == r->itl_cap) {
+		size_t cap = r->itl_cap ? r->itl_cap * 2 : 64;
+		uint64_t *p = realloc(r->itl_ns, cap * sizeof(*p));
+		if (!p)
+			return; /* losing a sample beats failing the stream */
+		r->itl_ns = p;
+		r->itl_cap = cap;
+	}
+	r->itl_ns[r->itl_n++] = gap;
+}
+
+int64_t record_output_tokens(const struct req_record *r)
+{
+	if (r->usage.output_tokens >= 0)
+		return r->usage.output_tokens;
+	return (int64_t)r->token_events;
+}
+
+static double span_ms(const struct req_record *r, enum tl_event from, enum tl_event to)
+{
+	if (!r->at[from] || !r->at[to] || r->at[to] < r->at[from])
+		return NAN;
+	return (double)(r->at[to] - r->at[from]) / 1e6;
+}
+
+void record_derive(const struct req_record *r, double out[RM__COUNT])
+{
+	int64_t n = record_output_tokens(r);
+	double decode = span_ms(r, TL_FIRST_TOKEN, TL_LAST_TOKEN);
+
+	out[RM_QUEUE] = span_ms(r, TL_REQ_HEADERS, TL_DISPATCH);
+	out[RM_CONNECT] = span_ms(r, TL_DISPATCH, TL_UP_CONNECTED);
+	out[RM_TTFB] = span_ms(r, TL_ARRIVE, TL_RESP_HEADERS);
+	out[RM_TTFT] = span_ms(r, TL_ARRIVE, TL_FIRST_TOKEN);
+	out[RM_UPSTREAM_TTFT] = span_ms(r, TL_REQ_SENT, TL_FIRST_TOKEN);
+	out[RM_E2E] = span_ms(r, TL_ARRIVE, TL_RESP_END);
+	out[RM_TPOT] = NAN;
+	out[RM_DECODE_RATE] = NAN;
+	if (n > 1 && !isnan(decode)) {
+		out[RM_TPOT] = decode / (double)(n - 1);
+		if (decode > 0)
+			out[RM_DECODE_RATE] = (double)(n - 1) / (decode / 1e3);
+	}
+}
+
+void record_release(struct req_record *r)
+{
+	free(r->itl_ns);
+	r->itl_ns = NULL;
+	r->itl_n = r->itl_cap = 0;
+}

@@ -1,1 +1,213 @@
-/* upstream.c — placeholder, being written. */
+/*
+ * upstream.c — upstream resolution, connecting, and the idle pool.
+ */
+#include "upstream.h"
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "log.h"
+
+static int parse_url(const char *url, char *host, size_t hostlen, char *port, size_t portlen, char *err,
+		     size_t errlen)
+{
+	const char *p, *hend, *pstart = NULL;
+
+	if (strncmp(url, "http://", 7) != 0) {
+		if (strncmp(url, "https://", 8) == 0)
+			snprintf(err, errlen, "upstream %s: https upstreams are not supported yet; use http://", url);
+		else
+			snprintf(err, errlen, "upstream %s: expected a URL like http://127.0.0.1:8000", url);
+		return -1;
+	}
+	p = url + 7;
+	if (*p == '[') { /* [v6]:port */
+		hend = strchr(p, ']');
+		if (!hend) {
+			snprintf(err, errlen, "upstream %s: unterminated IPv6 address", url);
+			return -1;
+		}
+		p++;
+		if (hend[1] == ':')
+			pstart = hend + 2;
+		else if (hend[1] && hend[1] != '/')
+			goto bad;
+	} else {
+		hend = p + strcspn(p, ":/");
+		if (*hend == ':')
+			pstart = hend + 1;
+	}
+	if (hend == p || (size_t)(hend - p) >= hostlen)
+		goto bad;
+	memcpy(host, p, (size_t)(hend - p));
+	host[hend - p] = '\0';
+	if (pstart) {
+		size_t n = strspn(pstart, "0123456789");
+		if (n == 0 || n >= portlen || (pstart[n] && strcmp(pstart + n, "/") != 0))
+			goto bad;
+		memcpy(port, pstart, n);
+		port[n] = '\0';
+		if (atoi(port) <= 0 || atoi(port) > 65535)
+			goto bad;
+	} else {
+		const char *rest = hend + (*hend == ']');
+		if (*rest && strcmp(rest, "/") != 0) {
+			snprintf(err, errlen, "upstream %s: a path after the address is not supported", url);
+			return -1;
+		}
+		snprintf(port, portlen, "80");
+	}
+	return 0;
+bad:
+	snprintf(err, errlen, "upstream %s: expected http://HOST[:PORT] with a port from 1 to 65535", url);
+	return -1;
+}
+
+struct upstream *upstream_new(struct event_base *base, const struct config *cfg, const char *url, char *err,
+			      size_t errlen)
+{
+	char host[256], port[8];
+	struct addrinfo hints, *res = NULL;
+	struct upstream *up;
+	int rc;
+
+	if (parse_url(url, host, sizeof(host), port, sizeof(port), err, errlen) == -1)
+		return NULL;
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	rc = getaddrinfo(host, port, &hints, &res);
+	if (rc != 0) {
+		snprintf(err, errlen, "upstream %s: cannot resolve %s: %s", url, host, gai_strerror(rc));
+		return NULL;
+	}
+	up = calloc(1, sizeof(*up));
+	if (!up) {
+		freeaddrinfo(res);
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	memcpy(&up->addr, res->ai_addr, res->ai_addrlen);
+	up->addrlen = res->ai_addrlen;
+	freeaddrinfo(res);
+	size_t n = strlen(url + 7);
+	up->name = strndup(url + 7, n && url[7 + n - 1] == '/' ? n - 1 : n);
+	up->base = base;
+	up->cfg = cfg;
+	TAILQ_INIT(&up->idle);
+	return up;
+}
+
+static void upconn_close(struct upconn *c)
+{
+	if (c->bev)
+		bufferevent_free(c->bev);
+	free(c);
+}
+
+void upstream_free(struct upstream *up)
+{
+	struct upconn *c;
+
+	if (!up)
+		return;
+	while ((c = TAILQ_FIRST(&up->idle))) {
+		TAILQ_REMOVE(&up->idle, c, link);
+		upconn_close(c);
+	}
+	free(up->name);
+	free(up);
+}
+
+static void pool_remove(struct upconn *c)
+{
+	TAILQ_REMOVE(&c->up->idle, c, link);
+	c->up->n_idle--;
+}
+
+/* An idle connection must stay silent: data, a close or the idle timeout all
+ * end it. */
+static void on_idle_read(struct bufferevent *bev, void *arg)
+{
+	struct upconn *c = arg;
+	log_debug("upstream %s: idle connection u%llu sent unexpected data; closing", c->up->name,
+		  (unsigned long long)c->id);
+	pool_remove(c);
+	upconn_close(c);
+}
+
+static void on_idle_event(struct bufferevent *bev, short what, void *arg)
+{
+	struct upconn *c = arg;
+	pool_remove(c);
+	upconn_close(c);
+}
+
+struct upconn *upstream_acquire(struct upstream *up, bool *reused)
+{
+	struct upconn *c = TAILQ_FIRST(&up->idle);
+
+	if (c) {
+		pool_remove(c);
+		bufferevent_setcb(c->bev, NULL, NULL, NULL, NULL);
+		bufferevent_set_timeouts(c->bev, NULL, NULL);
+		up->in_flight++;
+		up->reused++;
+		*reused = true;
+		return c;
+	}
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return NULL;
+	c->up = up;
+	c->id = ++up->opened;
+	c->bev = bufferevent_socket_new(up->base, -1, BEV_OPT_CLOSE_ON_FREE);
+	if (!c->bev) {
+		free(c);
+		return NULL;
+	}
+	/* Errors, refused connections included, arrive on the caller's event
+	 * callback; a -1 here means not even a socket could be made. */
+	if (bufferevent_socket_connect(c->bev, (struct sockaddr *)&up->addr, (int)up->addrlen) == -1) {
+		upconn_close(c);
+		return NULL;
+	}
+	int one = 1;
+	setsockopt(bufferevent_getfd(c->bev), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	up->in_flight++;
+	*reused = false;
+	return c;
+}
+
+void upstream_release(struct upconn *c, bool reusable)
+{
+	struct upstream *up;
+
+	if (!c)
+		return;
+	up = c->up;
+	up->in_flight--;
+	if (!reusable || !c->connected || up->n_idle >= up->cfg->pool_max_idle ||
+	    evbuffer_get_length(bufferevent_get_input(c->bev)) != 0 ||
+	    evbuffer_get_length(bufferevent_get_output(c->bev)) != 0) {
+		upconn_close(c);
+		return;
+	}
+	struct timeval tv = { (time_t)(up->cfg->pool_idle_timeout_ms / 1000),
+			      (suseconds_t)(up->cfg->pool_idle_timeout_ms % 1000) * 1000 };
+	bufferevent_setcb(c->bev, on_idle_read, NULL, on_idle_event, c);
+	bufferevent_set_timeouts(c->bev, &tv, NULL);
+	bufferevent_setwatermark(c->bev, EV_READ, 0, 0);
+	bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
+	bufferevent_enable(c->bev, EV_READ);
+	TAILQ_INSERT_HEAD(&up->idle, c, link); /* most recently used first: warmest socket */
+	up->n_idle++;
+}

@@ -1,0 +1,39 @@
+/*
+ * config.h — the settings tokentap runs with, and the parsers for the value
+ * syntaxes users type (sizes like 32m, durations like 300ms).
+ *
+ * One struct holds every setting with its default; main.c fills it from the
+ * command line. Setup errors are reported as text the user can act on.
+ */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct config {
+	const char *listen;	/* ADDR:PORT */
+	const char *upstream;	/* http://host:port */
+	const char *access_log; /* path, "-" for stdout, NULL for none */
+	uint64_t max_body_size;
+	uint64_t max_header_size;
+	unsigned max_headers;
+	uint64_t header_timeout_ms;	/* whole request head, from its first byte */
+	uint64_t keepalive_timeout_ms;	/* idle client connection between requests */
+	uint64_t connect_timeout_ms;	/* upstream TCP connect */
+	uint64_t first_byte_timeout_ms; /* request sent → response headers */
+	uint64_t idle_timeout_ms;	/* no byte either way on a running exchange */
+	uint64_t pool_idle_timeout_ms;	/* idle pooled upstream connection */
+	unsigned pool_max_idle;		/* idle connections kept per upstream */
+	size_t stream_buffer;		/* per-direction high watermark */
+	size_t max_event_size;		/* framer bound on one SSE event / NDJSON line */
+	size_t body_inspect_max;	/* request body prefix kept to learn the model */
+};
+
+/* Fills `c` with the defaults. */
+void config_defaults(struct config *c);
+
+/* "32m", "16k", "1g", "4096" (1024-based). Returns 0 or -1. */
+int config_parse_size(const char *s, uint64_t *out);
+
+/* "300ms", "5s", "2m", bare numbers are seconds. Returns 0 or -1. */
+int config_parse_duration_ms(const char *s, uint64_t *out);

@@ -1,0 +1,130 @@
+/*
+ * timeline.h — the per-request timeline and the metrics derived from it.
+ *
+ * Every request carries an array of monotonic timestamps indexed by event;
+ * 0 means "not reached". Each event is declared once in TIMELINE_EVENTS and
+ * each derived metric once in REQUEST_METRICS: enums, JSON keys and later
+ * exposition names are generated from those lists, never kept by hand.
+ * Definitions and formulas: docs/metrics.md.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "classify.h"
+
+/* (ENUM, json key) in the order they normally happen. */
+#define TIMELINE_EVENTS(X) \
+	X(ARRIVE, arrive) \
+	X(REQ_HEADERS, req_headers) \
+	X(DISPATCH, dispatch) \
+	X(UP_CONNECTED, up_connected) \
+	X(REQ_SENT, req_sent) \
+	X(RESP_HEADERS, resp_headers) \
+	X(FIRST_EVENT, first_event) \
+	X(FIRST_TOKEN, first_token) \
+	X(LAST_TOKEN, last_token) \
+	X(RESP_END, resp_end) \
+	X(CLIENT_DONE, client_done)
+
+enum tl_event {
+#define X(e, k) TL_##e,
+	TIMELINE_EVENTS(X)
+#undef X
+		TL__COUNT
+};
+
+/* (ENUM, json key, unit) — each a double, NaN when it does not apply. */
+#define REQUEST_METRICS(X) \
+	X(QUEUE, queue_ms, "ms") \
+	X(CONNECT, connect_ms, "ms") \
+	X(TTFB, ttfb_ms, "ms") \
+	X(TTFT, ttft_ms, "ms") \
+	X(UPSTREAM_TTFT, upstream_ttft_ms, "ms") \
+	X(TPOT, tpot_ms, "ms") \
+	X(E2E, e2e_ms, "ms") \
+	X(DECODE_RATE, decode_tps, "tokens/s")
+
+enum req_metric {
+#define X(e, k, u) RM_##e,
+	REQUEST_METRICS(X)
+#undef X
+		RM__COUNT
+};
+
+/* (ENUM, name) — why a request did not complete normally. */
+#define REQUEST_ERRORS(X) \
+	X(NONE, "none") \
+	X(BAD_REQUEST, "bad_request") \
+	X(CONNECT_FAILED, "connect_failed") \
+	X(TIMEOUT, "timeout") \
+	X(UPSTREAM_RESET, "upstream_reset") \
+	X(UPSTREAM_PROTOCOL, "upstream_protocol") \
+	X(CLIENT_ABORTED, "client_aborted")
+
+enum req_error {
+#define X(e, n) REQ_ERR_##e,
+	REQUEST_ERRORS(X)
+#undef X
+		REQ_ERR__COUNT
+};
+
+/* At most this many ITL gaps are kept per request for the access log. */
+#define ITL_SAMPLES_MAX 4096
+
+/*
+ * What is measured of one request. Owned by the request it describes;
+ * handed read-only to the access log (and, later, the stats recorder).
+ */
+struct req_record {
+	char id[72];
+	char method[16];
+	char path[256]; /* without the query string, truncated to fit */
+	char model[128];
+	const char *upstream; /* borrowed: the upstream's name outlives every request */
+	enum api_kind api;
+	int stream; /* 1, 0, or -1 unknown */
+	int status; /* upstream status, or the status tokentap answered; 0 none */
+	enum req_error error;
+	struct usage usage;
+	uint64_t events, token_events;
+	uint64_t bytes_in, bytes_out;
+	uint64_t at[TL__COUNT];
+	uint64_t *itl_ns; /* gaps between token events, the first ITL_SAMPLES_MAX */
+	size_t itl_n, itl_cap;
+	uint64_t itl_total; /* all gaps, also past the cap */
+};
+
+static inline uint64_t clock_now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Stamps `e` at `now` unless it was already reached. */
+static inline void timeline_mark(struct req_record *r, enum tl_event e, uint64_t now)
+{
+	if (!r->at[e])
+		r->at[e] = now;
+}
+
+const char *timeline_event_name(enum tl_event e);
+const char *req_metric_key(enum req_metric m);
+const char *req_error_name(enum req_error e);
+
+/* Notes a token-bearing event at `now`: first/last token and the ITL gap. */
+void record_token_event(struct req_record *r, uint64_t now);
+
+/* Output token count used for tpot/decode rate: usage when the server sent
+ * it, else the number of token-bearing events. */
+int64_t record_output_tokens(const struct req_record *r);
+
+/* Fills out[RM__COUNT] with the derived metrics (NaN when not applicable). */
+void record_derive(const struct req_record *r, double out[RM__COUNT]);
+
+/* Releases the ITL samples; the record can be reused after memset. */
+void record_release(struct req_record *r);
