@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# setup.sh — installs the Debian 12 packages tokentap needs to build and test,
+# skipping those already present. Safe to run again.
+set -euo pipefail
+
+packages=(
+	build-essential cmake pkg-config
+	libevent-dev libssl-dev node-llhttp liblmdb-dev libyaml-dev libjansson-dev
+	libcmocka-dev
+	python3 curl
+)
+
+missing=()
+for p in "${packages[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+	exit 0
+fi
+echo "setup: installing ${missing[*]}" >&2
+if [ "$(id -u)" -ne 0 ]; then
+	SUDO=sudo
+else
+	SUDO=
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
