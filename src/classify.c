@@ -1,1 +1,481 @@
-/* classify.c — placeholder, being written. */
+/*
+ * classify.c — which streamed events carry tokens, and where usage lives.
+ *
+ * Every framed event of every streamed response passes through
+ * classify_event(), so the token decision is made by byte scans, never by
+ * parsing the event: memmem() finds a quoted key such as "content", and the
+ * bytes right after it say whether its value is a non-empty string, an
+ * object, a non-empty array. jansson is called only for the few events that
+ * hold usage counts (usually one per response).
+ *
+ * Why a key scan cannot be fooled by text that merely looks like a key: in
+ * valid JSON an unescaped '"' always delimits a string, and a string value
+ * that contains "content": holds it as \"content\": with the quote escaped.
+ * So a hit whose opening quote follows an odd run of backslashes lies inside
+ * a string and is skipped; any other hit is a real string token, and it is a
+ * key exactly when ':' follows it. What a key scan does not know is where in
+ * the tree the key sits; the rules below only look for keys whose name,
+ * together with the type of their value, is unambiguous in each API's event
+ * shape (e.g. OpenAI's logprobs.content is an array, delta.content a string).
+ *
+ * The rules are documented for operators in docs/metrics.md; keep both in
+ * step.
+ */
+#define _GNU_SOURCE /* memmem */
+#include "classify.h"
+
+#include <string.h>
+
+#include <jansson.h>
+
+/* A quoted key literal and its length, for key_find(). */
+#define KEY(k) ("\"" k "\""), (sizeof("\"" k "\"") - 1)
+
+struct api_route {
+	const char *path;
+	enum api_kind api;
+};
+
+/* Exact paths. llama.cpp's native API is /completion (singular); its
+ * /completions alias streams the same native shape, which classify_event
+ * recognises under API_OPENAI_COMPLETIONS too (see classify_completions). */
+static const struct api_route api_routes[] = {
+	{ "/v1/chat/completions", API_OPENAI_CHAT },
+	{ "/chat/completions", API_OPENAI_CHAT },
+	{ "/v1/completions", API_OPENAI_COMPLETIONS },
+	{ "/completions", API_OPENAI_COMPLETIONS },
+	{ "/completion", API_LLAMACPP },
+	{ "/v1/messages", API_ANTHROPIC },
+	{ "/generate_stream", API_TGI },
+	{ "/generate", API_TGI },
+	{ "/api/generate", API_OLLAMA_GENERATE },
+	{ "/api/chat", API_OLLAMA_CHAT },
+};
+
+enum api_kind classify_api(const char *path, size_t len)
+{
+	if (path == NULL)
+		return API_UNKNOWN;
+	/* One trailing slash is tolerated ("/v1/messages/"), not more. */
+	if (len > 1 && path[len - 1] == '/')
+		len--;
+	for (size_t i = 0; i < sizeof(api_routes) / sizeof(api_routes[0]); i++) {
+		size_t n = strlen(api_routes[i].path);
+		if (n == len && memcmp(path, api_routes[i].path, n) == 0)
+			return api_routes[i].api;
+	}
+	return API_UNKNOWN;
+}
+
+const char *classify_api_name(enum api_kind api)
+{
+	switch (api) {
+	case API_OPENAI_CHAT:
+		return "openai-chat";
+	case API_OPENAI_COMPLETIONS:
+		return "openai-completions";
+	case API_ANTHROPIC:
+		return "anthropic";
+	case API_TGI:
+		return "tgi";
+	case API_LLAMACPP:
+		return "llamacpp";
+	case API_OLLAMA_GENERATE:
+		return "ollama-generate";
+	case API_OLLAMA_CHAT:
+		return "ollama-chat";
+	case API_UNKNOWN:
+		break;
+	}
+	return "unknown";
+}
+
+/* ---- byte scans ------------------------------------------------------- */
+
+/* The bytes an event is scanned in. */
+struct span {
+	const char *p;
+	const char *end;
+};
+
+static int is_space(char c)
+{
+	return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+static const char *skip_space(const char *p, const char *end)
+{
+	while (p < end && is_space(*p))
+		p++;
+	return p;
+}
+
+/* Finds the next occurrence of the quoted key `qkey` (as made by KEY()) at or
+ * after *from, and returns a pointer to its value (after ':' and blanks), or
+ * NULL when there is none. *from is moved past the hit, so a caller can loop
+ * over every occurrence. Hits inside string values are skipped (see the file
+ * header for why the backslash parity is enough). */
+static const char *key_find(const struct span *s, const char **from, const char *qkey, size_t qlen)
+{
+	const char *p = *from;
+	while (p < s->end) {
+		const char *hit = memmem(p, (size_t)(s->end - p), qkey, qlen);
+		if (hit == NULL)
+			break;
+		p = hit + qlen;
+		size_t bs = 0;
+		while (hit - bs > s->p && hit[-(ptrdiff_t)bs - 1] == '\\')
+			bs++;
+		if (bs & 1)
+			continue;
+		const char *v = skip_space(p, s->end);
+		if (v >= s->end || *v != ':')
+			continue; /* a string value, not a key */
+		v = skip_space(v + 1, s->end);
+		if (v >= s->end)
+			break;
+		*from = p;
+		return v;
+	}
+	*from = s->end;
+	return NULL;
+}
+
+/* A non-empty JSON string starts at v: '"' then anything but '"'. */
+static int value_is_nonempty_string(const struct span *s, const char *v)
+{
+	return v + 1 < s->end && v[0] == '"' && v[1] != '"';
+}
+
+/* A JSON array with at least one element starts at v. */
+static int value_is_nonempty_array(const struct span *s, const char *v)
+{
+	if (v >= s->end || *v != '[')
+		return 0;
+	const char *q = skip_space(v + 1, s->end);
+	return q < s->end && *q != ']';
+}
+
+/* The value at v is the string literal `lit` (given with its quotes). */
+static int value_is_string(const struct span *s, const char *v, const char *qlit, size_t qlen)
+{
+	return (size_t)(s->end - v) >= qlen && memcmp(v, qlit, qlen) == 0;
+}
+
+static int value_is_literal(const struct span *s, const char *v, const char *lit)
+{
+	size_t n = strlen(lit);
+	return (size_t)(s->end - v) >= n && memcmp(v, lit, n) == 0;
+}
+
+/* Some occurrence of key `qkey` has a non-empty string value. */
+static int any_nonempty_string(const struct span *s, const char *qkey, size_t qlen)
+{
+	const char *from = s->p;
+	const char *v;
+	while ((v = key_find(s, &from, qkey, qlen)) != NULL)
+		if (value_is_nonempty_string(s, v))
+			return 1;
+	return 0;
+}
+
+/* Some occurrence of key `qkey` has a non-empty array value. */
+static int any_nonempty_array(const struct span *s, const char *qkey, size_t qlen)
+{
+	const char *from = s->p;
+	const char *v;
+	while ((v = key_find(s, &from, qkey, qlen)) != NULL)
+		if (value_is_nonempty_array(s, v))
+			return 1;
+	return 0;
+}
+
+/* Some occurrence of key `qkey` has an object value. */
+static int any_object(const struct span *s, const char *qkey, size_t qlen)
+{
+	const char *from = s->p;
+	const char *v;
+	while ((v = key_find(s, &from, qkey, qlen)) != NULL)
+		if (*v == '{')
+			return 1;
+	return 0;
+}
+
+/* Some occurrence of key "type" has the string value `qlit`. */
+static int type_is(const struct span *s, const char *qlit, size_t qlen)
+{
+	const char *from = s->p;
+	const char *v;
+	while ((v = key_find(s, &from, KEY("type"))) != NULL)
+		if (value_is_string(s, v, qlit, qlen))
+			return 1;
+	return 0;
+}
+
+/* One past the end of the object or array starting at v, or s->end when it
+ * is cut off. Strings are skipped whole, escapes included; brackets are only
+ * counted, as the event is assumed well formed. */
+static const char *container_end(const struct span *s, const char *v)
+{
+	int depth = 0;
+	const char *p = v;
+	while (p < s->end) {
+		char c = *p++;
+		if (c == '"') {
+			while (p < s->end && *p != '"')
+				p += (*p == '\\' && p + 1 < s->end) ? 2 : 1;
+			if (p >= s->end)
+				return s->end;
+			p++;
+		} else if (c == '{' || c == '[') {
+			depth++;
+		} else if ((c == '}' || c == ']') && --depth == 0) {
+			return p;
+		}
+	}
+	return s->end;
+}
+
+/* ---- usage (jansson, rare events only) ---------------------------------- */
+
+/* Stores an integer member of `obj` into *dst when it is one. */
+static void usage_take(json_t *obj, const char *key, int64_t *dst)
+{
+	json_t *v = json_is_object(obj) ? json_object_get(obj, key) : NULL;
+	if (json_is_integer(v) && json_integer_value(v) >= 0)
+		*dst = (int64_t)json_integer_value(v);
+}
+
+static json_t *json_parse(const char *data, size_t len)
+{
+	return json_loadb(data, len, JSON_DECODE_ANY, NULL);
+}
+
+static void usage_openai(json_t *root, struct usage *u)
+{
+	json_t *usage = json_object_get(root, "usage");
+	usage_take(usage, "prompt_tokens", &u->input_tokens);
+	usage_take(usage, "completion_tokens", &u->output_tokens);
+}
+
+static void usage_tgi(json_t *root, struct usage *u)
+{
+	json_t *details = json_object_get(root, "details");
+	usage_take(details, "generated_tokens", &u->output_tokens);
+	/* Newer TGI sends the prompt length in stream details; prefill is
+	 * only there on request, so it is not counted. */
+	usage_take(details, "input_length", &u->input_tokens);
+}
+
+static void usage_llamacpp(json_t *root, struct usage *u)
+{
+	/* timings first, so the top-level counts win when both are present. */
+	json_t *timings = json_object_get(root, "timings");
+	usage_take(timings, "prompt_n", &u->input_tokens);
+	usage_take(timings, "predicted_n", &u->output_tokens);
+	usage_take(root, "tokens_evaluated", &u->input_tokens);
+	usage_take(root, "tokens_predicted", &u->output_tokens);
+}
+
+static void usage_ollama(json_t *root, struct usage *u)
+{
+	usage_take(root, "prompt_eval_count", &u->input_tokens);
+	usage_take(root, "eval_count", &u->output_tokens);
+}
+
+/* Parses the event and hands its root object to `take`. */
+static void usage_from_event(const struct span *s, struct usage *u, void (*take)(json_t *, struct usage *))
+{
+	json_t *root = json_parse(s->p, (size_t)(s->end - s->p));
+	if (json_is_object(root))
+		take(root, u);
+	json_decref(root);
+}
+
+/* ---- per-API event rules ----------------------------------------------- */
+
+static bool classify_openai_chat(const struct span *s, struct usage *u)
+{
+	bool token = any_nonempty_string(s, KEY("content")) || any_nonempty_string(s, KEY("reasoning_content")) ||
+		     any_nonempty_string(s, KEY("reasoning")) || any_nonempty_array(s, KEY("tool_calls"));
+	/* "usage":null rides on every chunk with include_usage; only an
+	 * object carries counts (the final chunk, or every chunk with vLLM's
+	 * continuous usage stats). */
+	if (u && any_object(s, KEY("usage")))
+		usage_from_event(s, u, usage_openai);
+	return token;
+}
+
+static bool classify_llamacpp(const struct span *s, struct usage *u)
+{
+	bool token = any_nonempty_string(s, KEY("content"));
+	if (u && (memmem(s->p, (size_t)(s->end - s->p), KEY("tokens_predicted")) != NULL ||
+		  any_object(s, KEY("timings"))))
+		usage_from_event(s, u, usage_llamacpp);
+	return token;
+}
+
+/* OpenAI completions put text in choices[].text. llama.cpp's /completions
+ * alias answers in its native shape, without "choices": read that as
+ * llama.cpp. */
+static bool classify_completions(const struct span *s, struct usage *u)
+{
+	const char *from = s->p;
+	if (key_find(s, &from, KEY("choices")) == NULL && memmem(s->p, (size_t)(s->end - s->p), KEY("content")))
+		return classify_llamacpp(s, u);
+	bool token = any_nonempty_string(s, KEY("text"));
+	if (u && any_object(s, KEY("usage")))
+		usage_from_event(s, u, usage_openai);
+	return token;
+}
+
+static void usage_anthropic_start(json_t *root, struct usage *u)
+{
+	json_t *msg = json_object_get(root, "message");
+	usage_take(json_object_get(msg, "usage"), "input_tokens", &u->input_tokens);
+}
+
+static void usage_anthropic_delta(json_t *root, struct usage *u)
+{
+	json_t *usage = json_object_get(root, "usage");
+	usage_take(usage, "input_tokens", &u->input_tokens);
+	usage_take(usage, "output_tokens", &u->output_tokens);
+}
+
+static int name_is(const struct framer_event *ev, const char *lit)
+{
+	size_t n = strlen(lit);
+	return ev->name_len == n && memcmp(ev->name, lit, n) == 0;
+}
+
+/* Anthropic names each event twice: the SSE `event:` field and "type". The
+ * field is free to read, so it decides when present (the generic "message"
+ * name says nothing and falls back to "type"). */
+static bool classify_anthropic(const struct framer_event *ev, const struct span *s, struct usage *u)
+{
+	bool delta, start, mdelta;
+	if (ev->name != NULL && ev->name_len > 0 && !name_is(ev, "message")) {
+		delta = name_is(ev, "content_block_delta");
+		start = name_is(ev, "message_start");
+		mdelta = name_is(ev, "message_delta");
+	} else {
+		delta = type_is(s, KEY("content_block_delta"));
+		start = !delta && type_is(s, KEY("message_start"));
+		mdelta = !delta && !start && type_is(s, KEY("message_delta"));
+	}
+	/* The signature closing a thinking block is a content_block_delta
+	 * too, but it is not text: it is not a token. */
+	if (delta && type_is(s, KEY("signature_delta")))
+		delta = false;
+	if (u && start)
+		usage_from_event(s, u, usage_anthropic_start);
+	else if (u && mdelta)
+		usage_from_event(s, u, usage_anthropic_delta);
+	return delta;
+}
+
+/* TGI: {"token":{"id":..,"text":..,"logprob":..,"special":false},..}. A
+ * special token (EOS and friends) is not text the user sees. */
+static bool classify_tgi(const struct span *s, struct usage *u)
+{
+	bool token = false;
+	const char *from = s->p;
+	const char *v;
+	while (!token && (v = key_find(s, &from, KEY("token"))) != NULL) {
+		if (*v != '{')
+			continue;
+		struct span obj = { v, container_end(s, v) };
+		const char *ofrom = obj.p;
+		const char *sp = key_find(&obj, &ofrom, KEY("special"));
+		token = !(sp && value_is_literal(&obj, sp, "true"));
+	}
+	if (u && any_object(s, KEY("details")))
+		usage_from_event(s, u, usage_tgi);
+	return token;
+}
+
+/* Ollama NDJSON: /api/generate streams "response" (and "thinking" for
+ * reasoning models), /api/chat streams message.content / message.thinking
+ * and whole tool calls in message.tool_calls. */
+static bool classify_ollama(enum api_kind api, const struct span *s, struct usage *u)
+{
+	bool token;
+	if (api == API_OLLAMA_GENERATE)
+		token = any_nonempty_string(s, KEY("response")) || any_nonempty_string(s, KEY("thinking"));
+	else
+		token = any_nonempty_string(s, KEY("content")) || any_nonempty_string(s, KEY("thinking")) ||
+			any_nonempty_array(s, KEY("tool_calls"));
+	if (u && (memmem(s->p, (size_t)(s->end - s->p), KEY("eval_count")) != NULL ||
+		  memmem(s->p, (size_t)(s->end - s->p), KEY("prompt_eval_count")) != NULL))
+		usage_from_event(s, u, usage_ollama);
+	return token;
+}
+
+bool classify_event(enum api_kind api, const struct framer_event *ev, struct usage *usage)
+{
+	if (ev == NULL || ev->data == NULL)
+		return false;
+	struct span s = { ev->data, ev->data + ev->data_len };
+	/* Every token-bearing shape is a JSON object; this also turns away
+	 * `[DONE]` and empty data before any scan. */
+	const char *first = skip_space(s.p, s.end);
+	if (first >= s.end || *first != '{')
+		return false;
+
+	switch (api) {
+	case API_OPENAI_CHAT:
+		return classify_openai_chat(&s, usage);
+	case API_OPENAI_COMPLETIONS:
+		return classify_completions(&s, usage);
+	case API_ANTHROPIC:
+		return classify_anthropic(ev, &s, usage);
+	case API_TGI:
+		return classify_tgi(&s, usage);
+	case API_LLAMACPP:
+		return classify_llamacpp(&s, usage);
+	case API_OLLAMA_GENERATE:
+	case API_OLLAMA_CHAT:
+		return classify_ollama(api, &s, usage);
+	case API_UNKNOWN:
+		break;
+	}
+	return false;
+}
+
+void classify_body(enum api_kind api, const char *body, size_t len, struct usage *usage)
+{
+	if (body == NULL || usage == NULL || api == API_UNKNOWN)
+		return;
+	json_t *root = json_parse(body, len);
+	/* TGI /generate has answered with a one-element list in some versions. */
+	json_t *obj = json_is_array(root) ? json_array_get(root, 0) : root;
+	if (!json_is_object(obj))
+		goto out_free;
+
+	switch (api) {
+	case API_OPENAI_CHAT:
+	case API_OPENAI_COMPLETIONS:
+		if (json_object_get(obj, "usage") == NULL && json_object_get(obj, "choices") == NULL)
+			usage_llamacpp(obj, usage); /* llama.cpp's native /completions */
+		else
+			usage_openai(obj, usage);
+		break;
+	case API_ANTHROPIC:
+		usage_anthropic_delta(obj, usage);
+		break;
+	case API_TGI:
+		usage_tgi(obj, usage);
+		break;
+	case API_LLAMACPP:
+		usage_llamacpp(obj, usage);
+		break;
+	case API_OLLAMA_GENERATE:
+	case API_OLLAMA_CHAT:
+		usage_ollama(obj, usage);
+		break;
+	case API_UNKNOWN:
+		break;
+	}
+out_free:
+	json_decref(root);
+}

@@ -18,10 +18,10 @@
 enum api_kind {
 	API_UNKNOWN = 0,
 	API_OPENAI_CHAT,	/* /v1/chat/completions */
-	API_OPENAI_COMPLETIONS, /* /v1/completions */
+	API_OPENAI_COMPLETIONS, /* /v1/completions, /completions (also llama.cpp's native shape) */
 	API_ANTHROPIC,		/* /v1/messages */
 	API_TGI,		/* /generate_stream, /generate */
-	API_LLAMACPP,		/* /completion, /completions (llama.cpp native) */
+	API_LLAMACPP,		/* /completion (llama.cpp native) */
 	API_OLLAMA_GENERATE,	/* /api/generate */
 	API_OLLAMA_CHAT,	/* /api/chat */
 };

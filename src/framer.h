@@ -22,7 +22,8 @@ enum framer_kind {
 	FRAMER_NDJSON,
 };
 
-/* One complete event. Pointers are valid only during the callback. */
+/* One complete event. Pointers are valid only during the callback; data is
+ * not NUL-terminated (use data_len). */
 struct framer_event {
 	const char *name; /* SSE `event:` field, NULL when absent; NULL for NDJSON */
 	size_t name_len;
@@ -37,20 +38,22 @@ struct framer {
 	framer_cb cb;
 	void *arg;
 	size_t max_event;
-	/* private: parse state */
+	/* private: parse state. buf holds [event name][joined data][partial line]. */
 	char *buf;
-	size_t len, cap;
-	size_t name_off, name_len; /* `event:` value stored at buf[name_off] */
-	size_t data_len;	   /* bytes of joined data at the start of buf */
-	int has_data, has_name;
-	int state;
-	int skip; /* discarding the rest of an oversized event */
+	size_t len, cap;   /* len: bytes used in buf, all three parts together */
+	size_t name_len;   /* `event:` value, stored at buf[0] */
+	size_t data_len;   /* joined data, stored at buf[name_len] */
+	int has_data;	   /* a `data` field was seen (its value may be empty) */
+	int state;	   /* what the current line is doing: enum line_state in framer.c */
+	int after_cr;	   /* SSE: the last feed ended in CR; a leading LF ends nothing */
+	int skip;	   /* SSE: discarding the rest of an oversized event */
 	/* counters, readable by the caller */
 	uint64_t events;
 	uint64_t oversized;
 };
 
-/* Prepares `f`; allocates nothing until the first byte. */
+/* Prepares `f`; allocates nothing until the first byte. `max_event` 0 means
+ * 1 MiB. Call on a zeroed or freed framer (an old buffer would leak). */
 void framer_init(struct framer *f, enum framer_kind kind, size_t max_event, framer_cb cb, void *arg);
 
 /* Consumes `len` bytes; calls `cb` for every event they complete. */

@@ -1,1 +1,398 @@
-/* reqinfo.c — placeholder, being written. */
+/*
+ * reqinfo.c — top-level "model" and "stream" out of a request body prefix.
+ *
+ * One hand-written scanner serves complete bodies and truncated prefixes
+ * alike, so both give the same answer for the bytes they share. It walks the
+ * top-level object key by key and skips every other value whole without
+ * building it, so a "model" nested in messages or tools is never mistaken
+ * for the request's. Invariants:
+ *
+ *  - Nothing is allocated; nesting is tracked in a fixed bit stack of
+ *    REQINFO_DEPTH_MAX levels, deeper input is rejected as not JSON.
+ *  - Every read is bounded by `len`: running out of bytes in a prefix ends
+ *    the scan with what was found so far (a value cut in the middle does not
+ *    count). In a body said to be complete it means the body is not JSON.
+ *  - It checks structure (strings, brackets, separators), not every scalar:
+ *    it is not a validator.
+ */
+#include "reqinfo.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#define REQINFO_DEPTH_MAX 512
+
+enum scan_status {
+	SCAN_OK = 0,
+	SCAN_SHORT, /* ran out of bytes */
+	SCAN_BAD,   /* not JSON */
+};
+
+struct scan {
+	const char *p;
+	const char *end;
+};
+
+static void scan_space(struct scan *s)
+{
+	while (s->p < s->end && (*s->p == ' ' || *s->p == '\t' || *s->p == '\n' || *s->p == '\r'))
+		s->p++;
+}
+
+/* Moves past the string whose opening quote is at s->p. */
+static enum scan_status scan_skip_string(struct scan *s)
+{
+	const char *p = s->p + 1;
+	for (;;) {
+		const char *q = p;
+		while (q < s->end && *q != '"' && *q != '\\')
+			q++;
+		if (q >= s->end)
+			return SCAN_SHORT;
+		if (*q == '"') {
+			s->p = q + 1;
+			return SCAN_OK;
+		}
+		if (q + 1 >= s->end)
+			return SCAN_SHORT;
+		p = q + 2;
+	}
+}
+
+static int is_scalar_byte(char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '+' || c == '.' || c == 'E';
+}
+
+/* Moves past one value of any type, nested ones included, checking that
+ * brackets pair up. */
+static enum scan_status scan_skip_value(struct scan *s)
+{
+	uint64_t is_array[REQINFO_DEPTH_MAX / 64] = { 0 };
+	int depth = 0;
+	int expect_value = 1; /* a value (or a key / closing bracket) comes next */
+
+	for (;;) {
+		scan_space(s);
+		if (s->p >= s->end)
+			return SCAN_SHORT;
+		char c = *s->p;
+		if (!expect_value) {
+			if (depth == 0)
+				return SCAN_OK;
+			if (c == ',') {
+				s->p++;
+				expect_value = 1;
+				continue;
+			}
+			int arr = (int)((is_array[(depth - 1) / 64] >> ((depth - 1) % 64)) & 1);
+			if ((c == ']' && arr) || (c == '}' && !arr)) {
+				s->p++;
+				depth--;
+				continue;
+			}
+			return SCAN_BAD;
+		}
+		if (c == '{' || c == '[') {
+			if (depth == REQINFO_DEPTH_MAX)
+				return SCAN_BAD;
+			uint64_t bit = (uint64_t)1 << (depth % 64);
+			if (c == '[')
+				is_array[depth / 64] |= bit;
+			else
+				is_array[depth / 64] &= ~bit;
+			depth++;
+			s->p++;
+			scan_space(s);
+			if (s->p >= s->end)
+				return SCAN_SHORT;
+			if (*s->p == (c == '[' ? ']' : '}')) {
+				s->p++;
+				depth--;
+				expect_value = 0;
+			} else if (c == '{' && *s->p != '"') {
+				return SCAN_BAD;
+			}
+			continue;
+		}
+		if (c == '"') {
+			enum scan_status st = scan_skip_string(s);
+			if (st != SCAN_OK)
+				return st;
+			int in_object = depth > 0 && !((is_array[(depth - 1) / 64] >> ((depth - 1) % 64)) & 1);
+			if (in_object) {
+				/* A string in an object is a key when ':' follows. */
+				scan_space(s);
+				if (s->p >= s->end)
+					return SCAN_SHORT;
+				if (*s->p == ':') {
+					s->p++;
+					continue;
+				}
+			}
+			expect_value = 0;
+			continue;
+		}
+		if (!is_scalar_byte(c))
+			return SCAN_BAD;
+		while (s->p < s->end && is_scalar_byte(*s->p))
+			s->p++;
+		/* A number at the very end of a prefix may go on. */
+		if (s->p >= s->end)
+			return SCAN_SHORT;
+		expect_value = 0;
+	}
+}
+
+static int hex_value(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+static int read_hex4(const char *p, const char *end, unsigned *out)
+{
+	if (end - p < 4)
+		return -1;
+	unsigned v = 0;
+	for (int i = 0; i < 4; i++) {
+		int h = hex_value(p[i]);
+		if (h < 0)
+			return -1;
+		v = v << 4 | (unsigned)h;
+	}
+	*out = v;
+	return 0;
+}
+
+/* Appends code point `cp` as UTF-8 if it fits whole; a sequence that does
+ * not fit is left out rather than cut, so the model name stays valid UTF-8. */
+static void put_utf8(char *dst, size_t cap, size_t *n, unsigned cp)
+{
+	char tmp[4];
+	size_t k;
+	if (cp < 0x80) {
+		tmp[0] = (char)cp;
+		k = 1;
+	} else if (cp < 0x800) {
+		tmp[0] = (char)(0xC0 | cp >> 6);
+		tmp[1] = (char)(0x80 | (cp & 0x3F));
+		k = 2;
+	} else if (cp < 0x10000) {
+		tmp[0] = (char)(0xE0 | cp >> 12);
+		tmp[1] = (char)(0x80 | (cp >> 6 & 0x3F));
+		tmp[2] = (char)(0x80 | (cp & 0x3F));
+		k = 3;
+	} else {
+		tmp[0] = (char)(0xF0 | cp >> 18);
+		tmp[1] = (char)(0x80 | (cp >> 12 & 0x3F));
+		tmp[2] = (char)(0x80 | (cp >> 6 & 0x3F));
+		tmp[3] = (char)(0x80 | (cp & 0x3F));
+		k = 4;
+	}
+	if (*n + k >= cap)
+		return;
+	memcpy(dst + *n, tmp, k);
+	*n += k;
+}
+
+/* Decodes the string at s->p into dst (cap bytes, always NUL-terminated,
+ * cut at a character boundary when too long) and moves past it. */
+static enum scan_status scan_read_string(struct scan *s, char *dst, size_t cap)
+{
+	size_t n = 0;
+	int full = 0; /* once a character did not fit, the rest is dropped */
+	const char *p = s->p + 1;
+	dst[0] = '\0';
+	while (p < s->end && *p != '"') {
+		unsigned char c = (unsigned char)*p;
+		if (c != '\\') {
+			/* Raw UTF-8: copy a whole sequence or stop copying. */
+			size_t k = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+			if ((size_t)(s->end - p) < k)
+				return SCAN_SHORT;
+			if (!full && n + k < cap) {
+				memcpy(dst + n, p, k);
+				n += k;
+			} else {
+				full = 1;
+			}
+			p += k;
+			continue;
+		}
+		if (s->end - p < 2)
+			return SCAN_SHORT;
+		char e = p[1];
+		unsigned cp;
+		p += 2;
+		switch (e) {
+		case '"':
+		case '\\':
+		case '/':
+			cp = (unsigned char)e;
+			break;
+		case 'b':
+			cp = '\b';
+			break;
+		case 'f':
+			cp = '\f';
+			break;
+		case 'n':
+			cp = '\n';
+			break;
+		case 'r':
+			cp = '\r';
+			break;
+		case 't':
+			cp = '\t';
+			break;
+		case 'u':
+			if (s->end - p < 4)
+				return SCAN_SHORT;
+			if (read_hex4(p, s->end, &cp) == -1)
+				return SCAN_BAD;
+			p += 4;
+			if (cp >= 0xD800 && cp < 0xDC00) {
+				unsigned lo;
+				if (s->end - p < 6)
+					return SCAN_SHORT;
+				if (p[0] != '\\' || p[1] != 'u' || read_hex4(p + 2, s->end, &lo) == -1 || lo < 0xDC00 ||
+				    lo > 0xDFFF)
+					return SCAN_BAD;
+				p += 6;
+				cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+			} else if (cp >= 0xDC00 && cp <= 0xDFFF) {
+				return SCAN_BAD;
+			}
+			break;
+		default:
+			return SCAN_BAD;
+		}
+		if (!full) {
+			size_t before = n;
+			put_utf8(dst, cap, &n, cp);
+			full = n == before;
+		}
+	}
+	if (p >= s->end)
+		return SCAN_SHORT;
+	dst[n] = '\0';
+	s->p = p + 1;
+	return SCAN_OK;
+}
+
+static int key_is(const char *key_start, const char *key_end, const char *want)
+{
+	size_t n = strlen(want);
+	return (size_t)(key_end - key_start) == n && memcmp(key_start, want, n) == 0;
+}
+
+/* Walks the top-level object. Keys are compared raw: a request that spells
+ * "model" with \u escapes is not worth the code. */
+static enum scan_status scan_top(struct scan *s, struct reqinfo *out)
+{
+	scan_space(s);
+	if (s->p >= s->end)
+		return SCAN_SHORT;
+	if (*s->p != '{')
+		return SCAN_BAD;
+	s->p++;
+	scan_space(s);
+	if (s->p >= s->end)
+		return SCAN_SHORT;
+	if (*s->p == '}') {
+		s->p++;
+		return SCAN_OK;
+	}
+	for (;;) {
+		scan_space(s);
+		if (s->p >= s->end)
+			return SCAN_SHORT;
+		if (*s->p != '"')
+			return SCAN_BAD;
+		const char *key = s->p + 1;
+		enum scan_status st = scan_skip_string(s);
+		if (st != SCAN_OK)
+			return st;
+		const char *key_end = s->p - 1;
+		scan_space(s);
+		if (s->p >= s->end)
+			return SCAN_SHORT;
+		if (*s->p != ':')
+			return SCAN_BAD;
+		s->p++;
+		scan_space(s);
+		if (s->p >= s->end)
+			return SCAN_SHORT;
+
+		if (key_is(key, key_end, "model") && *s->p == '"') {
+			char model[REQINFO_MODEL_MAX];
+			st = scan_read_string(s, model, sizeof(model));
+			if (st != SCAN_OK)
+				return st;
+			memcpy(out->model, model, sizeof(model));
+		} else if (key_is(key, key_end, "stream") && (*s->p == 't' || *s->p == 'f')) {
+			int v = *s->p == 't';
+			const char *lit = v ? "true" : "false";
+			size_t n = strlen(lit);
+			size_t have = (size_t)(s->end - s->p);
+			if (memcmp(s->p, lit, have < n ? have : n) != 0)
+				return SCAN_BAD;
+			if (have < n)
+				return SCAN_SHORT; /* "tru" at the very end of a prefix */
+			s->p += n;
+			if (s->p < s->end && is_scalar_byte(*s->p))
+				return SCAN_BAD;
+			out->stream = v;
+		} else {
+			/* A later duplicate wins, even when it is null: as if absent. */
+			if (key_is(key, key_end, "stream"))
+				out->stream = -1;
+			else if (key_is(key, key_end, "model"))
+				out->model[0] = '\0';
+			st = scan_skip_value(s);
+			if (st != SCAN_OK)
+				return st;
+		}
+
+		scan_space(s);
+		if (s->p >= s->end)
+			return SCAN_SHORT;
+		if (*s->p == '}') {
+			s->p++;
+			return SCAN_OK;
+		}
+		if (*s->p != ',')
+			return SCAN_BAD;
+		s->p++;
+	}
+}
+
+int reqinfo_parse(const char *body, size_t len, bool complete, struct reqinfo *out)
+{
+	out->model[0] = '\0';
+	out->stream = -1;
+	if (body == NULL)
+		return -1;
+	struct scan s = { body, body + len };
+	scan_space(&s);
+	if (s.p == s.end)
+		return -1; /* nothing but blanks: no sign of JSON yet */
+	enum scan_status st = scan_top(&s, out);
+	if (st == SCAN_OK && complete) {
+		scan_space(&s);
+		if (s.p != s.end)
+			st = SCAN_BAD; /* trailing bytes after the object */
+	}
+	if (st == SCAN_BAD || (st == SCAN_SHORT && complete)) {
+		out->model[0] = '\0';
+		out->stream = -1;
+		return -1;
+	}
+	return 0;
+}

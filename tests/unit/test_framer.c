@@ -1,0 +1,563 @@
+/*
+ * test_framer.c — the SSE / NDJSON framer against real stream shapes, cut at
+ * every byte boundary, with every line end, and past its size bound.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "framer.h"
+
+#define MAX_EVENTS 64
+
+/* Feeds a string literal without its NUL. */
+#define FEED(f, lit) framer_feed((f), (lit), sizeof(lit) - 1)
+
+/* Copies of the events a framer delivered, in order. */
+struct seen {
+	int n;
+	char *name[MAX_EVENTS]; /* NULL when the event had none */
+	char *data[MAX_EVENTS];
+	size_t data_len[MAX_EVENTS];
+};
+
+static char *dup_bytes(const char *p, size_t n)
+{
+	char *s = malloc(n + 1);
+	assert_non_null(s);
+	memcpy(s, p, n);
+	s[n] = '\0';
+	return s;
+}
+
+static void on_event(void *arg, const struct framer_event *ev)
+{
+	struct seen *s = arg;
+	assert_true(s->n < MAX_EVENTS);
+	assert_non_null(ev->data);
+	if (ev->name == NULL)
+		assert_int_equal(ev->name_len, 0);
+	s->name[s->n] = ev->name ? dup_bytes(ev->name, ev->name_len) : NULL;
+	s->data[s->n] = dup_bytes(ev->data, ev->data_len);
+	s->data_len[s->n] = ev->data_len;
+	s->n++;
+}
+
+static void seen_clear(struct seen *s)
+{
+	for (int i = 0; i < s->n; i++) {
+		free(s->name[i]);
+		free(s->data[i]);
+	}
+	s->n = 0;
+}
+
+static void assert_seen_equal(const struct seen *a, const struct seen *b)
+{
+	assert_int_equal(a->n, b->n);
+	for (int i = 0; i < a->n; i++) {
+		if (a->name[i] == NULL || b->name[i] == NULL)
+			assert_ptr_equal(a->name[i], b->name[i]);
+		else
+			assert_string_equal(a->name[i], b->name[i]);
+		assert_int_equal(a->data_len[i], b->data_len[i]);
+		assert_memory_equal(a->data[i], b->data[i], a->data_len[i]);
+	}
+}
+
+/* Frames `text` in one feed, then finishes. */
+static void frame_all(enum framer_kind kind, size_t max_event, const char *text, struct seen *out)
+{
+	struct framer f;
+	framer_init(&f, kind, max_event, on_event, out);
+	framer_feed(&f, text, strlen(text));
+	framer_finish(&f);
+	framer_free(&f);
+}
+
+/* Frames `text` cut at the given offsets (ascending, inside the text). */
+static void frame_cut(enum framer_kind kind, const char *text, const size_t *cuts, int ncuts, struct seen *out)
+{
+	struct framer f;
+	size_t n = strlen(text), at = 0;
+	framer_init(&f, kind, 0, on_event, out);
+	for (int i = 0; i <= ncuts; i++) {
+		size_t next = i < ncuts ? cuts[i] : n;
+		/* Each slice gets its own heap copy, so ASan sees any read
+		 * past a slice or of a slice kept after its feed. */
+		char *slice = dup_bytes(text + at, next - at);
+		framer_feed(&f, slice, next - at);
+		free(slice);
+		at = next;
+	}
+	framer_finish(&f);
+	framer_free(&f);
+}
+
+/* ---- real streams ------------------------------------------------------ */
+
+/* vLLM / OpenAI chat with stream_options.include_usage: role-only first
+ * chunk, content, finish chunk, usage chunk with empty choices, [DONE]. */
+static const char openai_chat_stream[] =
+	"data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1718000000,\"model\":\"meta-llama/Llama-3.1-8B-Instruct\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n"
+	"data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1718000000,\"model\":\"meta-llama/Llama-3.1-8B-Instruct\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hello\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n"
+	"data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1718000000,\"model\":\"meta-llama/Llama-3.1-8B-Instruct\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" world \\u00e9\\\"\\n\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n"
+	": keep-alive\n\n"
+	"data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1718000000,\"model\":\"meta-llama/Llama-3.1-8B-Instruct\",\"choices\":[{\"index\":0,\"delta\":{},\"logprobs\":null,\"finish_reason\":\"stop\",\"stop_reason\":null}]}\n\n"
+	"data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1718000000,\"model\":\"meta-llama/Llama-3.1-8B-Instruct\",\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"total_tokens\":15,\"completion_tokens\":3}}\n\n"
+	"data: [DONE]\n\n";
+
+/* Anthropic Messages: every event named, a ping in the middle. */
+static const char anthropic_stream[] =
+	"event: message_start\n"
+	"data: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"claude-sonnet-4-20250514\",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n"
+	"event: content_block_start\n"
+	"data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n"
+	"event: ping\n"
+	"data: {\"type\": \"ping\"}\n\n"
+	"event: content_block_delta\n"
+	"data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hello\"}}\n\n"
+	"event: content_block_delta\n"
+	"data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"!\"}}\n\n"
+	"event: content_block_stop\n"
+	"data: {\"type\":\"content_block_stop\",\"index\":0}\n\n"
+	"event: message_delta\n"
+	"data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":15}}\n\n"
+	"event: message_stop\n"
+	"data: {\"type\":\"message_stop\"}\n\n";
+
+/* Ollama /api/chat: NDJSON, final line with the counts, no final newline. */
+static const char ollama_chat_stream[] =
+	"{\"model\":\"llama3.2\",\"created_at\":\"2024-07-01T10:00:00.1Z\",\"message\":{\"role\":\"assistant\",\"content\":\"The\"},\"done\":false}\n"
+	"{\"model\":\"llama3.2\",\"created_at\":\"2024-07-01T10:00:00.2Z\",\"message\":{\"role\":\"assistant\",\"content\":\" sky\"},\"done\":false}\n"
+	"\n"
+	"{\"model\":\"llama3.2\",\"created_at\":\"2024-07-01T10:00:00.3Z\",\"message\":{\"role\":\"assistant\",\"content\":\"\"},\"done_reason\":\"stop\",\"done\":true,\"total_duration\":4883583458,\"load_duration\":1334875,\"prompt_eval_count\":26,\"prompt_eval_duration\":342546000,\"eval_count\":282,\"eval_duration\":4535599000}";
+
+/* Rewrites every "\n" of `lf` as `eol`. */
+static char *with_line_ends(const char *lf, const char *eol)
+{
+	size_t n = strlen(lf), k = strlen(eol), lines = 0;
+	for (size_t i = 0; i < n; i++)
+		lines += lf[i] == '\n';
+	char *out = malloc(n + lines * k + 1), *o = out;
+	assert_non_null(out);
+	for (size_t i = 0; i < n; i++) {
+		if (lf[i] == '\n') {
+			memcpy(o, eol, k);
+			o += k;
+		} else {
+			*o++ = lf[i];
+		}
+	}
+	*o = '\0';
+	return out;
+}
+
+static void test_openai_stream_events(void **state)
+{
+	struct seen s = { 0 };
+	frame_all(FRAMER_SSE, 0, openai_chat_stream, &s);
+	assert_int_equal(s.n, 6); /* the comment is not an event */
+	for (int i = 0; i < s.n; i++)
+		assert_null(s.name[i]);
+	assert_true(strncmp(s.data[0], "{\"id\":\"chatcmpl-1\"", 18) == 0);
+	assert_non_null(strstr(s.data[1], "\"content\":\"Hello\""));
+	assert_non_null(strstr(s.data[4], "\"choices\":[]"));
+	assert_string_equal(s.data[5], "[DONE]");
+	seen_clear(&s);
+}
+
+static void test_anthropic_stream_names(void **state)
+{
+	static const char *names[] = { "message_start",	      "content_block_start", "ping",	     "content_block_delta",
+				       "content_block_delta", "content_block_stop",  "message_delta", "message_stop" };
+	struct seen s = { 0 };
+	frame_all(FRAMER_SSE, 0, anthropic_stream, &s);
+	assert_int_equal(s.n, 8);
+	for (int i = 0; i < 8; i++)
+		assert_string_equal(s.name[i], names[i]);
+	assert_string_equal(s.data[2], "{\"type\": \"ping\"}");
+	assert_string_equal(s.data[7], "{\"type\":\"message_stop\"}");
+	seen_clear(&s);
+}
+
+/* Every single cut, then byte by byte, then pseudo-random slicings: the
+ * events must be identical to the unsplit run. */
+static void check_all_splits(enum framer_kind kind, const char *text)
+{
+	struct seen ref = { 0 }, got = { 0 };
+	size_t n = strlen(text);
+	frame_all(kind, 0, text, &ref);
+	assert_true(ref.n > 0);
+
+	for (size_t cut = 1; cut < n; cut++) {
+		frame_cut(kind, text, &cut, 1, &got);
+		assert_seen_equal(&ref, &got);
+		seen_clear(&got);
+	}
+
+	size_t *cuts = malloc(n * sizeof(*cuts));
+	assert_non_null(cuts);
+	for (size_t i = 1; i < n; i++)
+		cuts[i - 1] = i;
+	frame_cut(kind, text, cuts, (int)(n - 1), &got);
+	assert_seen_equal(&ref, &got);
+	seen_clear(&got);
+
+	uint32_t rng = 12345;
+	for (int round = 0; round < 300; round++) {
+		int k = 0;
+		for (size_t at = 0;;) {
+			rng = rng * 1103515245u + 12345u;
+			at += 1 + (rng >> 16) % 40;
+			if (at >= n)
+				break;
+			cuts[k++] = at;
+		}
+		frame_cut(kind, text, cuts, k, &got);
+		assert_seen_equal(&ref, &got);
+		seen_clear(&got);
+	}
+	free(cuts);
+	seen_clear(&ref);
+}
+
+static void test_split_every_byte_sse(void **state)
+{
+	static const char *eols[] = { "\n", "\r\n", "\r" };
+	for (int e = 0; e < 3; e++) {
+		char *openai = with_line_ends(openai_chat_stream, eols[e]);
+		char *anthropic = with_line_ends(anthropic_stream, eols[e]);
+		check_all_splits(FRAMER_SSE, openai);
+		check_all_splits(FRAMER_SSE, anthropic);
+		free(openai);
+		free(anthropic);
+	}
+}
+
+static void test_split_every_byte_ndjson(void **state)
+{
+	char *crlf = with_line_ends(ollama_chat_stream, "\r\n");
+	check_all_splits(FRAMER_NDJSON, ollama_chat_stream);
+	check_all_splits(FRAMER_NDJSON, crlf);
+	free(crlf);
+}
+
+/* The same stream with LF, CRLF and CR line ends gives the same events. */
+static void test_line_end_variants_agree(void **state)
+{
+	struct seen lf = { 0 }, other = { 0 };
+	frame_all(FRAMER_SSE, 0, anthropic_stream, &lf);
+	char *crlf = with_line_ends(anthropic_stream, "\r\n");
+	char *cr = with_line_ends(anthropic_stream, "\r");
+	frame_all(FRAMER_SSE, 0, crlf, &other);
+	assert_seen_equal(&lf, &other);
+	seen_clear(&other);
+	frame_all(FRAMER_SSE, 0, cr, &other);
+	assert_seen_equal(&lf, &other);
+	seen_clear(&other);
+	/* Mixed ends within one stream. */
+	frame_all(FRAMER_SSE, 0, "data: a\r\ndata: b\rdata: c\n\r\n", &other);
+	assert_int_equal(other.n, 1);
+	assert_string_equal(other.data[0], "a\nb\nc");
+	seen_clear(&other);
+	free(crlf);
+	free(cr);
+	seen_clear(&lf);
+}
+
+/* A CR closing one feed and a LF opening the next are one line end, not a
+ * line end plus a blank line (which would dispatch "a" early). */
+static void test_cr_lf_across_feeds(void **state)
+{
+	struct seen s = { 0 };
+	struct framer f;
+	framer_init(&f, FRAMER_SSE, 0, on_event, &s);
+	FEED(&f, "data: a\r");
+	FEED(&f, "\ndata: b\r");
+	assert_int_equal(s.n, 0);
+	FEED(&f, "\n");
+	assert_int_equal(s.n, 0);
+	FEED(&f, "\r\n");
+	assert_int_equal(s.n, 1);
+	assert_string_equal(s.data[0], "a\nb");
+	/* A CR at the end of a feed followed by a non-LF: the CR alone ended
+	 * the line, the next byte starts a new one. */
+	FEED(&f, "data: c\r");
+	FEED(&f, "\r");
+	assert_int_equal(s.n, 2);
+	assert_string_equal(s.data[1], "c");
+	framer_free(&f);
+	seen_clear(&s);
+}
+
+static void test_data_field_rules(void **state)
+{
+	struct seen s = { 0 };
+	frame_all(FRAMER_SSE, 0,
+		  "data:x\n\n"		       /* no space */
+		  "data:  two\n\n"	       /* only one space is stripped */
+		  "data\n\n"		       /* field without colon: empty data, still an event */
+		  "data:\ndata:\n\n"	       /* two empty lines join to "\n" */
+		  "data: a\ndata: b\ndata: c\n\n" /* multi-line */
+		  "data: x: y\n\n",	       /* only the first colon splits */
+		  &s);
+	assert_int_equal(s.n, 6);
+	assert_string_equal(s.data[0], "x");
+	assert_string_equal(s.data[1], " two");
+	assert_string_equal(s.data[2], "");
+	assert_string_equal(s.data[3], "\n");
+	assert_string_equal(s.data[4], "a\nb\nc");
+	assert_string_equal(s.data[5], "x: y");
+	seen_clear(&s);
+}
+
+static void test_event_names_and_other_fields(void **state)
+{
+	struct seen s = { 0 };
+	frame_all(FRAMER_SSE, 0,
+		  "id: 7\nretry: 3000\nevent: first\ndata: 1\n\n"
+		  "data: 2\n\n"			     /* the name does not leak into the next event */
+		  "data: 3a\nevent: late\ndata: 3b\n\n" /* event after data */
+		  "event: a\nevent: bb\ndata: 4\n\n"    /* the last event field wins */
+		  "event: orphan\n\n"		     /* no data: no event, and the name is dropped */
+		  "data: 5\n\n"
+		  "event:\ndata: 6\n\n"		     /* empty name reads as no name */
+		  "Data: no\nDATA: no\nevent: x\n\n", /* field names are case-sensitive */
+		  &s);
+	assert_int_equal(s.n, 6);
+	assert_string_equal(s.name[0], "first");
+	assert_string_equal(s.data[0], "1");
+	assert_null(s.name[1]);
+	assert_string_equal(s.data[1], "2");
+	assert_string_equal(s.name[2], "late");
+	assert_string_equal(s.data[2], "3a\n3b");
+	assert_string_equal(s.name[3], "bb");
+	assert_string_equal(s.data[3], "4");
+	assert_null(s.name[4]);
+	assert_string_equal(s.data[4], "5");
+	assert_null(s.name[5]);
+	assert_string_equal(s.data[5], "6");
+	seen_clear(&s);
+}
+
+static void test_comments(void **state)
+{
+	struct seen s = { 0 };
+	frame_all(FRAMER_SSE, 0, ": ping\n\n:\n\n: data: not this\ndata: yes\n: between\ndata: too\n\n", &s);
+	assert_int_equal(s.n, 1);
+	assert_string_equal(s.data[0], "yes\ntoo");
+	seen_clear(&s);
+}
+
+/* An event over max_event is dropped and counted; the next one arrives. */
+static void test_oversized_sse(void **state)
+{
+	struct seen s = { 0 };
+	struct framer f;
+	char big[300];
+	memset(big, 'x', sizeof(big));
+	framer_init(&f, FRAMER_SSE, 64, on_event, &s);
+	FEED(&f, "event: big\ndata: ");
+	framer_feed(&f, big, sizeof(big));
+	FEED(&f, "\ndata: more of the same event\n");
+	FEED(&f, "\n");
+	FEED(&f, "data: small\n\n");
+	assert_int_equal(f.oversized, 1);
+	assert_int_equal(s.n, 1);
+	assert_null(s.name[0]); /* the dropped event's name did not survive */
+	assert_string_equal(s.data[0], "small");
+	/* Many data lines, each small, that add up past the bound. */
+	for (int i = 0; i < 20; i++)
+		FEED(&f, "data: 0123456789\n");
+	FEED(&f, "\ndata: after\n\n");
+	assert_int_equal(f.oversized, 2);
+	assert_int_equal(s.n, 2);
+	assert_string_equal(s.data[1], "after");
+	assert_true(f.cap <= 64);
+	/* A comment of any length is not an event and is never buffered. */
+	FEED(&f, ": ");
+	framer_feed(&f, big, sizeof(big));
+	FEED(&f, "\ndata: fine\n\n");
+	assert_int_equal(f.oversized, 2);
+	assert_int_equal(s.n, 3);
+	assert_string_equal(s.data[2], "fine");
+	assert_int_equal(f.events, 3);
+	framer_free(&f);
+	seen_clear(&s);
+}
+
+static void test_oversized_ndjson(void **state)
+{
+	struct seen s = { 0 };
+	struct framer f;
+	char big[200];
+	memset(big, '7', sizeof(big));
+	framer_init(&f, FRAMER_NDJSON, 32, on_event, &s);
+	FEED(&f, "{\"a\":1}\n[");
+	framer_feed(&f, big, sizeof(big));
+	FEED(&f, "]\n{\"b\":2}\n");
+	assert_int_equal(f.oversized, 1);
+	assert_int_equal(s.n, 2);
+	assert_string_equal(s.data[0], "{\"a\":1}");
+	assert_string_equal(s.data[1], "{\"b\":2}");
+	/* Oversized last line without newline: dropped by finish too. */
+	framer_feed(&f, big, sizeof(big));
+	framer_finish(&f);
+	assert_int_equal(f.oversized, 2);
+	assert_int_equal(s.n, 2);
+	framer_free(&f);
+	seen_clear(&s);
+}
+
+/* An event exactly at the bound fits; one byte more does not. */
+static void test_oversized_boundary(void **state)
+{
+	struct seen s = { 0 };
+	struct framer f;
+	framer_init(&f, FRAMER_NDJSON, 8, on_event, &s);
+	FEED(&f, "12345678\n123456789\nabc\n");
+	assert_int_equal(s.n, 2);
+	assert_string_equal(s.data[0], "12345678");
+	assert_string_equal(s.data[1], "abc");
+	assert_int_equal(f.oversized, 1);
+	framer_free(&f);
+	seen_clear(&s);
+}
+
+static void test_ndjson_lines(void **state)
+{
+	struct seen s = { 0 };
+	struct framer f;
+	framer_init(&f, FRAMER_NDJSON, 0, on_event, &s);
+	const char *text = "{\"a\":1}\r\n\n  \r\n{\"b\":\"x\\ry\"}\n{\"c\":\r3}\n{\"last\":true}";
+	framer_feed(&f, text, strlen(text));
+	assert_int_equal(s.n, 3);
+	assert_string_equal(s.data[0], "{\"a\":1}"); /* CR stripped */
+	assert_string_equal(s.data[1], "{\"b\":\"x\\ry\"}");
+	assert_string_equal(s.data[2], "{\"c\":\r3}"); /* a lone CR ends no NDJSON line */
+	assert_null(s.name[0]);
+	framer_finish(&f);
+	assert_int_equal(s.n, 4);
+	assert_string_equal(s.data[3], "{\"last\":true}");
+	framer_finish(&f); /* twice: nothing more */
+	assert_int_equal(s.n, 4);
+	assert_int_equal(f.events, 4);
+	framer_free(&f);
+	framer_free(&f); /* safe twice */
+	seen_clear(&s);
+}
+
+static void test_ollama_stream(void **state)
+{
+	struct seen s = { 0 };
+	frame_all(FRAMER_NDJSON, 0, ollama_chat_stream, &s);
+	assert_int_equal(s.n, 3); /* the blank line is not an event; the last needs finish */
+	assert_non_null(strstr(s.data[2], "\"eval_count\":282"));
+	seen_clear(&s);
+}
+
+static void test_sse_finish_dispatches_pending(void **state)
+{
+	struct seen s = { 0 };
+	struct framer f;
+	framer_init(&f, FRAMER_SSE, 0, on_event, &s);
+	FEED(&f, "data: a\n\ndata: b");
+	assert_int_equal(s.n, 1);
+	framer_finish(&f);
+	assert_int_equal(s.n, 2);
+	assert_string_equal(s.data[1], "b");
+	FEED(&f, "event: e\ndata: c\n");
+	framer_finish(&f);
+	assert_int_equal(s.n, 3);
+	assert_string_equal(s.name[2], "e");
+	assert_string_equal(s.data[2], "c");
+	framer_finish(&f);
+	FEED(&f, ": only a comment");
+	framer_finish(&f);
+	assert_int_equal(s.n, 3);
+	framer_free(&f);
+	seen_clear(&s);
+}
+
+static void test_kind_none_is_noop(void **state)
+{
+	struct seen s = { 0 };
+	struct framer f;
+	framer_init(&f, FRAMER_NONE, 0, on_event, &s);
+	FEED(&f, "data: a\n\n");
+	framer_finish(&f);
+	assert_int_equal(s.n, 0);
+	assert_null(f.buf);
+	framer_free(&f);
+	/* A zeroed framer can be freed. */
+	struct framer z;
+	memset(&z, 0, sizeof(z));
+	framer_free(&z);
+}
+
+/* The buffer grows to the largest event and no further. */
+static void test_buffer_stays_bounded(void **state)
+{
+	struct seen s = { 0 };
+	struct framer f;
+	framer_init(&f, FRAMER_SSE, 1 << 20, on_event, &s);
+	for (int i = 0; i < 2000; i++) {
+		framer_feed(&f, openai_chat_stream, sizeof(openai_chat_stream) - 1);
+		seen_clear(&s);
+	}
+	assert_true(f.cap <= 1024);
+	assert_int_equal(f.events, 2000 * 6);
+	framer_free(&f);
+}
+
+static void test_content_types(void **state)
+{
+#define CT(s) framer_kind_for_content_type(s, strlen(s))
+	assert_int_equal(CT("text/event-stream"), FRAMER_SSE);
+	assert_int_equal(CT("text/event-stream; charset=utf-8"), FRAMER_SSE);
+	assert_int_equal(CT("Text/Event-Stream;charset=UTF-8"), FRAMER_SSE);
+	assert_int_equal(CT(" text/event-stream "), FRAMER_SSE);
+	assert_int_equal(CT("application/x-ndjson"), FRAMER_NDJSON);
+	assert_int_equal(CT("application/X-NDJSON; charset=utf-8"), FRAMER_NDJSON);
+	assert_int_equal(CT("application/jsonl"), FRAMER_NDJSON);
+	assert_int_equal(CT("application/json"), FRAMER_NONE);
+	assert_int_equal(CT("text/event-streamx"), FRAMER_NONE);
+	assert_int_equal(CT("text/event"), FRAMER_NONE);
+	assert_int_equal(CT(""), FRAMER_NONE);
+	assert_int_equal(framer_kind_for_content_type(NULL, 0), FRAMER_NONE);
+	/* Length-bounded: bytes past len are not read. */
+	assert_int_equal(framer_kind_for_content_type("text/event-streamXYZ", 17), FRAMER_SSE);
+#undef CT
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_openai_stream_events),
+		cmocka_unit_test(test_anthropic_stream_names),
+		cmocka_unit_test(test_split_every_byte_sse),
+		cmocka_unit_test(test_split_every_byte_ndjson),
+		cmocka_unit_test(test_line_end_variants_agree),
+		cmocka_unit_test(test_cr_lf_across_feeds),
+		cmocka_unit_test(test_data_field_rules),
+		cmocka_unit_test(test_event_names_and_other_fields),
+		cmocka_unit_test(test_comments),
+		cmocka_unit_test(test_oversized_sse),
+		cmocka_unit_test(test_oversized_ndjson),
+		cmocka_unit_test(test_oversized_boundary),
+		cmocka_unit_test(test_ndjson_lines),
+		cmocka_unit_test(test_ollama_stream),
+		cmocka_unit_test(test_sse_finish_dispatches_pending),
+		cmocka_unit_test(test_kind_none_is_noop),
+		cmocka_unit_test(test_buffer_stays_bounded),
+		cmocka_unit_test(test_content_types),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
