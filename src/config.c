@@ -25,6 +25,14 @@ void config_defaults(struct config *c)
 	c->stream_buffer = 256u << 10;
 	c->max_event_size = 1u << 20;
 	c->body_inspect_max = 64u << 10;
+	c->data_dir = "tokentap-data";
+	c->flush_ms = 1000;
+	c->max_models = 32;
+	c->slo_ttft_ms = 2000;
+	c->slo_tpot_ms = 100;
+	c->cold_idle_ms = 60000;
+	c->minute_retention_s = 24 * 3600;
+	c->hour_retention_s = 30 * 24 * 3600;
 }
 
 static int parse_scaled(const char *s, uint64_t *out, const char *const units[], const uint64_t scale[],

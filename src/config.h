@@ -27,6 +27,15 @@ struct config {
 	size_t stream_buffer;		/* per-direction high watermark */
 	size_t max_event_size;		/* framer bound on one SSE event / NDJSON line */
 	size_t body_inspect_max;	/* request body prefix kept to learn the model */
+
+	const char *data_dir;	       /* LMDB stats directory; NULL: memory only */
+	uint64_t flush_ms;	       /* worker deltas to the store */
+	unsigned max_models;	       /* distinct models per route and upstream */
+	uint64_t slo_ttft_ms;	       /* goodput thresholds */
+	uint64_t slo_tpot_ms;
+	uint64_t cold_idle_ms;	       /* an upstream idle this long serves cold */
+	uint64_t minute_retention_s;
+	uint64_t hour_retention_s;
 };
 
 /* Fills `c` with the defaults. */

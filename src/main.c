@@ -13,6 +13,8 @@
 #include "config.h"
 #include "log.h"
 #include "proxy.h"
+#include "stats.h"
+#include "store.h"
 #include "upstream.h"
 #include "version.h"
 
@@ -36,6 +38,10 @@ static void usage(FILE *out)
 		"      --connect-timeout DUR   upstream connect (default 5s)\n"
 		"      --first-byte-timeout DUR  request sent to response headers (default 300s)\n"
 		"      --idle-timeout DUR      silence on a running exchange (default 300s)\n"
+		"      --data-dir DIR|off      where percentile state persists (default ./tokentap-data)\n"
+		"      --flush-interval DUR    how often stats reach the store (default 1s)\n"
+		"      --slo-ttft DUR          goodput: time to first token at most (default 2s)\n"
+		"      --slo-tpot DUR          goodput: time per output token at most (default 100ms)\n"
 		"      --log-level LEVEL       error, warn, info or debug (default info)\n"
 		"  -h, --help                  this text\n"
 		"  -V, --version               print the version\n"
@@ -53,12 +59,29 @@ enum {
 	OPT_FIRST_BYTE_TIMEOUT,
 	OPT_IDLE_TIMEOUT,
 	OPT_LOG_LEVEL,
+	OPT_DATA_DIR,
+	OPT_FLUSH_INTERVAL,
+	OPT_SLO_TTFT,
+	OPT_SLO_TPOT,
 };
 
 static int bad_value(const char *flag, const char *value, const char *expect)
 {
 	fprintf(stderr, "tokentap: invalid value '%s' for %s: expected %s\n", value, flag, expect);
 	return -1;
+}
+
+/* The flag as the user typed its long form, for error messages. */
+static void option_name(const struct option *opts, int val, int argc, char **argv, char *out, size_t len)
+{
+	for (const struct option *o = opts; o->name; o++) {
+		if (o->val == val && val != 0) {
+			snprintf(out, len, "--%s", o->name);
+			return;
+		}
+	}
+	/* an unknown long option: getopt has just stepped past it */
+	snprintf(out, len, "%s", optind > 0 && optind <= argc ? argv[optind - 1] : "?");
 }
 
 static int parse_args(int argc, char **argv, struct config *cfg)
@@ -74,15 +97,20 @@ static int parse_args(int argc, char **argv, struct config *cfg)
 		{ "first-byte-timeout", required_argument, NULL, OPT_FIRST_BYTE_TIMEOUT },
 		{ "idle-timeout", required_argument, NULL, OPT_IDLE_TIMEOUT },
 		{ "log-level", required_argument, NULL, OPT_LOG_LEVEL },
+		{ "data-dir", required_argument, NULL, OPT_DATA_DIR },
+		{ "flush-interval", required_argument, NULL, OPT_FLUSH_INTERVAL },
+		{ "slo-ttft", required_argument, NULL, OPT_SLO_TTFT },
+		{ "slo-tpot", required_argument, NULL, OPT_SLO_TPOT },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c;
+	char flag[64];
 
 	opterr = 0; /* our own messages name the flag */
 	while ((c = getopt_long(argc, argv, ":u:l:hV", opts, NULL)) != -1) {
-		const char *flag = optind > 0 && optind <= argc ? argv[optind - 1] : "?";
+		option_name(opts, c == ':' || c == '?' ? optopt : c, argc, argv, flag, sizeof(flag));
 		switch (c) {
 		case 'u': cfg->upstream = optarg; break;
 		case 'l': cfg->listen = optarg; break;
@@ -99,15 +127,24 @@ static int parse_args(int argc, char **argv, struct config *cfg)
 		case OPT_HEADER_TIMEOUT:
 		case OPT_CONNECT_TIMEOUT:
 		case OPT_FIRST_BYTE_TIMEOUT:
-		case OPT_IDLE_TIMEOUT: {
-			uint64_t *dst = c == OPT_HEADER_TIMEOUT	   ? &cfg->header_timeout_ms
-					: c == OPT_CONNECT_TIMEOUT ? &cfg->connect_timeout_ms
+		case OPT_IDLE_TIMEOUT:
+		case OPT_FLUSH_INTERVAL:
+		case OPT_SLO_TTFT:
+		case OPT_SLO_TPOT: {
+			uint64_t *dst = c == OPT_HEADER_TIMEOUT	      ? &cfg->header_timeout_ms
+					: c == OPT_CONNECT_TIMEOUT    ? &cfg->connect_timeout_ms
 					: c == OPT_FIRST_BYTE_TIMEOUT ? &cfg->first_byte_timeout_ms
-								      : &cfg->idle_timeout_ms;
+					: c == OPT_IDLE_TIMEOUT	      ? &cfg->idle_timeout_ms
+					: c == OPT_FLUSH_INTERVAL     ? &cfg->flush_ms
+					: c == OPT_SLO_TTFT	      ? &cfg->slo_ttft_ms
+								      : &cfg->slo_tpot_ms;
 			if (config_parse_duration_ms(optarg, dst) == -1 || *dst == 0)
 				return bad_value(flag, optarg, "a positive duration such as 300ms or 5s");
 			break;
 		}
+		case OPT_DATA_DIR:
+			cfg->data_dir = strcmp(optarg, "off") == 0 ? NULL : optarg;
+			break;
 		case OPT_LOG_LEVEL:
 			if (log_set_level_name(optarg) == -1)
 				return bad_value("--log-level", optarg, "error, warn, info or debug");
@@ -147,6 +184,10 @@ int main(int argc, char **argv)
 	struct upstream *up = NULL;
 	struct accesslog *alog = NULL;
 	struct proxy *px = NULL;
+	struct store *store = NULL;
+	struct stats_shard *stats = NULL;
+	struct store_options so;
+	struct slo slo;
 	struct event *sigint = NULL, *sigterm = NULL;
 	char err[512];
 	int rc = 1;
@@ -174,7 +215,23 @@ int main(int argc, char **argv)
 			goto out;
 		}
 	}
-	px = proxy_new(base, &cfg, up, alog, err, sizeof(err));
+	store_options_defaults(&so);
+	so.dir = cfg.data_dir;
+	so.minute_retention_s = cfg.minute_retention_s;
+	so.hour_retention_s = cfg.hour_retention_s;
+	store = store_open(&so, err, sizeof(err));
+	if (!store) {
+		log_error("%s", err);
+		goto out;
+	}
+	slo.ttft_us = cfg.slo_ttft_ms * 1000;
+	slo.tpot_us = cfg.slo_tpot_ms * 1000;
+	stats = stats_shard_new(base, store, cfg.max_models, &slo, cfg.flush_ms);
+	if (!stats) {
+		log_error("cannot set up stats recording");
+		goto out;
+	}
+	px = proxy_new(base, &cfg, up, alog, stats, err, sizeof(err));
 	if (!px) {
 		log_error("%s", err);
 		goto out;
@@ -193,6 +250,8 @@ out:
 	if (sigterm)
 		event_free(sigterm);
 	proxy_free(px);
+	stats_shard_free(stats); /* hands over what the last interval recorded */
+	store_close(store);	 /* commits it */
 	accesslog_close(alog);
 	upstream_free(up);
 	if (base)

@@ -58,6 +58,7 @@
 #include "framer.h"
 #include "log.h"
 #include "reqinfo.h"
+#include "stats.h"
 #include "timeline.h"
 #include "upstream.h"
 
@@ -90,12 +91,15 @@ enum req_timer { RT_NONE, RT_CONNECT, RT_FIRST_BYTE, RT_IDLE };
 #define CLIENT_INPUT_MAX (64u << 10)
 #define RESP_BODY_MAX (1u << 20)
 #define REQUEST_ID_MAX 128
+/* Until routes are configurable, all traffic is one route. */
+#define ROUTE_DEFAULT "default"
 
 struct proxy {
 	struct event_base *base;
 	const struct config *cfg;
 	struct upstream *up;
 	struct accesslog *alog;
+	struct stats_shard *stats;
 	struct evconnlistener *listener;
 	char listen_addr[80];
 	uint64_t next_client_id;
@@ -134,6 +138,9 @@ struct request {
 
 	/* upstream side */
 	struct upconn *uc;
+	unsigned inflight; /* requests in flight to the upstream at dispatch, this one included */
+	bool cold;
+	struct series *series; /* resolved once route, upstream and model are known */
 	struct evbuffer *up_pending; /* request bytes waiting for the connection */
 	struct event *timer;
 	enum req_timer timer_kind;
@@ -329,13 +336,22 @@ static void request_free(struct request *req)
 	free(req);
 }
 
-/* Each request is logged once, when its outcome is known. */
+static struct series *request_series(struct request *req)
+{
+	struct proxy *px = req->cl->px;
+	if (!req->series)
+		req->series = stats_series(px->stats, ROUTE_DEFAULT, px->up->name, req->rec.model, req->cold);
+	return req->series;
+}
+
+/* Each request is logged and counted once, when its outcome is known. */
 static void request_log(struct request *req)
 {
 	if (req->logged)
 		return;
 	req->logged = true;
 	accesslog_write(req->cl->px->alog, &req->rec);
+	stats_record_request(request_series(req), &req->rec, req->inflight);
 }
 
 static bool hbuf_append(struct request *req, const char *at, size_t len)
@@ -491,9 +507,13 @@ static void request_dispatch(struct request *req)
 	bool reused = false;
 	char msg[160];
 
-	timeline_mark(&req->rec, TL_DISPATCH, clock_now_ns());
+	uint64_t now = clock_now_ns();
+	timeline_mark(&req->rec, TL_DISPATCH, now);
 	req->uc = upstream_acquire(px->up, &reused);
-	if (!req->uc) {
+	if (req->uc) {
+		req->inflight = px->up->in_flight;
+		req->cold = upstream_dispatch_cold(px->up, reused, now);
+	} else {
 		snprintf(msg, sizeof(msg), "cannot open a connection to upstream %s: %s", px->up->name,
 			 strerror(errno));
 		client_fail(cl, 502, REQ_ERR_CONNECT_FAILED, "upstream_unreachable", msg);
@@ -581,6 +601,7 @@ static void on_up_event(struct bufferevent *bev, short what, void *arg)
 	}
 	if (!req->uc->connected) {
 		int err = EVUTIL_SOCKET_ERROR();
+		upstream_note_result(px->up, false, clock_now_ns());
 		snprintf(msg, sizeof(msg), "upstream %s is unreachable: %s", px->up->name,
 			 err ? evutil_socket_error_to_string(err) : "connection failed");
 		client_fail(cl, 502, REQ_ERR_CONNECT_FAILED, "upstream_unreachable", msg);
@@ -619,8 +640,11 @@ static void on_stream_event(void *arg, const struct framer_event *ev)
 
 	req->rec.events++;
 	timeline_mark(&req->rec, TL_FIRST_EVENT, req->now);
-	if (classify_event(req->rec.api, ev, &req->rec.usage))
-		record_token_event(&req->rec, req->now);
+	if (classify_event(req->rec.api, ev, &req->rec.usage)) {
+		uint64_t gap = record_token_event(&req->rec, req->now);
+		if (gap)
+			stats_record_itl(request_series(req), gap, req->inflight);
+	}
 }
 
 static void request_response_done(struct request *req)
@@ -807,6 +831,7 @@ static int on_resp_message_complete(llhttp_t *p)
 	}
 	req->resp_done = true;
 	req->resp_keepalive = llhttp_should_keep_alive(p);
+	upstream_note_result(req->cl->px->up, true, req->now);
 	evtimer_del(req->timer);
 	req->timer_kind = RT_NONE;
 	return HPE_PAUSED;
@@ -1316,7 +1341,7 @@ static void on_accept_error(struct evconnlistener *lev, void *arg)
 }
 
 struct proxy *proxy_new(struct event_base *base, const struct config *cfg, struct upstream *up,
-			struct accesslog *alog, char *err, size_t errlen)
+			struct accesslog *alog, struct stats_shard *stats, char *err, size_t errlen)
 {
 	struct sockaddr_storage ss;
 	int sslen = sizeof(ss);
@@ -1335,6 +1360,7 @@ struct proxy *proxy_new(struct event_base *base, const struct config *cfg, struc
 	px->cfg = cfg;
 	px->up = up;
 	px->alog = alog;
+	px->stats = stats;
 	LIST_INIT(&px->clients);
 	if (getrandom(&px->id_seed, sizeof(px->id_seed), 0) != sizeof(px->id_seed))
 		px->id_seed = (uint64_t)clock_now_ns() ^ (uint64_t)getpid();

@@ -14,11 +14,13 @@ struct event_base;
 struct config;
 struct upstream;
 struct accesslog;
+struct stats_shard;
 struct proxy;
 
-/* Binds cfg->listen and starts accepting. NULL with a message in `err`. */
+/* Binds cfg->listen and starts accepting; records into `stats` (may be
+ * NULL). NULL with a message in `err`. */
 struct proxy *proxy_new(struct event_base *base, const struct config *cfg, struct upstream *up,
-			struct accesslog *alog, char *err, size_t errlen);
+			struct accesslog *alog, struct stats_shard *stats, char *err, size_t errlen);
 
 /* The address actually bound (port 0 resolved), as ADDR:PORT. */
 const char *proxy_listen_addr(const struct proxy *px);

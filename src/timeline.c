@@ -45,28 +45,29 @@ const char *req_error_name(enum req_error e)
 	return error_names[e];
 }
 
-void record_token_event(struct req_record *r, uint64_t now)
+uint64_t record_token_event(struct req_record *r, uint64_t now)
 {
 	r->token_events++;
 	if (!r->at[TL_FIRST_TOKEN]) {
 		r->at[TL_FIRST_TOKEN] = now;
 		r->at[TL_LAST_TOKEN] = now;
-		return;
+		return 0;
 	}
 	uint64_t gap = now - r->at[TL_LAST_TOKEN];
 	r->at[TL_LAST_TOKEN] = now;
 	r->itl_total++;
 	if (r->itl_n == ITL_SAMPLES_MAX)
-		return;
+		return gap;
 	if (r->itl_n == r->itl_cap) {
 		size_t cap = r->itl_cap ? r->itl_cap * 2 : 64;
 		uint64_t *p = realloc(r->itl_ns, cap * sizeof(*p));
 		if (!p)
-			return; /* losing a sample beats failing the stream */
+			return gap; /* losing a logged sample beats failing the stream */
 		r->itl_ns = p;
 		r->itl_cap = cap;
 	}
 	r->itl_ns[r->itl_n++] = gap;
+	return gap;
 }
 
 int64_t record_output_tokens(const struct req_record *r)

@@ -116,8 +116,9 @@ const char *timeline_event_name(enum tl_event e);
 const char *req_metric_key(enum req_metric m);
 const char *req_error_name(enum req_error e);
 
-/* Notes a token-bearing event at `now`: first/last token and the ITL gap. */
-void record_token_event(struct req_record *r, uint64_t now);
+/* Notes a token-bearing event at `now`: first/last token and the ITL gap.
+ * Returns the gap in ns, 0 for the first token. */
+uint64_t record_token_event(struct req_record *r, uint64_t now);
 
 /* Output token count used for tpot/decode rate: usage when the server sent
  * it, else the number of token-bearing events. */

@@ -187,6 +187,27 @@ struct upconn *upstream_acquire(struct upstream *up, bool *reused)
 	return c;
 }
 
+bool upstream_dispatch_cold(const struct upstream *up, bool reused, uint64_t now_ns)
+{
+	if (reused)
+		return false;
+	if (up->completed == 0 || up->failing)
+		return true;
+	/* in_flight counts this request: nothing else ran meanwhile */
+	return up->in_flight <= 1 && now_ns - up->last_done_ns > up->cfg->cold_idle_ms * 1000000u;
+}
+
+void upstream_note_result(struct upstream *up, bool responded, uint64_t now_ns)
+{
+	if (responded) {
+		up->completed++;
+		up->last_done_ns = now_ns;
+		up->failing = false;
+	} else {
+		up->failing = true;
+	}
+}
+
 void upstream_release(struct upconn *c, bool reusable)
 {
 	struct upstream *up;

@@ -40,6 +40,10 @@ struct upstream {
 	unsigned n_idle;
 	unsigned in_flight; /* connections handed out and not yet released */
 	uint64_t opened, reused;
+	/* for labelling cold requests */
+	uint64_t completed;    /* exchanges that got a response */
+	uint64_t last_done_ns; /* when the last one ended */
+	bool failing;	       /* the last connect attempt failed */
 };
 
 /* Parses `url` (http://host[:port][/]) and resolves it. NULL with a message
@@ -59,3 +63,11 @@ struct upconn *upstream_acquire(struct upstream *up, bool *reused);
 
 /* Gives a connection back: pooled when `reusable`, else closed at once. */
 void upstream_release(struct upconn *c, bool reusable);
+
+/* Whether a request dispatched now runs cold: on a freshly opened
+ * connection while the upstream has served nothing yet in this process,
+ * has been idle for cfg->cold_idle_ms, or was failing. */
+bool upstream_dispatch_cold(const struct upstream *up, bool reused, uint64_t now_ns);
+
+/* Notes how an exchange ended, for upstream_dispatch_cold. */
+void upstream_note_result(struct upstream *up, bool responded, uint64_t now_ns);

@@ -1,0 +1,297 @@
+/*
+ * hist.c — bucket geometry, quantiles and the storage encoding of struct hist.
+ *
+ * Recording lives in hist.h (inline, on the hot path); everything here runs
+ * on a timer or a query, over at most HIST_BUCKETS buckets.
+ *
+ * Bucket geometry: idx < 128 holds the value idx. Above, idx = (s << 6) + q
+ * with q in [64, 128) holds [q << s, ((q + 1) << s) - 1], the inverse of
+ * hist_index(). The last bucket is stretched to UINT64_MAX because
+ * hist_index() clamps into it.
+ *
+ * The decoder treats its input as hostile (it reads LMDB pages and, later,
+ * fuzzer output): every read is bounds-checked, every count is checked
+ * against the invariants in hist.h, and it runs twice over the input — once
+ * to validate, once to apply — so that a bad slice never half-merges.
+ */
+#include "hist.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Longest LEB128 encoding of a uint64_t: ceil(64 / 7). */
+#define VARINT_MAX 10
+
+void hist_init(struct hist *h)
+{
+	memset(h, 0, sizeof(*h));
+	h->min = UINT64_MAX;
+}
+
+void hist_record_n(struct hist *h, uint64_t v, uint64_t n)
+{
+	/* n == 0 must not touch min/max: an empty histogram keeps its
+	 * canonical min = UINT64_MAX, max = 0. */
+	if (n == 0)
+		return;
+	h->count += n;
+	h->sum += v * n;
+	if (v < h->min)
+		h->min = v;
+	if (v > h->max)
+		h->max = v;
+	h->buckets[hist_index(v)] += n;
+}
+
+void hist_merge(struct hist *dst, const struct hist *src)
+{
+	if (src->count == 0)
+		return;
+	dst->count += src->count;
+	dst->sum += src->sum;
+	if (src->min < dst->min)
+		dst->min = src->min;
+	if (src->max > dst->max)
+		dst->max = src->max;
+	for (unsigned i = 0; i < HIST_BUCKETS; i++)
+		dst->buckets[i] += src->buckets[i];
+}
+
+uint64_t hist_bucket_low(unsigned idx)
+{
+	if (idx >= HIST_BUCKETS)
+		idx = HIST_BUCKETS - 1;
+	if (idx < 128)
+		return idx;
+	unsigned s = (idx >> HIST_SUB_BITS) - 1;
+	uint64_t q = (idx & 63) + 64;
+	return q << s;
+}
+
+uint64_t hist_bucket_high(unsigned idx)
+{
+	if (idx >= HIST_BUCKETS - 1)
+		return UINT64_MAX;
+	return hist_bucket_low(idx + 1) - 1;
+}
+
+/* The bucket's values as far as samples can be: for the last bucket that is
+ * up to HIST_LIMIT - 1, not UINT64_MAX, so that its midpoint stays near the
+ * values it was built for; the callers clamp to [min, max] anyway. */
+static uint64_t bucket_high_nominal(unsigned idx)
+{
+	return idx >= HIST_BUCKETS - 1 ? HIST_LIMIT - 1 : hist_bucket_high(idx);
+}
+
+uint64_t hist_quantile(const struct hist *h, double q)
+{
+	if (h->count == 0)
+		return 0;
+	if (!(q > 0.0)) /* also NaN */
+		return h->min;
+	if (q >= 1.0)
+		return h->max;
+
+	/* rank = ceil(q * count), kept within [1, count] even where the double
+	 * product rounds (counts beyond 2^53). */
+	double r = ceil(q * (double)h->count);
+	uint64_t rank = r >= (double)h->count ? h->count : (uint64_t)r;
+	if (rank < 1)
+		rank = 1;
+
+	uint64_t cum = 0;
+	unsigned i;
+	for (i = 0; i < HIST_BUCKETS - 1; i++) {
+		cum += h->buckets[i];
+		if (cum >= rank)
+			break;
+	}
+	uint64_t lo = hist_bucket_low(i), hi = bucket_high_nominal(i);
+	uint64_t mid = lo + (hi - lo) / 2;
+	if (mid < h->min)
+		mid = h->min;
+	if (mid > h->max)
+		mid = h->max;
+	return mid;
+}
+
+double hist_mean(const struct hist *h)
+{
+	return h->count ? (double)h->sum / (double)h->count : 0.0;
+}
+
+double hist_count_le(const struct hist *h, uint64_t bound)
+{
+	if (h->count == 0 || bound < h->min)
+		return 0.0;
+	if (bound >= h->max)
+		return (double)h->count;
+
+	/* Here min <= bound < max. */
+	unsigned b = hist_index(bound);
+	uint64_t below = 0;
+	for (unsigned i = 0; i < b; i++)
+		below += h->buckets[i];
+
+	/* Samples in bucket b lie in [lo, hi], and so does bound. When bound
+	 * is the bucket's high, hi == bound (max is above it): the whole
+	 * bucket counts, exactly, with no division to round. */
+	uint64_t lo = hist_bucket_low(b), hi = hist_bucket_high(b);
+	if (lo < h->min)
+		lo = h->min;
+	if (hi > h->max)
+		hi = h->max;
+	double share = bound == hi ? 1.0 : ((double)(bound - lo) + 1.0) / ((double)(hi - lo) + 1.0);
+	return (double)below + (double)h->buckets[b] * share;
+}
+
+bool hist_empty(const struct hist *h)
+{
+	return h->count == 0;
+}
+
+static size_t varint_len(uint64_t v)
+{
+	size_t n = 1;
+	while (v >= 0x80) {
+		v >>= 7;
+		n++;
+	}
+	return n;
+}
+
+size_t hist_encoded_max(const struct hist *h)
+{
+	/* Five header numbers, then at most min(count, HIST_BUCKETS) buckets,
+	 * each a delta below HIST_BUCKETS (2 bytes) and a count <= count. */
+	uint64_t nnz = h->count < HIST_BUCKETS ? h->count : HIST_BUCKETS;
+	return 5 * VARINT_MAX + (size_t)nnz * (2 + varint_len(h->count));
+}
+
+/* Appends v at out[*pos]; false, with nothing written past cap, if it does
+ * not fit. */
+static bool varint_put(uint8_t *out, size_t cap, size_t *pos, uint64_t v)
+{
+	size_t p = *pos;
+	do {
+		if (p >= cap)
+			return false;
+		uint8_t byte = v & 0x7f;
+		v >>= 7;
+		out[p++] = byte | (v ? 0x80 : 0);
+	} while (v);
+	*pos = p;
+	return true;
+}
+
+size_t hist_encode(const struct hist *h, uint8_t *out, size_t cap)
+{
+	uint64_t nnz = 0;
+	for (unsigned i = 0; i < HIST_BUCKETS; i++)
+		nnz += h->buckets[i] != 0;
+
+	size_t pos = 0;
+	if (!varint_put(out, cap, &pos, h->count) || !varint_put(out, cap, &pos, h->sum) ||
+	    !varint_put(out, cap, &pos, h->min) || !varint_put(out, cap, &pos, h->max) ||
+	    !varint_put(out, cap, &pos, nnz))
+		return 0;
+	unsigned prev = 0;
+	for (unsigned i = 0; i < HIST_BUCKETS; i++) {
+		if (h->buckets[i] == 0)
+			continue;
+		if (!varint_put(out, cap, &pos, i - prev) || !varint_put(out, cap, &pos, h->buckets[i]))
+			return 0;
+		prev = i;
+	}
+	return pos;
+}
+
+/* Reads a varint at in[*pos]; false if it runs past len or over 64 bits. */
+static bool varint_get(const uint8_t *in, size_t len, size_t *pos, uint64_t *v)
+{
+	uint64_t r = 0;
+	size_t p = *pos;
+	for (unsigned shift = 0; shift < 64; shift += 7) {
+		if (p >= len)
+			return false;
+		uint8_t byte = in[p++];
+		/* The tenth byte has room for one bit only. */
+		if (shift == 63 && byte > 1)
+			return false;
+		r |= (uint64_t)(byte & 0x7f) << shift;
+		if (!(byte & 0x80)) {
+			*pos = p;
+			*v = r;
+			return true;
+		}
+	}
+	return false;
+}
+
+/*
+ * One pass over an encoded histogram. With dst NULL it only validates;
+ * with dst set it adds, and must only be called on input that validated
+ * (it then cannot fail half-way). Returns bytes consumed, or 0 if invalid
+ * (a valid encoding is at least 5 bytes).
+ */
+static size_t decode_pass(struct hist *dst, const uint8_t *in, size_t len)
+{
+	size_t pos = 0;
+	uint64_t count, sum, min, max, nnz;
+	if (!varint_get(in, len, &pos, &count) || !varint_get(in, len, &pos, &sum) ||
+	    !varint_get(in, len, &pos, &min) || !varint_get(in, len, &pos, &max) ||
+	    !varint_get(in, len, &pos, &nnz))
+		return 0;
+
+	if (count == 0) {
+		if (sum != 0 || min != UINT64_MAX || max != 0 || nnz != 0)
+			return 0;
+		return pos;
+	}
+	if (nnz == 0 || nnz > HIST_BUCKETS || nnz > count || min > max)
+		return 0;
+
+	uint64_t idx = 0, total = 0;
+	unsigned first = 0;
+	for (uint64_t k = 0; k < nnz; k++) {
+		uint64_t delta, n;
+		if (!varint_get(in, len, &pos, &delta) || !varint_get(in, len, &pos, &n))
+			return 0;
+		/* Indices strictly increase (only the first may be at delta 0)
+		 * and stay inside the array; check before adding so that a huge
+		 * delta cannot wrap idx. */
+		if ((k > 0 && delta == 0) || delta >= HIST_BUCKETS - idx)
+			return 0;
+		idx += delta;
+		if (n == 0 || n > count - total)
+			return 0;
+		total += n;
+		if (k == 0)
+			first = (unsigned)idx;
+		if (dst)
+			dst->buckets[idx] += n;
+	}
+	if (total != count || hist_index(min) != first || hist_index(max) != idx)
+		return 0;
+
+	if (dst) {
+		dst->count += count;
+		dst->sum += sum;
+		if (min < dst->min)
+			dst->min = min;
+		if (max > dst->max)
+			dst->max = max;
+	}
+	return pos;
+}
+
+int hist_decode_merge(struct hist *dst, const uint8_t *in, size_t len, size_t *used)
+{
+	size_t n = decode_pass(NULL, in, len);
+	if (n == 0)
+		return -1;
+	decode_pass(dst, in, len);
+	if (used)
+		*used = n;
+	return 0;
+}

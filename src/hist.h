@@ -1,0 +1,132 @@
+/*
+ * hist.h — log-linear latency histograms that merge by adding buckets.
+ *
+ * Log-linear buckets over unsigned 64-bit values (tokentap records times in
+ * microseconds, token counts, rates in milli-units). Values 0..127 have a
+ * bucket each (exact); above, every power of two [2^m, 2^(m+1)) is split into
+ * 64 equal buckets, so a bucket's width is at most 1/64 of its lower bound
+ * and its midpoint is within 1/128 (< 1 %) of any value in it. The layout is
+ * fixed, so histograms from anywhere merge by adding buckets. Values >= 2^32
+ * land in the last bucket (count, sum, min and max stay exact).
+ *
+ * Invariants of a struct hist, kept by every function here and checked by
+ * hist_decode_merge() on input it did not produce:
+ *   - count == sum of buckets[];
+ *   - count == 0: min == UINT64_MAX, max == 0, every bucket 0;
+ *   - count > 0: min <= max, hist_index(min) is the first non-empty bucket
+ *     and hist_index(max) the last.
+ * sum wraps modulo 2^64 (it would take 2^64 µs, 585 000 years, of latency).
+ *
+ * A struct hist is a plain value (about 14 KiB) with no pointers: copy it,
+ * zero it with hist_init(), keep one per worker and merge on a timer.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define HIST_SUB_BITS 6
+#define HIST_BUCKETS (128 + (32 - 7) * 64) /* 1728: covers 0 .. 2^32-1 (µs: 71 minutes) */
+/* First value that no longer has a bucket of its own precision. */
+#define HIST_LIMIT ((uint64_t)1 << 32)
+
+struct hist {
+	uint64_t count, sum, min, max; /* min = UINT64_MAX when empty */
+	uint64_t buckets[HIST_BUCKETS];
+};
+
+/* Makes `h` empty. */
+void hist_init(struct hist *h);
+
+/*
+ * Bucket index of `v`. Why this one formula covers both halves: with
+ * s = floor(log2(v | 64)) - 6, v >> s lies in [64, 128) for v >= 64 and
+ * equals v below, so (s << 6) + (v >> s) is v for v < 128, and for
+ * v in [2^m, 2^(m+1)) it is 128 + (m - 7) * 64 + the 6 bits after the
+ * leading one. v | 64 is never 0, so __builtin_clzll is defined.
+ */
+static inline unsigned hist_index(uint64_t v)
+{
+	v = v < HIST_LIMIT ? v : HIST_LIMIT - 1;
+	unsigned s = 57u - (unsigned)__builtin_clzll(v | 64);
+	return (s << HIST_SUB_BITS) + (unsigned)(v >> s);
+}
+
+/* Adds one sample: a few ns, no allocation, no branch the compiler cannot
+ * turn into a conditional move. */
+static inline void hist_record(struct hist *h, uint64_t v)
+{
+	h->count++;
+	h->sum += v;
+	h->min = v < h->min ? v : h->min;
+	h->max = v > h->max ? v : h->max;
+	h->buckets[hist_index(v)]++;
+}
+
+/* Adds `n` samples of value `v`; n == 0 changes nothing. */
+void hist_record_n(struct hist *h, uint64_t v, uint64_t n);
+
+/* Exact: adds buckets and combines count, sum, min and max. dst == src is
+ * allowed (doubles the histogram). */
+void hist_merge(struct hist *dst, const struct hist *src);
+
+/* Smallest value in bucket `idx`. An idx past the end is read as the last
+ * bucket. */
+uint64_t hist_bucket_low(unsigned idx);
+
+/* Largest value in bucket `idx` (inclusive). The last bucket also holds every
+ * value >= 2^32, so its high is UINT64_MAX. */
+uint64_t hist_bucket_high(unsigned idx);
+
+/*
+ * Value at quantile q in [0,1]: the bucket holding the sample of rank
+ * ceil(q*count) (rank >= 1), reported as the bucket midpoint clamped to
+ * [min, max]; q=1 returns max exactly, q=0 min. 0 when empty. q outside
+ * [0,1] is clamped; NaN reads as 0.
+ */
+uint64_t hist_quantile(const struct hist *h, double q);
+
+/* sum/count, 0 when empty. */
+double hist_mean(const struct hist *h);
+
+/*
+ * Cumulative count of samples <= bound (for Prometheus `le` buckets): counts
+ * whole buckets whose high <= bound, plus a linear share of the bucket
+ * containing bound. The share is taken over the part of that bucket inside
+ * [min, max], where samples can be; so bound >= max gives count and
+ * bound < min gives 0, exactly.
+ */
+double hist_count_le(const struct hist *h, uint64_t bound);
+
+bool hist_empty(const struct hist *h);
+
+/*
+ * Sparse, compact encoding for storage: empty buckets cost nothing. Format
+ * (each number an unsigned LEB128 varint): count, sum, min, max, number of
+ * non-empty buckets, then per non-empty bucket: index delta from the previous
+ * non-empty index (the first one from 0, so it is the index itself), count.
+ * An empty histogram encodes as count 0, sum 0, min UINT64_MAX, max 0, 0
+ * buckets.
+ */
+
+/* A safe bound on hist_encode()'s output for `h`, computed without a scan. */
+size_t hist_encoded_max(const struct hist *h);
+
+/* Writes `h` to out. Returns bytes written, or 0 if cap is too small (call
+ * hist_encoded_max for a safe bound). */
+size_t hist_encode(const struct hist *h, uint8_t *out, size_t cap);
+
+/*
+ * Decodes one encoded histogram at `in` and ADDS it into dst (so many slices
+ * merge into one). Sets *used (may be NULL) to the bytes consumed; bytes past
+ * them are not looked at. Returns 0, or -1 for malformed or truncated input,
+ * with dst and *used left unchanged: the whole input is validated before
+ * anything is applied. Rejects what hist_encode() cannot produce: a varint
+ * over 64 bits, a bucket index past the end or not increasing, a bucket count
+ * of 0, bucket counts that do not add up to count, min/max outside the first
+ * and last non-empty buckets, a non-canonical empty histogram. Reads at most
+ * len bytes whatever the input says.
+ */
+int hist_decode_merge(struct hist *dst, const uint8_t *in, size_t len, size_t *used)
+	__attribute__((warn_unused_result));

@@ -1,0 +1,130 @@
+/*
+ * slice.h — everything recorded about one series over one period.
+ *
+ * A series is (route, upstream, model, cold). A slice holds its counters and
+ * its histograms for one second, minute, hour or all time; slices of the same
+ * series merge exactly (counters add, histograms add buckets), which is how
+ * windows are answered and how per-worker deltas reach the store.
+ *
+ * Histograms are allocated on first use, so a slice costs only what its
+ * traffic touched; the encoded form (slice_encode) is sparse and versioned.
+ * Each metric and counter is declared once below.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hist.h"
+#include "timeline.h"
+
+enum metric_unit { UNIT_US, UNIT_MILLI, UNIT_COUNT };
+
+/* (ENUM, name, stored unit). Times are stored in µs and shown in ms; decode
+ * rate is stored in milli-tokens/s and shown in tokens/s. */
+#define HIST_METRICS(X) \
+	X(TTFT, ttft, UNIT_US) \
+	X(UPSTREAM_TTFT, upstream_ttft, UNIT_US) \
+	X(ITL, itl, UNIT_US) \
+	X(TPOT, tpot, UNIT_US) \
+	X(E2E, e2e, UNIT_US) \
+	X(TTFB, ttfb, UNIT_US) \
+	X(QUEUE, queue, UNIT_US) \
+	X(CONNECT, connect, UNIT_US) \
+	X(DECODE_RATE, decode_rate, UNIT_MILLI) \
+	X(INPUT_TOKENS, input_tokens, UNIT_COUNT) \
+	X(OUTPUT_TOKENS, output_tokens, UNIT_COUNT) \
+	X(INFLIGHT, inflight, UNIT_COUNT)
+
+enum hist_metric {
+#define X(e, n, u) HM_##e,
+	HIST_METRICS(X)
+#undef X
+		HM__COUNT
+};
+
+/* Counters; errors by kind follow them, one per enum req_error. */
+#define SLICE_COUNTERS(X) \
+	X(REQUESTS, requests) \
+	X(STATUS_NONE, status_none) \
+	X(STATUS_1XX, status_1xx) \
+	X(STATUS_2XX, status_2xx) \
+	X(STATUS_3XX, status_3xx) \
+	X(STATUS_4XX, status_4xx) \
+	X(STATUS_5XX, status_5xx) \
+	X(INPUT_TOKENS, input_tokens) \
+	X(OUTPUT_TOKENS, output_tokens) \
+	X(SLO_MET, slo_met) \
+	X(SLO_MISSED, slo_missed)
+
+enum slice_counter {
+#define X(e, n) CT_##e,
+	SLICE_COUNTERS(X)
+#undef X
+		CT_ERR_BASE,
+	CT__COUNT = CT_ERR_BASE + REQ_ERR__COUNT
+};
+
+/* The load curve: ttft, itl and e2e by requests in flight to the upstream
+ * when the request arrived (1, 2, 3-4, 5-8, ... log2 buckets), and ttft by
+ * input tokens (0-1, 2, 3-4, ... log2 buckets). */
+#define INFLIGHT_BUCKETS 12
+#define PROMPT_BUCKETS 22
+enum curve_metric { CURVE_TTFT, CURVE_ITL, CURVE_E2E, CURVE__COUNT };
+
+#define SLOT_CURVE(c, b) (HM__COUNT + (c) * INFLIGHT_BUCKETS + (b))
+#define SLOT_PROMPT(b) (HM__COUNT + CURVE__COUNT * INFLIGHT_BUCKETS + (b))
+#define SLICE_SLOTS (HM__COUNT + CURVE__COUNT * INFLIGHT_BUCKETS + PROMPT_BUCKETS)
+
+struct slice {
+	uint64_t counters[CT__COUNT];
+	struct hist *slot[SLICE_SLOTS]; /* NULL until used; owned by the slice */
+};
+
+/* Thresholds that make a request count as met or missed (goodput). */
+struct slo {
+	uint64_t ttft_us;
+	uint64_t tpot_us;
+};
+
+const char *hist_metric_name(enum hist_metric m);
+enum metric_unit hist_metric_unit(enum hist_metric m);
+const char *slice_counter_name(unsigned c); /* includes "errors_<kind>" */
+
+/* log2 bucket of a value: 0 for v <= 1, ceil(log2 v) above, capped at n-1. */
+unsigned log2_bucket(uint64_t v, unsigned n);
+/* Inclusive bounds of bucket b as log2_bucket defines it. */
+uint64_t log2_bucket_low(unsigned b);
+uint64_t log2_bucket_high(unsigned b, unsigned n);
+
+/* The histogram in `slot`, allocated on first use; NULL if out of memory
+ * (the sample is then dropped, never the request). */
+struct hist *slice_hist(struct slice *s, unsigned slot);
+
+/* Records one finished request. `inflight` is how many requests were in
+ * flight to the upstream when it arrived, itself included. */
+void slice_record_request(struct slice *s, const struct req_record *r, unsigned inflight, const struct slo *slo);
+
+/* Records one ITL gap. */
+static inline void slice_record_itl(struct slice *s, uint64_t gap_ns, unsigned inflight)
+{
+	struct hist *h = slice_hist(s, HM_ITL);
+	struct hist *c = slice_hist(s, SLOT_CURVE(CURVE_ITL, log2_bucket(inflight, INFLIGHT_BUCKETS)));
+	if (h)
+		hist_record(h, gap_ns / 1000);
+	if (c)
+		hist_record(c, gap_ns / 1000);
+}
+
+bool slice_empty(const struct slice *s);
+void slice_merge(struct slice *dst, const struct slice *src);
+/* Empties the slice, keeping its histograms allocated for reuse. */
+void slice_clear(struct slice *s);
+/* Frees the histograms; the slice is empty afterwards. */
+void slice_release(struct slice *s);
+
+/* Encodes into a malloc'd buffer; returns its length, 0 on failure. */
+size_t slice_encode(const struct slice *s, uint8_t **out);
+/* Adds an encoded slice into `dst`; -1 (dst unchanged) on malformed input. */
+int slice_decode_merge(struct slice *dst, const uint8_t *in, size_t len);

@@ -1,0 +1,279 @@
+/*
+ * stats.c — the per-worker series table and its flush to the store.
+ *
+ * Series live as long as the shard (bounded by the model cap), so the
+ * request holding a series pointer never sees it freed. A series' slice is
+ * cleared in place at each flush, keeping its histograms allocated: in steady
+ * state recording allocates nothing.
+ */
+#include "stats.h"
+
+#include <event2/event.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log.h"
+#include "store.h"
+
+struct series {
+	struct stats_shard *shard;
+	char key[SERIES_KEY_MAX];
+	size_t keylen;
+	uint64_t hash;
+	struct slice slice;
+	bool dirty;
+	struct series *next_dirty;
+	struct series *next_in_bucket;
+};
+
+/* Models seen per (route, upstream), for the cap. */
+struct model_count {
+	const char *route, *upstream; /* borrowed: they outlive the shard */
+	unsigned n;
+};
+
+#define SERIES_BUCKETS 256
+
+struct stats_shard {
+	struct store *store;
+	struct slo slo;
+	unsigned max_models;
+	struct series *buckets[SERIES_BUCKETS];
+	struct series *dirty;
+	struct model_count *mc;
+	size_t n_mc;
+	struct event *timer;
+	uint64_t flush_ms;
+};
+
+int series_key_parse(const char *key, size_t len, const char **route, const char **upstream, const char **model,
+		     bool *cold)
+{
+	const char *p = key, *end = key + len;
+	const char *parts[3];
+
+	for (int i = 0; i < 3; i++) {
+		const char *z = memchr(p, '\0', (size_t)(end - p));
+		if (!z)
+			return -1;
+		parts[i] = p;
+		p = z + 1;
+	}
+	if (end - p != 1 || (*p != '0' && *p != '1'))
+		return -1;
+	*route = parts[0];
+	*upstream = parts[1];
+	*model = parts[2];
+	*cold = *p == '1';
+	return 0;
+}
+
+static size_t key_build(char *out, const char *route, const char *upstream, const char *model, bool cold)
+{
+	size_t lr = strlen(route), lu = strlen(upstream), lm = strlen(model);
+
+	if (lr + lu + lm + 4 > SERIES_KEY_MAX)
+		return 0;
+	memcpy(out, route, lr + 1);
+	memcpy(out + lr + 1, upstream, lu + 1);
+	memcpy(out + lr + lu + 2, model, lm + 1);
+	out[lr + lu + lm + 3] = cold ? '1' : '0';
+	return lr + lu + lm + 4;
+}
+
+static uint64_t fnv1a(const char *p, size_t n)
+{
+	uint64_t h = 1469598103934665603ull;
+	for (size_t i = 0; i < n; i++) {
+		h ^= (unsigned char)p[i];
+		h *= 1099511628211ull;
+	}
+	return h;
+}
+
+static struct series *lookup(struct stats_shard *sh, const char *key, size_t len, uint64_t hash)
+{
+	for (struct series *s = sh->buckets[hash % SERIES_BUCKETS]; s; s = s->next_in_bucket)
+		if (s->hash == hash && s->keylen == len && memcmp(s->key, key, len) == 0)
+			return s;
+	return NULL;
+}
+
+static struct series *insert(struct stats_shard *sh, const char *key, size_t len, uint64_t hash)
+{
+	struct series *s = calloc(1, sizeof(*s));
+	if (!s)
+		return NULL;
+	s->shard = sh;
+	memcpy(s->key, key, len);
+	s->keylen = len;
+	s->hash = hash;
+	s->next_in_bucket = sh->buckets[hash % SERIES_BUCKETS];
+	sh->buckets[hash % SERIES_BUCKETS] = s;
+	return s;
+}
+
+/* True when one more model may be tracked for (route, upstream). */
+static bool model_admit(struct stats_shard *sh, const char *route, const char *upstream)
+{
+	struct model_count *m = NULL;
+
+	for (size_t i = 0; i < sh->n_mc; i++)
+		if (sh->mc[i].route == route && sh->mc[i].upstream == upstream)
+			m = &sh->mc[i];
+	if (!m) {
+		struct model_count *p = realloc(sh->mc, (sh->n_mc + 1) * sizeof(*p));
+		if (!p)
+			return false;
+		sh->mc = p;
+		m = &sh->mc[sh->n_mc++];
+		*m = (struct model_count){ route, upstream, 0 };
+	}
+	if (m->n >= sh->max_models)
+		return false;
+	m->n++;
+	return true;
+}
+
+struct series *stats_series(struct stats_shard *sh, const char *route, const char *upstream, const char *model,
+			    bool cold)
+{
+	char key[SERIES_KEY_MAX];
+	size_t len;
+	uint64_t hash;
+	struct series *s;
+
+	if (!sh)
+		return NULL;
+	if (!model || !*model)
+		model = SERIES_MODEL_UNKNOWN;
+	len = key_build(key, route, upstream, model, cold);
+	if (!len)
+		len = key_build(key, route, upstream, SERIES_MODEL_OTHER, cold);
+	hash = fnv1a(key, len);
+	if ((s = lookup(sh, key, len, hash)))
+		return s;
+	/* A new model: admitted under the cap (counted once for warm and cold
+	 * alike), else folded into "other". */
+	char other[SERIES_KEY_MAX];
+	size_t olen = key_build(other, route, upstream, model, !cold);
+	bool known = olen && lookup(sh, other, olen, fnv1a(other, olen));
+	if (!known && strcmp(model, SERIES_MODEL_OTHER) != 0 && !model_admit(sh, route, upstream)) {
+		len = key_build(key, route, upstream, SERIES_MODEL_OTHER, cold);
+		hash = fnv1a(key, len);
+		if ((s = lookup(sh, key, len, hash)))
+			return s;
+	}
+	return insert(sh, key, len, hash);
+}
+
+static void mark_dirty(struct series *se)
+{
+	if (se->dirty)
+		return;
+	se->dirty = true;
+	se->next_dirty = se->shard->dirty;
+	se->shard->dirty = se;
+}
+
+void stats_record_itl(struct series *se, uint64_t gap_ns, unsigned inflight)
+{
+	if (!se)
+		return;
+	slice_record_itl(&se->slice, gap_ns, inflight);
+	mark_dirty(se);
+}
+
+void stats_record_request(struct series *se, const struct req_record *r, unsigned inflight)
+{
+	if (!se)
+		return;
+	slice_record_request(&se->slice, r, inflight, &se->shard->slo);
+	mark_dirty(se);
+}
+
+void stats_shard_flush(struct stats_shard *sh)
+{
+	struct store_batch *b;
+	size_t n = 0;
+
+	if (!sh || !sh->dirty)
+		return;
+	for (struct series *s = sh->dirty; s; s = s->next_dirty)
+		n++;
+	b = calloc(1, sizeof(*b));
+	if (b)
+		b->items = calloc(n, sizeof(*b->items));
+	if (b && b->items) {
+		b->sec = (uint64_t)time(NULL);
+		b->cap = n;
+	}
+	for (struct series *s = sh->dirty, *next; s; s = next) {
+		next = s->next_dirty;
+		if (b && b->items && !slice_empty(&s->slice)) {
+			struct store_item *it = &b->items[b->n];
+			it->len = slice_encode(&s->slice, &it->blob);
+			if (it->len) {
+				memcpy(it->key, s->key, s->keylen);
+				it->keylen = s->keylen;
+				b->n++;
+			}
+		}
+		slice_clear(&s->slice);
+		s->dirty = false;
+		s->next_dirty = NULL;
+	}
+	sh->dirty = NULL;
+	if (!b || !b->items) {
+		log_warn("stats: out of memory; one flush interval of stats lost");
+		store_batch_free(b);
+		return;
+	}
+	store_submit(sh->store, b);
+}
+
+static void on_flush_timer(evutil_socket_t fd, short what, void *arg)
+{
+	stats_shard_flush(arg);
+}
+
+struct stats_shard *stats_shard_new(struct event_base *base, struct store *store, unsigned max_models,
+				    const struct slo *slo, uint64_t flush_ms)
+{
+	struct stats_shard *sh = calloc(1, sizeof(*sh));
+
+	if (!sh)
+		return NULL;
+	sh->store = store;
+	sh->slo = *slo;
+	sh->max_models = max_models;
+	sh->flush_ms = flush_ms;
+	if (base) {
+		struct timeval tv = { (time_t)(flush_ms / 1000), (suseconds_t)(flush_ms % 1000) * 1000 };
+		sh->timer = event_new(base, -1, EV_PERSIST, on_flush_timer, sh);
+		if (!sh->timer || event_add(sh->timer, &tv) == -1) {
+			stats_shard_free(sh);
+			return NULL;
+		}
+	}
+	return sh;
+}
+
+void stats_shard_free(struct stats_shard *sh)
+{
+	if (!sh)
+		return;
+	stats_shard_flush(sh);
+	if (sh->timer)
+		event_free(sh->timer);
+	for (unsigned i = 0; i < SERIES_BUCKETS; i++) {
+		for (struct series *s = sh->buckets[i], *next; s; s = next) {
+			next = s->next_in_bucket;
+			slice_release(&s->slice);
+			free(s);
+		}
+	}
+	free(sh->mc);
+	free(sh);
+}

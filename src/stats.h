@@ -1,0 +1,48 @@
+/*
+ * stats.h — per-worker recording of series slices.
+ *
+ * Each worker owns a shard: its own series table and, per series, the slice
+ * being filled during the current flush interval. Recording touches only the
+ * shard — no lock, no allocation once a series' histograms exist. A timer on
+ * the worker's loop encodes every dirty slice, hands the batch to the store
+ * (one lock hand-off per interval) and clears the slices in place.
+ *
+ * The number of models per (route, upstream) is capped: past the cap a
+ * request is recorded under the model "other", so clients cannot grow memory
+ * by inventing model names.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "slice.h"
+
+struct event_base;
+struct store;
+struct stats_shard;
+struct series;
+
+/* One series' identity, serialized as "route\0upstream\0model\0" + '0'|'1'. */
+#define SERIES_KEY_MAX 512
+#define SERIES_MODEL_OTHER "other"
+#define SERIES_MODEL_UNKNOWN "unknown"
+
+/* Splits a serialized key; returns 0 or -1 when it is malformed. */
+int series_key_parse(const char *key, size_t len, const char **route, const char **upstream, const char **model,
+		     bool *cold);
+
+struct stats_shard *stats_shard_new(struct event_base *base, struct store *store, unsigned max_models,
+				    const struct slo *slo, uint64_t flush_ms);
+/* Flushes what is pending, then frees. Accepts NULL. */
+void stats_shard_free(struct stats_shard *sh);
+
+/* The series for these labels, created on first use (NULL if out of memory). */
+struct series *stats_series(struct stats_shard *sh, const char *route, const char *upstream, const char *model,
+			    bool cold);
+
+void stats_record_itl(struct series *se, uint64_t gap_ns, unsigned inflight);
+void stats_record_request(struct series *se, const struct req_record *r, unsigned inflight);
+
+/* Hands the pending deltas to the store now (the timer calls this). */
+void stats_shard_flush(struct stats_shard *sh);

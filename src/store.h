@@ -1,0 +1,89 @@
+/*
+ * store.h — where the numbers live: per-second slices in memory, per-minute,
+ * per-hour and all-time slices in LMDB, and the window queries over them.
+ *
+ * Workers hand in batches of encoded series deltas (store_submit, once per
+ * flush interval each). One writer thread owns every LMDB write: it merges a
+ * batch into the minute, hour and all-time slices of each series in a single
+ * write transaction, keeps the batch in the in-memory ring of per-second
+ * slices for the live windows, and prunes slices past their retention.
+ * Queries run on any thread with short read transactions. Nothing here ever
+ * blocks or fails forwarding: a store that cannot write logs why and drops
+ * the batch.
+ *
+ * On-disk layout version 1 (docs/storage.md): named databases "meta"
+ * (layout version), "series" (serialized series key -> u32 id),
+ * "series_by_id" (id -> key) and "slices" (kind 'm'|'h'|'a', u32 big-endian
+ * minute or hour number, u32 big-endian series id -> encoded slice).
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "slice.h"
+#include "stats.h"
+
+struct store_item {
+	char key[SERIES_KEY_MAX];
+	size_t keylen;
+	uint8_t *blob;
+	size_t len;
+};
+
+/* Deltas of one flush interval from one worker. Owned by whoever holds it:
+ * the shard builds it, store_submit takes it. */
+struct store_batch {
+	uint64_t sec; /* unix time of the flush */
+	size_t n, cap;
+	struct store_item *items;
+	struct store_batch *next;
+};
+
+struct store_options {
+	const char *dir; /* NULL: memory only (live windows, no persistence) */
+	uint64_t minute_retention_s;
+	uint64_t hour_retention_s;
+	uint64_t map_size; /* initial LMDB map size; grows when full */
+};
+
+enum store_window { WIN_1M, WIN_5M, WIN_1H, WIN_24H, WIN_7D, WIN_ALL, WIN__COUNT };
+
+struct store_series {
+	char key[SERIES_KEY_MAX];
+	size_t keylen;
+	struct slice slice;
+};
+
+struct store_result {
+	uint64_t start_sec, end_sec; /* the period the merged slices cover */
+	size_t n, cap;
+	struct store_series *series;
+};
+
+void store_options_defaults(struct store_options *o);
+
+/* Opens (creating) the data directory, refuses one in use by another
+ * tokentap or written in another layout, and starts the writer thread. */
+struct store *store_open(const struct store_options *o, char *err, size_t errlen);
+
+/* Stops the writer after it has committed everything submitted. NULL ok. */
+void store_close(struct store *st);
+
+/* Queues a batch for the writer; never blocks on I/O. Takes ownership. */
+void store_submit(struct store *st, struct store_batch *b);
+void store_batch_free(struct store_batch *b);
+
+/* Merged slices per series for a window ending now. 0, or -1 with `err`. */
+int store_query(struct store *st, enum store_window w, struct store_result *out, char *err, size_t errlen);
+void store_result_free(struct store_result *r);
+
+/* Forgets every stored slice (admin reset). 0, or -1 with `err`. */
+int store_reset(struct store *st, char *err, size_t errlen);
+
+/* Blocks until every batch submitted so far is committed (tests, shutdown). */
+void store_sync(struct store *st);
+
+int store_window_parse(const char *s, enum store_window *w);
+const char *store_window_name(enum store_window w);
