@@ -3,9 +3,12 @@
  */
 #include "config.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 void config_defaults(struct config *c)
 {
@@ -68,6 +71,53 @@ int config_parse_size(const char *s, uint64_t *out)
 	static const char *const units[] = { "k", "K", "m", "M", "g", "G" };
 	static const uint64_t scale[] = { 1u << 10, 1u << 10, 1u << 20, 1u << 20, 1u << 30, 1u << 30 };
 	return parse_scaled(s, out, units, scale, 6, 1);
+}
+
+int config_parse_listen(const char *s, struct sockaddr_storage *ss, unsigned *len)
+{
+	char host[64];
+	const char *colon, *hs = s, *he;
+	char *end;
+	unsigned long port;
+
+	if (!s)
+		return -1;
+	if (*s == '[') {
+		he = strchr(s, ']');
+		if (!he || he[1] != ':')
+			return -1;
+		hs = s + 1;
+		colon = he + 1;
+	} else {
+		colon = strrchr(s, ':');
+		if (!colon)
+			return -1;
+		he = colon;
+	}
+	if (he <= hs || (size_t)(he - hs) >= sizeof(host) || !colon[1])
+		return -1;
+	memcpy(host, hs, (size_t)(he - hs));
+	host[he - hs] = '\0';
+	errno = 0;
+	port = strtoul(colon + 1, &end, 10);
+	if (errno || *end || port > 65535 || colon[1] == '-' || colon[1] == '+')
+		return -1;
+	memset(ss, 0, sizeof(*ss));
+	struct sockaddr_in *s4 = (struct sockaddr_in *)ss;
+	struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)ss;
+	if (inet_pton(AF_INET, host, &s4->sin_addr) == 1) {
+		s4->sin_family = AF_INET;
+		s4->sin_port = htons((uint16_t)port);
+		*len = sizeof(*s4);
+		return 0;
+	}
+	if (inet_pton(AF_INET6, host, &s6->sin6_addr) == 1) {
+		s6->sin6_family = AF_INET6;
+		s6->sin6_port = htons((uint16_t)port);
+		*len = sizeof(*s6);
+		return 0;
+	}
+	return -1;
 }
 
 int config_parse_duration_ms(const char *s, uint64_t *out)

@@ -7,6 +7,7 @@
  */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -36,6 +37,7 @@ struct config {
 	uint64_t cold_idle_ms;	       /* an upstream idle this long serves cold */
 	uint64_t minute_retention_s;
 	uint64_t hour_retention_s;
+	bool check_data; /* verify the store and exit */
 };
 
 /* Fills `c` with the defaults. */
@@ -46,3 +48,8 @@ int config_parse_size(const char *s, uint64_t *out);
 
 /* "300ms", "5s", "2m", bare numbers are seconds. Returns 0 or -1. */
 int config_parse_duration_ms(const char *s, uint64_t *out);
+
+struct sockaddr_storage;
+/* A numeric listen address: "127.0.0.1:8080", "[::1]:8080"; port 0 asks
+ * the kernel for a free one. Returns 0 or -1. */
+int config_parse_listen(const char *s, struct sockaddr_storage *ss, unsigned *len);

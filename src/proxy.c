@@ -873,10 +873,23 @@ static int on_req_url(llhttp_t *p, const char *at, size_t len)
 	return 0;
 }
 
+/* RFC 9110 token characters. The llhttp build Debian ships tolerates some
+ * others (a space before the colon, for one); tokentap does not, since a
+ * server behind it may read such a header differently. */
+static bool is_tchar(unsigned char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+	       (c && strchr("!#$%&'*+-.^_`|~", c));
+}
+
 static int on_req_header_field(llhttp_t *p, const char *at, size_t len)
 {
 	struct request *req = ((struct client *)p->data)->req;
 	const struct config *cfg = req->cl->px->cfg;
+
+	for (size_t i = 0; i < len; i++)
+		if (!is_tchar((unsigned char)at[i]))
+			return reject(req, 400, "invalid character in a request header name");
 
 	if (!req->in_name) {
 		if (req->nhdr == cfg->max_headers)
@@ -905,6 +918,12 @@ static int on_req_header_field_complete(llhttp_t *p)
 static int on_req_header_value(llhttp_t *p, const char *at, size_t len)
 {
 	struct request *req = ((struct client *)p->data)->req;
+
+	for (size_t i = 0; i < len; i++) {
+		unsigned char c = (unsigned char)at[i];
+		if ((c < 0x20 && c != '\t') || c == 0x7f)
+			return reject(req, 400, "control character in a request header value");
+	}
 	if (!hbuf_append(req, at, len))
 		return reject(req, 431, "request header fields too large");
 	req->hdrs[req->nhdr - 1].val_len += (uint32_t)len;
@@ -1344,11 +1363,12 @@ struct proxy *proxy_new(struct event_base *base, const struct config *cfg, struc
 			struct accesslog *alog, struct stats_shard *stats, char *err, size_t errlen)
 {
 	struct sockaddr_storage ss;
-	int sslen = sizeof(ss);
+	unsigned sslen;
 	struct proxy *px;
 
-	if (evutil_parse_sockaddr_port(cfg->listen, (struct sockaddr *)&ss, &sslen) == -1) {
-		snprintf(err, errlen, "listen address %s: expected ADDR:PORT, e.g. 127.0.0.1:8080", cfg->listen);
+	if (config_parse_listen(cfg->listen, &ss, &sslen) == -1) {
+		snprintf(err, errlen, "listen address %s: expected a numeric ADDR:PORT, e.g. 127.0.0.1:8080",
+			 cfg->listen);
 		return NULL;
 	}
 	px = calloc(1, sizeof(*px));
@@ -1386,7 +1406,7 @@ struct proxy *proxy_new(struct event_base *base, const struct config *cfg, struc
 
 	px->listener = evconnlistener_new_bind(base, on_accept, px,
 					       LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC,
-					       1024, (struct sockaddr *)&ss, sslen);
+					       1024, (struct sockaddr *)&ss, (int)sslen);
 	if (!px->listener) {
 		snprintf(err, errlen, "cannot listen on %s: %s", cfg->listen, strerror(errno));
 		free(px);

@@ -788,6 +788,49 @@ int store_query(struct store *st, enum store_window w, struct store_result *out,
 	}
 }
 
+int store_verify(struct store *st, uint64_t *series, uint64_t *slices, uint64_t *bad, char *err, size_t errlen)
+{
+	MDB_txn *txn;
+	MDB_cursor *cur;
+	MDB_val k, v;
+	int rc;
+
+	*series = *slices = *bad = 0;
+	if (!st->env)
+		return 0;
+	pthread_rwlock_rdlock(&st->map_lock);
+	rc = mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn);
+	if (rc)
+		goto out_unlock;
+	if ((rc = mdb_cursor_open(txn, st->dbi_by_id, &cur)) == 0) {
+		while (mdb_cursor_get(cur, &k, &v, MDB_NEXT) == 0) {
+			const char *r, *u, *m;
+			bool cold;
+			if (k.mv_size != 4 || series_key_parse(v.mv_data, v.mv_size, &r, &u, &m, &cold) == -1)
+				(*bad)++;
+			else
+				(*series)++;
+		}
+		mdb_cursor_close(cur);
+	}
+	if (rc == 0 && (rc = mdb_cursor_open(txn, st->dbi_slices, &cur)) == 0) {
+		while (mdb_cursor_get(cur, &k, &v, MDB_NEXT) == 0) {
+			struct slice s;
+			memset(&s, 0, sizeof(s));
+			if (k.mv_size != 9 || slice_decode_merge(&s, v.mv_data, v.mv_size) == -1)
+				(*bad)++;
+			else
+				(*slices)++;
+			slice_release(&s);
+		}
+		mdb_cursor_close(cur);
+	}
+	mdb_txn_abort(txn);
+out_unlock:
+	pthread_rwlock_unlock(&st->map_lock);
+	return check_rc(rc, "verify", err, errlen) ? -1 : 0;
+}
+
 int store_reset(struct store *st, char *err, size_t errlen)
 {
 	int rc = 0;

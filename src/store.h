@@ -82,6 +82,10 @@ void store_result_free(struct store_result *r);
 /* Forgets every stored slice (admin reset). 0, or -1 with `err`. */
 int store_reset(struct store *st, char *err, size_t errlen);
 
+/* Reads every stored slice and series; counts those that decode and those
+ * that do not. 0, or -1 with `err` when the database cannot be read. */
+int store_verify(struct store *st, uint64_t *series, uint64_t *slices, uint64_t *bad, char *err, size_t errlen);
+
 /* Blocks until every batch submitted so far is committed (tests, shutdown). */
 void store_sync(struct store *st);
 
