@@ -1,0 +1,312 @@
+/*
+ * sim.c — tokentap-sim's main: reads the command line, binds the listener,
+ * hands each accepted socket to sim_conn, and leaves cleanly on SIGINT or
+ * SIGTERM.
+ *
+ * Contract with the tests: once the socket listens, exactly one line goes
+ * to stderr, "tokentap-sim listening on ADDR:PORT" with the real port (so
+ * --listen 127.0.0.1:0 works), and nothing else is printed while serving.
+ * A bad command line exits 2 with a sentence naming the flag.
+ */
+#include "sim.h"
+#include "version.h"
+
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <event2/util.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+struct sim_config sim_cfg = {
+	.ttft_ms = 50,
+	.itl_ms = 20,
+	.tokens = 64,
+	.seed = 0,
+	.model = "sim-model",
+};
+
+struct sim_stats sim_stats;
+
+uint64_t sim_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: tokentap-sim [options]\n"
+		"A simulated LLM inference server for tokentap's demo and tests.\n"
+		"\n"
+		"  --listen ADDR:PORT  where to listen (default 127.0.0.1:8000; port 0 picks one)\n"
+		"  --ttft-ms N         request received -> first token (default 50)\n"
+		"  --itl-ms N          gap between tokens; 0 = as fast as the client reads (default 20)\n"
+		"  --tokens N          output tokens when the request sets no max_tokens (default 64)\n"
+		"  --seed N            seed of ids, timestamps and token text (default 0)\n"
+		"  --model NAME        model name when the request names none (default sim-model)\n"
+		"  --help              this text\n"
+		"  --version           print the version\n"
+		"\n"
+		"Endpoints: POST /v1/chat/completions /v1/completions /v1/messages /api/chat\n"
+		"/api/generate; GET /v1/models /health /sim/stats. Per-request headers\n"
+		"x-sim-ttft-ms, x-sim-itl-ms, x-sim-tokens override the flags. See\n"
+		"docs/simulator.md.\n");
+}
+
+/* Exits 2: the one way a command line mistake ends the program. */
+static void die_usage(const char *fmt, ...)
+	__attribute__((format(printf, 1, 2), noreturn));
+
+static void die_usage(const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "tokentap-sim: ");
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, " Run tokentap-sim --help for usage.\n");
+	exit(2);
+}
+
+static uint64_t parse_u64(const char *flag, const char *v)
+{
+	char *end;
+	unsigned long long n;
+
+	errno = 0;
+	if (v[0] < '0' || v[0] > '9')
+		die_usage("%s needs a non-negative integer, got '%s'.", flag, v);
+	n = strtoull(v, &end, 10);
+	if (errno != 0 || *end != '\0')
+		die_usage("%s needs a non-negative integer, got '%s'.", flag, v);
+	return (uint64_t)n;
+}
+
+/*
+ * Accepts "ADDR:PORT", "[V6ADDR]:PORT", "localhost:PORT" and a bare
+ * "PORT" (loopback); port 0 lets the kernel pick. Names other than
+ * localhost are not resolved: the simulator is a test fixture, not a
+ * service to expose. (evutil_parse_sockaddr_port would refuse port 0.)
+ */
+static void parse_listen(const char *v, struct sockaddr_storage *ss, int *sslen)
+{
+	const char *arg = v;
+	const char *colon = strrchr(v, ':');
+	char host[INET6_ADDRSTRLEN + 2];
+	size_t hlen;
+	unsigned long port;
+	char *end;
+
+	memset(ss, 0, sizeof(*ss));
+	if (colon == NULL) {
+		colon = v - 1; /* bare port */
+		snprintf(host, sizeof(host), "127.0.0.1");
+	} else {
+		hlen = (size_t)(colon - v);
+		if (hlen >= 2 && v[0] == '[' && v[hlen - 1] == ']') {
+			v++;
+			hlen -= 2;
+		}
+		if (hlen == 0 || hlen >= sizeof(host))
+			goto bad;
+		memcpy(host, v, hlen);
+		host[hlen] = '\0';
+		if (strcmp(host, "localhost") == 0)
+			snprintf(host, sizeof(host), "127.0.0.1");
+	}
+	errno = 0;
+	if (colon[1] < '0' || colon[1] > '9')
+		goto bad;
+	port = strtoul(colon + 1, &end, 10);
+	if (errno != 0 || *end != '\0' || port > 65535)
+		goto bad;
+
+	if (strchr(host, ':') != NULL) {
+		struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)ss;
+
+		s6->sin6_family = AF_INET6;
+		s6->sin6_port = htons((uint16_t)port);
+		if (evutil_inet_pton(AF_INET6, host, &s6->sin6_addr) != 1)
+			goto bad;
+		*sslen = (int)sizeof(*s6);
+	} else {
+		struct sockaddr_in *s4 = (struct sockaddr_in *)ss;
+
+		s4->sin_family = AF_INET;
+		s4->sin_port = htons((uint16_t)port);
+		if (evutil_inet_pton(AF_INET, host, &s4->sin_addr) != 1)
+			goto bad;
+		*sslen = (int)sizeof(*s4);
+	}
+	return;
+bad:
+	die_usage("--listen needs ADDR:PORT with a numeric address (e.g. 127.0.0.1:8000), got '%s'.", arg);
+}
+
+static void parse_args(int argc, char **argv, struct sockaddr_storage *ss, int *sslen)
+{
+	bool have_listen = false;
+
+	for (int i = 1; i < argc; i++) {
+		const char *arg = argv[i];
+		const char *val = NULL;
+		const char *eq = strchr(arg, '=');
+		char flag[64];
+
+		if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+			usage(stdout);
+			exit(0);
+		}
+		if (strcmp(arg, "--version") == 0) {
+			printf("tokentap-sim %s\n", TOKENTAP_VERSION);
+			exit(0);
+		}
+		if (strncmp(arg, "--", 2) != 0)
+			die_usage("unexpected argument '%s'; options start with --.", arg);
+		snprintf(flag, sizeof(flag), "%.*s",
+			 (int)(eq ? (size_t)(eq - arg) : strlen(arg)), arg);
+		if (strcmp(flag, "--listen") != 0 && strcmp(flag, "--ttft-ms") != 0 &&
+		    strcmp(flag, "--itl-ms") != 0 && strcmp(flag, "--tokens") != 0 &&
+		    strcmp(flag, "--seed") != 0 && strcmp(flag, "--model") != 0)
+			die_usage("unknown option '%s'.", flag);
+		if (eq != NULL)
+			val = eq + 1;
+		else if (i + 1 < argc)
+			val = argv[++i];
+		else
+			die_usage("%s needs a value.", flag);
+
+		if (strcmp(flag, "--listen") == 0) {
+			parse_listen(val, ss, sslen);
+			have_listen = true;
+		} else if (strcmp(flag, "--ttft-ms") == 0) {
+			sim_cfg.ttft_ms = parse_u64(flag, val);
+		} else if (strcmp(flag, "--itl-ms") == 0) {
+			sim_cfg.itl_ms = parse_u64(flag, val);
+		} else if (strcmp(flag, "--tokens") == 0) {
+			sim_cfg.tokens = parse_u64(flag, val);
+		} else if (strcmp(flag, "--seed") == 0) {
+			sim_cfg.seed = parse_u64(flag, val);
+		} else {
+			if (val[0] == '\0')
+				die_usage("--model needs a non-empty name.");
+			sim_cfg.model = val;
+		}
+	}
+	if (!have_listen)
+		parse_listen("127.0.0.1:8000", ss, sslen);
+	/* Keep the nanosecond arithmetic of pacing far from overflow. */
+	if (sim_cfg.ttft_ms > 86400000ULL || sim_cfg.itl_ms > 86400000ULL)
+		die_usage("--ttft-ms and --itl-ms must be at most one day (86400000).");
+}
+
+static void on_accept(struct evconnlistener *l, evutil_socket_t fd,
+		      struct sockaddr *sa, int salen, void *arg)
+{
+	sim_conn_accept(evconnlistener_get_base(l), fd);
+}
+
+static void on_accept_error(struct evconnlistener *l, void *arg)
+{
+	/* EMFILE and the like: keep listening, the next accept may work. */
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+	event_base_loopexit(arg, NULL);
+}
+
+int main(int argc, char **argv)
+{
+	struct sockaddr_storage ss, bound;
+	socklen_t blen = sizeof(bound);
+	int sslen;
+	struct event_config *cfg = NULL;
+	struct event_base *base = NULL;
+	struct evconnlistener *listener = NULL;
+	struct event *sigint = NULL, *sigterm = NULL;
+	char host[INET6_ADDRSTRLEN];
+	const void *addr;
+	int port, rc = 1;
+
+	parse_args(argc, argv, &ss, &sslen);
+	signal(SIGPIPE, SIG_IGN);
+
+	/* Precise timers: without this flag libevent uses the coarse
+	 * monotonic clock (4 ms ticks) and token gaps would jitter by that. */
+	cfg = event_config_new();
+	if (cfg == NULL)
+		goto out;
+	event_config_set_flag(cfg, EVENT_BASE_FLAG_PRECISE_TIMER);
+	event_config_set_flag(cfg, EVENT_BASE_FLAG_NO_CACHE_TIME);
+	base = event_base_new_with_config(cfg);
+	if (base == NULL) {
+		fprintf(stderr, "tokentap-sim: cannot create the event loop\n");
+		goto out;
+	}
+	listener = evconnlistener_new_bind(base, on_accept, NULL,
+					   LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_FREE |
+					   LEV_OPT_CLOSE_ON_EXEC,
+					   1024, (struct sockaddr *)&ss, sslen);
+	if (listener == NULL) {
+		fprintf(stderr, "tokentap-sim: cannot listen: %s\n", strerror(errno));
+		goto out;
+	}
+	evconnlistener_set_error_cb(listener, on_accept_error);
+	if (getsockname(evconnlistener_get_fd(listener), (struct sockaddr *)&bound, &blen) == -1) {
+		fprintf(stderr, "tokentap-sim: getsockname: %s\n", strerror(errno));
+		goto out;
+	}
+	sigint = evsignal_new(base, SIGINT, on_signal, base);
+	sigterm = evsignal_new(base, SIGTERM, on_signal, base);
+	if (sigint == NULL || sigterm == NULL || evsignal_add(sigint, NULL) == -1 ||
+	    evsignal_add(sigterm, NULL) == -1) {
+		fprintf(stderr, "tokentap-sim: cannot install signal handlers\n");
+		goto out;
+	}
+
+	if (bound.ss_family == AF_INET6) {
+		addr = &((struct sockaddr_in6 *)&bound)->sin6_addr;
+		port = ntohs(((struct sockaddr_in6 *)&bound)->sin6_port);
+	} else {
+		addr = &((struct sockaddr_in *)&bound)->sin_addr;
+		port = ntohs(((struct sockaddr_in *)&bound)->sin_port);
+	}
+	evutil_inet_ntop(bound.ss_family, addr, host, sizeof(host));
+	fprintf(stderr, bound.ss_family == AF_INET6 ?
+			"tokentap-sim listening on [%s]:%d\n" :
+			"tokentap-sim listening on %s:%d\n", host, port);
+	fflush(stderr);
+
+	event_base_dispatch(base);
+	rc = 0;
+out:
+	/* Open connections are not drained: the process is ending and the
+	 * kernel closes their sockets. */
+	if (sigint != NULL)
+		event_free(sigint);
+	if (sigterm != NULL)
+		event_free(sigterm);
+	if (listener != NULL)
+		evconnlistener_free(listener);
+	if (base != NULL)
+		event_base_free(base);
+	if (cfg != NULL)
+		event_config_free(cfg);
+	free(sim_stats.last_request_id);
+	return rc;
+}

@@ -1,0 +1,119 @@
+/*
+ * sim.h — shared declarations of tokentap-sim, the bundled fake LLM
+ * inference server used by the demo and the integration tests.
+ *
+ * The simulator is split by concern:
+ *   sim.c       main: command line, listener, signals
+ *   sim_conn.c  one client connection: HTTP/1.1 parsing (llhttp),
+ *               pipelining, token pacing, backpressure, abort detection
+ *   sim_api.c   the endpoints and the exact bytes of every response shape
+ *   sim_text.c  determinism: hashing, the PRNG, the word list, JSON escaping
+ *
+ * Invariant kept across all files: the bytes of a response body are a pure
+ * function of (--seed, request path, request body, x-sim-* overrides). No
+ * wall clock, no address, no counter ever reaches a response body except in
+ * GET /sim/stats.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct evbuffer;
+struct event_base;
+
+/* Command line settings; owned by main, read-only once the loop runs. */
+struct sim_config {
+	uint64_t ttft_ms;   /* request fully received -> first token event */
+	uint64_t itl_ms;    /* gap between token events */
+	uint64_t tokens;    /* output length when the request sets none */
+	uint64_t seed;      /* folded into every PRNG stream and id */
+	const char *model;  /* model name when the request names none */
+};
+
+/*
+ * Process-wide counters served at GET /sim/stats. Single-threaded: only the
+ * event loop touches them. Invariant: requests == completed + aborted +
+ * (requests still being received or answered).
+ */
+struct sim_stats {
+	uint64_t requests;        /* requests seen, any path but /sim/stats */
+	uint64_t completed;       /* responses fully queued for the socket */
+	uint64_t aborted;         /* client went away before its response ended */
+	uint64_t last_abort_ns;   /* CLOCK_MONOTONIC of the latest abort, 0 none */
+	uint64_t open_connections;
+	uint64_t bytes_sent;      /* response bytes, /sim/stats answers excluded */
+	char *last_request_id;    /* x-request-id of the latest request, or "" */
+};
+
+extern struct sim_config sim_cfg;
+extern struct sim_stats sim_stats;
+
+/* CLOCK_MONOTONIC in nanoseconds: the clock of last_abort_ns and pacing. */
+uint64_t sim_now_ns(void);
+
+/* ---- sim_conn.c ---- */
+
+/* Takes ownership of an accepted socket. Returns 0, or -1 (fd closed). */
+int sim_conn_accept(struct event_base *base, int fd);
+
+/* ---- sim_api.c ---- */
+
+/* One fully received request, as sim_conn hands it to sim_api. */
+struct sim_api_request {
+	const char *method;
+	const char *path;          /* without the query string */
+	const char *body;          /* NUL-terminated copy of the body */
+	size_t body_len;
+	const char *request_id;    /* echoed as x-request-id, NULL if absent */
+	int64_t ttft_ms;           /* x-sim-ttft-ms, -1 if absent */
+	int64_t itl_ms;            /* x-sim-itl-ms, -1 if absent */
+	int64_t tokens;            /* x-sim-tokens, -1 if absent */
+	const char *header_error;  /* a malformed x-sim-* header, or NULL */
+	bool keep_alive;
+};
+
+/* How sim_conn must pace a generating response. */
+struct sim_plan {
+	uint64_t ttft_ns;
+	uint64_t itl_ns;
+	uint64_t tokens;
+	bool streaming;   /* token events as they come, else one block at end */
+};
+
+struct sim_stream; /* generation state of one response; owned by its request */
+
+/*
+ * Starts the answer to rq. Either writes the complete response to out and
+ * returns NULL (errors, /v1/models, /sim/stats, ...), or returns a stream,
+ * fills *plan, and for a streaming response writes its head to out.
+ */
+struct sim_stream *sim_api_begin(const struct sim_api_request *rq,
+				 struct evbuffer *out, struct sim_plan *plan);
+
+/* Appends the next token event (and, before the first, the preamble). */
+void sim_api_token(struct sim_stream *s, struct evbuffer *out);
+
+/* Appends the closing events (streaming) or the whole response (block). */
+void sim_api_finish(struct sim_stream *s, struct evbuffer *out);
+
+/* Accepts NULL. */
+void sim_api_free(struct sim_stream *s);
+
+/* ---- sim_text.c ---- */
+
+uint64_t sim_hash(const void *data, size_t len, uint64_t h);
+uint64_t sim_mix(uint64_t x);
+
+/* splitmix64: tiny, fast and identical on every platform. */
+struct sim_prng {
+	uint64_t state;
+};
+uint64_t sim_prng_next(struct sim_prng *p);
+
+/* The text of one output token; first token carries no leading space. */
+const char *sim_text_word(struct sim_prng *p, bool first, size_t *len);
+
+/* Appends s as a JSON string literal, quotes included. */
+void sim_json_str(struct evbuffer *out, const char *s, size_t len);

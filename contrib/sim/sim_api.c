@@ -1,0 +1,762 @@
+/*
+ * sim_api.c — the endpoints of tokentap-sim and the exact bytes of every
+ * response: OpenAI chat and completions (shaped like vLLM), Anthropic
+ * messages, Ollama chat and generate, the model list, errors and the
+ * simulator's own /sim/stats.
+ *
+ * This file decides *what* is sent; sim_conn.c decides *when*. A
+ * generating response is a struct sim_stream: sim_conn calls
+ * sim_api_token() once per token at the pace it chooses, then
+ * sim_api_finish(). Every streamed event is written as one HTTP chunk.
+ *
+ * Invariant: response bodies depend only on (seed, path, body, x-sim-*
+ * overrides). "created" stamps and Ollama's created_at / durations are
+ * derived from the seed and the nominal timing, never from a clock.
+ */
+#include "sim.h"
+
+#include <event2/buffer.h>
+#include <jansson.h>
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum sim_endpoint {
+	EP_CHAT,            /* POST /v1/chat/completions */
+	EP_COMPLETIONS,     /* POST /v1/completions */
+	EP_MESSAGES,        /* POST /v1/messages (Anthropic) */
+	EP_OLLAMA_CHAT,     /* POST /api/chat */
+	EP_OLLAMA_GENERATE, /* POST /api/generate */
+};
+
+/* Which error body a path answers with, so each client sees its own shape. */
+enum sim_family { FAM_OPENAI, FAM_ANTHROPIC, FAM_OLLAMA };
+
+struct sim_stream {
+	enum sim_endpoint ep;
+	bool streaming;
+	bool include_usage;      /* OpenAI stream_options.include_usage */
+	bool hit_limit;          /* stopped by max_tokens: "length" */
+	bool keep_alive;
+	uint64_t n_in;           /* prompt tokens, ceil(text bytes / 4) >= 1 */
+	uint64_t n_out;          /* output tokens to produce */
+	uint64_t emitted;        /* token events written so far */
+	uint64_t created;        /* unix seconds, derived from the seed */
+	uint64_t ttft_ns, itl_ns;
+	struct sim_prng prng;    /* draws the words, in order */
+	char id[48];
+	char *model_json;        /* model name, already a JSON string literal */
+	char *request_id;        /* echoed header value, or NULL */
+	struct evbuffer *ev;     /* scratch: the event being built */
+};
+
+/* ---- HTTP framing ---- */
+
+static const char *status_reason(int status)
+{
+	switch (status) {
+	case 200: return "OK";
+	case 400: return "Bad Request";
+	case 404: return "Not Found";
+	case 405: return "Method Not Allowed";
+	default: return "Internal Server Error";
+	}
+}
+
+/* content_length < 0 selects chunked transfer encoding. */
+static void write_head(struct evbuffer *out, int status, const char *ctype,
+		       int64_t content_length, const char *request_id,
+		       bool keep_alive)
+{
+	evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\nserver: tokentap-sim\r\n",
+			    status, status_reason(status));
+	if (ctype != NULL)
+		evbuffer_add_printf(out, "content-type: %s\r\n", ctype);
+	if (content_length < 0)
+		evbuffer_add_printf(out, "transfer-encoding: chunked\r\n");
+	else
+		evbuffer_add_printf(out, "content-length: %" PRId64 "\r\n",
+				    content_length);
+	if (request_id != NULL)
+		evbuffer_add_printf(out, "x-request-id: %s\r\n", request_id);
+	if (!keep_alive)
+		evbuffer_add_printf(out, "connection: close\r\n");
+	evbuffer_add(out, "\r\n", 2);
+}
+
+/* A complete response whose body is the contents of body (drained). */
+static void write_whole(struct evbuffer *out, int status, const char *ctype,
+			struct evbuffer *body, const char *request_id,
+			bool keep_alive)
+{
+	write_head(out, status, ctype, (int64_t)evbuffer_get_length(body),
+		   request_id, keep_alive);
+	evbuffer_add_buffer(out, body);
+}
+
+/* Moves the scratch event into out as exactly one HTTP chunk. */
+static void emit_chunk(struct sim_stream *s, struct evbuffer *out)
+{
+	size_t n = evbuffer_get_length(s->ev);
+
+	if (n == 0)
+		return;
+	evbuffer_add_printf(out, "%zx\r\n", n);
+	evbuffer_add_buffer(out, s->ev);
+	evbuffer_add(out, "\r\n", 2);
+}
+
+/* ---- errors ---- */
+
+static void write_error(struct evbuffer *out, enum sim_family fam, int status,
+			const char *message, const struct sim_api_request *rq)
+{
+	struct evbuffer *b = evbuffer_new();
+	const char *type = status == 404 ? "not_found_error" :
+			   status == 405 ? "method_not_allowed" :
+					   "invalid_request_error";
+
+	switch (fam) {
+	case FAM_ANTHROPIC:
+		evbuffer_add_printf(b, "{\"type\":\"error\",\"error\":{\"type\":\"%s\",\"message\":", type);
+		sim_json_str(b, message, strlen(message));
+		evbuffer_add(b, "}}", 2);
+		break;
+	case FAM_OLLAMA:
+		evbuffer_add(b, "{\"error\":", 9);
+		sim_json_str(b, message, strlen(message));
+		evbuffer_add(b, "}", 1);
+		break;
+	case FAM_OPENAI:
+		evbuffer_add(b, "{\"error\":{\"message\":", 20);
+		sim_json_str(b, message, strlen(message));
+		evbuffer_add_printf(b, ",\"type\":\"%s\",\"param\":null,\"code\":%d}}",
+				    type, status);
+		break;
+	}
+	write_whole(out, status, "application/json", b, rq->request_id,
+		    rq->keep_alive);
+	evbuffer_free(b);
+}
+
+/* ---- fixed endpoints ---- */
+
+static uint64_t created_from_seed(void)
+{
+	/* 2023-11-14 plus up to a year: plausible, fixed for a given seed. */
+	return 1700000000ULL + sim_mix(sim_cfg.seed ^ 0x6372656174656400ULL) % 31536000ULL;
+}
+
+static void write_models(struct evbuffer *out, const struct sim_api_request *rq)
+{
+	struct evbuffer *b = evbuffer_new();
+
+	evbuffer_add(b, "{\"object\":\"list\",\"data\":[{\"id\":", 31);
+	sim_json_str(b, sim_cfg.model, strlen(sim_cfg.model));
+	evbuffer_add_printf(b, ",\"object\":\"model\",\"created\":%" PRIu64
+			    ",\"owned_by\":\"tokentap-sim\",\"root\":",
+			    created_from_seed());
+	sim_json_str(b, sim_cfg.model, strlen(sim_cfg.model));
+	evbuffer_add(b, "}]}", 3);
+	write_whole(out, 200, "application/json", b, rq->request_id, rq->keep_alive);
+	evbuffer_free(b);
+}
+
+static void write_stats(struct evbuffer *out, const struct sim_api_request *rq)
+{
+	struct evbuffer *b = evbuffer_new();
+	const char *id = sim_stats.last_request_id ? sim_stats.last_request_id : "";
+
+	evbuffer_add_printf(b,
+		"{\"requests\":%" PRIu64 ",\"completed\":%" PRIu64
+		",\"aborted\":%" PRIu64 ",\"last_abort_ns\":%" PRIu64
+		",\"open_connections\":%" PRIu64 ",\"bytes_sent\":%" PRIu64
+		",\"last_request_id\":",
+		sim_stats.requests, sim_stats.completed, sim_stats.aborted,
+		sim_stats.last_abort_ns, sim_stats.open_connections,
+		sim_stats.bytes_sent);
+	sim_json_str(b, id, strlen(id));
+	evbuffer_add(b, "}", 1);
+	write_whole(out, 200, "application/json", b, rq->request_id, rq->keep_alive);
+	evbuffer_free(b);
+}
+
+/* ---- reading the request body ---- */
+
+/* Bytes of text in a message content: a string, or an array of parts. */
+static size_t content_bytes(const json_t *c)
+{
+	size_t n = 0, i;
+	json_t *part;
+
+	if (json_is_string(c))
+		return json_string_length(c);
+	if (!json_is_array(c))
+		return 0;
+	json_array_foreach(c, i, part) {
+		if (json_is_string(part))
+			n += json_string_length(part);
+		else if (json_is_object(part)) {
+			json_t *t = json_object_get(part, "text");
+
+			if (json_is_string(t))
+				n += json_string_length(t);
+		}
+	}
+	return n;
+}
+
+static size_t messages_bytes(const json_t *msgs)
+{
+	size_t n = 0, i;
+	json_t *m;
+
+	if (!json_is_array(msgs))
+		return 0;
+	json_array_foreach(msgs, i, m)
+		n += content_bytes(json_object_get(m, "content"));
+	return n;
+}
+
+static size_t prompt_bytes(enum sim_endpoint ep, const json_t *req)
+{
+	switch (ep) {
+	case EP_CHAT:
+	case EP_OLLAMA_CHAT:
+		return messages_bytes(json_object_get(req, "messages"));
+	case EP_MESSAGES:
+		return content_bytes(json_object_get(req, "system")) +
+		       messages_bytes(json_object_get(req, "messages"));
+	case EP_COMPLETIONS:
+		return content_bytes(json_object_get(req, "prompt"));
+	case EP_OLLAMA_GENERATE:
+		return content_bytes(json_object_get(req, "system")) +
+		       content_bytes(json_object_get(req, "prompt"));
+	}
+	return 0;
+}
+
+/*
+ * The request's own output limit. Returns 0 and sets *limit (-1 when the
+ * request sets none), or -1 with *why for a limit no server would accept.
+ */
+static int output_limit(enum sim_endpoint ep, const json_t *req,
+			int64_t *limit, const char **why)
+{
+	const json_t *v = NULL;
+
+	*limit = -1;
+	switch (ep) {
+	case EP_CHAT:
+		v = json_object_get(req, "max_completion_tokens");
+		if (v == NULL || json_is_null(v))
+			v = json_object_get(req, "max_tokens");
+		break;
+	case EP_COMPLETIONS:
+	case EP_MESSAGES:
+		v = json_object_get(req, "max_tokens");
+		break;
+	case EP_OLLAMA_CHAT:
+	case EP_OLLAMA_GENERATE:
+		v = json_object_get(json_object_get(req, "options"), "num_predict");
+		/* Ollama: a negative num_predict means "until the model stops". */
+		if (json_is_integer(v) && json_integer_value(v) < 0)
+			return 0;
+		break;
+	}
+	if (v == NULL || json_is_null(v))
+		return 0;
+	if (!json_is_integer(v) || json_integer_value(v) < 0) {
+		*why = "max_tokens must be a non-negative integer";
+		return -1;
+	}
+	*limit = json_integer_value(v);
+	return 0;
+}
+
+static void set_id(struct sim_stream *s)
+{
+	static const char b62[] =
+		"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+	uint64_t a = sim_prng_next(&s->prng), b = sim_prng_next(&s->prng);
+
+	switch (s->ep) {
+	case EP_CHAT:
+		snprintf(s->id, sizeof(s->id), "chatcmpl-%016" PRIx64 "%016" PRIx64, a, b);
+		break;
+	case EP_COMPLETIONS:
+		snprintf(s->id, sizeof(s->id), "cmpl-%016" PRIx64 "%016" PRIx64, a, b);
+		break;
+	case EP_MESSAGES: {
+		char *p = s->id + 6;
+
+		memcpy(s->id, "msg_01", 6);
+		for (int i = 0; i < 22; i++) {
+			uint64_t *src = i < 11 ? &a : &b;
+
+			*p++ = b62[*src % 62];
+			*src /= 62;
+		}
+		*p = '\0';
+		break;
+	}
+	case EP_OLLAMA_CHAT:
+	case EP_OLLAMA_GENERATE:
+		s->id[0] = '\0'; /* Ollama answers carry no id */
+		break;
+	}
+}
+
+static char *json_literal(const char *s)
+{
+	struct evbuffer *b = evbuffer_new();
+	size_t n;
+	char *r;
+
+	sim_json_str(b, s, strlen(s));
+	n = evbuffer_get_length(b);
+	r = malloc(n + 1);
+	if (r != NULL) {
+		evbuffer_remove(b, r, n);
+		r[n] = '\0';
+	}
+	evbuffer_free(b);
+	return r;
+}
+
+static bool endpoint_of(const char *path, enum sim_endpoint *ep)
+{
+	static const struct { const char *path; enum sim_endpoint ep; } map[] = {
+		{ "/v1/chat/completions", EP_CHAT },
+		{ "/v1/completions", EP_COMPLETIONS },
+		{ "/v1/messages", EP_MESSAGES },
+		{ "/api/chat", EP_OLLAMA_CHAT },
+		{ "/api/generate", EP_OLLAMA_GENERATE },
+	};
+
+	for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++) {
+		if (strcmp(path, map[i].path) == 0) {
+			*ep = map[i].ep;
+			return true;
+		}
+	}
+	return false;
+}
+
+static enum sim_family family_of(enum sim_endpoint ep)
+{
+	switch (ep) {
+	case EP_MESSAGES: return FAM_ANTHROPIC;
+	case EP_OLLAMA_CHAT:
+	case EP_OLLAMA_GENERATE: return FAM_OLLAMA;
+	default: return FAM_OPENAI;
+	}
+}
+
+/* Parses the body of a generation request into a stream, or answers 400. */
+static struct sim_stream *begin_generation(enum sim_endpoint ep,
+					   const struct sim_api_request *rq,
+					   struct evbuffer *out,
+					   struct sim_plan *plan)
+{
+	enum sim_family fam = family_of(ep);
+	struct sim_stream *s = NULL;
+	json_error_t jerr;
+	json_t *req = NULL, *model, *stream;
+	const char *why = NULL;
+	char msg[256];
+	int64_t limit;
+	uint64_t ttft_ms, itl_ms;
+
+	if (rq->header_error != NULL) {
+		write_error(out, fam, 400, rq->header_error, rq);
+		goto out;
+	}
+	req = json_loadb(rq->body, rq->body_len, JSON_ALLOW_NUL, &jerr);
+	if (req == NULL) {
+		snprintf(msg, sizeof(msg), "request body is not valid JSON: %s (line %d, column %d)",
+			 jerr.text, jerr.line, jerr.column);
+		write_error(out, fam, 400, msg, rq);
+		goto out;
+	}
+	if (!json_is_object(req)) {
+		write_error(out, fam, 400, "request body must be a JSON object", rq);
+		goto out;
+	}
+	if (output_limit(ep, req, &limit, &why) == -1) {
+		write_error(out, fam, 400, why, rq);
+		goto out;
+	}
+
+	s = calloc(1, sizeof(*s));
+	if (s == NULL || (s->ev = evbuffer_new()) == NULL) {
+		write_error(out, fam, 500, "out of memory", rq);
+		sim_api_free(s);
+		s = NULL;
+		goto out;
+	}
+	s->ep = ep;
+	s->keep_alive = rq->keep_alive;
+	stream = json_object_get(req, "stream");
+	if (fam == FAM_OLLAMA)
+		s->streaming = !json_is_false(stream); /* Ollama streams by default */
+	else
+		s->streaming = json_is_true(stream);
+	s->include_usage = json_is_true(json_object_get(
+		json_object_get(req, "stream_options"), "include_usage"));
+
+	if (rq->tokens >= 0)
+		s->n_out = (uint64_t)rq->tokens;
+	else if (limit >= 0)
+		s->n_out = (uint64_t)limit;
+	else
+		s->n_out = sim_cfg.tokens;
+	s->hit_limit = limit >= 0 && s->n_out >= (uint64_t)limit;
+	s->n_in = (prompt_bytes(ep, req) + 3) / 4;
+	if (s->n_in == 0)
+		s->n_in = 1;
+
+	model = json_object_get(req, "model");
+	s->model_json = json_literal(json_is_string(model) && json_string_length(model) > 0 ?
+				     json_string_value(model) : sim_cfg.model);
+	if (rq->request_id != NULL)
+		s->request_id = strdup(rq->request_id);
+	if (s->model_json == NULL || (rq->request_id != NULL && s->request_id == NULL)) {
+		sim_api_free(s);
+		s = NULL;
+		write_error(out, fam, 500, "out of memory", rq);
+		goto out;
+	}
+
+	/* The whole body, not just the prompt, picks the words: two requests
+	 * differing in any byte are different streams. */
+	s->prng.state = sim_mix(sim_cfg.seed ^
+				sim_hash(rq->body, rq->body_len,
+					 sim_hash(rq->path, strlen(rq->path),
+						  0xcbf29ce484222325ULL)));
+	s->created = created_from_seed();
+	set_id(s);
+
+	ttft_ms = rq->ttft_ms >= 0 ? (uint64_t)rq->ttft_ms : sim_cfg.ttft_ms;
+	itl_ms = rq->itl_ms >= 0 ? (uint64_t)rq->itl_ms : sim_cfg.itl_ms;
+	s->ttft_ns = ttft_ms * 1000000ULL;
+	s->itl_ns = itl_ms * 1000000ULL;
+
+	plan->ttft_ns = s->ttft_ns;
+	plan->itl_ns = s->itl_ns;
+	plan->tokens = s->n_out;
+	plan->streaming = s->streaming;
+
+	if (s->streaming)
+		write_head(out, 200,
+			   fam == FAM_OLLAMA ? "application/x-ndjson" :
+					       "text/event-stream; charset=utf-8",
+			   -1, s->request_id, s->keep_alive);
+out:
+	json_decref(req);
+	return s;
+}
+
+struct sim_stream *sim_api_begin(const struct sim_api_request *rq,
+				 struct evbuffer *out, struct sim_plan *plan)
+{
+	enum sim_endpoint ep;
+	char msg[320];
+
+	memset(plan, 0, sizeof(*plan));
+	if (strcmp(rq->path, "/sim/stats") == 0 || strcmp(rq->path, "/v1/models") == 0 ||
+	    strcmp(rq->path, "/health") == 0) {
+		if (strcmp(rq->method, "GET") != 0) {
+			snprintf(msg, sizeof(msg), "%s takes GET, not %s", rq->path, rq->method);
+			write_error(out, FAM_OPENAI, 405, msg, rq);
+		} else if (rq->path[1] == 's') {
+			write_stats(out, rq);
+		} else if (rq->path[1] == 'v') {
+			write_models(out, rq);
+		} else {
+			write_head(out, 200, NULL, 0, rq->request_id, rq->keep_alive);
+		}
+		return NULL;
+	}
+	if (!endpoint_of(rq->path, &ep)) {
+		snprintf(msg, sizeof(msg), "no such endpoint: %s %.200s", rq->method, rq->path);
+		write_error(out, FAM_OPENAI, 404, msg, rq);
+		return NULL;
+	}
+	if (strcmp(rq->method, "POST") != 0) {
+		snprintf(msg, sizeof(msg), "%s takes POST, not %s", rq->path, rq->method);
+		write_error(out, family_of(ep), 405, msg, rq);
+		return NULL;
+	}
+	return begin_generation(ep, rq, out, plan);
+}
+
+/* ---- the events of each shape ---- */
+
+static const char *finish_reason(const struct sim_stream *s)
+{
+	if (s->ep == EP_MESSAGES)
+		return s->hit_limit ? "max_tokens" : "end_turn";
+	return s->hit_limit ? "length" : "stop";
+}
+
+/* `{"id":..,"object":..,"created":..,"model":..,"choices":[` */
+static void openai_prefix(struct sim_stream *s, struct evbuffer *b, const char *object)
+{
+	evbuffer_add_printf(b, "{\"id\":\"%s\",\"object\":\"%s\",\"created\":%" PRIu64
+			    ",\"model\":%s,\"choices\":[",
+			    s->id, object, s->created, s->model_json);
+}
+
+static void openai_usage(struct sim_stream *s, struct evbuffer *b)
+{
+	evbuffer_add_printf(b, "\"usage\":{\"prompt_tokens\":%" PRIu64
+			    ",\"completion_tokens\":%" PRIu64 ",\"total_tokens\":%" PRIu64 "}",
+			    s->n_in, s->n_out, s->n_in + s->n_out);
+}
+
+static const char *openai_object(const struct sim_stream *s, bool chunk)
+{
+	if (s->ep == EP_COMPLETIONS)
+		return "text_completion";
+	return chunk ? "chat.completion.chunk" : "chat.completion";
+}
+
+/* Ollama's created_at: the nominal moment of event k, from the seed's epoch. */
+static void ollama_time(struct sim_stream *s, struct evbuffer *b, uint64_t offset_ns)
+{
+	time_t t = (time_t)(s->created + offset_ns / 1000000000ULL);
+	struct tm tm;
+	char date[32];
+
+	gmtime_r(&t, &tm);
+	strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%S", &tm);
+	evbuffer_add_printf(b, "\"created_at\":\"%s.%09" PRIu64 "Z\"", date,
+			    (uint64_t)(offset_ns % 1000000000ULL));
+}
+
+static void anthropic_event(struct sim_stream *s, struct evbuffer *out,
+			    const char *name, const char *fmt_json)
+{
+	evbuffer_add_printf(s->ev, "event: %s\ndata: %s\n\n", name, fmt_json);
+	emit_chunk(s, out);
+}
+
+/* Events before the first token: sent together with it, at ttft, as vLLM
+ * and Anthropic's API do (the role chunk comes with the first output). */
+static void write_preamble(struct sim_stream *s, struct evbuffer *out)
+{
+	switch (s->ep) {
+	case EP_CHAT:
+		evbuffer_add(s->ev, "data: ", 6);
+		openai_prefix(s, s->ev, "chat.completion.chunk");
+		evbuffer_add_printf(s->ev, "{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
+				    "\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+		emit_chunk(s, out);
+		break;
+	case EP_MESSAGES:
+		evbuffer_add_printf(s->ev, "event: message_start\ndata: {\"type\":\"message_start\","
+				    "\"message\":{\"id\":\"%s\",\"type\":\"message\",\"role\":\"assistant\","
+				    "\"model\":%s,\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,"
+				    "\"usage\":{\"input_tokens\":%" PRIu64 ",\"output_tokens\":1}}}\n\n",
+				    s->id, s->model_json, s->n_in);
+		emit_chunk(s, out);
+		anthropic_event(s, out, "content_block_start",
+				"{\"type\":\"content_block_start\",\"index\":0,"
+				"\"content_block\":{\"type\":\"text\",\"text\":\"\"}}");
+		anthropic_event(s, out, "ping", "{\"type\": \"ping\"}");
+		break;
+	case EP_COMPLETIONS:
+	case EP_OLLAMA_CHAT:
+	case EP_OLLAMA_GENERATE:
+		break;
+	}
+}
+
+void sim_api_token(struct sim_stream *s, struct evbuffer *out)
+{
+	size_t wlen;
+	const char *w;
+
+	if (s->emitted == 0)
+		write_preamble(s, out);
+	w = sim_text_word(&s->prng, s->emitted == 0, &wlen);
+	switch (s->ep) {
+	case EP_CHAT:
+		evbuffer_add(s->ev, "data: ", 6);
+		openai_prefix(s, s->ev, "chat.completion.chunk");
+		evbuffer_add(s->ev, "{\"index\":0,\"delta\":{\"content\":", 30);
+		sim_json_str(s->ev, w, wlen);
+		evbuffer_add_printf(s->ev, "},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+		break;
+	case EP_COMPLETIONS:
+		evbuffer_add(s->ev, "data: ", 6);
+		openai_prefix(s, s->ev, "text_completion");
+		evbuffer_add(s->ev, "{\"index\":0,\"text\":", 18);
+		sim_json_str(s->ev, w, wlen);
+		evbuffer_add_printf(s->ev, ",\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+		break;
+	case EP_MESSAGES:
+		evbuffer_add_printf(s->ev, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\","
+				    "\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":");
+		sim_json_str(s->ev, w, wlen);
+		evbuffer_add(s->ev, "}}\n\n", 4);
+		break;
+	case EP_OLLAMA_CHAT:
+	case EP_OLLAMA_GENERATE:
+		evbuffer_add_printf(s->ev, "{\"model\":%s,", s->model_json);
+		ollama_time(s, s->ev, s->ttft_ns + s->emitted * s->itl_ns);
+		if (s->ep == EP_OLLAMA_CHAT)
+			evbuffer_add_printf(s->ev, ",\"message\":{\"role\":\"assistant\",\"content\":");
+		else
+			evbuffer_add_printf(s->ev, ",\"response\":");
+		sim_json_str(s->ev, w, wlen);
+		evbuffer_add_printf(s->ev, "%s,\"done\":false}\n",
+				    s->ep == EP_OLLAMA_CHAT ? "}" : "");
+		break;
+	}
+	emit_chunk(s, out);
+	s->emitted++;
+}
+
+/* Ollama's closing fields, shared by the last NDJSON line and the block. */
+static void ollama_tail(struct sim_stream *s, struct evbuffer *b)
+{
+	uint64_t eval_ns = s->n_out * s->itl_ns;
+
+	evbuffer_add_printf(b, "\"done_reason\":\"%s\",\"done\":true,\"total_duration\":%" PRIu64
+			    ",\"load_duration\":0,\"prompt_eval_count\":%" PRIu64
+			    ",\"prompt_eval_duration\":%" PRIu64 ",\"eval_count\":%" PRIu64
+			    ",\"eval_duration\":%" PRIu64 "}",
+			    finish_reason(s), s->ttft_ns + eval_ns, s->n_in, s->ttft_ns,
+			    s->n_out, eval_ns);
+}
+
+static void finish_stream(struct sim_stream *s, struct evbuffer *out)
+{
+	if (s->emitted == 0)
+		write_preamble(s, out);
+	switch (s->ep) {
+	case EP_CHAT:
+	case EP_COMPLETIONS:
+		evbuffer_add(s->ev, "data: ", 6);
+		openai_prefix(s, s->ev, openai_object(s, true));
+		evbuffer_add_printf(s->ev, "{\"index\":0,%s,\"logprobs\":null,\"finish_reason\":\"%s\"}]}\n\n",
+				    s->ep == EP_CHAT ? "\"delta\":{}" : "\"text\":\"\"",
+				    finish_reason(s));
+		emit_chunk(s, out);
+		if (s->include_usage) {
+			evbuffer_add(s->ev, "data: ", 6);
+			openai_prefix(s, s->ev, openai_object(s, true));
+			evbuffer_add(s->ev, "],", 2);
+			openai_usage(s, s->ev);
+			evbuffer_add(s->ev, "}\n\n", 3);
+			emit_chunk(s, out);
+		}
+		evbuffer_add(s->ev, "data: [DONE]\n\n", 14);
+		emit_chunk(s, out);
+		break;
+	case EP_MESSAGES:
+		anthropic_event(s, out, "content_block_stop",
+				"{\"type\":\"content_block_stop\",\"index\":0}");
+		evbuffer_add_printf(s->ev, "event: message_delta\ndata: {\"type\":\"message_delta\","
+				    "\"delta\":{\"stop_reason\":\"%s\",\"stop_sequence\":null},"
+				    "\"usage\":{\"output_tokens\":%" PRIu64 "}}\n\n",
+				    finish_reason(s), s->n_out);
+		emit_chunk(s, out);
+		anthropic_event(s, out, "message_stop", "{\"type\":\"message_stop\"}");
+		break;
+	case EP_OLLAMA_CHAT:
+	case EP_OLLAMA_GENERATE:
+		evbuffer_add_printf(s->ev, "{\"model\":%s,", s->model_json);
+		ollama_time(s, s->ev, s->ttft_ns + s->n_out * s->itl_ns);
+		if (s->ep == EP_OLLAMA_CHAT)
+			evbuffer_add_printf(s->ev, ",\"message\":{\"role\":\"assistant\",\"content\":\"\"},");
+		else
+			evbuffer_add_printf(s->ev, ",\"response\":\"\",");
+		ollama_tail(s, s->ev);
+		evbuffer_add(s->ev, "\n", 1);
+		emit_chunk(s, out);
+		break;
+	}
+	evbuffer_add(out, "0\r\n\r\n", 5);
+}
+
+/* A non-streaming answer: all tokens at once, with Content-Length. */
+static void finish_block(struct sim_stream *s, struct evbuffer *out)
+{
+	struct evbuffer *text = evbuffer_new();
+	struct evbuffer *b = evbuffer_new();
+	size_t tlen;
+	const char *t;
+
+	for (uint64_t i = 0; i < s->n_out; i++) {
+		size_t wlen;
+		const char *w = sim_text_word(&s->prng, i == 0, &wlen);
+
+		evbuffer_add(text, w, wlen);
+	}
+	tlen = evbuffer_get_length(text);
+	t = tlen ? (const char *)evbuffer_pullup(text, -1) : "";
+
+	switch (s->ep) {
+	case EP_CHAT:
+	case EP_COMPLETIONS:
+		openai_prefix(s, b, openai_object(s, false));
+		if (s->ep == EP_CHAT)
+			evbuffer_add_printf(b, "{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
+		else
+			evbuffer_add_printf(b, "{\"index\":0,\"text\":");
+		sim_json_str(b, t, tlen);
+		evbuffer_add_printf(b, "%s,\"logprobs\":null,\"finish_reason\":\"%s\"}],",
+				    s->ep == EP_CHAT ? "}" : "", finish_reason(s));
+		openai_usage(s, b);
+		evbuffer_add(b, "}", 1);
+		break;
+	case EP_MESSAGES:
+		evbuffer_add_printf(b, "{\"id\":\"%s\",\"type\":\"message\",\"role\":\"assistant\",\"model\":%s,"
+				    "\"content\":[{\"type\":\"text\",\"text\":",
+				    s->id, s->model_json);
+		sim_json_str(b, t, tlen);
+		evbuffer_add_printf(b, "}],\"stop_reason\":\"%s\",\"stop_sequence\":null,"
+				    "\"usage\":{\"input_tokens\":%" PRIu64 ",\"output_tokens\":%" PRIu64 "}}",
+				    finish_reason(s), s->n_in, s->n_out);
+		break;
+	case EP_OLLAMA_CHAT:
+	case EP_OLLAMA_GENERATE:
+		evbuffer_add_printf(b, "{\"model\":%s,", s->model_json);
+		ollama_time(s, b, s->ttft_ns + s->n_out * s->itl_ns);
+		if (s->ep == EP_OLLAMA_CHAT)
+			evbuffer_add_printf(b, ",\"message\":{\"role\":\"assistant\",\"content\":");
+		else
+			evbuffer_add_printf(b, ",\"response\":");
+		sim_json_str(b, t, tlen);
+		evbuffer_add_printf(b, "%s,", s->ep == EP_OLLAMA_CHAT ? "}" : "");
+		ollama_tail(s, b);
+		break;
+	}
+	write_whole(out, 200, "application/json", b, s->request_id, s->keep_alive);
+	evbuffer_free(b);
+	evbuffer_free(text);
+}
+
+void sim_api_finish(struct sim_stream *s, struct evbuffer *out)
+{
+	if (s->streaming)
+		finish_stream(s, out);
+	else
+		finish_block(s, out);
+}
+
+void sim_api_free(struct sim_stream *s)
+{
+	if (s == NULL)
+		return;
+	if (s->ev != NULL)
+		evbuffer_free(s->ev);
+	free(s->model_json);
+	free(s->request_id);
+	free(s);
+}
