@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
 	build-essential cmake pkg-config
 	libevent-dev libssl-dev node-llhttp liblmdb-dev libyaml-dev libjansson-dev
-	libcmocka-dev
+	zlib1g-dev libcmocka-dev
 	python3 curl
 )
 

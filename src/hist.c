@@ -162,10 +162,10 @@ static size_t varint_len(uint64_t v)
 
 size_t hist_encoded_max(const struct hist *h)
 {
-	/* Five header numbers, then at most min(count, HIST_BUCKETS) buckets,
-	 * each a delta below HIST_BUCKETS (2 bytes) and a count <= count. */
-	uint64_t nnz = h->count < HIST_BUCKETS ? h->count : HIST_BUCKETS;
-	return 5 * VARINT_MAX + (size_t)nnz * (2 + varint_len(h->count));
+	/* Six header numbers, then at most HIST_BUCKETS buckets, each at worst
+	 * an index delta below HIST_BUCKETS (2 bytes) and a count <= count, or
+	 * a zigzagged count difference (one bit wider than a count). */
+	return 6 * VARINT_MAX + (size_t)(h->count ? HIST_BUCKETS : 0) * (3 + varint_len(h->count));
 }
 
 /* Appends v at out[*pos]; false, with nothing written past cap, if it does
@@ -184,17 +184,48 @@ static bool varint_put(uint8_t *out, size_t cap, size_t *pos, uint64_t v)
 	return true;
 }
 
+/* Signed differences as unsigned varints: 0, -1, 1, -2 ... -> 0, 1, 2, 3 ... */
+static uint64_t zigzag(uint64_t cur, uint64_t prev)
+{
+	return cur >= prev ? (cur - prev) << 1 : ((prev - cur) << 1) - 1;
+}
+
 size_t hist_encode(const struct hist *h, uint8_t *out, size_t cap)
 {
 	uint64_t nnz = 0;
-	for (unsigned i = 0; i < HIST_BUCKETS; i++)
-		nnz += h->buckets[i] != 0;
+	unsigned first = 0, last = 0;
+	size_t sparse = 0, dense = 0;
+
+	/* Two shapes, whichever is shorter: sparse (index delta, count) pairs
+	 * for scattered samples; dense count differences over [first, last]
+	 * for the smooth, contiguous histograms that long windows produce, where
+	 * neighbouring counts are close and the index costs nothing. */
+	for (unsigned i = 0, prev = 0; i < HIST_BUCKETS; i++) {
+		if (h->buckets[i] == 0)
+			continue;
+		if (nnz++ == 0)
+			first = i;
+		sparse += varint_len(i - prev) + varint_len(h->buckets[i]);
+		prev = last = i;
+	}
+	for (unsigned i = first; nnz && i <= last; i++)
+		dense += varint_len(zigzag(h->buckets[i], i > first ? h->buckets[i - 1] : 0));
+	bool use_dense = nnz && dense + varint_len(first) < sparse;
 
 	size_t pos = 0;
+	uint64_t shape = use_dense ? ((uint64_t)(last - first + 1) << 1) | 1 : nnz << 1;
 	if (!varint_put(out, cap, &pos, h->count) || !varint_put(out, cap, &pos, h->sum) ||
 	    !varint_put(out, cap, &pos, h->min) || !varint_put(out, cap, &pos, h->max) ||
-	    !varint_put(out, cap, &pos, nnz))
+	    !varint_put(out, cap, &pos, shape))
 		return 0;
+	if (use_dense) {
+		if (!varint_put(out, cap, &pos, first))
+			return 0;
+		for (unsigned i = first; i <= last; i++)
+			if (!varint_put(out, cap, &pos, zigzag(h->buckets[i], i > first ? h->buckets[i - 1] : 0)))
+				return 0;
+		return pos;
+	}
 	unsigned prev = 0;
 	for (unsigned i = 0; i < HIST_BUCKETS; i++) {
 		if (h->buckets[i] == 0)
@@ -237,39 +268,75 @@ static bool varint_get(const uint8_t *in, size_t len, size_t *pos, uint64_t *v)
 static size_t decode_pass(struct hist *dst, const uint8_t *in, size_t len)
 {
 	size_t pos = 0;
-	uint64_t count, sum, min, max, nnz;
+	uint64_t count, sum, min, max, shape;
 	if (!varint_get(in, len, &pos, &count) || !varint_get(in, len, &pos, &sum) ||
 	    !varint_get(in, len, &pos, &min) || !varint_get(in, len, &pos, &max) ||
-	    !varint_get(in, len, &pos, &nnz))
+	    !varint_get(in, len, &pos, &shape))
 		return 0;
 
 	if (count == 0) {
-		if (sum != 0 || min != UINT64_MAX || max != 0 || nnz != 0)
+		if (sum != 0 || min != UINT64_MAX || max != 0 || shape != 0)
 			return 0;
 		return pos;
 	}
-	if (nnz == 0 || nnz > HIST_BUCKETS || nnz > count || min > max)
+	uint64_t n = shape >> 1;
+	if (n == 0 || n > HIST_BUCKETS || min > max)
 		return 0;
 
 	uint64_t idx = 0, total = 0;
 	unsigned first = 0;
-	for (uint64_t k = 0; k < nnz; k++) {
-		uint64_t delta, n;
-		if (!varint_get(in, len, &pos, &delta) || !varint_get(in, len, &pos, &n))
+	if (shape & 1) {
+		/* dense: first index, then n count differences */
+		uint64_t prev = 0;
+		if (!varint_get(in, len, &pos, &idx) || idx >= HIST_BUCKETS || n > HIST_BUCKETS - idx)
 			return 0;
-		/* Indices strictly increase (only the first may be at delta 0)
-		 * and stay inside the array; check before adding so that a huge
-		 * delta cannot wrap idx. */
-		if ((k > 0 && delta == 0) || delta >= HIST_BUCKETS - idx)
+		first = (unsigned)idx;
+		for (uint64_t k = 0; k < n; k++, idx++) {
+			uint64_t z, c;
+			if (!varint_get(in, len, &pos, &z))
+				return 0;
+			if (z & 1) {
+				uint64_t down = (z >> 1) + 1;
+				if (down > prev)
+					return 0;
+				c = prev - down;
+			} else {
+				if ((z >> 1) > count - prev) /* prev <= count: no wrap */
+					return 0;
+				c = prev + (z >> 1);
+			}
+			if (c > count - total)
+				return 0;
+			/* the ends are non-empty: the shape is canonical */
+			if (c == 0 && (k == 0 || k == n - 1))
+				return 0;
+			total += c;
+			if (dst)
+				dst->buckets[idx] += c;
+			prev = c;
+		}
+		idx--;
+	} else {
+		if (n > count)
 			return 0;
-		idx += delta;
-		if (n == 0 || n > count - total)
-			return 0;
-		total += n;
-		if (k == 0)
-			first = (unsigned)idx;
-		if (dst)
-			dst->buckets[idx] += n;
+		for (uint64_t k = 0; k < n; k++) {
+			uint64_t delta, c;
+			if (!varint_get(in, len, &pos, &delta) || !varint_get(in, len, &pos, &c))
+				return 0;
+			/* Indices strictly increase (only the first may be at delta
+			 * 0) and stay inside the array; check before adding so that
+			 * a huge delta cannot wrap idx. */
+			if ((k > 0 && delta == 0) || delta >= HIST_BUCKETS - idx)
+				return 0;
+			idx += delta;
+			if (c == 0 || c > count - total)
+				return 0;
+			total += c;
+			if (k == 0)
+				first = (unsigned)idx;
+			if (dst)
+				dst->buckets[idx] += c;
+		}
 	}
 	if (total != count || hist_index(min) != first || hist_index(max) != idx)
 		return 0;

@@ -102,12 +102,16 @@ double hist_count_le(const struct hist *h, uint64_t bound);
 bool hist_empty(const struct hist *h);
 
 /*
- * Sparse, compact encoding for storage: empty buckets cost nothing. Format
- * (each number an unsigned LEB128 varint): count, sum, min, max, number of
- * non-empty buckets, then per non-empty bucket: index delta from the previous
- * non-empty index (the first one from 0, so it is the index itself), count.
- * An empty histogram encodes as count 0, sum 0, min UINT64_MAX, max 0, 0
- * buckets.
+ * Compact encoding for storage: empty buckets outside the occupied range
+ * cost nothing. Format (each number an unsigned LEB128 varint): count, sum,
+ * min, max, shape = n << 1 | dense, then
+ *   sparse (dense = 0): n non-empty buckets, each as the index delta from
+ *     the previous non-empty index (the first from 0) and its count;
+ *   dense (dense = 1): the first non-empty index, then the n buckets from
+ *     there to the last non-empty one, each as the zigzagged difference
+ *     from the previous bucket's count (the first from 0).
+ * The encoder picks the shorter. An empty histogram encodes as count 0,
+ * sum 0, min UINT64_MAX, max 0, shape 0.
  */
 
 /* A safe bound on hist_encode()'s output for `h`, computed without a scan. */

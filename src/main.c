@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "accesslog.h"
+#include "admin.h"
 #include "config.h"
 #include "log.h"
 #include "proxy.h"
@@ -44,6 +45,8 @@ static void usage(FILE *out)
 		"      --slo-tpot DUR          goodput: time per output token at most (default 100ms)\n"
 		"      --log-level LEVEL       error, warn, info or debug (default info)\n"
 		"      --check-data            read every record in --data-dir, report, and exit\n"
+		"      --admin ADDR:PORT|off   admin API: stats, /metrics, reset (default 127.0.0.1:9901)\n"
+		"      --admin-token-file PATH bearer token for admin writes (or env TOKENTAP_ADMIN_TOKEN)\n"
 		"  -h, --help                  this text\n"
 		"  -V, --version               print the version\n"
 		"\n"
@@ -65,7 +68,16 @@ enum {
 	OPT_SLO_TTFT,
 	OPT_SLO_TPOT,
 	OPT_CHECK_DATA,
+	OPT_ADMIN,
+	OPT_ADMIN_TOKEN_FILE,
 };
+
+/* Admin API settings: main.c's alone, so they live here rather than in
+ * struct config. An explicit --admin that cannot bind is fatal; the default
+ * one only warns, so a second tokentap on the same machine still runs. */
+static const char *admin_listen = "127.0.0.1:9901";
+static bool admin_listen_explicit;
+static const char *admin_token_file;
 
 static int bad_value(const char *flag, const char *value, const char *expect)
 {
@@ -104,6 +116,8 @@ static int parse_args(int argc, char **argv, struct config *cfg)
 		{ "slo-ttft", required_argument, NULL, OPT_SLO_TTFT },
 		{ "slo-tpot", required_argument, NULL, OPT_SLO_TPOT },
 		{ "check-data", no_argument, NULL, OPT_CHECK_DATA },
+		{ "admin", required_argument, NULL, OPT_ADMIN },
+		{ "admin-token-file", required_argument, NULL, OPT_ADMIN_TOKEN_FILE },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
@@ -148,6 +162,11 @@ static int parse_args(int argc, char **argv, struct config *cfg)
 		case OPT_CHECK_DATA:
 			cfg->check_data = true;
 			break;
+		case OPT_ADMIN:
+			admin_listen = strcmp(optarg, "off") == 0 ? NULL : optarg;
+			admin_listen_explicit = true;
+			break;
+		case OPT_ADMIN_TOKEN_FILE: admin_token_file = optarg; break;
 		case OPT_DATA_DIR:
 			cfg->data_dir = strcmp(optarg, "off") == 0 ? NULL : optarg;
 			break;
@@ -230,6 +249,9 @@ int main(int argc, char **argv)
 	struct store_options so;
 	struct slo slo;
 	struct event *sigint = NULL, *sigterm = NULL;
+	struct admin *admin = NULL;
+	struct admin_options ao = { NULL, NULL };
+	char *admin_token = NULL;
 	char err[512];
 	int rc = 1;
 
@@ -238,6 +260,10 @@ int main(int argc, char **argv)
 		return EXIT_USAGE;
 	if (cfg.check_data)
 		return check_data(&cfg);
+	if (admin_token_file && admin_token_load(admin_token_file, &admin_token, err, sizeof(err)) == -1) {
+		fprintf(stderr, "tokentap: --admin-token-file: %s\n", err);
+		return EXIT_USAGE;
+	}
 	signal(SIGPIPE, SIG_IGN);
 
 	base = event_base_new();
@@ -285,9 +311,23 @@ int main(int argc, char **argv)
 	evsignal_add(sigterm, NULL);
 
 	log_info("tokentap %s listening on %s, upstream %s", TOKENTAP_VERSION, proxy_listen_addr(px), up->name);
+	if (admin_listen) {
+		const char *env = getenv("TOKENTAP_ADMIN_TOKEN");
+		ao.listen = admin_listen;
+		ao.token = admin_token ? admin_token : env && *env ? env : NULL;
+		admin = admin_start(&ao, store, &cfg, err, sizeof(err));
+		if (!admin && admin_listen_explicit) {
+			log_error("%s", err);
+			goto out;
+		}
+		if (!admin)
+			log_warn("%s; the admin API is off (choose another with --admin ADDR:PORT)", err);
+	}
 	event_base_dispatch(base);
 	rc = 0;
 out:
+	admin_stop(admin); /* before the store it reads */
+	free(admin_token);
 	if (sigint)
 		event_free(sigint);
 	if (sigterm)

@@ -180,6 +180,14 @@ void slice_release(struct slice *s)
 	memset(s->counters, 0, sizeof(s->counters));
 }
 
+void slice_drop_curves(struct slice *s)
+{
+	for (unsigned i = HM__COUNT; i < SLICE_SLOTS; i++) {
+		free(s->slot[i]);
+		s->slot[i] = NULL;
+	}
+}
+
 size_t slice_encode(const struct slice *s, uint8_t **out)
 {
 	size_t cap = 1 + VARINT_MAX * (CT__COUNT + 2), n = 0, nh = 0;

@@ -124,6 +124,10 @@ void slice_clear(struct slice *s);
 /* Frees the histograms; the slice is empty afterwards. */
 void slice_release(struct slice *s);
 
+/* Drops the load-curve and prompt-length histograms (kept at hour
+ * granularity only, where minute slices would cost most of their size). */
+void slice_drop_curves(struct slice *s);
+
 /* Encodes into a malloc'd buffer; returns its length, 0 on failure. */
 size_t slice_encode(const struct slice *s, uint8_t **out);
 /* Adds an encoded slice into `dst`; -1 (dst unchanged) on malformed input. */

@@ -23,13 +23,14 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "log.h"
+#include "varint.h"
 
 #define STORE_LAYOUT "tokentap-stats-1"
 #define RING_SECONDS 360 /* the live view: a little over five minutes */
 #define QUEUE_MAX 600	 /* batches waiting for the writer before the oldest is dropped */
-#define PRUNE_EVERY_S 60
 #define MAP_SIZE_MAX ((uint64_t)64 << 30)
 
 struct ring_slot {
@@ -69,6 +70,7 @@ struct store {
 	uint64_t submitted, committed, dropped;
 	bool stopping;
 	uint64_t last_prune;
+	uint64_t last_drop_warn;
 };
 
 static const char *const window_names[WIN__COUNT] = { "1m", "5m", "1h", "24h", "7d", "all" };
@@ -95,6 +97,7 @@ void store_options_defaults(struct store_options *o)
 	o->minute_retention_s = 24 * 3600;
 	o->hour_retention_s = 30 * 24 * 3600;
 	o->map_size = 64u << 20;
+	o->prune_every_s = 60;
 }
 
 static uint64_t unix_now(void)
@@ -229,7 +232,7 @@ static int map_grow(struct store *st)
 	rc = mdb_env_set_mapsize(st->env, (size_t)size);
 	pthread_rwlock_unlock(&st->map_lock);
 	if (rc == 0) {
-		log_info("store: map grown to %llu MiB", (unsigned long long)(size >> 20));
+		log_info("store: map grown to %llu KiB", (unsigned long long)(size >> 10));
 		st->map_size = size;
 	}
 	return rc;
@@ -285,19 +288,67 @@ static int series_id(struct store *st, MDB_txn *txn, const char *key, size_t key
 	return 0;
 }
 
-/* Merges `blob` into the stored slice under `k` (read, merge, write back). */
+/*
+ * Stored values: one byte saying how the encoded slice follows — 'r' as is,
+ * 'z' deflated (zlib) after a varint of its inflated length. Deflate about
+ * halves a busy slice; the writer thread pays for it, never a worker.
+ */
+#define VALUE_MAX (8u << 20)
+
+static uint8_t *value_pack(const uint8_t *raw, size_t n, size_t *outlen)
+{
+	uLongf zlen = compressBound((uLong)n);
+	uint8_t *out = malloc(1 + VARINT_MAX + zlen);
+
+	if (!out)
+		return NULL;
+	size_t hdr = 1 + varint_put(out + 1, n);
+	if (compress2(out + hdr, &zlen, raw, (uLong)n, 6) == Z_OK && hdr + zlen < 1 + n) {
+		out[0] = 'z';
+		*outlen = hdr + zlen;
+		return out;
+	}
+	out[0] = 'r';
+	memcpy(out + 1, raw, n);
+	*outlen = 1 + n;
+	return out;
+}
+
+/* Decodes a stored value into `dst` (adding). -1 when it does not decode. */
+static int value_merge(struct slice *dst, const uint8_t *v, size_t n)
+{
+	const uint8_t *p = v + 1, *end = v + n;
+	uint64_t raw_len;
+	int rc = -1;
+
+	if (n < 1)
+		return -1;
+	if (v[0] == 'r')
+		return slice_decode_merge(dst, v + 1, n - 1);
+	if (v[0] != 'z' || varint_get(&p, end, &raw_len) == -1 || raw_len == 0 || raw_len > VALUE_MAX)
+		return -1;
+	uint8_t *raw = malloc(raw_len);
+	uLongf got = (uLongf)raw_len;
+	if (raw && uncompress(raw, &got, p, (uLong)(end - p)) == Z_OK && got == raw_len)
+		rc = slice_decode_merge(dst, raw, raw_len);
+	free(raw);
+	return rc;
+}
+
+/* Merges `blob` into the stored slice under `k` (read, merge, write back).
+ * Minute slices keep no load curve: see slice_drop_curves. */
 static int merge_into(struct store *st, MDB_txn *txn, const uint8_t k9[9], const uint8_t *blob, size_t len)
 {
 	MDB_val k = { 9, (void *)k9 }, v;
 	struct slice s;
-	uint8_t *out = NULL;
-	size_t outlen;
+	uint8_t *raw = NULL, *packed;
+	size_t rawlen, packedlen;
 	int rc;
 
 	memset(&s, 0, sizeof(s));
 	rc = mdb_get(txn, st->dbi_slices, &k, &v);
 	if (rc == 0) {
-		if (slice_decode_merge(&s, v.mv_data, v.mv_size) == -1)
+		if (value_merge(&s, v.mv_data, v.mv_size) == -1)
 			log_warn("store: a stored slice did not decode; it is replaced");
 	} else if (rc != MDB_NOTFOUND) {
 		return rc;
@@ -306,14 +357,20 @@ static int merge_into(struct store *st, MDB_txn *txn, const uint8_t k9[9], const
 		slice_release(&s);
 		return 0; /* a bad delta is dropped, the stored slice kept */
 	}
-	outlen = slice_encode(&s, &out);
+	if (k9[0] == 'm')
+		slice_drop_curves(&s);
+	rawlen = slice_encode(&s, &raw);
 	slice_release(&s);
-	if (!outlen)
+	if (!rawlen)
 		return ENOMEM;
-	v.mv_size = outlen;
-	v.mv_data = out;
+	packed = value_pack(raw, rawlen, &packedlen);
+	free(raw);
+	if (!packed)
+		return ENOMEM;
+	v.mv_size = packedlen;
+	v.mv_data = packed;
 	rc = mdb_put(txn, st->dbi_slices, &k, &v, 0);
-	free(out);
+	free(packed);
 	return rc;
 }
 
@@ -448,7 +505,7 @@ static void *writer_main(void *arg)
 			ring_add(st, b);
 			store_batch_free(b);
 		}
-		if (st->env && now - st->last_prune >= PRUNE_EVERY_S) {
+		if (st->env && now - st->last_prune >= st->opt.prune_every_s) {
 			st->last_prune = now;
 			prune(st, now);
 		}
@@ -488,7 +545,10 @@ void store_submit(struct store *st, struct store_batch *b)
 	pthread_cond_signal(&st->q_cond);
 	pthread_mutex_unlock(&st->q_lock);
 	if (old) {
-		log_warn("store: writer is behind; dropped the oldest pending stats batch");
+		/* said once per burst, not once per batch */
+		uint64_t now = unix_now();
+		if (now - __atomic_exchange_n(&st->last_drop_warn, now, __ATOMIC_RELAXED) >= 10)
+			log_warn("store: writer is behind; dropping the oldest pending stats batches");
 		store_batch_free(old);
 	}
 }
@@ -689,8 +749,10 @@ void store_close(struct store *st)
 
 /* ---- queries ---- */
 
-static int lmdb_query(struct store *st, char kind, uint32_t from, uint32_t to, struct store_result *r, char *err,
-		      size_t errlen)
+/* Merges the slices of `kind` numbered from..to into `r`; with
+ * `curves_only`, only their load-curve and prompt-length histograms. */
+static int lmdb_query(struct store *st, char kind, uint32_t from, uint32_t to, bool curves_only,
+		      struct store_result *r, char *err, size_t errlen)
 {
 	MDB_txn *txn;
 	MDB_cursor *cur;
@@ -739,8 +801,22 @@ static int lmdb_query(struct store *st, char kind, uint32_t from, uint32_t to, s
 			map[nmap].idx = (size_t)(se - r->series);
 			nmap++;
 		}
-		if (slice_decode_merge(&r->series[map[m].idx].slice, v.mv_data, v.mv_size) == -1)
-			log_warn("store: undecodable slice skipped");
+		struct slice *dst = &r->series[map[m].idx].slice;
+		if (!curves_only) {
+			if (value_merge(dst, v.mv_data, v.mv_size) == -1)
+				log_warn("store: undecodable slice skipped");
+			continue;
+		}
+		struct slice tmp;
+		memset(&tmp, 0, sizeof(tmp));
+		if (value_merge(&tmp, v.mv_data, v.mv_size) == 0) {
+			for (unsigned i = HM__COUNT; i < SLICE_SLOTS; i++) {
+				struct hist *h;
+				if (tmp.slot[i] && tmp.slot[i]->count && (h = slice_hist(dst, i)))
+					hist_merge(h, tmp.slot[i]);
+			}
+		}
+		slice_release(&tmp);
 	}
 	mdb_cursor_close(cur);
 	rc = 0;
@@ -770,21 +846,26 @@ int store_query(struct store *st, enum store_window w, struct store_result *out,
 		out->start_sec = (uint64_t)(cur - n + 1) * 60;
 		if (!st->env)
 			return ring_query(st, out->start_sec, now, out);
-		return lmdb_query(st, 'm', cur - n + 1, cur, out, err, errlen);
+		/* minute slices carry no curves: those come from the hours the
+		 * window touches */
+		if (lmdb_query(st, 'm', cur - n + 1, cur, false, out, err, errlen) == -1)
+			return -1;
+		return lmdb_query(st, 'h', (uint32_t)(out->start_sec / 3600), (uint32_t)(now / 3600), true, out, err,
+				  errlen);
 	}
 	case WIN_7D: {
 		uint32_t cur = (uint32_t)(now / 3600);
 		out->start_sec = (uint64_t)(cur - 167) * 3600;
 		if (!st->env)
 			return ring_query(st, out->start_sec, now, out);
-		return lmdb_query(st, 'h', cur - 167, cur, out, err, errlen);
+		return lmdb_query(st, 'h', cur - 167, cur, false, out, err, errlen);
 	}
 	case WIN_ALL:
 	default:
 		out->start_sec = 0;
 		if (!st->env)
 			return ring_query(st, 0, now, out);
-		return lmdb_query(st, 'a', 0, 0, out, err, errlen);
+		return lmdb_query(st, 'a', 0, 0, false, out, err, errlen);
 	}
 }
 
@@ -817,7 +898,7 @@ int store_verify(struct store *st, uint64_t *series, uint64_t *slices, uint64_t 
 		while (mdb_cursor_get(cur, &k, &v, MDB_NEXT) == 0) {
 			struct slice s;
 			memset(&s, 0, sizeof(s));
-			if (k.mv_size != 9 || slice_decode_merge(&s, v.mv_data, v.mv_size) == -1)
+			if (k.mv_size != 9 || value_merge(&s, v.mv_data, v.mv_size) == -1)
 				(*bad)++;
 			else
 				(*slices)++;

@@ -46,6 +46,7 @@ struct store_options {
 	uint64_t minute_retention_s;
 	uint64_t hour_retention_s;
 	uint64_t map_size; /* initial LMDB map size; grows when full */
+	uint64_t prune_every_s; /* how often old slices are looked for */
 };
 
 enum store_window { WIN_1M, WIN_5M, WIN_1H, WIN_24H, WIN_7D, WIN_ALL, WIN__COUNT };

@@ -592,7 +592,7 @@ static size_t build(uint8_t *b, uint64_t count, uint64_t sum, uint64_t min, uint
 	p = put(b, p, sum);
 	p = put(b, p, min);
 	p = put(b, p, max);
-	p = put(b, p, nnz);
+	p = put(b, p, nnz << 1); /* sparse shape */
 	for (int i = 0; i < 2 * npairs; i++)
 		p = put(b, p, pairs[i]);
 	return p;
@@ -658,7 +658,7 @@ static void test_decode_malformed(void **state)
 	memset(b + n, 0xff, 9);
 	n += 9;
 	b[n++] = 0x01; /* max = UINT64_MAX */
-	n = put(b, n, 1);
+	n = put(b, n, 1 << 1); /* one bucket, sparse */
 	n = put(b, n, HIST_BUCKETS - 1);
 	n = put(b, n, 1);
 	assert_int_equal(decode_checked(base, scratch, b, n), 0);
@@ -700,6 +700,66 @@ static void test_decode_garbage(void **state)
 	free(h);
 }
 
+
+/* Hand-built dense shapes: the encoder's other form, and its failure modes. */
+static void test_decode_dense(void **state)
+{
+	(void)state;
+	struct hist *base = typical(71, 100), *scratch = hist_new();
+	struct hist *h = hist_new();
+	uint8_t b[64], enc[32768];
+	size_t n;
+
+	/* a smooth, contiguous histogram is encoded dense and round-trips */
+	for (uint64_t v = 1000; v < 3000; v++)
+		hist_record_n(h, v, 50 + (v % 7));
+	n = hist_encode(h, enc, sizeof(enc));
+	assert_true(n > 0);
+	assert_int_equal(enc[0] != 0, 1);
+	struct hist *back = hist_new();
+	size_t used = 0;
+	assert_int_equal(hist_decode_merge(back, enc, n, &used), 0);
+	assert_int_equal(used, n);
+	assert_memory_equal(back, h, sizeof(*h));
+
+	/* values 5 (x2), 6 (x1): dense from index 5, span 2, counts 2 then 1 */
+	size_t p = 0;
+	p = put(b, p, 3);
+	p = put(b, p, 16);
+	p = put(b, p, 5);
+	p = put(b, p, 6);
+	p = put(b, p, (2 << 1) | 1);
+	p = put(b, p, 5);
+	size_t head = p;
+	p = put(b, p, 4); /* +2 */
+	p = put(b, p, 1); /* -1 */
+	assert_int_equal(decode_checked(base, scratch, b, p), 0);
+
+	/* a difference that goes below zero */
+	p = head;
+	p = put(b, p, 4);
+	p = put(b, p, 5); /* -3 */
+	assert_int_equal(decode_checked(base, scratch, b, p), -1);
+	/* a zero count at the end of the range (non-canonical) */
+	p = head;
+	p = put(b, p, 6); /* +3 */
+	p = put(b, p, 5); /* -3 -> 0 */
+	assert_int_equal(decode_checked(base, scratch, b, p), -1);
+	/* a range running past the last bucket */
+	p = 0;
+	p = put(b, p, 3);
+	p = put(b, p, 16);
+	p = put(b, p, 5);
+	p = put(b, p, 6);
+	p = put(b, p, ((uint64_t)HIST_BUCKETS << 1) | 1);
+	p = put(b, p, 5);
+	assert_int_equal(decode_checked(base, scratch, b, p), -1);
+	free(h);
+	free(back);
+	free(base);
+	free(scratch);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -716,6 +776,7 @@ int main(void)
 		cmocka_unit_test(test_encoded_size),
 		cmocka_unit_test(test_decode_truncated),
 		cmocka_unit_test(test_decode_malformed),
+		cmocka_unit_test(test_decode_dense),
 		cmocka_unit_test(test_decode_garbage),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

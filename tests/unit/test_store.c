@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "slice.h"
@@ -273,6 +274,88 @@ static void test_model_cap(void **state)
 	stats_shard_free(sh);
 }
 
+
+/* A batch with one series' slice holding `requests` requests, stamped `sec`. */
+static struct store_batch *batch_at(uint64_t sec, const char *model, unsigned requests)
+{
+	struct store_batch *b = calloc(1, sizeof(*b));
+	struct slice sl;
+	struct req_record r;
+
+	memset(&sl, 0, sizeof(sl));
+	for (unsigned i = 0; i < requests; i++) {
+		fake_request(&r, 1000 + i, 4, 3000 + i);
+		slice_record_request(&sl, &r, 2, &test_slo);
+		for (size_t k = 0; k < r.itl_n; k++)
+			slice_record_itl(&sl, r.itl_ns[k], 2);
+		record_release(&r);
+	}
+	b->sec = sec;
+	b->items = calloc(1, sizeof(*b->items));
+	b->cap = b->n = 1;
+	memcpy(b->items[0].key, "default\0up\0", 11);
+	size_t ml = strlen(model);
+	memcpy(b->items[0].key + 11, model, ml + 1);
+	b->items[0].key[11 + ml + 1] = '0';
+	b->items[0].keylen = 11 + ml + 2;
+	b->items[0].len = slice_encode(&sl, &b->items[0].blob);
+	assert_true(b->items[0].len > 0);
+	slice_release(&sl);
+	return b;
+}
+
+static void test_prune_past_retention(void **state)
+{
+	char *dir = make_dir();
+	struct store_options o;
+	char err[256];
+	uint64_t series, slices, bad, now = (uint64_t)time(NULL);
+
+	store_options_defaults(&o);
+	o.dir = dir;
+	struct store *st = store_open(&o, err, sizeof(err));
+	assert_non_null(st);
+	/* three days old: its minute slice is past the 24 h retention, its hour
+	 * slice within 30 days; the writer prunes after its first commit */
+	store_submit(st, batch_at(now - 3 * 86400, "old", 5));
+	store_sync(st);
+	assert_int_equal(store_verify(st, &series, &slices, &bad, err, sizeof(err)), 0);
+	assert_int_equal(series, 1);
+	assert_int_equal(bad, 0);
+	assert_int_equal(slices, 2); /* hour + all-time */
+	assert_int_equal(total_requests(st, WIN_ALL, NULL, NULL), 5);
+	assert_int_equal(total_requests(st, WIN_24H, NULL, NULL), 0);
+	store_close(st);
+	remove_dir(dir);
+}
+
+static void test_map_full_grows(void **state)
+{
+	char *dir = make_dir();
+	struct store_options o;
+	char err[256];
+	uint64_t now = (uint64_t)time(NULL);
+	unsigned total = 0;
+
+	store_options_defaults(&o);
+	o.dir = dir;
+	o.map_size = 64u << 10; /* far too small: the writer must grow it */
+	struct store *st = store_open(&o, err, sizeof(err));
+	assert_non_null(st);
+	for (unsigned i = 0; i < 120; i++) {
+		char model[16];
+		snprintf(model, sizeof(model), "m%u", i);
+		store_submit(st, batch_at(now - i * 60, model, 3));
+		total += 3;
+		if (i % 10 == 0)
+			store_sync(st);
+	}
+	store_sync(st);
+	assert_int_equal(total_requests(st, WIN_ALL, NULL, NULL), total);
+	store_close(st);
+	remove_dir(dir);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -282,6 +365,8 @@ int main(void)
 		cmocka_unit_test(test_reopen_keeps_numbers),
 		cmocka_unit_test(test_foreign_layout_refused),
 		cmocka_unit_test(test_model_cap),
+		cmocka_unit_test(test_prune_past_retention),
+		cmocka_unit_test(test_map_full_grows),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,755 @@
+/*
+ * admin.c — the admin API's thread, listener, request routing and guards.
+ *
+ * One thread owns an event_base and an evhttp server; everything below runs
+ * on it, except admin_start (binds before the thread exists) and admin_stop
+ * (wakes the loop through a pipe, since libevent here is built without
+ * thread support, then joins). Each request passes, in order: the Host check
+ * (403), the path (404), the method (405 with Allow), for writes the origin
+ * and token checks (403/401), the parameters (400), then its handler. The
+ * JSON of the stats views lives in admin_stats.c, the Prometheus text in
+ * prom.c.
+ *
+ * Invariants: the token is read only by token_equal(), never logged or
+ * returned; every answer carries a content type and Cache-Control: no-store;
+ * nothing here blocks but the store's short read transactions.
+ */
+#define _GNU_SOURCE /* statx */
+#include "admin.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/queue.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "admin_stats.h"
+#include "config.h"
+#include "log.h"
+#include "prom.h"
+#include "store.h"
+
+#define ADMIN_TIMEOUT_S 30
+#define ADMIN_MAX_HEADERS (16u << 10)
+#define ADMIN_MAX_BODY (64u << 10)
+#define TOKEN_MAX 4096
+
+struct admin {
+	struct event_base *base;
+	struct evhttp *http;
+	struct event *wake;
+	int wake_fd[2];
+	pthread_t thread;
+	bool running;
+
+	struct store *store;
+	const struct config *cfg;
+	char *token; /* NULL: writes are refused */
+	size_t token_len;
+
+	char bound_host[INET6_ADDRSTRLEN + 3]; /* "127.0.0.1", "[::1]" */
+	char listen_addr[INET6_ADDRSTRLEN + 12];
+	uint64_t since_sec; /* when collection began, for rates */
+};
+
+/* ---- answers ---- */
+
+static const char *reason_of(int code)
+{
+	switch (code) {
+	case 200: return "OK";
+	case 400: return "Bad Request";
+	case 401: return "Unauthorized";
+	case 403: return "Forbidden";
+	case 404: return "Not Found";
+	case 405: return "Method Not Allowed";
+	case 500: return "Internal Server Error";
+	case 503: return "Service Unavailable";
+	default: return "Error";
+	}
+}
+
+static void reply(struct evhttp_request *req, int code, const char *ctype, const char *body, size_t len)
+{
+	struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+
+	evhttp_add_header(h, "Content-Type", ctype);
+	evhttp_add_header(h, "Cache-Control", "no-store");
+	evhttp_add_header(h, "X-Content-Type-Options", "nosniff");
+	if (body)
+		evbuffer_add(evhttp_request_get_output_buffer(req), body, len);
+	evhttp_send_reply(req, code, reason_of(code), NULL);
+}
+
+static void reply_json_text(struct evhttp_request *req, int code, const char *text)
+{
+	reply(req, code, "application/json", text, strlen(text));
+}
+
+/* {"error": {"status", "message", "parameter"?}}; `param` names the query
+ * parameter at fault, NULL when none is. */
+static void reply_error(struct evhttp_request *req, int code, const char *param, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static void reply_error(struct evhttp_request *req, int code, const char *param, const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+	json_t *root, *e;
+	char *text;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	root = json_object();
+	e = json_object();
+	if (root && e) {
+		json_object_set_new(e, "status", json_integer(code));
+		json_object_set_new(e, "message", json_string(msg));
+		if (param)
+			json_object_set_new(e, "parameter", json_string(param));
+		json_object_set(root, "error", e);
+	}
+	text = root ? json_dumps(root, JSON_COMPACT) : NULL;
+	if (text) {
+		reply(req, code, "application/json", text, strlen(text));
+		free(text);
+	} else {
+		static const char oom[] = "{\"error\":{\"status\":500,\"message\":\"out of memory\"}}";
+		reply(req, 500, "application/json", oom, sizeof(oom) - 1);
+	}
+	json_decref(e);
+	json_decref(root);
+}
+
+/* ---- guards ---- */
+
+/* Splits "name[:port]" / "[v6][:port]"; false when malformed. */
+static bool host_split(const char *host, char *name, size_t cap)
+{
+	const char *end, *rest;
+
+	if (host[0] == '[') {
+		end = strchr(host, ']');
+		if (!end)
+			return false;
+		rest = end + 1;
+		end++; /* the brackets are part of the name */
+	} else {
+		end = strchr(host, ':');
+		rest = end ? end : host + strlen(host);
+		end = rest;
+	}
+	if ((size_t)(end - host) >= cap || end == host)
+		return false;
+	memcpy(name, host, (size_t)(end - host));
+	name[end - host] = '\0';
+	if (*rest) {
+		size_t digits = strspn(rest + 1, "0123456789");
+		if (rest[0] != ':' || digits == 0 || digits > 5 || rest[1 + digits])
+			return false;
+	}
+	return true;
+}
+
+static bool ip_literal(const char *name)
+{
+	unsigned char buf[16];
+	char v6[INET6_ADDRSTRLEN + 2];
+	size_t n = strlen(name);
+
+	if (inet_pton(AF_INET, name, buf) == 1)
+		return true;
+	if (n > 2 && n < sizeof(v6) && name[0] == '[' && name[n - 1] == ']') {
+		memcpy(v6, name + 1, n - 2);
+		v6[n - 2] = '\0';
+		return inet_pton(AF_INET6, v6, buf) == 1;
+	}
+	return false;
+}
+
+int admin_host_allowed(const char *host, const char *bound_host)
+{
+	static const char *const loopback_names[] = { "localhost", "127.0.0.1", "[::1]" };
+	char name[256];
+
+	if (!host || !host_split(host, name, sizeof(name)))
+		return 0;
+	for (size_t i = 0; i < sizeof(loopback_names) / sizeof(loopback_names[0]); i++)
+		if (strcasecmp(name, loopback_names[i]) == 0)
+			return 1;
+	if (bound_host && strcasecmp(name, bound_host) == 0)
+		return 1;
+	/* Bound to every address: any address literal names us. A DNS
+	 * rebinding attack needs a host name, never a literal. */
+	if (bound_host && (strcmp(bound_host, "0.0.0.0") == 0 || strcmp(bound_host, "[::]") == 0))
+		return ip_literal(name);
+	return 0;
+}
+
+/* The host part of an Origin ("http://host:port"); NULL for "null" and the
+ * like, which never name us. */
+static const char *origin_host(const char *origin)
+{
+	if (strncasecmp(origin, "http://", 7) == 0)
+		return origin + 7;
+	if (strncasecmp(origin, "https://", 8) == 0)
+		return origin + 8;
+	return NULL;
+}
+
+/* Same time whatever the input, for a given token length. */
+static bool token_equal(const char *given, size_t glen, const char *want, size_t wlen)
+{
+	volatile unsigned char d = (unsigned char)(glen != wlen);
+
+	for (size_t i = 0; i < wlen; i++)
+		d |= (unsigned char)want[i] ^ (unsigned char)(i < glen ? given[i] : 0);
+	return d == 0;
+}
+
+/* The bearer credential of an Authorization header, or NULL. */
+static const char *bearer_of(const char *auth, size_t *len)
+{
+	const char *p, *end;
+
+	if (!auth || strncasecmp(auth, "Bearer ", 7) != 0)
+		return NULL;
+	p = auth + 7;
+	while (*p == ' ')
+		p++;
+	end = p + strlen(p);
+	while (end > p && end[-1] == ' ')
+		end--;
+	*len = (size_t)(end - p);
+	return *len ? p : NULL;
+}
+
+/* ---- parameters ---- */
+
+static const char *const no_params[] = { NULL };
+static const char *const stats_params[] = { "window", "route", "upstream", "model", "cold", NULL };
+
+/* Parses the query string into `q`, refusing names not in `allowed` and
+ * names given twice. 0, or -1 after answering 400. */
+static int params_parse(struct evhttp_request *req, const char *const *allowed, struct evkeyvalq *q)
+{
+	const char *query = evhttp_uri_get_query(evhttp_request_get_evhttp_uri(req));
+	struct evkeyval *kv, *other;
+
+	TAILQ_INIT(q);
+	if (!query || !*query)
+		return 0;
+	if (evhttp_parse_query_str(query, q) == -1) {
+		reply_error(req, 400, NULL, "malformed query string");
+		return -1;
+	}
+	TAILQ_FOREACH(kv, q, next)
+	{
+		size_t i;
+		for (i = 0; allowed[i]; i++)
+			if (strcmp(kv->key, allowed[i]) == 0)
+				break;
+		if (!allowed[i]) {
+			char known[128] = "";
+			for (size_t j = 0; allowed[j]; j++) {
+				strncat(known, j ? ", " : "", sizeof(known) - strlen(known) - 1);
+				strncat(known, allowed[j], sizeof(known) - strlen(known) - 1);
+			}
+			reply_error(req, 400, kv->key, "unknown parameter '%.64s'; this endpoint takes %s", kv->key,
+				    allowed[0] ? known : "no parameters");
+			goto fail;
+		}
+		for (other = TAILQ_NEXT(kv, next); other; other = TAILQ_NEXT(other, next)) {
+			if (strcmp(other->key, kv->key) == 0) {
+				reply_error(req, 400, kv->key, "parameter '%s' given more than once", kv->key);
+				goto fail;
+			}
+		}
+	}
+	return 0;
+fail:
+	evhttp_clear_headers(q);
+	return -1;
+}
+
+/* ---- handlers ---- */
+
+static void on_healthz(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)
+{
+	reply_json_text(req, 200, "{\"status\":\"ok\"}\n");
+}
+
+/* The proxy's listeners and the store exist before admin_start is called. */
+static void on_readyz(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)
+{
+	reply_json_text(req, 200, "{\"ready\":true}\n");
+}
+
+static void on_stats_view(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p, enum stats_view view)
+{
+	struct stats_query q = { .window = WIN_1H, .cold = COLD_INCLUDE };
+	struct store_result res;
+	const char *v;
+	char err[256], *text;
+
+	if ((v = evhttp_find_header(p, "window")) && store_window_parse(v, &q.window) == -1) {
+		char names[64] = "";
+		for (int w = 0; w < WIN__COUNT; w++) {
+			strncat(names, w ? ", " : "", sizeof(names) - strlen(names) - 1);
+			strncat(names, store_window_name((enum store_window)w), sizeof(names) - strlen(names) - 1);
+		}
+		reply_error(req, 400, "window", "unknown window '%.64s'; one of %s", v, names);
+		return;
+	}
+	if ((v = evhttp_find_header(p, "cold")) && cold_filter_parse(v, &q.cold) == -1) {
+		reply_error(req, 400, "cold", "bad value '%.64s' for cold; one of include, exclude, only", v);
+		return;
+	}
+	q.route = evhttp_find_header(p, "route");
+	q.upstream = evhttp_find_header(p, "upstream");
+	q.model = evhttp_find_header(p, "model");
+	if (store_query(a->store, q.window, &res, err, sizeof(err)) == -1) {
+		log_warn("admin: stats query failed: %s", err);
+		reply_error(req, 500, NULL, "stats query failed: %s", err);
+		return;
+	}
+	text = admin_stats_render(&res, &q, view, a->since_sec);
+	store_result_free(&res);
+	if (!text) {
+		reply_error(req, 500, NULL, "out of memory rendering the answer");
+		return;
+	}
+	reply(req, 200, "application/json", text, strlen(text));
+	free(text);
+}
+
+static void on_stats(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)
+{
+	on_stats_view(a, req, p, VIEW_SUMMARY);
+}
+
+static void on_stats_prompt(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)
+{
+	on_stats_view(a, req, p, VIEW_PROMPT);
+}
+
+static void on_stats_curve(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)
+{
+	on_stats_view(a, req, p, VIEW_CURVE);
+}
+
+static void on_metrics(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)
+{
+	struct store_result res;
+	struct evbuffer *out = evhttp_request_get_output_buffer(req);
+	char err[256];
+
+	if (store_query(a->store, WIN_ALL, &res, err, sizeof(err)) == -1) {
+		log_warn("admin: metrics query failed: %s", err);
+		reply_error(req, 500, NULL, "stats query failed: %s", err);
+		return;
+	}
+	int rc = prom_render(out, &res);
+	store_result_free(&res);
+	if (rc == -1) {
+		evbuffer_drain(out, evbuffer_get_length(out));
+		reply_error(req, 500, NULL, "out of memory rendering the metrics");
+		return;
+	}
+	reply(req, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, 0);
+}
+
+static void on_reset(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)
+{
+	char err[256], *peer = NULL;
+	ev_uint16_t port = 0;
+
+	if (store_reset(a->store, err, sizeof(err)) == -1) {
+		log_error("admin: reset failed: %s", err);
+		reply_error(req, 500, NULL, "reset failed: %s", err);
+		return;
+	}
+	/* Rates restart with the data. */
+	a->since_sec = (uint64_t)time(NULL);
+	evhttp_connection_get_peer(evhttp_request_get_connection(req), &peer, &port);
+	log_info("admin: stats reset by a request from %s:%u", peer ? peer : "?", (unsigned)port);
+	reply_json_text(req, 200, "{\"reset\":true}\n");
+}
+
+/* ---- routing ---- */
+
+#define GET_LIKE (EVHTTP_REQ_GET | EVHTTP_REQ_HEAD)
+
+static const struct route {
+	const char *path;
+	unsigned methods;
+	const char *allow;
+	bool write; /* needs the token */
+	const char *const *params;
+	void (*fn)(struct admin *, struct evhttp_request *, struct evkeyvalq *);
+} routes[] = {
+	{ "/healthz", GET_LIKE, "GET, HEAD", false, no_params, on_healthz },
+	{ "/readyz", GET_LIKE, "GET, HEAD", false, no_params, on_readyz },
+	{ "/stats", GET_LIKE, "GET, HEAD", false, stats_params, on_stats },
+	{ "/stats/prompt", GET_LIKE, "GET, HEAD", false, stats_params, on_stats_prompt },
+	{ "/stats/curve", GET_LIKE, "GET, HEAD", false, stats_params, on_stats_curve },
+	{ "/metrics", GET_LIKE, "GET, HEAD", false, no_params, on_metrics },
+	{ "/reset", EVHTTP_REQ_POST, "POST", true, no_params, on_reset },
+};
+
+/* Writes pass the origin and token checks; false after answering. */
+static bool write_allowed(struct admin *a, struct evhttp_request *req)
+{
+	struct evkeyvalq *in = evhttp_request_get_input_headers(req);
+	const char *auth = evhttp_find_header(in, "Authorization");
+	const char *origin = evhttp_find_header(in, "Origin");
+	const char *given;
+	size_t glen = 0;
+
+	/* A browser page elsewhere may POST here without preflight; refuse it
+	 * before anything else unless it carries credentials. */
+	if (origin && !auth) {
+		const char *oh = origin_host(origin);
+		if (!oh || !admin_host_allowed(oh, a->bound_host)) {
+			reply_error(req, 403, NULL, "cross-origin request refused (Origin %.100s)", origin);
+			return false;
+		}
+	}
+	if (!a->token) {
+		reply_error(req, 403, NULL,
+			    "writes are disabled: no admin token is set; start tokentap with --admin-token-file PATH "
+			    "or the TOKENTAP_ADMIN_TOKEN environment variable, then send Authorization: Bearer <token>");
+		return false;
+	}
+	given = bearer_of(auth, &glen);
+	if (!given || !token_equal(given, glen, a->token, a->token_len)) {
+		evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate",
+				  "Bearer realm=\"tokentap-admin\"");
+		reply_error(req, 401, NULL, "%s", given ? "wrong bearer token" : "needs Authorization: Bearer <token>");
+		return false;
+	}
+	return true;
+}
+
+static void on_request(struct evhttp_request *req, void *arg)
+{
+	struct admin *a = arg;
+	const char *host = evhttp_find_header(evhttp_request_get_input_headers(req), "Host");
+	const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
+	const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
+	unsigned method = (unsigned)evhttp_request_get_command(req);
+	const struct route *rt = NULL;
+	struct evkeyvalq params;
+
+	/* No Host at all is HTTP/1.0 or a hand-made request, never a browser
+	 * tricked by DNS rebinding, which always sends the name it resolved. */
+	if (host && !admin_host_allowed(host, a->bound_host)) {
+		reply_error(req, 403, NULL, "Host '%.100s' is not this admin API (use %s, localhost or 127.0.0.1)",
+			    host, a->listen_addr);
+		return;
+	}
+	if (!path || !*path)
+		path = "/";
+	for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
+		if (strcmp(path, routes[i].path) == 0)
+			rt = &routes[i];
+	if (!rt) {
+		reply_error(req, 404, NULL, "no such endpoint: %.200s (see docs/admin-api.md)", path);
+		return;
+	}
+	if (!(method & rt->methods)) {
+		evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", rt->allow);
+		reply_error(req, 405, NULL, "%s takes %s only", rt->path, rt->allow);
+		return;
+	}
+	if (rt->write && !write_allowed(a, req))
+		return;
+	if (params_parse(req, rt->params, &params) == -1)
+		return;
+	rt->fn(a, req, &params);
+	evhttp_clear_headers(&params);
+}
+
+/* ---- set-up ---- */
+
+/* Parses "HOST:PORT" ("[v6]:PORT", "localhost:PORT") into a literal to bind
+ * and a port. */
+static int listen_parse(const char *spec, char *host, size_t hostcap, int *port, int *family, char *err,
+			size_t errlen)
+{
+	const char *colon, *h = spec, *hend;
+	unsigned char buf[16];
+	char *end;
+	long p;
+
+	if (spec[0] == '[') {
+		hend = strchr(spec, ']');
+		if (!hend || hend[1] != ':')
+			goto bad;
+		h = spec + 1;
+		colon = hend + 1;
+	} else {
+		colon = strrchr(spec, ':');
+		if (!colon || memchr(spec, ':', (size_t)(colon - spec)))
+			goto bad;
+		hend = colon;
+	}
+	if ((size_t)(hend - h) >= hostcap || hend == h)
+		goto bad;
+	memcpy(host, h, (size_t)(hend - h));
+	host[hend - h] = '\0';
+	errno = 0;
+	p = strtol(colon + 1, &end, 10);
+	if (errno || end == colon + 1 || *end || p < 0 || p > 65535)
+		goto bad;
+	*port = (int)p;
+	if (strcasecmp(host, "localhost") == 0)
+		snprintf(host, hostcap, "127.0.0.1");
+	if (inet_pton(AF_INET, host, buf) == 1)
+		*family = AF_INET;
+	else if (inet_pton(AF_INET6, host, buf) == 1)
+		*family = AF_INET6;
+	else
+		goto bad;
+	return 0;
+bad:
+	snprintf(err, errlen,
+		 "admin: cannot use '%s' as the admin address: expected ADDR:PORT with an IP address, such as "
+		 "127.0.0.1:9901 or [::1]:9901 (or 'off')",
+		 spec);
+	return -1;
+}
+
+static bool is_loopback(int family, const char *host)
+{
+	unsigned char b[16];
+
+	if (family == AF_INET)
+		return inet_pton(AF_INET, host, b) == 1 && b[0] == 127;
+	if (inet_pton(AF_INET6, host, b) != 1)
+		return false;
+	static const unsigned char lo6[16] = { [15] = 1 };
+	static const unsigned char mapped[12] = { [10] = 0xff, [11] = 0xff };
+	return memcmp(b, lo6, 16) == 0 || (memcmp(b, mapped, 12) == 0 && b[12] == 127);
+}
+
+/* When collection began, as far as the stats on disk can tell: the creation
+ * of the database file, else now (memory-only stores start empty). */
+static uint64_t collection_start(const struct config *cfg, uint64_t now)
+{
+	char path[PATH_MAX];
+	struct statx stx;
+
+	if (!cfg || !cfg->data_dir)
+		return now;
+	if (snprintf(path, sizeof(path), "%s/data.mdb", cfg->data_dir) >= (int)sizeof(path))
+		return now;
+	if (statx(AT_FDCWD, path, 0, STATX_BTIME, &stx) == -1 || !(stx.stx_mask & STATX_BTIME))
+		return now;
+	return (uint64_t)stx.stx_btime.tv_sec < now ? (uint64_t)stx.stx_btime.tv_sec : now;
+}
+
+static void on_wake(evutil_socket_t fd, short what, void *arg)
+{
+	struct admin *a = arg;
+	event_base_loopbreak(a->base);
+}
+
+static void *admin_main(void *arg)
+{
+	struct admin *a = arg;
+	event_base_dispatch(a->base);
+	return NULL;
+}
+
+struct admin *admin_start(const struct admin_options *o, struct store *store, const struct config *cfg, char *err,
+			  size_t errlen)
+{
+	struct admin *a;
+	struct evhttp_bound_socket *bound;
+	struct sockaddr_storage ss;
+	socklen_t sslen = sizeof(ss);
+	char host[INET6_ADDRSTRLEN + 1];
+	int port, family;
+	sigset_t block, old;
+
+	if (!o || !o->listen) {
+		snprintf(err, errlen, "admin: no listen address");
+		return NULL;
+	}
+	if (listen_parse(o->listen, host, sizeof(host), &port, &family, err, errlen) == -1)
+		return NULL;
+	if (!is_loopback(family, host) && !(o->token && *o->token)) {
+		snprintf(err, errlen,
+			 "admin: refusing to listen on %s without a token: the admin API would be reachable beyond "
+			 "this machine with nothing guarding it; set --admin-token-file PATH or TOKENTAP_ADMIN_TOKEN, "
+			 "or listen on 127.0.0.1",
+			 o->listen);
+		return NULL;
+	}
+	a = calloc(1, sizeof(*a));
+	if (!a) {
+		snprintf(err, errlen, "admin: out of memory");
+		return NULL;
+	}
+	a->wake_fd[0] = a->wake_fd[1] = -1;
+	a->store = store;
+	a->cfg = cfg;
+	if (o->token && *o->token) {
+		a->token = strdup(o->token);
+		if (!a->token) {
+			snprintf(err, errlen, "admin: out of memory");
+			goto fail;
+		}
+		a->token_len = strlen(a->token);
+	}
+	if (!(a->base = event_base_new()) || !(a->http = evhttp_new(a->base))) {
+		snprintf(err, errlen, "admin: cannot create the event loop");
+		goto fail;
+	}
+	evhttp_set_timeout(a->http, ADMIN_TIMEOUT_S);
+	evhttp_set_max_headers_size(a->http, ADMIN_MAX_HEADERS);
+	evhttp_set_max_body_size(a->http, ADMIN_MAX_BODY);
+	/* Every method reaches on_request, so a wrong one gets 405 with Allow. */
+	evhttp_set_allowed_methods(a->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
+						    EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_TRACE |
+						    EVHTTP_REQ_CONNECT | EVHTTP_REQ_PATCH);
+	evhttp_set_gencb(a->http, on_request, a);
+	bound = evhttp_bind_socket_with_handle(a->http, host, (ev_uint16_t)port);
+	if (!bound) {
+		snprintf(err, errlen, "admin: cannot listen on %s: %s", o->listen, strerror(errno));
+		goto fail;
+	}
+	if (getsockname(evhttp_bound_socket_get_fd(bound), (struct sockaddr *)&ss, &sslen) == -1) {
+		snprintf(err, errlen, "admin: getsockname: %s", strerror(errno));
+		goto fail;
+	}
+	port = ntohs(family == AF_INET ? ((struct sockaddr_in *)&ss)->sin_port
+				       : ((struct sockaddr_in6 *)&ss)->sin6_port);
+	if (family == AF_INET6)
+		snprintf(a->bound_host, sizeof(a->bound_host), "[%s]", host);
+	else
+		snprintf(a->bound_host, sizeof(a->bound_host), "%s", host);
+	snprintf(a->listen_addr, sizeof(a->listen_addr), "%s:%d", a->bound_host, port);
+
+	if (pipe2(a->wake_fd, O_CLOEXEC | O_NONBLOCK) == -1) {
+		snprintf(err, errlen, "admin: pipe: %s", strerror(errno));
+		goto fail;
+	}
+	a->wake = event_new(a->base, a->wake_fd[0], EV_READ, on_wake, a);
+	if (!a->wake || event_add(a->wake, NULL) == -1) {
+		snprintf(err, errlen, "admin: cannot watch the wake-up pipe");
+		goto fail;
+	}
+	a->since_sec = collection_start(cfg, (uint64_t)time(NULL));
+
+	/* Signals belong to the main loop, never to this thread. */
+	sigemptyset(&block);
+	sigaddset(&block, SIGINT);
+	sigaddset(&block, SIGTERM);
+	sigaddset(&block, SIGHUP);
+	pthread_sigmask(SIG_BLOCK, &block, &old);
+	int rc = pthread_create(&a->thread, NULL, admin_main, a);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (rc != 0) {
+		snprintf(err, errlen, "admin: cannot start its thread: %s", strerror(rc));
+		goto fail;
+	}
+	a->running = true;
+	log_info("admin listening on %s%s", a->listen_addr, a->token ? "" : " (no token: writes disabled)");
+	return a;
+fail:
+	admin_stop(a);
+	return NULL;
+}
+
+const char *admin_listen_addr(const struct admin *a)
+{
+	return a ? a->listen_addr : "";
+}
+
+void admin_stop(struct admin *a)
+{
+	if (!a)
+		return;
+	if (a->running) {
+		ssize_t w = write(a->wake_fd[1], "x", 1);
+		(void)w; /* a full pipe already holds a wake-up */
+		pthread_join(a->thread, NULL);
+		a->running = false;
+	}
+	if (a->wake)
+		event_free(a->wake);
+	if (a->http)
+		evhttp_free(a->http);
+	if (a->base)
+		event_base_free(a->base);
+	for (int i = 0; i < 2; i++)
+		if (a->wake_fd[i] != -1)
+			close(a->wake_fd[i]);
+	if (a->token) {
+		explicit_bzero(a->token, a->token_len);
+		free(a->token);
+	}
+	free(a);
+}
+
+int admin_token_load(const char *path, char **out, char *err, size_t errlen)
+{
+	char buf[TOKEN_MAX + 2];
+	size_t n;
+	FILE *f = fopen(path, "re");
+
+	*out = NULL;
+	if (!f) {
+		snprintf(err, errlen, "cannot read the admin token file %s: %s", path, strerror(errno));
+		return -1;
+	}
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	if (n > TOKEN_MAX) {
+		snprintf(err, errlen, "admin token file %s: the token is longer than %d bytes", path, TOKEN_MAX);
+		return -1;
+	}
+	buf[n] = '\0';
+	while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' || buf[n - 1] == '\t'))
+		buf[--n] = '\0';
+	if (n == 0) {
+		snprintf(err, errlen, "admin token file %s is empty: put a long random string in it", path);
+		return -1;
+	}
+	for (size_t i = 0; i < n; i++) {
+		unsigned char c = (unsigned char)buf[i];
+		if (c <= ' ' || c == 0x7f) {
+			snprintf(err, errlen,
+				 "admin token file %s: the token must be one line without spaces or control characters",
+				 path);
+			explicit_bzero(buf, sizeof(buf));
+			return -1;
+		}
+	}
+	*out = strdup(buf);
+	explicit_bzero(buf, sizeof(buf));
+	if (!*out) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	return 0;
+}

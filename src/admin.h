@@ -1,0 +1,53 @@
+/*
+ * admin.h — the admin HTTP API: the operator's read side (health, stats,
+ * load curve, Prometheus) and the guarded write side (reset).
+ *
+ * It runs on its own thread with its own event loop and evhttp server, so a
+ * slow scrape or a large /stats answer never delays forwarding; it touches
+ * nothing of the proxy but the store (thread-safe) and the read-only config.
+ * Endpoints, parameters and errors: docs/admin-api.md.
+ *
+ * Safety: a listen address outside loopback needs a token; requests whose
+ * Host is not the admin address or a loopback name are refused (DNS
+ * rebinding); writes need the bearer token, compared in constant time. The
+ * token is never logged nor shown.
+ */
+#pragma once
+
+#include <stddef.h>
+
+struct store;
+struct config;
+struct admin;
+
+struct admin_options {
+	const char *listen; /* "127.0.0.1:9901", "[::1]:9901", "localhost:0"; NULL = off */
+	const char *token;  /* bearer token for writes, or NULL; copied */
+};
+
+/*
+ * Binds (port 0 picks a free port) and starts the admin thread. Refuses a
+ * listen address outside loopback without a token, and an unparsable one,
+ * with a message saying what to change. NULL with `err` on failure.
+ * `store` and `cfg` must outlive the admin.
+ */
+struct admin *admin_start(const struct admin_options *o, struct store *store, const struct config *cfg, char *err,
+			  size_t errlen);
+
+/* The address actually bound, "ADDR:PORT" ("[v6]:PORT" for IPv6). */
+const char *admin_listen_addr(const struct admin *a);
+
+/* Stops the loop, joins the thread, closes the listener. NULL ok. */
+void admin_stop(struct admin *a);
+
+/*
+ * Reads a token from a file (trailing whitespace and newline dropped) into a
+ * malloc'd string. Refuses an empty token or one with spaces or control
+ * characters inside. 0, or -1 with `err`.
+ */
+int admin_token_load(const char *path, char **out, char *err, size_t errlen);
+
+/* The Host / Origin check: true when `host` (a Host header value, with or
+ * without port) names the admin itself, given the bound host part
+ * (`127.0.0.1`, `[::1]`, `0.0.0.0`...). Exposed for tests. */
+int admin_host_allowed(const char *host, const char *bound_host);

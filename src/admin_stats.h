@@ -1,0 +1,60 @@
+/*
+ * admin_stats.h — from a store query to the admin API's answers: series
+ * grouped by (route, upstream, model), and their JSON renderings for
+ * /stats, /stats/prompt and /stats/curve.
+ *
+ * The store keeps warm and cold requests of a (route, upstream, model) as two
+ * series; a group merges them as the `cold` filter asks. Groups borrow their
+ * labels from the store result, which must outlive them. Nothing here does
+ * I/O or takes a lock, so it runs on the admin thread and in unit tests alike.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "slice.h"
+#include "store.h"
+
+enum cold_filter { COLD_INCLUDE, COLD_EXCLUDE, COLD_ONLY, COLD__COUNT };
+
+/* What a stats request selects. NULL or "" labels match every value. */
+struct stats_query {
+	enum store_window window;
+	const char *route, *upstream, *model;
+	enum cold_filter cold;
+};
+
+struct stats_group {
+	const char *route, *upstream, *model; /* borrowed from the store result */
+	struct slice slice;		      /* merged as the cold filter asks */
+	uint64_t warm_requests, cold_requests; /* whatever the filter */
+	bool matched;			      /* some series passed the cold filter */
+};
+
+struct stats_groups {
+	size_t n, cap;
+	struct stats_group *g; /* sorted by route, upstream, model */
+};
+
+/* Requests per in-flight bucket before that bucket counts towards the knee. */
+#define KNEE_MIN_REQUESTS 5
+
+int cold_filter_parse(const char *s, enum cold_filter *out);
+const char *cold_filter_name(enum cold_filter c);
+
+/* Groups the series of `r` that match `q`. 0, or -1 when out of memory
+ * (out is then empty). */
+int stats_groups_build(const struct store_result *r, const struct stats_query *q, struct stats_groups *out);
+void stats_groups_free(struct stats_groups *g);
+
+enum stats_view { VIEW_SUMMARY, VIEW_PROMPT, VIEW_CURVE };
+
+/*
+ * The JSON answer for one view, malloc'd and NUL-terminated; NULL when out of
+ * memory. `since_sec` is when collection began (see docs/admin-api.md): rates
+ * are taken over end - max(window start, since_sec) + 1 seconds.
+ */
+char *admin_stats_render(const struct store_result *r, const struct stats_query *q, enum stats_view view,
+			 uint64_t since_sec);

@@ -1,0 +1,198 @@
+/*
+ * prom.c — renders the cumulative stats as Prometheus text format 0.0.4.
+ *
+ * Families, each with # HELP and # TYPE, in this order: one histogram
+ * tokentap_<metric>_seconds per time metric of HIST_METRICS (names generated
+ * from the X-macro), then the counters. Every family lists every (route,
+ * upstream, model) group, warm and cold requests merged, so a series never
+ * appears in one family and not in its neighbour.
+ */
+#include "prom.h"
+
+#include <event2/buffer.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "admin_stats.h"
+#include "timeline.h"
+
+/* The sorted union of vLLM's TTFT buckets (0.001 .. 2560 s) and its
+ * inter-token-latency buckets (0.01 .. 80 s), written as vLLM's exporter
+ * writes them. µs values must stay below HIST_LIMIT (71 min). */
+static const struct {
+	uint64_t us;
+	const char *label;
+} le_bounds[] = {
+	{ 1000, "0.001" },	   { 5000, "0.005" },	      { 10000, "0.01" },	{ 20000, "0.02" },
+	{ 25000, "0.025" },	   { 40000, "0.04" },	      { 50000, "0.05" },	{ 60000, "0.06" },
+	{ 75000, "0.075" },	   { 80000, "0.08" },	      { 100000, "0.1" },	{ 150000, "0.15" },
+	{ 200000, "0.2" },	   { 250000, "0.25" },	      { 300000, "0.3" },	{ 400000, "0.4" },
+	{ 500000, "0.5" },	   { 750000, "0.75" },	      { 1000000, "1.0" },	{ 2500000, "2.5" },
+	{ 5000000, "5.0" },	   { 7500000, "7.5" },	      { 10000000, "10.0" },	{ 20000000, "20.0" },
+	{ 40000000, "40.0" },	   { 80000000, "80.0" },      { 160000000, "160.0" },	{ 640000000, "640.0" },
+	{ 2560000000u, "2560.0" },
+};
+#define LE_COUNT (sizeof(le_bounds) / sizeof(le_bounds[0]))
+
+/* Plain counters of a slice exported as tokentap_<counter name>_total. */
+static const struct {
+	enum slice_counter c;
+	const char *help;
+} plain_counters[] = {
+	{ CT_INPUT_TOKENS, "Input (prompt) tokens, as the server reported them." },
+	{ CT_OUTPUT_TOKENS, "Output tokens: the server's usage count, else token-bearing events." },
+	{ CT_SLO_MET, "Requests that met the goodput SLO (TTFT and TPOT within bounds)." },
+	{ CT_SLO_MISSED, "Requests that missed the goodput SLO, failed ones included." },
+};
+
+size_t prom_le_count(void)
+{
+	return LE_COUNT;
+}
+
+const char *prom_le_label(size_t i)
+{
+	return i < LE_COUNT ? le_bounds[i].label : "+Inf";
+}
+
+size_t prom_label_escape(char *out, size_t cap, const char *in)
+{
+	size_t n = 0;
+
+	for (const char *p = in; *p; p++) {
+		const char *rep = *p == '\\' ? "\\\\" : *p == '"' ? "\\\"" : *p == '\n' ? "\\n" : NULL;
+		size_t len = rep ? 2 : 1;
+		for (size_t i = 0; i < len; i++, n++)
+			if (n + 1 < cap)
+				out[n] = rep ? rep[i] : *p;
+	}
+	if (cap)
+		out[n < cap ? n : cap - 1] = '\0';
+	return n;
+}
+
+struct writer {
+	struct evbuffer *out;
+	int failed;
+};
+
+static void emit(struct writer *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void emit(struct writer *w, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	if (evbuffer_add_vprintf(w->out, fmt, ap) < 0)
+		w->failed = 1;
+	va_end(ap);
+}
+
+/* `route="..",upstream="..",model=".."`, escaped; malloc'd. */
+static char *group_labels(const struct stats_group *g)
+{
+	size_t lr = prom_label_escape(NULL, 0, g->route), lu = prom_label_escape(NULL, 0, g->upstream),
+	       lm = prom_label_escape(NULL, 0, g->model);
+	size_t cap = lr + lu + lm + sizeof("route=\"\",upstream=\"\",model=\"\"");
+	char *s = malloc(cap), *p = s;
+
+	if (!s)
+		return NULL;
+	p += sprintf(p, "route=\"");
+	p += prom_label_escape(p, lr + 1, g->route);
+	p += sprintf(p, "\",upstream=\"");
+	p += prom_label_escape(p, lu + 1, g->upstream);
+	p += sprintf(p, "\",model=\"");
+	p += prom_label_escape(p, lm + 1, g->model);
+	sprintf(p, "\"");
+	return s;
+}
+
+static void histogram_family(struct writer *w, const struct stats_groups *gs, char **labels, enum hist_metric m)
+{
+	const char *name = hist_metric_name(m);
+
+	emit(w, "# HELP tokentap_%s_seconds %s per request in seconds (definition: docs/metrics.md).\n", name, name);
+	emit(w, "# TYPE tokentap_%s_seconds histogram\n", name);
+	for (size_t i = 0; i < gs->n; i++) {
+		const struct hist *h = gs->g[i].slice.slot[m];
+		uint64_t count = h ? h->count : 0, prev = 0;
+		for (size_t b = 0; b < LE_COUNT; b++) {
+			double v = count ? hist_count_le(h, le_bounds[b].us) : 0;
+			uint64_t c = v > 0 ? (uint64_t)llround(v) : 0;
+			/* rounding must not make the cumulative series step back */
+			c = c < prev ? prev : c > count ? count : c;
+			emit(w, "tokentap_%s_seconds_bucket{%s,le=\"%s\"} %llu\n", name, labels[i], le_bounds[b].label,
+			     (unsigned long long)c);
+			prev = c;
+		}
+		emit(w, "tokentap_%s_seconds_bucket{%s,le=\"+Inf\"} %llu\n", name, labels[i], (unsigned long long)count);
+		emit(w, "tokentap_%s_seconds_sum{%s} %.6f\n", name, labels[i], count ? (double)h->sum / 1e6 : 0.0);
+		emit(w, "tokentap_%s_seconds_count{%s} %llu\n", name, labels[i], (unsigned long long)count);
+	}
+}
+
+static void counter_families(struct writer *w, const struct stats_groups *gs, char **labels)
+{
+	const size_t status_prefix = strlen("status_");
+
+	emit(w, "# HELP tokentap_requests_total Requests finished, by status class (none: no status was sent).\n");
+	emit(w, "# TYPE tokentap_requests_total counter\n");
+	for (size_t i = 0; i < gs->n; i++)
+		for (unsigned c = CT_STATUS_NONE; c <= CT_STATUS_5XX; c++)
+			emit(w, "tokentap_requests_total{%s,status_class=\"%s\"} %llu\n", labels[i],
+			     slice_counter_name(c) + status_prefix, (unsigned long long)gs->g[i].slice.counters[c]);
+
+	emit(w, "# HELP tokentap_errors_total Requests that did not complete normally, by kind.\n");
+	emit(w, "# TYPE tokentap_errors_total counter\n");
+	for (size_t i = 0; i < gs->n; i++)
+		for (unsigned e = REQ_ERR_NONE + 1; e < REQ_ERR__COUNT; e++)
+			emit(w, "tokentap_errors_total{%s,kind=\"%s\"} %llu\n", labels[i],
+			     req_error_name((enum req_error)e),
+			     (unsigned long long)gs->g[i].slice.counters[CT_ERR_BASE + e]);
+
+	for (size_t k = 0; k < sizeof(plain_counters) / sizeof(plain_counters[0]); k++) {
+		const char *name = slice_counter_name(plain_counters[k].c);
+		emit(w, "# HELP tokentap_%s_total %s\n", name, plain_counters[k].help);
+		emit(w, "# TYPE tokentap_%s_total counter\n", name);
+		for (size_t i = 0; i < gs->n; i++)
+			emit(w, "tokentap_%s_total{%s} %llu\n", name, labels[i],
+			     (unsigned long long)gs->g[i].slice.counters[plain_counters[k].c]);
+	}
+}
+
+int prom_render(struct evbuffer *out, const struct store_result *r)
+{
+	struct stats_query q = { .window = WIN_ALL, .cold = COLD_INCLUDE };
+	struct stats_groups gs;
+	struct writer w = { out, 0 };
+	char **labels = NULL;
+
+	if (stats_groups_build(r, &q, &gs) == -1)
+		return -1;
+	labels = calloc(gs.n ? gs.n : 1, sizeof(*labels));
+	if (!labels)
+		goto fail;
+	for (size_t i = 0; i < gs.n; i++)
+		if (!(labels[i] = group_labels(&gs.g[i])))
+			goto fail;
+	for (unsigned m = 0; m < HM__COUNT; m++)
+		if (hist_metric_unit((enum hist_metric)m) == UNIT_US)
+			histogram_family(&w, &gs, labels, (enum hist_metric)m);
+	counter_families(&w, &gs, labels);
+	if (w.failed)
+		goto fail;
+	for (size_t i = 0; i < gs.n; i++)
+		free(labels[i]);
+	free(labels);
+	stats_groups_free(&gs);
+	return 0;
+fail:
+	if (labels)
+		for (size_t i = 0; i < gs.n; i++)
+			free(labels[i]);
+	free(labels);
+	stats_groups_free(&gs);
+	return -1;
+}

@@ -1,0 +1,32 @@
+/*
+ * prom.h — the Prometheus text exposition (format 0.0.4) of /metrics.
+ *
+ * Time histograms use one fixed, sorted set of `le` bounds on every instance
+ * (the union of vLLM's TTFT and inter-token-latency buckets), so that
+ * histogram_quantile(sum by (le) (...)) over a fleet of tokentaps is exact
+ * about bucket edges. Cumulative bucket counts come from hist_count_le(),
+ * rounded to integers and forced monotonic, ending in +Inf == _count.
+ */
+#pragma once
+
+#include <stddef.h>
+
+#include "store.h"
+
+struct evbuffer;
+
+/*
+ * Escapes a label value as the exposition format requires (backslash,
+ * double quote and line feed become \\, \" and \n). Writes at most cap bytes
+ * including the NUL (cap 0 writes nothing) and returns the length of the
+ * whole escaped value, like snprintf: truncated when that is >= cap.
+ */
+size_t prom_label_escape(char *out, size_t cap, const char *in);
+
+/* Appends the exposition of `r` (the cumulative "all" window) to `out`.
+ * 0, or -1 when out of memory. */
+int prom_render(struct evbuffer *out, const struct store_result *r);
+
+/* Number of finite `le` bounds and bound i, in seconds as printed. */
+size_t prom_le_count(void);
+const char *prom_le_label(size_t i);
