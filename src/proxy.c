@@ -90,6 +90,8 @@ enum req_timer { RT_NONE, RT_CONNECT, RT_FIRST_BYTE, RT_IDLE };
 /* Client input kept unparsed while a response runs (pipelined requests). */
 #define CLIENT_INPUT_MAX (64u << 10)
 #define RESP_BODY_MAX (1u << 20)
+/* A response head is held until it parses whole; this bounds it. */
+#define RESP_HEAD_MAX (64u << 10)
 #define REQUEST_ID_MAX 128
 /* Until routes are configurable, all traffic is one route. */
 #define ROUTE_DEFAULT "default"
@@ -700,6 +702,14 @@ static void on_up_read(struct bufferevent *bev, void *arg)
 	}
 	if (cl->closing)
 		return;
+	if (!req->resp_head_done && req->resp_parsed > RESP_HEAD_MAX) {
+		char msg[160];
+		snprintf(msg, sizeof(msg), "upstream %s sent a response head over %u bytes", cl->px->up->name,
+			 RESP_HEAD_MAX);
+		req->upstream_dirty = true;
+		client_fail(cl, 502, REQ_ERR_UPSTREAM_PROTOCOL, "upstream_protocol", msg);
+		return;
+	}
 	if (req->resp_head_done && req->resp_parsed) {
 		struct evbuffer *out = bufferevent_get_output(cl->bev);
 		evbuffer_remove_buffer(in, out, req->resp_parsed);
