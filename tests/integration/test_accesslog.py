@@ -1,0 +1,379 @@
+"""test_accesslog.py — the access log's numbers agree with what a client
+measures on its own socket: TTFT and every inter-token gap within 1 ms, token
+counts exact, request ids propagated, the timeline ordered and the derived
+metrics consistent with their definitions in docs/metrics.md."""
+
+import gc
+import json
+import os
+import tempfile
+import time
+import unittest
+
+import harness
+
+TOL_MS = 1.0  # client-measured vs logged timings
+ATTEMPTS = 3  # timing comparisons only; see LogChecks.check_timing
+ROUND_MS = 0.003  # logged values are ms with µs precision
+
+TIMELINE = ["arrive", "req_headers", "dispatch", "up_connected", "req_sent", "resp_headers",
+            "first_event", "first_token", "last_token", "resp_end", "client_done"]
+
+REQUIRED_KEYS = ["id", "method", "path", "api", "model", "stream", "status", "error", "input_tokens",
+                 "output_tokens", "events", "token_events", "ttft_ms", "upstream_ttft_ms", "ttfb_ms", "e2e_ms",
+                 "tpot_ms", "queue_ms", "connect_ms", "decode_tps", "itl_ms", "timeline_ms"]
+
+
+def measure(port, api, path, body, headers):
+    """Sends one request on a fresh TCP_NODELAY connection and reads the whole
+    response, timestamping bytes as they arrive (kernel receive timestamps, so
+    this process's own wake-up latency does not count). t0 is taken just
+    before the first request byte is written. Returns (resp, t0_ns, events,
+    token events)."""
+    conn = harness.HttpConn(port, kernel_ts=True)
+    try:
+        raw = harness.request_bytes("POST", path, body, headers, port)
+        gc.collect()
+        gc.disable()
+        try:
+            t0 = conn.send(raw)
+            resp = conn.read_response()
+        finally:
+            gc.enable()
+    finally:
+        conn.close()
+    evs = harness.events_of(resp) if resp.status == 200 and body.get("stream", True) is not False else []
+    toks = [e for e in evs if harness.is_token_event(api, e)]
+    return resp, t0, evs, toks
+
+
+class LogChecks(harness.TestCase):
+    """Checks shared by the suites below (no tests of its own)."""
+
+    log = None
+
+    def entry(self, rid, log=None):
+        log = log or self.log
+        e = harness.wait_log_entry(log, lambda e: e.get("id") == rid)
+        if e is None:
+            self.fail("no access log line with id %r; log: %s" % (rid, harness.read_access_log(log)[-5:]))
+        for k in REQUIRED_KEYS:
+            self.assertIn(k, e, "access log line lacks %r: %r" % (k, e))
+        for k in TIMELINE:
+            self.assertIn(k, e["timeline_ms"], "timeline lacks %r" % k)
+        return e
+
+    def check_timeline(self, e, streamed=True):
+        tl = e["timeline_ms"]
+        self.assertAlmostEqual(tl["arrive"], 0.0, delta=ROUND_MS)
+        present = [(k, tl[k]) for k in TIMELINE if tl[k] is not None]
+        for (ka, a), (kb, b) in zip(present, present[1:]):
+            self.assertLessEqual(a, b + ROUND_MS, "timeline %s=%r after %s=%r" % (ka, a, kb, b))
+        must = ["arrive", "req_headers", "dispatch", "up_connected", "req_sent", "resp_headers", "resp_end",
+                "client_done"]
+        if streamed:
+            must += ["first_event", "first_token", "last_token"]
+        for k in must:
+            self.assertIsNotNone(tl[k], "timeline %s not reached" % k)
+
+    def check_derived(self, e, n_out):
+        """The derived metrics follow from the timeline as design.md defines."""
+        tl = e["timeline_ms"]
+        near = lambda a, b, what: self.assertAlmostEqual(a, b, delta=ROUND_MS, msg=what)
+        near(e["ttft_ms"], tl["first_token"] - tl["arrive"], "ttft = first_token - arrive")
+        near(e["ttfb_ms"], tl["resp_headers"] - tl["arrive"], "ttfb = resp_headers - arrive")
+        near(e["e2e_ms"], tl["resp_end"] - tl["arrive"], "e2e = resp_end - arrive")
+        near(e["upstream_ttft_ms"], tl["first_token"] - tl["req_sent"], "upstream_ttft = first_token - req_sent")
+        near(e["queue_ms"], tl["dispatch"] - tl["req_headers"], "queue = dispatch - req_headers")
+        near(e["connect_ms"], tl["up_connected"] - tl["dispatch"], "connect = up_connected - dispatch")
+        span = tl["last_token"] - tl["first_token"]
+        self.assertAlmostEqual(sum(e["itl_ms"]), span, delta=ROUND_MS * (len(e["itl_ms"]) + 2),
+                               msg="itl gaps add up to last_token - first_token")
+        if n_out > 1:
+            near(e["tpot_ms"], span / (n_out - 1), "tpot = (last_token - first_token) / (N - 1)")
+            self.assertAlmostEqual(e["decode_tps"], (n_out - 1) / (span / 1000.0),
+                                   delta=0.01 * e["decode_tps"], msg="decode_rate = (N - 1) / span")
+
+    def timing_problems(self, e, t0, toks):
+        """Differences over TOL_MS between the client's own TTFT / gaps and the
+        logged ones, as text (empty when they agree)."""
+        out = []
+        client_ttft = (toks[0].ts - t0) / 1e6
+        if e["ttft_ms"] is None or abs(e["ttft_ms"] - client_ttft) > TOL_MS:
+            out.append("ttft: log %r ms, client %.3f ms" % (e["ttft_ms"], client_ttft))
+        gaps = [(b.ts - a.ts) / 1e6 for a, b in zip(toks, toks[1:])]
+        if len(e["itl_ms"]) != len(gaps):
+            out.append("itl: %d samples logged, client saw %d gaps" % (len(e["itl_ms"]), len(gaps)))
+        else:
+            bad = [(i, round(g, 3), l) for i, (g, l) in enumerate(zip(gaps, e["itl_ms"])) if abs(g - l) > TOL_MS]
+            if bad:
+                out.append("itl gaps off by more than %.1f ms (index, client, log): %r" % (TOL_MS, bad))
+        return out
+
+    def check_timing(self, run):
+        """Runs `run(attempt)` -> (log entry, t0 ns, client token events), which
+        does its own strict checks, and compares timings within TOL_MS.
+
+        Scheduling noise on a loaded machine only ever delays one side (a
+        process woken late), so a run may be repeated, at most ATTEMPTS times
+        in all; every run must agree exactly on everything else. A systematic
+        error (wrong start point, wrong event, batching) fails every run."""
+        report = []
+        for attempt in range(ATTEMPTS):
+            e, t0, toks = run(attempt)
+            problems = self.timing_problems(e, t0, toks)
+            if not problems:
+                return
+            report.append("attempt %d: %s" % (attempt + 1, "; ".join(problems)))
+        self.fail("client and access log timings disagree in every attempt:\n" + "\n".join(report))
+
+
+class AccessLogTest(LogChecks):
+    @classmethod
+    def setUpClass(cls):
+        cls.sim = harness.start_sim(cls, "--seed", "3")
+        fd, cls.log = tempfile.mkstemp(prefix="tokentap-it-", suffix=".log")
+        os.close(fd)
+        cls.addClassCleanup(os.unlink, cls.log)
+        cls.tt = harness.start_tokentap(cls, cls.sim.url, "--access-log", cls.log)
+
+    def test_openai_chat_stream(self):
+        def extra(e, resp, rid):
+            self.assertEqual(e["method"], "POST")
+            self.assertEqual(e["path"], "/v1/chat/completions")
+            self.assertEqual(e["model"], "sim-model")
+            self.assertEqual(e["token_events"], 30, "simulator: one token per event")
+            self.assertGreaterEqual(e["ttft_ms"], 100.0)
+            self.assertEqual(resp.header_all("x-request-id"), [rid])
+
+        self._stream_case("openai-chat", "it-al-openai", ttft=100, itl=20, tokens=30, include_usage=True,
+                          extra=extra)
+
+    def test_generated_request_id(self):
+        before = set(x.get("id") for x in harness.read_access_log(self.log))
+        body = harness.api_body("openai-chat", True)
+        resp, _, _, _ = measure(self.tt.port, "openai-chat", "/v1/chat/completions", body,
+                                harness.sim_headers(ttft=0, itl=0, tokens=3))
+        self.assertEqual(resp.status, 200)
+        sim_id = self.sim.stats()["last_request_id"]
+        self.assertIsInstance(sim_id, str)
+        self.assertTrue(sim_id, "tokentap sent no x-request-id upstream")
+        self.assertNotIn(sim_id, before)
+        e = self.entry(sim_id)  # the log line carries the id the upstream saw
+        self.assertEqual(e["token_events"], 3)
+        ids = resp.header_all("x-request-id")
+        self.assertTrue(ids, "no x-request-id reached the client (the sim echoes it)")
+        self.assertEqual(set(ids), {sim_id})
+        # Each request gets its own id.
+        measure(self.tt.port, "openai-chat", "/v1/chat/completions", body,
+                                 harness.sim_headers(ttft=0, itl=0, tokens=3))
+        self.assertNotEqual(self.sim.stats()["last_request_id"], sim_id)
+
+    def test_anthropic_stream(self):
+        self._stream_case("anthropic", "it-al-anthropic", ttft=60, itl=15, tokens=25)
+
+    def test_ollama_chat_stream(self):
+        self._stream_case("ollama-chat", "it-al-ollama-chat", ttft=40, itl=12, tokens=20)
+
+    def test_ollama_generate_stream(self):
+        self._stream_case("ollama-generate", "it-al-ollama-gen", ttft=40, itl=12, tokens=20)
+
+    def test_openai_completions_stream(self):
+        self._stream_case("openai-completions", "it-al-completions", ttft=30, itl=10, tokens=20, include_usage=True)
+
+    def _stream_case(self, api, rid0, ttft, itl, tokens, include_usage=False, extra=None):
+        body = harness.api_body(api, True, include_usage=include_usage)
+
+        def run(attempt):
+            rid = "%s-%d" % (rid0, attempt)
+            resp, t0, evs, toks = measure(self.tt.port, api, harness.API_PATHS[api], body,
+                                          harness.sim_headers(ttft=ttft, itl=itl, tokens=tokens, request_id=rid))
+            self.assertEqual(resp.status, 200)
+            self.assertTrue(resp.complete)
+            inp, out = harness.stream_usage(api, evs)
+            self.assertEqual(out, tokens, "simulator usage (test premise)")
+            self.assertIsNotNone(inp, "simulator reports input tokens (test premise)")
+            e = self.entry(rid)
+            self.assertEqual(e["api"], api)
+            self.assertIs(e["stream"], True)
+            self.assertEqual(e["status"], 200)
+            self.assertIsNone(e["error"])
+            self.assertEqual(e["token_events"], len(toks))
+            self.assertEqual(e["output_tokens"], tokens)
+            self.assertEqual(e["input_tokens"], inp)
+            self.assertEqual(e["events"], len(evs))
+            self.check_timeline(e)
+            self.check_derived(e, tokens)
+            self.assertEqual(self.sim.stats()["last_request_id"], rid)
+            if extra:
+                extra(e, resp, rid)
+            return e, t0, toks
+
+        self.check_timing(run)
+
+    def test_itl_capped(self):
+        rid = "it-al-cap"
+        body = harness.api_body("openai-chat", True, include_usage=True)
+        resp, _, evs, toks = measure(self.tt.port, "openai-chat", "/v1/chat/completions", body,
+                                     harness.sim_headers(ttft=0, itl=0, tokens=5000, request_id=rid))
+        self.assertEqual(resp.status, 200)
+        self.assertEqual(len(toks), 5000, "simulator: one token per event (test premise)")
+        e = self.entry(rid)
+        self.assertEqual(e["token_events"], 5000)
+        self.assertEqual(e["output_tokens"], 5000)
+        self.assertEqual(e["events"], len(evs))
+        self.assertEqual(len(e["itl_ms"]), 4096)
+        self.assertTrue(all(isinstance(x, (int, float)) and x >= 0 for x in e["itl_ms"]))
+
+    def test_non_streaming(self):
+        for api in ("openai-chat", "anthropic", "ollama-generate"):
+            with self.subTest(api=api):
+                rid = "it-al-nostream-" + api
+                body = harness.api_body(api, False)
+                resp, _ = harness.exchange(self.tt.port, "POST", harness.API_PATHS[api], body,
+                                           harness.sim_headers(ttft=20, itl=1, tokens=9, request_id=rid))
+                self.assertEqual(resp.status, 200)
+                inp, out = harness.body_usage(api, resp.json())
+                self.assertEqual(out, 9, "simulator usage (test premise)")
+                e = self.entry(rid)
+                self.assertEqual(e["api"], api)
+                self.assertIs(e["stream"], False)
+                self.assertEqual(e["status"], 200)
+                self.assertEqual(e["input_tokens"], inp)
+                self.assertEqual(e["output_tokens"], 9)
+                self.assertIsNone(e["ttft_ms"])
+                self.assertIn(e["itl_ms"], ([], None))
+                self.assertIsNotNone(e["e2e_ms"])
+                self.assertGreaterEqual(e["e2e_ms"], 20.0)
+                self.check_timeline(e, streamed=False)
+
+    def test_input_tokens_follow_prompt(self):
+        # Input tokens = ceil(prompt bytes / 4) in the simulator: a longer
+        # prompt must show up as more input tokens in the log.
+        counts = []
+        for n, prompt in enumerate(("x" * 40, "x" * 4000)):
+            rid = "it-al-input-%d" % n
+            body = harness.api_body("openai-chat", True, include_usage=True, prompt=prompt)
+            resp, _, evs, _ = measure(self.tt.port, "openai-chat", "/v1/chat/completions", body,
+                                      harness.sim_headers(ttft=0, itl=0, tokens=2, request_id=rid))
+            inp, _ = harness.stream_usage("openai-chat", evs)
+            e = self.entry(rid)
+            self.assertEqual(e["input_tokens"], inp)
+            counts.append(e["input_tokens"])
+        self.assertGreaterEqual(counts[1] - counts[0], 990)
+
+    def test_no_model_and_unknown_api(self):
+        rid = "it-al-unknown"
+        resp, _ = harness.exchange(self.tt.port, "GET", "/sim/stats", None, [("x-request-id", rid)])
+        self.assertEqual(resp.status, 200)
+        e = self.entry(rid)
+        self.assertEqual(e["method"], "GET")
+        self.assertEqual(e["path"], "/sim/stats")
+        self.assertEqual(e["api"], "unknown")
+        self.assertIsNone(e["model"])
+        self.assertIs(e["stream"], False)
+        self.assertEqual(e["status"], 200)
+        self.assertIsNone(e["ttft_ms"])
+
+        rid = "it-al-nomodel"
+        body = {"messages": [{"role": "user", "content": "hi"}], "stream": False}
+        resp, _ = harness.exchange(self.tt.port, "POST", "/v1/chat/completions", body,
+                                   harness.sim_headers(tokens=2, request_id=rid))
+        e = self.entry(rid)
+        self.assertIsNone(e["model"])
+        self.assertEqual(e["status"], resp.status)
+
+
+class StdoutLogTest(LogChecks):
+    def test_access_log_to_stdout(self):
+        sim = harness.start_sim(self)
+        fd, out = tempfile.mkstemp(prefix="tokentap-it-", suffix=".out")
+        os.close(fd)
+        self.addCleanup(os.unlink, out)
+        tt = harness.start_tokentap(self, sim.url, "--access-log", "-", stdout_path=out)
+        for i in range(3):
+            rid = "it-al-stdout-%d" % i
+            resp, _, evs, toks = measure(tt.port, "ollama-generate", "/api/generate",
+                                         harness.api_body("ollama-generate", True),
+                                         harness.sim_headers(ttft=0, itl=0, tokens=4, request_id=rid))
+            self.assertEqual(resp.status, 200)
+            e = self.entry(rid, out)
+            self.assertEqual(e["token_events"], 4)
+            self.assertEqual(e["output_tokens"], 4)
+        # Nothing but JSON lines, one per request.
+        self.assertEqual([x["id"] for x in harness.read_access_log(out)], ["it-al-stdout-%d" % i for i in range(3)])
+
+
+class JitterTest(LogChecks):
+    """Irregular gaps from a scripted upstream, with events that are not
+    token-bearing mixed in, and one event split across two writes."""
+
+    GAPS_MS = [7, 41, 13, 2, 27, 64, 5, 18, 33, 9, 50, 11, 3, 22]
+
+    def test_irregular_itl(self):
+        chunk = lambda d: b"data: " + json.dumps(d, separators=(",", ":")).encode() + b"\n\n"
+        tok = lambda i: chunk({"id": "x", "object": "chat.completion.chunk",
+                               "choices": [{"index": 0, "delta": {"content": "w%d " % i}, "finish_reason": None}]})
+        script = []  # (sleep ms before, bytes, token-bearing)
+        script.append((30, chunk({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}), False))
+        script.append((25, tok(0), True))
+        for i, g in enumerate(self.GAPS_MS):
+            if i == 3:
+                script.append((3, chunk({"choices": [{"index": 0, "delta": {"content": ""}}]}), False))
+            if i == 5:
+                script.append((4, b": keep-alive\n\n", False))
+            if i == 6:
+                script.append((g, chunk({"choices": [{"index": 0, "delta": {"reasoning_content": "hmm"}}]}), True))
+            elif i == 8:
+                script.append((g, chunk({"choices": [{"index": 0, "delta": {"tool_calls": [
+                    {"index": 0, "function": {"arguments": "{\"a\""}}]}}]}), True))
+            elif i == 10:
+                full = tok(100 + i)
+                script.append((g, full[:20], False))  # first half of an event ...
+                script.append((6, full[20:], True))  # ... completes 6 ms later
+            else:
+                script.append((g, tok(i + 1), True))
+        script.append((10, chunk({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}), False))
+        script.append((5, chunk({"choices": [], "usage": {"prompt_tokens": 17, "completion_tokens": 40,
+                                                          "total_tokens": 57}}), False))
+        script.append((2, b"data: [DONE]\n\n", False))
+        n_token_events = sum(1 for s in script if s[2])
+
+        def handler(sock, req, ctx):
+            harness.send_sse_head(sock)
+            for ms, data, _ in script:
+                time.sleep(ms / 1000.0)
+                harness.send_chunk(sock, data)
+            sock.sendall(b"0\r\n\r\n")
+            return True
+
+        fu = harness.start_fake_upstream(self, handler)
+        fd, log = tempfile.mkstemp(prefix="tokentap-it-", suffix=".log")
+        os.close(fd)
+        self.addCleanup(os.unlink, log)
+        tt = harness.start_tokentap(self, fu.url, "--access-log", log)
+        body = harness.api_body("openai-chat", True, include_usage=True, model="jitter-model")
+
+        def run(attempt):
+            rid = "it-al-jitter-%d" % attempt
+            resp, t0, evs, toks = measure(tt.port, "openai-chat", "/v1/chat/completions", body,
+                                          [("x-request-id", rid)])
+            self.assertEqual(resp.status, 200)
+            self.assertEqual(resp.body, b"".join(s[1] for s in script))
+            self.assertEqual(len(toks), n_token_events, "client classifier (test premise)")
+            self.assertEqual(fu.requests[-1].header("x-request-id"), rid)
+            e = self.entry(rid, log)
+            self.assertEqual(e["model"], "jitter-model")
+            self.assertEqual(e["token_events"], n_token_events)
+            self.assertEqual(e["input_tokens"], 17)
+            self.assertEqual(e["output_tokens"], 40, "usage wins over the event count")
+            self.check_timeline(e)
+            self.check_derived(e, 40)
+            tl = e["timeline_ms"]
+            self.assertLess(tl["first_event"] + 20, tl["first_token"], "role-only event counted as a token")
+            return e, t0, toks
+
+        self.check_timing(run)
+
+if __name__ == "__main__":
+    unittest.main()

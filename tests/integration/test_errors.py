@@ -1,0 +1,393 @@
+"""test_errors.py — every bad input gets its status and a JSON error body;
+request errors close the connection and never reach the upstream; upstream
+failures become 502/504 in bounded time; one broken upstream connection never
+disturbs another stream."""
+
+import json
+import os
+import tempfile
+import threading
+import time
+import unittest
+
+import harness
+
+CHAT = "/v1/chat/completions"
+
+
+def chat_body(stream=True, prompt="hello"):
+    return harness.api_body("openai-chat", stream, prompt=prompt)
+
+
+class RequestErrorsTest(harness.TestCase):
+    """Malformed and refused requests, against a healthy simulator."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.sim = harness.start_sim(cls, "--ttft-ms", "0", "--itl-ms", "0")
+        cls.tt = harness.start_tokentap(cls, cls.sim.url)
+        cls.small = harness.start_tokentap(cls, cls.sim.url, "--max-body-size", "1k", "--max-header-size", "4k")
+
+    def _requests_seen(self):
+        return self.sim.stats()["requests"]
+
+    def _bad(self, raw, status, port=None):
+        """Sends `raw`, expects `status` with a JSON error, the connection
+        closed afterwards, and the simulator untouched."""
+        before = self._requests_seen()
+        conn = harness.HttpConn(port or self.tt.port)
+        self.addCleanup(conn.close)
+        conn.try_send(raw)
+        resp = conn.read_response()
+        self.assertProxyError(resp, status)
+        self.assertTrue(conn.wait_closed(2.0), "connection left open after %d" % status)
+        self.assertEqual(self._requests_seen(), before, "a rejected request reached the upstream")
+        return resp
+
+    def test_garbage_request_line(self):
+        self._bad(b"THIS IS NOT HTTP AT ALL\r\n\r\n", 400)
+
+    def test_garbage_binary(self):
+        self._bad(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(range(40)) + b"\r\n\r\n", 400)
+
+    def test_invalid_header_name(self):
+        for name in (b"Bad Header", b"X-Space-Before-Colon ", b"Bad\x01Name", b"Bad(Name)", b"Bad\tName"):
+            with self.subTest(name=name):
+                raw = (b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n" + name +
+                       b": v\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+                self._bad(raw, 400)
+
+    def test_bad_content_length(self):
+        for cl in (b"abc", b"-5", b"12abc", b"99999999999999999999999"):
+            with self.subTest(cl=cl):
+                raw = (b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                       b"Content-Type: application/json\r\nContent-Length: " + cl + b"\r\n\r\n{}")
+                self._bad(raw, 400)
+
+    def test_conflicting_content_length(self):
+        raw = (b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+               b"Content-Type: application/json\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{} ")
+        self._bad(raw, 400)
+
+    def test_bad_chunk_size(self):
+        # The error is in the body: tokentap may already have dispatched the
+        # request (it streams bodies), so only the answer and the close are
+        # required here, not that the upstream never saw a request.
+        raw = (b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+               b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n")
+        conn = harness.HttpConn(self.tt.port)
+        self.addCleanup(conn.close)
+        conn.try_send(raw)
+        resp = conn.read_response()
+        self.assertProxyError(resp, 400)
+        self.assertTrue(conn.wait_closed(2.0), "connection left open after 400")
+
+    def test_header_too_large(self):
+        big = b"X-Big: " + b"a" * (40 * 1024) + b"\r\n"
+        raw = (b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n" + big +
+               b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+        self._bad(raw, 431)
+
+    def test_default_limits(self):
+        # Defaults: 32k of header, 32m of body.
+        before = self._requests_seen()
+        resp, _ = harness.exchange(self.tt.port, "POST", CHAT, chat_body(False),
+                                   [("X-Pad", "p" * (28 * 1024))] + harness.sim_headers(tokens=2))
+        self.assertEqual(resp.status, 200, "a 28 KiB header is within the 32k default")
+        self.assertEqual(self._requests_seen(), before + 1)
+        raw = (b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+               b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (32 * 1024 * 1024 + 1))
+        self._bad(raw, 413)
+
+    def test_many_headers_too_large(self):
+        # 4k limit on the small instance, crossed by many small headers.
+        hs = b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 60) for i in range(100))
+        raw = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n" + hs + b"\r\n"
+        self._bad(raw, 431, port=self.small.port)
+
+    def test_header_size_limit_is_exact_enough(self):
+        # Well under the 4k limit passes through.
+        before = self._requests_seen()
+        body = chat_body(False)
+        resp, _ = harness.exchange(self.small.port, "POST", CHAT, body,
+                                   [("X-Pad", "p" * 2000)] + harness.sim_headers(tokens=2))
+        self.assertEqual(resp.status, 200, resp.body[:300])
+        self.assertEqual(self._requests_seen(), before + 1)
+
+    def test_body_too_large_declared(self):
+        raw = (b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+               b"Content-Type: application/json\r\nContent-Length: 5000\r\n\r\n")
+        # Only the headers are sent: the 413 must come before any body byte.
+        before = self._requests_seen()
+        conn = harness.HttpConn(self.small.port)
+        self.addCleanup(conn.close)
+        conn.send(raw)
+        conn.settimeout(3)
+        resp = conn.read_response()
+        self.assertProxyError(resp, 413)
+        self.assertTrue(conn.wait_closed(2.0), "connection left open after 413")
+        self.assertEqual(self._requests_seen(), before, "a rejected request reached the upstream")
+
+    def test_body_size_limit_boundary(self):
+        # 1k means 1024 bytes: exactly 1024 passes, 1025 is refused.
+        def padded(n):
+            b = json.dumps(chat_body(False, prompt="")).encode()
+            pad = n - len(b) - len(',"pad":""')
+            self.assertGreater(pad, 0)
+            b = b[:-1] + b',"pad":"' + b"x" * pad + b'"}'
+            self.assertEqual(len(b), n)
+            return b
+        resp, _ = harness.exchange(self.small.port, "POST", CHAT, padded(1024), harness.sim_headers(tokens=2))
+        self.assertEqual(resp.status, 200, resp.body[:300])
+        before = self._requests_seen()
+        resp, _ = harness.exchange(self.small.port, "POST", CHAT, padded(1025), harness.sim_headers(tokens=2))
+        self.assertProxyError(resp, 413)
+        self.assertEqual(self._requests_seen(), before)
+
+    def test_body_too_large_chunked(self):
+        body = json.dumps(chat_body(False, prompt="y" * 3000)).encode()
+        raw = harness.request_bytes("POST", CHAT, body, harness.sim_headers(tokens=2), chunked=[256] * 12)
+        conn = harness.HttpConn(self.small.port)
+        self.addCleanup(conn.close)
+        conn.try_send(raw)
+        resp = conn.read_response()
+        self.assertProxyError(resp, 413)
+        self.assertTrue(conn.wait_closed(2.0), "connection left open after 413")
+
+    def test_body_too_large_chunked_slowly(self):
+        # The limit is crossed while the body trickles in: answered then, not
+        # after the client finishes.
+        body = json.dumps(chat_body(False, prompt="y" * 3000)).encode()
+        raw = harness.request_bytes("POST", CHAT, body, harness.sim_headers(tokens=2), chunked=[200] * 20)
+        head_end = raw.index(b"\r\n\r\n") + 4
+        conn = harness.HttpConn(self.small.port)
+        self.addCleanup(conn.close)
+        conn.send(raw[:head_end])
+        got = [None]
+
+        def reader():
+            try:
+                got[0] = conn.read_response()
+            except Exception as e:  # reported below
+                got[0] = e
+
+        t = threading.Thread(target=reader, daemon=True)
+        t.start()
+        rest = raw[head_end:]
+        sent = 0
+        for i in range(0, len(rest), 205):
+            if not t.is_alive():
+                break
+            conn.try_send(rest[i:i + 205])
+            sent = i + 205
+            time.sleep(0.05)
+        t.join(5)
+        self.assertFalse(t.is_alive(), "no response to an oversized chunked body")
+        self.assertIsInstance(got[0], harness.Response, repr(got[0]))
+        self.assertProxyError(got[0], 413)
+        self.assertLess(sent, len(rest), "413 only came after the whole body was sent")
+
+    def test_upgrade_websocket(self):
+        raw = (b"GET /v1/realtime HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+               b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+        self._bad(raw, 501)
+
+    def test_upgrade_h2c_ignored(self):
+        # Contract reading: "Upgrade → 501" targets protocol switches tokentap
+        # cannot relay (WebSocket). An h2c offer is optional for a server to
+        # take up (RFC 9110 §7.8): tokentap declines it by answering in
+        # HTTP/1.1, so `curl --http2` against plain http keeps working.
+        body = chat_body(False)
+        headers = [("Connection", "Upgrade, HTTP2-Settings"), ("Upgrade", "h2c"),
+                   ("HTTP2-Settings", "AAMAAABkAARAAAAAAAIAAAAA")] + harness.sim_headers(tokens=2)
+        direct, _ = harness.exchange(self.sim.port, "POST", CHAT, body, harness.sim_headers(tokens=2))
+        resp, _ = harness.exchange(self.tt.port, "POST", CHAT, body, headers)
+        self.assertEqual(resp.status, 200, resp.body[:300])
+        self.assertEqual(resp.body, direct.body)
+
+    def test_connect_method(self):
+        self._bad(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n", 501)
+
+    def test_healthy_after_errors(self):
+        # A burst of bad requests leaves the proxy serving.
+        for _ in range(5):
+            c = harness.HttpConn(self.tt.port)
+            c.try_send(b"NOPE\r\n\r\n")
+            c.close()
+        resp, _ = harness.exchange(self.tt.port, "POST", CHAT, chat_body(True), harness.sim_headers(tokens=3))
+        self.assertEqual(resp.status, 200)
+        self.assertTrue(resp.complete)
+
+
+class HeaderTimeoutTest(harness.TestCase):
+    def test_slow_headers_closed(self):
+        sim = harness.start_sim(self)
+        tt = harness.start_tokentap(self, sim.url, "--header-timeout", "300ms")
+        before = sim.stats()["requests"]
+        conn = harness.HttpConn(tt.port)
+        self.addCleanup(conn.close)
+        t0 = time.monotonic()
+        conn.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        self.assertTrue(conn.wait_closed(3.0), "connection with unfinished headers not closed")
+        elapsed = time.monotonic() - t0
+        self.assertGreaterEqual(elapsed, 0.25)
+        self.assertLess(elapsed, 1.0, "header timeout took %.2f s" % elapsed)
+        if conn.extra:  # an answer is optional; if there is one, it says 408
+            self.assertTrue(conn.extra.startswith(b"HTTP/1.1 408"), conn.extra[:100])
+        self.assertEqual(sim.stats()["requests"], before)
+
+
+class UpstreamErrorsTest(harness.TestCase):
+    def setUp(self):
+        fd, self.log = tempfile.mkstemp(prefix="tokentap-it-", suffix=".log")
+        os.close(fd)
+        self.addCleanup(os.unlink, self.log)
+
+    def _entry(self, rid):
+        e = harness.wait_log_entry(self.log, lambda e: e.get("id") == rid)
+        self.assertIsNotNone(e, "no access log line for %s: %r" % (rid, harness.read_access_log(self.log)))
+        return e
+
+    def test_connection_refused_502(self):
+        tt = harness.start_tokentap(self, "http://127.0.0.1:%d" % harness.free_port(), "--access-log", self.log)
+        t0 = time.monotonic()
+        resp, _ = harness.exchange(tt.port, "POST", CHAT, chat_body(True), [("x-request-id", "it-502")])
+        self.assertLess(time.monotonic() - t0, 2.0)
+        self.assertProxyError(resp, 502)
+        e = self._entry("it-502")
+        self.assertEqual(e["status"], 502)
+        self.assertEqual(e["error"], "connect_failed")
+
+    def test_first_byte_timeout_504(self):
+        def silent(sock, req, ctx):
+            ctx.stop_event.wait(20)  # accept, read the request, never answer
+            return False
+
+        fu = harness.start_fake_upstream(self, silent)
+        tt = harness.start_tokentap(self, fu.url, "--first-byte-timeout", "300ms", "--access-log", self.log)
+        t0 = time.monotonic()
+        resp, _ = harness.exchange(tt.port, "POST", CHAT, chat_body(True), [("x-request-id", "it-504")], timeout=5)
+        elapsed = time.monotonic() - t0
+        self.assertProxyError(resp, 504)
+        self.assertGreaterEqual(elapsed, 0.25, "504 before the timeout ran out")
+        self.assertLess(elapsed, 1.0, "504 took %.2f s with a 300 ms first-byte timeout" % elapsed)
+        self.assertEqual(len(fu.requests), 1, "fake upstream never got the request")
+        e = self._entry("it-504")
+        self.assertEqual(e["status"], 504)
+        self.assertEqual(e["error"], "timeout")
+
+    def test_connect_timeout_504(self):
+        bh = harness.Blackhole()
+        self.addCleanup(bh.stop)
+        tt = harness.start_tokentap(self, bh.url, "--connect-timeout", "300ms", "--access-log", self.log)
+        t0 = time.monotonic()
+        resp, _ = harness.exchange(tt.port, "POST", CHAT, chat_body(True), [("x-request-id", "it-504c")], timeout=5)
+        elapsed = time.monotonic() - t0
+        self.assertProxyError(resp, 504)
+        self.assertGreaterEqual(elapsed, 0.25)
+        self.assertLess(elapsed, 1.0, "504 took %.2f s with a 300 ms connect timeout" % elapsed)
+        e = self._entry("it-504c")
+        self.assertEqual(e["status"], 504)
+        self.assertEqual(e["error"], "timeout")
+
+    def test_reset_before_response_502(self):
+        def reset(sock, req, ctx):
+            harness.reset_socket(sock)
+            return False
+
+        fu = harness.start_fake_upstream(self, reset)
+        tt = harness.start_tokentap(self, fu.url, "--access-log", self.log)
+        resp, _ = harness.exchange(tt.port, "POST", CHAT, chat_body(True), [("x-request-id", "it-502r")], timeout=5)
+        self.assertProxyError(resp, 502)
+        e = self._entry("it-502r")
+        self.assertEqual(e["status"], 502)
+        self.assertEqual(e["error"], "upstream_reset")
+
+    def test_idle_timeout_mid_stream(self):
+        # The upstream falls silent mid-stream: with --idle-timeout 300ms the
+        # client's response is cut (not ended as if complete) within ~1 s.
+        def stall(sock, req, ctx):
+            harness.send_sse_head(sock)
+            harness.send_chunk(sock, b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n')
+            ctx.stop_event.wait(10)
+            return False
+
+        fu = harness.start_fake_upstream(self, stall)
+        tt = harness.start_tokentap(self, fu.url, "--idle-timeout", "300ms", "--access-log", self.log)
+        t0 = time.monotonic()
+        resp, _ = harness.exchange(tt.port, "POST", CHAT, chat_body(True), [("x-request-id", "it-idle")], timeout=5)
+        elapsed = time.monotonic() - t0
+        self.assertEqual(resp.status, 200)
+        self.assertFalse(resp.complete, "a timed-out stream was ended as if complete")
+        self.assertGreaterEqual(elapsed, 0.25)
+        self.assertLess(elapsed, 1.0, "idle timeout took %.2f s" % elapsed)
+        e = self._entry("it-idle")
+        self.assertEqual(e["error"], "timeout")
+        self.assertEqual(e["token_events"], 1)
+
+    def test_reset_mid_stream_isolated(self):
+        """Two concurrent streams through one tokentap to one upstream; the
+        upstream resets one mid-stream. The other completes byte for byte."""
+        good_events = [b'data: {"choices":[{"index":0,"delta":{"content":"tok%d "}}]}\n\n' % i for i in range(40)]
+        good_events.append(b"data: [DONE]\n\n")
+        good_started = threading.Event()
+
+        def handler(sock, req, ctx):
+            if req.header("x-behave") == "reset":
+                good_started.wait(5)
+                harness.send_sse_head(sock)
+                for i in range(3):
+                    harness.send_chunk(sock, b'data: {"choices":[{"index":0,"delta":{"content":"bad%d"}}]}\n\n' % i)
+                    time.sleep(0.02)
+                harness.reset_socket(sock)
+                return False
+            harness.send_sse_head(sock)
+            good_started.set()
+            for ev in good_events:
+                harness.send_chunk(sock, ev)
+                time.sleep(0.01)
+            sock.sendall(b"0\r\n\r\n")
+            return True
+
+        fu = harness.start_fake_upstream(self, handler)
+        tt = harness.start_tokentap(self, fu.url, "--access-log", self.log)
+        results = {}
+
+        def client(name, headers):
+            try:
+                results[name] = harness.exchange(tt.port, "POST", CHAT, chat_body(True), headers, timeout=5)[0]
+            except Exception as e:  # reported below
+                results[name] = e
+
+        tg = threading.Thread(target=client, args=("good", [("x-behave", "good"), ("x-request-id", "it-good")]), daemon=True)
+        tb = threading.Thread(target=client, args=("bad", [("x-behave", "reset"), ("x-request-id", "it-bad")]), daemon=True)
+        tg.start()
+        tb.start()
+        tg.join(10)
+        tb.join(10)
+        self.assertFalse(tg.is_alive() or tb.is_alive(), "clients hung")
+        self.assertEqual(fu.errors, [])
+        good, bad = results["good"], results["bad"]
+        self.assertIsInstance(good, harness.Response, repr(good))
+        self.assertEqual(good.status, 200)
+        self.assertTrue(good.complete, "good stream cut short")
+        self.assertEqual(good.body, b"".join(good_events))
+        # The reset stream got what the upstream sent, then a cut: it must not
+        # look complete to its client.
+        self.assertIsInstance(bad, harness.Response, repr(bad))
+        self.assertEqual(bad.status, 200)
+        self.assertFalse(bad.complete, "a reset upstream stream was ended as if complete")
+        self.assertEqual(bad.body, b"".join(b'data: {"choices":[{"index":0,"delta":{"content":"bad%d"}}]}\n\n' % i
+                                            for i in range(3)))
+        e = self._entry("it-bad")
+        self.assertEqual(e["error"], "upstream_reset")
+        e = self._entry("it-good")
+        self.assertIsNone(e["error"])
+        self.assertEqual(e["token_events"], 40)
+        # Still serving afterwards.
+        after, _ = harness.exchange(tt.port, "POST", CHAT, chat_body(True), [("x-behave", "good")])
+        self.assertEqual(after.body, b"".join(good_events))
+
+
+if __name__ == "__main__":
+    unittest.main()

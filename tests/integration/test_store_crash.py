@@ -1,0 +1,103 @@
+"""The stats store survives kill -9.
+
+Crash loop: tokentap is killed with SIGKILL at random moments while traffic
+flows and the store commits every 50 ms, many times in a row (a bounded
+count). Every restart must open the database, and at the end every record
+in it must decode (tokentap --check-data).
+"""
+
+import os
+import random
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import unittest
+
+import harness
+
+CRASHES = 12
+STREAM_BODY = (
+    b'{"model":"crash-model","stream":true,"max_tokens":8,'
+    b'"messages":[{"role":"user","content":"hello"}]}'
+)
+
+
+def drive(port, stop):
+    """Sends streamed requests until `stop` is set or the proxy dies."""
+    sent = 0
+    for _ in range(100000):
+        if stop.is_set():
+            break
+        try:
+            conn = harness.HttpConn(port, timeout=2.0)
+            conn.send(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: application/json\r\nx-sim-itl-ms: 1\r\nx-sim-ttft-ms: 1\r\n"
+                b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(STREAM_BODY), STREAM_BODY)
+            )
+            conn.read_response()
+            conn.close()
+            sent += 1
+        except (OSError, RuntimeError, ValueError):
+            break
+    return sent
+
+
+class StoreCrashTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="tokentap-crash-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.sim = harness.start_sim(self, "--ttft-ms", "1", "--itl-ms", "1")
+
+    def start(self):
+        return harness.start_tokentap(
+            self, self.sim.url, "--data-dir", self.dir, "--flush-interval", "50ms"
+        )
+
+    def test_kill_9_loop_keeps_database_readable(self):
+        rnd = random.Random(7)
+        total_sent = 0
+        for i in range(CRASHES):
+            tt = self.start()
+            stop = threading.Event()
+            counts = []
+            threads = [
+                threading.Thread(target=lambda: counts.append(drive(tt.port, stop)), daemon=True)
+                for _ in range(2)
+            ]
+            for t in threads:
+                t.start()
+            time.sleep(0.15 + rnd.random() * 0.35)
+            os.kill(tt.pid, signal.SIGKILL)
+            tt.proc.wait(5)
+            stop.set()
+            for t in threads:
+                t.join(5)
+            total_sent += sum(counts)
+        self.assertGreater(total_sent, CRASHES, "traffic flowed between the crashes")
+
+        check = harness.run_cli(["--check-data", "--data-dir", self.dir], timeout=30)
+        self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
+        self.assertIn("0 undecodable", check.stdout)
+        # something was committed: at least one series and its slices
+        self.assertRegex(check.stdout, r": [1-9]\d* series, [1-9]\d* slices")
+
+        # and a server starts on it once more
+        tt = self.start()
+        self.assertTrue(tt.alive())
+
+    def test_second_instance_refused(self):
+        tt = self.start()
+        args = ["--upstream", self.sim.url, "--listen", "127.0.0.1:0", "--data-dir", self.dir]
+        if "--admin" in harness.tokentap_help():
+            args += ["--admin", "off"]
+        r = harness.run_cli(args)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("in use by another tokentap", r.stderr)
+        self.assertIn(str(tt.pid), r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
