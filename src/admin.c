@@ -71,6 +71,19 @@ struct admin {
 
 /* ---- answers ---- */
 
+/* The error "type", in the shape the proxy's own errors use. */
+static const char *error_type_of(int code)
+{
+	switch (code) {
+	case 400: return "invalid_request";
+	case 401: return "unauthorized";
+	case 403: return "forbidden";
+	case 404: return "not_found";
+	case 405: return "method_not_allowed";
+	default: return "internal_error";
+	}
+}
+
 static const char *reason_of(int code)
 {
 	switch (code) {
@@ -103,8 +116,8 @@ static void reply_json_text(struct evhttp_request *req, int code, const char *te
 	reply(req, code, "application/json", text, strlen(text));
 }
 
-/* {"error": {"status", "message", "parameter"?}}; `param` names the query
- * parameter at fault, NULL when none is. */
+/* {"error": {"message", "type", "code", "parameter"?}}, as the proxy's own
+ * errors; `param` names the query parameter at fault, NULL when none is. */
 static void reply_error(struct evhttp_request *req, int code, const char *param, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 static void reply_error(struct evhttp_request *req, int code, const char *param, const char *fmt, ...)
@@ -120,8 +133,9 @@ static void reply_error(struct evhttp_request *req, int code, const char *param,
 	root = json_object();
 	e = json_object();
 	if (root && e) {
-		json_object_set_new(e, "status", json_integer(code));
 		json_object_set_new(e, "message", json_string(msg));
+		json_object_set_new(e, "type", json_string(param ? "invalid_parameter" : error_type_of(code)));
+		json_object_set_new(e, "code", json_integer(code));
 		if (param)
 			json_object_set_new(e, "parameter", json_string(param));
 		json_object_set(root, "error", e);
@@ -131,7 +145,8 @@ static void reply_error(struct evhttp_request *req, int code, const char *param,
 		reply(req, code, "application/json", text, strlen(text));
 		free(text);
 	} else {
-		static const char oom[] = "{\"error\":{\"status\":500,\"message\":\"out of memory\"}}";
+		static const char oom[] =
+			"{\"error\":{\"message\":\"out of memory\",\"type\":\"internal_error\",\"code\":500}}";
 		reply(req, 500, "application/json", oom, sizeof(oom) - 1);
 	}
 	json_decref(e);

@@ -45,7 +45,7 @@ void admin_stop(struct admin *a);
  * malloc'd string. Refuses an empty token or one with spaces or control
  * characters inside. 0, or -1 with `err`.
  */
-int admin_token_load(const char *path, char **out, char *err, size_t errlen);
+int admin_token_load(const char *path, char **out, char *err, size_t errlen) __attribute__((warn_unused_result));
 
 /* The Host / Origin check: true when `host` (a Host header value, with or
  * without port) names the admin itself, given the bound host part

@@ -46,7 +46,8 @@ const char *cold_filter_name(enum cold_filter c);
 
 /* Groups the series of `r` that match `q`. 0, or -1 when out of memory
  * (out is then empty). */
-int stats_groups_build(const struct store_result *r, const struct stats_query *q, struct stats_groups *out);
+int stats_groups_build(const struct store_result *r, const struct stats_query *q, struct stats_groups *out)
+	__attribute__((warn_unused_result));
 void stats_groups_free(struct stats_groups *g);
 
 enum stats_view { VIEW_SUMMARY, VIEW_PROMPT, VIEW_CURVE };

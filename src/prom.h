@@ -25,7 +25,7 @@ size_t prom_label_escape(char *out, size_t cap, const char *in);
 
 /* Appends the exposition of `r` (the cumulative "all" window) to `out`.
  * 0, or -1 when out of memory. */
-int prom_render(struct evbuffer *out, const struct store_result *r);
+int prom_render(struct evbuffer *out, const struct store_result *r) __attribute__((warn_unused_result));
 
 /* Number of finite `le` bounds and bound i, in seconds as printed. */
 size_t prom_le_count(void);
