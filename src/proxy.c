@@ -643,8 +643,8 @@ static void on_stream_event(void *arg, const struct framer_event *ev)
 	req->rec.events++;
 	timeline_mark(&req->rec, TL_FIRST_EVENT, req->now);
 	if (classify_event(req->rec.api, ev, &req->rec.usage)) {
-		uint64_t gap = record_token_event(&req->rec, req->now);
-		if (gap)
+		uint64_t gap;
+		if (record_token_event(&req->rec, req->now, &gap))
 			stats_record_itl(request_series(req), gap, req->inflight);
 	}
 }

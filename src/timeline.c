@@ -45,29 +45,30 @@ const char *req_error_name(enum req_error e)
 	return error_names[e];
 }
 
-uint64_t record_token_event(struct req_record *r, uint64_t now)
+bool record_token_event(struct req_record *r, uint64_t now, uint64_t *gap_out)
 {
 	r->token_events++;
 	if (!r->at[TL_FIRST_TOKEN]) {
 		r->at[TL_FIRST_TOKEN] = now;
 		r->at[TL_LAST_TOKEN] = now;
-		return 0;
+		return false;
 	}
 	uint64_t gap = now - r->at[TL_LAST_TOKEN];
+	*gap_out = gap;
 	r->at[TL_LAST_TOKEN] = now;
 	r->itl_total++;
 	if (r->itl_n == ITL_SAMPLES_MAX)
-		return gap;
+		return true;
 	if (r->itl_n == r->itl_cap) {
 		size_t cap = r->itl_cap ? r->itl_cap * 2 : 64;
 		uint64_t *p = realloc(r->itl_ns, cap * sizeof(*p));
 		if (!p)
-			return gap; /* losing a logged sample beats failing the stream */
+			return true; /* losing a logged sample beats failing the stream */
 		r->itl_ns = p;
 		r->itl_cap = cap;
 	}
 	r->itl_ns[r->itl_n++] = gap;
-	return gap;
+	return true;
 }
 
 int64_t record_output_tokens(const struct req_record *r)

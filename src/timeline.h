@@ -117,8 +117,9 @@ const char *req_metric_key(enum req_metric m);
 const char *req_error_name(enum req_error e);
 
 /* Notes a token-bearing event at `now`: first/last token and the ITL gap.
- * Returns the gap in ns, 0 for the first token. */
-uint64_t record_token_event(struct req_record *r, uint64_t now);
+ * Returns true when a gap was measured (every token but the first; a gap
+ * can be 0 when two token events arrive in one read) and stores it. */
+bool record_token_event(struct req_record *r, uint64_t now, uint64_t *gap);
 
 /* Output token count used for tpot/decode rate: usage when the server sent
  * it, else the number of token-bearing events. */

@@ -55,8 +55,8 @@ static void minute_traffic(struct slice *sl, unsigned requests, unsigned tokens)
 		uint64_t t = (uint64_t)lognormal(180e6, 0.6);
 		unsigned inflight = 1 + (unsigned)(uniform() * 32);
 		for (unsigned k = 0; k < tokens; k++) {
-			uint64_t gap = record_token_event(&r, t);
-			if (gap)
+			uint64_t gap;
+			if (record_token_event(&r, t, &gap))
 				slice_record_itl(sl, gap, inflight);
 			t += (uint64_t)lognormal(22e6, 0.3);
 		}

@@ -51,8 +51,10 @@ static void fake_request(struct req_record *r, uint64_t ttft_us, unsigned tokens
 	r->at[TL_REQ_SENT] = r->at[TL_DISPATCH] + 1000;
 	r->at[TL_RESP_HEADERS] = r->at[TL_REQ_SENT] + 1000;
 	uint64_t t = r->at[TL_ARRIVE] + ttft_us * 1000;
-	for (unsigned i = 0; i < tokens; i++, t += itl_us * 1000)
-		record_token_event(r, t);
+	for (unsigned i = 0; i < tokens; i++, t += itl_us * 1000) {
+		uint64_t gap;
+		record_token_event(r, t, &gap);
+	}
 	r->at[TL_RESP_END] = t;
 	r->at[TL_CLIENT_DONE] = t;
 }

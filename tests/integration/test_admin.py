@@ -1,0 +1,455 @@
+"""test_admin.py — the admin API over real sockets.
+
+tokentap-sim and tokentap (its own data dir, 200 ms flushes, the admin API on
+an ephemeral loopback port) are started; N streamed requests with known
+x-sim-ttft-ms / x-sim-itl-ms / x-sim-tokens go through the proxy, and the
+answers of /stats, /stats/curve, /stats/prompt and /metrics are checked
+against the access log: counts equal, ttft p50 within 1 % + 1 ms of the
+access log's own p50 (same rank rule, ceil(q*n)), output token totals exact,
+every /metrics line valid exposition syntax with monotonic buckets ending at
+the count. Then the guards: 400 naming the parameter, 405 with Allow, 403
+for a foreign Host, reset refused without a token, and with one, 401 for a
+missing or wrong token and 403 for a cross-origin POST. Finally a restart:
+kill -9 after the data is flushed, start again on the same data dir, and the
+1h window shows the same count and p50.
+"""
+
+import math
+import os
+import re
+import shutil
+import signal
+import tempfile
+import unittest
+
+import harness
+
+N = 30
+PATH = "/v1/chat/completions"
+ADMIN_RE = re.compile(r"admin listening on ([0-9.]+):(\d+)")
+
+
+def admin_port(tt, timeout=5.0):
+    """The admin port from tokentap's `admin listening on` line (logged just
+    after the proxy's own ready line)."""
+    found = []
+
+    def check():
+        for line in tt.stderr_text().split("\n"):
+            m = ADMIN_RE.search(line)
+            if m:
+                found.append(int(m.group(2)))
+                return True
+        return False
+
+    if not harness.wait_until(check, timeout, 0.02):
+        raise AssertionError("no 'admin listening on' line; stderr:\n%s" % tt.stderr_text())
+    return found[0]
+
+
+def admin_get(port, path, method="GET", headers=None, body=None):
+    resp, _ = harness.exchange(port, method, path, body=body, headers=headers)
+    return resp
+
+
+def rank_quantile(values, q):
+    """The sample of rank ceil(q*n) (rank >= 1), as hist_quantile ranks."""
+    s = sorted(values)
+    rank = max(1, math.ceil(q * len(s)))
+    return s[rank - 1]
+
+
+def send_requests(port, n, seed=0):
+    """n streamed chat requests, one after another, with known timings.
+    Returns the output token count requested per request."""
+    tokens = []
+    for i in range(n):
+        ttft = 5 + ((i + seed) * 7) % 40  # 5..44 ms, spread
+        itl = 1 + i % 3
+        ntok = 3 + i % 5
+        body = harness.api_body("openai-chat", stream=True, include_usage=True, model="admin-model")
+        hdrs = harness.sim_headers(ttft=ttft, itl=itl, tokens=ntok, request_id="adm-%d-%d" % (seed, i))
+        resp, _ = harness.exchange(port, "POST", PATH, body=body, headers=hdrs)
+        if resp is None or resp.status != 200:
+            raise AssertionError("proxy answered %r" % (resp and resp.status))
+        tokens.append(ntok)
+    return tokens
+
+
+def series_of(doc, model="admin-model"):
+    for s in doc["series"]:
+        if s["model"] == model:
+            return s
+    return None
+
+
+def wait_stats_count(test, port, n, window="1h", timeout=8.0):
+    """Polls /stats until the series shows n requests (flushes are
+    asynchronous); returns the last document."""
+    last = []
+
+    def check():
+        r = admin_get(port, "/stats?window=%s" % window)
+        if r is None or r.status != 200:
+            return False
+        doc = r.json()
+        last[:] = [doc]
+        s = series_of(doc)
+        return s is not None and s["requests"] >= n
+
+    harness.wait_until(check, timeout, 0.1)
+    test.assertTrue(last, "no /stats answer")
+    return last[0]
+
+
+# --- exposition format ------------------------------------------------------
+
+_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\["\\n])*"'
+_VALUE = r"(?:[+-]?(?:[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|\.[0-9]+)|[+-]Inf|NaN)"
+SAMPLE_RE = re.compile(r"^(%s)(?:\{((?:%s)(?:,(?:%s))*)?,?\})? (%s)(?: -?[0-9]+)?$" % (_NAME, _LABEL, _LABEL, _VALUE))
+HELP_RE = re.compile(r"^# HELP (%s) .*$" % _NAME)
+TYPE_RE = re.compile(r"^# TYPE (%s) (counter|gauge|histogram|summary|untyped)$" % _NAME)
+LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\["\\n])*)"')
+
+
+def parse_exposition(test, text):
+    """Checks every line; returns {family: type} and a list of samples
+    (name, {label: value}, float value)."""
+    types, samples = {}, []
+    test.assertTrue(text.endswith("\n"), "exposition ends with a newline")
+    for line in text.split("\n")[:-1]:
+        if line.startswith("#"):
+            m = TYPE_RE.match(line)
+            if m:
+                test.assertNotIn(m.group(1), types, "TYPE twice for %s" % m.group(1))
+                types[m.group(1)] = m.group(2)
+                continue
+            test.assertRegex(line, HELP_RE, "bad comment line")
+            continue
+        m = SAMPLE_RE.match(line)
+        test.assertIsNotNone(m, "not valid exposition syntax: %r" % line)
+        labels = dict(LABEL_RE.findall(m.group(2) or ""))
+        samples.append((m.group(1), labels, float(m.group(3))))
+    return types, samples
+
+
+class AdminStatsTest(harness.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="tokentap-admin-")
+        cls.addClassCleanup(shutil.rmtree, cls.dir, True)
+        cls.log = os.path.join(cls.dir, "access.log")
+        cls.sim = harness.start_sim(cls)
+        cls.tt = harness.start_tokentap(
+            cls, cls.sim.url, "--data-dir", os.path.join(cls.dir, "data"), "--flush-interval", "200ms",
+            "--admin", "127.0.0.1:0", "--access-log", cls.log)
+        cls.admin = admin_port(cls.tt)
+        cls.tokens = send_requests(cls.tt.port, N)
+
+    def log_entries(self):
+        found = []
+
+        def check():
+            try:
+                es = [e for e in harness.read_access_log(self.log) if str(e.get("id", "")).startswith("adm-0-")]
+            except ValueError:
+                return False
+            found[:] = es
+            return len(es) >= N
+
+        harness.wait_until(check, 5.0, 0.05)
+        self.assertEqual(len(found), N, "access log lines")
+        return found
+
+    def test_stats_match_access_log(self):
+        doc = wait_stats_count(self, self.admin, N)
+        s = series_of(doc)
+        self.assertIsNotNone(s, "series for admin-model in %r" % doc)
+        self.assertEqual(s["requests"], N)
+        self.assertEqual(s["status"]["2xx"], N)
+        self.assertEqual(s["route"], "default")
+        self.assertEqual(s["cold"], "include")
+        self.assertEqual(s["context"]["cold"]["warm_requests"] + s["context"]["cold"]["cold_requests"], N)
+        entries = self.log_entries()
+
+        ttfts = [e["ttft_ms"] for e in entries]
+        m = s["metrics"]["ttft"]
+        self.assertEqual(m["count"], N)
+        for q, key in ((0.5, "p50_ms"), (0.9, "p90_ms"), (0.99, "p99_ms")):
+            want = rank_quantile(ttfts, q)
+            self.assertAlmostEqual(m[key], want, delta=0.01 * want + 1.0,
+                                   msg="ttft %s: stats %r, access log %r" % (key, m[key], want))
+        self.assertAlmostEqual(m["max_ms"], max(ttfts), delta=0.002)
+        self.assertAlmostEqual(m["mean_ms"], sum(ttfts) / N, delta=0.002)
+
+        out_log = sum(e["output_tokens"] for e in entries)
+        self.assertEqual(out_log, sum(self.tokens), "access log output tokens vs x-sim-tokens")
+        self.assertEqual(s["output_tokens"], out_log)
+        self.assertEqual(s["metrics"]["output_tokens"]["count"], N)
+        ins = [e["input_tokens"] for e in entries if e.get("input_tokens") is not None]
+        self.assertEqual(s["input_tokens"], sum(ins))
+
+        # every metric of the X-macro list, with its unit suffix
+        for name in ("ttft", "itl", "e2e", "tpot", "queue", "connect", "ttfb", "upstream_ttft"):
+            for k in ("count", "mean_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "p99_9_ms", "max_ms"):
+                self.assertIn(k, s["metrics"][name], name)
+        self.assertIn("p50_tokens_per_s", s["metrics"]["decode_rate"])
+        tp = s["throughput"]
+        self.assertGreater(tp["requests_per_s"], 0)
+        self.assertAlmostEqual(tp["output_tokens_per_s"] * tp["elapsed_s"], out_log, delta=1e-6 * out_log)
+        self.assertEqual(s["goodput"]["slo_met"] + s["goodput"]["slo_missed"], N)
+        for k in ("start", "end", "elapsed_from"):
+            self.assertRegex(doc[k], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+
+        # other windows and filters
+        for w in ("1m", "5m", "24h", "7d", "all"):
+            r = admin_get(self.admin, "/stats?window=%s&model=admin-model" % w)
+            self.assertEqual(r.status, 200, w)
+            self.assertEqual(series_of(r.json())["requests"], N, w)
+        r = admin_get(self.admin, "/stats?model=no-such-model&route=&upstream=")
+        self.assertEqual(r.json()["series"], [])
+        r = admin_get(self.admin, "/stats?cold=exclude")
+        se = series_of(r.json())
+        self.assertEqual(se["cold_requests"], 0)
+        self.assertEqual(se["requests"], s["context"]["cold"]["warm_requests"])
+
+    def test_itl_samples_match_access_log_even_at_zero_gap(self):
+        # itl 0: token events often arrive in one read, so many gaps are
+        # 0 ns; each is still an ITL sample and must be counted.
+        n = 10
+        for i in range(n):
+            body = harness.api_body("openai-chat", stream=True, include_usage=True, model="itl0-model")
+            hdrs = harness.sim_headers(ttft=1, itl=0, tokens=10, request_id="itl0-%d" % i)
+            resp, _ = harness.exchange(self.tt.port, "POST", PATH, body=body, headers=hdrs)
+            self.assertEqual(resp.status, 200)
+        entries = []
+
+        def logged():
+            entries[:] = [e for e in harness.read_access_log(self.log) if str(e.get("id", "")).startswith("itl0-")]
+            return len(entries) == n
+
+        self.assertTrue(harness.wait_until(logged, 5.0, 0.05))
+        gaps = sum(e["itl_count"] for e in entries)
+        self.assertEqual(gaps, n * 9)
+        counted = []
+
+        def flushed():
+            r = admin_get(self.admin, "/stats?window=5m&model=itl0-model")
+            doc = r.json()
+            counted[:] = [doc["series"][0]["metrics"]["itl"]["count"] if doc["series"] else 0]
+            return counted[0] >= gaps
+
+        harness.wait_until(flushed, 5.0, 0.1)
+        self.assertEqual(counted[0], gaps)
+
+    def test_curve_and_prompt(self):
+        wait_stats_count(self, self.admin, N)
+        r = admin_get(self.admin, "/stats/curve?window=1h")
+        self.assertEqual(r.status, 200)
+        self.assertIn("application/json", r.content_type())
+        s = series_of(r.json())
+        self.assertIsNotNone(s)
+        # one request at a time: everything at 1 in flight
+        self.assertEqual(sum(b["requests"] for b in s["buckets"]), N)
+        self.assertEqual(s["buckets"][0]["inflight_low"], 1)
+        self.assertEqual(s["buckets"][0]["ttft"]["count"], N)
+        self.assertIsNotNone(s["knee"])
+        self.assertFalse(s["knee"]["saturated"])
+
+        r = admin_get(self.admin, "/stats/prompt?window=5m")
+        self.assertEqual(r.status, 200)
+        s = series_of(r.json())
+        # include_usage: the simulator reports prompt tokens for every request
+        entries = self.log_entries()
+        ins = [e["input_tokens"] for e in entries]
+        self.assertTrue(all(isinstance(n, int) for n in ins), ins)
+        self.assertEqual(sum(b["ttft"]["count"] for b in s["buckets"]), N)
+        for b in s["buckets"]:
+            self.assertGreater(b["ttft"]["count"], 0, "empty buckets are left out")
+            lo, hi = b["input_tokens_low"], b["input_tokens_high"]
+            inside = [n for n in ins if n >= lo and (hi is None or n <= hi)]
+            self.assertEqual(len(inside), b["requests"], b)
+
+    def test_metrics_exposition(self):
+        wait_stats_count(self, self.admin, N, window="all")
+        r = admin_get(self.admin, "/metrics")
+        self.assertEqual(r.status, 200)
+        self.assertTrue(r.content_type().startswith("text/plain; version=0.0.4"), r.content_type())
+        types, samples = parse_exposition(self, r.body.decode("utf-8"))
+        self.assertEqual(types.get("tokentap_ttft_seconds"), "histogram")
+        self.assertEqual(types.get("tokentap_requests_total"), "counter")
+        for name, _, _ in samples:
+            fam = re.sub(r"_(bucket|sum|count)$", "", name)
+            self.assertTrue(name in types or fam in types, "sample %s without # TYPE" % name)
+
+        # per histogram and label set: le ascending, counts monotonic, +Inf == _count
+        hists = {}
+        counts = {}
+        for name, labels, value in samples:
+            if name.endswith("_bucket"):
+                key = (name[:-7], tuple(sorted((k, v) for k, v in labels.items() if k != "le")))
+                hists.setdefault(key, []).append((labels["le"], value))
+            elif name.endswith("_count") and types.get(name[:-6]) == "histogram":
+                counts[(name[:-6], tuple(sorted(labels.items())))] = value
+        self.assertTrue(hists)
+        for key, buckets in hists.items():
+            les = [float(le) for le, _ in buckets]
+            self.assertEqual(les, sorted(les), key)
+            self.assertEqual(buckets[-1][0], "+Inf", key)
+            vals = [v for _, v in buckets]
+            for a, b in zip(vals, vals[1:]):
+                self.assertLessEqual(a, b, "buckets of %r not monotonic: %r" % (key, vals))
+            for v in vals:
+                self.assertEqual(v, int(v), "bucket counts are integers")
+            self.assertEqual(vals[-1], counts[key], "+Inf == _count for %r" % (key,))
+        # our series: the ttft count and the token counter
+        mine = [(n, l, v) for n, l, v in samples if l.get("model") == "admin-model"]
+        ttft_count = [v for n, l, v in mine if n == "tokentap_ttft_seconds_count"]
+        self.assertEqual(ttft_count, [N])
+        out = [v for n, l, v in mine if n == "tokentap_output_tokens_total"]
+        self.assertEqual(out, [sum(self.tokens)])
+        ok = [v for n, l, v in mine if n == "tokentap_requests_total" and l.get("status_class") == "2xx"]
+        self.assertEqual(ok, [N])
+        # vLLM's TTFT bucket edges are all present
+        les = {le for le, _ in hists[[k for k in hists if k[0] == "tokentap_ttft_seconds"][0]]}
+        for le in ("0.001", "0.005", "0.02", "0.04", "0.06", "0.08", "0.25", "0.75", "2.5", "7.5", "160.0", "640.0",
+                   "2560.0", "0.025", "0.075", "0.15", "0.3", "0.4"):
+            self.assertIn(le, les)
+
+    def test_bad_parameters(self):
+        for path, param in (("/stats?window=2h", "window"), ("/stats?cold=maybe", "cold"),
+                            ("/stats?bogus=1", "bogus"), ("/stats/curve?window=forever", "window"),
+                            ("/stats/prompt?colder=only", "colder"), ("/metrics?window=1h", "window"),
+                            ("/stats?window=1h&window=5m", "window")):
+            with self.subTest(path=path):
+                r = admin_get(self.admin, path)
+                self.assertJsonError(r, 400)
+                err = r.json()["error"]
+                self.assertIn(param, err["message"])
+                self.assertEqual(err.get("parameter"), param)
+
+    def test_methods_paths_and_hosts(self):
+        r = admin_get(self.admin, "/stats", method="POST", body={})
+        self.assertJsonError(r, 405)
+        self.assertIn("GET", r.header("allow"))
+        r = admin_get(self.admin, "/reset")
+        self.assertJsonError(r, 405)
+        self.assertEqual(r.header("allow"), "POST")
+        r = admin_get(self.admin, "/metrics", method="DELETE")
+        self.assertJsonError(r, 405)
+        r = admin_get(self.admin, "/no/such/thing")
+        self.assertJsonError(r, 404)
+
+        for host in ("evil.example.com", "evil.example.com:%d" % self.admin, "127.0.0.1.nip.io", "localhost.evil"):
+            with self.subTest(host=host):
+                r = admin_get(self.admin, "/stats", headers=[("Host", host)])
+                self.assertJsonError(r, 403)
+        for host in ("localhost", "localhost:%d" % self.admin, "127.0.0.1", "[::1]:%d" % self.admin):
+            with self.subTest(host=host):
+                r = admin_get(self.admin, "/healthz", headers=[("Host", host)])
+                self.assertEqual(r.status, 200)
+                self.assertEqual(r.json(), {"status": "ok"})
+        r = admin_get(self.admin, "/readyz")
+        self.assertEqual((r.status, r.json()), (200, {"ready": True}))
+        self.assertIn("application/json", r.content_type())
+
+    def test_reset_without_token_is_refused(self):
+        r = admin_get(self.admin, "/reset", method="POST")
+        self.assertJsonError(r, 403)
+        self.assertIn("token", r.json()["error"]["message"])
+        r = admin_get(self.admin, "/reset", method="POST", headers=[("Authorization", "Bearer guess")])
+        self.assertIn(r.status, (401, 403))
+        # nothing was reset
+        s = series_of(admin_get(self.admin, "/stats?window=all").json())
+        self.assertIsNotNone(s)
+
+
+class AdminTokenTest(harness.TestCase):
+    TOKEN = "s3cret-token-for-tests-0123456789"
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="tokentap-admin-tok-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.token_file = os.path.join(self.dir, "token")
+        with open(self.token_file, "w") as f:
+            f.write(self.TOKEN + "\n")
+        os.chmod(self.token_file, 0o600)
+
+    def test_reset_needs_the_token(self):
+        sim = harness.start_sim(self)
+        tt = harness.start_tokentap(self, sim.url, "--data-dir", os.path.join(self.dir, "data"),
+                                    "--flush-interval", "200ms", "--admin", "127.0.0.1:0",
+                                    "--admin-token-file", self.token_file)
+        port = admin_port(tt)
+        send_requests(tt.port, 3, seed=1)
+        wait_stats_count(self, port, 3)
+
+        r = admin_get(port, "/reset", method="POST")
+        self.assertJsonError(r, 401)
+        self.assertIn("Bearer", r.header("www-authenticate", ""))
+        r = admin_get(port, "/reset", method="POST", headers=[("Authorization", "Bearer wrong")])
+        self.assertJsonError(r, 401)
+        r = admin_get(port, "/reset", method="POST", headers=[("Authorization", "Bearer " + self.TOKEN + "x")])
+        self.assertJsonError(r, 401)
+        r = admin_get(port, "/reset", method="POST", headers=[("Origin", "http://evil.example")])
+        self.assertJsonError(r, 403)
+        self.assertEqual(series_of(admin_get(port, "/stats").json())["requests"], 3, "nothing reset yet")
+
+        r = admin_get(port, "/reset", method="POST", headers=[("Authorization", "Bearer " + self.TOKEN)])
+        self.assertEqual(r.status, 200, r.body)
+        self.assertEqual(r.json(), {"reset": True})
+        self.assertIsNone(series_of(admin_get(port, "/stats").json()))
+        self.assertTrue(harness.wait_until(lambda: "stats reset" in tt.stderr_text(), 2.0))
+        self.assertNotIn(self.TOKEN, tt.stderr_text(), "the token never reaches the log")
+
+    def test_non_loopback_needs_a_token(self):
+        r = harness.run_cli(["--upstream", "http://127.0.0.1:9", "--listen", "127.0.0.1:0", "--data-dir", "off",
+                             "--admin", "0.0.0.0:0"], timeout=10)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("token", r.stderr)
+        self.assertIn("0.0.0.0:0", r.stderr)
+
+    def test_bad_admin_address(self):
+        r = harness.run_cli(["--upstream", "http://127.0.0.1:9", "--listen", "127.0.0.1:0", "--data-dir", "off",
+                             "--admin", "nonsense"], timeout=10)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("nonsense", r.stderr)
+
+    def test_empty_token_file(self):
+        empty = os.path.join(self.dir, "empty")
+        open(empty, "w").close()
+        r = harness.run_cli(["--upstream", "http://127.0.0.1:9", "--listen", "127.0.0.1:0", "--data-dir", "off",
+                             "--admin-token-file", empty], timeout=10)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("empty", r.stderr)
+
+
+class AdminRestartTest(harness.TestCase):
+    def test_stats_survive_kill_9(self):
+        d = tempfile.mkdtemp(prefix="tokentap-admin-restart-")
+        self.addCleanup(shutil.rmtree, d, True)
+        data = os.path.join(d, "data")
+        sim = harness.start_sim(self)
+        args = ("--data-dir", data, "--flush-interval", "200ms", "--admin", "127.0.0.1:0")
+        tt = harness.start_tokentap(self, sim.url, *args)
+        port = admin_port(tt)
+        send_requests(tt.port, N, seed=2)
+        before = series_of(wait_stats_count(self, port, N))
+        self.assertEqual(before["requests"], N)
+
+        os.kill(tt.pid, signal.SIGKILL)
+        tt.proc.wait(5)
+
+        tt2 = harness.start_tokentap(self, sim.url, *args)
+        port2 = admin_port(tt2)
+        after = series_of(admin_get(port2, "/stats?window=1h").json())
+        self.assertIsNotNone(after, "series gone after the restart")
+        self.assertEqual(after["requests"], N)
+        self.assertEqual(after["metrics"]["ttft"]["p50_ms"], before["metrics"]["ttft"]["p50_ms"])
+        self.assertEqual(after["metrics"]["ttft"]["count"], N)
+        self.assertEqual(after["output_tokens"], before["output_tokens"])
+
+
+if __name__ == "__main__":
+    unittest.main()
