@@ -14,12 +14,14 @@
 #include "config.h"
 #include "log.h"
 #include "proxy.h"
+#include "recent.h"
 #include "stats.h"
 #include "store.h"
 #include "upstream.h"
 #include "version.h"
 
 #define EXIT_USAGE 2
+#define RECENT_REQUESTS 1024 /* kept for GET /requests/recent */
 
 static void usage(FILE *out)
 {
@@ -246,6 +248,7 @@ int main(int argc, char **argv)
 	struct proxy *px = NULL;
 	struct store *store = NULL;
 	struct stats_shard *stats = NULL;
+	struct recent *recent = NULL;
 	struct store_options so;
 	struct slo slo;
 	struct event *sigint = NULL, *sigterm = NULL;
@@ -300,7 +303,8 @@ int main(int argc, char **argv)
 		log_error("cannot set up stats recording");
 		goto out;
 	}
-	px = proxy_new(base, &cfg, up, alog, stats, err, sizeof(err));
+	recent = recent_new(RECENT_REQUESTS);
+	px = proxy_new(base, &cfg, up, alog, stats, recent, err, sizeof(err));
 	if (!px) {
 		log_error("%s", err);
 		goto out;
@@ -335,6 +339,7 @@ out:
 	proxy_free(px);
 	stats_shard_free(stats); /* hands over what the last interval recorded */
 	store_close(store);	 /* commits it */
+	recent_free(recent);
 	accesslog_close(alog);
 	upstream_free(up);
 	if (base)

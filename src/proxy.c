@@ -57,6 +57,7 @@
 #include "config.h"
 #include "framer.h"
 #include "log.h"
+#include "recent.h"
 #include "reqinfo.h"
 #include "stats.h"
 #include "timeline.h"
@@ -102,6 +103,7 @@ struct proxy {
 	struct upstream *up;
 	struct accesslog *alog;
 	struct stats_shard *stats;
+	struct recent *recent;
 	struct evconnlistener *listener;
 	char listen_addr[80];
 	uint64_t next_client_id;
@@ -354,6 +356,7 @@ static void request_log(struct request *req)
 	req->logged = true;
 	accesslog_write(req->cl->px->alog, &req->rec);
 	stats_record_request(request_series(req), &req->rec, req->inflight);
+	recent_push(req->cl->px->recent, &req->rec, req->inflight, req->cold);
 }
 
 static bool hbuf_append(struct request *req, const char *at, size_t len)
@@ -1370,7 +1373,8 @@ static void on_accept_error(struct evconnlistener *lev, void *arg)
 }
 
 struct proxy *proxy_new(struct event_base *base, const struct config *cfg, struct upstream *up,
-			struct accesslog *alog, struct stats_shard *stats, char *err, size_t errlen)
+			struct accesslog *alog, struct stats_shard *stats, struct recent *recent, char *err,
+			size_t errlen)
 {
 	struct sockaddr_storage ss;
 	unsigned sslen;
@@ -1391,6 +1395,7 @@ struct proxy *proxy_new(struct event_base *base, const struct config *cfg, struc
 	px->up = up;
 	px->alog = alog;
 	px->stats = stats;
+	px->recent = recent;
 	LIST_INIT(&px->clients);
 	if (getrandom(&px->id_seed, sizeof(px->id_seed), 0) != sizeof(px->id_seed))
 		px->id_seed = (uint64_t)clock_now_ns() ^ (uint64_t)getpid();

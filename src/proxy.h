@@ -15,12 +15,14 @@ struct config;
 struct upstream;
 struct accesslog;
 struct stats_shard;
+struct recent;
 struct proxy;
 
-/* Binds cfg->listen and starts accepting; records into `stats` (may be
- * NULL). NULL with a message in `err`. */
+/* Binds cfg->listen and starts accepting; records into `stats` and
+ * `recent` (either may be NULL). NULL with a message in `err`. */
 struct proxy *proxy_new(struct event_base *base, const struct config *cfg, struct upstream *up,
-			struct accesslog *alog, struct stats_shard *stats, char *err, size_t errlen);
+			struct accesslog *alog, struct stats_shard *stats, struct recent *recent, char *err,
+			size_t errlen);
 
 /* The address actually bound (port 0 resolved), as ADDR:PORT. */
 const char *proxy_listen_addr(const struct proxy *px);
