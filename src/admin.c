@@ -8,7 +8,8 @@
  * (403), the path (404), the method (405 with Allow), for writes the origin
  * and token checks (403/401), the parameters (400), then its handler. The
  * JSON of the stats views lives in admin_stats.c, the Prometheus text in
- * prom.c.
+ * prom.c, the recent requests' in admin_recent.c; the dashboard page is
+ * src/dashboard.html, embedded at build time (dashboard.h).
  *
  * Invariants: the token is read only by token_equal(), never logged or
  * returned; every answer carries a content type and Cache-Control: no-store;
@@ -40,10 +41,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "admin_recent.h"
 #include "admin_stats.h"
 #include "config.h"
+#include "dashboard.h"
 #include "log.h"
 #include "prom.h"
+#include "recent.h"
 #include "store.h"
 
 #define ADMIN_TIMEOUT_S 30
@@ -61,6 +65,7 @@ struct admin {
 
 	struct store *store;
 	const struct config *cfg;
+	struct recent *recent; /* borrowed; NULL: /requests/recent is off */
 	char *token; /* NULL: writes are refused */
 	size_t token_len;
 
@@ -260,6 +265,7 @@ static const char *bearer_of(const char *auth, size_t *len)
 
 static const char *const no_params[] = { NULL };
 static const char *const stats_params[] = { "window", "route", "upstream", "model", "cold", NULL };
+static const char *const recent_params[] = { "n", NULL };
 
 /* Parses the query string into `q`, refusing names not in `allowed` and
  * names given twice. 0, or -1 after answering 400. */
@@ -391,6 +397,55 @@ static void on_metrics(struct admin *a, struct evhttp_request *req, struct evkey
 	reply(req, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, 0);
 }
 
+static void on_requests_recent(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)
+{
+	size_t cap = recent_capacity(a->recent), n = RECENT_DEFAULT_N, got;
+	struct recent_entry *snap;
+	const char *v;
+	char err[160], *text;
+
+	if (!a->recent) {
+		reply_error(req, 404, NULL, "recent requests are not kept by this tokentap");
+		return;
+	}
+	if ((v = evhttp_find_header(p, "n")) && admin_recent_parse_n(v, cap, &n, err, sizeof(err)) == -1) {
+		reply_error(req, 400, "n", "%s", err);
+		return;
+	}
+	if (n > cap)
+		n = cap; /* the default, on a ring smaller than it */
+	snap = malloc(n * sizeof(*snap));
+	if (!snap) {
+		reply_error(req, 500, NULL, "out of memory reading the recent requests");
+		return;
+	}
+	got = recent_snapshot(a->recent, snap, n);
+	text = admin_recent_render(snap, got, cap);
+	free(snap);
+	if (!text) {
+		reply_error(req, 500, NULL, "out of memory rendering the answer");
+		return;
+	}
+	reply(req, 200, "application/json", text, strlen(text));
+	free(text);
+}
+
+/* The page is static and self-contained; its policy forbids anything from
+ * elsewhere (scripts, styles, images, connections), so it keeps working
+ * offline and cannot be turned into a way out of the admin API. */
+static void on_dashboard(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)
+{
+	struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+
+	evhttp_add_header(h, "Content-Security-Policy",
+			  "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+			  "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; "
+			  "frame-ancestors 'none'");
+	evhttp_add_header(h, "X-Frame-Options", "DENY");
+	evhttp_add_header(h, "Referrer-Policy", "no-referrer");
+	reply(req, 200, "text/html; charset=utf-8", (const char *)dashboard_html, dashboard_html_len);
+}
+
 static void on_reset(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)
 {
 	char err[256], *peer = NULL;
@@ -420,12 +475,14 @@ static const struct route {
 	const char *const *params;
 	void (*fn)(struct admin *, struct evhttp_request *, struct evkeyvalq *);
 } routes[] = {
+	{ "/", GET_LIKE, "GET, HEAD", false, no_params, on_dashboard },
 	{ "/healthz", GET_LIKE, "GET, HEAD", false, no_params, on_healthz },
 	{ "/readyz", GET_LIKE, "GET, HEAD", false, no_params, on_readyz },
 	{ "/stats", GET_LIKE, "GET, HEAD", false, stats_params, on_stats },
 	{ "/stats/prompt", GET_LIKE, "GET, HEAD", false, stats_params, on_stats_prompt },
 	{ "/stats/curve", GET_LIKE, "GET, HEAD", false, stats_params, on_stats_curve },
 	{ "/metrics", GET_LIKE, "GET, HEAD", false, no_params, on_metrics },
+	{ "/requests/recent", GET_LIKE, "GET, HEAD", false, recent_params, on_requests_recent },
 	{ "/reset", EVHTTP_REQ_POST, "POST", true, no_params, on_reset },
 };
 
@@ -594,8 +651,8 @@ static void *admin_main(void *arg)
 	return NULL;
 }
 
-struct admin *admin_start(const struct admin_options *o, struct store *store, const struct config *cfg, char *err,
-			  size_t errlen)
+struct admin *admin_start(const struct admin_options *o, struct store *store, const struct config *cfg,
+			  struct recent *recent, char *err, size_t errlen)
 {
 	struct admin *a;
 	struct evhttp_bound_socket *bound;
@@ -627,6 +684,7 @@ struct admin *admin_start(const struct admin_options *o, struct store *store, co
 	a->wake_fd[0] = a->wake_fd[1] = -1;
 	a->store = store;
 	a->cfg = cfg;
+	a->recent = recent;
 	if (o->token && *o->token) {
 		a->token = strdup(o->token);
 		if (!a->token) {

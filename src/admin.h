@@ -4,7 +4,9 @@
  *
  * It runs on its own thread with its own event loop and evhttp server, so a
  * slow scrape or a large /stats answer never delays forwarding; it touches
- * nothing of the proxy but the store (thread-safe) and the read-only config.
+ * nothing of the proxy but the store and the recent-requests ring (both
+ * thread-safe) and the read-only config. It also serves the dashboard page
+ * (GET /), compiled into the binary from src/dashboard.html.
  * Endpoints, parameters and errors: docs/admin-api.md.
  *
  * Safety: a listen address outside loopback needs a token; requests whose
@@ -18,6 +20,7 @@
 
 struct store;
 struct config;
+struct recent;
 struct admin;
 
 struct admin_options {
@@ -29,10 +32,11 @@ struct admin_options {
  * Binds (port 0 picks a free port) and starts the admin thread. Refuses a
  * listen address outside loopback without a token, and an unparsable one,
  * with a message saying what to change. NULL with `err` on failure.
- * `store` and `cfg` must outlive the admin.
+ * `store`, `cfg` and `recent` (the ring behind /requests/recent; NULL: that
+ * endpoint answers 404) must outlive the admin.
  */
-struct admin *admin_start(const struct admin_options *o, struct store *store, const struct config *cfg, char *err,
-			  size_t errlen);
+struct admin *admin_start(const struct admin_options *o, struct store *store, const struct config *cfg,
+			  struct recent *recent, char *err, size_t errlen);
 
 /* The address actually bound, "ADDR:PORT" ("[v6]:PORT" for IPv6). */
 const char *admin_listen_addr(const struct admin *a);

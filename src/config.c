@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -36,7 +37,137 @@ void config_defaults(struct config *c)
 	c->cold_idle_ms = 60000;
 	c->minute_retention_s = 24 * 3600;
 	c->hour_retention_s = 30 * 24 * 3600;
+	c->admin_listen = "127.0.0.1:9901";
+	c->shutdown_grace_ms = 30000;
 }
+
+void *config_own(struct config *c, void *p)
+{
+	if (!p)
+		return NULL;
+	if (c->nowned == c->capowned) {
+		size_t cap = c->capowned ? c->capowned * 2 : 32;
+		char **q = realloc(c->owned, cap * sizeof(*q));
+		if (!q) {
+			free(p);
+			return NULL;
+		}
+		c->owned = q;
+		c->capowned = cap;
+	}
+	c->owned[c->nowned++] = p;
+	return p;
+}
+
+char *config_strdup(struct config *c, const char *s)
+{
+	return s ? config_own(c, strdup(s)) : NULL;
+}
+
+void config_free(struct config *c)
+{
+	for (size_t i = 0; i < c->nowned; i++)
+		free(c->owned[i]);
+	free(c->owned);
+	memset(c, 0, sizeof(*c));
+}
+
+int config_single_upstream(struct config *c, char *err, size_t errlen)
+{
+	const char *url = c->upstream, *host = url;
+	struct upstream_conf *u = config_own(c, calloc(1, sizeof(*u)));
+	struct route_conf *r = config_own(c, calloc(1, sizeof(*r)));
+	struct route_target *t = config_own(c, calloc(1, sizeof(*t)));
+
+	if (!u || !r || !t) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	if (strncmp(host, "http://", 7) == 0)
+		host += 7;
+	else if (strncmp(host, "https://", 8) == 0)
+		host += 8;
+	size_t n = strcspn(host, "/");
+	char *name = config_own(c, strndup(host, n));
+	if (!name) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	u->name = name;
+	u->url = url;
+	t->upstream = name;
+	t->weight = 1;
+	r->name = "default";
+	r->path_prefix = "/";
+	r->targets = t;
+	r->ntargets = 1;
+	r->failover = true;
+	c->upstreams = u;
+	c->nupstreams = 1;
+	c->routes = r;
+	c->nroutes = 1;
+	return 0;
+}
+
+#define PROBLEM(line, ...) \
+	do { \
+		problems++; \
+		if (c->path) \
+			n += (size_t)snprintf(errs + n, n < errlen ? errlen - n : 0, "%s:%d: ", c->path, (line)); \
+		n += (size_t)snprintf(errs + n, n < errlen ? errlen - n : 0, __VA_ARGS__); \
+		n += (size_t)snprintf(errs + n, n < errlen ? errlen - n : 0, "\n"); \
+	} while (0)
+
+unsigned config_validate(const struct config *c, char *errs, size_t errlen)
+{
+	unsigned problems = 0;
+	size_t n = strlen(errs);
+
+	if (c->nupstreams == 0)
+		PROBLEM(1, "no upstreams: add an `upstreams:` list with at least one url");
+	for (unsigned i = 0; i < c->nupstreams; i++) {
+		const struct upstream_conf *u = &c->upstreams[i];
+		if (!u->name || !*u->name)
+			PROBLEM(u->line, "upstream without a name");
+		if (!u->url)
+			PROBLEM(u->line, "upstream %s has no url", u->name ? u->name : "?");
+		for (unsigned j = 0; j < i; j++)
+			if (u->name && c->upstreams[j].name && strcmp(u->name, c->upstreams[j].name) == 0)
+				PROBLEM(u->line, "upstream name %s is used twice (first on line %d)", u->name,
+					c->upstreams[j].line);
+		if (u->queue_max && !u->max_concurrency)
+			PROBLEM(u->line, "upstream %s: a queue needs max_concurrency", u->name ? u->name : "?");
+	}
+	if (c->nroutes == 0 && c->nupstreams > 1)
+		PROBLEM(1, "several upstreams but no `routes:`; say which requests go where");
+	for (unsigned i = 0; i < c->nroutes; i++) {
+		const struct route_conf *r = &c->routes[i];
+		unsigned total = 0;
+		for (unsigned j = 0; j < i; j++)
+			if (r->name && c->routes[j].name && strcmp(r->name, c->routes[j].name) == 0)
+				PROBLEM(r->line, "route name %s is used twice (first on line %d)", r->name,
+					c->routes[j].line);
+		if (r->path_prefix && r->path_prefix[0] != '/')
+			PROBLEM(r->line, "route %s: path_prefix must start with /", r->name);
+		if (r->ntargets == 0)
+			PROBLEM(r->line, "route %s sends nowhere: give `upstream:` or `split:`", r->name);
+		for (unsigned t = 0; t < r->ntargets; t++) {
+			bool known = false;
+			if (!r->targets[t].upstream)
+				continue; /* reported where it was read */
+			for (unsigned k = 0; k < c->nupstreams; k++)
+				known |= c->upstreams[k].name && strcmp(c->upstreams[k].name, r->targets[t].upstream) == 0;
+			if (!known)
+				PROBLEM(r->line, "route %s names upstream %s, which is not defined", r->name,
+					r->targets[t].upstream);
+			total += r->targets[t].weight;
+		}
+		if (r->ntargets && total == 0)
+			PROBLEM(r->line, "route %s: the weights add up to 0", r->name);
+	}
+	return problems;
+}
+#undef PROBLEM
 
 static int parse_scaled(const char *s, uint64_t *out, const char *const units[], const uint64_t scale[],
 			size_t nunits, uint64_t bare_scale)

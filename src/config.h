@@ -2,8 +2,10 @@
  * config.h — the settings tokentap runs with, and the parsers for the value
  * syntaxes users type (sizes like 32m, durations like 300ms).
  *
- * One struct holds every setting with its default; main.c fills it from the
- * command line. Setup errors are reported as text the user can act on.
+ * One struct holds every setting with its default. main.c fills it from
+ * the command line, or loader.c from a YAML file (docs/config.md). The
+ * struct owns every string it points to that it allocated (config_own);
+ * config_free releases them. Setup errors are text the user can act on.
  */
 #pragma once
 
@@ -11,9 +13,49 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#define LABELS_MAX 16
+
+struct label {
+	const char *key, *value;
+};
+
+/* One upstream server as configured. */
+struct upstream_conf {
+	const char *name; /* unique; the `upstream` label of its stats */
+	const char *url;
+	unsigned max_concurrency;  /* requests at once; 0 = no limit */
+	unsigned queue_max;	   /* requests waiting for a slot */
+	uint64_t queue_timeout_ms; /* waiting longer answers 503 */
+	uint64_t connect_timeout_ms, first_byte_timeout_ms, idle_timeout_ms; /* 0: the global ones */
+	struct label labels[LABELS_MAX]; /* free-form: runtime, hardware, precision... */
+	unsigned nlabels;
+	int line;
+};
+
+struct route_target {
+	const char *upstream;
+	unsigned weight;
+};
+
+enum sticky_kind { STICKY_NONE, STICKY_HEADER, STICKY_JSON_FIELD };
+
+/* One route: what it matches and where it sends. */
+struct route_conf {
+	const char *name;
+	const char *path_prefix; /* "/" when not given */
+	const char *method, *host, *model; /* NULL: any */
+	struct route_target *targets;
+	unsigned ntargets;
+	enum sticky_kind sticky;
+	const char *sticky_key; /* header name or top-level JSON field */
+	bool failover;		/* a refused connection tries another target */
+	int line;
+};
+
 struct config {
+	const char *path;	/* the YAML file, NULL when from flags */
 	const char *listen;	/* ADDR:PORT */
-	const char *upstream;	/* http://host:port */
+	const char *upstream;	/* http://host:port (command-line mode) */
 	const char *access_log; /* path, "-" for stdout, NULL for none */
 	uint64_t max_body_size;
 	uint64_t max_header_size;
@@ -38,10 +80,42 @@ struct config {
 	uint64_t minute_retention_s;
 	uint64_t hour_retention_s;
 	bool check_data; /* verify the store and exit */
+
+	const char *admin_listen;     /* NULL: off */
+	const char *admin_token_file;
+	bool admin_listen_explicit;   /* a busy default port only warns */
+	const char *override_header;  /* pins a request to a named upstream; NULL off */
+	uint64_t shutdown_grace_ms;   /* SIGTERM: running streams get this long */
+
+	struct upstream_conf *upstreams;
+	unsigned nupstreams;
+	struct route_conf *routes;
+	unsigned nroutes;
+
+	char **owned; /* strings and arrays this config allocated */
+	size_t nowned, capowned;
 };
 
 /* Fills `c` with the defaults. */
 void config_defaults(struct config *c);
+
+/* Frees what the config owns; `c` is zeroed. */
+void config_free(struct config *c);
+
+/* Hands `p` (malloc'd) to the config, which frees it in config_free.
+ * Returns `p`, or NULL (and frees p) when out of memory. */
+void *config_own(struct config *c, void *p);
+char *config_strdup(struct config *c, const char *s);
+
+/* Command-line mode: one upstream from `upstream` (named by its host:port)
+ * and one route "default" for every path. 0, or -1 with `err`. */
+int config_single_upstream(struct config *c, char *err, size_t errlen);
+
+/* Checks references and values across the config: every route names known
+ * upstreams, weights add up to more than zero, names are unique, and so
+ * on. Appends one "FILE:LINE: message" line per problem to `errs` (when
+ * c->path is set; "message" alone otherwise) and returns the count. */
+unsigned config_validate(const struct config *c, char *errs, size_t errlen);
 
 /* "32m", "16k", "1g", "4096" (1024-based). Returns 0 or -1. */
 int config_parse_size(const char *s, uint64_t *out);

@@ -59,6 +59,7 @@
 #include "log.h"
 #include "recent.h"
 #include "reqinfo.h"
+#include "router.h"
 #include "stats.h"
 #include "timeline.h"
 #include "upstream.h"
@@ -82,7 +83,7 @@ static const char *const client_state_names[] = {
 #undef X
 };
 
-enum req_timer { RT_NONE, RT_CONNECT, RT_FIRST_BYTE, RT_IDLE };
+enum req_timer { RT_NONE, RT_QUEUE, RT_CONNECT, RT_FIRST_BYTE, RT_IDLE };
 
 /* Lingering close: after an error response, keep reading (and dropping)
  * what the client still sends for a moment, so it sees the response rather
@@ -94,13 +95,14 @@ enum req_timer { RT_NONE, RT_CONNECT, RT_FIRST_BYTE, RT_IDLE };
 /* A response head is held until it parses whole; this bounds it. */
 #define RESP_HEAD_MAX (64u << 10)
 #define REQUEST_ID_MAX 128
-/* Until routes are configurable, all traffic is one route. */
-#define ROUTE_DEFAULT "default"
 
 struct proxy {
 	struct event_base *base;
-	const struct config *cfg;
-	struct upstream *up;
+	struct router *router; /* the current generation; one reference held */
+	bool draining;
+	struct event *drain_timer;
+	void (*drained)(void *arg);
+	void *drained_arg;
 	struct accesslog *alog;
 	struct stats_shard *stats;
 	struct recent *recent;
@@ -139,6 +141,18 @@ struct request {
 	bool logged;
 	int reject_status; /* set by a parser callback that refuses the request */
 	const char *reject_msg;
+
+	/* routing */
+	struct router *rt;	/* the generation this request runs on; a reference */
+	struct route *route;
+	struct upstream *up;	/* chosen upstream, NULL before routing */
+	struct up_waiter waiter;
+	bool admitted;		/* holds an admission slot on `up` */
+	bool awaiting_body;	/* routing needs the body's model or sticky field */
+	uint32_t tried;		/* route targets that refused a connection */
+	bool add_id;		/* the client's x-request-id was absent or unusable */
+	size_t head_len;	/* bytes of the head at the front of up_pending */
+	char sticky_value[128];	/* the route's sticky JSON field, from the body */
 
 	/* upstream side */
 	struct upconn *uc;
@@ -180,8 +194,16 @@ struct client {
 	LIST_ENTRY(client) link;
 };
 
+static inline const struct config *pcfg(const struct proxy *px)
+{
+	return &px->router->cfg;
+}
+
 static void client_close(struct client *cl, const char *why);
 static void client_parse(struct client *cl);
+static void on_request_timer(evutil_socket_t fd, short what, void *arg);
+static bool request_failover(struct request *req);
+static void request_route(struct request *req);
 static void request_finish(struct request *req);
 static void request_flush_upstream(struct request *req);
 static void on_up_read(struct bufferevent *bev, void *arg);
@@ -283,7 +305,7 @@ static bool request_id_acceptable(const char *s, size_t len)
 
 static struct request *request_new(struct client *cl)
 {
-	const struct config *cfg = cl->px->cfg;
+	const struct config *cfg = pcfg(cl->px);
 	struct request *req = calloc(1, sizeof(*req));
 
 	if (!req)
@@ -291,7 +313,7 @@ static struct request *request_new(struct client *cl)
 	req->cl = cl;
 	req->hdrs = calloc(cfg->max_headers, sizeof(*req->hdrs));
 	req->up_pending = evbuffer_new();
-	req->timer = evtimer_new(cl->px->base, NULL, NULL);
+	req->timer = evtimer_new(cl->px->base, on_request_timer, req);
 	if (!req->hdrs || !req->up_pending || !req->timer) {
 		free(req->hdrs);
 		if (req->up_pending)
@@ -303,22 +325,30 @@ static struct request *request_new(struct client *cl)
 	}
 	req->rec.usage = USAGE_UNKNOWN;
 	req->rec.stream = -1;
-	req->rec.upstream = cl->px->up->name;
+	req->rt = cl->px->router;
+	router_ref(req->rt);
 	req->rec.at[TL_ARRIVE] = cl->last_read_ns ? cl->last_read_ns : clock_now_ns();
 	llhttp_init(&req->rparser, HTTP_RESPONSE, &cl->px->resp_settings);
 	req->rparser.data = req;
 	return req;
 }
 
-/* Releases the upstream connection: pooled only when `reusable`. */
+/* Ends the exchange with the upstream: the connection goes back (pooled
+ * only when `reusable`), the admission slot to the next waiter. */
 static void request_drop_upstream(struct request *req, bool reusable)
 {
-	if (!req->uc)
-		return;
-	upstream_release(req->uc, reusable);
-	req->uc = NULL;
+	if (req->up)
+		upstream_cancel(req->up, &req->waiter);
+	if (req->uc) {
+		upstream_release(req->uc, reusable);
+		req->uc = NULL;
+	}
 	req->timer_kind = RT_NONE;
 	evtimer_del(req->timer);
+	if (req->admitted) {
+		req->admitted = false;
+		upstream_leave(req->up); /* may admit a waiter: nothing after this touches it */
+	}
 }
 
 static void request_free(struct request *req)
@@ -337,6 +367,7 @@ static void request_free(struct request *req)
 	free(req->hbuf);
 	free(req->hdrs);
 	free(req->body_prefix);
+	router_unref(req->rt);
 	free(req);
 }
 
@@ -344,7 +375,8 @@ static struct series *request_series(struct request *req)
 {
 	struct proxy *px = req->cl->px;
 	if (!req->series)
-		req->series = stats_series(px->stats, ROUTE_DEFAULT, px->up->name, req->rec.model, req->cold);
+		req->series = stats_series(px->stats, req->route ? req->route->name : "none",
+					   req->up ? req->up->name : "none", req->rec.model, req->cold);
 	return req->series;
 }
 
@@ -361,7 +393,7 @@ static void request_log(struct request *req)
 
 static bool hbuf_append(struct request *req, const char *at, size_t len)
 {
-	const struct config *cfg = req->cl->px->cfg;
+	const struct config *cfg = pcfg(req->cl->px);
 
 	if (req->hlen + len > cfg->max_header_size)
 		return false;
@@ -483,21 +515,29 @@ static void on_request_timer(evutil_socket_t fd, short what, void *arg)
 {
 	struct request *req = arg;
 	struct client *cl = req->cl;
-	const struct config *cfg = cl->px->cfg;
-	char msg[160];
+	char msg[200];
 
 	switch (req->timer_kind) {
+	case RT_QUEUE:
+		snprintf(msg, sizeof(msg), "upstream %s is at its concurrency limit and no slot freed within %llu ms",
+			 req->up->name, (unsigned long long)req->up->conf->queue_timeout_ms);
+		req->up->rejected++;
+		client_fail(cl, 503, REQ_ERR_TIMEOUT, "upstream_busy", msg);
+		return;
 	case RT_CONNECT:
 		snprintf(msg, sizeof(msg), "upstream %s did not accept the connection within %llu ms",
-			 cl->px->up->name, (unsigned long long)cfg->connect_timeout_ms);
+			 req->up->name, (unsigned long long)req->up->connect_timeout_ms);
+		upstream_note_result(req->up, false, clock_now_ns());
+		if (request_failover(req)) /* nothing reached it: safe to send elsewhere */
+			return;
 		break;
 	case RT_FIRST_BYTE:
-		snprintf(msg, sizeof(msg), "upstream %s sent no response headers within %llu ms", cl->px->up->name,
-			 (unsigned long long)cfg->first_byte_timeout_ms);
+		snprintf(msg, sizeof(msg), "upstream %s sent no response headers within %llu ms", req->up->name,
+			 (unsigned long long)req->up->first_byte_timeout_ms);
 		break;
 	case RT_IDLE:
-		snprintf(msg, sizeof(msg), "upstream %s went silent for %llu ms", cl->px->up->name,
-			 (unsigned long long)cfg->idle_timeout_ms);
+		snprintf(msg, sizeof(msg), "upstream %s went silent for %llu ms", req->up->name,
+			 (unsigned long long)req->up->idle_timeout_ms);
 		break;
 	default:
 		return;
@@ -505,35 +545,159 @@ static void on_request_timer(evutil_socket_t fd, short what, void *arg)
 	client_fail(cl, 504, REQ_ERR_TIMEOUT, "upstream_timeout", msg);
 }
 
-static void request_dispatch(struct request *req)
+static void request_write_head(struct request *req);
+
+/* A slot on req->up is ours: take a connection and send. */
+static void request_connect(struct request *req)
 {
 	struct client *cl = req->cl;
-	struct proxy *px = cl->px;
 	bool reused = false;
-	char msg[160];
+	char msg[200];
 
 	uint64_t now = clock_now_ns();
-	timeline_mark(&req->rec, TL_DISPATCH, now);
-	req->uc = upstream_acquire(px->up, &reused);
-	if (req->uc) {
-		req->inflight = px->up->in_flight;
-		req->cold = upstream_dispatch_cold(px->up, reused, now);
-	} else {
-		snprintf(msg, sizeof(msg), "cannot open a connection to upstream %s: %s", px->up->name,
+	req->rec.at[TL_DISPATCH] = now; /* again after a failover: queue ends at the last dispatch */
+	req->rec.at[TL_UP_CONNECTED] = 0;
+	req->rec.upstream = req->up->name;
+	request_write_head(req);
+	req->uc = upstream_acquire(req->up, &reused);
+	if (!req->uc) {
+		snprintf(msg, sizeof(msg), "cannot open a connection to upstream %s: %s", req->up->name,
 			 strerror(errno));
 		client_fail(cl, 502, REQ_ERR_CONNECT_FAILED, "upstream_unreachable", msg);
 		return;
 	}
-	event_assign(req->timer, px->base, -1, 0, on_request_timer, req);
+	req->inflight = req->up->active;
+	req->cold = upstream_dispatch_cold(req->up, reused, now);
 	bufferevent_setcb(req->uc->bev, on_up_read, on_up_write, on_up_event, req);
 	bufferevent_setwatermark(req->uc->bev, EV_WRITE, 0, 0);
 	if (reused) {
-		req->rec.at[TL_UP_CONNECTED] = req->rec.at[TL_DISPATCH];
+		req->rec.at[TL_UP_CONNECTED] = now;
 		bufferevent_enable(req->uc->bev, EV_READ | EV_WRITE);
 		request_flush_upstream(req);
 	} else {
-		request_timer_set(req, RT_CONNECT, px->cfg->connect_timeout_ms);
+		request_timer_set(req, RT_CONNECT, req->up->connect_timeout_ms);
 	}
+}
+
+static void on_admitted(struct up_waiter *w)
+{
+	struct request *req = (struct request *)((char *)w - offsetof(struct request, waiter));
+
+	req->admitted = true;
+	evtimer_del(req->timer);
+	req->timer_kind = RT_NONE;
+	request_connect(req);
+}
+
+/* Asks req->up for a slot: now, after a wait in its queue, or 503. */
+static void request_admit(struct request *req)
+{
+	char msg[200];
+
+	req->waiter.ready = on_admitted;
+	switch (upstream_admit(req->up, &req->waiter)) {
+	case ADMIT_NOW:
+		req->admitted = true;
+		request_connect(req);
+		break;
+	case ADMIT_QUEUED:
+		request_timer_set(req, RT_QUEUE, req->up->conf->queue_timeout_ms);
+		break;
+	case ADMIT_FULL:
+		snprintf(msg, sizeof(msg), "upstream %s is at its concurrency limit and its queue is full",
+			 req->up->name);
+		client_fail(req->cl, 503, REQ_ERR_BAD_REQUEST, "upstream_busy", msg);
+		break;
+	}
+}
+
+/* The sticky value of this request, when its route has one. */
+static const char *request_sticky_key(struct request *req, size_t *len)
+{
+	const struct route_conf *rc = req->route->conf;
+
+	if (rc->sticky == STICKY_HEADER) {
+		const struct hdr *h = request_header(req, rc->sticky_key);
+		if (h && h->val_len) {
+			*len = h->val_len;
+			return req->hbuf + h->val_off;
+		}
+	} else if (rc->sticky == STICKY_JSON_FIELD && req->sticky_value[0]) {
+		*len = strlen(req->sticky_value);
+		return req->sticky_value;
+	}
+	return NULL;
+}
+
+/* Picks the route and the upstream, then asks it for a slot. Called once
+ * the head is parsed, or once the body prefix is, when routing needs it. */
+static void request_route(struct request *req)
+{
+	struct client *cl = req->cl;
+	const struct config *cfg = &req->rt->cfg;
+	const struct hdr *host = request_header(req, "host");
+	const char *method = req->rec.method;
+	char msg[300];
+	unsigned idx;
+
+	req->awaiting_body = false;
+	req->route = router_match(req->rt, method, req->rec.path, strlen(req->rec.path),
+				  host ? req->hbuf + host->val_off : NULL, host ? host->val_len : 0,
+				  req->rec.model[0] ? req->rec.model : NULL);
+	if (!req->route) {
+		snprintf(msg, sizeof(msg), "no route matches %s %s", method, req->rec.path);
+		client_fail(cl, 404, REQ_ERR_BAD_REQUEST, "no_route", msg);
+		return;
+	}
+	if (cfg->override_header) {
+		const struct hdr *h = request_header(req, cfg->override_header);
+		if (h) {
+			req->up = router_upstream(req->rt, req->hbuf + h->val_off, h->val_len);
+			if (!req->up) {
+				snprintf(msg, sizeof(msg), "%s names no configured upstream", cfg->override_header);
+				client_fail(cl, 400, REQ_ERR_BAD_REQUEST, "invalid_request", msg);
+				return;
+			}
+			int i = route_target_index(req->route, req->up);
+			req->tried = i >= 0 ? ~(uint32_t)0 & ~(1u << i) : ~(uint32_t)0; /* pinned: no failover */
+			request_admit(req);
+			return;
+		}
+	}
+	size_t klen = 0;
+	const char *key = request_sticky_key(req, &klen);
+	req->up = route_pick(req->route, key, klen, req->tried, &idx);
+	if (!req->up) {
+		snprintf(msg, sizeof(msg), "route %s has no upstream with a weight above 0", req->route->name);
+		client_fail(cl, 503, REQ_ERR_CONNECT_FAILED, "upstream_unavailable", msg);
+		return;
+	}
+	request_admit(req);
+}
+
+/* The chosen upstream refused the connection before any byte reached it:
+ * another target of the route gets the request, when the route allows. */
+static bool request_failover(struct request *req)
+{
+	unsigned idx;
+	int cur = route_target_index(req->route, req->up);
+
+	if (!req->route->conf->failover || cur < 0)
+		return false;
+	req->tried |= 1u << cur;
+	size_t klen = 0;
+	const char *key = request_sticky_key(req, &klen);
+	struct upstream *next = route_pick(req->route, key, klen, req->tried, &idx);
+	if (!next)
+		return false;
+	log_conn(LOG_WARN, req->cl->id, "request %s: upstream %s refused; failing over to %s", req->rec.id,
+		 req->up->name, next->name);
+	request_drop_upstream(req, false);
+	evbuffer_drain(req->up_pending, req->head_len); /* the head is rewritten for the next one */
+	req->head_len = 0;
+	req->up = next;
+	request_admit(req);
+	return true;
 }
 
 /* Moves pending request bytes to the upstream, and applies upload
@@ -549,7 +713,7 @@ static void request_flush_upstream(struct request *req)
 			evbuffer_add_buffer(out, req->up_pending);
 		queued = evbuffer_get_length(out);
 	}
-	if (queued > cl->px->cfg->stream_buffer && !cl->reading_blocked) {
+	if (queued > pcfg(cl->px)->stream_buffer && !cl->reading_blocked) {
 		cl->reading_blocked = true;
 		bufferevent_disable(cl->bev, EV_READ);
 	}
@@ -566,7 +730,7 @@ static void request_check_sent(struct request *req)
 		return;
 	timeline_mark(&req->rec, TL_REQ_SENT, clock_now_ns());
 	if (!req->resp_head_done)
-		request_timer_set(req, RT_FIRST_BYTE, req->cl->px->cfg->first_byte_timeout_ms);
+		request_timer_set(req, RT_FIRST_BYTE, pcfg(req->cl->px)->first_byte_timeout_ms);
 }
 
 static void on_up_write(struct bufferevent *bev, void *arg)
@@ -576,7 +740,7 @@ static void on_up_write(struct bufferevent *bev, void *arg)
 
 	if (cl->closing)
 		return;
-	if (cl->reading_blocked && evbuffer_get_length(bufferevent_get_output(bev)) <= cl->px->cfg->stream_buffer / 2) {
+	if (cl->reading_blocked && evbuffer_get_length(bufferevent_get_output(bev)) <= pcfg(cl->px)->stream_buffer / 2) {
 		cl->reading_blocked = false;
 		bufferevent_enable(cl->bev, EV_READ);
 		client_parse(cl);
@@ -590,7 +754,6 @@ static void on_up_event(struct bufferevent *bev, short what, void *arg)
 {
 	struct request *req = arg;
 	struct client *cl = req->cl;
-	struct proxy *px = cl->px;
 	char msg[200];
 
 	if (cl->closing)
@@ -606,9 +769,11 @@ static void on_up_event(struct bufferevent *bev, short what, void *arg)
 	}
 	if (!req->uc->connected) {
 		int err = EVUTIL_SOCKET_ERROR();
-		upstream_note_result(px->up, false, clock_now_ns());
-		snprintf(msg, sizeof(msg), "upstream %s is unreachable: %s", px->up->name,
+		upstream_note_result(req->up, false, clock_now_ns());
+		snprintf(msg, sizeof(msg), "upstream %s is unreachable: %s", req->up->name,
 			 err ? evutil_socket_error_to_string(err) : "connection failed");
+		if (request_failover(req))
+			return;
 		client_fail(cl, 502, REQ_ERR_CONNECT_FAILED, "upstream_unreachable", msg);
 		return;
 	}
@@ -631,7 +796,7 @@ static void on_up_event(struct bufferevent *bev, short what, void *arg)
 	}
 	if (req->resp_done)
 		return;
-	snprintf(msg, sizeof(msg), "upstream %s %s %s", px->up->name,
+	snprintf(msg, sizeof(msg), "upstream %s %s %s", req->up->name,
 		 (what & BEV_EVENT_EOF) ? "closed the connection" : "connection failed",
 		 req->resp_started ? "mid-response" : "before responding");
 	client_fail(cl, 502, REQ_ERR_UPSTREAM_RESET, "upstream_reset", msg);
@@ -672,7 +837,7 @@ static void on_up_read(struct bufferevent *bev, void *arg)
 	struct request *req = arg;
 	struct client *cl = req->cl;
 	struct evbuffer *in = bufferevent_get_input(bev);
-	const struct config *cfg = cl->px->cfg;
+	const struct config *cfg = pcfg(cl->px);
 
 	if (cl->closing)
 		return;
@@ -693,7 +858,7 @@ static void on_up_read(struct bufferevent *bev, void *arg)
 			used = (size_t)(llhttp_get_error_pos(&req->rparser) - (const char *)v.iov_base);
 		} else if (e != HPE_OK) {
 			char msg[200];
-			snprintf(msg, sizeof(msg), "upstream %s sent an invalid response: %s", cl->px->up->name,
+			snprintf(msg, sizeof(msg), "upstream %s sent an invalid response: %s", req->up->name,
 				 llhttp_errno_name(e));
 			req->upstream_dirty = true;
 			client_fail(cl, 502, REQ_ERR_UPSTREAM_PROTOCOL, "upstream_protocol", msg);
@@ -707,7 +872,7 @@ static void on_up_read(struct bufferevent *bev, void *arg)
 		return;
 	if (!req->resp_head_done && req->resp_parsed > RESP_HEAD_MAX) {
 		char msg[160];
-		snprintf(msg, sizeof(msg), "upstream %s sent a response head over %u bytes", cl->px->up->name,
+		snprintf(msg, sizeof(msg), "upstream %s sent a response head over %u bytes", req->up->name,
 			 RESP_HEAD_MAX);
 		req->upstream_dirty = true;
 		client_fail(cl, 502, REQ_ERR_UPSTREAM_PROTOCOL, "upstream_protocol", msg);
@@ -795,13 +960,13 @@ static int on_resp_headers_complete(llhttp_t *p)
 	req->resp_head_done = true;
 	req->rec.status = status;
 	timeline_mark(&req->rec, TL_RESP_HEADERS, req->now);
-	request_timer_set(req, RT_IDLE, req->cl->px->cfg->idle_timeout_ms);
+	request_timer_set(req, RT_IDLE, pcfg(req->cl->px)->idle_timeout_ms);
 	/* Compressed bodies are forwarded, not framed. */
 	if (req->content_encoded)
 		req->resp_kind = FRAMER_NONE;
 	if (req->resp_kind != FRAMER_NONE) {
 		req->rec.stream = 1;
-		framer_init(&req->framer, req->resp_kind, req->cl->px->cfg->max_event_size, on_stream_event, req);
+		framer_init(&req->framer, req->resp_kind, pcfg(req->cl->px)->max_event_size, on_stream_event, req);
 	} else if (status >= 200 && status < 300) {
 		req->rec.stream = 0;
 	}
@@ -844,7 +1009,7 @@ static int on_resp_message_complete(llhttp_t *p)
 	}
 	req->resp_done = true;
 	req->resp_keepalive = llhttp_should_keep_alive(p);
-	upstream_note_result(req->cl->px->up, true, req->now);
+	upstream_note_result(req->up, true, req->now);
 	evtimer_del(req->timer);
 	req->timer_kind = RT_NONE;
 	return HPE_PAUSED;
@@ -869,7 +1034,7 @@ static int on_req_message_begin(llhttp_t *p)
 			return -1;
 	}
 	client_set_state(cl, CL_HEAD);
-	timer_arm(cl->timer, cl->px->cfg->header_timeout_ms);
+	timer_arm(cl->timer, pcfg(cl->px)->header_timeout_ms);
 	return 0;
 }
 
@@ -898,7 +1063,7 @@ static bool is_tchar(unsigned char c)
 static int on_req_header_field(llhttp_t *p, const char *at, size_t len)
 {
 	struct request *req = ((struct client *)p->data)->req;
-	const struct config *cfg = req->cl->px->cfg;
+	const struct config *cfg = pcfg(req->cl->px);
 
 	for (size_t i = 0; i < len; i++)
 		if (!is_tchar((unsigned char)at[i]))
@@ -952,14 +1117,17 @@ static void copy_trunc(char *dst, size_t dstlen, const char *src, size_t len)
 }
 
 /* The head the upstream gets: same method, target and end-to-end headers,
- * HTTP/1.1 framing of tokentap's choosing, and the request id. */
-static void request_write_head(struct request *req, bool add_id)
+ * HTTP/1.1 framing of tokentap's choosing, and the request id. It goes in
+ * front of whatever body bytes already wait in up_pending, once the
+ * upstream is chosen (a failover writes it again). */
+static void request_write_head(struct request *req)
 {
-	struct evbuffer *out = req->up_pending;
-	const char *method = llhttp_method_name(llhttp_get_method(&req->cl->parser));
+	struct evbuffer *out = evbuffer_new();
 	bool has_host = false;
 
-	evbuffer_add_printf(out, "%s ", method);
+	if (!out)
+		return;
+	evbuffer_add_printf(out, "%s ", req->rec.method);
 	evbuffer_add(out, req->hbuf + req->url_off, req->url_len);
 	evbuffer_add_printf(out, " HTTP/1.%d\r\n", req->http10 ? 0 : 1);
 	for (unsigned i = 0; i < req->nhdr; i++) {
@@ -967,7 +1135,7 @@ static void request_write_head(struct request *req, bool add_id)
 		const char *name = req->hbuf + h->name_off;
 		if (hop_by_hop(req, name, h->name_len))
 			continue;
-		if (add_id && name_eq(name, h->name_len, "x-request-id"))
+		if (req->add_id && name_eq(name, h->name_len, "x-request-id"))
 			continue; /* replaced: the client's was not usable */
 		if (name_eq(name, h->name_len, "host"))
 			has_host = true;
@@ -977,23 +1145,25 @@ static void request_write_head(struct request *req, bool add_id)
 		evbuffer_add(out, "\r\n", 2);
 	}
 	if (!has_host)
-		evbuffer_add_printf(out, "host: %s\r\n", req->cl->px->up->name);
-	if (add_id)
+		evbuffer_add_printf(out, "host: %s\r\n", req->up->name);
+	if (req->add_id)
 		evbuffer_add_printf(out, "x-request-id: %s\r\n", req->rec.id);
 	if (req->chunked_in)
 		evbuffer_add_printf(out, "transfer-encoding: chunked\r\n");
 	if (req->http10)
 		evbuffer_add_printf(out, "connection: close\r\n");
 	evbuffer_add(out, "\r\n", 2);
+	req->head_len = evbuffer_get_length(out);
+	evbuffer_prepend_buffer(req->up_pending, out);
+	evbuffer_free(out);
 }
 
 static int on_req_headers_complete(llhttp_t *p)
 {
 	struct client *cl = p->data;
 	struct request *req = cl->req;
-	const struct config *cfg = cl->px->cfg;
+	const struct config *cfg = pcfg(cl->px);
 	const struct hdr *h;
-	bool add_id = true;
 	uint64_t now = clock_now_ns();
 
 	timeline_mark(&req->rec, TL_REQ_HEADERS, now);
@@ -1011,8 +1181,8 @@ static int on_req_headers_complete(llhttp_t *p)
 	h = request_header(req, "x-request-id");
 	if (h && request_id_acceptable(req->hbuf + h->val_off, h->val_len)) {
 		copy_trunc(req->rec.id, sizeof(req->rec.id), req->hbuf + h->val_off, h->val_len);
-		add_id = false;
 	} else {
+		req->add_id = true;
 		request_id_generate(cl->px, req->rec.id, sizeof(req->rec.id));
 	}
 	if (req->rec.api == API_OLLAMA_CHAT || req->rec.api == API_OLLAMA_GENERATE)
@@ -1040,37 +1210,49 @@ static int on_req_headers_complete(llhttp_t *p)
 	if (!llhttp_should_keep_alive(p))
 		cl->close_after = true;
 
-	request_write_head(req, add_id);
 	client_set_state(cl, CL_BODY);
 	if (cfg->idle_timeout_ms)
 		timer_arm(cl->timer, cfg->idle_timeout_ms); /* a stalled upload */
-	request_dispatch(req);
+	/* Routing on the model or a body field waits for the body's first
+	 * bytes (or its end); they wait in up_pending meanwhile. */
+	if (req->rt->needs_body && (req->chunked_in || p->content_length > 0))
+		req->awaiting_body = true;
+	else
+		request_route(req);
 	return cl->state == CL_CLOSING ? -1 : 0;
 }
 
+/* Reads the model, stream flag and any sticky field from the body prefix;
+ * then routes the request if routing was waiting for them. */
 static void request_learn_body(struct request *req, bool complete)
 {
 	struct reqinfo info;
+	const char *field = NULL;
 
 	if (req->reqinfo_done)
 		return;
 	req->reqinfo_done = true;
-	if (!req->body_prefix_len)
-		return;
-	if (reqinfo_parse(req->body_prefix, req->body_prefix_len, complete, &info) == 0) {
+	for (unsigned i = 0; i < req->rt->nroutes; i++)
+		if (req->rt->routes[i].conf->sticky == STICKY_JSON_FIELD)
+			field = req->rt->routes[i].conf->sticky_key; /* one field name per config, in practice */
+	if (req->body_prefix_len &&
+	    reqinfo_parse_field(req->body_prefix, req->body_prefix_len, complete, field, &info) == 0) {
 		copy_trunc(req->rec.model, sizeof(req->rec.model), info.model, strlen(info.model));
+		copy_trunc(req->sticky_value, sizeof(req->sticky_value), info.field_value, strlen(info.field_value));
 		if (info.stream >= 0)
 			req->rec.stream = info.stream;
 	}
 	free(req->body_prefix);
 	req->body_prefix = NULL;
+	if (req->awaiting_body)
+		request_route(req);
 }
 
 static int on_req_body(llhttp_t *p, const char *at, size_t len)
 {
 	struct client *cl = p->data;
 	struct request *req = cl->req;
-	const struct config *cfg = cl->px->cfg;
+	const struct config *cfg = pcfg(cl->px);
 
 	req->body_bytes += len;
 	if (req->body_bytes > cfg->max_body_size)
@@ -1113,6 +1295,8 @@ static int on_req_message_complete(llhttp_t *p)
 
 static void client_free(struct client *cl)
 {
+	struct proxy *px = cl->px;
+
 	LIST_REMOVE(cl, link);
 	request_free(cl->req);
 	if (cl->bev)
@@ -1120,6 +1304,11 @@ static void client_free(struct client *cl)
 	if (cl->timer)
 		event_free(cl->timer);
 	free(cl);
+	if (px->draining && LIST_EMPTY(&px->clients) && px->drained) {
+		void (*done)(void *) = px->drained;
+		px->drained = NULL;
+		done(px->drained_arg);
+	}
 }
 
 static void on_deferred_free(evutil_socket_t fd, short what, void *arg)
@@ -1169,15 +1358,15 @@ static void request_finish(struct request *req)
 	request_free(req);
 	cl->req = NULL;
 	cl->reading_blocked = false;
-	if (cl->close_after) {
-		client_close(cl, "response done, connection: close");
+	if (cl->close_after || cl->px->draining) {
+		client_close(cl, cl->px->draining ? "draining" : "response done, connection: close");
 		return;
 	}
 	client_set_state(cl, CL_IDLE);
 	llhttp_resume(&cl->parser);
 	bufferevent_setwatermark(cl->bev, EV_WRITE, 0, 0);
 	bufferevent_enable(cl->bev, EV_READ);
-	timer_arm(cl->timer, cl->px->cfg->keepalive_timeout_ms);
+	timer_arm(cl->timer, pcfg(cl->px)->keepalive_timeout_ms);
 	if (evbuffer_get_length(bufferevent_get_input(cl->bev)))
 		client_parse(cl);
 }
@@ -1256,8 +1445,8 @@ static void on_client_read(struct bufferevent *bev, void *arg)
 		evbuffer_drain(bufferevent_get_input(bev), evbuffer_get_length(bufferevent_get_input(bev)));
 		return;
 	}
-	if (cl->state == CL_BODY && cl->px->cfg->idle_timeout_ms)
-		timer_arm(cl->timer, cl->px->cfg->idle_timeout_ms);
+	if (cl->state == CL_BODY && pcfg(cl->px)->idle_timeout_ms)
+		timer_arm(cl->timer, pcfg(cl->px)->idle_timeout_ms);
 	client_parse(cl);
 }
 
@@ -1281,7 +1470,7 @@ static void on_client_write(struct bufferevent *bev, void *arg)
 		bufferevent_setwatermark(bev, EV_WRITE, 0, 0);
 		bufferevent_enable(req->uc->bev, EV_READ);
 		if (req->resp_head_done && !req->resp_done)
-			request_timer_set(req, RT_IDLE, cl->px->cfg->idle_timeout_ms);
+			request_timer_set(req, RT_IDLE, pcfg(cl->px)->idle_timeout_ms);
 		/* bytes may have arrived while reading was off */
 		if (evbuffer_get_length(bufferevent_get_input(req->uc->bev)))
 			on_up_read(req->uc->bev, req);
@@ -1314,12 +1503,12 @@ static void on_client_timer(evutil_socket_t fd, short what, void *arg)
 		break;
 	case CL_HEAD:
 		snprintf(msg, sizeof(msg), "request headers not received within %llu ms",
-			 (unsigned long long)cl->px->cfg->header_timeout_ms);
+			 (unsigned long long)pcfg(cl->px)->header_timeout_ms);
 		client_fail(cl, 408, REQ_ERR_BAD_REQUEST, "request_timeout", msg);
 		break;
 	case CL_BODY:
 		snprintf(msg, sizeof(msg), "request body stalled for %llu ms",
-			 (unsigned long long)cl->px->cfg->idle_timeout_ms);
+			 (unsigned long long)pcfg(cl->px)->idle_timeout_ms);
 		client_fail(cl, 408, REQ_ERR_CLIENT_ABORTED, "request_timeout", msg);
 		break;
 	case CL_CLOSING:
@@ -1336,7 +1525,8 @@ static void on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct soc
 	struct client *cl = calloc(1, sizeof(*cl));
 	int one = 1;
 
-	if (!cl) {
+	if (!cl || px->draining) {
+		free(cl);
 		evutil_closesocket(fd);
 		return;
 	}
@@ -1362,7 +1552,7 @@ static void on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct soc
 	bufferevent_setcb(cl->bev, on_client_read, on_client_write, on_client_event, cl);
 	bufferevent_setwatermark(cl->bev, EV_READ, 0, CLIENT_INPUT_MAX);
 	bufferevent_enable(cl->bev, EV_READ | EV_WRITE);
-	timer_arm(cl->timer, px->cfg->keepalive_timeout_ms);
+	timer_arm(cl->timer, pcfg(px)->keepalive_timeout_ms);
 	log_conn(LOG_DEBUG, cl->id, "accepted from %s", cl->peer);
 }
 
@@ -1372,10 +1562,10 @@ static void on_accept_error(struct evconnlistener *lev, void *arg)
 	log_error("accept failed: %s", evutil_socket_error_to_string(err));
 }
 
-struct proxy *proxy_new(struct event_base *base, const struct config *cfg, struct upstream *up,
-			struct accesslog *alog, struct stats_shard *stats, struct recent *recent, char *err,
-			size_t errlen)
+struct proxy *proxy_new(struct event_base *base, struct router *router, struct accesslog *alog,
+			struct stats_shard *stats, struct recent *recent, char *err, size_t errlen)
 {
+	const struct config *cfg = &router->cfg;
 	struct sockaddr_storage ss;
 	unsigned sslen;
 	struct proxy *px;
@@ -1391,8 +1581,7 @@ struct proxy *proxy_new(struct event_base *base, const struct config *cfg, struc
 		return NULL;
 	}
 	px->base = base;
-	px->cfg = cfg;
-	px->up = up;
+	px->router = router;
 	px->alog = alog;
 	px->stats = stats;
 	px->recent = recent;
@@ -1452,5 +1641,68 @@ void proxy_free(struct proxy *px)
 		evconnlistener_free(px->listener);
 	while ((cl = LIST_FIRST(&px->clients)))
 		client_free(cl);
+	if (px->drain_timer)
+		event_free(px->drain_timer);
+	router_unref(px->router);
 	free(px);
+}
+
+void proxy_set_router(struct proxy *px, struct router *router)
+{
+	struct router *old = px->router;
+
+	px->router = router; /* new requests; running ones keep theirs */
+	router_unref(old);
+}
+
+struct router *proxy_router(const struct proxy *px)
+{
+	return px->router;
+}
+
+static void on_drain_timer(evutil_socket_t fd, short what, void *arg)
+{
+	struct proxy *px = arg;
+	struct client *cl, *next;
+	unsigned cut = 0;
+
+	for (cl = LIST_FIRST(&px->clients); cl; cl = next) {
+		next = LIST_NEXT(cl, link);
+		if (!cl->closing) {
+			cut++;
+			client_close(cl, "shutdown grace period over");
+		}
+	}
+	log_warn("shutdown: grace period over; %u connection(s) cut", cut);
+}
+
+void proxy_drain(struct proxy *px, uint64_t grace_ms, void (*done)(void *arg), void *arg)
+{
+	struct client *cl, *next;
+	unsigned busy = 0;
+
+	px->draining = true;
+	px->drained = done;
+	px->drained_arg = arg;
+	if (px->listener)
+		evconnlistener_disable(px->listener);
+	for (cl = LIST_FIRST(&px->clients); cl; cl = next) {
+		next = LIST_NEXT(cl, link);
+		if (cl->closing)
+			continue;
+		if (cl->state == CL_IDLE && !cl->req &&
+		    evbuffer_get_length(bufferevent_get_input(cl->bev)) == 0)
+			client_close(cl, "draining: idle");
+		else
+			busy++;
+	}
+	log_info("shutdown: no longer accepting; waiting for %u running request(s), at most %llu ms", busy,
+		 (unsigned long long)grace_ms);
+	px->drain_timer = evtimer_new(px->base, on_drain_timer, px);
+	if (px->drain_timer)
+		timer_arm(px->drain_timer, grace_ms);
+	if (LIST_EMPTY(&px->clients) && px->drained) {
+		px->drained = NULL;
+		done(arg);
+	}
 }

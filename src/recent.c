@@ -72,6 +72,11 @@ void recent_push(struct recent *rc, const struct req_record *r, unsigned infligh
 	pthread_mutex_unlock(&rc->lock);
 }
 
+size_t recent_capacity(const struct recent *rc)
+{
+	return rc ? rc->cap : 0; /* set once by recent_new: no lock needed */
+}
+
 size_t recent_snapshot(struct recent *rc, struct recent_entry *out, size_t n)
 {
 	size_t k = 0;

@@ -30,5 +30,8 @@ void recent_free(struct recent *rc);
 
 void recent_push(struct recent *rc, const struct req_record *r, unsigned inflight, bool cold);
 
+/* The ring's size, fixed at recent_new; 0 for NULL. */
+size_t recent_capacity(const struct recent *rc);
+
 /* Copies up to `n` entries, newest first; returns how many. */
 size_t recent_snapshot(struct recent *rc, struct recent_entry *out, size_t n);

@@ -31,6 +31,7 @@ enum scan_status {
 struct scan {
 	const char *p;
 	const char *end;
+	const char *field; /* an extra top-level string field to read, or NULL */
 };
 
 static void scan_space(struct scan *s)
@@ -330,7 +331,13 @@ static enum scan_status scan_top(struct scan *s, struct reqinfo *out)
 		if (s->p >= s->end)
 			return SCAN_SHORT;
 
-		if (key_is(key, key_end, "model") && *s->p == '"') {
+		if (s->field && key_is(key, key_end, s->field) && *s->p == '"') {
+			char v[REQINFO_MODEL_MAX];
+			st = scan_read_string(s, v, sizeof(v));
+			if (st != SCAN_OK)
+				return st;
+			memcpy(out->field_value, v, sizeof(v));
+		} else if (key_is(key, key_end, "model") && *s->p == '"') {
 			char model[REQINFO_MODEL_MAX];
 			st = scan_read_string(s, model, sizeof(model));
 			if (st != SCAN_OK)
@@ -375,11 +382,17 @@ static enum scan_status scan_top(struct scan *s, struct reqinfo *out)
 
 int reqinfo_parse(const char *body, size_t len, bool complete, struct reqinfo *out)
 {
+	return reqinfo_parse_field(body, len, complete, NULL, out);
+}
+
+int reqinfo_parse_field(const char *body, size_t len, bool complete, const char *field, struct reqinfo *out)
+{
 	out->model[0] = '\0';
 	out->stream = -1;
+	out->field_value[0] = '\0';
 	if (body == NULL)
 		return -1;
-	struct scan s = { body, body + len };
+	struct scan s = { body, body + len, field };
 	scan_space(&s);
 	if (s.p == s.end)
 		return -1; /* nothing but blanks: no sign of JSON yet */
@@ -392,6 +405,7 @@ int reqinfo_parse(const char *body, size_t len, bool complete, struct reqinfo *o
 	if (st == SCAN_BAD || (st == SCAN_SHORT && complete)) {
 		out->model[0] = '\0';
 		out->stream = -1;
+		out->field_value[0] = '\0';
 		return -1;
 	}
 	return 0;

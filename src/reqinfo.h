@@ -16,8 +16,13 @@
 struct reqinfo {
 	char model[REQINFO_MODEL_MAX]; /* "" when absent; truncated to fit, NUL-terminated */
 	int stream;		       /* 1 true, 0 false, -1 absent */
+	char field_value[REQINFO_MODEL_MAX]; /* reqinfo_parse_field: "" when absent or not a string */
 };
 
 /* Fills `out` from `body[0..len)`. `complete` says whether that is the whole
  * body. Returns 0 when the body was JSON (or a JSON prefix), -1 otherwise. */
 int reqinfo_parse(const char *body, size_t len, bool complete, struct reqinfo *out);
+
+/* The same, also reading the top-level string field `field` (sticky
+ * routing on, say, "user") into out->field_value. */
+int reqinfo_parse_field(const char *body, size_t len, bool complete, const char *field, struct reqinfo *out);

@@ -27,9 +27,10 @@ struct series {
 	struct series *next_in_bucket;
 };
 
-/* Models seen per (route, upstream), for the cap. */
+/* Models seen per (route, upstream), for the cap. Copies of the names:
+ * a reload frees the configuration they came from. */
 struct model_count {
-	const char *route, *upstream; /* borrowed: they outlive the shard */
+	char *route, *upstream;
 	unsigned n;
 };
 
@@ -120,15 +121,20 @@ static bool model_admit(struct stats_shard *sh, const char *route, const char *u
 	struct model_count *m = NULL;
 
 	for (size_t i = 0; i < sh->n_mc; i++)
-		if (sh->mc[i].route == route && sh->mc[i].upstream == upstream)
+		if (strcmp(sh->mc[i].route, route) == 0 && strcmp(sh->mc[i].upstream, upstream) == 0)
 			m = &sh->mc[i];
 	if (!m) {
 		struct model_count *p = realloc(sh->mc, (sh->n_mc + 1) * sizeof(*p));
-		if (!p)
+		char *r = strdup(route), *u = strdup(upstream);
+		if (p)
+			sh->mc = p;
+		if (!p || !r || !u) {
+			free(r);
+			free(u);
 			return false;
-		sh->mc = p;
+		}
 		m = &sh->mc[sh->n_mc++];
-		*m = (struct model_count){ route, upstream, 0 };
+		*m = (struct model_count){ r, u, 0 };
 	}
 	if (m->n >= sh->max_models)
 		return false;
@@ -273,6 +279,10 @@ void stats_shard_free(struct stats_shard *sh)
 			slice_release(&s->slice);
 			free(s);
 		}
+	}
+	for (size_t i = 0; i < sh->n_mc; i++) {
+		free(sh->mc[i].route);
+		free(sh->mc[i].upstream);
 	}
 	free(sh->mc);
 	free(sh);

@@ -71,26 +71,27 @@ bad:
 	return -1;
 }
 
-struct upstream *upstream_new(struct event_base *base, const struct config *cfg, const char *url, char *err,
-			      size_t errlen)
+struct upstream *upstream_new(struct event_base *base, const struct config *cfg, const struct upstream_conf *uc,
+			      char *err, size_t errlen)
 {
 	char host[256], port[8];
 	struct addrinfo hints, *res = NULL;
 	struct upstream *up;
 	int rc;
 
-	if (parse_url(url, host, sizeof(host), port, sizeof(port), err, errlen) == -1)
+	if (parse_url(uc->url, host, sizeof(host), port, sizeof(port), err, errlen) == -1)
 		return NULL;
 	memset(&hints, 0, sizeof(hints));
 	hints.ai_family = AF_UNSPEC;
 	hints.ai_socktype = SOCK_STREAM;
 	rc = getaddrinfo(host, port, &hints, &res);
 	if (rc != 0) {
-		snprintf(err, errlen, "upstream %s: cannot resolve %s: %s", url, host, gai_strerror(rc));
+		snprintf(err, errlen, "upstream %s: cannot resolve %s: %s", uc->name, host, gai_strerror(rc));
 		return NULL;
 	}
 	up = calloc(1, sizeof(*up));
-	if (!up) {
+	if (!up || !(up->name = strdup(uc->name))) {
+		free(up);
 		freeaddrinfo(res);
 		snprintf(err, errlen, "out of memory");
 		return NULL;
@@ -98,12 +99,58 @@ struct upstream *upstream_new(struct event_base *base, const struct config *cfg,
 	memcpy(&up->addr, res->ai_addr, res->ai_addrlen);
 	up->addrlen = res->ai_addrlen;
 	freeaddrinfo(res);
-	size_t n = strlen(url + 7);
-	up->name = strndup(url + 7, n && url[7 + n - 1] == '/' ? n - 1 : n);
+	up->conf = uc;
 	up->base = base;
 	up->cfg = cfg;
+	up->connect_timeout_ms = uc->connect_timeout_ms ? uc->connect_timeout_ms : cfg->connect_timeout_ms;
+	up->first_byte_timeout_ms = uc->first_byte_timeout_ms ? uc->first_byte_timeout_ms : cfg->first_byte_timeout_ms;
+	up->idle_timeout_ms = uc->idle_timeout_ms ? uc->idle_timeout_ms : cfg->idle_timeout_ms;
 	TAILQ_INIT(&up->idle);
+	TAILQ_INIT(&up->waiting);
 	return up;
+}
+
+enum admit upstream_admit(struct upstream *up, struct up_waiter *w)
+{
+	unsigned max = up->conf->max_concurrency;
+
+	if (!max || (up->active < max && up->queued == 0)) {
+		up->active++;
+		return ADMIT_NOW;
+	}
+	if (up->queued >= up->conf->queue_max) {
+		up->rejected++;
+		return ADMIT_FULL;
+	}
+	TAILQ_INSERT_TAIL(&up->waiting, w, link);
+	w->queued = true;
+	up->queued++;
+	return ADMIT_QUEUED;
+}
+
+void upstream_leave(struct upstream *up)
+{
+	struct up_waiter *w;
+
+	if (up->active)
+		up->active--;
+	/* FIFO: the oldest waiter takes the slot just freed */
+	if ((w = TAILQ_FIRST(&up->waiting)) && (!up->conf->max_concurrency || up->active < up->conf->max_concurrency)) {
+		TAILQ_REMOVE(&up->waiting, w, link);
+		w->queued = false;
+		up->queued--;
+		up->active++;
+		w->ready(w);
+	}
+}
+
+void upstream_cancel(struct upstream *up, struct up_waiter *w)
+{
+	if (!w->queued)
+		return;
+	TAILQ_REMOVE(&up->waiting, w, link);
+	w->queued = false;
+	up->queued--;
 }
 
 static void upconn_close(struct upconn *c)
@@ -194,7 +241,7 @@ bool upstream_dispatch_cold(const struct upstream *up, bool reused, uint64_t now
 	if (up->completed == 0 || up->failing)
 		return true;
 	/* in_flight counts this request: nothing else ran meanwhile */
-	return up->in_flight <= 1 && now_ns - up->last_done_ns > up->cfg->cold_idle_ms * 1000000u;
+	return up->active <= 1 && now_ns - up->last_done_ns > up->cfg->cold_idle_ms * 1000000u;
 }
 
 void upstream_note_result(struct upstream *up, bool responded, uint64_t now_ns)

@@ -1,7 +1,13 @@
 /*
- * upstream.h — an upstream server and its pool of idle connections.
+ * upstream.h — an upstream server: its admission queue and its pool of idle
+ * connections.
  *
- * An upstream is resolved once at start-up. Connections to it are handed
+ * Admission: with max_concurrency set, at most that many requests run on
+ * the upstream at once; the next ones wait in a FIFO queue (bounded, with
+ * a timeout the caller enforces) and are admitted one by one as running
+ * requests leave. The time spent waiting is the request's `queue` metric.
+ *
+ * An upstream is resolved once when its configuration loads. Connections to it are handed
  * out by upstream_acquire (a pooled idle one when there is one, else a fresh
  * connect) and come back through upstream_release, which pools them only
  * when the exchange ended cleanly. While idle, a pooled connection is watched:
@@ -18,6 +24,16 @@
 struct event_base;
 struct bufferevent;
 struct config;
+struct upstream_conf;
+
+/* A request waiting for an admission slot. Owned by the request. */
+struct up_waiter {
+	TAILQ_ENTRY(up_waiter) link;
+	void (*ready)(struct up_waiter *w); /* called when admitted from the queue */
+	bool queued;
+};
+
+enum admit { ADMIT_NOW, ADMIT_QUEUED, ADMIT_FULL };
 
 /* One connection to an upstream. Owned by the request using it, or by the
  * pool while idle. */
@@ -31,7 +47,13 @@ struct upconn {
 };
 
 struct upstream {
-	char *name; /* host:port as the user wrote it; used in logs and records */
+	char *name; /* the configured name (host:port from the command line); labels its stats */
+	const struct upstream_conf *conf; /* owned by the router's config */
+	uint64_t connect_timeout_ms, first_byte_timeout_ms, idle_timeout_ms;
+	unsigned active; /* admitted requests not yet done: the in-flight count */
+	unsigned queued;
+	TAILQ_HEAD(, up_waiter) waiting;
+	uint64_t rejected; /* turned away: queue full or queue timeout */
 	struct sockaddr_storage addr;
 	socklen_t addrlen;
 	struct event_base *base;
@@ -46,10 +68,22 @@ struct upstream {
 	bool failing;	       /* the last connect attempt failed */
 };
 
-/* Parses `url` (http://host[:port][/]) and resolves it. NULL with a message
- * in `err` when the URL is unusable. */
-struct upstream *upstream_new(struct event_base *base, const struct config *cfg, const char *url, char *err,
-			      size_t errlen);
+/* Parses the url (http://host[:port][/]) and resolves it. NULL with a
+ * message in `err` when the URL is unusable. `uc` and `cfg` must outlive the
+ * upstream. */
+struct upstream *upstream_new(struct event_base *base, const struct config *cfg, const struct upstream_conf *uc,
+			      char *err, size_t errlen);
+
+/* Asks for a slot: ADMIT_NOW (taken), ADMIT_QUEUED (w->ready is called when
+ * one frees up), or ADMIT_FULL (the queue is full: answer 503). */
+enum admit upstream_admit(struct upstream *up, struct up_waiter *w);
+
+/* A request admitted earlier is done with the upstream: its slot goes to the
+ * first waiter, if any. */
+void upstream_leave(struct upstream *up);
+
+/* A queued request gives up (timeout, client gone). */
+void upstream_cancel(struct upstream *up, struct up_waiter *w);
 
 /* Closes idle connections and frees `up`. Connections still handed out must
  * have been released first. Accepts NULL. */

@@ -1,0 +1,610 @@
+/*
+ * loader.c — reads tokentap's YAML configuration into struct config.
+ *
+ * libyaml builds the document; this file walks it against a fixed schema.
+ * Every problem is reported, not just the first, as "FILE:LINE: message"
+ * naming the key by its full path (routes[2].split[0].weight), and nothing
+ * is silently ignored: an unknown key, a wrong type or a value that does
+ * not parse is an error. Reference: docs/config.md.
+ */
+#include "loader.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <yaml.h>
+
+#include "log.h"
+
+struct load {
+	struct config *c;
+	yaml_document_t *doc;
+	char *errs;
+	size_t errlen, n;
+	unsigned problems;
+};
+
+static void problem(struct load *l, const yaml_node_t *node, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static void problem(struct load *l, const yaml_node_t *node, const char *fmt, ...)
+{
+	va_list ap;
+	size_t room;
+
+	l->problems++;
+	room = l->n < l->errlen ? l->errlen - l->n : 0;
+	l->n += (size_t)snprintf(l->errs + l->n, room, "%s:%lu: ", l->c->path,
+				 node ? (unsigned long)node->start_mark.line + 1 : 1ul);
+	room = l->n < l->errlen ? l->errlen - l->n : 0;
+	va_start(ap, fmt);
+	l->n += (size_t)vsnprintf(l->errs + l->n, room, fmt, ap);
+	va_end(ap);
+	room = l->n < l->errlen ? l->errlen - l->n : 0;
+	l->n += (size_t)snprintf(l->errs + l->n, room, "\n");
+}
+
+static yaml_node_t *node(struct load *l, int id)
+{
+	return yaml_document_get_node(l->doc, id);
+}
+
+static const char *scalar(struct load *l, yaml_node_t *n, const char *key)
+{
+	if (n->type != YAML_SCALAR_NODE) {
+		problem(l, n, "%s: expected a single value, not a %s", key,
+			n->type == YAML_MAPPING_NODE ? "mapping" : "list");
+		return NULL;
+	}
+	return config_own(l->c, strndup((const char *)n->data.scalar.value, n->data.scalar.length));
+}
+
+static void get_string(struct load *l, yaml_node_t *n, const char *key, const char **out)
+{
+	const char *s = scalar(l, n, key);
+	if (s)
+		*out = s;
+}
+
+static void get_size(struct load *l, yaml_node_t *n, const char *key, uint64_t *out)
+{
+	const char *s = scalar(l, n, key);
+	if (s && config_parse_size(s, out) == -1)
+		problem(l, n, "%s: expected a size such as 32m or 4096, got '%s'", key, s);
+}
+
+static void get_duration(struct load *l, yaml_node_t *n, const char *key, uint64_t *out)
+{
+	const char *s = scalar(l, n, key);
+	if (s && (config_parse_duration_ms(s, out) == -1 || *out == 0))
+		problem(l, n, "%s: expected a positive duration such as 300ms or 5s, got '%s'", key, s);
+}
+
+static void get_uint(struct load *l, yaml_node_t *n, const char *key, unsigned *out)
+{
+	const char *s = scalar(l, n, key);
+	char *end;
+	if (!s)
+		return;
+	errno = 0;
+	unsigned long v = strtoul(s, &end, 10);
+	if (errno || !*s || *end || *s == '-' || v > 1000000000ul)
+		problem(l, n, "%s: expected a whole number, got '%s'", key, s);
+	else
+		*out = (unsigned)v;
+}
+
+static void get_bool(struct load *l, yaml_node_t *n, const char *key, bool *out)
+{
+	const char *s = scalar(l, n, key);
+	if (!s)
+		return;
+	if (strcmp(s, "true") == 0 || strcmp(s, "yes") == 0 || strcmp(s, "on") == 0)
+		*out = true;
+	else if (strcmp(s, "false") == 0 || strcmp(s, "no") == 0 || strcmp(s, "off") == 0)
+		*out = false;
+	else
+		problem(l, n, "%s: expected true or false, got '%s'", key, s);
+}
+
+/* "off" turns an optional string off (NULL). */
+static void get_string_or_off(struct load *l, yaml_node_t *n, const char *key, const char **out)
+{
+	const char *s = scalar(l, n, key);
+	if (s)
+		*out = strcmp(s, "off") == 0 ? NULL : s;
+}
+
+typedef void (*field_fn)(struct load *l, yaml_node_t *value, const char *key, void *obj);
+
+struct field {
+	const char *name;
+	field_fn fn;
+};
+
+/* Walks a mapping: each key must be one of `fields`. `path` prefixes key
+ * names in messages. */
+static void walk(struct load *l, yaml_node_t *map, const char *path, const struct field *fields, void *obj)
+{
+	char key[256];
+
+	if (map->type != YAML_MAPPING_NODE) {
+		problem(l, map, "%s: expected a mapping of keys to values", path[0] ? path : "top level");
+		return;
+	}
+	for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top; p++) {
+		yaml_node_t *k = node(l, p->key), *v = node(l, p->value);
+		if (k->type != YAML_SCALAR_NODE) {
+			problem(l, k, "%s: keys must be plain names", path);
+			continue;
+		}
+		const char *name = (const char *)k->data.scalar.value;
+		const struct field *f;
+		for (f = fields; f->name; f++)
+			if (strcmp(f->name, name) == 0)
+				break;
+		snprintf(key, sizeof(key), "%s%s%s", path, path[0] ? "." : "", name);
+		if (!f->name) {
+			char known[512];
+			size_t kn = 0;
+			known[0] = '\0';
+			for (const struct field *g = fields; g->name && kn < sizeof(known); g++)
+				kn += (size_t)snprintf(known + kn, sizeof(known) - kn, "%s%s", kn ? ", " : "", g->name);
+			problem(l, k, "unknown key '%s'; known here: %s", key, known);
+			continue;
+		}
+		f->fn(l, v, key, obj);
+	}
+}
+
+/* ---- sections ---- */
+
+#define CFG(obj) ((struct config *)(obj))
+
+static void f_listen(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	struct sockaddr_storage ss;
+	unsigned len;
+	get_string(l, v, key, &CFG(o)->listen);
+	if (CFG(o)->listen && config_parse_listen(CFG(o)->listen, &ss, &len) == -1)
+		problem(l, v, "%s: expected a numeric ADDR:PORT such as 127.0.0.1:8080", key);
+}
+static void f_access_log(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_string_or_off(l, v, key, &CFG(o)->access_log);
+}
+static void f_log_level(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	const char *s = scalar(l, v, key);
+	if (s && log_set_level_name(s) == -1)
+		problem(l, v, "%s: expected error, warn, info or debug, got '%s'", key, s);
+}
+static void f_override_header(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_string_or_off(l, v, key, &CFG(o)->override_header);
+}
+
+static void f_admin_listen(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_string_or_off(l, v, key, &CFG(o)->admin_listen);
+	CFG(o)->admin_listen_explicit = true;
+}
+static void f_admin_token_file(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_string(l, v, key, &CFG(o)->admin_token_file);
+}
+static void f_admin(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	static const struct field fields[] = { { "listen", f_admin_listen },
+					       { "token_file", f_admin_token_file },
+					       { NULL, NULL } };
+	walk(l, v, key, fields, o);
+}
+
+static void f_store_dir(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_string_or_off(l, v, key, &CFG(o)->data_dir);
+}
+static void f_flush(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_duration(l, v, key, &CFG(o)->flush_ms);
+}
+static void f_min_ret(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	uint64_t ms = 0;
+	get_duration(l, v, key, &ms);
+	if (ms)
+		CFG(o)->minute_retention_s = ms / 1000;
+}
+static void f_hour_ret(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	uint64_t ms = 0;
+	get_duration(l, v, key, &ms);
+	if (ms)
+		CFG(o)->hour_retention_s = ms / 1000;
+}
+static void f_max_models(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_uint(l, v, key, &CFG(o)->max_models);
+}
+static void f_cold_idle(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_duration(l, v, key, &CFG(o)->cold_idle_ms);
+}
+static void f_store(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	static const struct field fields[] = {
+		{ "dir", f_store_dir },	      { "flush_interval", f_flush }, { "minute_retention", f_min_ret },
+		{ "hour_retention", f_hour_ret }, { "max_models", f_max_models }, { "cold_after_idle", f_cold_idle },
+		{ NULL, NULL },
+	};
+	walk(l, v, key, fields, o);
+}
+
+static void f_max_body(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_size(l, v, key, &CFG(o)->max_body_size);
+}
+static void f_max_header(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_size(l, v, key, &CFG(o)->max_header_size);
+	if (CFG(o)->max_header_size < 256 || CFG(o)->max_header_size > (1u << 30))
+		problem(l, v, "%s: expected a size from 256 to 1g", key);
+}
+static void f_max_headers(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_uint(l, v, key, &CFG(o)->max_headers);
+	if (CFG(o)->max_headers == 0)
+		problem(l, v, "%s: must be at least 1", key);
+}
+static void f_max_event(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	uint64_t sz = 0;
+	get_size(l, v, key, &sz);
+	if (sz)
+		CFG(o)->max_event_size = (size_t)sz;
+}
+static void f_limits(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	static const struct field fields[] = {
+		{ "max_body_size", f_max_body },   { "max_header_size", f_max_header },
+		{ "max_headers", f_max_headers },  { "max_event_size", f_max_event },
+		{ NULL, NULL },
+	};
+	walk(l, v, key, fields, o);
+}
+
+#define DURATION_FIELD(fn, member) \
+	static void fn(struct load *l, yaml_node_t *v, const char *key, void *o) \
+	{ \
+		get_duration(l, v, key, &CFG(o)->member); \
+	}
+DURATION_FIELD(f_t_header, header_timeout_ms)
+DURATION_FIELD(f_t_keepalive, keepalive_timeout_ms)
+DURATION_FIELD(f_t_connect, connect_timeout_ms)
+DURATION_FIELD(f_t_first_byte, first_byte_timeout_ms)
+DURATION_FIELD(f_t_idle, idle_timeout_ms)
+DURATION_FIELD(f_t_pool_idle, pool_idle_timeout_ms)
+DURATION_FIELD(f_t_grace, shutdown_grace_ms)
+DURATION_FIELD(f_slo_ttft, slo_ttft_ms)
+DURATION_FIELD(f_slo_tpot, slo_tpot_ms)
+
+static void f_timeouts(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	static const struct field fields[] = {
+		{ "header", f_t_header },	  { "keepalive", f_t_keepalive }, { "connect", f_t_connect },
+		{ "first_byte", f_t_first_byte }, { "idle", f_t_idle },		  { "pool_idle", f_t_pool_idle },
+		{ "shutdown_grace", f_t_grace },  { NULL, NULL },
+	};
+	walk(l, v, key, fields, o);
+}
+
+static void f_slo(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	static const struct field fields[] = { { "ttft", f_slo_ttft }, { "tpot", f_slo_tpot }, { NULL, NULL } };
+	walk(l, v, key, fields, o);
+}
+
+/* ---- upstreams ---- */
+
+#define UP(obj) ((struct upstream_conf *)(obj))
+
+static void u_name(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_string(l, v, key, &UP(o)->name);
+}
+static void u_url(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_string(l, v, key, &UP(o)->url);
+	if (UP(o)->url && strncmp(UP(o)->url, "http://", 7) != 0)
+		problem(l, v, "%s: expected http://HOST:PORT (https upstreams are not supported yet)", key);
+}
+static void u_max_conc(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_uint(l, v, key, &UP(o)->max_concurrency);
+}
+static void u_queue_max(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_uint(l, v, key, &UP(o)->queue_max);
+}
+static void u_queue_timeout(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_duration(l, v, key, &UP(o)->queue_timeout_ms);
+}
+static void u_queue(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	static const struct field fields[] = { { "max", u_queue_max },
+					       { "timeout", u_queue_timeout },
+					       { NULL, NULL } };
+	walk(l, v, key, fields, o);
+}
+static void u_t_connect(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_duration(l, v, key, &UP(o)->connect_timeout_ms);
+}
+static void u_t_first_byte(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_duration(l, v, key, &UP(o)->first_byte_timeout_ms);
+}
+static void u_t_idle(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_duration(l, v, key, &UP(o)->idle_timeout_ms);
+}
+static void u_timeouts(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	static const struct field fields[] = {
+		{ "connect", u_t_connect }, { "first_byte", u_t_first_byte }, { "idle", u_t_idle }, { NULL, NULL }
+	};
+	walk(l, v, key, fields, o);
+}
+static void u_labels(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	struct upstream_conf *u = UP(o);
+
+	if (v->type != YAML_MAPPING_NODE) {
+		problem(l, v, "%s: expected a mapping such as {runtime: vllm-0.6, hardware: H100}", key);
+		return;
+	}
+	for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
+		yaml_node_t *k = node(l, p->key), *val = node(l, p->value);
+		if (u->nlabels == LABELS_MAX) {
+			problem(l, k, "%s: at most %d labels", key, LABELS_MAX);
+			return;
+		}
+		const char *ks = scalar(l, k, key), *vs = scalar(l, val, key);
+		if (ks && vs)
+			u->labels[u->nlabels++] = (struct label){ ks, vs };
+	}
+}
+
+static void f_upstreams(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	static const struct field fields[] = {
+		{ "name", u_name },	  { "url", u_url },	      { "max_concurrency", u_max_conc },
+		{ "queue", u_queue },	  { "timeouts", u_timeouts }, { "labels", u_labels },
+		{ NULL, NULL },
+	};
+	struct config *c = CFG(o);
+	char path[64];
+
+	if (v->type != YAML_SEQUENCE_NODE) {
+		problem(l, v, "%s: expected a list of upstreams", key);
+		return;
+	}
+	size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+	c->upstreams = config_own(c, calloc(n ? n : 1, sizeof(*c->upstreams)));
+	c->nupstreams = 0;
+	for (size_t i = 0; i < n && c->upstreams; i++) {
+		yaml_node_t *item = node(l, v->data.sequence.items.start[i]);
+		struct upstream_conf *u = &c->upstreams[c->nupstreams++];
+		u->line = (int)item->start_mark.line + 1;
+		u->queue_timeout_ms = 30000;
+		snprintf(path, sizeof(path), "upstreams[%zu]", i);
+		walk(l, item, path, fields, u);
+	}
+}
+
+/* ---- routes ---- */
+
+#define RT(obj) ((struct route_conf *)(obj))
+
+static void r_name(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_string(l, v, key, &RT(o)->name);
+}
+static void r_prefix(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_string(l, v, key, &RT(o)->path_prefix);
+}
+static void r_method(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_string(l, v, key, &RT(o)->method);
+}
+static void r_host(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_string(l, v, key, &RT(o)->host);
+}
+static void r_model(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_string(l, v, key, &RT(o)->model);
+}
+static void r_match(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	static const struct field fields[] = {
+		{ "path_prefix", r_prefix }, { "method", r_method }, { "host", r_host }, { "model", r_model },
+		{ NULL, NULL },
+	};
+	walk(l, v, key, fields, o);
+}
+
+static struct route_target *targets_alloc(struct load *l, struct route_conf *r, size_t n)
+{
+	r->targets = config_own(l->c, calloc(n ? n : 1, sizeof(*r->targets)));
+	r->ntargets = 0;
+	return r->targets;
+}
+
+static void r_upstream(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	struct route_conf *r = RT(o);
+	const char *name = scalar(l, v, key);
+
+	if (!name)
+		return;
+	if (r->ntargets) {
+		problem(l, v, "%s: give either `upstream:` or `split:`, not both", key);
+		return;
+	}
+	if (targets_alloc(l, r, 1)) {
+		r->targets[0] = (struct route_target){ name, 1 };
+		r->ntargets = 1;
+	}
+}
+
+static void t_upstream(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_string(l, v, key, &((struct route_target *)o)->upstream);
+}
+static void t_weight(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_uint(l, v, key, &((struct route_target *)o)->weight);
+}
+
+static void r_split(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	static const struct field fields[] = { { "upstream", t_upstream }, { "weight", t_weight }, { NULL, NULL } };
+	struct route_conf *r = RT(o);
+	char path[300];
+
+	if (v->type != YAML_SEQUENCE_NODE) {
+		problem(l, v, "%s: expected a list of {upstream: NAME, weight: N}", key);
+		return;
+	}
+	if (r->ntargets) {
+		problem(l, v, "%s: give either `upstream:` or `split:`, not both", key);
+		return;
+	}
+	size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+	if (!targets_alloc(l, r, n))
+		return;
+	for (size_t i = 0; i < n; i++) {
+		yaml_node_t *item = node(l, v->data.sequence.items.start[i]);
+		struct route_target *t = &r->targets[r->ntargets++];
+		t->weight = 1;
+		snprintf(path, sizeof(path), "%s[%zu]", key, i);
+		walk(l, item, path, fields, t);
+		if (!t->upstream)
+			problem(l, item, "%s: needs an upstream", path);
+	}
+}
+
+static void s_header(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	RT(o)->sticky = STICKY_HEADER;
+	get_string(l, v, key, &RT(o)->sticky_key);
+}
+static void s_json(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	RT(o)->sticky = STICKY_JSON_FIELD;
+	get_string(l, v, key, &RT(o)->sticky_key);
+}
+static void r_sticky(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	static const struct field fields[] = { { "header", s_header }, { "json_field", s_json }, { NULL, NULL } };
+	walk(l, v, key, fields, o);
+}
+static void r_failover(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_bool(l, v, key, &RT(o)->failover);
+}
+
+static void f_routes(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	static const struct field fields[] = {
+		{ "name", r_name },	    { "match", r_match },   { "upstream", r_upstream }, { "split", r_split },
+		{ "sticky", r_sticky }, { "failover", r_failover }, { NULL, NULL },
+	};
+	struct config *c = CFG(o);
+	char path[64];
+
+	if (v->type != YAML_SEQUENCE_NODE) {
+		problem(l, v, "%s: expected a list of routes", key);
+		return;
+	}
+	size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+	c->routes = config_own(c, calloc(n ? n : 1, sizeof(*c->routes)));
+	c->nroutes = 0;
+	for (size_t i = 0; i < n && c->routes; i++) {
+		yaml_node_t *item = node(l, v->data.sequence.items.start[i]);
+		struct route_conf *r = &c->routes[c->nroutes++];
+		r->line = (int)item->start_mark.line + 1;
+		r->failover = true;
+		r->path_prefix = "/";
+		snprintf(path, sizeof(path), "routes[%zu]", i);
+		walk(l, item, path, fields, r);
+		if (!r->name) {
+			char *name = config_own(c, malloc(32));
+			if (name)
+				snprintf(name, 32, "route%zu", i + 1);
+			r->name = name ? name : "route";
+		}
+	}
+}
+
+static const struct field top_fields[] = {
+	{ "listen", f_listen },		  { "access_log", f_access_log }, { "log_level", f_log_level },
+	{ "admin", f_admin },		  { "store", f_store },		  { "limits", f_limits },
+	{ "timeouts", f_timeouts },	  { "slo", f_slo },		  { "override_header", f_override_header },
+	{ "upstreams", f_upstreams },	  { "routes", f_routes },	  { NULL, NULL },
+};
+
+unsigned config_load_file(const char *path, struct config *c, char *errs, size_t errlen)
+{
+	struct load l = { c, NULL, errs, errlen, 0, 0 };
+	yaml_parser_t parser;
+	yaml_document_t doc;
+	FILE *f;
+
+	errs[0] = '\0';
+	c->path = config_strdup(c, path);
+	f = fopen(path, "rb");
+	if (!f) {
+		snprintf(errs, errlen, "%s: cannot open: %s\n", path, strerror(errno));
+		return 1;
+	}
+	yaml_parser_initialize(&parser);
+	yaml_parser_set_input_file(&parser, f);
+	if (!yaml_parser_load(&parser, &doc)) {
+		snprintf(errs, errlen, "%s:%lu: %s%s%s\n", path, (unsigned long)parser.problem_mark.line + 1,
+			 parser.problem ? parser.problem : "YAML syntax error", parser.context ? " " : "",
+			 parser.context ? parser.context : "");
+		yaml_parser_delete(&parser);
+		fclose(f);
+		return 1;
+	}
+	l.doc = &doc;
+	yaml_node_t *root = yaml_document_get_root_node(&doc);
+	if (!root)
+		problem(&l, NULL, "the file is empty; see conf/tokentap.yaml for an example");
+	else
+		walk(&l, root, "", top_fields, c);
+	yaml_document_delete(&doc);
+	yaml_parser_delete(&parser);
+	fclose(f);
+	if (l.problems == 0 && c->nroutes == 0 && c->nupstreams == 1) {
+		/* one upstream and no routes: everything goes there */
+		struct route_conf *r = config_own(c, calloc(1, sizeof(*r)));
+		struct route_target *t = config_own(c, calloc(1, sizeof(*t)));
+		if (r && t) {
+			*t = (struct route_target){ c->upstreams[0].name, 1 };
+			*r = (struct route_conf){ .name = "default", .path_prefix = "/", .targets = t, .ntargets = 1,
+						  .failover = true, .line = 1 };
+			c->routes = r;
+			c->nroutes = 1;
+		}
+	}
+	return l.problems + config_validate(c, errs, errlen);
+}

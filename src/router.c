@@ -1,0 +1,212 @@
+/*
+ * router.c — route matching and upstream selection for one generation.
+ */
+#include "router.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "log.h"
+#include "upstream.h"
+
+struct router *router_new(struct event_base *base, struct config *cfg, uint64_t generation, char *err,
+			  size_t errlen)
+{
+	struct router *rt = calloc(1, sizeof(*rt));
+
+	if (!rt) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	rt->refs = 1;
+	rt->generation = generation;
+	rt->cfg = *cfg; /* the strings stay where they are: owned by the copy */
+	memset(cfg, 0, sizeof(*cfg));
+	rt->ups = calloc(rt->cfg.nupstreams, sizeof(*rt->ups));
+	rt->routes = calloc(rt->cfg.nroutes ? rt->cfg.nroutes : 1, sizeof(*rt->routes));
+	if (!rt->ups || !rt->routes) {
+		snprintf(err, errlen, "out of memory");
+		goto fail;
+	}
+	for (unsigned i = 0; i < rt->cfg.nupstreams; i++) {
+		rt->ups[i] = upstream_new(base, &rt->cfg, &rt->cfg.upstreams[i], err, errlen);
+		if (!rt->ups[i])
+			goto fail;
+		rt->nups++;
+	}
+	for (unsigned i = 0; i < rt->cfg.nroutes; i++) {
+		const struct route_conf *rc = &rt->cfg.routes[i];
+		struct route *r = &rt->routes[i];
+		r->conf = rc;
+		r->name = rc->name;
+		if (rc->ntargets > ROUTE_TARGETS_MAX) {
+			snprintf(err, errlen, "route %s: at most %d upstreams", rc->name, ROUTE_TARGETS_MAX);
+			goto fail;
+		}
+		for (unsigned t = 0; t < rc->ntargets; t++) {
+			r->targets[t].up = router_upstream(rt, rc->targets[t].upstream, strlen(rc->targets[t].upstream));
+			r->targets[t].weight = rc->targets[t].weight;
+			if (!r->targets[t].up) {
+				snprintf(err, errlen, "route %s: unknown upstream %s", rc->name, rc->targets[t].upstream);
+				goto fail;
+			}
+		}
+		r->ntargets = rc->ntargets;
+		if (rc->model || rc->sticky == STICKY_JSON_FIELD)
+			rt->needs_body = true;
+		rt->nroutes++;
+	}
+	return rt;
+fail:
+	rt->refs = 1;
+	router_unref(rt);
+	return NULL;
+}
+
+void router_ref(struct router *rt)
+{
+	rt->refs++;
+}
+
+void router_unref(struct router *rt)
+{
+	if (!rt || --rt->refs > 0)
+		return;
+	for (unsigned i = 0; i < rt->nups; i++)
+		upstream_free(rt->ups[i]);
+	free(rt->ups);
+	free(rt->routes);
+	config_free(&rt->cfg);
+	free(rt);
+}
+
+static bool host_matches(const char *want, const char *host, size_t hlen)
+{
+	size_t n = strlen(want);
+	/* the Host header may carry a port */
+	const char *colon = host[0] == '[' ? memchr(host, ']', hlen) : memchr(host, ':', hlen);
+	if (colon && host[0] == '[')
+		colon = (size_t)(colon - host) + 1 < hlen && colon[1] == ':' ? colon + 1 : NULL;
+	size_t len = colon ? (size_t)(colon - host) : hlen;
+	return len == n && strncasecmp(want, host, n) == 0;
+}
+
+struct route *router_match(const struct router *rt, const char *method, const char *path, size_t plen,
+			   const char *host, size_t hlen, const char *model)
+{
+	for (unsigned i = 0; i < rt->nroutes; i++) {
+		struct route *r = &rt->routes[i];
+		const struct route_conf *c = r->conf;
+		size_t pl = strlen(c->path_prefix);
+		if (pl > plen || memcmp(path, c->path_prefix, pl) != 0)
+			continue;
+		if (c->method && strcasecmp(c->method, method) != 0)
+			continue;
+		if (c->host && (!host || !host_matches(c->host, host, hlen)))
+			continue;
+		if (c->model && (!model || strcmp(c->model, model) != 0))
+			continue;
+		return r;
+	}
+	return NULL;
+}
+
+/* 64-bit mix of a key and a target name (FNV-1a, then a finalizer). */
+static uint64_t hash2(const char *a, size_t alen, const char *b)
+{
+	uint64_t h = 1469598103934665603ull;
+	for (size_t i = 0; i < alen; i++)
+		h = (h ^ (unsigned char)a[i]) * 1099511628211ull;
+	h = (h ^ 0xff) * 1099511628211ull;
+	for (; *b; b++)
+		h = (h ^ (unsigned char)*b) * 1099511628211ull;
+	h ^= h >> 33;
+	h *= 0xff51afd7ed558ccdull;
+	h ^= h >> 33;
+	h *= 0xc4ceb9fe1a85ec53ull;
+	return h ^ (h >> 33);
+}
+
+struct upstream *route_pick(struct route *r, const char *key, size_t klen, uint32_t tried, unsigned *index)
+{
+	int best = -1;
+
+	if (key) {
+		/* weighted rendezvous: score = -weight / ln(u), u uniform in (0,1) */
+		double best_score = 0;
+		for (unsigned i = 0; i < r->ntargets; i++) {
+			if ((tried & (1u << i)) || !r->targets[i].weight)
+				continue;
+			uint64_t h = hash2(key, klen, r->targets[i].up->name);
+			double u = ((double)(h >> 11) + 0.5) / 9007199254740992.0;
+			double score = -(double)r->targets[i].weight / log(u);
+			if (best < 0 || score > best_score) {
+				best = (int)i;
+				best_score = score;
+			}
+		}
+	} else {
+		int64_t total = 0;
+		for (unsigned i = 0; i < r->ntargets; i++) {
+			if ((tried & (1u << i)) || !r->targets[i].weight)
+				continue;
+			r->targets[i].current += r->targets[i].weight;
+			total += r->targets[i].weight;
+			if (best < 0 || r->targets[i].current > r->targets[best].current)
+				best = (int)i;
+		}
+		if (best >= 0)
+			r->targets[best].current -= total;
+	}
+	if (best < 0)
+		return NULL;
+	*index = (unsigned)best;
+	return r->targets[best].up;
+}
+
+int route_target_index(const struct route *r, const struct upstream *up)
+{
+	for (unsigned i = 0; i < r->ntargets; i++)
+		if (r->targets[i].up == up)
+			return (int)i;
+	return -1;
+}
+
+struct upstream *router_upstream(const struct router *rt, const char *name, size_t len)
+{
+	for (unsigned i = 0; i < rt->nups; i++)
+		if (strlen(rt->ups[i]->name) == len && memcmp(rt->ups[i]->name, name, len) == 0)
+			return rt->ups[i];
+	return NULL;
+}
+
+struct route *router_route(const struct router *rt, const char *name)
+{
+	for (unsigned i = 0; i < rt->nroutes; i++)
+		if (strcmp(rt->routes[i].name, name) == 0)
+			return &rt->routes[i];
+	return NULL;
+}
+
+int route_set_weight(struct route *r, const char *upstream, unsigned weight)
+{
+	int idx = -1;
+	unsigned total = 0;
+
+	for (unsigned i = 0; i < r->ntargets; i++) {
+		if (strcmp(r->targets[i].up->name, upstream) == 0)
+			idx = (int)i;
+		else
+			total += r->targets[i].weight;
+	}
+	if (idx < 0 || total + weight == 0)
+		return -1;
+	r->targets[idx].weight = weight;
+	for (unsigned i = 0; i < r->ntargets; i++)
+		r->targets[i].current = 0; /* restart the smooth sequence on the new weights */
+	log_info("route %s: weight of %s set to %u", r->name, upstream, weight);
+	return 0;
+}

@@ -1,0 +1,82 @@
+/*
+ * router.h — one configuration generation: its upstreams and routes, and
+ * the choice of route and upstream for each request.
+ *
+ * A router is built from a loaded config (which it then owns) and is
+ * reference-counted: each request holds the generation it started with, so
+ * a reload (SIGHUP) swaps in a new router for new requests while streams
+ * already running finish on the old one, which is freed when its last
+ * request ends. Stats are keyed by names, not by these objects, so series
+ * carry on across reloads.
+ *
+ * Choosing an upstream within a route, in order: the override header (when
+ * configured) pins a named upstream; a sticky key (a header or a top-level
+ * JSON field of the body) picks by weighted rendezvous hashing, so the same
+ * key keeps landing on the same upstream and a weight change moves as few
+ * keys as possible; otherwise smooth weighted round robin, which keeps a
+ * 90/10 split at 90/10 within every window of a few dozen requests.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+
+struct event_base;
+struct upstream;
+
+#define ROUTE_TARGETS_MAX 32
+
+struct route_target_state {
+	struct upstream *up;
+	unsigned weight;
+	int64_t current; /* smooth weighted round robin */
+};
+
+struct route {
+	const struct route_conf *conf;
+	const char *name;
+	struct route_target_state targets[ROUTE_TARGETS_MAX];
+	unsigned ntargets;
+};
+
+struct router {
+	unsigned refs;
+	struct config cfg; /* this generation's settings, owned */
+	struct upstream **ups;
+	unsigned nups;
+	struct route *routes;
+	unsigned nroutes;
+	bool needs_body; /* some route matches on the model or sticks on a JSON field */
+	uint64_t generation;
+};
+
+/* Builds a router from `cfg`, taking it over (cfg is zeroed on success).
+ * NULL with `err` when an upstream cannot be set up. */
+struct router *router_new(struct event_base *base, struct config *cfg, uint64_t generation, char *err,
+			  size_t errlen);
+void router_ref(struct router *rt);
+/* Frees the router with its last reference. NULL ok. */
+void router_unref(struct router *rt);
+
+/* The first route matching the request, or NULL. `host` may include a
+ * port; `model` may be NULL when not (yet) known. */
+struct route *router_match(const struct router *rt, const char *method, const char *path, size_t plen,
+			   const char *host, size_t hlen, const char *model);
+
+/* An upstream of the route for a request, or NULL when every target is in
+ * `tried` (bit i = target i) or has weight 0. `key` (may be NULL) is the
+ * sticky value. Returns the target index in *index. */
+struct upstream *route_pick(struct route *r, const char *key, size_t klen, uint32_t tried, unsigned *index);
+
+/* The target index of `up` in the route, or -1. */
+int route_target_index(const struct route *r, const struct upstream *up);
+
+struct upstream *router_upstream(const struct router *rt, const char *name, size_t len);
+struct route *router_route(const struct router *rt, const char *name);
+
+/* Runtime weight change (admin API). 0, or -1 when the route or one of the
+ * upstreams is unknown or all weights would be 0. */
+int route_set_weight(struct route *r, const char *upstream, unsigned weight);
