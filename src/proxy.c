@@ -50,6 +50,7 @@
 #include <sys/queue.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "accesslog.h"
@@ -388,6 +389,14 @@ static void request_log(struct request *req)
 	req->logged = true;
 	accesslog_write(req->cl->px->alog, &req->rec);
 	stats_record_request(request_series(req), &req->rec, req->inflight);
+	if (req->up) {
+		req->up->requests++;
+		if (req->rec.error != REQ_ERR_NONE) {
+			req->up->errors[req->rec.error]++;
+			req->up->last_error = req->rec.error;
+			req->up->last_error_unix = (uint64_t)time(NULL);
+		}
+	}
 	recent_push(req->cl->px->recent, &req->rec, req->inflight, req->cold);
 }
 

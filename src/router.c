@@ -194,15 +194,11 @@ struct route *router_route(const struct router *rt, const char *name)
 int route_set_weight(struct route *r, const char *upstream, unsigned weight)
 {
 	int idx = -1;
-	unsigned total = 0;
 
-	for (unsigned i = 0; i < r->ntargets; i++) {
+	for (unsigned i = 0; i < r->ntargets; i++)
 		if (strcmp(r->targets[i].up->name, upstream) == 0)
 			idx = (int)i;
-		else
-			total += r->targets[i].weight;
-	}
-	if (idx < 0 || total + weight == 0)
+	if (idx < 0)
 		return -1;
 	r->targets[idx].weight = weight;
 	for (unsigned i = 0; i < r->ntargets; i++)

@@ -77,6 +77,7 @@ int route_target_index(const struct route *r, const struct upstream *up);
 struct upstream *router_upstream(const struct router *rt, const char *name, size_t len);
 struct route *router_route(const struct router *rt, const char *name);
 
-/* Runtime weight change (admin API). 0, or -1 when the route or one of the
- * upstreams is unknown or all weights would be 0. */
+/* Runtime weight change (admin API), lasting until the next reload. 0, or
+ * -1 when the route does not send to `upstream`. The caller makes sure the
+ * weights do not all end at 0. */
 int route_set_weight(struct route *r, const char *upstream, unsigned weight);

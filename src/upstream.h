@@ -21,6 +21,8 @@
 #include <sys/queue.h>
 #include <sys/socket.h>
 
+#include "timeline.h"
+
 struct event_base;
 struct bufferevent;
 struct config;
@@ -54,6 +56,10 @@ struct upstream {
 	unsigned queued;
 	TAILQ_HEAD(, up_waiter) waiting;
 	uint64_t rejected; /* turned away: queue full or queue timeout */
+	uint64_t requests; /* finished requests routed here */
+	uint64_t errors[REQ_ERR__COUNT];
+	uint64_t last_error_unix; /* wall clock of the latest error, 0 none */
+	enum req_error last_error;
 	struct sockaddr_storage addr;
 	socklen_t addrlen;
 	struct event_base *base;

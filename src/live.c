@@ -1,0 +1,167 @@
+/*
+ * live.c — JSON views of routes and upstreams, built on the worker thread.
+ */
+#include "live.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proxy.h"
+#include "router.h"
+#include "upstream.h"
+
+static char *dump(json_t *o, int status, int *out_status)
+{
+	char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+	json_decref(o);
+	*out_status = s ? status : 500;
+	return s;
+}
+
+static char *error(int status, const char *msg, int *out_status)
+{
+	return dump(json_pack("{s:{s:s,s:s,s:i}}", "error", "message", msg, "type", "invalid_request", "code", status),
+		    status, out_status);
+}
+
+static json_t *labels_json(const struct upstream_conf *uc)
+{
+	json_t *o = json_object();
+	for (unsigned i = 0; i < uc->nlabels; i++)
+		json_object_set_new(o, uc->labels[i].key, json_string(uc->labels[i].value));
+	return o;
+}
+
+static json_t *str_or_null(const char *s)
+{
+	return s ? json_string(s) : json_null();
+}
+
+static json_t *route_json(const struct route *r)
+{
+	const struct route_conf *c = r->conf;
+	json_t *o = json_object(), *match = json_object(), *targets = json_array();
+	unsigned total = 0;
+
+	for (unsigned i = 0; i < r->ntargets; i++)
+		total += r->targets[i].weight;
+	json_object_set_new(match, "path_prefix", json_string(c->path_prefix));
+	json_object_set_new(match, "method", str_or_null(c->method));
+	json_object_set_new(match, "host", str_or_null(c->host));
+	json_object_set_new(match, "model", str_or_null(c->model));
+	for (unsigned i = 0; i < r->ntargets; i++) {
+		json_t *t = json_object();
+		json_object_set_new(t, "upstream", json_string(r->targets[i].up->name));
+		json_object_set_new(t, "weight", json_integer(r->targets[i].weight));
+		json_object_set_new(t, "share", json_real(total ? (double)r->targets[i].weight / total : 0));
+		json_object_set_new(t, "labels", labels_json(r->targets[i].up->conf));
+		json_array_append_new(targets, t);
+	}
+	json_object_set_new(o, "name", json_string(r->name));
+	json_object_set_new(o, "match", match);
+	json_object_set_new(o, "targets", targets);
+	json_object_set_new(o, "sticky",
+			    c->sticky == STICKY_NONE ? json_null()
+						     : json_pack("{s:s}", c->sticky == STICKY_HEADER ? "header" : "json_field",
+								 c->sticky_key));
+	json_object_set_new(o, "failover", json_boolean(c->failover));
+	return o;
+}
+
+char *live_routes(void *proxy, const char *in, int *status)
+{
+	const struct router *rt = proxy_router(proxy);
+	json_t *routes = json_array();
+
+	for (unsigned i = 0; i < rt->nroutes; i++)
+		json_array_append_new(routes, route_json(&rt->routes[i]));
+	return dump(json_pack("{s:I,s:s?,s:o}", "generation", (json_int_t)rt->generation, "config", rt->cfg.path,
+			      "routes", routes),
+		    200, status);
+}
+
+char *live_upstreams(void *proxy, const char *in, int *status)
+{
+	const struct router *rt = proxy_router(proxy);
+	json_t *ups = json_array();
+
+	for (unsigned i = 0; i < rt->nups; i++) {
+		const struct upstream *u = rt->ups[i];
+		json_t *o = json_object(), *errors = json_object();
+		for (int e = 1; e < REQ_ERR__COUNT; e++)
+			if (u->errors[e])
+				json_object_set_new(errors, req_error_name((enum req_error)e), json_integer((json_int_t)u->errors[e]));
+		json_object_set_new(o, "name", json_string(u->name));
+		json_object_set_new(o, "url", json_string(u->conf->url));
+		json_object_set_new(o, "labels", labels_json(u->conf));
+		json_object_set_new(o, "in_flight", json_integer(u->active));
+		json_object_set_new(o, "queued", json_integer(u->queued));
+		json_object_set_new(o, "max_concurrency",
+				    u->conf->max_concurrency ? json_integer(u->conf->max_concurrency) : json_null());
+		json_object_set_new(o, "queue_max", json_integer(u->conf->queue_max));
+		json_object_set_new(o, "requests", json_integer((json_int_t)u->requests));
+		json_object_set_new(o, "rejected", json_integer((json_int_t)u->rejected));
+		json_object_set_new(o, "errors", errors);
+		json_object_set_new(o, "last_error",
+				    u->last_error_unix ? json_pack("{s:s,s:I}", "kind", req_error_name(u->last_error),
+								   "unix", (json_int_t)u->last_error_unix)
+						       : json_null());
+		json_object_set_new(o, "reachable", json_boolean(!u->failing));
+		json_object_set_new(o, "pool", json_pack("{s:i,s:I,s:I}", "idle", (int)u->n_idle, "opened",
+							 (json_int_t)u->opened, "reused", (json_int_t)u->reused));
+		json_array_append_new(ups, o);
+	}
+	return dump(json_pack("{s:I,s:o}", "generation", (json_int_t)rt->generation, "upstreams", ups), 200, status);
+}
+
+char *live_set_weights(void *proxy, const char *in, int *status)
+{
+	struct router *rt = proxy_router(proxy);
+	json_error_t jerr;
+	json_t *doc = in ? json_loads(in, 0, &jerr) : NULL, *weights, *v;
+	const char *route_name = NULL, *key;
+	struct route *r;
+	char msg[256];
+	unsigned total = 0;
+
+	if (!doc || json_unpack(doc, "{s:s,s:o}", "route", &route_name, "weights", &weights) == -1 ||
+	    !json_is_object(weights)) {
+		json_decref(doc);
+		return error(400, "expected {\"route\": NAME, \"weights\": {UPSTREAM: WEIGHT, ...}}", status);
+	}
+	r = router_route(rt, route_name);
+	if (!r) {
+		snprintf(msg, sizeof(msg), "no route named %s", route_name);
+		json_decref(doc);
+		return error(404, msg, status);
+	}
+	/* validate everything first, so a bad request changes nothing */
+	for (unsigned i = 0; i < r->ntargets; i++) {
+		json_t *w = json_object_get(weights, r->targets[i].up->name);
+		total += w ? (unsigned)json_integer_value(w) : r->targets[i].weight;
+	}
+	json_object_foreach (weights, key, v) {
+		if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 1000000) {
+			snprintf(msg, sizeof(msg), "weight of %s: expected a whole number from 0 to 1000000", key);
+			json_decref(doc);
+			return error(400, msg, status);
+		}
+		bool found = false;
+		for (unsigned i = 0; i < r->ntargets; i++)
+			found |= strcmp(r->targets[i].up->name, key) == 0;
+		if (!found) {
+			snprintf(msg, sizeof(msg), "route %s does not send to an upstream named %s", r->name, key);
+			json_decref(doc);
+			return error(400, msg, status);
+		}
+	}
+	if (total == 0) {
+		json_decref(doc);
+		return error(400, "the weights would add up to 0", status);
+	}
+	json_object_foreach (weights, key, v)
+		route_set_weight(r, key, (unsigned)json_integer_value(v));
+	json_decref(doc);
+	return dump(route_json(r), 200, status);
+}
