@@ -8,6 +8,9 @@ packages=(
 	libevent-dev libssl-dev node-llhttp liblmdb-dev libyaml-dev libjansson-dev
 	zlib1g-dev libcmocka-dev
 	python3 curl
+	clang libclang-rt-dev
+	# the dashboard test (headless, runs without recommends) and the fleet-quantile test
+	chromium fonts-dejavu-core prometheus
 )
 
 missing=()

@@ -124,46 +124,52 @@ unsigned config_validate(const struct config *c, char *errs, size_t errlen)
 	size_t n = strlen(errs);
 
 	if (c->nupstreams == 0)
-		PROBLEM(1, "no upstreams: add an `upstreams:` list with at least one url");
+		PROBLEM(1, "upstreams: none defined; add a list with at least one {name, url}");
 	for (unsigned i = 0; i < c->nupstreams; i++) {
 		const struct upstream_conf *u = &c->upstreams[i];
 		if (!u->name || !*u->name)
-			PROBLEM(u->line, "upstream without a name");
+			PROBLEM(u->line, "upstreams[%u]: missing name", i);
 		if (!u->url)
-			PROBLEM(u->line, "upstream %s has no url", u->name ? u->name : "?");
+			PROBLEM(u->line, "upstreams[%u]: missing url (%s)", i, u->name ? u->name : "unnamed");
 		for (unsigned j = 0; j < i; j++)
 			if (u->name && c->upstreams[j].name && strcmp(u->name, c->upstreams[j].name) == 0)
-				PROBLEM(u->line, "upstream name %s is used twice (first on line %d)", u->name,
-					c->upstreams[j].line);
+				PROBLEM(u->name_line ? u->name_line : u->line,
+					"upstreams[%u].name: %s is already the name of upstreams[%u] (line %d)", i,
+					u->name, j, c->upstreams[j].name_line ? c->upstreams[j].name_line : c->upstreams[j].line);
 		if (u->queue_max && !u->max_concurrency)
-			PROBLEM(u->line, "upstream %s: a queue needs max_concurrency", u->name ? u->name : "?");
+			PROBLEM(u->line, "upstreams[%u].queue: a queue needs max_concurrency", i);
 	}
 	if (c->nroutes == 0 && c->nupstreams > 1)
-		PROBLEM(1, "several upstreams but no `routes:`; say which requests go where");
+		PROBLEM(1, "routes: several upstreams but no routes; say which requests go where");
 	for (unsigned i = 0; i < c->nroutes; i++) {
 		const struct route_conf *r = &c->routes[i];
 		unsigned total = 0;
 		for (unsigned j = 0; j < i; j++)
 			if (r->name && c->routes[j].name && strcmp(r->name, c->routes[j].name) == 0)
-				PROBLEM(r->line, "route name %s is used twice (first on line %d)", r->name,
-					c->routes[j].line);
+				PROBLEM(r->line, "routes[%u].name: %s is already the name of routes[%u] (line %d)", i,
+					r->name, j, c->routes[j].line);
 		if (r->path_prefix && r->path_prefix[0] != '/')
-			PROBLEM(r->line, "route %s: path_prefix must start with /", r->name);
+			PROBLEM(r->line, "routes[%u].match.path_prefix: must start with /", i);
 		if (r->ntargets == 0)
-			PROBLEM(r->line, "route %s sends nowhere: give `upstream:` or `split:`", r->name);
+			PROBLEM(r->line, "routes[%u]: sends nowhere; give `upstream:` or `split:`", i);
+		if (r->ntargets > 32)
+			PROBLEM(r->split_line, "routes[%u].split: at most 32 upstreams", i);
 		for (unsigned t = 0; t < r->ntargets; t++) {
+			const struct route_target *tg = &r->targets[t];
 			bool known = false;
-			if (!r->targets[t].upstream)
+			if (!tg->upstream)
 				continue; /* reported where it was read */
 			for (unsigned k = 0; k < c->nupstreams; k++)
-				known |= c->upstreams[k].name && strcmp(c->upstreams[k].name, r->targets[t].upstream) == 0;
-			if (!known)
-				PROBLEM(r->line, "route %s names upstream %s, which is not defined", r->name,
-					r->targets[t].upstream);
-			total += r->targets[t].weight;
+				known |= c->upstreams[k].name && strcmp(c->upstreams[k].name, tg->upstream) == 0;
+			if (!known && r->split)
+				PROBLEM(tg->line, "routes[%u].split[%u].upstream: %s is not defined in upstreams", i, t,
+					tg->upstream);
+			else if (!known)
+				PROBLEM(tg->line, "routes[%u].upstream: %s is not defined in upstreams", i, tg->upstream);
+			total += tg->weight;
 		}
 		if (r->ntargets && total == 0)
-			PROBLEM(r->line, "route %s: the weights add up to 0", r->name);
+			PROBLEM(r->split_line ? r->split_line : r->line, "routes[%u].split: the weights add up to 0", i);
 	}
 	return problems;
 }

@@ -29,12 +29,13 @@ struct upstream_conf {
 	uint64_t connect_timeout_ms, first_byte_timeout_ms, idle_timeout_ms; /* 0: the global ones */
 	struct label labels[LABELS_MAX]; /* free-form: runtime, hardware, precision... */
 	unsigned nlabels;
-	int line;
+	int line, name_line; /* where the entry and its name are, for messages */
 };
 
 struct route_target {
 	const char *upstream;
 	unsigned weight;
+	int line; /* of the upstream name, for messages */
 };
 
 enum sticky_kind { STICKY_NONE, STICKY_HEADER, STICKY_JSON_FIELD };
@@ -49,7 +50,8 @@ struct route_conf {
 	enum sticky_kind sticky;
 	const char *sticky_key; /* header name or top-level JSON field */
 	bool failover;		/* a refused connection tries another target */
-	int line;
+	bool split;		/* targets came from `split:` (else `upstream:`) */
+	int line, split_line;
 };
 
 struct config {

@@ -55,7 +55,7 @@ static json_t *route_json(const struct route *r)
 		json_object_set_new(t, "upstream", json_string(r->targets[i].up->name));
 		json_object_set_new(t, "weight", json_integer(r->targets[i].weight));
 		json_object_set_new(t, "share", json_real(total ? (double)r->targets[i].weight / total : 0));
-		json_object_set_new(t, "labels", labels_json(r->targets[i].up->conf));
+		json_object_set_new(t, "labels", labels_json(&r->targets[i].up->conf));
 		json_array_append_new(targets, t);
 	}
 	json_object_set_new(o, "name", json_string(r->name));
@@ -93,13 +93,13 @@ char *live_upstreams(void *proxy, const char *in, int *status)
 			if (u->errors[e])
 				json_object_set_new(errors, req_error_name((enum req_error)e), json_integer((json_int_t)u->errors[e]));
 		json_object_set_new(o, "name", json_string(u->name));
-		json_object_set_new(o, "url", json_string(u->conf->url));
-		json_object_set_new(o, "labels", labels_json(u->conf));
+		json_object_set_new(o, "url", json_string(u->conf.url));
+		json_object_set_new(o, "labels", labels_json(&u->conf));
 		json_object_set_new(o, "in_flight", json_integer(u->active));
 		json_object_set_new(o, "queued", json_integer(u->queued));
 		json_object_set_new(o, "max_concurrency",
-				    u->conf->max_concurrency ? json_integer(u->conf->max_concurrency) : json_null());
-		json_object_set_new(o, "queue_max", json_integer(u->conf->queue_max));
+				    u->conf.max_concurrency ? json_integer(u->conf.max_concurrency) : json_null());
+		json_object_set_new(o, "queue_max", json_integer(u->conf.queue_max));
 		json_object_set_new(o, "requests", json_integer((json_int_t)u->requests));
 		json_object_set_new(o, "rejected", json_integer((json_int_t)u->rejected));
 		json_object_set_new(o, "errors", errors);

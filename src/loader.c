@@ -315,6 +315,7 @@ static void f_slo(struct load *l, yaml_node_t *v, const char *key, void *o)
 static void u_name(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	get_string(l, v, key, &UP(o)->name);
+	UP(o)->name_line = (int)v->start_mark.line + 1;
 }
 static void u_url(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
@@ -459,7 +460,7 @@ static void r_upstream(struct load *l, yaml_node_t *v, const char *key, void *o)
 		return;
 	}
 	if (targets_alloc(l, r, 1)) {
-		r->targets[0] = (struct route_target){ name, 1 };
+		r->targets[0] = (struct route_target){ name, 1, (int)v->start_mark.line + 1 };
 		r->ntargets = 1;
 	}
 }
@@ -467,6 +468,7 @@ static void r_upstream(struct load *l, yaml_node_t *v, const char *key, void *o)
 static void t_upstream(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	get_string(l, v, key, &((struct route_target *)o)->upstream);
+	((struct route_target *)o)->line = (int)v->start_mark.line + 1;
 }
 static void t_weight(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
@@ -490,10 +492,13 @@ static void r_split(struct load *l, yaml_node_t *v, const char *key, void *o)
 	size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
 	if (!targets_alloc(l, r, n))
 		return;
+	r->split = true;
+	r->split_line = (int)v->start_mark.line + 1;
 	for (size_t i = 0; i < n; i++) {
 		yaml_node_t *item = node(l, v->data.sequence.items.start[i]);
 		struct route_target *t = &r->targets[r->ntargets++];
 		t->weight = 1;
+		t->line = (int)item->start_mark.line + 1;
 		snprintf(path, sizeof(path), "%s[%zu]", key, i);
 		walk(l, item, path, fields, t);
 		if (!t->upstream)
@@ -599,7 +604,7 @@ unsigned config_load_file(const char *path, struct config *c, char *errs, size_t
 		struct route_conf *r = config_own(c, calloc(1, sizeof(*r)));
 		struct route_target *t = config_own(c, calloc(1, sizeof(*t)));
 		if (r && t) {
-			*t = (struct route_target){ c->upstreams[0].name, 1 };
+			*t = (struct route_target){ c->upstreams[0].name, 1, 1 };
 			*r = (struct route_conf){ .name = "default", .path_prefix = "/", .targets = t, .ntargets = 1,
 						  .failover = true, .line = 1 };
 			c->routes = r;

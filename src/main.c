@@ -115,7 +115,7 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
 		return;
 	}
 	warn_fixed(app->boot, &next);
-	rt = router_new(app->base, &next, app->generation + 1, err, sizeof(err));
+	rt = router_new(app->base, &next, proxy_router(app->px), app->generation + 1, err, sizeof(err));
 	if (!rt) {
 		log_error("reload failed; the running configuration stays: %s", err);
 		config_free(&next);
@@ -178,7 +178,7 @@ int main(int argc, char **argv)
 		log_error("%s", errs);
 		goto out;
 	}
-	rt = router_new(base, &gen, app.generation, err, sizeof(err));
+	rt = router_new(base, &gen, NULL, app.generation, err, sizeof(err));
 	if (!rt) {
 		log_error("%s", err);
 		rc = 2;

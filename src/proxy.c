@@ -529,7 +529,7 @@ static void on_request_timer(evutil_socket_t fd, short what, void *arg)
 	switch (req->timer_kind) {
 	case RT_QUEUE:
 		snprintf(msg, sizeof(msg), "upstream %s is at its concurrency limit and no slot freed within %llu ms",
-			 req->up->name, (unsigned long long)req->up->conf->queue_timeout_ms);
+			 req->up->name, (unsigned long long)req->up->conf.queue_timeout_ms);
 		req->up->rejected++;
 		client_fail(cl, 503, REQ_ERR_TIMEOUT, "upstream_busy", msg);
 		return;
@@ -610,7 +610,7 @@ static void request_admit(struct request *req)
 		request_connect(req);
 		break;
 	case ADMIT_QUEUED:
-		request_timer_set(req, RT_QUEUE, req->up->conf->queue_timeout_ms);
+		request_timer_set(req, RT_QUEUE, req->up->conf.queue_timeout_ms);
 		break;
 	case ADMIT_FULL:
 		snprintf(msg, sizeof(msg), "upstream %s is at its concurrency limit and its queue is full",
@@ -1693,8 +1693,12 @@ void proxy_drain(struct proxy *px, uint64_t grace_ms, void (*done)(void *arg), v
 	px->draining = true;
 	px->drained = done;
 	px->drained_arg = arg;
-	if (px->listener)
-		evconnlistener_disable(px->listener);
+	/* Closed, not just paused: a paused listener still completes handshakes
+	 * into its backlog, and those clients would hang until the exit. */
+	if (px->listener) {
+		evconnlistener_free(px->listener);
+		px->listener = NULL;
+	}
 	for (cl = LIST_FIRST(&px->clients); cl; cl = next) {
 		next = LIST_NEXT(cl, link);
 		if (cl->closing)

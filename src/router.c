@@ -12,8 +12,8 @@
 #include "log.h"
 #include "upstream.h"
 
-struct router *router_new(struct event_base *base, struct config *cfg, uint64_t generation, char *err,
-			  size_t errlen)
+struct router *router_new(struct event_base *base, struct config *cfg, const struct router *prev,
+			  uint64_t generation, char *err, size_t errlen)
 {
 	struct router *rt = calloc(1, sizeof(*rt));
 
@@ -32,7 +32,12 @@ struct router *router_new(struct event_base *base, struct config *cfg, uint64_t 
 		goto fail;
 	}
 	for (unsigned i = 0; i < rt->cfg.nupstreams; i++) {
-		rt->ups[i] = upstream_new(base, &rt->cfg, &rt->cfg.upstreams[i], err, errlen);
+		const struct upstream_conf *uc = &rt->cfg.upstreams[i];
+		struct upstream *kept = NULL;
+		for (unsigned k = 0; prev && k < prev->nups && !kept; k++)
+			if (upstream_same(prev->ups[k], uc))
+				kept = prev->ups[k];
+		rt->ups[i] = kept ? upstream_adopt(kept, &rt->cfg, uc) : upstream_new(base, &rt->cfg, uc, err, errlen);
 		if (!rt->ups[i])
 			goto fail;
 		rt->nups++;

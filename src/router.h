@@ -54,9 +54,12 @@ struct router {
 };
 
 /* Builds a router from `cfg`, taking it over (cfg is zeroed on success).
- * NULL with `err` when an upstream cannot be set up. */
-struct router *router_new(struct event_base *base, struct config *cfg, uint64_t generation, char *err,
-			  size_t errlen);
+ * Upstreams of `prev` (may be NULL) that keep their name and url are kept,
+ * with their running count, queue and pool, so a reload never lets more
+ * requests reach a server than its max_concurrency. NULL with `err` when
+ * an upstream cannot be set up. */
+struct router *router_new(struct event_base *base, struct config *cfg, const struct router *prev,
+			  uint64_t generation, char *err, size_t errlen);
 void router_ref(struct router *rt);
 /* Frees the router with its last reference. NULL ok. */
 void router_unref(struct router *rt);

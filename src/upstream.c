@@ -90,7 +90,9 @@ struct upstream *upstream_new(struct event_base *base, const struct config *cfg,
 		return NULL;
 	}
 	up = calloc(1, sizeof(*up));
-	if (!up || !(up->name = strdup(uc->name))) {
+	if (!up || !(up->name = strdup(uc->name)) || !(up->url = strdup(uc->url))) {
+		if (up)
+			free(up->name);
 		free(up);
 		freeaddrinfo(res);
 		snprintf(err, errlen, "out of memory");
@@ -99,26 +101,82 @@ struct upstream *upstream_new(struct event_base *base, const struct config *cfg,
 	memcpy(&up->addr, res->ai_addr, res->ai_addrlen);
 	up->addrlen = res->ai_addrlen;
 	freeaddrinfo(res);
-	up->conf = uc;
 	up->base = base;
-	up->cfg = cfg;
+	TAILQ_INIT(&up->idle);
+	TAILQ_INIT(&up->waiting);
+	if (!upstream_adopt(up, cfg, uc)) {
+		free(up->name);
+		free(up->url);
+		free(up);
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	return up;
+}
+
+static void conf_release(struct upstream_conf *c)
+{
+	free((char *)c->name);
+	free((char *)c->url);
+	for (unsigned i = 0; i < c->nlabels; i++) {
+		free((char *)c->labels[i].key);
+		free((char *)c->labels[i].value);
+	}
+	memset(c, 0, sizeof(*c));
+}
+
+/* A deep copy: the config it comes from may be freed first. */
+static int conf_copy(struct upstream_conf *dst, const struct upstream_conf *src)
+{
+	*dst = *src;
+	dst->name = strdup(src->name);
+	dst->url = strdup(src->url);
+	for (unsigned i = 0; i < src->nlabels; i++) {
+		dst->labels[i].key = strdup(src->labels[i].key);
+		dst->labels[i].value = strdup(src->labels[i].value);
+	}
+	bool ok = dst->name && dst->url;
+	for (unsigned i = 0; i < src->nlabels; i++)
+		ok = ok && dst->labels[i].key && dst->labels[i].value;
+	if (!ok) {
+		conf_release(dst);
+		return -1;
+	}
+	return 0;
+}
+
+struct upstream *upstream_adopt(struct upstream *up, const struct config *cfg, const struct upstream_conf *uc)
+{
+	struct upstream_conf copy;
+
+	if (conf_copy(&copy, uc) == -1)
+		return up->refs ? up : NULL; /* keep the settings it had */
+	conf_release(&up->conf);
+	up->conf = copy;
+	up->refs++;
+	up->pool_idle_timeout_ms = cfg->pool_idle_timeout_ms;
+	up->pool_max_idle = cfg->pool_max_idle;
+	up->cold_idle_ms = cfg->cold_idle_ms;
 	up->connect_timeout_ms = uc->connect_timeout_ms ? uc->connect_timeout_ms : cfg->connect_timeout_ms;
 	up->first_byte_timeout_ms = uc->first_byte_timeout_ms ? uc->first_byte_timeout_ms : cfg->first_byte_timeout_ms;
 	up->idle_timeout_ms = uc->idle_timeout_ms ? uc->idle_timeout_ms : cfg->idle_timeout_ms;
-	TAILQ_INIT(&up->idle);
-	TAILQ_INIT(&up->waiting);
 	return up;
+}
+
+bool upstream_same(const struct upstream *up, const struct upstream_conf *uc)
+{
+	return strcmp(up->name, uc->name) == 0 && strcmp(up->url, uc->url) == 0;
 }
 
 enum admit upstream_admit(struct upstream *up, struct up_waiter *w)
 {
-	unsigned max = up->conf->max_concurrency;
+	unsigned max = up->conf.max_concurrency;
 
 	if (!max || (up->active < max && up->queued == 0)) {
 		up->active++;
 		return ADMIT_NOW;
 	}
-	if (up->queued >= up->conf->queue_max) {
+	if (up->queued >= up->conf.queue_max) {
 		up->rejected++;
 		return ADMIT_FULL;
 	}
@@ -135,7 +193,7 @@ void upstream_leave(struct upstream *up)
 	if (up->active)
 		up->active--;
 	/* FIFO: the oldest waiter takes the slot just freed */
-	if ((w = TAILQ_FIRST(&up->waiting)) && (!up->conf->max_concurrency || up->active < up->conf->max_concurrency)) {
+	if ((w = TAILQ_FIRST(&up->waiting)) && (!up->conf.max_concurrency || up->active < up->conf.max_concurrency)) {
 		TAILQ_REMOVE(&up->waiting, w, link);
 		w->queued = false;
 		up->queued--;
@@ -164,13 +222,15 @@ void upstream_free(struct upstream *up)
 {
 	struct upconn *c;
 
-	if (!up)
+	if (!up || --up->refs > 0)
 		return;
 	while ((c = TAILQ_FIRST(&up->idle))) {
 		TAILQ_REMOVE(&up->idle, c, link);
 		upconn_close(c);
 	}
+	conf_release(&up->conf);
 	free(up->name);
+	free(up->url);
 	free(up);
 }
 
@@ -241,7 +301,7 @@ bool upstream_dispatch_cold(const struct upstream *up, bool reused, uint64_t now
 	if (up->completed == 0 || up->failing)
 		return true;
 	/* in_flight counts this request: nothing else ran meanwhile */
-	return up->active <= 1 && now_ns - up->last_done_ns > up->cfg->cold_idle_ms * 1000000u;
+	return up->active <= 1 && now_ns - up->last_done_ns > up->cold_idle_ms * 1000000u;
 }
 
 void upstream_note_result(struct upstream *up, bool responded, uint64_t now_ns)
@@ -263,14 +323,14 @@ void upstream_release(struct upconn *c, bool reusable)
 		return;
 	up = c->up;
 	up->in_flight--;
-	if (!reusable || !c->connected || up->n_idle >= up->cfg->pool_max_idle ||
+	if (!reusable || !c->connected || up->n_idle >= up->pool_max_idle ||
 	    evbuffer_get_length(bufferevent_get_input(c->bev)) != 0 ||
 	    evbuffer_get_length(bufferevent_get_output(c->bev)) != 0) {
 		upconn_close(c);
 		return;
 	}
-	struct timeval tv = { (time_t)(up->cfg->pool_idle_timeout_ms / 1000),
-			      (suseconds_t)(up->cfg->pool_idle_timeout_ms % 1000) * 1000 };
+	struct timeval tv = { (time_t)(up->pool_idle_timeout_ms / 1000),
+			      (suseconds_t)(up->pool_idle_timeout_ms % 1000) * 1000 };
 	bufferevent_setcb(c->bev, on_idle_read, NULL, on_idle_event, c);
 	bufferevent_set_timeouts(c->bev, &tv, NULL);
 	bufferevent_setwatermark(c->bev, EV_READ, 0, 0);

@@ -21,6 +21,7 @@
 #include <sys/queue.h>
 #include <sys/socket.h>
 
+#include "config.h"
 #include "timeline.h"
 
 struct event_base;
@@ -49,8 +50,13 @@ struct upconn {
 };
 
 struct upstream {
+	unsigned refs; /* one per router generation that lists it */
+	char *url;
 	char *name; /* the configured name (host:port from the command line); labels its stats */
-	const struct upstream_conf *conf; /* owned by the router's config */
+	/* Its own copy of its settings: generations come and go around it. */
+	struct upstream_conf conf;
+	uint64_t pool_idle_timeout_ms, cold_idle_ms;
+	unsigned pool_max_idle;
 	uint64_t connect_timeout_ms, first_byte_timeout_ms, idle_timeout_ms;
 	unsigned active; /* admitted requests not yet done: the in-flight count */
 	unsigned queued;
@@ -63,7 +69,6 @@ struct upstream {
 	struct sockaddr_storage addr;
 	socklen_t addrlen;
 	struct event_base *base;
-	const struct config *cfg;
 	TAILQ_HEAD(, upconn) idle;
 	unsigned n_idle;
 	unsigned in_flight; /* connections handed out and not yet released */
@@ -91,9 +96,17 @@ void upstream_leave(struct upstream *up);
 /* A queued request gives up (timeout, client gone). */
 void upstream_cancel(struct upstream *up, struct up_waiter *w);
 
-/* Closes idle connections and frees `up`. Connections still handed out must
- * have been released first. Accepts NULL. */
+/* Drops one reference; the last closes idle connections and frees `up`.
+ * Connections still handed out must have been released first. NULL ok. */
 void upstream_free(struct upstream *up);
+
+/* A reload keeps an upstream whose name and url did not change: the same
+ * object (admission count, queue, pool) with the new generation's settings.
+ * Takes a reference. */
+struct upstream *upstream_adopt(struct upstream *up, const struct config *cfg, const struct upstream_conf *uc);
+
+/* Whether `up` is the one `uc` describes (same name and url). */
+bool upstream_same(const struct upstream *up, const struct upstream_conf *uc);
 
 /* A connection for one exchange. `*reused` tells whether it came from the
  * pool (already connected) or is connecting now (the caller sees

@@ -3,15 +3,17 @@
 tokentap-sim and tokentap (its own data dir, 200 ms flushes, the admin API on
 an ephemeral loopback port) are started; N streamed requests with known
 x-sim-ttft-ms / x-sim-itl-ms / x-sim-tokens go through the proxy, and the
-answers of /stats, /stats/curve, /stats/prompt and /metrics are checked
-against the access log: counts equal, ttft p50 within 1 % + 1 ms of the
-access log's own p50 (same rank rule, ceil(q*n)), output token totals exact,
-every /metrics line valid exposition syntax with monotonic buckets ending at
-the count. Then the guards: 400 naming the parameter, 405 with Allow, 403
-for a foreign Host, reset refused without a token, and with one, 401 for a
-missing or wrong token and 403 for a cross-origin POST. Finally a restart:
-kill -9 after the data is flushed, start again on the same data dir, and the
-1h window shows the same count and p50.
+answers of /stats, /stats/curve, /stats/prompt, /metrics and /requests/recent
+are checked against the access log: counts equal, ttft p50 within 1 % + 1 ms
+of the access log's own p50 (same rank rule, ceil(q*n)), output token totals
+exact, every /metrics line valid exposition syntax with monotonic buckets
+ending at the count, each recent request's timeline equal to its log line.
+Then the guards: 400 naming the parameter, 405 with Allow, 403 for a foreign
+Host, reset refused without a token, and with one, 401 for a missing or wrong
+token and 403 for a cross-origin POST; the dashboard page at / is served
+with a policy that forbids anything from elsewhere. Finally a restart: kill
+-9 after the data is flushed, start again on the same data dir, and the 1h
+window shows the same count and p50.
 """
 
 import math
@@ -321,7 +323,10 @@ class AdminStatsTest(harness.TestCase):
         for path, param in (("/stats?window=2h", "window"), ("/stats?cold=maybe", "cold"),
                             ("/stats?bogus=1", "bogus"), ("/stats/curve?window=forever", "window"),
                             ("/stats/prompt?colder=only", "colder"), ("/metrics?window=1h", "window"),
-                            ("/stats?window=1h&window=5m", "window")):
+                            ("/stats?window=1h&window=5m", "window"), ("/requests/recent?n=0", "n"),
+                            ("/requests/recent?n=abc", "n"), ("/requests/recent?n=-3", "n"),
+                            ("/requests/recent?n=1025", "n"), ("/requests/recent?n=5&n=6", "n"),
+                            ("/requests/recent?count=5", "count"), ("/?x=1", "x")):
             with self.subTest(path=path):
                 r = admin_get(self.admin, path)
                 self.assertJsonError(r, 400)
@@ -353,6 +358,62 @@ class AdminStatsTest(harness.TestCase):
         r = admin_get(self.admin, "/readyz")
         self.assertEqual((r.status, r.json()), (200, {"ready": True}))
         self.assertIn("application/json", r.content_type())
+
+    def test_requests_recent(self):
+        entries = {e["id"]: e for e in self.log_entries()}
+        r = admin_get(self.admin, "/requests/recent?n=1024")
+        self.assertEqual(r.status, 200)
+        self.assertIn("application/json", r.content_type())
+        doc = r.json()
+        self.assertEqual(doc["capacity"], 1024)
+        self.assertEqual(doc["n"], len(doc["requests"]))
+        reqs = doc["requests"]
+        finished = [q["finished"] for q in reqs]
+        self.assertEqual(finished, sorted(finished, reverse=True), "newest first")
+        mine = [q for q in reqs if q["id"].startswith("adm-0-")]
+        self.assertEqual(len(mine), N)
+        # the ring and the access log describe each request identically
+        for q in mine:
+            e = entries[q["id"]]
+            for k in ("method", "path", "api", "model", "upstream", "stream", "status", "error", "input_tokens",
+                      "output_tokens", "events", "token_events", "bytes_in", "bytes_out", "queue_ms", "connect_ms",
+                      "ttfb_ms", "ttft_ms", "upstream_ttft_ms", "tpot_ms", "e2e_ms", "decode_tps"):
+                self.assertEqual(q[k], e[k], "%s of %s" % (k, q["id"]))
+            self.assertEqual(q["timeline_ms"], e["timeline_ms"], q["id"])
+            self.assertEqual(q["itl"]["count"], e["itl_count"])
+            gaps = e["itl_ms"]
+            self.assertAlmostEqual(q["itl"]["max_ms"], max(gaps), delta=0.0015)
+            self.assertAlmostEqual(q["itl"]["mean_ms"], sum(gaps) / len(gaps), delta=0.0015)
+            self.assertEqual(q["inflight"], 1, "one request at a time")
+            self.assertIsInstance(q["cold"], bool)
+            self.assertRegex(q["finished"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+        # default and explicit n: a prefix of the same list
+        d = admin_get(self.admin, "/requests/recent").json()
+        self.assertEqual(len(d["requests"]), min(50, len(reqs)))
+        three = admin_get(self.admin, "/requests/recent?n=3").json()["requests"]
+        self.assertEqual([q["id"] for q in three], [q["id"] for q in reqs[:3]])
+        r = admin_get(self.admin, "/requests/recent", method="POST", body={})
+        self.assertJsonError(r, 405)
+
+    def test_dashboard_is_served_self_contained(self):
+        r = admin_get(self.admin, "/")
+        self.assertEqual(r.status, 200)
+        self.assertEqual(r.content_type(), "text/html; charset=utf-8")
+        csp = r.header("content-security-policy", "")
+        self.assertIn("default-src 'none'", csp)
+        self.assertIn("connect-src 'self'", csp)
+        page = r.body.decode("utf-8")
+        self.assertTrue(page.startswith("<!doctype html>"))
+        for needle in ("/stats?window=1m", "/stats/curve", "/stats/prompt", "/requests/recent"):
+            self.assertIn(needle, page)
+        # nothing from elsewhere: no external scripts, styles, images or fonts
+        self.assertNotRegex(page, r"(?i)<script[^>]+src=|<link[^>]+stylesheet|@import|url\(\s*['\"]?https?:")
+        for url in re.findall(r"https?://[^\s\"'<>)]+", page):
+            self.assertEqual(url, "http://www.w3.org/2000/svg", "external reference %s" % url)
+        r = admin_get(self.admin, "/", method="HEAD")
+        self.assertEqual(r.status, 200)
+        r = admin_get(self.admin, "/", method="POST", body={})
+        self.assertJsonError(r, 405)
 
     def test_reset_without_token_is_refused(self):
         r = admin_get(self.admin, "/reset", method="POST")

@@ -1,0 +1,286 @@
+"""test_config.py — the YAML configuration file (docs/config.md).
+
+`tokentap -t -c FILE` accepts the annotated example in conf/ (so that it
+stays valid as keys are added), and for each kind of broken file exits 1
+printing `FILE:LINE: message` lines that give the line of the offending key
+and name it by its full path; a file with several problems prints each of
+them. Command-line misuse exits 2. Flags given beside -c override the file.
+"""
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import unittest
+
+import harness
+import routing_helpers as rh
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# A valid file every broken case starts from. Line numbers below are found
+# by searching the final text, never hard-coded.
+BASE = """\
+listen: 127.0.0.1:0
+admin: {listen: "off"}
+store: {dir: "off"}
+timeouts:
+  connect: 2s
+limits:
+  max_body_size: 1m
+upstreams:
+  - name: a
+    url: http://127.0.0.1:9
+  - name: b
+    url: http://127.0.0.1:10
+routes:
+  - name: r
+    match:
+      path_prefix: /v1/
+    split:
+      - upstream: a
+        weight: 1
+      - upstream: b
+        weight: 1
+"""
+
+
+def edit(old, new, text=BASE):
+    if old not in text:
+        raise AssertionError("edit: %r not in base text" % old)
+    return text.replace(old, new, 1)
+
+
+class ExampleTest(harness.TestCase):
+    def test_example_file_is_valid(self):
+        # Path relative to the repository root, as the file's own comment
+        # and docs/config.md give it.
+        self.assertTrue(os.path.exists(os.path.join(REPO, "conf", "tokentap.yaml")))
+        res = subprocess.run([harness.tokentap_bin(), "-t", "-c", "conf/tokentap.yaml"],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, timeout=10, cwd=REPO, start_new_session=True)
+        self.assertEqual(res.returncode, 0, "stdout=%r stderr=%r" % (res.stdout, res.stderr))
+        self.assertIn("ok", res.stdout + res.stderr)
+        self.assertEqual(rh.problem_lines(res, "conf/tokentap.yaml"), [], res.stderr)
+
+    def test_base_file_is_valid(self):
+        res, name = rh.check_config(BASE)
+        self.assertEqual(res.returncode, 0, res.stderr)
+        self.assertIn("ok", res.stdout)
+
+
+class BrokenFileTest(harness.TestCase):
+    def broken(self, text, expect, count=1):
+        """`expect`: list of (line, [substrings of the message]). Asserts
+        exit 1, exactly `count` problem lines, and each expectation met by
+        one of them."""
+        res, name = rh.check_config(text)
+        probs = rh.problem_lines(res, name)
+        self.assertEqual(res.returncode, 1, "exit status; stdout=%r stderr=%r" % (res.stdout, res.stderr))
+        self.assertNotIn("configuration ok", res.stdout)
+        if count is None:  # a follow-on problem may be reported too
+            self.assertTrue(probs, "no problem lines:\n%s" % res.stderr)
+        else:
+            self.assertEqual(len(probs), count, "problem lines:\n%s" % res.stderr)
+        for line, subs in expect:
+            ok = [p for p in probs if p[0] == line and all(s in p[1] for s in subs)]
+            self.assertTrue(ok, "no problem on line %d naming %r; got:\n%s" % (line, subs, res.stderr))
+        return probs
+
+    def test_unknown_top_level_key(self):
+        t = edit("upstreams:\n", "bogus_key: 1\nupstreams:\n")
+        self.broken(t, [(rh.line_of(t, "bogus_key"), ["bogus_key"])])
+
+    def test_unknown_nested_key(self):
+        t = edit("    url: http://127.0.0.1:9\n", "    url: http://127.0.0.1:9\n    bogus: 2\n")
+        self.broken(t, [(rh.line_of(t, "bogus: 2"), ["upstreams[0].bogus"])])
+
+    def test_unknown_key_in_split(self):
+        t = edit("      - upstream: b\n        weight: 1\n", "      - upstream: b\n        wieght: 1\n")
+        self.broken(t, [(rh.line_of(t, "wieght"), ["routes[0].split[1].wieght"])])
+
+    def test_list_where_scalar_expected(self):
+        t = edit("    url: http://127.0.0.1:10\n", "    url: http://127.0.0.1:10\n    max_concurrency: [1, 2]\n")
+        self.broken(t, [(rh.line_of(t, "max_concurrency"), ["upstreams[1].max_concurrency"])])
+
+    def test_scalar_where_mapping_expected(self):
+        t = edit("timeouts:\n  connect: 2s\n", "timeouts: 5s\n")
+        self.broken(t, [(rh.line_of(t, "timeouts: 5s"), ["timeouts"])])
+
+    def test_scalar_where_mapping_expected_nested(self):
+        t = edit("    match:\n      path_prefix: /v1/\n", "    match: /v1/\n")
+        self.broken(t, [(rh.line_of(t, "match: /v1/"), ["routes[0].match"])])
+
+    def test_bad_duration(self):
+        for bad in ("5 parsecs", "5x", "ms", "-5s", "1.5.2s"):
+            with self.subTest(value=bad):
+                t = edit("  connect: 2s\n", "  connect: %s\n" % bad)
+                self.broken(t, [(rh.line_of(t, "connect:"), ["timeouts.connect"])])
+
+    def test_bad_size(self):
+        for bad in ("12q", "lots", "-1k", "1mm"):
+            with self.subTest(value=bad):
+                t = edit("  max_body_size: 1m\n", "  max_body_size: %s\n" % bad)
+                self.broken(t, [(rh.line_of(t, "max_body_size"), ["limits.max_body_size"])])
+
+    def test_values_that_do_not_parse(self):
+        cases = [
+            ("listen: 127.0.0.1:0\n", "listen: localhost:http\n", "listen: localhost", "listen"),
+            ("store: {dir: \"off\"}\n", "store: {dir: \"off\"}\nlog_level: loud\n", "log_level: loud",
+             "log_level"),
+            ("      - upstream: b\n        weight: 1\n", "      - upstream: b\n        weight: -1\n",
+             "weight: -1", "routes[0].split[1].weight"),
+            ("      - upstream: b\n        weight: 1\n", "      - upstream: b\n        weight: half\n",
+             "weight: half", "routes[0].split[1].weight"),
+            ("      path_prefix: /v1/\n", "      path_prefix: /v1/\n    failover: maybe\n", "failover: maybe",
+             "routes[0].failover"),
+            ("    url: http://127.0.0.1:10\n", "    url: ftp://127.0.0.1:10\n", "ftp://", "upstreams[1].url"),
+            ("    url: http://127.0.0.1:10\n", "    url: http://127.0.0.1:10\n    max_concurrency: lots\n",
+             "max_concurrency: lots", "upstreams[1].max_concurrency"),
+        ]
+        for old, new, marker, path in cases:
+            with self.subTest(path=path, value=marker):
+                t = edit(old, new)
+                self.broken(t, [(rh.line_of(t, marker), [path])])
+
+    def test_scalar_where_list_expected(self):
+        t = BASE[:BASE.index("routes:")] + "routes: 5\n"
+        # "no routes" may follow as a consequence; the type error must be there.
+        self.broken(t, [(rh.line_of(t, "routes: 5"), ["routes"])], count=None)
+
+    def test_route_names_undefined_upstream(self):
+        t = edit("      - upstream: b\n", "      - upstream: nope\n")
+        # The problem is the reference: its line, its key path, the name.
+        self.broken(t, [(rh.line_of(t, "upstream: nope"), ["routes[0].split[1].upstream", "nope"])])
+
+    def test_single_upstream_route_names_undefined_upstream(self):
+        t = BASE + "  - name: r2\n    upstream: ghost\n"
+        self.broken(t, [(rh.line_of(t, "upstream: ghost"), ["routes[1].upstream", "ghost"])])
+
+    def test_weights_add_up_to_zero(self):
+        t = BASE.replace("weight: 1", "weight: 0")
+        res, name = rh.check_config(t)
+        probs = rh.problem_lines(res, name)
+        self.assertEqual(res.returncode, 1, res.stderr)
+        self.assertEqual(len(probs), 1, res.stderr)
+        # No single key is wrong: the line is the route's, somewhere from
+        # its entry to its last weight, and the message names routes[0].
+        first, last = rh.line_of(t, "  - name: r"), len(t.rstrip("\n").split("\n"))
+        line, msg = probs[0]
+        self.assertTrue(first <= line <= last, "line %d not within the route (%d..%d)" % (line, first, last))
+        self.assertIn("routes[0]", msg, res.stderr)
+
+    def test_duplicate_upstream_names(self):
+        t = edit("routes:\n", "  - name: a\n    url: http://127.0.0.1:11\nroutes:\n")
+        self.broken(t, [(rh.line_of(t, "- name: a", nth=2), ["upstreams[2].name", "a"])])
+
+    def test_missing_url(self):
+        t = edit("    url: http://127.0.0.1:10\n", "    max_concurrency: 4\n")
+        self.broken(t, [(rh.line_of(t, "- name: b"), ["upstreams[1]", "url"])])
+
+    def test_yaml_syntax_error(self):
+        t = edit("    url: http://127.0.0.1:10\n", "     url: http://127.0.0.1:10\n")
+        self.broken(t, [(rh.line_of(t, "     url: http://127.0.0.1:10"), [])])
+
+    def test_empty_file(self):
+        for text in ("", "# nothing but a comment\n\n"):
+            with self.subTest(text=text):
+                res, name = rh.check_config(text)
+                probs = rh.problem_lines(res, name)
+                self.assertEqual(res.returncode, 1, res.stderr)
+                self.assertTrue(probs, res.stderr)
+                self.assertTrue(any("empty" in m for _, m in probs), res.stderr)
+
+    def test_missing_file(self):
+        res = harness.run_cli(["-t", "-c", "does-not-exist.yaml"])
+        self.assertEqual(res.returncode, 1, res.stderr)
+        self.assertIn("does-not-exist.yaml", res.stderr)
+
+    def test_several_problems_all_reported(self):
+        t = BASE
+        t = edit("upstreams:\n", "bogus_key: 1\nupstreams:\n", t)
+        t = edit("    url: http://127.0.0.1:9\n", "    url: http://127.0.0.1:9\n    bogus: 2\n", t)
+        t = edit("  connect: 2s\n", "  connect: soon\n", t)
+        t = edit("  max_body_size: 1m\n", "  max_body_size: big\n", t)
+        t = edit("      - upstream: b\n", "      - upstream: nope\n", t)
+        expect = [
+            (rh.line_of(t, "bogus_key"), ["bogus_key"]),
+            (rh.line_of(t, "bogus: 2"), ["upstreams[0].bogus"]),
+            (rh.line_of(t, "connect: soon"), ["timeouts.connect"]),
+            (rh.line_of(t, "max_body_size: big"), ["limits.max_body_size"]),
+        ]
+        probs = self.broken(t, expect, count=5)
+        # The undefined upstream: its exact line is test_route_names_undefined_upstream's
+        # business; here it only has to be one of the five, within the route.
+        first = rh.line_of(t, "  - name: r")
+        self.assertTrue([p for p in probs if "nope" in p[1] and p[0] >= first], probs)
+
+    def test_problems_name_the_file_as_given(self):
+        res, name = rh.check_config("bogus: 1\n", name="odd name.yaml")
+        self.assertEqual(res.returncode, 1)
+        self.assertTrue(rh.problem_lines(res, "odd name.yaml"), res.stderr)
+
+
+class CommandLineTest(harness.TestCase):
+    def test_t_without_c(self):
+        res = harness.run_cli(["-t"])
+        self.assertEqual(res.returncode, 2, res.stderr)
+        self.assertTrue(res.stderr.strip())
+
+    def test_upstream_with_c(self):
+        d = self._file(BASE)
+        for extra in (["-t"], []):
+            with self.subTest(extra=extra):
+                res = harness.run_cli(extra + ["-c", d, "--upstream", "http://127.0.0.1:9"], timeout=10)
+                self.assertEqual(res.returncode, 2, "stdout=%r stderr=%r" % (res.stdout, res.stderr))
+
+    def test_bad_flag_beside_good_file(self):
+        d = self._file(BASE)
+        res = harness.run_cli(["-t", "-c", d, "--max-body-size", "12q"])
+        self.assertEqual(res.returncode, 2, res.stderr)
+
+    def _file(self, text):
+        d = tempfile.mkdtemp(prefix="tokentap-cfg-")
+        self.addCleanup(shutil.rmtree, d, True)
+        return rh.write_file(os.path.join(d, "t.yaml"), text)
+
+
+class OverrideTest(harness.TestCase):
+    """Flags beside -c win over the file."""
+
+    def test_listen_flag_overrides_file(self):
+        # The file names a port held by this test (bind would fail); the
+        # flag's ephemeral port must be used instead.
+        holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.addCleanup(holder.close)
+        holder.bind((harness.LOOPBACK, 0))
+        holder.listen(1)
+        busy = holder.getsockname()[1]
+        sim = harness.start_sim(self, "--ttft-ms", "0", "--itl-ms", "0", "--tokens", "2")
+        body = rh.upstreams_yaml({"s": sim.url})
+        text = ("listen: 127.0.0.1:%d\nadmin: {listen: \"off\"}\nstore: {dir: \"off\"}\n"
+                "limits:\n  max_body_size: 32m\n" % busy) + body
+        tt = rh.ConfTokentap(text, "--listen", "127.0.0.1:0", "--max-body-size", "1k", header=False)
+        self.addCleanup(lambda: harness._stop_and_check(tt))
+        self.assertNotEqual(tt.port, busy)
+        resp = rh.send(tt.port, rh.chat(), harness.sim_headers(tokens=2))
+        self.assertEqual(resp.status, 200, resp.body[:200])
+        # --max-body-size 1k over the file's 32m.
+        before = sim.stats()["requests"]
+        resp = rh.send(tt.port, rh.chat(prompt="x" * 2000), harness.sim_headers(tokens=2))
+        self.assertProxyError(resp, 413)
+        self.assertEqual(sim.stats()["requests"], before)
+
+    def test_file_listen_used_without_flag(self):
+        port = harness.free_port()
+        sim = harness.start_sim(self, "--ttft-ms", "0", "--itl-ms", "0", "--tokens", "2")
+        text = ("listen: 127.0.0.1:%d\nadmin: {listen: \"off\"}\nstore: {dir: \"off\"}\n" % port
+                + rh.upstreams_yaml({"s": sim.url}))
+        tt = rh.ConfTokentap(text, header=False)
+        self.addCleanup(lambda: harness._stop_and_check(tt))
+        self.assertEqual(tt.port, port)
+
+
+if __name__ == "__main__":
+    unittest.main()

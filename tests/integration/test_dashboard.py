@@ -1,0 +1,345 @@
+"""test_dashboard.py — the dashboard page (GET /) in headless Chromium.
+
+tokentap-sim and tokentap (own data dir, admin API on 127.0.0.1:0) are
+started and streamed traffic of two models at several concurrencies and
+prompt lengths goes through the proxy. Debian's `chromium` then loads the
+admin's `/` twice, each run bounded in time and stopped by its PID:
+
+- `--dump-dom` after a virtual-time budget of 7 s (virtual time stands still
+  while a fetch is pending, so the page polls exactly as it would live, about
+  four times): the DOM must hold the charts drawn from live data, with the
+  numbers the test reads from /stats, /stats/curve and /stats/prompt itself
+  (the page writes the values it plotted into data-* attributes);
+- `--screenshot`, saved as tests/artifacts/dashboard.png.
+
+"No console errors" is checked twice: the page records window.onerror,
+unhandled rejections, CSP violations and console.error into #page-errors
+(its data-count must be 0), and Chromium's own console log (stderr, with
+--enable-logging) must hold no console line at all, since the page logs
+nothing when all is well. A second tokentap without any traffic checks that
+the empty page renders without errors too.
+
+Chromium missing is a failure with a message, not a skip: contrib/setup.sh
+installs it.
+"""
+
+import html.parser
+import json
+import os
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import tempfile
+import threading
+import unittest
+
+import harness
+from test_admin import admin_get, admin_port
+
+CHROMIUM_TIMEOUT_S = 60
+VIRTUAL_TIME_MS = 7000
+PATH = "/v1/chat/completions"
+HERE = os.path.dirname(os.path.abspath(__file__))
+ARTIFACTS = os.path.join(os.path.dirname(HERE), "artifacts")
+
+
+def chromium_bin():
+    for name in (os.environ.get("TOKENTAP_CHROMIUM"), "chromium", "chromium-browser"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    raise AssertionError("chromium is not installed: run contrib/setup.sh (it installs Debian's chromium "
+                         "package), or point TOKENTAP_CHROMIUM at a Chromium binary")
+
+
+def run_chromium(test, url, *args):
+    """Runs headless Chromium once on `url`; returns (stdout, stderr). Bounded:
+    killed (its own process group, by the PID it was started with) after
+    CHROMIUM_TIMEOUT_S."""
+    profile = tempfile.mkdtemp(prefix="tokentap-chromium-")
+    test.addCleanup(shutil.rmtree, profile, True)
+    argv = [chromium_bin(), "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+            "--no-first-run", "--no-default-browser-check", "--disable-extensions", "--disable-sync",
+            "--user-data-dir=" + profile, "--enable-logging=stderr", "--v=0",
+            "--virtual-time-budget=%d" % VIRTUAL_TIME_MS] + list(args) + [url]
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True, cwd=profile)
+    try:
+        out, err = proc.communicate(timeout=CHROMIUM_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the group Chromium's own children share
+        out, err = proc.communicate(timeout=10)
+        raise AssertionError("chromium did not finish within %d s; stderr tail:\n%s"
+                             % (CHROMIUM_TIMEOUT_S, err.decode("utf-8", "replace")[-3000:]))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    err = err.decode("utf-8", "replace")
+    if proc.returncode != 0:
+        raise AssertionError("chromium exited with %r; stderr tail:\n%s" % (proc.returncode, err[-3000:]))
+    return out.decode("utf-8", "replace"), err
+
+
+class Dom(html.parser.HTMLParser):
+    """Elements of a dumped DOM: tag, attributes, the text inside, parent."""
+
+    VOID = {"meta", "link", "br", "img", "input", "hr", "col", "source", "area", "base", "wbr"}
+
+    def __init__(self, text):
+        super().__init__(convert_charrefs=True)
+        self.elements = []
+        self._open = []
+        self.feed(text)
+        self.close()
+
+    def _add(self, tag, attrs):
+        e = {"tag": tag, "attrs": dict(attrs), "text": "", "parent": self._open[-1] if self._open else None}
+        self.elements.append(e)
+        return e
+
+    def handle_starttag(self, tag, attrs):
+        e = self._add(tag, attrs)
+        if tag not in self.VOID:
+            self._open.append(e)
+
+    def handle_startendtag(self, tag, attrs):
+        self._add(tag, attrs)
+
+    def handle_endtag(self, tag):
+        for i in range(len(self._open) - 1, -1, -1):
+            if self._open[i]["tag"] == tag:
+                del self._open[i:]
+                break
+
+    def handle_data(self, data):
+        for e in self._open:
+            e["text"] += data
+
+    def by_id(self, id_):
+        found = [e for e in self.elements if e["attrs"].get("id") == id_]
+        if not found:
+            raise AssertionError("no element #%s in the dumped DOM" % id_)
+        return found[0]
+
+    @staticmethod
+    def _under(e, ancestor):
+        p = e["parent"]
+        while p is not None:
+            if p is ancestor:
+                return True
+            p = p["parent"]
+        return False
+
+    def inside(self, root, tag=None, cls=None):
+        """Elements under `root` (an id or an element), by tag and class."""
+        if isinstance(root, str):
+            root = self.by_id(root)
+        return [e for e in self.elements if self._under(e, root) and (tag is None or e["tag"] == tag)
+                and (cls is None or cls in e["attrs"].get("class", "").split())]
+
+
+def console_lines(stderr):
+    return [line for line in stderr.split("\n") if ":CONSOLE" in line]
+
+
+def check_no_page_errors(test, dom, stderr):
+    box = dom.by_id("page-errors")
+    test.assertEqual(box["attrs"].get("data-count"), "0", "page errors:\n%s" % box["text"])
+    test.assertEqual(box["text"].strip(), "")
+    test.assertEqual(console_lines(stderr), [], "the page wrote to the console")
+
+
+def png_size(path):
+    with open(path, "rb") as f:
+        head = f.read(24)
+    if head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR":
+        raise AssertionError("%s is not a PNG" % path)
+    return struct.unpack(">II", head[16:24])
+
+
+def send_traffic(port):
+    """Streamed chat requests: model dash-a at 1, 2 and 4 in flight (14 in
+    all) with prompts of growing length, model dash-b one at a time (4), so
+    that dash-a is the busiest series (the page's default selection)."""
+    import threading
+
+    def one(model, ttft, words, rid):
+        prompt = " ".join(["word"] * words)
+        body = harness.api_body("openai-chat", stream=True, include_usage=True, model=model, prompt=prompt)
+        hdrs = harness.sim_headers(ttft=ttft, itl=2, tokens=6, request_id=rid)
+        resp, _ = harness.exchange(port, "POST", PATH, body=body, headers=hdrs)
+        if resp is None or resp.status != 200:
+            errors.append("%s: %r" % (rid, resp and resp.status))
+
+    errors = []
+    n = 0
+    for conc, ttft, words in ((1, 12, 3), (1, 14, 40), (2, 30, 100), (2, 33, 200), (4, 65, 400), (4, 70, 800)):
+        threads = []
+        for i in range(conc):
+            t = threading.Thread(target=one, args=("dash-a", ttft, words, "dash-a-%d" % n))
+            n += 1
+            threads.append(t)
+            t.start()
+        for t in threads:
+            t.join(30)
+    for i in range(4):
+        one("dash-b", 20, 10, "dash-b-%d" % i)
+    if errors:
+        raise AssertionError("proxy errors: %r" % errors)
+    return n + 4
+
+
+def stats_total(port, window="1m"):
+    doc = admin_get(port, "/stats?window=%s" % window).json()
+    return sum(s["requests"] for s in doc["series"]), doc
+
+
+class DashboardLiveTest(harness.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        chromium_bin()  # fail early, with the message, when it is missing
+        cls.dir = tempfile.mkdtemp(prefix="tokentap-dash-")
+        cls.addClassCleanup(shutil.rmtree, cls.dir, True)
+        cls.sim = harness.start_sim(cls)
+        cls.tt = harness.start_tokentap(cls, cls.sim.url, "--data-dir", os.path.join(cls.dir, "data"),
+                                        "--flush-interval", "200ms", "--admin", "127.0.0.1:0")
+        cls.admin = admin_port(cls.tt)
+        cls.total = send_traffic(cls.tt.port)
+        ok = harness.wait_until(lambda: stats_total(cls.admin)[0] >= cls.total, 8.0, 0.1)
+        if not ok:
+            raise AssertionError("stats never showed %d requests: %r" % (cls.total, stats_total(cls.admin)[1]))
+        cls.url = "http://127.0.0.1:%d/" % cls.admin
+
+    def test_page_renders_live_data(self):
+        out, err = run_chromium(self, self.url, "--dump-dom")
+        # what the page saw; the traffic is over and flushed, so these hold still
+        _, stats = stats_total(self.admin)
+        curve = admin_get(self.admin, "/stats/curve?window=1h").json()
+        prompt = admin_get(self.admin, "/stats/prompt?window=1h").json()
+        dom = Dom(out)
+        check_no_page_errors(self, dom, err)
+        body = [e for e in dom.elements if e["tag"] == "body"][0]
+        self.assertEqual(body["attrs"].get("data-rendered"), "1", "no poll succeeded; status: %s"
+                         % dom.by_id("status")["text"])
+        ticks = int(body["attrs"]["data-ticks"])
+        self.assertGreaterEqual(ticks, 3, "the page polls every 2 s within a 7 s virtual budget")
+        self.assertEqual(dom.by_id("status")["attrs"].get("data-state"), "ok")
+
+        busiest = max(stats["series"], key=lambda s: s["requests"])
+        self.assertEqual(busiest["model"], "dash-a")
+        key = json.dumps([busiest["route"], busiest["upstream"], busiest["model"]], separators=(",", ":"))
+        self.assertEqual(dom.by_id("series-select")["attrs"].get("data-selected"), key)
+
+        # percentiles over time: one line per percentile, one point per poll,
+        # the latest equal to what /stats says now
+        for metric in ("ttft", "itl", "e2e"):
+            svg = dom.by_id("chart-" + metric)
+            self.assertEqual(svg["attrs"].get("data-empty"), "0", metric)
+            lines = {e["attrs"]["data-series"]: e for e in dom.inside("chart-" + metric, "path", "line")}
+            self.assertEqual(set(lines), {"%s-p50" % metric, "%s-p90" % metric, "%s-p99" % metric})
+            for q in ("p50", "p90", "p99"):
+                a = lines["%s-%s" % (metric, q)]["attrs"]
+                self.assertEqual(int(a["data-points"]), ticks, "%s %s: a point per poll" % (metric, q))
+                self.assertRegex(a["d"], r"^M[0-9.]+,[0-9.]+(L[0-9.]+,[0-9.]+)+$")
+                want = busiest["metrics"][metric][q + "_ms"]
+                self.assertAlmostEqual(float(a["data-last"]), want, delta=1e-9 * max(1.0, want),
+                                       msg="%s %s plotted vs /stats" % (metric, q))
+            legend = dom.by_id("legend-" + metric)["text"]
+            self.assertIn("p50 ", legend)
+            self.assertIn(" ms", legend)
+
+        # throughput: every line drawn and positive
+        for chart, keys in (("chart-rps", ["requests_per_s"]),
+                            ("chart-tps", ["input_tokens_per_s", "output_tokens_per_s"])):
+            lines = {e["attrs"]["data-series"]: e["attrs"] for e in dom.inside(chart, "path", "line")}
+            self.assertEqual(sorted(lines), sorted(keys), chart)
+            for k in keys:
+                self.assertGreater(float(lines[k]["data-last"]), 0, "%s %s" % (chart, k))
+        self.assertIn("output tokens/s", dom.by_id("legend-tps")["text"])
+        self.assertIn("input tokens/s", dom.by_id("legend-tps")["text"])
+
+        # latency versus load: a bar per in-flight bucket, the knee where /stats/curve puts it
+        cs = [s for s in curve["series"] if s["model"] == "dash-a"][0]
+        bars = dom.inside("chart-curve", "rect", "curve-bar")
+        self.assertEqual([int(b["attrs"]["data-inflight-low"]) for b in bars],
+                         [b["inflight_low"] for b in cs["buckets"] if b["throughput_estimate_rps"] is not None])
+        for b, want in zip(bars, [b for b in cs["buckets"] if b["throughput_estimate_rps"] is not None]):
+            self.assertAlmostEqual(float(b["attrs"]["data-rps"]), want["throughput_estimate_rps"], delta=1e-9)
+        self.assertGreaterEqual(len(bars), 2, "traffic ran at several loads")
+        points = dom.inside("chart-curve", "circle", "curve-point")
+        self.assertEqual(len(points), len([b for b in cs["buckets"] if b["ttft"]["count"]]))
+        self.assertIsNotNone(cs["knee"], "enough requests per bucket for a knee")
+        knee = dom.by_id("curve-knee")
+        self.assertEqual(int(knee["attrs"]["data-inflight-low"]), cs["knee"]["inflight_low"])
+        self.assertIn("knee at", dom.by_id("legend-curve")["text"])
+
+        # ttft by prompt length: a bar per input-length bucket with its count and p50
+        ps = [s for s in prompt["series"] if s["model"] == "dash-a"][0]
+        pbars = dom.inside("chart-prompt", "rect", "prompt-bar")
+        self.assertEqual([(int(b["attrs"]["data-low"]), int(b["attrs"]["data-count"])) for b in pbars],
+                         [(b["input_tokens_low"], b["ttft"]["count"]) for b in ps["buckets"]])
+        for b, want in zip(pbars, ps["buckets"]):
+            self.assertAlmostEqual(float(b["attrs"]["data-p50-ms"]), want["ttft"]["p50_ms"], delta=1e-9)
+        self.assertGreaterEqual(len(pbars), 3, "prompts of several lengths")
+
+        # upstreams side by side: a column per series, the numbers of /stats
+        table = dom.by_id("upstreams")
+        self.assertEqual(int(table["attrs"]["data-columns"]), len(stats["series"]))
+        self.assertEqual(table["attrs"].get("data-window"), "1m")
+        heads = [e for e in dom.inside("upstreams", "th") if "data-model" in e["attrs"]]
+        self.assertEqual(sorted(h["attrs"]["data-model"] for h in heads), ["dash-a", "dash-b"])
+        order = [h["attrs"]["data-model"] for h in heads]
+        by_model = {s["model"]: s for s in stats["series"]}
+        for label, pick in (("TTFT p50, ms", lambda s: s["metrics"]["ttft"]["p50_ms"]),
+                            ("ITL p99, ms", lambda s: s["metrics"]["itl"]["p99_ms"]),
+                            ("requests", lambda s: s["requests"])):
+            row = [e for e in dom.inside("upstreams", "tr") if e["attrs"].get("data-row") == label]
+            self.assertEqual(len(row), 1, label)
+            tds = dom.inside(row[0], "td")[1:]
+            self.assertEqual(len(tds), len(order), label)
+            for td, model in zip(tds, order):
+                self.assertAlmostEqual(float(td["attrs"]["data-value"]), pick(by_model[model]), delta=1e-9,
+                                       msg="%s of %s" % (label, model))
+
+        # recent requests: the last 15
+        self.assertEqual(dom.by_id("recent")["attrs"].get("data-rows"), str(min(15, self.total)))
+
+    def test_screenshot(self):
+        os.makedirs(ARTIFACTS, exist_ok=True)
+        path = os.path.join(ARTIFACTS, "dashboard.png")
+        if os.path.exists(path):
+            os.unlink(path)
+        _, err = run_chromium(self, self.url, "--hide-scrollbars", "--window-size=1400,1900",
+                              "--screenshot=" + path)
+        self.assertEqual(console_lines(err), [], "the page wrote to the console")
+        self.assertTrue(os.path.exists(path), "no screenshot written")
+        self.assertEqual(png_size(path), (1400, 1900))
+        self.assertGreater(os.path.getsize(path), 20000, "a blank page compresses to almost nothing")
+
+
+class DashboardEmptyTest(harness.TestCase):
+    def test_renders_without_data(self):
+        chromium_bin()
+        d = tempfile.mkdtemp(prefix="tokentap-dash-empty-")
+        self.addCleanup(shutil.rmtree, d, True)
+        sim = harness.start_sim(self)
+        tt = harness.start_tokentap(self, sim.url, "--data-dir", os.path.join(d, "data"), "--admin", "127.0.0.1:0")
+        port = admin_port(tt)
+        out, err = run_chromium(self, "http://127.0.0.1:%d/" % port, "--dump-dom")
+        dom = Dom(out)
+        check_no_page_errors(self, dom, err)
+        body = [e for e in dom.elements if e["tag"] == "body"][0]
+        self.assertEqual(body["attrs"].get("data-rendered"), "1")
+        for chart in ("ttft", "itl", "e2e", "rps", "tps", "curve", "prompt"):
+            svg = dom.by_id("chart-" + chart)
+            self.assertEqual(svg["attrs"].get("data-empty"), "1", chart)
+            self.assertRegex(svg["text"], r"no |waiting", chart)
+            self.assertEqual(dom.inside("chart-" + chart, "path", "line"), [], chart)
+        self.assertEqual(dom.by_id("upstreams")["attrs"].get("data-columns"), "0")
+        self.assertEqual(dom.by_id("recent")["attrs"].get("data-rows"), "0")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,310 @@
+"""test_prometheus.py — a real Prometheus scrapes two tokentaps, and its
+fleet-wide histogram_quantile agrees with the merged truth.
+
+Two tokentap instances, each with its own simulator, data dir, access log and
+admin port, carry different traffic (instance A fast, TTFT 12–46 ms;
+instance B slow, TTFT 64–130 ms). Debian's `prometheus` (temporary storage,
+a free loopback port, scrape_interval 1s) scrapes both admin /metrics. Once
+it has seen every request, the test asks its HTTP API for
+
+    histogram_quantile(q, sum by (le) (tokentap_ttft_seconds_bucket))
+
+for q = 0.5 and 0.9 and checks two things:
+
+1. Prometheus's number is exactly what its documented algorithm gives on
+   the bucket counts both tokentaps export (summed per `le`): find the first
+   bucket whose cumulative count reaches q × total, interpolate linearly
+   inside it. This proves the fleet sum works as the exposition promises.
+
+2. It agrees with the true merged percentile — the nearest-rank sample of
+   the union of both access logs, the rule /stats uses — within bucket
+   resolution. Linear interpolation cannot promise more than this: the
+   answer lies in the closed `le` interval [lower, upper] that holds the true
+   value (it may sit on either edge, and anywhere inside, whatever the true
+   value's place in it). It cannot promise closeness inside the bucket,
+   since it assumes samples spread evenly there. One more allowance, from
+   tokentap's side: a bucket count is read from a histogram whose buckets are
+   1 % wide, so a sample within 1 % of an `le` edge may be counted on the
+   other side of it; then the neighbouring interval is accepted too.
+
+Also: Prometheus's sum of tokentap_ttft_seconds_count equals the sum of both
+instances' /stats ttft counts and the number of requests sent, and both
+targets are up; every query of contrib/grafana/tokentap-dashboard.json
+evaluates in this Prometheus, and promtool accepts
+contrib/prometheus/prometheus.yml. Prometheus is stopped by its PID (SIGTERM, bounded wait,
+then SIGKILL). Missing `prometheus` is a failure, not a skip:
+contrib/setup.sh installs it.
+"""
+
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import unittest
+import urllib.parse
+
+import harness
+from test_admin import admin_get, admin_port, parse_exposition, rank_quantile
+
+PATH = "/v1/chat/completions"
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PROM_READY_TIMEOUT_S = 40.0
+SCRAPE_WAIT_S = 40.0
+# Sim TTFTs (ms) kept a few ms clear of every `le` edge (…, 10, 20, 25, 40,
+# 50, 60, 75, 80, 100, 150 …), so that proxy overhead cannot move a sample
+# across one; the assertions do not rely on it.
+TTFT_A = [12, 14, 16, 30, 33, 35, 44, 46] * 3  # 24 requests
+TTFT_B = [64, 67, 70, 85, 88, 90, 120, 130] * 2  # 16 requests
+
+
+def prometheus_bin():
+    path = shutil.which(os.environ.get("TOKENTAP_PROMETHEUS") or "prometheus")
+    if not path:
+        raise AssertionError("prometheus is not installed: run contrib/setup.sh (it installs Debian's "
+                             "prometheus package), or point TOKENTAP_PROMETHEUS at a Prometheus binary")
+    return path
+
+
+def send(port, ttfts, tag):
+    for i, ttft in enumerate(ttfts):
+        body = harness.api_body("openai-chat", stream=True, include_usage=True, model="prom-model")
+        hdrs = harness.sim_headers(ttft=ttft, itl=1, tokens=4, request_id="%s-%d" % (tag, i))
+        resp, _ = harness.exchange(port, "POST", PATH, body=body, headers=hdrs)
+        if resp is None or resp.status != 200:
+            raise AssertionError("%s: proxy answered %r" % (tag, resp and resp.status))
+
+
+def prom_get(port, path):
+    resp, _ = harness.exchange(port, "GET", path, timeout=10)
+    return resp
+
+
+def prom_query(port, expr):
+    """The value of an instant query that returns one sample, or None."""
+    r = prom_get(port, "/api/v1/query?query=" + urllib.parse.quote(expr, safe=""))
+    if r is None or r.status != 200:
+        raise AssertionError("query %r: %r %r" % (expr, r and r.status, r and r.body[:300]))
+    doc = r.json()
+    if doc.get("status") != "success":
+        raise AssertionError("query %r: %r" % (expr, doc))
+    res = doc["data"]["result"]
+    if not res:
+        return None
+    if len(res) != 1:
+        raise AssertionError("query %r: %d samples, expected 1: %r" % (expr, len(res), res))
+    return float(res[0]["value"][1])
+
+
+def fleet_buckets(test, texts):
+    """[(le as float, cumulative count)] of tokentap_ttft_seconds summed over
+    every series of every exposition, +Inf last."""
+    total = {}
+    for text in texts:
+        _, samples = parse_exposition(test, text)
+        for name, labels, value in samples:
+            if name == "tokentap_ttft_seconds_bucket":
+                le = float(labels["le"])
+                total[le] = total.get(le, 0.0) + value
+    return sorted(total.items())
+
+
+def promql_histogram_quantile(q, buckets):
+    """Prometheus's bucketQuantile (promql/quantile.go), for q in (0, 1):
+    the first bucket whose cumulative count reaches q × total, linear
+    interpolation inside it, 0 as the lower edge of the first bucket, and
+    the highest finite edge when the rank falls into +Inf."""
+    assert buckets[-1][0] == math.inf and len(buckets) >= 2
+    observations = buckets[-1][1]
+    if observations == 0:
+        return math.nan
+    rank = q * observations
+    b = len(buckets) - 1
+    for i in range(len(buckets) - 1):
+        if buckets[i][1] >= rank:
+            b = i
+            break
+    if b == len(buckets) - 1:
+        return buckets[-2][0]
+    start, end, count = 0.0, buckets[b][0], buckets[b][1]
+    if b > 0:
+        start = buckets[b - 1][0]
+        count -= buckets[b - 1][1]
+        rank -= buckets[b - 1][1]
+    return start + (end - start) * (rank / count)
+
+
+def le_interval(v, edges):
+    """The (lower, upper] `le` interval holding v (seconds)."""
+    lower = 0.0
+    for e in edges:
+        if v <= e:
+            return lower, e
+        lower = e
+    return lower, math.inf
+
+
+class PrometheusFleetTest(harness.TestCase):
+    def start_instance(self, root, name):
+        d = os.path.join(root, name)
+        os.makedirs(d)
+        sim = harness.start_sim(self)
+        log = os.path.join(d, "access.log")
+        tt = harness.start_tokentap(self, sim.url, "--data-dir", os.path.join(d, "data"), "--flush-interval",
+                                    "200ms", "--admin", "127.0.0.1:0", "--access-log", log)
+        return tt, admin_port(tt), log
+
+    def start_prometheus(self, root, targets):
+        cfg = os.path.join(root, "prometheus.yml")
+        with open(cfg, "w") as f:
+            f.write("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
+                    "scrape_configs:\n  - job_name: tokentap\n    metrics_path: /metrics\n"
+                    "    static_configs:\n      - targets: [%s]\n"
+                    % ", ".join("'127.0.0.1:%d'" % p for p in targets))
+        last_err = ""
+        for attempt in range(3):  # a free port can be taken between probe and bind
+            port = harness.free_port()
+            storage = os.path.join(root, "tsdb-%d" % attempt)
+            proc = harness.Process([prometheus_bin(), "--config.file=" + cfg, "--storage.tsdb.path=" + storage,
+                                    "--web.listen-address=127.0.0.1:%d" % port, "--log.level=info"],
+                                   None, "prometheus", cwd=root)
+            self.addCleanup(proc.stop)
+
+            def ready():
+                if not proc.alive():
+                    return "exited"
+                try:  # probe first: a refused connect is the normal "not yet"
+                    socket.create_connection((harness.LOOPBACK, port), timeout=1).close()
+                    r = prom_get(port, "/-/ready")
+                except OSError:
+                    return False
+                return r is not None and r.status == 200
+
+            state = harness.wait_until(ready, PROM_READY_TIMEOUT_S, 0.2)
+            if state is True:
+                return proc, port
+            last_err = proc.stderr_text()[-3000:]
+            proc.stop()
+            if "address already in use" not in last_err:
+                break
+        raise AssertionError("prometheus did not become ready; stderr tail:\n%s" % last_err)
+
+    def test_fleet_histogram_quantile_matches_merged_truth(self):
+        prometheus_bin()
+        root = tempfile.mkdtemp(prefix="tokentap-prom-")
+        self.addCleanup(shutil.rmtree, root, True)
+        tt_a, admin_a, log_a = self.start_instance(root, "a")
+        tt_b, admin_b, log_b = self.start_instance(root, "b")
+
+        errors = []
+
+        def run(port, ttfts, tag):
+            try:
+                send(port, ttfts, tag)
+            except Exception as e:  # reported below
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=run, args=(tt_a.port, TTFT_A, "pa")),
+                   threading.Thread(target=run, args=(tt_b.port, TTFT_B, "pb"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        self.assertEqual(errors, [])
+        total = len(TTFT_A) + len(TTFT_B)
+
+        # both instances have flushed everything (all-time window, what /metrics exports)
+        def flushed(port, n):
+            doc = admin_get(port, "/stats?window=all").json()
+            return sum(s["metrics"]["ttft"]["count"] for s in doc["series"]) == n
+
+        self.assertTrue(harness.wait_until(lambda: flushed(admin_a, len(TTFT_A)), 8.0, 0.1), "instance A flush")
+        self.assertTrue(harness.wait_until(lambda: flushed(admin_b, len(TTFT_B)), 8.0, 0.1), "instance B flush")
+
+        prom, port = self.start_prometheus(root, [admin_a, admin_b])
+
+        # wait until Prometheus has scraped both with every request in them
+        seen = []
+
+        def scraped():
+            up = prom_query(port, 'count(up{job="tokentap"} == 1)')
+            n = prom_query(port, "sum(tokentap_ttft_seconds_count)")
+            seen[:] = [up, n]
+            return up == 2 and n == total
+
+        self.assertTrue(harness.wait_until(scraped, SCRAPE_WAIT_S, 0.5),
+                        "prometheus saw (targets up, ttft count) = %r, want (2, %d); stderr:\n%s"
+                        % (seen, total, prom.stderr_text()[-2000:]))
+
+        texts = [admin_get(p, "/metrics").body.decode("utf-8") for p in (admin_a, admin_b)]
+        buckets = fleet_buckets(self, texts)
+        self.assertEqual(buckets[-1], (math.inf, float(total)))
+        edges = [le for le, _ in buckets[:-1]]
+
+        ttfts = []
+        for log in (log_a, log_b):
+            entries = [e for e in harness.read_access_log(log) if str(e.get("id", "")).startswith("p")]
+            ttfts += [e["ttft_ms"] / 1000.0 for e in entries]
+        self.assertEqual(len(ttfts), total, "access log lines")
+
+        # /stats of both agree on the count, and each /stats percentile sits
+        # where its own access log says (the merged truth is built the same way)
+        stats_count = 0
+        for p in (admin_a, admin_b):
+            s = admin_get(p, "/stats?window=all").json()["series"][0]
+            stats_count += s["metrics"]["ttft"]["count"]
+        self.assertEqual(stats_count, total)
+
+        for q in (0.5, 0.9):
+            with self.subTest(q=q):
+                expr = "histogram_quantile(%g, sum by (le) (tokentap_ttft_seconds_bucket))" % q
+                got = prom_query(port, expr)
+                self.assertIsNotNone(got, expr)
+                want_interp = promql_histogram_quantile(q, buckets)
+                self.assertAlmostEqual(got, want_interp, delta=1e-9 * max(1.0, abs(want_interp)),
+                                       msg="%s: Prometheus %r, its algorithm on the exported buckets %r"
+                                       % (expr, got, want_interp))
+
+                truth = rank_quantile(ttfts, q)
+                allowed = {le_interval(truth, edges), le_interval(truth * 0.99, edges),
+                           le_interval(truth * 1.01, edges)}
+                ok = any(lo <= got <= hi for lo, hi in allowed)
+                if os.environ.get("TOKENTAP_TEST_VERBOSE"):
+                    print("\nq=%g: prometheus %.6f s, merged truth %.6f s in le interval %r"
+                          % (q, got, truth, le_interval(truth, edges)))
+                self.assertTrue(ok, "%s = %.6f s, but the merged p%g of both access logs is %.6f s, in le "
+                                "interval %r (accepted: %r)" % (expr, got, q * 100, truth,
+                                                                le_interval(truth, edges), sorted(allowed)))
+        # the two instances really differ, so the fleet answer is a merge
+        self.assertLess(max(TTFT_A), min(TTFT_B))
+
+        # contrib/grafana: every panel's query is valid PromQL that this
+        # Prometheus evaluates over tokentap's metrics (variables set to All)
+        with open(os.path.join(REPO, "contrib", "grafana", "tokentap-dashboard.json")) as f:
+            dash = json.load(f)
+        exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+        self.assertGreaterEqual(len(exprs), 8)
+        for expr in exprs:
+            e = expr.replace("$__rate_interval", "1m")
+            for var in ("route", "upstream", "model"):
+                e = e.replace("$" + var, ".*")
+            self.assertNotIn("$", e, expr)
+            r = prom_get(port, "/api/v1/query?query=" + urllib.parse.quote(e, safe=""))
+            self.assertEqual(r.status, 200, "%s: %r" % (expr, r.body[:300]))
+            self.assertEqual(r.json()["status"], "success", expr)
+
+    def test_contrib_scrape_config_is_valid(self):
+        promtool = shutil.which("promtool")
+        if not promtool:
+            raise AssertionError("promtool is not installed: run contrib/setup.sh (Debian's prometheus package)")
+        r = subprocess.run([promtool, "check", "config", os.path.join(REPO, "contrib", "prometheus", "prometheus.yml")],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30,
+                           text=True)
+        self.assertEqual(r.returncode, 0, r.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
