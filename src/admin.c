@@ -52,11 +52,14 @@
 #include "log.h"
 #include "prom.h"
 #include "recent.h"
+#include "control.h"
+#include "live.h"
 #include "store.h"
 
 #define ADMIN_TIMEOUT_S 30
 #define ADMIN_MAX_HEADERS (16u << 10)
 #define ADMIN_MAX_BODY (64u << 10)
+#define LIVE_TIMEOUT_MS 2000
 #define TOKEN_MAX 4096
 
 struct admin {
@@ -70,6 +73,8 @@ struct admin {
 	struct store *store;
 	const struct config *cfg;
 	struct recent *recent; /* borrowed; NULL: /requests/recent is off */
+	struct control *control; /* borrowed; NULL: /routes, /upstreams are off */
+	void *proxy;
 	char *token; /* NULL: writes are refused */
 	size_t token_len;
 
@@ -467,6 +472,51 @@ static void on_reset(struct admin *a, struct evhttp_request *req, struct evkeyva
 	reply_json_text(req, 200, "{\"reset\":true}\n");
 }
 
+/* Runs a live-state function on the worker and relays its JSON answer. */
+static void relay_live(struct admin *a, struct evhttp_request *req, control_fn fn, const char *in)
+{
+	char *out = NULL;
+	int status = 500;
+
+	if (!a->control) {
+		reply_error(req, 404, NULL, "live proxy state is not available in this process");
+		return;
+	}
+	if (control_call(a->control, fn, a->proxy, in, &out, &status, LIVE_TIMEOUT_MS) == -1 || !out) {
+		reply_error(req, 503, NULL, "the proxy did not answer within %d ms", LIVE_TIMEOUT_MS);
+		free(out);
+		return;
+	}
+	reply_json_text(req, status, out);
+	free(out);
+}
+
+static void on_routes(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)
+{
+	relay_live(a, req, live_routes, NULL);
+}
+
+static void on_upstreams(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)
+{
+	relay_live(a, req, live_upstreams, NULL);
+}
+
+static void on_weights(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)
+{
+	struct evbuffer *body = evhttp_request_get_input_buffer(req);
+	size_t len = evbuffer_get_length(body);
+	char *in = malloc(len + 1);
+
+	if (!in) {
+		reply_error(req, 500, NULL, "out of memory");
+		return;
+	}
+	evbuffer_copyout(body, in, len);
+	in[len] = '\0';
+	relay_live(a, req, live_set_weights, in);
+	free(in);
+}
+
 /* ---- routing ---- */
 
 #define GET_LIKE (EVHTTP_REQ_GET | EVHTTP_REQ_HEAD)
@@ -488,6 +538,9 @@ static const struct route {
 	{ "/metrics", GET_LIKE, "GET, HEAD", false, no_params, on_metrics },
 	{ "/requests/recent", GET_LIKE, "GET, HEAD", false, recent_params, on_requests_recent },
 	{ "/reset", EVHTTP_REQ_POST, "POST", true, no_params, on_reset },
+	{ "/routes", GET_LIKE, "GET, HEAD", false, no_params, on_routes },
+	{ "/upstreams", GET_LIKE, "GET, HEAD", false, no_params, on_upstreams },
+	{ "/routes/weights", EVHTTP_REQ_POST, "POST", true, no_params, on_weights },
 };
 
 /* Writes pass the origin and token checks; false after answering. */
@@ -698,6 +751,8 @@ struct admin *admin_start(const struct admin_options *o, struct store *store, co
 	a->store = store;
 	a->cfg = cfg;
 	a->recent = recent;
+	a->control = o->control;
+	a->proxy = o->proxy;
 	if (o->token && *o->token) {
 		a->token = strdup(o->token);
 		if (!a->token) {

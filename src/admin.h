@@ -23,9 +23,15 @@ struct config;
 struct recent;
 struct admin;
 
+struct control;
+
 struct admin_options {
 	const char *listen; /* "127.0.0.1:9901", "[::1]:9901", "localhost:0"; NULL = off */
 	const char *token;  /* bearer token for writes, or NULL; copied */
+	/* The worker's live state (routes, upstreams, weights), reached through
+	 * the control channel; NULL: those endpoints answer 404. */
+	struct control *control;
+	void *proxy;
 };
 
 /*

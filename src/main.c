@@ -13,6 +13,7 @@
 #include "admin.h"
 #include "cli.h"
 #include "config.h"
+#include "control.h"
 #include "log.h"
 #include "proxy.h"
 #include "recent.h"
@@ -142,7 +143,8 @@ int main(int argc, char **argv)
 	struct slo slo;
 	struct event *sigint = NULL, *sigterm = NULL, *sighup = NULL;
 	struct admin *admin = NULL;
-	struct admin_options ao = { NULL, NULL };
+	struct admin_options ao = { NULL, NULL, NULL, NULL };
+	struct control *control = NULL;
 	char *admin_token = NULL;
 	char err[512], errs[8192];
 	int rc = 1;
@@ -228,6 +230,9 @@ int main(int argc, char **argv)
 		const char *env = getenv("TOKENTAP_ADMIN_TOKEN");
 		ao.listen = boot.admin_listen;
 		ao.token = admin_token ? admin_token : env && *env ? env : NULL;
+		control = control_new(base);
+		ao.control = control;
+		ao.proxy = px;
 		admin = admin_start(&ao, store, &boot, recent, err, sizeof(err));
 		if (!admin && boot.admin_listen_explicit) {
 			log_error("%s", err);
@@ -239,7 +244,8 @@ int main(int argc, char **argv)
 	event_base_dispatch(base);
 	rc = 0;
 out:
-	admin_stop(admin); /* before the store it reads */
+	admin_stop(admin); /* before the store it reads and the control it calls */
+	control_free(control);
 	free(admin_token);
 	if (sigint)
 		event_free(sigint);
