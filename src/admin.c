@@ -52,6 +52,7 @@
 #include "log.h"
 #include "prom.h"
 #include "recent.h"
+#include "compare.h"
 #include "control.h"
 #include "live.h"
 #include "store.h"
@@ -275,6 +276,7 @@ static const char *bearer_of(const char *auth, size_t *len)
 static const char *const no_params[] = { NULL };
 static const char *const stats_params[] = { "window", "route", "upstream", "model", "cold", NULL };
 static const char *const recent_params[] = { "n", NULL };
+static const char *const compare_params[] = { "route", "window", "cold", NULL };
 
 /* Parses the query string into `q`, refusing names not in `allowed` and
  * names given twice. 0, or -1 after answering 400. */
@@ -517,6 +519,71 @@ static void on_weights(struct admin *a, struct evhttp_request *req, struct evkey
 	free(in);
 }
 
+/* {upstream: labels} from the worker's live view; NULL when unavailable
+ * (the comparison then goes without labels rather than failing). */
+static json_t *upstream_labels(struct admin *a)
+{
+	char *out = NULL;
+	int status = 0;
+	json_t *doc, *map, *ups, *u;
+	size_t i;
+
+	if (!a->control || control_call(a->control, live_upstreams, a->proxy, NULL, &out, &status, LIVE_TIMEOUT_MS) ||
+	    status != 200 || !out) {
+		free(out);
+		return NULL;
+	}
+	doc = json_loads(out, 0, NULL);
+	free(out);
+	map = json_object();
+	ups = doc ? json_object_get(doc, "upstreams") : NULL;
+	json_array_foreach (ups, i, u) {
+		const char *name = json_string_value(json_object_get(u, "name"));
+		json_t *labels = json_object_get(u, "labels");
+		if (name && labels)
+			json_object_set(map, name, labels);
+	}
+	json_decref(doc);
+	return map;
+}
+
+static void on_compare(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)
+{
+	enum store_window window = WIN_1H;
+	enum cold_filter cold = COLD_EXCLUDE;
+	const char *route = evhttp_find_header(p, "route"), *v;
+	struct store_result res;
+	char err[256], *text;
+	json_t *labels;
+
+	if (!route || !*route) {
+		reply_error(req, 400, "route", "route is required: /compare?route=NAME");
+		return;
+	}
+	if ((v = evhttp_find_header(p, "window")) && store_window_parse(v, &window) == -1) {
+		reply_error(req, 400, "window", "unknown window '%.64s'; one of 1m, 5m, 1h, 24h, 7d, all", v);
+		return;
+	}
+	if ((v = evhttp_find_header(p, "cold")) && cold_filter_parse(v, &cold) == -1) {
+		reply_error(req, 400, "cold", "bad value '%.64s' for cold; one of include, exclude, only", v);
+		return;
+	}
+	if (store_query(a->store, window, &res, err, sizeof(err)) == -1) {
+		reply_error(req, 500, NULL, "stats query failed: %s", err);
+		return;
+	}
+	labels = upstream_labels(a);
+	text = compare_render(&res, route, window, (int)cold, a->since_sec, labels);
+	json_decref(labels);
+	store_result_free(&res);
+	if (!text) {
+		reply_error(req, 500, NULL, "out of memory rendering the answer");
+		return;
+	}
+	reply(req, 200, "application/json", text, strlen(text));
+	free(text);
+}
+
 /* ---- routing ---- */
 
 #define GET_LIKE (EVHTTP_REQ_GET | EVHTTP_REQ_HEAD)
@@ -539,6 +606,7 @@ static const struct route {
 	{ "/requests/recent", GET_LIKE, "GET, HEAD", false, recent_params, on_requests_recent },
 	{ "/reset", EVHTTP_REQ_POST, "POST", true, no_params, on_reset },
 	{ "/routes", GET_LIKE, "GET, HEAD", false, no_params, on_routes },
+	{ "/compare", GET_LIKE, "GET, HEAD", false, compare_params, on_compare },
 	{ "/upstreams", GET_LIKE, "GET, HEAD", false, no_params, on_upstreams },
 	{ "/routes/weights", EVHTTP_REQ_POST, "POST", true, no_params, on_weights },
 };

@@ -182,7 +182,7 @@ static void iso8601(uint64_t sec, char out[32])
 
 /* count, mean, percentiles and max of `h` in the unit's display form; the
  * values are null when the histogram is empty (or absent). */
-static json_t *hist_json(const struct hist *h, enum metric_unit unit)
+json_t *stats_hist_json(const struct hist *h, enum metric_unit unit)
 {
 	const struct unit_view *u = &unit_views[unit];
 	json_t *o = json_object();
@@ -267,14 +267,14 @@ static json_t *summary_json(const struct stats_group *g, const struct stats_quer
 	mx = json_object();
 	for (unsigned m = 0; m < HM__COUNT && mx; m++)
 		put(mx, hist_metric_name((enum hist_metric)m),
-		    hist_json(slot(s, m), hist_metric_unit((enum hist_metric)m)));
+		    stats_hist_json(slot(s, m), hist_metric_unit((enum hist_metric)m)));
 	put(o, "metrics", mx);
 
 	cx = json_object();
 	if (cx) {
-		put(cx, "concurrency", hist_json(slot(s, HM_INFLIGHT), hist_metric_unit(HM_INFLIGHT)));
-		put(cx, "input_tokens", hist_json(slot(s, HM_INPUT_TOKENS), hist_metric_unit(HM_INPUT_TOKENS)));
-		put(cx, "output_tokens", hist_json(slot(s, HM_OUTPUT_TOKENS), hist_metric_unit(HM_OUTPUT_TOKENS)));
+		put(cx, "concurrency", stats_hist_json(slot(s, HM_INFLIGHT), hist_metric_unit(HM_INFLIGHT)));
+		put(cx, "input_tokens", stats_hist_json(slot(s, HM_INPUT_TOKENS), hist_metric_unit(HM_INPUT_TOKENS)));
+		put(cx, "output_tokens", stats_hist_json(slot(s, HM_OUTPUT_TOKENS), hist_metric_unit(HM_OUTPUT_TOKENS)));
 		cd = json_object();
 		if (cd) {
 			put(cd, "warm_requests", json_u64(g->warm_requests));
@@ -306,7 +306,7 @@ static json_t *prompt_json(const struct stats_group *g, const struct stats_query
 		put(e, "input_tokens_low", json_u64(log2_bucket_low(b)));
 		put(e, "input_tokens_high", json_bound(log2_bucket_high(b, PROMPT_BUCKETS)));
 		put(e, "requests", json_u64(h->count));
-		put(e, "ttft", hist_json(h, UNIT_US));
+		put(e, "ttft", stats_hist_json(h, UNIT_US));
 		json_array_append_new(arr, e);
 	}
 	put(o, "buckets", arr);
@@ -378,9 +378,9 @@ static json_t *curve_json(const struct stats_group *g, const struct stats_query 
 		put(e, "requests", json_u64(reqs));
 		put(e, "requests_per_s", json_real((double)reqs / (double)elapsed_s));
 		put(e, "throughput_estimate_rps", p->throughput > 0 ? json_real(p->throughput) : json_null());
-		put(e, "ttft", hist_json(ttft, UNIT_US));
-		put(e, "itl", hist_json(itl, UNIT_US));
-		put(e, "e2e", hist_json(e2e, UNIT_US));
+		put(e, "ttft", stats_hist_json(ttft, UNIT_US));
+		put(e, "itl", stats_hist_json(itl, UNIT_US));
+		put(e, "e2e", stats_hist_json(e2e, UNIT_US));
 		bucket_of[n] = b;
 		entries[n] = e;
 		n++;
@@ -413,6 +413,12 @@ static json_t *curve_json(const struct stats_group *g, const struct stats_query 
 
 /* ---- the answer ---- */
 
+uint64_t stats_elapsed(const struct store_result *r, uint64_t since_sec)
+{
+	uint64_t from = since_sec > r->start_sec ? since_sec : r->start_sec;
+	return r->end_sec >= from ? r->end_sec - from + 1 : 1;
+}
+
 char *admin_stats_render(const struct store_result *r, const struct stats_query *q, enum stats_view view,
 			 uint64_t since_sec)
 {
@@ -428,7 +434,7 @@ char *admin_stats_render(const struct store_result *r, const struct stats_query 
 	/* "all" has no start of its own: it starts when collection did. */
 	if (q->window == WIN_ALL)
 		start = from;
-	elapsed_s = r->end_sec >= from ? r->end_sec - from + 1 : 1;
+	elapsed_s = stats_elapsed(r, since_sec);
 
 	root = json_object();
 	arr = json_array();

@@ -52,6 +52,14 @@ void stats_groups_free(struct stats_groups *g);
 
 enum stats_view { VIEW_SUMMARY, VIEW_PROMPT, VIEW_CURVE };
 
+/* count, mean, p50 ... max and max of `h` in the unit's display form (keys
+ * carry the unit: p50_ms ...); values null when empty or absent. */
+struct json_t;
+struct json_t *stats_hist_json(const struct hist *h, enum metric_unit unit);
+
+/* Seconds a window's rates are taken over: end - max(start, since) + 1. */
+uint64_t stats_elapsed(const struct store_result *r, uint64_t since_sec);
+
 /*
  * The JSON answer for one view, malloc'd and NUL-terminated; NULL when out of
  * memory. `since_sec` is when collection began (see docs/admin-api.md): rates

@@ -1,0 +1,236 @@
+/*
+ * compare.c — rank tests on histograms and the /compare answer.
+ */
+#include "compare.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "admin_stats.h"
+#include "slice.h"
+
+void rank_test_hist(const struct hist *a, const struct hist *b, struct rank_test *out)
+{
+	double below_b = 0, u = 0, ties = 0;
+
+	memset(out, 0, sizeof(*out));
+	out->p = 1;
+	out->prob_a_greater = 0.5;
+	if (!a || !b || !a->count || !b->count)
+		return;
+	out->na = a->count;
+	out->nb = b->count;
+	for (unsigned i = 0; i < HIST_BUCKETS; i++) {
+		double ai = (double)a->buckets[i], bi = (double)b->buckets[i], t = ai + bi;
+		u += ai * (below_b + 0.5 * bi); /* a's samples above b's, ties half */
+		below_b += bi;
+		ties += t * t * t - t;
+	}
+	double na = (double)out->na, nb = (double)out->nb, n = na + nb;
+	double mean = na * nb / 2;
+	double var = na * nb / 12.0 * ((n + 1) - ties / (n * (n - 1)));
+	out->u = u;
+	out->prob_a_greater = u / (na * nb);
+	if (var <= 0) /* every sample in one bucket: nothing to tell apart */
+		return;
+	out->z = (u - mean) / sqrt(var);
+	out->p = erfc(fabs(out->z) / M_SQRT2);
+}
+
+double ks_distance(const struct hist *a, const struct hist *b)
+{
+	double ca = 0, cb = 0, d = 0;
+
+	if (!a || !b || !a->count || !b->count)
+		return 0;
+	for (unsigned i = 0; i < HIST_BUCKETS; i++) {
+		ca += (double)a->buckets[i];
+		cb += (double)b->buckets[i];
+		double gap = fabs(ca / (double)a->count - cb / (double)b->count);
+		if (gap > d)
+			d = gap;
+	}
+	return d;
+}
+
+double ks_critical(uint64_t na, uint64_t nb, double confidence)
+{
+	if (!na || !nb)
+		return 1;
+	double alpha = 1 - confidence;
+	double c = sqrt(-log(alpha / 2) / 2);
+	return c * sqrt((double)(na + nb) / ((double)na * (double)nb));
+}
+
+/* ---- the answer ---- */
+
+struct up_group {
+	const char *upstream;
+	struct slice slice;
+};
+
+static json_t *u64(uint64_t v)
+{
+	return json_integer(v > (uint64_t)INT64_MAX ? INT64_MAX : (json_int_t)v);
+}
+
+static json_t *ratio(double num, double den)
+{
+	return den > 0 ? json_real(num / den) : json_null();
+}
+
+static uint64_t errors_of(const struct slice *s)
+{
+	uint64_t n = 0;
+	for (unsigned e = 1; e < REQ_ERR__COUNT; e++)
+		n += s->counters[CT_ERR_BASE + e];
+	return n;
+}
+
+static const unsigned compared[] = { HM_TTFT, HM_ITL, HM_TPOT, HM_E2E };
+
+static json_t *upstream_json(const struct up_group *g, uint64_t elapsed, json_t *labels)
+{
+	const struct slice *s = &g->slice;
+	uint64_t reqs = s->counters[CT_REQUESTS];
+	json_t *o = json_object(), *m = json_object(), *lab = labels ? json_object_get(labels, g->upstream) : NULL;
+
+	json_object_set_new(o, "upstream", json_string(g->upstream));
+	json_object_set_new(o, "labels", lab ? json_incref(lab) : json_object());
+	json_object_set_new(o, "requests", u64(reqs));
+	json_object_set_new(o, "requests_per_s", json_real((double)reqs / (double)elapsed));
+	json_object_set_new(o, "input_tokens_per_s", json_real((double)s->counters[CT_INPUT_TOKENS] / (double)elapsed));
+	json_object_set_new(o, "output_tokens_per_s", json_real((double)s->counters[CT_OUTPUT_TOKENS] / (double)elapsed));
+	json_object_set_new(o, "error_rate", ratio((double)errors_of(s), (double)reqs));
+	json_object_set_new(o, "goodput_ratio", ratio((double)s->counters[CT_SLO_MET],
+						      (double)(s->counters[CT_SLO_MET] + s->counters[CT_SLO_MISSED])));
+	for (size_t i = 0; i < sizeof(compared) / sizeof(compared[0]); i++)
+		json_object_set_new(m, hist_metric_name(compared[i]), stats_hist_json(s->slot[compared[i]], UNIT_US));
+	json_object_set_new(o, "metrics", m);
+	return o;
+}
+
+static json_t *traffic_json(const struct hist *a, const struct hist *b)
+{
+	double d = ks_distance(a, b), crit = ks_critical(a ? a->count : 0, b ? b->count : 0, COMPARE_CONFIDENCE);
+	bool have = a && b && a->count && b->count;
+	return json_pack("{s:o,s:o,s:o}", "ks_distance", have ? json_real(d) : json_null(), "ks_critical",
+			 have ? json_real(crit) : json_null(), "comparable",
+			 have ? json_boolean(d <= crit || d <= 0.1) : json_null());
+}
+
+static json_t *difference_json(const struct up_group *x, const struct up_group *base)
+{
+	json_t *o = json_object(), *m = json_object(), *t = json_object();
+	uint64_t rx = x->slice.counters[CT_REQUESTS], rb = base->slice.counters[CT_REQUESTS];
+
+	json_object_set_new(o, "upstream", json_string(x->upstream));
+	json_object_set_new(o, "baseline", json_string(base->upstream));
+	for (size_t i = 0; i < sizeof(compared) / sizeof(compared[0]); i++) {
+		const struct hist *hx = x->slice.slot[compared[i]], *hb = base->slice.slot[compared[i]];
+		struct rank_test rt;
+		json_t *e = json_object();
+		rank_test_hist(hx, hb, &rt);
+		if (hx && hb && hx->count && hb->count) {
+			double px50 = (double)hist_quantile(hx, 0.5), pb50 = (double)hist_quantile(hb, 0.5);
+			double px99 = (double)hist_quantile(hx, 0.99), pb99 = (double)hist_quantile(hb, 0.99);
+			double rel = pb50 > 0 ? px50 / pb50 : NAN;
+			/* significant: the rank test rejects at 99 % and the medians
+			 * differ by more than a bucket (1 %) could explain */
+			bool sig = rt.p < 1 - COMPARE_CONFIDENCE && !isnan(rel) && fabs(rel - 1) > 0.01;
+			json_object_set_new(e, "p50_diff_ms", json_real((px50 - pb50) / 1000));
+			json_object_set_new(e, "p99_diff_ms", json_real((px99 - pb99) / 1000));
+			json_object_set_new(e, "p50_ratio", isnan(rel) ? json_null() : json_real(rel));
+			json_object_set_new(e, "z", json_real(rt.z));
+			json_object_set_new(e, "p_value", json_real(rt.p));
+			json_object_set_new(e, "prob_slower", json_real(rt.prob_a_greater));
+			json_object_set_new(e, "significant", json_boolean(sig));
+			json_object_set_new(e, "verdict", json_string(!sig ? "no difference" : rt.z > 0 ? "slower" : "faster"));
+		} else {
+			json_object_set_new(e, "verdict", json_string("not enough data"));
+			json_object_set_new(e, "significant", json_false());
+		}
+		json_object_set_new(m, hist_metric_name(compared[i]), e);
+	}
+	json_object_set_new(o, "metrics", m);
+	json_object_set_new(o, "error_rate_diff",
+			    rx && rb ? json_real((double)errors_of(&x->slice) / (double)rx -
+						 (double)errors_of(&base->slice) / (double)rb)
+				     : json_null());
+	json_object_set_new(t, "input_tokens", traffic_json(x->slice.slot[HM_INPUT_TOKENS], base->slice.slot[HM_INPUT_TOKENS]));
+	json_object_set_new(t, "concurrency", traffic_json(x->slice.slot[HM_INFLIGHT], base->slice.slot[HM_INFLIGHT]));
+	json_object_set_new(o, "traffic", t);
+	return o;
+}
+
+char *compare_render(const struct store_result *r, const char *route, enum store_window window, int cold_mode,
+		     uint64_t since_sec, json_t *labels)
+{
+	struct stats_query q = { .window = window, .route = route, .cold = (enum cold_filter)cold_mode };
+	struct stats_groups gs;
+	struct up_group *ups = NULL;
+	size_t nups = 0;
+	char *text = NULL;
+
+	if (stats_groups_build(r, &q, &gs) == -1)
+		return NULL;
+	ups = calloc(gs.n ? gs.n : 1, sizeof(*ups));
+	if (!ups) {
+		stats_groups_free(&gs);
+		return NULL;
+	}
+	/* one entry per upstream: its models merged */
+	for (size_t i = 0; i < gs.n; i++) {
+		if (!gs.g[i].matched || strcmp(gs.g[i].route, route) != 0)
+			continue;
+		size_t k;
+		for (k = 0; k < nups; k++)
+			if (strcmp(ups[k].upstream, gs.g[i].upstream) == 0)
+				break;
+		if (k == nups)
+			ups[nups++].upstream = gs.g[i].upstream;
+		slice_merge(&ups[k].slice, &gs.g[i].slice);
+	}
+	size_t base = 0;
+	for (size_t k = 1; k < nups; k++)
+		if (ups[k].slice.counters[CT_REQUESTS] > ups[base].slice.counters[CT_REQUESTS])
+			base = k;
+
+	uint64_t elapsed = stats_elapsed(r, since_sec);
+	json_t *root = json_object(), *arr = json_array(), *diffs = json_array();
+	char ts[32];
+	struct tm tm;
+	time_t t;
+	json_object_set_new(root, "route", json_string(route));
+	json_object_set_new(root, "window", json_string(store_window_name(window)));
+	t = (time_t)(window == WIN_ALL ? (since_sec > r->start_sec ? since_sec : r->start_sec) : r->start_sec);
+	strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&t, &tm));
+	json_object_set_new(root, "start", json_string(ts));
+	t = (time_t)r->end_sec;
+	strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&t, &tm));
+	json_object_set_new(root, "end", json_string(ts));
+	json_object_set_new(root, "elapsed_s", u64(elapsed));
+	json_object_set_new(root, "cold", json_string(cold_filter_name(q.cold)));
+	json_object_set_new(root, "test", json_string("two-sided Mann-Whitney U on the histograms (ties by bucket, "
+						     "normal approximation); significant when p < 0.01 and the "
+						     "medians differ by more than 1 %"));
+	json_object_set_new(root, "confidence", json_real(COMPARE_CONFIDENCE));
+	for (size_t k = 0; k < nups; k++)
+		json_array_append_new(arr, upstream_json(&ups[k], elapsed, labels));
+	json_object_set_new(root, "upstreams", arr);
+	json_object_set_new(root, "baseline", nups ? json_string(ups[base].upstream) : json_null());
+	for (size_t k = 0; k < nups; k++)
+		if (k != base)
+			json_array_append_new(diffs, difference_json(&ups[k], &ups[base]));
+	json_object_set_new(root, "differences", diffs);
+	text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+	json_decref(root);
+	for (size_t k = 0; k < nups; k++)
+		slice_release(&ups[k].slice);
+	free(ups);
+	stats_groups_free(&gs);
+	return text;
+}

@@ -1,0 +1,115 @@
+"""GET /compare over real traffic: a 90/10 split between a fast and a slow
+simulator is reported as different (the slower one slower, significantly),
+a 50/50 split between two identical simulators as not different, and the
+answer carries each upstream's labels and the traffic-comparability check."""
+
+import concurrent.futures
+import os
+import shutil
+import tempfile
+import unittest
+
+import harness
+import routing_helpers as rh
+from test_admin import admin_port
+
+REQUESTS = 1000
+
+
+def drive(port, n, workers=4):
+    """n short streamed chats through the proxy, a few at a time."""
+    body = rh.chat(stream=True, stream_options={"include_usage": True})
+
+    def one(_):
+        resp = rh.send(port, body, headers=[("x-sim-tokens", "4")])
+        return resp.status
+
+    with concurrent.futures.ThreadPoolExecutor(workers) as ex:
+        statuses = list(ex.map(one, range(n)))
+    return statuses
+
+
+class CompareTest(harness.TestCase):
+    def start(self, sims, weights):
+        self.datadir = tempfile.mkdtemp(prefix="tokentap-compare-")
+        self.addCleanup(shutil.rmtree, self.datadir, True)
+        urls = {k: v.url for k, v in sims.items()}
+        extra = {name: ["labels: {runtime: %s-runtime}" % name] for name in sims}
+        body = rh.upstreams_yaml(urls, extra) + "routes:\n  - name: chat\n    split:\n" + "".join(
+            "      - {upstream: %s, weight: %d}\n" % (name, w) for name, w in weights.items())
+        tt = rh.start_conf(self, body, "--admin", "127.0.0.1:0", "--data-dir", self.datadir, "--flush-interval",
+                           "200ms")
+        return tt, admin_port(tt)
+
+    def compare(self, admin, n):
+        doc = []
+
+        def flushed():
+            r, _ = harness.exchange(admin, "GET", "/compare?route=chat&window=5m&cold=include")
+            if r is None or r.status != 200:
+                return False
+            doc[:] = [r.json()]
+            return sum(u["requests"] for u in doc[0]["upstreams"]) >= n
+
+        self.assertTrue(harness.wait_until(flushed, 8.0, 0.1), "compare shows every request")
+        return doc[0]
+
+    def test_slower_upstream_is_reported_slower(self):
+        sims = {
+            "fast": harness.start_sim(self, "--ttft-ms", "5", "--itl-ms", "2"),
+            "slow": harness.start_sim(self, "--ttft-ms", "15", "--itl-ms", "6"),
+        }
+        tt, admin = self.start(sims, {"fast": 9, "slow": 1})
+        statuses = drive(tt.port, REQUESTS)
+        self.assertEqual(statuses.count(200), REQUESTS)
+        doc = self.compare(admin, REQUESTS)
+        ups = {u["upstream"]: u for u in doc["upstreams"]}
+        self.assertEqual(ups["fast"]["requests"], REQUESTS * 9 // 10)
+        self.assertEqual(ups["slow"]["requests"], REQUESTS // 10)
+        self.assertEqual(ups["slow"]["labels"], {"runtime": "slow-runtime"})
+        self.assertEqual(doc["baseline"], "fast")
+        (diff,) = doc["differences"]
+        self.assertEqual(diff["upstream"], "slow")
+        for metric in ("ttft", "tpot", "e2e", "itl"):
+            m = diff["metrics"][metric]
+            self.assertTrue(m["significant"], "%s: %r" % (metric, m))
+            self.assertEqual(m["verdict"], "slower", metric)
+            self.assertGreater(m["p50_diff_ms"], 0, metric)
+            self.assertLess(m["p_value"], 0.01, metric)
+        self.assertAlmostEqual(diff["metrics"]["ttft"]["p50_diff_ms"], 10.0, delta=3.0)
+        # same client, same prompts: the prompt-length mix is comparable
+        self.assertTrue(diff["traffic"]["input_tokens"]["comparable"], diff["traffic"])
+        # the slower upstream holds its requests longer, so they meet more
+        # requests in flight there (Little's law): reported, not hidden
+        self.assertIsNotNone(diff["traffic"]["concurrency"]["ks_distance"])
+
+    def test_identical_upstreams_are_not_different(self):
+        sims = {
+            "one": harness.start_sim(self, "--ttft-ms", "8", "--itl-ms", "3"),
+            "two": harness.start_sim(self, "--ttft-ms", "8", "--itl-ms", "3"),
+        }
+        tt, admin = self.start(sims, {"one": 1, "two": 1})
+        drive(tt.port, REQUESTS // 2)
+        doc = self.compare(admin, REQUESTS // 2)
+        (diff,) = doc["differences"]
+        for metric in ("ttft", "tpot", "e2e"):
+            m = diff["metrics"][metric]
+            self.assertFalse(m["significant"], "%s: %r" % (metric, m))
+            self.assertEqual(m["verdict"], "no difference", metric)
+            self.assertAlmostEqual(m["p50_ratio"], 1.0, delta=0.05)
+
+    def test_bad_parameters(self):
+        sims = {"only": harness.start_sim(self)}
+        tt, admin = self.start(sims, {"only": 1})
+        for path, param in (("/compare", "route"), ("/compare?route=chat&window=2h", "window"),
+                            ("/compare?route=chat&cold=maybe", "cold"), ("/compare?route=chat&bogus=1", "bogus")):
+            r, _ = harness.exchange(admin, "GET", path)
+            self.assertEqual(r.status, 400, path)
+            self.assertIn(param, r.json()["error"]["message"], path)
+        r, _ = harness.exchange(admin, "GET", "/compare?route=nosuch")
+        self.assertEqual(r.status, 200)
+        self.assertEqual(r.json()["upstreams"], [])
+
+
+if __name__ == "__main__":
+    unittest.main()
