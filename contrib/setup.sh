@@ -7,7 +7,7 @@ packages=(
 	build-essential cmake pkg-config
 	libevent-dev libssl-dev node-llhttp liblmdb-dev libyaml-dev libjansson-dev
 	zlib1g-dev libcmocka-dev
-	python3 curl
+	python3 curl openssl
 	clang libclang-rt-dev
 	# the dashboard test (headless, runs without recommends) and the fleet-quantile test
 	chromium fonts-dejavu-core prometheus

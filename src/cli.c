@@ -31,6 +31,7 @@ static void usage(FILE *out)
 		"  -c, --config FILE           YAML configuration: upstreams, routes, splits (docs/config.md)\n"
 		"  -t, --test-config           check the -c file, print every problem, and exit\n"
 		"  -l, --listen ADDR:PORT      where clients connect (default 127.0.0.1:8080)\n"
+		"      --tls-cert FILE, --tls-key FILE  the listener speaks TLS (PEM files)\n"
 		"      --access-log PATH|-     one JSON line per request; '-' for stdout\n"
 		"      --max-body-size SIZE    largest request body (default 32m)\n"
 		"      --max-header-size SIZE  largest request head (default 32k)\n"
@@ -70,6 +71,8 @@ enum {
 	OPT_CHECK_DATA,
 	OPT_ADMIN,
 	OPT_ADMIN_TOKEN_FILE,
+	OPT_TLS_CERT,
+	OPT_TLS_KEY,
 };
 
 static const struct option opts[] = {
@@ -92,6 +95,8 @@ static const struct option opts[] = {
 	{ "check-data", no_argument, NULL, OPT_CHECK_DATA },
 	{ "admin", required_argument, NULL, OPT_ADMIN },
 	{ "admin-token-file", required_argument, NULL, OPT_ADMIN_TOKEN_FILE },
+	{ "tls-cert", required_argument, NULL, OPT_TLS_CERT },
+	{ "tls-key", required_argument, NULL, OPT_TLS_KEY },
 	{ "help", no_argument, NULL, 'h' },
 	{ "version", no_argument, NULL, 'V' },
 	{ NULL, 0, NULL, 0 },
@@ -194,6 +199,8 @@ static int apply_flags(int argc, char **argv, struct config *cfg, struct out *o)
 			cfg->admin_listen_explicit = true;
 			break;
 		case OPT_ADMIN_TOKEN_FILE: cfg->admin_token_file = optarg; break;
+		case OPT_TLS_CERT: cfg->tls_cert = optarg; break;
+		case OPT_TLS_KEY: cfg->tls_key = optarg; break;
 		case OPT_DATA_DIR: cfg->data_dir = strcmp(optarg, "off") == 0 ? NULL : optarg; break;
 		case OPT_LOG_LEVEL:
 			if (log_set_level_name(optarg) == -1)

@@ -95,6 +95,7 @@ int config_single_upstream(struct config *c, char *err, size_t errlen)
 	}
 	u->name = name;
 	u->url = url;
+	u->tls_verify = true;
 	t->upstream = name;
 	t->weight = 1;
 	r->name = "default";
@@ -138,9 +139,13 @@ unsigned config_validate(const struct config *c, char *errs, size_t errlen)
 					u->name, j, c->upstreams[j].name_line ? c->upstreams[j].name_line : c->upstreams[j].line);
 		if (u->queue_max && !u->max_concurrency)
 			PROBLEM(u->line, "upstreams[%u].queue: a queue needs max_concurrency", i);
+		if (u->url && strncmp(u->url, "https://", 8) != 0 && (u->tls_ca_file || u->tls_server_name))
+			PROBLEM(u->line, "upstreams[%u].tls: only for https:// urls", i);
 	}
 	if (c->nroutes == 0 && c->nupstreams > 1)
 		PROBLEM(1, "routes: several upstreams but no routes; say which requests go where");
+	if (!c->tls_cert != !c->tls_key)
+		PROBLEM(1, "tls: give both cert and key");
 	for (unsigned i = 0; i < c->nroutes; i++) {
 		const struct route_conf *r = &c->routes[i];
 		unsigned total = 0;

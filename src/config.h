@@ -30,6 +30,10 @@ struct upstream_conf {
 	struct label labels[LABELS_MAX]; /* free-form: runtime, hardware, precision... */
 	unsigned nlabels;
 	int line, name_line; /* where the entry and its name are, for messages */
+	/* https upstreams */
+	bool tls_verify;		/* default on: never bypassed silently */
+	const char *tls_ca_file;	/* NULL: the system CA store */
+	const char *tls_server_name;	/* SNI and the name checked; default the URL's host */
 };
 
 struct route_target {
@@ -57,6 +61,7 @@ struct route_conf {
 struct config {
 	const char *path;	/* the YAML file, NULL when from flags */
 	const char *listen;	/* ADDR:PORT */
+	const char *tls_cert, *tls_key; /* the listener speaks TLS when both are set */
 	const char *upstream;	/* http://host:port (command-line mode) */
 	const char *access_log; /* path, "-" for stdout, NULL for none */
 	uint64_t max_body_size;

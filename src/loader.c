@@ -320,8 +320,27 @@ static void u_name(struct load *l, yaml_node_t *v, const char *key, void *o)
 static void u_url(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	get_string(l, v, key, &UP(o)->url);
-	if (UP(o)->url && strncmp(UP(o)->url, "http://", 7) != 0)
-		problem(l, v, "%s: expected http://HOST:PORT (https upstreams are not supported yet)", key);
+	if (UP(o)->url && strncmp(UP(o)->url, "http://", 7) != 0 && strncmp(UP(o)->url, "https://", 8) != 0)
+		problem(l, v, "%s: expected http://HOST:PORT or https://HOST:PORT", key);
+}
+static void u_tls_verify(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_bool(l, v, key, &UP(o)->tls_verify);
+}
+static void u_tls_ca(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_string(l, v, key, &UP(o)->tls_ca_file);
+}
+static void u_tls_name(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_string(l, v, key, &UP(o)->tls_server_name);
+}
+static void u_tls(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	static const struct field fields[] = {
+		{ "verify", u_tls_verify }, { "ca_file", u_tls_ca }, { "server_name", u_tls_name }, { NULL, NULL }
+	};
+	walk(l, v, key, fields, o);
 }
 static void u_max_conc(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
@@ -386,7 +405,7 @@ static void f_upstreams(struct load *l, yaml_node_t *v, const char *key, void *o
 	static const struct field fields[] = {
 		{ "name", u_name },	  { "url", u_url },	      { "max_concurrency", u_max_conc },
 		{ "queue", u_queue },	  { "timeouts", u_timeouts }, { "labels", u_labels },
-		{ NULL, NULL },
+		{ "tls", u_tls },	  { NULL, NULL },
 	};
 	struct config *c = CFG(o);
 	char path[64];
@@ -403,6 +422,7 @@ static void f_upstreams(struct load *l, yaml_node_t *v, const char *key, void *o
 		struct upstream_conf *u = &c->upstreams[c->nupstreams++];
 		u->line = (int)item->start_mark.line + 1;
 		u->queue_timeout_ms = 30000;
+		u->tls_verify = true;
 		snprintf(path, sizeof(path), "upstreams[%zu]", i);
 		walk(l, item, path, fields, u);
 	}
@@ -559,11 +579,26 @@ static void f_routes(struct load *l, yaml_node_t *v, const char *key, void *o)
 	}
 }
 
+static void f_tls_cert(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_string(l, v, key, &CFG(o)->tls_cert);
+}
+static void f_tls_key(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_string(l, v, key, &CFG(o)->tls_key);
+}
+static void f_tls(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	static const struct field fields[] = { { "cert", f_tls_cert }, { "key", f_tls_key }, { NULL, NULL } };
+	walk(l, v, key, fields, o);
+}
+
 static const struct field top_fields[] = {
 	{ "listen", f_listen },		  { "access_log", f_access_log }, { "log_level", f_log_level },
 	{ "admin", f_admin },		  { "store", f_store },		  { "limits", f_limits },
 	{ "timeouts", f_timeouts },	  { "slo", f_slo },		  { "override_header", f_override_header },
-	{ "upstreams", f_upstreams },	  { "routes", f_routes },	  { NULL, NULL },
+	{ "upstreams", f_upstreams },	  { "routes", f_routes },	  { "tls", f_tls },
+	{ NULL, NULL },
 };
 
 unsigned config_load_file(const char *path, struct config *c, char *errs, size_t errlen)

@@ -63,6 +63,7 @@
 #include "router.h"
 #include "stats.h"
 #include "timeline.h"
+#include "tls.h"
 #include "upstream.h"
 
 #define CLIENT_STATES(X) \
@@ -763,7 +764,7 @@ static void on_up_event(struct bufferevent *bev, short what, void *arg)
 {
 	struct request *req = arg;
 	struct client *cl = req->cl;
-	char msg[200];
+	char msg[600];
 
 	if (cl->closing)
 		return;
@@ -778,7 +779,16 @@ static void on_up_event(struct bufferevent *bev, short what, void *arg)
 	}
 	if (!req->uc->connected) {
 		int err = EVUTIL_SOCKET_ERROR();
+		char tlserr[256];
 		upstream_note_result(req->up, false, clock_now_ns());
+		if (*tls_bev_error(bev, tlserr, sizeof(tlserr))) {
+			/* a certificate that does not verify is a hard error: no
+			 * retry elsewhere that would hide it */
+			snprintf(msg, sizeof(msg), "TLS with upstream %s failed: %s", req->up->name, tlserr);
+			log_conn(LOG_WARN, cl->id, "request %s: %s", req->rec.id, msg);
+			client_fail(cl, 502, REQ_ERR_CONNECT_FAILED, "upstream_tls", msg);
+			return;
+		}
 		snprintf(msg, sizeof(msg), "upstream %s is unreachable: %s", req->up->name,
 			 err ? evutil_socket_error_to_string(err) : "connection failed");
 		if (request_failover(req))
@@ -1467,8 +1477,11 @@ static void on_client_write(struct bufferevent *bev, void *arg)
 
 	if (cl->state == CL_CLOSING && !cl->closing) {
 		if (evbuffer_get_length(out) == 0) {
-			/* error answer written: half-close and linger until EOF or timer */
-			shutdown(bufferevent_getfd(bev), SHUT_WR);
+			/* error answer written: half-close and linger until EOF or
+			 * timer (over TLS, the timer alone: a TCP half-close would
+			 * cut the TLS session short) */
+			if (!tls_bev_is_tls(bev))
+				shutdown(bufferevent_getfd(bev), SHUT_WR);
 		}
 		return;
 	}
@@ -1493,6 +1506,9 @@ static void on_client_write(struct bufferevent *bev, void *arg)
 static void on_client_event(struct bufferevent *bev, short what, void *arg)
 {
 	struct client *cl = arg;
+
+	if (what & BEV_EVENT_CONNECTED)
+		return; /* a TLS handshake finished: nothing to do */
 
 	if (cl->state == CL_CLOSING && cl->req && cl->req->resp_done) {
 		client_close(cl, "closed after error answer");
@@ -1542,7 +1558,8 @@ static void on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct soc
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	cl->px = px;
 	cl->id = ++px->next_client_id;
-	cl->bev = bufferevent_socket_new(px->base, fd, BEV_OPT_CLOSE_ON_FREE);
+	cl->bev = px->router->tls_server ? tls_bev_accept(px->base, px->router->tls_server, fd)
+					 : bufferevent_socket_new(px->base, fd, BEV_OPT_CLOSE_ON_FREE);
 	cl->timer = evtimer_new(px->base, on_client_timer, cl);
 	if (!cl->bev || !cl->timer) {
 		if (cl->bev)

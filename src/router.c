@@ -10,6 +10,7 @@
 #include <strings.h>
 
 #include "log.h"
+#include "tls.h"
 #include "upstream.h"
 
 struct router *router_new(struct event_base *base, struct config *cfg, const struct router *prev,
@@ -31,6 +32,10 @@ struct router *router_new(struct event_base *base, struct config *cfg, const str
 		snprintf(err, errlen, "out of memory");
 		goto fail;
 	}
+	/* a reload reads the certificate files again: renewed certificates
+	 * take effect without a restart */
+	if (rt->cfg.tls_cert && !(rt->tls_server = tls_server_ctx(rt->cfg.tls_cert, rt->cfg.tls_key, err, errlen)))
+		goto fail;
 	for (unsigned i = 0; i < rt->cfg.nupstreams; i++) {
 		const struct upstream_conf *uc = &rt->cfg.upstreams[i];
 		struct upstream *kept = NULL;
@@ -84,6 +89,7 @@ void router_unref(struct router *rt)
 		upstream_free(rt->ups[i]);
 	free(rt->ups);
 	free(rt->routes);
+	tls_ctx_free(rt->tls_server);
 	config_free(&rt->cfg);
 	free(rt);
 }

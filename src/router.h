@@ -26,6 +26,7 @@
 
 struct event_base;
 struct upstream;
+struct ssl_ctx_st;
 
 #define ROUTE_TARGETS_MAX 32
 
@@ -50,6 +51,7 @@ struct router {
 	struct route *routes;
 	unsigned nroutes;
 	bool needs_body; /* some route matches on the model or sticks on a JSON field */
+	struct ssl_ctx_st *tls_server; /* the listener's certificate; NULL: plain TCP */
 	uint64_t generation;
 };
 

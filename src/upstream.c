@@ -15,20 +15,23 @@
 
 #include "config.h"
 #include "log.h"
+#include "tls.h"
 
-static int parse_url(const char *url, char *host, size_t hostlen, char *port, size_t portlen, char *err,
+static int parse_url(const char *url, char *host, size_t hostlen, char *port, size_t portlen, bool *tls, char *err,
 		     size_t errlen)
 {
 	const char *p, *hend, *pstart = NULL;
 
-	if (strncmp(url, "http://", 7) != 0) {
-		if (strncmp(url, "https://", 8) == 0)
-			snprintf(err, errlen, "upstream %s: https upstreams are not supported yet; use http://", url);
-		else
-			snprintf(err, errlen, "upstream %s: expected a URL like http://127.0.0.1:8000", url);
+	if (strncmp(url, "http://", 7) == 0) {
+		*tls = false;
+		p = url + 7;
+	} else if (strncmp(url, "https://", 8) == 0) {
+		*tls = true;
+		p = url + 8;
+	} else {
+		snprintf(err, errlen, "upstream %s: expected a URL like http://127.0.0.1:8000", url);
 		return -1;
 	}
-	p = url + 7;
 	if (*p == '[') { /* [v6]:port */
 		hend = strchr(p, ']');
 		if (!hend) {
@@ -63,7 +66,7 @@ static int parse_url(const char *url, char *host, size_t hostlen, char *port, si
 			snprintf(err, errlen, "upstream %s: a path after the address is not supported", url);
 			return -1;
 		}
-		snprintf(port, portlen, "80");
+		snprintf(port, portlen, "%s", *tls ? "443" : "80");
 	}
 	return 0;
 bad:
@@ -79,7 +82,9 @@ struct upstream *upstream_new(struct event_base *base, const struct config *cfg,
 	struct upstream *up;
 	int rc;
 
-	if (parse_url(uc->url, host, sizeof(host), port, sizeof(port), err, errlen) == -1)
+	bool tls;
+
+	if (parse_url(uc->url, host, sizeof(host), port, sizeof(port), &tls, err, errlen) == -1)
 		return NULL;
 	memset(&hints, 0, sizeof(hints));
 	hints.ai_family = AF_UNSPEC;
@@ -102,6 +107,8 @@ struct upstream *upstream_new(struct event_base *base, const struct config *cfg,
 	up->addrlen = res->ai_addrlen;
 	freeaddrinfo(res);
 	up->base = base;
+	up->tls = tls;
+	snprintf(up->host, sizeof(up->host), "%s", host);
 	TAILQ_INIT(&up->idle);
 	TAILQ_INIT(&up->waiting);
 	if (!upstream_adopt(up, cfg, uc)) {
@@ -118,6 +125,8 @@ static void conf_release(struct upstream_conf *c)
 {
 	free((char *)c->name);
 	free((char *)c->url);
+	free((char *)c->tls_ca_file);
+	free((char *)c->tls_server_name);
 	for (unsigned i = 0; i < c->nlabels; i++) {
 		free((char *)c->labels[i].key);
 		free((char *)c->labels[i].value);
@@ -131,11 +140,14 @@ static int conf_copy(struct upstream_conf *dst, const struct upstream_conf *src)
 	*dst = *src;
 	dst->name = strdup(src->name);
 	dst->url = strdup(src->url);
+	dst->tls_ca_file = src->tls_ca_file ? strdup(src->tls_ca_file) : NULL;
+	dst->tls_server_name = src->tls_server_name ? strdup(src->tls_server_name) : NULL;
 	for (unsigned i = 0; i < src->nlabels; i++) {
 		dst->labels[i].key = strdup(src->labels[i].key);
 		dst->labels[i].value = strdup(src->labels[i].value);
 	}
-	bool ok = dst->name && dst->url;
+	bool ok = dst->name && dst->url && (!src->tls_ca_file || dst->tls_ca_file) &&
+		  (!src->tls_server_name || dst->tls_server_name);
 	for (unsigned i = 0; i < src->nlabels; i++)
 		ok = ok && dst->labels[i].key && dst->labels[i].value;
 	if (!ok) {
@@ -151,6 +163,17 @@ struct upstream *upstream_adopt(struct upstream *up, const struct config *cfg, c
 
 	if (conf_copy(&copy, uc) == -1)
 		return up->refs ? up : NULL; /* keep the settings it had */
+	if (up->tls) {
+		char err[512];
+		SSL_CTX *ctx = tls_client_ctx(copy.tls_verify, copy.tls_ca_file, err, sizeof(err));
+		if (!ctx) {
+			log_error("upstream %s: %s", up->name, err);
+			conf_release(&copy);
+			return up->refs ? up : NULL;
+		}
+		tls_ctx_free(up->tls_ctx);
+		up->tls_ctx = ctx;
+	}
 	conf_release(&up->conf);
 	up->conf = copy;
 	up->refs++;
@@ -229,6 +252,7 @@ void upstream_free(struct upstream *up)
 		upconn_close(c);
 	}
 	conf_release(&up->conf);
+	tls_ctx_free(up->tls_ctx);
 	free(up->name);
 	free(up->url);
 	free(up);
@@ -276,7 +300,9 @@ struct upconn *upstream_acquire(struct upstream *up, bool *reused)
 		return NULL;
 	c->up = up;
 	c->id = ++up->opened;
-	c->bev = bufferevent_socket_new(up->base, -1, BEV_OPT_CLOSE_ON_FREE);
+	c->bev = up->tls ? tls_bev_connect(up->base, up->tls_ctx, up->conf.tls_server_name ? up->conf.tls_server_name : up->host,
+					   up->conf.tls_verify)
+			 : bufferevent_socket_new(up->base, -1, BEV_OPT_CLOSE_ON_FREE);
 	if (!c->bev) {
 		free(c);
 		return NULL;

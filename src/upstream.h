@@ -28,6 +28,7 @@ struct event_base;
 struct bufferevent;
 struct config;
 struct upstream_conf;
+struct ssl_ctx_st;
 
 /* A request waiting for an admission slot. Owned by the request. */
 struct up_waiter {
@@ -52,6 +53,9 @@ struct upconn {
 struct upstream {
 	unsigned refs; /* one per router generation that lists it */
 	char *url;
+	char host[256];	    /* from the URL: SNI and the verified name by default */
+	bool tls;	    /* https:// */
+	struct ssl_ctx_st *tls_ctx;
 	char *name; /* the configured name (host:port from the command line); labels its stats */
 	/* Its own copy of its settings: generations come and go around it. */
 	struct upstream_conf conf;
