@@ -1,0 +1,601 @@
+/*
+ * exchange.c — a request's life on the upstream side: choosing the route
+ * and the upstream, waiting for an admission slot, connecting (with
+ * failover when a connection is refused before any byte reached the
+ * upstream), writing the request, and reading the response: its bytes are
+ * moved to the client as they arrive while the parser stamps the timeline
+ * and the framer and classifier find the token events.
+ */
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <llhttp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "classify.h"
+#include "log.h"
+#include "proxy.h"
+#include "proxy_int.h"
+#include "stats.h"
+#include "tls.h"
+
+static bool request_failover(struct request *req);
+static void on_up_write(struct bufferevent *bev, void *arg);
+static void on_up_event(struct bufferevent *bev, short what, void *arg);
+
+/* ---- upstream exchange ---- */
+
+void request_timer_set(struct request *req, enum req_timer kind, uint64_t ms)
+{
+	req->timer_kind = kind;
+	timer_arm(req->timer, ms);
+}
+
+void on_request_timer(evutil_socket_t fd, short what, void *arg)
+{
+	struct request *req = arg;
+	struct client *cl = req->cl;
+	char msg[200];
+
+	switch (req->timer_kind) {
+	case RT_QUEUE:
+		snprintf(msg, sizeof(msg), "upstream %s is at its concurrency limit and no slot freed within %llu ms",
+			 req->up->name, (unsigned long long)req->up->conf.queue_timeout_ms);
+		req->up->rejected++;
+		client_fail(cl, 503, REQ_ERR_TIMEOUT, "upstream_busy", msg);
+		return;
+	case RT_CONNECT:
+		snprintf(msg, sizeof(msg), "upstream %s did not accept the connection within %llu ms",
+			 req->up->name, (unsigned long long)req->up->connect_timeout_ms);
+		upstream_note_result(req->up, false, clock_now_ns());
+		if (request_failover(req)) /* nothing reached it: safe to send elsewhere */
+			return;
+		break;
+	case RT_FIRST_BYTE:
+		snprintf(msg, sizeof(msg), "upstream %s sent no response headers within %llu ms", req->up->name,
+			 (unsigned long long)req->up->first_byte_timeout_ms);
+		break;
+	case RT_IDLE:
+		snprintf(msg, sizeof(msg), "upstream %s went silent for %llu ms", req->up->name,
+			 (unsigned long long)req->up->idle_timeout_ms);
+		break;
+	default:
+		return;
+	}
+	client_fail(cl, 504, REQ_ERR_TIMEOUT, "upstream_timeout", msg);
+}
+
+/* The head the upstream gets: same method, target and end-to-end headers,
+ * HTTP/1.1 framing of tokentap's choosing, and the request id. It goes in
+ * front of whatever body bytes already wait in up_pending, once the
+ * upstream is chosen (a failover writes it again). */
+static void request_write_head(struct request *req)
+{
+	struct evbuffer *out = evbuffer_new();
+	bool has_host = false;
+
+	if (!out)
+		return;
+	evbuffer_add_printf(out, "%s ", req->rec.method);
+	evbuffer_add(out, req->hbuf + req->url_off, req->url_len);
+	evbuffer_add_printf(out, " HTTP/1.%d\r\n", req->http10 ? 0 : 1);
+	for (unsigned i = 0; i < req->nhdr; i++) {
+		const struct hdr *h = &req->hdrs[i];
+		const char *name = req->hbuf + h->name_off;
+		if (hop_by_hop(req, name, h->name_len))
+			continue;
+		if (req->add_id && name_eq(name, h->name_len, "x-request-id"))
+			continue; /* replaced: the client's was not usable */
+		if (name_eq(name, h->name_len, "host"))
+			has_host = true;
+		evbuffer_add(out, name, h->name_len);
+		evbuffer_add(out, ": ", 2);
+		evbuffer_add(out, req->hbuf + h->val_off, h->val_len);
+		evbuffer_add(out, "\r\n", 2);
+	}
+	if (!has_host)
+		evbuffer_add_printf(out, "host: %s\r\n", req->up->name);
+	if (req->add_id)
+		evbuffer_add_printf(out, "x-request-id: %s\r\n", req->rec.id);
+	if (req->chunked_in)
+		evbuffer_add_printf(out, "transfer-encoding: chunked\r\n");
+	if (req->http10)
+		evbuffer_add_printf(out, "connection: close\r\n");
+	evbuffer_add(out, "\r\n", 2);
+	req->head_len = evbuffer_get_length(out);
+	evbuffer_prepend_buffer(req->up_pending, out);
+	evbuffer_free(out);
+}
+
+/* A slot on req->up is ours: take a connection and send. */
+static void request_connect(struct request *req)
+{
+	struct client *cl = req->cl;
+	bool reused = false;
+	char msg[200];
+
+	uint64_t now = clock_now_ns();
+	req->rec.at[TL_DISPATCH] = now; /* again after a failover: queue ends at the last dispatch */
+	req->rec.at[TL_UP_CONNECTED] = 0;
+	req->rec.upstream = req->up->name;
+	request_write_head(req);
+	req->uc = upstream_acquire(req->up, &reused);
+	if (!req->uc) {
+		snprintf(msg, sizeof(msg), "cannot open a connection to upstream %s: %s", req->up->name,
+			 strerror(errno));
+		client_fail(cl, 502, REQ_ERR_CONNECT_FAILED, "upstream_unreachable", msg);
+		return;
+	}
+	req->inflight = req->up->active;
+	req->cold = upstream_dispatch_cold(req->up, reused, now);
+	bufferevent_setcb(req->uc->bev, on_up_read, on_up_write, on_up_event, req);
+	bufferevent_setwatermark(req->uc->bev, EV_WRITE, 0, 0);
+	if (reused) {
+		req->rec.at[TL_UP_CONNECTED] = now;
+		bufferevent_enable(req->uc->bev, EV_READ | EV_WRITE);
+		request_flush_upstream(req);
+	} else {
+		request_timer_set(req, RT_CONNECT, req->up->connect_timeout_ms);
+	}
+}
+
+static void on_admitted(struct up_waiter *w)
+{
+	struct request *req = (struct request *)((char *)w - offsetof(struct request, waiter));
+
+	req->admitted = true;
+	evtimer_del(req->timer);
+	req->timer_kind = RT_NONE;
+	request_connect(req);
+}
+
+/* Asks req->up for a slot: now, after a wait in its queue, or 503. */
+static void request_admit(struct request *req)
+{
+	char msg[200];
+
+	req->waiter.ready = on_admitted;
+	switch (upstream_admit(req->up, &req->waiter)) {
+	case ADMIT_NOW:
+		req->admitted = true;
+		request_connect(req);
+		break;
+	case ADMIT_QUEUED:
+		request_timer_set(req, RT_QUEUE, req->up->conf.queue_timeout_ms);
+		break;
+	case ADMIT_FULL:
+		snprintf(msg, sizeof(msg), "upstream %s is at its concurrency limit and its queue is full",
+			 req->up->name);
+		client_fail(req->cl, 503, REQ_ERR_BAD_REQUEST, "upstream_busy", msg);
+		break;
+	}
+}
+
+/* The sticky value of this request, when its route has one. */
+static const char *request_sticky_key(struct request *req, size_t *len)
+{
+	const struct route_conf *rc = req->route->conf;
+
+	if (rc->sticky == STICKY_HEADER) {
+		const struct hdr *h = request_header(req, rc->sticky_key);
+		if (h && h->val_len) {
+			*len = h->val_len;
+			return req->hbuf + h->val_off;
+		}
+	} else if (rc->sticky == STICKY_JSON_FIELD && req->sticky_value[0]) {
+		*len = strlen(req->sticky_value);
+		return req->sticky_value;
+	}
+	return NULL;
+}
+
+/* Picks the route and the upstream, then asks it for a slot. Called once
+ * the head is parsed, or once the body prefix is, when routing needs it. */
+void request_route(struct request *req)
+{
+	struct client *cl = req->cl;
+	const struct config *cfg = &req->rt->cfg;
+	const struct hdr *host = request_header(req, "host");
+	const char *method = req->rec.method;
+	char msg[300];
+	unsigned idx;
+
+	req->awaiting_body = false;
+	req->route = router_match(req->rt, method, req->rec.path, strlen(req->rec.path),
+				  host ? req->hbuf + host->val_off : NULL, host ? host->val_len : 0,
+				  req->rec.model[0] ? req->rec.model : NULL);
+	if (!req->route) {
+		snprintf(msg, sizeof(msg), "no route matches %s %s", method, req->rec.path);
+		client_fail(cl, 404, REQ_ERR_BAD_REQUEST, "no_route", msg);
+		return;
+	}
+	if (cfg->override_header) {
+		const struct hdr *h = request_header(req, cfg->override_header);
+		if (h) {
+			req->up = router_upstream(req->rt, req->hbuf + h->val_off, h->val_len);
+			if (!req->up) {
+				snprintf(msg, sizeof(msg), "%s names no configured upstream", cfg->override_header);
+				client_fail(cl, 400, REQ_ERR_BAD_REQUEST, "invalid_request", msg);
+				return;
+			}
+			int i = route_target_index(req->route, req->up);
+			req->tried = i >= 0 ? ~(uint32_t)0 & ~(1u << i) : ~(uint32_t)0; /* pinned: no failover */
+			request_admit(req);
+			return;
+		}
+	}
+	size_t klen = 0;
+	const char *key = request_sticky_key(req, &klen);
+	req->up = route_pick(req->route, key, klen, req->tried, &idx);
+	if (!req->up) {
+		snprintf(msg, sizeof(msg), "route %s has no upstream with a weight above 0", req->route->name);
+		client_fail(cl, 503, REQ_ERR_CONNECT_FAILED, "upstream_unavailable", msg);
+		return;
+	}
+	request_admit(req);
+}
+
+/* The chosen upstream refused the connection before any byte reached it:
+ * another target of the route gets the request, when the route allows. */
+static bool request_failover(struct request *req)
+{
+	unsigned idx;
+	int cur = route_target_index(req->route, req->up);
+
+	if (!req->route->conf->failover || cur < 0)
+		return false;
+	req->tried |= 1u << cur;
+	size_t klen = 0;
+	const char *key = request_sticky_key(req, &klen);
+	struct upstream *next = route_pick(req->route, key, klen, req->tried, &idx);
+	if (!next)
+		return false;
+	log_conn(LOG_WARN, req->cl->id, "request %s: upstream %s refused; failing over to %s", req->rec.id,
+		 req->up->name, next->name);
+	request_drop_upstream(req, false);
+	evbuffer_drain(req->up_pending, req->head_len); /* the head is rewritten for the next one */
+	req->head_len = 0;
+	req->up = next;
+	request_admit(req);
+	return true;
+}
+
+/* Moves pending request bytes to the upstream, and applies upload
+ * backpressure to the client. */
+void request_flush_upstream(struct request *req)
+{
+	struct client *cl = req->cl;
+	size_t queued = evbuffer_get_length(req->up_pending);
+
+	if (req->uc && req->uc->connected) {
+		struct evbuffer *out = bufferevent_get_output(req->uc->bev);
+		if (queued)
+			evbuffer_add_buffer(out, req->up_pending);
+		queued = evbuffer_get_length(out);
+	}
+	if (queued > pcfg(cl->px)->stream_buffer && !cl->reading_blocked) {
+		cl->reading_blocked = true;
+		bufferevent_disable(cl->bev, EV_READ);
+	}
+}
+
+/* The whole request is on the wire once the body is complete and nothing
+ * waits in either buffer; from then the first-byte clock runs. */
+void request_check_sent(struct request *req)
+{
+	if (!req->body_done || !req->uc || !req->uc->connected || req->rec.at[TL_REQ_SENT])
+		return;
+	if (evbuffer_get_length(req->up_pending) ||
+	    evbuffer_get_length(bufferevent_get_output(req->uc->bev)))
+		return;
+	timeline_mark(&req->rec, TL_REQ_SENT, clock_now_ns());
+	if (!req->resp_head_done)
+		request_timer_set(req, RT_FIRST_BYTE, pcfg(req->cl->px)->first_byte_timeout_ms);
+}
+
+static void on_up_write(struct bufferevent *bev, void *arg)
+{
+	struct request *req = arg;
+	struct client *cl = req->cl;
+
+	if (cl->closing)
+		return;
+	if (cl->reading_blocked && evbuffer_get_length(bufferevent_get_output(bev)) <= pcfg(cl->px)->stream_buffer / 2) {
+		cl->reading_blocked = false;
+		bufferevent_enable(cl->bev, EV_READ);
+		client_parse(cl);
+		if (cl->closing || cl->req != req)
+			return;
+	}
+	request_check_sent(req);
+}
+
+static void on_up_event(struct bufferevent *bev, short what, void *arg)
+{
+	struct request *req = arg;
+	struct client *cl = req->cl;
+	char msg[600];
+
+	if (cl->closing)
+		return;
+	if (what & BEV_EVENT_CONNECTED) {
+		req->uc->connected = true;
+		timeline_mark(&req->rec, TL_UP_CONNECTED, clock_now_ns());
+		evtimer_del(req->timer);
+		req->timer_kind = RT_NONE;
+		bufferevent_enable(bev, EV_READ | EV_WRITE);
+		request_flush_upstream(req);
+		return;
+	}
+	if (!req->uc->connected) {
+		int err = EVUTIL_SOCKET_ERROR();
+		char tlserr[256];
+		upstream_note_result(req->up, false, clock_now_ns());
+		if (*tls_bev_error(bev, tlserr, sizeof(tlserr))) {
+			/* a certificate that does not verify is a hard error: no
+			 * retry elsewhere that would hide it */
+			snprintf(msg, sizeof(msg), "TLS with upstream %s failed: %s", req->up->name, tlserr);
+			log_conn(LOG_WARN, cl->id, "request %s: %s", req->rec.id, msg);
+			client_fail(cl, 502, REQ_ERR_CONNECT_FAILED, "upstream_tls", msg);
+			return;
+		}
+		snprintf(msg, sizeof(msg), "upstream %s is unreachable: %s", req->up->name,
+			 err ? evutil_socket_error_to_string(err) : "connection failed");
+		if (request_failover(req))
+			return;
+		client_fail(cl, 502, REQ_ERR_CONNECT_FAILED, "upstream_unreachable", msg);
+		return;
+	}
+	/* A response delimited by the close is complete now. */
+	if ((what & BEV_EVENT_EOF) && req->resp_head_done && !req->resp_done) {
+		on_up_read(bev, req); /* anything still buffered */
+		if (cl->closing || cl->req != req || req->resp_done)
+			return;
+		if (llhttp_message_needs_eof(&req->rparser)) {
+			req->now = clock_now_ns();
+			llhttp_finish(&req->rparser);
+			req->upstream_dirty = true;
+			if (req->resp_done) {
+				request_drop_upstream(req, false);
+				if (evbuffer_get_length(bufferevent_get_output(cl->bev)) == 0)
+					request_finish(req);
+				return;
+			}
+		}
+	}
+	if (req->resp_done)
+		return;
+	snprintf(msg, sizeof(msg), "upstream %s %s %s", req->up->name,
+		 (what & BEV_EVENT_EOF) ? "closed the connection" : "connection failed",
+		 req->resp_started ? "mid-response" : "before responding");
+	client_fail(cl, 502, REQ_ERR_UPSTREAM_RESET, "upstream_reset", msg);
+}
+
+/* A framed event: the timeline learns about it, the bytes are already on
+ * their way to the client. */
+static void on_stream_event(void *arg, const struct framer_event *ev)
+{
+	struct request *req = arg;
+
+	req->rec.events++;
+	timeline_mark(&req->rec, TL_FIRST_EVENT, req->now);
+	if (classify_event(req->rec.api, ev, &req->rec.usage)) {
+		uint64_t gap;
+		if (record_token_event(&req->rec, req->now, &gap))
+			stats_record_itl(request_series(req), gap, req->inflight);
+	}
+}
+
+static void request_response_done(struct request *req)
+{
+	struct client *cl = req->cl;
+	bool reusable = req->resp_keepalive && !req->upstream_dirty && !req->http10 && req->body_done &&
+			req->rec.at[TL_REQ_SENT];
+
+	request_drop_upstream(req, reusable);
+	/* The upstream answered before the client finished its body: the rest
+	 * of that body cannot be told from a next request. */
+	if (!req->body_done)
+		cl->close_after = true;
+	if (evbuffer_get_length(bufferevent_get_output(cl->bev)) == 0)
+		request_finish(req);
+}
+
+void on_up_read(struct bufferevent *bev, void *arg)
+{
+	struct request *req = arg;
+	struct client *cl = req->cl;
+	struct evbuffer *in = bufferevent_get_input(bev);
+	const struct config *cfg = pcfg(cl->px);
+
+	if (cl->closing)
+		return;
+	req->now = clock_now_ns();
+	if (req->resp_head_done && !req->resp_done)
+		request_timer_set(req, RT_IDLE, cfg->idle_timeout_ms);
+
+	while (!req->resp_done && evbuffer_get_length(in) > req->resp_parsed) {
+		struct evbuffer_ptr pos;
+		struct evbuffer_iovec v;
+
+		if (evbuffer_ptr_set(in, &pos, req->resp_parsed, EVBUFFER_PTR_SET) == -1 ||
+		    evbuffer_peek(in, -1, &pos, &v, 1) < 1)
+			break;
+		enum llhttp_errno e = llhttp_execute(&req->rparser, v.iov_base, v.iov_len);
+		size_t used = v.iov_len;
+		if (e == HPE_PAUSED) {
+			used = (size_t)(llhttp_get_error_pos(&req->rparser) - (const char *)v.iov_base);
+		} else if (e != HPE_OK) {
+			char msg[200];
+			snprintf(msg, sizeof(msg), "upstream %s sent an invalid response: %s", req->up->name,
+				 llhttp_errno_name(e));
+			req->upstream_dirty = true;
+			client_fail(cl, 502, REQ_ERR_UPSTREAM_PROTOCOL, "upstream_protocol", msg);
+			return;
+		}
+		req->resp_parsed += used;
+		if (e == HPE_PAUSED)
+			break;
+	}
+	if (cl->closing)
+		return;
+	if (!req->resp_head_done && req->resp_parsed > RESP_HEAD_MAX) {
+		char msg[160];
+		snprintf(msg, sizeof(msg), "upstream %s sent a response head over %u bytes", req->up->name,
+			 RESP_HEAD_MAX);
+		req->upstream_dirty = true;
+		client_fail(cl, 502, REQ_ERR_UPSTREAM_PROTOCOL, "upstream_protocol", msg);
+		return;
+	}
+	if (req->resp_head_done && req->resp_parsed) {
+		struct evbuffer *out = bufferevent_get_output(cl->bev);
+		evbuffer_remove_buffer(in, out, req->resp_parsed);
+		req->rec.bytes_out += req->resp_parsed;
+		req->resp_parsed = 0;
+		req->resp_started = true;
+		if (!req->resp_done && evbuffer_get_length(out) > cfg->stream_buffer) {
+			req->upstream_paused = true;
+			bufferevent_disable(bev, EV_READ);
+			bufferevent_setwatermark(cl->bev, EV_WRITE, cfg->stream_buffer / 2, 0);
+		}
+	}
+	if (req->resp_done) {
+		if (evbuffer_get_length(in))
+			req->upstream_dirty = true;
+		request_response_done(req);
+	}
+}
+
+/* ---- response parser callbacks ---- */
+
+static int on_resp_header_field(llhttp_t *p, const char *at, size_t len)
+{
+	struct request *req = p->data;
+	if (!req->rh_in_name) {
+		req->rh_in_name = true;
+		req->rh_name_len = req->rh_val_len = 0;
+	}
+	size_t room = sizeof(req->rh_name) - req->rh_name_len;
+	if (len > room)
+		len = room; /* a long name is not one we look for */
+	memcpy(req->rh_name + req->rh_name_len, at, len);
+	req->rh_name_len += len;
+	return 0;
+}
+
+static int on_resp_header_field_complete(llhttp_t *p)
+{
+	struct request *req = p->data;
+	req->rh_in_name = false;
+	return 0;
+}
+
+static int on_resp_header_value(llhttp_t *p, const char *at, size_t len)
+{
+	struct request *req = p->data;
+	size_t room = sizeof(req->rh_val) - req->rh_val_len;
+	if (len > room)
+		len = room;
+	memcpy(req->rh_val + req->rh_val_len, at, len);
+	req->rh_val_len += len;
+	return 0;
+}
+
+static int on_resp_header_value_complete(llhttp_t *p)
+{
+	struct request *req = p->data;
+	if (name_eq(req->rh_name, req->rh_name_len, "content-type")) {
+		req->resp_kind = framer_kind_for_content_type(req->rh_val, req->rh_val_len);
+	} else if (name_eq(req->rh_name, req->rh_name_len, "content-encoding")) {
+		req->content_encoded = !name_eq(req->rh_val, req->rh_val_len, "identity");
+	}
+	req->rh_name_len = req->rh_val_len = 0;
+	return 0;
+}
+
+static int on_resp_headers_complete(llhttp_t *p)
+{
+	struct request *req = p->data;
+	int status = p->status_code;
+
+	if (status < 200) {
+		/* 101 would switch protocols, which was never asked for. */
+		if (status == 101)
+			return -1;
+		req->resp_informational = true; /* 1xx: forwarded, then the real one */
+		return 0;
+	}
+	req->resp_informational = false;
+	req->resp_head_done = true;
+	req->rec.status = status;
+	timeline_mark(&req->rec, TL_RESP_HEADERS, req->now);
+	request_timer_set(req, RT_IDLE, pcfg(req->cl->px)->idle_timeout_ms);
+	/* Compressed bodies are forwarded, not framed. */
+	if (req->content_encoded)
+		req->resp_kind = FRAMER_NONE;
+	if (req->resp_kind != FRAMER_NONE) {
+		req->rec.stream = 1;
+		framer_init(&req->framer, req->resp_kind, pcfg(req->cl->px)->max_event_size, on_stream_event, req);
+	} else if (status >= 200 && status < 300) {
+		req->rec.stream = 0;
+	}
+	if (req->head_method)
+		return 1;
+	return 0;
+}
+
+static int on_resp_body(llhttp_t *p, const char *at, size_t len)
+{
+	struct request *req = p->data;
+
+	if (req->resp_kind != FRAMER_NONE) {
+		framer_feed(&req->framer, at, len);
+		return 0;
+	}
+	if (!req->resp_body)
+		req->resp_body = evbuffer_new();
+	if (req->resp_body && evbuffer_get_length(req->resp_body) + len <= RESP_BODY_MAX)
+		evbuffer_add(req->resp_body, at, len);
+	return 0;
+}
+
+static int on_resp_message_complete(llhttp_t *p)
+{
+	struct request *req = p->data;
+
+	if (req->resp_informational) {
+		req->resp_informational = false;
+		return 0;
+	}
+	timeline_mark(&req->rec, TL_RESP_END, req->now);
+	if (req->resp_kind != FRAMER_NONE) {
+		framer_finish(&req->framer);
+	} else if (req->resp_body && req->rec.status >= 200 && req->rec.status < 300) {
+		size_t n = evbuffer_get_length(req->resp_body);
+		const char *body = (const char *)evbuffer_pullup(req->resp_body, -1);
+		if (body)
+			classify_body(req->rec.api, body, n, &req->rec.usage);
+	}
+	req->resp_done = true;
+	req->resp_keepalive = llhttp_should_keep_alive(p);
+	upstream_note_result(req->up, true, req->now);
+	evtimer_del(req->timer);
+	req->timer_kind = RT_NONE;
+	return HPE_PAUSED;
+}
+
+
+void exchange_settings_init(llhttp_settings_t *s)
+{
+	llhttp_settings_init(s);
+	s->on_header_field = on_resp_header_field;
+	s->on_header_field_complete = on_resp_header_field_complete;
+	s->on_header_value = on_resp_header_value;
+	s->on_header_value_complete = on_resp_header_value_complete;
+	s->on_headers_complete = on_resp_headers_complete;
+	s->on_body = on_resp_body;
+	s->on_message_complete = on_resp_message_complete;
+}

@@ -1,0 +1,179 @@
+/*
+ * proxy_int.h — what proxy.c (the client side: connections, request
+ * parsing, error answers) and exchange.c (the upstream side: routing,
+ * admission, connecting, response parsing) share: the connection and
+ * request objects and the functions each calls in the other. Not for other
+ * modules: they use proxy.h.
+ */
+#pragma once
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <llhttp.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/queue.h>
+
+#include "config.h"
+#include "framer.h"
+#include "router.h"
+#include "timeline.h"
+#include "upstream.h"
+
+struct accesslog;
+struct stats_shard;
+struct recent;
+struct series;
+
+#define CLIENT_STATES(X) \
+	X(IDLE) \
+	X(HEAD) \
+	X(BODY) \
+	X(WAIT) \
+	X(CLOSING)
+
+enum client_state {
+#define X(s) CL_##s,
+	CLIENT_STATES(X)
+#undef X
+};
+
+
+enum req_timer { RT_NONE, RT_QUEUE, RT_CONNECT, RT_FIRST_BYTE, RT_IDLE };
+
+/* Lingering close: after an error response, keep reading (and dropping)
+ * what the client still sends for a moment, so it sees the response rather
+ * than a reset. */
+#define LINGER_MS 2000
+/* Client input kept unparsed while a response runs (pipelined requests). */
+#define CLIENT_INPUT_MAX (64u << 10)
+#define RESP_BODY_MAX (1u << 20)
+/* A response head is held until it parses whole; this bounds it. */
+#define RESP_HEAD_MAX (64u << 10)
+#define REQUEST_ID_MAX 128
+
+struct proxy {
+	struct event_base *base;
+	struct router *router; /* the current generation; one reference held */
+	bool draining;
+	struct event *drain_timer;
+	void (*drained)(void *arg);
+	void *drained_arg;
+	struct accesslog *alog;
+	struct stats_shard *stats;
+	struct recent *recent;
+	struct evconnlistener *listener;
+	char listen_addr[80];
+	uint64_t next_client_id;
+	uint64_t id_seed, id_counter;
+	llhttp_settings_t req_settings, resp_settings;
+	LIST_HEAD(, client) clients;
+};
+
+struct hdr {
+	uint32_t name_off, name_len, val_off, val_len;
+};
+
+/* One request and its exchange with the upstream. Owned by its client. */
+struct request {
+	struct client *cl;
+	struct req_record rec;
+
+	/* request head as parsed: URL, header names and values in hbuf */
+	char *hbuf;
+	size_t hlen, hcap;
+	struct hdr *hdrs;
+	unsigned nhdr;
+	size_t url_off, url_len;
+	bool in_url, in_name, in_value;
+	bool chunked_in;
+	bool http10;
+	uint64_t body_bytes;
+	bool body_done;
+	char *body_prefix; /* the first cfg->body_inspect_max bytes, for the model */
+	size_t body_prefix_len;
+	bool reqinfo_done;
+	bool head_method; /* HEAD: the response has no body whatever it says */
+	bool logged;
+	int reject_status; /* set by a parser callback that refuses the request */
+	const char *reject_msg;
+
+	/* routing */
+	struct router *rt;	/* the generation this request runs on; a reference */
+	struct route *route;
+	struct upstream *up;	/* chosen upstream, NULL before routing */
+	struct up_waiter waiter;
+	bool admitted;		/* holds an admission slot on `up` */
+	bool awaiting_body;	/* routing needs the body's model or sticky field */
+	uint32_t tried;		/* route targets that refused a connection */
+	bool add_id;		/* the client's x-request-id was absent or unusable */
+	size_t head_len;	/* bytes of the head at the front of up_pending */
+	char sticky_value[128];	/* the route's sticky JSON field, from the body */
+
+	/* upstream side */
+	struct upconn *uc;
+	unsigned inflight; /* requests in flight to the upstream at dispatch, this one included */
+	bool cold;
+	struct series *series; /* resolved once route, upstream and model are known */
+	struct evbuffer *up_pending; /* request bytes waiting for the connection */
+	struct event *timer;
+	enum req_timer timer_kind;
+	llhttp_t rparser;
+	size_t resp_parsed; /* bytes at the front of the input parsed, not yet moved */
+	bool resp_head_done, resp_done, resp_started, resp_keepalive, resp_informational;
+	bool upstream_paused;
+	bool upstream_dirty; /* bytes past the response end: never reuse */
+	uint64_t now;	     /* time of the read being parsed */
+	struct framer framer;
+	struct evbuffer *resp_body; /* non-streamed bodies, for usage */
+	char rh_name[32], rh_val[128];
+	size_t rh_name_len, rh_val_len;
+	bool rh_in_name, rh_in_value;
+	bool content_encoded;
+	enum framer_kind resp_kind;
+};
+
+/* One client connection. Owned by the proxy's client list. */
+struct client {
+	struct proxy *px;
+	uint64_t id;
+	struct bufferevent *bev;
+	llhttp_t parser;
+	enum client_state state;
+	struct event *timer; /* keep-alive idle, header deadline, upload idle, linger */
+	struct request *req;
+	char peer[64];
+	uint64_t last_read_ns;
+	bool close_after; /* close once the current response is written */
+	bool closing;
+	bool reading_blocked; /* upload backpressure */
+	LIST_ENTRY(client) link;
+};
+
+static inline const struct config *pcfg(const struct proxy *px)
+{
+	return &px->router->cfg;
+}
+
+/* proxy.c: the client side */
+void timer_arm(struct event *ev, uint64_t ms);
+bool name_eq(const char *a, size_t alen, const char *lit);
+const struct hdr *request_header(const struct request *req, const char *name);
+bool hop_by_hop(const struct request *req, const char *name, size_t len);
+struct series *request_series(struct request *req);
+void request_drop_upstream(struct request *req, bool reusable);
+void request_finish(struct request *req);
+void client_fail(struct client *cl, int status, enum req_error kind, const char *type, const char *msg);
+void client_parse(struct client *cl);
+
+/* exchange.c: the upstream side */
+void exchange_settings_init(llhttp_settings_t *s);
+void request_route(struct request *req);
+void request_flush_upstream(struct request *req);
+void request_check_sent(struct request *req);
+void request_timer_set(struct request *req, enum req_timer kind, uint64_t ms);
+void on_request_timer(evutil_socket_t fd, short what, void *arg);
+void on_up_read(struct bufferevent *bev, void *arg);
