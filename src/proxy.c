@@ -70,6 +70,7 @@
 #include "upstream.h"
 
 static void client_close(struct client *cl, const char *why);
+static void head_scan_reset(struct client *cl);
 
 static const char *const client_state_names[] = {
 #define X(s) #s,
@@ -479,6 +480,76 @@ static void copy_trunc(char *dst, size_t dstlen, const char *src, size_t len)
 	dst[len] = '\0';
 }
 
+/*
+ * What the head must also satisfy before anything is forwarded, beyond
+ * what llhttp checks as Debian builds it: a version (no HTTP/0.9), a path
+ * as target (tokentap is never a forward proxy), exactly one Host (in
+ * HTTP/1.1, required), and no transfer coding but a single "chunked", and
+ * that only in HTTP/1.1. Each ambiguity here is one a server behind could
+ * resolve differently from tokentap: request smuggling.
+ */
+static int request_head_check(struct request *req, llhttp_t *p)
+{
+	const char *url = req->hbuf + req->url_off;
+	unsigned hosts = 0, codings = 0;
+	const struct hdr *host = NULL;
+
+	if (p->http_major == 0)
+		return reject(req, 400, "the request line has no HTTP version");
+	if (!(req->url_len && url[0] == '/') &&
+	    !(req->url_len == 1 && url[0] == '*' && llhttp_get_method(p) == HTTP_OPTIONS))
+		return reject(req, 400, "the request target must be a path; absolute URLs are for forward proxies");
+	for (unsigned i = 0; i < req->nhdr; i++) {
+		const struct hdr *h = &req->hdrs[i];
+		const char *name = req->hbuf + h->name_off, *v = req->hbuf + h->val_off;
+		size_t vlen = h->val_len;
+		if (name_eq(name, h->name_len, "host")) {
+			hosts++;
+			host = h;
+		} else if (name_eq(name, h->name_len, "transfer-encoding")) {
+			while (vlen && (*v == ' ' || *v == '\t'))
+				v++, vlen--;
+			while (vlen && (v[vlen - 1] == ' ' || v[vlen - 1] == '\t'))
+				vlen--;
+			if (vlen == 0)
+				return reject(req, 400, "empty Transfer-Encoding header");
+			if (!name_eq(v, vlen, "chunked") || ++codings > 1)
+				return reject(req, 501, "transfer codings other than a single chunked are not supported");
+		}
+	}
+	if (codings && !(p->http_major == 1 && p->http_minor >= 1))
+		return reject(req, 400, "chunked transfer coding needs HTTP/1.1");
+	if (hosts > 1)
+		return reject(req, 400, "more than one Host header");
+	if (host && memchr(req->hbuf + host->val_off, ',', host->val_len))
+		return reject(req, 400, "a Host header with more than one value");
+	if (!hosts && p->http_major == 1 && p->http_minor >= 1)
+		return reject(req, 400, "HTTP/1.1 requests need a Host header");
+	return 0;
+}
+
+static int on_req_chunk_extension(llhttp_t *p, const char *at, size_t len)
+{
+	struct request *req = ((struct client *)p->data)->req;
+
+	req->chunk_ext += len;
+	if (req->chunk_ext > CHUNK_EXT_MAX)
+		return reject(req, 400, "chunk extensions too long");
+	return 0;
+}
+
+static int on_req_chunk_header(llhttp_t *p)
+{
+	struct request *req = ((struct client *)p->data)->req;
+
+	req->chunk_ext = 0;
+	if (req->awaiting_chunk) {
+		req->awaiting_chunk = false;
+		request_route(req);
+	}
+	return req->cl->state == CL_CLOSING ? -1 : 0;
+}
+
 static int on_req_headers_complete(llhttp_t *p)
 {
 	struct client *cl = p->data;
@@ -513,6 +584,8 @@ static int on_req_headers_complete(llhttp_t *p)
 
 	if (llhttp_get_method(p) == HTTP_CONNECT)
 		return reject(req, 501, "CONNECT is not supported: tokentap is a reverse proxy");
+	if (request_head_check(req, p) == -1)
+		return -1;
 	h = request_header(req, "upgrade");
 	if (h && !name_eq(req->hbuf + h->val_off, h->val_len, "h2c"))
 		return reject(req, 501, "protocol upgrades (such as WebSocket) are not supported");
@@ -535,9 +608,13 @@ static int on_req_headers_complete(llhttp_t *p)
 	if (cfg->idle_timeout_ms)
 		timer_arm(cl->timer, cfg->idle_timeout_ms); /* a stalled upload */
 	/* Routing on the model or a body field waits for the body's first
-	 * bytes (or its end); they wait in up_pending meanwhile. */
+	 * bytes (or its end); they wait in up_pending meanwhile. A chunked body
+	 * waits at least for its first chunk line to parse, so a request whose
+	 * framing is broken reaches no upstream. */
 	if (req->rt->needs_body && (req->chunked_in || p->content_length > 0))
 		req->awaiting_body = true;
+	else if (req->chunked_in)
+		req->awaiting_chunk = true;
 	else
 		request_route(req);
 	return cl->state == CL_CLOSING ? -1 : 0;
@@ -684,12 +761,53 @@ void request_finish(struct request *req)
 		return;
 	}
 	client_set_state(cl, CL_IDLE);
+	head_scan_reset(cl);
 	llhttp_resume(&cl->parser);
 	bufferevent_setwatermark(cl->bev, EV_WRITE, 0, 0);
 	bufferevent_enable(cl->bev, EV_READ);
 	timer_arm(cl->timer, pcfg(cl->px)->keepalive_timeout_ms);
 	if (evbuffer_get_length(bufferevent_get_input(cl->bev)))
 		client_parse(cl);
+}
+
+/*
+ * Byte-level rules llhttp (as Debian builds it) leaves to us: every line of
+ * the head ends in CRLF (no bare LF), and no header line starts with a space
+ * or tab (obs-fold, a line continuation servers read differently). Runs
+ * over the head's bytes before llhttp parses them and stops at its blank
+ * line. Returns 0, or -1 with the reason in *why.
+ */
+static int head_scan(struct client *cl, const char *p, size_t n, const char **why)
+{
+	for (size_t i = 0; i < n && !cl->scan_done; i++) {
+		char c = p[i];
+		if (c == '\n') {
+			if (cl->scan_prev != '\r') {
+				*why = "a line of the request head ends in a bare LF; lines end in CRLF";
+				return -1;
+			}
+			if (cl->scan_line == 0 && cl->scan_lines > 0)
+				cl->scan_done = true; /* the blank line: the body is not ours to scan */
+			else if (cl->scan_line > 0)
+				cl->scan_lines++;
+			cl->scan_line = 0;
+		} else if (c != '\r') {
+			if (cl->scan_line == 0 && cl->scan_lines > 0 && (c == ' ' || c == '\t')) {
+				*why = "a header line starts with whitespace (obs-fold line folding is not accepted)";
+				return -1;
+			}
+			cl->scan_line++;
+		}
+		cl->scan_prev = c;
+	}
+	return 0;
+}
+
+static void head_scan_reset(struct client *cl)
+{
+	cl->scan_prev = 0;
+	cl->scan_line = cl->scan_lines = 0;
+	cl->scan_done = false;
 }
 
 static void client_reject(struct client *cl, enum llhttp_errno e)
@@ -732,6 +850,17 @@ void client_parse(struct client *cl)
 		struct evbuffer_iovec v;
 		if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
 			break;
+		const char *why = NULL;
+		if (!cl->scan_done && head_scan(cl, v.iov_base, v.iov_len, &why) == -1) {
+			if (!cl->req)
+				cl->req = request_new(cl);
+			if (cl->req) {
+				cl->req->reject_status = 400;
+				cl->req->reject_msg = why;
+			}
+			client_reject(cl, HPE_USER);
+			return;
+		}
 		enum llhttp_errno e = llhttp_execute(&cl->parser, v.iov_base, v.iov_len);
 		if (cl->state == CL_CLOSING)
 			return; /* a callback already answered or closed */
@@ -926,6 +1055,9 @@ struct proxy *proxy_new(struct event_base *base, struct router *router, struct a
 	px->req_settings.on_headers_complete = on_req_headers_complete;
 	px->req_settings.on_body = on_req_body;
 	px->req_settings.on_message_complete = on_req_message_complete;
+	px->req_settings.on_chunk_extension_name = on_req_chunk_extension;
+	px->req_settings.on_chunk_extension_value = on_req_chunk_extension;
+	px->req_settings.on_chunk_header = on_req_chunk_header;
 
 	exchange_settings_init(&px->resp_settings);
 

@@ -54,6 +54,7 @@ enum req_timer { RT_NONE, RT_QUEUE, RT_CONNECT, RT_FIRST_BYTE, RT_IDLE };
 /* A response head is held until it parses whole; this bounds it. */
 #define RESP_HEAD_MAX (64u << 10)
 #define REQUEST_ID_MAX 128
+#define CHUNK_EXT_MAX 4096 /* extension bytes on one chunk line */
 
 struct proxy {
 	struct event_base *base;
@@ -110,6 +111,8 @@ struct request {
 	bool awaiting_body;	/* routing needs the body's model or sticky field */
 	uint32_t tried;		/* route targets that refused a connection */
 	bool add_id;		/* the client's x-request-id was absent or unusable */
+	bool awaiting_chunk;	/* chunked: routing waits for a valid first chunk line */
+	size_t chunk_ext;	/* extension bytes of the current chunk line */
 	size_t head_len;	/* bytes of the head at the front of up_pending */
 	char sticky_value[128];	/* the route's sticky JSON field, from the body */
 
@@ -150,6 +153,10 @@ struct client {
 	bool close_after; /* close once the current response is written */
 	bool closing;
 	bool reading_blocked; /* upload backpressure */
+	/* head_scan's state over the current request's head */
+	char scan_prev;
+	unsigned scan_line, scan_lines;
+	bool scan_done;
 	LIST_ENTRY(client) link;
 };
 

@@ -72,7 +72,9 @@ const char *sim_text_word(struct sim_prng *p, bool first, size_t *len)
 {
 	const char *w = sim_words[sim_prng_next(p) >> 58];
 
-	if (first)
+	/* the first token drops its separating space; punctuation has none to
+	 * drop (skipping a byte of "," would leave an empty, tokenless delta) */
+	if (first && *w == ' ')
 		w++;
 	*len = strlen(w);
 	return w;

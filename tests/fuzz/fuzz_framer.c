@@ -1,0 +1,143 @@
+/*
+ * fuzz_framer.c — libFuzzer target: the SSE / NDJSON framer and the token
+ * classifier, on bytes cut at points the fuzzer chooses.
+ *
+ * Input layout: byte 0 picks the framer kind (bit 0: SSE or NDJSON) and the
+ * event size bound (bits 1-3: 16 B .. 2 KiB, or the 1 MiB default, so that
+ * oversized events are reached); bytes 1-8 are piece lengths, used in turn
+ * to cut the rest (0 means 1 byte). The rest is the response body.
+ *
+ * Checked: the body framed in one piece and in pieces gives the same events
+ * (names and data, byte for byte), the same counters and the same
+ * classification for every API; `events` equals the number of callbacks; no
+ * event is larger than the bound; NDJSON events have no name and no line
+ * end; SSE data holds no CR. ASan/UBSan catch the rest.
+ */
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "classify.h"
+#include "framer.h"
+#include "fuzz_check.h"
+
+#define NSPLIT 8
+#define MAX_EVENTS 4096
+
+static const enum api_kind apis[] = { API_UNKNOWN,   API_OPENAI_CHAT,	   API_OPENAI_COMPLETIONS,
+				      API_ANTHROPIC, API_TGI,		   API_LLAMACPP,
+				      API_OLLAMA_GENERATE, API_OLLAMA_CHAT };
+#define NAPI (sizeof(apis) / sizeof(apis[0]))
+
+/* What one run saw: a digest of every event, in order. */
+struct run {
+	enum framer_kind kind;
+	size_t max_event;
+	uint64_t callbacks;
+	size_t n;
+	uint64_t digest[MAX_EVENTS]; /* hash of (name, data) */
+	uint8_t tokens[MAX_EVENTS];  /* bit i: token-bearing for apis[i] */
+	struct usage usage[NAPI];
+};
+
+static uint64_t fnv(uint64_t h, const void *p, size_t len)
+{
+	const unsigned char *s = p;
+	for (size_t i = 0; i < len; i++)
+		h = (h ^ s[i]) * 0x100000001b3ull;
+	return h;
+}
+
+static void on_event(void *arg, const struct framer_event *ev)
+{
+	struct run *r = arg;
+
+	r->callbacks++;
+	CHECK(ev->data != NULL || ev->data_len == 0);
+	CHECK(ev->name_len + ev->data_len <= r->max_event);
+	CHECK((ev->name == NULL) == (ev->name_len == 0));
+	if (r->kind == FRAMER_NDJSON) {
+		CHECK(ev->name == NULL);
+		CHECK(memchr(ev->data, '\n', ev->data_len) == NULL);
+	} else {
+		CHECK(memchr(ev->data, '\r', ev->data_len) == NULL);
+		if (ev->name)
+			CHECK(memchr(ev->name, '\r', ev->name_len) == NULL &&
+			       memchr(ev->name, '\n', ev->name_len) == NULL);
+	}
+	uint64_t h = fnv(0xcbf29ce484222325ull, &ev->name_len, sizeof(ev->name_len));
+	h = fnv(h, ev->name ? ev->name : "", ev->name_len);
+	h = fnv(h, &ev->data_len, sizeof(ev->data_len));
+	h = fnv(h, ev->data, ev->data_len);
+	uint8_t tok = 0;
+	for (size_t i = 0; i < NAPI; i++) {
+		if (classify_event(apis[i], ev, &r->usage[i]))
+			tok |= (uint8_t)(1u << i);
+		CHECK(r->usage[i].input_tokens >= -1 && r->usage[i].output_tokens >= -1);
+	}
+	if (r->n < MAX_EVENTS) {
+		r->digest[r->n] = h;
+		r->tokens[r->n] = tok;
+	}
+	r->n++;
+}
+
+static void run_framer(struct run *r, const uint8_t *body, size_t len, const uint8_t *split, struct framer *out)
+{
+	struct framer f;
+
+	r->callbacks = 0;
+	r->n = 0;
+	for (size_t i = 0; i < NAPI; i++)
+		r->usage[i] = USAGE_UNKNOWN;
+	framer_init(&f, r->kind, r->max_event, on_event, r);
+	if (!split) {
+		framer_feed(&f, (const char *)body, len);
+	} else {
+		size_t off = 0;
+		for (unsigned k = 0; off < len; k++) {
+			size_t piece = split[k % NSPLIT] ? split[k % NSPLIT] : 1;
+			if (piece > len - off)
+				piece = len - off;
+			framer_feed(&f, (const char *)body + off, piece);
+			off += piece;
+		}
+	}
+	framer_finish(&f);
+	CHECK(f.events == r->callbacks);
+	CHECK(f.len <= f.cap && f.cap <= r->max_event);
+	*out = f; /* counters only: the buffer is freed below */
+	out->buf = NULL;
+	framer_free(&f);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	static struct run whole, pieces;
+	static const size_t bounds[8] = { 16, 64, 200, 512, 700, 1024, 2048, 1u << 20 };
+	struct framer fw, fp;
+
+	if (size < 1 + NSPLIT)
+		return 0;
+	whole.kind = pieces.kind = (data[0] & 1) ? FRAMER_NDJSON : FRAMER_SSE;
+	whole.max_event = pieces.max_event = bounds[(data[0] >> 1) & 7];
+	const uint8_t *split = data + 1;
+	const uint8_t *body = data + 1 + NSPLIT;
+	size_t len = size - 1 - NSPLIT;
+
+	run_framer(&whole, body, len, NULL, &fw);
+	run_framer(&pieces, body, len, split, &fp);
+
+	CHECK(fw.events == fp.events);
+	CHECK(fw.oversized == fp.oversized);
+	CHECK(whole.n == pieces.n);
+	size_t n = whole.n < MAX_EVENTS ? whole.n : MAX_EVENTS;
+	CHECK(memcmp(whole.digest, pieces.digest, n * sizeof(whole.digest[0])) == 0);
+	CHECK(memcmp(whole.tokens, pieces.tokens, n) == 0);
+	CHECK(memcmp(whole.usage, pieces.usage, sizeof(whole.usage)) == 0);
+	/* Every event and every dropped one came from at least one byte. */
+	CHECK(fw.events + fw.oversized <= len + 1);
+	return 0;
+}

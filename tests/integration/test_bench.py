@@ -1,0 +1,362 @@
+"""test_bench.py — tokentap-bench, the load generator: what it reports against
+the simulator matches the simulator's configured timing and token counts; run
+through tokentap, its per-request ttft and token counts agree with tokentap's
+access log (matched by request id) and its percentiles with tokentap's /stats;
+open-loop arrivals come at the asked rate; a sweep writes its curve as JSON
+and SVG with the knee marked; a bad command line exits 2 naming the flag.
+
+The binary is found next to the simulator (contrib/bench beside contrib/sim)
+or through TOKENTAP_BENCH_BIN."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import time
+import unittest
+import xml.etree.ElementTree as ET
+
+import harness
+
+TOL_MS = 1.0  # per request: client ttft vs tokentap ttft
+HIST_ERR = 0.01  # relative error of a histogram percentile
+ATTEMPTS = 5  # timing comparisons only, as in test_accesslog: a 2-core machine has bursts of scheduling noise
+RUN_TIMEOUT_S = 30
+N_ACC = 12  # requests per accuracy attempt
+
+
+def bench_bin():
+    path = os.environ.get("TOKENTAP_BENCH_BIN")
+    if path:
+        return path
+    sim = harness.sim_bin()
+    cand = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(sim))), "bench", "tokentap-bench")
+    if os.access(cand, os.X_OK):
+        return cand
+    raise RuntimeError("tokentap-bench not found at %s; set TOKENTAP_BENCH_BIN" % cand)
+
+
+def run_bench(args, timeout=RUN_TIMEOUT_S):
+    return subprocess.run([bench_bin()] + [str(a) for a in args], stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout, text=True,
+                          start_new_session=True)
+
+
+def load_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def admin_port(tt):
+    """The admin API's port from tokentap's 'admin listening on' line."""
+    rx = re.compile(r"admin listening on 127\.0\.0\.1:(\d+)")
+
+    def find():
+        with tt._lock:
+            for line in tt.lines:
+                m = rx.search(line)
+                if m:
+                    return int(m.group(1))
+        return None
+
+    port = harness.wait_until(find, 5.0, 0.02)
+    if not port:
+        raise AssertionError("no admin listening line; stderr:\n" + tt.stderr_text())
+    return port
+
+
+def get_json(port, path):
+    conn = harness.HttpConn(port)
+    try:
+        conn.send(("GET %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nConnection: close\r\n\r\n" % (path, port)).encode())
+        resp = conn.read_response(method="GET")
+    finally:
+        conn.close()
+    if resp is None or resp.status != 200:
+        raise AssertionError("GET %s: %r" % (path, resp and (resp.status, resp.body[:300])))
+    return resp.json()
+
+
+class BenchCase(harness.TestCase):
+    def tmp(self, name):
+        d = tempfile.mkdtemp(prefix="tokentap-bench-it-")
+        self.addCleanup(lambda: subprocess.run(["rm", "-rf", d]))
+        return os.path.join(d, name)
+
+    def bench_ok(self, args, timeout=RUN_TIMEOUT_S):
+        p = run_bench(args, timeout)
+        self.assertEqual(p.returncode, 0, "tokentap-bench %r exited %d; stderr:\n%s\nstdout:\n%s"
+                         % (args, p.returncode, p.stderr[-2000:], p.stdout[-2000:]))
+        return p
+
+
+class DirectToSimulator(BenchCase):
+    """Against the simulator, whose timing is known."""
+
+    TTFT, ITL, TOKENS = 30, 10, 8
+
+    @classmethod
+    def setUpClass(cls):
+        cls.sim = harness.start_sim(cls, "--ttft-ms", cls.TTFT, "--itl-ms", cls.ITL)
+
+    def test_percentiles_match_configured_timing(self):
+        last = None
+        for _ in range(ATTEMPTS):
+            js, log = self.tmp("out.json"), self.tmp("req.jsonl")
+            p = self.bench_ok(["--url", self.sim.url, "--concurrency", 2, "--requests", 12, "--warmup", 2,
+                               "--output-len", self.TOKENS, "--input-len", "uniform:10:50", "--sim-headers",
+                               "--json", js, "--requests-log", log, "--no-progress"])
+            res = load_json(js)["result"]
+            reqs = read_jsonl(log)
+            # counts are exact whatever the timing
+            self.assertEqual(res["requests"]["ok"], 12, p.stdout)
+            self.assertEqual(res["warmup"]["requests"]["ok"], 2)
+            self.assertEqual(len(reqs), 14)
+            self.assertEqual(sum(r["warmup"] for r in reqs), 2)
+            self.assertEqual(len({r["id"] for r in reqs}), 14)
+            for r in reqs:
+                self.assertTrue(r["ok"], r)
+                self.assertEqual(r["output_tokens"], self.TOKENS, r)
+                self.assertEqual(r["token_events"], self.TOKENS, r)
+                self.assertEqual(r["itl_count"], self.TOKENS - 1, r)
+                self.assertEqual(r["input_tokens"], r["input_len"], "4 bytes per token, as the simulator counts")
+                self.assertRegex(r["id"], r"^bench-[0-9A-Za-z_.]+-\d+$")
+            self.assertEqual(res["output_tokens"], 12 * self.TOKENS)
+            self.assertEqual(res["metrics"]["itl"]["count"], 12 * (self.TOKENS - 1))
+            m = res["metrics"]
+            self.assertGreater(res["reads_kernel_stamped"], 0, "SO_TIMESTAMPNS stamps were not used")
+            # medians: the simulator's own timers are late now and then on a loaded machine
+            checks = [("ttft", "p50_ms", self.TTFT), ("itl", "p50_ms", self.ITL),
+                      ("tpot", "p50_ms", self.ITL), ("e2e", "p50_ms", self.TTFT + (self.TOKENS - 1) * self.ITL)]
+            bad = ["%s %s = %.3f, configured %d" % (k, q, m[k][q], want) for k, q, want in checks
+                   if not (want - 0.5 <= m[k][q] <= want * 1.01 + 2.0)]
+            if not bad:
+                self.assertIn("ttft", p.stdout)
+                self.assertIn("warm-up", p.stdout)
+                return
+            last = bad
+        self.fail("client percentiles off the simulator's timing in every attempt: %s" % last)
+
+    def test_every_api_counts_tokens_exactly(self):
+        for api in ("openai-chat", "openai-completions", "anthropic", "ollama-chat", "ollama-generate"):
+            for stream in ("--stream", "--no-stream"):
+                with self.subTest(api=api, stream=stream):
+                    js, log = self.tmp("o.json"), self.tmp("r.jsonl")
+                    self.bench_ok(["--url", self.sim.url, "--api", api, stream, "--concurrency", 2,
+                                   "--requests", 4, "--output-len", "uniform:3:6", "--input-len", 20,
+                                   "--json", js, "--requests-log", log, "--no-progress", "--model", "m-1"])
+                    res = load_json(js)["result"]
+                    self.assertEqual(res["requests"]["ok"], 4, res)
+                    for r in read_jsonl(log):
+                        self.assertEqual(r["output_tokens"], r["output_len"], r)  # max_tokens obeyed
+                        self.assertEqual(r["input_tokens"], 20, r)
+                        if stream == "--stream":
+                            # tokentap-sim's first token is empty when it draws "," or "." (its words
+                            # list: those two lack the leading space the first token drops); an
+                            # empty text is not a token event, usage still counts it
+                            self.assertIn(r["token_events"], (r["output_len"] - 1, r["output_len"]), r)
+                            self.assertIsNotNone(r["ttft_ms"], r)
+                        else:
+                            self.assertIsNone(r["ttft_ms"], r)
+                            self.assertIsNotNone(r["e2e_ms"], r)
+
+
+class ThroughTokentap(BenchCase):
+    """The accuracy check of issue 6: client and proxy agree."""
+
+    def one_attempt(self, sim):
+        d = tempfile.mkdtemp(prefix="tokentap-bench-acc-")
+        self.addCleanup(lambda: subprocess.run(["rm", "-rf", d]))
+        access = os.path.join(d, "access.log")
+        tt = harness.Tokentap(sim.url, "--access-log", access, "--data-dir", os.path.join(d, "data"),
+                              "--admin", "127.0.0.1:0", "--flush-interval", "200ms")
+        try:
+            aport = admin_port(tt)
+            js, log = os.path.join(d, "bench.json"), os.path.join(d, "req.jsonl")
+            p = self.bench_ok(["--url", "http://127.0.0.1:%d" % tt.port, "--concurrency", 1, "--requests", N_ACC,
+                               "--output-len", 12, "--input-len", 64, "--sim-headers", "--model", "acc-model",
+                               "--requests-log", log, "--json", js, "--no-progress",
+                               "--compare-admin", "http://127.0.0.1:%d" % aport])
+            client = read_jsonl(log)
+            res = load_json(js)
+            proxy = {}
+            harness.wait_until(lambda: len(harness.read_access_log(access)) >= len(client), 5.0, 0.05)
+            for e in harness.read_access_log(access):
+                proxy[e["id"]] = e
+            stats = harness.wait_until(
+                lambda: (lambda s: s if s["series"] and s["series"][0]["requests"] >= N_ACC else None)(
+                    get_json(aport, "/stats?window=5m")), 5.0, 0.1)
+        finally:
+            harness._stop_and_check(tt)
+        self.assertIsNotNone(stats, "tokentap's /stats never showed the %d requests" % N_ACC)
+        self.assertIn("client vs tokentap", p.stdout)
+        self.assertIn("compare_admin", res)
+
+        # exact: every request matched by id, token counts equal
+        self.assertEqual(len(client), N_ACC)
+        for c in client:
+            self.assertIn(c["id"], proxy, "request %s missing from tokentap's access log" % c["id"])
+            e = proxy[c["id"]]
+            self.assertEqual(c["output_tokens"], e["output_tokens"], (c, e))
+            self.assertEqual(c["input_tokens"], e["input_tokens"], (c, e))
+            self.assertEqual(c["token_events"], e["token_events"], (c, e))
+            self.assertEqual(c["itl_count"], e["itl_count"], (c, e))
+        series = stats["series"]
+        self.assertEqual(len(series), 1, series)
+        s = series[0]
+        self.assertEqual(s["requests"], N_ACC)
+        self.assertEqual(s["model"], "acc-model")
+        self.assertEqual(s["output_tokens"], res["result"]["output_tokens"])
+        self.assertEqual(s["metrics"]["itl"]["count"], res["result"]["metrics"]["itl"]["count"])
+
+        # timing: may be retried (scheduling noise)
+        problems = []
+        for c in client:
+            e = proxy[c["id"]]
+            if abs(c["ttft_ms"] - e["ttft_ms"]) > TOL_MS:
+                problems.append("%s: ttft client %.3f tokentap %.3f" % (c["id"], c["ttft_ms"], e["ttft_ms"]))
+        cm, tm = res["result"]["metrics"], s["metrics"]
+        for q in ("p50_ms", "p90_ms", "p95_ms", "p99_ms", "p99_9_ms", "max_ms"):
+            a, b = cm["ttft"][q], tm["ttft"][q]
+            if abs(a - b) > TOL_MS + HIST_ERR * max(a, b):
+                problems.append("ttft %s: client %.3f tokentap %.3f" % (q, a, b))
+            a, b = cm["itl"][q], tm["itl"][q]
+            if abs(a - b) > TOL_MS + HIST_ERR * max(a, b):
+                problems.append("itl %s: client %.3f tokentap %.3f" % (q, a, b))
+        return problems
+
+    def test_client_and_tokentap_agree(self):
+        sim = harness.start_sim(self, "--ttft-ms", 20, "--itl-ms", 5)
+        problems = None
+        for attempt in range(ATTEMPTS):
+            if attempt:
+                time.sleep(0.5 * attempt)  # let a burst of load from elsewhere pass
+            problems = self.one_attempt(sim)
+            if not problems:
+                return
+        self.fail("client and tokentap disagree beyond %.1f ms in every attempt; last: %s" % (TOL_MS, problems))
+
+
+class OpenLoopAndSweep(BenchCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.sim = harness.start_sim(cls, "--ttft-ms", 5, "--itl-ms", 2)
+
+    def test_poisson_arrivals_send_rate_times_duration(self):
+        rate, dur = 40, 2.0
+        js = self.tmp("o.json")
+        before = self.sim.stats()["requests"]
+        self.bench_ok(["--url", self.sim.url, "--rate", rate, "--duration", "%gs" % dur, "--output-len", 4,
+                       "--sim-headers", "--json", js, "--no-progress", "--seed", 7])
+        res = load_json(js)["result"]
+        n = res["requests"]["started"]
+        expect = rate * dur  # poisson: sd = sqrt(80) ~ 9
+        self.assertGreaterEqual(n, expect - 30, res)
+        self.assertLessEqual(n, expect + 30, res)
+        self.assertEqual(res["mode"], "open")
+        self.assertEqual(res["requests"]["ok"], n)
+        self.assertEqual(self.sim.stats()["requests"] - before, n)
+
+    def test_gamma_arrivals_and_warmup(self):
+        js = self.tmp("o.json")
+        self.bench_ok(["--url", self.sim.url, "--rate", 50, "--arrivals", "gamma", "--burstiness", "0.5",
+                       "--requests", 30, "--warmup", 5, "--output-len", 3, "--json", js, "--no-progress"])
+        res = load_json(js)["result"]
+        self.assertEqual(res["requests"]["ok"], 30)
+        self.assertEqual(res["warmup"]["requests"]["ok"], 5)
+
+    def test_sweep_writes_json_and_svg_with_knee(self):
+        js, svg = self.tmp("sweep.json"), self.tmp("sweep.svg")
+        p = self.bench_ok(["--url", self.sim.url, "--sweep", "1,2,4", "--requests", 8, "--output-len", 4,
+                           "--sim-headers", "--json", js, "--svg", svg, "--no-progress"])
+        d = load_json(js)
+        self.assertEqual([s["concurrency"] for s in d["steps"]], [1, 2, 4])
+        for s in d["steps"]:
+            self.assertEqual(s["result"]["requests"]["ok"], 8)
+            self.assertGreater(s["requests_per_s"], 0)
+            self.assertIsNotNone(s["ttft_p50_ms"])
+            self.assertIsNotNone(s["ttft_p99_ms"])
+        self.assertIsNotNone(d["knee"])
+        self.assertIn(d["knee"]["concurrency"], [1, 2, 4])
+        self.assertEqual(sum(s["knee"] for s in d["steps"]), 1)
+        root = ET.parse(svg).getroot()
+        self.assertTrue(root.tag.endswith("svg"), root.tag)
+        ids = {e.get("id") for e in root.iter()}
+        for want in ("knee", "throughput", "ttft-p50", "ttft-p99", "y-left", "y-right"):
+            self.assertIn(want, ids)
+        knee = next(e for e in root.iter() if e.get("id") == "knee")
+        self.assertEqual(knee.get("data-concurrency"), str(d["knee"]["concurrency"]))
+        self.assertIn("<- knee", p.stdout)
+
+    def test_sigint_stops_and_reports(self):
+        proc = subprocess.Popen([bench_bin(), "--url", self.sim.url, "--concurrency", "2", "--duration", "30s",
+                                 "--output-len", "50", "--sim-headers", "--no-progress"],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+        try:
+            time.sleep(1.0)
+            os.kill(proc.pid, signal.SIGINT)
+            out, err = proc.communicate(timeout=5)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(3)
+        self.assertEqual(proc.returncode, 130, err)
+        self.assertIn("INTERRUPTED", out)
+        self.assertRegex(out, r"requests:\s+\d+ ok")
+
+
+class CommandLine(BenchCase):
+    def test_bad_flags_exit_2_naming_the_flag(self):
+        cases = [
+            (["--concurrency", "0"], "--concurrency"),
+            (["--concurrency", "x"], "--concurrency"),
+            (["--rate", "-3"], "--rate"),
+            (["--api", "grpc"], "--api"),
+            (["--input-len", "weird:3"], "--input-len"),
+            (["--output-len", "uniform:9:2"], "--output-len"),
+            (["--output-len", "file:/nonexistent/lengths"], "--output-len"),
+            (["--duration", "soon"], "--duration"),
+            (["--url", "ftp://127.0.0.1:1"], "--url"),
+            (["--url", "http://127.0.0.1:99999"], "--url"),
+            (["--header", "NoColon"], "--header"),
+            (["--sweep", "4,2"], "--sweep"),
+            (["--svg", "x.svg"], "--svg"),
+            (["--concurrency", "2", "--rate", "3"], "--rate"),
+            (["--arrivals", "gamma"], "--arrivals"),
+            (["--arrivals", "weibull", "--rate", "1"], "--arrivals"),
+            (["--bogus"], "--bogus"),
+            (["--requests"], "--requests"),
+        ]
+        for args, flag in cases:
+            with self.subTest(args=args):
+                p = run_bench(args, 10)
+                self.assertEqual(p.returncode, 2, "args %r: rc %d, stderr %r" % (args, p.returncode, p.stderr))
+                self.assertIn(flag, p.stderr)
+                self.assertEqual(p.stdout, "")
+
+    def test_help_and_version(self):
+        p = run_bench(["--help"], 10)
+        self.assertEqual(p.returncode, 0)
+        for flag in ("--concurrency", "--rate", "--sweep", "--compare-admin", "--requests-log", "--warmup"):
+            self.assertIn(flag, p.stdout)
+        p = run_bench(["--version"], 10)
+        self.assertEqual(p.returncode, 0)
+        self.assertRegex(p.stdout, r"^tokentap-bench \d+\.\d+")
+
+    def test_unreachable_server_exits_1(self):
+        port = harness.free_port()
+        p = run_bench(["--url", "http://127.0.0.1:%d" % port, "--requests", 5, "--no-progress"], 10)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("cannot connect", p.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

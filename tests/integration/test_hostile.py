@@ -1,0 +1,393 @@
+"""test_hostile.py — an attacker controls every byte a client sends.
+
+Request smuggling shapes and malformed requests are refused by tokentap
+itself: 400 (or 501 for a transfer coding it does not implement), a JSON
+error, the connection closed, and nothing reaching the upstream (the
+simulator's /sim/stats "requests", counted when a request head has parsed
+there, stays unchanged). Where the llhttp that Debian ships accepts one of
+these, tokentap must still refuse it.
+
+Limits: a head over --max-header-size gets 431 (a URL alone, 414), more than
+100 header fields gets 431 (never silently dropped), a declared body over
+--max-body-size gets 413 before any body byte; Expect: 100-continue is
+answered with 100 and then the response, any other expectation with 417.
+
+Slowloris: a request head sent a byte at a time is cut when the header
+timeout runs out for the whole head, not re-armed per byte.
+
+Decisions recorded here (docs/security.md): an absolute-form request target
+(`GET http://other.host/... HTTP/1.1`) is refused with 400 — tokentap is a
+reverse proxy, never a forward proxy, and forwarding such a line would let
+the client pick the authority the upstream sees. Two identical
+Content-Length headers are refused too (RFC 9112 lets a server merge them;
+a proxy that merges while another hop rejects is a smuggling vector).
+"""
+
+import socket
+import threading
+import time
+import unittest
+
+import harness
+
+CHAT = b"/v1/chat/completions"
+HOST = b"Host: 127.0.0.1\r\n"
+JSON_CT = b"Content-Type: application/json\r\n"
+
+
+def post_head(extra, version=b"HTTP/1.1", path=CHAT, host=True):
+    """A POST request head: request line, Host, Content-Type, `extra` header
+    lines (each ending in CRLF), and the blank line."""
+    return (b"POST " + path + b" " + version + b"\r\n" + (HOST if host else b"") + JSON_CT + extra + b"\r\n")
+
+
+BODY = b'{"model":"sim-model","stream":false,"messages":[{"role":"user","content":"hi"}]}'
+
+
+class HostileRequestsTest(harness.TestCase):
+    """Smuggling shapes and malformed heads, against a healthy simulator."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.sim = harness.start_sim(cls, "--ttft-ms", "0", "--itl-ms", "0")
+        cls.tt = harness.start_tokentap(cls, cls.sim.url)
+        cls.small = harness.start_tokentap(cls, cls.sim.url, "--max-body-size", "1k", "--max-header-size", "4k")
+
+    def _seen(self):
+        return self.sim.stats()["requests"]
+
+    def _refused(self, raw, statuses=(400,), port=None):
+        """Sends `raw` in one write; expects one of `statuses` with a JSON
+        error, the connection closed, and the simulator untouched."""
+        before = self._seen()
+        conn = harness.HttpConn(port or self.tt.port, timeout=3)
+        self.addCleanup(conn.close)
+        conn.try_send(raw)
+        try:
+            resp = conn.read_response()
+        except socket.timeout:
+            resp = "timeout"
+        except ValueError as e:
+            resp = "unparsable answer: %s" % e
+        reached = harness.wait_until(lambda: self._seen() != before, timeout=0.3)
+        if not isinstance(resp, harness.Response):
+            self.fail("no answer (%s) to %r; upstream reached: %s" % (resp if resp else "closed", raw[:200],
+                                                                      bool(reached)))
+        self.assertIn(resp.status, statuses, "status for %r; body=%r; upstream reached: %s"
+                      % (raw[:200], resp.body[:200], bool(reached)))
+        self.assertProxyError(resp, resp.status)
+        self.assertTrue(conn.wait_closed(2.0), "connection left open after %d" % resp.status)
+        self.assertFalse(reached, "a refused request reached the upstream: %r" % raw[:200])
+        self.assertEqual(self._seen(), before)
+        return resp
+
+    # ---- message framing: Content-Length and Transfer-Encoding
+
+    def test_content_length_with_transfer_encoding(self):
+        for order in ("cl-te", "te-cl"):
+            with self.subTest(order=order):
+                cl, te = b"Content-Length: 6\r\n", b"Transfer-Encoding: chunked\r\n"
+                head = post_head(cl + te if order == "cl-te" else te + cl)
+                self._refused(head + b"0\r\n\r\n")
+
+    def test_empty_transfer_encoding_with_content_length(self):
+        # An empty Transfer-Encoding is no coding at all: with a
+        # Content-Length beside it, the two framings still disagree.
+        self._refused(post_head(b"Transfer-Encoding: \r\nContent-Length: %d\r\n" % len(BODY)) + BODY,
+                      statuses=(400, 501))
+
+    def test_two_content_lengths_equal(self):
+        n = b"%d" % len(BODY)
+        self._refused(post_head(b"Content-Length: " + n + b"\r\nContent-Length: " + n + b"\r\n") + BODY)
+
+    def test_two_content_lengths_different(self):
+        n = len(BODY)
+        self._refused(post_head(b"Content-Length: %d\r\nContent-Length: %d\r\n" % (n, n - 10)) + BODY)
+
+    def test_content_length_list_and_sign(self):
+        n = len(BODY)
+        for value in (b"%d, %d" % (n, n), b"%d,%d" % (n, n), b"+%d" % n, b"0x%x" % n, b"%d.0" % n):
+            with self.subTest(value=value):
+                self._refused(post_head(b"Content-Length: " + value + b"\r\n") + BODY)
+
+    def test_transfer_encoding_not_final_chunked(self):
+        chunked_body = b"%x\r\n%s\r\n0\r\n\r\n" % (len(BODY), BODY)
+        cases = [
+            (b"Transfer-Encoding: gzip\r\n", b"\x1f\x8b" + BODY),
+            (b"Transfer-Encoding: chunked, gzip\r\n", chunked_body),
+            (b"Transfer-Encoding: gzip, chunked\r\n", chunked_body),
+            (b"Transfer-Encoding: identity\r\n", BODY),
+            (b"Transfer-Encoding: xchunked\r\n", chunked_body),
+            (b"Transfer-Encoding: chunked, chunked\r\n", chunked_body),
+            (b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n", chunked_body),
+            (b"Transfer-Encoding: chunked\r\nTransfer-Encoding: gzip\r\n", chunked_body),
+            (b"Transfer-Encoding: \r\n", BODY),
+        ]
+        for te, body in cases:
+            with self.subTest(te=te):
+                self._refused(post_head(te) + body, statuses=(400, 501))
+
+    def test_chunked_in_http10(self):
+        body = b"%x\r\n%s\r\n0\r\n\r\n" % (len(BODY), BODY)
+        self._refused(post_head(b"Transfer-Encoding: chunked\r\n", version=b"HTTP/1.0") + body)
+
+    def test_invalid_chunk_sizes(self):
+        # The whole request in one write: tokentap has all of it before the
+        # upstream connection can be up, so it can refuse before anything is
+        # sent there.
+        head = post_head(b"Transfer-Encoding: chunked\r\n")
+        for size in (b"zz", b"-1", b"0x10", b"+10", b"", b" 10", b"1 0", b"10\x00"):
+            with self.subTest(size=size):
+                self._refused(head + size + b"\r\n" + b"x" * 16 + b"\r\n0\r\n\r\n")
+
+    def test_overflowing_chunk_sizes(self):
+        head = post_head(b"Transfer-Encoding: chunked\r\n")
+        for size in (b"1" + b"0" * 16, b"f" * 17, b"f" * 40, b"0" * 30 + b"1" + b"0" * 16):
+            with self.subTest(size=size):
+                self._refused(head + size + b"\r\n" + b"x" * 16 + b"\r\n0\r\n\r\n")
+
+    def test_oversized_chunk_extension(self):
+        # Extension bytes are no body bytes: unbounded, they would let a
+        # client stream forever without ever reaching --max-body-size.
+        head = post_head(b"Transfer-Encoding: chunked\r\n")
+        before = self._seen()
+        conn = harness.HttpConn(self.tt.port, timeout=3)
+        self.addCleanup(conn.close)
+        conn.send(head + b"5;ext=" + b"e" * 16384)
+        sent = 16384
+        got = [None]
+
+        def reader():
+            try:
+                got[0] = conn.read_response()
+            except Exception as e:  # reported below
+                got[0] = e
+
+        t = threading.Thread(target=reader, daemon=True)
+        t.start()
+        for _ in range(64):  # up to 1 MiB more of extension
+            if not t.is_alive():
+                break
+            conn.try_send(b"e" * 16384)
+            sent += 16384
+            time.sleep(0.01)
+        t.join(3)
+        reached = harness.wait_until(lambda: self._seen() != before, timeout=0.3)
+        self.assertFalse(t.is_alive(), "no answer after %d bytes of chunk extension" % sent)
+        self.assertIsInstance(got[0], harness.Response, "no answer: %r (upstream reached: %s)"
+                              % (got[0], bool(reached)))
+        self.assertProxyError(got[0], 400)
+        self.assertLess(sent, 1 << 20, "the whole 1 MiB of chunk extension was read")
+        self.assertTrue(conn.wait_closed(2.0), "connection left open after 400")
+        self.assertFalse(reached, "a request with an oversized chunk extension reached the upstream")
+
+    # ---- header syntax
+
+    def test_obs_fold(self):
+        for fold in (b"X-A: a\r\n b\r\n", b"X-A: a\r\n\tb\r\n", b"Content-Length: 5\r\n 0\r\n"):
+            with self.subTest(fold=fold):
+                self._refused(post_head(fold + b"Content-Length: %d\r\n" % len(BODY)) + BODY)
+
+    def test_bare_lf(self):
+        for raw in (b"GET /v1/models HTTP/1.1\nHost: 127.0.0.1\n\n",
+                    b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\nX-A: b\r\n\r\n",
+                    b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\n"):
+            with self.subTest(raw=raw):
+                self._refused(raw)
+
+    def test_bare_cr(self):
+        for raw in (b"GET /v1/models HTTP/1.1\rHost: 127.0.0.1\r\r",
+                    b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\rX-A: b\r\n\r\n",
+                    b"GET /v1/models HTTP/1.1\r\nX-A: a\rb\r\nHost: 127.0.0.1\r\n\r\n"):
+            with self.subTest(raw=raw):
+                self._refused(raw)
+
+    def test_space_before_colon(self):
+        for line in (b"Content-Length : %d\r\n" % len(BODY), b"Transfer-Encoding : chunked\r\n",
+                     b"X-A\t: b\r\nContent-Length: %d\r\n" % len(BODY)):
+            with self.subTest(line=line):
+                self._refused(post_head(line) + BODY)
+
+    def test_control_characters_in_values(self):
+        for c in (b"\x00", b"\x01", b"\x0b", b"\x0c", b"\x1b", b"\x7f"):
+            with self.subTest(c=c):
+                self._refused(post_head(b"X-A: a" + c + b"b\r\nContent-Length: %d\r\n" % len(BODY)) + BODY)
+
+    def test_nul_bytes(self):
+        for raw in (b"GET /v1/mo\x00dels HTTP/1.1\r\n" + HOST + b"\r\n",
+                    b"GE\x00T /v1/models HTTP/1.1\r\n" + HOST + b"\r\n",
+                    b"GET /v1/models HTTP/1.1\r\nX-\x00A: b\r\n" + HOST + b"\r\n",
+                    b"GET /v1/models HTTP/1.1\x00\r\n" + HOST + b"\r\n",
+                    b"\x00GET /v1/models HTTP/1.1\r\n" + HOST + b"\r\n"):
+            with self.subTest(raw=raw):
+                self._refused(raw)
+
+    def test_two_host_headers(self):
+        for hosts in (b"Host: 127.0.0.1\r\nHost: 127.0.0.1\r\n", b"Host: 127.0.0.1\r\nHost: evil.example\r\n",
+                      b"Host: a, b\r\n"):
+            with self.subTest(hosts=hosts):
+                self._refused(b"GET /v1/models HTTP/1.1\r\n" + hosts + b"\r\n")
+
+    def test_missing_http_version(self):
+        for line in (b"GET /v1/models\r\n", b"GET /v1/models \r\n", b"GET /v1/models HTTP/\r\n",
+                     b"GET /v1/models HTTP/1\r\n", b"GET /v1/models http/1.1\r\n",
+                     b"GET /v1/models HTTP/1.1 extra\r\n"):
+            with self.subTest(line=line):
+                self._refused(line + HOST + b"\r\n")
+
+    def test_absolute_form_other_host(self):
+        # Decision: refused (docs/security.md), whatever the Host header says.
+        for raw in (b"GET http://evil.example/v1/models HTTP/1.1\r\nHost: evil.example\r\n\r\n",
+                    b"GET http://evil.example/v1/models HTTP/1.1\r\n" + HOST + b"\r\n",
+                    b"POST https://169.254.169.254/latest/meta-data HTTP/1.1\r\n" + HOST + JSON_CT +
+                    b"Content-Length: %d\r\n\r\n" % len(BODY) + BODY):
+            with self.subTest(raw=raw[:60]):
+                self._refused(raw)
+
+    def test_still_serving(self):
+        # After all of the above on shared instances, a good request works.
+        resp, _ = harness.exchange(self.tt.port, "POST", CHAT.decode(), BODY, harness.sim_headers(tokens=2))
+        self.assertEqual(resp.status, 200, resp.body[:200])
+
+    # ---- limits
+
+    def test_header_too_large(self):
+        self._refused(b"GET /v1/models HTTP/1.1\r\n" + HOST + b"X-Big: " + b"a" * 8192 + b"\r\n\r\n",
+                      statuses=(431,), port=self.small.port)
+
+    def test_header_too_large_streamed(self):
+        # A head that never ends: answered once it passes the limit, with no
+        # need to see its end.
+        before = self._seen()
+        conn = harness.HttpConn(self.small.port, timeout=3)
+        self.addCleanup(conn.close)
+        conn.send(b"GET /v1/models HTTP/1.1\r\n" + HOST + b"X-Big: ")
+        got = [None]
+
+        def reader():
+            try:
+                got[0] = conn.read_response()
+            except Exception as e:  # reported below
+                got[0] = e
+
+        t = threading.Thread(target=reader, daemon=True)
+        t.start()
+        sent = 0
+        for _ in range(256):
+            if not t.is_alive():
+                break
+            conn.try_send(b"a" * 1024)
+            sent += 1024
+            time.sleep(0.005)
+        t.join(3)
+        self.assertIsInstance(got[0], harness.Response, repr(got[0]))
+        self.assertProxyError(got[0], 431)
+        self.assertLess(sent, 64 * 1024, "431 only after %d bytes of a 4k-limited head" % sent)
+        self.assertEqual(self._seen(), before)
+
+    def test_url_too_long(self):
+        self._refused(b"GET /v1/models?q=" + b"u" * 8192 + b" HTTP/1.1\r\n" + HOST + b"\r\n",
+                      statuses=(414,), port=self.small.port)
+
+    def test_too_many_headers(self):
+        # 101 small fields, far under the 32k size limit: 431, not a request
+        # forwarded with some of them missing.
+        fields = b"".join(b"X-H%d: v\r\n" % i for i in range(100))
+        self._refused(b"GET /v1/models HTTP/1.1\r\n" + HOST + fields + b"\r\n", statuses=(431,))
+
+    def test_body_too_large_declared(self):
+        before = self._seen()
+        conn = harness.HttpConn(self.small.port, timeout=3)
+        self.addCleanup(conn.close)
+        conn.send(post_head(b"Content-Length: 1025\r\n"))  # the head alone
+        resp = conn.read_response()
+        self.assertProxyError(resp, 413)
+        self.assertTrue(conn.wait_closed(2.0), "connection left open after 413")
+        self.assertEqual(self._seen(), before)
+
+    def test_expect_unknown(self):
+        for value in (b"something", b"100-continue, something", b"100-continuex"):
+            with self.subTest(value=value):
+                self._refused(post_head(b"Expect: " + value + b"\r\nContent-Length: %d\r\n" % len(BODY)) + BODY,
+                              statuses=(417,))
+
+    def test_expect_100_continue(self):
+        before = self._seen()
+        conn = harness.HttpConn(self.tt.port, timeout=3)
+        self.addCleanup(conn.close)
+        conn.send(post_head(b"Expect: 100-continue\r\nx-sim-tokens: 2\r\nContent-Length: %d\r\n" % len(BODY)))
+        line = conn._readline()
+        self.assertEqual(line, b"HTTP/1.1 100 Continue\r\n", "no 100 Continue before the body was sent")
+        self.assertEqual(conn._readline(), b"\r\n")
+        conn.send(BODY)
+        resp = conn.read_response()
+        self.assertEqual(resp.status, 200, resp.body[:200])
+        self.assertTrue(resp.complete)
+        self.assertEqual(self._seen(), before + 1)
+        # exactly one interim answer: the next bytes are the final response's
+        self.assertNotIn(b"100 Continue", b"".join(p for _, p in resp.pieces))
+
+
+class HeaderCountTest(harness.TestCase):
+    """At the limit every header reaches the upstream; one over, none does."""
+
+    def test_hundred_fields_all_forwarded(self):
+        def ok(sock, req, ctx):
+            sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+            return True
+
+        fu = harness.start_fake_upstream(self, ok)
+        tt = harness.start_tokentap(self, fu.url)
+        fields = b"".join(b"X-H%d: v%d\r\n" % (i, i) for i in range(99))  # + Host = 100
+        conn = harness.HttpConn(tt.port, timeout=3)
+        self.addCleanup(conn.close)
+        conn.send(b"GET /v1/models HTTP/1.1\r\n" + HOST + fields + b"\r\n")
+        resp = conn.read_response()
+        self.assertEqual(resp.status, 200, resp.body[:200])
+        self.assertEqual(len(fu.requests), 1)
+        got = {k for k, _ in fu.requests[0].headers if k.startswith("x-h")}
+        self.assertEqual(got, {"x-h%d" % i for i in range(99)}, "headers dropped on the way")
+
+
+class SlowlorisTest(harness.TestCase):
+    def test_head_deadline_not_reset_per_byte(self):
+        sim = harness.start_sim(self)
+        tt = harness.start_tokentap(self, sim.url, "--header-timeout", "1s")
+        before = sim.stats()["requests"]
+        head = (b"POST /v1/chat/completions HTTP/1.1\r\n" + HOST + JSON_CT +
+                b"X-Slow: " + b"s" * 300 + b"\r\nContent-Length: 2\r\n\r\n{}")
+        conn = harness.HttpConn(tt.port, timeout=5)
+        self.addCleanup(conn.close)
+        stop = threading.Event()
+        sent = [0]
+
+        def trickle():
+            for b in head:  # 20 ms a byte: ~7 s for the whole head
+                if stop.is_set():
+                    return
+                try:
+                    conn.sock.send(bytes([b]))
+                except OSError:
+                    return
+                sent[0] += 1
+                time.sleep(0.02)
+
+        t0 = time.monotonic()
+        w = threading.Thread(target=trickle, daemon=True)
+        w.start()
+        closed = conn.wait_closed(4.0)
+        elapsed = time.monotonic() - t0
+        at_close = sent[0]
+        stop.set()
+        w.join(2)
+        self.assertTrue(closed, "a head trickled a byte at a time was not cut within 4 s")
+        self.assertGreaterEqual(elapsed, 0.9, "cut after %.2f s, before the 1 s header timeout" % elapsed)
+        self.assertLess(elapsed, 2.0, "cut after %.2f s with a 1 s header timeout" % elapsed)
+        self.assertLess(at_close, len(head), "the head was complete before the cut")
+        if conn.extra:  # an answer is optional; if there is one, it says 408
+            self.assertTrue(conn.extra.startswith(b"HTTP/1.1 408"), conn.extra[:100])
+        self.assertEqual(sim.stats()["requests"], before)
+
+
+if __name__ == "__main__":
+    unittest.main()
