@@ -97,6 +97,8 @@ static json_t *record_to_json(const struct req_record *r)
 	json_object_set_new(o, "path", json_string(r->path));
 	json_object_set_new(o, "api", json_string(classify_api_name(r->api)));
 	json_object_set_new(o, "upstream", str_or_null(r->upstream));
+	if (r->mirror)
+		json_object_set_new(o, "mirror", json_true());
 	json_object_set_new(o, "model", str_or_null(r->model));
 	json_object_set_new(o, "stream", r->stream < 0 ? json_null() : json_boolean(r->stream));
 	json_object_set_new(o, "status", json_integer(r->status));

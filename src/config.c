@@ -175,6 +175,16 @@ unsigned config_validate(const struct config *c, char *errs, size_t errlen)
 		}
 		if (r->ntargets && total == 0)
 			PROBLEM(r->split_line ? r->split_line : r->line, "routes[%u].split: the weights add up to 0", i);
+		if (r->mirror_upstream) {
+			bool known = false;
+			for (unsigned k = 0; k < c->nupstreams; k++)
+				known |= c->upstreams[k].name && strcmp(c->upstreams[k].name, r->mirror_upstream) == 0;
+			if (!known)
+				PROBLEM(r->mirror_line, "routes[%u].mirror.upstream: %s is not defined in upstreams", i,
+					r->mirror_upstream);
+			if (r->mirror_percent > 100)
+				PROBLEM(r->mirror_line, "routes[%u].mirror.percent: at most 100", i);
+		}
 	}
 	return problems;
 }

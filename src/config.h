@@ -56,6 +56,9 @@ struct route_conf {
 	bool failover;		/* a refused connection tries another target */
 	bool split;		/* targets came from `split:` (else `upstream:`) */
 	int line, split_line;
+	const char *mirror_upstream; /* shadow copies go here; NULL: none */
+	unsigned mirror_percent;     /* of the route's requests, 0..100 */
+	int mirror_line;
 };
 
 struct config {

@@ -17,6 +17,7 @@
 
 #include "classify.h"
 #include "log.h"
+#include "mirror.h"
 #include "proxy.h"
 #include "proxy_int.h"
 #include "stats.h"
@@ -68,17 +69,12 @@ void on_request_timer(evutil_socket_t fd, short what, void *arg)
 	client_fail(cl, 504, REQ_ERR_TIMEOUT, "upstream_timeout", msg);
 }
 
-/* The head the upstream gets: same method, target and end-to-end headers,
- * HTTP/1.1 framing of tokentap's choosing, and the request id. It goes in
- * front of whatever body bytes already wait in up_pending, once the
- * upstream is chosen (a failover writes it again). */
-static void request_write_head(struct request *req)
+/* The head an upstream gets: same method, target and end-to-end headers,
+ * HTTP/1.1 framing of tokentap's choosing, and the request id. */
+static void head_write(const struct request *req, const struct upstream *up, struct evbuffer *out)
 {
-	struct evbuffer *out = evbuffer_new();
 	bool has_host = false;
 
-	if (!out)
-		return;
 	evbuffer_add_printf(out, "%s ", req->rec.method);
 	evbuffer_add(out, req->hbuf + req->url_off, req->url_len);
 	evbuffer_add_printf(out, " HTTP/1.%d\r\n", req->http10 ? 0 : 1);
@@ -97,7 +93,7 @@ static void request_write_head(struct request *req)
 		evbuffer_add(out, "\r\n", 2);
 	}
 	if (!has_host)
-		evbuffer_add_printf(out, "host: %s\r\n", req->up->name);
+		evbuffer_add_printf(out, "host: %s\r\n", up->name);
 	if (req->add_id)
 		evbuffer_add_printf(out, "x-request-id: %s\r\n", req->rec.id);
 	if (req->chunked_in)
@@ -105,6 +101,17 @@ static void request_write_head(struct request *req)
 	if (req->http10)
 		evbuffer_add_printf(out, "connection: close\r\n");
 	evbuffer_add(out, "\r\n", 2);
+}
+
+/* The primary's head goes in front of whatever body bytes already wait in
+ * up_pending, once the upstream is chosen (a failover writes it again). */
+static void request_write_head(struct request *req)
+{
+	struct evbuffer *out = evbuffer_new();
+
+	if (!out)
+		return;
+	head_write(req, req->up, out);
 	req->head_len = evbuffer_get_length(out);
 	evbuffer_prepend_buffer(req->up_pending, out);
 	evbuffer_free(out);
@@ -192,6 +199,33 @@ static const char *request_sticky_key(struct request *req, size_t *len)
 	return NULL;
 }
 
+/* Starts the shadow copy: its own head, the body bytes so far, and from
+ * now on every body byte the primary gets (see on_req_body). */
+static void request_mirror(struct request *req)
+{
+	struct proxy *px = req->cl->px;
+	struct evbuffer *bytes = evbuffer_new();
+	struct mirror_env env = { px->base, px->stats, px->alog, pcfg(px)->max_event_size };
+
+	if (!bytes)
+		return;
+	head_write(req, req->route->mirror, bytes);
+	/* up_pending holds body bytes only here: the primary's head comes later */
+	size_t n = evbuffer_get_length(req->up_pending);
+	if (n) {
+		void *copy = malloc(n);
+		if (copy) {
+			evbuffer_copyout(req->up_pending, copy, n);
+			evbuffer_add(bytes, copy, n);
+			free(copy);
+		}
+	}
+	req->mirror = mirror_start(&env, req->route->mirror, req->route->name, &req->rec, bytes, &req->mirror);
+	evbuffer_free(bytes);
+	if (req->mirror && req->body_done)
+		mirror_body_done(req->mirror);
+}
+
 /* Picks the route and the upstream, then asks it for a slot. Called once
  * the head is parsed, or once the body prefix is, when routing needs it. */
 void request_route(struct request *req)
@@ -235,6 +269,8 @@ void request_route(struct request *req)
 		client_fail(cl, 503, REQ_ERR_CONNECT_FAILED, "upstream_unavailable", msg);
 		return;
 	}
+	if (route_mirror_pick(req->route))
+		request_mirror(req);
 	request_admit(req);
 }
 

@@ -541,6 +541,23 @@ static void r_sticky(struct load *l, yaml_node_t *v, const char *key, void *o)
 	static const struct field fields[] = { { "header", s_header }, { "json_field", s_json }, { NULL, NULL } };
 	walk(l, v, key, fields, o);
 }
+static void m_upstream(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_string(l, v, key, &RT(o)->mirror_upstream);
+	RT(o)->mirror_line = (int)v->start_mark.line + 1;
+}
+static void m_percent(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_uint(l, v, key, &RT(o)->mirror_percent);
+}
+static void r_mirror(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	static const struct field fields[] = { { "upstream", m_upstream }, { "percent", m_percent }, { NULL, NULL } };
+	RT(o)->mirror_percent = 100;
+	walk(l, v, key, fields, o);
+	if (!RT(o)->mirror_upstream)
+		problem(l, v, "%s: needs an upstream", key);
+}
 static void r_failover(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	get_bool(l, v, key, &RT(o)->failover);
@@ -550,7 +567,7 @@ static void f_routes(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	static const struct field fields[] = {
 		{ "name", r_name },	    { "match", r_match },   { "upstream", r_upstream }, { "split", r_split },
-		{ "sticky", r_sticky }, { "failover", r_failover }, { NULL, NULL },
+		{ "sticky", r_sticky }, { "failover", r_failover }, { "mirror", r_mirror }, { NULL, NULL },
 	};
 	struct config *c = CFG(o);
 	char path[64];

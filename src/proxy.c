@@ -61,6 +61,7 @@
 #include "config.h"
 #include "framer.h"
 #include "log.h"
+#include "mirror.h"
 #include "recent.h"
 #include "reqinfo.h"
 #include "router.h"
@@ -224,6 +225,8 @@ static void request_free(struct request *req)
 	if (!req)
 		return;
 	request_drop_upstream(req, false);
+	if (req->mirror)
+		mirror_detach(req->mirror, req->body_done);
 	framer_free(&req->framer);
 	record_release(&req->rec);
 	if (req->up_pending)
@@ -646,6 +649,27 @@ static void request_learn_body(struct request *req, bool complete)
 		request_route(req);
 }
 
+/* Body bytes for the upstream (and the mirror, if any), re-framed when the
+ * client sent them chunked: chunk boundaries are tokentap's own. */
+static void request_body_bytes(struct request *req, const char *at, size_t len)
+{
+	char size_line[24];
+	int n = 0;
+
+	if (req->chunked_in)
+		n = snprintf(size_line, sizeof(size_line), "%zx\r\n", len);
+	evbuffer_add(req->up_pending, size_line, (size_t)n);
+	evbuffer_add(req->up_pending, at, len);
+	if (req->chunked_in)
+		evbuffer_add(req->up_pending, "\r\n", 2);
+	if (req->mirror && n)
+		mirror_feed(req->mirror, size_line, (size_t)n);
+	if (req->mirror)
+		mirror_feed(req->mirror, at, len);
+	if (req->mirror && req->chunked_in)
+		mirror_feed(req->mirror, "\r\n", 2);
+}
+
 static int on_req_body(llhttp_t *p, const char *at, size_t len)
 {
 	struct client *cl = p->data;
@@ -667,11 +691,7 @@ static int on_req_body(llhttp_t *p, const char *at, size_t len)
 		if (!req->body_prefix || req->body_prefix_len == cfg->body_inspect_max)
 			request_learn_body(req, false);
 	}
-	if (req->chunked_in)
-		evbuffer_add_printf(req->up_pending, "%zx\r\n", len);
-	evbuffer_add(req->up_pending, at, len);
-	if (req->chunked_in)
-		evbuffer_add(req->up_pending, "\r\n", 2);
+	request_body_bytes(req, at, len);
 	return 0;
 }
 
@@ -680,9 +700,14 @@ static int on_req_message_complete(llhttp_t *p)
 	struct client *cl = p->data;
 	struct request *req = cl->req;
 
-	if (req->chunked_in)
+	if (req->chunked_in) {
 		evbuffer_add(req->up_pending, "0\r\n\r\n", 5);
+		if (req->mirror)
+			mirror_feed(req->mirror, "0\r\n\r\n", 5);
+	}
 	req->body_done = true;
+	if (req->mirror)
+		mirror_body_done(req->mirror);
 	request_learn_body(req, true);
 	evtimer_del(cl->timer);
 	client_set_state(cl, CL_WAIT);

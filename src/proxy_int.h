@@ -27,6 +27,7 @@ struct accesslog;
 struct stats_shard;
 struct recent;
 struct series;
+struct mirror;
 
 #define CLIENT_STATES(X) \
 	X(IDLE) \
@@ -121,6 +122,7 @@ struct request {
 	unsigned inflight; /* requests in flight to the upstream at dispatch, this one included */
 	bool cold;
 	struct series *series; /* resolved once route, upstream and model are known */
+	struct mirror *mirror; /* its shadow copy, while the body still flows; cleared by the mirror when it ends first */
 	struct evbuffer *up_pending; /* request bytes waiting for the connection */
 	struct event *timer;
 	enum req_timer timer_kind;

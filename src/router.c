@@ -65,6 +65,11 @@ struct router *router_new(struct event_base *base, struct config *cfg, const str
 			}
 		}
 		r->ntargets = rc->ntargets;
+		if (rc->mirror_upstream &&
+		    !(r->mirror = router_upstream(rt, rc->mirror_upstream, strlen(rc->mirror_upstream)))) {
+			snprintf(err, errlen, "route %s: unknown mirror upstream %s", rc->name, rc->mirror_upstream);
+			goto fail;
+		}
 		if (rc->model || rc->sticky == STICKY_JSON_FIELD)
 			rt->needs_body = true;
 		rt->nroutes++;
@@ -176,6 +181,17 @@ struct upstream *route_pick(struct route *r, const char *key, size_t klen, uint3
 		return NULL;
 	*index = (unsigned)best;
 	return r->targets[best].up;
+}
+
+bool route_mirror_pick(struct route *r)
+{
+	if (!r->mirror || !r->conf->mirror_percent)
+		return false;
+	r->mirror_acc += r->conf->mirror_percent;
+	if (r->mirror_acc < 100)
+		return false;
+	r->mirror_acc -= 100;
+	return true;
 }
 
 int route_target_index(const struct route *r, const struct upstream *up)

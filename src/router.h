@@ -41,7 +41,13 @@ struct route {
 	const char *name;
 	struct route_target_state targets[ROUTE_TARGETS_MAX];
 	unsigned ntargets;
+	struct upstream *mirror; /* shadow upstream, NULL: none */
+	unsigned mirror_acc;	 /* exact percentages: every request adds percent */
 };
+
+/* Whether this request of the route is also mirrored (deterministic: over
+ * any 100 consecutive requests, exactly `percent` are). */
+bool route_mirror_pick(struct route *r);
 
 struct router {
 	unsigned refs;

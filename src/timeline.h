@@ -96,6 +96,7 @@ struct req_record {
 	uint64_t *itl_ns; /* gaps between token events, the first ITL_SAMPLES_MAX */
 	size_t itl_n, itl_cap;
 	uint64_t itl_total; /* all gaps, also past the cap */
+	bool mirror;	    /* a shadow copy: measured, its response dropped */
 };
 
 static inline uint64_t clock_now_ns(void)

@@ -1,0 +1,343 @@
+/*
+ * mirror.c — one shadow exchange: send the copied request, read and measure
+ * the response, drop its bytes.
+ */
+#include "mirror.h"
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <llhttp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "accesslog.h"
+#include "classify.h"
+#include "framer.h"
+#include "log.h"
+#include "stats.h"
+#include "timeline.h"
+#include "upstream.h"
+
+enum mirror_timer { MT_CONNECT, MT_FIRST_BYTE, MT_IDLE };
+
+struct mirror {
+	struct mirror_env env;
+	struct upstream *up;
+	char route[128];
+	struct upconn *uc;
+	struct req_record rec;
+	struct evbuffer *pending; /* request bytes until connected */
+	llhttp_t parser;
+	struct framer framer;
+	enum framer_kind kind;
+	bool encoded, head_done, resp_done, keepalive;
+	char hname[32], hval[128];
+	size_t hname_len, hval_len;
+	bool in_name;
+	struct event *timer;
+	enum mirror_timer timer_kind;
+	struct mirror **owner;
+	bool detached, body_complete;
+	uint64_t now;
+};
+
+static llhttp_settings_t settings;
+
+static void timer_set(struct mirror *m, enum mirror_timer kind, uint64_t ms)
+{
+	struct timeval tv = { (time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000) };
+	m->timer_kind = kind;
+	evtimer_add(m->timer, &tv);
+}
+
+/* Ends the shadow exchange: measured (unless skipped), then freed. */
+static void mirror_end(struct mirror *m, enum req_error err, bool record)
+{
+	if (err != REQ_ERR_NONE && m->rec.error == REQ_ERR_NONE)
+		m->rec.error = err;
+	if (record) {
+		struct series *se = stats_series(m->env.stats, m->route, m->up->name, m->rec.model, false);
+		stats_record_request(se, &m->rec, m->up->active);
+		if (m->rec.error != REQ_ERR_NONE)
+			m->up->errors[m->rec.error]++;
+		m->up->requests++;
+		accesslog_write(m->env.alog, &m->rec);
+	}
+	if (m->uc)
+		upstream_release(m->uc, m->resp_done && m->keepalive && m->body_complete && err == REQ_ERR_NONE);
+	upstream_leave(m->up);
+	if (m->owner && !m->detached)
+		*m->owner = NULL;
+	framer_free(&m->framer);
+	record_release(&m->rec);
+	evbuffer_free(m->pending);
+	event_free(m->timer);
+	free(m);
+}
+
+static void on_timer(evutil_socket_t fd, short what, void *arg)
+{
+	struct mirror *m = arg;
+	log_debug("mirror %s to %s: timed out", m->rec.id, m->up->name);
+	mirror_end(m, m->timer_kind == MT_CONNECT ? REQ_ERR_CONNECT_FAILED : REQ_ERR_TIMEOUT, true);
+}
+
+static void on_event_frame(void *arg, const struct framer_event *ev)
+{
+	struct mirror *m = arg;
+	uint64_t gap;
+
+	m->rec.events++;
+	timeline_mark(&m->rec, TL_FIRST_EVENT, m->now);
+	if (classify_event(m->rec.api, ev, &m->rec.usage) && record_token_event(&m->rec, m->now, &gap)) {
+		struct series *se = stats_series(m->env.stats, m->route, m->up->name, m->rec.model, false);
+		stats_record_itl(se, gap, m->up->active);
+	}
+}
+
+static int on_field(llhttp_t *p, const char *at, size_t len)
+{
+	struct mirror *m = p->data;
+	if (!m->in_name) {
+		m->in_name = true;
+		m->hname_len = m->hval_len = 0;
+	}
+	size_t room = sizeof(m->hname) - m->hname_len;
+	memcpy(m->hname + m->hname_len, at, len < room ? len : room);
+	m->hname_len += len < room ? len : room;
+	return 0;
+}
+
+static int on_value(llhttp_t *p, const char *at, size_t len)
+{
+	struct mirror *m = p->data;
+	size_t room = sizeof(m->hval) - m->hval_len;
+	m->in_name = false;
+	memcpy(m->hval + m->hval_len, at, len < room ? len : room);
+	m->hval_len += len < room ? len : room;
+	return 0;
+}
+
+static int on_value_complete(llhttp_t *p)
+{
+	struct mirror *m = p->data;
+	if (m->hname_len == 12 && strncasecmp(m->hname, "content-type", 12) == 0)
+		m->kind = framer_kind_for_content_type(m->hval, m->hval_len);
+	else if (m->hname_len == 16 && strncasecmp(m->hname, "content-encoding", 16) == 0)
+		m->encoded = !(m->hval_len == 8 && strncasecmp(m->hval, "identity", 8) == 0);
+	m->in_name = false;
+	m->hname_len = m->hval_len = 0;
+	return 0;
+}
+
+static int on_headers_complete(llhttp_t *p)
+{
+	struct mirror *m = p->data;
+	if (p->status_code < 200)
+		return 0;
+	m->head_done = true;
+	m->rec.status = p->status_code;
+	timeline_mark(&m->rec, TL_RESP_HEADERS, m->now);
+	timer_set(m, MT_IDLE, m->up->idle_timeout_ms);
+	if (m->encoded)
+		m->kind = FRAMER_NONE;
+	if (m->kind != FRAMER_NONE) {
+		m->rec.stream = 1;
+		framer_init(&m->framer, m->kind, m->env.max_event_size, on_event_frame, m);
+	}
+	return strcmp(m->rec.method, "HEAD") == 0 ? 1 : 0;
+}
+
+static int on_body(llhttp_t *p, const char *at, size_t len)
+{
+	struct mirror *m = p->data;
+	if (m->kind != FRAMER_NONE)
+		framer_feed(&m->framer, at, len);
+	return 0;
+}
+
+static int on_message_complete(llhttp_t *p)
+{
+	struct mirror *m = p->data;
+	if (!m->head_done)
+		return 0; /* a 1xx */
+	timeline_mark(&m->rec, TL_RESP_END, m->now);
+	timeline_mark(&m->rec, TL_CLIENT_DONE, m->now); /* nothing to deliver */
+	if (m->kind != FRAMER_NONE)
+		framer_finish(&m->framer);
+	m->resp_done = true;
+	m->keepalive = llhttp_should_keep_alive(p);
+	return HPE_PAUSED;
+}
+
+static void on_read(struct bufferevent *bev, void *arg)
+{
+	struct mirror *m = arg;
+	struct evbuffer *in = bufferevent_get_input(bev);
+	struct evbuffer_iovec v;
+
+	m->now = clock_now_ns();
+	if (m->head_done)
+		timer_set(m, MT_IDLE, m->up->idle_timeout_ms);
+	while (!m->resp_done && evbuffer_peek(in, -1, NULL, &v, 1) == 1) {
+		enum llhttp_errno e = llhttp_execute(&m->parser, v.iov_base, v.iov_len);
+		size_t used = e == HPE_PAUSED ? (size_t)(llhttp_get_error_pos(&m->parser) - (const char *)v.iov_base)
+					      : v.iov_len;
+		if (e != HPE_OK && e != HPE_PAUSED) {
+			mirror_end(m, REQ_ERR_UPSTREAM_PROTOCOL, true);
+			return;
+		}
+		m->rec.bytes_out += used;
+		evbuffer_drain(in, used); /* measured, then dropped */
+	}
+	if (m->resp_done) {
+		if (evbuffer_get_length(in))
+			m->keepalive = false;
+		mirror_end(m, REQ_ERR_NONE, true);
+	}
+}
+
+static void check_sent(struct mirror *m)
+{
+	if (m->body_complete && m->uc && m->uc->connected && !m->rec.at[TL_REQ_SENT] &&
+	    !evbuffer_get_length(m->pending) && !evbuffer_get_length(bufferevent_get_output(m->uc->bev))) {
+		timeline_mark(&m->rec, TL_REQ_SENT, clock_now_ns());
+		if (!m->head_done)
+			timer_set(m, MT_FIRST_BYTE, m->up->first_byte_timeout_ms);
+	}
+}
+
+static void on_write(struct bufferevent *bev, void *arg)
+{
+	check_sent(arg);
+}
+
+static void on_event(struct bufferevent *bev, short what, void *arg)
+{
+	struct mirror *m = arg;
+
+	if (what & BEV_EVENT_CONNECTED) {
+		m->uc->connected = true;
+		timeline_mark(&m->rec, TL_UP_CONNECTED, clock_now_ns());
+		evtimer_del(m->timer);
+		bufferevent_enable(bev, EV_READ | EV_WRITE);
+		evbuffer_add_buffer(bufferevent_get_output(bev), m->pending);
+		check_sent(m);
+		return;
+	}
+	if ((what & BEV_EVENT_EOF) && m->head_done && !m->resp_done && llhttp_message_needs_eof(&m->parser)) {
+		m->now = clock_now_ns();
+		llhttp_finish(&m->parser);
+		if (m->resp_done) {
+			m->keepalive = false;
+			mirror_end(m, REQ_ERR_NONE, true);
+			return;
+		}
+	}
+	mirror_end(m, m->uc->connected ? REQ_ERR_UPSTREAM_RESET : REQ_ERR_CONNECT_FAILED, true);
+}
+
+struct mirror *mirror_start(const struct mirror_env *env, struct upstream *up, const char *route,
+			    const struct req_record *primary, struct evbuffer *bytes, struct mirror **owner)
+{
+	struct up_waiter w = { 0 };
+	struct mirror *m;
+	bool reused = false;
+
+	/* a shadow never waits: a full upstream skips it */
+	if (up->conf.max_concurrency && up->active >= up->conf.max_concurrency) {
+		up->rejected++;
+		return NULL;
+	}
+	if (upstream_admit(up, &w) != ADMIT_NOW)
+		return NULL;
+	m = calloc(1, sizeof(*m));
+	if (!m || !(m->pending = evbuffer_new()) || !(m->timer = evtimer_new(env->base, on_timer, m))) {
+		if (m)
+			evbuffer_free(m->pending);
+		free(m);
+		upstream_leave(up);
+		return NULL;
+	}
+	if (!settings.on_body) {
+		llhttp_settings_init(&settings);
+		settings.on_header_field = on_field;
+		settings.on_header_value = on_value;
+		settings.on_header_value_complete = on_value_complete;
+		settings.on_headers_complete = on_headers_complete;
+		settings.on_body = on_body;
+		settings.on_message_complete = on_message_complete;
+	}
+	m->env = *env;
+	m->up = up;
+	snprintf(m->route, sizeof(m->route), "%s", route);
+	m->owner = owner;
+	memcpy(m->rec.id, primary->id, sizeof(m->rec.id));
+	memcpy(m->rec.method, primary->method, sizeof(m->rec.method));
+	memcpy(m->rec.path, primary->path, sizeof(m->rec.path));
+	memcpy(m->rec.model, primary->model, sizeof(m->rec.model));
+	m->rec.api = primary->api;
+	m->rec.stream = primary->stream;
+	m->rec.upstream = up->name;
+	m->rec.mirror = true;
+	m->rec.usage = USAGE_UNKNOWN;
+	/* the shadow's clock starts when the client's request did: its ttft
+	 * compares with the primary's on the same footing */
+	m->rec.at[TL_ARRIVE] = primary->at[TL_ARRIVE];
+	m->rec.at[TL_REQ_HEADERS] = primary->at[TL_REQ_HEADERS];
+	m->rec.at[TL_DISPATCH] = clock_now_ns();
+	llhttp_init(&m->parser, HTTP_RESPONSE, &settings);
+	m->parser.data = m;
+	evbuffer_add_buffer(m->pending, bytes); /* the caller built it for us: moved */
+	m->rec.bytes_in = evbuffer_get_length(m->pending);
+
+	m->uc = upstream_acquire(up, &reused);
+	if (!m->uc) {
+		mirror_end(m, REQ_ERR_CONNECT_FAILED, true);
+		return NULL;
+	}
+	bufferevent_setcb(m->uc->bev, on_read, on_write, on_event, m);
+	bufferevent_setwatermark(m->uc->bev, EV_WRITE, 0, 0);
+	if (reused) {
+		m->rec.at[TL_UP_CONNECTED] = m->rec.at[TL_DISPATCH];
+		bufferevent_enable(m->uc->bev, EV_READ | EV_WRITE);
+		evbuffer_add_buffer(bufferevent_get_output(m->uc->bev), m->pending);
+	} else {
+		timer_set(m, MT_CONNECT, up->connect_timeout_ms);
+	}
+	return m;
+}
+
+void mirror_feed(struct mirror *m, const void *data, size_t len)
+{
+	struct evbuffer *out = m->uc && m->uc->connected ? bufferevent_get_output(m->uc->bev) : m->pending;
+
+	if (evbuffer_get_length(out) + len > MIRROR_PENDING_MAX) {
+		/* behind by a megabyte: let it go rather than buffer more */
+		log_debug("mirror %s to %s: fell behind; abandoned", m->rec.id, m->up->name);
+		m->up->rejected++;
+		mirror_end(m, REQ_ERR_CLIENT_ABORTED, false);
+		return;
+	}
+	evbuffer_add(out, data, len);
+	m->rec.bytes_in += len;
+}
+
+void mirror_body_done(struct mirror *m)
+{
+	m->body_complete = true;
+	check_sent(m);
+}
+
+void mirror_detach(struct mirror *m, bool complete)
+{
+	m->detached = true;
+	m->body_complete = complete;
+	if (!complete) {
+		mirror_end(m, REQ_ERR_CLIENT_ABORTED, true);
+		return;
+	}
+	check_sent(m);
+}

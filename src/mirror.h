@@ -1,0 +1,58 @@
+/*
+ * mirror.h — shadow copies of requests, sent to another upstream, measured
+ * under that upstream's own series and discarded.
+ *
+ * A route may mirror a percentage of its requests to a shadow upstream. The
+ * shadow gets the same head and body bytes as they arrive, on a connection
+ * of its own; its response is parsed, timed and classified like any other
+ * (so /compare can lay it beside the primary on the same requests), then
+ * dropped. It never delays or fails the primary: it takes an admission slot
+ * only when one is free at once, and if it falls behind by more than
+ * MIRROR_PENDING_MAX bytes of request it is abandoned, never buffered
+ * without bound. Its failures count against its own series only.
+ *
+ * Ownership: the mirror owns itself and frees itself when its exchange
+ * ends. The primary request holds a pointer that the mirror clears (through
+ * `owner`) when it goes first; the primary detaches when it is done.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+
+struct event_base;
+struct evbuffer;
+struct upstream;
+struct stats_shard;
+struct accesslog;
+struct req_record;
+
+#define MIRROR_PENDING_MAX (1u << 20)
+
+struct mirror_env {
+	struct event_base *base;
+	struct stats_shard *stats;
+	struct accesslog *alog;
+	size_t max_event_size;
+};
+
+struct mirror;
+
+/* Starts a shadow exchange of the request described by `primary` (its id,
+ * method, path, API and model) on `up`, with `bytes` (head and body so far;
+ * their contents are moved). NULL when the shadow is skipped (no free slot, no connection).
+ * `*owner` is cleared when the mirror ends before the primary detaches. */
+struct mirror *mirror_start(const struct mirror_env *env, struct upstream *up, const char *route,
+			    const struct req_record *primary, struct evbuffer *bytes, struct mirror **owner);
+
+/* More request bytes, exactly as the primary sends them. May end the
+ * mirror (it fell behind): the owner's pointer is then cleared. */
+void mirror_feed(struct mirror *m, const void *data, size_t len);
+
+/* The request body is complete: the shadow's first-byte clock may start. */
+void mirror_body_done(struct mirror *m);
+
+/* The primary is done with the mirror. When the request body was not
+ * complete (`complete` false) the shadow request cannot be finished either,
+ * and is aborted. */
+void mirror_detach(struct mirror *m, bool complete);

@@ -1,0 +1,145 @@
+"""Mirroring: a share of a route's requests also goes to a shadow upstream,
+measured under its own series and discarded. The primary's answers stay
+byte-identical and its ttft unchanged with a slow mirror; a dead mirror or
+one that stops reading costs the primary nothing."""
+
+import os
+import socket
+import statistics
+import threading
+import unittest
+
+import harness
+import routing_helpers as rh
+from test_admin import admin_port
+
+TOKEN = "mirror-test"
+
+
+def route_yaml(percent, mirror="shadow"):
+    return ("routes:\n  - name: chat\n    upstream: primary\n"
+            "    mirror: {upstream: %s, percent: %d}\n" % (mirror, percent))
+
+
+class SilentUpstream:
+    """Accepts connections and never reads nor answers: a mirror that
+    cannot keep up."""
+
+    def __init__(self, test):
+        self.sock = socket.socket()
+        # a small window, set before listen so accepted sockets inherit it
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.sock.bind((harness.LOOPBACK, 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.conns = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+        test.addCleanup(self.close)
+
+    def run(self):
+        self.sock.settimeout(0.1)
+        for _ in range(600):
+            if self.stop.is_set():
+                return
+            try:
+                c, _ = self.sock.accept()
+                self.conns.append(c)
+            except socket.timeout:
+                pass
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(2)
+        for c in self.conns:
+            c.close()
+        self.sock.close()
+
+
+class MirrorTest(harness.TestCase):
+    def setUp(self):
+        self.primary = harness.start_sim(self, "--ttft-ms", "5", "--itl-ms", "2", "--model", "primary")
+
+    def start(self, shadow_url, percent):
+        self.ups = {"primary": self.primary.url, "shadow": shadow_url}
+        os.environ["TOKENTAP_ADMIN_TOKEN"] = TOKEN
+        try:
+            tt = rh.start_conf(self, rh.upstreams_yaml(self.ups) + route_yaml(percent), "--admin", "127.0.0.1:0")
+        finally:
+            del os.environ["TOKENTAP_ADMIN_TOKEN"]
+        return tt, admin_port(tt)
+
+    def upstream(self, admin, name):
+        r, _ = harness.exchange(admin, "GET", "/upstreams")
+        return {u["name"]: u for u in r.json()["upstreams"]}[name]
+
+    def test_share_is_mirrored_and_measured_apart(self):
+        shadow = harness.start_sim(self, "--ttft-ms", "20", "--itl-ms", "5", "--model", "shadow")
+        tt, admin = self.start(shadow.url, 30)
+        body = rh.chat(stream=True, stream_options={"include_usage": True})
+        direct, _ = harness.exchange(self.primary.port, "POST", rh.CHAT, body=body)
+        for _ in range(20):
+            resp = rh.send(tt.port, body)
+            self.assertEqual(resp.status, 200)
+            self.assertEqual(resp.body, direct.body, "the client gets the primary's bytes only")
+        # exactly 30 % of 20 requests, and all of them complete
+        self.assertTrue(harness.wait_until(lambda: shadow.stats()["completed"] == 6, 5.0))
+        self.assertEqual(shadow.stats()["requests"], 6)
+        log = tt.wait_log_count(26)
+        mirrored = [e for e in log if e.get("mirror")]
+        primary = [e for e in log if not e.get("mirror")]
+        self.assertEqual(len(mirrored), 6)
+        self.assertEqual(len(primary), 20)
+        self.assertTrue(all(e["upstream"] == "shadow" and e["status"] == 200 for e in mirrored))
+        self.assertTrue(all(e["ttft_ms"] is not None and e["output_tokens"] for e in mirrored))
+        ids = {e["id"] for e in primary}
+        self.assertTrue(all(e["id"] in ids for e in mirrored), "a shadow copy keeps its request's id")
+        # the shadow, 15 ms slower to first token, shows so on its own series
+        self.assertGreater(statistics.median(e["ttft_ms"] for e in mirrored),
+                           statistics.median(e["ttft_ms"] for e in primary) + 10)
+
+    def test_slow_mirror_leaves_primary_ttft_alone(self):
+        shadow = harness.start_sim(self, "--ttft-ms", "400", "--itl-ms", "50", "--model", "shadow")
+        tt, admin = self.start(shadow.url, 0)
+        body = rh.chat(stream=True)
+
+        def ttfts(n):
+            before = len(tt.access_log())
+            for _ in range(n):
+                self.assertEqual(rh.send(tt.port, body, headers=[("x-sim-tokens", "8")]).status, 200)
+            entries = [e for e in tt.wait_log_count(before + n) if not e.get("mirror")]
+            return [e["ttft_ms"] for e in entries[-n:]]
+
+        without = ttfts(20)
+        self.assertTrue(tt.reload(rh.upstreams_yaml(self.ups) + route_yaml(100)))
+        with_mirror = ttfts(20)
+        self.assertGreater(shadow.stats()["requests"], 0)
+        self.assertLess(abs(statistics.median(with_mirror) - statistics.median(without)), 3.0,
+                        "primary ttft p50 %.2f ms with a slow mirror, %.2f ms without" % (
+                            statistics.median(with_mirror), statistics.median(without)))
+
+    def test_dead_mirror_costs_the_primary_nothing(self):
+        tt, admin = self.start("http://127.0.0.1:%d" % harness.free_port(), 100)
+        for _ in range(10):
+            self.assertEqual(rh.send(tt.port, rh.chat()).status, 200)
+        self.assertEqual(self.primary.stats()["requests"], 10)
+        self.assertTrue(harness.wait_until(
+            lambda: self.upstream(admin, "shadow")["errors"].get("connect_failed", 0) == 10, 3.0))
+        self.assertEqual(self.upstream(admin, "primary")["errors"], {})
+
+    def test_mirror_that_stops_reading_is_abandoned(self):
+        silent = SilentUpstream(self)
+        tt, admin = self.start("http://127.0.0.1:%d" % silent.port, 100)
+        # a 12 MiB prompt: more than the kernel's socket buffers hold, so the
+        # shadow's share piles up in tokentap unless it is let go
+        big = rh.chat(prompt="x" * (12 << 20))
+        resp = rh.send(tt.port, big, timeout=30)
+        self.assertEqual(resp.status, 200)
+        self.assertTrue(harness.wait_until(lambda: self.upstream(admin, "shadow")["rejected"] >= 1, 3.0),
+                        "the shadow was abandoned, not buffered")
+        self.assertLess(tt.rss_kib(), 64 * 1024)
+
+
+if __name__ == "__main__":
+    unittest.main()
