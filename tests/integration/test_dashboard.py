@@ -339,6 +339,47 @@ class DashboardEmptyTest(harness.TestCase):
             self.assertEqual(dom.inside("chart-" + chart, "path", "line"), [], chart)
         self.assertEqual(dom.by_id("upstreams")["attrs"].get("data-columns"), "0")
         self.assertEqual(dom.by_id("recent")["attrs"].get("data-rows"), "0")
+        self.assertEqual(dom.by_id("compare")["attrs"].get("data-routes"), "0")
+
+
+class DashboardCompareTest(harness.TestCase):
+    """Two upstreams of one route, one slower: the Compare panel shows both,
+    the slower one's verdict as /compare gives it."""
+
+    def test_compare_panel(self):
+        import routing_helpers as rh
+        chromium_bin()
+        fast = harness.start_sim(self, "--ttft-ms", "3", "--itl-ms", "1")
+        slow = harness.start_sim(self, "--ttft-ms", "25", "--itl-ms", "4")
+        d = tempfile.mkdtemp(prefix="tokentap-dash-cmp-")
+        self.addCleanup(shutil.rmtree, d, True)
+        body = rh.upstreams_yaml({"fast": fast.url, "slow": slow.url}, {"slow": ["labels: {runtime: sim-slow}"]}) + (
+            "routes:\n  - name: chat\n    split:\n      - {upstream: fast, weight: 3}\n"
+            "      - {upstream: slow, weight: 1}\n")
+        tt = rh.start_conf(self, body, "--admin", "127.0.0.1:0", "--data-dir", os.path.join(d, "data"),
+                           "--flush-interval", "200ms")
+        port = admin_port(tt)
+        for _ in range(80):
+            self.assertEqual(rh.send(tt.port, rh.chat(stream=True), headers=[("x-sim-tokens", "6")]).status, 200)
+        want = []
+
+        def flushed():
+            r = admin_get(port, "/compare?route=chat&window=1m&cold=include")
+            want[:] = [r.json()]
+            return sum(u["requests"] for u in want[0]["upstreams"]) == 80
+
+        self.assertTrue(harness.wait_until(flushed, 5.0, 0.1))
+        verdict = want[0]["differences"][0]["metrics"]["ttft"]["verdict"]
+        self.assertEqual(verdict, "slower")
+        out, err = run_chromium(self, "http://127.0.0.1:%d/" % port, "--dump-dom")
+        dom = Dom(out)
+        check_no_page_errors(self, dom, err)
+        self.assertEqual(dom.by_id("compare")["attrs"].get("data-routes"), "1")
+        rows = {e["attrs"]["data-upstream"]: e for e in dom.inside("compare", "tr") if "data-upstream" in e["attrs"]}
+        self.assertEqual(set(rows), {"fast", "slow"})
+        cells = [e for e in dom.inside(rows["slow"], "td") if e["attrs"].get("data-verdict")]
+        self.assertEqual(cells[0]["attrs"]["data-verdict"], verdict)
+        self.assertIn("runtime=sim-slow", rows["slow"]["text"])
 
 
 if __name__ == "__main__":
