@@ -334,6 +334,34 @@ static void on_readyz(struct admin *a, struct evhttp_request *req, struct evkeyv
 	reply_json_text(req, 200, "{\"ready\":true}\n");
 }
 
+/* {upstream: labels} from the worker's live view; NULL when unavailable
+ * (the comparison then goes without labels rather than failing). */
+static json_t *upstream_labels(struct admin *a)
+{
+	char *out = NULL;
+	int status = 0;
+	json_t *doc, *map, *ups, *u;
+	size_t i;
+
+	if (!a->control || control_call(a->control, live_upstreams, a->proxy, NULL, &out, &status, LIVE_TIMEOUT_MS) ||
+	    status != 200 || !out) {
+		free(out);
+		return NULL;
+	}
+	doc = json_loads(out, 0, NULL);
+	free(out);
+	map = json_object();
+	ups = doc ? json_object_get(doc, "upstreams") : NULL;
+	json_array_foreach (ups, i, u) {
+		const char *name = json_string_value(json_object_get(u, "name"));
+		json_t *labels = json_object_get(u, "labels");
+		if (name && labels)
+			json_object_set(map, name, labels);
+	}
+	json_decref(doc);
+	return map;
+}
+
 static void on_stats_view(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p, enum stats_view view)
 {
 	struct stats_query q = { .window = WIN_1H, .cold = COLD_INCLUDE };
@@ -362,7 +390,9 @@ static void on_stats_view(struct admin *a, struct evhttp_request *req, struct ev
 		reply_error(req, 500, NULL, "stats query failed: %s", err);
 		return;
 	}
+	q.labels = upstream_labels(a);
 	text = admin_stats_render(&res, &q, view, a->since_sec);
+	json_decref(q.labels);
 	store_result_free(&res);
 	if (!text) {
 		reply_error(req, 500, NULL, "out of memory rendering the answer");
@@ -517,34 +547,6 @@ static void on_weights(struct admin *a, struct evhttp_request *req, struct evkey
 	in[len] = '\0';
 	relay_live(a, req, live_set_weights, in);
 	free(in);
-}
-
-/* {upstream: labels} from the worker's live view; NULL when unavailable
- * (the comparison then goes without labels rather than failing). */
-static json_t *upstream_labels(struct admin *a)
-{
-	char *out = NULL;
-	int status = 0;
-	json_t *doc, *map, *ups, *u;
-	size_t i;
-
-	if (!a->control || control_call(a->control, live_upstreams, a->proxy, NULL, &out, &status, LIVE_TIMEOUT_MS) ||
-	    status != 200 || !out) {
-		free(out);
-		return NULL;
-	}
-	doc = json_loads(out, 0, NULL);
-	free(out);
-	map = json_object();
-	ups = doc ? json_object_get(doc, "upstreams") : NULL;
-	json_array_foreach (ups, i, u) {
-		const char *name = json_string_value(json_object_get(u, "name"));
-		json_t *labels = json_object_get(u, "labels");
-		if (name && labels)
-			json_object_set(map, name, labels);
-	}
-	json_decref(doc);
-	return map;
 }
 
 static void on_compare(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)

@@ -213,6 +213,10 @@ static void put_labels(json_t *o, const struct stats_group *g, const struct stat
 	put(o, "route", json_string(g->route));
 	put(o, "upstream", json_string(g->upstream));
 	put(o, "model", json_string(g->model));
+	{
+		json_t *lab = q->labels ? json_object_get(q->labels, g->upstream) : NULL;
+		put(o, "labels", lab ? json_incref(lab) : json_object());
+	}
 	put(o, "cold", json_string(cold_filter_name(q->cold)));
 	put(o, "requests", json_u64(g->slice.counters[CT_REQUESTS]));
 	put(o, "cold_requests", json_u64(q->cold == COLD_EXCLUDE ? 0 : g->cold_requests));

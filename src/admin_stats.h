@@ -24,6 +24,9 @@ struct stats_query {
 	enum store_window window;
 	const char *route, *upstream, *model;
 	enum cold_filter cold;
+	/* upstream name -> its configured labels (a JSON object), repeated in
+	 * every series of the answer; NULL: none known */
+	struct json_t *labels;
 };
 
 struct stats_group {

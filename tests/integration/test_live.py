@@ -102,6 +102,18 @@ class LiveTest(harness.TestCase):
         t.join(10)
         self.assertTrue(done.is_set())
 
+    def test_stats_answers_repeat_the_labels(self):
+        self.served(8)
+
+        def labelled():
+            doc = admin_req(self.admin, "GET", "/stats?window=5m").json()
+            return {s["upstream"]: s.get("labels") for s in doc["series"]} if len(doc["series"]) == 2 else None
+
+        got = harness.wait_until(labelled, 5.0, 0.1)
+        self.assertEqual(got, {"fast": {"runtime": "sim-fast", "hardware": "cpu"}, "slow": {}})
+        curve = admin_req(self.admin, "GET", "/stats/curve?window=5m&upstream=fast").json()
+        self.assertEqual(curve["series"][0]["labels"], {"runtime": "sim-fast", "hardware": "cpu"})
+
     def test_weights_change_the_split_at_once(self):
         self.assertEqual(self.served(8).count("fast"), 6)
         r = admin_req(self.admin, "POST", "/routes/weights",
