@@ -164,7 +164,10 @@ static int apply_flags(int argc, char **argv, struct config *cfg, struct out *o)
 		case 'V':
 			break;
 		case 'u': cfg->upstream = optarg; break;
-		case 'l': cfg->listen = optarg; break;
+		case 'l':
+			cfg->listen = optarg;
+			cfg->nlisteners = 0; /* the flag replaces the file's list */
+			break;
 		case OPT_ACCESS_LOG: cfg->access_log = optarg; break;
 		case OPT_MAX_BODY:
 			if (config_parse_size(optarg, &cfg->max_body_size) == -1)

@@ -64,6 +64,17 @@ char *config_strdup(struct config *c, const char *s)
 	return s ? config_own(c, strdup(s)) : NULL;
 }
 
+unsigned config_listeners(const struct config *c, struct listener_conf out[LISTENERS_MAX])
+{
+	if (!c->nlisteners) {
+		out[0] = (struct listener_conf){ c->listen, c->tls_cert, c->tls_key, 1 };
+		return 1;
+	}
+	unsigned n = c->nlisteners < LISTENERS_MAX ? c->nlisteners : LISTENERS_MAX;
+	memcpy(out, c->listeners, n * sizeof(*out));
+	return n;
+}
+
 void config_free(struct config *c)
 {
 	for (size_t i = 0; i < c->nowned; i++)
@@ -146,6 +157,22 @@ unsigned config_validate(const struct config *c, char *errs, size_t errlen)
 		PROBLEM(1, "routes: several upstreams but no routes; say which requests go where");
 	if (!c->tls_cert != !c->tls_key)
 		PROBLEM(1, "tls: give both cert and key");
+	if (c->nlisteners && c->tls_cert)
+		PROBLEM(c->listeners[0].line, "listeners: with a list, put tls under each listener, not at the top level");
+	if (c->nlisteners > LISTENERS_MAX)
+		PROBLEM(c->listeners[0].line, "listeners: at most %d", LISTENERS_MAX);
+	for (unsigned i = 0; i < c->nlisteners; i++) {
+		const struct listener_conf *l = &c->listeners[i];
+		if (!l->address)
+			PROBLEM(l->line, "listeners[%u]: missing address", i);
+		if (!l->tls_cert != !l->tls_key)
+			PROBLEM(l->line, "listeners[%u].tls: give both cert and key", i);
+		size_t alen = l->address ? strlen(l->address) : 0;
+		bool ephemeral = alen > 2 && strcmp(l->address + alen - 2, ":0") == 0; /* port 0: each gets its own */
+		for (unsigned j = 0; j < i && !ephemeral; j++)
+			if (l->address && c->listeners[j].address && strcmp(l->address, c->listeners[j].address) == 0)
+				PROBLEM(l->line, "listeners[%u].address: %s is listed twice", i, l->address);
+	}
 	for (unsigned i = 0; i < c->nroutes; i++) {
 		const struct route_conf *r = &c->routes[i];
 		unsigned total = 0;

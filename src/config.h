@@ -14,6 +14,14 @@
 #include <stdint.h>
 
 #define LABELS_MAX 16
+#define LISTENERS_MAX 16
+
+/* One listening address, optionally TLS. */
+struct listener_conf {
+	const char *address;
+	const char *tls_cert, *tls_key;
+	int line;
+};
 
 struct label {
 	const char *key, *value;
@@ -65,6 +73,9 @@ struct config {
 	const char *path;	/* the YAML file, NULL when from flags */
 	const char *listen;	/* ADDR:PORT */
 	const char *tls_cert, *tls_key; /* the listener speaks TLS when both are set */
+	/* `listeners:` from the file; empty: the one `listen` (+ `tls`) above */
+	struct listener_conf *listeners;
+	unsigned nlisteners;
 	const char *upstream;	/* http://host:port (command-line mode) */
 	const char *access_log; /* path, "-" for stdout, NULL for none */
 	uint64_t max_body_size;
@@ -111,6 +122,10 @@ void config_defaults(struct config *c);
 
 /* Frees what the config owns; `c` is zeroed. */
 void config_free(struct config *c);
+
+/* The listeners in force: `listeners:` when given, else `listen` with the
+ * top-level `tls`. Fills out[] and returns how many. */
+unsigned config_listeners(const struct config *c, struct listener_conf out[LISTENERS_MAX]);
 
 /* Hands `p` (malloc'd) to the config, which frees it in config_free.
  * Returns `p`, or NULL (and frees p) when out of memory. */

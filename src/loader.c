@@ -610,11 +610,58 @@ static void f_tls(struct load *l, yaml_node_t *v, const char *key, void *o)
 	walk(l, v, key, fields, o);
 }
 
+#define LST(obj) ((struct listener_conf *)(obj))
+
+static void l_address(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	struct sockaddr_storage ss;
+	unsigned len;
+	get_string(l, v, key, &LST(o)->address);
+	if (LST(o)->address && config_parse_listen(LST(o)->address, &ss, &len) == -1)
+		problem(l, v, "%s: expected a numeric ADDR:PORT such as 127.0.0.1:8080", key);
+}
+static void l_cert(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_string(l, v, key, &LST(o)->tls_cert);
+}
+static void l_key(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_string(l, v, key, &LST(o)->tls_key);
+}
+static void l_tls(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	static const struct field fields[] = { { "cert", l_cert }, { "key", l_key }, { NULL, NULL } };
+	walk(l, v, key, fields, o);
+}
+
+static void f_listeners(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	static const struct field fields[] = { { "address", l_address }, { "tls", l_tls }, { NULL, NULL } };
+	struct config *c = CFG(o);
+	char path[64];
+
+	if (v->type != YAML_SEQUENCE_NODE) {
+		problem(l, v, "%s: expected a list of {address, tls}", key);
+		return;
+	}
+	size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+	c->listeners = config_own(c, calloc(n ? n : 1, sizeof(*c->listeners)));
+	c->nlisteners = 0;
+	for (size_t i = 0; i < n && c->listeners; i++) {
+		yaml_node_t *item = node(l, v->data.sequence.items.start[i]);
+		struct listener_conf *lc = &c->listeners[c->nlisteners++];
+		lc->line = (int)item->start_mark.line + 1;
+		snprintf(path, sizeof(path), "listeners[%zu]", i);
+		walk(l, item, path, fields, lc);
+	}
+}
+
 static const struct field top_fields[] = {
 	{ "listen", f_listen },		  { "access_log", f_access_log }, { "log_level", f_log_level },
 	{ "admin", f_admin },		  { "store", f_store },		  { "limits", f_limits },
 	{ "timeouts", f_timeouts },	  { "slo", f_slo },		  { "override_header", f_override_header },
 	{ "upstreams", f_upstreams },	  { "routes", f_routes },	  { "tls", f_tls },
+	{ "listeners", f_listeners },
 	{ NULL, NULL },
 };
 

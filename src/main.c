@@ -88,8 +88,13 @@ static void on_stop(evutil_socket_t sig, short what, void *arg)
 static void warn_fixed(const struct config *boot, const struct config *next)
 {
 #define SAME(a, b) ((a) == (b) || ((a) && (b) && strcmp((a), (b)) == 0))
-	if (!SAME(boot->listen, next->listen))
-		log_warn("reload: listen address changes need a restart; still on %s", boot->listen);
+	struct listener_conf a[LISTENERS_MAX], b[LISTENERS_MAX];
+	unsigned na = config_listeners(boot, a), nb = config_listeners(next, b);
+	bool same = na == nb;
+	for (unsigned i = 0; same && i < na; i++)
+		same = SAME(a[i].address, b[i].address) && !a[i].tls_cert == !b[i].tls_cert;
+	if (!same)
+		log_warn("reload: listener changes need a restart; certificates of existing TLS listeners are reloaded");
 	if (!SAME(boot->data_dir, next->data_dir))
 		log_warn("reload: data directory changes need a restart");
 	if (!SAME(boot->admin_listen, next->admin_listen))

@@ -1002,8 +1002,10 @@ static void on_client_timer(evutil_socket_t fd, short what, void *arg)
 
 static void on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg)
 {
-	struct proxy *px = arg;
+	struct listener *l = arg;
+	struct proxy *px = l->px;
 	struct client *cl = calloc(1, sizeof(*cl));
+	void *tls = l->index < px->router->nlisteners ? px->router->tls_listen[l->index] : NULL;
 	int one = 1;
 
 	if (!cl || px->draining) {
@@ -1014,8 +1016,7 @@ static void on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct soc
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	cl->px = px;
 	cl->id = ++px->next_client_id;
-	cl->bev = px->router->tls_server ? tls_bev_accept(px->base, px->router->tls_server, fd)
-					 : bufferevent_socket_new(px->base, fd, BEV_OPT_CLOSE_ON_FREE);
+	cl->bev = tls ? tls_bev_accept(px->base, tls, fd) : bufferevent_socket_new(px->base, fd, BEV_OPT_CLOSE_ON_FREE);
 	cl->timer = evtimer_new(px->base, on_client_timer, cl);
 	if (!cl->bev || !cl->timer) {
 		if (cl->bev)
@@ -1048,15 +1049,10 @@ struct proxy *proxy_new(struct event_base *base, struct router *router, struct a
 			struct stats_shard *stats, struct recent *recent, char *err, size_t errlen)
 {
 	const struct config *cfg = &router->cfg;
-	struct sockaddr_storage ss;
-	unsigned sslen;
+	struct listener_conf ls[LISTENERS_MAX];
+	unsigned nls = config_listeners(cfg, ls);
 	struct proxy *px;
 
-	if (config_parse_listen(cfg->listen, &ss, &sslen) == -1) {
-		snprintf(err, errlen, "listen address %s: expected a numeric ADDR:PORT, e.g. 127.0.0.1:8080",
-			 cfg->listen);
-		return NULL;
-	}
 	px = calloc(1, sizeof(*px));
 	if (!px) {
 		snprintf(err, errlen, "out of memory");
@@ -1086,22 +1082,41 @@ struct proxy *proxy_new(struct event_base *base, struct router *router, struct a
 
 	exchange_settings_init(&px->resp_settings);
 
-	px->listener = evconnlistener_new_bind(base, on_accept, px,
-					       LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC,
-					       1024, (struct sockaddr *)&ss, (int)sslen);
-	if (!px->listener) {
-		snprintf(err, errlen, "cannot listen on %s: %s", cfg->listen, strerror(errno));
-		free(px);
-		return NULL;
-	}
-	evconnlistener_set_error_cb(px->listener, on_accept_error);
-	{
-		struct sockaddr_storage bound;
+	for (unsigned i = 0; i < nls; i++) {
+		struct sockaddr_storage ss, bound;
+		unsigned sslen;
 		socklen_t blen = sizeof(bound);
-		getsockname(evconnlistener_get_fd(px->listener), (struct sockaddr *)&bound, &blen);
-		format_addr((struct sockaddr *)&bound, px->listen_addr, sizeof(px->listen_addr));
+		struct listener *l = &px->listeners[i];
+		char addr[64];
+
+		if (config_parse_listen(ls[i].address, &ss, &sslen) == -1) {
+			snprintf(err, errlen, "listen address %s: expected a numeric ADDR:PORT, e.g. 127.0.0.1:8080",
+				 ls[i].address);
+			goto fail;
+		}
+		l->px = px;
+		l->index = i;
+		l->lev = evconnlistener_new_bind(base, on_accept, l,
+						 LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC, 1024,
+						 (struct sockaddr *)&ss, (int)sslen);
+		if (!l->lev) {
+			snprintf(err, errlen, "cannot listen on %s: %s", ls[i].address, strerror(errno));
+			goto fail;
+		}
+		px->nlisteners++;
+		evconnlistener_set_error_cb(l->lev, on_accept_error);
+		getsockname(evconnlistener_get_fd(l->lev), (struct sockaddr *)&bound, &blen);
+		format_addr((struct sockaddr *)&bound, addr, sizeof(addr));
+		size_t n = strlen(px->listen_addr);
+		snprintf(px->listen_addr + n, sizeof(px->listen_addr) - n, "%s%s%s", n ? ", " : "", addr,
+			 ls[i].tls_cert ? " (tls)" : "");
 	}
 	return px;
+fail:
+	for (unsigned i = 0; i < px->nlisteners; i++)
+		evconnlistener_free(px->listeners[i].lev);
+	free(px);
+	return NULL;
 }
 
 const char *proxy_listen_addr(const struct proxy *px)
@@ -1115,8 +1130,9 @@ void proxy_free(struct proxy *px)
 
 	if (!px)
 		return;
-	if (px->listener)
-		evconnlistener_free(px->listener);
+	for (unsigned i = 0; i < px->nlisteners; i++)
+		if (px->listeners[i].lev)
+			evconnlistener_free(px->listeners[i].lev);
 	while ((cl = LIST_FIRST(&px->clients)))
 		client_free(cl);
 	if (px->drain_timer)
@@ -1164,9 +1180,10 @@ void proxy_drain(struct proxy *px, uint64_t grace_ms, void (*done)(void *arg), v
 	px->drained_arg = arg;
 	/* Closed, not just paused: a paused listener still completes handshakes
 	 * into its backlog, and those clients would hang until the exit. */
-	if (px->listener) {
-		evconnlistener_free(px->listener);
-		px->listener = NULL;
+	for (unsigned i = 0; i < px->nlisteners; i++) {
+		if (px->listeners[i].lev)
+			evconnlistener_free(px->listeners[i].lev);
+		px->listeners[i].lev = NULL;
 	}
 	for (cl = LIST_FIRST(&px->clients); cl; cl = next) {
 		next = LIST_NEXT(cl, link);

@@ -67,8 +67,13 @@ struct proxy {
 	struct accesslog *alog;
 	struct stats_shard *stats;
 	struct recent *recent;
-	struct evconnlistener *listener;
-	char listen_addr[80];
+	struct listener {
+		struct evconnlistener *lev;
+		struct proxy *px;
+		unsigned index; /* into the router's tls_listen[] */
+	} listeners[LISTENERS_MAX];
+	unsigned nlisteners;
+	char listen_addr[LISTENERS_MAX * 64]; /* "ADDR:PORT, ADDR:PORT" */
 	uint64_t next_client_id;
 	uint64_t id_seed, id_counter;
 	llhttp_settings_t req_settings, resp_settings;

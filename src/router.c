@@ -34,8 +34,13 @@ struct router *router_new(struct event_base *base, struct config *cfg, const str
 	}
 	/* a reload reads the certificate files again: renewed certificates
 	 * take effect without a restart */
-	if (rt->cfg.tls_cert && !(rt->tls_server = tls_server_ctx(rt->cfg.tls_cert, rt->cfg.tls_key, err, errlen)))
-		goto fail;
+	{
+		struct listener_conf ls[LISTENERS_MAX];
+		rt->nlisteners = config_listeners(&rt->cfg, ls);
+		for (unsigned i = 0; i < rt->nlisteners; i++)
+			if (ls[i].tls_cert && !(rt->tls_listen[i] = tls_server_ctx(ls[i].tls_cert, ls[i].tls_key, err, errlen)))
+				goto fail;
+	}
 	for (unsigned i = 0; i < rt->cfg.nupstreams; i++) {
 		const struct upstream_conf *uc = &rt->cfg.upstreams[i];
 		struct upstream *kept = NULL;
@@ -94,7 +99,8 @@ void router_unref(struct router *rt)
 		upstream_free(rt->ups[i]);
 	free(rt->ups);
 	free(rt->routes);
-	tls_ctx_free(rt->tls_server);
+	for (unsigned i = 0; i < LISTENERS_MAX; i++)
+		tls_ctx_free(rt->tls_listen[i]);
 	config_free(&rt->cfg);
 	free(rt);
 }

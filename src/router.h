@@ -57,7 +57,9 @@ struct router {
 	struct route *routes;
 	unsigned nroutes;
 	bool needs_body; /* some route matches on the model or sticks on a JSON field */
-	struct ssl_ctx_st *tls_server; /* the listener's certificate; NULL: plain TCP */
+	/* each listener's certificate, by listener index; NULL: plain TCP */
+	struct ssl_ctx_st *tls_listen[LISTENERS_MAX];
+	unsigned nlisteners;
 	uint64_t generation;
 };
 

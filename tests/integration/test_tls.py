@@ -149,6 +149,20 @@ class TlsTest(harness.TestCase):
         finally:
             conn.close()
 
+    def test_plain_and_tls_listeners_side_by_side(self):
+        body = rh.upstreams_yaml({"sim": self.sim.url}) + (
+            "listeners:\n  - address: 127.0.0.1:0\n  - address: 127.0.0.1:0\n"
+            "    tls: {cert: %s, key: %s}\n" % (self.cert, self.key))
+        tt = rh.start_conf(self, body.replace("listen: 127.0.0.1:0\n", ""))
+        line = [l for l in tt.stderr_text().split("\n") if "listening on" in l][0]
+        ports = [int(p) for p in __import__("re").findall(r"127\.0\.0\.1:(\d+)", line)]
+        self.assertEqual(len(ports), 2, line)
+        self.assertIn("(tls)", line)
+        plain, _ = harness.exchange(ports[0], "POST", rh.CHAT, body=BODY)
+        secure = tls_exchange(ports[1], self.ca)
+        self.assertEqual(plain.status, 200)
+        self.assertEqual(secure.body, plain.body)
+
     def test_reload_picks_up_a_renewed_certificate(self):
         d = tempfile.mkdtemp(prefix="tokentap-tls-renew-", dir=self.dir)
         shutil.copy(self.ca, os.path.join(d, "ca.pem"))
