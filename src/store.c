@@ -139,6 +139,14 @@ static void slice_key(uint8_t out[9], char kind, uint32_t t, uint32_t id)
 
 /* ---- result building ---- */
 
+static struct store_series *result_find(struct store_result *r, const char *key, size_t keylen)
+{
+	for (size_t i = 0; i < r->n; i++)
+		if (r->series[i].keylen == keylen && memcmp(r->series[i].key, key, keylen) == 0)
+			return &r->series[i];
+	return NULL;
+}
+
 static struct store_series *result_series(struct store_result *r, const char *key, size_t keylen)
 {
 	for (size_t i = 0; i < r->n; i++)
@@ -787,7 +795,10 @@ static int lmdb_query(struct store *st, char kind, uint32_t from, uint32_t to, b
 			MDB_val ik = { 4, (void *)(kb + 5) }, iv;
 			if (mdb_get(txn, st->dbi_by_id, &ik, &iv) != 0)
 				continue; /* a slice without its series: nothing to label it with */
-			struct store_series *se = result_series(r, iv.mv_data, iv.mv_size);
+			/* curves only add to series the minute slices brought: a
+			 * series idle all window long is not in it */
+			struct store_series *se = curves_only ? result_find(r, iv.mv_data, iv.mv_size)
+							      : result_series(r, iv.mv_data, iv.mv_size);
 			if (!se)
 				continue;
 			if (nmap == capmap) {

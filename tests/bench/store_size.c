@@ -79,58 +79,54 @@ static void submit(struct store *st, uint64_t sec, const struct slice *sl)
 	store_submit(st, b);
 }
 
+/* Pages the slices actually occupy (branch, leaf and overflow pages of the
+ * `slices` database); pages LMDB keeps free for reuse are not counted. */
 static size_t pages_in_use(const char *dir)
 {
 	MDB_env *env;
-	MDB_envinfo info;
+	MDB_txn *txn;
+	MDB_dbi dbi;
 	MDB_stat stat;
 	size_t used = 0;
 
 	mdb_env_create(&env);
 	mdb_env_set_maxdbs(env, 8);
-	if (mdb_env_open(env, dir, MDB_RDONLY, 0) == 0) {
-		mdb_env_info(env, &info);
-		mdb_env_stat(env, &stat);
-		used = (info.me_last_pgno + 1) * (size_t)stat.ms_psize;
+	if (mdb_env_open(env, dir, MDB_RDONLY, 0) == 0 && mdb_txn_begin(env, NULL, MDB_RDONLY, &txn) == 0) {
+		if (mdb_dbi_open(txn, "slices", 0, &dbi) == 0 && mdb_stat(txn, dbi, &stat) == 0)
+			used = (stat.ms_branch_pages + stat.ms_leaf_pages + stat.ms_overflow_pages) * (size_t)stat.ms_psize;
+		mdb_txn_abort(txn);
 	}
 	mdb_env_close(env);
 	return used;
 }
 
-int main(int argc, char **argv)
+/* Writes a series' full retention into a fresh store; returns the slice
+ * pages in use, and those of the older days alone in *older. */
+static size_t measure(struct slice minutes[60], const struct slice *hour, size_t *older)
 {
-	unsigned per_min = argc > 1 ? (unsigned)atoi(argv[1]) : 600;
-	unsigned tokens = argc > 2 ? (unsigned)atoi(argv[2]) : 256;
 	char dir[] = "/tmp/tokentap-store-size-XXXXXX";
 	struct store_options o;
-	struct slice minutes[60], hour;
 	char err[256], cmd[300];
 	uint64_t now = (uint64_t)time(NULL);
 
 	if (!mkdtemp(dir))
-		return 1;
-	memset(minutes, 0, sizeof(minutes));
-	memset(&hour, 0, sizeof(hour));
-	for (unsigned m = 0; m < 60; m++) {
-		minute_traffic(&minutes[m], per_min, tokens);
-		slice_merge(&hour, &minutes[m]);
-	}
+		exit(1);
 	store_options_defaults(&o);
 	o.dir = dir;
 	o.prune_every_s = 0; /* prune after every commit: retention as in steady state */
 	struct store *st = store_open(&o, err, sizeof(err));
 	if (!st) {
 		fprintf(stderr, "%s\n", err);
-		return 1;
+		exit(1);
 	}
 	/* thirty days of history, oldest first: by now only hour slices */
 	for (unsigned h = 30 * 24 - 1; h >= 24; h--) {
-		submit(st, now - (uint64_t)h * 3600, &hour);
+		submit(st, now - (uint64_t)h * 3600, hour);
 		if (h % 100 == 0)
 			store_sync(st); /* stay under the writer's queue bound */
 	}
 	store_sync(st);
-	size_t hours_only = pages_in_use(dir);
+	*older = pages_in_use(dir);
 	/* the last day, minute by minute */
 	for (unsigned m = 24 * 60; m > 0; m--) {
 		submit(st, now - (uint64_t)m * 60, &minutes[m % 60]);
@@ -140,7 +136,24 @@ int main(int argc, char **argv)
 	store_sync(st);
 	store_close(st);
 	size_t used = pages_in_use(dir);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	if (system(cmd) != 0)
+		exit(1);
+	return used;
+}
 
+int main(int argc, char **argv)
+{
+	unsigned per_min = argc > 1 ? (unsigned)atoi(argv[1]) : 600;
+	unsigned tokens = argc > 2 ? (unsigned)atoi(argv[2]) : 256;
+	struct slice minutes[60], hour;
+
+	memset(minutes, 0, sizeof(minutes));
+	memset(&hour, 0, sizeof(hour));
+	for (unsigned m = 0; m < 60; m++) {
+		minute_traffic(&minutes[m], per_min, tokens);
+		slice_merge(&hour, &minutes[m]);
+	}
 	uint8_t *blob;
 	size_t mlen = slice_encode(&minutes[0], &blob);
 	free(blob);
@@ -148,12 +161,12 @@ int main(int argc, char **argv)
 	free(blob);
 	printf("one series: %u requests/min, %u output tokens each\n", per_min, tokens);
 	printf("encoded slice before compression: minute %zu bytes, hour %zu bytes\n", mlen, hlen);
-	printf("LMDB pages in use: %.1f MiB for the full retention (%.1f MiB of it the 29 older days)\n",
-	       (double)used / (1 << 20), (double)hours_only / (1 << 20));
+	size_t older, used = measure(minutes, &hour, &older);
+	printf("slice pages in use: %.1f MiB for the full retention (%.1f MiB of it the 29 older days)\n",
+	       (double)used / (1 << 20), (double)older / (1 << 20));
 	printf("100 such series: about %.0f MiB\n", (double)used * 100 / (1 << 20));
 	for (unsigned m = 0; m < 60; m++)
 		slice_release(&minutes[m]);
 	slice_release(&hour);
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-	return system(cmd) == 0 ? 0 : 1;
+	return 0;
 }

@@ -358,6 +358,44 @@ static void test_map_full_grows(void **state)
 	remove_dir(dir);
 }
 
+/* Curves live in hour and all-time slices: a 7d window has them, and old
+ * data keeps them in the all-time slice. */
+static void test_windows_keep_curves(void **state)
+{
+	char *dir = make_dir();
+	struct store_options o;
+	struct store_result res;
+	char err[256];
+	uint64_t now = (uint64_t)time(NULL);
+
+	store_options_defaults(&o);
+	o.dir = dir;
+	o.prune_every_s = 0;
+	struct store *st = store_open(&o, err, sizeof(err));
+	assert_non_null(st);
+	store_submit(st, batch_at(now - 10 * 86400, "old", 4)); /* outside 7d */
+	store_submit(st, batch_at(now - 3600, "new", 4));
+	store_sync(st);
+	/* the 7d window still has the recent hour's curve */
+	assert_int_equal(store_query(st, WIN_7D, &res, err, sizeof(err)), 0);
+	assert_int_equal(res.n, 1);
+	assert_non_null(res.series[0].slice.slot[SLOT_CURVE(CURVE_TTFT, log2_bucket(2, INFLIGHT_BUCKETS))]);
+	store_result_free(&res);
+	/* all-time keeps every curve and every count */
+	assert_int_equal(store_query(st, WIN_ALL, &res, err, sizeof(err)), 0);
+	assert_int_equal(res.n, 2);
+	for (size_t i = 0; i < res.n; i++) {
+		assert_int_equal(res.series[i].slice.counters[CT_REQUESTS], 4);
+		assert_non_null(res.series[i].slice.slot[SLOT_CURVE(CURVE_TTFT, log2_bucket(2, INFLIGHT_BUCKETS))]);
+	}
+	store_result_free(&res);
+	uint64_t series, slices, bad;
+	assert_int_equal(store_verify(st, &series, &slices, &bad, err, sizeof(err)), 0);
+	assert_int_equal(bad, 0);
+	store_close(st);
+	remove_dir(dir);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -369,6 +407,7 @@ int main(void)
 		cmocka_unit_test(test_model_cap),
 		cmocka_unit_test(test_prune_past_retention),
 		cmocka_unit_test(test_map_full_grows),
+		cmocka_unit_test(test_windows_keep_curves),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
