@@ -13,7 +13,7 @@ import harness
 import routing_helpers as rh
 from test_admin import admin_port
 
-REQUESTS = 1000
+REQUESTS = 2000
 
 
 def drive(port, n, workers=4):
