@@ -362,44 +362,70 @@ static json_t *upstream_labels(struct admin *a)
 	return map;
 }
 
-static void on_stats_view(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p, enum stats_view view)
+/* The `window` and `cold` parameters, shared by the stats endpoints and
+ * /compare; false after answering 400. */
+static bool window_cold_parse(struct evhttp_request *req, struct evkeyvalq *p, enum store_window *window,
+			      enum cold_filter *cold)
 {
-	struct stats_query q = { .window = WIN_1H, .cold = COLD_INCLUDE };
-	struct store_result res;
 	const char *v;
-	char err[256], *text;
 
-	if ((v = evhttp_find_header(p, "window")) && store_window_parse(v, &q.window) == -1) {
+	if ((v = evhttp_find_header(p, "window")) && store_window_parse(v, window) == -1) {
 		char names[64] = "";
 		for (int w = 0; w < WIN__COUNT; w++) {
 			strncat(names, w ? ", " : "", sizeof(names) - strlen(names) - 1);
 			strncat(names, store_window_name((enum store_window)w), sizeof(names) - strlen(names) - 1);
 		}
 		reply_error(req, 400, "window", "unknown window '%.64s'; one of %s", v, names);
-		return;
+		return false;
 	}
-	if ((v = evhttp_find_header(p, "cold")) && cold_filter_parse(v, &q.cold) == -1) {
+	if ((v = evhttp_find_header(p, "cold")) && cold_filter_parse(v, cold) == -1) {
 		reply_error(req, 400, "cold", "bad value '%.64s' for cold; one of include, exclude, only", v);
-		return;
+		return false;
 	}
-	q.route = evhttp_find_header(p, "route");
-	q.upstream = evhttp_find_header(p, "upstream");
-	q.model = evhttp_find_header(p, "model");
-	if (store_query(a->store, q.window, &res, err, sizeof(err)) == -1) {
-		log_warn("admin: stats query failed: %s", err);
-		reply_error(req, 500, NULL, "stats query failed: %s", err);
-		return;
-	}
-	q.labels = upstream_labels(a);
-	text = admin_stats_render(&res, &q, view, a->since_sec);
-	json_decref(q.labels);
-	store_result_free(&res);
+	return true;
+}
+
+static bool query(struct admin *a, struct evhttp_request *req, enum store_window window, struct store_result *res)
+{
+	char err[256];
+
+	if (store_query(a->store, window, res, err, sizeof(err)) == 0)
+		return true;
+	log_warn("admin: stats query failed: %s", err);
+	reply_error(req, 500, NULL, "stats query failed: %s", err);
+	return false;
+}
+
+/* Sends a rendered JSON answer and frees it; NULL means rendering ran out
+ * of memory. */
+static void reply_rendered(struct evhttp_request *req, char *text)
+{
 	if (!text) {
 		reply_error(req, 500, NULL, "out of memory rendering the answer");
 		return;
 	}
 	reply(req, 200, "application/json", text, strlen(text));
 	free(text);
+}
+
+static void on_stats_view(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p, enum stats_view view)
+{
+	struct stats_query q = { .window = WIN_1H, .cold = COLD_INCLUDE };
+	struct store_result res;
+	char *text;
+
+	if (!window_cold_parse(req, p, &q.window, &q.cold))
+		return;
+	q.route = evhttp_find_header(p, "route");
+	q.upstream = evhttp_find_header(p, "upstream");
+	q.model = evhttp_find_header(p, "model");
+	if (!query(a, req, q.window, &res))
+		return;
+	q.labels = upstream_labels(a);
+	text = admin_stats_render(&res, &q, view, a->since_sec);
+	json_decref(q.labels);
+	store_result_free(&res);
+	reply_rendered(req, text);
 }
 
 static void on_stats(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)
@@ -553,37 +579,22 @@ static void on_compare(struct admin *a, struct evhttp_request *req, struct evkey
 {
 	enum store_window window = WIN_1H;
 	enum cold_filter cold = COLD_EXCLUDE;
-	const char *route = evhttp_find_header(p, "route"), *v;
+	const char *route = evhttp_find_header(p, "route");
 	struct store_result res;
-	char err[256], *text;
+	char *text;
 	json_t *labels;
 
 	if (!route || !*route) {
 		reply_error(req, 400, "route", "route is required: /compare?route=NAME");
 		return;
 	}
-	if ((v = evhttp_find_header(p, "window")) && store_window_parse(v, &window) == -1) {
-		reply_error(req, 400, "window", "unknown window '%.64s'; one of 1m, 5m, 1h, 24h, 7d, all", v);
+	if (!window_cold_parse(req, p, &window, &cold) || !query(a, req, window, &res))
 		return;
-	}
-	if ((v = evhttp_find_header(p, "cold")) && cold_filter_parse(v, &cold) == -1) {
-		reply_error(req, 400, "cold", "bad value '%.64s' for cold; one of include, exclude, only", v);
-		return;
-	}
-	if (store_query(a->store, window, &res, err, sizeof(err)) == -1) {
-		reply_error(req, 500, NULL, "stats query failed: %s", err);
-		return;
-	}
 	labels = upstream_labels(a);
 	text = compare_render(&res, route, window, (int)cold, a->since_sec, labels);
 	json_decref(labels);
 	store_result_free(&res);
-	if (!text) {
-		reply_error(req, 500, NULL, "out of memory rendering the answer");
-		return;
-	}
-	reply(req, 200, "application/json", text, strlen(text));
-	free(text);
+	reply_rendered(req, text);
 }
 
 /* ---- routing ---- */
