@@ -140,7 +140,13 @@ static void request_connect(struct request *req)
 	req->cold = upstream_dispatch_cold(req->up, reused, now);
 	bufferevent_setcb(req->uc->bev, on_up_read, on_up_write, on_up_event, req);
 	bufferevent_setwatermark(req->uc->bev, EV_WRITE, 0, 0);
+	req->reused = reused;
 	if (reused) {
+		/* A pooled connection may have been closed by the server a moment
+		 * ago (its keep-alive timeout racing this request): keep a copy to
+		 * replay, when the whole request is here and small. */
+		if (!req->retried)
+			req->replay = evbuffer_new(); /* filled as bytes go out: request_flush_upstream */
 		req->rec.at[TL_UP_CONNECTED] = now;
 		bufferevent_enable(req->uc->bev, EV_READ | EV_WRITE);
 		request_flush_upstream(req);
@@ -308,6 +314,19 @@ void request_flush_upstream(struct request *req)
 
 	if (req->uc && req->uc->connected) {
 		struct evbuffer *out = bufferevent_get_output(req->uc->bev);
+		if (req->replay && queued) {
+			/* keep what goes out, while the request stays small */
+			size_t have = evbuffer_get_length(req->replay);
+			char *copy = have + queued <= REPLAY_MAX ? malloc(queued) : NULL;
+			if (copy) {
+				evbuffer_copyout(req->up_pending, copy, queued);
+				evbuffer_add(req->replay, copy, queued);
+				free(copy);
+			} else {
+				evbuffer_free(req->replay);
+				req->replay = NULL;
+			}
+		}
 		if (queued)
 			evbuffer_add_buffer(out, req->up_pending);
 		queued = evbuffer_get_length(out);
@@ -347,6 +366,40 @@ static void on_up_write(struct bufferevent *bev, void *arg)
 			return;
 	}
 	request_check_sent(req);
+}
+
+/*
+ * A pooled connection failed before a single response byte: the server
+ * closed it as idle just as the request went out. The request is sent once
+ * more on a new connection when that is safe: it was kept whole (see
+ * REPLAY_MAX), nothing of a response came back, and it has not been
+ * replayed before. Returns true when the replay is under way.
+ */
+static bool request_replay(struct request *req)
+{
+	struct upconn *fresh;
+
+	if (!req->reused || req->retried || !req->replay || !req->body_done || req->resp_parsed || req->resp_head_done)
+		return false;
+	fresh = upstream_connect_new(req->up);
+	if (!fresh)
+		return false;
+	log_conn(LOG_INFO, req->cl->id, "request %s: pooled connection to %s was closed by the server; sending again",
+		 req->rec.id, req->up->name);
+	req->retried = true;
+	upstream_release(req->uc, false);
+	req->uc = fresh;
+	req->reused = false;
+	evbuffer_drain(req->up_pending, evbuffer_get_length(req->up_pending));
+	evbuffer_add_buffer(req->up_pending, req->replay);
+	evbuffer_free(req->replay);
+	req->replay = NULL;
+	req->rec.at[TL_UP_CONNECTED] = 0;
+	req->rec.at[TL_REQ_SENT] = 0;
+	bufferevent_setcb(fresh->bev, on_up_read, on_up_write, on_up_event, req);
+	bufferevent_setwatermark(fresh->bev, EV_WRITE, 0, 0);
+	request_timer_set(req, RT_CONNECT, req->up->connect_timeout_ms);
+	return true;
 }
 
 static void on_up_event(struct bufferevent *bev, short what, void *arg)
@@ -403,6 +456,8 @@ static void on_up_event(struct bufferevent *bev, short what, void *arg)
 		}
 	}
 	if (req->resp_done)
+		return;
+	if (request_replay(req))
 		return;
 	snprintf(msg, sizeof(msg), "upstream %s %s %s", req->up->name,
 		 (what & BEV_EVENT_EOF) ? "closed the connection" : "connection failed",

@@ -233,6 +233,8 @@ static void request_free(struct request *req)
 		evbuffer_free(req->up_pending);
 	if (req->resp_body)
 		evbuffer_free(req->resp_body);
+	if (req->replay)
+		evbuffer_free(req->replay);
 	if (req->timer)
 		event_free(req->timer);
 	free(req->hbuf);

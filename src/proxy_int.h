@@ -56,6 +56,10 @@ enum req_timer { RT_NONE, RT_QUEUE, RT_CONNECT, RT_FIRST_BYTE, RT_IDLE };
 #define RESP_HEAD_MAX (64u << 10)
 #define REQUEST_ID_MAX 128
 #define CHUNK_EXT_MAX 4096 /* extension bytes on one chunk line */
+/* A request this small (head and body) is kept whole when it goes out on a
+ * pooled connection, to be sent again should that connection turn out to
+ * have been closed by the server. */
+#define REPLAY_MAX (64u << 10)
 
 struct proxy {
 	struct event_base *base;
@@ -124,6 +128,9 @@ struct request {
 
 	/* upstream side */
 	struct upconn *uc;
+	bool reused;		/* uc came from the pool */
+	bool retried;		/* a replay already happened */
+	struct evbuffer *replay; /* the whole request, kept while a pooled connection may turn out dead */
 	unsigned inflight; /* requests in flight to the upstream at dispatch, this one included */
 	bool cold;
 	struct series *series; /* resolved once route, upstream and model are known */

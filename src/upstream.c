@@ -295,7 +295,13 @@ struct upconn *upstream_acquire(struct upstream *up, bool *reused)
 		*reused = true;
 		return c;
 	}
-	c = calloc(1, sizeof(*c));
+	*reused = false;
+	return upstream_connect_new(up);
+}
+
+struct upconn *upstream_connect_new(struct upstream *up)
+{
+	struct upconn *c = calloc(1, sizeof(*c));
 	if (!c)
 		return NULL;
 	c->up = up;
@@ -316,7 +322,6 @@ struct upconn *upstream_acquire(struct upstream *up, bool *reused)
 	int one = 1;
 	setsockopt(bufferevent_getfd(c->bev), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	up->in_flight++;
-	*reused = false;
 	return c;
 }
 

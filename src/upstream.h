@@ -118,6 +118,10 @@ bool upstream_same(const struct upstream *up, const struct upstream_conf *uc);
  * could even be created. The caller sets the bufferevent's callbacks. */
 struct upconn *upstream_acquire(struct upstream *up, bool *reused);
 
+/* Like upstream_acquire, but always a new connection (a retry after a
+ * pooled one failed). */
+struct upconn *upstream_connect_new(struct upstream *up);
+
 /* Gives a connection back: pooled when `reusable`, else closed at once. */
 void upstream_release(struct upconn *c, bool reusable);
 

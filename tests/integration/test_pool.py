@@ -1,0 +1,116 @@
+"""The upstream connection pool: a pooled connection that the server closes
+just as tokentap reuses it (a keep-alive timeout racing the next request:
+uvicorn, which serves vLLM, closes idle connections after 5 s) is retried
+once on a fresh connection when that is safe — the request was small enough
+to keep whole and no response byte had come back — and not otherwise."""
+
+import socket
+import threading
+import unittest
+
+import harness
+import routing_helpers as rh
+
+
+class ClosingOnReuse:
+    """A fake upstream: on each connection it answers the first request and
+    closes the connection, without a byte of answer, when a second request
+    arrives on it."""
+
+    def __init__(self, test):
+        self.sock = socket.socket()
+        self.sock.bind((harness.LOOPBACK, 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.url = "http://%s:%d" % (harness.LOOPBACK, self.port)
+        self.connections = 0
+        self.requests = 0
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+        test.addCleanup(self.close)
+
+    def read_request(self, c, buf):
+        for _ in range(10000):
+            if b"\r\n\r\n" in buf:
+                head, rest = buf.split(b"\r\n\r\n", 1)
+                n = 0
+                for line in head.split(b"\r\n")[1:]:
+                    k, _, v = line.partition(b":")
+                    if k.strip().lower() == b"content-length":
+                        n = int(v)
+                while len(rest) < n:
+                    d = c.recv(65536)
+                    if not d:
+                        return None, b""
+                    rest += d
+                return head, rest[n:]
+            d = c.recv(65536)
+            if not d:
+                return None, b""
+            buf += d
+        return None, b""
+
+    def serve(self, c):
+        with c:
+            c.settimeout(10)
+            head, buf = self.read_request(c, b"")
+            if head is None:
+                return
+            with self.lock:
+                self.requests += 1
+            body = b'{"ok":true}'
+            c.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                      % (len(body), body))
+            head, buf = self.read_request(c, buf)
+            if head is None:
+                return
+            with self.lock:
+                self.requests += 1
+            # the race: the server had decided this connection was idle
+
+    def run(self):
+        self.sock.settimeout(0.1)
+        for _ in range(1200):
+            if self.stop.is_set():
+                return
+            try:
+                c, _ = self.sock.accept()
+            except socket.timeout:
+                continue
+            with self.lock:
+                self.connections += 1
+            threading.Thread(target=self.serve, args=(c,), daemon=True).start()
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(2)
+        self.sock.close()
+
+
+class PoolRetryTest(harness.TestCase):
+    def setUp(self):
+        self.up = ClosingOnReuse(self)
+        self.tt = harness.start_tokentap(self, self.up.url, "--access-log", "-")
+
+    def test_closed_on_reuse_is_retried_once(self):
+        for i in range(3):
+            resp = rh.send(self.tt.port, rh.chat())
+            self.assertEqual(resp.status, 200, "request %d: %r" % (i, resp.body))
+            self.assertEqual(resp.body, b'{"ok":true}')
+        # each reuse met a closing connection, and went again on a new one
+        self.assertEqual(self.up.connections, 3)
+        self.assertEqual(self.up.requests, 5)
+
+    def test_large_request_is_not_replayed(self):
+        self.assertEqual(rh.send(self.tt.port, rh.chat()).status, 200)
+        # more than tokentap keeps for a replay: the failure is reported
+        resp = rh.send(self.tt.port, rh.chat(prompt="x" * (100 << 10)))
+        self.assertEqual(resp.status, 502)
+        self.assertEqual(resp.json()["error"]["type"], "upstream_reset")
+        self.assertEqual(self.up.connections, 1)
+
+
+if __name__ == "__main__":
+    unittest.main()
