@@ -33,6 +33,16 @@ struct sim_config sim_cfg = {
 	.tokens = 64,
 	.seed = 0,
 	.model = "sim-model",
+	.batching = false,
+	.max_batch = 32,
+	.kv_tokens = 65536,
+	.prefill_tps = 8000.0,
+	.chunked_prefill = 0,
+	.step_base_ms = 8.0,
+	.step_per_seq_ms = 0.25,
+	.cold_start_ms = 0,
+	.idle_ms = 30000,
+	.backlog_tokens = 4096,
 };
 
 struct sim_stats sim_stats;
@@ -57,6 +67,20 @@ static void usage(FILE *f)
 		"  --tokens N          output tokens when the request sets no max_tokens (default 64)\n"
 		"  --seed N            seed of ids, timestamps and token text (default 0)\n"
 		"  --model NAME        model name when the request names none (default sim-model)\n"
+		"\n"
+		"Continuous-batching model (off by default; see docs/simulator.md):\n"
+		"  --batching          same as --model-mode batch\n"
+		"  --model-mode MODE   fixed (--ttft-ms/--itl-ms per request, default) or batch\n"
+		"  --max-batch N       sequences in the running batch (default 32)\n"
+		"  --kv-tokens N       KV-cache budget in tokens, prompt + output (default 65536)\n"
+		"  --prefill-tps X     prompt tokens prefilled per second (default 8000)\n"
+		"  --chunked-prefill N prefill tokens per step; 0 = whole prompts (default 0)\n"
+		"  --step-base-ms X    fixed cost of a decode step (default 8)\n"
+		"  --step-per-seq-ms X added per sequence in the step (default 0.25)\n"
+		"  --cold-start-ms N   delay of the first request after idle (default 0, off)\n"
+		"  --idle-ms N         no traffic this long makes the server cold (default 30000)\n"
+		"  --backlog-tokens N  unsent tokens of a stalled reader before it is dropped;\n"
+		"                      0 = never (default 4096)\n"
 		"  --help              this text\n"
 		"  --version           print the version\n"
 		"\n"
@@ -80,6 +104,21 @@ static void die_usage(const char *fmt, ...)
 	va_end(ap);
 	fprintf(stderr, " Run tokentap-sim --help for usage.\n");
 	exit(2);
+}
+
+/* A non-negative decimal number such as 0.25; no exponent, no sign. */
+static double parse_num(const char *flag, const char *v)
+{
+	char *end;
+	double d;
+
+	errno = 0;
+	if (v[0] < '0' || v[0] > '9' || strpbrk(v, "eExXnN") != NULL)
+		die_usage("%s needs a non-negative number, got '%s'.", flag, v);
+	d = strtod(v, &end);
+	if (errno != 0 || *end != '\0' || !(d >= 0.0) || d > 86400000.0)
+		die_usage("%s needs a non-negative number up to 86400000, got '%s'.", flag, v);
+	return d;
 }
 
 static uint64_t parse_u64(const char *flag, const char *v)
@@ -157,6 +196,22 @@ bad:
 	die_usage("--listen needs ADDR:PORT with a numeric address (e.g. 127.0.0.1:8000), got '%s'.", arg);
 }
 
+static bool known_flag(const char *flag)
+{
+	static const char *const flags[] = {
+		"--listen", "--ttft-ms", "--itl-ms", "--tokens", "--seed", "--model",
+		"--model-mode", "--max-batch", "--kv-tokens", "--prefill-tps",
+		"--chunked-prefill", "--step-base-ms", "--step-per-seq-ms",
+		"--cold-start-ms", "--idle-ms", "--backlog-tokens",
+	};
+
+	for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) {
+		if (strcmp(flag, flags[i]) == 0)
+			return true;
+	}
+	return false;
+}
+
 static void parse_args(int argc, char **argv, struct sockaddr_storage *ss, int *sslen)
 {
 	bool have_listen = false;
@@ -179,9 +234,13 @@ static void parse_args(int argc, char **argv, struct sockaddr_storage *ss, int *
 			die_usage("unexpected argument '%s'; options start with --.", arg);
 		snprintf(flag, sizeof(flag), "%.*s",
 			 (int)(eq ? (size_t)(eq - arg) : strlen(arg)), arg);
-		if (strcmp(flag, "--listen") != 0 && strcmp(flag, "--ttft-ms") != 0 &&
-		    strcmp(flag, "--itl-ms") != 0 && strcmp(flag, "--tokens") != 0 &&
-		    strcmp(flag, "--seed") != 0 && strcmp(flag, "--model") != 0)
+		if (strcmp(flag, "--batching") == 0) {
+			if (eq != NULL)
+				die_usage("--batching takes no value.");
+			sim_cfg.batching = true;
+			continue;
+		}
+		if (!known_flag(flag))
 			die_usage("unknown option '%s'.", flag);
 		if (eq != NULL)
 			val = eq + 1;
@@ -201,6 +260,31 @@ static void parse_args(int argc, char **argv, struct sockaddr_storage *ss, int *
 			sim_cfg.tokens = parse_u64(flag, val);
 		} else if (strcmp(flag, "--seed") == 0) {
 			sim_cfg.seed = parse_u64(flag, val);
+		} else if (strcmp(flag, "--model-mode") == 0) {
+			if (strcmp(val, "batch") == 0)
+				sim_cfg.batching = true;
+			else if (strcmp(val, "fixed") == 0)
+				sim_cfg.batching = false;
+			else
+				die_usage("--model-mode is 'fixed' or 'batch', got '%s'.", val);
+		} else if (strcmp(flag, "--max-batch") == 0) {
+			sim_cfg.max_batch = parse_u64(flag, val);
+		} else if (strcmp(flag, "--kv-tokens") == 0) {
+			sim_cfg.kv_tokens = parse_u64(flag, val);
+		} else if (strcmp(flag, "--prefill-tps") == 0) {
+			sim_cfg.prefill_tps = parse_num(flag, val);
+		} else if (strcmp(flag, "--chunked-prefill") == 0) {
+			sim_cfg.chunked_prefill = parse_u64(flag, val);
+		} else if (strcmp(flag, "--step-base-ms") == 0) {
+			sim_cfg.step_base_ms = parse_num(flag, val);
+		} else if (strcmp(flag, "--step-per-seq-ms") == 0) {
+			sim_cfg.step_per_seq_ms = parse_num(flag, val);
+		} else if (strcmp(flag, "--cold-start-ms") == 0) {
+			sim_cfg.cold_start_ms = parse_u64(flag, val);
+		} else if (strcmp(flag, "--idle-ms") == 0) {
+			sim_cfg.idle_ms = parse_u64(flag, val);
+		} else if (strcmp(flag, "--backlog-tokens") == 0) {
+			sim_cfg.backlog_tokens = parse_u64(flag, val);
 		} else {
 			if (val[0] == '\0')
 				die_usage("--model needs a non-empty name.");
@@ -212,6 +296,14 @@ static void parse_args(int argc, char **argv, struct sockaddr_storage *ss, int *
 	/* Keep the nanosecond arithmetic of pacing far from overflow. */
 	if (sim_cfg.ttft_ms > 86400000ULL || sim_cfg.itl_ms > 86400000ULL)
 		die_usage("--ttft-ms and --itl-ms must be at most one day (86400000).");
+	if (sim_cfg.max_batch < 1 || sim_cfg.max_batch > 1000000)
+		die_usage("--max-batch must be from 1 to 1000000.");
+	if (sim_cfg.kv_tokens < 1 || sim_cfg.kv_tokens > (1ULL << 40))
+		die_usage("--kv-tokens must be from 1 to 2^40.");
+	if (sim_cfg.prefill_tps < 1.0)
+		die_usage("--prefill-tps must be at least 1.");
+	if (sim_cfg.cold_start_ms > 86400000ULL || sim_cfg.idle_ms > 86400000ULL)
+		die_usage("--cold-start-ms and --idle-ms must be at most one day (86400000).");
 }
 
 static void on_accept(struct evconnlistener *l, evutil_socket_t fd,
@@ -271,6 +363,10 @@ int main(int argc, char **argv)
 		fprintf(stderr, "tokentap-sim: getsockname: %s\n", strerror(errno));
 		goto out;
 	}
+	if (sim_batch_init(base) == -1) {
+		fprintf(stderr, "tokentap-sim: cannot create the batch scheduler\n");
+		goto out;
+	}
 	sigint = evsignal_new(base, SIGINT, on_signal, base);
 	sigterm = evsignal_new(base, SIGTERM, on_signal, base);
 	if (sigint == NULL || sigterm == NULL || evsignal_add(sigint, NULL) == -1 ||
@@ -303,6 +399,7 @@ out:
 		event_free(sigterm);
 	if (listener != NULL)
 		evconnlistener_free(listener);
+	sim_batch_shutdown();
 	if (base != NULL)
 		event_base_free(base);
 	if (cfg != NULL)

@@ -8,6 +8,8 @@
  *               pipelining, token pacing, backpressure, abort detection
  *   sim_api.c   the endpoints and the exact bytes of every response shape
  *   sim_text.c  determinism: hashing, the PRNG, the word list, JSON escaping
+ *   sim_batch.c the optional continuous-batching model (--batching): one
+ *               step scheduler shared by all connections
  *
  * Invariant kept across all files: the bytes of a response body are a pure
  * function of (--seed, request path, request body, x-sim-* overrides). No
@@ -30,6 +32,21 @@ struct sim_config {
 	uint64_t tokens;    /* output length when the request sets none */
 	uint64_t seed;      /* folded into every PRNG stream and id */
 	const char *model;  /* model name when the request names none */
+
+	/* --batching: a continuous-batching server (sim_batch.c). Off by
+	 * default; requests with x-sim-ttft-ms / x-sim-itl-ms keep the fixed
+	 * timing above even when it is on. */
+	bool batching;
+	uint64_t max_batch;        /* sequences in the running batch */
+	uint64_t kv_tokens;        /* KV-cache budget, tokens */
+	double prefill_tps;        /* prompt tokens prefilled per second */
+	uint64_t chunked_prefill;  /* prefill tokens per step, 0 = whole prompt */
+	double step_base_ms;       /* fixed cost of one step */
+	double step_per_seq_ms;    /* added per sequence emitting in the step */
+	uint64_t cold_start_ms;    /* delay of the first request after idle */
+	uint64_t idle_ms;          /* no traffic this long makes the server cold */
+	uint64_t backlog_tokens;   /* unsent tokens of a stalled reader before
+				    * its connection is dropped, 0 = never */
 };
 
 /*
@@ -45,6 +62,7 @@ struct sim_stats {
 	uint64_t open_connections;
 	uint64_t bytes_sent;      /* response bytes, /sim/stats answers excluded */
 	char *last_request_id;    /* x-request-id of the latest request, or "" */
+	uint64_t dropped;         /* --batching: readers dropped for stalling */
 };
 
 extern struct sim_config sim_cfg;
@@ -79,7 +97,9 @@ struct sim_plan {
 	uint64_t ttft_ns;
 	uint64_t itl_ns;
 	uint64_t tokens;
+	uint64_t prompt_tokens;
 	bool streaming;   /* token events as they come, else one block at end */
+	bool batched;     /* paced by the batch scheduler, not ttft/itl */
 };
 
 struct sim_stream; /* generation state of one response; owned by its request */
@@ -100,6 +120,53 @@ void sim_api_finish(struct sim_stream *s, struct evbuffer *out);
 
 /* Accepts NULL. */
 void sim_api_free(struct sim_stream *s);
+
+/* ---- sim_batch.c ---- */
+
+enum sim_seq_where { SEQ_NONE, SEQ_QUEUED, SEQ_RUNNING };
+
+/*
+ * One request inside the batching model. Embedded in its request (owned by
+ * sim_conn); the scheduler only links it into its queue or running batch
+ * and counts the tokens it has generated. The scheduler never writes to a
+ * socket: after each step it calls sim_conn_seq_progress() for every
+ * sequence that advanced, and the connection writes what it can.
+ */
+struct sim_seq {
+	struct sim_seq *prev, *next;  /* queue or running list */
+	struct sim_seq *notify_next;  /* end-of-step notification list */
+	void *owner;                  /* the sim_conn */
+	enum sim_seq_where where;
+	uint64_t n_in, n_out;         /* prompt and output tokens */
+	uint64_t kv;                  /* KV tokens reserved: n_in + n_out */
+	uint64_t prefilled;           /* prompt tokens prefilled so far */
+	uint64_t step_prefill;        /* prompt tokens in the current step */
+	uint64_t generated;           /* tokens the engine has produced */
+	bool step_emits;              /* the current step emits a token for it */
+	bool notify_pending;          /* on the notification list */
+	bool finished;                /* all n_out generated; left the batch */
+};
+
+/* Creates the step timers; call once before the loop runs. */
+int sim_batch_init(struct event_base *base);
+void sim_batch_shutdown(void);
+
+/* Queues q (FIFO); fields other than owner, n_in, n_out are reset. */
+void sim_batch_submit(struct sim_seq *q);
+
+/* Takes q out of the queue or the batch, freeing its KV. Accepts a
+ * sequence that is in neither. */
+void sim_batch_cancel(struct sim_seq *q);
+
+/* Nominal times at batch size 1, for the Ollama durations in bodies. */
+uint64_t sim_batch_nominal_ttft_ns(uint64_t n_in);
+uint64_t sim_batch_nominal_itl_ns(void);
+
+/* The scheduler's counters, as a JSON object, for /sim/stats. */
+void sim_batch_stats_json(struct evbuffer *out);
+
+/* sim_conn.c: q advanced (a token, or the end of its generation). */
+void sim_conn_seq_progress(struct sim_seq *q);
 
 /* ---- sim_text.c ---- */
 

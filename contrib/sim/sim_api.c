@@ -178,6 +178,10 @@ static void write_stats(struct evbuffer *out, const struct sim_api_request *rq)
 		sim_stats.last_abort_ns, sim_stats.open_connections,
 		sim_stats.bytes_sent);
 	sim_json_str(b, id, strlen(id));
+	if (sim_cfg.batching) {
+		evbuffer_add(b, ",\"batch\":", 9);
+		sim_batch_stats_json(b);
+	}
 	evbuffer_add(b, "}", 1);
 	write_whole(out, 200, "application/json", b, rq->request_id, rq->keep_alive);
 	evbuffer_free(b);
@@ -443,10 +447,19 @@ static struct sim_stream *begin_generation(enum sim_endpoint ep,
 	itl_ms = rq->itl_ms >= 0 ? (uint64_t)rq->itl_ms : sim_cfg.itl_ms;
 	s->ttft_ns = ttft_ms * 1000000ULL;
 	s->itl_ns = itl_ms * 1000000ULL;
+	/* --batching paces every request the scheduler's way, except one
+	 * asking for fixed timing. Bodies stay a pure function of the request:
+	 * Ollama's nominal times are then those of an unloaded server. */
+	plan->batched = sim_cfg.batching && rq->ttft_ms < 0 && rq->itl_ms < 0;
+	if (plan->batched) {
+		s->ttft_ns = sim_batch_nominal_ttft_ns(s->n_in);
+		s->itl_ns = sim_batch_nominal_itl_ns();
+	}
 
 	plan->ttft_ns = s->ttft_ns;
 	plan->itl_ns = s->itl_ns;
 	plan->tokens = s->n_out;
+	plan->prompt_tokens = s->n_in;
 	plan->streaming = s->streaming;
 
 	if (s->streaming)

@@ -16,6 +16,13 @@
  *   SIM_HIGH_WATER bytes; a stalled stream resumes from the write callback.
  *   A slow reader therefore stalls generation and memory stays bounded.
  * - Only the head request has a pacing timer; responses leave in order.
+ * - With --batching, the head request is paced by the shared scheduler
+ *   (sim_batch.c) instead of its timer: the scheduler counts the tokens
+ *   generated and calls back; the connection writes them while its output
+ *   holds under SIM_HIGH_WATER and otherwise only counts them, so a slow
+ *   reader never holds up the batch. Unsent tokens are a counter, not
+ *   bytes (the words are drawn in order when they are written), so memory
+ *   stays bounded; past --backlog-tokens the reader is dropped.
  * - A connection is never freed inside one of its own callbacks: it is
  *   marked dead and freed from a zero-delay event (Redis' deferred free).
  */
@@ -76,6 +83,7 @@ struct sim_req {
 	uint64_t sent;           /* token events written */
 	uint64_t deadline_ns;    /* when the next event is due */
 	bool stalled;            /* waiting for the output to drain */
+	struct sim_seq seq;      /* --batching: its place in the scheduler */
 };
 
 /* One client connection; owned by the event loop through its callbacks. */
@@ -114,6 +122,7 @@ static void req_free(struct sim_req *r)
 {
 	if (r == NULL)
 		return;
+	sim_batch_cancel(&r->seq);
 	sim_api_free(r->stream);
 	if (r->body != NULL)
 		evbuffer_free(r->body);
@@ -156,6 +165,7 @@ static void conn_kill(struct sim_conn *c, bool client_left)
 	for (r = c->head; r != NULL; r = r->next) {
 		if (r->counted)
 			lost++;
+		sim_batch_cancel(&r->seq); /* frees its batch slot and KV now */
 	}
 	if (client_left && lost > 0) {
 		sim_stats.aborted += lost;
@@ -261,9 +271,17 @@ static void req_start(struct sim_conn *c, struct sim_req *r)
 		req_done(c, r);
 		return;
 	}
+	r->state = REQ_WAITING;
+	if (r->plan.batched) {
+		/* Queued for the batch; sim_conn_seq_progress() takes over. */
+		r->seq.owner = c;
+		r->seq.n_in = r->plan.prompt_tokens;
+		r->seq.n_out = r->plan.tokens;
+		sim_batch_submit(&r->seq);
+		return;
+	}
 	/* The first event is due ttft after the request arrived in full; a
 	 * block answer after ttft + tokens * itl, as a server would finish. */
-	r->state = REQ_WAITING;
 	r->deadline_ns = r->received_ns + r->plan.ttft_ns;
 	if (!r->plan.streaming)
 		r->deadline_ns += r->plan.tokens * r->plan.itl_ns;
@@ -282,6 +300,60 @@ static void conn_advance(struct sim_conn *c)
 }
 
 /*
+ * --batching: writes the tokens the scheduler has generated for the head
+ * request and not yet sent, while the output has room; then the closing
+ * events once generation has finished. Called after each step that
+ * advanced the request and from the write callback after a stall.
+ */
+static void conn_pump_batched(struct sim_conn *c, struct sim_req *r)
+{
+	struct evbuffer *output = bufferevent_get_output(c->bev);
+	struct evbuffer *tmp = evbuffer_new();
+	bool drop = false;
+
+	r->stalled = false;
+	for (;;) {
+		if (evbuffer_get_length(output) >= SIM_HIGH_WATER) {
+			uint64_t unsent = r->plan.streaming ? r->seq.generated - r->sent : 0;
+
+			r->stalled = true;
+			drop = sim_cfg.backlog_tokens > 0 && unsent > sim_cfg.backlog_tokens;
+			break;
+		}
+		if (r->plan.streaming && r->sent < r->seq.generated) {
+			r->state = REQ_STREAMING;
+			sim_api_token(r->stream, tmp);
+			out_add(c, r, tmp);
+			r->sent++;
+			continue;
+		}
+		if (r->seq.finished) {
+			sim_api_finish(r->stream, tmp);
+			out_add(c, r, tmp);
+			req_done(c, r); /* frees r */
+		}
+		break;
+	}
+	evbuffer_free(tmp);
+	if (drop) {
+		/* A server whose send queue to one client grows without bound
+		 * closes that client; the request counts as aborted. */
+		sim_stats.dropped++;
+		conn_kill(c, true);
+		return;
+	}
+	conn_advance(c);
+}
+
+void sim_conn_seq_progress(struct sim_seq *q)
+{
+	struct sim_conn *c = q->owner;
+
+	if (!c->dead && c->head != NULL && &c->head->seq == q)
+		conn_pump_batched(c, c->head);
+}
+
+/*
  * Writes whatever the head request owes by now, then arranges to be called
  * again: by the tick timer when the next event is due, by the write
  * callback when the output is above the high-water mark.
@@ -295,6 +367,10 @@ static void conn_pump(struct sim_conn *c)
 
 	if (c->dead || r == NULL || (r->state != REQ_WAITING && r->state != REQ_STREAMING))
 		return;
+	if (r->plan.batched) {
+		conn_pump_batched(c, r);
+		return;
+	}
 	tmp = evbuffer_new();
 	r->stalled = false;
 	for (;;) {
