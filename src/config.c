@@ -18,6 +18,7 @@ void config_defaults(struct config *c)
 	c->max_body_size = 32u << 20; /* prompts with images are large */
 	c->max_header_size = 32u << 10;
 	c->max_headers = 100;
+	c->max_connections = 10000;
 	c->header_timeout_ms = 30000;
 	c->keepalive_timeout_ms = 75000;
 	c->connect_timeout_ms = 5000;

@@ -81,6 +81,7 @@ struct config {
 	uint64_t max_body_size;
 	uint64_t max_header_size;
 	unsigned max_headers;
+	unsigned max_connections; /* client connections at once; past it, 503 */
 	uint64_t header_timeout_ms;	/* whole request head, from its first byte */
 	uint64_t keepalive_timeout_ms;	/* idle client connection between requests */
 	uint64_t connect_timeout_ms;	/* upstream TCP connect */

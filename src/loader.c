@@ -260,6 +260,12 @@ static void f_max_headers(struct load *l, yaml_node_t *v, const char *key, void 
 	if (CFG(o)->max_headers == 0)
 		problem(l, v, "%s: must be at least 1", key);
 }
+static void f_max_conns(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_uint(l, v, key, &CFG(o)->max_connections);
+	if (CFG(o)->max_connections == 0)
+		problem(l, v, "%s: must be at least 1", key);
+}
 static void f_max_event(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	uint64_t sz = 0;
@@ -272,6 +278,7 @@ static void f_limits(struct load *l, yaml_node_t *v, const char *key, void *o)
 	static const struct field fields[] = {
 		{ "max_body_size", f_max_body },   { "max_header_size", f_max_header },
 		{ "max_headers", f_max_headers },  { "max_event_size", f_max_event },
+		{ "max_connections", f_max_conns },
 		{ NULL, NULL },
 	};
 	walk(l, v, key, fields, o);

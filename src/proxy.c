@@ -723,6 +723,7 @@ static void client_free(struct client *cl)
 	struct proxy *px = cl->px;
 
 	LIST_REMOVE(cl, link);
+	px->nclients--;
 	request_free(cl->req);
 	if (cl->bev)
 		bufferevent_free(cl->bev);
@@ -1015,6 +1016,24 @@ static void on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct soc
 		evutil_closesocket(fd);
 		return;
 	}
+	if (px->nclients >= pcfg(px)->max_connections) {
+		/* at the cap: a short answer and close, never touching the
+		 * connections (and streams) already running */
+		static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+					   "content-length: 92\r\nconnection: close\r\n\r\n"
+					   "{\"error\":{\"message\":\"too many connections; try again later\","
+					   "\"type\":\"overloaded\",\"code\":503}}";
+		ssize_t w = send(fd, busy, sizeof(busy) - 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+		(void)w;
+		free(cl);
+		evutil_closesocket(fd);
+		if (!px->cap_warned) {
+			px->cap_warned = true;
+			log_warn("connection cap of %u reached: new connections get 503", pcfg(px)->max_connections);
+		}
+		return;
+	}
+	px->cap_warned = false;
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	cl->px = px;
 	cl->id = ++px->next_client_id;
@@ -1034,6 +1053,7 @@ static void on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct soc
 	llhttp_init(&cl->parser, HTTP_REQUEST, &px->req_settings);
 	cl->parser.data = cl;
 	LIST_INSERT_HEAD(&px->clients, cl, link);
+	px->nclients++;
 	bufferevent_setcb(cl->bev, on_client_read, on_client_write, on_client_event, cl);
 	bufferevent_setwatermark(cl->bev, EV_READ, 0, CLIENT_INPUT_MAX);
 	bufferevent_enable(cl->bev, EV_READ | EV_WRITE);

@@ -79,6 +79,8 @@ struct proxy {
 	unsigned nlisteners;
 	char listen_addr[LISTENERS_MAX * 64]; /* "ADDR:PORT, ADDR:PORT" */
 	uint64_t next_client_id;
+	unsigned nclients; /* in px->clients, closing ones included */
+	bool cap_warned;
 	uint64_t id_seed, id_counter;
 	llhttp_settings_t req_settings, resp_settings;
 	LIST_HEAD(, client) clients;

@@ -1,0 +1,52 @@
+"""The connection cap: past limits.max_connections, a new client gets 503
+with a JSON message and is closed, while the streams already running go on
+untouched; once connections close, new ones are served again."""
+
+import socket
+import threading
+import time
+import unittest
+
+import harness
+import routing_helpers as rh
+
+
+class ConnectionCapTest(harness.TestCase):
+    def test_cap(self):
+        sim = harness.start_sim(self, "--ttft-ms", "5", "--itl-ms", "20")
+        tt = rh.start_conf(self, rh.upstreams_yaml({"sim": sim.url}) + "limits: {max_connections: 3}\n")
+        direct, _ = harness.exchange(sim.port, "POST", rh.CHAT, body=rh.chat(stream=True),
+                                     headers=[("x-sim-tokens", "40")])
+        got = {}
+
+        def stream():
+            got["resp"] = rh.send(tt.port, rh.chat(stream=True), headers=[("x-sim-tokens", "40")])
+
+        t = threading.Thread(target=stream, daemon=True)
+        t.start()
+        idle = [socket.create_connection((harness.LOOPBACK, tt.port)) for _ in range(2)]
+        time.sleep(0.2)  # all three accepted
+        over = socket.create_connection((harness.LOOPBACK, tt.port), timeout=3)
+        data = b""
+        for _ in range(100):
+            d = over.recv(4096)
+            if not d:
+                break
+            data += d
+        over.close()
+        self.assertTrue(data.startswith(b"HTTP/1.1 503 "), data[:80])
+        head, _, body = data.partition(b"\r\n\r\n")
+        self.assertIn(b"too many connections", body)
+        self.assertIn(b"content-length: %d" % len(body), head)
+        t.join(10)
+        self.assertEqual(got["resp"].status, 200)
+        self.assertEqual(got["resp"].body, direct.body, "the running stream was not disturbed")
+        for s in idle:
+            s.close()
+        time.sleep(0.2)
+        self.assertEqual(rh.send(tt.port, rh.chat()).status, 200, "served again below the cap")
+        self.assertTrue(harness.wait_until(lambda: "connection cap of 3 reached" in tt.stderr_text(), 2.0))
+
+
+if __name__ == "__main__":
+    unittest.main()
