@@ -211,7 +211,7 @@ static void request_mirror(struct request *req)
 {
 	struct proxy *px = req->cl->px;
 	struct evbuffer *bytes = evbuffer_new();
-	struct mirror_env env = { px->base, px->stats, px->alog, pcfg(px)->max_event_size };
+	struct mirror_env env = { px->base, px->stats, px->alog, pcfg(px)->max_event_size, &px->mirrors };
 
 	if (!bytes)
 		return;

@@ -24,6 +24,7 @@ enum mirror_timer { MT_CONNECT, MT_FIRST_BYTE, MT_IDLE };
 
 struct mirror {
 	struct mirror_env env;
+	struct mirror *next, *prev; /* in env.list */
 	struct upstream *up;
 	char route[128];
 	struct upconn *uc;
@@ -68,8 +69,15 @@ static void mirror_end(struct mirror *m, enum req_error err, bool record)
 	if (m->uc)
 		upstream_release(m->uc, m->resp_done && m->keepalive && m->body_complete && err == REQ_ERR_NONE);
 	upstream_leave(m->up);
+	upstream_free(m->up); /* the mirror's own reference */
 	if (m->owner && !m->detached)
 		*m->owner = NULL;
+	if (m->prev)
+		m->prev->next = m->next;
+	else if (m->env.list && m->env.list->head == m)
+		m->env.list->head = m->next;
+	if (m->next)
+		m->next->prev = m->prev;
 	framer_free(&m->framer);
 	record_release(&m->rec);
 	evbuffer_free(m->pending);
@@ -271,6 +279,13 @@ struct mirror *mirror_start(const struct mirror_env *env, struct upstream *up, c
 		settings.on_message_complete = on_message_complete;
 	}
 	m->env = *env;
+	upstream_ref(up);
+	if (env->list) {
+		m->next = env->list->head;
+		if (m->next)
+			m->next->prev = m;
+		env->list->head = m;
+	}
 	m->up = up;
 	snprintf(m->route, sizeof(m->route), "%s", route);
 	m->owner = owner;
@@ -323,6 +338,12 @@ void mirror_feed(struct mirror *m, const void *data, size_t len)
 	}
 	evbuffer_add(out, data, len);
 	m->rec.bytes_in += len;
+}
+
+void mirror_abort_all(struct mirror_list *list)
+{
+	while (list->head)
+		mirror_end(list->head, REQ_ERR_CLIENT_ABORTED, false);
 }
 
 void mirror_body_done(struct mirror *m)

@@ -29,14 +29,24 @@ struct req_record;
 
 #define MIRROR_PENDING_MAX (1u << 20)
 
+struct mirror;
+
+/* The mirrors in flight, so that shutdown can end them. Owned by the
+ * proxy; mirrors add and remove themselves. */
+struct mirror_list {
+	struct mirror *head;
+};
+
 struct mirror_env {
 	struct event_base *base;
 	struct stats_shard *stats;
 	struct accesslog *alog;
 	size_t max_event_size;
+	struct mirror_list *list;
 };
 
-struct mirror;
+/* Ends every mirror still in flight, unrecorded (shutdown). */
+void mirror_abort_all(struct mirror_list *list);
 
 /* Starts a shadow exchange of the request described by `primary` (its id,
  * method, path, API and model) on `up`, with `bytes` (head and body so far;

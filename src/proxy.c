@@ -1157,6 +1157,7 @@ void proxy_free(struct proxy *px)
 			evconnlistener_free(px->listeners[i].lev);
 	while ((cl = LIST_FIRST(&px->clients)))
 		client_free(cl);
+	mirror_abort_all(&px->mirrors);
 	if (px->drain_timer)
 		event_free(px->drain_timer);
 	router_unref(px->router);

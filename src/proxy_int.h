@@ -19,6 +19,7 @@
 
 #include "config.h"
 #include "framer.h"
+#include "mirror.h"
 #include "router.h"
 #include "timeline.h"
 #include "upstream.h"
@@ -80,6 +81,7 @@ struct proxy {
 	char listen_addr[LISTENERS_MAX * 64]; /* "ADDR:PORT, ADDR:PORT" */
 	uint64_t next_client_id;
 	unsigned nclients; /* in px->clients, closing ones included */
+	struct mirror_list mirrors; /* shadow exchanges in flight */
 	bool cap_warned;
 	uint64_t id_seed, id_counter;
 	llhttp_settings_t req_settings, resp_settings;

@@ -186,6 +186,11 @@ struct upstream *upstream_adopt(struct upstream *up, const struct config *cfg, c
 	return up;
 }
 
+void upstream_ref(struct upstream *up)
+{
+	up->refs++;
+}
+
 bool upstream_same(const struct upstream *up, const struct upstream_conf *uc)
 {
 	return strcmp(up->name, uc->name) == 0 && strcmp(up->url, uc->url) == 0;

@@ -109,6 +109,10 @@ void upstream_free(struct upstream *up);
  * Takes a reference. */
 struct upstream *upstream_adopt(struct upstream *up, const struct config *cfg, const struct upstream_conf *uc);
 
+/* Another holder of `up` (a mirror outliving its request's generation);
+ * dropped with upstream_free. */
+void upstream_ref(struct upstream *up);
+
 /* Whether `up` is the one `uc` describes (same name and url). */
 bool upstream_same(const struct upstream *up, const struct upstream_conf *uc);
 

@@ -138,7 +138,10 @@ class MirrorTest(harness.TestCase):
         self.assertEqual(resp.status, 200)
         self.assertTrue(harness.wait_until(lambda: self.upstream(admin, "shadow")["rejected"] >= 1, 3.0),
                         "the shadow was abandoned, not buffered")
-        self.assertLess(tt.rss_kib(), 64 * 1024)
+        # ASan keeps freed memory in quarantine, so RSS says nothing there;
+        # the normal build checks that the 12 MiB did not pile up
+        if "ASAN_OPTIONS" not in os.environ:
+            self.assertLess(tt.rss_kib(), 64 * 1024)
 
 
 if __name__ == "__main__":
