@@ -19,8 +19,8 @@
 #include <math.h>
 #include <string.h>
 
-/* Longest LEB128 encoding of a uint64_t: ceil(64 / 7). */
-#define VARINT_MAX 10
+#include "varint.h"
+
 
 void hist_init(struct hist *h)
 {
@@ -150,16 +150,6 @@ bool hist_empty(const struct hist *h)
 	return h->count == 0;
 }
 
-static size_t varint_len(uint64_t v)
-{
-	size_t n = 1;
-	while (v >= 0x80) {
-		v >>= 7;
-		n++;
-	}
-	return n;
-}
-
 size_t hist_encoded_max(const struct hist *h)
 {
 	/* Six header numbers, then at most HIST_BUCKETS buckets, each at worst
@@ -170,17 +160,12 @@ size_t hist_encoded_max(const struct hist *h)
 
 /* Appends v at out[*pos]; false, with nothing written past cap, if it does
  * not fit. */
-static bool varint_put(uint8_t *out, size_t cap, size_t *pos, uint64_t v)
+static bool put(uint8_t *out, size_t cap, size_t *pos, uint64_t v)
 {
-	size_t p = *pos;
-	do {
-		if (p >= cap)
-			return false;
-		uint8_t byte = v & 0x7f;
-		v >>= 7;
-		out[p++] = byte | (v ? 0x80 : 0);
-	} while (v);
-	*pos = p;
+	size_t n = varint_len(v);
+	if (cap - *pos < n)
+		return false;
+	*pos += varint_put(out + *pos, v);
 	return true;
 }
 
@@ -214,15 +199,15 @@ size_t hist_encode(const struct hist *h, uint8_t *out, size_t cap)
 
 	size_t pos = 0;
 	uint64_t shape = use_dense ? ((uint64_t)(last - first + 1) << 1) | 1 : nnz << 1;
-	if (!varint_put(out, cap, &pos, h->count) || !varint_put(out, cap, &pos, h->sum) ||
-	    !varint_put(out, cap, &pos, h->min) || !varint_put(out, cap, &pos, h->max) ||
-	    !varint_put(out, cap, &pos, shape))
+	if (!put(out, cap, &pos, h->count) || !put(out, cap, &pos, h->sum) ||
+	    !put(out, cap, &pos, h->min) || !put(out, cap, &pos, h->max) ||
+	    !put(out, cap, &pos, shape))
 		return 0;
 	if (use_dense) {
-		if (!varint_put(out, cap, &pos, first))
+		if (!put(out, cap, &pos, first))
 			return 0;
 		for (unsigned i = first; i <= last; i++)
-			if (!varint_put(out, cap, &pos, zigzag(h->buckets[i], i > first ? h->buckets[i - 1] : 0)))
+			if (!put(out, cap, &pos, zigzag(h->buckets[i], i > first ? h->buckets[i - 1] : 0)))
 				return 0;
 		return pos;
 	}
@@ -230,7 +215,7 @@ size_t hist_encode(const struct hist *h, uint8_t *out, size_t cap)
 	for (unsigned i = 0; i < HIST_BUCKETS; i++) {
 		if (h->buckets[i] == 0)
 			continue;
-		if (!varint_put(out, cap, &pos, i - prev) || !varint_put(out, cap, &pos, h->buckets[i]))
+		if (!put(out, cap, &pos, i - prev) || !put(out, cap, &pos, h->buckets[i]))
 			return 0;
 		prev = i;
 	}
@@ -238,25 +223,13 @@ size_t hist_encode(const struct hist *h, uint8_t *out, size_t cap)
 }
 
 /* Reads a varint at in[*pos]; false if it runs past len or over 64 bits. */
-static bool varint_get(const uint8_t *in, size_t len, size_t *pos, uint64_t *v)
+static bool get(const uint8_t *in, size_t len, size_t *pos, uint64_t *v)
 {
-	uint64_t r = 0;
-	size_t p = *pos;
-	for (unsigned shift = 0; shift < 64; shift += 7) {
-		if (p >= len)
-			return false;
-		uint8_t byte = in[p++];
-		/* The tenth byte has room for one bit only. */
-		if (shift == 63 && byte > 1)
-			return false;
-		r |= (uint64_t)(byte & 0x7f) << shift;
-		if (!(byte & 0x80)) {
-			*pos = p;
-			*v = r;
-			return true;
-		}
-	}
-	return false;
+	const uint8_t *p = in + *pos;
+	if (varint_get(&p, in + len, v) == -1)
+		return false;
+	*pos = (size_t)(p - in);
+	return true;
 }
 
 /*
@@ -269,9 +242,9 @@ static size_t decode_pass(struct hist *dst, const uint8_t *in, size_t len)
 {
 	size_t pos = 0;
 	uint64_t count, sum, min, max, shape;
-	if (!varint_get(in, len, &pos, &count) || !varint_get(in, len, &pos, &sum) ||
-	    !varint_get(in, len, &pos, &min) || !varint_get(in, len, &pos, &max) ||
-	    !varint_get(in, len, &pos, &shape))
+	if (!get(in, len, &pos, &count) || !get(in, len, &pos, &sum) ||
+	    !get(in, len, &pos, &min) || !get(in, len, &pos, &max) ||
+	    !get(in, len, &pos, &shape))
 		return 0;
 
 	if (count == 0) {
@@ -288,12 +261,12 @@ static size_t decode_pass(struct hist *dst, const uint8_t *in, size_t len)
 	if (shape & 1) {
 		/* dense: first index, then n count differences */
 		uint64_t prev = 0;
-		if (!varint_get(in, len, &pos, &idx) || idx >= HIST_BUCKETS || n > HIST_BUCKETS - idx)
+		if (!get(in, len, &pos, &idx) || idx >= HIST_BUCKETS || n > HIST_BUCKETS - idx)
 			return 0;
 		first = (unsigned)idx;
 		for (uint64_t k = 0; k < n; k++, idx++) {
 			uint64_t z, c;
-			if (!varint_get(in, len, &pos, &z))
+			if (!get(in, len, &pos, &z))
 				return 0;
 			if (z & 1) {
 				uint64_t down = (z >> 1) + 1;
@@ -321,7 +294,7 @@ static size_t decode_pass(struct hist *dst, const uint8_t *in, size_t len)
 			return 0;
 		for (uint64_t k = 0; k < n; k++) {
 			uint64_t delta, c;
-			if (!varint_get(in, len, &pos, &delta) || !varint_get(in, len, &pos, &c))
+			if (!get(in, len, &pos, &delta) || !get(in, len, &pos, &c))
 				return 0;
 			/* Indices strictly increase (only the first may be at delta
 			 * 0) and stay inside the array; check before adding so that

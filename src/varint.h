@@ -23,6 +23,17 @@ static inline size_t varint_put(uint8_t *p, uint64_t v)
 	return n;
 }
 
+/* Bytes varint_put writes for `v`. */
+static inline size_t varint_len(uint64_t v)
+{
+	size_t n = 1;
+	while (v >= 0x80) {
+		v >>= 7;
+		n++;
+	}
+	return n;
+}
+
 /* Reads one varint from [*p, end); advances *p. Returns 0 or -1. */
 static inline int varint_get(const uint8_t **p, const uint8_t *end, uint64_t *out)
 {
