@@ -333,7 +333,7 @@ void request_flush_upstream(struct request *req)
 	}
 	if (queued > pcfg(cl->px)->stream_buffer && !cl->reading_blocked) {
 		cl->reading_blocked = true;
-		bufferevent_disable(cl->bev, EV_READ);
+		client_reading(cl, false);
 	}
 }
 
@@ -360,7 +360,7 @@ static void on_up_write(struct bufferevent *bev, void *arg)
 		return;
 	if (cl->reading_blocked && evbuffer_get_length(bufferevent_get_output(bev)) <= pcfg(cl->px)->stream_buffer / 2) {
 		cl->reading_blocked = false;
-		bufferevent_enable(cl->bev, EV_READ);
+		client_reading(cl, true);
 		client_parse(cl);
 		if (cl->closing || cl->req != req)
 			return;

@@ -65,6 +65,7 @@
 #include "recent.h"
 #include "reqinfo.h"
 #include "router.h"
+#include "rxstamp.h"
 #include "stats.h"
 #include "timeline.h"
 #include "tls.h"
@@ -380,7 +381,7 @@ void client_fail(struct client *cl, int status, enum req_error kind, const char 
 	/* The answer goes out from the write callback; then linger. */
 	bufferevent_setwatermark(cl->bev, EV_WRITE, 0, 0);
 	bufferevent_enable(cl->bev, EV_WRITE);
-	bufferevent_enable(cl->bev, EV_READ);
+	client_reading(cl, true);
 	timer_arm(cl->timer, LINGER_MS);
 }
 
@@ -725,6 +726,8 @@ static void client_free(struct client *cl)
 	LIST_REMOVE(cl, link);
 	px->nclients--;
 	request_free(cl->req);
+	if (cl->rev)
+		event_free(cl->rev);
 	if (cl->bev)
 		bufferevent_free(cl->bev);
 	if (cl->timer)
@@ -764,6 +767,8 @@ static void client_close(struct client *cl, const char *why)
 		cl->req = NULL;
 	}
 	log_conn(LOG_DEBUG, cl->id, "closed: %s", why);
+	if (cl->rev)
+		event_del(cl->rev); /* freed with the client: this may be its callback */
 	if (cl->bev) {
 		bufferevent_free(cl->bev);
 		cl->bev = NULL;
@@ -792,7 +797,7 @@ void request_finish(struct request *req)
 	head_scan_reset(cl);
 	llhttp_resume(&cl->parser);
 	bufferevent_setwatermark(cl->bev, EV_WRITE, 0, 0);
-	bufferevent_enable(cl->bev, EV_READ);
+	client_reading(cl, true);
 	timer_arm(cl->timer, pcfg(cl->px)->keepalive_timeout_ms);
 	if (evbuffer_get_length(bufferevent_get_input(cl->bev)))
 		client_parse(cl);
@@ -909,23 +914,124 @@ void client_parse(struct client *cl)
 		if (cl->reading_blocked)
 			break;
 	}
+	if (cl->input_full && evbuffer_get_length(in) < CLIENT_INPUT_MAX) {
+		cl->input_full = false;
+		client_reading(cl, cl->reading);
+	}
 	if (cl->req && cl->state != CL_CLOSING)
 		request_check_sent(cl->req);
 }
 
-static void on_client_read(struct bufferevent *bev, void *arg)
+/*
+ * Reading a client. Over plain TCP tokentap reads the socket itself with
+ * recvmsg() instead of through the bufferevent, because only recvmsg()
+ * carries the kernel's receive stamp (rxstamp.h): a request `arrive`s when
+ * its first byte reached this host, not when this loop got round to reading
+ * it. Without that, a loop busy finishing the previous response (logging,
+ * recording) would shorten the ttft of the request the client sent right
+ * after it. The bufferevent still does the writing, and over TLS both.
+ * At most CLIENT_INPUT_MAX bytes wait unparsed (a pipelined request waits
+ * for the response before it); beyond that reading pauses until
+ * client_parse() has consumed some.
+ */
+void client_reading(struct client *cl, bool on)
 {
-	struct client *cl = arg;
+	if (!cl->bev)
+		return;
+	if (!cl->rev) {
+		if (on)
+			bufferevent_enable(cl->bev, EV_READ);
+		else
+			bufferevent_disable(cl->bev, EV_READ);
+		return;
+	}
+	cl->reading = on;
+	if (on && !cl->input_full)
+		event_add(cl->rev, NULL);
+	else
+		event_del(cl->rev);
+}
 
-	cl->last_read_ns = clock_now_ns();
+static void on_client_event(struct bufferevent *bev, short what, void *arg);
+
+/* New bytes are in the client's input buffer, read at cl->last_read_ns. */
+static void client_input(struct client *cl)
+{
+	struct evbuffer *in = bufferevent_get_input(cl->bev);
+
 	if (cl->state == CL_CLOSING) {
 		/* lingering: drop what the client still sends */
-		evbuffer_drain(bufferevent_get_input(bev), evbuffer_get_length(bufferevent_get_input(bev)));
+		evbuffer_drain(in, evbuffer_get_length(in));
 		return;
 	}
 	if (cl->state == CL_BODY && pcfg(cl->px)->idle_timeout_ms)
 		timer_arm(cl->timer, pcfg(cl->px)->idle_timeout_ms);
 	client_parse(cl);
+}
+
+#define CLIENT_READ_MAX (16u << 10) /* bytes asked of one recvmsg() */
+
+static void on_client_readable(evutil_socket_t fd, short what, void *arg)
+{
+	uint64_t now = clock_now_ns(); /* first: the fallback stamp */
+	struct client *cl = arg;
+	struct evbuffer *in = bufferevent_get_input(cl->bev);
+	size_t have = evbuffer_get_length(in);
+	struct evbuffer_iovec v[2];
+	union rxstamp_ctl ctl;
+	struct msghdr msg = { 0 };
+	ssize_t n;
+	int nv;
+
+	(void)what;
+	if (have >= CLIENT_INPUT_MAX) {
+		cl->input_full = true;
+		client_reading(cl, cl->reading);
+		return;
+	}
+	size_t want = CLIENT_INPUT_MAX - have < CLIENT_READ_MAX ? CLIENT_INPUT_MAX - have : CLIENT_READ_MAX;
+	/* the bufferevent keeps its input's end frozen but while it reads */
+	evbuffer_unfreeze(in, 0);
+	nv = evbuffer_reserve_space(in, (ev_ssize_t)want, v, 2);
+	if (nv < 1) {
+		evbuffer_freeze(in, 0);
+		client_close(cl, "out of memory reading the client");
+		return;
+	}
+	/* struct evbuffer_iovec is laid out as struct iovec */
+	msg.msg_iov = (struct iovec *)v;
+	msg.msg_iovlen = (size_t)nv;
+	rxstamp_prepare(&msg, &ctl);
+	n = recvmsg(fd, &msg, MSG_DONTWAIT);
+	if (n <= 0) {
+		evbuffer_commit_space(in, v, 0);
+		evbuffer_freeze(in, 0);
+		if (n == -1 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+			return;
+		on_client_event(cl->bev, BEV_EVENT_READING | (n == 0 ? BEV_EVENT_EOF : BEV_EVENT_ERROR), cl);
+		return;
+	}
+	size_t left = (size_t)n;
+	int used = 0;
+	for (; used < nv && left; used++) {
+		if (v[used].iov_len > left)
+			v[used].iov_len = left;
+		left -= v[used].iov_len;
+	}
+	evbuffer_commit_space(in, v, used);
+	evbuffer_freeze(in, 0);
+	cl->last_read_ns = rxstamp_of(&cl->px->rxclock, &msg, now);
+	client_input(cl);
+}
+
+/* TLS: the bufferevent reads (and decrypts). */
+static void on_client_read(struct bufferevent *bev, void *arg)
+{
+	struct client *cl = arg;
+
+	(void)bev;
+	cl->last_read_ns = clock_now_ns();
+	client_input(cl);
 }
 
 static void on_client_write(struct bufferevent *bev, void *arg)
@@ -1038,8 +1144,14 @@ static void on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct soc
 	cl->px = px;
 	cl->id = ++px->next_client_id;
 	cl->bev = tls ? tls_bev_accept(px->base, tls, fd) : bufferevent_socket_new(px->base, fd, BEV_OPT_CLOSE_ON_FREE);
+	if (!tls) {
+		(void)rxstamp_enable(fd);
+		cl->rev = event_new(px->base, fd, EV_READ | EV_PERSIST, on_client_readable, cl);
+	}
 	cl->timer = evtimer_new(px->base, on_client_timer, cl);
-	if (!cl->bev || !cl->timer) {
+	if (!cl->bev || !cl->timer || (!tls && !cl->rev)) {
+		if (cl->rev)
+			event_free(cl->rev);
 		if (cl->bev)
 			bufferevent_free(cl->bev);
 		else
@@ -1056,7 +1168,8 @@ static void on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct soc
 	px->nclients++;
 	bufferevent_setcb(cl->bev, on_client_read, on_client_write, on_client_event, cl);
 	bufferevent_setwatermark(cl->bev, EV_READ, 0, CLIENT_INPUT_MAX);
-	bufferevent_enable(cl->bev, EV_READ | EV_WRITE);
+	bufferevent_enable(cl->bev, EV_WRITE);
+	client_reading(cl, true);
 	timer_arm(cl->timer, pcfg(px)->keepalive_timeout_ms);
 	log_conn(LOG_DEBUG, cl->id, "accepted from %s", cl->peer);
 }

@@ -21,6 +21,7 @@
 #include "framer.h"
 #include "mirror.h"
 #include "router.h"
+#include "rxstamp.h"
 #include "timeline.h"
 #include "upstream.h"
 
@@ -72,6 +73,7 @@ struct proxy {
 	struct accesslog *alog;
 	struct stats_shard *stats;
 	struct recent *recent;
+	struct rxclock rxclock; /* maps client sockets' receive stamps onto the monotonic clock */
 	struct listener {
 		struct evconnlistener *lev;
 		struct proxy *px;
@@ -162,12 +164,15 @@ struct client {
 	struct proxy *px;
 	uint64_t id;
 	struct bufferevent *bev;
+	struct event *rev; /* plain TCP: the read event (see client_reading); NULL over TLS */
 	llhttp_t parser;
 	enum client_state state;
 	struct event *timer; /* keep-alive idle, header deadline, upload idle, linger */
 	struct request *req;
 	char peer[64];
-	uint64_t last_read_ns;
+	uint64_t last_read_ns; /* when the bytes last read arrived (kernel stamp where there is one) */
+	bool reading;	       /* reading wanted (rev added unless input_full) */
+	bool input_full;       /* CLIENT_INPUT_MAX buffered: reading paused until parsed */
 	bool close_after; /* close once the current response is written */
 	bool closing;
 	bool reading_blocked; /* upload backpressure */
@@ -193,6 +198,7 @@ void request_drop_upstream(struct request *req, bool reusable);
 void request_finish(struct request *req);
 void client_fail(struct client *cl, int status, enum req_error kind, const char *type, const char *msg);
 void client_parse(struct client *cl);
+void client_reading(struct client *cl, bool on);
 
 /* exchange.c: the upstream side */
 void exchange_settings_init(llhttp_settings_t *s);

@@ -16,8 +16,9 @@
  * the read callback before any parsing, and all events framed out of one
  * read share that stamp. The stamp is, by default, the kernel's receive time
  * of the newest segment read (SO_TIMESTAMPNS, mapped from CLOCK_REALTIME onto
- * CLOCK_MONOTONIC): on a loaded machine that leaves this process's own
- * wake-up latency out of ttft and itl. With --timestamps read it is the clock
+ * CLOCK_MONOTONIC by src/rxstamp.c, as tokentap does for `arrive`): on a
+ * loaded machine that leaves this process's own wake-up latency out of ttft
+ * and itl. With --timestamps read it is the clock
  * read at the top of the callback. Sockets have TCP_NODELAY.
  *
  * Why reads do not go through the bufferevent: a kernel timestamp arrives
@@ -52,11 +53,11 @@
 #include <llhttp.h>
 
 #include "framer.h"
+#include "rxstamp.h"
 
 #define PENDING_MAX 65536      /* open loop: arrivals waiting for a slot */
 #define CONNECT_FAIL_MAX 100   /* consecutive connect failures end the run */
 #define READ_BUF 65536
-#define KERNEL_TS_MAX_AGE_NS 50000000ull /* an older kernel stamp is not trusted */
 
 static const char *const error_names[] = {
 #define X(e, n) n,
@@ -140,8 +141,7 @@ struct run {
 	char *model_json; /* the model as a JSON string, or NULL */
 	struct evbuffer *scratch_body, *scratch_req;
 	char *rbuf; /* READ_BUF bytes: every read lands here, then goes to llhttp */
-	int64_t rt_offset_ns; /* CLOCK_REALTIME - CLOCK_MONOTONIC */
-	struct event *clock_ev;
+	struct rxclock rxclock; /* kernel receive stamps onto CLOCK_MONOTONIC */
 
 	uint64_t next_seq;
 	uint64_t limit; /* warmup + requests; 0: unbounded */
@@ -409,7 +409,7 @@ static struct conn *conn_new(struct run *r)
 	if (fd >= 0) {
 		(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 		if (r->o->kernel_ts)
-			(void)setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof(one));
+			(void)rxstamp_enable(fd);
 		c->rev = event_new(r->base, fd, EV_READ | EV_PERSIST, on_readable, c);
 	}
 	if (!c->rev) {
@@ -743,22 +743,6 @@ static const llhttp_settings_t *parser_settings(void)
 	return &s;
 }
 
-/* The arrival time of what recvmsg() just returned: the kernel's stamp of
- * the newest segment when there is a plausible one, else `now`. */
-static uint64_t read_stamp(struct run *r, struct msghdr *msg, uint64_t now)
-{
-	for (struct cmsghdr *cm = CMSG_FIRSTHDR(msg); cm; cm = CMSG_NXTHDR(msg, cm)) {
-		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SO_TIMESTAMPNS)
-			continue;
-		struct timespec ts;
-		memcpy(&ts, CMSG_DATA(cm), sizeof(ts));
-		int64_t k = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec - r->rt_offset_ns;
-		if (k > 0 && (uint64_t)k <= now && now - (uint64_t)k < KERNEL_TS_MAX_AGE_NS)
-			return (uint64_t)k;
-	}
-	return now;
-}
-
 /* Feeds received bytes to llhttp. Returns true when the connection's
  * request was finished (and the connection dealt with). */
 static bool conn_parse(struct conn *c, const char *buf, size_t len, uint64_t stamp)
@@ -794,10 +778,7 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 	struct conn *c = arg;
 	struct run *r = c->run;
 	struct breq *q = &c->req;
-	union {
-		char buf[CMSG_SPACE(sizeof(struct timespec)) * 2];
-		struct cmsghdr align;
-	} ctl;
+	union rxstamp_ctl ctl;
 	struct iovec iov = { r->rbuf, READ_BUF };
 	struct msghdr msg = { 0 };
 	ssize_t n;
@@ -810,13 +791,12 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 	}
 	msg.msg_iov = &iov;
 	msg.msg_iovlen = 1;
-	msg.msg_control = ctl.buf;
-	msg.msg_controllen = sizeof(ctl.buf);
+	rxstamp_prepare(&msg, &ctl);
 	n = recvmsg(fd, &msg, MSG_DONTWAIT);
 	if (n == -1 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
 		return;
 	if (n > 0) {
-		uint64_t stamp = r->o->kernel_ts ? read_stamp(r, &msg, now) : now;
+		uint64_t stamp = r->o->kernel_ts ? rxstamp_of(&r->rxclock, &msg, now) : now;
 		r->res->reads++;
 		r->res->kernel_stamped += stamp != now;
 		conn_parse(c, r->rbuf, (size_t)n, stamp);
@@ -1021,30 +1001,6 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 	event_base_loopexit(r->base, NULL);
 }
 
-/* CLOCK_REALTIME - CLOCK_MONOTONIC from the tightest of a few samples. */
-static int64_t realtime_offset_ns(void)
-{
-	int64_t best_w = INT64_MAX, off = 0;
-	for (int i = 0; i < 16; i++) {
-		struct timespec a, b;
-		clock_gettime(CLOCK_REALTIME, &a);
-		uint64_t m = clock_now_ns();
-		clock_gettime(CLOCK_REALTIME, &b);
-		int64_t ra = (int64_t)a.tv_sec * 1000000000 + a.tv_nsec, rb = (int64_t)b.tv_sec * 1000000000 + b.tv_nsec;
-		if (rb - ra < best_w) {
-			best_w = rb - ra;
-			off = ra + (rb - ra) / 2 - (int64_t)m;
-		}
-	}
-	return off;
-}
-
-/* The wall clock may be slewed by NTP: the offset is taken again each second. */
-static void on_clock(evutil_socket_t fd, short what, void *arg)
-{
-	((struct run *)arg)->rt_offset_ns = realtime_offset_ns();
-}
-
 static int resolve(struct run *r)
 {
 	struct addrinfo hints = { 0 }, *ai = NULL;
@@ -1106,14 +1062,11 @@ int bench_run(const struct bench_opts *o, unsigned concurrency, uint64_t id_base
 	r.scratch_body = evbuffer_new();
 	r.scratch_req = evbuffer_new();
 	r.rbuf = malloc(READ_BUF);
-	r.rt_offset_ns = realtime_offset_ns();
-	r.clock_ev = event_new(r.base, -1, EV_PERSIST, on_clock, &r);
 	r.reaper = event_new(r.base, -1, 0, on_reap, &r);
 	r.deadline_ev = evtimer_new(r.base, on_deadline, &r);
 	r.sigint_ev = evsignal_new(r.base, SIGINT, on_signal, &r);
 	r.sigterm_ev = evsignal_new(r.base, SIGTERM, on_signal, &r);
-	struct timeval one_s = { 1, 0 };
-	if (!r.scratch_body || !r.scratch_req || !r.rbuf || !r.clock_ev || event_add(r.clock_ev, &one_s) == -1 ||
+	if (!r.scratch_body || !r.scratch_req || !r.rbuf ||
 	    !r.reaper || !r.deadline_ev || !r.sigint_ev || !r.sigterm_ev ||
 	    evsignal_add(r.sigint_ev, NULL) == -1 || evsignal_add(r.sigterm_ev, NULL) == -1)
 		goto out;
@@ -1159,8 +1112,6 @@ out:
 		on_reap(-1, 0, &r);
 	if (r.progress_ev)
 		event_free(r.progress_ev);
-	if (r.clock_ev)
-		event_free(r.clock_ev);
 	if (r.arrival_ev)
 		event_free(r.arrival_ev);
 	if (r.deadline_ev)

@@ -43,7 +43,7 @@ def _binary(env_name, fallback_name):
         return path
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(os.path.dirname(here))
-    for build in ("build", "build-h3"):
+    for build in ("build",):
         for sub in ("", "contrib/sim"):
             cand = os.path.join(root, build, sub, fallback_name)
             if os.access(cand, os.X_OK):

@@ -6,6 +6,7 @@ metrics consistent with their definitions in docs/metrics.md."""
 import gc
 import json
 import os
+import signal
 import tempfile
 import time
 import unittest
@@ -207,6 +208,41 @@ class AccessLogTest(LogChecks):
             self.assertEqual(self.sim.stats()["last_request_id"], rid)
             if extra:
                 extra(e, resp, rid)
+            return e, t0, toks
+
+        self.check_timing(run)
+
+    def test_wait_for_a_stalled_proxy_counts_in_ttft(self):
+        """A request that reaches tokentap while its event loop cannot run
+        (here the process is stopped for STALL_MS; in life, a loop busy with
+        other streams) has been waiting from the client's point of view.
+        `arrive` is the kernel's receive time of the request's first byte,
+        not the moment the loop read it, so the wait is in ttft, as the
+        client sees it, instead of hidden."""
+        STALL_MS = 200
+        api = "openai-chat"
+        body = harness.api_body(api, True)
+
+        def run(attempt):
+            rid = "it-al-stall-%d" % attempt
+            conn = harness.HttpConn(self.tt.port, kernel_ts=True)
+            raw = harness.request_bytes("POST", harness.API_PATHS[api], body,
+                                        harness.sim_headers(ttft=20, itl=5, tokens=5, request_id=rid), self.tt.port)
+            os.kill(self.tt.pid, signal.SIGSTOP)
+            try:
+                t0 = conn.send(raw)
+                time.sleep(STALL_MS / 1000.0)
+            finally:
+                os.kill(self.tt.pid, signal.SIGCONT)
+            try:
+                resp = conn.read_response()
+            finally:
+                conn.close()
+            self.assertEqual(resp.status, 200)
+            toks = [e for e in harness.events_of(resp) if harness.is_token_event(api, e)]
+            self.assertEqual(len(toks), 5)
+            e = self.entry(rid)
+            self.assertGreaterEqual(e["ttft_ms"], STALL_MS + 20 - TOL_MS, e)
             return e, t0, toks
 
         self.check_timing(run)
