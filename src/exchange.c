@@ -543,7 +543,7 @@ void on_up_read(struct bufferevent *bev, void *arg)
 	}
 	if (req->resp_head_done && req->resp_parsed) {
 		struct evbuffer *out = bufferevent_get_output(cl->bev);
-		evbuffer_remove_buffer(in, out, req->resp_parsed);
+		client_forward(cl, in, req->resp_parsed);
 		req->rec.bytes_out += req->resp_parsed;
 		req->resp_parsed = 0;
 		req->resp_started = true;

@@ -12,7 +12,9 @@
  * is re-written for the upstream (hop-by-hop headers dropped, x-request-id
  * added); the request body is streamed as it arrives. The response is never
  * rewritten: once its head has parsed, every byte read from the upstream is
- * moved, not copied, into the client's output buffer in the same callback.
+ * written to the client in the same callback (client_forward: straight to
+ * the socket, or moved, not copied, into the output buffer when the socket
+ * is behind).
  * Parsing it only stamps the timeline and feeds the event framer.
  *
  * Client states (client_set_state is the one place they change):
@@ -953,6 +955,29 @@ void client_reading(struct client *cl, bool on)
 }
 
 static void on_client_event(struct bufferevent *bev, short what, void *arg);
+
+/*
+ * Sends the first n bytes of `src` to the client. Over plain TCP, when
+ * nothing is queued before them, they are written to the socket here and
+ * now: a bufferevent would only arm its write event and write on the next
+ * loop turn (two epoll_ctl calls and a wake-up per chunk, and the token that
+ * much later). Whatever the socket does not take, and everything over TLS,
+ * is moved (not copied) into the bufferevent's output, which writes it as
+ * the socket drains and reports errors. A failed write leaves the bytes for
+ * the bufferevent too, so errors have one path.
+ */
+void client_forward(struct client *cl, struct evbuffer *src, size_t n)
+{
+	struct evbuffer *out = bufferevent_get_output(cl->bev);
+
+	if (cl->rev && evbuffer_get_length(out) == 0) {
+		int w = evbuffer_write_atmost(src, bufferevent_getfd(cl->bev), (ev_ssize_t)n);
+		if (w > 0)
+			n -= (size_t)w;
+	}
+	if (n)
+		evbuffer_remove_buffer(src, out, n);
+}
 
 /* New bytes are in the client's input buffer, read at cl->last_read_ns. */
 static void client_input(struct client *cl)

@@ -199,6 +199,7 @@ void request_finish(struct request *req);
 void client_fail(struct client *cl, int status, enum req_error kind, const char *type, const char *msg);
 void client_parse(struct client *cl);
 void client_reading(struct client *cl, bool on);
+void client_forward(struct client *cl, struct evbuffer *src, size_t n);
 
 /* exchange.c: the upstream side */
 void exchange_settings_init(llhttp_settings_t *s);
