@@ -74,8 +74,10 @@ struct admin {
 	struct store *store;
 	const struct config *cfg;
 	struct recent *recent; /* borrowed; NULL: /requests/recent is off */
-	struct control *control; /* borrowed; NULL: /routes, /upstreams are off */
-	void *proxy;
+	/* borrowed, one per worker; none: /routes, /upstreams are off */
+	struct control *controls[WORKERS_MAX];
+	void *proxies[WORKERS_MAX];
+	unsigned nworkers;
 	char *token; /* NULL: writes are refused */
 	size_t token_len;
 
@@ -343,7 +345,8 @@ static json_t *upstream_labels(struct admin *a)
 	json_t *doc, *map, *ups, *u;
 	size_t i;
 
-	if (!a->control || control_call(a->control, live_upstreams, a->proxy, NULL, &out, &status, LIVE_TIMEOUT_MS) ||
+	if (!a->nworkers ||
+	    control_call(a->controls[0], live_upstreams, a->proxies[0], NULL, &out, &status, LIVE_TIMEOUT_MS) ||
 	    status != 200 || !out) {
 		free(out);
 		return NULL;
@@ -530,33 +533,60 @@ static void on_reset(struct admin *a, struct evhttp_request *req, struct evkeyva
 	reply_json_text(req, 200, "{\"reset\":true}\n");
 }
 
-/* Runs a live-state function on the worker and relays its JSON answer. */
-static void relay_live(struct admin *a, struct evhttp_request *req, control_fn fn, const char *in)
-{
-	char *out = NULL;
-	int status = 500;
+/* How a live view spans the workers. */
+enum live_span {
+	LIVE_FIRST,	/* the same everywhere (configuration, weights): the first worker's */
+	LIVE_MERGE,	/* per-worker counters: every worker's, merged */
+	LIVE_EACH,	/* a change: the first worker validates and answers, then the rest follow */
+};
 
-	if (!a->control) {
+/* Runs a live-state function on the workers and relays its JSON answer. */
+static void relay_live(struct admin *a, struct evhttp_request *req, control_fn fn, const char *in,
+		       enum live_span span)
+{
+	char *outs[WORKERS_MAX] = { NULL };
+	int status = 500, st;
+	unsigned n = span == LIVE_FIRST ? 1 : a->nworkers;
+
+	if (!a->nworkers) {
 		reply_error(req, 404, NULL, "live proxy state is not available in this process");
 		return;
 	}
-	if (control_call(a->control, fn, a->proxy, in, &out, &status, LIVE_TIMEOUT_MS) == -1 || !out) {
-		reply_error(req, 503, NULL, "the proxy did not answer within %d ms", LIVE_TIMEOUT_MS);
-		free(out);
-		return;
+	for (unsigned i = 0; i < n; i++) {
+		if (control_call(a->controls[i], fn, a->proxies[i], in, &outs[i], i ? &st : &status,
+				 LIVE_TIMEOUT_MS) == -1 || !outs[i]) {
+			reply_error(req, 503, NULL, "the proxy did not answer within %d ms", LIVE_TIMEOUT_MS);
+			goto out;
+		}
+		if (i == 0 && span == LIVE_EACH && status != 200)
+			break; /* refused: nothing changed anywhere */
+		if (i && span == LIVE_EACH && st != 200)
+			log_error("admin: worker %u refused a change the first accepted: %s", i, outs[i]);
 	}
-	reply_json_text(req, status, out);
-	free(out);
+	if (span == LIVE_MERGE && n > 1) {
+		char *merged = live_upstreams_merge((const char *const *)outs, n);
+		if (!merged) {
+			reply_error(req, 500, NULL, "out of memory merging the workers' views");
+			goto out;
+		}
+		reply_json_text(req, status, merged);
+		free(merged);
+		goto out;
+	}
+	reply_json_text(req, status, outs[0]);
+out:
+	for (unsigned i = 0; i < n; i++)
+		free(outs[i]);
 }
 
 static void on_routes(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)
 {
-	relay_live(a, req, live_routes, NULL);
+	relay_live(a, req, live_routes, NULL, LIVE_FIRST);
 }
 
 static void on_upstreams(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)
 {
-	relay_live(a, req, live_upstreams, NULL);
+	relay_live(a, req, live_upstreams, NULL, LIVE_MERGE);
 }
 
 static void on_weights(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)
@@ -571,7 +601,7 @@ static void on_weights(struct admin *a, struct evhttp_request *req, struct evkey
 	}
 	evbuffer_copyout(body, in, len);
 	in[len] = '\0';
-	relay_live(a, req, live_set_weights, in);
+	relay_live(a, req, live_set_weights, in, LIVE_EACH);
 	free(in);
 }
 
@@ -832,8 +862,11 @@ struct admin *admin_start(const struct admin_options *o, struct store *store, co
 	a->store = store;
 	a->cfg = cfg;
 	a->recent = recent;
-	a->control = o->control;
-	a->proxy = o->proxy;
+	for (unsigned i = 0; i < o->nworkers && i < WORKERS_MAX; i++) {
+		a->controls[i] = o->controls[i];
+		a->proxies[i] = o->proxies[i];
+	}
+	a->nworkers = o->nworkers;
 	if (o->token && *o->token) {
 		a->token = strdup(o->token);
 		if (!a->token) {

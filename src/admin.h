@@ -18,6 +18,8 @@
 
 #include <stddef.h>
 
+#include "config.h"
+
 struct store;
 struct config;
 struct recent;
@@ -28,10 +30,11 @@ struct control;
 struct admin_options {
 	const char *listen; /* "127.0.0.1:9901", "[::1]:9901", "localhost:0"; NULL = off */
 	const char *token;  /* bearer token for writes, or NULL; copied */
-	/* The worker's live state (routes, upstreams, weights), reached through
-	 * the control channel; NULL: those endpoints answer 404. */
-	struct control *control;
-	void *proxy;
+	/* The workers' live state (routes, upstreams, weights), reached through
+	 * their control channels; none (nworkers 0): those endpoints answer 404. */
+	struct control *controls[WORKERS_MAX];
+	void *proxies[WORKERS_MAX];
+	unsigned nworkers;
 };
 
 /*

@@ -33,6 +33,7 @@ static void usage(FILE *out)
 		"  -l, --listen ADDR:PORT      where clients connect (default 127.0.0.1:8080)\n"
 		"      --tls-cert FILE, --tls-key FILE  the listener speaks TLS (PEM files)\n"
 		"      --access-log PATH|-     one JSON line per request; '-' for stdout\n"
+		"      --workers N|auto        event loops, one thread each (default auto: one per core)\n"
 		"      --max-body-size SIZE    largest request body (default 32m)\n"
 		"      --max-header-size SIZE  largest request head (default 32k)\n"
 		"      --header-timeout DUR    whole request head must arrive within (default 30s)\n"
@@ -73,6 +74,7 @@ enum {
 	OPT_ADMIN_TOKEN_FILE,
 	OPT_TLS_CERT,
 	OPT_TLS_KEY,
+	OPT_WORKERS,
 };
 
 static const struct option opts[] = {
@@ -97,6 +99,7 @@ static const struct option opts[] = {
 	{ "admin-token-file", required_argument, NULL, OPT_ADMIN_TOKEN_FILE },
 	{ "tls-cert", required_argument, NULL, OPT_TLS_CERT },
 	{ "tls-key", required_argument, NULL, OPT_TLS_KEY },
+	{ "workers", required_argument, NULL, OPT_WORKERS },
 	{ "help", no_argument, NULL, 'h' },
 	{ "version", no_argument, NULL, 'V' },
 	{ NULL, 0, NULL, 0 },
@@ -204,6 +207,10 @@ static int apply_flags(int argc, char **argv, struct config *cfg, struct out *o)
 		case OPT_ADMIN_TOKEN_FILE: cfg->admin_token_file = optarg; break;
 		case OPT_TLS_CERT: cfg->tls_cert = optarg; break;
 		case OPT_TLS_KEY: cfg->tls_key = optarg; break;
+		case OPT_WORKERS:
+			if (config_parse_workers(optarg, &cfg->workers) == -1)
+				return bad_value(o, "--workers", optarg, "auto or a number of threads from 1 to 64");
+			break;
 		case OPT_DATA_DIR: cfg->data_dir = strcmp(optarg, "off") == 0 ? NULL : optarg; break;
 		case OPT_LOG_LEVEL:
 			if (log_set_level_name(optarg) == -1)

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 void config_defaults(struct config *c)
 {
@@ -244,6 +245,35 @@ static int parse_scaled(const char *s, uint64_t *out, const char *const units[],
 		return -1;
 	*out = (uint64_t)v * mul;
 	return 0;
+}
+
+int config_parse_workers(const char *s, unsigned *out)
+{
+	char *end;
+	unsigned long v;
+
+	if (strcmp(s, "auto") == 0) {
+		*out = 0;
+		return 0;
+	}
+	if (*s < '0' || *s > '9')
+		return -1;
+	errno = 0;
+	v = strtoul(s, &end, 10);
+	if (errno || *end || v < 1 || v > WORKERS_MAX)
+		return -1;
+	*out = (unsigned)v;
+	return 0;
+}
+
+unsigned config_workers(const struct config *c)
+{
+	long n;
+
+	if (c->workers)
+		return c->workers;
+	n = sysconf(_SC_NPROCESSORS_ONLN);
+	return n < 1 ? 1 : n > WORKERS_MAX ? WORKERS_MAX : (unsigned)n;
 }
 
 int config_parse_size(const char *s, uint64_t *out)

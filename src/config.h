@@ -15,6 +15,7 @@
 
 #define LABELS_MAX 16
 #define LISTENERS_MAX 16
+#define WORKERS_MAX 64
 
 /* One listening address, optionally TLS. */
 struct listener_conf {
@@ -82,6 +83,7 @@ struct config {
 	uint64_t max_header_size;
 	unsigned max_headers;
 	unsigned max_connections; /* client connections at once; past it, 503 */
+	unsigned workers;	  /* event loops (threads); 0: one per CPU core */
 	uint64_t header_timeout_ms;	/* whole request head, from its first byte */
 	uint64_t keepalive_timeout_ms;	/* idle client connection between requests */
 	uint64_t connect_timeout_ms;	/* upstream TCP connect */
@@ -142,6 +144,12 @@ int config_single_upstream(struct config *c, char *err, size_t errlen);
  * on. Appends one "FILE:LINE: message" line per problem to `errs` (when
  * c->path is set; "message" alone otherwise) and returns the count. */
 unsigned config_validate(const struct config *c, char *errs, size_t errlen);
+
+/* "auto" (0: one per CPU core) or 1..WORKERS_MAX. Returns 0 or -1. */
+int config_parse_workers(const char *s, unsigned *out);
+
+/* The number of workers to run: `workers`, or the CPU cores when 0. */
+unsigned config_workers(const struct config *c);
 
 /* "32m", "16k", "1g", "4096" (1024-based). Returns 0 or -1. */
 int config_parse_size(const char *s, uint64_t *out);

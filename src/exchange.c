@@ -136,7 +136,7 @@ static void request_connect(struct request *req)
 		client_fail(cl, 502, REQ_ERR_CONNECT_FAILED, "upstream_unreachable", msg);
 		return;
 	}
-	req->inflight = req->up->active;
+	req->inflight = upstream_inflight(req->up);
 	req->cold = upstream_dispatch_cold(req->up, reused, now);
 	bufferevent_setcb(req->uc->bev, on_up_read, on_up_write, on_up_event, req);
 	bufferevent_setwatermark(req->uc->bev, EV_WRITE, 0, 0);

@@ -95,8 +95,8 @@ char *live_upstreams(void *proxy, const char *in, int *status)
 		json_object_set_new(o, "name", json_string(u->name));
 		json_object_set_new(o, "url", json_string(u->conf.url));
 		json_object_set_new(o, "labels", labels_json(&u->conf));
-		json_object_set_new(o, "in_flight", json_integer(u->active));
-		json_object_set_new(o, "queued", json_integer(u->queued));
+		json_object_set_new(o, "in_flight", json_integer(upstream_inflight(u)));
+		json_object_set_new(o, "queued", json_integer(upstream_waiting(u)));
 		json_object_set_new(o, "max_concurrency",
 				    u->conf.max_concurrency ? json_integer(u->conf.max_concurrency) : json_null());
 		json_object_set_new(o, "queue_max", json_integer(u->conf.queue_max));
@@ -164,4 +164,77 @@ char *live_set_weights(void *proxy, const char *in, int *status)
 		route_set_weight(r, key, (unsigned)json_integer_value(v));
 	json_decref(doc);
 	return dump(route_json(r), 200, status);
+}
+
+static void add_int(json_t *dst, const char *key, json_t *src)
+{
+	json_t *a = json_object_get(dst, key), *b = json_object_get(src, key);
+	if (json_is_integer(b))
+		json_object_set_new(dst, key,
+				    json_integer((json_is_integer(a) ? json_integer_value(a) : 0) + json_integer_value(b)));
+}
+
+static json_t *find_named(json_t *arr, const char *name)
+{
+	size_t i;
+	json_t *u;
+	json_array_foreach (arr, i, u) {
+		const char *n = json_string_value(json_object_get(u, "name"));
+		if (n && strcmp(n, name) == 0)
+			return u;
+	}
+	return NULL;
+}
+
+static void merge_upstream(json_t *into, json_t *from)
+{
+	json_t *errs = json_object_get(into, "errors"), *ferrs = json_object_get(from, "errors");
+	json_t *pool = json_object_get(into, "pool"), *fpool = json_object_get(from, "pool");
+	json_t *le = json_object_get(into, "last_error"), *fle = json_object_get(from, "last_error");
+	const char *key;
+	json_t *v;
+
+	add_int(into, "requests", from);
+	add_int(into, "rejected", from);
+	if (json_is_object(errs) && json_is_object(ferrs))
+		json_object_foreach (ferrs, key, v)
+			add_int(errs, key, ferrs);
+	if (json_is_object(pool) && json_is_object(fpool)) {
+		add_int(pool, "idle", fpool);
+		add_int(pool, "opened", fpool);
+		add_int(pool, "reused", fpool);
+	}
+	if (json_is_object(fle) && (!json_is_object(le) || json_integer_value(json_object_get(fle, "unix")) >
+								     json_integer_value(json_object_get(le, "unix"))))
+		json_object_set(into, "last_error", fle);
+	if (!json_is_true(json_object_get(from, "reachable")))
+		json_object_set_new(into, "reachable", json_false());
+}
+
+char *live_upstreams_merge(const char *const *texts, unsigned n)
+{
+	json_t *docs[WORKERS_MAX] = { NULL }, *ups;
+	char *out = NULL;
+	size_t i;
+	json_t *u;
+
+	if (n == 0 || n > WORKERS_MAX)
+		return NULL;
+	for (unsigned k = 0; k < n; k++)
+		if (!(docs[k] = json_loads(texts[k], 0, NULL)))
+			goto done;
+	ups = json_object_get(docs[0], "upstreams");
+	json_array_foreach (ups, i, u) {
+		const char *name = json_string_value(json_object_get(u, "name"));
+		for (unsigned k = 1; name && k < n; k++) {
+			json_t *other = find_named(json_object_get(docs[k], "upstreams"), name);
+			if (other)
+				merge_upstream(u, other);
+		}
+	}
+	out = json_dumps(docs[0], JSON_COMPACT | JSON_PRESERVE_ORDER);
+done:
+	for (unsigned k = 0; k < n; k++)
+		json_decref(docs[k]);
+	return out;
 }

@@ -17,3 +17,11 @@ char *live_upstreams(void *proxy, const char *in, int *status);
  * answers the route as /routes shows it, or 400/404 with a message. The
  * change lasts until the next reload. */
 char *live_set_weights(void *proxy, const char *in, int *status);
+
+/* One /upstreams answer from every worker's (JSON texts, the first one's
+ * shape): counters that are per worker (requests, rejected, errors, the
+ * pool's) are added up, `in_flight` and `queued` (already counted across
+ * workers) and the configuration are the first answer's, `last_error` is
+ * the latest and `reachable` holds only when every worker says so. A
+ * malloc'd JSON text, NULL when out of memory or an answer does not parse. */
+char *live_upstreams_merge(const char *const *texts, unsigned n);

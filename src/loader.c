@@ -182,6 +182,12 @@ static void f_log_level(struct load *l, yaml_node_t *v, const char *key, void *o
 	if (s && log_set_level_name(s) == -1)
 		problem(l, v, "%s: expected error, warn, info or debug, got '%s'", key, s);
 }
+static void f_workers(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	const char *s = scalar(l, v, key);
+	if (s && config_parse_workers(s, &CFG(o)->workers) == -1)
+		problem(l, v, "%s: expected auto or a number of threads from 1 to %d, got '%s'", key, WORKERS_MAX, s);
+}
 static void f_override_header(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	get_string_or_off(l, v, key, &CFG(o)->override_header);
@@ -668,7 +674,7 @@ static const struct field top_fields[] = {
 	{ "admin", f_admin },		  { "store", f_store },		  { "limits", f_limits },
 	{ "timeouts", f_timeouts },	  { "slo", f_slo },		  { "override_header", f_override_header },
 	{ "upstreams", f_upstreams },	  { "routes", f_routes },	  { "tls", f_tls },
-	{ "listeners", f_listeners },
+	{ "listeners", f_listeners },	  { "workers", f_workers },
 	{ NULL, NULL },
 };
 

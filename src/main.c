@@ -1,19 +1,22 @@
 /*
  * main.c — wiring and signals. No logic of its own: cli.c makes the config,
- * the modules are built in order, and the loop runs until SIGTERM/SIGINT
- * drains it. SIGHUP reloads the configuration into a new router generation.
+ * the shared modules (access log, store, recent ring) are built, then one
+ * worker per event loop (worker.c), each on its own thread. The main
+ * thread's loop only takes signals: SIGTERM/SIGINT drains every worker,
+ * SIGHUP reloads the configuration into a new router generation in each.
  */
 #include <event2/event.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include "accesslog.h"
 #include "admin.h"
 #include "cli.h"
 #include "config.h"
-#include "control.h"
 #include "log.h"
 #include "proxy.h"
 #include "recent.h"
@@ -21,6 +24,7 @@
 #include "stats.h"
 #include "store.h"
 #include "version.h"
+#include "worker.h"
 
 #define RECENT_REQUESTS 1024 /* kept for GET /requests/recent */
 
@@ -56,18 +60,40 @@ static int check_data(const struct config *cfg)
 struct app {
 	int argc;
 	char **argv;
-	struct event_base *base;
-	struct proxy *px;
+	struct event_base *base; /* the main thread's loop: signals only */
+	struct worker **workers;
+	unsigned nworkers;
 	const struct config *boot; /* settings that a reload does not change */
 	uint64_t generation;
 	bool stopping;
+	int drained_fd;	   /* eventfd: a worker finished draining */
+	unsigned ndrained; /* main thread only */
 };
 
-static void on_drained(void *arg)
+/* On a worker's thread: its last stream is done. */
+static void on_worker_drained(struct worker *w, void *arg)
 {
 	struct app *app = arg;
-	log_info("shutdown: all requests done");
-	event_base_loopexit(app->base, NULL);
+	uint64_t one = 1;
+	(void)w;
+	if (write(app->drained_fd, &one, sizeof(one)) == -1) {
+		/* the counter cannot overflow with at most WORKERS_MAX adds */
+	}
+}
+
+static void on_drained_fd(evutil_socket_t fd, short what, void *arg)
+{
+	struct app *app = arg;
+	uint64_t n = 0;
+
+	(void)what;
+	if (read(fd, &n, sizeof(n)) != sizeof(n))
+		return;
+	app->ndrained += (unsigned)n;
+	if (app->ndrained >= app->nworkers) {
+		log_info("shutdown: all requests done");
+		event_base_loopexit(app->base, NULL);
+	}
 }
 
 static void on_stop(evutil_socket_t sig, short what, void *arg)
@@ -81,7 +107,12 @@ static void on_stop(evutil_socket_t sig, short what, void *arg)
 	}
 	app->stopping = true;
 	log_info("received %s: draining", sig == SIGINT ? "SIGINT" : "SIGTERM");
-	proxy_drain(app->px, app->boot->shutdown_grace_ms, on_drained, app);
+	for (unsigned i = 0; i < app->nworkers; i++)
+		if (worker_drain(app->workers[i], app->boot->shutdown_grace_ms, on_worker_drained, app) == -1) {
+			log_error("worker %u did not take the drain; stopping now", i);
+			event_base_loopexit(app->base, NULL);
+			return;
+		}
 }
 
 /* Settings read once at start-up: a reload that changes them says so. */
@@ -107,28 +138,37 @@ static void warn_fixed(const struct config *boot, const struct config *next)
 static void on_reload(evutil_socket_t sig, short what, void *arg)
 {
 	struct app *app = arg;
-	struct config next;
-	struct router *rt;
+	struct config next[WORKERS_MAX];
 	char errs[8192], err[512];
+	unsigned loaded = 0, failed = 0;
 
 	if (!app->boot->path) {
 		log_warn("received SIGHUP: nothing to reload (started without -c FILE)");
 		return;
 	}
-	if (cli_reload(app->argc, app->argv, &next, errs, sizeof(errs)) == -1) {
-		log_error("reload failed; the running configuration stays:\n%s", errs);
-		config_free(&next);
-		return;
+	/* one copy per worker (each router takes its own), every one loaded
+	 * before any worker switches */
+	memset(next, 0, sizeof(next));
+	for (; loaded < app->nworkers; loaded++) {
+		if (cli_reload(app->argc, app->argv, &next[loaded], errs, sizeof(errs)) == -1) {
+			log_error("reload failed; the running configuration stays:\n%s", errs);
+			for (unsigned i = 0; i <= loaded; i++)
+				config_free(&next[i]);
+			return;
+		}
 	}
-	warn_fixed(app->boot, &next);
-	rt = router_new(app->base, &next, proxy_router(app->px), app->generation + 1, err, sizeof(err));
-	if (!rt) {
-		log_error("reload failed; the running configuration stays: %s", err);
-		config_free(&next);
-		return;
+	warn_fixed(app->boot, &next[0]);
+	for (unsigned i = 0; i < app->nworkers; i++) {
+		if (worker_reload(app->workers[i], &next[i], app->generation + 1, err, sizeof(err)) == -1) {
+			log_error("reload failed in worker %u; it keeps the running configuration: %s", i, err);
+			failed++;
+		}
+		config_free(&next[i]);
 	}
+	if (failed == app->nworkers)
+		return;
 	app->generation++;
-	proxy_set_router(app->px, rt);
+	const struct router *rt = proxy_router(worker_proxy(app->workers[0]));
 	log_info("reloaded %s: generation %llu, %u upstream(s), %u route(s)", app->boot->path,
 		 (unsigned long long)app->generation, rt->nups, rt->nroutes);
 }
@@ -136,22 +176,21 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
 int main(int argc, char **argv)
 {
 	struct config boot, gen;
-	struct app app = { argc, argv, NULL, NULL, &boot, 1, false };
+	struct worker *workers[WORKERS_MAX] = { NULL };
+	struct app app = { argc, argv, NULL, workers, 0, &boot, 1, false, -1, 0 };
 	struct event_base *base = NULL;
-	struct router *rt = NULL;
 	struct accesslog *alog = NULL;
-	struct proxy *px = NULL;
 	struct store *store = NULL;
-	struct stats_shard *stats = NULL;
 	struct recent *recent = NULL;
 	struct store_options so;
-	struct slo slo;
-	struct event *sigint = NULL, *sigterm = NULL, *sighup = NULL;
+	struct worker_env env;
+	struct event *sigint = NULL, *sigterm = NULL, *sighup = NULL, *drained = NULL;
 	struct admin *admin = NULL;
-	struct admin_options ao = { NULL, NULL, NULL, NULL };
-	struct control *control = NULL;
+	struct admin_options ao = { NULL, NULL, { NULL }, { NULL }, 0 };
 	char *admin_token = NULL;
 	char err[512], errs[8192];
+	unsigned nworkers;
+	_Atomic unsigned clients = 0; /* outlives the workers */
 	int rc = 1;
 
 	memset(&gen, 0, sizeof(gen));
@@ -172,25 +211,15 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	signal(SIGPIPE, SIG_IGN);
+	nworkers = config_workers(&boot);
 
 	base = event_base_new();
-	if (!base) {
-		log_error("cannot create the event loop");
+	app.drained_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (!base || app.drained_fd == -1) {
+		log_error("cannot create the main event loop");
 		goto out;
 	}
 	app.base = base;
-	/* The router owns a config of its own, so that boot stays valid for
-	 * the store and the admin API across reloads. */
-	if (cli_reload(argc, argv, &gen, errs, sizeof(errs)) == -1) {
-		log_error("%s", errs);
-		goto out;
-	}
-	rt = router_new(base, &gen, NULL, app.generation, err, sizeof(err));
-	if (!rt) {
-		log_error("%s", err);
-		rc = 2;
-		goto out;
-	}
 	if (boot.access_log) {
 		alog = accesslog_open(boot.access_log, err, sizeof(err));
 		if (!alog) {
@@ -207,37 +236,62 @@ int main(int argc, char **argv)
 		log_error("%s", err);
 		goto out;
 	}
-	slo.ttft_us = boot.slo_ttft_ms * 1000;
-	slo.tpot_us = boot.slo_tpot_ms * 1000;
-	stats = stats_shard_new(base, store, boot.max_models, &slo, boot.flush_ms);
-	if (!stats) {
-		log_error("cannot set up stats recording");
-		goto out;
-	}
 	recent = recent_new(RECENT_REQUESTS);
-	px = proxy_new(base, rt, alog, stats, recent, err, sizeof(err));
-	if (!px) {
-		log_error("%s", err);
-		goto out;
+	memset(&env, 0, sizeof(env));
+	env.alog = alog;
+	env.store = store;
+	env.recent = recent;
+	env.max_models = boot.max_models;
+	env.slo.ttft_us = boot.slo_ttft_ms * 1000;
+	env.slo.tpot_us = boot.slo_tpot_ms * 1000;
+	env.flush_ms = boot.flush_ms;
+	env.reuseport = nworkers > 1;
+	env.clients = &clients;
+	/* Each worker's router owns a config of its own, so that boot stays
+	 * valid for the store and the admin API across reloads. */
+	for (unsigned i = 0; i < nworkers; i++) {
+		if (cli_reload(argc, argv, &gen, errs, sizeof(errs)) == -1) {
+			log_error("%s", errs);
+			goto out;
+		}
+		workers[i] = worker_new(i, &env, &gen, app.generation, i ? workers[0] : NULL, err, sizeof(err));
+		config_free(&gen); /* emptied when a router took it */
+		if (!workers[i]) {
+			log_error("%s", err);
+			rc = 2;
+			goto out;
+		}
+		app.nworkers++;
 	}
-	rt = NULL; /* the proxy holds it now */
-	app.px = px;
+	for (unsigned i = 0; i < nworkers; i++)
+		if (worker_start(workers[i], err, sizeof(err)) == -1) {
+			log_error("%s", err);
+			goto out;
+		}
 	sigint = evsignal_new(base, SIGINT, on_stop, &app);
 	sigterm = evsignal_new(base, SIGTERM, on_stop, &app);
 	sighup = evsignal_new(base, SIGHUP, on_reload, &app);
-	evsignal_add(sigint, NULL);
-	evsignal_add(sigterm, NULL);
-	evsignal_add(sighup, NULL);
+	drained = event_new(base, app.drained_fd, EV_READ | EV_PERSIST, on_drained_fd, &app);
+	if (!sigint || !sigterm || !sighup || !drained || evsignal_add(sigint, NULL) == -1 ||
+	    evsignal_add(sigterm, NULL) == -1 || evsignal_add(sighup, NULL) == -1 || event_add(drained, NULL) == -1) {
+		log_error("cannot set up signal handling");
+		goto out;
+	}
 
-	log_info("tokentap %s listening on %s, %u upstream(s), %u route(s)", TOKENTAP_VERSION,
-		 proxy_listen_addr(px), proxy_router(px)->nups, proxy_router(px)->nroutes);
+	{
+		const struct router *rt = proxy_router(worker_proxy(workers[0]));
+		log_info("tokentap %s listening on %s, %u upstream(s), %u route(s), %u worker(s)", TOKENTAP_VERSION,
+			 proxy_listen_addr(worker_proxy(workers[0])), rt->nups, rt->nroutes, nworkers);
+	}
 	if (boot.admin_listen) {
-		const char *env = getenv("TOKENTAP_ADMIN_TOKEN");
+		const char *env_token = getenv("TOKENTAP_ADMIN_TOKEN");
 		ao.listen = boot.admin_listen;
-		ao.token = admin_token ? admin_token : env && *env ? env : NULL;
-		control = control_new(base);
-		ao.control = control;
-		ao.proxy = px;
+		ao.token = admin_token ? admin_token : env_token && *env_token ? env_token : NULL;
+		for (unsigned i = 0; i < nworkers; i++) {
+			ao.controls[i] = worker_control(workers[i]);
+			ao.proxies[i] = worker_proxy(workers[i]);
+		}
+		ao.nworkers = nworkers;
 		admin = admin_start(&ao, store, &boot, recent, err, sizeof(err));
 		if (!admin && boot.admin_listen_explicit) {
 			log_error("%s", err);
@@ -249,8 +303,7 @@ int main(int argc, char **argv)
 	event_base_dispatch(base);
 	rc = 0;
 out:
-	admin_stop(admin); /* before the store it reads and the control it calls */
-	control_free(control);
+	admin_stop(admin); /* before the workers it calls and the store it reads */
 	free(admin_token);
 	if (sigint)
 		event_free(sigint);
@@ -258,14 +311,17 @@ out:
 		event_free(sigterm);
 	if (sighup)
 		event_free(sighup);
-	proxy_free(px);
-	router_unref(rt);
-	stats_shard_free(stats); /* hands over what the last interval recorded */
-	store_close(store);	 /* commits it */
+	if (drained)
+		event_free(drained);
+	for (unsigned i = 0; i < app.nworkers; i++)
+		worker_free(workers[i]); /* each hands its last stats to the store */
+	store_close(store);		 /* commits them */
 	recent_free(recent);
 	accesslog_close(alog);
 	config_free(&gen);
 	config_free(&boot);
+	if (app.drained_fd != -1)
+		close(app.drained_fd);
 	if (base)
 		event_base_free(base);
 	return rc;

@@ -60,7 +60,7 @@ static void mirror_end(struct mirror *m, enum req_error err, bool record)
 		m->rec.error = err;
 	if (record) {
 		struct series *se = stats_series(m->env.stats, m->route, m->up->name, m->rec.model, false);
-		stats_record_request(se, &m->rec, m->up->active);
+		stats_record_request(se, &m->rec, upstream_inflight(m->up));
 		if (m->rec.error != REQ_ERR_NONE)
 			m->up->errors[m->rec.error]++;
 		m->up->requests++;
@@ -101,7 +101,7 @@ static void on_event_frame(void *arg, const struct framer_event *ev)
 	timeline_mark(&m->rec, TL_FIRST_EVENT, m->now);
 	if (classify_event(m->rec.api, ev, &m->rec.usage) && record_token_event(&m->rec, m->now, &gap)) {
 		struct series *se = stats_series(m->env.stats, m->route, m->up->name, m->rec.model, false);
-		stats_record_itl(se, gap, m->up->active);
+		stats_record_itl(se, gap, upstream_inflight(m->up));
 	}
 }
 
@@ -255,12 +255,15 @@ struct mirror *mirror_start(const struct mirror_env *env, struct upstream *up, c
 	bool reused = false;
 
 	/* a shadow never waits: a full upstream skips it */
-	if (up->conf.max_concurrency && up->active >= up->conf.max_concurrency) {
+	if (up->conf.max_concurrency && upstream_inflight(up) >= up->conf.max_concurrency) {
 		up->rejected++;
 		return NULL;
 	}
-	if (upstream_admit(up, &w) != ADMIT_NOW)
-		return NULL;
+	switch (upstream_admit(up, &w)) {
+	case ADMIT_NOW: break;
+	case ADMIT_QUEUED: upstream_cancel(up, &w); return NULL; /* w lives on this stack */
+	case ADMIT_FULL: return NULL;
+	}
 	m = calloc(1, sizeof(*m));
 	if (!m || !(m->pending = evbuffer_new()) || !(m->timer = evtimer_new(env->base, on_timer, m))) {
 		if (m)

@@ -48,6 +48,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -727,6 +728,7 @@ static void client_free(struct client *cl)
 
 	LIST_REMOVE(cl, link);
 	px->nclients--;
+	atomic_fetch_sub(px->clients_all, 1);
 	request_free(cl->req);
 	if (cl->rev)
 		event_free(cl->rev);
@@ -1147,7 +1149,9 @@ static void on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct soc
 		evutil_closesocket(fd);
 		return;
 	}
-	if (px->nclients >= pcfg(px)->max_connections) {
+	/* counted from here; client_free uncounts */
+	if (atomic_fetch_add(px->clients_all, 1) >= pcfg(px)->max_connections) {
+		atomic_fetch_sub(px->clients_all, 1);
 		/* at the cap: a short answer and close, never touching the
 		 * connections (and streams) already running */
 		static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
@@ -1184,6 +1188,7 @@ static void on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct soc
 		if (cl->timer)
 			event_free(cl->timer);
 		free(cl);
+		atomic_fetch_sub(px->clients_all, 1);
 		return;
 	}
 	format_addr(sa, cl->peer, sizeof(cl->peer));
@@ -1205,9 +1210,10 @@ static void on_accept_error(struct evconnlistener *lev, void *arg)
 	log_error("accept failed: %s", evutil_socket_error_to_string(err));
 }
 
-struct proxy *proxy_new(struct event_base *base, struct router *router, struct accesslog *alog,
-			struct stats_shard *stats, struct recent *recent, char *err, size_t errlen)
+struct proxy *proxy_new(struct event_base *base, struct router *router, const struct proxy_env *env, char *err,
+			size_t errlen)
 {
+	const struct proxy *first = env->first;
 	const struct config *cfg = &router->cfg;
 	struct listener_conf ls[LISTENERS_MAX];
 	unsigned nls = config_listeners(cfg, ls);
@@ -1220,9 +1226,10 @@ struct proxy *proxy_new(struct event_base *base, struct router *router, struct a
 	}
 	px->base = base;
 	px->router = router;
-	px->alog = alog;
-	px->stats = stats;
-	px->recent = recent;
+	px->alog = env->alog;
+	px->stats = env->stats;
+	px->recent = env->recent;
+	px->clients_all = env->clients ? env->clients : &px->clients_own;
 	LIST_INIT(&px->clients);
 	if (getrandom(&px->id_seed, sizeof(px->id_seed), 0) != sizeof(px->id_seed))
 		px->id_seed = (uint64_t)clock_now_ns() ^ (uint64_t)getpid();
@@ -1243,30 +1250,34 @@ struct proxy *proxy_new(struct event_base *base, struct router *router, struct a
 	exchange_settings_init(&px->resp_settings);
 
 	for (unsigned i = 0; i < nls; i++) {
-		struct sockaddr_storage ss, bound;
+		struct sockaddr_storage ss;
 		unsigned sslen;
-		socklen_t blen = sizeof(bound);
 		struct listener *l = &px->listeners[i];
 		char addr[64];
+		unsigned flags = LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC;
 
-		if (config_parse_listen(ls[i].address, &ss, &sslen) == -1) {
+		if (first && i < first->nlisteners) {
+			ss = first->listeners[i].bound;
+			sslen = (unsigned)first->listeners[i].boundlen;
+		} else if (config_parse_listen(ls[i].address, &ss, &sslen) == -1) {
 			snprintf(err, errlen, "listen address %s: expected a numeric ADDR:PORT, e.g. 127.0.0.1:8080",
 				 ls[i].address);
 			goto fail;
 		}
+		if (env->reuseport)
+			flags |= LEV_OPT_REUSEABLE_PORT;
 		l->px = px;
 		l->index = i;
-		l->lev = evconnlistener_new_bind(base, on_accept, l,
-						 LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC, 1024,
-						 (struct sockaddr *)&ss, (int)sslen);
+		l->lev = evconnlistener_new_bind(base, on_accept, l, flags, 1024, (struct sockaddr *)&ss, (int)sslen);
 		if (!l->lev) {
 			snprintf(err, errlen, "cannot listen on %s: %s", ls[i].address, strerror(errno));
 			goto fail;
 		}
 		px->nlisteners++;
 		evconnlistener_set_error_cb(l->lev, on_accept_error);
-		getsockname(evconnlistener_get_fd(l->lev), (struct sockaddr *)&bound, &blen);
-		format_addr((struct sockaddr *)&bound, addr, sizeof(addr));
+		l->boundlen = sizeof(l->bound);
+		getsockname(evconnlistener_get_fd(l->lev), (struct sockaddr *)&l->bound, &l->boundlen);
+		format_addr((struct sockaddr *)&l->bound, addr, sizeof(addr));
 		size_t n = strlen(px->listen_addr);
 		snprintf(px->listen_addr + n, sizeof(px->listen_addr) - n, "%s%s%s", n ? ", " : "", addr,
 			 ls[i].tls_cert ? " (tls)" : "");

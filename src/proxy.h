@@ -8,6 +8,7 @@
  */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -18,11 +19,23 @@ struct recent;
 struct router;
 struct proxy;
 
-/* Binds the router's listen address and starts accepting; takes over one
- * reference to `router`. Records into `stats` and `recent` (either may be
- * NULL). NULL with a message in `err`. */
-struct proxy *proxy_new(struct event_base *base, struct router *router, struct accesslog *alog,
-			struct stats_shard *stats, struct recent *recent, char *err, size_t errlen);
+/* What a proxy records into and shares with the other workers' proxies. */
+struct proxy_env {
+	struct accesslog *alog;	    /* NULL: no access log */
+	struct stats_shard *stats;  /* NULL: no stats */
+	struct recent *recent;	    /* NULL: no recent ring */
+	const struct proxy *first;  /* the first worker's proxy; NULL for that one */
+	bool reuseport;		    /* SO_REUSEPORT: proxies of several workers share the ports */
+	_Atomic unsigned *clients;  /* client connections of all workers (max_connections) */
+};
+
+/* Binds the router's listen addresses and starts accepting; takes over one
+ * reference to `router`. With env->reuseport the sockets are bound with
+ * SO_REUSEPORT, so that several proxies (one per worker) share each port;
+ * a proxy after the first binds exactly the addresses env->first got (a
+ * port 0 resolves once). NULL with a message in `err`. */
+struct proxy *proxy_new(struct event_base *base, struct router *router, const struct proxy_env *env, char *err,
+			size_t errlen);
 
 /* The address actually bound (port 0 resolved), as ADDR:PORT. */
 const char *proxy_listen_addr(const struct proxy *px);

@@ -78,11 +78,15 @@ struct proxy {
 		struct evconnlistener *lev;
 		struct proxy *px;
 		unsigned index; /* into the router's tls_listen[] */
+		struct sockaddr_storage bound; /* the address it got */
+		socklen_t boundlen;
 	} listeners[LISTENERS_MAX];
 	unsigned nlisteners;
 	char listen_addr[LISTENERS_MAX * 64]; /* "ADDR:PORT, ADDR:PORT" */
 	uint64_t next_client_id;
 	unsigned nclients; /* in px->clients, closing ones included */
+	_Atomic unsigned *clients_all; /* the same, over all workers */
+	_Atomic unsigned clients_own;  /* clients_all when the proxy is alone */
 	struct mirror_list mirrors; /* shadow exchanges in flight */
 	bool cap_warned;
 	uint64_t id_seed, id_counter;

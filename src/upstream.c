@@ -9,13 +9,155 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <sys/queue.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "log.h"
 #include "tls.h"
+
+/* ---- what the workers' copies of one upstream share ---- */
+
+struct up_share {
+	char *key; /* name, NUL, url */
+	size_t keylen;
+	unsigned refs;		 /* under shares_lock */
+	_Atomic unsigned active; /* admitted requests, all workers */
+	_Atomic unsigned queued; /* waiting requests, all workers */
+	struct upstream *members[WORKERS_MAX * 4]; /* under shares_lock: whom to wake */
+	unsigned nmembers;
+	LIST_ENTRY(up_share) link;
+};
+
+/* Taken when an upstream object is made or freed and to wake other workers,
+ * never per token. */
+static pthread_mutex_t shares_lock = PTHREAD_MUTEX_INITIALIZER;
+static LIST_HEAD(, up_share) shares = LIST_HEAD_INITIALIZER(shares);
+
+static struct up_share *share_join(struct upstream *up)
+{
+	size_t nl = strlen(up->name), ul = strlen(up->url), kl = nl + 1 + ul;
+	struct up_share *s;
+
+	pthread_mutex_lock(&shares_lock);
+	LIST_FOREACH (s, &shares, link)
+		if (s->keylen == kl && memcmp(s->key, up->name, nl + 1) == 0 && memcmp(s->key + nl + 1, up->url, ul) == 0)
+			break;
+	if (!s && (s = calloc(1, sizeof(*s))) && (s->key = malloc(kl + 1))) {
+		memcpy(s->key, up->name, nl + 1);
+		memcpy(s->key + nl + 1, up->url, ul + 1);
+		s->keylen = kl;
+		LIST_INSERT_HEAD(&shares, s, link);
+	} else if (s && !s->key) {
+		free(s);
+		s = NULL;
+	}
+	if (s && s->nmembers < sizeof(s->members) / sizeof(s->members[0])) {
+		s->members[s->nmembers++] = up;
+		s->refs++;
+	} else {
+		s = NULL; /* more copies than workers could make: cannot happen */
+	}
+	pthread_mutex_unlock(&shares_lock);
+	return s;
+}
+
+static void share_leave(struct upstream *up)
+{
+	struct up_share *s = up->share;
+
+	if (!s)
+		return;
+	pthread_mutex_lock(&shares_lock);
+	for (unsigned i = 0; i < s->nmembers; i++)
+		if (s->members[i] == up) {
+			s->members[i] = s->members[--s->nmembers];
+			break;
+		}
+	if (--s->refs == 0) {
+		LIST_REMOVE(s, link);
+		free(s->key);
+		free(s);
+	}
+	pthread_mutex_unlock(&shares_lock);
+	up->share = NULL;
+}
+
+/* Wakes the other workers' copies that have requests waiting. */
+static void share_kick_others(struct upstream *up)
+{
+	struct up_share *s = up->share;
+	uint64_t one = 1;
+
+	pthread_mutex_lock(&shares_lock);
+	for (unsigned i = 0; i < s->nmembers; i++) {
+		struct upstream *m = s->members[i];
+		/* a stale hint costs a spurious wake-up, or none where one
+		 * was due; a waiter never depends on it: upstream_admit wakes
+		 * its own worker to look again after queueing */
+		if (m != up && m->kick_fd != -1 && atomic_load_explicit(&m->queued_hint,
+									 memory_order_relaxed))
+			if (write(m->kick_fd, &one, sizeof(one)) == -1) {
+				/* saturated: it is awake anyway */
+			}
+	}
+	pthread_mutex_unlock(&shares_lock);
+}
+
+/* Takes one slot of max_concurrency across workers, if one is free. */
+static bool slot_take(struct upstream *up)
+{
+	unsigned max = up->conf.max_concurrency;
+	unsigned cur = atomic_load(&up->share->active);
+
+	while (!max || cur < max)
+		if (atomic_compare_exchange_weak(&up->share->active, &cur, cur + 1))
+			return true;
+	return false;
+}
+
+/* Hands free slots to this worker's waiters, oldest first. */
+static void admit_waiters(struct upstream *up)
+{
+	struct up_waiter *w;
+
+	while ((w = TAILQ_FIRST(&up->waiting)) && slot_take(up)) {
+		TAILQ_REMOVE(&up->waiting, w, link);
+		w->queued = false;
+		up->queued--;
+		atomic_store_explicit(&up->queued_hint, up->queued, memory_order_relaxed);
+		atomic_fetch_sub(&up->share->queued, 1);
+		up->active++;
+		w->ready(w);
+	}
+}
+
+static void on_kick(evutil_socket_t fd, short what, void *arg)
+{
+	uint64_t n;
+
+	(void)what;
+	if (read(fd, &n, sizeof(n)) == -1) {
+		/* nothing to read: a spurious wake-up */
+	}
+	admit_waiters(arg);
+}
+
+unsigned upstream_inflight(const struct upstream *up)
+{
+	return atomic_load(&up->share->active);
+}
+
+unsigned upstream_waiting(const struct upstream *up)
+{
+	return atomic_load(&up->share->queued);
+}
 
 static int parse_url(const char *url, char *host, size_t hostlen, char *port, size_t portlen, bool *tls, char *err,
 		     size_t errlen)
@@ -111,7 +253,16 @@ struct upstream *upstream_new(struct event_base *base, const struct config *cfg,
 	snprintf(up->host, sizeof(up->host), "%s", host);
 	TAILQ_INIT(&up->idle);
 	TAILQ_INIT(&up->waiting);
-	if (!upstream_adopt(up, cfg, uc)) {
+	up->kick_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (up->kick_fd != -1)
+		up->kick_ev = event_new(base, up->kick_fd, EV_READ | EV_PERSIST, on_kick, up);
+	if (!up->kick_ev || event_add(up->kick_ev, NULL) == -1 || !(up->share = share_join(up)) ||
+	    !upstream_adopt(up, cfg, uc)) {
+		share_leave(up);
+		if (up->kick_ev)
+			event_free(up->kick_ev);
+		if (up->kick_fd != -1)
+			close(up->kick_fd);
 		free(up->name);
 		free(up->url);
 		free(up);
@@ -198,36 +349,40 @@ bool upstream_same(const struct upstream *up, const struct upstream_conf *uc)
 
 enum admit upstream_admit(struct upstream *up, struct up_waiter *w)
 {
-	unsigned max = up->conf.max_concurrency;
+	uint64_t one = 1;
 
-	if (!max || (up->active < max && up->queued == 0)) {
+	if (TAILQ_EMPTY(&up->waiting) && slot_take(up)) {
 		up->active++;
 		return ADMIT_NOW;
 	}
-	if (up->queued >= up->conf.queue_max) {
+	/* the queue bound is the server's, across workers */
+	if (atomic_fetch_add(&up->share->queued, 1) >= up->conf.queue_max) {
+		atomic_fetch_sub(&up->share->queued, 1);
 		up->rejected++;
 		return ADMIT_FULL;
 	}
 	TAILQ_INSERT_TAIL(&up->waiting, w, link);
 	w->queued = true;
 	up->queued++;
+	atomic_store_explicit(&up->queued_hint, up->queued, memory_order_relaxed);
+	/* A slot freed elsewhere between slot_take and the count above saw no
+	 * waiter and woke nobody: look again, from the loop (w->ready must not
+	 * run inside this call). */
+	if (write(up->kick_fd, &one, sizeof(one)) == -1) {
+		/* saturated: a wake-up is pending anyway */
+	}
 	return ADMIT_QUEUED;
 }
 
 void upstream_leave(struct upstream *up)
 {
-	struct up_waiter *w;
-
 	if (up->active)
 		up->active--;
-	/* FIFO: the oldest waiter takes the slot just freed */
-	if ((w = TAILQ_FIRST(&up->waiting)) && (!up->conf.max_concurrency || up->active < up->conf.max_concurrency)) {
-		TAILQ_REMOVE(&up->waiting, w, link);
-		w->queued = false;
-		up->queued--;
-		up->active++;
-		w->ready(w);
-	}
+	atomic_fetch_sub(&up->share->active, 1);
+	/* FIFO: this worker's oldest waiter takes the slot just freed */
+	admit_waiters(up);
+	if (TAILQ_EMPTY(&up->waiting) && atomic_load(&up->share->queued) > 0)
+		share_kick_others(up);
 }
 
 void upstream_cancel(struct upstream *up, struct up_waiter *w)
@@ -237,6 +392,8 @@ void upstream_cancel(struct upstream *up, struct up_waiter *w)
 	TAILQ_REMOVE(&up->waiting, w, link);
 	w->queued = false;
 	up->queued--;
+	atomic_store_explicit(&up->queued_hint, up->queued, memory_order_relaxed);
+	atomic_fetch_sub(&up->share->queued, 1);
 }
 
 static void upconn_close(struct upconn *c)
@@ -256,6 +413,11 @@ void upstream_free(struct upstream *up)
 		TAILQ_REMOVE(&up->idle, c, link);
 		upconn_close(c);
 	}
+	share_leave(up);
+	if (up->kick_ev)
+		event_free(up->kick_ev);
+	if (up->kick_fd != -1)
+		close(up->kick_fd);
 	conf_release(&up->conf);
 	tls_ctx_free(up->tls_ctx);
 	free(up->name);

@@ -7,6 +7,16 @@
  * a timeout the caller enforces) and are admitted one by one as running
  * requests leave. The time spent waiting is the request's `queue` metric.
  *
+ * Each worker has its own upstream objects (pools, queues, timers); the
+ * copies of one upstream (same name and url) in every worker and
+ * generation share a struct up_share: the count of admitted requests and of
+ * waiting ones across all of them, kept with atomics, so max_concurrency,
+ * queue_max and the in-flight count of the load curve are the server's,
+ * not one worker's. A slot freed in one worker goes to that worker's
+ * oldest waiter; when it has none and others wait elsewhere, those workers
+ * are woken (an eventfd each) to take it, so the queue is FIFO within a
+ * worker and close to it across workers.
+ *
  * An upstream is resolved once when its configuration loads. Connections to it are handed
  * out by upstream_acquire (a pooled idle one when there is one, else a fresh
  * connect) and come back through upstream_release, which pools them only
@@ -50,8 +60,13 @@ struct upconn {
 	bool connected;
 };
 
+struct up_share;
+
 struct upstream {
 	unsigned refs; /* one per router generation that lists it */
+	struct up_share *share; /* admission across workers; see above */
+	int kick_fd;		/* eventfd: another worker freed a slot */
+	struct event *kick_ev;
 	char *url;
 	char host[256];	    /* from the URL: SNI and the verified name by default */
 	bool tls;	    /* https:// */
@@ -62,8 +77,9 @@ struct upstream {
 	uint64_t pool_idle_timeout_ms, cold_idle_ms;
 	unsigned pool_max_idle;
 	uint64_t connect_timeout_ms, first_byte_timeout_ms, idle_timeout_ms;
-	unsigned active; /* admitted requests not yet done: the in-flight count */
-	unsigned queued;
+	unsigned active; /* admitted requests of this worker not yet done */
+	unsigned queued; /* waiting in this worker */
+	_Atomic unsigned queued_hint; /* `queued`, for other workers deciding whom to wake */
 	TAILQ_HEAD(, up_waiter) waiting;
 	uint64_t rejected; /* turned away: queue full or queue timeout */
 	uint64_t requests; /* finished requests routed here */
@@ -96,6 +112,11 @@ enum admit upstream_admit(struct upstream *up, struct up_waiter *w);
 /* A request admitted earlier is done with the upstream: its slot goes to the
  * first waiter, if any. */
 void upstream_leave(struct upstream *up);
+
+/* Requests admitted to this server across all workers (the in-flight count
+ * of the load curve), and those waiting. */
+unsigned upstream_inflight(const struct upstream *up);
+unsigned upstream_waiting(const struct upstream *up);
 
 /* A queued request gives up (timeout, client gone). */
 void upstream_cancel(struct upstream *up, struct up_waiter *w);

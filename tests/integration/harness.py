@@ -63,6 +63,17 @@ def now_ns():
     return time.monotonic_ns()
 
 
+def all_threads_stopped(pid):
+    """Whether every thread of `pid` is in the stopped state (after SIGSTOP)."""
+    tasks = os.listdir("/proc/%d/task" % pid)
+    for t in tasks:
+        with open("/proc/%d/task/%s/stat" % (pid, t)) as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        if state not in ("T", "t"):
+            return False
+    return bool(tasks)
+
+
 # --------------------------------------------------------------------------
 # processes
 

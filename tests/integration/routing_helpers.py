@@ -171,6 +171,13 @@ class ConfTokentap(harness.Process):
         return got
 
 
+# Tests whose premise is one sequence of choices (smooth weighted round robin
+# over separate connections, exact mirror percentages, one pool) pass
+# ONE_WORKER: each worker keeps its own sequence (docs/config.md, workers);
+# test_workers.py checks what holds across workers.
+ONE_WORKER = ("--workers", "1")
+
+
 def start_conf(test, body, *args, access_log=True):
     tt = ConfTokentap(body, *args, access_log=access_log)
     harness._add_cleanup(test, lambda: harness._stop_and_check(tt))

@@ -230,6 +230,9 @@ class AccessLogTest(LogChecks):
                                         harness.sim_headers(ttft=20, itl=5, tokens=5, request_id=rid), self.tt.port)
             os.kill(self.tt.pid, signal.SIGSTOP)
             try:
+                # kill() returns before every thread has stopped
+                self.assertTrue(harness.wait_until(lambda: harness.all_threads_stopped(self.tt.pid), 5.0, 0.001),
+                                "tokentap did not stop")
                 t0 = conn.send(raw)
                 time.sleep(STALL_MS / 1000.0)
             finally:

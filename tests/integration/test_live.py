@@ -42,7 +42,7 @@ class LiveTest(harness.TestCase):
         )
         os.environ["TOKENTAP_ADMIN_TOKEN"] = TOKEN
         try:
-            self.tt = rh.start_conf(self, body, "--admin", "127.0.0.1:0")
+            self.tt = rh.start_conf(self, body, "--admin", "127.0.0.1:0", *rh.ONE_WORKER)
         finally:
             del os.environ["TOKENTAP_ADMIN_TOKEN"]
         self.admin = admin_port(self.tt)

@@ -65,7 +65,8 @@ class MirrorTest(harness.TestCase):
         self.ups = {"primary": self.primary.url, "shadow": shadow_url}
         os.environ["TOKENTAP_ADMIN_TOKEN"] = TOKEN
         try:
-            tt = rh.start_conf(self, rh.upstreams_yaml(self.ups) + route_yaml(percent), "--admin", "127.0.0.1:0")
+            tt = rh.start_conf(self, rh.upstreams_yaml(self.ups) + route_yaml(percent), "--admin", "127.0.0.1:0",
+                               *rh.ONE_WORKER)
         finally:
             del os.environ["TOKENTAP_ADMIN_TOKEN"]
         return tt, admin_port(tt)

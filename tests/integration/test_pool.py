@@ -92,7 +92,8 @@ class ClosingOnReuse:
 class PoolRetryTest(harness.TestCase):
     def setUp(self):
         self.up = ClosingOnReuse(self)
-        self.tt = harness.start_tokentap(self, self.up.url, "--access-log", "-")
+        # one worker: the test is about one pool (each worker has its own)
+        self.tt = harness.start_tokentap(self, self.up.url, "--access-log", "-", "--workers", "1")
 
     def test_closed_on_reuse_is_retried_once(self):
         for i in range(3):

@@ -493,7 +493,7 @@ routes:
       - {upstream: dead, weight: 1}
       - {upstream: live, weight: 1}
     failover: false
-""" % (cls.dead, cls.sim.url, cls.hole.url, cls.rst.url))
+""" % (cls.dead, cls.sim.url, cls.hole.url, cls.rst.url), *rh.ONE_WORKER)
 
     def test_failover_to_live(self):
         before = self.sim.stats()["requests"]
@@ -591,7 +591,7 @@ class ReloadTest(harness.TestCase):
             self.assertEqual(resp.body, direct.body, "stream %d differs from a direct request to %s" % (i, up))
 
     def test_reload_under_load(self):
-        tt = rh.start_conf(self, self.conf([("a", 1), ("b", 1)]))
+        tt = rh.start_conf(self, self.conf([("a", 1), ("b", 1)]), *rh.ONE_WORKER)
         bg = rh.Background()
         prompts = ["stream number %d" % i for i in range(6)]
         for i, p in enumerate(prompts):
