@@ -2,12 +2,15 @@
 
 Crash loop: tokentap is killed with SIGKILL at random moments while traffic
 flows and the store commits every 50 ms, many times in a row (a bounded
-count). Every restart must open the database, and at the end every record
-in it must decode (tokentap --check-data).
+count). Just before each kill the test reads what is committed (/stats,
+window all, per model); every restart must open the database (no file moved
+aside as corrupt) and show at least those counts again, so nothing committed
+is ever lost. At the end every record must decode (tokentap --check-data).
 """
 
 import os
 import random
+import re
 import shutil
 import signal
 import tempfile
@@ -19,13 +22,37 @@ import harness
 
 CRASHES = 12
 STREAM_BODY = (
-    b'{"model":"crash-model","stream":true,"max_tokens":8,'
+    b'{"model":"%s","stream":true,"max_tokens":8,'
     b'"messages":[{"role":"user","content":"hello"}]}'
 )
+ADMIN_RE = re.compile(r"admin listening on ([0-9.]+):(\d+)")
 
 
-def drive(port, stop):
+def admin_port(tt, timeout=5.0):
+    found = []
+
+    def check():
+        m = ADMIN_RE.search(tt.stderr_text())
+        if m:
+            found.append(int(m.group(2)))
+        return bool(found)
+
+    if not harness.wait_until(check, timeout, 0.02):
+        raise AssertionError("no 'admin listening on' line; stderr:\n%s" % tt.stderr_text())
+    return found[0]
+
+
+def committed(port):
+    """{model: requests} over the whole store (window all)."""
+    resp, _ = harness.exchange(port, "GET", "/stats?window=all")
+    if resp is None or resp.status != 200:
+        raise AssertionError("/stats answered %r" % (resp and resp.status))
+    return {s["model"]: s["requests"] for s in resp.json()["series"]}
+
+
+def drive(port, stop, model):
     """Sends streamed requests until `stop` is set or the proxy dies."""
+    body = STREAM_BODY % model.encode()
     sent = 0
     for _ in range(100000):
         if stop.is_set():
@@ -35,7 +62,7 @@ def drive(port, stop):
             conn.send(
                 b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                 b"Content-Type: application/json\r\nx-sim-itl-ms: 1\r\nx-sim-ttft-ms: 1\r\n"
-                b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(STREAM_BODY), STREAM_BODY)
+                b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
             )
             conn.read_response()
             conn.close()
@@ -51,25 +78,33 @@ class StoreCrashTest(unittest.TestCase):
         self.addCleanup(shutil.rmtree, self.dir, True)
         self.sim = harness.start_sim(self, "--ttft-ms", "1", "--itl-ms", "1")
 
-    def start(self):
+    def start(self, *extra):
         return harness.start_tokentap(
-            self, self.sim.url, "--data-dir", self.dir, "--flush-interval", "50ms"
+            self, self.sim.url, "--data-dir", self.dir, "--flush-interval", "50ms", *extra
         )
 
     def test_kill_9_loop_keeps_database_readable(self):
         rnd = random.Random(7)
         total_sent = 0
+        before = {}
         for i in range(CRASHES):
-            tt = self.start()
+            tt = self.start("--admin", "127.0.0.1:0")
+            port = admin_port(tt)
+            self.assertNotIn("is corrupt", tt.stderr_text(), "restart %d" % i)
+            after = committed(port)
+            for model, n in before.items():
+                self.assertGreaterEqual(after.get(model, 0), n, "restart %d lost committed stats of %s" % (i, model))
             stop = threading.Event()
             counts = []
             threads = [
-                threading.Thread(target=lambda: counts.append(drive(tt.port, stop)), daemon=True)
-                for _ in range(2)
+                threading.Thread(target=lambda m=m: counts.append(drive(tt.port, stop, m)), daemon=True)
+                for m in ("crash-a", "crash-b")
             ]
             for t in threads:
                 t.start()
             time.sleep(0.15 + rnd.random() * 0.35)
+            # what is committed now must survive the kill that follows
+            before = committed(port)
             os.kill(tt.pid, signal.SIGKILL)
             tt.proc.wait(5)
             stop.set()
@@ -77,6 +112,7 @@ class StoreCrashTest(unittest.TestCase):
                 t.join(5)
             total_sent += sum(counts)
         self.assertGreater(total_sent, CRASHES, "traffic flowed between the crashes")
+        self.assertTrue(before, "something was committed before the last kill")
 
         check = harness.run_cli(["--check-data", "--data-dir", self.dir], timeout=30)
         self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
@@ -84,9 +120,12 @@ class StoreCrashTest(unittest.TestCase):
         # something was committed: at least one series and its slices
         self.assertRegex(check.stdout, r": [1-9]\d* series, [1-9]\d* slices")
 
-        # and a server starts on it once more
-        tt = self.start()
+        # and a server starts on it once more, with everything in it
+        tt = self.start("--admin", "127.0.0.1:0")
         self.assertTrue(tt.alive())
+        after = committed(admin_port(tt))
+        for model, n in before.items():
+            self.assertGreaterEqual(after.get(model, 0), n, model)
 
     def test_second_instance_refused(self):
         tt = self.start()
