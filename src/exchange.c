@@ -480,13 +480,26 @@ static void on_stream_event(void *arg, const struct framer_event *ev)
 	}
 }
 
-static void request_response_done(struct request *req)
+/*
+ * The response is complete; its last `n` bytes are still at the front of
+ * `in`. The upstream's slot and connection go back before the client sees
+ * those bytes: a client that sends its next request the moment this one
+ * ends (on another connection, which another worker may serve) must not
+ * find this one still counted in flight.
+ */
+static void request_response_done(struct request *req, struct evbuffer *in, size_t n)
 {
 	struct client *cl = req->cl;
-	bool reusable = req->resp_keepalive && !req->upstream_dirty && !req->http10 && req->body_done &&
-			req->rec.at[TL_REQ_SENT];
+	struct evbuffer *tail = cl->px->tail;
+	bool reusable;
 
+	evbuffer_remove_buffer(in, tail, n); /* a move: `in` belongs to the connection going back */
+	if (evbuffer_get_length(in))
+		req->upstream_dirty = true; /* bytes past the response: never reused */
+	reusable = req->resp_keepalive && !req->upstream_dirty && !req->http10 && req->body_done &&
+		   req->rec.at[TL_REQ_SENT];
 	request_drop_upstream(req, reusable);
+	client_forward(cl, tail, evbuffer_get_length(tail));
 	/* The upstream answered before the client finished its body: the rest
 	 * of that body cannot be told from a next request. */
 	if (!req->body_done)
@@ -541,22 +554,24 @@ void on_up_read(struct bufferevent *bev, void *arg)
 		client_fail(cl, 502, REQ_ERR_UPSTREAM_PROTOCOL, "upstream_protocol", msg);
 		return;
 	}
-	if (req->resp_head_done && req->resp_parsed) {
-		struct evbuffer *out = bufferevent_get_output(cl->bev);
-		client_forward(cl, in, req->resp_parsed);
-		req->rec.bytes_out += req->resp_parsed;
+	size_t n = req->resp_head_done ? req->resp_parsed : 0;
+	if (n) {
+		req->rec.bytes_out += n;
 		req->resp_parsed = 0;
 		req->resp_started = true;
-		if (!req->resp_done && evbuffer_get_length(out) > cfg->stream_buffer) {
+	}
+	if (req->resp_done) {
+		request_response_done(req, in, n);
+		return;
+	}
+	if (n) {
+		struct evbuffer *out = bufferevent_get_output(cl->bev);
+		client_forward(cl, in, n);
+		if (evbuffer_get_length(out) > cfg->stream_buffer) {
 			req->upstream_paused = true;
 			bufferevent_disable(bev, EV_READ);
 			bufferevent_setwatermark(cl->bev, EV_WRITE, cfg->stream_buffer / 2, 0);
 		}
-	}
-	if (req->resp_done) {
-		if (evbuffer_get_length(in))
-			req->upstream_dirty = true;
-		request_response_done(req);
 	}
 }
 

@@ -1230,6 +1230,12 @@ struct proxy *proxy_new(struct event_base *base, struct router *router, const st
 	px->stats = env->stats;
 	px->recent = env->recent;
 	px->clients_all = env->clients ? env->clients : &px->clients_own;
+	px->tail = evbuffer_new();
+	if (!px->tail) {
+		snprintf(err, errlen, "out of memory");
+		free(px);
+		return NULL;
+	}
 	LIST_INIT(&px->clients);
 	if (getrandom(&px->id_seed, sizeof(px->id_seed), 0) != sizeof(px->id_seed))
 		px->id_seed = (uint64_t)clock_now_ns() ^ (uint64_t)getpid();
@@ -1286,6 +1292,7 @@ struct proxy *proxy_new(struct event_base *base, struct router *router, const st
 fail:
 	for (unsigned i = 0; i < px->nlisteners; i++)
 		evconnlistener_free(px->listeners[i].lev);
+	evbuffer_free(px->tail);
 	free(px);
 	return NULL;
 }
@@ -1310,6 +1317,7 @@ void proxy_free(struct proxy *px)
 	if (px->drain_timer)
 		event_free(px->drain_timer);
 	router_unref(px->router);
+	evbuffer_free(px->tail);
 	free(px);
 }
 

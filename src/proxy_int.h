@@ -88,6 +88,7 @@ struct proxy {
 	_Atomic unsigned *clients_all; /* the same, over all workers */
 	_Atomic unsigned clients_own;  /* clients_all when the proxy is alone */
 	struct mirror_list mirrors; /* shadow exchanges in flight */
+	struct evbuffer *tail;	    /* a response's last bytes between its upstream and its client */
 	bool cap_warned;
 	uint64_t id_seed, id_counter;
 	llhttp_settings_t req_settings, resp_settings;
