@@ -40,6 +40,7 @@ static int check_data(const struct config *cfg)
 
 	store_options_defaults(&so);
 	so.dir = cfg->data_dir;
+	so.set_aside_corrupt = false; /* a check reports a corrupt file, it does not move it */
 	st = store_open(&so, err, sizeof(err));
 	if (!st) {
 		fprintf(stderr, "tokentap: %s\n", err);

@@ -8,7 +8,15 @@
  *   - the map is resized only under map_lock held for writing, which every
  *     transaction holds for reading, because LMDB requires that no
  *     transaction be active in the process while it resizes;
- *   - the ring is touched only under ring_lock.
+ *   - the ring is touched only under ring_lock;
+ *   - while commits fail (map or disk full), what could not be written is
+ *     held in memory, one merged batch per minute, until a commit succeeds;
+ *     it moves to disk under held_lock held for writing, which queries hold
+ *     for reading across their LMDB read, so no minute is counted twice or
+ *     missed; lock order: held_lock, then map_lock;
+ *   - a database that does not read back at start-up is moved aside, never
+ *     opened in this process: the check that reads it runs in a child, so
+ *     that LMDB faulting on a damaged page cannot take tokentap down.
  */
 #include "store.h"
 
@@ -21,10 +29,13 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include <zlib.h>
 
+#include "config.h"
 #include "log.h"
 #include "varint.h"
 
@@ -32,6 +43,11 @@
 #define RING_SECONDS 360 /* the live view: a little over five minutes */
 #define QUEUE_MAX 600	 /* batches waiting for the writer before the oldest is dropped */
 #define MAP_SIZE_MAX ((uint64_t)64 << 30)
+#define MAP_SIZE_MIN ((uint64_t)64 << 10) /* an empty store and a few series */
+#define HELD_MAX (64u << 20)		    /* bytes of unwritten stats kept while commits fail */
+#define RETRY_MIN_S 1			    /* first retry after a failed commit; doubles ... */
+#define RETRY_MAX_S 60			    /* ... up to this */
+#define FAULT_QUIET_S 600		    /* the same fault back this soon is not said again */
 
 struct ring_slot {
 	uint64_t sec;
@@ -71,6 +87,23 @@ struct store {
 	bool stopping;
 	uint64_t last_prune;
 	uint64_t last_drop_warn;
+
+	/* While commits fail: what could not be written, one batch per minute
+	 * (items merged per series), oldest first. The writer changes it under
+	 * held_lock for writing; queries read it under held_lock for reading. */
+	pthread_rwlock_t held_lock;
+	struct store_batch *held_head, *held_tail;
+	size_t held_bytes;
+	/* writer thread only */
+	int fault; /* what the first failed commit said; 0 while commits succeed */
+	uint64_t fault_since, retry_at, retry_s, held_lost;
+	/* A store at its limit can flap (pruning frees a little, the next
+	 * minute takes it): a fault is said at level error, and its end at
+	 * info, only when it differs from the last one said or that was
+	 * FAULT_QUIET_S ago; otherwise at debug. */
+	int said_fault;
+	uint64_t said_at;
+	enum log_level fault_level, end_level;
 };
 
 static const char *const window_names[WIN__COUNT] = { "1m", "5m", "1h", "24h", "7d", "all" };
@@ -97,7 +130,21 @@ void store_options_defaults(struct store_options *o)
 	o->minute_retention_s = 24 * 3600;
 	o->hour_retention_s = 30 * 24 * 3600;
 	o->map_size = 64u << 20;
+	o->map_size_max = MAP_SIZE_MAX;
 	o->prune_every_s = 60;
+	o->set_aside_corrupt = true;
+
+	/* A cap on the database until the config file has a key for it. */
+	const char *cap = getenv("TOKENTAP_STORE_MAX_SIZE");
+	uint64_t v;
+	if (cap && *cap) {
+		if (config_parse_size(cap, &v) == 0 && v >= MAP_SIZE_MIN)
+			o->map_size_max = v < MAP_SIZE_MAX ? v : MAP_SIZE_MAX;
+		else
+			log_warn("store: TOKENTAP_STORE_MAX_SIZE=%.32s is not a size of at least 64k (like 512m or "
+				 "2g); the database may grow to 64g",
+				 cap);
+	}
 }
 
 static uint64_t unix_now(void)
@@ -229,13 +276,16 @@ static int ring_query(struct store *st, uint64_t from, uint64_t to, struct store
 
 /* ---- LMDB ---- */
 
+/* Doubles the map, up to map_size_max; MDB_MAP_FULL once there. */
 static int map_grow(struct store *st)
 {
 	uint64_t size = st->map_size * 2;
 	int rc;
 
-	if (size > MAP_SIZE_MAX)
+	if (st->map_size >= st->opt.map_size_max)
 		return MDB_MAP_FULL;
+	if (size > st->opt.map_size_max)
+		size = st->opt.map_size_max;
 	pthread_rwlock_wrlock(&st->map_lock);
 	rc = mdb_env_set_mapsize(st->env, (size_t)size);
 	pthread_rwlock_unlock(&st->map_lock);
@@ -438,6 +488,276 @@ static int commit_batches(struct store *st, struct store_batch *list)
 	return rc;
 }
 
+/* ---- held in memory while commits fail ---- */
+
+/* "256 KiB", "64 MiB", "2 GiB": sizes in messages. */
+static const char *size_text(char *buf, size_t n, uint64_t bytes)
+{
+	if (bytes >= (1u << 30) && bytes % (1u << 30) == 0)
+		snprintf(buf, n, "%llu GiB", (unsigned long long)(bytes >> 30));
+	else if (bytes >= (1u << 20))
+		snprintf(buf, n, "%llu MiB", (unsigned long long)(bytes >> 20));
+	else
+		snprintf(buf, n, "%llu KiB", (unsigned long long)(bytes >> 10));
+	return buf;
+}
+
+static void held_free_batch(struct store *st, struct store_batch *h)
+{
+	for (size_t i = 0; i < h->n; i++)
+		st->held_bytes -= h->items[i].len;
+	store_batch_free(h);
+}
+
+/* Frees everything held. Caller holds held_lock for writing. */
+static void held_clear(struct store *st)
+{
+	while (st->held_head) {
+		struct store_batch *h = st->held_head;
+		st->held_head = h->next;
+		held_free_batch(st, h);
+	}
+	st->held_tail = NULL;
+}
+
+static size_t held_minutes(const struct store *st)
+{
+	size_t n = 0;
+	for (const struct store_batch *h = st->held_head; h; h = h->next)
+		n++;
+	return n;
+}
+
+/* The held batch of `minute`, created in order when new; NULL when out of
+ * memory. Almost always the newest; batches from several workers can come
+ * a little out of order, so an older minute is looked for from the start. */
+static struct store_batch *held_minute(struct store *st, uint64_t minute)
+{
+	struct store_batch *prev = NULL, *h;
+
+	if (st->held_tail && st->held_tail->sec / 60 <= minute) {
+		if (st->held_tail->sec / 60 == minute)
+			return st->held_tail;
+		prev = st->held_tail;
+		h = NULL;
+	} else {
+		for (h = st->held_head; h && h->sec / 60 < minute; h = h->next)
+			prev = h;
+	}
+	if (h && h->sec / 60 == minute)
+		return h;
+	struct store_batch *nb = calloc(1, sizeof(*nb));
+	if (!nb)
+		return NULL;
+	nb->sec = minute * 60;
+	nb->next = h;
+	if (prev)
+		prev->next = nb;
+	else
+		st->held_head = nb;
+	if (!h)
+		st->held_tail = nb;
+	return nb;
+}
+
+/* Adds one series' delta to its minute: merged into what is held for that
+ * series, or copied. A delta that does not decode is dropped, as
+ * merge_into drops it. -1 when out of memory. */
+static int held_item(struct store *st, struct store_batch *h, const struct store_item *it)
+{
+	struct slice s;
+	uint8_t *blob;
+	size_t len, i;
+
+	for (i = 0; i < h->n; i++)
+		if (h->items[i].keylen == it->keylen && memcmp(h->items[i].key, it->key, it->keylen) == 0)
+			break;
+	if (i < h->n) {
+		memset(&s, 0, sizeof(s));
+		if (slice_decode_merge(&s, h->items[i].blob, h->items[i].len) == -1 ||
+		    slice_decode_merge(&s, it->blob, it->len) == -1) {
+			slice_release(&s);
+			return 0;
+		}
+		len = slice_encode(&s, &blob);
+		slice_release(&s);
+		if (!len)
+			return -1;
+		st->held_bytes = st->held_bytes - h->items[i].len + len;
+		free(h->items[i].blob);
+		h->items[i].blob = blob;
+		h->items[i].len = len;
+		return 0;
+	}
+	if (h->n == h->cap) {
+		size_t cap = h->cap ? h->cap * 2 : 8;
+		struct store_item *p = realloc(h->items, cap * sizeof(*p));
+		if (!p)
+			return -1;
+		h->items = p;
+		h->cap = cap;
+	}
+	if (!(blob = malloc(it->len)))
+		return -1;
+	memcpy(blob, it->blob, it->len);
+	h->items[h->n] = *it;
+	h->items[h->n].blob = blob;
+	h->n++;
+	st->held_bytes += it->len;
+	return 0;
+}
+
+/* Holds the batches of `list` (copies: the ring takes the originals), then
+ * keeps the total under HELD_MAX by dropping the oldest minutes. */
+static void held_add(struct store *st, const struct store_batch *list)
+{
+	char sz[32];
+	size_t lost = 0;
+
+	pthread_rwlock_wrlock(&st->held_lock);
+	for (const struct store_batch *b = list; b; b = b->next) {
+		struct store_batch *h = held_minute(st, b->sec / 60);
+		for (size_t i = 0; i < b->n; i++)
+			if (!h || held_item(st, h, &b->items[i]) == -1)
+				lost++;
+	}
+	while (st->held_bytes > HELD_MAX && st->held_head && st->held_head != st->held_tail) {
+		struct store_batch *h = st->held_head;
+		st->held_head = h->next;
+		held_free_batch(st, h);
+		if (st->held_lost++ == 0)
+			log_warn("store: %s of unwritten stats are held in memory, the most it keeps; from now on the "
+				 "oldest minute is dropped for each new one",
+				 size_text(sz, sizeof(sz), HELD_MAX));
+	}
+	pthread_rwlock_unlock(&st->held_lock);
+	if (lost)
+		log_warn("store: out of memory: %zu series delta(s) of stats lost", lost);
+}
+
+/* Adds the held minutes in from..to (minute numbers) to `r`. Caller holds
+ * held_lock. Held slices keep their load curves: added whole, they give the
+ * curves of the window as hour slices would. */
+static void held_query(struct store *st, uint64_t from, uint64_t to, struct store_result *r)
+{
+	for (const struct store_batch *h = st->held_head; h; h = h->next) {
+		uint64_t minute = h->sec / 60;
+		if (minute < from || minute > to)
+			continue;
+		for (size_t i = 0; i < h->n; i++) {
+			struct store_series *se = result_series(r, h->items[i].key, h->items[i].keylen);
+			if (se && slice_decode_merge(&se->slice, h->items[i].blob, h->items[i].len) == -1)
+				log_warn("store: undecodable slice held in memory skipped");
+		}
+	}
+}
+
+/* Why a commit failed, for an operator: which limit, and what makes room. */
+static void fault_text(struct store *st, int rc, char *out, size_t n)
+{
+	struct statvfs fs;
+	char sz[32];
+	uint64_t avail = UINT64_MAX;
+
+	if (statvfs(st->dir, &fs) == 0)
+		avail = (uint64_t)fs.f_bavail * fs.f_frsize;
+	if (rc == MDB_MAP_FULL)
+		snprintf(out, n,
+			 "the database reached its size limit of %s (TOKENTAP_STORE_MAX_SIZE); a higher limit or "
+			 "shorter retention makes room",
+			 size_text(sz, sizeof(sz), st->opt.map_size_max));
+	else if (rc == ENOSPC || (rc == EIO && avail < (64u << 10)))
+		snprintf(out, n, "its filesystem is full (%s, %s free)", mdb_strerror(rc),
+			 size_text(sz, sizeof(sz), avail));
+	else if (rc == EDQUOT)
+		snprintf(out, n, "the disk quota is used up (%s)", mdb_strerror(rc));
+	else if (rc == EFBIG)
+		snprintf(out, n, "the file size limit was reached (%s)", mdb_strerror(rc));
+	else if (rc == MDB_PANIC)
+		snprintf(out, n, "%s; restart tokentap to reopen the database", mdb_strerror(rc));
+	else
+		snprintf(out, n, "%s", mdb_strerror(rc));
+}
+
+/* Commits `list`, growing the map once if it is full. */
+static int commit_grow(struct store *st, struct store_batch *list)
+{
+	int rc = commit_batches(st, list);
+	if (rc == MDB_MAP_FULL && map_grow(st) == 0)
+		rc = commit_batches(st, list);
+	return rc;
+}
+
+/* Tries to write what is held; leaves fault mode when that works. With
+ * `last` (shutdown), a failure is final and says what is lost. */
+static void held_retry(struct store *st, uint64_t now, bool last)
+{
+	size_t minutes;
+	int rc;
+
+	pthread_rwlock_wrlock(&st->held_lock);
+	minutes = held_minutes(st);
+	/* an empty commit writes nothing and so proves nothing */
+	rc = minutes ? commit_grow(st, st->held_head) : -1;
+	if (rc == 0)
+		held_clear(st);
+	pthread_rwlock_unlock(&st->held_lock);
+	if (rc == 0) {
+		log_msg(st->end_level,
+			"store: writing to %s again after %llu s; the %zu minute(s) of stats held in memory are "
+			"committed%s",
+			st->dir, (unsigned long long)(now - st->fault_since), minutes,
+			st->held_lost ? " (older ones were dropped, see above)" : "");
+		st->fault = 0;
+		return;
+	}
+	if (last) {
+		if (minutes)
+			log_error("store: %zu minute(s) of stats held in memory could not be written and are lost: %s",
+				  minutes, rc == -1 ? "nothing to write" : mdb_strerror(rc));
+		return;
+	}
+	if (rc != -1)
+		log_debug("store: commit retried, still failing: %s", mdb_strerror(rc));
+	st->retry_s = st->retry_s * 2 > RETRY_MAX_S ? RETRY_MAX_S : st->retry_s * 2;
+	st->retry_at = now + st->retry_s;
+}
+
+/* Commits `list`, or holds it in memory while commits fail: a failed commit
+ * is said once, with its cause, and retried with backoff; forwarding and
+ * the live windows never notice. */
+static void writer_commit(struct store *st, struct store_batch *list, uint64_t now)
+{
+	char why[256];
+
+	if (!st->fault) {
+		int rc = commit_grow(st, list);
+		if (rc == 0)
+			return;
+		fault_text(st, rc, why, sizeof(why));
+		if (rc != st->said_fault || now - st->said_at >= FAULT_QUIET_S) {
+			st->said_fault = rc;
+			st->said_at = now;
+			st->fault_level = LOG_ERROR;
+			st->end_level = LOG_INFO;
+		} else {
+			st->fault_level = st->end_level = LOG_DEBUG;
+		}
+		log_msg(st->fault_level,
+			"store: cannot commit stats to %s: %s; forwarding goes on, new stats are kept in memory (up to "
+			"%u MiB) and served from there, and writing is retried until it succeeds",
+			st->dir, why, HELD_MAX >> 20);
+		st->fault = rc;
+		st->fault_since = now;
+		st->held_lost = 0;
+		st->retry_s = RETRY_MIN_S;
+		st->retry_at = now + RETRY_MIN_S;
+	}
+	held_add(st, list);
+	if (now >= st->retry_at)
+		held_retry(st, now, false);
+}
+
 /* Deletes 'm' and 'h' slices older than their retention. */
 static void prune(struct store *st, uint64_t now)
 {
@@ -449,6 +769,7 @@ static void prune(struct store *st, uint64_t now)
 	MDB_txn *txn;
 	MDB_cursor *cur;
 	size_t removed = 0;
+	int rc;
 
 	pthread_rwlock_rdlock(&st->map_lock);
 	if (mdb_txn_begin(st->env, NULL, 0, &txn)) {
@@ -461,7 +782,7 @@ static void prune(struct store *st, uint64_t now)
 			uint8_t start[9];
 			MDB_val k = { 9, start }, v;
 			slice_key(start, kinds[i].kind, 0, 0);
-			int rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
+			rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
 			while (rc == 0 && k.mv_size == 9 && ((uint8_t *)k.mv_data)[0] == (uint8_t)kinds[i].kind &&
 			       get_be32((uint8_t *)k.mv_data + 1) < oldest) {
 				if (mdb_cursor_del(cur, 0))
@@ -475,10 +796,14 @@ static void prune(struct store *st, uint64_t now)
 		}
 		mdb_cursor_close(cur);
 	}
-	if (mdb_txn_commit(txn))
-		log_warn("store: pruning old slices failed");
+	rc = mdb_txn_commit(txn);
 	pthread_rwlock_unlock(&st->map_lock);
-	if (removed)
+	/* while commits fail, the fault line has said why already */
+	if (rc && st->fault)
+		log_debug("store: pruning old slices failed: %s", mdb_strerror(rc));
+	else if (rc)
+		log_warn("store: pruning old slices failed: %s", mdb_strerror(rc));
+	if (removed && !rc)
 		log_debug("store: pruned %zu slices past retention", removed);
 }
 
@@ -488,26 +813,35 @@ static void *writer_main(void *arg)
 
 	pthread_mutex_lock(&st->q_lock);
 	for (;;) {
-		while (!st->q_head && !st->stopping)
-			pthread_cond_wait(&st->q_cond, &st->q_lock);
-		if (!st->q_head && st->stopping)
-			break;
+		bool retry_due = false;
+		/* while commits fail, wake up to retry even when no stats come */
+		while (!st->q_head && !st->stopping && !retry_due) {
+			if (st->fault) {
+				struct timespec at = { (time_t)st->retry_at, 0 };
+				retry_due = pthread_cond_timedwait(&st->q_cond, &st->q_lock, &at) == ETIMEDOUT;
+			} else {
+				pthread_cond_wait(&st->q_cond, &st->q_lock);
+			}
+		}
 		struct store_batch *list = st->q_head;
 		size_t n = st->q_len;
+		bool stopping = st->stopping;
 		st->q_head = st->q_tail = NULL;
 		st->q_len = 0;
 		pthread_mutex_unlock(&st->q_lock);
 
-		if (st->env) {
-			int rc = commit_batches(st, list);
-			if (rc == MDB_MAP_FULL && map_grow(st) == 0)
-				rc = commit_batches(st, list);
-			if (rc) {
-				log_error("store: commit failed, %zu batch(es) of stats lost: %s", n, mdb_strerror(rc));
-				__atomic_add_fetch(&st->dropped, n, __ATOMIC_RELAXED);
-			}
-		}
 		uint64_t now = unix_now();
+		if (!list) {
+			/* a timed retry, or the last chance before shutdown */
+			if (st->env && st->fault)
+				held_retry(st, now, stopping);
+			if (stopping)
+				return NULL;
+			pthread_mutex_lock(&st->q_lock);
+			continue;
+		}
+		if (st->env)
+			writer_commit(st, list, now);
 		for (struct store_batch *b = list, *next; b; b = next) {
 			next = b->next;
 			ring_add(st, b);
@@ -522,8 +856,6 @@ static void *writer_main(void *arg)
 		st->committed += n;
 		pthread_cond_broadcast(&st->q_done);
 	}
-	pthread_mutex_unlock(&st->q_lock);
-	return NULL;
 }
 
 void store_submit(struct store *st, struct store_batch *b)
@@ -659,6 +991,492 @@ static int lock_dir(struct store *st, char *err, size_t errlen)
 	return 0;
 }
 
+/* ---- the start-up check ---- */
+
+/*
+ * What "corrupt" means here: the file LMDB would map cannot be trusted to
+ * read back, or to be written without LMDB failing an assertion. That is
+ *   - mdb_env_open refusing it: MDB_INVALID (no valid meta page: garbage,
+ *     zeroed meta pages, a file shorter than two pages), MDB_VERSION_MISMATCH
+ *     (another LMDB data format), MDB_CORRUPTED, MDB_PAGE_NOTFOUND;
+ *   - a file shorter than its meta page says: LMDB would map the missing
+ *     pages and fault (SIGBUS) on the first read of one;
+ *   - a page of the current trees (free list, main database, the named
+ *     databases), read here with pread, that lies outside the file, does
+ *     not carry its own number, is used twice, has bounds or records that
+ *     do not fit it, or overflow pages past the end; or a tree deeper than
+ *     LMDB walks;
+ *   - a walk through LMDB of every record failing with one of the codes
+ *     above, MDB_INCOMPATIBLE or MDB_CURSOR_FULL, or a free-list record
+ *     naming a page outside the file or in use;
+ *   - the store's own layout record unreadable, or not a tokentap layout
+ *     (a tokentap layout of another version is refused, not moved);
+ *   - the check dying: it runs in a child process, so that whatever it
+ *     misses and LMDB faults on ends the child, not tokentap.
+ * Any other failure (permissions, memory) is not a verdict on the file: the
+ * open that follows reports it.
+ */
+enum db_health { DB_SOUND, DB_CORRUPT, DB_UNKNOWN };
+
+static bool rc_corrupt(int rc)
+{
+	return rc == MDB_INVALID || rc == MDB_VERSION_MISMATCH || rc == MDB_CORRUPTED || rc == MDB_PAGE_NOTFOUND ||
+	       rc == MDB_INCOMPATIBLE || rc == MDB_CURSOR_FULL;
+}
+
+/*
+ * LMDB's on-disk format, data version 1 (LMDB 0.9, checked by mdb_env_open
+ * before any of this is read), as mdb.c lays it out on a 64-bit machine.
+ * LMDB trusts its pages: reading follows node offsets unchecked, and writing
+ * asserts invariants (mp_upper >= mp_lower) that garbage breaks. So the
+ * check reads every page of the tree itself, with pread and every offset
+ * bounds-checked, before LMDB is let near it.
+ */
+#define PG_HDR 16	  /* u64 pgno, u16 pad, u16 flags, u16 lower + u16 upper or u32 overflow pages */
+#define PG_FLAGS 10
+#define PG_LOWER 12
+#define PG_UPPER 14
+#define PG_OVPAGES 12
+#define P_BRANCH 0x01
+#define P_LEAF 0x02
+#define P_OVERFLOW 0x04
+#define P_META 0x08
+#define P_LEAF2 0x20
+#define NODE_HDR 8 /* u16 lo, u16 hi, u16 flags, u16 key size */
+#define F_BIGDATA 0x01
+#define F_SUBDATA 0x02
+#define F_DUPDATA 0x04
+#define META_DB(i) (PG_HDR + 24 + 48 * (i)) /* the free (0) and main (1) database records */
+#define META_LAST (PG_HDR + 120)
+#define META_TXNID (PG_HDR + 128)
+#define DB_ROOT 40
+#define DB_SIZE 48
+#define KEY_MAX 511	/* LMDB's largest key */
+#define TREE_DEPTH 32 /* LMDB's cursor stack */
+#define NO_PAGE UINT64_MAX
+
+struct walk {
+	int fd;
+	size_t psize;
+	uint64_t last_pgno;
+	uint8_t *seen; /* a bit per page: used by the tree */
+	uint8_t *bufs; /* a page per tree level */
+	uint64_t budget; /* records the file's pages could hold at most */
+	char *why;
+	size_t whylen;
+};
+
+static uint16_t get16(const uint8_t *p)
+{
+	uint16_t v;
+	memcpy(&v, p, sizeof(v));
+	return v;
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+	uint64_t v;
+	memcpy(&v, p, sizeof(v));
+	return v;
+}
+
+static bool seen_test_set(struct walk *w, uint64_t pgno)
+{
+	bool was = w->seen[pgno >> 3] & (1u << (pgno & 7));
+	w->seen[pgno >> 3] |= (uint8_t)(1u << (pgno & 7));
+	return was;
+}
+
+/* Reads page `pgno` into `buf`: it must lie in the file, carry its own
+ * number and not be used twice. Its kind (P_BRANCH, P_LEAF, P_OVERFLOW or
+ * P_META), or 0 with `why` set. */
+static unsigned page_read(struct walk *w, uint64_t pgno, uint8_t *buf)
+{
+	unsigned kind;
+
+	if (pgno < 2 || pgno > w->last_pgno) {
+		snprintf(w->why, w->whylen, "a page number (%llu) outside the file", (unsigned long long)pgno);
+		return 0;
+	}
+	if (pread(w->fd, buf, w->psize, (off_t)(pgno * w->psize)) != (ssize_t)w->psize) {
+		snprintf(w->why, w->whylen, "page %llu cannot be read", (unsigned long long)pgno);
+		return 0;
+	}
+	kind = get16(buf + PG_FLAGS) & (P_BRANCH | P_LEAF | P_OVERFLOW | P_META);
+	if (get64(buf) != pgno || !kind) {
+		snprintf(w->why, w->whylen, "page %llu has a bad header", (unsigned long long)pgno);
+		return 0;
+	}
+	if (seen_test_set(w, pgno)) {
+		snprintf(w->why, w->whylen, "page %llu is used twice", (unsigned long long)pgno);
+		return 0;
+	}
+	return kind;
+}
+
+/* The overflow pages of one big value, `dsize` bytes from page `pgno`. */
+static bool overflow_ok(struct walk *w, uint64_t pgno, uint64_t dsize)
+{
+	uint8_t *buf = w->bufs + 2 * TREE_DEPTH * w->psize;
+	uint32_t n;
+	unsigned kind = page_read(w, pgno, buf);
+
+	if (!kind)
+		return false;
+	memcpy(&n, buf + PG_OVPAGES, sizeof(n));
+	if (kind != P_OVERFLOW || n == 0 || n > w->last_pgno - pgno + 1 ||
+	    dsize > (uint64_t)n * w->psize - PG_HDR) {
+		snprintf(w->why, w->whylen, "the overflow pages at %llu do not fit the file", (unsigned long long)pgno);
+		return false;
+	}
+	for (uint64_t i = 1; i < n; i++) {
+		if (seen_test_set(w, pgno + i)) {
+			snprintf(w->why, w->whylen, "page %llu is used twice", (unsigned long long)(pgno + i));
+			return false;
+		}
+	}
+	return true;
+}
+
+/* Checks the tree under `pgno`, `depth` levels down; in the main database
+ * (`main`), the named databases' trees too. The main tree reads into the
+ * first TREE_DEPTH page buffers, a named tree into the next ones. */
+static bool tree_ok(struct walk *w, uint64_t pgno, unsigned depth, bool main)
+{
+	uint8_t *buf = w->bufs + ((main ? 0 : TREE_DEPTH) + depth) * w->psize;
+	unsigned kind;
+
+	if (depth >= TREE_DEPTH) {
+		snprintf(w->why, w->whylen, "a tree deeper than LMDB can walk");
+		return false;
+	}
+	if (!(kind = page_read(w, pgno, buf)))
+		return false;
+	uint16_t lower = get16(buf + PG_LOWER), upper = get16(buf + PG_UPPER);
+	if ((kind != P_BRANCH && kind != P_LEAF) || (get16(buf + PG_FLAGS) & P_LEAF2) || lower < PG_HDR ||
+	    lower > upper || upper > w->psize || (lower & 1) || (kind == P_BRANCH && lower == PG_HDR)) {
+		snprintf(w->why, w->whylen, "page %llu is not a sound tree page", (unsigned long long)pgno);
+		return false;
+	}
+	for (unsigned i = 0; i < (lower - PG_HDR) / 2u; i++) {
+		unsigned off = get16(buf + PG_HDR + 2 * i);
+		if (off < upper || off > w->psize - NODE_HDR) {
+			snprintf(w->why, w->whylen, "page %llu has a record outside it", (unsigned long long)pgno);
+			return false;
+		}
+		const uint8_t *node = buf + off;
+		uint16_t lo = get16(node), hi = get16(node + 2), flags = get16(node + 4), ksize = get16(node + 6);
+		uint64_t dsize = (uint64_t)lo | (uint64_t)hi << 16;
+		if (ksize > KEY_MAX || off + NODE_HDR + ksize > w->psize) {
+			snprintf(w->why, w->whylen, "page %llu has a bad key", (unsigned long long)pgno);
+			return false;
+		}
+		if (kind == P_BRANCH) {
+			/* a branch record's size and flags fields hold the child's page number */
+			if (!tree_ok(w, dsize | (uint64_t)flags << 32, depth + 1, main))
+				return false;
+			continue;
+		}
+		if (w->budget-- == 0) {
+			snprintf(w->why, w->whylen, "more records than the file's pages hold");
+			return false;
+		}
+		const uint8_t *data = node + NODE_HDR + ksize;
+		uint64_t inline_size = flags & F_BIGDATA ? 8 : dsize;
+		if ((flags & F_DUPDATA) || off + NODE_HDR + ksize + inline_size > w->psize ||
+		    ((flags & F_SUBDATA) && (!main || (flags & F_BIGDATA) || dsize != DB_SIZE))) {
+			snprintf(w->why, w->whylen, "page %llu has a bad record", (unsigned long long)pgno);
+			return false;
+		}
+		if ((flags & F_BIGDATA) && !overflow_ok(w, get64(data), dsize))
+			return false;
+		uint64_t root;
+		if ((flags & F_SUBDATA) && (root = get64(data + DB_ROOT)) != NO_PAGE && !tree_ok(w, root, 0, false))
+			return false;
+	}
+	return true;
+}
+
+/* Every page of the trees the current meta page roots: the free list, the
+ * main database and the named databases under it. */
+static enum db_health pages_check(struct walk *w, int fd)
+{
+	uint8_t meta[2][PG_HDR + 136];
+	int cur;
+
+	if (sizeof(size_t) != 8)
+		return DB_SOUND; /* the offsets above are for 64-bit builds */
+	for (int i = 0; i < 2; i++) {
+		if (pread(fd, meta[i], sizeof(meta[i]), (off_t)(i * w->psize)) != (ssize_t)sizeof(meta[i])) {
+			snprintf(w->why, w->whylen, "its meta pages cannot be read");
+			return DB_CORRUPT;
+		}
+	}
+	/* LMDB uses the meta page of the later transaction */
+	cur = get64(meta[1] + META_TXNID) > get64(meta[0] + META_TXNID);
+	if (get64(meta[cur] + META_LAST) != w->last_pgno) {
+		snprintf(w->why, w->whylen, "its meta pages disagree with LMDB");
+		return DB_UNKNOWN;
+	}
+	w->fd = fd;
+	w->seen = calloc((size_t)(w->last_pgno / 8 + 1), 1);
+	w->bufs = malloc((2 * TREE_DEPTH + 1) * w->psize);
+	bool ok = w->seen && w->bufs;
+	for (int i = 0; ok && i < 2; i++) {
+		uint64_t root = get64(meta[cur] + META_DB(i) + DB_ROOT);
+		if (root != NO_PAGE && !tree_ok(w, root, 0, i == 1))
+			return DB_CORRUPT; /* db_walk frees `seen` and `bufs` */
+	}
+	if (!ok) {
+		snprintf(w->why, w->whylen, "out of memory");
+		return DB_UNKNOWN;
+	}
+	return DB_SOUND;
+}
+
+/* A free-list record: a count, then that many page numbers, all in the file
+ * and none in use by the tree. */
+static bool free_record_ok(const struct walk *w, const MDB_val *v)
+{
+	size_t n, id;
+
+	if (v->mv_size < sizeof(size_t) || v->mv_size % sizeof(size_t))
+		return false;
+	memcpy(&n, v->mv_data, sizeof(n)); /* 2-byte aligned in the page */
+	if (n != v->mv_size / sizeof(size_t) - 1)
+		return false;
+	for (size_t i = 1; i <= n; i++) {
+		memcpy(&id, (const char *)v->mv_data + i * sizeof(size_t), sizeof(id));
+		if (id < 2 || id > w->last_pgno || (w->seen && (w->seen[id >> 3] & (1u << (id & 7)))))
+			return false;
+	}
+	return true;
+}
+
+/* Reads every record of one database through LMDB: what LMDB itself
+ * refuses, and the free list's contents. */
+static enum db_health walk_db(struct walk *w, MDB_txn *txn, MDB_dbi dbi, const char *name)
+{
+	MDB_cursor *cur;
+	MDB_val k, v;
+	int rc;
+
+	if ((rc = mdb_cursor_open(txn, dbi, &cur)) != 0) {
+		snprintf(w->why, w->whylen, "database %s: %s", name, mdb_strerror(rc));
+		return rc_corrupt(rc) ? DB_CORRUPT : DB_UNKNOWN;
+	}
+	while ((rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) == 0) {
+		if (dbi == 0 && !free_record_ok(w, &v)) {
+			snprintf(w->why, w->whylen, "the free-page list names pages outside the file or in use");
+			break;
+		}
+	}
+	mdb_cursor_close(cur);
+	if (rc == MDB_NOTFOUND)
+		return DB_SOUND;
+	if (rc == 0)
+		return DB_CORRUPT;
+	snprintf(w->why, w->whylen, "database %s: %s", name, mdb_strerror(rc));
+	return rc_corrupt(rc) ? DB_CORRUPT : DB_UNKNOWN;
+}
+
+/* The check itself, in the child: opens the database read-only, checks
+ * its pages, then walks it through LMDB. `why` says what was found when the
+ * answer is not DB_SOUND. */
+static enum db_health db_walk(const char *dir, uint64_t map_size, char *why, size_t whylen)
+{
+	static const char *const names[] = { "meta", "series", "series_by_id", "slices" };
+	MDB_env *env = NULL;
+	MDB_txn *txn = NULL;
+	MDB_envinfo info;
+	MDB_stat ms;
+	MDB_dbi dbi;
+	MDB_val k = { 6, "layout" }, v;
+	struct stat sb;
+	struct walk w = { .fd = -1, .why = why, .whylen = whylen };
+	char path[4096];
+	enum db_health h = DB_UNKNOWN;
+	int rc, fd = -1;
+
+	snprintf(path, sizeof(path), "%s/data.mdb", dir);
+	if ((rc = mdb_env_create(&env)) != 0) {
+		snprintf(why, whylen, "%s", mdb_strerror(rc));
+		return DB_UNKNOWN;
+	}
+	mdb_env_set_maxdbs(env, 8);
+	mdb_env_set_mapsize(env, (size_t)map_size);
+	if ((rc = mdb_env_open(env, dir, MDB_RDONLY | MDB_NOTLS, 0640)) != 0) {
+		snprintf(why, whylen, "%s", mdb_strerror(rc));
+		h = rc_corrupt(rc) ? DB_CORRUPT : DB_UNKNOWN;
+		goto out_env;
+	}
+	if (mdb_env_info(env, &info) != 0 || mdb_env_stat(env, &ms) != 0 || (fd = open(path, O_RDONLY)) == -1 ||
+	    fstat(fd, &sb) == -1) {
+		snprintf(why, whylen, "cannot read its size");
+		goto out_env;
+	}
+	uint64_t end = ((uint64_t)info.me_last_pgno + 1) * ms.ms_psize;
+	if ((uint64_t)sb.st_size < end) {
+		snprintf(why, whylen, "truncated: %llu bytes, but its pages reach to byte %llu",
+			 (unsigned long long)sb.st_size, (unsigned long long)end);
+		h = DB_CORRUPT;
+		goto out_env;
+	}
+	w.psize = ms.ms_psize;
+	w.last_pgno = info.me_last_pgno;
+	w.budget = end / NODE_HDR;
+	if ((h = pages_check(&w, fd)) != DB_SOUND)
+		goto out_env;
+	if ((rc = mdb_txn_begin(env, NULL, MDB_RDONLY, &txn)) != 0) {
+		snprintf(why, whylen, "%s", mdb_strerror(rc));
+		h = rc_corrupt(rc) ? DB_CORRUPT : DB_UNKNOWN;
+		goto out_env;
+	}
+	if ((h = walk_db(&w, txn, 0, "(free pages)")) != DB_SOUND)
+		goto out_txn;
+	if ((rc = mdb_dbi_open(txn, NULL, 0, &dbi)) != 0 || (h = walk_db(&w, txn, dbi, "(main)")) != DB_SOUND) {
+		if (rc) {
+			snprintf(why, whylen, "main database: %s", mdb_strerror(rc));
+			h = rc_corrupt(rc) ? DB_CORRUPT : DB_UNKNOWN;
+		}
+		goto out_txn;
+	}
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+		rc = mdb_dbi_open(txn, names[i], 0, &dbi);
+		if (rc == MDB_NOTFOUND)
+			continue;
+		if (rc) {
+			snprintf(why, whylen, "database %s: %s", names[i], mdb_strerror(rc));
+			h = rc_corrupt(rc) ? DB_CORRUPT : DB_UNKNOWN;
+			goto out_txn;
+		}
+		if ((h = walk_db(&w, txn, dbi, names[i])) != DB_SOUND)
+			goto out_txn;
+		if (i != 0)
+			continue;
+		rc = mdb_get(txn, dbi, &k, &v);
+		if (rc && rc != MDB_NOTFOUND) {
+			snprintf(why, whylen, "its layout record: %s", mdb_strerror(rc));
+			h = rc_corrupt(rc) ? DB_CORRUPT : DB_UNKNOWN;
+			goto out_txn;
+		}
+		if (rc == 0 && (v.mv_size < 15 || memcmp(v.mv_data, "tokentap-stats-", 15) != 0)) {
+			snprintf(why, whylen, "its layout record is not a tokentap layout");
+			h = DB_CORRUPT;
+			goto out_txn;
+		}
+	}
+	h = DB_SOUND;
+out_txn:
+	mdb_txn_abort(txn);
+out_env:
+	mdb_env_close(env);
+	if (fd != -1)
+		close(fd);
+	free(w.seen);
+	free(w.bufs);
+	return h;
+}
+
+/* Runs db_walk in a child, so that a fault reading a damaged page ends the
+ * child, not tokentap; a child that dies without its verdict is one. */
+static enum db_health db_check(const struct store *st, char *why, size_t whylen)
+{
+	char path[4096], buf[512];
+	struct stat sb;
+	int fds[2], status = 0;
+	size_t got = 0;
+	pid_t pid, waited;
+
+	snprintf(path, sizeof(path), "%s/data.mdb", st->dir);
+	if (stat(path, &sb) == -1 || sb.st_size == 0)
+		return DB_SOUND; /* nothing written yet: LMDB starts it */
+	if (pipe(fds) == -1) {
+		snprintf(why, whylen, "cannot check it: pipe: %s", strerror(errno));
+		return DB_UNKNOWN;
+	}
+	pid = fork();
+	if (pid == -1) {
+		snprintf(why, whylen, "cannot check it: fork: %s", strerror(errno));
+		close(fds[0]);
+		close(fds[1]);
+		return DB_UNKNOWN;
+	}
+	if (pid == 0) {
+		/* The child reads, writes its verdict and leaves by _exit: no
+		 * exit handlers, no stdio buffers of the parent flushed twice.
+		 * (glibc keeps malloc and stdio usable after fork, which LMDB and
+		 * map_base need.) A sanitizer's report of a fault goes nowhere:
+		 * the parent says what happened. */
+		int null = open("/dev/null", O_WRONLY);
+		if (null != -1)
+			dup2(null, STDERR_FILENO);
+		close(fds[0]);
+		enum db_health h = db_walk(st->dir, st->map_size, buf + 1, sizeof(buf) - 1);
+		buf[0] = "SCU"[h];
+		ssize_t n = write(fds[1], buf, strlen(buf));
+		_exit(n > 0 ? 0 : 1);
+	}
+	close(fds[1]);
+	for (int i = 0; i < 1000 && got < sizeof(buf) - 1; i++) {
+		ssize_t n = read(fds[0], buf + got, sizeof(buf) - 1 - got);
+		if (n == -1 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		got += (size_t)n;
+	}
+	buf[got] = '\0';
+	close(fds[0]);
+	do
+		waited = waitpid(pid, &status, 0);
+	while (waited == -1 && errno == EINTR);
+	if (got == 0 && waited == -1) {
+		snprintf(why, whylen, "cannot check it: waitpid: %s", strerror(errno));
+		return DB_UNKNOWN;
+	}
+	if (got == 0) {
+		if (WIFSIGNALED(status))
+			snprintf(why, whylen, "reading it crashed the check (signal %d, %s)", WTERMSIG(status),
+				 strsignal(WTERMSIG(status)));
+		else
+			snprintf(why, whylen, "reading it crashed the check (exit status %d)",
+				 WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+		return DB_CORRUPT;
+	}
+	snprintf(why, whylen, "%s", buf + 1);
+	return buf[0] == 'S' ? DB_SOUND : buf[0] == 'C' ? DB_CORRUPT : DB_UNKNOWN;
+}
+
+/* Renames data.mdb to data.mdb.corrupt-<unix time>, kept for a post-mortem,
+ * and removes lock.mdb, whose reader table described the bad file. */
+static int db_set_aside(struct store *st, const char *why, char *err, size_t errlen)
+{
+	char from[4096], to[4200], lock[4096];
+	struct stat sb;
+	uint64_t now = unix_now();
+
+	snprintf(from, sizeof(from), "%s/data.mdb", st->dir);
+	for (int i = 0; i < 100; i++) {
+		if (i == 0)
+			snprintf(to, sizeof(to), "%s.corrupt-%llu", from, (unsigned long long)now);
+		else
+			snprintf(to, sizeof(to), "%s.corrupt-%llu-%d", from, (unsigned long long)now, i);
+		if (lstat(to, &sb) == -1 && errno == ENOENT)
+			break;
+	}
+	if (rename(from, to) == -1) {
+		snprintf(err, errlen, "store: %s is corrupt (%s) and cannot be moved to %s: %s; move it away by hand",
+			 from, why, to, strerror(errno));
+		return -1;
+	}
+	snprintf(lock, sizeof(lock), "%s/lock.mdb", st->dir);
+	if (unlink(lock) == -1 && errno != ENOENT)
+		log_warn("store: cannot remove %s: %s", lock, strerror(errno));
+	log_error("store: %s is corrupt (%s); moved it to %s and starting with an empty store", from, why, to);
+	return 0;
+}
+
 struct store *store_open(const struct store_options *o, char *err, size_t errlen)
 {
 	struct store *st = calloc(1, sizeof(*st));
@@ -672,6 +1490,7 @@ struct store *store_open(const struct store_options *o, char *err, size_t errlen
 	st->lock_fd = -1;
 	st->last_prune = 0;
 	pthread_rwlock_init(&st->map_lock, NULL);
+	pthread_rwlock_init(&st->held_lock, NULL);
 	pthread_mutex_init(&st->ring_lock, NULL);
 	pthread_mutex_init(&st->q_lock, NULL);
 	pthread_cond_init(&st->q_cond, NULL);
@@ -685,7 +1504,22 @@ struct store *store_open(const struct store_options *o, char *err, size_t errlen
 		}
 		if (lock_dir(st, err, errlen) == -1)
 			goto fail;
-		st->map_size = o->map_size;
+		st->map_size = o->map_size < o->map_size_max ? o->map_size : o->map_size_max;
+		char why[512];
+		enum db_health health = db_check(st, why, sizeof(why));
+		if (health == DB_UNKNOWN)
+			log_debug("store: the start-up check of %s gave no verdict: %s", st->dir, why);
+		if (health == DB_CORRUPT) {
+			if (!o->set_aside_corrupt) {
+				snprintf(err, errlen,
+					 "store: %s/data.mdb is corrupt (%s); a tokentap server started on it moves it "
+					 "aside and starts empty",
+					 st->dir, why);
+				goto fail;
+			}
+			if (db_set_aside(st, why, err, errlen) == -1)
+				goto fail;
+		}
 		if (check_rc(mdb_env_create(&st->env), "create", err, errlen))
 			goto fail;
 		mdb_env_set_maxdbs(st->env, 8);
@@ -746,7 +1580,9 @@ void store_close(struct store *st)
 		st->q_head = b->next;
 		store_batch_free(b);
 	}
+	held_clear(st);
 	pthread_rwlock_destroy(&st->map_lock);
+	pthread_rwlock_destroy(&st->held_lock);
 	pthread_mutex_destroy(&st->ring_lock);
 	pthread_mutex_destroy(&st->q_lock);
 	pthread_cond_destroy(&st->q_cond);
@@ -841,43 +1677,60 @@ out:
 int store_query(struct store *st, enum store_window w, struct store_result *out, char *err, size_t errlen)
 {
 	uint64_t now = unix_now();
+	uint32_t cur;
+	int rc;
 
 	memset(out, 0, sizeof(*out));
 	out->end_sec = now;
 	switch (w) {
 	case WIN_1M:
-	case WIN_5M: {
-		uint64_t span = w == WIN_1M ? 60 : 300;
-		out->start_sec = now - span + 1;
+	case WIN_5M:
+		out->start_sec = now - (w == WIN_1M ? 60 : 300) + 1;
 		return ring_query(st, out->start_sec, now, out);
-	}
 	case WIN_1H:
 	case WIN_24H: {
-		uint32_t cur = (uint32_t)(now / 60), n = w == WIN_1H ? 60 : 1440;
+		uint32_t n = w == WIN_1H ? 60 : 1440;
+		cur = (uint32_t)(now / 60);
 		out->start_sec = (uint64_t)(cur - n + 1) * 60;
-		if (!st->env)
-			return ring_query(st, out->start_sec, now, out);
-		/* minute slices carry no curves: those come from the hours the
-		 * window touches */
-		if (lmdb_query(st, 'm', cur - n + 1, cur, false, out, err, errlen) == -1)
-			return -1;
-		return lmdb_query(st, 'h', (uint32_t)(out->start_sec / 3600), (uint32_t)(now / 3600), true, out, err,
-				  errlen);
+		break;
 	}
-	case WIN_7D: {
-		uint32_t cur = (uint32_t)(now / 3600);
+	case WIN_7D:
+		cur = (uint32_t)(now / 3600);
 		out->start_sec = (uint64_t)(cur - 167) * 3600;
-		if (!st->env)
-			return ring_query(st, out->start_sec, now, out);
-		return lmdb_query(st, 'h', cur - 167, cur, false, out, err, errlen);
-	}
+		break;
 	case WIN_ALL:
 	default:
 		out->start_sec = 0;
-		if (!st->env)
-			return ring_query(st, 0, now, out);
-		return lmdb_query(st, 'a', 0, 0, false, out, err, errlen);
+		break;
 	}
+	if (!st->env)
+		return ring_query(st, out->start_sec, now, out);
+
+	/* LMDB, plus what is held in memory while commits fail */
+	pthread_rwlock_rdlock(&st->held_lock);
+	switch (w) {
+	case WIN_1H:
+	case WIN_24H:
+		/* minute slices carry no curves: those come from the hours the
+		 * window touches */
+		cur = (uint32_t)(now / 60);
+		rc = lmdb_query(st, 'm', (uint32_t)(out->start_sec / 60), cur, false, out, err, errlen);
+		if (rc == 0)
+			rc = lmdb_query(st, 'h', (uint32_t)(out->start_sec / 3600), (uint32_t)(now / 3600), true, out,
+					err, errlen);
+		break;
+	case WIN_7D:
+		rc = lmdb_query(st, 'h', (uint32_t)(out->start_sec / 3600), (uint32_t)(now / 3600), false, out, err,
+				errlen);
+		break;
+	default:
+		rc = lmdb_query(st, 'a', 0, 0, false, out, err, errlen);
+		break;
+	}
+	if (rc == 0)
+		held_query(st, out->start_sec / 60, now / 60, out);
+	pthread_rwlock_unlock(&st->held_lock);
+	return rc;
 }
 
 int store_verify(struct store *st, uint64_t *series, uint64_t *slices, uint64_t *bad, char *err, size_t errlen)
@@ -940,6 +1793,9 @@ int store_reset(struct store *st, char *err, size_t errlen)
 		}
 		pthread_rwlock_unlock(&st->map_lock);
 	}
+	pthread_rwlock_wrlock(&st->held_lock);
+	held_clear(st);
+	pthread_rwlock_unlock(&st->held_lock);
 	pthread_mutex_lock(&st->ring_lock);
 	for (unsigned i = 0; i < RING_SECONDS; i++)
 		ring_slot_clear(&st->ring[i]);

@@ -8,8 +8,13 @@
  * write transaction, keeps the batch in the in-memory ring of per-second
  * slices for the live windows, and prunes slices past their retention.
  * Queries run on any thread with short read transactions. Nothing here ever
- * blocks or fails forwarding: a store that cannot write logs why and drops
- * the batch.
+ * blocks or fails forwarding: a store that cannot write (map at its limit,
+ * disk full) says why once, holds new stats in memory, bounded, answers
+ * queries from there too, and retries until a commit succeeds.
+ *
+ * At start-up, a data.mdb that does not read back (docs/storage.md, "Store
+ * faults") is renamed to data.mdb.corrupt-<unix time> and the store starts
+ * empty, so that a damaged file never makes tokentap crash in a loop.
  *
  * On-disk layout version 1 (docs/storage.md): named databases "meta"
  * (layout version), "series" (serialized series key -> u32 id),
@@ -45,8 +50,10 @@ struct store_options {
 	const char *dir; /* NULL: memory only (live windows, no persistence) */
 	uint64_t minute_retention_s;
 	uint64_t hour_retention_s;
-	uint64_t map_size; /* initial LMDB map size; grows when full */
+	uint64_t map_size;	/* initial LMDB map size; grows when full ... */
+	uint64_t map_size_max;	/* ... up to this (64g, or TOKENTAP_STORE_MAX_SIZE) */
 	uint64_t prune_every_s; /* how often old slices are looked for */
+	bool set_aside_corrupt; /* move a corrupt data.mdb aside (default) or fail */
 };
 
 enum store_window { WIN_1M, WIN_5M, WIN_1H, WIN_24H, WIN_7D, WIN_ALL, WIN__COUNT };
@@ -63,13 +70,16 @@ struct store_result {
 	struct store_series *series;
 };
 
+/* Defaults; map_size_max from TOKENTAP_STORE_MAX_SIZE when that is set. */
 void store_options_defaults(struct store_options *o);
 
 /* Opens (creating) the data directory, refuses one in use by another
- * tokentap or written in another layout, and starts the writer thread. */
+ * tokentap or written in another layout, moves a corrupt database aside
+ * (or, without set_aside_corrupt, refuses it), and starts the writer. */
 struct store *store_open(const struct store_options *o, char *err, size_t errlen);
 
-/* Stops the writer after it has committed everything submitted. NULL ok. */
+/* Stops the writer after it has committed everything submitted; while
+ * commits fail, after one last try that says what is lost. NULL ok. */
 void store_close(struct store *st);
 
 /* Queues a batch for the writer; never blocks on I/O. Takes ownership. */
