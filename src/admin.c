@@ -4,14 +4,14 @@
  * One thread owns an event_base and an evhttp server; everything below runs
  * on it, except admin_start (binds before the thread exists) and admin_stop
  * (wakes the loop through a pipe, since libevent here is built without
- * thread support, then joins). Each request passes, in order: the Host check
- * (403), the path (404), the method (405 with Allow), for writes the origin
- * and token checks (403/401), the parameters (400), then its handler. The
+ * thread support, then joins). Each request passes admin_gate.c's checks
+ * (Host, path, method, origin and token for writes, parameters), then its
+ * handler. The
  * JSON of the stats views lives in admin_stats.c, the Prometheus text in
  * prom.c, the recent requests' in admin_recent.c; the dashboard page is
  * src/dashboard.html, embedded at build time (dashboard.h).
  *
- * Invariants: the token is read only by token_equal(), never logged or
+ * Invariants: the token is read only by admin_gate.c, never logged or
  * returned; every answer carries a content type and Cache-Control: no-store;
  * nothing here blocks but the store's short read transactions and the
  * recent ring's copy; the thread runs niced, so forwarding wins the CPU.
@@ -45,6 +45,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "admin_gate.h"
 #include "admin_recent.h"
 #include "admin_stats.h"
 #include "config.h"
@@ -168,159 +169,6 @@ static void reply_error(struct evhttp_request *req, int code, const char *param,
 	}
 	json_decref(e);
 	json_decref(root);
-}
-
-/* ---- guards ---- */
-
-/* Splits "name[:port]" / "[v6][:port]"; false when malformed. */
-static bool host_split(const char *host, char *name, size_t cap)
-{
-	const char *end, *rest;
-
-	if (host[0] == '[') {
-		end = strchr(host, ']');
-		if (!end)
-			return false;
-		rest = end + 1;
-		end++; /* the brackets are part of the name */
-	} else {
-		end = strchr(host, ':');
-		rest = end ? end : host + strlen(host);
-		end = rest;
-	}
-	if ((size_t)(end - host) >= cap || end == host)
-		return false;
-	memcpy(name, host, (size_t)(end - host));
-	name[end - host] = '\0';
-	if (*rest) {
-		size_t digits = strspn(rest + 1, "0123456789");
-		if (rest[0] != ':' || digits == 0 || digits > 5 || rest[1 + digits])
-			return false;
-	}
-	return true;
-}
-
-static bool ip_literal(const char *name)
-{
-	unsigned char buf[16];
-	char v6[INET6_ADDRSTRLEN + 2];
-	size_t n = strlen(name);
-
-	if (inet_pton(AF_INET, name, buf) == 1)
-		return true;
-	if (n > 2 && n < sizeof(v6) && name[0] == '[' && name[n - 1] == ']') {
-		memcpy(v6, name + 1, n - 2);
-		v6[n - 2] = '\0';
-		return inet_pton(AF_INET6, v6, buf) == 1;
-	}
-	return false;
-}
-
-int admin_host_allowed(const char *host, const char *bound_host)
-{
-	static const char *const loopback_names[] = { "localhost", "127.0.0.1", "[::1]" };
-	char name[256];
-
-	if (!host || !host_split(host, name, sizeof(name)))
-		return 0;
-	for (size_t i = 0; i < sizeof(loopback_names) / sizeof(loopback_names[0]); i++)
-		if (strcasecmp(name, loopback_names[i]) == 0)
-			return 1;
-	if (bound_host && strcasecmp(name, bound_host) == 0)
-		return 1;
-	/* Bound to every address: any address literal names us. A DNS
-	 * rebinding attack needs a host name, never a literal. */
-	if (bound_host && (strcmp(bound_host, "0.0.0.0") == 0 || strcmp(bound_host, "[::]") == 0))
-		return ip_literal(name);
-	return 0;
-}
-
-/* The host part of an Origin ("http://host:port"); NULL for "null" and the
- * like, which never name us. */
-static const char *origin_host(const char *origin)
-{
-	if (strncasecmp(origin, "http://", 7) == 0)
-		return origin + 7;
-	if (strncasecmp(origin, "https://", 8) == 0)
-		return origin + 8;
-	return NULL;
-}
-
-/* Same time whatever the input, for a given token length. */
-static bool token_equal(const char *given, size_t glen, const char *want, size_t wlen)
-{
-	volatile unsigned char d = (unsigned char)(glen != wlen);
-
-	for (size_t i = 0; i < wlen; i++)
-		d |= (unsigned char)want[i] ^ (unsigned char)(i < glen ? given[i] : 0);
-	return d == 0;
-}
-
-/* The bearer credential of an Authorization header, or NULL. */
-static const char *bearer_of(const char *auth, size_t *len)
-{
-	const char *p, *end;
-
-	if (!auth || strncasecmp(auth, "Bearer ", 7) != 0)
-		return NULL;
-	p = auth + 7;
-	while (*p == ' ')
-		p++;
-	end = p + strlen(p);
-	while (end > p && end[-1] == ' ')
-		end--;
-	*len = (size_t)(end - p);
-	return *len ? p : NULL;
-}
-
-/* ---- parameters ---- */
-
-static const char *const no_params[] = { NULL };
-static const char *const stats_params[] = { "window", "route", "upstream", "model", "cold", NULL };
-static const char *const recent_params[] = { "n", NULL };
-static const char *const compare_params[] = { "route", "window", "cold", NULL };
-
-/* Parses the query string into `q`, refusing names not in `allowed` and
- * names given twice. 0, or -1 after answering 400. */
-static int params_parse(struct evhttp_request *req, const char *const *allowed, struct evkeyvalq *q)
-{
-	const char *query = evhttp_uri_get_query(evhttp_request_get_evhttp_uri(req));
-	struct evkeyval *kv, *other;
-
-	TAILQ_INIT(q);
-	if (!query || !*query)
-		return 0;
-	if (evhttp_parse_query_str(query, q) == -1) {
-		reply_error(req, 400, NULL, "malformed query string");
-		return -1;
-	}
-	TAILQ_FOREACH(kv, q, next)
-	{
-		size_t i;
-		for (i = 0; allowed[i]; i++)
-			if (strcmp(kv->key, allowed[i]) == 0)
-				break;
-		if (!allowed[i]) {
-			char known[128] = "";
-			for (size_t j = 0; allowed[j]; j++) {
-				strncat(known, j ? ", " : "", sizeof(known) - strlen(known) - 1);
-				strncat(known, allowed[j], sizeof(known) - strlen(known) - 1);
-			}
-			reply_error(req, 400, kv->key, "unknown parameter '%.64s'; this endpoint takes %s", kv->key,
-				    allowed[0] ? known : "no parameters");
-			goto fail;
-		}
-		for (other = TAILQ_NEXT(kv, next); other; other = TAILQ_NEXT(other, next)) {
-			if (strcmp(other->key, kv->key) == 0) {
-				reply_error(req, 400, kv->key, "parameter '%s' given more than once", kv->key);
-				goto fail;
-			}
-		}
-	}
-	return 0;
-fail:
-	evhttp_clear_headers(q);
-	return -1;
 }
 
 /* ---- handlers ---- */
@@ -629,101 +477,40 @@ static void on_compare(struct admin *a, struct evhttp_request *req, struct evkey
 
 /* ---- routing ---- */
 
-#define GET_LIKE (EVHTTP_REQ_GET | EVHTTP_REQ_HEAD)
-
-static const struct route {
-	const char *path;
-	unsigned methods;
-	const char *allow;
-	bool write; /* needs the token */
-	const char *const *params;
-	void (*fn)(struct admin *, struct evhttp_request *, struct evkeyvalq *);
-} routes[] = {
-	{ "/", GET_LIKE, "GET, HEAD", false, no_params, on_dashboard },
-	{ "/healthz", GET_LIKE, "GET, HEAD", false, no_params, on_healthz },
-	{ "/readyz", GET_LIKE, "GET, HEAD", false, no_params, on_readyz },
-	{ "/stats", GET_LIKE, "GET, HEAD", false, stats_params, on_stats },
-	{ "/stats/prompt", GET_LIKE, "GET, HEAD", false, stats_params, on_stats_prompt },
-	{ "/stats/curve", GET_LIKE, "GET, HEAD", false, stats_params, on_stats_curve },
-	{ "/metrics", GET_LIKE, "GET, HEAD", false, no_params, on_metrics },
-	{ "/requests/recent", GET_LIKE, "GET, HEAD", false, recent_params, on_requests_recent },
-	{ "/reset", EVHTTP_REQ_POST, "POST", true, no_params, on_reset },
-	{ "/routes", GET_LIKE, "GET, HEAD", false, no_params, on_routes },
-	{ "/compare", GET_LIKE, "GET, HEAD", false, compare_params, on_compare },
-	{ "/upstreams", GET_LIKE, "GET, HEAD", false, no_params, on_upstreams },
-	{ "/routes/weights", EVHTTP_REQ_POST, "POST", true, no_params, on_weights },
+static void (*const handlers[ADMIN_R__COUNT])(struct admin *, struct evhttp_request *, struct evkeyvalq *) = {
+#define X(e, path, methods, allow, write, params, fn) [ADMIN_R_##e] = fn,
+	ADMIN_ROUTES(X)
+#undef X
 };
-
-/* Writes pass the origin and token checks; false after answering. */
-static bool write_allowed(struct admin *a, struct evhttp_request *req)
-{
-	struct evkeyvalq *in = evhttp_request_get_input_headers(req);
-	const char *auth = evhttp_find_header(in, "Authorization");
-	const char *origin = evhttp_find_header(in, "Origin");
-	const char *given;
-	size_t glen = 0;
-
-	/* A browser page elsewhere may POST here without preflight; refuse it
-	 * before anything else unless it carries credentials. */
-	if (origin && !auth) {
-		const char *oh = origin_host(origin);
-		if (!oh || !admin_host_allowed(oh, a->bound_host)) {
-			reply_error(req, 403, NULL, "cross-origin request refused (Origin %.100s)", origin);
-			return false;
-		}
-	}
-	if (!a->token) {
-		reply_error(req, 403, NULL,
-			    "writes are disabled: no admin token is set; start tokentap with --admin-token-file PATH "
-			    "or the TOKENTAP_ADMIN_TOKEN environment variable, then send Authorization: Bearer <token>");
-		return false;
-	}
-	given = bearer_of(auth, &glen);
-	if (!given || !token_equal(given, glen, a->token, a->token_len)) {
-		evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate",
-				  "Bearer realm=\"tokentap-admin\"");
-		reply_error(req, 401, NULL, "%s", given ? "wrong bearer token" : "needs Authorization: Bearer <token>");
-		return false;
-	}
-	return true;
-}
 
 static void on_request(struct evhttp_request *req, void *arg)
 {
 	struct admin *a = arg;
-	const char *host = evhttp_find_header(evhttp_request_get_input_headers(req), "Host");
+	struct evkeyvalq *in = evhttp_request_get_input_headers(req);
 	const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
-	const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
-	unsigned method = (unsigned)evhttp_request_get_command(req);
-	const struct route *rt = NULL;
+	struct admin_request r = {
+		(unsigned)evhttp_request_get_command(req),
+		uri ? evhttp_uri_get_path(uri) : NULL,
+		uri ? evhttp_uri_get_query(uri) : NULL,
+		evhttp_find_header(in, "Host"),
+		evhttp_find_header(in, "Origin"),
+		evhttp_find_header(in, "Authorization"),
+	};
+	struct admin_identity id = { a->bound_host, a->listen_addr, a->token, a->token_len };
+	struct admin_verdict v;
 	struct evkeyvalq params;
 
-	/* No Host at all is HTTP/1.0 or a hand-made request, never a browser
-	 * tricked by DNS rebinding, which always sends the name it resolved. */
-	if (host && !admin_host_allowed(host, a->bound_host)) {
-		reply_error(req, 403, NULL, "Host '%.100s' is not this admin API (use %s, localhost or 127.0.0.1)",
-			    host, a->listen_addr);
+	admin_gate(&r, &id, &params, &v);
+	if (v.status) {
+		struct evkeyvalq *out = evhttp_request_get_output_headers(req);
+		if (v.allow)
+			evhttp_add_header(out, "Allow", v.allow);
+		if (v.www_authenticate)
+			evhttp_add_header(out, "WWW-Authenticate", "Bearer realm=\"tokentap-admin\"");
+		reply_error(req, v.status, v.param[0] ? v.param : NULL, "%s", v.message);
 		return;
 	}
-	if (!path || !*path)
-		path = "/";
-	for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
-		if (strcmp(path, routes[i].path) == 0)
-			rt = &routes[i];
-	if (!rt) {
-		reply_error(req, 404, NULL, "no such endpoint: %.200s (see docs/admin-api.md)", path);
-		return;
-	}
-	if (!(method & rt->methods)) {
-		evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", rt->allow);
-		reply_error(req, 405, NULL, "%s takes %s only", rt->path, rt->allow);
-		return;
-	}
-	if (rt->write && !write_allowed(a, req))
-		return;
-	if (params_parse(req, rt->params, &params) == -1)
-		return;
-	rt->fn(a, req, &params);
+	handlers[v.route](a, req, &params);
 	evhttp_clear_headers(&params);
 }
 

@@ -60,7 +60,4 @@ void admin_stop(struct admin *a);
  */
 int admin_token_load(const char *path, char **out, char *err, size_t errlen) __attribute__((warn_unused_result));
 
-/* The Host / Origin check: true when `host` (a Host header value, with or
- * without port) names the admin itself, given the bound host part
- * (`127.0.0.1`, `[::1]`, `0.0.0.0`...). Exposed for tests. */
-int admin_host_allowed(const char *host, const char *bound_host);
+/* admin_host_allowed, the Host / Origin check, is in admin_gate.h. */

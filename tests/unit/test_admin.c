@@ -19,6 +19,7 @@
 #include <jansson.h>
 
 #include "admin.h"
+#include "admin_gate.h"
 #include "admin_stats.h"
 #include "knee.h"
 #include "prom.h"
