@@ -4,10 +4,19 @@
  * Recording lives in hist.h (inline, on the hot path); everything here runs
  * on a timer or a query, over at most HIST_BUCKETS buckets.
  *
- * Bucket geometry: idx < 128 holds the value idx. Above, idx = (s << 6) + q
- * with q in [64, 128) holds [q << s, ((q + 1) << s) - 1], the inverse of
- * hist_index(). The last bucket is stretched to UINT64_MAX because
- * hist_index() clamps into it.
+ * Bucket geometry, the inverse of hist_index(): idx < 128 holds the value
+ * idx. Up to HIST_LIN_BUCKETS, idx = (s << 6) + q with q in [64, 128) holds
+ * [q << s, ((q + 1) << s) - 1]. Above, idx = HIST_LIN_BUCKETS +
+ * (m - 12) * HIST_SUB + k holds the values of octave m whose 12-bit mantissa
+ * f has hist_sub_of[f] == k, that is f in [sub_low[k], sub_low[k + 1]):
+ * from (4096 + sub_low[k]) << (m - 12) up to the next bucket's low - 1. The
+ * last bucket is stretched to UINT64_MAX because hist_index() clamps into
+ * it.
+ *
+ * The table is fixed data: sub_low[k] = ceil(4096 * 2^(k/36)) - 4096, the
+ * first mantissa of bucket k. 2^(k/36) is irrational for 0 < k < 36, never
+ * within rounding of a multiple of 1/4096, so every libm computes the same
+ * table; test_hist checks the geometry it implies value by value.
  *
  * The decoder treats its input as hostile (it reads LMDB pages and, later,
  * fuzzer output): every read is bounds-checked, every count is checked
@@ -21,6 +30,22 @@
 
 #include "varint.h"
 
+/* sub_low[k]: the first 12-bit mantissa of bucket k of an octave; one past
+ * the last for k == HIST_SUB. Filled with hist_sub_of before main(). */
+static uint16_t sub_low[HIST_SUB + 1];
+uint8_t hist_sub_of[1u << HIST_MANT_BITS];
+
+__attribute__((constructor)) static void hist_tables(void)
+{
+	uint8_t *of = hist_sub_of;
+	const unsigned n = 1u << HIST_MANT_BITS;
+
+	for (unsigned k = 0; k <= HIST_SUB; k++)
+		sub_low[k] = (uint16_t)(k == HIST_SUB ? n : (unsigned)ceill(n * exp2l((long double)k / HIST_SUB)) - n);
+	for (unsigned k = 0; k < HIST_SUB; k++)
+		for (unsigned f = sub_low[k]; f < sub_low[k + 1]; f++)
+			of[f] = (uint8_t)k;
+}
 
 void hist_init(struct hist *h)
 {
@@ -63,9 +88,14 @@ uint64_t hist_bucket_low(unsigned idx)
 		idx = HIST_BUCKETS - 1;
 	if (idx < 128)
 		return idx;
-	unsigned s = (idx >> HIST_SUB_BITS) - 1;
-	uint64_t q = (idx & 63) + 64;
-	return q << s;
+	if (idx < HIST_LIN_BUCKETS) {
+		unsigned s = (idx >> 6) - 1;
+		uint64_t q = (idx & 63) + 64;
+		return q << s;
+	}
+	unsigned m = HIST_GEO_OCTAVE + (idx - HIST_LIN_BUCKETS) / HIST_SUB, k = (idx - HIST_LIN_BUCKETS) % HIST_SUB;
+	uint64_t scaled = (uint64_t)sub_low[k] << m; /* < 2^44 */
+	return ((uint64_t)1 << m) + ((scaled + (1u << HIST_MANT_BITS) - 1) >> HIST_MANT_BITS);
 }
 
 uint64_t hist_bucket_high(unsigned idx)

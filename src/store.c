@@ -39,7 +39,7 @@
 #include "log.h"
 #include "varint.h"
 
-#define STORE_LAYOUT "tokentap-stats-1"
+#define STORE_LAYOUT "tokentap-stats-2" /* 2: histograms with geometric buckets from 1024 (hist.h) */
 #define RING_SECONDS 360 /* the live view: a little over five minutes */
 #define QUEUE_MAX 600	 /* batches waiting for the writer before the oldest is dropped */
 #define MAP_SIZE_MAX ((uint64_t)64 << 30)

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "slice.h"
 #include "store.h"
@@ -64,6 +65,16 @@ static void minute_traffic(struct slice *sl, unsigned requests, unsigned tokens)
 		slice_record_request(sl, &r, inflight, &slo);
 		record_release(&r);
 	}
+}
+
+/* The size zlib makes of `n` bytes at the store's level. */
+static size_t deflated(const uint8_t *raw, size_t n)
+{
+	uLongf zlen = compressBound((uLong)n);
+	uint8_t *z = malloc(zlen);
+	size_t out = z && compress2(z, &zlen, raw, (uLong)n, 6) == Z_OK ? (size_t)zlen : 0;
+	free(z);
+	return out;
 }
 
 static void submit(struct store *st, uint64_t sec, const struct slice *sl)
@@ -156,11 +167,14 @@ int main(int argc, char **argv)
 	}
 	uint8_t *blob;
 	size_t mlen = slice_encode(&minutes[0], &blob);
+	size_t mz = deflated(blob, mlen);
 	free(blob);
 	size_t hlen = slice_encode(&hour, &blob);
+	size_t hz = deflated(blob, hlen);
 	free(blob);
 	printf("one series: %u requests/min, %u output tokens each\n", per_min, tokens);
 	printf("encoded slice before compression: minute %zu bytes, hour %zu bytes\n", mlen, hlen);
+	printf("deflated as the store does (level 6): minute %zu bytes, hour %zu bytes\n", mz, hz);
 	size_t older, used = measure(minutes, &hour, &older);
 	printf("slice pages in use: %.1f MiB for the full retention (%.1f MiB of it the 29 older days)\n",
 	       (double)used / (1 << 20), (double)older / (1 << 20));
