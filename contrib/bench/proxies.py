@@ -1,0 +1,1092 @@
+#!/usr/bin/env python3
+"""proxies.py — tokentap against nginx and HAProxy on the same LLM streams.
+
+One run starts tokentap-sim (the upstream), tokentap (every measurement on:
+LMDB store in a temporary --data-dir, admin API on a loopback port, the
+default 1 s flush), nginx and HAProxy, all on ephemeral 127.0.0.1 ports, and
+drives tokentap-bench at four targets: the simulator directly, and each proxy
+in front of it. Targets alternate: for every scenario, round 1 runs direct,
+tokentap, nginx, haproxy, round 2 does it again, and so on, so that whatever
+else the machine is doing is spread over all targets alike. Every number in
+the report is the median over rounds of the per-round value, except CPU,
+which is pooled (all rounds' CPU over all rounds' events).
+
+Scenarios (the simulator's timing is set per request with its x-sim-ttft-ms
+and x-sim-itl-ms headers, so one simulator serves them all):
+
+  a  one stream at a time: concurrency 1, ttft 20 ms, itl 10 ms, 6 tokens,
+     200 requests per run (after 5 warm-up)
+  b  256 concurrent streams: ttft 20 ms, itl 20 ms, 128 tokens, 768
+     requests per run (after 256 warm-up: the first wave, which also opens
+     the connections)
+  c  maximum event rate: 64 concurrent streams, ttft 0, itl 0 (the simulator
+     writes as fast as it is read), 512 tokens, 5 s per run (after 64
+     warm-up)
+  d  memory: 5,000 concurrent streams of one token per second
+
+What is measured, per target and scenario:
+
+  ttft / itl p50, p99  measured at the client by tokentap-bench, which
+                       frames and classifies events with tokentap's code.
+                       The percentiles (nearest rank) are taken here from the
+                       bench's --requests-log, whose per-request ttft and itl
+                       gaps have microsecond precision: the bench's own
+                       histogram percentiles (in its --json, kept in this
+                       script's JSON as bench_hist) are within 1 %, which at
+                       20 ms is a quarter of a millisecond, the size of what
+                       is measured here. "+direct" is the median over rounds
+                       for the target minus the same for direct: the latency
+                       the proxy adds. Warm-up requests are left out.
+  events/s             token events the client received (ttft count + itl
+                       count: one per token event) over the bench's
+                       measured window.
+  cpu s/M events       user + system CPU of the proxy's processes only
+                       (/proc/PID/stat utime + stime; nginx: master and
+                       workers; tokentap and HAProxy: every thread of the
+                       one process), read just before each bench run and
+                       1 s after it (so tokentap's stats flush for the run
+                       is counted), divided by the token events forwarded in
+                       that run, warm-up requests included; summed over
+                       rounds. Clock ticks are 10 ms, so scenario (a), with
+                       little traffic, is coarse.
+  rss per stream (d)   each proxy is started fresh, warmed with two
+                       requests, and its VmRSS (/proc/PID/status; nginx: the
+                       sum over worker processes) read; then N streams are
+                       opened through it, and once the simulator counts all N
+                       in progress plus 2 s, VmRSS is read three times and the
+                       largest kept: (during - before) / N.
+
+Each proxy is configured at its best for streaming: nginx with
+proxy_buffering off, HTTP/1.1 and keep-alive to the upstream, tcp_nodelay;
+HAProxy in mode http with option http-no-delay and http-reuse always. Each
+forwards on the same number of event loops, 1 by default (--workers 2 for
+two): tokentap --workers N (its store, admin API and signal-handling main
+thread come on top), nginx worker_processes N, HAProxy nbthread N. A
+tokentap built before --workers existed forwards on one loop whatever
+--workers says, and the report says so. nginx and HAProxy are Debian's packages,
+installed with apt-get when missing (service starts are refused during the
+install through policy-rc.d), and run as foreground processes as user nobody
+with their own configuration, logs and (nginx) pid file in a temporary
+directory; the system services are never used. The file descriptor limit is
+raised to 65,536 where allowed, else to the hard limit (scenario d needs
+about 2 per stream in each process).
+
+Everything stays on loopback, every wait is bounded, and the processes this
+script started (and only those, by PID) are stopped on exit, on errors and
+on Ctrl-C. Written in Python (standard library only) rather than bash
+because it reads JSON, takes medians and formats tables.
+
+  contrib/bench/proxies.py                   # full run, about 8 minutes
+  contrib/bench/proxies.py --quick           # about 2 minutes
+  contrib/bench/proxies.py --build build-rel --workers 2 --json out.json
+
+See docs/benchmarks.md.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LOOPBACK = "127.0.0.1"
+READY_TIMEOUT_S = 15.0
+STOP_TIMEOUT_S = 10.0
+SETTLE_S = 1.0  # after each bench run: tokentap's stats flush interval
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+NOBODY_UID, NOBODY_GID = 65534, 65534
+FD_LIMIT = 65536
+TARGETS = ("direct", "tokentap", "nginx", "haproxy")
+PROXIES = TARGETS[1:]
+
+# Scenario definitions. requests/warmup/duration are per bench run; "quick"
+# replaces some of them for --quick.
+SCENARIOS = {
+    "a": dict(title="one stream at a time", concurrency=1, ttft_ms=20, itl_ms=10, tokens=6,
+              requests=200, warmup=5, quick=dict(requests=50)),
+    "b": dict(title="256 concurrent streams", concurrency=256, ttft_ms=20, itl_ms=20, tokens=128,
+              requests=768, warmup=256, quick=dict(requests=256)),
+    "c": dict(title="maximum event rate", concurrency=64, ttft_ms=0, itl_ms=0, tokens=512,
+              duration="5s", warmup=64, quick=dict(duration="2s")),
+    "d": dict(title="memory: idle-ish streams", ttft_ms=20, itl_ms=1000, tokens=3600),
+}
+
+
+class Failure(Exception):
+    """A step that cannot go on; the message says what and where to look."""
+
+
+# ---------------------------------------------------------------- processes
+
+_started = []  # every Proc started, in order; stopped in reverse on exit
+
+
+def _stat_fields(pid):
+    """Fields of /proc/PID/stat after the command name (index 0 = state),
+    or None if the process is gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            s = f.read()
+    except OSError:
+        return None
+    return s[s.rindex(")") + 2:].split()
+
+
+def cpu_ticks(pid):
+    f = _stat_fields(pid)
+    return 0 if f is None else int(f[11]) + int(f[12])  # utime + stime
+
+
+def start_time(pid):
+    f = _stat_fields(pid)
+    return None if f is None else int(f[19])
+
+
+def children_of(pid):
+    kids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            f = _stat_fields(int(name))
+            if f is not None and int(f[1]) == pid:
+                kids.append(int(name))
+    return sorted(kids)
+
+
+def rss_kib(pid):
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class Proc:
+    """One process started by this script, its output in a log file.
+    Stopping sends SIGTERM, waits (bounded), then SIGKILL; the children it
+    was seen to have (nginx workers) are killed too if still there, after
+    checking their start time, so that a reused PID is never touched."""
+
+    def __init__(self, name, argv, log_path, cwd=None, unprivileged=False):
+        self.name, self.argv, self.log_path = name, argv, log_path
+        self.children = {}  # pid -> start time
+        if unprivileged and os.geteuid() == 0:
+            argv = ["setpriv", "--reuid=%d" % NOBODY_UID, "--regid=%d" % NOBODY_GID,
+                    "--clear-groups", "--"] + argv
+        self.log = open(log_path, "wb")
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.log,
+                                     stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True)
+        self.pid = self.proc.pid
+        _started.append(self)
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def log_text(self, tail=40):
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-tail:])
+        except OSError:
+            return ""
+
+    def wait_line(self, pattern, timeout=READY_TIMEOUT_S):
+        """The first match of pattern in the log, waiting at most timeout."""
+        rx = re.compile(pattern, re.M)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = rx.search(self.log_text(tail=200))
+            if m:
+                return m
+            if not self.alive():
+                break
+            time.sleep(0.05)
+        raise Failure("%s did not become ready (exit status %r); log %s:\n%s"
+                      % (self.name, self.proc.poll(), self.log_path, self.log_text()))
+
+    def wait_port(self, port, timeout=READY_TIMEOUT_S):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                break
+            try:
+                socket.create_connection((LOOPBACK, port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise Failure("%s is not accepting on %s:%d (exit status %r); log %s:\n%s"
+                      % (self.name, LOOPBACK, port, self.proc.poll(), self.log_path, self.log_text()))
+
+    def remember_children(self):
+        for kid in children_of(self.pid):
+            self.children[kid] = start_time(kid)
+        return sorted(self.children)
+
+    def stop(self):
+        """Safe to call twice."""
+        if self.proc.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGTERM)
+                self.proc.wait(STOP_TIMEOUT_S)
+            except ProcessLookupError:
+                pass
+            except subprocess.TimeoutExpired:
+                try:
+                    os.kill(self.pid, signal.SIGKILL)
+                    self.proc.wait(STOP_TIMEOUT_S)
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    pass
+        for kid, st in self.children.items():
+            if st is not None and start_time(kid) == st:
+                try:
+                    os.kill(kid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        if not self.log.closed:
+            self.log.close()
+
+
+def stop_all():
+    while _started:
+        _started.pop().stop()
+
+
+def on_signal(signum, frame):
+    raise KeyboardInterrupt("signal %d" % signum)
+
+
+def free_port():
+    """A loopback port nothing listens on (bound, then closed). nginx and
+    HAProxy take a fixed port in their configuration."""
+    s = socket.socket()
+    s.bind((LOOPBACK, 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def http_get_json(port, path, timeout=5.0):
+    with socket.create_connection((LOOPBACK, port), timeout=timeout) as s:
+        s.sendall(("GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n" % path).encode())
+        data = b""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200"):
+        raise Failure("GET %s on port %d: %r" % (path, port, head[:80]))
+    return json.loads(body)
+
+
+# ---------------------------------------------------------------- setup
+
+def ensure_packages(no_install):
+    """nginx and haproxy from Debian, installed when missing. Installing must
+    not start the system services: when no policy-rc.d exists, one that
+    refuses every start is put in place for the install and removed after."""
+    have = lambda b: shutil.which(b) or os.access("/usr/sbin/" + b, os.X_OK)
+    missing = [p for p, b in (("nginx-light", "nginx"), ("haproxy", "haproxy")) if not have(b)]
+    if not missing:
+        return
+    if no_install:
+        raise Failure("missing %s and --no-install given" % " ".join(missing))
+    if os.geteuid() != 0:
+        raise Failure("nginx or haproxy is missing and installing needs root: apt-get install %s"
+                      % " ".join(missing))
+    if "nginx-light" in missing:
+        probe = subprocess.run(["apt-cache", "show", "nginx-light"], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+        if probe.returncode != 0:
+            missing[missing.index("nginx-light")] = "nginx"
+    print("proxies: installing %s with apt-get" % " ".join(missing), file=sys.stderr)
+    policy = "/usr/sbin/policy-rc.d"
+    own_policy = not os.path.exists(policy)
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    try:
+        if own_policy:
+            with open(policy, "w") as f:
+                f.write("#!/bin/sh\n# tokentap contrib/bench/proxies.py: no service starts while installing\nexit 101\n")
+            os.chmod(policy, 0o755)
+        for argv in (["apt-get", "update", "-qq"],
+                     ["apt-get", "install", "-y", "-qq", "--no-install-recommends"] + missing):
+            r = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, timeout=900)
+            if r.returncode != 0:
+                raise Failure("%s failed with status %d" % (" ".join(argv), r.returncode))
+    finally:
+        if own_policy and os.path.exists(policy):
+            os.unlink(policy)
+
+
+def raise_fd_limit(need):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = max(need, FD_LIMIT)
+    if os.geteuid() == 0 and hard != resource.RLIM_INFINITY and hard < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, want))
+            return want
+        except (ValueError, OSError):
+            pass
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard == resource.RLIM_INFINITY else min(hard, want)
+    if soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def version_of(argv):
+    try:
+        r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=10)
+        return r.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return "unknown"
+
+
+def machine_info(bins):
+    cpu = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem_kib = 0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                mem_kib = int(line.split()[1])
+    debian = ""
+    if os.path.exists("/etc/debian_version"):
+        with open("/etc/debian_version") as f:
+            debian = f.read().strip()
+    return {
+        "cpu": cpu, "cpus": os.cpu_count(), "memory_gib": round(mem_kib / 1048576, 1),
+        "kernel": os.uname().release, "debian": debian,
+        "tokentap": version_of([bins["tokentap"], "--version"]),
+        # what the checkout was at when the run started (the binaries may be older)
+        "source": version_of(["git", "-C", ROOT, "describe", "--always", "--dirty"]),
+        "nginx": version_of(["nginx", "-v"]),
+        "haproxy": version_of(["haproxy", "-v"]),
+    }
+
+
+# ---------------------------------------------------------------- the four servers
+
+def start_sim(bins, work):
+    p = Proc("tokentap-sim", [bins["sim"], "--listen", LOOPBACK + ":0"], os.path.join(work, "sim.log"))
+    port = int(p.wait_line(r"^tokentap-sim listening on 127\.0\.0\.1:(\d+)$").group(1))
+    return p, port
+
+
+class Target:
+    """One thing the bench is pointed at. pids() are the processes whose CPU
+    counts; rss_pids() those whose VmRSS counts (nginx: its workers)."""
+
+    def __init__(self, name, port, proc=None, workers="-"):
+        self.name, self.port, self.proc, self.workers = name, port, proc, workers
+        self.url = "http://%s:%d" % (LOOPBACK, port)
+
+    def pids(self):
+        if self.proc is None:
+            return []
+        return [self.proc.pid] + self.proc.remember_children()
+
+    def rss_pids(self):
+        if self.proc is None:
+            return []
+        kids = self.proc.remember_children()
+        return kids if kids else [self.proc.pid]
+
+    def cpu_ticks(self):
+        return sum(cpu_ticks(p) for p in self.pids())
+
+    def rss_kib(self):
+        return sum(rss_kib(p) for p in self.rss_pids())
+
+    def check_alive(self):
+        if self.proc is not None and not self.proc.alive():
+            raise Failure("%s exited with status %r during the run; log %s:\n%s"
+                          % (self.name, self.proc.proc.returncode, self.proc.log_path, self.proc.log_text()))
+
+    def stop(self):
+        if self.proc is not None:
+            self.proc.stop()
+
+
+def private_dir(work, name):
+    """A directory the unprivileged proxy may write to."""
+    d = os.path.join(work, name)
+    os.makedirs(d, exist_ok=True)
+    if os.geteuid() == 0:
+        os.chown(d, NOBODY_UID, NOBODY_GID)
+    return d
+
+
+def tokentap_has_workers(bins):
+    h = subprocess.run([bins["tokentap"], "--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=10).stdout
+    return "--workers" in h
+
+
+def start_tokentap(bins, work, sim_port, max_connections, workers, tag):
+    d = private_dir(work, "tokentap" + tag)
+    conf = os.path.join(d, "tokentap.yaml")
+    with open(conf, "w") as f:
+        f.write(TOKENTAP_CONF.format(sim_port=sim_port, max_connections=max_connections))
+    argv = [bins["tokentap"], "-c", conf, "--listen", LOOPBACK + ":0",
+            "--admin", LOOPBACK + ":0", "--data-dir", os.path.join(d, "data")]
+    if tokentap_has_workers(bins):
+        argv += ["--workers", str(workers)]
+    else:
+        workers = 1
+    p = Proc("tokentap", argv, os.path.join(d, "tokentap.log"), cwd=d, unprivileged=True)
+    port = int(p.wait_line(r"listening on 127\.0\.0\.1:(\d+), ").group(1))
+    admin = int(p.wait_line(r"admin listening on 127\.0\.0\.1:(\d+)").group(1))
+    t = Target("tokentap", port, p, "%d loop%s" % (workers, "s" if workers > 1 else ""))
+    t.admin_port = admin
+    return t
+
+
+def nginx_temp_paths(d):
+    """Every temporary directory nginx was built with, moved into d: it
+    creates them at start and may not write under /var/lib/nginx."""
+    v = subprocess.run(["nginx", "-V"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=10).stdout
+    out = ""
+    for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        flag = "--http-%s-temp-path=" % kind.replace("_", "-")
+        if flag in v or kind in ("client_body", "proxy"):
+            out += "    %s_temp_path %s/%s;\n" % (kind, d, kind)
+    return out
+
+
+def start_nginx(work, sim_port, workers, fds, tag):
+    d = private_dir(work, "nginx" + tag)
+    port = free_port()
+    conf = os.path.join(d, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write(NGINX_CONF.format(dir=d, port=port, sim_port=sim_port, workers=workers, fds=fds,
+                                  conns=fds - 100, temp_paths=nginx_temp_paths(d)))
+    argv = ["nginx", "-p", d + "/", "-c", conf, "-e", os.path.join(d, "error.log")]
+    p = Proc("nginx", argv, os.path.join(d, "stderr.log"), cwd=d, unprivileged=True)
+    p.wait_port(port)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while len(p.remember_children()) < workers and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if len(p.remember_children()) != workers:
+        raise Failure("nginx: expected %d worker processes, found %d; log %s"
+                      % (workers, len(p.children), p.log_path))
+    return Target("nginx", port, p, "%d worker%s" % (workers, "s" if workers > 1 else ""))
+
+
+def start_haproxy(work, sim_port, workers, fds, tag):
+    d = private_dir(work, "haproxy" + tag)
+    port = free_port()
+    conf = os.path.join(d, "haproxy.cfg")
+    with open(conf, "w") as f:
+        f.write(HAPROXY_CONF.format(dir=d, port=port, sim_port=sim_port, workers=workers,
+                                    conns=(fds - 100) // 2))
+    argv = ["haproxy", "-db", "-f", conf]
+    p = Proc("haproxy", argv, os.path.join(d, "haproxy.log"), cwd=d, unprivileged=True)
+    p.wait_port(port)
+    return Target("haproxy", port, p, "%d thread%s" % (workers, "s" if workers > 1 else ""))
+
+
+def start_proxy(name, bins, work, sim_port, args, tag=""):
+    if name == "tokentap":
+        return start_tokentap(bins, work, sim_port, max(10000, 2 * args.streams + 1000), args.workers, tag)
+    if name == "nginx":
+        return start_nginx(work, sim_port, args.workers, args.fds, tag)
+    return start_haproxy(work, sim_port, args.workers, args.fds, tag)
+
+
+# tokentap: the upstream and the connection cap from a file; listen, admin and
+# data dir from flags. Access log off, as for the peers.
+TOKENTAP_CONF = """\
+access_log: off
+limits:
+  max_connections: {max_connections}
+upstreams:
+  - name: sim
+    url: http://127.0.0.1:{sim_port}
+"""
+
+# nginx: the one location proxies everything to the simulator without
+# buffering the response, over HTTP/1.1 keep-alive connections. backlog 1024
+# is what tokentap listens with. keepalive_requests high so that neither side
+# closes a connection the bench keeps reusing.
+NGINX_CONF = """\
+daemon off;
+master_process on;
+worker_processes {workers};
+worker_rlimit_nofile {fds};
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+
+events {{
+    worker_connections {conns};
+    multi_accept on;
+}}
+
+http {{
+    access_log off;
+{temp_paths}    tcp_nodelay on;
+    keepalive_timeout 75s;
+    keepalive_requests 1000000;
+
+    upstream sim {{
+        server 127.0.0.1:{sim_port};
+        keepalive 1024;
+        keepalive_requests 1000000;
+        keepalive_timeout 60s;
+    }}
+
+    server {{
+        listen 127.0.0.1:{port} backlog=1024;
+        location / {{
+            proxy_pass http://sim;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_connect_timeout 5s;
+            proxy_read_timeout 300s;
+            proxy_send_timeout 300s;
+        }}
+    }}
+}}
+"""
+
+# HAProxy: HTTP mode; http-no-delay so that small events are sent at once
+# rather than held back for more data; idle server connections shared by all
+# requests (http-reuse always). Timeouts as long as tokentap's.
+HAPROXY_CONF = """\
+global
+    # pidfile: HAProxy writes it only as a daemon; in the foreground (-db)
+    # the script knows the PID anyway.
+    pidfile {dir}/haproxy.pid
+    nbthread {workers}
+    maxconn {conns}
+
+defaults
+    mode http
+    option http-no-delay
+    http-reuse always
+    timeout connect 5s
+    timeout client 300s
+    timeout server 300s
+    timeout http-request 30s
+    timeout http-keep-alive 75s
+    maxconn {conns}
+
+frontend fe
+    bind 127.0.0.1:{port}
+    backlog 1024
+    default_backend sim
+
+backend sim
+    server sim 127.0.0.1:{sim_port}
+"""
+
+
+# ---------------------------------------------------------------- bench runs
+
+def bench_argv(bins, url, sc, json_path, seed, concurrency=None, quick=False, log_path=None):
+    p = dict(sc)
+    if quick:
+        p.update(sc.get("quick", {}))
+    argv = [bins["bench"], "--url", url, "--concurrency", str(concurrency or p["concurrency"]),
+            "--output-len", str(p["tokens"]), "--sim-headers", "--no-progress",
+            "-H", "x-sim-ttft-ms: %d" % p["ttft_ms"], "-H", "x-sim-itl-ms: %d" % p["itl_ms"],
+            "--seed", str(seed), "--json", json_path]
+    if log_path:
+        argv += ["--requests-log", log_path]
+    for k in ("requests", "warmup", "duration"):
+        if k in p:
+            argv += ["--" + k, str(p[k])]
+    return argv
+
+
+def run_bench(argv, timeout, log_path):
+    with open(log_path, "ab") as log:
+        log.write(("\n$ %s\n" % " ".join(argv)).encode())
+        log.flush()
+        r = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                           timeout=timeout, start_new_session=True)
+    return r.returncode
+
+
+def nearest_rank(sorted_xs, p):
+    """The p-th percentile, nearest rank, as tokentap reports them."""
+    if not sorted_xs:
+        return None
+    k = max(1, -(-len(sorted_xs) * p // 100))
+    return sorted_xs[int(k) - 1]
+
+
+def exact_percentiles(log_path):
+    """ttft and itl p50/p99 from the requests log's per-request values
+    (microsecond precision) of the measured ok requests; the bench's
+    histograms round to about 1 %, a quarter of a millisecond at 20 ms,
+    which is the size of what is being measured here."""
+    ttft, itl, truncated = [], [], 0
+    with open(log_path) as f:
+        for line in f:
+            r = json.loads(line)
+            if r.get("warmup") or not r.get("ok"):
+                continue
+            if r.get("ttft_ms") is not None:
+                ttft.append(r["ttft_ms"])
+            gaps = r.get("itl_ms") or []
+            itl.extend(gaps)
+            if r.get("itl_count", 0) > len(gaps):
+                truncated += 1
+    ttft.sort()
+    itl.sort()
+    return {"ttft_p50": nearest_rank(ttft, 50), "ttft_p99": nearest_rank(ttft, 99),
+            "itl_p50": nearest_rank(itl, 50), "itl_p99": nearest_rank(itl, 99),
+            "ttft_samples": len(ttft), "itl_samples": len(itl), "itl_truncated_requests": truncated}
+
+
+def summarize_bench(path, log_path):
+    with open(path) as f:
+        res = json.load(f)["result"]
+    m = res["metrics"]
+    w = res.get("warmup") or {}
+    wm = w.get("metrics") or {}
+    events = m["ttft"]["count"] + m["itl"]["count"]
+    forwarded = events + (wm.get("ttft") or {}).get("count", 0) + (wm.get("itl") or {}).get("count", 0)
+    elapsed = res["throughput"]["elapsed_s"] or 0
+    errs = sum(res["errors"].values()) + sum((w.get("errors") or {}).values())
+    out = exact_percentiles(log_path)
+    out.update({
+        "bench_hist": {"ttft_p50": m["ttft"]["p50_ms"], "ttft_p99": m["ttft"]["p99_ms"],
+                       "itl_p50": m["itl"]["p50_ms"], "itl_p99": m["itl"]["p99_ms"]},
+        "events": events, "events_forwarded": forwarded, "elapsed_s": elapsed,
+        "events_per_s": events / elapsed if elapsed else None,
+        "ok": res["requests"]["ok"], "errors": errs,
+        "error_kinds": {k: v for k, v in res["errors"].items() if v},
+    })
+    return out
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def run_latency_scenario(key, targets, bins, args, work):
+    """Scenarios a, b, c: rounds x targets, alternating."""
+    sc = SCENARIOS[key]
+    rounds = args.rounds
+    runs = {t.name: [] for t in targets}
+    cpu = {t.name: 0 for t in targets}
+    timeout = 600 if not args.quick else 300
+    for r in range(rounds):
+        for t in targets:
+            jpath = os.path.join(work, "bench-%s-%s-%d.json" % (key, t.name, r))
+            lpath = os.path.join(work, "requests-%s-%s-%d.jsonl" % (key, t.name, r))
+            argv = bench_argv(bins, t.url, sc, jpath, seed=r, quick=args.quick, log_path=lpath)
+            c0 = t.cpu_ticks()
+            t0 = time.monotonic()
+            try:
+                rc = run_bench(argv, timeout, os.path.join(work, "bench.log"))
+            except subprocess.TimeoutExpired:
+                raise Failure("tokentap-bench against %s ran past %d s in scenario (%s)" % (t.name, timeout, key))
+            wall = time.monotonic() - t0
+            time.sleep(SETTLE_S)
+            ticks = t.cpu_ticks() - c0
+            t.check_alive()
+            if rc != 0 or not os.path.exists(jpath):
+                raise Failure("tokentap-bench against %s exited %d in scenario (%s); see %s"
+                              % (t.name, rc, key, os.path.join(work, "bench.log")))
+            s = summarize_bench(jpath, lpath)
+            os.unlink(lpath)  # large in (b) and (c); the percentiles are kept
+            s["cpu_s"] = ticks / CLK_TCK if t.proc else None
+            s["wall_s"] = round(wall, 2)
+            runs[t.name].append(s)
+            cpu[t.name] += ticks
+            print("  (%s) round %d/%d %-8s ttft p50 %7.3f p99 %7.3f  itl p50 %7.3f p99 %7.3f  %9.0f events/s%s"
+                  % (key, r + 1, rounds, t.name, s["ttft_p50"] or 0, s["ttft_p99"] or 0, s["itl_p50"] or 0,
+                     s["itl_p99"] or 0, s["events_per_s"] or 0,
+                     "  ERRORS %s" % s["error_kinds"] if s["errors"] else ""), file=sys.stderr)
+    out = {}
+    for t in targets:
+        rs = runs[t.name]
+        fw = sum(x["events_forwarded"] for x in rs)
+        e = {k: median([x[k] for x in rs]) for k in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "events_per_s")}
+        e["workers"] = t.workers
+        e["errors"] = sum(x["errors"] for x in rs)
+        e["events_forwarded"] = fw
+        e["cpu_s"] = cpu[t.name] / CLK_TCK if t.proc else None
+        e["cpu_s_per_m_events"] = (cpu[t.name] / CLK_TCK) / fw * 1e6 if t.proc and fw else None
+        e["rounds"] = rs
+        out[t.name] = e
+    d = out["direct"]
+    for name, e in out.items():
+        for k in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99"):
+            e["added_" + k] = (e[k] - d[k]) if name != "direct" and e[k] is not None and d[k] is not None else None
+    p = dict(sc)
+    if args.quick:
+        p.update(sc.get("quick", {}))
+    p.pop("quick", None)
+    return {"config": dict(p, rounds=rounds), "targets": out}
+
+
+def sim_in_progress(sim_port):
+    s = http_get_json(sim_port, "/sim/stats")
+    return s["requests"] - s["completed"] - s["aborted"]
+
+
+def wait_sim_idle(sim_port, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sim_in_progress(sim_port) == 0:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def run_memory_scenario(bins, args, work, sim_port, rounds):
+    """Scenario d: per proxy and round, a fresh proxy; RSS before and during
+    N concurrent one-token-per-second streams."""
+    sc = SCENARIOS["d"]
+    n = args.streams
+    runs = {p: [] for p in PROXIES}
+    for r in range(rounds):
+        for name in PROXIES:
+            if not wait_sim_idle(sim_port):
+                raise Failure("the simulator still has streams in progress 60 s after the previous (d) run")
+            t = start_proxy(name, bins, work, sim_port, args, tag="-d%d" % r)
+            bench = None
+            try:
+                # Warm: the first requests allocate what every later one reuses.
+                wj = os.path.join(work, "bench-d-warm-%s-%d.json" % (name, r))
+                warm = [bins["bench"], "--url", t.url, "--requests", "2", "--output-len", "4", "--sim-headers",
+                        "--no-progress", "-H", "x-sim-ttft-ms: 0", "-H", "x-sim-itl-ms: 0", "--json", wj]
+                if run_bench(warm, 60, os.path.join(work, "bench.log")) != 0:
+                    raise Failure("warm-up requests through %s failed; see %s" % (name, os.path.join(work, "bench.log")))
+                time.sleep(1.5)
+                before = t.rss_kib()
+                jpath = os.path.join(work, "bench-d-%s-%d.json" % (name, r))
+                argv = [bins["bench"], "--url", t.url, "--concurrency", str(n), "--requests", str(n),
+                        "--output-len", str(sc["tokens"]), "--sim-headers", "--no-progress",
+                        "-H", "x-sim-ttft-ms: %d" % sc["ttft_ms"], "-H", "x-sim-itl-ms: %d" % sc["itl_ms"],
+                        "--timeout", "120s", "--json", jpath]
+                log = open(os.path.join(work, "bench.log"), "ab")
+                log.write(("\n$ %s\n" % " ".join(argv)).encode())
+                log.flush()
+                bench = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+                log.close()
+                t0 = time.monotonic()
+                active = 0
+                while time.monotonic() - t0 < 90:
+                    active = sim_in_progress(sim_port)
+                    if active >= n or bench.poll() is not None:
+                        break
+                    time.sleep(0.25)
+                ramp_s = time.monotonic() - t0
+                time.sleep(2.0)
+                during = 0
+                for _ in range(3):
+                    during = max(during, t.rss_kib())
+                    time.sleep(0.5)
+                active = sim_in_progress(sim_port)
+                t.check_alive()
+                if bench.poll() is None:
+                    bench.send_signal(signal.SIGINT)
+                try:
+                    bench.wait(60)
+                except subprocess.TimeoutExpired:
+                    bench.kill()
+                    bench.wait(10)
+                errs, kinds = None, {}
+                if os.path.exists(jpath):
+                    with open(jpath) as f:
+                        res = json.load(f)["result"]
+                    errs = sum(res["errors"].values())
+                    kinds = {k: v for k, v in res["errors"].items() if v}
+                rec = {"streams_asked": n, "streams_in_progress": active, "ramp_s": round(ramp_s, 2),
+                       "rss_before_kib": before, "rss_during_kib": during,
+                       "kib_per_stream": (during - before) / active if active else None,
+                       "errors": errs, "error_kinds": kinds}
+                runs[name].append(rec)
+                print("  (d) round %d/%d %-8s %d streams in progress after %.1f s; RSS %d -> %d KiB: %.2f KiB/stream%s"
+                      % (r + 1, rounds, name, active, ramp_s, before, during, rec["kib_per_stream"] or 0,
+                         "  ERRORS %s" % kinds if errs else ""), file=sys.stderr)
+            finally:
+                if bench is not None and bench.poll() is None:
+                    bench.kill()
+                    bench.wait(10)
+                t.stop()
+                if t.proc in _started:
+                    _started.remove(t.proc)
+    out = {}
+    for name in PROXIES:
+        rs = runs[name]
+        out[name] = {
+            "workers": None,
+            "rss_before_kib": median([x["rss_before_kib"] for x in rs]),
+            "rss_during_kib": median([x["rss_during_kib"] for x in rs]),
+            "kib_per_stream": median([x["kib_per_stream"] for x in rs]),
+            "streams_in_progress": median([x["streams_in_progress"] for x in rs]),
+            "errors": sum(x["errors"] or 0 for x in rs),
+            "rounds": rs,
+        }
+    cfg = {k: v for k, v in sc.items() if k != "quick"}
+    cfg.update(streams=n, rounds=rounds)
+    return {"config": cfg, "targets": out}
+
+
+# ---------------------------------------------------------------- report
+
+def fmt(x, nd=3, signed=False):
+    if x is None:
+        return "-"
+    return ("%+.*f" if signed else "%.*f") % (nd, x)
+
+
+def scenario_heading(key, sc):
+    c = sc["config"]
+    if key == "d":
+        return ("(d) %s: %d concurrent streams, 1 token/s (itl %d ms), each proxy started fresh, %d round(s)"
+                % (c["title"], c["streams"], c["itl_ms"], c["rounds"]))
+    load = ("%d requests" % c["requests"]) if "requests" in c else ("%s" % c["duration"])
+    return ("(%s) %s: concurrency %d, sim ttft %d ms, itl %d ms, %d tokens; %s + %d warm-up per run, %d round(s)"
+            % (key, c["title"], c["concurrency"], c["ttft_ms"], c["itl_ms"], c["tokens"], load, c["warmup"], c["rounds"]))
+
+
+def render_table(report):
+    lines = []
+    for key in sorted(report["scenarios"]):
+        sc = report["scenarios"][key]
+        lines.append(scenario_heading(key, sc))
+        if key == "d":
+            lines.append("%-9s %-10s %9s %14s %14s %14s %7s" % ("target", "workers", "streams", "RSS before KiB",
+                                                              "RSS during KiB", "KiB per stream", "errors"))
+            for name in PROXIES:
+                e = sc["targets"][name]
+                lines.append("%-9s %-10s %9s %14s %14s %14s %7d" % (
+                    name, report["workers"][name], fmt(e["streams_in_progress"], 0), fmt(e["rss_before_kib"], 0),
+                    fmt(e["rss_during_kib"], 0), fmt(e["kib_per_stream"], 2), e["errors"]))
+        else:
+            lines.append("%-9s %-10s %8s %8s %8s %8s %8s %8s %8s %8s %10s %10s %6s" % (
+                "target", "workers", "ttft p50", "+direct", "ttft p99", "+direct",
+                "itl p50", "+direct", "itl p99", "+direct", "events/s", "cpu s/M ev", "errors"))
+            for name in TARGETS:
+                e = sc["targets"][name]
+                lines.append("%-9s %-10s %8s %8s %8s %8s %8s %8s %8s %8s %10s %10s %6d" % (
+                    name, e["workers"], fmt(e["ttft_p50"]), fmt(e["added_ttft_p50"], signed=True),
+                    fmt(e["ttft_p99"]), fmt(e["added_ttft_p99"], signed=True),
+                    fmt(e["itl_p50"]), fmt(e["added_itl_p50"], signed=True),
+                    fmt(e["itl_p99"]), fmt(e["added_itl_p99"], signed=True),
+                    fmt(e["events_per_s"], 0), fmt(e["cpu_s_per_m_events"], 1), e["errors"]))
+        lines.append("")
+    if set(report["scenarios"]) & set("abc"):
+        lines.append("latencies in ms: medians over rounds of each run's percentile; +direct = target minus direct;")
+        lines.append("events/s: token events the client counted per second (median); cpu s/M ev: the proxy's user+system")
+        lines.append("CPU seconds per million token events forwarded, pooled over rounds.")
+    n = report["peer_workers"]
+    k = report["tokentap_workers"]
+    lines.append("workers: tokentap forwarded on %d event loop%s (its store, admin API and main thread come on top);"
+                 % (k, "s" if k > 1 else ""))
+    lines.append("nginx ran %d worker process%s (and its master), HAProxy %d thread%s."
+                 % (n, "es" if n > 1 else "", n, "s" if n > 1 else ""))
+    if report["checks"]:
+        lines.append("")
+        lines.append("targets (docs/benchmarks.md):")
+        for c in report["checks"]:
+            lines.append("  %-6s %s" % (c["verdict"], c["text"]))
+    return "\n".join(lines)
+
+
+def check_targets(report):
+    """The issue's targets (docs/benchmarks.md), judged strictly on this
+    run's numbers: on a busy machine a verdict can flip between runs, so
+    read it beside the per-round values."""
+    checks = []
+    S = report["scenarios"]
+
+    def best(values, lower=True):
+        vs = [v for v in values if v is not None]
+        return (min(vs) if lower else max(vs)) if vs else None
+
+    def judge(text, mine, other, lower=True, nd=3):
+        if mine is None or other is None:
+            v = "n/a"
+        else:
+            v = "met" if ((mine <= other) if lower else (mine >= other)) else "MISSED"
+        checks.append({"verdict": v, "text": text + ": tokentap %s, best peer %s" % (fmt(mine, nd), fmt(other, nd)),
+                       "tokentap": mine, "peer": other})
+
+    def limit(text, mine, bound, nd):
+        v = "n/a" if mine is None else ("met" if mine < bound else "MISSED")
+        checks.append({"verdict": v, "text": text % fmt(mine, nd), "tokentap": mine, "peer": bound})
+
+    for key in ("a", "b"):
+        if key in S:
+            T = S[key]["targets"]
+            for m in ("ttft_p99", "itl_p99"):
+                judge("(%s) added %s no worse than the better of nginx and HAProxy (ms)" % (key, m.replace("_", " ")),
+                      T["tokentap"]["added_" + m], best([T["nginx"]["added_" + m], T["haproxy"]["added_" + m]]))
+    if "a" in S:
+        limit("(a) added ttft p50 under 0.3 ms: tokentap %s ms", S["a"]["targets"]["tokentap"]["added_ttft_p50"], 0.3, 3)
+    if "c" in S:
+        T = S["c"]["targets"]
+        judge("(c) events/s at least the better of nginx and HAProxy", T["tokentap"]["events_per_s"],
+              best([T["nginx"]["events_per_s"], T["haproxy"]["events_per_s"]], lower=False), lower=False, nd=0)
+    for key in ("b", "c"):
+        if key in S:
+            T = S[key]["targets"]
+            judge("(%s) CPU s per million forwarded events at most the better of the two" % key,
+                  T["tokentap"]["cpu_s_per_m_events"],
+                  best([T["nginx"]["cpu_s_per_m_events"], T["haproxy"]["cpu_s_per_m_events"]]), nd=1)
+    if "d" in S:
+        limit("(d) under 16 KiB RSS per idle stream: tokentap %s KiB", S["d"]["targets"]["tokentap"]["kib_per_stream"],
+              16, 2)
+    return checks
+
+
+# ---------------------------------------------------------------- main
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description="tokentap vs nginx vs HAProxy on tokentap-sim streams (docs/benchmarks.md)")
+    ap.add_argument("--build", metavar="DIR", help="build directory holding tokentap, contrib/sim/tokentap-sim and "
+                    "contrib/bench/tokentap-bench (default: build/, built first with contrib/build.sh)")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds per latency scenario (default 3, --quick 2)")
+    ap.add_argument("--memory-rounds", type=int, default=None, help="rounds of scenario d (default 3, --quick 1)")
+    ap.add_argument("--quick", action="store_true", help="fewer requests and rounds: about 2 minutes")
+    ap.add_argument("--workers", type=int, choices=(1, 2), default=1,
+                    help="event loops of every proxy: tokentap --workers, nginx worker processes, HAProxy threads "
+                    "(default 1)")
+    ap.add_argument("--streams", type=int, default=5000, help="concurrent streams in scenario d (default 5000)")
+    ap.add_argument("--scenarios", default="abcd", help="which of a, b, c, d to run (default abcd)")
+    ap.add_argument("--json", metavar="PATH", help="write the whole report as JSON")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory (configs, logs, bench JSON)")
+    ap.add_argument("--no-install", action="store_true", help="never run apt-get; fail if nginx or haproxy is missing")
+    a = ap.parse_args(argv)
+    if a.rounds is None:
+        a.rounds = 2 if a.quick else 3
+    if a.memory_rounds is None:
+        a.memory_rounds = 1 if a.quick else 3
+    if not 1 <= a.rounds <= 20 or not 1 <= a.memory_rounds <= 20:
+        ap.error("--rounds and --memory-rounds take 1 to 20")
+    if not 1 <= a.streams <= 9000:
+        ap.error("--streams takes 1 to 9000 (tokentap-bench runs at most 10,000 connections)")
+    if not a.scenarios or set(a.scenarios) - set("abcd"):
+        ap.error("--scenarios takes letters from abcd, e.g. --scenarios ab")
+    return a
+
+
+def find_binaries(args):
+    if args.build is None:
+        build = os.path.join(ROOT, "build")
+        r = subprocess.run([os.path.join(ROOT, "contrib", "build.sh")], stdin=subprocess.DEVNULL, timeout=1800)
+        if r.returncode != 0:
+            raise Failure("contrib/build.sh failed")
+    else:
+        build = os.path.abspath(args.build)
+    bins = {"tokentap": os.path.join(build, "tokentap"),
+            "sim": os.path.join(build, "contrib", "sim", "tokentap-sim"),
+            "bench": os.path.join(build, "contrib", "bench", "tokentap-bench")}
+    for b in bins.values():
+        if not os.access(b, os.X_OK):
+            raise Failure("%s not found; build first: contrib/build.sh (or cmake into the --build DIR)" % b)
+    return bins
+
+
+def main(argv):
+    args = parse_args(argv)
+    # SIGINT too: a shell starts background jobs with it ignored, and a
+    # script stopped that way must still clean up.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    t_start = time.monotonic()
+    work = None
+    ok = False
+    try:
+        ensure_packages(args.no_install)
+        bins = find_binaries(args)
+        fds = args.fds = raise_fd_limit(4 * args.streams + 2000)
+        if fds < 2 * args.streams + 1000 and "d" in args.scenarios:
+            raise Failure("the file descriptor limit is %d; scenario d needs about %d (run as root, or lower --streams)"
+                          % (fds, 2 * args.streams + 1000))
+        work = tempfile.mkdtemp(prefix="tokentap-proxies-")
+        os.chmod(work, 0o755)
+        info = machine_info(bins)
+        print("proxies: %s, %d CPUs; kernel %s; %s; %s; %s; fd limit %d; work dir %s"
+              % (info["cpu"], info["cpus"], info["kernel"], info["tokentap"], info["nginx"], info["haproxy"],
+                 fds, work), file=sys.stderr)
+
+        tt_workers = args.workers if tokentap_has_workers(bins) else 1
+        sim, sim_port = start_sim(bins, work)
+        report = {
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "command": " ".join(["contrib/bench/proxies.py"] + list(argv)),
+            "machine": info, "fd_limit": fds, "peer_workers": args.workers, "tokentap_workers": tt_workers,
+            "workers": {"direct": "-", "tokentap": "%d loop%s" % (tt_workers, "s" * (tt_workers > 1)),
+                        "nginx": "%d worker%s" % (args.workers, "s" * (args.workers > 1)),
+                        "haproxy": "%d thread%s" % (args.workers, "s" * (args.workers > 1))},
+            "scenarios": {}, "checks": [],
+        }
+        latency = [k for k in "abc" if k in args.scenarios]
+        if latency:
+            targets = [Target("direct", sim_port)]
+            for name in PROXIES:
+                targets.append(start_proxy(name, bins, work, sim_port, args))
+            print("proxies: sim :%d, tokentap :%d (admin :%d), nginx :%d, haproxy :%d"
+                  % (sim_port, targets[1].port, targets[1].admin_port, targets[2].port, targets[3].port),
+                  file=sys.stderr)
+            for key in latency:
+                print("proxies: scenario (%s) %s" % (key, SCENARIOS[key]["title"]), file=sys.stderr)
+                report["scenarios"][key] = run_latency_scenario(key, targets, bins, args, work)
+            for t in targets[1:]:
+                t.stop()
+                _started.remove(t.proc)
+        if "d" in args.scenarios:
+            print("proxies: scenario (d) %d streams" % args.streams, file=sys.stderr)
+            report["scenarios"]["d"] = run_memory_scenario(bins, args, work, sim_port, args.memory_rounds)
+        report["checks"] = check_targets(report)
+        report["runtime_s"] = round(time.monotonic() - t_start, 1)
+        print(render_table(report))
+        print("\nrun: %s; %s; %d CPUs; kernel %s; %s (checkout %s); %s; %s; %.0f s"
+              % (report["date"], info["cpu"], info["cpus"], info["kernel"], info["tokentap"], info["source"],
+                 info["nginx"], info["haproxy"], report["runtime_s"]))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=1)
+                f.write("\n")
+        ok = True
+        return 0
+    except Failure as e:
+        print("proxies: %s" % e, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("proxies: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        stop_all()
+        if work:
+            if ok and not args.keep:
+                shutil.rmtree(work, ignore_errors=True)
+            else:
+                print("proxies: logs and configs kept in %s" % work, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
