@@ -148,7 +148,8 @@ static void request_connect(struct request *req)
 		if (!req->retried)
 			req->replay = evbuffer_new(); /* filled as bytes go out: request_flush_upstream */
 		req->rec.at[TL_UP_CONNECTED] = now;
-		bufferevent_enable(req->uc->bev, EV_READ | EV_WRITE);
+		bufferevent_enable(req->uc->bev, EV_WRITE);
+		upconn_reading(req->uc, true, 0);
 		request_flush_upstream(req);
 	} else {
 		request_timer_set(req, RT_CONNECT, req->up->connect_timeout_ms);
@@ -415,7 +416,8 @@ static void on_up_event(struct bufferevent *bev, short what, void *arg)
 		timeline_mark(&req->rec, TL_UP_CONNECTED, clock_now_ns());
 		evtimer_del(req->timer);
 		req->timer_kind = RT_NONE;
-		bufferevent_enable(bev, EV_READ | EV_WRITE);
+		bufferevent_enable(bev, EV_WRITE);
+		upconn_reading(req->uc, true, 0);
 		request_flush_upstream(req);
 		return;
 	}
@@ -569,7 +571,7 @@ void on_up_read(struct bufferevent *bev, void *arg)
 		client_forward(cl, in, n);
 		if (evbuffer_get_length(out) > cfg->stream_buffer) {
 			req->upstream_paused = true;
-			bufferevent_disable(bev, EV_READ);
+			upconn_reading(req->uc, false, 0);
 			bufferevent_setwatermark(cl->bev, EV_WRITE, cfg->stream_buffer / 2, 0);
 		}
 	}

@@ -230,7 +230,8 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 		m->uc->connected = true;
 		timeline_mark(&m->rec, TL_UP_CONNECTED, clock_now_ns());
 		evtimer_del(m->timer);
-		bufferevent_enable(bev, EV_READ | EV_WRITE);
+		bufferevent_enable(bev, EV_WRITE);
+		upconn_reading(m->uc, true, 0);
 		evbuffer_add_buffer(bufferevent_get_output(bev), m->pending);
 		check_sent(m);
 		return;
@@ -320,7 +321,8 @@ struct mirror *mirror_start(const struct mirror_env *env, struct upstream *up, c
 	bufferevent_setwatermark(m->uc->bev, EV_WRITE, 0, 0);
 	if (reused) {
 		m->rec.at[TL_UP_CONNECTED] = m->rec.at[TL_DISPATCH];
-		bufferevent_enable(m->uc->bev, EV_READ | EV_WRITE);
+		bufferevent_enable(m->uc->bev, EV_WRITE);
+		upconn_reading(m->uc, true, 0);
 		evbuffer_add_buffer(bufferevent_get_output(m->uc->bev), m->pending);
 	} else {
 		timer_set(m, MT_CONNECT, up->connect_timeout_ms);

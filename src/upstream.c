@@ -6,6 +6,7 @@
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
+#include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -16,6 +17,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/queue.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -398,9 +400,78 @@ void upstream_cancel(struct upstream *up, struct up_waiter *w)
 
 static void upconn_close(struct upconn *c)
 {
+	if (c->rev)
+		event_free(c->rev); /* safe inside its own callback: libevent does not touch it after */
 	if (c->bev)
 		bufferevent_free(c->bev);
 	free(c);
+}
+
+#define UPCONN_READ_MAX (64u << 10) /* bytes asked of one recv() */
+
+static void on_upconn_readable(evutil_socket_t fd, short what, void *arg)
+{
+	struct upconn *c = arg;
+	struct bufferevent *bev = c->bev;
+	struct evbuffer *in = bufferevent_get_input(bev);
+	struct evbuffer_iovec v[2];
+	ssize_t n;
+	int nv, used = 0;
+
+	if (what & EV_TIMEOUT) {
+		bufferevent_trigger_event(bev, BEV_EVENT_TIMEOUT | BEV_EVENT_READING, 0);
+		return; /* c may be gone */
+	}
+	/* the bufferevent keeps its input's end frozen but while it reads */
+	evbuffer_unfreeze(in, 0);
+	nv = evbuffer_reserve_space(in, UPCONN_READ_MAX, v, 2);
+	if (nv < 1) {
+		evbuffer_freeze(in, 0);
+		bufferevent_trigger_event(bev, BEV_EVENT_ERROR | BEV_EVENT_READING, 0);
+		return;
+	}
+	/* struct evbuffer_iovec is laid out as struct iovec */
+	n = readv(fd, (struct iovec *)v, nv);
+	if (n > 0) {
+		size_t left = (size_t)n;
+		for (; used < nv && left; used++) {
+			if (v[used].iov_len > left)
+				v[used].iov_len = left;
+			left -= v[used].iov_len;
+		}
+	}
+	evbuffer_commit_space(in, v, used);
+	evbuffer_freeze(in, 0);
+	if (n > 0)
+		bufferevent_trigger(bev, EV_READ, 0); /* the read callback, now; c may be gone after */
+	else if (n == 0)
+		bufferevent_trigger_event(bev, BEV_EVENT_EOF | BEV_EVENT_READING, 0);
+	else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+		bufferevent_trigger_event(bev, BEV_EVENT_ERROR | BEV_EVENT_READING, 0);
+}
+
+void upconn_reading(struct upconn *c, bool on, uint64_t timeout_ms)
+{
+	if (!c->rev) {
+		struct timeval tv = { (time_t)(timeout_ms / 1000), (suseconds_t)(timeout_ms % 1000) * 1000 };
+		bufferevent_set_timeouts(c->bev, on && timeout_ms ? &tv : NULL, NULL);
+		if (on)
+			bufferevent_enable(c->bev, EV_READ);
+		else
+			bufferevent_disable(c->bev, EV_READ);
+		return;
+	}
+	c->reading = on;
+	if (!on) {
+		event_del(c->rev);
+		return;
+	}
+	if (timeout_ms) {
+		struct timeval tv = { (time_t)(timeout_ms / 1000), (suseconds_t)(timeout_ms % 1000) * 1000 };
+		event_add(c->rev, &tv);
+	} else {
+		event_add(c->rev, NULL);
+	}
 }
 
 void upstream_free(struct upstream *up)
@@ -455,8 +526,8 @@ struct upconn *upstream_acquire(struct upstream *up, bool *reused)
 
 	if (c) {
 		pool_remove(c);
+		upconn_reading(c, false, 0);
 		bufferevent_setcb(c->bev, NULL, NULL, NULL, NULL);
-		bufferevent_set_timeouts(c->bev, NULL, NULL);
 		up->in_flight++;
 		up->reused++;
 		*reused = true;
@@ -487,7 +558,12 @@ struct upconn *upstream_connect_new(struct upstream *up)
 		return NULL;
 	}
 	int one = 1;
-	setsockopt(bufferevent_getfd(c->bev), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	evutil_socket_t fd = bufferevent_getfd(c->bev);
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	if (!up->tls && !(c->rev = event_new(up->base, fd, EV_READ | EV_PERSIST, on_upconn_readable, c))) {
+		upconn_close(c);
+		return NULL;
+	}
 	up->in_flight++;
 	return c;
 }
@@ -527,13 +603,10 @@ void upstream_release(struct upconn *c, bool reusable)
 		upconn_close(c);
 		return;
 	}
-	struct timeval tv = { (time_t)(up->pool_idle_timeout_ms / 1000),
-			      (suseconds_t)(up->pool_idle_timeout_ms % 1000) * 1000 };
 	bufferevent_setcb(c->bev, on_idle_read, NULL, on_idle_event, c);
-	bufferevent_set_timeouts(c->bev, &tv, NULL);
 	bufferevent_setwatermark(c->bev, EV_READ, 0, 0);
 	bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
-	bufferevent_enable(c->bev, EV_READ);
+	upconn_reading(c, true, up->pool_idle_timeout_ms);
 	TAILQ_INSERT_HEAD(&up->idle, c, link); /* most recently used first: warmest socket */
 	up->n_idle++;
 }

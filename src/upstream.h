@@ -54,6 +54,8 @@ enum admit { ADMIT_NOW, ADMIT_QUEUED, ADMIT_FULL };
 struct upconn {
 	struct upstream *up;
 	struct bufferevent *bev;
+	struct event *rev; /* plain TCP: the read event (upconn_reading); NULL over TLS */
+	bool reading;
 	TAILQ_ENTRY(upconn) link;
 	uint64_t id;
 	unsigned served; /* requests completed on this connection */
@@ -149,6 +151,20 @@ struct upconn *upstream_connect_new(struct upstream *up);
 
 /* Gives a connection back: pooled when `reusable`, else closed at once. */
 void upstream_release(struct upconn *c, bool reusable);
+
+/*
+ * Turns reading of `c` on or off. Over plain TCP tokentap reads the socket
+ * itself: one recv() of up to 64 KiB per wake-up into the bufferevent's
+ * input, then the bufferevent's read callback (whichever is set: an
+ * exchange's, a mirror's, the pool's), and EOF or an error to its event
+ * callback. libevent's own read asks ioctl(FIONREAD) first and takes at
+ * most 4 KiB: two system calls where one does, and a busy stream cut in
+ * 4 KiB pieces. Over TLS the bufferevent reads (and decrypts). Use this,
+ * never bufferevent_enable/disable(EV_READ), on an upstream connection.
+ * `timeout_ms` (0: none) reports BEV_EVENT_TIMEOUT | BEV_EVENT_READING
+ * after that long without a byte.
+ */
+void upconn_reading(struct upconn *c, bool on, uint64_t timeout_ms);
 
 /* Whether a request dispatched now runs cold: on a freshly opened
  * connection while the upstream has served nothing yet in this process,
