@@ -306,6 +306,21 @@ static bool request_failover(struct request *req)
 	return true;
 }
 
+/* Moves `src` to the upstream connection: over plain TCP with nothing
+ * queued before it, written to the socket here and now (a bufferevent would
+ * write on the next loop turn, after every other ready event: in a burst of
+ * arrivals that is the whole burst); the rest, and everything over TLS,
+ * into the bufferevent's output, which also reports a failed write. */
+static void upstream_send(struct upconn *uc, struct evbuffer *src)
+{
+	struct evbuffer *out = bufferevent_get_output(uc->bev);
+
+	if (uc->rev && evbuffer_get_length(out) == 0)
+		(void)evbuffer_write(src, bufferevent_getfd(uc->bev));
+	if (evbuffer_get_length(src))
+		evbuffer_add_buffer(out, src);
+}
+
 /* Moves pending request bytes to the upstream, and applies upload
  * backpressure to the client. */
 void request_flush_upstream(struct request *req)
@@ -329,13 +344,15 @@ void request_flush_upstream(struct request *req)
 			}
 		}
 		if (queued)
-			evbuffer_add_buffer(out, req->up_pending);
+			upstream_send(req->uc, req->up_pending);
 		queued = evbuffer_get_length(out);
 	}
 	if (queued > pcfg(cl->px)->stream_buffer && !cl->reading_blocked) {
 		cl->reading_blocked = true;
 		client_reading(cl, false);
 	}
+	/* all of it may be out already: no write callback will say so */
+	request_check_sent(req);
 }
 
 /* The whole request is on the wire once the body is complete and nothing
