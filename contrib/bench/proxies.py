@@ -23,6 +23,10 @@ and x-sim-itl-ms headers, so one simulator serves them all):
      writes as fast as it is read), 512 tokens, 5 s per run (after 64
      warm-up)
   d  memory: 5,000 concurrent streams of one token per second
+  e  the store's flush: two tokentaps, one with the LMDB store (default 1 s
+     flush) and one with --data-dir off, 64 streams at itl 10 ms, 512
+     tokens, 20 s per run, alternating with direct; reports itl p99.9 too,
+     so that a stall while the store commits would show
 
 What is measured, per target and scenario:
 
@@ -119,7 +123,10 @@ SCENARIOS = {
     "c": dict(title="maximum event rate", concurrency=64, ttft_ms=0, itl_ms=0, tokens=512,
               duration="5s", warmup=64, quick=dict(duration="2s")),
     "d": dict(title="memory: idle-ish streams", ttft_ms=20, itl_ms=1000, tokens=3600),
+    "e": dict(title="the store's flush: tokentap with the store (1 s flush) vs --data-dir off", concurrency=64,
+              ttft_ms=5, itl_ms=10, tokens=512, duration="20s", warmup=64, quick=dict(duration="8s")),
 }
+STORE_TARGETS = ("direct", "tokentap", "tokentap-nostore")
 
 
 class Failure(Exception):
@@ -443,13 +450,13 @@ def tokentap_has_workers(bins):
     return "--workers" in h
 
 
-def start_tokentap(bins, work, sim_port, max_connections, workers, tag):
+def start_tokentap(bins, work, sim_port, max_connections, workers, tag, store=True):
     d = private_dir(work, "tokentap" + tag)
     conf = os.path.join(d, "tokentap.yaml")
     with open(conf, "w") as f:
         f.write(TOKENTAP_CONF.format(sim_port=sim_port, max_connections=max_connections))
     argv = [bins["tokentap"], "-c", conf, "--listen", LOOPBACK + ":0",
-            "--admin", LOOPBACK + ":0", "--data-dir", os.path.join(d, "data")]
+            "--admin", LOOPBACK + ":0", "--data-dir", os.path.join(d, "data") if store else "off"]
     if tokentap_has_workers(bins):
         argv += ["--workers", str(workers)]
     else:
@@ -457,7 +464,7 @@ def start_tokentap(bins, work, sim_port, max_connections, workers, tag):
     p = Proc("tokentap", argv, os.path.join(d, "tokentap.log"), cwd=d, unprivileged=True)
     port = int(p.wait_line(r"listening on 127\.0\.0\.1:(\d+), ").group(1))
     admin = int(p.wait_line(r"admin listening on 127\.0\.0\.1:(\d+)").group(1))
-    t = Target("tokentap", port, p, "%d loop%s" % (workers, "s" if workers > 1 else ""))
+    t = Target("tokentap" if store else "tokentap-nostore", port, p, "%d loop%s" % (workers, "s" if workers > 1 else ""))
     t.admin_port = admin
     return t
 
@@ -658,7 +665,8 @@ def exact_percentiles(log_path):
     ttft.sort()
     itl.sort()
     return {"ttft_p50": nearest_rank(ttft, 50), "ttft_p99": nearest_rank(ttft, 99),
-            "itl_p50": nearest_rank(itl, 50), "itl_p99": nearest_rank(itl, 99),
+            "itl_p50": nearest_rank(itl, 50), "itl_p99": nearest_rank(itl, 99), "itl_p99_9": nearest_rank(itl, 99.9),
+            "itl_max": itl[-1] if itl else None,
             "ttft_samples": len(ttft), "itl_samples": len(itl), "itl_truncated_requests": truncated}
 
 
@@ -728,7 +736,8 @@ def run_latency_scenario(key, targets, bins, args, work):
     for t in targets:
         rs = runs[t.name]
         fw = sum(x["events_forwarded"] for x in rs)
-        e = {k: median([x[k] for x in rs]) for k in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "events_per_s")}
+        e = {k: median([x[k] for x in rs])
+             for k in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "itl_p99_9", "itl_max", "events_per_s")}
         e["workers"] = t.workers
         e["errors"] = sum(x["errors"] for x in rs)
         e["events_forwarded"] = fw
@@ -738,7 +747,7 @@ def run_latency_scenario(key, targets, bins, args, work):
         out[t.name] = e
     d = out["direct"]
     for name, e in out.items():
-        for k in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99"):
+        for k in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "itl_p99_9"):
             e["added_" + k] = (e[k] - d[k]) if name != "direct" and e[k] is not None and d[k] is not None else None
     p = dict(sc)
     if args.quick:
@@ -876,7 +885,16 @@ def render_table(report):
     for key in sorted(report["scenarios"]):
         sc = report["scenarios"][key]
         lines.append(scenario_heading(key, sc))
-        if key == "d":
+        if key == "e":
+            lines.append("%-17s %8s %8s %8s %9s %9s %8s %10s %6s" % (
+                "target", "itl p50", "itl p99", "+direct", "itl p99.9", "+direct", "itl max", "events/s", "errors"))
+            for name in STORE_TARGETS:
+                e = sc["targets"][name]
+                lines.append("%-17s %8s %8s %8s %9s %9s %8s %10s %6d" % (
+                    name, fmt(e["itl_p50"]), fmt(e["itl_p99"]), fmt(e["added_itl_p99"], signed=True),
+                    fmt(e["itl_p99_9"]), fmt(e["added_itl_p99_9"], signed=True), fmt(e["itl_max"]),
+                    fmt(e["events_per_s"], 0), e["errors"]))
+        elif key == "d":
             lines.append("%-9s %-10s %9s %14s %14s %14s %7s" % ("target", "workers", "streams", "RSS before KiB",
                                                               "RSS during KiB", "KiB per stream", "errors"))
             for name in PROXIES:
@@ -959,6 +977,14 @@ def check_targets(report):
     if "d" in S:
         limit("(d) under 16 KiB RSS per idle stream: tokentap %s KiB", S["d"]["targets"]["tokentap"]["kib_per_stream"],
               16, 2)
+    if "e" in S:
+        T = S["e"]["targets"]
+        on, off = T["tokentap"]["itl_p99_9"], T["tokentap-nostore"]["itl_p99_9"]
+        # "does not show": within the larger of 0.5 ms and 5 % of the store-off value
+        checks.append({"verdict": "n/a" if on is None or off is None else
+                       ("met" if on <= off + max(0.5, 0.05 * off) else "MISSED"),
+                       "text": "(e) the store's flush does not show in itl p99.9 (within 0.5 ms or 5 %%): store on %s, "
+                       "store off %s ms" % (fmt(on), fmt(off)), "tokentap": on, "peer": off})
     return checks
 
 
@@ -975,7 +1001,7 @@ def parse_args(argv):
                     help="event loops of every proxy: tokentap --workers, nginx worker processes, HAProxy threads "
                     "(default 1)")
     ap.add_argument("--streams", type=int, default=5000, help="concurrent streams in scenario d (default 5000)")
-    ap.add_argument("--scenarios", default="abcd", help="which of a, b, c, d to run (default abcd)")
+    ap.add_argument("--scenarios", default="abcde", help="which of a, b, c, d, e to run (default abcde)")
     ap.add_argument("--json", metavar="PATH", help="write the whole report as JSON")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (configs, logs, bench JSON)")
     ap.add_argument("--no-install", action="store_true", help="never run apt-get; fail if nginx or haproxy is missing")
@@ -988,8 +1014,8 @@ def parse_args(argv):
         ap.error("--rounds and --memory-rounds take 1 to 20")
     if not 1 <= a.streams <= 9000:
         ap.error("--streams takes 1 to 9000 (tokentap-bench runs at most 10,000 connections)")
-    if not a.scenarios or set(a.scenarios) - set("abcd"):
-        ap.error("--scenarios takes letters from abcd, e.g. --scenarios ab")
+    if not a.scenarios or set(a.scenarios) - set("abcde"):
+        ap.error("--scenarios takes letters from abcde, e.g. --scenarios ab")
     return a
 
 
@@ -1055,6 +1081,15 @@ def main(argv):
             for key in latency:
                 print("proxies: scenario (%s) %s" % (key, SCENARIOS[key]["title"]), file=sys.stderr)
                 report["scenarios"][key] = run_latency_scenario(key, targets, bins, args, work)
+            for t in targets[1:]:
+                t.stop()
+                _started.remove(t.proc)
+        if "e" in args.scenarios:
+            print("proxies: scenario (e) %s" % SCENARIOS["e"]["title"], file=sys.stderr)
+            targets = [Target("direct", sim_port),
+                       start_tokentap(bins, work, sim_port, 10000, tt_workers, "-store"),
+                       start_tokentap(bins, work, sim_port, 10000, tt_workers, "-nostore", store=False)]
+            report["scenarios"]["e"] = run_latency_scenario("e", targets, bins, args, work)
             for t in targets[1:]:
                 t.stop()
                 _started.remove(t.proc)
