@@ -329,6 +329,112 @@ def wait_until(pred, timeout=5.0, interval=0.01):
 
 
 # --------------------------------------------------------------------------
+# open file descriptors: leak checks
+
+_TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2", 6: "TIME_WAIT",
+               7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN", 11: "CLOSING"}
+
+
+def fd_targets(pid):
+    """{fd number: what it points to} from /proc/PID/fd: "socket:[INODE]",
+    "pipe:[INODE]", "anon_inode:[eventpoll]" or a path. An fd that closes
+    while the directory is being read is left out."""
+    d = "/proc/%d/fd" % pid
+    out = {}
+    for name in os.listdir(d):
+        try:
+            out[int(name)] = os.readlink(os.path.join(d, name))
+        except (FileNotFoundError, ValueError):
+            pass
+    return out
+
+
+def fd_count(pid):
+    """How many file descriptors the process has open now."""
+    return len(os.listdir("/proc/%d/fd" % pid))
+
+
+def tcp_sockets():
+    """{socket inode: "LOCAL -> REMOTE STATE"} for the TCP sockets of this
+    network namespace (/proc/net/tcp and tcp6), to say what a leaked socket
+    was connected to."""
+    out = {}
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(path) as f:
+                lines = f.read().split("\n")[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if len(f) < 10:
+                continue
+            out[f[9]] = "%s -> %s %s" % (_proc_net_addr(f[1]), _proc_net_addr(f[2]),
+                                         _TCP_STATES.get(int(f[3], 16), f[3]))
+    return out
+
+
+def _proc_net_addr(hexaddr):
+    """"0100007F:1F90" (as /proc/net/tcp writes it) -> "127.0.0.1:8080"."""
+    ip, port = hexaddr.split(":")
+    if len(ip) == 8:  # IPv4, in host (little-endian) byte order
+        ip = ".".join(str(int(ip[i:i + 2], 16)) for i in (6, 4, 2, 0))
+    else:
+        ip = "[v6]"
+    return "%s:%d" % (ip, int(port, 16))
+
+
+def describe_fds(targets):
+    """One line per fd of a {fd: target} map, sockets resolved to their
+    addresses and TCP state where /proc/net knows them."""
+    tcp = tcp_sockets()
+    lines = []
+    for fd in sorted(targets):
+        t = targets[fd]
+        m = re.match(r"^socket:\[(\d+)\]$", t)
+        if m and m.group(1) in tcp:
+            t += " " + tcp[m.group(1)]
+        lines.append("fd %d: %s" % (fd, t))
+    return lines
+
+
+def fd_diff(baseline, now):
+    """The fds of `now` that `baseline` (both {fd: target}) did not have, and
+    those it had that are gone, as readable lines."""
+    added = {fd: t for fd, t in now.items() if baseline.get(fd) != t}
+    gone = {fd: t for fd, t in baseline.items() if now.get(fd) != t}
+    return (["+ " + line for line in describe_fds(added)] +
+            ["- " + line for line in describe_fds(gone)])
+
+
+def wait_fds(pid, want, timeout=5.0, interval=0.02):
+    """Polls until the process has exactly `want()` fds open (`want` is an
+    int or a callable re-evaluated at every poll, for a target that moves,
+    such as a baseline plus the pooled connections tokentap reports).
+    Returns (reached, last count, last target)."""
+    target = want if callable(want) else (lambda: want)
+    deadline = time.monotonic() + timeout
+    n = t = None
+    for _ in range(int(timeout / interval) + 2):
+        t = target()
+        n = fd_count(pid)
+        if n == t or time.monotonic() >= deadline:
+            break
+        time.sleep(interval)
+    return n == t, n, t
+
+
+def pooled_connections(admin_port):
+    """Idle pooled upstream connections tokentap holds now, summed over its
+    upstreams (GET /upstreams on its admin API): the fds a leak check must
+    allow for on top of an idle baseline."""
+    resp, _ = exchange(admin_port, "GET", "/upstreams", headers=[("Connection", "close")])
+    if resp is None or resp.status != 200:
+        raise RuntimeError("GET /upstreams: %r" % (resp and resp.status))
+    return sum(u["pool"]["idle"] for u in json.loads(resp.body)["upstreams"])
+
+
+# --------------------------------------------------------------------------
 # HTTP client over a raw socket
 
 
@@ -1215,3 +1321,18 @@ class TestCase(unittest.TestCase):
         self.assertIsInstance(obj["error"].get("type"), str, "error.type %r" % obj)
         self.assertTrue(obj["error"]["type"], "empty error.type")
         return obj
+
+    def assertFdsBack(self, proc, baseline, extra=None, timeout=5.0, what="after the connections closed"):
+        """Fails unless `proc` gets back to the fds of `baseline` (a {fd:
+        target} map taken from fd_targets when it was idle) within `timeout`
+        seconds: a socket left open after its client or upstream went away
+        is a leak. `extra()`, when given, is how many more fds are
+        legitimately open now (idle pooled upstream connections), re-read at
+        every poll. The message lists the fds that differ."""
+        count = extra or (lambda: 0)
+        ok, n, want = wait_fds(proc.pid, lambda: len(baseline) + count(), timeout)
+        if not ok:
+            self.fail("%s has %d fds open %s, expected %d (%d at the baseline + %d pooled); "
+                      "differences from the baseline:\n%s"
+                      % (proc.name, n, what, want, len(baseline), want - len(baseline),
+                         "\n".join(fd_diff(baseline, fd_targets(proc.pid)))))

@@ -1,6 +1,9 @@
 """test_disconnect.py — a client that goes away mid-stream, or while still
 waiting for its first token, makes tokentap abort the upstream request at once
-(so the server stops generating), and the request is logged as client_aborted."""
+(so the server stops generating), and the request is logged as client_aborted.
+After each disconnect tokentap's open fds go back to what they were before any
+traffic, plus the idle pooled upstream connections it reports in /upstreams:
+a socket left behind by an aborted exchange fails the test."""
 
 import os
 import tempfile
@@ -8,8 +11,10 @@ import time
 import unittest
 
 import harness
+from test_admin import admin_port
 
 ABORT_BOUND_NS = 100 * 1000 * 1000
+FD_WAIT_S = 3.0
 
 
 class DisconnectTest(harness.TestCase):
@@ -19,7 +24,14 @@ class DisconnectTest(harness.TestCase):
         fd, cls.log = tempfile.mkstemp(prefix="tokentap-it-", suffix=".log")
         os.close(fd)
         cls.addClassCleanup(os.unlink, cls.log)
-        cls.tt = harness.start_tokentap(cls, cls.sim.url, "--access-log", cls.log)
+        cls.tt = harness.start_tokentap(cls, cls.sim.url, "--access-log", cls.log, "--admin", "127.0.0.1:0")
+        cls.admin = admin_port(cls.tt)
+        # Idle and fresh: listeners, event loops, store and log files only.
+        cls.fds = harness.fd_targets(cls.tt.pid)
+
+    def _fds_back(self, what):
+        self.assertFdsBack(self.tt, self.fds, extra=lambda: harness.pooled_connections(self.admin),
+                           timeout=FD_WAIT_S, what=what)
 
     def _start_stream(self, api, rid, ttft, itl, tokens):
         conn = harness.HttpConn(self.tt.port)
@@ -69,6 +81,7 @@ class DisconnectTest(harness.TestCase):
                 e = self._check_logged(rid)
                 self.assertEqual(e["status"], 200)
                 self.assertIsNotNone(e["timeline_ms"]["first_token"])
+                self._fds_back("after a client left mid-stream")
 
     def test_disconnect_before_first_token(self):
         for abort in (False, True):
@@ -85,6 +98,7 @@ class DisconnectTest(harness.TestCase):
                 e = self._check_logged(rid)
                 self.assertIsNone(e["timeline_ms"]["first_token"])
                 self.assertIsNone(e["ttft_ms"])
+                self._fds_back("after a client left before its first token")
 
     def test_disconnect_during_request_body(self):
         # The client leaves before its body is complete: nothing is left
@@ -100,12 +114,16 @@ class DisconnectTest(harness.TestCase):
         stats = self.sim.stats()
         self.assertTrue(ok, "upstream connection left open: %r" % stats)
         self.assertEqual(stats["completed"], before["completed"])
+        self._fds_back("after a client left during its upload")
 
     def test_proxy_still_serves(self):
         resp, _ = harness.exchange(self.tt.port, "POST", "/v1/chat/completions",
                                    harness.api_body("openai-chat", True), harness.sim_headers(ttft=0, itl=0, tokens=5))
         self.assertEqual(resp.status, 200)
         self.assertTrue(resp.complete)
+        # The finished request's upstream connection may stay pooled; the
+        # client's own socket must be gone.
+        self._fds_back("after a completed request")
 
 
 if __name__ == "__main__":

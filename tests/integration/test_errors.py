@@ -1,7 +1,9 @@
 """test_errors.py — every bad input gets its status and a JSON error body;
 request errors close the connection and never reach the upstream; upstream
 failures become 502/504 in bounded time; one broken upstream connection never
-disturbs another stream."""
+disturbs another stream. After each refusal, upstream failure or timeout,
+tokentap's open fds return to its idle baseline (plus the pooled upstream
+connections it reports), so a socket leaked on an error path fails here."""
 
 import json
 import os
@@ -11,8 +13,10 @@ import time
 import unittest
 
 import harness
+from test_admin import admin_port
 
 CHAT = "/v1/chat/completions"
+FD_WAIT_S = 4.0  # an error answer may linger-read for 2 s (LINGER_MS) before the close
 
 
 def chat_body(stream=True, prompt="hello"):
@@ -25,11 +29,24 @@ class RequestErrorsTest(harness.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.sim = harness.start_sim(cls, "--ttft-ms", "0", "--itl-ms", "0")
-        cls.tt = harness.start_tokentap(cls, cls.sim.url)
-        cls.small = harness.start_tokentap(cls, cls.sim.url, "--max-body-size", "1k", "--max-header-size", "4k")
+        cls.tt = harness.start_tokentap(cls, cls.sim.url, "--admin", "127.0.0.1:0")
+        cls.small = harness.start_tokentap(cls, cls.sim.url, "--max-body-size", "1k", "--max-header-size", "4k",
+                                           "--admin", "127.0.0.1:0")
+        # port -> (process, admin port, fds while fresh and idle)
+        cls.watch = {tt.port: (tt, admin_port(tt), harness.fd_targets(tt.pid)) for tt in (cls.tt, cls.small)}
 
     def _requests_seen(self):
         return self.sim.stats()["requests"]
+
+    def _fds_back(self, conn, port=None, what="after an error answer"):
+        """Closes the client's side (`conn`, if any), then checks that
+        tokentap keeps no socket of the exchange: back to its idle fds plus
+        its pooled upstream connections."""
+        if conn is not None:
+            conn.close()
+        proc, admin, base = self.watch[port or self.tt.port]
+        self.assertFdsBack(proc, base, extra=lambda: harness.pooled_connections(admin), timeout=FD_WAIT_S,
+                           what=what)
 
     def _bad(self, raw, status, port=None):
         """Sends `raw`, expects `status` with a JSON error, the connection
@@ -42,6 +59,7 @@ class RequestErrorsTest(harness.TestCase):
         self.assertProxyError(resp, status)
         self.assertTrue(conn.wait_closed(2.0), "connection left open after %d" % status)
         self.assertEqual(self._requests_seen(), before, "a rejected request reached the upstream")
+        self._fds_back(conn, port, "after a %d answer" % status)
         return resp
 
     def test_garbage_request_line(self):
@@ -81,6 +99,9 @@ class RequestErrorsTest(harness.TestCase):
         resp = conn.read_response()
         self.assertProxyError(resp, 400)
         self.assertTrue(conn.wait_closed(2.0), "connection left open after 400")
+        # The head may have been forwarded before the bad chunk was seen:
+        # that upstream connection is closed mid-body, never pooled.
+        self._fds_back(conn, what="after a 400 on a bad chunk size")
 
     def test_header_too_large(self):
         big = b"X-Big: " + b"a" * (40 * 1024) + b"\r\n"
@@ -153,6 +174,7 @@ class RequestErrorsTest(harness.TestCase):
         resp = conn.read_response()
         self.assertProxyError(resp, 413)
         self.assertTrue(conn.wait_closed(2.0), "connection left open after 413")
+        self._fds_back(conn, self.small.port, "after a 413 on a chunked body")
 
     def test_body_too_large_chunked_slowly(self):
         # The limit is crossed while the body trickles in: answered then, not
@@ -186,6 +208,7 @@ class RequestErrorsTest(harness.TestCase):
         self.assertIsInstance(got[0], harness.Response, repr(got[0]))
         self.assertProxyError(got[0], 413)
         self.assertLess(sent, len(rest), "413 only came after the whole body was sent")
+        self._fds_back(conn, self.small.port, "after a 413 on a trickled chunked body")
 
     def test_upgrade_websocket(self):
         raw = (b"GET /v1/realtime HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
@@ -217,12 +240,14 @@ class RequestErrorsTest(harness.TestCase):
         resp, _ = harness.exchange(self.tt.port, "POST", CHAT, chat_body(True), harness.sim_headers(tokens=3))
         self.assertEqual(resp.status, 200)
         self.assertTrue(resp.complete)
+        self._fds_back(None, what="after a burst of bad requests and a good one")
 
 
 class HeaderTimeoutTest(harness.TestCase):
     def test_slow_headers_closed(self):
         sim = harness.start_sim(self)
         tt = harness.start_tokentap(self, sim.url, "--header-timeout", "300ms")
+        fds = harness.fd_targets(tt.pid)
         before = sim.stats()["requests"]
         conn = harness.HttpConn(tt.port)
         self.addCleanup(conn.close)
@@ -235,6 +260,8 @@ class HeaderTimeoutTest(harness.TestCase):
         if conn.extra:  # an answer is optional; if there is one, it says 408
             self.assertTrue(conn.extra.startswith(b"HTTP/1.1 408"), conn.extra[:100])
         self.assertEqual(sim.stats()["requests"], before)
+        conn.close()
+        self.assertFdsBack(tt, fds, timeout=FD_WAIT_S, what="after a header timeout")
 
 
 class UpstreamErrorsTest(harness.TestCase):
@@ -248,8 +275,19 @@ class UpstreamErrorsTest(harness.TestCase):
         self.assertIsNotNone(e, "no access log line for %s: %r" % (rid, harness.read_access_log(self.log)))
         return e
 
+    def _start(self, upstream_url, *args):
+        """tokentap in front of `upstream_url`, and its fds while fresh and idle."""
+        tt = harness.start_tokentap(self, upstream_url, "--access-log", self.log, *args)
+        return tt, harness.fd_targets(tt.pid)
+
+    def _fds_back(self, tt, fds, what):
+        """The exchange is over (client gone, upstream failed, reset or
+        timed out): tokentap must hold none of its sockets. No connection is
+        pooled here except where a test stops its upstream first."""
+        self.assertFdsBack(tt, fds, timeout=FD_WAIT_S, what=what)
+
     def test_connection_refused_502(self):
-        tt = harness.start_tokentap(self, "http://127.0.0.1:%d" % harness.free_port(), "--access-log", self.log)
+        tt, fds = self._start("http://127.0.0.1:%d" % harness.free_port())
         t0 = time.monotonic()
         resp, _ = harness.exchange(tt.port, "POST", CHAT, chat_body(True), [("x-request-id", "it-502")])
         self.assertLess(time.monotonic() - t0, 2.0)
@@ -257,6 +295,7 @@ class UpstreamErrorsTest(harness.TestCase):
         e = self._entry("it-502")
         self.assertEqual(e["status"], 502)
         self.assertEqual(e["error"], "connect_failed")
+        self._fds_back(tt, fds, "after a refused upstream connect")
 
     def test_first_byte_timeout_504(self):
         def silent(sock, req, ctx):
@@ -264,7 +303,7 @@ class UpstreamErrorsTest(harness.TestCase):
             return False
 
         fu = harness.start_fake_upstream(self, silent)
-        tt = harness.start_tokentap(self, fu.url, "--first-byte-timeout", "300ms", "--access-log", self.log)
+        tt, fds = self._start(fu.url, "--first-byte-timeout", "300ms")
         t0 = time.monotonic()
         resp, _ = harness.exchange(tt.port, "POST", CHAT, chat_body(True), [("x-request-id", "it-504")], timeout=5)
         elapsed = time.monotonic() - t0
@@ -275,11 +314,13 @@ class UpstreamErrorsTest(harness.TestCase):
         e = self._entry("it-504")
         self.assertEqual(e["status"], 504)
         self.assertEqual(e["error"], "timeout")
+        # The upstream still holds its end open: tokentap must close its own.
+        self._fds_back(tt, fds, "after a first-byte timeout")
 
     def test_connect_timeout_504(self):
         bh = harness.Blackhole()
         self.addCleanup(bh.stop)
-        tt = harness.start_tokentap(self, bh.url, "--connect-timeout", "300ms", "--access-log", self.log)
+        tt, fds = self._start(bh.url, "--connect-timeout", "300ms")
         t0 = time.monotonic()
         resp, _ = harness.exchange(tt.port, "POST", CHAT, chat_body(True), [("x-request-id", "it-504c")], timeout=5)
         elapsed = time.monotonic() - t0
@@ -289,6 +330,9 @@ class UpstreamErrorsTest(harness.TestCase):
         e = self._entry("it-504c")
         self.assertEqual(e["status"], 504)
         self.assertEqual(e["error"], "timeout")
+        # The connect attempt is still pending in SYN-SENT: tokentap must
+        # have closed that socket when it gave up.
+        self._fds_back(tt, fds, "after a connect timeout")
 
     def test_reset_before_response_502(self):
         def reset(sock, req, ctx):
@@ -296,12 +340,13 @@ class UpstreamErrorsTest(harness.TestCase):
             return False
 
         fu = harness.start_fake_upstream(self, reset)
-        tt = harness.start_tokentap(self, fu.url, "--access-log", self.log)
+        tt, fds = self._start(fu.url)
         resp, _ = harness.exchange(tt.port, "POST", CHAT, chat_body(True), [("x-request-id", "it-502r")], timeout=5)
         self.assertProxyError(resp, 502)
         e = self._entry("it-502r")
         self.assertEqual(e["status"], 502)
         self.assertEqual(e["error"], "upstream_reset")
+        self._fds_back(tt, fds, "after an upstream reset before the response")
 
     def test_idle_timeout_mid_stream(self):
         # The upstream falls silent mid-stream: with --idle-timeout 300ms the
@@ -313,7 +358,7 @@ class UpstreamErrorsTest(harness.TestCase):
             return False
 
         fu = harness.start_fake_upstream(self, stall)
-        tt = harness.start_tokentap(self, fu.url, "--idle-timeout", "300ms", "--access-log", self.log)
+        tt, fds = self._start(fu.url, "--idle-timeout", "300ms")
         t0 = time.monotonic()
         resp, _ = harness.exchange(tt.port, "POST", CHAT, chat_body(True), [("x-request-id", "it-idle")], timeout=5)
         elapsed = time.monotonic() - t0
@@ -324,6 +369,7 @@ class UpstreamErrorsTest(harness.TestCase):
         e = self._entry("it-idle")
         self.assertEqual(e["error"], "timeout")
         self.assertEqual(e["token_events"], 1)
+        self._fds_back(tt, fds, "after an idle timeout mid-stream (upstream still open)")
 
     def test_reset_mid_stream_isolated(self):
         """Two concurrent streams through one tokentap to one upstream; the
@@ -350,7 +396,7 @@ class UpstreamErrorsTest(harness.TestCase):
             return True
 
         fu = harness.start_fake_upstream(self, handler)
-        tt = harness.start_tokentap(self, fu.url, "--access-log", self.log)
+        tt, fds = self._start(fu.url)
         results = {}
 
         def client(name, headers):
@@ -387,6 +433,10 @@ class UpstreamErrorsTest(harness.TestCase):
         # Still serving afterwards.
         after, _ = harness.exchange(tt.port, "POST", CHAT, chat_body(True), [("x-behave", "good")])
         self.assertEqual(after.body, b"".join(good_events))
+        # The good stream's connection may be pooled; once the upstream
+        # closes it, nothing of either exchange is left.
+        fu.stop()
+        self._fds_back(tt, fds, "after a reset and a good stream, upstream stopped")
 
 
 if __name__ == "__main__":
