@@ -223,7 +223,12 @@ size_t slice_encode(const struct slice *s, uint8_t **out)
 		memmove(buf + n + ll, buf + n + VARINT_MAX, len);
 		n += ll + len;
 	}
-	*out = buf;
+	/* The buffer was sized for the worst case, often a hundred times the
+	 * encoding; the store keeps each one for the whole live ring (six
+	 * minutes, one per series per worker per second), so it is given back
+	 * its exact size. */
+	uint8_t *exact = realloc(buf, n);
+	*out = exact ? exact : buf;
 	return n;
 }
 
