@@ -14,6 +14,10 @@
  *     it moves to disk under held_lock held for writing, which queries hold
  *     for reading across their LMDB read, so no minute is counted twice or
  *     missed; lock order: held_lock, then map_lock;
+ *   - an hour of a series is in its 'h' slice, its day pack ('d'), or
+ *     both (a late delta not packed yet), and readers add them up; an
+ *     hour moves into its pack in one write transaction, and a query reads
+ *     both kinds in one read transaction, so it counts each hour once;
  *   - a database that does not read back at start-up is moved aside, never
  *     opened in this process: the check that reads it runs in a child, so
  *     that LMDB faulting on a damaged page cannot take tokentap down.
@@ -104,6 +108,10 @@ struct store {
 	int said_fault;
 	uint64_t said_at;
 	enum log_level fault_level, end_level;
+
+	/* day packs, writer thread only: see pack_pass */
+	uint32_t pack_trimmed, pack_stripped;
+	int pack_said; /* the last failure said, 0 after a pass that worked */
 };
 
 static const char *const window_names[WIN__COUNT] = { "1m", "5m", "1h", "24h", "7d", "all" };
@@ -353,43 +361,66 @@ static int series_id(struct store *st, MDB_txn *txn, const char *key, size_t key
  */
 #define VALUE_MAX (8u << 20)
 
-static uint8_t *value_pack(const uint8_t *raw, size_t n, size_t *outlen)
+/* The stored value of `raw`, after `lead` bytes left for the caller. */
+static uint8_t *value_pack(const uint8_t *raw, size_t n, size_t lead, size_t *outlen)
 {
 	uLongf zlen = compressBound((uLong)n);
-	uint8_t *out = malloc(1 + VARINT_MAX + zlen);
+	uint8_t *buf = malloc(lead + 1 + VARINT_MAX + zlen), *out;
 
-	if (!out)
+	if (!buf)
 		return NULL;
+	out = buf + lead;
 	size_t hdr = 1 + varint_put(out + 1, n);
 	if (compress2(out + hdr, &zlen, raw, (uLong)n, 6) == Z_OK && hdr + zlen < 1 + n) {
 		out[0] = 'z';
-		*outlen = hdr + zlen;
-		return out;
+		*outlen = lead + hdr + zlen;
+		return buf;
 	}
 	out[0] = 'r';
 	memcpy(out + 1, raw, n);
-	*outlen = 1 + n;
-	return out;
+	*outlen = lead + 1 + n;
+	return buf;
+}
+
+/* The bytes a stored value holds: in place for 'r', inflated into *owned
+ * (the caller frees it) for 'z'. -1 when it does not unpack. */
+static int value_raw(const uint8_t *v, size_t n, const uint8_t **raw, size_t *rawlen, uint8_t **owned)
+{
+	const uint8_t *p = v + 1, *end = v + n;
+	uint64_t len;
+
+	*owned = NULL;
+	if (n < 1)
+		return -1;
+	if (v[0] == 'r') {
+		*raw = v + 1;
+		*rawlen = n - 1;
+		return 0;
+	}
+	if (v[0] != 'z' || varint_get(&p, end, &len) == -1 || len == 0 || len > VALUE_MAX)
+		return -1;
+	uint8_t *buf = malloc(len);
+	uLongf got = (uLongf)len;
+	if (!buf || uncompress(buf, &got, p, (uLong)(end - p)) != Z_OK || got != len) {
+		free(buf);
+		return -1;
+	}
+	*raw = *owned = buf;
+	*rawlen = len;
+	return 0;
 }
 
 /* Decodes a stored value into `dst` (adding). -1 when it does not decode. */
 static int value_merge(struct slice *dst, const uint8_t *v, size_t n)
 {
-	const uint8_t *p = v + 1, *end = v + n;
-	uint64_t raw_len;
+	const uint8_t *raw;
+	size_t len;
+	uint8_t *owned;
 	int rc = -1;
 
-	if (n < 1)
-		return -1;
-	if (v[0] == 'r')
-		return slice_decode_merge(dst, v + 1, n - 1);
-	if (v[0] != 'z' || varint_get(&p, end, &raw_len) == -1 || raw_len == 0 || raw_len > VALUE_MAX)
-		return -1;
-	uint8_t *raw = malloc(raw_len);
-	uLongf got = (uLongf)raw_len;
-	if (raw && uncompress(raw, &got, p, (uLong)(end - p)) == Z_OK && got == raw_len)
-		rc = slice_decode_merge(dst, raw, raw_len);
-	free(raw);
+	if (value_raw(v, n, &raw, &len, &owned) == 0)
+		rc = slice_decode_merge(dst, raw, len);
+	free(owned);
 	return rc;
 }
 
@@ -421,7 +452,7 @@ static int merge_into(struct store *st, MDB_txn *txn, const uint8_t k9[9], const
 	slice_release(&s);
 	if (!rawlen)
 		return ENOMEM;
-	packed = value_pack(raw, rawlen, &packedlen);
+	packed = value_pack(raw, rawlen, 0, &packedlen);
 	free(raw);
 	if (!packed)
 		return ENOMEM;
@@ -758,14 +789,425 @@ static void writer_commit(struct store *st, struct store_batch *list, uint64_t n
 		held_retry(st, now, false);
 }
 
-/* Deletes 'm' and 'h' slices older than their retention. */
+/* ---- day packs ---- */
+
+/*
+ * An hour slice deflates to 3-5 KiB for a busy series, and LMDB stores any
+ * value over about 2 KiB in whole 4 KiB overflow pages, so a value per hour
+ * leaves part of a page empty. Once no 1h or 24h window reads any hour of
+ * a day (a day more than 24 hours old), the writer moves the series' 'h'
+ * slices of that day into one value per series and day, kind 'd':
+ *
+ *   byte 0   flags (PACK_NO_CURVES: the load curves were dropped)
+ *   then     a stored value ('r' or 'z', as above) of:
+ *            PACK_VERSION, varint n, then n times: varint hour of the day
+ *            (0-23, strictly increasing), varint length, encoded slice
+ *
+ * One partly filled page per day instead of one per hour, deflate sees the
+ * whole day, the 1h and 24h windows read 'h' slices as before, and a
+ * series costs one pack write a day, not one per hour. Moving hours (read
+ * the pack, add the hours, write it, delete the 'h' keys) happens in one
+ * write transaction, so readers, which take 'h' and 'd' from one read
+ * transaction, see every hour exactly once, packed or not. An 'h' slice that arrives for an hour already packed
+ * (stats held in memory through a fault and committed later) is merged into
+ * the pack's hour at the next pass.
+ *
+ * Hours before the 7d window are read by no window, so a day wholly before
+ * it keeps its counters and main histograms but not its load curves.
+ */
+#define PACK_VERSION 1
+#define PACK_NO_CURVES 0x01
+#define PACK_GRACE_S 60 /* hours count as ended this long after their end: late flushes land first */
+#define DAY_HOURS 24	/* the 24h window reads the curves of no hour older than 24 */
+#define WEEK_HOURS 168	/* the 7d window: this hour and the 167 before it */
+
+struct pack {
+	uint8_t flags;
+	unsigned n;
+	struct pack_entry {
+		unsigned hour; /* of the day */
+		const uint8_t *p;
+		size_t len;
+	} e[24];
+	uint8_t *raw; /* owned: the entries point into it */
+};
+
+static void pack_free(struct pack *pk)
+{
+	free(pk->raw);
+	memset(pk, 0, sizeof(*pk));
+}
+
+/* Reads a stored pack into `pk` (a copy: it outlives the transaction's next
+ * write). -1, with `pk` empty, when it does not decode. */
+static int pack_parse(const uint8_t *v, size_t n, struct pack *pk)
+{
+	const uint8_t *raw, *p, *end;
+	size_t len;
+	uint8_t *owned;
+	uint64_t count, hour, elen;
+
+	memset(pk, 0, sizeof(*pk));
+	if (n < 2 || value_raw(v + 1, n - 1, &raw, &len, &owned) == -1)
+		return -1;
+	if (!owned && len && (owned = malloc(len)))
+		memcpy(owned, raw, len);
+	if (!owned)
+		return -1;
+	pk->raw = owned;
+	pk->flags = v[0];
+	p = owned;
+	end = owned + len;
+	if (*p++ != PACK_VERSION || varint_get(&p, end, &count) == -1 || count > 24)
+		goto bad;
+	for (uint64_t i = 0; i < count; i++) {
+		if (varint_get(&p, end, &hour) == -1 || hour > 23 || (i && hour <= pk->e[i - 1].hour) ||
+		    varint_get(&p, end, &elen) == -1 || elen > (uint64_t)(end - p))
+			goto bad;
+		pk->e[i] = (struct pack_entry){ (unsigned)hour, p, (size_t)elen };
+		p += elen;
+	}
+	if (p != end)
+		goto bad;
+	pk->n = (unsigned)count;
+	return 0;
+bad:
+	pack_free(pk);
+	return -1;
+}
+
+/* Writes `pk` under `k9` (deletes the key when it holds no hour). */
+static int pack_put(struct store *st, MDB_txn *txn, const uint8_t k9[9], const struct pack *pk)
+{
+	MDB_val k = { 9, (void *)k9 }, v;
+	size_t cap = 1 + VARINT_MAX, n = 0, packedlen;
+	uint8_t *raw, *packed;
+	int rc;
+
+	if (pk->n == 0) {
+		rc = mdb_del(txn, st->dbi_slices, &k, NULL);
+		return rc == MDB_NOTFOUND ? 0 : rc;
+	}
+	for (unsigned i = 0; i < pk->n; i++)
+		cap += 2 * VARINT_MAX + pk->e[i].len;
+	if (!(raw = malloc(cap)))
+		return ENOMEM;
+	raw[n++] = PACK_VERSION;
+	n += varint_put(raw + n, pk->n);
+	for (unsigned i = 0; i < pk->n; i++) {
+		n += varint_put(raw + n, pk->e[i].hour);
+		n += varint_put(raw + n, pk->e[i].len);
+		memcpy(raw + n, pk->e[i].p, pk->e[i].len);
+		n += pk->e[i].len;
+	}
+	packed = value_pack(raw, n, 1, &packedlen);
+	free(raw);
+	if (!packed)
+		return ENOMEM;
+	packed[0] = pk->flags;
+	v.mv_size = packedlen;
+	v.mv_data = packed;
+	rc = mdb_put(txn, st->dbi_slices, &k, &v, 0);
+	free(packed);
+	return rc;
+}
+
+/*
+ * Rewrites the pack of series `id` for `day`: adds the 'h' slices of the
+ * `nh` hours listed (merged with the pack's own hour where it has one) and
+ * deletes their keys, drops the hours of the day before `keep_from` (past
+ * retention) and, with `strip`, every load curve. Writes nothing when
+ * nothing changes. An 'h' slice or a pack that does not decode is dropped
+ * with a warning, as merge_into replaces one.
+ */
+static int pack_rewrite(struct store *st, MDB_txn *txn, uint32_t id, uint32_t day, const uint32_t *hours, size_t nh,
+			unsigned keep_from, bool strip)
+{
+	uint8_t pk9[9], hk9[9];
+	MDB_val k = { 9, pk9 }, v;
+	struct pack old, out;
+	uint8_t *enc[24] = { 0 };
+	bool changed = nh > 0;
+	int rc;
+
+	memset(&out, 0, sizeof(out));
+	slice_key(pk9, 'd', day, id);
+	rc = mdb_get(txn, st->dbi_slices, &k, &v);
+	if (rc == MDB_NOTFOUND) {
+		memset(&old, 0, sizeof(old));
+	} else if (rc) {
+		return rc;
+	} else if (pack_parse(v.mv_data, v.mv_size, &old) == -1) {
+		log_warn("store: a stored day of hour slices did not decode; it is replaced");
+		changed = true;
+	}
+	out.flags = old.flags | (strip ? PACK_NO_CURVES : 0);
+	if (strip && !(old.flags & PACK_NO_CURVES))
+		changed = true;
+
+	size_t j = 0, o = 0;
+	for (unsigned hod = keep_from; hod < 24; hod++) {
+		struct pack_entry *have = NULL;
+		bool add = false;
+		while (o < old.n && old.e[o].hour < hod) {
+			changed = true; /* an hour before keep_from: past retention */
+			o++;
+		}
+		if (o < old.n && old.e[o].hour == hod)
+			have = &old.e[o++];
+		while (j < nh && hours[j] < day * 24 + hod)
+			j++;
+		if (j < nh && hours[j] == day * 24 + hod)
+			add = true;
+		if (!have && !add)
+			continue;
+		if (have && !add && !(strip && !(old.flags & PACK_NO_CURVES))) {
+			out.e[out.n++] = *have; /* as it is */
+			continue;
+		}
+		struct slice s;
+		memset(&s, 0, sizeof(s));
+		if (have && slice_decode_merge(&s, have->p, have->len) == -1)
+			log_warn("store: an hour slice in a day pack did not decode; it is replaced");
+		if (add) {
+			MDB_val hk = { 9, hk9 }, hv;
+			slice_key(hk9, 'h', day * 24 + hod, id);
+			rc = mdb_get(txn, st->dbi_slices, &hk, &hv);
+			if (rc == 0 && value_merge(&s, hv.mv_data, hv.mv_size) == -1)
+				log_warn("store: a stored slice did not decode; it is dropped");
+			else if (rc && rc != MDB_NOTFOUND) {
+				slice_release(&s);
+				goto out;
+			}
+		}
+		if (strip)
+			slice_drop_curves(&s);
+		size_t len = slice_encode(&s, &enc[hod]);
+		slice_release(&s);
+		if (!len) {
+			rc = ENOMEM;
+			goto out;
+		}
+		out.e[out.n++] = (struct pack_entry){ hod, enc[hod], len };
+	}
+	if (o < old.n)
+		changed = true; /* cannot happen with a sound pack: hours are below 24 */
+	rc = 0;
+	if (!changed)
+		goto out;
+	if ((rc = pack_put(st, txn, pk9, &out)))
+		goto out;
+	for (size_t i = 0; i < nh; i++) {
+		MDB_val hk = { 9, hk9 };
+		slice_key(hk9, 'h', hours[i], id);
+		rc = mdb_del(txn, st->dbi_slices, &hk, NULL);
+		if (rc && rc != MDB_NOTFOUND)
+			goto out;
+		rc = 0;
+	}
+out:
+	for (unsigned i = 0; i < 24; i++)
+		free(enc[i]);
+	pack_free(&old);
+	return rc;
+}
+
+struct pack_ref {
+	uint32_t id, t; /* t: an hour ('h' keys) or a day ('d' keys) */
+};
+
+static int pack_ref_cmp(const void *a, const void *b)
+{
+	const struct pack_ref *x = a, *y = b;
+	if (x->id != y->id)
+		return x->id < y->id ? -1 : 1;
+	return x->t < y->t ? -1 : x->t > y->t;
+}
+
+/* Where the pack pass stands; what it did is kept only once it commits. */
+struct pack_state {
+	uint32_t trimmed;  /* packs trimmed to this oldest hour */
+	uint32_t stripped; /* packs of days before this one have no curves */
+	size_t hours, packs;
+};
+
+/*
+ * Lists the keys of `kind` numbered from..to-1 (with `unstripped`, only the
+ * packs without PACK_NO_CURVES), sorted by series, then number.
+ */
+static int pack_list(struct store *st, MDB_txn *txn, char kind, uint32_t from, uint32_t to, bool unstripped,
+		     struct pack_ref **out, size_t *n)
+{
+	MDB_cursor *cur;
+	uint8_t start[9];
+	MDB_val k = { 9, start }, v;
+	size_t cap = 0;
+	int rc;
+
+	*out = NULL;
+	*n = 0;
+	if (from >= to)
+		return 0;
+	if ((rc = mdb_cursor_open(txn, st->dbi_slices, &cur)))
+		return rc;
+	slice_key(start, kind, from, 0);
+	for (rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE); rc == 0; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+		const uint8_t *kb = k.mv_data;
+		if (k.mv_size != 9 || kb[0] != (uint8_t)kind || get_be32(kb + 1) >= to)
+			break;
+		if (unstripped && v.mv_size && (((const uint8_t *)v.mv_data)[0] & PACK_NO_CURVES))
+			continue;
+		if (*n == cap) {
+			cap = cap ? cap * 2 : 64;
+			void *p = realloc(*out, cap * sizeof(**out));
+			if (!p) {
+				rc = ENOMEM;
+				break;
+			}
+			*out = p;
+		}
+		(*out)[(*n)++] = (struct pack_ref){ get_be32(kb + 5), get_be32(kb + 1) };
+	}
+	mdb_cursor_close(cur);
+	if (rc != MDB_NOTFOUND && rc != 0) {
+		free(*out);
+		*out = NULL;
+		*n = 0;
+		return rc;
+	}
+	if (*n)
+		qsort(*out, *n, sizeof(**out), pack_ref_cmp);
+	return 0;
+}
+
+/*
+ * The pack pass, in the caller's write transaction: moves the 'h' slices
+ * within retention of each day no 1h or 24h window reads (all its hours
+ * over DAY_HOURS old) into their day packs; once per hour, trims the
+ * packs of the oldest day to the hours within retention; once per day,
+ * drops the load curves of the packs of days the 7d window no longer
+ * reaches. `ps` says what was done before and is updated.
+ */
+static int pack_pass(struct store *st, MDB_txn *txn, uint64_t now, struct pack_state *ps)
+{
+	uint64_t keep = st->opt.hour_retention_s;
+	uint32_t oldest = (uint32_t)(now > keep ? (now - keep) / 3600 : 0);
+	uint32_t settled = (uint32_t)(now > PACK_GRACE_S ? (now - PACK_GRACE_S) / 3600 : 0);
+	uint32_t unread = settled > DAY_HOURS ? settled - DAY_HOURS : 0;
+	uint32_t complete = unread / 24 * 24; /* whole days whose hours no 1h or 24h window reads */
+	uint32_t cur_hour = (uint32_t)(now / 3600);
+	uint32_t horizon = cur_hour >= WEEK_HOURS - 1 ? (cur_hour - (WEEK_HOURS - 1)) / 24 : 0;
+	struct pack_ref *refs = NULL;
+	size_t n = 0;
+	int rc;
+
+	/* complete hours, grouped by series and day */
+	if ((rc = pack_list(st, txn, 'h', oldest, complete, false, &refs, &n)))
+		goto out;
+	for (size_t i = 0; i < n && !rc;) {
+		uint32_t id = refs[i].id, day = refs[i].t / 24, hours[24];
+		size_t nh = 0;
+		for (; i < n && refs[i].id == id && refs[i].t / 24 == day; i++)
+			hours[nh++] = refs[i].t;
+		rc = pack_rewrite(st, txn, id, day, hours, nh, day == oldest / 24 ? oldest % 24 : 0, day < horizon);
+		ps->hours += nh;
+		ps->packs++;
+	}
+	free(refs);
+	refs = NULL;
+	if (rc)
+		goto out;
+
+	/* the oldest day's packs, once the oldest hour kept moves */
+	if (ps->trimmed != oldest) {
+		uint32_t day = oldest / 24;
+		if ((rc = pack_list(st, txn, 'd', day, day + 1, false, &refs, &n)))
+			goto out;
+		for (size_t i = 0; i < n && !rc; i++)
+			rc = pack_rewrite(st, txn, refs[i].id, day, NULL, 0, oldest % 24, day < horizon);
+		free(refs);
+		refs = NULL;
+		if (rc)
+			goto out;
+		ps->trimmed = oldest;
+	}
+
+	/* the days the 7d window has left behind */
+	if (ps->stripped != horizon) {
+		if ((rc = pack_list(st, txn, 'd', oldest / 24, horizon, true, &refs, &n)))
+			goto out;
+		for (size_t i = 0; i < n && !rc; i++) {
+			uint32_t day = refs[i].t;
+			rc = pack_rewrite(st, txn, refs[i].id, day, NULL, 0, day == oldest / 24 ? oldest % 24 : 0,
+					  true);
+		}
+		if (rc)
+			goto out;
+		ps->stripped = horizon;
+	}
+out:
+	free(refs);
+	return rc;
+}
+
+/* Runs the pack pass in its own write transaction: all of it or nothing,
+ * so a failure (map or disk full) leaves every 'h' slice where it was. */
+static int pack_commit(struct store *st, uint64_t now, struct pack_state *ps)
+{
+	MDB_txn *txn;
+	int rc;
+
+	pthread_rwlock_rdlock(&st->map_lock);
+	rc = mdb_txn_begin(st->env, NULL, 0, &txn);
+	if (rc == 0) {
+		rc = pack_pass(st, txn, now, ps);
+		if (rc)
+			mdb_txn_abort(txn);
+		else
+			rc = mdb_txn_commit(txn);
+	}
+	pthread_rwlock_unlock(&st->map_lock);
+	return rc;
+}
+
+/* Packs what is due; says a failure once per cause (the hours stay as
+ * they are, read as before, and are tried again at the next pass). */
+static void pack(struct store *st, uint64_t now)
+{
+	struct pack_state ps = { st->pack_trimmed, st->pack_stripped, 0, 0 };
+	int rc = pack_commit(st, now, &ps);
+
+	if (rc == MDB_MAP_FULL && map_grow(st) == 0) {
+		ps = (struct pack_state){ st->pack_trimmed, st->pack_stripped, 0, 0 };
+		rc = pack_commit(st, now, &ps);
+	}
+	if (rc) {
+		if (rc != st->pack_said && !st->fault)
+			log_warn(
+				"store: packing hour slices into days failed: %s; they stay as they are and are "
+				"tried again",
+				mdb_strerror(rc));
+		else
+			log_debug("store: packing hour slices into days failed: %s", mdb_strerror(rc));
+		st->pack_said = rc;
+		return;
+	}
+	st->pack_said = 0;
+	st->pack_trimmed = ps.trimmed;
+	st->pack_stripped = ps.stripped;
+	if (ps.hours)
+		log_debug("store: packed %zu hour slice(s) into %zu day(s)", ps.hours, ps.packs);
+}
+
+/* Deletes 'm', 'h' and 'd' slices older than their retention. */
+/* ('d': a day pack whose last hour is past retention) */
 static void prune(struct store *st, uint64_t now)
 {
 	static const struct {
 		char kind;
 		uint64_t unit;
-	} kinds[] = { { 'm', 60 }, { 'h', 3600 } };
-	uint64_t keep[2] = { st->opt.minute_retention_s, st->opt.hour_retention_s };
+	} kinds[] = { { 'm', 60 }, { 'h', 3600 }, { 'd', 86400 } };
+	uint64_t keep[3] = { st->opt.minute_retention_s, st->opt.hour_retention_s, st->opt.hour_retention_s };
 	MDB_txn *txn;
 	MDB_cursor *cur;
 	size_t removed = 0;
@@ -777,7 +1219,7 @@ static void prune(struct store *st, uint64_t now)
 		return;
 	}
 	if (mdb_cursor_open(txn, st->dbi_slices, &cur) == 0) {
-		for (int i = 0; i < 2; i++) {
+		for (int i = 0; i < 3; i++) {
 			uint64_t oldest = now > keep[i] ? (now - keep[i]) / kinds[i].unit : 0;
 			uint8_t start[9];
 			MDB_val k = { 9, start }, v;
@@ -805,6 +1247,7 @@ static void prune(struct store *st, uint64_t now)
 		log_warn("store: pruning old slices failed: %s", mdb_strerror(rc));
 	if (removed && !rc)
 		log_debug("store: pruned %zu slices past retention", removed);
+	pack(st, now);
 }
 
 static void *writer_main(void *arg)
@@ -999,8 +1442,10 @@ static int lock_dir(struct store *st, char *err, size_t errlen)
  *   - mdb_env_open refusing it: MDB_INVALID (no valid meta page: garbage,
  *     zeroed meta pages, a file shorter than two pages), MDB_VERSION_MISMATCH
  *     (another LMDB data format), MDB_CORRUPTED, MDB_PAGE_NOTFOUND;
- *   - a file shorter than its meta page says: LMDB would map the missing
- *     pages and fault (SIGBUS) on the first read of one;
+ *   - a page in use (below) past the end of the file: LMDB would map it
+ *     and fault (SIGBUS) on the first read (truncated). Free pages past
+ *     the end are sound: LMDB leaves unwritten a page that the commit
+ *     which took it from the end freed again;
  *   - a page of the current trees (free list, main database, the named
  *     databases), read here with pread, that lies outside the file, does
  *     not carry its own number, is used twice, has bounds or records that
@@ -1059,6 +1504,7 @@ struct walk {
 	int fd;
 	size_t psize;
 	uint64_t last_pgno;
+	uint64_t file_size; /* pages in use must lie below it */
 	uint8_t *seen; /* a bit per page: used by the tree */
 	uint8_t *bufs; /* a page per tree level */
 	uint64_t budget; /* records the file's pages could hold at most */
@@ -1098,6 +1544,12 @@ static unsigned page_read(struct walk *w, uint64_t pgno, uint8_t *buf)
 		snprintf(w->why, w->whylen, "a page number (%llu) outside the file", (unsigned long long)pgno);
 		return 0;
 	}
+	if ((pgno + 1) * w->psize > w->file_size) {
+		snprintf(w->why, w->whylen, "truncated: %llu bytes, but page %llu, in use, ends at byte %llu",
+			 (unsigned long long)w->file_size, (unsigned long long)pgno,
+			 (unsigned long long)((pgno + 1) * w->psize));
+		return 0;
+	}
 	if (pread(w->fd, buf, w->psize, (off_t)(pgno * w->psize)) != (ssize_t)w->psize) {
 		snprintf(w->why, w->whylen, "page %llu cannot be read", (unsigned long long)pgno);
 		return 0;
@@ -1127,6 +1579,13 @@ static bool overflow_ok(struct walk *w, uint64_t pgno, uint64_t dsize)
 	if (kind != P_OVERFLOW || n == 0 || n > w->last_pgno - pgno + 1 ||
 	    dsize > (uint64_t)n * w->psize - PG_HDR) {
 		snprintf(w->why, w->whylen, "the overflow pages at %llu do not fit the file", (unsigned long long)pgno);
+		return false;
+	}
+	if ((pgno + n) * w->psize > w->file_size) {
+		snprintf(w->why, w->whylen,
+			 "truncated: %llu bytes, but overflow pages in use from %llu end at byte %llu",
+			 (unsigned long long)w->file_size, (unsigned long long)pgno,
+			 (unsigned long long)((pgno + n) * w->psize));
 		return false;
 	}
 	for (uint64_t i = 1; i < n; i++) {
@@ -1315,15 +1774,16 @@ static enum db_health db_walk(const char *dir, uint64_t map_size, char *why, siz
 		snprintf(why, whylen, "cannot read its size");
 		goto out_env;
 	}
+	/* A file may end before its last page: LMDB does not write a page
+	 * that the commit which took it from the end also freed (pages merged
+	 * away while deleting, in the transaction that copied them), and
+	 * keeps it in the free list. Only pages in use must be in the file;
+	 * the page walk reads each one and says "truncated" for one past the
+	 * end, which LMDB would fault on (SIGBUS) reading it. */
 	uint64_t end = ((uint64_t)info.me_last_pgno + 1) * ms.ms_psize;
-	if ((uint64_t)sb.st_size < end) {
-		snprintf(why, whylen, "truncated: %llu bytes, but its pages reach to byte %llu",
-			 (unsigned long long)sb.st_size, (unsigned long long)end);
-		h = DB_CORRUPT;
-		goto out_env;
-	}
 	w.psize = ms.ms_psize;
 	w.last_pgno = info.me_last_pgno;
+	w.file_size = (uint64_t)sb.st_size;
 	w.budget = end / NODE_HDR;
 	if ((h = pages_check(&w, fd)) != DB_SOUND)
 		goto out_env;
@@ -1593,8 +2053,75 @@ void store_close(struct store *st)
 
 /* ---- queries ---- */
 
+/* Series ids already looked up in one query, and where their slices go. */
+struct query_ids {
+	struct {
+		uint32_t id;
+		size_t idx;
+	} *map;
+	size_t n, cap;
+};
+
+/* The result slice that stored slices of series `id` add to; NULL for a
+ * slice without its series (nothing to label it with) or, with
+ * `curves_only`, of a series the minute slices did not bring (a series
+ * idle all window long is not in it). */
+static struct slice *query_target(struct store *st, MDB_txn *txn, const uint8_t idb[4], bool curves_only,
+				  struct store_result *r, struct query_ids *q)
+{
+	uint32_t id = get_be32(idb);
+	size_t m;
+
+	for (m = 0; m < q->n; m++)
+		if (q->map[m].id == id)
+			return &r->series[q->map[m].idx].slice;
+	MDB_val ik = { 4, (void *)idb }, iv;
+	if (mdb_get(txn, st->dbi_by_id, &ik, &iv) != 0)
+		return NULL;
+	struct store_series *se =
+		curves_only ? result_find(r, iv.mv_data, iv.mv_size) : result_series(r, iv.mv_data, iv.mv_size);
+	if (!se)
+		return NULL;
+	if (q->n == q->cap) {
+		size_t cap = q->cap ? q->cap * 2 : 16;
+		void *p = realloc(q->map, cap * sizeof(*q->map));
+		if (!p)
+			return NULL;
+		q->map = p;
+		q->cap = cap;
+	}
+	q->map[q->n].id = id;
+	q->map[q->n].idx = (size_t)(se - r->series);
+	q->n++;
+	return &se->slice;
+}
+
+/* Adds an encoded slice to `dst`; with `curves_only`, only its load-curve
+ * and prompt-length histograms. -1 when it does not decode. */
+static int query_add(struct slice *dst, const uint8_t *enc, size_t len, bool curves_only)
+{
+	struct slice tmp;
+	int rc;
+
+	if (!curves_only)
+		return slice_decode_merge(dst, enc, len);
+	memset(&tmp, 0, sizeof(tmp));
+	rc = slice_decode_merge(&tmp, enc, len);
+	if (rc == 0) {
+		for (unsigned i = HM__COUNT; i < SLICE_SLOTS; i++) {
+			struct hist *h;
+			if (tmp.slot[i] && tmp.slot[i]->count && (h = slice_hist(dst, i)))
+				hist_merge(h, tmp.slot[i]);
+		}
+	}
+	slice_release(&tmp);
+	return rc;
+}
+
 /* Merges the slices of `kind` numbered from..to into `r`; with
- * `curves_only`, only their load-curve and prompt-length histograms. */
+ * `curves_only`, only their load-curve and prompt-length histograms. Hours
+ * are read from their 'h' slices and from the day packs in one read
+ * transaction, so each hour counts once whether it is packed or not. */
 static int lmdb_query(struct store *st, char kind, uint32_t from, uint32_t to, bool curves_only,
 		      struct store_result *r, char *err, size_t errlen)
 {
@@ -1602,11 +2129,7 @@ static int lmdb_query(struct store *st, char kind, uint32_t from, uint32_t to, b
 	MDB_cursor *cur;
 	uint8_t start[9];
 	MDB_val k = { 9, start }, v;
-	struct {
-		uint32_t id;
-		size_t idx;
-	} *map = NULL;
-	size_t nmap = 0, capmap = 0;
+	struct query_ids q = { 0 };
 	int rc;
 
 	pthread_rwlock_rdlock(&st->map_lock);
@@ -1622,55 +2145,50 @@ static int lmdb_query(struct store *st, char kind, uint32_t from, uint32_t to, b
 		const uint8_t *kb = k.mv_data;
 		if (k.mv_size != 9 || kb[0] != (uint8_t)kind || get_be32(kb + 1) > to)
 			break;
-		uint32_t id = get_be32(kb + 5);
-		size_t m;
-		for (m = 0; m < nmap; m++)
-			if (map[m].id == id)
-				break;
-		if (m == nmap) {
-			MDB_val ik = { 4, (void *)(kb + 5) }, iv;
-			if (mdb_get(txn, st->dbi_by_id, &ik, &iv) != 0)
-				continue; /* a slice without its series: nothing to label it with */
-			/* curves only add to series the minute slices brought: a
-			 * series idle all window long is not in it */
-			struct store_series *se = curves_only ? result_find(r, iv.mv_data, iv.mv_size)
-							      : result_series(r, iv.mv_data, iv.mv_size);
-			if (!se)
-				continue;
-			if (nmap == capmap) {
-				capmap = capmap ? capmap * 2 : 16;
-				void *p = realloc(map, capmap * sizeof(*map));
-				if (!p)
-					break;
-				map = p;
-			}
-			map[nmap].id = id;
-			map[nmap].idx = (size_t)(se - r->series);
-			nmap++;
-		}
-		struct slice *dst = &r->series[map[m].idx].slice;
-		if (!curves_only) {
-			if (value_merge(dst, v.mv_data, v.mv_size) == -1)
-				log_warn("store: undecodable slice skipped");
+		struct slice *dst = query_target(st, txn, kb + 5, curves_only, r, &q);
+		const uint8_t *enc;
+		size_t len;
+		uint8_t *owned;
+		if (!dst)
 			continue;
-		}
-		struct slice tmp;
-		memset(&tmp, 0, sizeof(tmp));
-		if (value_merge(&tmp, v.mv_data, v.mv_size) == 0) {
-			for (unsigned i = HM__COUNT; i < SLICE_SLOTS; i++) {
-				struct hist *h;
-				if (tmp.slot[i] && tmp.slot[i]->count && (h = slice_hist(dst, i)))
-					hist_merge(h, tmp.slot[i]);
+		if (value_raw(v.mv_data, v.mv_size, &enc, &len, &owned) == -1 ||
+		    query_add(dst, enc, len, curves_only) == -1)
+			log_warn("store: undecodable slice skipped");
+		free(owned);
+	}
+	if (kind == 'h') {
+		slice_key(start, 'd', from / 24, 0);
+		k.mv_size = 9;
+		k.mv_data = start;
+		for (rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE); rc == 0;
+		     rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+			const uint8_t *kb = k.mv_data;
+			uint32_t day = get_be32(kb + 1);
+			struct pack pk;
+			if (k.mv_size != 9 || kb[0] != 'd' || day > to / 24)
+				break;
+			struct slice *dst = query_target(st, txn, kb + 5, curves_only, r, &q);
+			if (!dst)
+				continue;
+			if (pack_parse(v.mv_data, v.mv_size, &pk) == -1) {
+				log_warn("store: undecodable day of hour slices skipped");
+				continue;
 			}
+			for (unsigned i = 0; i < pk.n; i++) {
+				uint32_t hour = day * 24 + pk.e[i].hour;
+				if (hour >= from && hour <= to &&
+				    query_add(dst, pk.e[i].p, pk.e[i].len, curves_only) == -1)
+					log_warn("store: undecodable slice skipped");
+			}
+			pack_free(&pk);
 		}
-		slice_release(&tmp);
 	}
 	mdb_cursor_close(cur);
 	rc = 0;
 out:
 	mdb_txn_abort(txn);
 	pthread_rwlock_unlock(&st->map_lock);
-	free(map);
+	free(q.map);
 	return check_rc(rc, "query", err, errlen) ? -1 : 0;
 }
 
@@ -1696,7 +2214,7 @@ int store_query(struct store *st, enum store_window w, struct store_result *out,
 	}
 	case WIN_7D:
 		cur = (uint32_t)(now / 3600);
-		out->start_sec = (uint64_t)(cur - 167) * 3600;
+		out->start_sec = (uint64_t)(cur - (WEEK_HOURS - 1)) * 3600;
 		break;
 	case WIN_ALL:
 	default:
@@ -1761,7 +2279,24 @@ int store_verify(struct store *st, uint64_t *series, uint64_t *slices, uint64_t 
 	if (rc == 0 && (rc = mdb_cursor_open(txn, st->dbi_slices, &cur)) == 0) {
 		while (mdb_cursor_get(cur, &k, &v, MDB_NEXT) == 0) {
 			struct slice s;
+			struct pack pk;
 			memset(&s, 0, sizeof(s));
+			if (k.mv_size == 9 && ((const uint8_t *)k.mv_data)[0] == 'd') {
+				/* a day pack: each hour in it counts as the slice it was */
+				if (pack_parse(v.mv_data, v.mv_size, &pk) == -1) {
+					(*bad)++;
+					continue;
+				}
+				for (unsigned i = 0; i < pk.n; i++) {
+					if (slice_decode_merge(&s, pk.e[i].p, pk.e[i].len) == -1)
+						(*bad)++;
+					else
+						(*slices)++;
+					slice_release(&s);
+				}
+				pack_free(&pk);
+				continue;
+			}
 			if (k.mv_size != 9 || value_merge(&s, v.mv_data, v.mv_size) == -1)
 				(*bad)++;
 			else

@@ -16,10 +16,12 @@
  * faults") is renamed to data.mdb.corrupt-<unix time> and the store starts
  * empty, so that a damaged file never makes tokentap crash in a loop.
  *
- * On-disk layout version 1 (docs/storage.md): named databases "meta"
+ * On-disk layout version 2 (docs/storage.md): named databases "meta"
  * (layout version), "series" (serialized series key -> u32 id),
  * "series_by_id" (id -> key) and "slices" (kind 'm'|'h'|'a', u32 big-endian
- * minute or hour number, u32 big-endian series id -> encoded slice).
+ * minute or hour number, u32 big-endian series id -> encoded slice; kind
+ * 'd', u32 big-endian day number, series id -> that day's hour slices of
+ * the series, packed once no 1h or 24h window reads them).
  */
 #pragma once
 

@@ -4,10 +4,14 @@
  *
  * Traffic: by default 10 requests/s, 256 output tokens each, log-normal
  * TTFT (median 180 ms), ITL (median 22 ms) and prompt length (median 800
- * tokens), 1-32 requests in flight. Sixty distinct minutes are generated and
- * reused; the hour slice is their exact merge. Everything goes through the
- * real store — encoding, compression, pruning — and the LMDB pages in use
- * are reported.
+ * tokens), 1-32 requests in flight. A pool of distinct minutes is generated
+ * and reused; each hour is the exact merge of sixty minutes drawn from the
+ * pool, so that no two hours are the same (identical hours would flatter
+ * any compression that spans hours, as the store's day packs do).
+ * Everything goes through the real store — encoding, compression, packing,
+ * pruning — and the LMDB pages in use are reported. Then the writer's time
+ * to pack a day of hours of 100 such series, and the time of the windows
+ * that read hours over them, are measured.
  *
  *   store_size [requests_per_minute] [tokens_per_request]
  */
@@ -16,6 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -77,17 +83,48 @@ static size_t deflated(const uint8_t *raw, size_t n)
 	return out;
 }
 
+#define POOL 120 /* distinct minutes */
+
+/* Hour number `h`: sixty minutes of the pool, drawn by a generator seeded
+ * with `h`, merged. */
+static void hour_slice(struct slice *out, const struct slice pool[POOL], unsigned h)
+{
+	uint64_t x = 0x9e3779b97f4a7c15ull * (h + 1);
+
+	slice_release(out);
+	for (unsigned m = 0; m < 60; m++) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		slice_merge(out, &pool[x % POOL]);
+	}
+}
+
+/* One batch at `sec` holding `sl` for `nseries` series (models m0, m1, ...). */
+static void submit_n(struct store *st, uint64_t sec, const struct slice *sl, unsigned nseries)
+{
+	struct store_batch *b = calloc(1, sizeof(*b));
+	uint8_t *blob;
+	size_t len = slice_encode(sl, &blob);
+
+	b->sec = sec;
+	b->items = calloc(nseries, sizeof(*b->items));
+	b->n = b->cap = nseries;
+	for (unsigned i = 0; i < nseries; i++) {
+		int kl = snprintf(b->items[i].key, sizeof(b->items[i].key), "default%c127.0.0.1:8000%cm%u%c0", 0, 0, i,
+				  0);
+		b->items[i].keylen = (size_t)kl;
+		b->items[i].blob = malloc(len);
+		memcpy(b->items[i].blob, blob, len);
+		b->items[i].len = len;
+	}
+	free(blob);
+	store_submit(st, b);
+}
+
 static void submit(struct store *st, uint64_t sec, const struct slice *sl)
 {
-	static const char key[] = "default\0" "127.0.0.1:8000\0" "llama-3-70b\0" "0";
-	struct store_batch *b = calloc(1, sizeof(*b));
-	b->sec = sec;
-	b->items = calloc(1, sizeof(*b->items));
-	b->n = b->cap = 1;
-	memcpy(b->items[0].key, key, sizeof(key) - 1);
-	b->items[0].keylen = sizeof(key) - 1;
-	b->items[0].len = slice_encode(sl, &b->items[0].blob);
-	store_submit(st, b);
+	submit_n(st, sec, sl, 1);
 }
 
 /* Pages the slices actually occupy (branch, leaf and overflow pages of the
@@ -111,10 +148,18 @@ static size_t pages_in_use(const char *dir)
 	return used;
 }
 
+static double mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
 /* Writes a series' full retention into a fresh store; returns the slice
  * pages in use, and those of the older days alone in *older. */
-static size_t measure(struct slice minutes[60], const struct slice *hour, size_t *older)
+static size_t measure(const struct slice pool[POOL], size_t *older)
 {
+	struct slice hour;
 	char dir[] = "/tmp/tokentap-store-size-XXXXXX";
 	struct store_options o;
 	char err[256], cmd[300];
@@ -131,40 +176,134 @@ static size_t measure(struct slice minutes[60], const struct slice *hour, size_t
 		exit(1);
 	}
 	/* thirty days of history, oldest first: by now only hour slices */
+	memset(&hour, 0, sizeof(hour));
 	for (unsigned h = 30 * 24 - 1; h >= 24; h--) {
-		submit(st, now - (uint64_t)h * 3600, hour);
+		hour_slice(&hour, pool, h);
+		submit(st, now - (uint64_t)h * 3600, &hour);
 		if (h % 100 == 0)
 			store_sync(st); /* stay under the writer's queue bound */
 	}
 	store_sync(st);
+	slice_release(&hour);
 	*older = pages_in_use(dir);
 	/* the last day, minute by minute */
 	for (unsigned m = 24 * 60; m > 0; m--) {
-		submit(st, now - (uint64_t)m * 60, &minutes[m % 60]);
+		submit(st, now - (uint64_t)m * 60, &pool[m % POOL]);
 		if (m % 120 == 0)
 			store_sync(st);
 	}
 	store_sync(st);
 	store_close(st);
 	size_t used = pages_in_use(dir);
+	struct stat sb;
+	snprintf(cmd, sizeof(cmd), "%s/data.mdb", dir);
+	if (stat(cmd, &sb) == 0)
+		printf("data.mdb: %.1f MiB (free pages LMDB keeps for reuse included)\n",
+		       (double)sb.st_size / (1 << 20));
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
 	if (system(cmd) != 0)
 		exit(1);
 	return used;
 }
 
+static struct store *open_store(const char *dir, uint64_t prune_every_s)
+{
+	struct store_options o;
+	char err[256];
+
+	store_options_defaults(&o);
+	o.dir = dir;
+	o.prune_every_s = prune_every_s;
+	struct store *st = store_open(&o, err, sizeof(err));
+	if (!st) {
+		fprintf(stderr, "%s\n", err);
+		exit(1);
+	}
+	return st;
+}
+
+/* One flush of 100 series in the current hour, committed: its time. */
+static double flush_ms(struct store *st, const struct slice *sl)
+{
+	double t0 = mono_ms();
+	submit_n(st, (uint64_t)time(NULL), sl, 100);
+	store_sync(st);
+	return mono_ms() - t0;
+}
+
+/*
+ * The writer's time for 100 such series: a day of their hours two days ago
+ * is written with pruning off, then the store is reopened with it on, and
+ * the first flush pays for packing that day (where the store packs), the
+ * next ones for their commit alone. Then the windows that read hours are
+ * timed over the last two days.
+ */
+static void writer_time(const struct slice pool[POOL])
+{
+	char dir[] = "/tmp/tokentap-store-size-XXXXXX";
+	struct slice hour;
+	char err[256], cmd[300];
+	uint64_t day = (uint64_t)time(NULL) / 86400 - 2;
+
+	if (!mkdtemp(dir))
+		exit(1);
+	struct store *st = open_store(dir, UINT64_MAX);
+	memset(&hour, 0, sizeof(hour));
+	for (unsigned h = 0; h < 24; h++) {
+		hour_slice(&hour, pool, h);
+		submit_n(st, day * 86400 + h * 3600 + 1800, &hour, 100);
+		store_sync(st);
+	}
+	store_close(st);
+	st = open_store(dir, 0);
+	double first = flush_ms(st, &pool[0]), rest = 0;
+	for (unsigned i = 1; i <= 5; i++)
+		rest += flush_ms(st, &pool[i]);
+	printf("writer, 100 such series: the flush that packs a day of their hours %.0f ms, later flushes %.0f ms "
+	       "(commit and pruning)\n",
+	       first, rest / 5);
+
+	/* the last two days, then what the windows that read hours cost */
+	uint64_t now = (uint64_t)time(NULL);
+	for (unsigned h = 48; h > 0; h--) {
+		hour_slice(&hour, pool, 100 + h);
+		submit_n(st, now - (uint64_t)h * 3600, &hour, 100);
+		store_sync(st);
+	}
+	submit_n(st, now, &pool[0], 100);
+	store_sync(st);
+	static const enum store_window wins[] = { WIN_1H, WIN_24H, WIN_7D };
+	printf("queries over 100 such series:");
+	for (unsigned w = 0; w < 3; w++) {
+		struct store_result res;
+		double t0 = mono_ms();
+		for (unsigned i = 0; i < 5; i++) {
+			if (store_query(st, wins[w], &res, err, sizeof(err)) == -1) {
+				fprintf(stderr, "%s\n", err);
+				exit(1);
+			}
+			store_result_free(&res);
+		}
+		printf(" %s %.0f ms%s", store_window_name(wins[w]), (mono_ms() - t0) / 5, w < 2 ? "," : "\n");
+	}
+	slice_release(&hour);
+	store_close(st);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	if (system(cmd) != 0)
+		exit(1);
+}
+
 int main(int argc, char **argv)
 {
 	unsigned per_min = argc > 1 ? (unsigned)atoi(argv[1]) : 600;
 	unsigned tokens = argc > 2 ? (unsigned)atoi(argv[2]) : 256;
-	struct slice minutes[60], hour;
+	static struct slice minutes[POOL];
+	struct slice hour;
 
-	memset(minutes, 0, sizeof(minutes));
 	memset(&hour, 0, sizeof(hour));
-	for (unsigned m = 0; m < 60; m++) {
+	for (unsigned m = 0; m < POOL; m++)
 		minute_traffic(&minutes[m], per_min, tokens);
-		slice_merge(&hour, &minutes[m]);
-	}
+	hour_slice(&hour, minutes, 0);
 	uint8_t *blob;
 	size_t mlen = slice_encode(&minutes[0], &blob);
 	size_t mz = deflated(blob, mlen);
@@ -175,11 +314,12 @@ int main(int argc, char **argv)
 	printf("one series: %u requests/min, %u output tokens each\n", per_min, tokens);
 	printf("encoded slice before compression: minute %zu bytes, hour %zu bytes\n", mlen, hlen);
 	printf("deflated as the store does (level 6): minute %zu bytes, hour %zu bytes\n", mz, hz);
-	size_t older, used = measure(minutes, &hour, &older);
+	size_t older, used = measure(minutes, &older);
 	printf("slice pages in use: %.1f MiB for the full retention (%.1f MiB of it the 29 older days)\n",
 	       (double)used / (1 << 20), (double)older / (1 << 20));
 	printf("100 such series: about %.0f MiB\n", (double)used * 100 / (1 << 20));
-	for (unsigned m = 0; m < 60; m++)
+	writer_time(minutes);
+	for (unsigned m = 0; m < POOL; m++)
 		slice_release(&minutes[m]);
 	slice_release(&hour);
 	return 0;
