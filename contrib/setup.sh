@@ -8,7 +8,7 @@ packages=(
 	libevent-dev libssl-dev node-llhttp liblmdb-dev libyaml-dev libjansson-dev
 	zlib1g-dev libcmocka-dev
 	python3 curl openssl
-	clang libclang-rt-dev
+	clang libclang-rt-dev clang-format
 	# the dashboard test (headless, runs without recommends) and the fleet-quantile test
 	chromium fonts-dejavu-core prometheus
 )

@@ -383,14 +383,13 @@ static void on_reset(struct admin *a, struct evhttp_request *req, struct evkeyva
 
 /* How a live view spans the workers. */
 enum live_span {
-	LIVE_FIRST,	/* the same everywhere (configuration, weights): the first worker's */
-	LIVE_MERGE,	/* per-worker counters: every worker's, merged */
-	LIVE_EACH,	/* a change: the first worker validates and answers, then the rest follow */
+	LIVE_FIRST, /* the same everywhere (configuration, weights): the first worker's */
+	LIVE_MERGE, /* per-worker counters: every worker's, merged */
+	LIVE_EACH,  /* a change: the first worker validates and answers, then the rest follow */
 };
 
 /* Runs a live-state function on the workers and relays its JSON answer. */
-static void relay_live(struct admin *a, struct evhttp_request *req, control_fn fn, const char *in,
-		       enum live_span span)
+static void relay_live(struct admin *a, struct evhttp_request *req, control_fn fn, const char *in, enum live_span span)
 {
 	char *outs[WORKERS_MAX] = { NULL };
 	int status = 500, st;
@@ -401,8 +400,9 @@ static void relay_live(struct admin *a, struct evhttp_request *req, control_fn f
 		return;
 	}
 	for (unsigned i = 0; i < n; i++) {
-		if (control_call(a->controls[i], fn, a->proxies[i], in, &outs[i], i ? &st : &status,
-				 LIVE_TIMEOUT_MS) == -1 || !outs[i]) {
+		if (control_call(a->controls[i], fn, a->proxies[i], in, &outs[i], i ? &st : &status, LIVE_TIMEOUT_MS) ==
+			    -1 ||
+		    !outs[i]) {
 			reply_error(req, 503, NULL, "the proxy did not answer within %d ms", LIVE_TIMEOUT_MS);
 			goto out;
 		}
@@ -489,12 +489,9 @@ static void on_request(struct evhttp_request *req, void *arg)
 	struct evkeyvalq *in = evhttp_request_get_input_headers(req);
 	const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
 	struct admin_request r = {
-		(unsigned)evhttp_request_get_command(req),
-		uri ? evhttp_uri_get_path(uri) : NULL,
-		uri ? evhttp_uri_get_query(uri) : NULL,
-		evhttp_find_header(in, "Host"),
-		evhttp_find_header(in, "Origin"),
-		evhttp_find_header(in, "Authorization"),
+		(unsigned)evhttp_request_get_command(req), uri ? evhttp_uri_get_path(uri) : NULL,
+		uri ? evhttp_uri_get_query(uri) : NULL,	   evhttp_find_header(in, "Host"),
+		evhttp_find_header(in, "Origin"),	   evhttp_find_header(in, "Authorization"),
 	};
 	struct admin_identity id = { a->bound_host, a->listen_addr, a->token, a->token_len };
 	struct admin_verdict v;
@@ -518,8 +515,7 @@ static void on_request(struct evhttp_request *req, void *arg)
 
 /* Parses "HOST:PORT" ("[v6]:PORT", "localhost:PORT") into a literal to bind
  * and a port. */
-static int listen_parse(const char *spec, char *host, size_t hostcap, int *port, int *family, char *err,
-			size_t errlen)
+static int listen_parse(const char *spec, char *host, size_t hostcap, int *port, int *family, char *err, size_t errlen)
 {
 	const char *colon, *h = spec, *hend;
 	unsigned char buf[16];

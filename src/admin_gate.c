@@ -172,8 +172,7 @@ static bool write_allowed(const struct admin_request *r, const struct admin_iden
 
 /* Parses the query into `q`, refusing names not in `allowed` and names
  * given twice; false after refusing (q then empty). */
-static bool params_parse(const char *query, const char *const *allowed, struct evkeyvalq *q,
-			 struct admin_verdict *v)
+static bool params_parse(const char *query, const char *const *allowed, struct evkeyvalq *q, struct admin_verdict *v)
 {
 	struct evkeyval *kv, *other;
 
@@ -184,8 +183,7 @@ static bool params_parse(const char *query, const char *const *allowed, struct e
 		refuse(v, 400, NULL, "malformed query string");
 		return false;
 	}
-	TAILQ_FOREACH(kv, q, next)
-	{
+	TAILQ_FOREACH (kv, q, next) {
 		size_t i;
 		for (i = 0; allowed[i]; i++)
 			if (strcmp(kv->key, allowed[i]) == 0)

@@ -47,7 +47,7 @@ struct admin_route {
 	const char *path;
 	unsigned methods; /* EVHTTP_REQ_* bits */
 	const char *allow;
-	bool write; /* needs the token */
+	bool write;		   /* needs the token */
 	const char *const *params; /* NULL-terminated */
 };
 
@@ -55,7 +55,7 @@ extern const struct admin_route admin_routes[ADMIN_R__COUNT];
 
 /* The parts of a request the gate reads; NULL where absent. */
 struct admin_request {
-	unsigned method; /* one EVHTTP_REQ_* */
+	unsigned method;  /* one EVHTTP_REQ_* */
 	const char *path; /* NULL or "": "/" */
 	const char *query;
 	const char *host, *origin, *authorization;
@@ -72,10 +72,10 @@ struct admin_identity {
 };
 
 struct admin_verdict {
-	int status;	      /* 0: run admin_routes[route]; else answer this */
-	int route;	      /* the endpoint, -1 when none matched */
-	char param[72];	      /* 400: the parameter at fault (at most 64 bytes of it), or "" */
-	const char *allow;    /* 405: the Allow header to send */
+	int status;	       /* 0: run admin_routes[route]; else answer this */
+	int route;	       /* the endpoint, -1 when none matched */
+	char param[72];	       /* 400: the parameter at fault (at most 64 bytes of it), or "" */
+	const char *allow;     /* 405: the Allow header to send */
 	bool www_authenticate; /* 401: send WWW-Authenticate */
 	char message[384];
 };

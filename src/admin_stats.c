@@ -26,7 +26,7 @@ static const struct unit_view {
 	const char *suffix;
 	double div;
 } unit_views[] = {
-	[UNIT_US] = { "_ms", 1000.0 },		  /* stored µs */
+	[UNIT_US] = { "_ms", 1000.0 },		    /* stored µs */
 	[UNIT_MILLI] = { "_tokens_per_s", 1000.0 }, /* slice.h: decode rate in milli-tokens/s */
 	[UNIT_COUNT] = { "", 1.0 },
 };
@@ -278,7 +278,8 @@ static json_t *summary_json(const struct stats_group *g, const struct stats_quer
 	if (cx) {
 		put(cx, "concurrency", stats_hist_json(slot(s, HM_INFLIGHT), hist_metric_unit(HM_INFLIGHT)));
 		put(cx, "input_tokens", stats_hist_json(slot(s, HM_INPUT_TOKENS), hist_metric_unit(HM_INPUT_TOKENS)));
-		put(cx, "output_tokens", stats_hist_json(slot(s, HM_OUTPUT_TOKENS), hist_metric_unit(HM_OUTPUT_TOKENS)));
+		put(cx, "output_tokens",
+		    stats_hist_json(slot(s, HM_OUTPUT_TOKENS), hist_metric_unit(HM_OUTPUT_TOKENS)));
 		cd = json_object();
 		if (cd) {
 			put(cd, "warm_requests", json_u64(g->warm_requests));

@@ -30,10 +30,10 @@ struct stats_query {
 };
 
 struct stats_group {
-	const char *route, *upstream, *model; /* borrowed from the store result */
-	struct slice slice;		      /* merged as the cold filter asks */
+	const char *route, *upstream, *model;  /* borrowed from the store result */
+	struct slice slice;		       /* merged as the cold filter asks */
 	uint64_t warm_requests, cold_requests; /* whatever the filter */
-	bool matched;			      /* some series passed the cold filter */
+	bool matched;			       /* some series passed the cold filter */
 };
 
 struct stats_groups {

@@ -70,22 +70,14 @@ enum api_kind classify_api(const char *path, size_t len)
 const char *classify_api_name(enum api_kind api)
 {
 	switch (api) {
-	case API_OPENAI_CHAT:
-		return "openai-chat";
-	case API_OPENAI_COMPLETIONS:
-		return "openai-completions";
-	case API_ANTHROPIC:
-		return "anthropic";
-	case API_TGI:
-		return "tgi";
-	case API_LLAMACPP:
-		return "llamacpp";
-	case API_OLLAMA_GENERATE:
-		return "ollama-generate";
-	case API_OLLAMA_CHAT:
-		return "ollama-chat";
-	case API_UNKNOWN:
-		break;
+	case API_OPENAI_CHAT: return "openai-chat";
+	case API_OPENAI_COMPLETIONS: return "openai-completions";
+	case API_ANTHROPIC: return "anthropic";
+	case API_TGI: return "tgi";
+	case API_LLAMACPP: return "llamacpp";
+	case API_OLLAMA_GENERATE: return "ollama-generate";
+	case API_OLLAMA_CHAT: return "ollama-chat";
+	case API_UNKNOWN: break;
 	}
 	return "unknown";
 }
@@ -309,8 +301,8 @@ static bool classify_openai_chat(const struct span *s, struct usage *u)
 static bool classify_llamacpp(const struct span *s, struct usage *u)
 {
 	bool token = any_nonempty_string(s, KEY("content"));
-	if (u && (memmem(s->p, (size_t)(s->end - s->p), KEY("tokens_predicted")) != NULL ||
-		  any_object(s, KEY("timings"))))
+	if (u &&
+	    (memmem(s->p, (size_t)(s->end - s->p), KEY("tokens_predicted")) != NULL || any_object(s, KEY("timings"))))
 		usage_from_event(s, u, usage_llamacpp);
 	return token;
 }
@@ -423,21 +415,14 @@ bool classify_event(enum api_kind api, const struct framer_event *ev, struct usa
 		return false;
 
 	switch (api) {
-	case API_OPENAI_CHAT:
-		return classify_openai_chat(&s, usage);
-	case API_OPENAI_COMPLETIONS:
-		return classify_completions(&s, usage);
-	case API_ANTHROPIC:
-		return classify_anthropic(ev, &s, usage);
-	case API_TGI:
-		return classify_tgi(&s, usage);
-	case API_LLAMACPP:
-		return classify_llamacpp(&s, usage);
+	case API_OPENAI_CHAT: return classify_openai_chat(&s, usage);
+	case API_OPENAI_COMPLETIONS: return classify_completions(&s, usage);
+	case API_ANTHROPIC: return classify_anthropic(ev, &s, usage);
+	case API_TGI: return classify_tgi(&s, usage);
+	case API_LLAMACPP: return classify_llamacpp(&s, usage);
 	case API_OLLAMA_GENERATE:
-	case API_OLLAMA_CHAT:
-		return classify_ollama(api, &s, usage);
-	case API_UNKNOWN:
-		break;
+	case API_OLLAMA_CHAT: return classify_ollama(api, &s, usage);
+	case API_UNKNOWN: break;
 	}
 	return false;
 }
@@ -460,21 +445,12 @@ void classify_body(enum api_kind api, const char *body, size_t len, struct usage
 		else
 			usage_openai(obj, usage);
 		break;
-	case API_ANTHROPIC:
-		usage_anthropic_delta(obj, usage);
-		break;
-	case API_TGI:
-		usage_tgi(obj, usage);
-		break;
-	case API_LLAMACPP:
-		usage_llamacpp(obj, usage);
-		break;
+	case API_ANTHROPIC: usage_anthropic_delta(obj, usage); break;
+	case API_TGI: usage_tgi(obj, usage); break;
+	case API_LLAMACPP: usage_llamacpp(obj, usage); break;
 	case API_OLLAMA_GENERATE:
-	case API_OLLAMA_CHAT:
-		usage_ollama(obj, usage);
-		break;
-	case API_UNKNOWN:
-		break;
+	case API_OLLAMA_CHAT: usage_ollama(obj, usage); break;
+	case API_UNKNOWN: break;
 	}
 out_free:
 	json_decref(root);

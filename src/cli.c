@@ -164,8 +164,7 @@ static int apply_flags(int argc, char **argv, struct config *cfg, struct out *o)
 		case 'c':
 		case 't':
 		case 'h':
-		case 'V':
-			break;
+		case 'V': break;
 		case 'u': cfg->upstream = optarg; break;
 		case 'l':
 			cfg->listen = optarg;

@@ -103,10 +103,12 @@ static json_t *upstream_json(const struct up_group *g, uint64_t elapsed, json_t 
 	json_object_set_new(o, "requests", u64(reqs));
 	json_object_set_new(o, "requests_per_s", json_real((double)reqs / (double)elapsed));
 	json_object_set_new(o, "input_tokens_per_s", json_real((double)s->counters[CT_INPUT_TOKENS] / (double)elapsed));
-	json_object_set_new(o, "output_tokens_per_s", json_real((double)s->counters[CT_OUTPUT_TOKENS] / (double)elapsed));
+	json_object_set_new(o, "output_tokens_per_s",
+			    json_real((double)s->counters[CT_OUTPUT_TOKENS] / (double)elapsed));
 	json_object_set_new(o, "error_rate", ratio((double)errors_of(s), (double)reqs));
-	json_object_set_new(o, "goodput_ratio", ratio((double)s->counters[CT_SLO_MET],
-						      (double)(s->counters[CT_SLO_MET] + s->counters[CT_SLO_MISSED])));
+	json_object_set_new(
+		o, "goodput_ratio",
+		ratio((double)s->counters[CT_SLO_MET], (double)(s->counters[CT_SLO_MET] + s->counters[CT_SLO_MISSED])));
 	for (size_t i = 0; i < sizeof(compared) / sizeof(compared[0]); i++)
 		json_object_set_new(m, hist_metric_name(compared[i]), stats_hist_json(s->slot[compared[i]], UNIT_US));
 	json_object_set_new(o, "metrics", m);
@@ -148,7 +150,10 @@ static json_t *difference_json(const struct up_group *x, const struct up_group *
 			json_object_set_new(e, "p_value", json_real(rt.p));
 			json_object_set_new(e, "prob_slower", json_real(rt.prob_a_greater));
 			json_object_set_new(e, "significant", json_boolean(sig));
-			json_object_set_new(e, "verdict", json_string(!sig ? "no difference" : rt.z > 0 ? "slower" : "faster"));
+			json_object_set_new(e, "verdict",
+					    json_string(!sig	   ? "no difference"
+							: rt.z > 0 ? "slower"
+								   : "faster"));
 		} else {
 			json_object_set_new(e, "verdict", json_string("not enough data"));
 			json_object_set_new(e, "significant", json_false());
@@ -160,7 +165,8 @@ static json_t *difference_json(const struct up_group *x, const struct up_group *
 			    rx && rb ? json_real((double)errors_of(&x->slice) / (double)rx -
 						 (double)errors_of(&base->slice) / (double)rb)
 				     : json_null());
-	json_object_set_new(t, "input_tokens", traffic_json(x->slice.slot[HM_INPUT_TOKENS], base->slice.slot[HM_INPUT_TOKENS]));
+	json_object_set_new(t, "input_tokens",
+			    traffic_json(x->slice.slot[HM_INPUT_TOKENS], base->slice.slot[HM_INPUT_TOKENS]));
 	json_object_set_new(t, "concurrency", traffic_json(x->slice.slot[HM_INFLIGHT], base->slice.slot[HM_INFLIGHT]));
 	json_object_set_new(o, "traffic", t);
 	return o;
@@ -214,9 +220,10 @@ char *compare_render(const struct store_result *r, const char *route, enum store
 	json_object_set_new(root, "end", json_string(ts));
 	json_object_set_new(root, "elapsed_s", u64(elapsed));
 	json_object_set_new(root, "cold", json_string(cold_filter_name(q.cold)));
-	json_object_set_new(root, "test", json_string("two-sided Mann-Whitney U on the histograms (ties by bucket, "
-						     "normal approximation); significant when p < 0.01 and the "
-						     "medians differ by more than 1 %"));
+	json_object_set_new(root, "test",
+			    json_string("two-sided Mann-Whitney U on the histograms (ties by bucket, "
+					"normal approximation); significant when p < 0.01 and the "
+					"medians differ by more than 1 %"));
 	json_object_set_new(root, "confidence", json_real(COMPARE_CONFIDENCE));
 	for (size_t k = 0; k < nups; k++)
 		json_array_append_new(arr, upstream_json(&ups[k], elapsed, labels));

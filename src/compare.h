@@ -23,9 +23,9 @@
 
 struct rank_test {
 	uint64_t na, nb;
-	double u;	  /* Mann-Whitney U of a against b */
-	double z;	  /* normal approximation, tie-corrected */
-	double p;	  /* two-sided p-value; 1 when either side is empty */
+	double u;	       /* Mann-Whitney U of a against b */
+	double z;	       /* normal approximation, tie-corrected */
+	double p;	       /* two-sided p-value; 1 when either side is empty */
 	double prob_a_greater; /* P(a > b) + P(a = b)/2: 0.5 means no shift */
 };
 

@@ -149,7 +149,8 @@ unsigned config_validate(const struct config *c, char *errs, size_t errlen)
 			if (u->name && c->upstreams[j].name && strcmp(u->name, c->upstreams[j].name) == 0)
 				PROBLEM(u->name_line ? u->name_line : u->line,
 					"upstreams[%u].name: %s is already the name of upstreams[%u] (line %d)", i,
-					u->name, j, c->upstreams[j].name_line ? c->upstreams[j].name_line : c->upstreams[j].line);
+					u->name, j,
+					c->upstreams[j].name_line ? c->upstreams[j].name_line : c->upstreams[j].line);
 		if (u->queue_max && !u->max_concurrency)
 			PROBLEM(u->line, "upstreams[%u].queue: a queue needs max_concurrency", i);
 		if (u->url && strncmp(u->url, "https://", 8) != 0 && (u->tls_ca_file || u->tls_server_name))
@@ -160,7 +161,8 @@ unsigned config_validate(const struct config *c, char *errs, size_t errlen)
 	if (!c->tls_cert != !c->tls_key)
 		PROBLEM(1, "tls: give both cert and key");
 	if (c->nlisteners && c->tls_cert)
-		PROBLEM(c->listeners[0].line, "listeners: with a list, put tls under each listener, not at the top level");
+		PROBLEM(c->listeners[0].line,
+			"listeners: with a list, put tls under each listener, not at the top level");
 	if (c->nlisteners > LISTENERS_MAX)
 		PROBLEM(c->listeners[0].line, "listeners: at most %d", LISTENERS_MAX);
 	for (unsigned i = 0; i < c->nlisteners; i++) {
@@ -199,11 +201,13 @@ unsigned config_validate(const struct config *c, char *errs, size_t errlen)
 				PROBLEM(tg->line, "routes[%u].split[%u].upstream: %s is not defined in upstreams", i, t,
 					tg->upstream);
 			else if (!known)
-				PROBLEM(tg->line, "routes[%u].upstream: %s is not defined in upstreams", i, tg->upstream);
+				PROBLEM(tg->line, "routes[%u].upstream: %s is not defined in upstreams", i,
+					tg->upstream);
 			total += tg->weight;
 		}
 		if (r->ntargets && total == 0)
-			PROBLEM(r->split_line ? r->split_line : r->line, "routes[%u].split: the weights add up to 0", i);
+			PROBLEM(r->split_line ? r->split_line : r->line, "routes[%u].split: the weights add up to 0",
+				i);
 		if (r->mirror_upstream) {
 			bool known = false;
 			for (unsigned k = 0; k < c->nupstreams; k++)
@@ -219,8 +223,8 @@ unsigned config_validate(const struct config *c, char *errs, size_t errlen)
 }
 #undef PROBLEM
 
-static int parse_scaled(const char *s, uint64_t *out, const char *const units[], const uint64_t scale[],
-			size_t nunits, uint64_t bare_scale)
+static int parse_scaled(const char *s, uint64_t *out, const char *const units[], const uint64_t scale[], size_t nunits,
+			uint64_t bare_scale)
 {
 	char *end;
 	unsigned long long v;

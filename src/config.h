@@ -32,17 +32,17 @@ struct label {
 struct upstream_conf {
 	const char *name; /* unique; the `upstream` label of its stats */
 	const char *url;
-	unsigned max_concurrency;  /* requests at once; 0 = no limit */
-	unsigned queue_max;	   /* requests waiting for a slot */
-	uint64_t queue_timeout_ms; /* waiting longer answers 503 */
+	unsigned max_concurrency;					     /* requests at once; 0 = no limit */
+	unsigned queue_max;						     /* requests waiting for a slot */
+	uint64_t queue_timeout_ms;					     /* waiting longer answers 503 */
 	uint64_t connect_timeout_ms, first_byte_timeout_ms, idle_timeout_ms; /* 0: the global ones */
 	struct label labels[LABELS_MAX]; /* free-form: runtime, hardware, precision... */
 	unsigned nlabels;
 	int line, name_line; /* where the entry and its name are, for messages */
 	/* https upstreams */
-	bool tls_verify;		/* default on: never bypassed silently */
-	const char *tls_ca_file;	/* NULL: the system CA store */
-	const char *tls_server_name;	/* SNI and the name checked; default the URL's host */
+	bool tls_verify;	     /* default on: never bypassed silently */
+	const char *tls_ca_file;     /* NULL: the system CA store */
+	const char *tls_server_name; /* SNI and the name checked; default the URL's host */
 };
 
 struct route_target {
@@ -56,7 +56,7 @@ enum sticky_kind { STICKY_NONE, STICKY_HEADER, STICKY_JSON_FIELD };
 /* One route: what it matches and where it sends. */
 struct route_conf {
 	const char *name;
-	const char *path_prefix; /* "/" when not given */
+	const char *path_prefix;	   /* "/" when not given */
 	const char *method, *host, *model; /* NULL: any */
 	struct route_target *targets;
 	unsigned ntargets;
@@ -71,8 +71,8 @@ struct route_conf {
 };
 
 struct config {
-	const char *path;	/* the YAML file, NULL when from flags */
-	const char *listen;	/* ADDR:PORT */
+	const char *path;		/* the YAML file, NULL when from flags */
+	const char *listen;		/* ADDR:PORT */
 	const char *tls_cert, *tls_key; /* the listener speaks TLS when both are set */
 	/* `listeners:` from the file; empty: the one `listen` (+ `tls`) above */
 	struct listener_conf *listeners;
@@ -82,8 +82,8 @@ struct config {
 	uint64_t max_body_size;
 	uint64_t max_header_size;
 	unsigned max_headers;
-	unsigned max_connections; /* client connections at once; past it, 503 */
-	unsigned workers;	  /* event loops (threads); 0: one per CPU core */
+	unsigned max_connections;	/* client connections at once; past it, 503 */
+	unsigned workers;		/* event loops (threads); 0: one per CPU core */
 	uint64_t header_timeout_ms;	/* whole request head, from its first byte */
 	uint64_t keepalive_timeout_ms;	/* idle client connection between requests */
 	uint64_t connect_timeout_ms;	/* upstream TCP connect */
@@ -95,21 +95,21 @@ struct config {
 	size_t max_event_size;		/* framer bound on one SSE event / NDJSON line */
 	size_t body_inspect_max;	/* request body prefix kept to learn the model */
 
-	const char *data_dir;	       /* LMDB stats directory; NULL: memory only */
-	uint64_t flush_ms;	       /* worker deltas to the store */
-	unsigned max_models;	       /* distinct models per route and upstream */
-	uint64_t slo_ttft_ms;	       /* goodput thresholds */
+	const char *data_dir; /* LMDB stats directory; NULL: memory only */
+	uint64_t flush_ms;    /* worker deltas to the store */
+	unsigned max_models;  /* distinct models per route and upstream */
+	uint64_t slo_ttft_ms; /* goodput thresholds */
 	uint64_t slo_tpot_ms;
-	uint64_t cold_idle_ms;	       /* an upstream idle this long serves cold */
+	uint64_t cold_idle_ms; /* an upstream idle this long serves cold */
 	uint64_t minute_retention_s;
 	uint64_t hour_retention_s;
 	bool check_data; /* verify the store and exit */
 
-	const char *admin_listen;     /* NULL: off */
+	const char *admin_listen; /* NULL: off */
 	const char *admin_token_file;
-	bool admin_listen_explicit;   /* a busy default port only warns */
-	const char *override_header;  /* pins a request to a named upstream; NULL off */
-	uint64_t shutdown_grace_ms;   /* SIGTERM: running streams get this long */
+	bool admin_listen_explicit;  /* a busy default port only warns */
+	const char *override_header; /* pins a request to a named upstream; NULL off */
+	uint64_t shutdown_grace_ms;  /* SIGTERM: running streams get this long */
 
 	struct upstream_conf *upstreams;
 	unsigned nupstreams;

@@ -49,8 +49,8 @@ void on_request_timer(evutil_socket_t fd, short what, void *arg)
 		client_fail(cl, 503, REQ_ERR_TIMEOUT, "upstream_busy", msg);
 		return;
 	case RT_CONNECT:
-		snprintf(msg, sizeof(msg), "upstream %s did not accept the connection within %llu ms",
-			 req->up->name, (unsigned long long)req->up->connect_timeout_ms);
+		snprintf(msg, sizeof(msg), "upstream %s did not accept the connection within %llu ms", req->up->name,
+			 (unsigned long long)req->up->connect_timeout_ms);
 		upstream_note_result(req->up, false, clock_now_ns());
 		if (request_failover(req)) /* nothing reached it: safe to send elsewhere */
 			return;
@@ -63,8 +63,7 @@ void on_request_timer(evutil_socket_t fd, short what, void *arg)
 		snprintf(msg, sizeof(msg), "upstream %s went silent for %llu ms", req->up->name,
 			 (unsigned long long)req->up->idle_timeout_ms);
 		break;
-	default:
-		return;
+	default: return;
 	}
 	client_fail(cl, 504, REQ_ERR_TIMEOUT, "upstream_timeout", msg);
 }
@@ -177,9 +176,7 @@ static void request_admit(struct request *req)
 		req->admitted = true;
 		request_connect(req);
 		break;
-	case ADMIT_QUEUED:
-		request_timer_set(req, RT_QUEUE, req->up->conf.queue_timeout_ms);
-		break;
+	case ADMIT_QUEUED: request_timer_set(req, RT_QUEUE, req->up->conf.queue_timeout_ms); break;
 	case ADMIT_FULL:
 		snprintf(msg, sizeof(msg), "upstream %s is at its concurrency limit and its queue is full",
 			 req->up->name);
@@ -361,8 +358,7 @@ void request_check_sent(struct request *req)
 {
 	if (!req->body_done || !req->uc || !req->uc->connected || req->rec.at[TL_REQ_SENT])
 		return;
-	if (evbuffer_get_length(req->up_pending) ||
-	    evbuffer_get_length(bufferevent_get_output(req->uc->bev)))
+	if (evbuffer_get_length(req->up_pending) || evbuffer_get_length(bufferevent_get_output(req->uc->bev)))
 		return;
 	timeline_mark(&req->rec, TL_REQ_SENT, clock_now_ns());
 	if (!req->resp_head_done)
@@ -376,7 +372,8 @@ static void on_up_write(struct bufferevent *bev, void *arg)
 
 	if (cl->closing)
 		return;
-	if (cl->reading_blocked && evbuffer_get_length(bufferevent_get_output(bev)) <= pcfg(cl->px)->stream_buffer / 2) {
+	if (cl->reading_blocked &&
+	    evbuffer_get_length(bufferevent_get_output(bev)) <= pcfg(cl->px)->stream_buffer / 2) {
 		cl->reading_blocked = false;
 		client_reading(cl, true);
 		client_parse(cl);
@@ -711,7 +708,6 @@ static int on_resp_message_complete(llhttp_t *p)
 	req->timer_kind = RT_NONE;
 	return HPE_PAUSED;
 }
-
 
 void exchange_settings_init(llhttp_settings_t *s)
 {

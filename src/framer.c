@@ -114,8 +114,7 @@ static void framer_emit(struct framer *f, const char *name, size_t name_len, con
 static void framer_line_append(struct framer *f, const char *s, size_t n)
 {
 	switch (f->state) {
-	case LINE_DROP:
-		return;
+	case LINE_DROP: return;
 	case LINE_START:
 		/* SSE comments and the lines of a dropped event are never stored:
 		 * only whether the line is blank matters for them. */

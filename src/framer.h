@@ -40,13 +40,13 @@ struct framer {
 	size_t max_event;
 	/* private: parse state. buf holds [event name][joined data][partial line]. */
 	char *buf;
-	size_t len, cap;   /* len: bytes used in buf, all three parts together */
-	size_t name_len;   /* `event:` value, stored at buf[0] */
-	size_t data_len;   /* joined data, stored at buf[name_len] */
-	int has_data;	   /* a `data` field was seen (its value may be empty) */
-	int state;	   /* what the current line is doing: enum line_state in framer.c */
-	int after_cr;	   /* SSE: the last feed ended in CR; a leading LF ends nothing */
-	int skip;	   /* SSE: discarding the rest of an oversized event */
+	size_t len, cap; /* len: bytes used in buf, all three parts together */
+	size_t name_len; /* `event:` value, stored at buf[0] */
+	size_t data_len; /* joined data, stored at buf[name_len] */
+	int has_data;	 /* a `data` field was seen (its value may be empty) */
+	int state;	 /* what the current line is doing: enum line_state in framer.c */
+	int after_cr;	 /* SSE: the last feed ended in CR; a leading LF ends nothing */
+	int skip;	 /* SSE: discarding the rest of an oversized event */
 	/* counters, readable by the caller */
 	uint64_t events;
 	uint64_t oversized;

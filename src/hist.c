@@ -7,9 +7,9 @@
  * Bucket geometry, the inverse of hist_index(): idx < 128 holds the value
  * idx. Up to HIST_LIN_BUCKETS, idx = (s << 6) + q with q in [64, 128) holds
  * [q << s, ((q + 1) << s) - 1]. Above, idx = HIST_LIN_BUCKETS +
- * (m - 12) * HIST_SUB + k holds the values of octave m whose 12-bit mantissa
+ * (m - 10) * HIST_SUB + k holds the values of octave m whose 12-bit mantissa
  * f has hist_sub_of[f] == k, that is f in [sub_low[k], sub_low[k + 1]):
- * from (4096 + sub_low[k]) << (m - 12) up to the next bucket's low - 1. The
+ * from 2^m + ceil(sub_low[k] * 2^m / 4096) up to the next bucket's low - 1. The
  * last bucket is stretched to UINT64_MAX because hist_index() clamps into
  * it.
  *
@@ -229,9 +229,8 @@ size_t hist_encode(const struct hist *h, uint8_t *out, size_t cap)
 
 	size_t pos = 0;
 	uint64_t shape = use_dense ? ((uint64_t)(last - first + 1) << 1) | 1 : nnz << 1;
-	if (!put(out, cap, &pos, h->count) || !put(out, cap, &pos, h->sum) ||
-	    !put(out, cap, &pos, h->min) || !put(out, cap, &pos, h->max) ||
-	    !put(out, cap, &pos, shape))
+	if (!put(out, cap, &pos, h->count) || !put(out, cap, &pos, h->sum) || !put(out, cap, &pos, h->min) ||
+	    !put(out, cap, &pos, h->max) || !put(out, cap, &pos, shape))
 		return 0;
 	if (use_dense) {
 		if (!put(out, cap, &pos, first))
@@ -272,9 +271,8 @@ static size_t decode_pass(struct hist *dst, const uint8_t *in, size_t len)
 {
 	size_t pos = 0;
 	uint64_t count, sum, min, max, shape;
-	if (!get(in, len, &pos, &count) || !get(in, len, &pos, &sum) ||
-	    !get(in, len, &pos, &min) || !get(in, len, &pos, &max) ||
-	    !get(in, len, &pos, &shape))
+	if (!get(in, len, &pos, &count) || !get(in, len, &pos, &sum) || !get(in, len, &pos, &min) ||
+	    !get(in, len, &pos, &max) || !get(in, len, &pos, &shape))
 		return 0;
 
 	if (count == 0) {

@@ -4,17 +4,19 @@
  * Buckets over unsigned 64-bit values (tokentap records times in
  * microseconds, token counts, rates in milli-units), in three ranges:
  *   - 0..127: a bucket each (exact);
- *   - 128..4095: every power of two [2^m, 2^(m+1)) in 64 equal buckets, a
+ *   - 128..1023: every power of two [2^m, 2^(m+1)) in 64 equal buckets, a
  *     bucket's width at most 1/64 of its low, its midpoint within 1/128;
- *   - 4096..2^32-1: every power of two in HIST_SUB = 36 buckets of equal
+ *   - 1024..2^32-1: every power of two in HIST_SUB = 36 buckets of equal
  *     ratio (2^(1/36), 1.94 % wide), the midpoint within 0.99 %.
  * So every reported quantile is within 1 % of a sample's value. Why
- * geometric above 4096: the same 1 % bound with 36 buckets per power of two
+ * geometric from 1024: the same 1 % bound with 36 buckets per power of two
  * instead of 64, which makes a stored histogram about 40 % smaller (see
  * docs/storage.md). Why not below: on small integers a bucket of a few
  * values cannot have an integer midpoint within 1 % of both ends (the
  * bucket [178, 181] of a 38-way split is off by 1.1 %); equal widths of
- * 2^(m-6) values keep it within 1/128. The layout is fixed, so histograms
+ * 2^(m-6) values keep it within 1/128. From 1024 on a geometric bucket
+ * holds enough integers for its midpoint to stay within 0.99 % (checked for
+ * every value up to 2^20 by test_hist). The layout is fixed, so histograms
  * from anywhere merge by adding buckets. Values >= 2^32 land in the last
  * bucket (count, sum, min and max stay exact).
  *
@@ -31,7 +33,7 @@
  *     and hist_index(max) the last.
  * sum wraps modulo 2^64 (it would take 2^64 µs, 585 000 years, of latency).
  *
- * A struct hist is a plain value (about 14 KiB) with no pointers: copy it,
+ * A struct hist is a plain value (about 9 KiB) with no pointers: copy it,
  * zero it with hist_init(), keep one per worker and merge on a timer.
  */
 #pragma once
@@ -40,12 +42,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define HIST_SUB 36 /* buckets per power of two from 4096 on */
+#define HIST_SUB 36 /* buckets per power of two from 1024 on */
 #define HIST_MANT_BITS 12
-#define HIST_GEO_FIRST 1024 /* the first value of the geometric range */
-#define HIST_GEO_OCTAVE 10 /* log2(HIST_GEO_FIRST) */
+#define HIST_GEO_FIRST 1024				    /* the first value of the geometric range */
+#define HIST_GEO_OCTAVE 10				    /* log2(HIST_GEO_FIRST) */
 #define HIST_LIN_BUCKETS (128 + (HIST_GEO_OCTAVE - 7) * 64) /* 320: the exact and the equal-width ranges */
-#define HIST_BUCKETS (HIST_LIN_BUCKETS + (32 - HIST_GEO_OCTAVE) * HIST_SUB) /* 1112: covers 0 .. 2^32-1 (µs: 71 minutes) */
+#define HIST_BUCKETS \
+	(HIST_LIN_BUCKETS + (32 - HIST_GEO_OCTAVE) * HIST_SUB) /* 1112: covers 0 .. 2^32-1 (µs: 71 minutes) */
 /* First value that no longer has a bucket of its own precision. */
 #define HIST_LIMIT ((uint64_t)1 << 32)
 
@@ -63,12 +66,13 @@ void hist_init(struct hist *h);
 
 /*
  * Bucket index of `v`.
- * Below 4096: with s = floor(log2(v | 64)) - 6, v >> s lies in [64, 128)
+ * Below 1024: with s = floor(log2(v | 64)) - 6, v >> s lies in [64, 128)
  * for v >= 64 and equals v below, so (s << 6) + (v >> s) is v for v < 128,
  * and for v in [2^m, 2^(m+1)) it is 128 + (m - 7) * 64 + the 6 bits after
  * the leading one. v | 64 is never 0, so __builtin_clzll is defined.
- * From 4096: with m = floor(log2 v) (12..31), HIST_LIN_BUCKETS +
- * (m - 12) * HIST_SUB + hist_sub_of[the 12 bits after the leading one].
+ * From 1024: with m = floor(log2 v) (10..31) and f the 12 bits after the
+ * leading one (shifted up when m < 12, so f is the mantissa in 1/4096ths
+ * either way), HIST_LIN_BUCKETS + (m - 10) * HIST_SUB + hist_sub_of[f].
  */
 static inline unsigned hist_index(uint64_t v)
 {

@@ -8,8 +8,8 @@
 
 static bool qualifies(const struct knee_point *p, uint64_t min_requests)
 {
-	return p->requests >= min_requests && isfinite(p->throughput) && isfinite(p->latency) &&
-	       p->throughput > 0 && p->latency > 0;
+	return p->requests >= min_requests && isfinite(p->throughput) && isfinite(p->latency) && p->throughput > 0 &&
+	       p->latency > 0;
 }
 
 struct knee knee_find(const struct knee_point *pts, size_t n, uint64_t min_requests)

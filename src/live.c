@@ -61,10 +61,11 @@ static json_t *route_json(const struct route *r)
 	json_object_set_new(o, "name", json_string(r->name));
 	json_object_set_new(o, "match", match);
 	json_object_set_new(o, "targets", targets);
-	json_object_set_new(o, "sticky",
-			    c->sticky == STICKY_NONE ? json_null()
-						     : json_pack("{s:s}", c->sticky == STICKY_HEADER ? "header" : "json_field",
-								 c->sticky_key));
+	json_object_set_new(
+		o, "sticky",
+		c->sticky == STICKY_NONE
+			? json_null()
+			: json_pack("{s:s}", c->sticky == STICKY_HEADER ? "header" : "json_field", c->sticky_key));
 	json_object_set_new(o, "failover", json_boolean(c->failover));
 	return o;
 }
@@ -91,7 +92,8 @@ char *live_upstreams(void *proxy, const char *in, int *status)
 		json_t *o = json_object(), *errors = json_object();
 		for (int e = 1; e < REQ_ERR__COUNT; e++)
 			if (u->errors[e])
-				json_object_set_new(errors, req_error_name((enum req_error)e), json_integer((json_int_t)u->errors[e]));
+				json_object_set_new(errors, req_error_name((enum req_error)e),
+						    json_integer((json_int_t)u->errors[e]));
 		json_object_set_new(o, "name", json_string(u->name));
 		json_object_set_new(o, "url", json_string(u->conf.url));
 		json_object_set_new(o, "labels", labels_json(&u->conf));
@@ -108,8 +110,9 @@ char *live_upstreams(void *proxy, const char *in, int *status)
 								   "unix", (json_int_t)u->last_error_unix)
 						       : json_null());
 		json_object_set_new(o, "reachable", json_boolean(!u->failing));
-		json_object_set_new(o, "pool", json_pack("{s:i,s:I,s:I}", "idle", (int)u->n_idle, "opened",
-							 (json_int_t)u->opened, "reused", (json_int_t)u->reused));
+		json_object_set_new(o, "pool",
+				    json_pack("{s:i,s:I,s:I}", "idle", (int)u->n_idle, "opened", (json_int_t)u->opened,
+					      "reused", (json_int_t)u->reused));
 		json_array_append_new(ups, o);
 	}
 	return dump(json_pack("{s:I,s:o}", "generation", (json_int_t)rt->generation, "upstreams", ups), 200, status);
@@ -170,8 +173,9 @@ static void add_int(json_t *dst, const char *key, json_t *src)
 {
 	json_t *a = json_object_get(dst, key), *b = json_object_get(src, key);
 	if (json_is_integer(b))
-		json_object_set_new(dst, key,
-				    json_integer((json_is_integer(a) ? json_integer_value(a) : 0) + json_integer_value(b)));
+		json_object_set_new(
+			dst, key,
+			json_integer((json_is_integer(a) ? json_integer_value(a) : 0) + json_integer_value(b)));
 }
 
 static json_t *find_named(json_t *arr, const char *name)
@@ -205,7 +209,7 @@ static void merge_upstream(json_t *into, json_t *from)
 		add_int(pool, "reused", fpool);
 	}
 	if (json_is_object(fle) && (!json_is_object(le) || json_integer_value(json_object_get(fle, "unix")) >
-								     json_integer_value(json_object_get(le, "unix"))))
+								   json_integer_value(json_object_get(le, "unix"))))
 		json_object_set(into, "last_error", fle);
 	if (!json_is_true(json_object_get(from, "reachable")))
 		json_object_set_new(into, "reachable", json_false());

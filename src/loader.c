@@ -243,8 +243,12 @@ static void f_cold_idle(struct load *l, yaml_node_t *v, const char *key, void *o
 static void f_store(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	static const struct field fields[] = {
-		{ "dir", f_store_dir },	      { "flush_interval", f_flush }, { "minute_retention", f_min_ret },
-		{ "hour_retention", f_hour_ret }, { "max_models", f_max_models }, { "cold_after_idle", f_cold_idle },
+		{ "dir", f_store_dir },
+		{ "flush_interval", f_flush },
+		{ "minute_retention", f_min_ret },
+		{ "hour_retention", f_hour_ret },
+		{ "max_models", f_max_models },
+		{ "cold_after_idle", f_cold_idle },
 		{ NULL, NULL },
 	};
 	walk(l, v, key, fields, o);
@@ -282,10 +286,9 @@ static void f_max_event(struct load *l, yaml_node_t *v, const char *key, void *o
 static void f_limits(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	static const struct field fields[] = {
-		{ "max_body_size", f_max_body },   { "max_header_size", f_max_header },
-		{ "max_headers", f_max_headers },  { "max_event_size", f_max_event },
-		{ "max_connections", f_max_conns },
-		{ NULL, NULL },
+		{ "max_body_size", f_max_body },    { "max_header_size", f_max_header },
+		{ "max_headers", f_max_headers },   { "max_event_size", f_max_event },
+		{ "max_connections", f_max_conns }, { NULL, NULL },
 	};
 	walk(l, v, key, fields, o);
 }
@@ -308,9 +311,14 @@ DURATION_FIELD(f_slo_tpot, slo_tpot_ms)
 static void f_timeouts(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	static const struct field fields[] = {
-		{ "header", f_t_header },	  { "keepalive", f_t_keepalive }, { "connect", f_t_connect },
-		{ "first_byte", f_t_first_byte }, { "idle", f_t_idle },		  { "pool_idle", f_t_pool_idle },
-		{ "shutdown_grace", f_t_grace },  { NULL, NULL },
+		{ "header", f_t_header },
+		{ "keepalive", f_t_keepalive },
+		{ "connect", f_t_connect },
+		{ "first_byte", f_t_first_byte },
+		{ "idle", f_t_idle },
+		{ "pool_idle", f_t_pool_idle },
+		{ "shutdown_grace", f_t_grace },
+		{ NULL, NULL },
 	};
 	walk(l, v, key, fields, o);
 }
@@ -369,9 +377,7 @@ static void u_queue_timeout(struct load *l, yaml_node_t *v, const char *key, voi
 }
 static void u_queue(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
-	static const struct field fields[] = { { "max", u_queue_max },
-					       { "timeout", u_queue_timeout },
-					       { NULL, NULL } };
+	static const struct field fields[] = { { "max", u_queue_max }, { "timeout", u_queue_timeout }, { NULL, NULL } };
 	walk(l, v, key, fields, o);
 }
 static void u_t_connect(struct load *l, yaml_node_t *v, const char *key, void *o)
@@ -416,9 +422,14 @@ static void u_labels(struct load *l, yaml_node_t *v, const char *key, void *o)
 static void f_upstreams(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	static const struct field fields[] = {
-		{ "name", u_name },	  { "url", u_url },	      { "max_concurrency", u_max_conc },
-		{ "queue", u_queue },	  { "timeouts", u_timeouts }, { "labels", u_labels },
-		{ "tls", u_tls },	  { NULL, NULL },
+		{ "name", u_name },
+		{ "url", u_url },
+		{ "max_concurrency", u_max_conc },
+		{ "queue", u_queue },
+		{ "timeouts", u_timeouts },
+		{ "labels", u_labels },
+		{ "tls", u_tls },
+		{ NULL, NULL },
 	};
 	struct config *c = CFG(o);
 	char path[64];
@@ -468,8 +479,8 @@ static void r_model(struct load *l, yaml_node_t *v, const char *key, void *o)
 static void r_match(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	static const struct field fields[] = {
-		{ "path_prefix", r_prefix }, { "method", r_method }, { "host", r_host }, { "model", r_model },
-		{ NULL, NULL },
+		{ "path_prefix", r_prefix }, { "method", r_method }, { "host", r_host },
+		{ "model", r_model },	     { NULL, NULL },
 	};
 	walk(l, v, key, fields, o);
 }
@@ -579,8 +590,8 @@ static void r_failover(struct load *l, yaml_node_t *v, const char *key, void *o)
 static void f_routes(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	static const struct field fields[] = {
-		{ "name", r_name },	    { "match", r_match },   { "upstream", r_upstream }, { "split", r_split },
-		{ "sticky", r_sticky }, { "failover", r_failover }, { "mirror", r_mirror }, { NULL, NULL },
+		{ "name", r_name },	{ "match", r_match },	    { "upstream", r_upstream }, { "split", r_split },
+		{ "sticky", r_sticky }, { "failover", r_failover }, { "mirror", r_mirror },	{ NULL, NULL },
 	};
 	struct config *c = CFG(o);
 	char path[64];
@@ -670,11 +681,20 @@ static void f_listeners(struct load *l, yaml_node_t *v, const char *key, void *o
 }
 
 static const struct field top_fields[] = {
-	{ "listen", f_listen },		  { "access_log", f_access_log }, { "log_level", f_log_level },
-	{ "admin", f_admin },		  { "store", f_store },		  { "limits", f_limits },
-	{ "timeouts", f_timeouts },	  { "slo", f_slo },		  { "override_header", f_override_header },
-	{ "upstreams", f_upstreams },	  { "routes", f_routes },	  { "tls", f_tls },
-	{ "listeners", f_listeners },	  { "workers", f_workers },
+	{ "listen", f_listen },
+	{ "access_log", f_access_log },
+	{ "log_level", f_log_level },
+	{ "admin", f_admin },
+	{ "store", f_store },
+	{ "limits", f_limits },
+	{ "timeouts", f_timeouts },
+	{ "slo", f_slo },
+	{ "override_header", f_override_header },
+	{ "upstreams", f_upstreams },
+	{ "routes", f_routes },
+	{ "tls", f_tls },
+	{ "listeners", f_listeners },
+	{ "workers", f_workers },
 	{ NULL, NULL },
 };
 
@@ -717,8 +737,12 @@ unsigned config_load_file(const char *path, struct config *c, char *errs, size_t
 		struct route_target *t = config_own(c, calloc(1, sizeof(*t)));
 		if (r && t) {
 			*t = (struct route_target){ c->upstreams[0].name, 1, 1 };
-			*r = (struct route_conf){ .name = "default", .path_prefix = "/", .targets = t, .ntargets = 1,
-						  .failover = true, .line = 1 };
+			*r = (struct route_conf){ .name = "default",
+						  .path_prefix = "/",
+						  .targets = t,
+						  .ntargets = 1,
+						  .failover = true,
+						  .line = 1 };
 			c->routes = r;
 			c->nroutes = 1;
 		}

@@ -46,8 +46,7 @@ static void log_vwrite(enum log_level level, uint64_t conn_id, const char *fmt, 
 	clock_gettime(CLOCK_REALTIME, &ts);
 	gmtime_r(&ts.tv_sec, &tm);
 	n = strftime(line, sizeof(line), "%Y-%m-%dT%H:%M:%S", &tm);
-	n += (size_t)snprintf(line + n, sizeof(line) - n, ".%03ldZ %-5s ", ts.tv_nsec / 1000000,
-			      level_names[level]);
+	n += (size_t)snprintf(line + n, sizeof(line) - n, ".%03ldZ %-5s ", ts.tv_nsec / 1000000, level_names[level]);
 	if (conn_id)
 		n += (size_t)snprintf(line + n, sizeof(line) - n, "c%llu ", (unsigned long long)conn_id);
 	if (n < sizeof(line)) {

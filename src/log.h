@@ -17,8 +17,7 @@ int log_enabled(enum log_level level);
 
 void log_msg(enum log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Same, naming the connection the line is about. */
-void log_conn(enum log_level level, uint64_t conn_id, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+void log_conn(enum log_level level, uint64_t conn_id, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 #define log_error(...) log_msg(LOG_ERROR, __VA_ARGS__)
 #define log_warn(...) log_msg(LOG_WARN, __VA_ARGS__)

@@ -126,7 +126,8 @@ static void warn_fixed(const struct config *boot, const struct config *next)
 	for (unsigned i = 0; same && i < na; i++)
 		same = SAME(a[i].address, b[i].address) && !a[i].tls_cert == !b[i].tls_cert;
 	if (!same)
-		log_warn("reload: listener changes need a restart; certificates of existing TLS listeners are reloaded");
+		log_warn(
+			"reload: listener changes need a restart; certificates of existing TLS listeners are reloaded");
 	if (!SAME(boot->data_dir, next->data_dir))
 		log_warn("reload: data directory changes need a restart");
 	if (!SAME(boot->admin_listen, next->admin_listen))

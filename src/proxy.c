@@ -330,8 +330,9 @@ static bool listed_in_connection(const struct request *req, const char *name, si
 
 bool hop_by_hop(const struct request *req, const char *name, size_t len)
 {
-	static const char *const hop[] = { "connection", "keep-alive", "proxy-connection", "te", "trailer",
-					   "transfer-encoding", "upgrade", "expect", "http2-settings" };
+	static const char *const hop[] = { "connection", "keep-alive", "proxy-connection",
+					   "te",	 "trailer",    "transfer-encoding",
+					   "upgrade",	 "expect",     "http2-settings" };
 	for (size_t i = 0; i < sizeof(hop) / sizeof(hop[0]); i++)
 		if (name_eq(name, len, hop[i]))
 			return true;
@@ -523,7 +524,8 @@ static int request_head_check(struct request *req, llhttp_t *p)
 			if (vlen == 0)
 				return reject(req, 400, "empty Transfer-Encoding header");
 			if (!name_eq(v, vlen, "chunked") || ++codings > 1)
-				return reject(req, 501, "transfer codings other than a single chunked are not supported");
+				return reject(req, 501,
+					      "transfer codings other than a single chunked are not supported");
 		}
 	}
 	if (codings && !(p->http_major == 1 && p->http_minor >= 1))
@@ -1115,9 +1117,7 @@ static void on_client_timer(evutil_socket_t fd, short what, void *arg)
 	char msg[120];
 
 	switch (cl->state) {
-	case CL_IDLE:
-		client_close(cl, "keep-alive timeout");
-		break;
+	case CL_IDLE: client_close(cl, "keep-alive timeout"); break;
 	case CL_HEAD:
 		snprintf(msg, sizeof(msg), "request headers not received within %llu ms",
 			 (unsigned long long)pcfg(cl->px)->header_timeout_ms);
@@ -1128,11 +1128,8 @@ static void on_client_timer(evutil_socket_t fd, short what, void *arg)
 			 (unsigned long long)pcfg(cl->px)->idle_timeout_ms);
 		client_fail(cl, 408, REQ_ERR_CLIENT_ABORTED, "request_timeout", msg);
 		break;
-	case CL_CLOSING:
-		client_close(cl, "linger done");
-		break;
-	case CL_WAIT:
-		break;
+	case CL_CLOSING: client_close(cl, "linger done"); break;
+	case CL_WAIT: break;
 	}
 }
 
@@ -1154,10 +1151,11 @@ static void on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct soc
 		atomic_fetch_sub(px->clients_all, 1);
 		/* at the cap: a short answer and close, never touching the
 		 * connections (and streams) already running */
-		static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-					   "content-length: 92\r\nconnection: close\r\n\r\n"
-					   "{\"error\":{\"message\":\"too many connections; try again later\","
-					   "\"type\":\"overloaded\",\"code\":503}}";
+		static const char busy[] =
+			"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+			"content-length: 92\r\nconnection: close\r\n\r\n"
+			"{\"error\":{\"message\":\"too many connections; try again later\","
+			"\"type\":\"overloaded\",\"code\":503}}";
 		ssize_t w = send(fd, busy, sizeof(busy) - 1, MSG_DONTWAIT | MSG_NOSIGNAL);
 		(void)w;
 		free(cl);
@@ -1369,8 +1367,7 @@ void proxy_drain(struct proxy *px, uint64_t grace_ms, void (*done)(void *arg), v
 		next = LIST_NEXT(cl, link);
 		if (cl->closing)
 			continue;
-		if (cl->state == CL_IDLE && !cl->req &&
-		    evbuffer_get_length(bufferevent_get_input(cl->bev)) == 0)
+		if (cl->state == CL_IDLE && !cl->req && evbuffer_get_length(bufferevent_get_input(cl->bev)) == 0)
 			client_close(cl, "draining: idle");
 		else
 			busy++;

@@ -21,12 +21,12 @@ struct proxy;
 
 /* What a proxy records into and shares with the other workers' proxies. */
 struct proxy_env {
-	struct accesslog *alog;	    /* NULL: no access log */
-	struct stats_shard *stats;  /* NULL: no stats */
-	struct recent *recent;	    /* NULL: no recent ring */
-	const struct proxy *first;  /* the first worker's proxy; NULL for that one */
-	bool reuseport;		    /* SO_REUSEPORT: proxies of several workers share the ports */
-	_Atomic unsigned *clients;  /* client connections of all workers (max_connections) */
+	struct accesslog *alog;	   /* NULL: no access log */
+	struct stats_shard *stats; /* NULL: no stats */
+	struct recent *recent;	   /* NULL: no recent ring */
+	const struct proxy *first; /* the first worker's proxy; NULL for that one */
+	bool reuseport;		   /* SO_REUSEPORT: proxies of several workers share the ports */
+	_Atomic unsigned *clients; /* client connections of all workers (max_connections) */
 };
 
 /* Binds the router's listen addresses and starts accepting; takes over one

@@ -44,7 +44,6 @@ enum client_state {
 #undef X
 };
 
-
 enum req_timer { RT_NONE, RT_QUEUE, RT_CONNECT, RT_FIRST_BYTE, RT_IDLE };
 
 /* Lingering close: after an error response, keep reading (and dropping)
@@ -77,18 +76,18 @@ struct proxy {
 	struct listener {
 		struct evconnlistener *lev;
 		struct proxy *px;
-		unsigned index; /* into the router's tls_listen[] */
+		unsigned index;		       /* into the router's tls_listen[] */
 		struct sockaddr_storage bound; /* the address it got */
 		socklen_t boundlen;
 	} listeners[LISTENERS_MAX];
 	unsigned nlisteners;
 	char listen_addr[LISTENERS_MAX * 64]; /* "ADDR:PORT, ADDR:PORT" */
 	uint64_t next_client_id;
-	unsigned nclients; /* in px->clients, closing ones included */
+	unsigned nclients;	       /* in px->clients, closing ones included */
 	_Atomic unsigned *clients_all; /* the same, over all workers */
 	_Atomic unsigned clients_own;  /* clients_all when the proxy is alone */
-	struct mirror_list mirrors; /* shadow exchanges in flight */
-	struct evbuffer *tail;	    /* a response's last bytes between its upstream and its client */
+	struct mirror_list mirrors;    /* shadow exchanges in flight */
+	struct evbuffer *tail;	       /* a response's last bytes between its upstream and its client */
 	bool cap_warned;
 	uint64_t id_seed, id_counter;
 	llhttp_settings_t req_settings, resp_settings;
@@ -124,9 +123,9 @@ struct request {
 	const char *reject_msg;
 
 	/* routing */
-	struct router *rt;	/* the generation this request runs on; a reference */
+	struct router *rt; /* the generation this request runs on; a reference */
 	struct route *route;
-	struct upstream *up;	/* chosen upstream, NULL before routing */
+	struct upstream *up; /* chosen upstream, NULL before routing */
 	struct up_waiter waiter;
 	bool admitted;		/* holds an admission slot on `up` */
 	bool awaiting_body;	/* routing needs the body's model or sticky field */
@@ -135,17 +134,18 @@ struct request {
 	bool awaiting_chunk;	/* chunked: routing waits for a valid first chunk line */
 	size_t chunk_ext;	/* extension bytes of the current chunk line */
 	size_t head_len;	/* bytes of the head at the front of up_pending */
-	char sticky_value[128];	/* the route's sticky JSON field, from the body */
+	char sticky_value[128]; /* the route's sticky JSON field, from the body */
 
 	/* upstream side */
 	struct upconn *uc;
-	bool reused;		/* uc came from the pool */
-	bool retried;		/* a replay already happened */
+	bool reused;		 /* uc came from the pool */
+	bool retried;		 /* a replay already happened */
 	struct evbuffer *replay; /* the whole request, kept while a pooled connection may turn out dead */
-	unsigned inflight; /* requests in flight to the upstream at dispatch, this one included */
+	unsigned inflight;	 /* requests in flight to the upstream at dispatch, this one included */
 	bool cold;
 	struct series *series; /* resolved once route, upstream and model are known */
-	struct mirror *mirror; /* its shadow copy, while the body still flows; cleared by the mirror when it ends first */
+	struct mirror
+		*mirror; /* its shadow copy, while the body still flows; cleared by the mirror when it ends first */
 	struct evbuffer *up_pending; /* request bytes waiting for the connection */
 	struct event *timer;
 	enum req_timer timer_kind;
@@ -178,7 +178,7 @@ struct client {
 	uint64_t last_read_ns; /* when the bytes last read arrived (kernel stamp where there is one) */
 	bool reading;	       /* reading wanted (rev added unless input_full) */
 	bool input_full;       /* CLIENT_INPUT_MAX buffered: reading paused until parsed */
-	bool close_after; /* close once the current response is written */
+	bool close_after;      /* close once the current response is written */
 	bool closing;
 	bool reading_blocked; /* upload backpressure */
 	/* head_scan's state over the current request's head */

@@ -234,24 +234,12 @@ static enum scan_status scan_read_string(struct scan *s, char *dst, size_t cap)
 		switch (e) {
 		case '"':
 		case '\\':
-		case '/':
-			cp = (unsigned char)e;
-			break;
-		case 'b':
-			cp = '\b';
-			break;
-		case 'f':
-			cp = '\f';
-			break;
-		case 'n':
-			cp = '\n';
-			break;
-		case 'r':
-			cp = '\r';
-			break;
-		case 't':
-			cp = '\t';
-			break;
+		case '/': cp = (unsigned char)e; break;
+		case 'b': cp = '\b'; break;
+		case 'f': cp = '\f'; break;
+		case 'n': cp = '\n'; break;
+		case 'r': cp = '\r'; break;
+		case 't': cp = '\t'; break;
 		case 'u':
 			if (s->end - p < 4)
 				return SCAN_SHORT;
@@ -271,8 +259,7 @@ static enum scan_status scan_read_string(struct scan *s, char *dst, size_t cap)
 				return SCAN_BAD;
 			}
 			break;
-		default:
-			return SCAN_BAD;
+		default: return SCAN_BAD;
 		}
 		if (!full) {
 			size_t before = n;

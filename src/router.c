@@ -13,8 +13,8 @@
 #include "tls.h"
 #include "upstream.h"
 
-struct router *router_new(struct event_base *base, struct config *cfg, const struct router *prev,
-			  uint64_t generation, char *err, size_t errlen)
+struct router *router_new(struct event_base *base, struct config *cfg, const struct router *prev, uint64_t generation,
+			  char *err, size_t errlen)
 {
 	struct router *rt = calloc(1, sizeof(*rt));
 
@@ -38,7 +38,8 @@ struct router *router_new(struct event_base *base, struct config *cfg, const str
 		struct listener_conf ls[LISTENERS_MAX];
 		rt->nlisteners = config_listeners(&rt->cfg, ls);
 		for (unsigned i = 0; i < rt->nlisteners; i++)
-			if (ls[i].tls_cert && !(rt->tls_listen[i] = tls_server_ctx(ls[i].tls_cert, ls[i].tls_key, err, errlen)))
+			if (ls[i].tls_cert &&
+			    !(rt->tls_listen[i] = tls_server_ctx(ls[i].tls_cert, ls[i].tls_key, err, errlen)))
 				goto fail;
 	}
 	for (unsigned i = 0; i < rt->cfg.nupstreams; i++) {
@@ -62,10 +63,12 @@ struct router *router_new(struct event_base *base, struct config *cfg, const str
 			goto fail;
 		}
 		for (unsigned t = 0; t < rc->ntargets; t++) {
-			r->targets[t].up = router_upstream(rt, rc->targets[t].upstream, strlen(rc->targets[t].upstream));
+			r->targets[t].up =
+				router_upstream(rt, rc->targets[t].upstream, strlen(rc->targets[t].upstream));
 			r->targets[t].weight = rc->targets[t].weight;
 			if (!r->targets[t].up) {
-				snprintf(err, errlen, "route %s: unknown upstream %s", rc->name, rc->targets[t].upstream);
+				snprintf(err, errlen, "route %s: unknown upstream %s", rc->name,
+					 rc->targets[t].upstream);
 				goto fail;
 			}
 		}
@@ -116,8 +119,8 @@ static bool host_matches(const char *want, const char *host, size_t hlen)
 	return len == n && strncasecmp(want, host, n) == 0;
 }
 
-struct route *router_match(const struct router *rt, const char *method, const char *path, size_t plen,
-			   const char *host, size_t hlen, const char *model)
+struct route *router_match(const struct router *rt, const char *method, const char *path, size_t plen, const char *host,
+			   size_t hlen, const char *model)
 {
 	for (unsigned i = 0; i < rt->nroutes; i++) {
 		struct route *r = &rt->routes[i];

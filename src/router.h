@@ -68,16 +68,16 @@ struct router {
  * with their running count, queue and pool, so a reload never lets more
  * requests reach a server than its max_concurrency. NULL with `err` when
  * an upstream cannot be set up. */
-struct router *router_new(struct event_base *base, struct config *cfg, const struct router *prev,
-			  uint64_t generation, char *err, size_t errlen);
+struct router *router_new(struct event_base *base, struct config *cfg, const struct router *prev, uint64_t generation,
+			  char *err, size_t errlen);
 void router_ref(struct router *rt);
 /* Frees the router with its last reference. NULL ok. */
 void router_unref(struct router *rt);
 
 /* The first route matching the request, or NULL. `host` may include a
  * port; `model` may be NULL when not (yet) known. */
-struct route *router_match(const struct router *rt, const char *method, const char *path, size_t plen,
-			   const char *host, size_t hlen, const char *model);
+struct route *router_match(const struct router *rt, const char *method, const char *path, size_t plen, const char *host,
+			   size_t hlen, const char *model);
 
 /* An upstream of the route for a request, or NULL when every target is in
  * `tried` (bit i = target i) or has weight 0. `key` (may be NULL) is the

@@ -34,7 +34,7 @@ static const char *const counter_names[CT__COUNT] = {
 	SLICE_COUNTERS(X)
 #undef X
 #define X(e, n) "errors_" n,
-	REQUEST_ERRORS(X)
+		REQUEST_ERRORS(X)
 #undef X
 };
 
@@ -96,7 +96,7 @@ void slice_record_request(struct slice *s, const struct req_record *r, unsigned 
 	record_derive(r, m);
 	s->counters[CT_REQUESTS]++;
 	s->counters[r->status >= 100 && r->status < 600 ? CT_STATUS_1XX + (unsigned)(r->status / 100 - 1)
-							 : CT_STATUS_NONE]++;
+							: CT_STATUS_NONE]++;
 	if (r->error != REQ_ERR_NONE)
 		s->counters[CT_ERR_BASE + r->error]++;
 	if (r->usage.input_tokens >= 0) {

@@ -73,7 +73,7 @@ enum slice_counter {
 #define PROMPT_BUCKETS 22
 enum curve_metric { CURVE_TTFT, CURVE_ITL, CURVE_E2E, CURVE__COUNT };
 
-#define SLOT_CURVE(c, b) (HM__COUNT + (c) * INFLIGHT_BUCKETS + (b))
+#define SLOT_CURVE(c, b) (HM__COUNT + (c)*INFLIGHT_BUCKETS + (b))
 #define SLOT_PROMPT(b) (HM__COUNT + CURVE__COUNT * INFLIGHT_BUCKETS + (b))
 #define SLICE_SLOTS (HM__COUNT + CURVE__COUNT * INFLIGHT_BUCKETS + PROMPT_BUCKETS)
 

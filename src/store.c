@@ -44,14 +44,14 @@
 #include "varint.h"
 
 #define STORE_LAYOUT "tokentap-stats-2" /* 2: histograms with geometric buckets from 1024 (hist.h) */
-#define RING_SECONDS 360 /* the live view: a little over five minutes */
-#define QUEUE_MAX 600	 /* batches waiting for the writer before the oldest is dropped */
+#define RING_SECONDS 360		/* the live view: a little over five minutes */
+#define QUEUE_MAX 600			/* batches waiting for the writer before the oldest is dropped */
 #define MAP_SIZE_MAX ((uint64_t)64 << 30)
 #define MAP_SIZE_MIN ((uint64_t)64 << 10) /* an empty store and a few series */
-#define HELD_MAX (64u << 20)		    /* bytes of unwritten stats kept while commits fail */
-#define RETRY_MIN_S 1			    /* first retry after a failed commit; doubles ... */
-#define RETRY_MAX_S 60			    /* ... up to this */
-#define FAULT_QUIET_S 600		    /* the same fault back this soon is not said again */
+#define HELD_MAX (64u << 20)		  /* bytes of unwritten stats kept while commits fail */
+#define RETRY_MIN_S 1			  /* first retry after a failed commit; doubles ... */
+#define RETRY_MAX_S 60			  /* ... up to this */
+#define FAULT_QUIET_S 600		  /* the same fault back this soon is not said again */
 
 struct ring_slot {
 	uint64_t sec;
@@ -74,7 +74,7 @@ struct store {
 		char *key;
 		size_t keylen;
 		uint32_t id;
-	} *ids;
+	} * ids;
 	size_t n_ids, cap_ids;
 	uint32_t next_id;
 
@@ -149,9 +149,10 @@ void store_options_defaults(struct store_options *o)
 		if (config_parse_size(cap, &v) == 0 && v >= MAP_SIZE_MIN)
 			o->map_size_max = v < MAP_SIZE_MAX ? v : MAP_SIZE_MAX;
 		else
-			log_warn("store: TOKENTAP_STORE_MAX_SIZE=%.32s is not a size of at least 64k (like 512m or "
-				 "2g); the database may grow to 64g",
-				 cap);
+			log_warn(
+				"store: TOKENTAP_STORE_MAX_SIZE=%.32s is not a size of at least 64k (like 512m or "
+				"2g); the database may grow to 64g",
+				cap);
 	}
 }
 
@@ -657,9 +658,10 @@ static void held_add(struct store *st, const struct store_batch *list)
 		st->held_head = h->next;
 		held_free_batch(st, h);
 		if (st->held_lost++ == 0)
-			log_warn("store: %s of unwritten stats are held in memory, the most it keeps; from now on the "
-				 "oldest minute is dropped for each new one",
-				 size_text(sz, sizeof(sz), HELD_MAX));
+			log_warn(
+				"store: %s of unwritten stats are held in memory, the most it keeps; from now on the "
+				"oldest minute is dropped for each new one",
+				size_text(sz, sizeof(sz), HELD_MAX));
 	}
 	pthread_rwlock_unlock(&st->held_lock);
 	if (lost)
@@ -1367,8 +1369,7 @@ static int load_layout(struct store *st, char *err, size_t errlen)
 		return -1;
 	if (check_rc(mdb_dbi_open(txn, "meta", MDB_CREATE, &st->dbi_meta), "open meta", err, errlen) ||
 	    check_rc(mdb_dbi_open(txn, "series", MDB_CREATE, &st->dbi_series), "open series", err, errlen) ||
-	    check_rc(mdb_dbi_open(txn, "series_by_id", MDB_CREATE, &st->dbi_by_id), "open series_by_id", err,
-		     errlen) ||
+	    check_rc(mdb_dbi_open(txn, "series_by_id", MDB_CREATE, &st->dbi_by_id), "open series_by_id", err, errlen) ||
 	    check_rc(mdb_dbi_open(txn, "slices", MDB_CREATE, &st->dbi_slices), "open slices", err, errlen))
 		goto fail;
 
@@ -1421,8 +1422,9 @@ static int lock_dir(struct store *st, char *err, size_t errlen)
 		ssize_t n = pread(st->lock_fd, pid, sizeof(pid) - 1, 0);
 		pid[n > 0 ? n : 0] = '\0';
 		pid[strcspn(pid, "\n")] = '\0';
-		snprintf(err, errlen, "store: data directory %s is in use by another tokentap (pid %s); give each "
-				      "instance its own --data-dir",
+		snprintf(err, errlen,
+			 "store: data directory %s is in use by another tokentap (pid %s); give each "
+			 "instance its own --data-dir",
 			 st->dir, pid[0] ? pid : "unknown");
 		close(st->lock_fd);
 		st->lock_fd = -1;
@@ -1477,7 +1479,7 @@ static bool rc_corrupt(int rc)
  * check reads every page of the tree itself, with pread and every offset
  * bounds-checked, before LMDB is let near it.
  */
-#define PG_HDR 16	  /* u64 pgno, u16 pad, u16 flags, u16 lower + u16 upper or u32 overflow pages */
+#define PG_HDR 16 /* u64 pgno, u16 pad, u16 flags, u16 lower + u16 upper or u32 overflow pages */
 #define PG_FLAGS 10
 #define PG_LOWER 12
 #define PG_UPPER 14
@@ -1496,7 +1498,7 @@ static bool rc_corrupt(int rc)
 #define META_TXNID (PG_HDR + 128)
 #define DB_ROOT 40
 #define DB_SIZE 48
-#define KEY_MAX 511	/* LMDB's largest key */
+#define KEY_MAX 511   /* LMDB's largest key */
 #define TREE_DEPTH 32 /* LMDB's cursor stack */
 #define NO_PAGE UINT64_MAX
 
@@ -1505,9 +1507,9 @@ struct walk {
 	size_t psize;
 	uint64_t last_pgno;
 	uint64_t file_size; /* pages in use must lie below it */
-	uint8_t *seen; /* a bit per page: used by the tree */
-	uint8_t *bufs; /* a page per tree level */
-	uint64_t budget; /* records the file's pages could hold at most */
+	uint8_t *seen;	    /* a bit per page: used by the tree */
+	uint8_t *bufs;	    /* a page per tree level */
+	uint64_t budget;    /* records the file's pages could hold at most */
 	char *why;
 	size_t whylen;
 };
@@ -1576,8 +1578,7 @@ static bool overflow_ok(struct walk *w, uint64_t pgno, uint64_t dsize)
 	if (!kind)
 		return false;
 	memcpy(&n, buf + PG_OVPAGES, sizeof(n));
-	if (kind != P_OVERFLOW || n == 0 || n > w->last_pgno - pgno + 1 ||
-	    dsize > (uint64_t)n * w->psize - PG_HDR) {
+	if (kind != P_OVERFLOW || n == 0 || n > w->last_pgno - pgno + 1 || dsize > (uint64_t)n * w->psize - PG_HDR) {
 		snprintf(w->why, w->whylen, "the overflow pages at %llu do not fit the file", (unsigned long long)pgno);
 		return false;
 	}
@@ -2058,7 +2059,7 @@ struct query_ids {
 	struct {
 		uint32_t id;
 		size_t idx;
-	} *map;
+	} * map;
 	size_t n, cap;
 };
 
@@ -2122,8 +2123,8 @@ static int query_add(struct slice *dst, const uint8_t *enc, size_t len, bool cur
  * `curves_only`, only their load-curve and prompt-length histograms. Hours
  * are read from their 'h' slices and from the day packs in one read
  * transaction, so each hour counts once whether it is packed or not. */
-static int lmdb_query(struct store *st, char kind, uint32_t from, uint32_t to, bool curves_only,
-		      struct store_result *r, char *err, size_t errlen)
+static int lmdb_query(struct store *st, char kind, uint32_t from, uint32_t to, bool curves_only, struct store_result *r,
+		      char *err, size_t errlen)
 {
 	MDB_txn *txn;
 	MDB_cursor *cur;
@@ -2217,9 +2218,7 @@ int store_query(struct store *st, enum store_window w, struct store_result *out,
 		out->start_sec = (uint64_t)(cur - (WEEK_HOURS - 1)) * 3600;
 		break;
 	case WIN_ALL:
-	default:
-		out->start_sec = 0;
-		break;
+	default: out->start_sec = 0; break;
 	}
 	if (!st->env)
 		return ring_query(st, out->start_sec, now, out);
@@ -2241,9 +2240,7 @@ int store_query(struct store *st, enum store_window w, struct store_result *out,
 		rc = lmdb_query(st, 'h', (uint32_t)(out->start_sec / 3600), (uint32_t)(now / 3600), false, out, err,
 				errlen);
 		break;
-	default:
-		rc = lmdb_query(st, 'a', 0, 0, false, out, err, errlen);
-		break;
+	default: rc = lmdb_query(st, 'a', 0, 0, false, out, err, errlen); break;
 	}
 	if (rc == 0)
 		held_query(st, out->start_sec / 60, now / 60, out);

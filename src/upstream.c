@@ -29,9 +29,9 @@
 struct up_share {
 	char *key; /* name, NUL, url */
 	size_t keylen;
-	unsigned refs;		 /* under shares_lock */
-	_Atomic unsigned active; /* admitted requests, all workers */
-	_Atomic unsigned queued; /* waiting requests, all workers */
+	unsigned refs;				   /* under shares_lock */
+	_Atomic unsigned active;		   /* admitted requests, all workers */
+	_Atomic unsigned queued;		   /* waiting requests, all workers */
 	struct upstream *members[WORKERS_MAX * 4]; /* under shares_lock: whom to wake */
 	unsigned nmembers;
 	LIST_ENTRY(up_share) link;
@@ -49,7 +49,8 @@ static struct up_share *share_join(struct upstream *up)
 
 	pthread_mutex_lock(&shares_lock);
 	LIST_FOREACH (s, &shares, link)
-		if (s->keylen == kl && memcmp(s->key, up->name, nl + 1) == 0 && memcmp(s->key + nl + 1, up->url, ul) == 0)
+		if (s->keylen == kl && memcmp(s->key, up->name, nl + 1) == 0 &&
+		    memcmp(s->key + nl + 1, up->url, ul) == 0)
 			break;
 	if (!s && (s = calloc(1, sizeof(*s))) && (s->key = malloc(kl + 1))) {
 		memcpy(s->key, up->name, nl + 1);
@@ -103,8 +104,7 @@ static void share_kick_others(struct upstream *up)
 		/* a stale hint costs a spurious wake-up, or none where one
 		 * was due; a waiter never depends on it: upstream_admit wakes
 		 * its own worker to look again after queueing */
-		if (m != up && m->kick_fd != -1 && atomic_load_explicit(&m->queued_hint,
-									 memory_order_relaxed))
+		if (m != up && m->kick_fd != -1 && atomic_load_explicit(&m->queued_hint, memory_order_relaxed))
 			if (write(m->kick_fd, &one, sizeof(one)) == -1) {
 				/* saturated: it is awake anyway */
 			}
@@ -544,7 +544,8 @@ struct upconn *upstream_connect_new(struct upstream *up)
 		return NULL;
 	c->up = up;
 	c->id = ++up->opened;
-	c->bev = up->tls ? tls_bev_connect(up->base, up->tls_ctx, up->conf.tls_server_name ? up->conf.tls_server_name : up->host,
+	c->bev = up->tls ? tls_bev_connect(up->base, up->tls_ctx,
+					   up->conf.tls_server_name ? up->conf.tls_server_name : up->host,
 					   up->conf.tls_verify)
 			 : bufferevent_socket_new(up->base, -1, BEV_OPT_CLOSE_ON_FREE);
 	if (!c->bev) {

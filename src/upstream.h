@@ -65,13 +65,13 @@ struct upconn {
 struct up_share;
 
 struct upstream {
-	unsigned refs; /* one per router generation that lists it */
+	unsigned refs;		/* one per router generation that lists it */
 	struct up_share *share; /* admission across workers; see above */
 	int kick_fd;		/* eventfd: another worker freed a slot */
 	struct event *kick_ev;
 	char *url;
-	char host[256];	    /* from the URL: SNI and the verified name by default */
-	bool tls;	    /* https:// */
+	char host[256]; /* from the URL: SNI and the verified name by default */
+	bool tls;	/* https:// */
 	struct ssl_ctx_st *tls_ctx;
 	char *name; /* the configured name (host:port from the command line); labels its stats */
 	/* Its own copy of its settings: generations come and go around it. */
@@ -79,8 +79,8 @@ struct upstream {
 	uint64_t pool_idle_timeout_ms, cold_idle_ms;
 	unsigned pool_max_idle;
 	uint64_t connect_timeout_ms, first_byte_timeout_ms, idle_timeout_ms;
-	unsigned active; /* admitted requests of this worker not yet done */
-	unsigned queued; /* waiting in this worker */
+	unsigned active;	      /* admitted requests of this worker not yet done */
+	unsigned queued;	      /* waiting in this worker */
 	_Atomic unsigned queued_hint; /* `queued`, for other workers deciding whom to wake */
 	TAILQ_HEAD(, up_waiter) waiting;
 	uint64_t rejected; /* turned away: queue full or queue timeout */

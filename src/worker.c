@@ -25,7 +25,7 @@
 #include "router.h"
 #include "stats.h"
 
-#define JOB_TIMEOUT_MS 10000   /* drain and exit jobs: answered between two events */
+#define JOB_TIMEOUT_MS 10000	/* drain and exit jobs: answered between two events */
 #define RELOAD_TIMEOUT_MS 60000 /* a reload resolves upstream names and reads certificates */
 
 struct worker {
@@ -76,8 +76,9 @@ struct worker *worker_new(unsigned index, const struct worker_env *env, struct c
 	rt = router_new(w->base, cfg, NULL, generation, err, errlen);
 	if (!rt)
 		goto fail;
-	struct proxy_env pe = { env->alog, w->stats, env->recent, first ? first->px : NULL, env->reuseport,
-				env->clients };
+	struct proxy_env pe = {
+		env->alog, w->stats, env->recent, first ? first->px : NULL, env->reuseport, env->clients
+	};
 	w->px = proxy_new(w->base, rt, &pe, err, errlen);
 	if (!w->px) {
 		router_unref(rt);
@@ -157,8 +158,8 @@ static char *job_drain(void *ctx, const char *in, int *status)
 static char *job_reload(void *ctx, const char *in, int *status)
 {
 	struct reload_job *j = ctx;
-	struct router *rt = router_new(j->w->base, &j->cfg, proxy_router(j->w->px), j->generation, j->err,
-				       sizeof(j->err));
+	struct router *rt =
+		router_new(j->w->base, &j->cfg, proxy_router(j->w->px), j->generation, j->err, sizeof(j->err));
 	(void)in;
 	*status = rt ? 200 : 500;
 	if (rt)

@@ -40,7 +40,7 @@ struct worker_env {
 	unsigned max_models;
 	struct slo slo;
 	uint64_t flush_ms;
-	bool reuseport; /* more than one worker shares the listening ports */
+	bool reuseport;		   /* more than one worker shares the listening ports */
 	_Atomic unsigned *clients; /* client connections, all workers */
 };
 

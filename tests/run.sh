@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # run.sh — the one command that runs every test (CI runs exactly this):
 #
+#   0. format:   every C source is as .clang-format says (contrib/format.sh
+#                --check; seconds);
 #   1. test:     builds with warnings as errors into build-test/ and runs
 #                ctest: unit tests and the integration tests over real sockets;
 #   2. sanitize: builds everything (proxy, simulator, llhttp, tests) with
@@ -15,7 +17,7 @@
 #                runs each for a short bounded time over its seed corpus
 #                (ctest -L fuzz; TOKENTAP_FUZZ_TIME seconds each, default 10).
 #
-# Usage: tests/run.sh [--quick | --stages "test sanitize fuzz"] [ctest args...]
+# Usage: tests/run.sh [--quick | --stages "format test sanitize fuzz"] [ctest args...]
 #   --quick      only stage 1 (what a quick local check needs)
 #   --stages S   the stages to run, in the order given above
 # Extra arguments go to every stage's ctest (e.g. -R integration_hostile).
@@ -25,7 +27,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
-stages=${TOKENTAP_TEST_STAGES:-"test sanitize fuzz"}
+stages=${TOKENTAP_TEST_STAGES:-"format test sanitize fuzz"}
 prefix=${TOKENTAP_BUILD_PREFIX:-$root/build}
 while [ $# -gt 0 ]; do
 	case "$1" in
@@ -37,8 +39,8 @@ while [ $# -gt 0 ]; do
 done
 for s in $stages; do
 	case "$s" in
-	test | sanitize | fuzz) ;;
-	*) echo "run.sh: unknown stage '$s' (test, sanitize, fuzz)" >&2; exit 2 ;;
+	format | test | sanitize | fuzz) ;;
+	*) echo "run.sh: unknown stage '$s' (format, test, sanitize, fuzz)" >&2; exit 2 ;;
 	esac
 done
 want() { case " $stages " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
@@ -62,6 +64,11 @@ run_stage() { # name, command...
 		summary+=("$(printf '%-9s FAILED %5ds (status %d)' "$name" $((SECONDS - t0)) $rc)")
 		failed=1
 	fi
+}
+
+stage_format() {
+	echo "== format: C sources against .clang-format" >&2
+	"$root/contrib/format.sh" --check
 }
 
 stage_test() {
@@ -95,9 +102,13 @@ stage_fuzz() {
 		(cd "$prefix-fuzz" && ctest --output-on-failure -L fuzz -j"$jobs" "$@")
 }
 
-for s in test sanitize fuzz; do
+for s in format test sanitize fuzz; do
 	if want "$s"; then
-		run_stage "$s" "stage_$s" "$@"
+		if [ "$s" = format ]; then
+			run_stage "$s" "stage_$s"
+		else
+			run_stage "$s" "stage_$s" "$@"
+		fi
 	fi
 done
 

@@ -40,7 +40,8 @@ static const struct {
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"Usage: " BENCH_NAME " [options]\n"
+		"Usage: " BENCH_NAME
+		" [options]\n"
 		"\n"
 		"Load generator for LLM inference servers: closed loop (--concurrency) or open\n"
 		"loop (--rate), streaming or not; measures ttft, itl, tpot, e2e and throughput\n"
@@ -239,8 +240,8 @@ static void check_fd_limit(const char *flag, unsigned need)
 		if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
 			return;
 	}
-	bad(flag, "%u connections need %llu file descriptors; ulimit -n allows %llu", need,
-	    (unsigned long long)want, (unsigned long long)rl.rlim_cur);
+	bad(flag, "%u connections need %llu file descriptors; ulimit -n allows %llu", need, (unsigned long long)want,
+	    (unsigned long long)rl.rlim_cur);
 }
 
 enum {
@@ -333,37 +334,26 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":hVH:", longopts, NULL)) != -1) {
 		switch (c) {
-		case 'h':
-			usage(stdout);
-			exit(0);
-		case 'V':
-			printf(BENCH_NAME " %s\n", TOKENTAP_VERSION);
-			exit(0);
-		case 'H':
-			parse_header(o, optarg);
-			break;
-		case OPT_URL:
-			url = optarg;
-			break;
+		case 'h': usage(stdout); exit(0);
+		case 'V': printf(BENCH_NAME " %s\n", TOKENTAP_VERSION); exit(0);
+		case 'H': parse_header(o, optarg); break;
+		case OPT_URL: url = optarg; break;
 		case OPT_API: {
 			size_t i;
 			for (i = 0; i < sizeof(apis) / sizeof(apis[0]); i++)
 				if (!strcmp(optarg, apis[i].name))
 					break;
 			if (i == sizeof(apis) / sizeof(apis[0]))
-				bad("--api", "unknown API '%s': one of openai-chat, openai-completions, anthropic, "
-					     "ollama-chat, ollama-generate",
+				bad("--api",
+				    "unknown API '%s': one of openai-chat, openai-completions, anthropic, "
+				    "ollama-chat, ollama-generate",
 				    optarg);
 			o->api = apis[i].api;
 			o->api_name = apis[i].name;
 			break;
 		}
-		case OPT_STREAM:
-			o->stream = true;
-			break;
-		case OPT_NO_STREAM:
-			o->stream = false;
-			break;
+		case OPT_STREAM: o->stream = true; break;
+		case OPT_NO_STREAM: o->stream = false; break;
 		case OPT_MODEL:
 			if (!*optarg || strlen(optarg) > 256)
 				bad("--model", "expected a name of 1 to 256 bytes");
@@ -373,9 +363,7 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 			o->concurrency = (unsigned)parse_uint("--concurrency", optarg, 1, BENCH_MAX_CONCURRENCY);
 			conc_given = true;
 			break;
-		case OPT_RATE:
-			o->rate = parse_pos("--rate", optarg, BENCH_MAX_RATE);
-			break;
+		case OPT_RATE: o->rate = parse_pos("--rate", optarg, BENCH_MAX_RATE); break;
 		case OPT_ARRIVALS:
 			if (strcmp(optarg, "poisson") && strcmp(optarg, "gamma"))
 				bad("--arrivals", "expected poisson or gamma, got '%s'", optarg);
@@ -394,56 +382,28 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 		case OPT_DURATION:
 			if (config_parse_duration_ms(optarg, &o->duration_ms) == -1 || o->duration_ms == 0 ||
 			    o->duration_ms > 7ull * 24 * 3600 * 1000)
-				bad("--duration", "expected a duration such as 30s, 500ms or 5m (at most 7 days), got '%s'",
-				    optarg);
+				bad("--duration",
+				    "expected a duration such as 30s, 500ms or 5m (at most 7 days), got '%s'", optarg);
 			break;
-		case OPT_REQUESTS:
-			o->requests = parse_uint("--requests", optarg, 1, 100000000);
-			break;
-		case OPT_WARMUP:
-			o->warmup = parse_uint("--warmup", optarg, 0, 1000000);
-			break;
+		case OPT_REQUESTS: o->requests = parse_uint("--requests", optarg, 1, 100000000); break;
+		case OPT_WARMUP: o->warmup = parse_uint("--warmup", optarg, 0, 1000000); break;
 		case OPT_TIMEOUT:
 			if (config_parse_duration_ms(optarg, &o->timeout_ms) == -1 || o->timeout_ms == 0 ||
 			    o->timeout_ms > 24ull * 3600 * 1000)
 				bad("--timeout", "expected a duration such as 60s (at most 24h), got '%s'", optarg);
 			break;
-		case OPT_INPUT_LEN:
-			input_len = optarg;
-			break;
-		case OPT_OUTPUT_LEN:
-			output_len = optarg;
-			break;
-		case OPT_SIM_HEADERS:
-			o->sim_headers = true;
-			break;
-		case OPT_IGNORE_EOS:
-			o->ignore_eos = true;
-			break;
-		case OPT_JSON:
-			o->json_path = optarg;
-			break;
-		case OPT_REQUESTS_LOG:
-			o->requests_log_path = optarg;
-			break;
-		case OPT_SVG:
-			o->svg_path = optarg;
-			break;
-		case OPT_COMPARE_ADMIN:
-			o->compare_admin = optarg;
-			break;
-		case OPT_PROGRESS:
-			o->progress = 1;
-			break;
-		case OPT_NO_PROGRESS:
-			o->progress = 0;
-			break;
-		case OPT_SWEEP:
-			parse_sweep(o, optarg);
-			break;
-		case OPT_SEED:
-			o->seed = parse_uint("--seed", optarg, 0, UINT64_MAX);
-			break;
+		case OPT_INPUT_LEN: input_len = optarg; break;
+		case OPT_OUTPUT_LEN: output_len = optarg; break;
+		case OPT_SIM_HEADERS: o->sim_headers = true; break;
+		case OPT_IGNORE_EOS: o->ignore_eos = true; break;
+		case OPT_JSON: o->json_path = optarg; break;
+		case OPT_REQUESTS_LOG: o->requests_log_path = optarg; break;
+		case OPT_SVG: o->svg_path = optarg; break;
+		case OPT_COMPARE_ADMIN: o->compare_admin = optarg; break;
+		case OPT_PROGRESS: o->progress = 1; break;
+		case OPT_NO_PROGRESS: o->progress = 0; break;
+		case OPT_SWEEP: parse_sweep(o, optarg); break;
+		case OPT_SEED: o->seed = parse_uint("--seed", optarg, 0, UINT64_MAX); break;
 		case OPT_TIMESTAMPS:
 			if (strcmp(optarg, "kernel") && strcmp(optarg, "read"))
 				bad("--timestamps", "expected kernel or read, got '%s'", optarg);
@@ -451,14 +411,14 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 			break;
 		case OPT_RUN_ID: {
 			size_t n = strlen(optarg);
-			if (n == 0 || n >= sizeof(o->run_id) || strspn(optarg, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.") != n)
+			if (n == 0 || n >= sizeof(o->run_id) ||
+			    strspn(optarg, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.") != n)
 				bad("--run-id", "expected 1 to %zu letters, digits, '_' or '.', got '%s'",
 				    sizeof(o->run_id) - 1, optarg);
 			memcpy(o->run_id, optarg, n + 1);
 			break;
 		}
-		case ':':
-			bad(argv[optind - 1], "needs a value");
+		case ':': bad(argv[optind - 1], "needs a value");
 		default:
 			if (optopt && optopt != '?')
 				bad("command line", "unknown flag '-%c'", optopt);

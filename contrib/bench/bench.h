@@ -35,10 +35,10 @@
 #define BENCH_MAX_SWEEP 32
 #define BENCH_MAX_CONCURRENCY 10000
 #define BENCH_MAX_RATE 100000.0
-#define BENCH_MAX_LEN 1000000u	   /* tokens, prompt or output */
+#define BENCH_MAX_LEN 1000000u	    /* tokens, prompt or output */
 #define BENCH_MAX_FILE_LENS 1000000 /* lines in a --input-len file:PATH */
 #define BENCH_MAX_BODY (16u << 20)  /* a non-streamed response body kept */
-#define BENCH_BYTES_PER_TOKEN 4	   /* the simulator's count: ceil(bytes / 4) */
+#define BENCH_BYTES_PER_TOKEN 4	    /* the simulator's count: ceil(bytes / 4) */
 
 /* ---- length distributions and random numbers (bench_dist.c) ---- */
 
@@ -46,10 +46,10 @@ enum dist_kind { DIST_FIXED, DIST_UNIFORM, DIST_NORMAL, DIST_FILE };
 
 struct dist {
 	enum dist_kind kind;
-	double a, b;	 /* fixed: a; uniform: [a, b]; normal: mean a, sd b */
-	uint32_t *vals;	 /* file: the lengths, replayed in order (owned) */
+	double a, b;	/* fixed: a; uniform: [a, b]; normal: mean a, sd b */
+	uint32_t *vals; /* file: the lengths, replayed in order (owned) */
 	size_t n;
-	char desc[96];	 /* as the user wrote it, for reports */
+	char desc[96]; /* as the user wrote it, for reports */
 };
 
 /* splitmix64: small, fast, good enough for lengths and arrival gaps. */
@@ -187,16 +187,16 @@ struct bench_result {
 	struct bench_stats w; /* warm-up */
 	unsigned concurrency;
 	double rate;
-	double elapsed_s;     /* measured window: first send .. last end */
-	double wall_s;	      /* whole run, warm-up and drain included */
-	bool interrupted;     /* SIGINT/SIGTERM */
-	bool fatal;	      /* stopped early: the server could not be reached */
+	double elapsed_s; /* measured window: first send .. last end */
+	double wall_s;	  /* whole run, warm-up and drain included */
+	bool interrupted; /* SIGINT/SIGTERM */
+	bool fatal;	  /* stopped early: the server could not be reached */
 	char fatal_msg[640];
-	uint64_t connections;  /* TCP connections opened */
-	uint64_t delayed;      /* open loop: arrivals that waited for --max-inflight */
-	uint64_t max_lag_us;   /* open loop: worst wait of an arrival */
+	uint64_t connections;		/* TCP connections opened */
+	uint64_t delayed;		/* open loop: arrivals that waited for --max-inflight */
+	uint64_t max_lag_us;		/* open loop: worst wait of an arrival */
 	uint64_t reads, kernel_stamped; /* socket reads; those stamped by the kernel */
-	uint64_t max_timer_late_us; /* open loop: worst lateness of the arrival timer */
+	uint64_t max_timer_late_us;	/* open loop: worst lateness of the arrival timer */
 };
 
 /* Runs one load phase: closed loop with `concurrency` > 0, else open loop at

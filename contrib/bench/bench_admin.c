@@ -155,8 +155,7 @@ static json_t *pick_series(json_t *root, size_t *nseries, uint64_t *total)
 
 	*total = 0;
 	*nseries = json_is_array(arr) ? json_array_size(arr) : 0;
-	json_array_foreach(arr, i, s)
-	{
+	json_array_foreach (arr, i, s) {
 		json_int_t n = json_integer_value(json_object_get(s, "requests"));
 		*total += (uint64_t)(n > 0 ? n : 0);
 		if (n > most) {
@@ -238,22 +237,26 @@ int admin_compare(FILE *out, const struct bench_opts *o, const struct bench_resu
 	}
 
 	json_t *cmp = json_object(), *rows = json_array();
-	fprintf(out, "\nclient vs tokentap — http://%s:%u%s (series %s / %s / %s: %lld requests",
-		host, port, pq, jstr(series, "route"), jstr(series, "upstream"), jstr(series, "model"),
+	fprintf(out, "\nclient vs tokentap — http://%s:%u%s (series %s / %s / %s: %lld requests", host, port, pq,
+		jstr(series, "route"), jstr(series, "upstream"), jstr(series, "model"),
 		(long long)json_integer_value(json_object_get(series, "requests")));
 	if (nseries > 1)
 		fprintf(out, "; the busiest of %zu series", nseries);
 	fprintf(out, ")\n");
-	fprintf(out, "client: %llu measured requests, warm-up excluded; tokentap: every request in its window "
-		     "(warm-up and other traffic included)%s\n",
+	fprintf(out,
+		"client: %llu measured requests, warm-up excluded; tokentap: every request in its window "
+		"(warm-up and other traffic included)%s\n",
 		(unsigned long long)r->m.ok,
 		seen < expect ? "; NOTE: tokentap had not yet seen every request when read" : "");
-	fprintf(out, "client ttft starts when the first byte is written, tokentap's when it reads it: expect "
-		     "tokentap's ttft lower by the network legs\n");
-	fprintf(out, "%-6s %-6s %12s %12s %10s %8s\n", "metric", "stat", "client ms", "tokentap ms", "diff ms", "diff %");
+	fprintf(out,
+		"client ttft starts when the first byte is written, tokentap's when it reads it: expect "
+		"tokentap's ttft lower by the network legs\n");
+	fprintf(out, "%-6s %-6s %12s %12s %10s %8s\n", "metric", "stat", "client ms", "tokentap ms", "diff ms",
+		"diff %");
 
-	static const char *const stat_keys[] = { "mean_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "p99_9_ms",
-						 "max_ms" };
+	static const char *const stat_keys[] = {
+		"mean_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "p99_9_ms", "max_ms"
+	};
 	static const char *const stat_names[] = { "mean", "p50", "p90", "p95", "p99", "p99.9", "max" };
 	static const double qs[] = { -1, 0.5, 0.9, 0.95, 0.99, 0.999, 2 };
 	json_t *metrics = json_object_get(series, "metrics");
@@ -261,10 +264,10 @@ int admin_compare(FILE *out, const struct bench_opts *o, const struct bench_resu
 		const struct hist *h = &r->m.h[m];
 		json_t *tm = json_object_get(metrics, bench_metric_key((enum bench_metric)m));
 		for (size_t k = 0; k < sizeof(qs) / sizeof(qs[0]); k++) {
-			double c = !h->count		 ? NAN :
-				   qs[k] < 0		 ? hist_mean(h) / 1000.0 :
-				   qs[k] > 1		 ? (double)h->max / 1000.0 :
-							   report_quantile_ms(h, qs[k]);
+			double c = !h->count   ? NAN
+				   : qs[k] < 0 ? hist_mean(h) / 1000.0
+				   : qs[k] > 1 ? (double)h->max / 1000.0
+					       : report_quantile_ms(h, qs[k]);
 			double t = jnum(tm, stat_keys[k]);
 			if (isnan(c) && isnan(t))
 				continue;

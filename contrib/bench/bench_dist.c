@@ -107,8 +107,8 @@ static int load_file(struct dist *d, const char *path, unsigned min, char *err, 
 		unsigned long v = strtoul(line, &e, 10);
 		e += strspn(e, " \t\r\n");
 		if (*e != '\0' || errno || v < min || v > BENCH_MAX_LEN || line[0] == '-') {
-			snprintf(err, errlen, "%s:%zu: expected a length from %u to %u, one per line", path, lineno, min,
-				 BENCH_MAX_LEN);
+			snprintf(err, errlen, "%s:%zu: expected a length from %u to %u, one per line", path, lineno,
+				 min, BENCH_MAX_LEN);
 			goto fail;
 		}
 		if (d->n == BENCH_MAX_FILE_LENS) {
@@ -196,10 +196,8 @@ uint32_t dist_draw(const struct dist *d, uint64_t seed, uint64_t seq, unsigned m
 	rng_seed(&r, seed ^ (seq * 0xd1b54a32d192ed03ull));
 	rng_next(&r);
 	switch (d->kind) {
-	case DIST_FIXED:
-		return (uint32_t)d->a;
-	case DIST_UNIFORM:
-		return (uint32_t)(d->a + floor(rng_unit(&r) * (d->b - d->a + 1)));
+	case DIST_FIXED: return (uint32_t)d->a;
+	case DIST_UNIFORM: return (uint32_t)(d->a + floor(rng_unit(&r) * (d->b - d->a + 1)));
 	case DIST_NORMAL:
 		v = llround(d->a + d->b * rng_normal(&r));
 		if (v < min)
@@ -207,8 +205,7 @@ uint32_t dist_draw(const struct dist *d, uint64_t seed, uint64_t seq, unsigned m
 		if (v > BENCH_MAX_LEN)
 			v = BENCH_MAX_LEN;
 		return (uint32_t)v;
-	case DIST_FILE:
-		return d->vals[seq % d->n];
+	case DIST_FILE: return d->vals[seq % d->n];
 	}
 	return min;
 }

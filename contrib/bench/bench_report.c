@@ -79,9 +79,11 @@ void report_table(FILE *f, const struct bench_opts *o, const struct bench_result
 		fputc('\n', f);
 	}
 	fprintf(f, "throughput: %.3f requests/s, %.1f input tokens/s, %.1f output tokens/s\n",
-		per_s(m->ok, r->elapsed_s), per_s(m->input_tokens, r->elapsed_s), per_s(m->output_tokens, r->elapsed_s));
-	fprintf(f, "tokens:     %llu input (%llu of %llu requests from usage, the rest as sent), %llu output (%llu from "
-		   "usage, the rest counted as token events)\n",
+		per_s(m->ok, r->elapsed_s), per_s(m->input_tokens, r->elapsed_s),
+		per_s(m->output_tokens, r->elapsed_s));
+	fprintf(f,
+		"tokens:     %llu input (%llu of %llu requests from usage, the rest as sent), %llu output (%llu from "
+		"usage, the rest counted as token events)\n",
 		(unsigned long long)m->input_tokens, (unsigned long long)m->input_from_usage, (unsigned long long)m->ok,
 		(unsigned long long)m->output_tokens, (unsigned long long)m->output_from_usage);
 	if (!r->concurrency) {
@@ -103,12 +105,13 @@ void report_table(FILE *f, const struct bench_opts *o, const struct bench_result
 		put_num(f, h->count ? (double)h->max / 1000.0 : NAN);
 		fputc('\n', f);
 	}
-	fprintf(f, "(ttft: first request byte written → first token event; itl: each gap between token events; "
-		   "tpot: (last − first token) / (output tokens − 1); e2e: first byte written → response end; "
-		   "see docs/metrics.md)\n");
+	fprintf(f,
+		"(ttft: first request byte written → first token event; itl: each gap between token events; "
+		"tpot: (last − first token) / (output tokens − 1); e2e: first byte written → response end; "
+		"see docs/metrics.md)\n");
 	if (o->warmup) {
 		const struct bench_stats *w = &r->w;
-		fprintf(f, "warm-up (excluded above): %llu requests, %llu ok, %llu failed; ttft p50 ", 
+		fprintf(f, "warm-up (excluded above): %llu requests, %llu ok, %llu failed; ttft p50 ",
 			(unsigned long long)w->started, (unsigned long long)w->ok, (unsigned long long)w->failed);
 		if (w->h[BM_TTFT].count)
 			fprintf(f, "%.3f ms", report_quantile_ms(&w->h[BM_TTFT], 0.5));
@@ -236,9 +239,9 @@ int report_write_json(const char *path, void *root)
 void report_progress(FILE *f, bool tty, const struct bench_result *r, double t_s, unsigned inflight)
 {
 	const struct bench_stats *m = &r->m;
-	double el = m->first_send_ns && m->last_end_ns > m->first_send_ns ?
-			    (double)(m->last_end_ns - m->first_send_ns) / 1e9 :
-			    0;
+	double el = m->first_send_ns && m->last_end_ns > m->first_send_ns
+			    ? (double)(m->last_end_ns - m->first_send_ns) / 1e9
+			    : 0;
 	fprintf(f, "%s[%6.1fs] %llu ok, %llu failed, %u in flight", tty ? "\r\033[K" : "", t_s,
 		(unsigned long long)(m->ok + r->w.ok), (unsigned long long)(m->failed + r->w.failed), inflight);
 	if (m->ok)

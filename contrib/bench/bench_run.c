@@ -55,8 +55,8 @@
 #include "framer.h"
 #include "rxstamp.h"
 
-#define PENDING_MAX 65536      /* open loop: arrivals waiting for a slot */
-#define CONNECT_FAIL_MAX 100   /* consecutive connect failures end the run */
+#define PENDING_MAX 65536    /* open loop: arrivals waiting for a slot */
+#define CONNECT_FAIL_MAX 100 /* consecutive connect failures end the run */
 #define READ_BUF 65536
 
 static const char *const error_names[] = {
@@ -140,7 +140,7 @@ struct run {
 	socklen_t addrlen;
 	char *model_json; /* the model as a JSON string, or NULL */
 	struct evbuffer *scratch_body, *scratch_req;
-	char *rbuf; /* READ_BUF bytes: every read lands here, then goes to llhttp */
+	char *rbuf;		/* READ_BUF bytes: every read lands here, then goes to llhttp */
 	struct rxclock rxclock; /* kernel receive stamps onto CLOCK_MONOTONIC */
 
 	uint64_t next_seq;
@@ -157,7 +157,7 @@ struct run {
 	struct rng arrival_rng;
 	uint64_t next_arrival_ns;
 	uint64_t arrival_now; /* clock of the arrival call running now; 0 outside it */
-	uint64_t *pending; /* ring of arrival times waiting for a slot */
+	uint64_t *pending;    /* ring of arrival times waiting for a slot */
 	size_t pend_head, pend_n;
 	bool progress_tty;
 	bool progress_drawn;
@@ -172,16 +172,11 @@ static const llhttp_settings_t *parser_settings(void);
 static enum api_kind api_kind_of(enum bench_api a)
 {
 	switch (a) {
-	case BAPI_OPENAI_CHAT:
-		return API_OPENAI_CHAT;
-	case BAPI_OPENAI_COMPLETIONS:
-		return API_OPENAI_COMPLETIONS;
-	case BAPI_ANTHROPIC:
-		return API_ANTHROPIC;
-	case BAPI_OLLAMA_CHAT:
-		return API_OLLAMA_CHAT;
-	case BAPI_OLLAMA_GENERATE:
-		return API_OLLAMA_GENERATE;
+	case BAPI_OPENAI_CHAT: return API_OPENAI_CHAT;
+	case BAPI_OPENAI_COMPLETIONS: return API_OPENAI_COMPLETIONS;
+	case BAPI_ANTHROPIC: return API_ANTHROPIC;
+	case BAPI_OLLAMA_CHAT: return API_OLLAMA_CHAT;
+	case BAPI_OLLAMA_GENERATE: return API_OLLAMA_GENERATE;
 	}
 	return API_UNKNOWN;
 }
@@ -446,13 +441,9 @@ static void request_build(struct run *r, const struct breq *q)
 	switch (o->api) {
 	case BAPI_OPENAI_CHAT:
 	case BAPI_ANTHROPIC:
-	case BAPI_OLLAMA_CHAT:
-		evbuffer_add_printf(b, "\"messages\":[{\"role\":\"user\",\"content\":\"");
-		break;
+	case BAPI_OLLAMA_CHAT: evbuffer_add_printf(b, "\"messages\":[{\"role\":\"user\",\"content\":\""); break;
 	case BAPI_OPENAI_COMPLETIONS:
-	case BAPI_OLLAMA_GENERATE:
-		evbuffer_add_printf(b, "\"prompt\":\"");
-		break;
+	case BAPI_OLLAMA_GENERATE: evbuffer_add_printf(b, "\"prompt\":\""); break;
 	}
 	prompt_text_add(b, q->in_len, o->seed, q->seq);
 	if (o->api == BAPI_OPENAI_CHAT || o->api == BAPI_ANTHROPIC || o->api == BAPI_OLLAMA_CHAT)
@@ -468,9 +459,7 @@ static void request_build(struct run *r, const struct breq *q)
 		if (o->ignore_eos)
 			evbuffer_add_printf(b, ",\"ignore_eos\":true");
 		break;
-	case BAPI_ANTHROPIC:
-		evbuffer_add_printf(b, ",\"max_tokens\":%u,\"stream\":%s", q->out_len, stream);
-		break;
+	case BAPI_ANTHROPIC: evbuffer_add_printf(b, ",\"max_tokens\":%u,\"stream\":%s", q->out_len, stream); break;
 	case BAPI_OLLAMA_CHAT:
 	case BAPI_OLLAMA_GENERATE:
 		evbuffer_add_printf(b, ",\"stream\":%s,\"options\":{\"num_predict\":%u}", stream, q->out_len);
@@ -484,9 +473,9 @@ static void request_build(struct run *r, const struct breq *q)
 			    o->path, o->host, o->port, evbuffer_get_length(b), q->rec.id);
 	if (o->stream)
 		evbuffer_add_printf(h, "Accept: %s\r\n",
-				    o->api == BAPI_OLLAMA_CHAT || o->api == BAPI_OLLAMA_GENERATE ?
-					    "application/x-ndjson" :
-					    "text/event-stream");
+				    o->api == BAPI_OLLAMA_CHAT || o->api == BAPI_OLLAMA_GENERATE
+					    ? "application/x-ndjson"
+					    : "text/event-stream");
 	if (o->api == BAPI_ANTHROPIC && !has_header(o, "anthropic-version"))
 		evbuffer_add_printf(h, "anthropic-version: 2023-06-01\r\n");
 	if (o->sim_headers)
@@ -687,7 +676,8 @@ static int on_headers_complete(llhttp_t *p)
 		return 0; /* an interim answer; the real one follows */
 	timeline_mark(&q->rec, TL_RESP_HEADERS, q->now);
 	if (q->status >= 200 && q->status <= 299) {
-		enum framer_kind k = c->run->o->stream ? framer_kind_for_content_type(q->ctype, q->ctype_len) : FRAMER_NONE;
+		enum framer_kind k =
+			c->run->o->stream ? framer_kind_for_content_type(q->ctype, q->ctype_len) : FRAMER_NONE;
 		if (k != FRAMER_NONE) {
 			framer_init(&q->fr, k, 0, on_framed_event, c);
 			q->framed = true;
@@ -850,8 +840,8 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 					 r->o->host, r->o->port, why);
 			else
 				snprintf(r->res->fatal_msg, sizeof(r->res->fatal_msg),
-					 "%u connections in a row to %s:%u failed (%s)", r->connect_fail_streak, r->o->host,
-					 r->o->port, why);
+					 "%u connections in a row to %s:%u failed (%s)", r->connect_fail_streak,
+					 r->o->host, r->o->port, why);
 			r->stopping = true;
 		}
 		conn_after_request(c, false);
@@ -922,7 +912,8 @@ static void on_arrival(evutil_socket_t fd, short what, void *arg)
 			/* the server is far behind: stop rather than queue without end */
 			r->res->fatal = true;
 			snprintf(r->res->fatal_msg, sizeof(r->res->fatal_msg),
-				 "%d arrivals waiting for one of --max-inflight %u slots: the server cannot keep up with "
+				 "%d arrivals waiting for one of --max-inflight %u slots: the server cannot keep up "
+				 "with "
 				 "--rate %g",
 				 PENDING_MAX, r->o->max_inflight, r->o->rate);
 			r->stopping = true;
@@ -1066,9 +1057,8 @@ int bench_run(const struct bench_opts *o, unsigned concurrency, uint64_t id_base
 	r.deadline_ev = evtimer_new(r.base, on_deadline, &r);
 	r.sigint_ev = evsignal_new(r.base, SIGINT, on_signal, &r);
 	r.sigterm_ev = evsignal_new(r.base, SIGTERM, on_signal, &r);
-	if (!r.scratch_body || !r.scratch_req || !r.rbuf ||
-	    !r.reaper || !r.deadline_ev || !r.sigint_ev || !r.sigterm_ev ||
-	    evsignal_add(r.sigint_ev, NULL) == -1 || evsignal_add(r.sigterm_ev, NULL) == -1)
+	if (!r.scratch_body || !r.scratch_req || !r.rbuf || !r.reaper || !r.deadline_ev || !r.sigint_ev ||
+	    !r.sigterm_ev || evsignal_add(r.sigint_ev, NULL) == -1 || evsignal_add(r.sigterm_ev, NULL) == -1)
 		goto out;
 	if (o->progress == 1 || (o->progress == -1 && r.progress_tty)) {
 		struct timeval one = { 1, 0 };

@@ -122,18 +122,10 @@ static void xml_text(FILE *f, const char *s)
 {
 	for (; *s; s++) {
 		switch (*s) {
-		case '&':
-			fputs("&amp;", f);
-			break;
-		case '<':
-			fputs("&lt;", f);
-			break;
-		case '>':
-			fputs("&gt;", f);
-			break;
-		case '"':
-			fputs("&quot;", f);
-			break;
+		case '&': fputs("&amp;", f); break;
+		case '<': fputs("&lt;", f); break;
+		case '>': fputs("&gt;", f); break;
+		case '"': fputs("&quot;", f); break;
 		default:
 			if ((unsigned char)*s >= 0x20 || *s == '\t')
 				fputc(*s, f);
@@ -197,9 +189,9 @@ static int svg_write(const char *path, const struct bench_opts *o, const struct 
 		"font-family=\"sans-serif\" font-size=\"12\">\n",
 		W, H, W, H);
 	fprintf(f, "<rect x=\"0\" y=\"0\" width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n", W, H);
-	snprintf(title, sizeof(title), "%s sweep: %s%s, model %s, input %s / output %s tokens", BENCH_NAME,
-		 o->api_name, o->stream ? "" : " (not streaming)", o->model ? o->model : "(server default)",
-		 o->input_len.desc, o->output_len.desc);
+	snprintf(title, sizeof(title), "%s sweep: %s%s, model %s, input %s / output %s tokens", BENCH_NAME, o->api_name,
+		 o->stream ? "" : " (not streaming)", o->model ? o->model : "(server default)", o->input_len.desc,
+		 o->output_len.desc);
 	fprintf(f, "<title>");
 	xml_text(f, title);
 	fprintf(f, "</title>\n<text x=\"%.1f\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">", W / 2);
@@ -211,8 +203,8 @@ static int svg_write(const char *path, const struct bench_opts *o, const struct 
 	fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\"/>\n", ML, MT, pw, ph);
 	fprintf(f, "</g>\n<g id=\"y-left\" fill=\"#1f77b4\">\n");
 	for (double v = 0; v <= ttop + tstep / 2; v += tstep) {
-		fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", ML, YT(v), ML + pw,
-			YT(v));
+		fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", ML, YT(v),
+			ML + pw, YT(v));
 		fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%g</text>\n", ML - 6, YT(v) + 4, v);
 	}
 	fprintf(f,
@@ -245,13 +237,14 @@ static int svg_write(const char *path, const struct bench_opts *o, const struct 
 			"stroke-dasharray=\"6 4\"/>\n",
 			x, MT, x, MT + ph);
 		fprintf(f,
-			"<circle cx=\"%.1f\" cy=\"%.1f\" r=\"8\" fill=\"none\" stroke=\"#2ca02c\" stroke-width=\"2\"/>\n",
+			"<circle cx=\"%.1f\" cy=\"%.1f\" r=\"8\" fill=\"none\" stroke=\"#2ca02c\" "
+			"stroke-width=\"2\"/>\n",
 			x, YT(rps(s)));
 		fprintf(f,
 			"<text x=\"%.1f\" y=\"%.1f\" fill=\"#2ca02c\" text-anchor=\"%s\">knee: concurrency %u, %.1f "
 			"requests/s, ttft p50 %.1f ms%s</text>\n",
-			x + (x > ML + pw / 2 ? -6 : 6), MT + 14, x > ML + pw / 2 ? "end" : "start", s->concurrency, rps(s),
-			latency_p50(o, s), k.saturated ? "" : " (not yet bent)");
+			x + (x > ML + pw / 2 ? -6 : 6), MT + 14, x > ML + pw / 2 ? "end" : "start", s->concurrency,
+			rps(s), latency_p50(o, s), k.saturated ? "" : " (not yet bent)");
 		fprintf(f, "</g>\n");
 	}
 
@@ -269,8 +262,9 @@ static int svg_write(const char *path, const struct bench_opts *o, const struct 
 			series[sI].id, series[sI].color, series[sI].dash);
 		for (unsigned i = 0; i < n; i++) {
 			const struct bench_result *s = &steps[i];
-			double v = series[sI].kind == 0 ? rps(s) :
-				   report_quantile_ms(&s->m.h[BM_TTFT], series[sI].kind == 1 ? 0.5 : 0.99);
+			double v = series[sI].kind == 0
+					   ? rps(s)
+					   : report_quantile_ms(&s->m.h[BM_TTFT], series[sI].kind == 1 ? 0.5 : 0.99);
 			if (!isfinite(v))
 				continue;
 			fprintf(f, "%.1f,%.1f ", XP(s->concurrency), series[sI].kind == 0 ? YT(v) : YL(v));
@@ -278,11 +272,12 @@ static int svg_write(const char *path, const struct bench_opts *o, const struct 
 		fprintf(f, "\"/>\n");
 		for (unsigned i = 0; i < n; i++) {
 			const struct bench_result *s = &steps[i];
-			double v = series[sI].kind == 0 ? rps(s) :
-				   report_quantile_ms(&s->m.h[BM_TTFT], series[sI].kind == 1 ? 0.5 : 0.99);
+			double v = series[sI].kind == 0
+					   ? rps(s)
+					   : report_quantile_ms(&s->m.h[BM_TTFT], series[sI].kind == 1 ? 0.5 : 0.99);
 			if (isfinite(v))
-				fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", XP(s->concurrency),
-					series[sI].kind == 0 ? YT(v) : YL(v), series[sI].color);
+				fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n",
+					XP(s->concurrency), series[sI].kind == 0 ? YT(v) : YL(v), series[sI].color);
 		}
 		fprintf(f, "</g>\n");
 	}

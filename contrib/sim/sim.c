@@ -91,8 +91,7 @@ static void usage(FILE *f)
 }
 
 /* Exits 2: the one way a command line mistake ends the program. */
-static void die_usage(const char *fmt, ...)
-	__attribute__((format(printf, 1, 2), noreturn));
+static void die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
 static void die_usage(const char *fmt, ...)
 {
@@ -199,10 +198,10 @@ bad:
 static bool known_flag(const char *flag)
 {
 	static const char *const flags[] = {
-		"--listen", "--ttft-ms", "--itl-ms", "--tokens", "--seed", "--model",
-		"--model-mode", "--max-batch", "--kv-tokens", "--prefill-tps",
-		"--chunked-prefill", "--step-base-ms", "--step-per-seq-ms",
-		"--cold-start-ms", "--idle-ms", "--backlog-tokens",
+		"--listen",	     "--ttft-ms",      "--itl-ms",	    "--tokens",	       "--seed",
+		"--model",	     "--model-mode",   "--max-batch",	    "--kv-tokens",     "--prefill-tps",
+		"--chunked-prefill", "--step-base-ms", "--step-per-seq-ms", "--cold-start-ms", "--idle-ms",
+		"--backlog-tokens",
 	};
 
 	for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) {
@@ -232,8 +231,7 @@ static void parse_args(int argc, char **argv, struct sockaddr_storage *ss, int *
 		}
 		if (strncmp(arg, "--", 2) != 0)
 			die_usage("unexpected argument '%s'; options start with --.", arg);
-		snprintf(flag, sizeof(flag), "%.*s",
-			 (int)(eq ? (size_t)(eq - arg) : strlen(arg)), arg);
+		snprintf(flag, sizeof(flag), "%.*s", (int)(eq ? (size_t)(eq - arg) : strlen(arg)), arg);
 		if (strcmp(flag, "--batching") == 0) {
 			if (eq != NULL)
 				die_usage("--batching takes no value.");
@@ -306,8 +304,7 @@ static void parse_args(int argc, char **argv, struct sockaddr_storage *ss, int *
 		die_usage("--cold-start-ms and --idle-ms must be at most one day (86400000).");
 }
 
-static void on_accept(struct evconnlistener *l, evutil_socket_t fd,
-		      struct sockaddr *sa, int salen, void *arg)
+static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg)
 {
 	sim_conn_accept(evconnlistener_get_base(l), fd);
 }
@@ -351,9 +348,8 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	listener = evconnlistener_new_bind(base, on_accept, NULL,
-					   LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_FREE |
-					   LEV_OPT_CLOSE_ON_EXEC,
-					   1024, (struct sockaddr *)&ss, sslen);
+					   LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, 1024,
+					   (struct sockaddr *)&ss, sslen);
 	if (listener == NULL) {
 		fprintf(stderr, "tokentap-sim: cannot listen: %s\n", strerror(errno));
 		goto out;
@@ -383,9 +379,10 @@ int main(int argc, char **argv)
 		port = ntohs(((struct sockaddr_in *)&bound)->sin_port);
 	}
 	evutil_inet_ntop(bound.ss_family, addr, host, sizeof(host));
-	fprintf(stderr, bound.ss_family == AF_INET6 ?
-			"tokentap-sim listening on [%s]:%d\n" :
-			"tokentap-sim listening on %s:%d\n", host, port);
+	fprintf(stderr,
+		bound.ss_family == AF_INET6 ? "tokentap-sim listening on [%s]:%d\n"
+					    : "tokentap-sim listening on %s:%d\n",
+		host, port);
 	fflush(stderr);
 
 	event_base_dispatch(base);

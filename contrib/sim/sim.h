@@ -27,26 +27,26 @@ struct event_base;
 
 /* Command line settings; owned by main, read-only once the loop runs. */
 struct sim_config {
-	uint64_t ttft_ms;   /* request fully received -> first token event */
-	uint64_t itl_ms;    /* gap between token events */
-	uint64_t tokens;    /* output length when the request sets none */
-	uint64_t seed;      /* folded into every PRNG stream and id */
-	const char *model;  /* model name when the request names none */
+	uint64_t ttft_ms;  /* request fully received -> first token event */
+	uint64_t itl_ms;   /* gap between token events */
+	uint64_t tokens;   /* output length when the request sets none */
+	uint64_t seed;	   /* folded into every PRNG stream and id */
+	const char *model; /* model name when the request names none */
 
 	/* --batching: a continuous-batching server (sim_batch.c). Off by
 	 * default; requests with x-sim-ttft-ms / x-sim-itl-ms keep the fixed
 	 * timing above even when it is on. */
 	bool batching;
-	uint64_t max_batch;        /* sequences in the running batch */
-	uint64_t kv_tokens;        /* KV-cache budget, tokens */
-	double prefill_tps;        /* prompt tokens prefilled per second */
-	uint64_t chunked_prefill;  /* prefill tokens per step, 0 = whole prompt */
-	double step_base_ms;       /* fixed cost of one step */
-	double step_per_seq_ms;    /* added per sequence emitting in the step */
-	uint64_t cold_start_ms;    /* delay of the first request after idle */
-	uint64_t idle_ms;          /* no traffic this long makes the server cold */
-	uint64_t backlog_tokens;   /* unsent tokens of a stalled reader before
-				    * its connection is dropped, 0 = never */
+	uint64_t max_batch;	  /* sequences in the running batch */
+	uint64_t kv_tokens;	  /* KV-cache budget, tokens */
+	double prefill_tps;	  /* prompt tokens prefilled per second */
+	uint64_t chunked_prefill; /* prefill tokens per step, 0 = whole prompt */
+	double step_base_ms;	  /* fixed cost of one step */
+	double step_per_seq_ms;	  /* added per sequence emitting in the step */
+	uint64_t cold_start_ms;	  /* delay of the first request after idle */
+	uint64_t idle_ms;	  /* no traffic this long makes the server cold */
+	uint64_t backlog_tokens;  /* unsent tokens of a stalled reader before
+				   * its connection is dropped, 0 = never */
 };
 
 /*
@@ -55,14 +55,14 @@ struct sim_config {
  * (requests still being received or answered).
  */
 struct sim_stats {
-	uint64_t requests;        /* requests seen, any path but /sim/stats */
-	uint64_t completed;       /* responses fully queued for the socket */
-	uint64_t aborted;         /* client went away before its response ended */
-	uint64_t last_abort_ns;   /* CLOCK_MONOTONIC of the latest abort, 0 none */
+	uint64_t requests;	/* requests seen, any path but /sim/stats */
+	uint64_t completed;	/* responses fully queued for the socket */
+	uint64_t aborted;	/* client went away before its response ended */
+	uint64_t last_abort_ns; /* CLOCK_MONOTONIC of the latest abort, 0 none */
 	uint64_t open_connections;
-	uint64_t bytes_sent;      /* response bytes, /sim/stats answers excluded */
-	char *last_request_id;    /* x-request-id of the latest request, or "" */
-	uint64_t dropped;         /* --batching: readers dropped for stalling */
+	uint64_t bytes_sent;   /* response bytes, /sim/stats answers excluded */
+	char *last_request_id; /* x-request-id of the latest request, or "" */
+	uint64_t dropped;      /* --batching: readers dropped for stalling */
 };
 
 extern struct sim_config sim_cfg;
@@ -81,14 +81,14 @@ int sim_conn_accept(struct event_base *base, int fd);
 /* One fully received request, as sim_conn hands it to sim_api. */
 struct sim_api_request {
 	const char *method;
-	const char *path;          /* without the query string */
-	const char *body;          /* NUL-terminated copy of the body */
+	const char *path; /* without the query string */
+	const char *body; /* NUL-terminated copy of the body */
 	size_t body_len;
-	const char *request_id;    /* echoed as x-request-id, NULL if absent */
-	int64_t ttft_ms;           /* x-sim-ttft-ms, -1 if absent */
-	int64_t itl_ms;            /* x-sim-itl-ms, -1 if absent */
-	int64_t tokens;            /* x-sim-tokens, -1 if absent */
-	const char *header_error;  /* a malformed x-sim-* header, or NULL */
+	const char *request_id;	  /* echoed as x-request-id, NULL if absent */
+	int64_t ttft_ms;	  /* x-sim-ttft-ms, -1 if absent */
+	int64_t itl_ms;		  /* x-sim-itl-ms, -1 if absent */
+	int64_t tokens;		  /* x-sim-tokens, -1 if absent */
+	const char *header_error; /* a malformed x-sim-* header, or NULL */
 	bool keep_alive;
 };
 
@@ -98,8 +98,8 @@ struct sim_plan {
 	uint64_t itl_ns;
 	uint64_t tokens;
 	uint64_t prompt_tokens;
-	bool streaming;   /* token events as they come, else one block at end */
-	bool batched;     /* paced by the batch scheduler, not ttft/itl */
+	bool streaming; /* token events as they come, else one block at end */
+	bool batched;	/* paced by the batch scheduler, not ttft/itl */
 };
 
 struct sim_stream; /* generation state of one response; owned by its request */
@@ -109,8 +109,7 @@ struct sim_stream; /* generation state of one response; owned by its request */
  * returns NULL (errors, /v1/models, /sim/stats, ...), or returns a stream,
  * fills *plan, and for a streaming response writes its head to out.
  */
-struct sim_stream *sim_api_begin(const struct sim_api_request *rq,
-				 struct evbuffer *out, struct sim_plan *plan);
+struct sim_stream *sim_api_begin(const struct sim_api_request *rq, struct evbuffer *out, struct sim_plan *plan);
 
 /* Appends the next token event (and, before the first, the preamble). */
 void sim_api_token(struct sim_stream *s, struct evbuffer *out);
@@ -133,18 +132,18 @@ enum sim_seq_where { SEQ_NONE, SEQ_QUEUED, SEQ_RUNNING };
  * sequence that advanced, and the connection writes what it can.
  */
 struct sim_seq {
-	struct sim_seq *prev, *next;  /* queue or running list */
-	struct sim_seq *notify_next;  /* end-of-step notification list */
-	void *owner;                  /* the sim_conn */
+	struct sim_seq *prev, *next; /* queue or running list */
+	struct sim_seq *notify_next; /* end-of-step notification list */
+	void *owner;		     /* the sim_conn */
 	enum sim_seq_where where;
-	uint64_t n_in, n_out;         /* prompt and output tokens */
-	uint64_t kv;                  /* KV tokens reserved: n_in + n_out */
-	uint64_t prefilled;           /* prompt tokens prefilled so far */
-	uint64_t step_prefill;        /* prompt tokens in the current step */
-	uint64_t generated;           /* tokens the engine has produced */
-	bool step_emits;              /* the current step emits a token for it */
-	bool notify_pending;          /* on the notification list */
-	bool finished;                /* all n_out generated; left the batch */
+	uint64_t n_in, n_out;  /* prompt and output tokens */
+	uint64_t kv;	       /* KV tokens reserved: n_in + n_out */
+	uint64_t prefilled;    /* prompt tokens prefilled so far */
+	uint64_t step_prefill; /* prompt tokens in the current step */
+	uint64_t generated;    /* tokens the engine has produced */
+	bool step_emits;       /* the current step emits a token for it */
+	bool notify_pending;   /* on the notification list */
+	bool finished;	       /* all n_out generated; left the batch */
 };
 
 /* Creates the step timers; call once before the loop runs. */

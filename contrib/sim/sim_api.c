@@ -24,10 +24,10 @@
 #include <time.h>
 
 enum sim_endpoint {
-	EP_CHAT,            /* POST /v1/chat/completions */
-	EP_COMPLETIONS,     /* POST /v1/completions */
-	EP_MESSAGES,        /* POST /v1/messages (Anthropic) */
-	EP_OLLAMA_CHAT,     /* POST /api/chat */
+	EP_CHAT,	    /* POST /v1/chat/completions */
+	EP_COMPLETIONS,	    /* POST /v1/completions */
+	EP_MESSAGES,	    /* POST /v1/messages (Anthropic) */
+	EP_OLLAMA_CHAT,	    /* POST /api/chat */
 	EP_OLLAMA_GENERATE, /* POST /api/generate */
 };
 
@@ -37,19 +37,19 @@ enum sim_family { FAM_OPENAI, FAM_ANTHROPIC, FAM_OLLAMA };
 struct sim_stream {
 	enum sim_endpoint ep;
 	bool streaming;
-	bool include_usage;      /* OpenAI stream_options.include_usage */
-	bool hit_limit;          /* stopped by max_tokens: "length" */
+	bool include_usage; /* OpenAI stream_options.include_usage */
+	bool hit_limit;	    /* stopped by max_tokens: "length" */
 	bool keep_alive;
-	uint64_t n_in;           /* prompt tokens, ceil(text bytes / 4) >= 1 */
-	uint64_t n_out;          /* output tokens to produce */
-	uint64_t emitted;        /* token events written so far */
-	uint64_t created;        /* unix seconds, derived from the seed */
+	uint64_t n_in;	  /* prompt tokens, ceil(text bytes / 4) >= 1 */
+	uint64_t n_out;	  /* output tokens to produce */
+	uint64_t emitted; /* token events written so far */
+	uint64_t created; /* unix seconds, derived from the seed */
 	uint64_t ttft_ns, itl_ns;
-	struct sim_prng prng;    /* draws the words, in order */
+	struct sim_prng prng; /* draws the words, in order */
 	char id[48];
-	char *model_json;        /* model name, already a JSON string literal */
-	char *request_id;        /* echoed header value, or NULL */
-	struct evbuffer *ev;     /* scratch: the event being built */
+	char *model_json;    /* model name, already a JSON string literal */
+	char *request_id;    /* echoed header value, or NULL */
+	struct evbuffer *ev; /* scratch: the event being built */
 };
 
 /* ---- HTTP framing ---- */
@@ -66,19 +66,16 @@ static const char *status_reason(int status)
 }
 
 /* content_length < 0 selects chunked transfer encoding. */
-static void write_head(struct evbuffer *out, int status, const char *ctype,
-		       int64_t content_length, const char *request_id,
-		       bool keep_alive)
+static void write_head(struct evbuffer *out, int status, const char *ctype, int64_t content_length,
+		       const char *request_id, bool keep_alive)
 {
-	evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\nserver: tokentap-sim\r\n",
-			    status, status_reason(status));
+	evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\nserver: tokentap-sim\r\n", status, status_reason(status));
 	if (ctype != NULL)
 		evbuffer_add_printf(out, "content-type: %s\r\n", ctype);
 	if (content_length < 0)
 		evbuffer_add_printf(out, "transfer-encoding: chunked\r\n");
 	else
-		evbuffer_add_printf(out, "content-length: %" PRId64 "\r\n",
-				    content_length);
+		evbuffer_add_printf(out, "content-length: %" PRId64 "\r\n", content_length);
 	if (request_id != NULL)
 		evbuffer_add_printf(out, "x-request-id: %s\r\n", request_id);
 	if (!keep_alive)
@@ -87,12 +84,10 @@ static void write_head(struct evbuffer *out, int status, const char *ctype,
 }
 
 /* A complete response whose body is the contents of body (drained). */
-static void write_whole(struct evbuffer *out, int status, const char *ctype,
-			struct evbuffer *body, const char *request_id,
-			bool keep_alive)
+static void write_whole(struct evbuffer *out, int status, const char *ctype, struct evbuffer *body,
+			const char *request_id, bool keep_alive)
 {
-	write_head(out, status, ctype, (int64_t)evbuffer_get_length(body),
-		   request_id, keep_alive);
+	write_head(out, status, ctype, (int64_t)evbuffer_get_length(body), request_id, keep_alive);
 	evbuffer_add_buffer(out, body);
 }
 
@@ -110,13 +105,13 @@ static void emit_chunk(struct sim_stream *s, struct evbuffer *out)
 
 /* ---- errors ---- */
 
-static void write_error(struct evbuffer *out, enum sim_family fam, int status,
-			const char *message, const struct sim_api_request *rq)
+static void write_error(struct evbuffer *out, enum sim_family fam, int status, const char *message,
+			const struct sim_api_request *rq)
 {
 	struct evbuffer *b = evbuffer_new();
-	const char *type = status == 404 ? "not_found_error" :
-			   status == 405 ? "method_not_allowed" :
-					   "invalid_request_error";
+	const char *type = status == 404   ? "not_found_error"
+			   : status == 405 ? "method_not_allowed"
+					   : "invalid_request_error";
 
 	switch (fam) {
 	case FAM_ANTHROPIC:
@@ -132,12 +127,10 @@ static void write_error(struct evbuffer *out, enum sim_family fam, int status,
 	case FAM_OPENAI:
 		evbuffer_add(b, "{\"error\":{\"message\":", 20);
 		sim_json_str(b, message, strlen(message));
-		evbuffer_add_printf(b, ",\"type\":\"%s\",\"param\":null,\"code\":%d}}",
-				    type, status);
+		evbuffer_add_printf(b, ",\"type\":\"%s\",\"param\":null,\"code\":%d}}", type, status);
 		break;
 	}
-	write_whole(out, status, "application/json", b, rq->request_id,
-		    rq->keep_alive);
+	write_whole(out, status, "application/json", b, rq->request_id, rq->keep_alive);
 	evbuffer_free(b);
 }
 
@@ -155,8 +148,7 @@ static void write_models(struct evbuffer *out, const struct sim_api_request *rq)
 
 	evbuffer_add(b, "{\"object\":\"list\",\"data\":[{\"id\":", 31);
 	sim_json_str(b, sim_cfg.model, strlen(sim_cfg.model));
-	evbuffer_add_printf(b, ",\"object\":\"model\",\"created\":%" PRIu64
-			    ",\"owned_by\":\"tokentap-sim\",\"root\":",
+	evbuffer_add_printf(b, ",\"object\":\"model\",\"created\":%" PRIu64 ",\"owned_by\":\"tokentap-sim\",\"root\":",
 			    created_from_seed());
 	sim_json_str(b, sim_cfg.model, strlen(sim_cfg.model));
 	evbuffer_add(b, "}]}", 3);
@@ -170,13 +162,11 @@ static void write_stats(struct evbuffer *out, const struct sim_api_request *rq)
 	const char *id = sim_stats.last_request_id ? sim_stats.last_request_id : "";
 
 	evbuffer_add_printf(b,
-		"{\"requests\":%" PRIu64 ",\"completed\":%" PRIu64
-		",\"aborted\":%" PRIu64 ",\"last_abort_ns\":%" PRIu64
-		",\"open_connections\":%" PRIu64 ",\"bytes_sent\":%" PRIu64
-		",\"last_request_id\":",
-		sim_stats.requests, sim_stats.completed, sim_stats.aborted,
-		sim_stats.last_abort_ns, sim_stats.open_connections,
-		sim_stats.bytes_sent);
+			    "{\"requests\":%" PRIu64 ",\"completed\":%" PRIu64 ",\"aborted\":%" PRIu64
+			    ",\"last_abort_ns\":%" PRIu64 ",\"open_connections\":%" PRIu64 ",\"bytes_sent\":%" PRIu64
+			    ",\"last_request_id\":",
+			    sim_stats.requests, sim_stats.completed, sim_stats.aborted, sim_stats.last_abort_ns,
+			    sim_stats.open_connections, sim_stats.bytes_sent);
 	sim_json_str(b, id, strlen(id));
 	if (sim_cfg.batching) {
 		evbuffer_add(b, ",\"batch\":", 9);
@@ -199,7 +189,7 @@ static size_t content_bytes(const json_t *c)
 		return json_string_length(c);
 	if (!json_is_array(c))
 		return 0;
-	json_array_foreach(c, i, part) {
+	json_array_foreach (c, i, part) {
 		if (json_is_string(part))
 			n += json_string_length(part);
 		else if (json_is_object(part)) {
@@ -219,7 +209,7 @@ static size_t messages_bytes(const json_t *msgs)
 
 	if (!json_is_array(msgs))
 		return 0;
-	json_array_foreach(msgs, i, m)
+	json_array_foreach (msgs, i, m)
 		n += content_bytes(json_object_get(m, "content"));
 	return n;
 }
@@ -228,16 +218,12 @@ static size_t prompt_bytes(enum sim_endpoint ep, const json_t *req)
 {
 	switch (ep) {
 	case EP_CHAT:
-	case EP_OLLAMA_CHAT:
-		return messages_bytes(json_object_get(req, "messages"));
+	case EP_OLLAMA_CHAT: return messages_bytes(json_object_get(req, "messages"));
 	case EP_MESSAGES:
-		return content_bytes(json_object_get(req, "system")) +
-		       messages_bytes(json_object_get(req, "messages"));
-	case EP_COMPLETIONS:
-		return content_bytes(json_object_get(req, "prompt"));
+		return content_bytes(json_object_get(req, "system")) + messages_bytes(json_object_get(req, "messages"));
+	case EP_COMPLETIONS: return content_bytes(json_object_get(req, "prompt"));
 	case EP_OLLAMA_GENERATE:
-		return content_bytes(json_object_get(req, "system")) +
-		       content_bytes(json_object_get(req, "prompt"));
+		return content_bytes(json_object_get(req, "system")) + content_bytes(json_object_get(req, "prompt"));
 	}
 	return 0;
 }
@@ -246,8 +232,7 @@ static size_t prompt_bytes(enum sim_endpoint ep, const json_t *req)
  * The request's own output limit. Returns 0 and sets *limit (-1 when the
  * request sets none), or -1 with *why for a limit no server would accept.
  */
-static int output_limit(enum sim_endpoint ep, const json_t *req,
-			int64_t *limit, const char **why)
+static int output_limit(enum sim_endpoint ep, const json_t *req, int64_t *limit, const char **why)
 {
 	const json_t *v = NULL;
 
@@ -259,9 +244,7 @@ static int output_limit(enum sim_endpoint ep, const json_t *req,
 			v = json_object_get(req, "max_tokens");
 		break;
 	case EP_COMPLETIONS:
-	case EP_MESSAGES:
-		v = json_object_get(req, "max_tokens");
-		break;
+	case EP_MESSAGES: v = json_object_get(req, "max_tokens"); break;
 	case EP_OLLAMA_CHAT:
 	case EP_OLLAMA_GENERATE:
 		v = json_object_get(json_object_get(req, "options"), "num_predict");
@@ -282,17 +265,12 @@ static int output_limit(enum sim_endpoint ep, const json_t *req,
 
 static void set_id(struct sim_stream *s)
 {
-	static const char b62[] =
-		"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+	static const char b62[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
 	uint64_t a = sim_prng_next(&s->prng), b = sim_prng_next(&s->prng);
 
 	switch (s->ep) {
-	case EP_CHAT:
-		snprintf(s->id, sizeof(s->id), "chatcmpl-%016" PRIx64 "%016" PRIx64, a, b);
-		break;
-	case EP_COMPLETIONS:
-		snprintf(s->id, sizeof(s->id), "cmpl-%016" PRIx64 "%016" PRIx64, a, b);
-		break;
+	case EP_CHAT: snprintf(s->id, sizeof(s->id), "chatcmpl-%016" PRIx64 "%016" PRIx64, a, b); break;
+	case EP_COMPLETIONS: snprintf(s->id, sizeof(s->id), "cmpl-%016" PRIx64 "%016" PRIx64, a, b); break;
 	case EP_MESSAGES: {
 		char *p = s->id + 6;
 
@@ -332,11 +310,12 @@ static char *json_literal(const char *s)
 
 static bool endpoint_of(const char *path, enum sim_endpoint *ep)
 {
-	static const struct { const char *path; enum sim_endpoint ep; } map[] = {
-		{ "/v1/chat/completions", EP_CHAT },
-		{ "/v1/completions", EP_COMPLETIONS },
-		{ "/v1/messages", EP_MESSAGES },
-		{ "/api/chat", EP_OLLAMA_CHAT },
+	static const struct {
+		const char *path;
+		enum sim_endpoint ep;
+	} map[] = {
+		{ "/v1/chat/completions", EP_CHAT },	 { "/v1/completions", EP_COMPLETIONS },
+		{ "/v1/messages", EP_MESSAGES },	 { "/api/chat", EP_OLLAMA_CHAT },
 		{ "/api/generate", EP_OLLAMA_GENERATE },
 	};
 
@@ -360,9 +339,7 @@ static enum sim_family family_of(enum sim_endpoint ep)
 }
 
 /* Parses the body of a generation request into a stream, or answers 400. */
-static struct sim_stream *begin_generation(enum sim_endpoint ep,
-					   const struct sim_api_request *rq,
-					   struct evbuffer *out,
+static struct sim_stream *begin_generation(enum sim_endpoint ep, const struct sim_api_request *rq, struct evbuffer *out,
 					   struct sim_plan *plan)
 {
 	enum sim_family fam = family_of(ep);
@@ -380,8 +357,8 @@ static struct sim_stream *begin_generation(enum sim_endpoint ep,
 	}
 	req = json_loadb(rq->body, rq->body_len, JSON_ALLOW_NUL, &jerr);
 	if (req == NULL) {
-		snprintf(msg, sizeof(msg), "request body is not valid JSON: %s (line %d, column %d)",
-			 jerr.text, jerr.line, jerr.column);
+		snprintf(msg, sizeof(msg), "request body is not valid JSON: %s (line %d, column %d)", jerr.text,
+			 jerr.line, jerr.column);
 		write_error(out, fam, 400, msg, rq);
 		goto out;
 	}
@@ -408,8 +385,7 @@ static struct sim_stream *begin_generation(enum sim_endpoint ep,
 		s->streaming = !json_is_false(stream); /* Ollama streams by default */
 	else
 		s->streaming = json_is_true(stream);
-	s->include_usage = json_is_true(json_object_get(
-		json_object_get(req, "stream_options"), "include_usage"));
+	s->include_usage = json_is_true(json_object_get(json_object_get(req, "stream_options"), "include_usage"));
 
 	if (rq->tokens >= 0)
 		s->n_out = (uint64_t)rq->tokens;
@@ -423,8 +399,8 @@ static struct sim_stream *begin_generation(enum sim_endpoint ep,
 		s->n_in = 1;
 
 	model = json_object_get(req, "model");
-	s->model_json = json_literal(json_is_string(model) && json_string_length(model) > 0 ?
-				     json_string_value(model) : sim_cfg.model);
+	s->model_json = json_literal(json_is_string(model) && json_string_length(model) > 0 ? json_string_value(model)
+											    : sim_cfg.model);
 	if (rq->request_id != NULL)
 		s->request_id = strdup(rq->request_id);
 	if (s->model_json == NULL || (rq->request_id != NULL && s->request_id == NULL)) {
@@ -436,10 +412,8 @@ static struct sim_stream *begin_generation(enum sim_endpoint ep,
 
 	/* The whole body, not just the prompt, picks the words: two requests
 	 * differing in any byte are different streams. */
-	s->prng.state = sim_mix(sim_cfg.seed ^
-				sim_hash(rq->body, rq->body_len,
-					 sim_hash(rq->path, strlen(rq->path),
-						  0xcbf29ce484222325ULL)));
+	s->prng.state = sim_mix(sim_cfg.seed ^ sim_hash(rq->body, rq->body_len,
+							sim_hash(rq->path, strlen(rq->path), 0xcbf29ce484222325ULL)));
 	s->created = created_from_seed();
 	set_id(s);
 
@@ -463,17 +437,14 @@ static struct sim_stream *begin_generation(enum sim_endpoint ep,
 	plan->streaming = s->streaming;
 
 	if (s->streaming)
-		write_head(out, 200,
-			   fam == FAM_OLLAMA ? "application/x-ndjson" :
-					       "text/event-stream; charset=utf-8",
+		write_head(out, 200, fam == FAM_OLLAMA ? "application/x-ndjson" : "text/event-stream; charset=utf-8",
 			   -1, s->request_id, s->keep_alive);
 out:
 	json_decref(req);
 	return s;
 }
 
-struct sim_stream *sim_api_begin(const struct sim_api_request *rq,
-				 struct evbuffer *out, struct sim_plan *plan)
+struct sim_stream *sim_api_begin(const struct sim_api_request *rq, struct evbuffer *out, struct sim_plan *plan)
 {
 	enum sim_endpoint ep;
 	char msg[320];
@@ -518,15 +489,15 @@ static const char *finish_reason(const struct sim_stream *s)
 /* `{"id":..,"object":..,"created":..,"model":..,"choices":[` */
 static void openai_prefix(struct sim_stream *s, struct evbuffer *b, const char *object)
 {
-	evbuffer_add_printf(b, "{\"id\":\"%s\",\"object\":\"%s\",\"created\":%" PRIu64
-			    ",\"model\":%s,\"choices\":[",
+	evbuffer_add_printf(b, "{\"id\":\"%s\",\"object\":\"%s\",\"created\":%" PRIu64 ",\"model\":%s,\"choices\":[",
 			    s->id, object, s->created, s->model_json);
 }
 
 static void openai_usage(struct sim_stream *s, struct evbuffer *b)
 {
-	evbuffer_add_printf(b, "\"usage\":{\"prompt_tokens\":%" PRIu64
-			    ",\"completion_tokens\":%" PRIu64 ",\"total_tokens\":%" PRIu64 "}",
+	evbuffer_add_printf(b,
+			    "\"usage\":{\"prompt_tokens\":%" PRIu64 ",\"completion_tokens\":%" PRIu64
+			    ",\"total_tokens\":%" PRIu64 "}",
 			    s->n_in, s->n_out, s->n_in + s->n_out);
 }
 
@@ -546,12 +517,10 @@ static void ollama_time(struct sim_stream *s, struct evbuffer *b, uint64_t offse
 
 	gmtime_r(&t, &tm);
 	strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%S", &tm);
-	evbuffer_add_printf(b, "\"created_at\":\"%s.%09" PRIu64 "Z\"", date,
-			    (uint64_t)(offset_ns % 1000000000ULL));
+	evbuffer_add_printf(b, "\"created_at\":\"%s.%09" PRIu64 "Z\"", date, (uint64_t)(offset_ns % 1000000000ULL));
 }
 
-static void anthropic_event(struct sim_stream *s, struct evbuffer *out,
-			    const char *name, const char *fmt_json)
+static void anthropic_event(struct sim_stream *s, struct evbuffer *out, const char *name, const char *fmt_json)
 {
 	evbuffer_add_printf(s->ev, "event: %s\ndata: %s\n\n", name, fmt_json);
 	emit_chunk(s, out);
@@ -565,12 +534,14 @@ static void write_preamble(struct sim_stream *s, struct evbuffer *out)
 	case EP_CHAT:
 		evbuffer_add(s->ev, "data: ", 6);
 		openai_prefix(s, s->ev, "chat.completion.chunk");
-		evbuffer_add_printf(s->ev, "{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
+		evbuffer_add_printf(s->ev,
+				    "{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
 				    "\"logprobs\":null,\"finish_reason\":null}]}\n\n");
 		emit_chunk(s, out);
 		break;
 	case EP_MESSAGES:
-		evbuffer_add_printf(s->ev, "event: message_start\ndata: {\"type\":\"message_start\","
+		evbuffer_add_printf(s->ev,
+				    "event: message_start\ndata: {\"type\":\"message_start\","
 				    "\"message\":{\"id\":\"%s\",\"type\":\"message\",\"role\":\"assistant\","
 				    "\"model\":%s,\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,"
 				    "\"usage\":{\"input_tokens\":%" PRIu64 ",\"output_tokens\":1}}}\n\n",
@@ -583,8 +554,7 @@ static void write_preamble(struct sim_stream *s, struct evbuffer *out)
 		break;
 	case EP_COMPLETIONS:
 	case EP_OLLAMA_CHAT:
-	case EP_OLLAMA_GENERATE:
-		break;
+	case EP_OLLAMA_GENERATE: break;
 	}
 }
 
@@ -612,7 +582,8 @@ void sim_api_token(struct sim_stream *s, struct evbuffer *out)
 		evbuffer_add_printf(s->ev, ",\"logprobs\":null,\"finish_reason\":null}]}\n\n");
 		break;
 	case EP_MESSAGES:
-		evbuffer_add_printf(s->ev, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\","
+		evbuffer_add_printf(s->ev,
+				    "event: content_block_delta\ndata: {\"type\":\"content_block_delta\","
 				    "\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":");
 		sim_json_str(s->ev, w, wlen);
 		evbuffer_add(s->ev, "}}\n\n", 4);
@@ -626,8 +597,7 @@ void sim_api_token(struct sim_stream *s, struct evbuffer *out)
 		else
 			evbuffer_add_printf(s->ev, ",\"response\":");
 		sim_json_str(s->ev, w, wlen);
-		evbuffer_add_printf(s->ev, "%s,\"done\":false}\n",
-				    s->ep == EP_OLLAMA_CHAT ? "}" : "");
+		evbuffer_add_printf(s->ev, "%s,\"done\":false}\n", s->ep == EP_OLLAMA_CHAT ? "}" : "");
 		break;
 	}
 	emit_chunk(s, out);
@@ -639,12 +609,11 @@ static void ollama_tail(struct sim_stream *s, struct evbuffer *b)
 {
 	uint64_t eval_ns = s->n_out * s->itl_ns;
 
-	evbuffer_add_printf(b, "\"done_reason\":\"%s\",\"done\":true,\"total_duration\":%" PRIu64
-			    ",\"load_duration\":0,\"prompt_eval_count\":%" PRIu64
-			    ",\"prompt_eval_duration\":%" PRIu64 ",\"eval_count\":%" PRIu64
-			    ",\"eval_duration\":%" PRIu64 "}",
-			    finish_reason(s), s->ttft_ns + eval_ns, s->n_in, s->ttft_ns,
-			    s->n_out, eval_ns);
+	evbuffer_add_printf(b,
+			    "\"done_reason\":\"%s\",\"done\":true,\"total_duration\":%" PRIu64
+			    ",\"load_duration\":0,\"prompt_eval_count\":%" PRIu64 ",\"prompt_eval_duration\":%" PRIu64
+			    ",\"eval_count\":%" PRIu64 ",\"eval_duration\":%" PRIu64 "}",
+			    finish_reason(s), s->ttft_ns + eval_ns, s->n_in, s->ttft_ns, s->n_out, eval_ns);
 }
 
 static void finish_stream(struct sim_stream *s, struct evbuffer *out)
@@ -657,8 +626,7 @@ static void finish_stream(struct sim_stream *s, struct evbuffer *out)
 		evbuffer_add(s->ev, "data: ", 6);
 		openai_prefix(s, s->ev, openai_object(s, true));
 		evbuffer_add_printf(s->ev, "{\"index\":0,%s,\"logprobs\":null,\"finish_reason\":\"%s\"}]}\n\n",
-				    s->ep == EP_CHAT ? "\"delta\":{}" : "\"text\":\"\"",
-				    finish_reason(s));
+				    s->ep == EP_CHAT ? "\"delta\":{}" : "\"text\":\"\"", finish_reason(s));
 		emit_chunk(s, out);
 		if (s->include_usage) {
 			evbuffer_add(s->ev, "data: ", 6);
@@ -672,9 +640,9 @@ static void finish_stream(struct sim_stream *s, struct evbuffer *out)
 		emit_chunk(s, out);
 		break;
 	case EP_MESSAGES:
-		anthropic_event(s, out, "content_block_stop",
-				"{\"type\":\"content_block_stop\",\"index\":0}");
-		evbuffer_add_printf(s->ev, "event: message_delta\ndata: {\"type\":\"message_delta\","
+		anthropic_event(s, out, "content_block_stop", "{\"type\":\"content_block_stop\",\"index\":0}");
+		evbuffer_add_printf(s->ev,
+				    "event: message_delta\ndata: {\"type\":\"message_delta\","
 				    "\"delta\":{\"stop_reason\":\"%s\",\"stop_sequence\":null},"
 				    "\"usage\":{\"output_tokens\":%" PRIu64 "}}\n\n",
 				    finish_reason(s), s->n_out);
@@ -723,17 +691,19 @@ static void finish_block(struct sim_stream *s, struct evbuffer *out)
 		else
 			evbuffer_add_printf(b, "{\"index\":0,\"text\":");
 		sim_json_str(b, t, tlen);
-		evbuffer_add_printf(b, "%s,\"logprobs\":null,\"finish_reason\":\"%s\"}],",
-				    s->ep == EP_CHAT ? "}" : "", finish_reason(s));
+		evbuffer_add_printf(b, "%s,\"logprobs\":null,\"finish_reason\":\"%s\"}],", s->ep == EP_CHAT ? "}" : "",
+				    finish_reason(s));
 		openai_usage(s, b);
 		evbuffer_add(b, "}", 1);
 		break;
 	case EP_MESSAGES:
-		evbuffer_add_printf(b, "{\"id\":\"%s\",\"type\":\"message\",\"role\":\"assistant\",\"model\":%s,"
+		evbuffer_add_printf(b,
+				    "{\"id\":\"%s\",\"type\":\"message\",\"role\":\"assistant\",\"model\":%s,"
 				    "\"content\":[{\"type\":\"text\",\"text\":",
 				    s->id, s->model_json);
 		sim_json_str(b, t, tlen);
-		evbuffer_add_printf(b, "}],\"stop_reason\":\"%s\",\"stop_sequence\":null,"
+		evbuffer_add_printf(b,
+				    "}],\"stop_reason\":\"%s\",\"stop_sequence\":null,"
 				    "\"usage\":{\"input_tokens\":%" PRIu64 ",\"output_tokens\":%" PRIu64 "}}",
 				    finish_reason(s), s->n_in, s->n_out);
 		break;

@@ -39,21 +39,21 @@ struct seq_list {
 };
 
 enum batch_state {
-	B_IDLE,      /* no step in progress; a kick starts one */
-	B_WARMING,   /* cold start: the timer ends the warm-up */
-	B_STEPPING,  /* the timer ends the current step */
+	B_IDLE,	    /* no step in progress; a kick starts one */
+	B_WARMING,  /* cold start: the timer ends the warm-up */
+	B_STEPPING, /* the timer ends the current step */
 };
 
 static struct {
-	struct event *timer;     /* end of the step or of the warm-up */
-	struct event *kick;      /* zero-delay: begin a step */
+	struct event *timer; /* end of the step or of the warm-up */
+	struct event *kick;  /* zero-delay: begin a step */
 	struct seq_list queue, running;
-	struct sim_seq *notify;  /* sequences advanced by the ending step */
+	struct sim_seq *notify; /* sequences advanced by the ending step */
 	enum batch_state state;
 	uint64_t kv_used;
-	uint64_t step_end_ns;    /* scheduled end of the current step */
-	uint64_t step_ns;        /* duration of the current step */
-	uint64_t last_busy_ns;   /* end of the latest step */
+	uint64_t step_end_ns;  /* scheduled end of the current step */
+	uint64_t step_ns;      /* duration of the current step */
+	uint64_t last_busy_ns; /* end of the latest step */
 	bool ever_busy;
 	/* counters for /sim/stats */
 	uint64_t steps, admitted, generated, prefilled, cold_starts;
@@ -101,8 +101,7 @@ static uint64_t prefill_ns(uint64_t tokens)
 
 static uint64_t step_cost_ns(uint64_t n_emit, uint64_t n_prefill)
 {
-	return ms_to_ns(sim_cfg.step_base_ms) +
-	       ms_to_ns(sim_cfg.step_per_seq_ms * (double)n_emit) +
+	return ms_to_ns(sim_cfg.step_base_ms) + ms_to_ns(sim_cfg.step_per_seq_ms * (double)n_emit) +
 	       prefill_ns(n_prefill);
 }
 
@@ -141,8 +140,7 @@ static bool fits(const struct sim_seq *q)
 {
 	if (B.running.n == 0)
 		return true; /* alone, even a sequence over the whole budget */
-	return B.running.n < sim_cfg.max_batch &&
-	       B.kv_used + q->kv <= sim_cfg.kv_tokens;
+	return B.running.n < sim_cfg.max_batch && B.kv_used + q->kv <= sim_cfg.kv_tokens;
 }
 
 /* Plans one step starting at start_ns; goes idle when there is no work. */
@@ -253,8 +251,7 @@ static bool goes_cold(uint64_t now)
 	/* The server starts cold, and cools after idle_ms without a step. */
 	if (!B.ever_busy)
 		return true;
-	return now > B.last_busy_ns &&
-	       now - B.last_busy_ns >= sim_cfg.idle_ms * 1000000ULL;
+	return now > B.last_busy_ns && now - B.last_busy_ns >= sim_cfg.idle_ms * 1000000ULL;
 }
 
 static void on_timer(evutil_socket_t fd, short what, void *arg)
@@ -343,10 +340,9 @@ void sim_batch_cancel(struct sim_seq *q)
 void sim_batch_stats_json(struct evbuffer *out)
 {
 	evbuffer_add_printf(out,
-		"{\"running\":%" PRIu64 ",\"queued\":%" PRIu64 ",\"kv_used\":%" PRIu64
-		",\"steps\":%" PRIu64 ",\"admitted\":%" PRIu64 ",\"generated\":%" PRIu64
-		",\"prefilled\":%" PRIu64 ",\"cold_starts\":%" PRIu64
-		",\"dropped\":%" PRIu64 "}",
-		B.running.n, B.queue.n, B.kv_used, B.steps, B.admitted, B.generated,
-		B.prefilled, B.cold_starts, sim_stats.dropped);
+			    "{\"running\":%" PRIu64 ",\"queued\":%" PRIu64 ",\"kv_used\":%" PRIu64 ",\"steps\":%" PRIu64
+			    ",\"admitted\":%" PRIu64 ",\"generated\":%" PRIu64 ",\"prefilled\":%" PRIu64
+			    ",\"cold_starts\":%" PRIu64 ",\"dropped\":%" PRIu64 "}",
+			    B.running.n, B.queue.n, B.kv_used, B.steps, B.admitted, B.generated, B.prefilled,
+			    B.cold_starts, sim_stats.dropped);
 }

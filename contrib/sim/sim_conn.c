@@ -42,21 +42,21 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define SIM_HIGH_WATER   (64 * 1024)       /* stop generating above this */
-#define SIM_LOW_WATER    (16 * 1024)       /* write callback fires below */
-#define SIM_BURST        64                /* itl 0: tokens per loop turn */
-#define SIM_MAX_QUEUED   64                /* pipelined requests parsed ahead */
-#define SIM_MAX_BODY     (64 * 1024 * 1024)
-#define SIM_MAX_URL      8192
-#define SIM_MAX_HVALUE   4096
-#define SIM_MAX_INPUT    (16 * 1024 * 1024) /* unparsed input while paused */
+#define SIM_HIGH_WATER (64 * 1024) /* stop generating above this */
+#define SIM_LOW_WATER (16 * 1024)  /* write callback fires below */
+#define SIM_BURST 64		   /* itl 0: tokens per loop turn */
+#define SIM_MAX_QUEUED 64	   /* pipelined requests parsed ahead */
+#define SIM_MAX_BODY (64 * 1024 * 1024)
+#define SIM_MAX_URL 8192
+#define SIM_MAX_HVALUE 4096
+#define SIM_MAX_INPUT (16 * 1024 * 1024) /* unparsed input while paused */
 
 enum req_state {
-	REQ_RECEIVING,  /* headers or body still arriving */
-	REQ_QUEUED,     /* complete, waiting behind earlier requests */
-	REQ_WAITING,    /* head: timer set for the first token / the block */
-	REQ_STREAMING,  /* head: token events flowing */
-	REQ_DONE,       /* response fully queued on the output */
+	REQ_RECEIVING, /* headers or body still arriving */
+	REQ_QUEUED,    /* complete, waiting behind earlier requests */
+	REQ_WAITING,   /* head: timer set for the first token / the block */
+	REQ_STREAMING, /* head: token events flowing */
+	REQ_DONE,      /* response fully queued on the output */
 };
 
 /* One request and, once it is the head, its response. Owned by its conn. */
@@ -64,47 +64,47 @@ struct sim_req {
 	struct sim_req *next;
 	enum req_state state;
 	char method[16];
-	char *url;               /* path and query as received */
+	char *url; /* path and query as received */
 	size_t url_len;
 	struct evbuffer *body;
-	char *request_id;        /* x-request-id, NULL if absent */
-	int64_t ttft_ms, itl_ms, tokens;  /* x-sim-* overrides, -1 absent */
+	char *request_id;		 /* x-request-id, NULL if absent */
+	int64_t ttft_ms, itl_ms, tokens; /* x-sim-* overrides, -1 absent */
 	const char *header_error;
 	const char *parse_error; /* answer 400 with this and close */
 	bool keep_alive;
-	bool expect_continue;    /* "Expect: 100-continue" */
-	bool is_stats;           /* /sim/stats: its bytes are not counted */
-	bool counted;            /* in sim_stats.requests, so ends in
-				  * completed or aborted */
-	uint64_t received_ns;    /* request fully received */
+	bool expect_continue; /* "Expect: 100-continue" */
+	bool is_stats;	      /* /sim/stats: its bytes are not counted */
+	bool counted;	      /* in sim_stats.requests, so ends in
+			       * completed or aborted */
+	uint64_t received_ns; /* request fully received */
 	/* generation, valid from REQ_WAITING on */
 	struct sim_stream *stream;
 	struct sim_plan plan;
-	uint64_t sent;           /* token events written */
-	uint64_t deadline_ns;    /* when the next event is due */
-	bool stalled;            /* waiting for the output to drain */
-	struct sim_seq seq;      /* --batching: its place in the scheduler */
+	uint64_t sent;	      /* token events written */
+	uint64_t deadline_ns; /* when the next event is due */
+	bool stalled;	      /* waiting for the output to drain */
+	struct sim_seq seq;   /* --batching: its place in the scheduler */
 };
 
 /* One client connection; owned by the event loop through its callbacks. */
 struct sim_conn {
 	struct event_base *base;
 	struct bufferevent *bev;
-	struct event *tick;      /* pacing timer of the head request */
-	struct event *reaper;    /* zero-delay free, see conn_kill() */
+	struct event *tick;   /* pacing timer of the head request */
+	struct event *reaper; /* zero-delay free, see conn_kill() */
 	llhttp_t parser;
 	struct sim_req *head, *tail; /* complete and receiving requests */
-	struct sim_req *cur;     /* the request llhttp is filling, or NULL */
-	int queued;              /* complete requests not yet answered */
-	char field[32];          /* current header name, truncated */
+	struct sim_req *cur;	     /* the request llhttp is filling, or NULL */
+	int queued;		     /* complete requests not yet answered */
+	char field[32];		     /* current header name, truncated */
 	size_t field_len;
-	char *value;             /* current header value */
+	char *value; /* current header value */
 	size_t value_len;
 	bool value_overflow;
-	bool parse_paused;       /* too many queued: input waits unparsed */
-	bool parse_dead;         /* parse error or close: ignore further input */
-	bool close_after;        /* close once the output has drained */
-	bool dead;               /* freed at the end of this loop turn */
+	bool parse_paused; /* too many queued: input waits unparsed */
+	bool parse_dead;   /* parse error or close: ignore further input */
+	bool close_after;  /* close once the output has drained */
+	bool dead;	   /* freed at the end of this loop turn */
 	/* Re-entry guards: answering one request can finish it and start the
 	 * next, which would otherwise recurse once per pipelined request. */
 	bool in_read, read_again;
@@ -259,9 +259,11 @@ static void req_start(struct sim_conn *c, struct sim_req *r)
 
 		if (n < 0 || (size_t)n >= sizeof(body))
 			n = snprintf(body, sizeof(body), fmt, "unparsable");
-		evbuffer_add_printf(tmp, "HTTP/1.1 400 Bad Request\r\nserver: tokentap-sim\r\n"
+		evbuffer_add_printf(tmp,
+				    "HTTP/1.1 400 Bad Request\r\nserver: tokentap-sim\r\n"
 				    "content-type: application/json\r\ncontent-length: %d\r\n"
-				    "connection: close\r\n\r\n%s", n, body);
+				    "connection: close\r\n\r\n%s",
+				    n, body);
 	} else {
 		r->stream = sim_api_begin(&rq, tmp, &r->plan);
 	}
@@ -523,8 +525,7 @@ static int on_header_value_complete(llhttp_t *p)
 	const char *which = NULL;
 
 	/* llhttp drops leading whitespace of a value but keeps trailing. */
-	while (c->value_len > 0 && (c->value[c->value_len - 1] == ' ' ||
-				    c->value[c->value_len - 1] == '\t'))
+	while (c->value_len > 0 && (c->value[c->value_len - 1] == ' ' || c->value[c->value_len - 1] == '\t'))
 		c->value[--c->value_len] = '\0';
 
 	if (strcasecmp(c->field, "expect") == 0) {

@@ -50,23 +50,20 @@ uint64_t sim_prng_next(struct sim_prng *p)
  * text about once every sixteen tokens, as they do with real models.
  */
 static const char *const sim_words[] = {
-	" the", " a", " model", " token", " latency", " stream", " server",
-	" request", " of", " and", " to", " in", " is", " that", " for",
-	" with", " time", " first", " each", " next", " fast", " slow",
-	" queue", " batch", " cache", " prompt", " answer", " data", " proxy",
-	" measure", " tail", " percentile", " load", " curve", " upstream",
-	" client", " byte", " event", " chunk", " line", " word", " text",
-	" simple", " quiet", " river", " mountain", " light", " night",
-	" number", " seven", " forty-two", " yes", " no", " maybe", " then",
-	" it", " was", " will", ",", ".",
-	" \"quoted\"",           /* needs \" in JSON */
-	" end.\n",               /* needs \n in JSON */
-	" back\\slash",          /* needs \\ in JSON */
-	" caf\xc3\xa9",          /* UTF-8, written raw */
+	" the",		" a",	   " model",	 " token",  " latency",	   " stream",	" server", " request",
+	" of",		" and",	   " to",	 " in",	    " is",	   " that",	" for",	   " with",
+	" time",	" first",  " each",	 " next",   " fast",	   " slow",	" queue",  " batch",
+	" cache",	" prompt", " answer",	 " data",   " proxy",	   " measure",	" tail",   " percentile",
+	" load",	" curve",  " upstream",	 " client", " byte",	   " event",	" chunk",  " line",
+	" word",	" text",   " simple",	 " quiet",  " river",	   " mountain", " light",  " night",
+	" number",	" seven",  " forty-two", " yes",    " no",	   " maybe",	" then",   " it",
+	" was",		" will",   ",",		 ".",	    " \"quoted\"", /* needs \" in JSON */
+	" end.\n",							   /* needs \n in JSON */
+	" back\\slash",							   /* needs \\ in JSON */
+	" caf\xc3\xa9",							   /* UTF-8, written raw */
 };
 
-_Static_assert(sizeof(sim_words) / sizeof(sim_words[0]) == 64,
-	       "sim_text_word draws six bits: keep exactly 64 words");
+_Static_assert(sizeof(sim_words) / sizeof(sim_words[0]) == 64, "sim_text_word draws six bits: keep exactly 64 words");
 
 const char *sim_text_word(struct sim_prng *p, bool first, size_t *len)
 {

@@ -49,22 +49,31 @@ static double now_ns(void)
 
 static char *build_stream(size_t *out_len)
 {
-	static const char *words[] = { " The", " quick", " brown", " fox", " jumps", " over", " the", " lazy",
-				       " dog", ".", "\\n", " It", "'s", " a", " \\\"test\\\"", " sentence" };
+	static const char *words[] = { " The", " quick", " brown",	  " fox",     " jumps", " over",
+				       " the", " lazy",	 " dog",	  ".",	      "\\n",	" It",
+				       "'s",   " a",	 " \\\"test\\\"", " sentence" };
 	static const char head[] =
 		"data: {\"id\":\"chatcmpl-5b1c2f0e8a9d4e7fb0c1d2e3f4a5b6c7\",\"object\":\"chat.completion.chunk\","
 		"\"created\":1718000000,\"model\":\"meta-llama/Llama-3.1-8B-Instruct\",\"choices\":[{\"index\":0,";
 	size_t cap = 1 << 20, n = 0;
 	char *s = malloc(cap);
-	n += (size_t)snprintf(s + n, cap - n, "%s\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n", head);
+	n += (size_t)snprintf(
+		s + n, cap - n,
+		"%s\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n",
+		head);
 	for (int i = 0; i < CONTENT_CHUNKS; i++)
-		n += (size_t)snprintf(s + n, cap - n, "%s\"delta\":{\"content\":\"%s\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n", head,
-				      words[i % (int)(sizeof(words) / sizeof(words[0]))]);
-	n += (size_t)snprintf(s + n, cap - n, "%s\"delta\":{},\"logprobs\":null,\"finish_reason\":\"stop\",\"stop_reason\":null}]}\n\n", head);
+		n += (size_t)snprintf(
+			s + n, cap - n,
+			"%s\"delta\":{\"content\":\"%s\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n", head,
+			words[i % (int)(sizeof(words) / sizeof(words[0]))]);
 	n += (size_t)snprintf(s + n, cap - n,
-			      "data: {\"id\":\"chatcmpl-5b1c2f0e8a9d4e7fb0c1d2e3f4a5b6c7\",\"object\":\"chat.completion.chunk\","
-			      "\"created\":1718000000,\"model\":\"meta-llama/Llama-3.1-8B-Instruct\",\"choices\":[],"
-			      "\"usage\":{\"prompt_tokens\":412,\"total_tokens\":912,\"completion_tokens\":500}}\n\n");
+			      "%s\"delta\":{},\"logprobs\":null,\"finish_reason\":\"stop\",\"stop_reason\":null}]}\n\n",
+			      head);
+	n += (size_t)snprintf(
+		s + n, cap - n,
+		"data: {\"id\":\"chatcmpl-5b1c2f0e8a9d4e7fb0c1d2e3f4a5b6c7\",\"object\":\"chat.completion.chunk\","
+		"\"created\":1718000000,\"model\":\"meta-llama/Llama-3.1-8B-Instruct\",\"choices\":[],"
+		"\"usage\":{\"prompt_tokens\":412,\"total_tokens\":912,\"completion_tokens\":500}}\n\n");
 	n += (size_t)snprintf(s + n, cap - n, "data: [DONE]\n\n");
 	*out_len = n;
 	return s;
@@ -76,7 +85,8 @@ static int parse_is_token(const char *data, size_t len)
 	json_t *root = json_loadb(data, len, 0, NULL);
 	if (root == NULL)
 		return 0;
-	json_t *c = json_object_get(json_object_get(json_array_get(json_object_get(root, "choices"), 0), "delta"), "content");
+	json_t *c = json_object_get(json_object_get(json_array_get(json_object_get(root, "choices"), 0), "delta"),
+				    "content");
 	int token = json_is_string(c) && json_string_length(c) > 0;
 	json_decref(root);
 	return token;

@@ -122,8 +122,8 @@ int main(void)
 	double t_merge = (now_ns() - t0) / reps;
 	sink += d->count;
 
-	printf("typical histogram: %d log-normal samples, %u non-empty buckets, %zu bytes encoded\n", N_TYPICAL,
-	       nnz, len);
+	printf("typical histogram: %d log-normal samples, %u non-empty buckets, %zu bytes encoded\n", N_TYPICAL, nnz,
+	       len);
 	printf("hist_quantile (p99):             %8.1f ns/op\n", t_q);
 	printf("hist_encode:                     %8.1f ns/op\n", t_enc);
 	printf("hist_decode_merge:               %8.1f ns/op\n", t_dec);

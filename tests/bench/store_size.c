@@ -141,7 +141,8 @@ static size_t pages_in_use(const char *dir)
 	mdb_env_set_maxdbs(env, 8);
 	if (mdb_env_open(env, dir, MDB_RDONLY, 0) == 0 && mdb_txn_begin(env, NULL, MDB_RDONLY, &txn) == 0) {
 		if (mdb_dbi_open(txn, "slices", 0, &dbi) == 0 && mdb_stat(txn, dbi, &stat) == 0)
-			used = (stat.ms_branch_pages + stat.ms_leaf_pages + stat.ms_overflow_pages) * (size_t)stat.ms_psize;
+			used = (stat.ms_branch_pages + stat.ms_leaf_pages + stat.ms_overflow_pages) *
+			       (size_t)stat.ms_psize;
 		mdb_txn_abort(txn);
 	}
 	mdb_env_close(env);

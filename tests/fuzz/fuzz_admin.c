@@ -33,9 +33,9 @@
 
 #define TOKEN "s3cr3t-token"
 
-static const unsigned methods[] = { EVHTTP_REQ_GET,    EVHTTP_REQ_POST,    EVHTTP_REQ_HEAD,
-				    EVHTTP_REQ_PUT,    EVHTTP_REQ_DELETE,  EVHTTP_REQ_OPTIONS,
-				    EVHTTP_REQ_TRACE,  EVHTTP_REQ_CONNECT, EVHTTP_REQ_PATCH };
+static const unsigned methods[] = { EVHTTP_REQ_GET,   EVHTTP_REQ_POST,	  EVHTTP_REQ_HEAD,
+				    EVHTTP_REQ_PUT,   EVHTTP_REQ_DELETE,  EVHTTP_REQ_OPTIONS,
+				    EVHTTP_REQ_TRACE, EVHTTP_REQ_CONNECT, EVHTTP_REQ_PATCH };
 
 /* The credential of an Authorization value, by this file's own reading. */
 static bool carries_token(const char *auth)
@@ -87,8 +87,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		free(buf);
 		return 0;
 	}
-	struct admin_request r = { methods[data[0] % (sizeof(methods) / sizeof(methods[0]))], evhttp_uri_get_path(uri),
-				   evhttp_uri_get_query(uri), fields[1], fields[2], fields[3] };
+	struct admin_request r = { methods[data[0] % (sizeof(methods) / sizeof(methods[0]))],
+				   evhttp_uri_get_path(uri),
+				   evhttp_uri_get_query(uri),
+				   fields[1],
+				   fields[2],
+				   fields[3] };
 	struct admin_identity id = { "127.0.0.1", "127.0.0.1:9901", TOKEN, strlen(TOKEN) };
 
 	admin_gate(&r, &id, &params, &v);
@@ -110,8 +114,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (rt->write)
 			CHECK(carries_token(r.authorization));
 		struct evkeyval *kv, *other;
-		TAILQ_FOREACH(kv, &params, next)
-		{
+		TAILQ_FOREACH (kv, &params, next) {
 			bool known = false;
 			for (size_t i = 0; rt->params[i]; i++)
 				known |= strcmp(kv->key, rt->params[i]) == 0;

@@ -26,9 +26,8 @@
 #define NSPLIT 8
 #define MAX_EVENTS 4096
 
-static const enum api_kind apis[] = { API_UNKNOWN,   API_OPENAI_CHAT,	   API_OPENAI_COMPLETIONS,
-				      API_ANTHROPIC, API_TGI,		   API_LLAMACPP,
-				      API_OLLAMA_GENERATE, API_OLLAMA_CHAT };
+static const enum api_kind apis[] = { API_UNKNOWN, API_OPENAI_CHAT, API_OPENAI_COMPLETIONS, API_ANTHROPIC,
+				      API_TGI,	   API_LLAMACPP,    API_OLLAMA_GENERATE,    API_OLLAMA_CHAT };
 #define NAPI (sizeof(apis) / sizeof(apis[0]))
 
 /* What one run saw: a digest of every event, in order. */
@@ -65,7 +64,7 @@ static void on_event(void *arg, const struct framer_event *ev)
 		CHECK(memchr(ev->data, '\r', ev->data_len) == NULL);
 		if (ev->name)
 			CHECK(memchr(ev->name, '\r', ev->name_len) == NULL &&
-			       memchr(ev->name, '\n', ev->name_len) == NULL);
+			      memchr(ev->name, '\n', ev->name_len) == NULL);
 	}
 	uint64_t h = fnv(0xcbf29ce484222325ull, &ev->name_len, sizeof(ev->name_len));
 	h = fnv(h, ev->name ? ev->name : "", ev->name_len);

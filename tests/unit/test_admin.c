@@ -32,8 +32,8 @@
 static void test_knee_saturating_curve(void **state)
 {
 	const struct knee_point pts[] = {
-		{ 1, 1, 100, 50 },  { 2, 2, 100, 50 },	{ 4, 4, 100, 50 },
-		{ 8, 8, 100, 50 },  { 16, 8, 300, 50 }, { 32, 8, 700, 50 },
+		{ 1, 1, 100, 50 }, { 2, 2, 100, 50 },  { 4, 4, 100, 50 },
+		{ 8, 8, 100, 50 }, { 16, 8, 300, 50 }, { 32, 8, 700, 50 },
 	};
 	struct knee k = knee_find(pts, 6, 5);
 	assert_int_equal(k.index, 3);
@@ -100,11 +100,11 @@ static void test_knee_ties_lowest_load(void **state)
 static void test_knee_none(void **state)
 {
 	const struct knee_point bad[] = {
-		{ 1, 0, 10, 10 },	  /* no throughput */
-		{ 2, 1, 0, 10 },	  /* no latency */
-		{ 4, NAN, 10, 10 },	  /* not a number */
+		{ 1, 0, 10, 10 },	 /* no throughput */
+		{ 2, 1, 0, 10 },	 /* no latency */
+		{ 4, NAN, 10, 10 },	 /* not a number */
 		{ 8, INFINITY, 10, 10 }, /* not finite */
-		{ 16, 1, 10, 0 },	  /* no requests */
+		{ 16, 1, 10, 0 },	 /* no requests */
 	};
 	struct knee k = knee_find(bad, 5, 1);
 	assert_int_equal(k.index, -1);
@@ -241,8 +241,8 @@ static void fill_curve(struct slice *s)
 		unsigned inflight;
 		uint64_t e2e_us, ttft_us;
 	} rows[] = {
-		{ 1, 1000000, 90000 },	{ 2, 1000000, 90000 },	 { 4, 1000000, 90000 },
-		{ 8, 1000000, 90000 },	{ 16, 2000000, 280000 }, { 32, 4000000, 690000 },
+		{ 1, 1000000, 90000 }, { 2, 1000000, 90000 },	{ 4, 1000000, 90000 },
+		{ 8, 1000000, 90000 }, { 16, 2000000, 280000 }, { 32, 4000000, 690000 },
 	};
 	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
 		unsigned b = log2_bucket(rows[i].inflight, INFLIGHT_BUCKETS);
@@ -292,8 +292,7 @@ static json_t *series_named(json_t *root, const char *upstream)
 {
 	size_t i;
 	json_t *s;
-	json_array_foreach(json_object_get(root, "series"), i, s)
-	{
+	json_array_foreach (json_object_get(root, "series"), i, s) {
 		if (strcmp(json_string_value(json_object_get(s, "upstream")), upstream) == 0)
 			return s;
 	}
@@ -310,9 +309,9 @@ static void test_stats_summary(void **state)
 	json_t *root = render(&r, &q, VIEW_SUMMARY);
 	assert_int_equal(json_array_size(json_object_get(root, "series")), 2);
 	/* sorted: up-a before up-b */
-	assert_string_equal(json_string_value(json_object_get(json_array_get(json_object_get(root, "series"), 0),
-							      "upstream")),
-			    "up-a");
+	assert_string_equal(
+		json_string_value(json_object_get(json_array_get(json_object_get(root, "series"), 0), "upstream")),
+		"up-a");
 	assert_int_equal(json_integer_value(json_object_get(root, "elapsed_s")), 100);
 	json_t *a = series_named(root, "up-a");
 	assert_int_equal(json_integer_value(json_object_get(a, "requests")), 124);
@@ -390,8 +389,7 @@ static void test_stats_curve_knee(void **state)
 	size_t i;
 	json_t *e;
 	int knees = 0;
-	json_array_foreach(buckets, i, e)
-	{
+	json_array_foreach (buckets, i, e) {
 		assert_int_equal(json_integer_value(json_object_get(e, "requests")), 20);
 		knees += json_is_true(json_object_get(e, "knee"));
 	}
@@ -439,20 +437,27 @@ static void test_prom_render(void **state)
 	assert_non_null(strstr(text, "model=\"m\\\"x\""));
 	assert_non_null(strstr(text, "# TYPE tokentap_ttft_seconds histogram\n"));
 	assert_non_null(strstr(text, "# TYPE tokentap_requests_total counter\n"));
-	assert_non_null(strstr(text, "tokentap_errors_total{route=\"default\",upstream=\"up-b\",model=\"m\\\"x\","
-				     "kind=\"timeout\"} 3\n"));
-	assert_non_null(strstr(text, "tokentap_output_tokens_total{route=\"default\",upstream=\"up-a\",model=\"m1\"} 40\n"));
+	assert_non_null(strstr(text,
+			       "tokentap_errors_total{route=\"default\",upstream=\"up-b\",model=\"m\\\"x\","
+			       "kind=\"timeout\"} 3\n"));
+	assert_non_null(
+		strstr(text, "tokentap_output_tokens_total{route=\"default\",upstream=\"up-a\",model=\"m1\"} 40\n"));
 	/* warm and cold merged: 120 + 4 */
-	assert_non_null(strstr(text, "tokentap_ttft_seconds_count{route=\"default\",upstream=\"up-a\",model=\"m1\"} 124\n"));
 	assert_non_null(
-		strstr(text, "tokentap_ttft_seconds_bucket{route=\"default\",upstream=\"up-a\",model=\"m1\",le=\"+Inf\"} 124\n"));
+		strstr(text, "tokentap_ttft_seconds_count{route=\"default\",upstream=\"up-a\",model=\"m1\"} 124\n"));
+	assert_non_null(strstr(
+		text,
+		"tokentap_ttft_seconds_bucket{route=\"default\",upstream=\"up-a\",model=\"m1\",le=\"+Inf\"} 124\n"));
 	/* up-a ttft: 80 at 0.09 s, 20 at 0.28 s, 20 at 0.69 s, 4 at 9 s */
-	assert_non_null(
-		strstr(text, "tokentap_ttft_seconds_bucket{route=\"default\",upstream=\"up-a\",model=\"m1\",le=\"0.1\"} 80\n"));
-	assert_non_null(
-		strstr(text, "tokentap_ttft_seconds_bucket{route=\"default\",upstream=\"up-a\",model=\"m1\",le=\"0.75\"} 120\n"));
-	assert_non_null(
-		strstr(text, "tokentap_ttft_seconds_bucket{route=\"default\",upstream=\"up-a\",model=\"m1\",le=\"10.0\"} 124\n"));
+	assert_non_null(strstr(
+		text,
+		"tokentap_ttft_seconds_bucket{route=\"default\",upstream=\"up-a\",model=\"m1\",le=\"0.1\"} 80\n"));
+	assert_non_null(strstr(
+		text,
+		"tokentap_ttft_seconds_bucket{route=\"default\",upstream=\"up-a\",model=\"m1\",le=\"0.75\"} 120\n"));
+	assert_non_null(strstr(
+		text,
+		"tokentap_ttft_seconds_bucket{route=\"default\",upstream=\"up-a\",model=\"m1\",le=\"10.0\"} 124\n"));
 	/* no metric outside the time ones gets a histogram */
 	assert_null(strstr(text, "tokentap_decode_rate_seconds"));
 	assert_null(strstr(text, "tokentap_inflight_seconds"));

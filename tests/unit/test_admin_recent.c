@@ -34,8 +34,8 @@ static void test_parse_n(void **state)
 	assert_int_equal(admin_recent_parse_n("007", 1024, &n, err, sizeof(err)), 0);
 	assert_int_equal(n, 7);
 
-	static const char *const bad[] = { "", "0", "1025", "-1", "+5", " 5", "5 ", "5x", "1e3", "0x10", "2.5",
-					   "99999999999999999999999999" };
+	static const char *const bad[] = { "",	 "0",  "1025", "-1",   "+5",  " 5",
+					   "5 ", "5x", "1e3",  "0x10", "2.5", "99999999999999999999999999" };
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		n = 42;
 		err[0] = '\0';
@@ -180,8 +180,8 @@ static void test_render_entries(void **state)
 		assert_float_equal(real_of(a, req_metric_key((enum req_metric)i)), round(m[i] * 1000) / 1000, 1e-9);
 	assert_float_equal(real_of(a, "ttft_ms"), 100.0, 1e-9);
 	assert_float_equal(real_of(a, "e2e_ms"), 170.0, 1e-9);
-	assert_float_equal(real_of(a, "tpot_ms"), 20.0, 1e-9);	      /* (160 - 100) / (4 - 1) */
-	assert_float_equal(real_of(a, "decode_tps"), 50.0, 1e-9);     /* 3 / 0.06 s */
+	assert_float_equal(real_of(a, "tpot_ms"), 20.0, 1e-9);		/* (160 - 100) / (4 - 1) */
+	assert_float_equal(real_of(a, "decode_tps"), 50.0, 1e-9);	/* 3 / 0.06 s */
 	assert_float_equal(real_of(a, "upstream_ttft_ms"), 98.0, 1e-9); /* first_token - req_sent */
 	json_t *itl = json_object_get(a, "itl");
 	assert_int_equal(json_integer_value(json_object_get(itl, "count")), 3);

@@ -54,7 +54,9 @@ static bool tok(enum api_kind api, const char *data, struct usage *u)
 	return tok_named(api, NULL, data, u);
 }
 
-#define OAI_HEAD "{'id':'chatcmpl-8f3a','object':'chat.completion.chunk','created':1718000000,'model':'Qwen/Qwen2.5-7B-Instruct',"
+#define OAI_HEAD \
+	"{'id':'chatcmpl-8f3a','object':'chat.completion.chunk','created':1718000000,'model':'Qwen/" \
+	"Qwen2.5-7B-Instruct',"
 
 static void test_api_paths(void **state)
 {
@@ -105,22 +107,32 @@ static void test_openai_chat_stream(void **state)
 	struct usage u = USAGE_UNKNOWN;
 	/* Role-only first chunk: not a token. */
 	assert_false(tok(API_OPENAI_CHAT,
-			 J(OAI_HEAD "'choices':[{'index':0,'delta':{'role':'assistant','content':''},'logprobs':null,'finish_reason':null}]}"),
+			 J(OAI_HEAD "'choices':[{'index':0,'delta':{'role':'assistant','content':''},'logprobs':null,'"
+				    "finish_reason':null}]}"),
 			 &u));
-	assert_false(tok(API_OPENAI_CHAT, J(OAI_HEAD "'choices':[{'index':0,'delta':{'role':'assistant'},'finish_reason':null}]}"), &u));
-	assert_true(tok(API_OPENAI_CHAT,
-			J(OAI_HEAD "'choices':[{'index':0,'delta':{'content':'Hello'},'logprobs':null,'finish_reason':null}]}"), &u));
-	/* A newline alone is text. */
-	assert_true(tok(API_OPENAI_CHAT, J(OAI_HEAD "'choices':[{'index':0,'delta':{'content':'\\n'},'finish_reason':null}]}"), &u));
-	/* Finish-only chunk (vLLM adds stop_reason). */
 	assert_false(tok(API_OPENAI_CHAT,
-			 J(OAI_HEAD "'choices':[{'index':0,'delta':{},'logprobs':null,'finish_reason':'stop','stop_reason':null}]}"), &u));
-	assert_false(tok(API_OPENAI_CHAT, J(OAI_HEAD "'choices':[{'index':0,'delta':{'content':null},'finish_reason':'length'}]}"), &u));
+			 J(OAI_HEAD "'choices':[{'index':0,'delta':{'role':'assistant'},'finish_reason':null}]}"), &u));
+	assert_true(tok(
+		API_OPENAI_CHAT,
+		J(OAI_HEAD "'choices':[{'index':0,'delta':{'content':'Hello'},'logprobs':null,'finish_reason':null}]}"),
+		&u));
+	/* A newline alone is text. */
+	assert_true(tok(API_OPENAI_CHAT,
+			J(OAI_HEAD "'choices':[{'index':0,'delta':{'content':'\\n'},'finish_reason':null}]}"), &u));
+	/* Finish-only chunk (vLLM adds stop_reason). */
+	assert_false(
+		tok(API_OPENAI_CHAT,
+		    J(OAI_HEAD
+		      "'choices':[{'index':0,'delta':{},'logprobs':null,'finish_reason':'stop','stop_reason':null}]}"),
+		    &u));
+	assert_false(tok(API_OPENAI_CHAT,
+			 J(OAI_HEAD "'choices':[{'index':0,'delta':{'content':null},'finish_reason':'length'}]}"), &u));
 	assert_int_equal(u.input_tokens, -1);
 	assert_int_equal(u.output_tokens, -1);
 	/* Usage-only chunk. */
 	assert_false(tok(API_OPENAI_CHAT,
-			 J(OAI_HEAD "'choices':[],'usage':{'prompt_tokens':31,'total_tokens':41,'completion_tokens':10,'prompt_tokens_details':null}}"),
+			 J(OAI_HEAD "'choices':[],'usage':{'prompt_tokens':31,'total_tokens':41,'completion_tokens':10,"
+				    "'prompt_tokens_details':null}}"),
 			 &u));
 	assert_int_equal(u.input_tokens, 31);
 	assert_int_equal(u.output_tokens, 10);
@@ -134,42 +146,67 @@ static void test_openai_chat_usage_variants(void **state)
 {
 	struct usage u = USAGE_UNKNOWN;
 	assert_true(tok(API_OPENAI_CHAT,
-			J("{'id':'chatcmpl-1','object':'chat.completion.chunk','created':1,'model':'gpt-4o-mini','system_fingerprint':'fp_1','choices':[{'index':0,'delta':{'content':'Hi'},'logprobs':null,'finish_reason':null}],'usage':null}"),
+			J("{'id':'chatcmpl-1','object':'chat.completion.chunk','created':1,'model':'gpt-4o-mini','"
+			  "system_fingerprint':'fp_1','choices':[{'index':0,'delta':{'content':'Hi'},'logprobs':null,'"
+			  "finish_reason':null}],'usage':null}"),
 			&u));
 	assert_int_equal(u.input_tokens, -1);
 	assert_true(tok(API_OPENAI_CHAT,
-			J(OAI_HEAD "'choices':[{'index':0,'delta':{'content':'A'}}],'usage':{'prompt_tokens':9,'total_tokens':10,'completion_tokens':1}}"),
+			J(OAI_HEAD "'choices':[{'index':0,'delta':{'content':'A'}}],'usage':{'prompt_tokens':9,'total_"
+				   "tokens':10,'completion_tokens':1}}"),
 			&u));
 	assert_int_equal(u.input_tokens, 9);
 	assert_int_equal(u.output_tokens, 1);
 	assert_true(tok(API_OPENAI_CHAT,
-			J(OAI_HEAD "'choices':[{'index':0,'delta':{'content':'B'}}],'usage':{'prompt_tokens':9,'total_tokens':11,'completion_tokens':2}}"),
+			J(OAI_HEAD "'choices':[{'index':0,'delta':{'content':'B'}}],'usage':{'prompt_tokens':9,'total_"
+				   "tokens':11,'completion_tokens':2}}"),
 			&u));
 	assert_int_equal(u.output_tokens, 2);
 	/* No usage pointer: still classified. */
-	assert_true(tok(API_OPENAI_CHAT, J(OAI_HEAD "'choices':[{'index':0,'delta':{'content':'C'}}],'usage':{'prompt_tokens':1,'completion_tokens':1}}"), NULL));
+	assert_true(tok(
+		API_OPENAI_CHAT,
+		J(OAI_HEAD
+		  "'choices':[{'index':0,'delta':{'content':'C'}}],'usage':{'prompt_tokens':1,'completion_tokens':1}}"),
+		NULL));
 }
 
 static void test_openai_chat_reasoning_and_tools(void **state)
 {
 	struct usage u = USAGE_UNKNOWN;
 	/* vLLM reasoning parser, old and new field names. */
-	assert_true(tok(API_OPENAI_CHAT, J(OAI_HEAD "'choices':[{'index':0,'delta':{'reasoning_content':'Let me think'},'finish_reason':null}]}"), &u));
-	assert_true(tok(API_OPENAI_CHAT, J(OAI_HEAD "'choices':[{'index':0,'delta':{'reasoning':'Hmm'},'finish_reason':null}]}"), &u));
 	assert_true(tok(API_OPENAI_CHAT,
-			J(OAI_HEAD "'choices':[{'index':0,'delta':{'content':null,'reasoning_content':'x'},'finish_reason':null}]}"), &u));
+			J(OAI_HEAD
+			  "'choices':[{'index':0,'delta':{'reasoning_content':'Let me think'},'finish_reason':null}]}"),
+			&u));
+	assert_true(tok(API_OPENAI_CHAT,
+			J(OAI_HEAD "'choices':[{'index':0,'delta':{'reasoning':'Hmm'},'finish_reason':null}]}"), &u));
+	assert_true(
+		tok(API_OPENAI_CHAT,
+		    J(OAI_HEAD
+		      "'choices':[{'index':0,'delta':{'content':null,'reasoning_content':'x'},'finish_reason':null}]}"),
+		    &u));
+	assert_false(
+		tok(API_OPENAI_CHAT,
+		    J(OAI_HEAD
+		      "'choices':[{'index':0,'delta':{'content':'','reasoning_content':null},'finish_reason':null}]}"),
+		    &u));
 	assert_false(tok(API_OPENAI_CHAT,
-			 J(OAI_HEAD "'choices':[{'index':0,'delta':{'content':'','reasoning_content':null},'finish_reason':null}]}"), &u));
-	assert_false(tok(API_OPENAI_CHAT, J(OAI_HEAD "'choices':[{'index':0,'delta':{'reasoning':''},'finish_reason':null}]}"), &u));
+			 J(OAI_HEAD "'choices':[{'index':0,'delta':{'reasoning':''},'finish_reason':null}]}"), &u));
 	/* Tool call: the header fragment with empty arguments counts too. */
+	assert_true(
+		tok(API_OPENAI_CHAT,
+		    J(OAI_HEAD "'choices':[{'index':0,'delta':{'tool_calls':[{'id':'chatcmpl-tool-1','type':'function',"
+			       "'index':0,'function':{'name':'get_weather','arguments':''}}]},'finish_reason':null}]}"),
+		    &u));
 	assert_true(tok(API_OPENAI_CHAT,
-			J(OAI_HEAD "'choices':[{'index':0,'delta':{'tool_calls':[{'id':'chatcmpl-tool-1','type':'function','index':0,'function':{'name':'get_weather','arguments':''}}]},'finish_reason':null}]}"),
+			J(OAI_HEAD "'choices':[{'index':0,'delta':{'tool_calls':[{'index':0,'function':{'arguments':'{"
+				   "\\'city\\': \\''}}]},'finish_reason':null}]}"),
 			&u));
-	assert_true(tok(API_OPENAI_CHAT,
-			J(OAI_HEAD "'choices':[{'index':0,'delta':{'tool_calls':[{'index':0,'function':{'arguments':'{\\'city\\': \\''}}]},'finish_reason':null}]}"),
-			&u));
-	assert_false(tok(API_OPENAI_CHAT, J(OAI_HEAD "'choices':[{'index':0,'delta':{'tool_calls':[]},'finish_reason':'tool_calls'}]}"), &u));
-	assert_false(tok(API_OPENAI_CHAT, J(OAI_HEAD "'choices':[{'index':0,'delta':{'tool_calls':null},'finish_reason':null}]}"), &u));
+	assert_false(tok(API_OPENAI_CHAT,
+			 J(OAI_HEAD "'choices':[{'index':0,'delta':{'tool_calls':[]},'finish_reason':'tool_calls'}]}"),
+			 &u));
+	assert_false(tok(API_OPENAI_CHAT,
+			 J(OAI_HEAD "'choices':[{'index':0,'delta':{'tool_calls':null},'finish_reason':null}]}"), &u));
 }
 
 /* Spacing a server may use, and logprobs.content (an array, not text). */
@@ -180,10 +217,12 @@ static void test_openai_chat_shapes(void **state)
 	assert_true(tok(API_OPENAI_CHAT, J("{'choices':[{'delta':{'content' :\n\t'Hi'}}]}"), &u));
 	assert_false(tok(API_OPENAI_CHAT, J("{'choices': [{'index': 0, 'delta': {'content' : ''}}]}"), &u));
 	assert_false(tok(API_OPENAI_CHAT,
-			 J("{'choices':[{'index':0,'delta':{'content':''},'logprobs':{'content':[{'token':'Hi','logprob':-0.1,'bytes':[72,105],'top_logprobs':[]}]},'finish_reason':null}]}"),
+			 J("{'choices':[{'index':0,'delta':{'content':''},'logprobs':{'content':[{'token':'Hi','"
+			   "logprob':-0.1,'bytes':[72,105],'top_logprobs':[]}]},'finish_reason':null}]}"),
 			 &u));
 	assert_true(tok(API_OPENAI_CHAT,
-			J("{'choices':[{'index':0,'delta':{'content':'Hi'},'logprobs':{'content':[{'token':'Hi','logprob':-0.1}]},'finish_reason':null}]}"),
+			J("{'choices':[{'index':0,'delta':{'content':'Hi'},'logprobs':{'content':[{'token':'Hi','"
+			  "logprob':-0.1}]},'finish_reason':null}]}"),
 			&u));
 	/* The word "content" as a value is not the key. */
 	assert_false(tok(API_OPENAI_CHAT, J("{'choices':[{'delta':{'role':'content'},'finish_reason':null}]}"), &u));
@@ -201,11 +240,13 @@ static void test_escaped_quotes_do_not_fool_scan(void **state)
 	struct usage u = USAGE_UNKNOWN;
 	/* Empty delta.content; a later string value holds "content":"gotcha". */
 	assert_false(tok(API_OPENAI_CHAT,
-			 "{\"choices\":[{\"delta\":{\"content\":\"\"},\"finish_reason\":\"stop\",\"stop_reason\":\"say \\\"content\\\":\\\"gotcha\\\"\"}]}",
+			 "{\"choices\":[{\"delta\":{\"content\":\"\"},\"finish_reason\":\"stop\",\"stop_reason\":\"say "
+			 "\\\"content\\\":\\\"gotcha\\\"\"}]}",
 			 &u));
 	/* Same, with blanks after the colon and the key text first. */
 	assert_false(tok(API_OPENAI_CHAT,
-			 "{\"note\":\"{\\\"content\\\": \\\"x\\\", \\\"usage\\\": {\\\"prompt_tokens\\\": 5}}\",\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}",
+			 "{\"note\":\"{\\\"content\\\": \\\"x\\\", \\\"usage\\\": {\\\"prompt_tokens\\\": "
+			 "5}}\",\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}",
 			 &u));
 	assert_int_equal(u.input_tokens, -1); /* nor the usage scan */
 	/* A backslash right before the quote: an escaped backslash (even run)
@@ -216,7 +257,8 @@ static void test_escaped_quotes_do_not_fool_scan(void **state)
 	/* The one place where "content" with both quotes can sit in a string:
 	 * a key whose text ends in \"content, here with a non-empty value.
 	 * Its opening quote is escaped; the backslash parity rules it out. */
-	assert_false(tok(API_OPENAI_CHAT, "{\"choices\":[{\"delta\":{\"content\":\"\"}}],\"say \\\"content\": \"gotcha\"}", &u));
+	assert_false(tok(API_OPENAI_CHAT,
+			 "{\"choices\":[{\"delta\":{\"content\":\"\"}}],\"say \\\"content\": \"gotcha\"}", &u));
 	assert_false(tok(API_OLLAMA_GENERATE, "{\"response\":\"\",\"x\\\"response\":\"gotcha\"}", &u));
 	/* ...and an even run is an escaped backslash: the quote is real. */
 	assert_true(tok(API_OPENAI_CHAT, "{\"choices\":[{\"delta\":{\"x\":\"C:\\\\\",\"content\":\"b\"}}]}", &u));
@@ -226,16 +268,19 @@ static void test_escaped_quotes_do_not_fool_scan(void **state)
 	assert_true(tok(API_OPENAI_CHAT, "{\"choices\":[{\"delta\":{\"content\":\"\\\"\"}}]}", &u));
 	/* llama.cpp final event: the echoed prompt holds key-like text. */
 	assert_false(tok(API_LLAMACPP,
-			 "{\"content\":\"\",\"stop\":true,\"prompt\":\"Reply as {\\\"content\\\":\\\"...\\\"}\",\"tokens_predicted\":3,\"tokens_evaluated\":8}",
+			 "{\"content\":\"\",\"stop\":true,\"prompt\":\"Reply as "
+			 "{\\\"content\\\":\\\"...\\\"}\",\"tokens_predicted\":3,\"tokens_evaluated\":8}",
 			 &u));
 	assert_int_equal(u.output_tokens, 3);
 	/* TGI: "special":true inside the text of a non-special token. */
 	assert_true(tok(API_TGI,
-			"{\"index\":2,\"token\":{\"id\":9,\"text\":\"\\\"special\\\":true\",\"logprob\":-0.2,\"special\":false},\"generated_text\":null,\"details\":null}",
+			"{\"index\":2,\"token\":{\"id\":9,\"text\":\"\\\"special\\\":true\",\"logprob\":-0.2,"
+			"\"special\":false},\"generated_text\":null,\"details\":null}",
 			&u));
 	/* Anthropic without event names: a text delta quoting another type. */
 	assert_true(tok(API_ANTHROPIC,
-			"{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"\\\"type\\\":\\\"message_start\\\"\"}}",
+			"{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":"
+			"\"\\\"type\\\":\\\"message_start\\\"\"}}",
 			&u));
 	assert_false(tok(API_ANTHROPIC, "{\"type\":\"ping\",\"x\":\"\\\"type\\\":\\\"content_block_delta\\\"\"}", &u));
 }
@@ -244,25 +289,32 @@ static void test_openai_completions(void **state)
 {
 	struct usage u = USAGE_UNKNOWN;
 	assert_true(tok(API_OPENAI_COMPLETIONS,
-			J("{'id':'cmpl-b3','object':'text_completion','created':1718000000,'model':'meta-llama/Llama-3.1-8B','choices':[{'index':0,'text':' Paris','logprobs':null,'finish_reason':null,'stop_reason':null}]}"),
+			J("{'id':'cmpl-b3','object':'text_completion','created':1718000000,'model':'meta-llama/"
+			  "Llama-3.1-8B','choices':[{'index':0,'text':' "
+			  "Paris','logprobs':null,'finish_reason':null,'stop_reason':null}]}"),
 			&u));
 	assert_false(tok(API_OPENAI_COMPLETIONS,
-			 J("{'id':'cmpl-b3','object':'text_completion','created':1718000000,'model':'m','choices':[{'index':0,'text':'','logprobs':null,'finish_reason':'length','stop_reason':null}]}"),
+			 J("{'id':'cmpl-b3','object':'text_completion','created':1718000000,'model':'m','choices':[{'"
+			   "index':0,'text':'','logprobs':null,'finish_reason':'length','stop_reason':null}]}"),
 			 &u));
 	/* logprobs has text_offset and tokens, which are not "text". */
 	assert_false(tok(API_OPENAI_COMPLETIONS,
-			 J("{'choices':[{'index':0,'text':'','logprobs':{'text_offset':[0],'token_logprobs':[-0.1],'tokens':['x'],'top_logprobs':null},'finish_reason':'stop'}]}"),
+			 J("{'choices':[{'index':0,'text':'','logprobs':{'text_offset':[0],'token_logprobs':[-0.1],'"
+			   "tokens':['x'],'top_logprobs':null},'finish_reason':'stop'}]}"),
 			 &u));
 	assert_false(tok(API_OPENAI_COMPLETIONS,
-			 J("{'id':'cmpl-b3','object':'text_completion','created':1,'model':'m','choices':[],'usage':{'prompt_tokens':5,'total_tokens':21,'completion_tokens':16}}"),
+			 J("{'id':'cmpl-b3','object':'text_completion','created':1,'model':'m','choices':[],'usage':{'"
+			   "prompt_tokens':5,'total_tokens':21,'completion_tokens':16}}"),
 			 &u));
 	assert_int_equal(u.input_tokens, 5);
 	assert_int_equal(u.output_tokens, 16);
 	assert_false(tok(API_OPENAI_COMPLETIONS, "[DONE]", &u));
 	/* llama.cpp's /completions alias answers in its native shape. */
 	struct usage l = USAGE_UNKNOWN;
-	assert_true(tok(API_OPENAI_COMPLETIONS, J("{'index':0,'content':' Hi','tokens':[],'stop':false,'id_slot':0}"), &l));
-	assert_false(tok(API_OPENAI_COMPLETIONS, J("{'index':0,'content':'','stop':true,'tokens_predicted':4,'tokens_evaluated':6}"), &l));
+	assert_true(
+		tok(API_OPENAI_COMPLETIONS, J("{'index':0,'content':' Hi','tokens':[],'stop':false,'id_slot':0}"), &l));
+	assert_false(tok(API_OPENAI_COMPLETIONS,
+			 J("{'index':0,'content':'','stop':true,'tokens_predicted':4,'tokens_evaluated':6}"), &l));
 	assert_int_equal(l.input_tokens, 6);
 	assert_int_equal(l.output_tokens, 4);
 }
@@ -276,21 +328,38 @@ static void test_anthropic_stream(void **state)
 		bool token;
 	} seq[] = {
 		{ "message_start",
-		  "{'type':'message_start','message':{'id':'msg_01','type':'message','role':'assistant','content':[],'model':'claude-sonnet-4-20250514','stop_reason':null,'stop_sequence':null,'usage':{'input_tokens':472,'cache_creation_input_tokens':0,'cache_read_input_tokens':0,'output_tokens':2}}}",
+		  "{'type':'message_start','message':{'id':'msg_01','type':'message','role':'assistant','content':[],'"
+		  "model':'claude-sonnet-4-20250514','stop_reason':null,'stop_sequence':null,'usage':{'input_tokens':"
+		  "472,'cache_creation_input_tokens':0,'cache_read_input_tokens':0,'output_tokens':2}}}",
 		  false },
-		{ "content_block_start", "{'type':'content_block_start','index':0,'content_block':{'type':'thinking','thinking':''}}", false },
+		{ "content_block_start",
+		  "{'type':'content_block_start','index':0,'content_block':{'type':'thinking','thinking':''}}", false },
 		{ "ping", "{'type': 'ping'}", false },
-		{ "content_block_delta", "{'type':'content_block_delta','index':0,'delta':{'type':'thinking_delta','thinking':'Let me'}}", true },
-		{ "content_block_delta", "{'type':'content_block_delta','index':0,'delta':{'type':'signature_delta','signature':'EqQB'}}", false },
+		{ "content_block_delta",
+		  "{'type':'content_block_delta','index':0,'delta':{'type':'thinking_delta','thinking':'Let me'}}",
+		  true },
+		{ "content_block_delta",
+		  "{'type':'content_block_delta','index':0,'delta':{'type':'signature_delta','signature':'EqQB'}}",
+		  false },
 		{ "content_block_stop", "{'type':'content_block_stop','index':0}", false },
-		{ "content_block_start", "{'type':'content_block_start','index':1,'content_block':{'type':'text','text':''}}", false },
-		{ "content_block_delta", "{'type':'content_block_delta','index':1,'delta':{'type':'text_delta','text':'Hello'}}", true },
+		{ "content_block_start",
+		  "{'type':'content_block_start','index':1,'content_block':{'type':'text','text':''}}", false },
+		{ "content_block_delta",
+		  "{'type':'content_block_delta','index':1,'delta':{'type':'text_delta','text':'Hello'}}", true },
 		{ "content_block_stop", "{'type':'content_block_stop','index':1}", false },
 		{ "content_block_start",
-		  "{'type':'content_block_start','index':2,'content_block':{'type':'tool_use','id':'toolu_01','name':'get_weather','input':{}}}", false },
-		{ "content_block_delta", "{'type':'content_block_delta','index':2,'delta':{'type':'input_json_delta','partial_json':'{\\'city\\''}}", true },
+		  "{'type':'content_block_start','index':2,'content_block':{'type':'tool_use','id':'toolu_01','name':'"
+		  "get_weather','input':{}}}",
+		  false },
+		{ "content_block_delta",
+		  "{'type':'content_block_delta','index':2,'delta':{'type':'input_json_delta','partial_json':'{\\'"
+		  "city\\''}}",
+		  true },
 		{ "content_block_stop", "{'type':'content_block_stop','index':2}", false },
-		{ "message_delta", "{'type':'message_delta','delta':{'stop_reason':'tool_use','stop_sequence':null},'usage':{'output_tokens':89}}", false },
+		{ "message_delta",
+		  "{'type':'message_delta','delta':{'stop_reason':'tool_use','stop_sequence':null},'usage':{'output_"
+		  "tokens':89}}",
+		  false },
 		{ "message_stop", "{'type':'message_stop'}", false },
 	};
 	for (int named = 0; named < 2; named++) {
@@ -310,14 +379,18 @@ static void test_anthropic_stream(void **state)
 	/* message_delta may carry input_tokens too (later values win). */
 	struct usage u = USAGE_UNKNOWN;
 	tok_named(API_ANTHROPIC, "message_delta",
-		  J("{'type':'message_delta','delta':{'stop_reason':'end_turn','stop_sequence':null},'usage':{'input_tokens':10,'cache_creation_input_tokens':0,'cache_read_input_tokens':0,'output_tokens':7}}"),
+		  J("{'type':'message_delta','delta':{'stop_reason':'end_turn','stop_sequence':null},'usage':{'input_"
+		    "tokens':10,'cache_creation_input_tokens':0,'cache_read_input_tokens':0,'output_tokens':7}}"),
 		  &u);
 	assert_int_equal(u.input_tokens, 10);
 	assert_int_equal(u.output_tokens, 7);
 	/* The event name decides when present; a generic "message" does not. */
 	assert_false(tok_named(API_ANTHROPIC, "ping", J("{'type':'content_block_delta'}"), NULL));
-	assert_true(tok_named(API_ANTHROPIC, "message", J("{'type':'content_block_delta','index':0,'delta':{'type':'text_delta','text':'x'}}"), NULL));
-	assert_false(tok_named(API_ANTHROPIC, "error", J("{'type':'error','error':{'type':'overloaded_error','message':'Overloaded'}}"), NULL));
+	assert_true(tok_named(API_ANTHROPIC, "message",
+			      J("{'type':'content_block_delta','index':0,'delta':{'type':'text_delta','text':'x'}}"),
+			      NULL));
+	assert_false(tok_named(API_ANTHROPIC, "error",
+			       J("{'type':'error','error':{'type':'overloaded_error','message':'Overloaded'}}"), NULL));
 }
 
 /* TGI /generate_stream: plain `data:` events with a token object. */
@@ -325,22 +398,32 @@ static void test_tgi_stream(void **state)
 {
 	struct usage u = USAGE_UNKNOWN;
 	assert_true(tok(API_TGI,
-			J("{'index':1,'token':{'id':22557,'text':'Hello','logprob':-0.48,'special':false},'generated_text':null,'details':null}"), &u));
-	assert_true(tok(API_TGI, J("{'index':2,'token':{'id':11,'text':',','logprob':-0.1,'special':false},'generated_text':null,'details':null,'top_tokens':[{'id':2,'text':'</s>','logprob':-3.2,'special':true}]}"),
+			J("{'index':1,'token':{'id':22557,'text':'Hello','logprob':-0.48,'special':false},'generated_"
+			  "text':null,'details':null}"),
+			&u));
+	assert_true(tok(API_TGI,
+			J("{'index':2,'token':{'id':11,'text':',','logprob':-0.1,'special':false},'generated_text':"
+			  "null,'details':null,'top_tokens':[{'id':2,'text':'</s>','logprob':-3.2,'special':true}]}"),
 			&u));
 	/* special first in the object, and a special token mid-stream. */
-	assert_false(tok(API_TGI, J("{'index':3,'token':{'special':true,'id':32000,'text':'<|im_start|>','logprob':0.0},'generated_text':null,'details':null}"), &u));
+	assert_false(tok(API_TGI,
+			 J("{'index':3,'token':{'special':true,'id':32000,'text':'<|im_start|>','logprob':0.0},'"
+			   "generated_text':null,'details':null}"),
+			 &u));
 	assert_int_equal(u.output_tokens, -1);
 	/* Final event: EOS is special; details carry the counts. */
-	assert_false(tok(API_TGI,
-			 J("{'index':20,'token':{'id':2,'text':'</s>','logprob':-0.02,'special':true},'generated_text':'Hello, world','details':{'finish_reason':'eos_token','generated_tokens':20,'seed':null,'input_length':7}}"),
-			 &u));
+	assert_false(tok(
+		API_TGI,
+		J("{'index':20,'token':{'id':2,'text':'</s>','logprob':-0.02,'special':true},'generated_text':'Hello, "
+		  "world','details':{'finish_reason':'eos_token','generated_tokens':20,'seed':null,'input_length':7}}"),
+		&u));
 	assert_int_equal(u.output_tokens, 20);
 	assert_int_equal(u.input_tokens, 7);
 	/* Final event cut by max_new_tokens: a real token with the details. */
 	struct usage v = USAGE_UNKNOWN;
 	assert_true(tok(API_TGI,
-			J("{'index':16,'token':{'id':13,'text':'.','logprob':-0.5,'special':false},'generated_text':'abc.','details':{'finish_reason':'length','generated_tokens':16,'seed':null}}"),
+			J("{'index':16,'token':{'id':13,'text':'.','logprob':-0.5,'special':false},'generated_text':'"
+			  "abc.','details':{'finish_reason':'length','generated_tokens':16,'seed':null}}"),
 			&v));
 	assert_int_equal(v.output_tokens, 16);
 	assert_int_equal(v.input_tokens, -1);
@@ -352,19 +435,32 @@ static void test_tgi_stream(void **state)
 static void test_llamacpp_stream(void **state)
 {
 	struct usage u = USAGE_UNKNOWN;
-	assert_true(tok(API_LLAMACPP, J("{'index':0,'content':' The','tokens':[578],'stop':false,'id_slot':0,'tokens_predicted':1,'tokens_evaluated':9}"), &u));
+	assert_true(tok(API_LLAMACPP,
+			J("{'index':0,'content':' "
+			  "The','tokens':[578],'stop':false,'id_slot':0,'tokens_predicted':1,'tokens_evaluated':9}"),
+			&u));
 	assert_int_equal(u.output_tokens, 1); /* newer servers count as they go */
-	assert_true(tok(API_LLAMACPP, J("{'content':' sky','stop':false,'id_slot':0,'multimodal':false,'index':0}"), &u));
+	assert_true(
+		tok(API_LLAMACPP, J("{'content':' sky','stop':false,'id_slot':0,'multimodal':false,'index':0}"), &u));
 	assert_false(tok(API_LLAMACPP, J("{'content':'','stop':false,'id_slot':0,'multimodal':false,'index':0}"), &u));
 	/* Final event: empty content, counts at top level and in timings. */
-	assert_false(tok(API_LLAMACPP,
-			 J("{'index':0,'content':'','tokens':[],'id_slot':0,'stop':true,'model':'gpt-3.5-turbo','tokens_predicted':32,'tokens_evaluated':9,'generation_settings':{'n_predict':32,'temperature':0.8,'stop':[]},'prompt':'<s> The sky','has_new_line':false,'truncated':false,'stop_type':'limit','stopping_word':'','tokens_cached':40,'timings':{'prompt_n':9,'prompt_ms':12.3,'prompt_per_token_ms':1.4,'prompt_per_second':731.7,'predicted_n':32,'predicted_ms':301.2,'predicted_per_token_ms':9.4,'predicted_per_second':106.2}}"),
-			 &u));
+	assert_false(tok(
+		API_LLAMACPP,
+		J("{'index':0,'content':'','tokens':[],'id_slot':0,'stop':true,'model':'gpt-3.5-turbo','tokens_"
+		  "predicted':32,'tokens_evaluated':9,'generation_settings':{'n_predict':32,'temperature':0.8,'stop':[]"
+		  "},'prompt':'<s> The "
+		  "sky','has_new_line':false,'truncated':false,'stop_type':'limit','stopping_word':'','tokens_cached':"
+		  "40,'timings':{'prompt_n':9,'prompt_ms':12.3,'prompt_per_token_ms':1.4,'prompt_per_second':731.7,'"
+		  "predicted_n':32,'predicted_ms':301.2,'predicted_per_token_ms':9.4,'predicted_per_second':106.2}}"),
+		&u));
 	assert_int_equal(u.input_tokens, 9);
 	assert_int_equal(u.output_tokens, 32);
 	/* Only timings (timings_per_token): read from there. */
 	struct usage v = USAGE_UNKNOWN;
-	assert_true(tok(API_LLAMACPP, J("{'content':'x','stop':false,'timings':{'prompt_n':4,'prompt_ms':1.0,'predicted_n':2,'predicted_ms':3.0}}"), &v));
+	assert_true(tok(API_LLAMACPP,
+			J("{'content':'x','stop':false,'timings':{'prompt_n':4,'prompt_ms':1.0,'predicted_n':2,'"
+			  "predicted_ms':3.0}}"),
+			&v));
 	assert_int_equal(v.input_tokens, 4);
 	assert_int_equal(v.output_tokens, 2);
 }
@@ -372,12 +468,22 @@ static void test_llamacpp_stream(void **state)
 static void test_ollama_generate(void **state)
 {
 	struct usage u = USAGE_UNKNOWN;
-	assert_true(tok(API_OLLAMA_GENERATE, J("{'model':'llama3.2','created_at':'2024-07-01T10:00:00.123Z','response':'The','done':false}"), &u));
-	assert_false(tok(API_OLLAMA_GENERATE, J("{'model':'llama3.2','created_at':'2024-07-01T10:00:00.123Z','response':'','done':false}"), &u));
-	assert_true(tok(API_OLLAMA_GENERATE, J("{'model':'qwen3','created_at':'2025-06-01T10:00:00Z','response':'','thinking':'Okay','done':false}"), &u));
+	assert_true(tok(API_OLLAMA_GENERATE,
+			J("{'model':'llama3.2','created_at':'2024-07-01T10:00:00.123Z','response':'The','done':false}"),
+			&u));
+	assert_false(tok(API_OLLAMA_GENERATE,
+			 J("{'model':'llama3.2','created_at':'2024-07-01T10:00:00.123Z','response':'','done':false}"),
+			 &u));
+	assert_true(tok(
+		API_OLLAMA_GENERATE,
+		J("{'model':'qwen3','created_at':'2025-06-01T10:00:00Z','response':'','thinking':'Okay','done':false}"),
+		&u));
 	assert_int_equal(u.output_tokens, -1);
 	assert_false(tok(API_OLLAMA_GENERATE,
-			 J("{'model':'llama3.2','created_at':'2024-07-01T10:00:01Z','response':'','done':true,'done_reason':'stop','context':[128006,882,128007,271,1820],'total_duration':10706818083,'load_duration':6338219291,'prompt_eval_count':26,'prompt_eval_duration':130079000,'eval_count':259,'eval_duration':4232710000}"),
+			 J("{'model':'llama3.2','created_at':'2024-07-01T10:00:01Z','response':'','done':true,'done_"
+			   "reason':'stop','context':[128006,882,128007,271,1820],'total_duration':10706818083,'load_"
+			   "duration':6338219291,'prompt_eval_count':26,'prompt_eval_duration':130079000,'eval_count':"
+			   "259,'eval_duration':4232710000}"),
 			 &u));
 	assert_int_equal(u.input_tokens, 26);
 	assert_int_equal(u.output_tokens, 259);
@@ -388,16 +494,29 @@ static void test_ollama_generate(void **state)
 static void test_ollama_chat(void **state)
 {
 	struct usage u = USAGE_UNKNOWN;
-	assert_true(tok(API_OLLAMA_CHAT, J("{'model':'llama3.2','created_at':'2024-07-01T10:00:00.1Z','message':{'role':'assistant','content':'The'},'done':false}"), &u));
 	assert_true(tok(API_OLLAMA_CHAT,
-			J("{'model':'qwen3','created_at':'2025-06-01T10:00:00Z','message':{'role':'assistant','content':'','thinking':'Hmm'},'done':false}"), &u));
-	assert_true(tok(API_OLLAMA_CHAT,
-			J("{'model':'llama3.2','created_at':'2024-07-01T10:00:00.2Z','message':{'role':'assistant','content':'','tool_calls':[{'function':{'name':'get_weather','arguments':{'city':'Paris'}}}]},'done':false}"),
+			J("{'model':'llama3.2','created_at':'2024-07-01T10:00:00.1Z','message':{'role':'assistant','"
+			  "content':'The'},'done':false}"),
 			&u));
-	assert_false(tok(API_OLLAMA_CHAT, J("{'model':'llama3.2','created_at':'2024-07-01T10:00:00.3Z','message':{'role':'assistant','content':''},'done':false}"), &u));
+	assert_true(tok(API_OLLAMA_CHAT,
+			J("{'model':'qwen3','created_at':'2025-06-01T10:00:00Z','message':{'role':'assistant','content'"
+			  ":'','thinking':'Hmm'},'done':false}"),
+			&u));
+	assert_true(tok(
+		API_OLLAMA_CHAT,
+		J("{'model':'llama3.2','created_at':'2024-07-01T10:00:00.2Z','message':{'role':'assistant','content':''"
+		  ",'tool_calls':[{'function':{'name':'get_weather','arguments':{'city':'Paris'}}}]},'done':false}"),
+		&u));
 	assert_false(tok(API_OLLAMA_CHAT,
-			 J("{'model':'llama3.2','created_at':'2024-07-01T10:00:00.4Z','message':{'role':'assistant','content':''},'done_reason':'stop','done':true,'total_duration':4883583458,'load_duration':1334875,'prompt_eval_count':26,'prompt_eval_duration':342546000,'eval_count':282,'eval_duration':4535599000}"),
+			 J("{'model':'llama3.2','created_at':'2024-07-01T10:00:00.3Z','message':{'role':'assistant','"
+			   "content':''},'done':false}"),
 			 &u));
+	assert_false(tok(
+		API_OLLAMA_CHAT,
+		J("{'model':'llama3.2','created_at':'2024-07-01T10:00:00.4Z','message':{'role':'assistant','content':''"
+		  "},'done_reason':'stop','done':true,'total_duration':4883583458,'load_duration':1334875,'prompt_eval_"
+		  "count':26,'prompt_eval_duration':342546000,'eval_count':282,'eval_duration':4535599000}"),
+		&u));
 	assert_int_equal(u.input_tokens, 26);
 	assert_int_equal(u.output_tokens, 282);
 }
@@ -405,7 +524,9 @@ static void test_ollama_chat(void **state)
 static void test_unknown_api(void **state)
 {
 	struct usage u = USAGE_UNKNOWN;
-	assert_false(tok(API_UNKNOWN, J("{'choices':[{'delta':{'content':'x'}}],'usage':{'prompt_tokens':1,'completion_tokens':1}}"), &u));
+	assert_false(tok(API_UNKNOWN,
+			 J("{'choices':[{'delta':{'content':'x'}}],'usage':{'prompt_tokens':1,'completion_tokens':1}}"),
+			 &u));
 	assert_int_equal(u.input_tokens, -1);
 	assert_false(classify_event(API_OPENAI_CHAT, NULL, &u));
 }
@@ -420,27 +541,41 @@ static void test_bodies(void **state)
 {
 	struct usage u;
 	body(API_OPENAI_CHAT,
-	     J("{'id':'chatcmpl-1','object':'chat.completion','created':1,'model':'m','choices':[{'index':0,'message':{'role':'assistant','content':'Hi','tool_calls':[]},'logprobs':null,'finish_reason':'stop'}],'usage':{'prompt_tokens':14,'total_tokens':24,'completion_tokens':10,'prompt_tokens_details':null}}"),
+	     J("{'id':'chatcmpl-1','object':'chat.completion','created':1,'model':'m','choices':[{'index':0,'message':{"
+	       "'role':'assistant','content':'Hi','tool_calls':[]},'logprobs':null,'finish_reason':'stop'}],'usage':{'"
+	       "prompt_tokens':14,'total_tokens':24,'completion_tokens':10,'prompt_tokens_details':null}}"),
 	     &u);
 	assert_int_equal(u.input_tokens, 14);
 	assert_int_equal(u.output_tokens, 10);
 	body(API_OPENAI_COMPLETIONS,
-	     J("{'id':'cmpl-1','object':'text_completion','created':1,'model':'m','choices':[{'index':0,'text':' Hi','logprobs':null,'finish_reason':'length'}],'usage':{'prompt_tokens':3,'total_tokens':19,'completion_tokens':16}}"),
+	     J("{'id':'cmpl-1','object':'text_completion','created':1,'model':'m','choices':[{'index':0,'text':' "
+	       "Hi','logprobs':null,'finish_reason':'length'}],'usage':{'prompt_tokens':3,'total_tokens':19,'"
+	       "completion_tokens':16}}"),
 	     &u);
 	assert_int_equal(u.input_tokens, 3);
 	assert_int_equal(u.output_tokens, 16);
 	body(API_ANTHROPIC,
-	     J("{'id':'msg_01','type':'message','role':'assistant','model':'claude-sonnet-4-20250514','content':[{'type':'text','text':'Hi'}],'stop_reason':'end_turn','stop_sequence':null,'usage':{'input_tokens':2095,'cache_creation_input_tokens':0,'cache_read_input_tokens':0,'output_tokens':503}}"),
+	     J("{'id':'msg_01','type':'message','role':'assistant','model':'claude-sonnet-4-20250514','content':[{'"
+	       "type':'text','text':'Hi'}],'stop_reason':'end_turn','stop_sequence':null,'usage':{'input_tokens':2095,'"
+	       "cache_creation_input_tokens':0,'cache_read_input_tokens':0,'output_tokens':503}}"),
 	     &u);
 	assert_int_equal(u.input_tokens, 2095);
 	assert_int_equal(u.output_tokens, 503);
-	body(API_TGI, J("{'generated_text':'Hi there','details':{'finish_reason':'length','generated_tokens':20,'seed':null,'prefill':[],'tokens':[]}}"), &u);
+	body(API_TGI,
+	     J("{'generated_text':'Hi "
+	       "there','details':{'finish_reason':'length','generated_tokens':20,'seed':null,'prefill':[],'tokens':[]}"
+	       "}"),
+	     &u);
 	assert_int_equal(u.input_tokens, -1);
 	assert_int_equal(u.output_tokens, 20);
-	body(API_TGI, J("[{'generated_text':'Hi','details':{'finish_reason':'eos_token','generated_tokens':3,'seed':null}}]"), &u);
+	body(API_TGI,
+	     J("[{'generated_text':'Hi','details':{'finish_reason':'eos_token','generated_tokens':3,'seed':null}}]"),
+	     &u);
 	assert_int_equal(u.output_tokens, 3);
 	body(API_LLAMACPP,
-	     J("{'index':0,'content':'Hi there','tokens':[],'id_slot':0,'stop':true,'model':'m','tokens_predicted':12,'tokens_evaluated':5,'timings':{'prompt_n':5,'predicted_n':12}}"),
+	     J("{'index':0,'content':'Hi "
+	       "there','tokens':[],'id_slot':0,'stop':true,'model':'m','tokens_predicted':12,'tokens_evaluated':5,'"
+	       "timings':{'prompt_n':5,'predicted_n':12}}"),
 	     &u);
 	assert_int_equal(u.input_tokens, 5);
 	assert_int_equal(u.output_tokens, 12);
@@ -448,12 +583,16 @@ static void test_bodies(void **state)
 	assert_int_equal(u.input_tokens, 4);
 	assert_int_equal(u.output_tokens, 2);
 	body(API_OLLAMA_GENERATE,
-	     J("{'model':'llama3.2','created_at':'2024-07-01T10:00:00Z','response':'The sky is blue.','done':true,'done_reason':'stop','context':[1,2,3],'total_duration':5043500667,'load_duration':5025959,'prompt_eval_count':26,'prompt_eval_duration':325953000,'eval_count':290,'eval_duration':4709213000}"),
+	     J("{'model':'llama3.2','created_at':'2024-07-01T10:00:00Z','response':'The sky is "
+	       "blue.','done':true,'done_reason':'stop','context':[1,2,3],'total_duration':5043500667,'load_duration':"
+	       "5025959,'prompt_eval_count':26,'prompt_eval_duration':325953000,'eval_count':290,'eval_duration':"
+	       "4709213000}"),
 	     &u);
 	assert_int_equal(u.input_tokens, 26);
 	assert_int_equal(u.output_tokens, 290);
 	body(API_OLLAMA_CHAT,
-	     J("{'model':'llama3.2','created_at':'2024-07-01T10:00:00Z','message':{'role':'assistant','content':'Hello!'},'done':true,'prompt_eval_count':9,'eval_count':4}"),
+	     J("{'model':'llama3.2','created_at':'2024-07-01T10:00:00Z','message':{'role':'assistant','content':'Hello!"
+	       "'},'done':true,'prompt_eval_count':9,'eval_count':4}"),
 	     &u);
 	assert_int_equal(u.input_tokens, 9);
 	assert_int_equal(u.output_tokens, 4);

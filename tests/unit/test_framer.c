@@ -105,39 +105,65 @@ static void frame_cut(enum framer_kind kind, const char *text, const size_t *cut
 /* vLLM / OpenAI chat with stream_options.include_usage: role-only first
  * chunk, content, finish chunk, usage chunk with empty choices, [DONE]. */
 static const char openai_chat_stream[] =
-	"data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1718000000,\"model\":\"meta-llama/Llama-3.1-8B-Instruct\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n"
-	"data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1718000000,\"model\":\"meta-llama/Llama-3.1-8B-Instruct\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hello\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n"
-	"data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1718000000,\"model\":\"meta-llama/Llama-3.1-8B-Instruct\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" world \\u00e9\\\"\\n\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n"
+	"data: "
+	"{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1718000000,\"model\":\"meta-llama/"
+	"Llama-3.1-8B-Instruct\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
+	"\"logprobs\":null,\"finish_reason\":null}]}\n\n"
+	"data: "
+	"{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1718000000,\"model\":\"meta-llama/"
+	"Llama-3.1-8B-Instruct\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hello\"},\"logprobs\":null,"
+	"\"finish_reason\":null}]}\n\n"
+	"data: "
+	"{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1718000000,\"model\":\"meta-llama/"
+	"Llama-3.1-8B-Instruct\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" world "
+	"\\u00e9\\\"\\n\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n"
 	": keep-alive\n\n"
-	"data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1718000000,\"model\":\"meta-llama/Llama-3.1-8B-Instruct\",\"choices\":[{\"index\":0,\"delta\":{},\"logprobs\":null,\"finish_reason\":\"stop\",\"stop_reason\":null}]}\n\n"
-	"data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1718000000,\"model\":\"meta-llama/Llama-3.1-8B-Instruct\",\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"total_tokens\":15,\"completion_tokens\":3}}\n\n"
+	"data: "
+	"{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1718000000,\"model\":\"meta-llama/"
+	"Llama-3.1-8B-Instruct\",\"choices\":[{\"index\":0,\"delta\":{},\"logprobs\":null,\"finish_reason\":\"stop\","
+	"\"stop_reason\":null}]}\n\n"
+	"data: "
+	"{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1718000000,\"model\":\"meta-llama/"
+	"Llama-3.1-8B-Instruct\",\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"total_tokens\":15,\"completion_"
+	"tokens\":3}}\n\n"
 	"data: [DONE]\n\n";
 
 /* Anthropic Messages: every event named, a ping in the middle. */
 static const char anthropic_stream[] =
 	"event: message_start\n"
-	"data: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"claude-sonnet-4-20250514\",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n"
+	"data: "
+	"{\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\","
+	"\"content\":[],\"model\":\"claude-sonnet-4-20250514\",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{"
+	"\"input_tokens\":25,\"output_tokens\":1}}}\n\n"
 	"event: content_block_start\n"
 	"data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n"
 	"event: ping\n"
 	"data: {\"type\": \"ping\"}\n\n"
 	"event: content_block_delta\n"
-	"data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hello\"}}\n\n"
+	"data: "
+	"{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hello\"}}\n\n"
 	"event: content_block_delta\n"
 	"data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"!\"}}\n\n"
 	"event: content_block_stop\n"
 	"data: {\"type\":\"content_block_stop\",\"index\":0}\n\n"
 	"event: message_delta\n"
-	"data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":15}}\n\n"
+	"data: "
+	"{\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{"
+	"\"output_tokens\":15}}\n\n"
 	"event: message_stop\n"
 	"data: {\"type\":\"message_stop\"}\n\n";
 
 /* Ollama /api/chat: NDJSON, final line with the counts, no final newline. */
 static const char ollama_chat_stream[] =
-	"{\"model\":\"llama3.2\",\"created_at\":\"2024-07-01T10:00:00.1Z\",\"message\":{\"role\":\"assistant\",\"content\":\"The\"},\"done\":false}\n"
-	"{\"model\":\"llama3.2\",\"created_at\":\"2024-07-01T10:00:00.2Z\",\"message\":{\"role\":\"assistant\",\"content\":\" sky\"},\"done\":false}\n"
+	"{\"model\":\"llama3.2\",\"created_at\":\"2024-07-01T10:00:00.1Z\",\"message\":{\"role\":\"assistant\","
+	"\"content\":\"The\"},\"done\":false}\n"
+	"{\"model\":\"llama3.2\",\"created_at\":\"2024-07-01T10:00:00.2Z\",\"message\":{\"role\":\"assistant\","
+	"\"content\":\" sky\"},\"done\":false}\n"
 	"\n"
-	"{\"model\":\"llama3.2\",\"created_at\":\"2024-07-01T10:00:00.3Z\",\"message\":{\"role\":\"assistant\",\"content\":\"\"},\"done_reason\":\"stop\",\"done\":true,\"total_duration\":4883583458,\"load_duration\":1334875,\"prompt_eval_count\":26,\"prompt_eval_duration\":342546000,\"eval_count\":282,\"eval_duration\":4535599000}";
+	"{\"model\":\"llama3.2\",\"created_at\":\"2024-07-01T10:00:00.3Z\",\"message\":{\"role\":\"assistant\","
+	"\"content\":\"\"},\"done_reason\":\"stop\",\"done\":true,\"total_duration\":4883583458,\"load_duration\":"
+	"1334875,\"prompt_eval_count\":26,\"prompt_eval_duration\":342546000,\"eval_count\":282,\"eval_duration\":"
+	"4535599000}";
 
 /* Rewrites every "\n" of `lf` as `eol`. */
 static char *with_line_ends(const char *lf, const char *eol)
@@ -175,8 +201,9 @@ static void test_openai_stream_events(void **state)
 
 static void test_anthropic_stream_names(void **state)
 {
-	static const char *names[] = { "message_start",	      "content_block_start", "ping",	     "content_block_delta",
-				       "content_block_delta", "content_block_stop",  "message_delta", "message_stop" };
+	static const char *names[] = { "message_start",	      "content_block_start", "ping",
+				       "content_block_delta", "content_block_delta", "content_block_stop",
+				       "message_delta",	      "message_stop" };
 	struct seen s = { 0 };
 	frame_all(FRAMER_SSE, 0, anthropic_stream, &s);
 	assert_int_equal(s.n, 8);
@@ -301,12 +328,12 @@ static void test_data_field_rules(void **state)
 {
 	struct seen s = { 0 };
 	frame_all(FRAMER_SSE, 0,
-		  "data:x\n\n"		       /* no space */
-		  "data:  two\n\n"	       /* only one space is stripped */
-		  "data\n\n"		       /* field without colon: empty data, still an event */
-		  "data:\ndata:\n\n"	       /* two empty lines join to "\n" */
+		  "data:x\n\n"			  /* no space */
+		  "data:  two\n\n"		  /* only one space is stripped */
+		  "data\n\n"			  /* field without colon: empty data, still an event */
+		  "data:\ndata:\n\n"		  /* two empty lines join to "\n" */
 		  "data: a\ndata: b\ndata: c\n\n" /* multi-line */
-		  "data: x: y\n\n",	       /* only the first colon splits */
+		  "data: x: y\n\n",		  /* only the first colon splits */
 		  &s);
 	assert_int_equal(s.n, 6);
 	assert_string_equal(s.data[0], "x");
@@ -323,12 +350,12 @@ static void test_event_names_and_other_fields(void **state)
 	struct seen s = { 0 };
 	frame_all(FRAMER_SSE, 0,
 		  "id: 7\nretry: 3000\nevent: first\ndata: 1\n\n"
-		  "data: 2\n\n"			     /* the name does not leak into the next event */
+		  "data: 2\n\n"				/* the name does not leak into the next event */
 		  "data: 3a\nevent: late\ndata: 3b\n\n" /* event after data */
-		  "event: a\nevent: bb\ndata: 4\n\n"    /* the last event field wins */
-		  "event: orphan\n\n"		     /* no data: no event, and the name is dropped */
+		  "event: a\nevent: bb\ndata: 4\n\n"	/* the last event field wins */
+		  "event: orphan\n\n"			/* no data: no event, and the name is dropped */
 		  "data: 5\n\n"
-		  "event:\ndata: 6\n\n"		     /* empty name reads as no name */
+		  "event:\ndata: 6\n\n"		      /* empty name reads as no name */
 		  "Data: no\nDATA: no\nevent: x\n\n", /* field names are case-sensitive */
 		  &s);
 	assert_int_equal(s.n, 6);

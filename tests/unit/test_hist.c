@@ -65,18 +65,15 @@ static const char *const dist_names[] = { "uniform", "lognormal", "bimodal", "pa
 static uint64_t draw(struct rng *r, enum dist d)
 {
 	switch (d) {
-	case D_UNIFORM: /* 1 µs .. 10 s */
-		return 1 + rng_next(r) % 10000000;
+	case D_UNIFORM: /* 1 µs .. 10 s */ return 1 + rng_next(r) % 10000000;
 	case D_LOGNORMAL: /* TTFT-like: median 180 ms, long right tail */
 		return clamp_us(180000.0 * exp(0.6 * rng_normal(r)));
 	case D_BIMODAL: /* cache hits at ~2 ms, misses at ~900 ms */
 		if (rng_next(r) % 100 < 70)
 			return clamp_us(2000.0 * exp(0.3 * rng_normal(r)));
 		return clamp_us(900000.0 * exp(0.4 * rng_normal(r)));
-	case D_PARETO: /* heavy tail: xm = 500 µs, alpha = 1.1 */
-		return clamp_us(500.0 / pow(rng_unit(r), 1.0 / 1.1));
-	default:
-		return 0;
+	case D_PARETO: /* heavy tail: xm = 500 µs, alpha = 1.1 */ return clamp_us(500.0 / pow(rng_unit(r), 1.0 / 1.1));
+	default: return 0;
 	}
 }
 
@@ -160,12 +157,14 @@ static void test_geometry(void **state)
 			/* the ratio 2^(1/36), plus 1/4096 of the octave of table
 			 * rounding, plus one value where the octave has fewer
 			 * than 4096 */
-			assert_true((double)(hi + 1 - lo) <= (double)lo * (exp2(1.0 / HIST_SUB) - 1.0) + (double)lo / 4096 + 1.0);
+			assert_true((double)(hi + 1 - lo) <=
+				    (double)lo * (exp2(1.0 / HIST_SUB) - 1.0) + (double)lo / 4096 + 1.0);
 	}
 	assert_int_equal(hist_bucket_low(HIST_LIN_BUCKETS), HIST_GEO_FIRST);
 	/* each power of two starts a bucket: the octaves line up */
 	for (unsigned m = HIST_GEO_OCTAVE; m < 32; m++)
-		assert_int_equal(hist_bucket_low(HIST_LIN_BUCKETS + (m - HIST_GEO_OCTAVE) * HIST_SUB), (uint64_t)1 << m);
+		assert_int_equal(hist_bucket_low(HIST_LIN_BUCKETS + (m - HIST_GEO_OCTAVE) * HIST_SUB),
+				 (uint64_t)1 << m);
 	assert_true(hist_bucket_low(HIST_BUCKETS - 1) > HIST_LIMIT / 2);
 	assert_int_equal(hist_bucket_high(HIST_BUCKETS - 1), UINT64_MAX);
 	assert_int_equal(hist_index(HIST_LIMIT - 1), HIST_BUCKETS - 1);
@@ -295,8 +294,8 @@ static void check_dist(enum dist d, uint64_t seed)
 			printf("  %-9s p%-5g exact %10llu  hist %10llu  err %.4f %%\n", dist_names[d], q * 100,
 			       (unsigned long long)want, (unsigned long long)got, err * 100);
 		if (err > 0.01)
-			fail_msg("%s q=%g: exact %llu, hist %llu (%.3f %%)", dist_names[d], q,
-				 (unsigned long long)want, (unsigned long long)got, err * 100);
+			fail_msg("%s q=%g: exact %llu, hist %llu (%.3f %%)", dist_names[d], q, (unsigned long long)want,
+				 (unsigned long long)got, err * 100);
 	}
 	printf("  %-9s worst relative error over 2005 quantiles: %.4f %%\n", dist_names[d], worst * 100);
 	/* The geometry promises 0.99 % (test_geometry checks it value by value). */
@@ -517,8 +516,7 @@ static void test_encoded_size(void **state)
 	unsigned nnz = 0;
 	for (unsigned i = 0; i < HIST_BUCKETS; i++)
 		nnz += h->buckets[i] != 0;
-	printf("  100k log-normal samples: %u non-empty buckets, %zu bytes encoded (dense: %zu)\n", nnz, n,
-	       sizeof(*h));
+	printf("  100k log-normal samples: %u non-empty buckets, %zu bytes encoded (dense: %zu)\n", nnz, n, sizeof(*h));
 	assert_true(n > 0 && n < 1200);
 	assert_true(hist_encoded_max(h) >= n);
 
@@ -644,8 +642,7 @@ static void test_decode_malformed(void **state)
 		{ "fewer pairs than announced", 3, 210, 5, 200, 3, { 5, 2, hist_index(200) - 5, 1 }, 2 },
 	};
 	for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
-		n = build(b, bad[k].count, bad[k].sum, bad[k].min, bad[k].max, bad[k].nnz, bad[k].pairs,
-			  bad[k].npairs);
+		n = build(b, bad[k].count, bad[k].sum, bad[k].min, bad[k].max, bad[k].nnz, bad[k].pairs, bad[k].npairs);
 		if (decode_checked(base, scratch, b, n) != -1)
 			fail_msg("accepted: %s", bad[k].why);
 	}
@@ -666,7 +663,7 @@ static void test_decode_malformed(void **state)
 	b[n++] = 0x01; /* min = UINT64_MAX */
 	memset(b + n, 0xff, 9);
 	n += 9;
-	b[n++] = 0x01; /* max = UINT64_MAX */
+	b[n++] = 0x01;	       /* max = UINT64_MAX */
 	n = put(b, n, 1 << 1); /* one bucket, sparse */
 	n = put(b, n, HIST_BUCKETS - 1);
 	n = put(b, n, 1);
@@ -708,7 +705,6 @@ static void test_decode_garbage(void **state)
 	free(scratch);
 	free(h);
 }
-
 
 /* Hand-built dense shapes: the encoder's other form, and its failure modes. */
 static void test_decode_dense(void **state)

@@ -32,8 +32,10 @@ static int parse_str(const char *body, bool complete, struct reqinfo *out)
 
 static const char chat_body[] =
 	"{\"messages\":[{\"role\":\"system\",\"content\":\"You are {\\\"model\\\": \\\"fake\\\"}\"},"
-	"{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"hi\"},{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/png;base64,AAAA\"}}]}],"
-	"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":{\"model\":{\"type\":\"string\"}}}}}],"
+	"{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"hi\"},{\"type\":\"image_url\",\"image_url\":{"
+	"\"url\":\"data:image/png;base64,AAAA\"}}]}],"
+	"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
+	"\"properties\":{\"model\":{\"type\":\"string\"}}}}}],"
 	"\"model\":\"meta-llama/Llama-3.1-8B-Instruct\",\"temperature\":0.7,\"max_tokens\":-1,\"stop\":null,"
 	"\"stream\":true,\"stream_options\":{\"include_usage\":true}}";
 
@@ -58,7 +60,9 @@ static void test_simple_bodies(void **state)
 	assert_string_equal(ri.model, "");
 	assert_int_equal(ri.stream, -1);
 	/* TGI: no model, stream flag comes from the path. */
-	assert_int_equal(parse_str("{\"inputs\":\"What is Deep Learning?\",\"parameters\":{\"max_new_tokens\":20}}", true, &ri), 0);
+	assert_int_equal(
+		parse_str("{\"inputs\":\"What is Deep Learning?\",\"parameters\":{\"max_new_tokens\":20}}", true, &ri),
+		0);
 	assert_string_equal(ri.model, "");
 	/* Non-boolean stream reads as absent; a later duplicate wins. */
 	assert_int_equal(parse_str("{\"stream\":true,\"stream\":null}", true, &ri), 0);
@@ -73,10 +77,14 @@ static void test_simple_bodies(void **state)
 static void test_nested_keys_ignored(void **state)
 {
 	struct reqinfo ri;
-	assert_int_equal(parse_str("{\"metadata\":{\"model\":\"nested\",\"stream\":true},\"input\":[\"model\",\"stream\"]}", true, &ri), 0);
+	assert_int_equal(
+		parse_str("{\"metadata\":{\"model\":\"nested\",\"stream\":true},\"input\":[\"model\",\"stream\"]}",
+			  true, &ri),
+		0);
 	assert_string_equal(ri.model, "");
 	assert_int_equal(ri.stream, -1);
-	assert_int_equal(parse_str("{\"a\":[[{\"model\":\"x\"}],{\"b\":{\"model\":\"y\"}}],\"model\":\"top\"}", true, &ri), 0);
+	assert_int_equal(
+		parse_str("{\"a\":[[{\"model\":\"x\"}],{\"b\":{\"model\":\"y\"}}],\"model\":\"top\"}", true, &ri), 0);
 	assert_string_equal(ri.model, "top");
 	/* A key-looking string inside a string value. */
 	assert_int_equal(parse_str("{\"prompt\":\"\\\",\\\"model\\\":\\\"evil\",\"stream\":false}", true, &ri), 0);

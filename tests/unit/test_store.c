@@ -280,7 +280,6 @@ static void test_model_cap(void **state)
 	stats_shard_free(sh);
 }
 
-
 /* A batch with one series' slice holding `requests` requests, stamped `sec`. */
 static struct store_batch *batch_at(uint64_t sec, const char *model, unsigned requests)
 {
@@ -868,20 +867,13 @@ static void test_free_pages_past_end_kept(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_slice_encode_roundtrip),
-		cmocka_unit_test(test_log2_buckets),
-		cmocka_unit_test(test_threads_totals_exact),
-		cmocka_unit_test(test_reopen_keeps_numbers),
-		cmocka_unit_test(test_foreign_layout_refused),
-		cmocka_unit_test(test_model_cap),
-		cmocka_unit_test(test_prune_past_retention),
-		cmocka_unit_test(test_map_full_grows),
-		cmocka_unit_test(test_windows_keep_curves),
-		cmocka_unit_test(test_pack_windows_identical),
-		cmocka_unit_test(test_pack_not_committed),
-		cmocka_unit_test(test_pack_retention),
-		cmocka_unit_test(test_pack_late_hour),
-		cmocka_unit_test(test_pack_old_days_drop_curves),
+		cmocka_unit_test(test_slice_encode_roundtrip),	 cmocka_unit_test(test_log2_buckets),
+		cmocka_unit_test(test_threads_totals_exact),	 cmocka_unit_test(test_reopen_keeps_numbers),
+		cmocka_unit_test(test_foreign_layout_refused),	 cmocka_unit_test(test_model_cap),
+		cmocka_unit_test(test_prune_past_retention),	 cmocka_unit_test(test_map_full_grows),
+		cmocka_unit_test(test_windows_keep_curves),	 cmocka_unit_test(test_pack_windows_identical),
+		cmocka_unit_test(test_pack_not_committed),	 cmocka_unit_test(test_pack_retention),
+		cmocka_unit_test(test_pack_late_hour),		 cmocka_unit_test(test_pack_old_days_drop_curves),
 		cmocka_unit_test(test_free_pages_past_end_kept),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
