@@ -63,6 +63,27 @@ def now_ns():
     return time.monotonic_ns()
 
 
+ADMIN_RE = re.compile(r"admin listening on ([0-9.]+):(\d+)")
+
+
+def admin_port(tt, timeout=5.0):
+    """The admin port from tokentap's `admin listening on` line (logged just
+    after the proxy's own ready line)."""
+    found = []
+
+    def check():
+        for line in tt.stderr_text().split("\n"):
+            m = ADMIN_RE.search(line)
+            if m:
+                found.append(int(m.group(2)))
+                return True
+        return False
+
+    if not wait_until(check, timeout, 0.02):
+        raise AssertionError("no 'admin listening on' line; stderr:\n%s" % tt.stderr_text())
+    return found[0]
+
+
 def all_threads_stopped(pid):
     """Whether every thread of `pid` is in the stopped state (after SIGSTOP)."""
     tasks = os.listdir("/proc/%d/task" % pid)

@@ -28,25 +28,7 @@ import harness
 
 N = 30
 PATH = "/v1/chat/completions"
-ADMIN_RE = re.compile(r"admin listening on ([0-9.]+):(\d+)")
-
-
-def admin_port(tt, timeout=5.0):
-    """The admin port from tokentap's `admin listening on` line (logged just
-    after the proxy's own ready line)."""
-    found = []
-
-    def check():
-        for line in tt.stderr_text().split("\n"):
-            m = ADMIN_RE.search(line)
-            if m:
-                found.append(int(m.group(2)))
-                return True
-        return False
-
-    if not harness.wait_until(check, timeout, 0.02):
-        raise AssertionError("no 'admin listening on' line; stderr:\n%s" % tt.stderr_text())
-    return found[0]
+admin_port = harness.admin_port  # imported from here by other suites
 
 
 def admin_get(port, path, method="GET", headers=None, body=None):

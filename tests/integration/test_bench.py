@@ -54,24 +54,6 @@ def read_jsonl(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
-def admin_port(tt):
-    """The admin API's port from tokentap's 'admin listening on' line."""
-    rx = re.compile(r"admin listening on 127\.0\.0\.1:(\d+)")
-
-    def find():
-        with tt._lock:
-            for line in tt.lines:
-                m = rx.search(line)
-                if m:
-                    return int(m.group(1))
-        return None
-
-    port = harness.wait_until(find, 5.0, 0.02)
-    if not port:
-        raise AssertionError("no admin listening line; stderr:\n" + tt.stderr_text())
-    return port
-
-
 def get_json(port, path):
     conn = harness.HttpConn(port)
     try:
@@ -178,7 +160,7 @@ class ThroughTokentap(BenchCase):
         tt = harness.Tokentap(sim.url, "--access-log", access, "--data-dir", os.path.join(d, "data"),
                               "--admin", "127.0.0.1:0", "--flush-interval", "200ms")
         try:
-            aport = admin_port(tt)
+            aport = harness.admin_port(tt)
             js, log = os.path.join(d, "bench.json"), os.path.join(d, "req.jsonl")
             p = self.bench_ok(["--url", "http://127.0.0.1:%d" % tt.port, "--concurrency", 1, "--requests", N_ACC,
                                "--output-len", 12, "--input-len", 64, "--sim-headers", "--model", "acc-model",

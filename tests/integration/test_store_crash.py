@@ -25,21 +25,6 @@ STREAM_BODY = (
     b'{"model":"%s","stream":true,"max_tokens":8,'
     b'"messages":[{"role":"user","content":"hello"}]}'
 )
-ADMIN_RE = re.compile(r"admin listening on ([0-9.]+):(\d+)")
-
-
-def admin_port(tt, timeout=5.0):
-    found = []
-
-    def check():
-        m = ADMIN_RE.search(tt.stderr_text())
-        if m:
-            found.append(int(m.group(2)))
-        return bool(found)
-
-    if not harness.wait_until(check, timeout, 0.02):
-        raise AssertionError("no 'admin listening on' line; stderr:\n%s" % tt.stderr_text())
-    return found[0]
 
 
 def committed(port):
@@ -89,7 +74,7 @@ class StoreCrashTest(unittest.TestCase):
         before = {}
         for i in range(CRASHES):
             tt = self.start("--admin", "127.0.0.1:0")
-            port = admin_port(tt)
+            port = harness.admin_port(tt)
             self.assertNotIn("is corrupt", tt.stderr_text(), "restart %d" % i)
             after = committed(port)
             for model, n in before.items():
@@ -123,7 +108,7 @@ class StoreCrashTest(unittest.TestCase):
         # and a server starts on it once more, with everything in it
         tt = self.start("--admin", "127.0.0.1:0")
         self.assertTrue(tt.alive())
-        after = committed(admin_port(tt))
+        after = committed(harness.admin_port(tt))
         for model, n in before.items():
             self.assertGreaterEqual(after.get(model, 0), n, model)
 

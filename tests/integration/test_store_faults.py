@@ -33,27 +33,10 @@ import harness
 
 PATH = "/v1/chat/completions"
 TOKENS = 5
-ADMIN_RE = re.compile(r"admin listening on ([0-9.]+):(\d+)")
 FAULT_RE = re.compile(r"store: cannot commit stats to ")
 HELD_RE = re.compile(r"kept in memory")
 RESUMED_RE = re.compile(r"store: writing to .* again")
 CORRUPT_RE = re.compile(r"store: (\S+/data\.mdb) is corrupt \((.*)\); moved it to (\S+/data\.mdb\.corrupt-\d+)")
-
-
-def admin_port(tt, timeout=5.0):
-    found = []
-
-    def check():
-        for line in tt.stderr_text().split("\n"):
-            m = ADMIN_RE.search(line)
-            if m:
-                found.append(int(m.group(2)))
-                return True
-        return False
-
-    if not harness.wait_until(check, timeout, 0.02):
-        raise AssertionError("no 'admin listening on' line; stderr:\n%s" % tt.stderr_text())
-    return found[0]
 
 
 def counts(port, window="all"):
@@ -144,7 +127,7 @@ class StoreFullTest(harness.TestCase):
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
-        return tt, admin_port(tt)
+        return tt, harness.admin_port(tt)
 
     def committed_then_fault(self, tt, port, fault):
         """K requests committed, then the fault, then M more; checks
@@ -272,7 +255,7 @@ class StoreCorruptTest(harness.TestCase):
         tt = harness.Tokentap(cls.sim.url, "--data-dir", cls.template, "--flush-interval", "50ms",
                               "--admin", "127.0.0.1:0")
         try:
-            port = admin_port(tt)
+            port = harness.admin_port(tt)
             for i in range(40):
                 body = harness.api_body("openai-chat", stream=True, model="before-%d" % (i % 20))
                 resp, _ = harness.exchange(tt.port, "POST", PATH, body=body,
@@ -295,7 +278,7 @@ class StoreCorruptTest(harness.TestCase):
     def start(self, d):
         tt = harness.start_tokentap(self, self.sim.url, "--data-dir", d, "--flush-interval", "50ms",
                                     "--admin", "127.0.0.1:0")
-        return tt, admin_port(tt)
+        return tt, harness.admin_port(tt)
 
     def check_moved_aside(self, name, corrupt):
         d, bad = self.case_dir(name, corrupt)

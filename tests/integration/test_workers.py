@@ -39,13 +39,6 @@ def worker_threads(pid):
     return out
 
 
-def admin_port(tt):
-    m = harness.wait_until(lambda: next((l for l in tt.lines if "admin listening on" in l), None), 5.0, 0.02)
-    if not m:
-        raise AssertionError("no admin address in tokentap's log: %r" % tt.lines[-5:])
-    return int(m.rsplit(":", 1)[1].split()[0])
-
-
 def get_json(port, path):
     resp, _ = harness.exchange(port, "GET", path, None, [], timeout=5)
     return json.loads(resp.body)
@@ -58,7 +51,7 @@ class WorkersTest(harness.TestCase):
             tt = rh.start_conf(self, body, "--workers", str(WORKERS), "--admin", "127.0.0.1:0", *args)
         finally:
             del os.environ["TOKENTAP_ADMIN_TOKEN"]
-        return tt, admin_port(tt)
+        return tt, harness.admin_port(tt)
 
     def test_connections_spread_and_stats_count_them_all(self):
         sim = harness.start_sim(self, "--ttft-ms", "0", "--itl-ms", "0", "--tokens", "3")
