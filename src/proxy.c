@@ -60,6 +60,7 @@
 #include <unistd.h>
 
 #include "accesslog.h"
+#include "bevio.h"
 #include "classify.h"
 #include "config.h"
 #include "framer.h"
@@ -1004,13 +1005,10 @@ static void on_client_readable(evutil_socket_t fd, short what, void *arg)
 {
 	uint64_t now = clock_now_ns(); /* first: the fallback stamp */
 	struct client *cl = arg;
-	struct evbuffer *in = bufferevent_get_input(cl->bev);
-	size_t have = evbuffer_get_length(in);
-	struct evbuffer_iovec v[2];
+	size_t have = evbuffer_get_length(bufferevent_get_input(cl->bev));
 	union rxstamp_ctl ctl;
 	struct msghdr msg = { 0 };
 	ssize_t n;
-	int nv;
 
 	(void)what;
 	if (have >= CLIENT_INPUT_MAX) {
@@ -1019,36 +1017,18 @@ static void on_client_readable(evutil_socket_t fd, short what, void *arg)
 		return;
 	}
 	size_t want = CLIENT_INPUT_MAX - have < CLIENT_READ_MAX ? CLIENT_INPUT_MAX - have : CLIENT_READ_MAX;
-	/* the bufferevent keeps its input's end frozen but while it reads */
-	evbuffer_unfreeze(in, 0);
-	nv = evbuffer_reserve_space(in, (ev_ssize_t)want, v, 2);
-	if (nv < 1) {
-		evbuffer_freeze(in, 0);
+	rxstamp_prepare(&msg, &ctl);
+	n = bevio_recv(cl->bev, fd, want, &msg);
+	if (n == BEVIO_NOMEM) {
 		client_close(cl, "out of memory reading the client");
 		return;
 	}
-	/* struct evbuffer_iovec is laid out as struct iovec */
-	msg.msg_iov = (struct iovec *)v;
-	msg.msg_iovlen = (size_t)nv;
-	rxstamp_prepare(&msg, &ctl);
-	n = recvmsg(fd, &msg, MSG_DONTWAIT);
 	if (n <= 0) {
-		evbuffer_commit_space(in, v, 0);
-		evbuffer_freeze(in, 0);
 		if (n == -1 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
 			return;
 		on_client_event(cl->bev, BEV_EVENT_READING | (n == 0 ? BEV_EVENT_EOF : BEV_EVENT_ERROR), cl);
 		return;
 	}
-	size_t left = (size_t)n;
-	int used = 0;
-	for (; used < nv && left; used++) {
-		if (v[used].iov_len > left)
-			v[used].iov_len = left;
-		left -= v[used].iov_len;
-	}
-	evbuffer_commit_space(in, v, used);
-	evbuffer_freeze(in, 0);
 	cl->last_read_ns = rxstamp_of(&cl->px->rxclock, &msg, now);
 	client_input(cl);
 }

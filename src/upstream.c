@@ -17,9 +17,9 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/queue.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
+#include "bevio.h"
 #include "config.h"
 #include "log.h"
 #include "tls.h"
@@ -413,36 +413,17 @@ static void on_upconn_readable(evutil_socket_t fd, short what, void *arg)
 {
 	struct upconn *c = arg;
 	struct bufferevent *bev = c->bev;
-	struct evbuffer *in = bufferevent_get_input(bev);
-	struct evbuffer_iovec v[2];
+	struct msghdr msg = { 0 };
 	ssize_t n;
-	int nv, used = 0;
 
 	if (what & EV_TIMEOUT) {
 		bufferevent_trigger_event(bev, BEV_EVENT_TIMEOUT | BEV_EVENT_READING, 0);
 		return; /* c may be gone */
 	}
-	/* the bufferevent keeps its input's end frozen but while it reads */
-	evbuffer_unfreeze(in, 0);
-	nv = evbuffer_reserve_space(in, UPCONN_READ_MAX, v, 2);
-	if (nv < 1) {
-		evbuffer_freeze(in, 0);
+	n = bevio_recv(bev, fd, UPCONN_READ_MAX, &msg);
+	if (n == BEVIO_NOMEM)
 		bufferevent_trigger_event(bev, BEV_EVENT_ERROR | BEV_EVENT_READING, 0);
-		return;
-	}
-	/* struct evbuffer_iovec is laid out as struct iovec */
-	n = readv(fd, (struct iovec *)v, nv);
-	if (n > 0) {
-		size_t left = (size_t)n;
-		for (; used < nv && left; used++) {
-			if (v[used].iov_len > left)
-				v[used].iov_len = left;
-			left -= v[used].iov_len;
-		}
-	}
-	evbuffer_commit_space(in, v, used);
-	evbuffer_freeze(in, 0);
-	if (n > 0)
+	else if (n > 0)
 		bufferevent_trigger(bev, EV_READ, 0); /* the read callback, now; c may be gone after */
 	else if (n == 0)
 		bufferevent_trigger_event(bev, BEV_EVENT_EOF | BEV_EVENT_READING, 0);

@@ -1,0 +1,37 @@
+/*
+ * bevio.c — see bevio.h.
+ */
+#include "bevio.h"
+
+#include <event2/buffer.h>
+
+ssize_t bevio_recv(struct bufferevent *bev, int fd, size_t want, struct msghdr *msg)
+{
+	struct evbuffer *in = bufferevent_get_input(bev);
+	struct evbuffer_iovec v[2];
+	ssize_t n;
+	int nv, used = 0;
+
+	/* the bufferevent keeps its input's end frozen but while it reads */
+	evbuffer_unfreeze(in, 0);
+	nv = evbuffer_reserve_space(in, (ev_ssize_t)want, v, 2);
+	if (nv < 1) {
+		evbuffer_freeze(in, 0);
+		return BEVIO_NOMEM;
+	}
+	/* struct evbuffer_iovec is laid out as struct iovec */
+	msg->msg_iov = (struct iovec *)v;
+	msg->msg_iovlen = (size_t)nv;
+	n = recvmsg(fd, msg, MSG_DONTWAIT);
+	if (n > 0) {
+		size_t left = (size_t)n;
+		for (; used < nv && left; used++) {
+			if (v[used].iov_len > left)
+				v[used].iov_len = left;
+			left -= v[used].iov_len;
+		}
+	}
+	evbuffer_commit_space(in, v, used);
+	evbuffer_freeze(in, 0);
+	return n;
+}

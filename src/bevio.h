@@ -1,0 +1,20 @@
+/*
+ * bevio.h — reading a socket into a bufferevent's input buffer ourselves.
+ *
+ * tokentap reads plain client and upstream sockets itself rather than
+ * through the bufferevent (proxy.c: the kernel's receive stamp needs
+ * recvmsg; upstream.c: one read instead of ioctl(FIONREAD) plus a 4 KiB
+ * readv), and leaves the rest (writing, TLS, callbacks) to the bufferevent.
+ */
+#pragma once
+
+#include <event2/bufferevent.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+
+/* One recvmsg() of at most `want` bytes from `fd` onto the end of `bev`'s
+ * input buffer, without copying. `msg` may carry a control buffer (its
+ * iovec is set here). Returns the bytes received, 0 at EOF, -1 with errno
+ * set, or BEVIO_NOMEM when no room could be reserved. */
+#define BEVIO_NOMEM (-2)
+ssize_t bevio_recv(struct bufferevent *bev, int fd, size_t want, struct msghdr *msg);
