@@ -1259,6 +1259,13 @@ struct proxy *proxy_new(struct event_base *base, struct router *router, const st
 		}
 		px->nlisteners++;
 		evconnlistener_set_error_cb(l->lev, on_accept_error);
+		/* Stamping on the listener keeps the kernel stamping every packet
+		 * for as long as tokentap runs: it turns stamping on lazily (a
+		 * deferred switch) when the first socket asks, so a request that
+		 * arrived before its connection was accepted, after a quiet spell
+		 * with no stamped socket open, would have none. Accepted sockets
+		 * inherit the option. */
+		(void)rxstamp_enable(evconnlistener_get_fd(l->lev));
 		l->boundlen = sizeof(l->bound);
 		getsockname(evconnlistener_get_fd(l->lev), (struct sockaddr *)&l->bound, &l->boundlen);
 		format_addr((struct sockaddr *)&l->bound, addr, sizeof(addr));
