@@ -8,6 +8,8 @@ packages=(
 	libevent-dev libssl-dev node-llhttp liblmdb-dev libyaml-dev libjansson-dev
 	zlib1g-dev libcmocka-dev
 	python3 curl openssl
+	# ip(8), for the network-fault tests (tests/integration/test_netfaults.py)
+	iproute2
 	clang libclang-rt-dev clang-format
 	# the dashboard test (headless, runs without recommends) and the fleet-quantile test
 	chromium fonts-dejavu-core prometheus
