@@ -3,8 +3,9 @@
  * threads and flushes, persistence across reopen, refusal of a foreign
  * layout and of a second opener, and the day packs of hour slices.
  *
- * store.c is included, not linked, so that the pack pass can be run at a
- * chosen time and its transaction aborted instead of committed.
+ * store.c and store_pack.c are included, not linked, so that the pack pass
+ * can be run at a chosen time and its transaction aborted instead of
+ * committed.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -24,6 +25,7 @@
 #include "slice.h"
 #include "stats.h"
 #include "store.c"
+#include "store_pack.c"
 
 static char *make_dir(void)
 {
@@ -529,10 +531,10 @@ static void stored_hours(struct store *st, uint32_t cur_hour, uint64_t bits[4], 
 			hours[nh++] = t;
 		} else if (kb[0] == 'd') {
 			struct pack pk;
-			assert_int_equal(pack_parse(v.mv_data, v.mv_size, &pk), 0);
+			assert_int_equal(store_pack_parse(v.mv_data, v.mv_size, &pk), 0);
 			for (unsigned i = 0; i < pk.n; i++)
 				hours[nh++] = t * 24 + pk.e[i].hour;
-			pack_free(&pk);
+			store_pack_free(&pk);
 		}
 		for (unsigned i = 0; i < nh; i++) {
 			uint32_t back = cur_hour - hours[i];
@@ -788,7 +790,7 @@ static void test_pack_old_days_drop_curves(void **state)
 		if (kb[0] != 'd')
 			continue;
 		bool old = get_be32(kb + 1) < horizon;
-		assert_int_equal(pack_parse(v.mv_data, v.mv_size, &pk), 0);
+		assert_int_equal(store_pack_parse(v.mv_data, v.mv_size, &pk), 0);
 		assert_int_equal(!!(pk.flags & PACK_NO_CURVES), old);
 		for (unsigned i = 0; i < pk.n; i++) {
 			struct slice s;
@@ -804,7 +806,7 @@ static void test_pack_old_days_drop_curves(void **state)
 		}
 		old_days += old;
 		new_days += !old;
-		pack_free(&pk);
+		store_pack_free(&pk);
 	}
 	mdb_cursor_close(cur);
 	mdb_txn_abort(txn);
