@@ -75,12 +75,12 @@ static void head_write(const struct request *req, const struct upstream *up, str
 	bool has_host = false;
 
 	evbuffer_add_printf(out, "%s ", req->rec.method);
-	evbuffer_add(out, req->hbuf + req->url_off, req->url_len);
-	evbuffer_add_printf(out, " HTTP/1.%d\r\n", req->http10 ? 0 : 1);
-	for (unsigned i = 0; i < req->nhdr; i++) {
-		const struct hdr *h = &req->hdrs[i];
-		const char *name = req->hbuf + h->name_off;
-		if (hop_by_hop(req, name, h->name_len))
+	evbuffer_add(out, req->head.buf + req->head.url_off, req->head.url_len);
+	evbuffer_add_printf(out, " HTTP/1.%d\r\n", req->head.http10 ? 0 : 1);
+	for (unsigned i = 0; i < req->head.nhdr; i++) {
+		const struct hdr *h = &req->head.hdrs[i];
+		const char *name = req->head.buf + h->name_off;
+		if (reqhead_hop_by_hop(&req->head, name, h->name_len))
 			continue;
 		if (req->add_id && name_eq(name, h->name_len, "x-request-id"))
 			continue; /* replaced: the client's was not usable */
@@ -88,16 +88,16 @@ static void head_write(const struct request *req, const struct upstream *up, str
 			has_host = true;
 		evbuffer_add(out, name, h->name_len);
 		evbuffer_add(out, ": ", 2);
-		evbuffer_add(out, req->hbuf + h->val_off, h->val_len);
+		evbuffer_add(out, req->head.buf + h->val_off, h->val_len);
 		evbuffer_add(out, "\r\n", 2);
 	}
 	if (!has_host)
 		evbuffer_add_printf(out, "host: %s\r\n", up->name);
 	if (req->add_id)
 		evbuffer_add_printf(out, "x-request-id: %s\r\n", req->rec.id);
-	if (req->chunked_in)
+	if (req->head.chunked)
 		evbuffer_add_printf(out, "transfer-encoding: chunked\r\n");
-	if (req->http10)
+	if (req->head.http10)
 		evbuffer_add_printf(out, "connection: close\r\n");
 	evbuffer_add(out, "\r\n", 2);
 }
@@ -191,10 +191,10 @@ static const char *request_sticky_key(struct request *req, size_t *len)
 	const struct route_conf *rc = req->route->conf;
 
 	if (rc->sticky == STICKY_HEADER) {
-		const struct hdr *h = request_header(req, rc->sticky_key);
+		const struct hdr *h = reqhead_header(&req->head, rc->sticky_key);
 		if (h && h->val_len) {
 			*len = h->val_len;
-			return req->hbuf + h->val_off;
+			return req->head.buf + h->val_off;
 		}
 	} else if (rc->sticky == STICKY_JSON_FIELD && req->sticky_value[0]) {
 		*len = strlen(req->sticky_value);
@@ -236,14 +236,14 @@ void request_route(struct request *req)
 {
 	struct client *cl = req->cl;
 	const struct config *cfg = &req->rt->cfg;
-	const struct hdr *host = request_header(req, "host");
+	const struct hdr *host = reqhead_header(&req->head, "host");
 	const char *method = req->rec.method;
 	char msg[300];
 	unsigned idx;
 
 	req->awaiting_body = false;
 	req->route = router_match(req->rt, method, req->rec.path, strlen(req->rec.path),
-				  host ? req->hbuf + host->val_off : NULL, host ? host->val_len : 0,
+				  host ? req->head.buf + host->val_off : NULL, host ? host->val_len : 0,
 				  req->rec.model[0] ? req->rec.model : NULL);
 	if (!req->route) {
 		snprintf(msg, sizeof(msg), "no route matches %s %s", method, req->rec.path);
@@ -251,9 +251,9 @@ void request_route(struct request *req)
 		return;
 	}
 	if (cfg->override_header) {
-		const struct hdr *h = request_header(req, cfg->override_header);
+		const struct hdr *h = reqhead_header(&req->head, cfg->override_header);
 		if (h) {
-			req->up = router_upstream(req->rt, req->hbuf + h->val_off, h->val_len);
+			req->up = router_upstream(req->rt, req->head.buf + h->val_off, h->val_len);
 			if (!req->up) {
 				snprintf(msg, sizeof(msg), "%s names no configured upstream", cfg->override_header);
 				client_fail(cl, 400, REQ_ERR_BAD_REQUEST, "invalid_request", msg);
@@ -512,7 +512,7 @@ static void request_response_done(struct request *req, struct evbuffer *in, size
 	evbuffer_remove_buffer(in, tail, n); /* a move: `in` belongs to the connection going back */
 	if (evbuffer_get_length(in))
 		req->upstream_dirty = true; /* bytes past the response: never reused */
-	reusable = req->resp_keepalive && !req->upstream_dirty && !req->http10 && req->body_done &&
+	reusable = req->resp_keepalive && !req->upstream_dirty && !req->head.http10 && req->body_done &&
 		   req->rec.at[TL_REQ_SENT];
 	request_drop_upstream(req, reusable);
 	client_forward(cl, tail, evbuffer_get_length(tail));
@@ -664,7 +664,7 @@ static int on_resp_headers_complete(llhttp_t *p)
 	} else if (status >= 200 && status < 300) {
 		req->rec.stream = 0;
 	}
-	if (req->head_method)
+	if (req->head.method == HTTP_HEAD)
 		return 1;
 	return 0;
 }

@@ -1,9 +1,11 @@
 /*
- * proxy.c — the client side: the listener, client connections, request
- * parsing and error answers. exchange.c holds the upstream side of each
- * request; proxy_int.h what the two share.
+ * proxy.c — the client side: the listener, client connections, the request
+ * state machine and error answers. reqparse.c parses each request and
+ * decides what to refuse; proxy.c acts on its hooks (dispatch, body bytes,
+ * message end) and answers its refusals. exchange.c holds the upstream side
+ * of each request; proxy_int.h what the two share.
  *
- *   client ──bytes──▶ [llhttp request] ──head+body──▶ upstream connection
+ *   client ──bytes──▶ [reqparse: llhttp + checks] ──head+body──▶ upstream connection
  *   client ◀──same bytes── [llhttp response ─▶ framer ─▶ classifier] ◀── upstream
  *
  * A client connection carries one request at a time: a pipelined request
@@ -67,6 +69,7 @@
 #include "log.h"
 #include "mirror.h"
 #include "recent.h"
+#include "reqparse.h"
 #include "reqinfo.h"
 #include "router.h"
 #include "rxstamp.h"
@@ -76,7 +79,6 @@
 #include "upstream.h"
 
 static void client_close(struct client *cl, const char *why);
-static void head_scan_reset(struct client *cl);
 
 static const char *const client_state_names[] = {
 #define X(s) #s,
@@ -111,12 +113,6 @@ static void format_addr(const struct sockaddr *sa, char *out, size_t len)
 		inet_ntop(AF_INET, &s4->sin_addr, host, sizeof(host));
 		snprintf(out, len, "%s:%u", host, ntohs(s4->sin_port));
 	}
-}
-
-bool name_eq(const char *a, size_t alen, const char *lit)
-{
-	size_t n = strlen(lit);
-	return alen == n && strncasecmp(a, lit, n) == 0;
 }
 
 static const char *status_reason(int status)
@@ -180,16 +176,17 @@ static bool request_id_acceptable(const char *s, size_t len)
 static struct request *request_new(struct client *cl)
 {
 	const struct config *cfg = pcfg(cl->px);
+	const struct reqparse_limits lim = { cfg->max_header_size, cfg->max_headers, cfg->max_body_size };
 	struct request *req = calloc(1, sizeof(*req));
 
 	if (!req)
 		return NULL;
 	req->cl = cl;
-	req->hdrs = calloc(cfg->max_headers, sizeof(*req->hdrs));
+	int head_ok = reqhead_init(&req->head, &lim);
 	req->up_pending = evbuffer_new();
 	req->timer = evtimer_new(cl->px->base, on_request_timer, req);
-	if (!req->hdrs || !req->up_pending || !req->timer) {
-		free(req->hdrs);
+	if (head_ok == -1 || !req->up_pending || !req->timer) {
+		reqhead_free(&req->head);
 		if (req->up_pending)
 			evbuffer_free(req->up_pending);
 		if (req->timer)
@@ -242,8 +239,7 @@ static void request_free(struct request *req)
 		evbuffer_free(req->replay);
 	if (req->timer)
 		event_free(req->timer);
-	free(req->hbuf);
-	free(req->hdrs);
+	reqhead_free(&req->head);
 	free(req->body_prefix);
 	router_unref(req->rt);
 	free(req);
@@ -275,69 +271,6 @@ static void request_log(struct request *req)
 		}
 	}
 	recent_push(req->cl->px->recent, &req->rec, req->inflight, req->cold);
-}
-
-static bool hbuf_append(struct request *req, const char *at, size_t len)
-{
-	const struct config *cfg = pcfg(req->cl->px);
-
-	if (req->hlen + len > cfg->max_header_size)
-		return false;
-	if (req->hlen + len > req->hcap) {
-		size_t cap = req->hcap ? req->hcap : 1024;
-		while (cap < req->hlen + len)
-			cap *= 2;
-		if (cap > cfg->max_header_size)
-			cap = cfg->max_header_size;
-		char *p = realloc(req->hbuf, cap);
-		if (!p)
-			return false;
-		req->hbuf = p;
-		req->hcap = cap;
-	}
-	memcpy(req->hbuf + req->hlen, at, len);
-	req->hlen += len;
-	return true;
-}
-
-const struct hdr *request_header(const struct request *req, const char *name)
-{
-	for (unsigned i = 0; i < req->nhdr; i++)
-		if (name_eq(req->hbuf + req->hdrs[i].name_off, req->hdrs[i].name_len, name))
-			return &req->hdrs[i];
-	return NULL;
-}
-
-/* True when `name` appears as a token of the Connection header. */
-static bool listed_in_connection(const struct request *req, const char *name, size_t nlen)
-{
-	for (unsigned i = 0; i < req->nhdr; i++) {
-		const struct hdr *h = &req->hdrs[i];
-		if (!name_eq(req->hbuf + h->name_off, h->name_len, "connection"))
-			continue;
-		const char *v = req->hbuf + h->val_off, *end = v + h->val_len;
-		while (v < end) {
-			while (v < end && (*v == ' ' || *v == '\t' || *v == ','))
-				v++;
-			const char *tok = v;
-			while (v < end && *v != ',' && *v != ' ' && *v != '\t')
-				v++;
-			if ((size_t)(v - tok) == nlen && strncasecmp(tok, name, nlen) == 0)
-				return true;
-		}
-	}
-	return false;
-}
-
-bool hop_by_hop(const struct request *req, const char *name, size_t len)
-{
-	static const char *const hop[] = { "connection", "keep-alive", "proxy-connection",
-					   "te",	 "trailer",    "transfer-encoding",
-					   "upgrade",	 "expect",     "http2-settings" };
-	for (size_t i = 0; i < sizeof(hop) / sizeof(hop[0]); i++)
-		if (name_eq(name, len, hop[i]))
-			return true;
-	return listed_in_connection(req, name, len);
 }
 
 /* ---- error answers ---- */
@@ -390,98 +323,7 @@ void client_fail(struct client *cl, int status, enum req_error kind, const char 
 	timer_arm(cl->timer, LINGER_MS);
 }
 
-/* ---- request parser callbacks ---- */
-
-static int reject(struct request *req, int status, const char *msg)
-{
-	req->reject_status = status;
-	req->reject_msg = msg;
-	return -1;
-}
-
-static int on_req_message_begin(llhttp_t *p)
-{
-	struct client *cl = p->data;
-
-	if (!cl->req) {
-		cl->req = request_new(cl);
-		if (!cl->req)
-			return -1;
-	}
-	client_set_state(cl, CL_HEAD);
-	timer_arm(cl->timer, pcfg(cl->px)->header_timeout_ms);
-	return 0;
-}
-
-static int on_req_url(llhttp_t *p, const char *at, size_t len)
-{
-	struct request *req = ((struct client *)p->data)->req;
-	if (!req->in_url) {
-		req->in_url = true;
-		req->url_off = req->hlen;
-	}
-	if (!hbuf_append(req, at, len))
-		return reject(req, 414, "request URL too long");
-	req->url_len += len;
-	return 0;
-}
-
-/* RFC 9110 token characters. The llhttp build Debian ships tolerates some
- * others (a space before the colon, for one); tokentap does not, since a
- * server behind it may read such a header differently. */
-static bool is_tchar(unsigned char c)
-{
-	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-	       (c && strchr("!#$%&'*+-.^_`|~", c));
-}
-
-static int on_req_header_field(llhttp_t *p, const char *at, size_t len)
-{
-	struct request *req = ((struct client *)p->data)->req;
-	const struct config *cfg = pcfg(req->cl->px);
-
-	for (size_t i = 0; i < len; i++)
-		if (!is_tchar((unsigned char)at[i]))
-			return reject(req, 400, "invalid character in a request header name");
-
-	if (!req->in_name) {
-		if (req->nhdr == cfg->max_headers)
-			return reject(req, 431, "too many request header fields");
-		req->in_name = true;
-		req->hdrs[req->nhdr].name_off = (uint32_t)req->hlen;
-		req->hdrs[req->nhdr].name_len = 0;
-		req->hdrs[req->nhdr].val_off = (uint32_t)req->hlen;
-		req->hdrs[req->nhdr].val_len = 0;
-		req->nhdr++;
-	}
-	if (!hbuf_append(req, at, len))
-		return reject(req, 431, "request header fields too large");
-	req->hdrs[req->nhdr - 1].name_len += (uint32_t)len;
-	return 0;
-}
-
-static int on_req_header_field_complete(llhttp_t *p)
-{
-	struct request *req = ((struct client *)p->data)->req;
-	req->in_name = false;
-	req->hdrs[req->nhdr - 1].val_off = (uint32_t)req->hlen;
-	return 0;
-}
-
-static int on_req_header_value(llhttp_t *p, const char *at, size_t len)
-{
-	struct request *req = ((struct client *)p->data)->req;
-
-	for (size_t i = 0; i < len; i++) {
-		unsigned char c = (unsigned char)at[i];
-		if ((c < 0x20 && c != '\t') || c == 0x7f)
-			return reject(req, 400, "control character in a request header value");
-	}
-	if (!hbuf_append(req, at, len))
-		return reject(req, 431, "request header fields too large");
-	req->hdrs[req->nhdr - 1].val_len += (uint32_t)len;
-	return 0;
-}
+/* ---- the request parser's hooks (reqparse.h decides, these act) ---- */
 
 static void copy_trunc(char *dst, size_t dstlen, const char *src, size_t len)
 {
@@ -491,100 +333,31 @@ static void copy_trunc(char *dst, size_t dstlen, const char *src, size_t len)
 	dst[len] = '\0';
 }
 
-/*
- * What the head must also satisfy before anything is forwarded, beyond
- * what llhttp checks as Debian builds it: a version (no HTTP/0.9), a path
- * as target (tokentap is never a forward proxy), exactly one Host (in
- * HTTP/1.1, required), and no transfer coding but a single "chunked", and
- * that only in HTTP/1.1. Each ambiguity here is one a server behind could
- * resolve differently from tokentap: request smuggling.
- */
-static int request_head_check(struct request *req, llhttp_t *p)
+/* What the record takes from a parsed head: method, path, API, id and the
+ * default stream flag. Runs once per request, when the head has parsed,
+ * whether it is then dispatched or refused (a refused request is logged
+ * with them). */
+static void request_note_head(struct request *req)
 {
-	const char *url = req->hbuf + req->url_off;
-	unsigned hosts = 0, codings = 0;
-	const struct hdr *host = NULL;
-
-	if (p->http_major == 0)
-		return reject(req, 400, "the request line has no HTTP version");
-	if (!(req->url_len && url[0] == '/') &&
-	    !(req->url_len == 1 && url[0] == '*' && llhttp_get_method(p) == HTTP_OPTIONS))
-		return reject(req, 400, "the request target must be a path; absolute URLs are for forward proxies");
-	for (unsigned i = 0; i < req->nhdr; i++) {
-		const struct hdr *h = &req->hdrs[i];
-		const char *name = req->hbuf + h->name_off, *v = req->hbuf + h->val_off;
-		size_t vlen = h->val_len;
-		if (name_eq(name, h->name_len, "host")) {
-			hosts++;
-			host = h;
-		} else if (name_eq(name, h->name_len, "transfer-encoding")) {
-			while (vlen && (*v == ' ' || *v == '\t'))
-				v++, vlen--;
-			while (vlen && (v[vlen - 1] == ' ' || v[vlen - 1] == '\t'))
-				vlen--;
-			if (vlen == 0)
-				return reject(req, 400, "empty Transfer-Encoding header");
-			if (!name_eq(v, vlen, "chunked") || ++codings > 1)
-				return reject(req, 501,
-					      "transfer codings other than a single chunked are not supported");
-		}
-	}
-	if (codings && !(p->http_major == 1 && p->http_minor >= 1))
-		return reject(req, 400, "chunked transfer coding needs HTTP/1.1");
-	if (hosts > 1)
-		return reject(req, 400, "more than one Host header");
-	if (host && memchr(req->hbuf + host->val_off, ',', host->val_len))
-		return reject(req, 400, "a Host header with more than one value");
-	if (!hosts && p->http_major == 1 && p->http_minor >= 1)
-		return reject(req, 400, "HTTP/1.1 requests need a Host header");
-	return 0;
-}
-
-static int on_req_chunk_extension(llhttp_t *p, const char *at, size_t len)
-{
-	struct request *req = ((struct client *)p->data)->req;
-
-	req->chunk_ext += len;
-	if (req->chunk_ext > CHUNK_EXT_MAX)
-		return reject(req, 400, "chunk extensions too long");
-	return 0;
-}
-
-static int on_req_chunk_header(llhttp_t *p)
-{
-	struct request *req = ((struct client *)p->data)->req;
-
-	req->chunk_ext = 0;
-	if (req->awaiting_chunk) {
-		req->awaiting_chunk = false;
-		request_route(req);
-	}
-	return req->cl->state == CL_CLOSING ? -1 : 0;
-}
-
-static int on_req_headers_complete(llhttp_t *p)
-{
-	struct client *cl = p->data;
-	struct request *req = cl->req;
-	const struct config *cfg = pcfg(cl->px);
+	struct client *cl = req->cl;
+	const struct reqhead *rh = &req->head;
+	const char *method = llhttp_method_name(rh->method);
+	const char *url = rh->buf + rh->url_off;
 	const struct hdr *h;
-	uint64_t now = clock_now_ns();
+	size_t plen = 0;
 
-	timeline_mark(&req->rec, TL_REQ_HEADERS, now);
+	if (req->rec.at[TL_REQ_HEADERS])
+		return;
+	timeline_mark(&req->rec, TL_REQ_HEADERS, clock_now_ns());
 	evtimer_del(cl->timer);
-	copy_trunc(req->rec.method, sizeof(req->rec.method), llhttp_method_name(llhttp_get_method(p)),
-		   strlen(llhttp_method_name(llhttp_get_method(p))));
-	{
-		const char *url = req->hbuf + req->url_off;
-		size_t plen = 0;
-		while (plen < req->url_len && url[plen] != '?' && url[plen] != '#')
-			plen++;
-		copy_trunc(req->rec.path, sizeof(req->rec.path), url, plen);
-		req->rec.api = classify_api(url, plen);
-	}
-	h = request_header(req, "x-request-id");
-	if (h && request_id_acceptable(req->hbuf + h->val_off, h->val_len)) {
-		copy_trunc(req->rec.id, sizeof(req->rec.id), req->hbuf + h->val_off, h->val_len);
+	copy_trunc(req->rec.method, sizeof(req->rec.method), method, strlen(method));
+	while (plen < rh->url_len && url[plen] != '?' && url[plen] != '#')
+		plen++;
+	copy_trunc(req->rec.path, sizeof(req->rec.path), url, plen);
+	req->rec.api = classify_api(url, plen);
+	h = reqhead_header(rh, "x-request-id");
+	if (h && request_id_acceptable(rh->buf + h->val_off, h->val_len)) {
+		copy_trunc(req->rec.id, sizeof(req->rec.id), rh->buf + h->val_off, h->val_len);
 	} else {
 		req->add_id = true;
 		request_id_generate(cl->px, req->rec.id, sizeof(req->rec.id));
@@ -593,27 +366,32 @@ static int on_req_headers_complete(llhttp_t *p)
 		req->rec.stream = 1; /* Ollama streams unless told not to */
 	else
 		req->rec.stream = 0;
+}
 
-	if (llhttp_get_method(p) == HTTP_CONNECT)
-		return reject(req, 501, "CONNECT is not supported: tokentap is a reverse proxy");
-	if (request_head_check(req, p) == -1)
-		return -1;
-	h = request_header(req, "upgrade");
-	if (h && !name_eq(req->hbuf + h->val_off, h->val_len, "h2c"))
-		return reject(req, 501, "protocol upgrades (such as WebSocket) are not supported");
-	if ((p->flags & F_CONTENT_LENGTH) && p->content_length > cfg->max_body_size)
-		return reject(req, 413, "request body exceeds the configured maximum body size");
-	h = request_header(req, "expect");
-	if (h) {
-		if (!name_eq(req->hbuf + h->val_off, h->val_len, "100-continue"))
-			return reject(req, 417, "only the expectation 100-continue is supported");
-		if (p->http_major == 1 && p->http_minor >= 1)
-			bufferevent_write(cl->bev, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+static struct reqhead *on_req_begin(void *arg)
+{
+	struct client *cl = arg;
+
+	if (!cl->req) {
+		cl->req = request_new(cl);
+		if (!cl->req)
+			return NULL;
 	}
-	req->http10 = p->http_major == 1 && p->http_minor == 0;
-	req->head_method = llhttp_get_method(p) == HTTP_HEAD;
-	req->chunked_in = (p->flags & F_CHUNKED) != 0;
-	if (!llhttp_should_keep_alive(p))
+	client_set_state(cl, CL_HEAD);
+	timer_arm(cl->timer, pcfg(cl->px)->header_timeout_ms);
+	return &cl->req->head;
+}
+
+static int on_req_head(void *arg, struct reqhead *h)
+{
+	struct client *cl = arg;
+	struct request *req = cl->req;
+	const struct config *cfg = pcfg(cl->px);
+
+	request_note_head(req);
+	if (h->send_continue)
+		bufferevent_write(cl->bev, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+	if (!h->keep_alive)
 		cl->close_after = true;
 
 	client_set_state(cl, CL_BODY);
@@ -623,12 +401,24 @@ static int on_req_headers_complete(llhttp_t *p)
 	 * bytes (or its end); they wait in up_pending meanwhile. A chunked body
 	 * waits at least for its first chunk line to parse, so a request whose
 	 * framing is broken reaches no upstream. */
-	if (req->rt->needs_body && (req->chunked_in || p->content_length > 0))
+	if (req->rt->needs_body && (h->chunked || h->content_length > 0))
 		req->awaiting_body = true;
-	else if (req->chunked_in)
+	else if (h->chunked)
 		req->awaiting_chunk = true;
 	else
 		request_route(req);
+	return cl->state == CL_CLOSING ? -1 : 0;
+}
+
+static int on_req_chunk(void *arg)
+{
+	struct client *cl = arg;
+	struct request *req = cl->req;
+
+	if (req->awaiting_chunk) {
+		req->awaiting_chunk = false;
+		request_route(req);
+	}
 	return cl->state == CL_CLOSING ? -1 : 0;
 }
 
@@ -665,29 +455,26 @@ static void request_body_bytes(struct request *req, const char *at, size_t len)
 	char size_line[24];
 	int n = 0;
 
-	if (req->chunked_in)
+	if (req->head.chunked)
 		n = snprintf(size_line, sizeof(size_line), "%zx\r\n", len);
 	evbuffer_add(req->up_pending, size_line, (size_t)n);
 	evbuffer_add(req->up_pending, at, len);
-	if (req->chunked_in)
+	if (req->head.chunked)
 		evbuffer_add(req->up_pending, "\r\n", 2);
 	if (req->mirror && n)
 		mirror_feed(req->mirror, size_line, (size_t)n);
 	if (req->mirror)
 		mirror_feed(req->mirror, at, len);
-	if (req->mirror && req->chunked_in)
+	if (req->mirror && req->head.chunked)
 		mirror_feed(req->mirror, "\r\n", 2);
 }
 
-static int on_req_body(llhttp_t *p, const char *at, size_t len)
+static void on_req_body(void *arg, const char *at, size_t len)
 {
-	struct client *cl = p->data;
+	struct client *cl = arg;
 	struct request *req = cl->req;
 	const struct config *cfg = pcfg(cl->px);
 
-	req->body_bytes += len;
-	if (req->body_bytes > cfg->max_body_size)
-		return reject(req, 413, "request body exceeds the configured maximum body size");
 	if (!req->reqinfo_done) {
 		size_t room = cfg->body_inspect_max - req->body_prefix_len;
 		size_t take = len < room ? len : room;
@@ -701,15 +488,14 @@ static int on_req_body(llhttp_t *p, const char *at, size_t len)
 			request_learn_body(req, false);
 	}
 	request_body_bytes(req, at, len);
-	return 0;
 }
 
-static int on_req_message_complete(llhttp_t *p)
+static void on_req_complete(void *arg)
 {
-	struct client *cl = p->data;
+	struct client *cl = arg;
 	struct request *req = cl->req;
 
-	if (req->chunked_in) {
+	if (req->head.chunked) {
 		evbuffer_add(req->up_pending, "0\r\n\r\n", 5);
 		if (req->mirror)
 			mirror_feed(req->mirror, "0\r\n\r\n", 5);
@@ -719,9 +505,16 @@ static int on_req_message_complete(llhttp_t *p)
 		mirror_body_done(req->mirror);
 	request_learn_body(req, true);
 	evtimer_del(cl->timer);
-	client_set_state(cl, CL_WAIT);
-	return HPE_PAUSED; /* a pipelined request waits for this response */
+	client_set_state(cl, CL_WAIT); /* reqparse pauses: a pipelined request waits for this response */
 }
+
+static const struct reqparse_hooks client_hooks = {
+	.begin = on_req_begin,
+	.head = on_req_head,
+	.chunk = on_req_chunk,
+	.body = on_req_body,
+	.complete = on_req_complete,
+};
 
 /* ---- client connection ---- */
 
@@ -801,8 +594,7 @@ void request_finish(struct request *req)
 		return;
 	}
 	client_set_state(cl, CL_IDLE);
-	head_scan_reset(cl);
-	llhttp_resume(&cl->parser);
+	reqparse_resume(&cl->rp);
 	bufferevent_setwatermark(cl->bev, EV_WRITE, 0, 0);
 	client_reading(cl, true);
 	timer_arm(cl->timer, pcfg(cl->px)->keepalive_timeout_ms);
@@ -810,52 +602,12 @@ void request_finish(struct request *req)
 		client_parse(cl);
 }
 
-/*
- * Byte-level rules llhttp (as Debian builds it) leaves to us: every line of
- * the head ends in CRLF (no bare LF), and no header line starts with a space
- * or tab (obs-fold, a line continuation servers read differently). Runs
- * over the head's bytes before llhttp parses them and stops at its blank
- * line. Returns 0, or -1 with the reason in *why.
- */
-static int head_scan(struct client *cl, const char *p, size_t n, const char **why)
-{
-	for (size_t i = 0; i < n && !cl->scan_done; i++) {
-		char c = p[i];
-		if (c == '\n') {
-			if (cl->scan_prev != '\r') {
-				*why = "a line of the request head ends in a bare LF; lines end in CRLF";
-				return -1;
-			}
-			if (cl->scan_line == 0 && cl->scan_lines > 0)
-				cl->scan_done = true; /* the blank line: the body is not ours to scan */
-			else if (cl->scan_line > 0)
-				cl->scan_lines++;
-			cl->scan_line = 0;
-		} else if (c != '\r') {
-			if (cl->scan_line == 0 && cl->scan_lines > 0 && (c == ' ' || c == '\t')) {
-				*why = "a header line starts with whitespace (obs-fold line folding is not accepted)";
-				return -1;
-			}
-			cl->scan_line++;
-		}
-		cl->scan_prev = c;
-	}
-	return 0;
-}
-
-static void head_scan_reset(struct client *cl)
-{
-	cl->scan_prev = 0;
-	cl->scan_line = cl->scan_lines = 0;
-	cl->scan_done = false;
-}
-
-static void client_reject(struct client *cl, enum llhttp_errno e)
+/* Answers a request reqparse refused, with the status and reason it chose. */
+static void client_reject(struct client *cl)
 {
 	struct request *req = cl->req;
-	int status = 400;
-	const char *msg = "malformed HTTP request";
-	char buf[160];
+	char msg[160];
+	int status;
 
 	if (!req) {
 		cl->req = req = request_new(cl);
@@ -864,15 +616,9 @@ static void client_reject(struct client *cl, enum llhttp_errno e)
 			return;
 		}
 	}
-	if (req->reject_status) {
-		status = req->reject_status;
-		msg = req->reject_msg;
-	} else if (e == HPE_INVALID_METHOD && llhttp_get_method(&cl->parser) == HTTP_PRI) {
-		msg = "HTTP/2 prior knowledge is not supported; speak HTTP/1.1";
-	} else {
-		snprintf(buf, sizeof(buf), "malformed HTTP request: %s", llhttp_get_error_reason(&cl->parser));
-		msg = buf;
-	}
+	status = reqparse_refusal(&cl->rp, msg, sizeof(msg));
+	if (req->head.parsed)
+		request_note_head(req);
 	if (!req->rec.id[0])
 		request_id_generate(cl->px, req->rec.id, sizeof(req->rec.id));
 	client_fail(cl, status, REQ_ERR_BAD_REQUEST, "invalid_request", msg);
@@ -888,27 +634,14 @@ void client_parse(struct client *cl)
 	in = bufferevent_get_input(cl->bev);
 	while (cl->state != CL_WAIT && cl->state != CL_CLOSING && evbuffer_get_length(in)) {
 		struct evbuffer_iovec v;
+		size_t used;
 		if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
 			break;
-		const char *why = NULL;
-		if (!cl->scan_done && head_scan(cl, v.iov_base, v.iov_len, &why) == -1) {
-			if (!cl->req)
-				cl->req = request_new(cl);
-			if (cl->req) {
-				cl->req->reject_status = 400;
-				cl->req->reject_msg = why;
-			}
-			client_reject(cl, HPE_USER);
-			return;
-		}
-		enum llhttp_errno e = llhttp_execute(&cl->parser, v.iov_base, v.iov_len);
+		enum reqparse_status rs = reqparse_feed(&cl->rp, v.iov_base, v.iov_len, &used);
 		if (cl->state == CL_CLOSING)
-			return; /* a callback already answered or closed */
-		size_t used = v.iov_len;
-		if (e == HPE_PAUSED)
-			used = (size_t)(llhttp_get_error_pos(&cl->parser) - (const char *)v.iov_base);
-		else if (e != HPE_OK) {
-			client_reject(cl, e);
+			return; /* a hook already answered or closed */
+		if (rs == REQPARSE_REFUSED || rs == REQPARSE_STOPPED) {
+			client_reject(cl);
 			return;
 		}
 		evbuffer_drain(in, used);
@@ -916,7 +649,7 @@ void client_parse(struct client *cl)
 			cl->req->rec.bytes_in += used;
 		if (cl->req)
 			request_flush_upstream(cl->req);
-		if (e == HPE_PAUSED)
+		if (rs == REQPARSE_PAUSED)
 			break;
 		if (cl->reading_blocked)
 			break;
@@ -1170,8 +903,7 @@ static void on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct soc
 		return;
 	}
 	format_addr(sa, cl->peer, sizeof(cl->peer));
-	llhttp_init(&cl->parser, HTTP_REQUEST, &px->req_settings);
-	cl->parser.data = cl;
+	reqparse_init(&cl->rp, &client_hooks, cl);
 	LIST_INSERT_HEAD(&px->clients, cl, link);
 	px->nclients++;
 	bufferevent_setcb(cl->bev, on_client_read, on_client_write, on_client_event, cl);
@@ -1217,19 +949,6 @@ struct proxy *proxy_new(struct event_base *base, struct router *router, const st
 	LIST_INIT(&px->clients);
 	if (getrandom(&px->id_seed, sizeof(px->id_seed), 0) != sizeof(px->id_seed))
 		px->id_seed = (uint64_t)clock_now_ns() ^ (uint64_t)getpid();
-
-	llhttp_settings_init(&px->req_settings);
-	px->req_settings.on_message_begin = on_req_message_begin;
-	px->req_settings.on_url = on_req_url;
-	px->req_settings.on_header_field = on_req_header_field;
-	px->req_settings.on_header_field_complete = on_req_header_field_complete;
-	px->req_settings.on_header_value = on_req_header_value;
-	px->req_settings.on_headers_complete = on_req_headers_complete;
-	px->req_settings.on_body = on_req_body;
-	px->req_settings.on_message_complete = on_req_message_complete;
-	px->req_settings.on_chunk_extension_name = on_req_chunk_extension;
-	px->req_settings.on_chunk_extension_value = on_req_chunk_extension;
-	px->req_settings.on_chunk_header = on_req_chunk_header;
 
 	exchange_settings_init(&px->resp_settings);
 

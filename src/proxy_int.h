@@ -1,6 +1,6 @@
 /*
- * proxy_int.h — what proxy.c (the client side: connections, request
- * parsing, error answers) and exchange.c (the upstream side: routing,
+ * proxy_int.h — what proxy.c (the client side: connections, the request
+ * state machine, error answers) and exchange.c (the upstream side: routing,
  * admission, connecting, response parsing) share: the connection and
  * request objects and the functions each calls in the other. Not for other
  * modules: they use proxy.h.
@@ -20,6 +20,7 @@
 #include "config.h"
 #include "framer.h"
 #include "mirror.h"
+#include "reqparse.h"
 #include "router.h"
 #include "rxstamp.h"
 #include "timeline.h"
@@ -56,7 +57,6 @@ enum req_timer { RT_NONE, RT_QUEUE, RT_CONNECT, RT_FIRST_BYTE, RT_IDLE };
 /* A response head is held until it parses whole; this bounds it. */
 #define RESP_HEAD_MAX (64u << 10)
 #define REQUEST_ID_MAX 128
-#define CHUNK_EXT_MAX 4096 /* extension bytes on one chunk line */
 /* A request this small (head and body) is kept whole when it goes out on a
  * pooled connection, to be sent again should that connection turn out to
  * have been closed by the server. */
@@ -90,12 +90,8 @@ struct proxy {
 	struct evbuffer *tail;	       /* a response's last bytes between its upstream and its client */
 	bool cap_warned;
 	uint64_t id_seed, id_counter;
-	llhttp_settings_t req_settings, resp_settings;
+	llhttp_settings_t resp_settings;
 	LIST_HEAD(, client) clients;
-};
-
-struct hdr {
-	uint32_t name_off, name_len, val_off, val_len;
 };
 
 /* One request and its exchange with the upstream. Owned by its client. */
@@ -103,24 +99,12 @@ struct request {
 	struct client *cl;
 	struct req_record rec;
 
-	/* request head as parsed: URL, header names and values in hbuf */
-	char *hbuf;
-	size_t hlen, hcap;
-	struct hdr *hdrs;
-	unsigned nhdr;
-	size_t url_off, url_len;
-	bool in_url, in_name, in_value;
-	bool chunked_in;
-	bool http10;
-	uint64_t body_bytes;
+	struct reqhead head; /* as parsed: URL, headers, framing (reqparse.h) */
 	bool body_done;
 	char *body_prefix; /* the first cfg->body_inspect_max bytes, for the model */
 	size_t body_prefix_len;
 	bool reqinfo_done;
-	bool head_method; /* HEAD: the response has no body whatever it says */
 	bool logged;
-	int reject_status; /* set by a parser callback that refuses the request */
-	const char *reject_msg;
 
 	/* routing */
 	struct router *rt; /* the generation this request runs on; a reference */
@@ -132,7 +116,6 @@ struct request {
 	uint32_t tried;		/* route targets that refused a connection */
 	bool add_id;		/* the client's x-request-id was absent or unusable */
 	bool awaiting_chunk;	/* chunked: routing waits for a valid first chunk line */
-	size_t chunk_ext;	/* extension bytes of the current chunk line */
 	size_t head_len;	/* bytes of the head at the front of up_pending */
 	char sticky_value[128]; /* the route's sticky JSON field, from the body */
 
@@ -169,8 +152,8 @@ struct client {
 	struct proxy *px;
 	uint64_t id;
 	struct bufferevent *bev;
-	struct event *rev; /* plain TCP: the read event (see client_reading); NULL over TLS */
-	llhttp_t parser;
+	struct event *rev;  /* plain TCP: the read event (see client_reading); NULL over TLS */
+	struct reqparse rp; /* its requests, one at a time */
 	enum client_state state;
 	struct event *timer; /* keep-alive idle, header deadline, upload idle, linger */
 	struct request *req;
@@ -181,10 +164,6 @@ struct client {
 	bool close_after;      /* close once the current response is written */
 	bool closing;
 	bool reading_blocked; /* upload backpressure */
-	/* head_scan's state over the current request's head */
-	char scan_prev;
-	unsigned scan_line, scan_lines;
-	bool scan_done;
 	LIST_ENTRY(client) link;
 };
 
@@ -195,9 +174,6 @@ static inline const struct config *pcfg(const struct proxy *px)
 
 /* proxy.c: the client side */
 void timer_arm(struct event *ev, uint64_t ms);
-bool name_eq(const char *a, size_t alen, const char *lit);
-const struct hdr *request_header(const struct request *req, const char *name);
-bool hop_by_hop(const struct request *req, const char *name, size_t len);
 struct series *request_series(struct request *req);
 void request_drop_upstream(struct request *req, bool reusable);
 void request_finish(struct request *req);

@@ -1,0 +1,460 @@
+/*
+ * reqparse.c — the client request parser: llhttp for requests plus the
+ * checks tokentap adds before anything reaches an upstream.
+ *
+ * llhttp (as Debian builds it) already refuses most malformed framing; what
+ * it leaves, and tokentap refuses itself, is every shape a server behind
+ * could read differently (request smuggling) and every limit:
+ *
+ *   bytes ─▶ head_scan (bare LF, obs-fold) ─▶ llhttp ─▶ on_* callbacks
+ *            on_url / on_header_*: head size, header count, name and
+ *                                  value characters
+ *            on_headers_complete:  CONNECT, request_head_check (version,
+ *                                  target, Host, Transfer-Encoding),
+ *                                  Upgrade, declared body size, Expect;
+ *                                  then hooks->head
+ *            on_chunk_*:           chunk extension length; hooks->chunk
+ *            on_body:              body size; hooks->body
+ *            on_message_complete:  hooks->complete, then a pause
+ *
+ * Invariants: a head that reaches hooks->head holds at most
+ * lim.max_header_size bytes and lim.max_headers fields and has passed every
+ * check; body bytes reach hooks->body only while the body is within
+ * lim.max_body_size; a refusal is decided here, and the caller only answers
+ * it. The parser pauses at each message end, so a pipelined request waits
+ * until reqparse_resume.
+ */
+#include "reqparse.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+bool name_eq(const char *a, size_t alen, const char *lit)
+{
+	size_t n = strlen(lit);
+	return alen == n && strncasecmp(a, lit, n) == 0;
+}
+
+/* ---- the head ---- */
+
+int reqhead_init(struct reqhead *h, const struct reqparse_limits *lim)
+{
+	memset(h, 0, sizeof(*h));
+	h->lim = *lim;
+	h->hdrs = calloc(lim->max_headers, sizeof(*h->hdrs));
+	return h->hdrs ? 0 : -1;
+}
+
+void reqhead_free(struct reqhead *h)
+{
+	free(h->buf);
+	free(h->hdrs);
+	h->buf = NULL;
+	h->hdrs = NULL;
+	h->len = h->cap = 0;
+	h->nhdr = 0;
+}
+
+static bool head_append(struct reqhead *h, const char *at, size_t len)
+{
+	size_t max = h->lim.max_header_size;
+
+	if (h->len + len > max)
+		return false;
+	if (h->len + len > h->cap) {
+		size_t cap = h->cap ? h->cap : 1024;
+		while (cap < h->len + len)
+			cap *= 2;
+		if (cap > max)
+			cap = max;
+		char *p = realloc(h->buf, cap);
+		if (!p)
+			return false;
+		h->buf = p;
+		h->cap = cap;
+	}
+	memcpy(h->buf + h->len, at, len);
+	h->len += len;
+	return true;
+}
+
+const struct hdr *reqhead_header(const struct reqhead *h, const char *name)
+{
+	for (unsigned i = 0; i < h->nhdr; i++)
+		if (name_eq(h->buf + h->hdrs[i].name_off, h->hdrs[i].name_len, name))
+			return &h->hdrs[i];
+	return NULL;
+}
+
+/* True when `name` appears as a token of the Connection header. */
+static bool listed_in_connection(const struct reqhead *h, const char *name, size_t nlen)
+{
+	for (unsigned i = 0; i < h->nhdr; i++) {
+		const struct hdr *f = &h->hdrs[i];
+		if (!name_eq(h->buf + f->name_off, f->name_len, "connection"))
+			continue;
+		const char *v = h->buf + f->val_off, *end = v + f->val_len;
+		while (v < end) {
+			while (v < end && (*v == ' ' || *v == '\t' || *v == ','))
+				v++;
+			const char *tok = v;
+			while (v < end && *v != ',' && *v != ' ' && *v != '\t')
+				v++;
+			if ((size_t)(v - tok) == nlen && strncasecmp(tok, name, nlen) == 0)
+				return true;
+		}
+	}
+	return false;
+}
+
+bool reqhead_hop_by_hop(const struct reqhead *h, const char *name, size_t len)
+{
+	static const char *const hop[] = { "connection", "keep-alive", "proxy-connection",
+					   "te",	 "trailer",    "transfer-encoding",
+					   "upgrade",	 "expect",     "http2-settings" };
+	for (size_t i = 0; i < sizeof(hop) / sizeof(hop[0]); i++)
+		if (name_eq(name, len, hop[i]))
+			return true;
+	return listed_in_connection(h, name, len);
+}
+
+/* ---- llhttp callbacks ---- */
+
+static int reject(struct reqparse *rp, int status, const char *msg)
+{
+	rp->reject_status = status;
+	rp->reject_msg = msg;
+	return -1;
+}
+
+/* A hook's answer: -1 stops the parse without a refusal of ours. */
+static int hook_result(struct reqparse *rp, int rc)
+{
+	if (rc == -1)
+		rp->stopped = true;
+	return rc == -1 ? -1 : 0;
+}
+
+static int on_message_begin(llhttp_t *p)
+{
+	struct reqparse *rp = p->data;
+	struct reqhead *h = rp->hooks->begin(rp->arg);
+
+	rp->head = h;
+	if (!h)
+		return -1;
+	h->len = 0;
+	h->nhdr = 0;
+	h->url_off = h->url_len = 0;
+	h->in_url = h->in_name = false;
+	h->parsed = false;
+	h->body_bytes = 0;
+	h->chunk_ext = 0;
+	return 0;
+}
+
+static int on_url(llhttp_t *p, const char *at, size_t len)
+{
+	struct reqparse *rp = p->data;
+	struct reqhead *h = rp->head;
+
+	if (!h->in_url) {
+		h->in_url = true;
+		h->url_off = h->len;
+	}
+	if (!head_append(h, at, len))
+		return reject(rp, 414, "request URL too long");
+	h->url_len += len;
+	return 0;
+}
+
+/* RFC 9110 token characters. The llhttp build Debian ships tolerates some
+ * others (a space before the colon, for one); tokentap does not, since a
+ * server behind it may read such a header differently. */
+static bool is_tchar(unsigned char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+	       (c && strchr("!#$%&'*+-.^_`|~", c));
+}
+
+static int on_header_field(llhttp_t *p, const char *at, size_t len)
+{
+	struct reqparse *rp = p->data;
+	struct reqhead *h = rp->head;
+
+	for (size_t i = 0; i < len; i++)
+		if (!is_tchar((unsigned char)at[i]))
+			return reject(rp, 400, "invalid character in a request header name");
+
+	if (!h->in_name) {
+		if (h->nhdr == h->lim.max_headers)
+			return reject(rp, 431, "too many request header fields");
+		h->in_name = true;
+		h->hdrs[h->nhdr].name_off = (uint32_t)h->len;
+		h->hdrs[h->nhdr].name_len = 0;
+		h->hdrs[h->nhdr].val_off = (uint32_t)h->len;
+		h->hdrs[h->nhdr].val_len = 0;
+		h->nhdr++;
+	}
+	if (!head_append(h, at, len))
+		return reject(rp, 431, "request header fields too large");
+	h->hdrs[h->nhdr - 1].name_len += (uint32_t)len;
+	return 0;
+}
+
+static int on_header_field_complete(llhttp_t *p)
+{
+	struct reqhead *h = ((struct reqparse *)p->data)->head;
+
+	h->in_name = false;
+	h->hdrs[h->nhdr - 1].val_off = (uint32_t)h->len;
+	return 0;
+}
+
+static int on_header_value(llhttp_t *p, const char *at, size_t len)
+{
+	struct reqparse *rp = p->data;
+	struct reqhead *h = rp->head;
+
+	for (size_t i = 0; i < len; i++) {
+		unsigned char c = (unsigned char)at[i];
+		if ((c < 0x20 && c != '\t') || c == 0x7f)
+			return reject(rp, 400, "control character in a request header value");
+	}
+	if (!head_append(h, at, len))
+		return reject(rp, 431, "request header fields too large");
+	h->hdrs[h->nhdr - 1].val_len += (uint32_t)len;
+	return 0;
+}
+
+/*
+ * What the head must also satisfy before anything is forwarded, beyond
+ * what llhttp checks as Debian builds it: a version (no HTTP/0.9), a path
+ * as target (tokentap is never a forward proxy), exactly one Host (in
+ * HTTP/1.1, required), and no transfer coding but a single "chunked", and
+ * that only in HTTP/1.1. Each ambiguity here is one a server behind could
+ * resolve differently from tokentap: request smuggling.
+ */
+static int request_head_check(struct reqparse *rp, llhttp_t *p)
+{
+	const struct reqhead *rh = rp->head;
+	const char *url = rh->buf + rh->url_off;
+	unsigned hosts = 0, codings = 0;
+	const struct hdr *host = NULL;
+
+	if (p->http_major == 0)
+		return reject(rp, 400, "the request line has no HTTP version");
+	if (!(rh->url_len && url[0] == '/') &&
+	    !(rh->url_len == 1 && url[0] == '*' && llhttp_get_method(p) == HTTP_OPTIONS))
+		return reject(rp, 400, "the request target must be a path; absolute URLs are for forward proxies");
+	for (unsigned i = 0; i < rh->nhdr; i++) {
+		const struct hdr *h = &rh->hdrs[i];
+		const char *name = rh->buf + h->name_off, *v = rh->buf + h->val_off;
+		size_t vlen = h->val_len;
+		if (name_eq(name, h->name_len, "host")) {
+			hosts++;
+			host = h;
+		} else if (name_eq(name, h->name_len, "transfer-encoding")) {
+			while (vlen && (*v == ' ' || *v == '\t'))
+				v++, vlen--;
+			while (vlen && (v[vlen - 1] == ' ' || v[vlen - 1] == '\t'))
+				vlen--;
+			if (vlen == 0)
+				return reject(rp, 400, "empty Transfer-Encoding header");
+			if (!name_eq(v, vlen, "chunked") || ++codings > 1)
+				return reject(rp, 501,
+					      "transfer codings other than a single chunked are not supported");
+		}
+	}
+	if (codings && !(p->http_major == 1 && p->http_minor >= 1))
+		return reject(rp, 400, "chunked transfer coding needs HTTP/1.1");
+	if (hosts > 1)
+		return reject(rp, 400, "more than one Host header");
+	if (host && memchr(rh->buf + host->val_off, ',', host->val_len))
+		return reject(rp, 400, "a Host header with more than one value");
+	if (!hosts && p->http_major == 1 && p->http_minor >= 1)
+		return reject(rp, 400, "HTTP/1.1 requests need a Host header");
+	return 0;
+}
+
+static int on_headers_complete(llhttp_t *p)
+{
+	struct reqparse *rp = p->data;
+	struct reqhead *h = rp->head;
+	const struct hdr *f;
+
+	h->parsed = true;
+	h->method = llhttp_get_method(p);
+	h->http_major = p->http_major;
+	h->http_minor = p->http_minor;
+
+	if (h->method == HTTP_CONNECT)
+		return reject(rp, 501, "CONNECT is not supported: tokentap is a reverse proxy");
+	if (request_head_check(rp, p) == -1)
+		return -1;
+	f = reqhead_header(h, "upgrade");
+	if (f && !name_eq(h->buf + f->val_off, f->val_len, "h2c"))
+		return reject(rp, 501, "protocol upgrades (such as WebSocket) are not supported");
+	if ((p->flags & F_CONTENT_LENGTH) && p->content_length > h->lim.max_body_size)
+		return reject(rp, 413, "request body exceeds the configured maximum body size");
+	f = reqhead_header(h, "expect");
+	h->send_continue = false;
+	if (f) {
+		if (!name_eq(h->buf + f->val_off, f->val_len, "100-continue"))
+			return reject(rp, 417, "only the expectation 100-continue is supported");
+		h->send_continue = p->http_major == 1 && p->http_minor >= 1;
+	}
+	h->http10 = p->http_major == 1 && p->http_minor == 0;
+	h->chunked = (p->flags & F_CHUNKED) != 0;
+	h->content_length = (p->flags & F_CONTENT_LENGTH) ? p->content_length : 0;
+	h->keep_alive = llhttp_should_keep_alive(p);
+	return hook_result(rp, rp->hooks->head(rp->arg, h));
+}
+
+static int on_chunk_extension(llhttp_t *p, const char *at, size_t len)
+{
+	struct reqparse *rp = p->data;
+
+	(void)at;
+	rp->head->chunk_ext += len;
+	if (rp->head->chunk_ext > CHUNK_EXT_MAX)
+		return reject(rp, 400, "chunk extensions too long");
+	return 0;
+}
+
+static int on_chunk_header(llhttp_t *p)
+{
+	struct reqparse *rp = p->data;
+
+	rp->head->chunk_ext = 0;
+	return hook_result(rp, rp->hooks->chunk(rp->arg));
+}
+
+static int on_body(llhttp_t *p, const char *at, size_t len)
+{
+	struct reqparse *rp = p->data;
+	struct reqhead *h = rp->head;
+
+	h->body_bytes += len;
+	if (h->body_bytes > h->lim.max_body_size)
+		return reject(rp, 413, "request body exceeds the configured maximum body size");
+	rp->hooks->body(rp->arg, at, len);
+	return 0;
+}
+
+static int on_message_complete(llhttp_t *p)
+{
+	struct reqparse *rp = p->data;
+
+	rp->hooks->complete(rp->arg);
+	return HPE_PAUSED; /* a pipelined request waits for this response */
+}
+
+static const llhttp_settings_t reqparse_settings = {
+	.on_message_begin = on_message_begin,
+	.on_url = on_url,
+	.on_header_field = on_header_field,
+	.on_header_field_complete = on_header_field_complete,
+	.on_header_value = on_header_value,
+	.on_headers_complete = on_headers_complete,
+	.on_body = on_body,
+	.on_message_complete = on_message_complete,
+	.on_chunk_extension_name = on_chunk_extension,
+	.on_chunk_extension_value = on_chunk_extension,
+	.on_chunk_header = on_chunk_header,
+};
+
+/*
+ * Byte-level rules llhttp (as Debian builds it) leaves to us: every line of
+ * the head ends in CRLF (no bare LF), and no header line starts with a space
+ * or tab (obs-fold, a line continuation servers read differently). Runs
+ * over the head's bytes before llhttp parses them and stops at its blank
+ * line. Returns 0, or -1 with the reason in *why.
+ */
+static int head_scan(struct reqparse *rp, const char *p, size_t n, const char **why)
+{
+	for (size_t i = 0; i < n && !rp->scan_done; i++) {
+		char c = p[i];
+		if (c == '\n') {
+			if (rp->scan_prev != '\r') {
+				*why = "a line of the request head ends in a bare LF; lines end in CRLF";
+				return -1;
+			}
+			if (rp->scan_line == 0 && rp->scan_lines > 0)
+				rp->scan_done = true; /* the blank line: the body is not ours to scan */
+			else if (rp->scan_line > 0)
+				rp->scan_lines++;
+			rp->scan_line = 0;
+		} else if (c != '\r') {
+			if (rp->scan_line == 0 && rp->scan_lines > 0 && (c == ' ' || c == '\t')) {
+				*why = "a header line starts with whitespace (obs-fold line folding is not accepted)";
+				return -1;
+			}
+			rp->scan_line++;
+		}
+		rp->scan_prev = c;
+	}
+	return 0;
+}
+
+static void head_scan_reset(struct reqparse *rp)
+{
+	rp->scan_prev = 0;
+	rp->scan_line = rp->scan_lines = 0;
+	rp->scan_done = false;
+}
+
+/* ---- driving it ---- */
+
+void reqparse_init(struct reqparse *rp, const struct reqparse_hooks *hooks, void *arg)
+{
+	memset(rp, 0, sizeof(*rp));
+	rp->hooks = hooks;
+	rp->arg = arg;
+	llhttp_init(&rp->parser, HTTP_REQUEST, &reqparse_settings);
+	rp->parser.data = rp;
+}
+
+enum reqparse_status reqparse_feed(struct reqparse *rp, const char *buf, size_t len, size_t *used)
+{
+	const char *why = NULL;
+
+	*used = 0;
+	if (!rp->scan_done && head_scan(rp, buf, len, &why) == -1) {
+		reject(rp, 400, why);
+		return REQPARSE_REFUSED;
+	}
+	enum llhttp_errno e = llhttp_execute(&rp->parser, buf, len);
+	if (e == HPE_OK) {
+		*used = len;
+		return REQPARSE_MORE;
+	}
+	if (e == HPE_PAUSED) {
+		*used = (size_t)(llhttp_get_error_pos(&rp->parser) - buf);
+		return REQPARSE_PAUSED;
+	}
+	return rp->stopped ? REQPARSE_STOPPED : REQPARSE_REFUSED;
+}
+
+void reqparse_resume(struct reqparse *rp)
+{
+	head_scan_reset(rp);
+	llhttp_resume(&rp->parser);
+}
+
+int reqparse_refusal(const struct reqparse *rp, char *msg, size_t msglen)
+{
+	llhttp_t *p = (llhttp_t *)&rp->parser; /* llhttp's getters take no const */
+
+	if (rp->reject_status) {
+		snprintf(msg, msglen, "%s", rp->reject_msg);
+		return rp->reject_status;
+	}
+	if (llhttp_get_errno(p) == HPE_INVALID_METHOD && llhttp_get_method(p) == HTTP_PRI)
+		snprintf(msg, msglen, "HTTP/2 prior knowledge is not supported; speak HTTP/1.1");
+	else
+		snprintf(msg, msglen, "malformed HTTP request: %s", llhttp_get_error_reason(p));
+	return 400;
+}
