@@ -55,6 +55,7 @@ struct store_options {
 	uint64_t map_size;	/* initial LMDB map size; grows when full ... */
 	uint64_t map_size_max;	/* ... up to this (64g, or TOKENTAP_STORE_MAX_SIZE) */
 	uint64_t prune_every_s; /* how often old slices are looked for */
+	unsigned pack_per_pass; /* day packs one pass rewrites at most (0: no bound); the rest at the next flushes */
 	bool set_aside_corrupt; /* move a corrupt data.mdb aside (default) or fail */
 };
 

@@ -82,7 +82,9 @@ struct store {
 
 	/* day packs, writer thread only: see store_pack.c */
 	uint32_t pack_trimmed, pack_stripped;
-	int pack_said; /* the last failure said, 0 after a pass that worked */
+	uint32_t pack_trim_at, pack_trim_from; /* a trim cut short: see pack_state */
+	bool pack_more;			       /* the last pass left work: go on at the next flush */
+	int pack_said;			       /* the last failure said, 0 after a pass that worked */
 };
 
 /* ---- keys: kind, u32 big-endian minute, hour or day, u32 big-endian series id ---- */
@@ -143,6 +145,7 @@ struct pack {
 int store_pack_parse(const uint8_t *v, size_t n, struct pack *pk);
 void store_pack_free(struct pack *pk);
 
-/* The writer's pack pass: packs what is due in its own write transaction,
- * or nothing; a failure is said once per cause and tried again later. */
+/* The writer's pack pass: packs what is due, up to pack_per_pass packs, in
+ * its own write transaction, or nothing; sets st->pack_more when work is
+ * left. A failure is said once per cause and tried again later. */
 void store_pack_run(struct store *st, uint64_t now);

@@ -9,7 +9,9 @@
  *   - an hour of a series is in its 'h' slice, its pack, or both (a late
  *     delta not packed yet), never lost and never counted twice: an hour
  *     moves into its pack in the transaction that deletes its 'h' key;
- *   - a pass that fails commits nothing, and the next one starts over.
+ *   - a pass that fails commits nothing, and the next one starts over;
+ *   - a pass rewrites at most pack_per_pass packs; what is left is taken up
+ *     at the writer's next flush, not a minute later.
  */
 #include "store_int.h"
 
@@ -242,8 +244,36 @@ static int pack_ref_cmp(const void *a, const void *b)
 struct pack_state {
 	uint32_t trimmed;  /* packs trimmed to this oldest hour */
 	uint32_t stripped; /* packs of days before this one have no curves */
+	/* a trim cut short at the bound: the oldest hour it trims to, and the
+	 * series id it goes on from */
+	uint32_t trim_at, trim_from;
+	size_t budget; /* packs this pass may still rewrite */
 	size_t hours, packs;
+	bool more; /* stopped at the bound with work left */
 };
+
+/* A pass that goes on from where the store's last committed one left. */
+static void pack_state_init(struct pack_state *ps, const struct store *st)
+{
+	memset(ps, 0, sizeof(*ps));
+	ps->trimmed = st->pack_trimmed;
+	ps->stripped = st->pack_stripped;
+	ps->trim_at = st->pack_trim_at;
+	ps->trim_from = st->pack_trim_from;
+	ps->budget = st->opt.pack_per_pass ? st->opt.pack_per_pass : SIZE_MAX;
+}
+
+/* Takes one pack rewrite from the budget; false, noting that work is
+ * left, when none is left. */
+static bool pack_take(struct pack_state *ps)
+{
+	if (ps->budget == 0) {
+		ps->more = true;
+		return false;
+	}
+	ps->budget--;
+	return true;
+}
 
 /*
  * Lists the keys of `kind` numbered from..to-1 (with `unstripped`, only the
@@ -301,6 +331,13 @@ static int pack_list(struct store *st, MDB_txn *txn, char kind, uint32_t from, u
  * packs of the oldest day to the hours within retention; once per day,
  * drops the load curves of the packs of days the 7d window no longer
  * reaches. `ps` says what was done before and is updated.
+ *
+ * A pass rewrites at most ps->budget packs (store_options.pack_per_pass),
+ * so that it holds the writer, and the flushes queued behind it, for about
+ * as long as a flush; with work left it sets ps->more, and the writer goes
+ * on at its next flush. Each step finds its own work again: 'h' keys not
+ * yet packed, packs without PACK_NO_CURVES; only the trim keeps a place,
+ * the series id it stopped at.
  */
 static int pack_pass(struct store *st, MDB_txn *txn, uint64_t now, struct pack_state *ps)
 {
@@ -318,7 +355,7 @@ static int pack_pass(struct store *st, MDB_txn *txn, uint64_t now, struct pack_s
 	/* complete hours, grouped by series and day */
 	if ((rc = pack_list(st, txn, 'h', oldest, complete, false, &refs, &n)))
 		goto out;
-	for (size_t i = 0; i < n && !rc;) {
+	for (size_t i = 0; i < n && !rc && pack_take(ps);) {
 		uint32_t id = refs[i].id, day = refs[i].t / 24, hours[24];
 		size_t nh = 0;
 		for (; i < n && refs[i].id == id && refs[i].t / 24 == day; i++)
@@ -335,29 +372,46 @@ static int pack_pass(struct store *st, MDB_txn *txn, uint64_t now, struct pack_s
 	/* the oldest day's packs, once the oldest hour kept moves */
 	if (ps->trimmed != oldest) {
 		uint32_t day = oldest / 24;
+		size_t i;
+		if (ps->trim_at != oldest) {
+			ps->trim_at = oldest;
+			ps->trim_from = 0;
+		}
 		if ((rc = pack_list(st, txn, 'd', day, day + 1, false, &refs, &n)))
 			goto out;
-		for (size_t i = 0; i < n && !rc; i++)
+		for (i = 0; i < n && !rc; i++) {
+			if (refs[i].id < ps->trim_from)
+				continue;
+			if (!pack_take(ps)) {
+				ps->trim_from = refs[i].id;
+				break;
+			}
 			rc = pack_rewrite(st, txn, refs[i].id, day, NULL, 0, oldest % 24, day < horizon);
+		}
 		free(refs);
 		refs = NULL;
 		if (rc)
 			goto out;
-		ps->trimmed = oldest;
+		if (i == n) {
+			ps->trimmed = oldest;
+			ps->trim_from = 0;
+		}
 	}
 
 	/* the days the 7d window has left behind */
 	if (ps->stripped != horizon) {
 		if ((rc = pack_list(st, txn, 'd', oldest / 24, horizon, true, &refs, &n)))
 			goto out;
-		for (size_t i = 0; i < n && !rc; i++) {
+		size_t i;
+		for (i = 0; i < n && !rc && pack_take(ps); i++) {
 			uint32_t day = refs[i].t;
 			rc = pack_rewrite(st, txn, refs[i].id, day, NULL, 0, day == oldest / 24 ? oldest % 24 : 0,
 					  true);
 		}
 		if (rc)
 			goto out;
-		ps->stripped = horizon;
+		if (i == n)
+			ps->stripped = horizon;
 	}
 out:
 	free(refs);
@@ -384,15 +438,18 @@ static int pack_commit(struct store *st, uint64_t now, struct pack_state *ps)
 	return rc;
 }
 
-/* Packs what is due; says a failure once per cause (the hours stay as
- * they are, read as before, and are tried again at the next pass). */
+/* Packs what is due, up to the bound of a pass; says a failure once per
+ * cause (the hours stay as they are, read as before, and are tried again
+ * at the next once-a-minute pass). */
 void store_pack_run(struct store *st, uint64_t now)
 {
-	struct pack_state ps = { st->pack_trimmed, st->pack_stripped, 0, 0 };
-	int rc = pack_commit(st, now, &ps);
+	struct pack_state ps;
+	int rc;
 
+	pack_state_init(&ps, st);
+	rc = pack_commit(st, now, &ps);
 	if (rc == MDB_MAP_FULL && store_map_grow(st) == 0) {
-		ps = (struct pack_state){ st->pack_trimmed, st->pack_stripped, 0, 0 };
+		pack_state_init(&ps, st);
 		rc = pack_commit(st, now, &ps);
 	}
 	if (rc) {
@@ -404,11 +461,16 @@ void store_pack_run(struct store *st, uint64_t now)
 		else
 			log_debug("store: packing hour slices into days failed: %s", mdb_strerror(rc));
 		st->pack_said = rc;
+		st->pack_more = false;
 		return;
 	}
 	st->pack_said = 0;
 	st->pack_trimmed = ps.trimmed;
 	st->pack_stripped = ps.stripped;
+	st->pack_trim_at = ps.trim_at;
+	st->pack_trim_from = ps.trim_from;
+	st->pack_more = ps.more;
 	if (ps.hours)
-		log_debug("store: packed %zu hour slice(s) into %zu day(s)", ps.hours, ps.packs);
+		log_debug("store: packed %zu hour slice(s) into %zu day(s)%s", ps.hours, ps.packs,
+			  ps.more ? "; more at the next flush" : "");
 }

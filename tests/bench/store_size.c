@@ -10,8 +10,9 @@
  * any compression that spans hours, as the store's day packs do).
  * Everything goes through the real store — encoding, compression, packing,
  * pruning — and the LMDB pages in use are reported. Then the writer's time
- * to pack a day of hours of 100 such series, and the time of the windows
- * that read hours over them, are measured.
+ * to pack a day of hours of 100 such series, in one pass and in passes of
+ * the default bound, and the time of the windows that read hours over
+ * them, are measured.
  *
  *   store_size [requests_per_minute] [tokens_per_request]
  */
@@ -207,7 +208,8 @@ static size_t measure(const struct slice pool[POOL], size_t *older)
 	return used;
 }
 
-static struct store *open_store(const char *dir, uint64_t prune_every_s)
+/* `bounded`: the default bound on the packs a pass rewrites; else none. */
+static struct store *open_store(const char *dir, uint64_t prune_every_s, bool bounded)
 {
 	struct store_options o;
 	char err[256];
@@ -215,6 +217,8 @@ static struct store *open_store(const char *dir, uint64_t prune_every_s)
 	store_options_defaults(&o);
 	o.dir = dir;
 	o.prune_every_s = prune_every_s;
+	if (!bounded)
+		o.pack_per_pass = 0;
 	struct store *st = store_open(&o, err, sizeof(err));
 	if (!st) {
 		fprintf(stderr, "%s\n", err);
@@ -235,34 +239,70 @@ static double flush_ms(struct store *st, const struct slice *sl)
 /*
  * The writer's time for 100 such series: a day of their hours two days ago
  * is written with pruning off, then the store is reopened with it on, and
- * the first flush pays for packing that day (where the store packs), the
- * next ones for their commit alone. Then the windows that read hours are
- * timed over the last two days.
+ * the flushes that follow pack that day (all in the first, with `bounded`
+ * off; pack_per_pass packs a flush, with it on) before later ones pay for
+ * their commit alone. Returns the store, open, in its directory `dir`.
  */
-static void writer_time(const struct slice pool[POOL])
+static struct store *pack_time(const struct slice pool[POOL], char *dir, bool bounded)
 {
-	char dir[] = "/tmp/tokentap-store-size-XXXXXX";
 	struct slice hour;
-	char err[256], cmd[300];
+	struct store_options def;
 	uint64_t day = (uint64_t)time(NULL) / 86400 - 2;
 
 	if (!mkdtemp(dir))
 		exit(1);
-	struct store *st = open_store(dir, UINT64_MAX);
+	struct store *st = open_store(dir, UINT64_MAX, bounded);
 	memset(&hour, 0, sizeof(hour));
 	for (unsigned h = 0; h < 24; h++) {
 		hour_slice(&hour, pool, h);
 		submit_n(st, day * 86400 + h * 3600 + 1800, &hour, 100);
 		store_sync(st);
 	}
+	slice_release(&hour);
 	store_close(st);
-	st = open_store(dir, 0);
-	double first = flush_ms(st, &pool[0]), rest = 0;
-	for (unsigned i = 1; i <= 5; i++)
-		rest += flush_ms(st, &pool[i]);
-	printf("writer, 100 such series: the flush that packs a day of their hours %.0f ms, later flushes %.0f ms "
-	       "(commit and pruning)\n",
-	       first, rest / 5);
+	st = open_store(dir, 0, bounded);
+	store_options_defaults(&def);
+	unsigned packing = bounded ? (100 + def.pack_per_pass - 1) / def.pack_per_pass : 1;
+	double slowest = 0, sum = 0, rest = 0;
+	for (unsigned i = 0; i < packing; i++) {
+		double t = flush_ms(st, &pool[i % POOL]);
+		sum += t;
+		slowest = t > slowest ? t : slowest;
+	}
+	for (unsigned i = 0; i < 5; i++)
+		rest += flush_ms(st, &pool[(packing + i) % POOL]);
+	if (bounded)
+		printf("writer, 100 such series, %u packs a pass: %u flushes pack a day of their hours, the slowest "
+		       "%.0f ms, %.0f ms on average; later flushes %.0f ms (commit and pruning)\n",
+		       def.pack_per_pass, packing, slowest, sum / packing, rest / 5);
+	else
+		printf("writer, 100 such series, no bound on a pass: the flush that packs a day of their hours "
+		       "%.0f ms, later flushes %.0f ms (commit and pruning)\n",
+		       slowest, rest / 5);
+	return st;
+}
+
+static void remove_store(struct store *st, const char *dir)
+{
+	char cmd[300];
+
+	store_close(st);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	if (system(cmd) != 0)
+		exit(1);
+}
+
+/* Packing timed without and with the bound on a pass, then the windows
+ * that read hours timed over the last two days. */
+static void writer_time(const struct slice pool[POOL])
+{
+	char dir0[] = "/tmp/tokentap-store-size-XXXXXX", dir[] = "/tmp/tokentap-store-size-XXXXXX";
+	struct slice hour;
+	char err[256];
+
+	remove_store(pack_time(pool, dir0, false), dir0);
+	struct store *st = pack_time(pool, dir, true);
+	memset(&hour, 0, sizeof(hour));
 
 	/* the last two days, then what the windows that read hours cost */
 	uint64_t now = (uint64_t)time(NULL);
@@ -288,10 +328,7 @@ static void writer_time(const struct slice pool[POOL])
 		printf(" %s %.0f ms%s", store_window_name(wins[w]), (mono_ms() - t0) / 5, w < 2 ? "," : "\n");
 	}
 	slice_release(&hour);
-	store_close(st);
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-	if (system(cmd) != 0)
-		exit(1);
+	remove_store(st, dir);
 }
 
 int main(int argc, char **argv)

@@ -554,12 +554,17 @@ static void stored_hours(struct store *st, uint32_t cur_hour, uint64_t bits[4], 
 }
 
 /* Waits out the last two minutes of an hour, so that the windows do not
- * move while a test compares them. */
+ * move while a test compares them, and the first three: open_with_hours
+ * writes series up to two minutes before each hour it means, and hours
+ * count as ended a minute after their end. */
 static void away_from_hour_end(void)
 {
 	uint64_t now = (uint64_t)time(NULL);
 	if (now % 3600 > 3600 - 120)
 		sleep((unsigned)(3600 - now % 3600 + 1));
+	now = (uint64_t)time(NULL);
+	if (now % 3600 < 180)
+		sleep((unsigned)(180 - now % 3600));
 }
 
 /* Three series, hours from now back over ten days, a few skipped, one
@@ -589,6 +594,23 @@ static struct store *open_with_hours(const char *dir, uint64_t now, unsigned bac
 	return st;
 }
 
+/* The writer's once-a-minute pass (pruning, then packing) at `now`, and
+ * the packing passes that go on from it at its next flushes, until none is
+ * left to do; returns how many packing passes that took. */
+static unsigned pack_all(struct store *st, uint64_t now)
+{
+	unsigned passes = 1;
+
+	prune(st, now);
+	store_pack_run(st, now);
+	while (st->pack_more) {
+		assert_true(passes < 1000);
+		store_pack_run(st, now);
+		passes++;
+	}
+	return passes;
+}
+
 /* Packing changes no window, before or after a restart; store_verify
  * counts every hour as before; only the current hour stays an 'h' key. */
 static void test_pack_windows_identical(void **state)
@@ -610,7 +632,7 @@ static void test_pack_windows_identical(void **state)
 	assert_int_equal(bad0, 0);
 	size_t m0 = count_keys(st, 'm');
 
-	prune(st, now); /* the writer's once-a-minute pass, packing included */
+	pack_all(st, now);
 	assert_true(count_keys(st, 'd') > 0);
 	/* whole days are packed once the 24h window reads none of their
 	 * hours: no hour slice older than two days is left */
@@ -632,14 +654,14 @@ static void test_pack_windows_identical(void **state)
 	slices0 = slices1;
 
 	/* packing again changes nothing */
-	prune(st, now);
+	assert_int_equal(pack_all(st, now), 1);
 	query_all(st, after);
 	for (size_t w = 0; w < N_STORED; w++)
 		assert_results_equal(&before[w], &after[w]);
 	free_all(after);
 	store_close(st);
 
-	/* The pass deletes and writes many records in one commit, which can
+	/* Packing deletes and writes many records in a commit, which can
 	 * leave the file's last page free and unwritten: the start-up check
 	 * must take that for sound, not move the store aside as truncated. */
 	store_options_defaults(&o);
@@ -664,7 +686,7 @@ static void test_pack_not_committed(void **state)
 {
 	char *dir = make_dir();
 	struct store_result before[N_STORED], after[N_STORED];
-	struct pack_state ps = { 0, 0, 0, 0 };
+	struct pack_state ps;
 	MDB_txn *txn;
 
 	away_from_hour_end();
@@ -673,6 +695,7 @@ static void test_pack_not_committed(void **state)
 	size_t h0 = count_keys(st, 'h');
 	query_all(st, before);
 
+	pack_state_init(&ps, st);
 	assert_int_equal(mdb_txn_begin(st->env, NULL, 0, &txn), 0);
 	assert_int_equal(pack_pass(st, txn, now, &ps), 0);
 	assert_true(ps.hours > 0 && ps.packs > 0);
@@ -685,7 +708,7 @@ static void test_pack_not_committed(void **state)
 	free_all(after);
 
 	/* committed, the same pass moves those hours and nothing else */
-	ps = (struct pack_state){ 0, 0, 0, 0 };
+	pack_state_init(&ps, st);
 	assert_int_equal(pack_commit(st, now, &ps), 0);
 	assert_int_equal(count_keys(st, 'h'), h0 - ps.hours);
 	query_all(st, after);
@@ -713,7 +736,7 @@ static void test_pack_retention(void **state)
 	for (unsigned later = 0; later <= 30; later += 3) {
 		uint64_t t = now + (uint64_t)later * 3600;
 		uint32_t oldest = (uint32_t)((t - st->opt.hour_retention_s) / 3600);
-		prune(st, t);
+		pack_all(st, t);
 		stored_hours(st, cur_hour, bits, &twice);
 		assert_false(twice);
 		for (unsigned k = 0; k <= 5 * 24; k++) {
@@ -743,7 +766,7 @@ static void test_pack_late_hour(void **state)
 	away_from_hour_end();
 	uint64_t now = (uint64_t)time(NULL);
 	struct store *st = open_with_hours(dir, now, 4 * 24);
-	prune(st, now);
+	pack_all(st, now);
 	size_t packs = count_keys(st, 'd'), hours = count_keys(st, 'h');
 	/* an hour the pack lacks (k % 11 == 5 was skipped), one it has */
 	store_submit(st, batch_seeded(now - 60 * 3600, "a", 4, 77));
@@ -751,7 +774,7 @@ static void test_pack_late_hour(void **state)
 	store_sync(st);
 	assert_int_equal(count_keys(st, 'h'), hours + 2);
 	query_all(st, before);
-	prune(st, now);
+	pack_all(st, now);
 	assert_int_equal(count_keys(st, 'd'), packs);
 	assert_int_equal(count_keys(st, 'h'), hours);
 	uint64_t bits[4];
@@ -777,7 +800,7 @@ static void test_pack_old_days_drop_curves(void **state)
 	uint64_t now = (uint64_t)time(NULL);
 	uint32_t cur_hour = (uint32_t)(now / 3600), horizon = (cur_hour - (WEEK_HOURS - 1)) / 24;
 	struct store *st = open_with_hours(dir, now, 10 * 24);
-	prune(st, now);
+	pack_all(st, now);
 	MDB_txn *txn;
 	MDB_cursor *cur;
 	MDB_val k, v;
@@ -815,11 +838,160 @@ static void test_pack_old_days_drop_curves(void **state)
 	remove_dir(dir);
 }
 
+/* A day pack's key and a CRC of its stored value. */
+struct pack_sum {
+	uint8_t key[9];
+	uint32_t crc;
+};
+
+/* The packs in the store, in key order; how many. */
+static size_t pack_sums(struct store *st, struct pack_sum *out, size_t max)
+{
+	MDB_txn *txn;
+	MDB_cursor *cur;
+	uint8_t start[9];
+	MDB_val k = { 9, start }, v;
+	size_t n = 0;
+
+	assert_int_equal(mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn), 0);
+	assert_int_equal(mdb_cursor_open(txn, st->dbi_slices, &cur), 0);
+	slice_key(start, 'd', 0, 0);
+	for (int rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE); rc == 0 && ((uint8_t *)k.mv_data)[0] == 'd';
+	     rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+		assert_true(n < max && k.mv_size == 9);
+		memcpy(out[n].key, k.mv_data, 9);
+		out[n].crc = (uint32_t)crc32(0, v.mv_data, (uInt)v.mv_size);
+		n++;
+	}
+	mdb_cursor_close(cur);
+	mdb_txn_abort(txn);
+	return n;
+}
+
+/* The packs written, rewritten or deleted between two listings. */
+static size_t packs_changed(const struct pack_sum *a, size_t na, const struct pack_sum *b, size_t nb)
+{
+	size_t i = 0, j = 0, changed = 0;
+
+	while (i < na || j < nb) {
+		int c = i == na ? 1 : j == nb ? -1 : memcmp(a[i].key, b[j].key, 9);
+		if (c == 0)
+			changed += a[i++].crc != b[j++].crc;
+		else if (c < 0)
+			changed++, i++;
+		else
+			changed++, j++;
+	}
+	return changed;
+}
+
+/* One flush with no stats in it: the writer's tick, nothing else. */
+static void empty_flush(struct store *st, uint64_t sec)
+{
+	struct store_batch *b = calloc(1, sizeof(*b));
+	assert_non_null(b);
+	b->sec = sec;
+	store_submit(st, b);
+	store_sync(st);
+}
+
+#define PACK_SUMS_MAX 256
+
+/* A pack pass rewrites at most pack_per_pass packs; the writer goes on at
+ * its next flushes until everything is packed, and the packs come out
+ * byte for byte as unbounded passes make them: hours moved, the oldest
+ * day trimmed to the retention, the days past the 7d window without
+ * curves. The windows read the same all along. */
+static void test_pack_pass_bounded(void **state)
+{
+	static struct pack_sum ref[PACK_SUMS_MAX], prev[PACK_SUMS_MAX], cur[PACK_SUMS_MAX];
+	char *dir = make_dir(), *ref_dir = make_dir();
+	struct store_options o;
+	struct store_result before[N_STORED], after[N_STORED];
+	char err[256];
+	uint64_t bits[4];
+	bool twice;
+	const unsigned bound = 2;
+	/* the retention ends inside a day, so that day's packs are trimmed */
+	const uint64_t keep = 8 * 86400 + 5 * 3600, later = 3 * 3600;
+
+	away_from_hour_end();
+	uint64_t now = (uint64_t)time(NULL);
+	uint32_t cur_hour = (uint32_t)(now / 3600);
+
+	/* the reference: the same hours, each step in one unbounded pass */
+	struct store *st = open_with_hours(ref_dir, now, 10 * 24);
+	st->opt.hour_retention_s = keep;
+	st->opt.pack_per_pass = 0;
+	assert_int_equal(pack_all(st, now), 1);
+	size_t nref = pack_sums(st, ref, PACK_SUMS_MAX);
+	assert_true(nref > 3 * bound);
+	assert_int_equal(pack_all(st, now + later), 1);
+	size_t nref_later = pack_sums(st, ref + nref, PACK_SUMS_MAX - nref);
+	store_close(st);
+
+	/* packed by the writer, `bound` packs a flush; pruning (and a full
+	 * pass) only at the first flush after the restart */
+	st = open_with_hours(dir, now, 10 * 24);
+	query_all(st, before);
+	store_close(st);
+	store_options_defaults(&o);
+	o.dir = dir;
+	o.hour_retention_s = keep;
+	o.pack_per_pass = bound;
+	o.prune_every_s = 3600;
+	st = store_open(&o, err, sizeof(err));
+	assert_non_null(st);
+	size_t nprev = pack_sums(st, prev, PACK_SUMS_MAX), ncur;
+	unsigned flushes = 0;
+	do {
+		empty_flush(st, now);
+		ncur = pack_sums(st, cur, PACK_SUMS_MAX);
+		size_t changed = packs_changed(prev, nprev, cur, ncur);
+		if (changed > bound)
+			fail_msg("flush %u rewrote %zu packs, more than %u", flushes, changed, bound);
+		memcpy(prev, cur, ncur * sizeof(*cur));
+		nprev = ncur;
+		assert_true(++flushes < 200);
+		/* every hour is counted once at every step */
+		stored_hours(st, cur_hour, bits, &twice);
+		assert_false(twice);
+		query_all(st, after);
+		for (size_t w = 0; w < N_STORED; w++)
+			assert_results_equal(&before[w], &after[w]);
+		free_all(after);
+	} while (st->pack_more);
+	assert_true(flushes >= nref / bound);
+	assert_int_equal(ncur, nref);
+	assert_int_equal(packs_changed(ref, nref, cur, ncur), 0);
+	assert_true(oldest_hour_key(st) + 2 * 24 >= cur_hour);
+
+	/* hours later, the oldest day's packs are trimmed, `bound` a pass;
+	 * the writer is idle, the test runs the passes it would */
+	prune(st, now + later);
+	unsigned passes = 0;
+	nprev = pack_sums(st, prev, PACK_SUMS_MAX);
+	do {
+		store_pack_run(st, now + later);
+		ncur = pack_sums(st, cur, PACK_SUMS_MAX);
+		assert_true(packs_changed(prev, nprev, cur, ncur) <= bound);
+		memcpy(prev, cur, ncur * sizeof(*cur));
+		nprev = ncur;
+		assert_true(++passes < 200);
+	} while (st->pack_more);
+	assert_int_equal(ncur, nref_later);
+	assert_int_equal(packs_changed(ref + nref, nref_later, cur, ncur), 0);
+	free_all(before);
+	store_close(st);
+	remove_dir(dir);
+	remove_dir(ref_dir);
+}
+
 /* A commit that takes pages from the end of the file and frees them again
  * (merged away by deletes) leaves them free and unwritten: the file ends
  * before its last page. That is sound, and the start-up check must keep
  * the store; it used to move it aside as truncated. A pack pass over ten
- * days of hours makes such a commit. */
+ * days of hours, unbounded, makes such a commit. */
 static void test_free_pages_past_end_kept(void **state)
 {
 	char *dir = make_dir();
@@ -834,7 +1006,8 @@ static void test_free_pages_past_end_kept(void **state)
 	away_from_hour_end();
 	uint64_t now = (uint64_t)time(NULL);
 	struct store *st = open_with_hours(dir, now, 10 * 24);
-	prune(st, now);
+	st->opt.pack_per_pass = 0; /* all of it in one commit */
+	pack_all(st, now);
 	query_all(st, before);
 	store_close(st);
 
@@ -869,14 +1042,14 @@ static void test_free_pages_past_end_kept(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_slice_encode_roundtrip),	 cmocka_unit_test(test_log2_buckets),
-		cmocka_unit_test(test_threads_totals_exact),	 cmocka_unit_test(test_reopen_keeps_numbers),
-		cmocka_unit_test(test_foreign_layout_refused),	 cmocka_unit_test(test_model_cap),
-		cmocka_unit_test(test_prune_past_retention),	 cmocka_unit_test(test_map_full_grows),
-		cmocka_unit_test(test_windows_keep_curves),	 cmocka_unit_test(test_pack_windows_identical),
-		cmocka_unit_test(test_pack_not_committed),	 cmocka_unit_test(test_pack_retention),
-		cmocka_unit_test(test_pack_late_hour),		 cmocka_unit_test(test_pack_old_days_drop_curves),
-		cmocka_unit_test(test_free_pages_past_end_kept),
+		cmocka_unit_test(test_slice_encode_roundtrip), cmocka_unit_test(test_log2_buckets),
+		cmocka_unit_test(test_threads_totals_exact),   cmocka_unit_test(test_reopen_keeps_numbers),
+		cmocka_unit_test(test_foreign_layout_refused), cmocka_unit_test(test_model_cap),
+		cmocka_unit_test(test_prune_past_retention),   cmocka_unit_test(test_map_full_grows),
+		cmocka_unit_test(test_windows_keep_curves),    cmocka_unit_test(test_pack_windows_identical),
+		cmocka_unit_test(test_pack_not_committed),     cmocka_unit_test(test_pack_retention),
+		cmocka_unit_test(test_pack_late_hour),	       cmocka_unit_test(test_pack_old_days_drop_curves),
+		cmocka_unit_test(test_pack_pass_bounded),      cmocka_unit_test(test_free_pages_past_end_kept),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
