@@ -695,12 +695,38 @@ void client_reading(struct client *cl, bool on)
 static void on_client_event(struct bufferevent *bev, short what, void *arg);
 
 /*
+ * Queues the first n bytes of `src` on the client's output by copying them
+ * into the free end of its last chain, not by moving `src`'s chains: an
+ * upstream read reserves 64 KiB, which libevent allocates as a 128 KiB
+ * chain, and a moved chain keeps its whole allocation, so a stream that
+ * arrives an event per read would hold stream_buffer's worth of bytes in
+ * over a hundred times that much memory while its client is slow. What
+ * cannot be copied (more pieces than `v` holds, no memory) is moved.
+ */
+static void client_queue(struct evbuffer *out, struct evbuffer *src, size_t n)
+{
+	struct evbuffer_iovec v[4];
+	int nv = evbuffer_peek(src, (ev_ssize_t)n, NULL, v, 4);
+	size_t done = 0;
+
+	for (int i = 0; i < nv && i < 4 && done < n; i++) {
+		size_t len = v[i].iov_len < n - done ? v[i].iov_len : n - done;
+		if (evbuffer_add(out, v[i].iov_base, len) == -1)
+			break;
+		done += len;
+	}
+	evbuffer_drain(src, done);
+	if (done < n)
+		evbuffer_remove_buffer(src, out, n - done);
+}
+
+/*
  * Sends the first n bytes of `src` to the client. Over plain TCP, when
  * nothing is queued before them, they are written to the socket here and
  * now: a bufferevent would only arm its write event and write on the next
  * loop turn (two epoll_ctl calls and a wake-up per chunk, and the token that
  * much later). Whatever the socket does not take, and everything over TLS,
- * is moved (not copied) into the bufferevent's output, which writes it as
+ * is queued (client_queue) on the bufferevent's output, which writes it as
  * the socket drains and reports errors. A failed write leaves the bytes for
  * the bufferevent too, so errors have one path.
  */
@@ -714,7 +740,7 @@ void client_forward(struct client *cl, struct evbuffer *src, size_t n)
 			n -= (size_t)w;
 	}
 	if (n)
-		evbuffer_remove_buffer(src, out, n);
+		client_queue(out, src, n);
 }
 
 /* New bytes are in the client's input buffer, read at cl->last_read_ns. */
