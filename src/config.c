@@ -39,6 +39,7 @@ void config_defaults(struct config *c)
 	c->cold_idle_ms = 60000;
 	c->minute_retention_s = 24 * 3600;
 	c->hour_retention_s = 30 * 24 * 3600;
+	c->store_max_size = STORE_MAX_SIZE_MAX;
 	c->admin_listen = "127.0.0.1:9901";
 	c->shutdown_grace_ms = 30000;
 }

@@ -16,6 +16,8 @@
 #define LABELS_MAX 16
 #define LISTENERS_MAX 16
 #define WORKERS_MAX 64
+#define STORE_MAX_SIZE_MIN ((uint64_t)64 << 10) /* store.max_size: an empty store and a few series */
+#define STORE_MAX_SIZE_MAX ((uint64_t)64 << 30) /* and its default */
 
 /* One listening address, optionally TLS. */
 struct listener_conf {
@@ -103,7 +105,8 @@ struct config {
 	uint64_t cold_idle_ms; /* an upstream idle this long serves cold */
 	uint64_t minute_retention_s;
 	uint64_t hour_retention_s;
-	bool check_data; /* verify the store and exit */
+	uint64_t store_max_size; /* the LMDB map grows up to this */
+	bool check_data;	 /* verify the store and exit */
 
 	const char *admin_listen; /* NULL: off */
 	const char *admin_token_file;

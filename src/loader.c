@@ -232,6 +232,12 @@ static void f_hour_ret(struct load *l, yaml_node_t *v, const char *key, void *o)
 	if (ms)
 		CFG(o)->hour_retention_s = ms / 1000;
 }
+static void f_store_max_size(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_size(l, v, key, &CFG(o)->store_max_size);
+	if (CFG(o)->store_max_size < STORE_MAX_SIZE_MIN || CFG(o)->store_max_size > STORE_MAX_SIZE_MAX)
+		problem(l, v, "%s: expected a size from 64k to 64g", key);
+}
 static void f_max_models(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	get_uint(l, v, key, &CFG(o)->max_models);
@@ -247,6 +253,7 @@ static void f_store(struct load *l, yaml_node_t *v, const char *key, void *o)
 		{ "flush_interval", f_flush },
 		{ "minute_retention", f_min_ret },
 		{ "hour_retention", f_hour_ret },
+		{ "max_size", f_store_max_size },
 		{ "max_models", f_max_models },
 		{ "cold_after_idle", f_cold_idle },
 		{ NULL, NULL },

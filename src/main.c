@@ -40,6 +40,7 @@ static int check_data(const struct config *cfg)
 
 	store_options_defaults(&so);
 	so.dir = cfg->data_dir;
+	so.map_size_max = cfg->store_max_size;
 	so.set_aside_corrupt = false; /* a check reports a corrupt file, it does not move it */
 	st = store_open(&so, err, sizeof(err));
 	if (!st) {
@@ -130,6 +131,8 @@ static void warn_fixed(const struct config *boot, const struct config *next)
 			"reload: listener changes need a restart; certificates of existing TLS listeners are reloaded");
 	if (!SAME(boot->data_dir, next->data_dir))
 		log_warn("reload: data directory changes need a restart");
+	if (boot->store_max_size != next->store_max_size)
+		log_warn("reload: store.max_size changes need a restart");
 	if (!SAME(boot->admin_listen, next->admin_listen))
 		log_warn("reload: admin address changes need a restart");
 	if (!SAME(boot->access_log, next->access_log))
@@ -233,6 +236,7 @@ int main(int argc, char **argv)
 	so.dir = boot.data_dir;
 	so.minute_retention_s = boot.minute_retention_s;
 	so.hour_retention_s = boot.hour_retention_s;
+	so.map_size_max = boot.store_max_size;
 	store = store_open(&so, err, sizeof(err));
 	if (!store) {
 		log_error("%s", err);

@@ -47,12 +47,10 @@
 
 #define STORE_LAYOUT "tokentap-stats-2" /* 2: histograms with geometric buckets from 1024 (hist.h) */
 #define QUEUE_MAX 600			/* batches waiting for the writer before the oldest is dropped */
-#define MAP_SIZE_MAX ((uint64_t)64 << 30)
-#define MAP_SIZE_MIN ((uint64_t)64 << 10) /* an empty store and a few series */
-#define HELD_MAX (64u << 20)		  /* bytes of unwritten stats kept while commits fail */
-#define RETRY_MIN_S 1			  /* first retry after a failed commit; doubles ... */
-#define RETRY_MAX_S 60			  /* ... up to this */
-#define FAULT_QUIET_S 600		  /* the same fault back this soon is not said again */
+#define HELD_MAX (64u << 20)		/* bytes of unwritten stats kept while commits fail */
+#define RETRY_MIN_S 1			/* first retry after a failed commit; doubles ... */
+#define RETRY_MAX_S 60			/* ... up to this */
+#define FAULT_QUIET_S 600		/* the same fault back this soon is not said again */
 /* Day packs rewritten per pass: a busy series' day costs the writer 10-20 ms
  * on a loaded 2-core machine, so a pass takes about as long as a flush of
  * 100 series, and 100 series are packed over 13 flushes. */
@@ -82,23 +80,10 @@ void store_options_defaults(struct store_options *o)
 	o->minute_retention_s = 24 * 3600;
 	o->hour_retention_s = 30 * 24 * 3600;
 	o->map_size = 64u << 20;
-	o->map_size_max = MAP_SIZE_MAX;
+	o->map_size_max = STORE_MAX_SIZE_MAX;
 	o->prune_every_s = 60;
 	o->pack_per_pass = PACK_PER_PASS;
 	o->set_aside_corrupt = true;
-
-	/* A cap on the database until the config file has a key for it. */
-	const char *cap = getenv("TOKENTAP_STORE_MAX_SIZE");
-	uint64_t v;
-	if (cap && *cap) {
-		if (config_parse_size(cap, &v) == 0 && v >= MAP_SIZE_MIN)
-			o->map_size_max = v < MAP_SIZE_MAX ? v : MAP_SIZE_MAX;
-		else
-			log_warn(
-				"store: TOKENTAP_STORE_MAX_SIZE=%.32s is not a size of at least 64k (like 512m or "
-				"2g); the database may grow to 64g",
-				cap);
-	}
 }
 
 static uint64_t unix_now(void)
@@ -619,7 +604,7 @@ static void fault_text(struct store *st, int rc, char *out, size_t n)
 		avail = (uint64_t)fs.f_bavail * fs.f_frsize;
 	if (rc == MDB_MAP_FULL)
 		snprintf(out, n,
-			 "the database reached its size limit of %s (TOKENTAP_STORE_MAX_SIZE); a higher limit or "
+			 "the database reached its size limit of %s (store.max_size); a higher limit or "
 			 "shorter retention makes room",
 			 size_text(sz, sizeof(sz), st->opt.map_size_max));
 	else if (rc == ENOSPC || (rc == EIO && avail < (64u << 10)))

@@ -53,7 +53,7 @@ struct store_options {
 	uint64_t minute_retention_s;
 	uint64_t hour_retention_s;
 	uint64_t map_size;	/* initial LMDB map size; grows when full ... */
-	uint64_t map_size_max;	/* ... up to this (64g, or TOKENTAP_STORE_MAX_SIZE) */
+	uint64_t map_size_max;	/* ... up to this (store.max_size, default 64g) */
 	uint64_t prune_every_s; /* how often old slices are looked for */
 	unsigned pack_per_pass; /* day packs one pass rewrites at most (0: no bound); the rest at the next flushes */
 	bool set_aside_corrupt; /* move a corrupt data.mdb aside (default) or fail */
@@ -73,7 +73,7 @@ struct store_result {
 	struct store_series *series;
 };
 
-/* Defaults; map_size_max from TOKENTAP_STORE_MAX_SIZE when that is set. */
+/* The defaults, those of struct config where it has the setting. */
 void store_options_defaults(struct store_options *o);
 
 /* Opens (creating) the data directory, refuses one in use by another

@@ -124,6 +124,19 @@ class BrokenFileTest(harness.TestCase):
                 t = edit("  max_body_size: 1m\n", "  max_body_size: %s\n" % bad)
                 self.broken(t, [(rh.line_of(t, "max_body_size"), ["limits.max_body_size"])])
 
+    def test_store_max_size(self):
+        for bad in ("12q", "0", "32k", "65g", "-1g"):
+            with self.subTest(value=bad):
+                t = edit("store: {dir: \"off\"}\n", "store:\n  dir: \"off\"\n  max_size: %s\n" % bad)
+                probs = self.broken(t, [(rh.line_of(t, "max_size"), ["store.max_size"])])
+                if bad not in ("12q", "-1g"):
+                    self.assertIn("from 64k to 64g", probs[0][1])
+        for good in ("64k", "512m", "64g", "4096000"):
+            with self.subTest(value=good):
+                res, name = rh.check_config(edit("store: {dir: \"off\"}\n",
+                                                 "store:\n  dir: \"off\"\n  max_size: %s\n" % good))
+                self.assertEqual(res.returncode, 0, res.stderr)
+
     def test_values_that_do_not_parse(self):
         cases = [
             ("listen: 127.0.0.1:0\n", "listen: localhost:http\n", "listen: localhost", "listen"),

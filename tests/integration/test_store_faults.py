@@ -1,7 +1,7 @@
 """The stats store under faults: a full map, a full disk, a damaged file.
 
-Map full: TOKENTAP_STORE_MAX_SIZE caps the LMDB map far below what the
-traffic needs, so commits fail with MDB_MAP_FULL once growing is no longer
+Map full: the config key store.max_size caps the LMDB map far below what
+the traffic needs, so commits fail with MDB_MAP_FULL once growing is no longer
 allowed. Disk full: the data directory lives on a tmpfs of a few MiB that
 the test mounts itself, and the test fills it with a file of its own. In
 both, every request keeps getting its whole streamed answer, tokentap says
@@ -30,6 +30,7 @@ import time
 import unittest
 
 import harness
+import routing_helpers as rh
 
 PATH = "/v1/chat/completions"
 TOKENS = 5
@@ -115,18 +116,16 @@ class StoreFullTest(harness.TestCase):
     def setUp(self):
         self.sim = harness.start_sim(self, "--ttft-ms", "1", "--itl-ms", "1")
 
-    def start(self, data, env=None):
-        saved = {k: os.environ.get(k) for k in (env or {})}
-        os.environ.update(env or {})
-        try:
-            tt = harness.start_tokentap(self, self.sim.url, "--data-dir", data, "--flush-interval", "50ms",
-                                        "--admin", "127.0.0.1:0")
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    def start(self, data, max_size=None):
+        """tokentap from a config file (where store.max_size is set, when
+        given), with the store's flags beside it; the same series labels
+        with the limit and without."""
+        text = "listen: 127.0.0.1:0\n" + rh.upstreams_yaml({"sim": self.sim.url})
+        if max_size is not None:
+            text += "store:\n  max_size: %s\n" % max_size
+        tt = rh.ConfTokentap(text, "--data-dir", data, "--flush-interval", "50ms", "--admin", "127.0.0.1:0",
+                             header=False)
+        self.addCleanup(lambda: harness._stop_and_check(tt))
         return tt, harness.admin_port(tt)
 
     def committed_then_fault(self, tt, port, fault):
@@ -160,9 +159,9 @@ class StoreFullTest(harness.TestCase):
         d = tempfile.mkdtemp(prefix="tokentap-mapfull-")
         self.addCleanup(shutil.rmtree, d, True)
         data = os.path.join(d, "data")
-        tt, port = self.start(data, {"TOKENTAP_STORE_MAX_SIZE": "128k"})
+        tt, port = self.start(data, max_size="128k")
         k, m = self.committed_then_fault(tt, port, lambda: None)
-        self.assertIn("size limit", log_lines(tt, FAULT_RE)[0])
+        self.assertIn("size limit of 128 KiB (store.max_size)", log_lines(tt, FAULT_RE)[0])
         self.assertIn(data, log_lines(tt, FAULT_RE)[0])
         tt.stop()
         self.assertEqual(tt.proc.returncode, 0, tt.stderr_text())
