@@ -152,6 +152,7 @@ static int on_message_begin(llhttp_t *p)
 	h->parsed = false;
 	h->body_bytes = 0;
 	h->chunk_ext = 0;
+	h->trailer_len = h->trailer_name = 0;
 	return 0;
 }
 
@@ -179,6 +180,23 @@ static bool is_tchar(unsigned char c)
 	       (c && strchr("!#$%&'*+-.^_`|~", c));
 }
 
+/* Trailer fields (after a chunked body) pass the same character checks and
+ * count against the head size, but are not kept: the head was checked, and
+ * may have gone upstream, before they arrived, and tokentap ends the body it
+ * forwards with its own last chunk. Kept, they would join the head that a
+ * later write (routing that waited for the body, a failover) sends. */
+static int on_trailer_bytes(struct reqparse *rp, size_t len, bool name)
+{
+	struct reqhead *h = rp->head;
+
+	h->trailer_len += len;
+	if (name)
+		h->trailer_name += len;
+	if (h->trailer_len > h->lim.max_header_size)
+		return reject(rp, 431, "request trailer fields too large");
+	return 0;
+}
+
 static int on_header_field(llhttp_t *p, const char *at, size_t len)
 {
 	struct reqparse *rp = p->data;
@@ -187,6 +205,8 @@ static int on_header_field(llhttp_t *p, const char *at, size_t len)
 	for (size_t i = 0; i < len; i++)
 		if (!is_tchar((unsigned char)at[i]))
 			return reject(rp, 400, "invalid character in a request header name");
+	if (h->parsed)
+		return on_trailer_bytes(rp, len, true);
 
 	if (!h->in_name) {
 		if (h->nhdr == h->lim.max_headers)
@@ -206,8 +226,16 @@ static int on_header_field(llhttp_t *p, const char *at, size_t len)
 
 static int on_header_field_complete(llhttp_t *p)
 {
-	struct reqhead *h = ((struct reqparse *)p->data)->head;
+	struct reqparse *rp = p->data;
+	struct reqhead *h = rp->head;
 
+	/* llhttp (as Debian builds it) takes ": value" as a header with an
+	 * empty name; RFC 9110 wants at least one token character */
+	if (h->parsed ? h->trailer_name == 0 : !h->in_name || h->hdrs[h->nhdr - 1].name_len == 0)
+		return reject(rp, 400, "a request header with an empty name");
+	h->trailer_name = 0;
+	if (h->parsed)
+		return 0;
 	h->in_name = false;
 	h->hdrs[h->nhdr - 1].val_off = (uint32_t)h->len;
 	return 0;
@@ -223,6 +251,8 @@ static int on_header_value(llhttp_t *p, const char *at, size_t len)
 		if ((c < 0x20 && c != '\t') || c == 0x7f)
 			return reject(rp, 400, "control character in a request header value");
 	}
+	if (h->parsed)
+		return on_trailer_bytes(rp, len, false);
 	if (!head_append(h, at, len))
 		return reject(rp, 431, "request header fields too large");
 	h->hdrs[h->nhdr - 1].val_len += (uint32_t)len;
@@ -231,7 +261,7 @@ static int on_header_value(llhttp_t *p, const char *at, size_t len)
 
 /*
  * What the head must also satisfy before anything is forwarded, beyond
- * what llhttp checks as Debian builds it: a version (no HTTP/0.9), a path
+ * what llhttp checks as Debian builds it: HTTP/1.x (no HTTP/0.9, no 2.0), a path
  * as target (tokentap is never a forward proxy), exactly one Host (in
  * HTTP/1.1, required), and no transfer coding but a single "chunked", and
  * that only in HTTP/1.1. Each ambiguity here is one a server behind could
@@ -246,6 +276,8 @@ static int request_head_check(struct reqparse *rp, llhttp_t *p)
 
 	if (p->http_major == 0)
 		return reject(rp, 400, "the request line has no HTTP version");
+	if (p->http_major != 1) /* llhttp takes HTTP/2.0 too; it would go out as HTTP/1.1 */
+		return reject(rp, 400, "only HTTP/1.0 and HTTP/1.1 requests are accepted");
 	if (!(rh->url_len && url[0] == '/') &&
 	    !(rh->url_len == 1 && url[0] == '*' && llhttp_get_method(p) == HTTP_OPTIONS))
 		return reject(rp, 400, "the request target must be a path; absolute URLs are for forward proxies");
@@ -268,6 +300,10 @@ static int request_head_check(struct reqparse *rp, llhttp_t *p)
 					      "transfer codings other than a single chunked are not supported");
 		}
 	}
+	/* llhttp reads "chunked" followed by a tab as no coding at all (and the
+	 * body as the next request): refuse what the two read differently */
+	if (codings && !(p->flags & F_CHUNKED))
+		return reject(rp, 400, "a Transfer-Encoding header that is not exactly chunked");
 	if (codings && !(p->http_major == 1 && p->http_minor >= 1))
 		return reject(rp, 400, "chunked transfer coding needs HTTP/1.1");
 	if (hosts > 1)
@@ -368,15 +404,22 @@ static const llhttp_settings_t reqparse_settings = {
 
 /*
  * Byte-level rules llhttp (as Debian builds it) leaves to us: every line of
- * the head ends in CRLF (no bare LF), and no header line starts with a space
- * or tab (obs-fold, a line continuation servers read differently). Runs
- * over the head's bytes before llhttp parses them and stops at its blank
- * line. Returns 0, or -1 with the reason in *why.
+ * the head ends in CRLF (no bare LF, and no bare CR: after the last header
+ * line llhttp takes CR and any byte as the blank line), and no header line
+ * starts with a space or tab (obs-fold, a line continuation servers read
+ * differently). Runs over the head's bytes before llhttp parses them (so a
+ * CR that ends one read is judged by the first byte of the next before
+ * llhttp sees it) and stops at its blank line. Returns 0, or -1 with the
+ * reason in *why.
  */
 static int head_scan(struct reqparse *rp, const char *p, size_t n, const char **why)
 {
 	for (size_t i = 0; i < n && !rp->scan_done; i++) {
 		char c = p[i];
+		if (rp->scan_prev == '\r' && c != '\n') {
+			*why = "a line of the request head ends in a bare CR; lines end in CRLF";
+			return -1;
+		}
 		if (c == '\n') {
 			if (rp->scan_prev != '\r') {
 				*why = "a line of the request head ends in a bare LF; lines end in CRLF";

@@ -51,7 +51,8 @@ struct reqhead {
 	uint64_t body_bytes;
 	/* parse state */
 	bool in_url, in_name;
-	size_t chunk_ext; /* extension bytes of the current chunk line */
+	size_t chunk_ext;		  /* extension bytes of the current chunk line */
+	size_t trailer_len, trailer_name; /* trailer bytes seen; of the current name */
 };
 
 /* What the caller does with a request as it parses. `arg` is the one given

@@ -122,6 +122,8 @@ class HostileRequestsTest(harness.TestCase):
             (b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n", chunked_body),
             (b"Transfer-Encoding: chunked\r\nTransfer-Encoding: gzip\r\n", chunked_body),
             (b"Transfer-Encoding: \r\n", BODY),
+            # llhttp reads this as no coding, and the body as the next request
+            (b"Transfer-Encoding: chunked\t\r\n", chunked_body),
         ]
         for te, body in cases:
             with self.subTest(te=te):
@@ -198,13 +200,21 @@ class HostileRequestsTest(harness.TestCase):
     def test_bare_cr(self):
         for raw in (b"GET /v1/models HTTP/1.1\rHost: 127.0.0.1\r\r",
                     b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\rX-A: b\r\n\r\n",
-                    b"GET /v1/models HTTP/1.1\r\nX-A: a\rb\r\nHost: 127.0.0.1\r\n\r\n"):
+                    b"GET /v1/models HTTP/1.1\r\nX-A: a\rb\r\nHost: 127.0.0.1\r\n\r\n",
+                    # llhttp takes CR and any byte as the blank line
+                    b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\rX"):
             with self.subTest(raw=raw):
                 self._refused(raw)
 
     def test_space_before_colon(self):
         for line in (b"Content-Length : %d\r\n" % len(BODY), b"Transfer-Encoding : chunked\r\n",
                      b"X-A\t: b\r\nContent-Length: %d\r\n" % len(BODY)):
+            with self.subTest(line=line):
+                self._refused(post_head(line) + BODY)
+
+    def test_empty_header_name(self):
+        # llhttp takes ": value" as a header with an empty name
+        for line in (b": x\r\nContent-Length: %d\r\n" % len(BODY), b"Content-Length: %d\r\n: x\r\n" % len(BODY)):
             with self.subTest(line=line):
                 self._refused(post_head(line) + BODY)
 
@@ -231,7 +241,7 @@ class HostileRequestsTest(harness.TestCase):
     def test_missing_http_version(self):
         for line in (b"GET /v1/models\r\n", b"GET /v1/models \r\n", b"GET /v1/models HTTP/\r\n",
                      b"GET /v1/models HTTP/1\r\n", b"GET /v1/models http/1.1\r\n",
-                     b"GET /v1/models HTTP/1.1 extra\r\n"):
+                     b"GET /v1/models HTTP/1.1 extra\r\n", b"GET /v1/models HTTP/2.0\r\n"):
             with self.subTest(line=line):
                 self._refused(line + HOST + b"\r\n")
 
