@@ -55,6 +55,13 @@ def tokentap_bin():
     return _binary("TOKENTAP_BIN", "tokentap")
 
 
+def is_sanitized(path=None):
+    """True for a binary built with AddressSanitizer (it calls __asan_init);
+    tokentap's by default."""
+    with open(path or tokentap_bin(), "rb") as f:
+        return b"__asan_init" in f.read()
+
+
 def sim_bin():
     return _binary("TOKENTAP_SIM_BIN", "tokentap-sim")
 

@@ -136,12 +136,6 @@ def bench_bin():
     raise RuntimeError("tokentap-bench not found at %s; set TOKENTAP_BENCH_BIN" % cand)
 
 
-def is_sanitized(path):
-    """True for a binary built with AddressSanitizer (it calls __asan_init)."""
-    with open(path, "rb") as f:
-        return b"__asan_init" in f.read()
-
-
 def rss_kib(pid):
     out = {}
     with open("/proc/%d/status" % pid) as f:
@@ -537,7 +531,7 @@ class Soak:
 
     def start(self):
         a = self.args
-        self.sanitized = is_sanitized(harness.tokentap_bin())
+        self.sanitized = harness.is_sanitized()
         if self.sanitized:
             # ASan keeps freed memory in a quarantine (256 MB by default)
             # before reusing it, so RSS would climb all run long whatever
