@@ -493,6 +493,8 @@ static void on_stream_event(void *arg, const struct framer_event *ev)
 		uint64_t gap;
 		if (record_token_event(&req->rec, req->now, &gap))
 			stats_record_itl(request_series(req), gap, req->inflight);
+		else if (req->uc)
+			upconn_priority(req->uc, LOOP_PRIO_STREAM); /* the first token is out */
 	}
 }
 

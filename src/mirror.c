@@ -319,6 +319,7 @@ struct mirror *mirror_start(const struct mirror_env *env, struct upstream *up, c
 	}
 	bufferevent_setcb(m->uc->bev, on_read, on_write, on_event, m);
 	bufferevent_setwatermark(m->uc->bev, EV_WRITE, 0, 0);
+	upconn_priority(m->uc, LOOP_PRIO_STREAM); /* a shadow never goes before the primaries */
 	if (reused) {
 		m->rec.at[TL_UP_CONNECTED] = m->rec.at[TL_DISPATCH];
 		bufferevent_enable(m->uc->bev, EV_WRITE);

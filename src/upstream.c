@@ -455,6 +455,14 @@ void upconn_reading(struct upconn *c, bool on, uint64_t timeout_ms)
 	}
 }
 
+void upconn_priority(struct upconn *c, enum loop_prio prio)
+{
+	/* fails only while the event sits in the active queue: it then keeps
+	 * its old priority for this one turn */
+	if (c->rev)
+		event_priority_set(c->rev, (int)prio);
+}
+
 void upstream_free(struct upstream *up)
 {
 	struct upconn *c;
@@ -586,6 +594,7 @@ void upstream_release(struct upconn *c, bool reusable)
 		return;
 	}
 	bufferevent_setcb(c->bev, on_idle_read, NULL, on_idle_event, c);
+	upconn_priority(c, LOOP_PRIO_NORMAL);
 	bufferevent_setwatermark(c->bev, EV_READ, 0, 0);
 	bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
 	upconn_reading(c, true, up->pool_idle_timeout_ms);

@@ -152,6 +152,28 @@ struct upconn *upstream_connect_new(struct upstream *up);
 /* Gives a connection back: pooled when `reusable`, else closed at once. */
 void upstream_release(struct upconn *c, bool reusable);
 
+/* Where a connection's reads stand in its worker's loop (worker.c sets the
+ * loop up with LOOP_PRIO__COUNT priorities; libevent runs every ready event
+ * of a more urgent priority first). Everything starts at LOOP_PRIO_NORMAL:
+ * client reads, accepts, timers, and an upstream connection until its
+ * response's first token. A stream that has had its first token reads at
+ * LOOP_PRIO_STREAM, and a burst of those is cut into slices between which
+ * the loop polls again, so a request or a first token that arrives while
+ * hundreds of streams have tokens to forward waits one slice, not the whole
+ * burst (docs/benchmarks.md, scenario b). */
+enum loop_prio { LOOP_PRIO_NORMAL = 1, LOOP_PRIO_STREAM = 2, LOOP_PRIO__COUNT = 3 };
+/* libevent gives a new event the middle priority, count / 2: three levels
+ * make NORMAL the default of every event without touching each one (level
+ * 0, more urgent still, is unused). */
+_Static_assert(LOOP_PRIO_NORMAL == LOOP_PRIO__COUNT / 2, "new events must start at LOOP_PRIO_NORMAL");
+
+/* Stream events run per slice before the loop polls again. */
+#define LOOP_STREAM_SLICE 16
+
+/* Sets the priority of the connection's reads (plain TCP; a TLS connection
+ * keeps LOOP_PRIO_NORMAL). */
+void upconn_priority(struct upconn *c, enum loop_prio prio);
+
 /*
  * Turns reading of `c` on or off. Over plain TCP tokentap reads the socket
  * itself: one recv() of up to 64 KiB per wake-up into the bufferevent's

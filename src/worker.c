@@ -22,6 +22,7 @@
 #include "control.h"
 #include "log.h"
 #include "proxy.h"
+#include "upstream.h"
 #include "router.h"
 #include "stats.h"
 
@@ -52,6 +53,26 @@ struct reload_job {
 	char err[512];
 };
 
+/* The worker's loop: LOOP_PRIO__COUNT priorities, and events at
+ * LOOP_PRIO_STREAM run at most LOOP_STREAM_SLICE at a time before the loop
+ * polls again (upstream.h says why). */
+static struct event_base *worker_base_new(void)
+{
+	struct event_config *cfg = event_config_new();
+	struct event_base *base = NULL;
+
+	if (!cfg)
+		return NULL;
+	if (event_config_set_max_dispatch_interval(cfg, NULL, LOOP_STREAM_SLICE, LOOP_PRIO_STREAM) == 0)
+		base = event_base_new_with_config(cfg);
+	event_config_free(cfg);
+	if (base && event_base_priority_init(base, LOOP_PRIO__COUNT) == -1) {
+		event_base_free(base);
+		base = NULL;
+	}
+	return base;
+}
+
 struct worker *worker_new(unsigned index, const struct worker_env *env, struct config *cfg, uint64_t generation,
 			  const struct worker *first, char *err, size_t errlen)
 {
@@ -63,7 +84,7 @@ struct worker *worker_new(unsigned index, const struct worker_env *env, struct c
 		return NULL;
 	}
 	w->index = index;
-	w->base = event_base_new();
+	w->base = worker_base_new();
 	if (!w->base) {
 		snprintf(err, errlen, "worker %u: cannot create an event loop", index);
 		goto fail;
