@@ -37,8 +37,10 @@ class CompareTest(harness.TestCase):
         extra = {name: ["labels: {runtime: %s-runtime}" % name] for name in sims}
         body = rh.upstreams_yaml(urls, extra) + "routes:\n  - name: chat\n    split:\n" + "".join(
             "      - {upstream: %s, weight: %d}\n" % (name, w) for name, w in weights.items())
+        # one worker: the exact 9:1 counts below are one split sequence's
+        # (each worker keeps its own, docs/config.md "Workers")
         tt = rh.start_conf(self, body, "--admin", "127.0.0.1:0", "--data-dir", self.datadir, "--flush-interval",
-                           "200ms")
+                           "200ms", *rh.ONE_WORKER)
         return tt, admin_port(tt)
 
     def compare(self, admin, n):
