@@ -147,9 +147,12 @@ static void request_connect(struct request *req)
 		if (!req->retried)
 			req->replay = evbuffer_new(); /* filled as bytes go out: request_flush_upstream */
 		req->rec.at[TL_UP_CONNECTED] = now;
-		bufferevent_enable(req->uc->bev, EV_WRITE);
+		upconn_writing(req->uc);
 		upconn_reading(req->uc, true, 0);
-		request_flush_upstream(req);
+		/* Inside client_parse, the bytes parsed after this head (usually the
+		 * whole body) go out with it once the parse pass ends: one write. */
+		if (!req->cl->parsing)
+			request_flush_upstream(req);
 	} else {
 		request_timer_set(req, RT_CONNECT, req->up->connect_timeout_ms);
 	}

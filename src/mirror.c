@@ -322,7 +322,7 @@ struct mirror *mirror_start(const struct mirror_env *env, struct upstream *up, c
 	upconn_priority(m->uc, LOOP_PRIO_STREAM); /* a shadow never goes before the primaries */
 	if (reused) {
 		m->rec.at[TL_UP_CONNECTED] = m->rec.at[TL_DISPATCH];
-		bufferevent_enable(m->uc->bev, EV_WRITE);
+		upconn_writing(m->uc);
 		upconn_reading(m->uc, true, 0);
 		evbuffer_add_buffer(bufferevent_get_output(m->uc->bev), m->pending);
 	} else {

@@ -637,7 +637,9 @@ void client_parse(struct client *cl)
 		size_t used;
 		if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
 			break;
+		cl->parsing = true;
 		enum reqparse_status rs = reqparse_feed(&cl->rp, v.iov_base, v.iov_len, &used);
+		cl->parsing = false;
 		if (cl->state == CL_CLOSING)
 			return; /* a hook already answered or closed */
 		if (rs == REQPARSE_REFUSED || rs == REQPARSE_STOPPED) {

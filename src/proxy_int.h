@@ -164,6 +164,7 @@ struct client {
 	bool close_after;      /* close once the current response is written */
 	bool closing;
 	bool reading_blocked; /* upload backpressure */
+	bool parsing;	      /* inside client_parse(): it flushes to the upstream after each pass */
 	LIST_ENTRY(client) link;
 };
 

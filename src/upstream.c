@@ -455,6 +455,12 @@ void upconn_reading(struct upconn *c, bool on, uint64_t timeout_ms)
 	}
 }
 
+void upconn_writing(struct upconn *c)
+{
+	if (!(bufferevent_get_enabled(c->bev) & EV_WRITE))
+		bufferevent_enable(c->bev, EV_WRITE);
+}
+
 void upconn_priority(struct upconn *c, enum loop_prio prio)
 {
 	/* fails only while the event sits in the active queue: it then keeps
@@ -515,7 +521,14 @@ struct upconn *upstream_acquire(struct upstream *up, bool *reused)
 
 	if (c) {
 		pool_remove(c);
-		upconn_reading(c, false, 0);
+		/* Plain TCP: the read event stays in epoll from the pool to the
+		 * request (only its idle timer goes), so that a reused connection
+		 * costs no epoll_ctl; whatever it reads now goes to the caller's
+		 * callbacks. */
+		if (c->rev)
+			event_remove_timer(c->rev);
+		else
+			upconn_reading(c, false, 0);
 		bufferevent_setcb(c->bev, NULL, NULL, NULL, NULL);
 		up->in_flight++;
 		up->reused++;

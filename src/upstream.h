@@ -170,6 +170,13 @@ _Static_assert(LOOP_PRIO_NORMAL == LOOP_PRIO__COUNT / 2, "new events must start 
 /* Stream events run per slice before the loop polls again. */
 #define LOOP_STREAM_SLICE 16
 
+/* Lets the connection's bufferevent write what gets queued on its output.
+ * Enabling EV_WRITE arms the write event even with nothing queued (an
+ * epoll_ctl, a wake-up to find nothing to write, another epoll_ctl), so it is
+ * enabled only when it is not already: a connection keeps it from its
+ * connect through the pool, and most requests go out in one direct write. */
+void upconn_writing(struct upconn *c);
+
 /* Sets the priority of the connection's reads (plain TCP; a TLS connection
  * keeps LOOP_PRIO_NORMAL). */
 void upconn_priority(struct upconn *c, enum loop_prio prio);
