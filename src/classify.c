@@ -5,8 +5,10 @@
  * classify_event(), so the token decision is made by byte scans, never by
  * parsing the event: memmem() finds a quoted key such as "content", and the
  * bytes right after it say whether its value is a non-empty string, an
- * object, a non-empty array. jansson is called only for the few events that
- * hold usage counts (usually one per response).
+ * object, a non-empty array. Usage counts (usually one event per response)
+ * are read the same way, member by member of the objects that hold them,
+ * with the semantics a JSON parser would give (direct members only, the
+ * last of a repeated key, integers only), so no event costs an allocation.
  *
  * Why a key scan cannot be fooled by text that merely looks like a key: in
  * valid JSON an unescaped '"' always delimits a string, and a string value
@@ -24,9 +26,8 @@
 #define _GNU_SOURCE /* memmem */
 #include "classify.h"
 
+#include <stdint.h>
 #include <string.h>
-
-#include <jansson.h>
 
 /* A quoted key literal and its length, for key_find(). */
 #define KEY(k) ("\"" k "\""), (sizeof("\"" k "\"") - 1)
@@ -228,60 +229,147 @@ static const char *container_end(const struct span *s, const char *v)
 	return s->end;
 }
 
-/* ---- usage (jansson, rare events only) ---------------------------------- */
+/* ---- usage counts: object members --------------------------------------- */
 
-/* Stores an integer member of `obj` into *dst when it is one. */
-static void usage_take(json_t *obj, const char *key, int64_t *dst)
+/* One past the closing quote of the string starting at p ('"'), or NULL
+ * when it is cut off. */
+static const char *string_end(const struct span *s, const char *p)
 {
-	json_t *v = json_is_object(obj) ? json_object_get(obj, key) : NULL;
-	if (json_is_integer(v) && json_integer_value(v) >= 0)
-		*dst = (int64_t)json_integer_value(v);
+	for (p++; p < s->end; p++) {
+		if (*p == '\\')
+			p++;
+		else if (*p == '"')
+			return p + 1;
+	}
+	return NULL;
 }
 
-static json_t *json_parse(const char *data, size_t len)
+/* One past the JSON value starting at v (s->end when it is cut off). */
+static const char *value_end(const struct span *s, const char *v)
 {
-	return json_loadb(data, len, JSON_DECODE_ANY, NULL);
+	if (*v == '{' || *v == '[')
+		return container_end(s, v);
+	if (*v == '"') {
+		const char *e = string_end(s, v);
+		return e ? e : s->end;
+	}
+	while (v < s->end && *v != ',' && *v != '}' && *v != ']' && !is_space(*v))
+		v++;
+	return v;
 }
 
-static void usage_openai(json_t *root, struct usage *u)
+/* The value of member `qkey` (quoted, as made by KEY()) of the object at
+ * obj, or NULL when obj is not an object or has no such member. Only the
+ * object's own members count, not keys deeper down, and the last one wins
+ * when a key repeats: what a JSON parser would give. */
+static const char *member(const struct span *s, const char *obj, const char *qkey, size_t qlen)
 {
-	json_t *usage = json_object_get(root, "usage");
-	usage_take(usage, "prompt_tokens", &u->input_tokens);
-	usage_take(usage, "completion_tokens", &u->output_tokens);
+	const char *found = NULL;
+
+	if (obj == NULL || obj >= s->end || *obj != '{')
+		return NULL;
+	for (const char *p = skip_space(obj + 1, s->end); p < s->end && *p == '"';) {
+		const char *kend = string_end(s, p);
+		if (kend == NULL)
+			break;
+		const char *v = skip_space(kend, s->end);
+		if (v >= s->end || *v != ':')
+			break;
+		v = skip_space(v + 1, s->end);
+		if (v >= s->end)
+			break;
+		if ((size_t)(kend - p) == qlen && memcmp(p, qkey, qlen) == 0)
+			found = v;
+		p = skip_space(value_end(s, v), s->end);
+		if (p >= s->end || *p != ',')
+			break;
+		p = skip_space(p + 1, s->end);
+	}
+	return found;
 }
 
-static void usage_tgi(json_t *root, struct usage *u)
+/* Stores member `qkey` of obj into *dst when it is a count: a JSON integer
+ * (no fraction, no exponent) from 0 to INT64_MAX. */
+static void take_count(const struct span *s, const char *obj, const char *qkey, size_t qlen, int64_t *dst)
 {
-	json_t *details = json_object_get(root, "details");
-	usage_take(details, "generated_tokens", &u->output_tokens);
+	const char *v = member(s, obj, qkey, qlen);
+	bool negative = false;
+	int64_t n = 0;
+
+	if (v == NULL)
+		return;
+	if (*v == '-') {
+		negative = true;
+		v++;
+	}
+	if (v >= s->end || *v < '0' || *v > '9')
+		return;
+	for (; v < s->end && *v >= '0' && *v <= '9'; v++) {
+		int d = *v - '0';
+		if (n > (INT64_MAX - d) / 10)
+			return;
+		n = n * 10 + d;
+	}
+	if (v < s->end && (*v == '.' || *v == 'e' || *v == 'E'))
+		return;
+	if (negative && n != 0)
+		return;
+	*dst = n;
+}
+
+/* Where each API keeps its counts; `root` is the event's (or body's) top
+ * object. */
+
+static void usage_openai(const struct span *s, const char *root, struct usage *u)
+{
+	const char *usage = member(s, root, KEY("usage"));
+	take_count(s, usage, KEY("prompt_tokens"), &u->input_tokens);
+	take_count(s, usage, KEY("completion_tokens"), &u->output_tokens);
+}
+
+static void usage_tgi(const struct span *s, const char *root, struct usage *u)
+{
+	const char *details = member(s, root, KEY("details"));
+	take_count(s, details, KEY("generated_tokens"), &u->output_tokens);
 	/* Newer TGI sends the prompt length in stream details; prefill is
 	 * only there on request, so it is not counted. */
-	usage_take(details, "input_length", &u->input_tokens);
+	take_count(s, details, KEY("input_length"), &u->input_tokens);
 }
 
-static void usage_llamacpp(json_t *root, struct usage *u)
+static void usage_llamacpp(const struct span *s, const char *root, struct usage *u)
 {
 	/* timings first, so the top-level counts win when both are present. */
-	json_t *timings = json_object_get(root, "timings");
-	usage_take(timings, "prompt_n", &u->input_tokens);
-	usage_take(timings, "predicted_n", &u->output_tokens);
-	usage_take(root, "tokens_evaluated", &u->input_tokens);
-	usage_take(root, "tokens_predicted", &u->output_tokens);
+	const char *timings = member(s, root, KEY("timings"));
+	take_count(s, timings, KEY("prompt_n"), &u->input_tokens);
+	take_count(s, timings, KEY("predicted_n"), &u->output_tokens);
+	take_count(s, root, KEY("tokens_evaluated"), &u->input_tokens);
+	take_count(s, root, KEY("tokens_predicted"), &u->output_tokens);
 }
 
-static void usage_ollama(json_t *root, struct usage *u)
+static void usage_ollama(const struct span *s, const char *root, struct usage *u)
 {
-	usage_take(root, "prompt_eval_count", &u->input_tokens);
-	usage_take(root, "eval_count", &u->output_tokens);
+	take_count(s, root, KEY("prompt_eval_count"), &u->input_tokens);
+	take_count(s, root, KEY("eval_count"), &u->output_tokens);
 }
 
-/* Parses the event and hands its root object to `take`. */
-static void usage_from_event(const struct span *s, struct usage *u, void (*take)(json_t *, struct usage *))
+static void usage_anthropic_start(const struct span *s, const char *root, struct usage *u)
 {
-	json_t *root = json_parse(s->p, (size_t)(s->end - s->p));
-	if (json_is_object(root))
-		take(root, u);
-	json_decref(root);
+	const char *usage = member(s, member(s, root, KEY("message")), KEY("usage"));
+	take_count(s, usage, KEY("input_tokens"), &u->input_tokens);
+}
+
+static void usage_anthropic_delta(const struct span *s, const char *root, struct usage *u)
+{
+	const char *usage = member(s, root, KEY("usage"));
+	take_count(s, usage, KEY("input_tokens"), &u->input_tokens);
+	take_count(s, usage, KEY("output_tokens"), &u->output_tokens);
+}
+
+/* Hands the event's top object to `take`. */
+static void usage_from_event(const struct span *s, struct usage *u,
+			     void (*take)(const struct span *, const char *, struct usage *))
+{
+	take(s, skip_space(s->p, s->end), u);
 }
 
 /* ---- per-API event rules ----------------------------------------------- */
@@ -319,19 +407,6 @@ static bool classify_completions(const struct span *s, struct usage *u)
 	if (u && any_object(s, KEY("usage")))
 		usage_from_event(s, u, usage_openai);
 	return token;
-}
-
-static void usage_anthropic_start(json_t *root, struct usage *u)
-{
-	json_t *msg = json_object_get(root, "message");
-	usage_take(json_object_get(msg, "usage"), "input_tokens", &u->input_tokens);
-}
-
-static void usage_anthropic_delta(json_t *root, struct usage *u)
-{
-	json_t *usage = json_object_get(root, "usage");
-	usage_take(usage, "input_tokens", &u->input_tokens);
-	usage_take(usage, "output_tokens", &u->output_tokens);
 }
 
 static int name_is(const struct framer_event *ev, const char *lit)
@@ -431,27 +506,27 @@ void classify_body(enum api_kind api, const char *body, size_t len, struct usage
 {
 	if (body == NULL || usage == NULL || api == API_UNKNOWN)
 		return;
-	json_t *root = json_parse(body, len);
+	struct span s = { body, body + len };
+	const char *obj = skip_space(s.p, s.end);
 	/* TGI /generate has answered with a one-element list in some versions. */
-	json_t *obj = json_is_array(root) ? json_array_get(root, 0) : root;
-	if (!json_is_object(obj))
-		goto out_free;
+	if (obj < s.end && *obj == '[')
+		obj = skip_space(obj + 1, s.end);
+	if (obj >= s.end || *obj != '{')
+		return;
 
 	switch (api) {
 	case API_OPENAI_CHAT:
 	case API_OPENAI_COMPLETIONS:
-		if (json_object_get(obj, "usage") == NULL && json_object_get(obj, "choices") == NULL)
-			usage_llamacpp(obj, usage); /* llama.cpp's native /completions */
+		if (member(&s, obj, KEY("usage")) == NULL && member(&s, obj, KEY("choices")) == NULL)
+			usage_llamacpp(&s, obj, usage); /* llama.cpp's native /completions */
 		else
-			usage_openai(obj, usage);
+			usage_openai(&s, obj, usage);
 		break;
-	case API_ANTHROPIC: usage_anthropic_delta(obj, usage); break;
-	case API_TGI: usage_tgi(obj, usage); break;
-	case API_LLAMACPP: usage_llamacpp(obj, usage); break;
+	case API_ANTHROPIC: usage_anthropic_delta(&s, obj, usage); break;
+	case API_TGI: usage_tgi(&s, obj, usage); break;
+	case API_LLAMACPP: usage_llamacpp(&s, obj, usage); break;
 	case API_OLLAMA_GENERATE:
-	case API_OLLAMA_CHAT: usage_ollama(obj, usage); break;
+	case API_OLLAMA_CHAT: usage_ollama(&s, obj, usage); break;
 	case API_UNKNOWN: break;
 	}
-out_free:
-	json_decref(root);
 }

@@ -610,10 +610,66 @@ static void test_bodies(void **state)
 	assert_int_equal(u.input_tokens, -1);
 }
 
+/* Counts are read member by member, as a JSON parser would give them: only
+ * the object's own members, the last of a repeated key, integers only, and
+ * strings (escapes, braces inside) skipped whole. */
+static void test_usage_members(void **state)
+{
+	struct usage u;
+	(void)state;
+	/* a nested key of the same name is not the count */
+	body(API_OPENAI_CHAT,
+	     J("{'usage':{'details':{'prompt_tokens':99,'completion_tokens':98},'prompt_tokens':7,"
+	       "'completion_tokens':8}}"),
+	     &u);
+	assert_int_equal(u.input_tokens, 7);
+	assert_int_equal(u.output_tokens, 8);
+	body(API_OPENAI_CHAT, J("{'choices':[],'usage':{'details':{'prompt_tokens':99}}}"), &u);
+	assert_int_equal(u.input_tokens, -1);
+	/* nor is a usage object inside something else */
+	body(API_OPENAI_CHAT, J("{'choices':[{'usage':{'prompt_tokens':5,'completion_tokens':6}}]}"), &u);
+	assert_int_equal(u.input_tokens, -1);
+	assert_int_equal(u.output_tokens, -1);
+	/* the last of a repeated key wins */
+	body(API_OPENAI_CHAT, J("{'usage':{'prompt_tokens':1,'prompt_tokens':2,'completion_tokens':3}}"), &u);
+	assert_int_equal(u.input_tokens, 2);
+	/* strings with quotes, braces and commas are skipped whole */
+	body(API_OPENAI_CHAT,
+	     J("{'note':'a \\'}{,\\' b','usage':{'x':'}','y':[1,{'prompt_tokens':0}],'prompt_tokens':  12 ,"
+	       "\n'completion_tokens'\t:\t13}}"),
+	     &u);
+	assert_int_equal(u.input_tokens, 12);
+	assert_int_equal(u.output_tokens, 13);
+	/* integers only: no fraction, no exponent, none below zero (-0 is 0),
+	 * none past INT64_MAX */
+	body(API_OPENAI_CHAT, J("{'usage':{'prompt_tokens':1.0,'completion_tokens':2e3}}"), &u);
+	assert_int_equal(u.input_tokens, -1);
+	assert_int_equal(u.output_tokens, -1);
+	body(API_OPENAI_CHAT, J("{'usage':{'prompt_tokens':-0,'completion_tokens':9223372036854775807}}"), &u);
+	assert_int_equal(u.input_tokens, 0);
+	assert_int_equal(u.output_tokens, INT64_MAX);
+	body(API_OPENAI_CHAT, J("{'usage':{'prompt_tokens':9223372036854775808,'completion_tokens':null}}"), &u);
+	assert_int_equal(u.input_tokens, -1);
+	assert_int_equal(u.output_tokens, -1);
+	/* top-level counts only where the API puts them there */
+	body(API_OLLAMA_CHAT, J("{'message':{'eval_count':5},'done':true,'prompt_eval_count':3}"), &u);
+	assert_int_equal(u.input_tokens, 3);
+	assert_int_equal(u.output_tokens, -1);
+	/* and the same over a streamed event */
+	u = USAGE_UNKNOWN;
+	assert_false(tok(API_OPENAI_CHAT,
+			 J("{'choices':[{'delta':{},'usage':{'prompt_tokens':5}}],'usage':{'prompt_tokens':4,"
+			   "'completion_tokens':2}}"),
+			 &u));
+	assert_int_equal(u.input_tokens, 4);
+	assert_int_equal(u.output_tokens, 2);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_api_paths),
+		cmocka_unit_test(test_usage_members),
 		cmocka_unit_test(test_api_names),
 		cmocka_unit_test(test_openai_chat_stream),
 		cmocka_unit_test(test_openai_chat_usage_variants),
