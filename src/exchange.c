@@ -10,7 +10,6 @@
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
-#include <llhttp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +19,7 @@
 #include "mirror.h"
 #include "proxy.h"
 #include "proxy_int.h"
+#include "respparse.h"
 #include "stats.h"
 #include "tls.h"
 
@@ -127,6 +127,7 @@ static void request_connect(struct request *req)
 	req->rec.at[TL_DISPATCH] = now; /* again after a failover: queue ends at the last dispatch */
 	req->rec.at[TL_UP_CONNECTED] = 0;
 	req->rec.upstream = req->up->name;
+	req->rp.head_request = req->head.method == HTTP_HEAD;
 	request_write_head(req);
 	req->uc = upstream_acquire(req->up, &reused);
 	if (!req->uc) {
@@ -397,7 +398,7 @@ static bool request_replay(struct request *req)
 {
 	struct upconn *fresh;
 
-	if (!req->reused || req->retried || !req->replay || !req->body_done || req->resp_parsed || req->resp_head_done)
+	if (!req->reused || req->retried || !req->replay || !req->body_done || req->rp.held || req->resp_head_done)
 		return false;
 	fresh = upstream_connect_new(req->up);
 	if (!fresh)
@@ -462,9 +463,9 @@ static void on_up_event(struct bufferevent *bev, short what, void *arg)
 		on_up_read(bev, req); /* anything still buffered */
 		if (cl->closing || cl->req != req || req->resp_done)
 			return;
-		if (llhttp_message_needs_eof(&req->rparser)) {
+		if (respparse_needs_eof(&req->rp)) {
 			req->now = clock_now_ns();
-			llhttp_finish(&req->rparser);
+			respparse_finish(&req->rp);
 			req->upstream_dirty = true;
 			if (req->resp_done) {
 				request_drop_upstream(req, false);
@@ -542,32 +543,30 @@ void on_up_read(struct bufferevent *bev, void *arg)
 	if (req->resp_head_done && !req->resp_done)
 		request_timer_set(req, RT_IDLE, cfg->idle_timeout_ms);
 
-	while (!req->resp_done && evbuffer_get_length(in) > req->resp_parsed) {
+	while (!req->resp_done && evbuffer_get_length(in) > req->rp.held) {
 		struct evbuffer_ptr pos;
 		struct evbuffer_iovec v;
+		size_t used;
 
-		if (evbuffer_ptr_set(in, &pos, req->resp_parsed, EVBUFFER_PTR_SET) == -1 ||
+		if (evbuffer_ptr_set(in, &pos, req->rp.held, EVBUFFER_PTR_SET) == -1 ||
 		    evbuffer_peek(in, -1, &pos, &v, 1) < 1)
 			break;
-		enum llhttp_errno e = llhttp_execute(&req->rparser, v.iov_base, v.iov_len);
-		size_t used = v.iov_len;
-		if (e == HPE_PAUSED) {
-			used = (size_t)(llhttp_get_error_pos(&req->rparser) - (const char *)v.iov_base);
-		} else if (e != HPE_OK) {
+		enum respparse_status st = respparse_feed(&req->rp, v.iov_base, v.iov_len, &used);
+		if (st == RESPPARSE_INVALID || st == RESPPARSE_SWITCHING) {
 			char msg[200];
 			snprintf(msg, sizeof(msg), "upstream %s sent an invalid response: %s", req->up->name,
-				 llhttp_errno_name(e));
+				 respparse_error(&req->rp));
 			req->upstream_dirty = true;
 			client_fail(cl, 502, REQ_ERR_UPSTREAM_PROTOCOL, "upstream_protocol", msg);
 			return;
 		}
-		req->resp_parsed += used;
-		if (e == HPE_PAUSED)
+		if (st == RESPPARSE_DONE)
 			break;
 	}
 	if (cl->closing)
 		return;
-	if (!req->resp_head_done && req->resp_parsed > RESP_HEAD_MAX) {
+	size_t n;
+	if (respparse_take(&req->rp, &n) == RESPPARSE_HEAD_TOO_LARGE) {
 		char msg[160];
 		snprintf(msg, sizeof(msg), "upstream %s sent a response head over %u bytes", req->up->name,
 			 RESP_HEAD_MAX);
@@ -575,10 +574,8 @@ void on_up_read(struct bufferevent *bev, void *arg)
 		client_fail(cl, 502, REQ_ERR_UPSTREAM_PROTOCOL, "upstream_protocol", msg);
 		return;
 	}
-	size_t n = req->resp_head_done ? req->resp_parsed : 0;
 	if (n) {
 		req->rec.bytes_out += n;
-		req->resp_parsed = 0;
 		req->resp_started = true;
 	}
 	if (req->resp_done) {
@@ -596,109 +593,44 @@ void on_up_read(struct bufferevent *bev, void *arg)
 	}
 }
 
-/* ---- response parser callbacks ---- */
+/* ---- response parser hooks (respparse.h) ---- */
 
-static int on_resp_header_field(llhttp_t *p, const char *at, size_t len)
+static void on_resp_head(void *arg, const struct respparse *rp)
 {
-	struct request *req = p->data;
-	if (!req->rh_in_name) {
-		req->rh_in_name = true;
-		req->rh_name_len = req->rh_val_len = 0;
-	}
-	size_t room = sizeof(req->rh_name) - req->rh_name_len;
-	if (len > room)
-		len = room; /* a long name is not one we look for */
-	memcpy(req->rh_name + req->rh_name_len, at, len);
-	req->rh_name_len += len;
-	return 0;
-}
+	struct request *req = arg;
 
-static int on_resp_header_field_complete(llhttp_t *p)
-{
-	struct request *req = p->data;
-	req->rh_in_name = false;
-	return 0;
-}
-
-static int on_resp_header_value(llhttp_t *p, const char *at, size_t len)
-{
-	struct request *req = p->data;
-	size_t room = sizeof(req->rh_val) - req->rh_val_len;
-	if (len > room)
-		len = room;
-	memcpy(req->rh_val + req->rh_val_len, at, len);
-	req->rh_val_len += len;
-	return 0;
-}
-
-static int on_resp_header_value_complete(llhttp_t *p)
-{
-	struct request *req = p->data;
-	if (name_eq(req->rh_name, req->rh_name_len, "content-type")) {
-		req->resp_kind = framer_kind_for_content_type(req->rh_val, req->rh_val_len);
-	} else if (name_eq(req->rh_name, req->rh_name_len, "content-encoding")) {
-		req->content_encoded = !name_eq(req->rh_val, req->rh_val_len, "identity");
-	}
-	req->rh_name_len = req->rh_val_len = 0;
-	return 0;
-}
-
-static int on_resp_headers_complete(llhttp_t *p)
-{
-	struct request *req = p->data;
-	int status = p->status_code;
-
-	if (status < 200) {
-		/* 101 would switch protocols, which was never asked for. */
-		if (status == 101)
-			return -1;
-		req->resp_informational = true; /* 1xx: forwarded, then the real one */
-		return 0;
-	}
-	req->resp_informational = false;
 	req->resp_head_done = true;
-	req->rec.status = status;
+	req->rec.status = rp->status;
 	timeline_mark(&req->rec, TL_RESP_HEADERS, req->now);
 	request_timer_set(req, RT_IDLE, pcfg(req->cl->px)->idle_timeout_ms);
-	/* Compressed bodies are forwarded, not framed. */
-	if (req->content_encoded)
-		req->resp_kind = FRAMER_NONE;
-	if (req->resp_kind != FRAMER_NONE) {
+	if (rp->kind != FRAMER_NONE) {
 		req->rec.stream = 1;
-		framer_init(&req->framer, req->resp_kind, pcfg(req->cl->px)->max_event_size, on_stream_event, req);
-	} else if (status >= 200 && status < 300) {
+		framer_init(&req->framer, rp->kind, pcfg(req->cl->px)->max_event_size, on_stream_event, req);
+	} else if (rp->status >= 200 && rp->status < 300) {
 		req->rec.stream = 0;
 	}
-	if (req->head.method == HTTP_HEAD)
-		return 1;
-	return 0;
 }
 
-static int on_resp_body(llhttp_t *p, const char *at, size_t len)
+static void on_resp_body(void *arg, const char *at, size_t len)
 {
-	struct request *req = p->data;
+	struct request *req = arg;
 
-	if (req->resp_kind != FRAMER_NONE) {
+	if (req->rp.kind != FRAMER_NONE) {
 		framer_feed(&req->framer, at, len);
-		return 0;
+		return;
 	}
 	if (!req->resp_body)
 		req->resp_body = evbuffer_new();
 	if (req->resp_body && evbuffer_get_length(req->resp_body) + len <= RESP_BODY_MAX)
 		evbuffer_add(req->resp_body, at, len);
-	return 0;
 }
 
-static int on_resp_message_complete(llhttp_t *p)
+static void on_resp_complete(void *arg, bool keep_alive)
 {
-	struct request *req = p->data;
+	struct request *req = arg;
 
-	if (req->resp_informational) {
-		req->resp_informational = false;
-		return 0;
-	}
 	timeline_mark(&req->rec, TL_RESP_END, req->now);
-	if (req->resp_kind != FRAMER_NONE) {
+	if (req->rp.kind != FRAMER_NONE) {
 		framer_finish(&req->framer);
 	} else if (req->resp_body && req->rec.status >= 200 && req->rec.status < 300) {
 		size_t n = evbuffer_get_length(req->resp_body);
@@ -707,21 +639,19 @@ static int on_resp_message_complete(llhttp_t *p)
 			classify_body(req->rec.api, body, n, &req->rec.usage);
 	}
 	req->resp_done = true;
-	req->resp_keepalive = llhttp_should_keep_alive(p);
+	req->resp_keepalive = keep_alive;
 	upstream_note_result(req->up, true, req->now);
 	evtimer_del(req->timer);
 	req->timer_kind = RT_NONE;
-	return HPE_PAUSED;
 }
 
-void exchange_settings_init(llhttp_settings_t *s)
+static const struct respparse_hooks resp_hooks = {
+	.head = on_resp_head,
+	.body = on_resp_body,
+	.complete = on_resp_complete,
+};
+
+void exchange_request_init(struct request *req)
 {
-	llhttp_settings_init(s);
-	s->on_header_field = on_resp_header_field;
-	s->on_header_field_complete = on_resp_header_field_complete;
-	s->on_header_value = on_resp_header_value;
-	s->on_header_value_complete = on_resp_header_value_complete;
-	s->on_headers_complete = on_resp_headers_complete;
-	s->on_body = on_resp_body;
-	s->on_message_complete = on_resp_message_complete;
+	respparse_init(&req->rp, &resp_hooks, req);
 }

@@ -199,8 +199,7 @@ static struct request *request_new(struct client *cl)
 	req->rt = cl->px->router;
 	router_ref(req->rt);
 	req->rec.at[TL_ARRIVE] = cl->last_read_ns ? cl->last_read_ns : clock_now_ns();
-	llhttp_init(&req->rparser, HTTP_RESPONSE, &cl->px->resp_settings);
-	req->rparser.data = req;
+	exchange_request_init(req);
 	return req;
 }
 
@@ -977,8 +976,6 @@ struct proxy *proxy_new(struct event_base *base, struct router *router, const st
 	LIST_INIT(&px->clients);
 	if (getrandom(&px->id_seed, sizeof(px->id_seed), 0) != sizeof(px->id_seed))
 		px->id_seed = (uint64_t)clock_now_ns() ^ (uint64_t)getpid();
-
-	exchange_settings_init(&px->resp_settings);
 
 	for (unsigned i = 0; i < nls; i++) {
 		struct sockaddr_storage ss;

@@ -21,6 +21,7 @@
 #include "framer.h"
 #include "mirror.h"
 #include "reqparse.h"
+#include "respparse.h"
 #include "router.h"
 #include "rxstamp.h"
 #include "timeline.h"
@@ -54,8 +55,6 @@ enum req_timer { RT_NONE, RT_QUEUE, RT_CONNECT, RT_FIRST_BYTE, RT_IDLE };
 /* Client input kept unparsed while a response runs (pipelined requests). */
 #define CLIENT_INPUT_MAX (64u << 10)
 #define RESP_BODY_MAX (1u << 20)
-/* A response head is held until it parses whole; this bounds it. */
-#define RESP_HEAD_MAX (64u << 10)
 #define REQUEST_ID_MAX 128
 /* A request this small (head and body) is kept whole when it goes out on a
  * pooled connection, to be sent again should that connection turn out to
@@ -90,7 +89,6 @@ struct proxy {
 	struct evbuffer *tail;	       /* a response's last bytes between its upstream and its client */
 	bool cap_warned;
 	uint64_t id_seed, id_counter;
-	llhttp_settings_t resp_settings;
 	LIST_HEAD(, client) clients;
 };
 
@@ -132,19 +130,13 @@ struct request {
 	struct evbuffer *up_pending; /* request bytes waiting for the connection */
 	struct event *timer;
 	enum req_timer timer_kind;
-	llhttp_t rparser;
-	size_t resp_parsed; /* bytes at the front of the input parsed, not yet moved */
-	bool resp_head_done, resp_done, resp_started, resp_keepalive, resp_informational;
+	struct respparse rp; /* its response; rp.held: bytes at the front of the input parsed, not yet moved */
+	bool resp_head_done, resp_done, resp_started, resp_keepalive;
 	bool upstream_paused;
 	bool upstream_dirty; /* bytes past the response end: never reuse */
 	uint64_t now;	     /* time of the read being parsed */
 	struct framer framer;
 	struct evbuffer *resp_body; /* non-streamed bodies, for usage */
-	char rh_name[32], rh_val[128];
-	size_t rh_name_len, rh_val_len;
-	bool rh_in_name, rh_in_value;
-	bool content_encoded;
-	enum framer_kind resp_kind;
 };
 
 /* One client connection. Owned by the proxy's client list. */
@@ -184,7 +176,7 @@ void client_reading(struct client *cl, bool on);
 void client_forward(struct client *cl, struct evbuffer *src, size_t n);
 
 /* exchange.c: the upstream side */
-void exchange_settings_init(llhttp_settings_t *s);
+void exchange_request_init(struct request *req); /* its response parser, with exchange.c's hooks */
 void request_route(struct request *req);
 void request_flush_upstream(struct request *req);
 void request_check_sent(struct request *req);
