@@ -4,7 +4,8 @@
  *
  *   bytes ─▶ llhttp ─▶ on_header_*:         Content-Type (the framer),
  *                                           Content-Encoding
- *                      on_headers_complete: 101 refused; 1xx passed over;
+ *                      on_headers_complete: 101 and < 100 refused; 1xx
+ *                                           passed over;
  *                                           the final head: hooks->head;
  *                                           no body after a HEAD
  *                      on_body:             hooks->body
@@ -82,13 +83,15 @@ static int on_headers_complete(llhttp_t *p)
 	int status = p->status_code;
 
 	if (status < 200) {
-		/* 101 would switch protocols, which was never asked for. */
-		if (status == 101) {
+		/* 101 would switch protocols, which was never asked for. llhttp
+		 * takes any three digits; below 100 is no status at all (taken
+		 * for a 1xx, its body would be held with the head). */
+		if (status == 101 || status < 100) {
 			rp->refused = status;
 			return -1;
 		}
 		rp->informational = true; /* 1xx: forwarded, then the real one */
-		return 0;
+		return 1;		  /* a 1xx ends at its head, whatever its framing headers say */
 	}
 	rp->informational = false;
 	rp->head_done = true;
@@ -183,5 +186,7 @@ void respparse_finish(struct respparse *rp)
 
 const char *respparse_error(const struct respparse *rp)
 {
+	if (rp->refused && rp->refused < 100)
+		return llhttp_errno_name(HPE_INVALID_STATUS);
 	return llhttp_errno_name(llhttp_get_errno(&rp->parser));
 }

@@ -62,7 +62,7 @@ struct respparse {
 	bool head_done, done;
 	/* parse state */
 	bool informational; /* inside a 1xx response */
-	int refused;	    /* a status refused in the head: 101 */
+	int refused;	    /* a status refused in the head: 101, or below 100 */
 	bool in_name;
 	char name[32], val[128]; /* the current header, cut to what is looked for */
 	size_t name_len, val_len;
