@@ -201,11 +201,18 @@ static void on_complete(void *arg)
 	CHECK(h->len == ps->head_len && h->nhdr == ps->head_nhdr); /* trailers are not kept */
 	CHECK(h->body_bytes <= h->lim.max_body_size);
 	if (cl) {
-		char num[32];
-		size_t n = cl->val_len < sizeof(num) - 1 ? cl->val_len : sizeof(num) - 1;
-		memcpy(num, h->buf + cl->val_off, n);
-		num[n] = '\0';
-		CHECK(strtoull(num, NULL, 10) == h->body_bytes);
+		/* the whole value: leading zeros are allowed, so it can be longer
+		 * than any buffer for the number */
+		uint64_t declared = 0;
+		size_t i = 0;
+		for (; i < cl->val_len && h->buf[cl->val_off + i] >= '0' && h->buf[cl->val_off + i] <= '9'; i++) {
+			uint64_t d = (uint64_t)(h->buf[cl->val_off + i] - '0');
+			CHECK(declared <= (UINT64_MAX - d) / 10);
+			declared = declared * 10 + d;
+		}
+		for (; i < cl->val_len; i++) /* trailing whitespace, if kept */
+			CHECK(h->buf[cl->val_off + i] == ' ' || h->buf[cl->val_off + i] == '\t');
+		CHECK(declared == h->body_bytes);
 		CHECK(h->content_length == h->body_bytes);
 		/* llhttp counts content_length down to 0 while reading the body */
 		CHECK(ps->rp.parser.content_length == 0);
