@@ -29,6 +29,7 @@ import time
 import unittest
 
 import harness
+import routing_helpers as rh
 
 CHAT = b"/v1/chat/completions"
 HOST = b"Host: 127.0.0.1\r\n"
@@ -336,6 +337,102 @@ class HostileRequestsTest(harness.TestCase):
         self.assertEqual(self._seen(), before + 1)
         # exactly one interim answer: the next bytes are the final response's
         self.assertNotIn(b"100 Continue", b"".join(p for _, p in resp.pieces))
+
+
+class RawUpstream:
+    """Accepts connections on 127.0.0.1:0 and keeps every byte each one
+    sent; answers each request with a small 200 once its body (chunked) has
+    ended, then goes on reading until the peer closes or the test stops."""
+
+    def __init__(self, test):
+        self.lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.lsock.bind((harness.LOOPBACK, 0))
+        self.lsock.listen(8)
+        self.lsock.settimeout(0.05)
+        self.url = "http://%s:%d" % (harness.LOOPBACK, self.lsock.getsockname()[1])
+        self.raw = []  # one bytearray a connection
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        test.addCleanup(self.close)
+
+    def _run(self):
+        deadline = time.monotonic() + 60
+        conns = []
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            try:
+                c, _ = self.lsock.accept()
+                c.settimeout(0.05)
+                conns.append((c, bytearray(), [0]))
+                self.raw.append(conns[-1][1])
+            except socket.timeout:
+                pass
+            for c, buf, answered in conns:
+                try:
+                    data = c.recv(65536)
+                except socket.timeout:
+                    continue
+                except OSError:
+                    continue
+                buf += data
+                # one answer per chunked body end seen
+                while buf.count(b"\r\n0\r\n") > answered[0]:
+                    answered[0] += 1
+                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+        for c, _, _ in conns:
+            c.close()
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(5)
+        self.lsock.close()
+
+
+class TrailerTest(harness.TestCase):
+    """Trailer fields after a chunked request body are checked like header
+    fields but never forwarded: tokentap ends the body with its own last
+    chunk, so a trailer such as Content-Length can never reach the upstream,
+    in the body or (when routing waits for the body) in the head."""
+
+    def _exchange(self, tt, up):
+        body = BODY
+        raw = (post_head(b"Transfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n") +
+               b"%x\r\n" % len(body) + body + b"\r\n0\r\nX-Checksum: abc\r\nContent-Length: 5\r\n\r\n")
+        s = socket.create_connection((harness.LOOPBACK, tt.port), timeout=10)
+        try:
+            s.sendall(raw)
+            got = b""
+            for _ in range(1000):
+                if b"\r\n\r\n{}" in got:
+                    break
+                b = s.recv(65536)
+                if not b:
+                    break
+                got += b
+        finally:
+            s.close()
+        self.assertTrue(got.startswith(b"HTTP/1.1 200 "), got[:200])
+        self.assertTrue(harness.wait_until(lambda: len(up.raw) == 1 and b"\r\n0\r\n\r\n" in up.raw[0], 5.0, 0.02))
+        time.sleep(0.2)  # anything sent after the last chunk would be here by now
+        sent = bytes(up.raw[0])
+        self.assertNotIn(b"x-checksum", sent.lower())
+        self.assertNotIn(b"content-length: 5", sent.lower())
+        self.assertTrue(sent.endswith(b"\r\n0\r\n\r\n"), sent[-80:])
+        self.assertIn(body, sent)
+
+    def test_trailers_not_forwarded(self):
+        up = RawUpstream(self)
+        tt = harness.start_tokentap(self, up.url)
+        self._exchange(tt, up)
+
+    def test_trailers_not_forwarded_when_routing_waits_for_the_body(self):
+        # a route matching on the model: the head goes upstream only once
+        # the body has told the model
+        up = RawUpstream(self)
+        tt = rh.start_conf(self, rh.upstreams_yaml({"raw": up.url}) +
+                           "routes:\n  - name: chat\n    match: {path_prefix: /v1/, model: sim-model}\n"
+                           "    upstream: raw\n")
+        self._exchange(tt, up)
 
 
 class HeaderCountTest(harness.TestCase):
