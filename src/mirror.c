@@ -7,15 +7,14 @@
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
-#include <llhttp.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include "accesslog.h"
 #include "classify.h"
 #include "framer.h"
 #include "log.h"
+#include "respparse.h"
 #include "stats.h"
 #include "timeline.h"
 #include "upstream.h"
@@ -30,21 +29,15 @@ struct mirror {
 	struct upconn *uc;
 	struct req_record rec;
 	struct evbuffer *pending; /* request bytes until connected */
-	llhttp_t parser;
+	struct respparse rp;	  /* the same parser and rules as a primary's */
 	struct framer framer;
-	enum framer_kind kind;
-	bool encoded, head_done, resp_done, keepalive;
-	char hname[32], hval[128];
-	size_t hname_len, hval_len;
-	bool in_name;
+	bool head_done, resp_done, keepalive;
 	struct event *timer;
 	enum mirror_timer timer_kind;
 	struct mirror **owner;
 	bool detached, body_complete;
 	uint64_t now;
 };
-
-static llhttp_settings_t settings;
 
 static void timer_set(struct mirror *m, enum mirror_timer kind, uint64_t ms)
 {
@@ -105,100 +98,70 @@ static void on_event_frame(void *arg, const struct framer_event *ev)
 	}
 }
 
-static int on_field(llhttp_t *p, const char *at, size_t len)
-{
-	struct mirror *m = p->data;
-	if (!m->in_name) {
-		m->in_name = true;
-		m->hname_len = m->hval_len = 0;
-	}
-	size_t room = sizeof(m->hname) - m->hname_len;
-	memcpy(m->hname + m->hname_len, at, len < room ? len : room);
-	m->hname_len += len < room ? len : room;
-	return 0;
-}
+/* ---- the response, through respparse's hooks ---- */
 
-static int on_value(llhttp_t *p, const char *at, size_t len)
+static void on_resp_head(void *arg, const struct respparse *rp)
 {
-	struct mirror *m = p->data;
-	size_t room = sizeof(m->hval) - m->hval_len;
-	m->in_name = false;
-	memcpy(m->hval + m->hval_len, at, len < room ? len : room);
-	m->hval_len += len < room ? len : room;
-	return 0;
-}
+	struct mirror *m = arg;
 
-static int on_value_complete(llhttp_t *p)
-{
-	struct mirror *m = p->data;
-	if (m->hname_len == 12 && strncasecmp(m->hname, "content-type", 12) == 0)
-		m->kind = framer_kind_for_content_type(m->hval, m->hval_len);
-	else if (m->hname_len == 16 && strncasecmp(m->hname, "content-encoding", 16) == 0)
-		m->encoded = !(m->hval_len == 8 && strncasecmp(m->hval, "identity", 8) == 0);
-	m->in_name = false;
-	m->hname_len = m->hval_len = 0;
-	return 0;
-}
-
-static int on_headers_complete(llhttp_t *p)
-{
-	struct mirror *m = p->data;
-	if (p->status_code < 200)
-		return 0;
 	m->head_done = true;
-	m->rec.status = p->status_code;
+	m->rec.status = rp->status;
 	timeline_mark(&m->rec, TL_RESP_HEADERS, m->now);
 	timer_set(m, MT_IDLE, m->up->idle_timeout_ms);
-	if (m->encoded)
-		m->kind = FRAMER_NONE;
-	if (m->kind != FRAMER_NONE) {
+	if (rp->kind != FRAMER_NONE) {
 		m->rec.stream = 1;
-		framer_init(&m->framer, m->kind, m->env.max_event_size, on_event_frame, m);
+		framer_init(&m->framer, rp->kind, m->env.max_event_size, on_event_frame, m);
 	}
-	return strcmp(m->rec.method, "HEAD") == 0 ? 1 : 0;
 }
 
-static int on_body(llhttp_t *p, const char *at, size_t len)
+static void on_resp_body(void *arg, const char *at, size_t len)
 {
-	struct mirror *m = p->data;
-	if (m->kind != FRAMER_NONE)
+	struct mirror *m = arg;
+
+	if (m->rp.kind != FRAMER_NONE)
 		framer_feed(&m->framer, at, len);
-	return 0;
 }
 
-static int on_message_complete(llhttp_t *p)
+static void on_resp_complete(void *arg, bool keep_alive)
 {
-	struct mirror *m = p->data;
-	if (!m->head_done)
-		return 0; /* a 1xx */
+	struct mirror *m = arg;
+
 	timeline_mark(&m->rec, TL_RESP_END, m->now);
 	timeline_mark(&m->rec, TL_CLIENT_DONE, m->now); /* nothing to deliver */
-	if (m->kind != FRAMER_NONE)
+	if (m->rp.kind != FRAMER_NONE)
 		framer_finish(&m->framer);
 	m->resp_done = true;
-	m->keepalive = llhttp_should_keep_alive(p);
-	return HPE_PAUSED;
+	m->keepalive = keep_alive;
 }
+
+static const struct respparse_hooks resp_hooks = { on_resp_head, on_resp_body, on_resp_complete };
 
 static void on_read(struct bufferevent *bev, void *arg)
 {
 	struct mirror *m = arg;
 	struct evbuffer *in = bufferevent_get_input(bev);
 	struct evbuffer_iovec v;
+	size_t n;
 
 	m->now = clock_now_ns();
 	if (m->head_done)
 		timer_set(m, MT_IDLE, m->up->idle_timeout_ms);
 	while (!m->resp_done && evbuffer_peek(in, -1, NULL, &v, 1) == 1) {
-		enum llhttp_errno e = llhttp_execute(&m->parser, v.iov_base, v.iov_len);
-		size_t used = e == HPE_PAUSED ? (size_t)(llhttp_get_error_pos(&m->parser) - (const char *)v.iov_base)
-					      : v.iov_len;
-		if (e != HPE_OK && e != HPE_PAUSED) {
+		size_t used;
+		enum respparse_status rs = respparse_feed(&m->rp, v.iov_base, v.iov_len, &used);
+		if (rs == RESPPARSE_INVALID || rs == RESPPARSE_SWITCHING) {
 			mirror_end(m, REQ_ERR_UPSTREAM_PROTOCOL, true);
 			return;
 		}
 		m->rec.bytes_out += used;
 		evbuffer_drain(in, used); /* measured, then dropped */
+		if (rs == RESPPARSE_DONE)
+			break;
+	}
+	/* the bytes are dropped, not forwarded: take only bounds the head */
+	if (respparse_take(&m->rp, &n) == RESPPARSE_HEAD_TOO_LARGE) {
+		mirror_end(m, REQ_ERR_UPSTREAM_PROTOCOL, true);
+		return;
 	}
 	if (m->resp_done) {
 		if (evbuffer_get_length(in))
@@ -236,9 +199,9 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 		check_sent(m);
 		return;
 	}
-	if ((what & BEV_EVENT_EOF) && m->head_done && !m->resp_done && llhttp_message_needs_eof(&m->parser)) {
+	if ((what & BEV_EVENT_EOF) && m->head_done && !m->resp_done && respparse_needs_eof(&m->rp)) {
 		m->now = clock_now_ns();
-		llhttp_finish(&m->parser);
+		respparse_finish(&m->rp);
 		if (m->resp_done) {
 			m->keepalive = false;
 			mirror_end(m, REQ_ERR_NONE, true);
@@ -273,15 +236,6 @@ struct mirror *mirror_start(const struct mirror_env *env, struct upstream *up, c
 		upstream_leave(up);
 		return NULL;
 	}
-	if (!settings.on_body) {
-		llhttp_settings_init(&settings);
-		settings.on_header_field = on_field;
-		settings.on_header_value = on_value;
-		settings.on_header_value_complete = on_value_complete;
-		settings.on_headers_complete = on_headers_complete;
-		settings.on_body = on_body;
-		settings.on_message_complete = on_message_complete;
-	}
 	m->env = *env;
 	upstream_ref(up);
 	if (env->list) {
@@ -307,8 +261,8 @@ struct mirror *mirror_start(const struct mirror_env *env, struct upstream *up, c
 	m->rec.at[TL_ARRIVE] = primary->at[TL_ARRIVE];
 	m->rec.at[TL_REQ_HEADERS] = primary->at[TL_REQ_HEADERS];
 	m->rec.at[TL_DISPATCH] = clock_now_ns();
-	llhttp_init(&m->parser, HTTP_RESPONSE, &settings);
-	m->parser.data = m;
+	respparse_init(&m->rp, &resp_hooks, m);
+	m->rp.head_request = strcmp(m->rec.method, "HEAD") == 0;
 	evbuffer_add_buffer(m->pending, bytes); /* the caller built it for us: moved */
 	m->rec.bytes_in = evbuffer_get_length(m->pending);
 
