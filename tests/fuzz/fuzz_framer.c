@@ -41,14 +41,6 @@ struct run {
 	struct usage usage[NAPI];
 };
 
-static uint64_t fnv(uint64_t h, const void *p, size_t len)
-{
-	const unsigned char *s = p;
-	for (size_t i = 0; i < len; i++)
-		h = (h ^ s[i]) * 0x100000001b3ull;
-	return h;
-}
-
 static void on_event(void *arg, const struct framer_event *ev)
 {
 	struct run *r = arg;
@@ -66,10 +58,10 @@ static void on_event(void *arg, const struct framer_event *ev)
 			CHECK(memchr(ev->name, '\r', ev->name_len) == NULL &&
 			      memchr(ev->name, '\n', ev->name_len) == NULL);
 	}
-	uint64_t h = fnv(0xcbf29ce484222325ull, &ev->name_len, sizeof(ev->name_len));
-	h = fnv(h, ev->name ? ev->name : "", ev->name_len);
-	h = fnv(h, &ev->data_len, sizeof(ev->data_len));
-	h = fnv(h, ev->data, ev->data_len);
+	uint64_t h = fuzz_fnv(FUZZ_FNV_SEED, &ev->name_len, sizeof(ev->name_len));
+	h = fuzz_fnv(h, ev->name ? ev->name : "", ev->name_len);
+	h = fuzz_fnv(h, &ev->data_len, sizeof(ev->data_len));
+	h = fuzz_fnv(h, ev->data, ev->data_len);
 	uint8_t tok = 0;
 	for (size_t i = 0; i < NAPI; i++) {
 		if (classify_event(apis[i], ev, &r->usage[i]))

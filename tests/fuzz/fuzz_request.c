@@ -56,14 +56,6 @@ struct parse {
 	int fail_status;
 };
 
-static uint64_t fnv(uint64_t h, const void *p, size_t len)
-{
-	const unsigned char *s = p;
-	for (size_t i = 0; i < len; i++)
-		h = (h ^ s[i]) * 0x100000001b3ull;
-	return h;
-}
-
 static unsigned header_count(const struct reqhead *h, const char *name)
 {
 	unsigned n = 0;
@@ -141,7 +133,7 @@ static struct reqhead *on_begin(void *arg)
 		return NULL;
 	ps->begun++;
 	ps->in_head = true;
-	ps->body_hash = 0xcbf29ce484222325ull;
+	ps->body_hash = FUZZ_FNV_SEED;
 	return &ps->head;
 }
 
@@ -187,7 +179,7 @@ static void on_body(void *arg, const char *at, size_t len)
 	CHECK(ps->in_body);
 	CHECK(len > 0);
 	CHECK(ps->head.body_bytes <= ps->head.lim.max_body_size);
-	ps->body_hash = fnv(ps->body_hash, at, len);
+	ps->body_hash = fuzz_fnv(ps->body_hash, at, len);
 }
 
 static void on_complete(void *arg)
@@ -220,14 +212,14 @@ static void on_complete(void *arg)
 		CHECK(h->body_bytes == 0);
 	}
 
-	uint64_t d = 0xcbf29ce484222325ull;
+	uint64_t d = FUZZ_FNV_SEED;
 	uint8_t meta[5] = { (uint8_t)h->method, h->http_major, h->http_minor, h->chunked, h->keep_alive };
-	d = fnv(d, meta, sizeof(meta));
-	d = fnv(d, h->buf, h->len); /* URL, names and values in order */
+	d = fuzz_fnv(d, meta, sizeof(meta));
+	d = fuzz_fnv(d, h->buf, h->len); /* URL, names and values in order */
 	for (unsigned i = 0; i < h->nhdr; i++)
-		d = fnv(d, &h->hdrs[i], sizeof(h->hdrs[i]));
-	d = fnv(d, &h->body_bytes, sizeof(h->body_bytes));
-	d = fnv(d, &ps->body_hash, sizeof(ps->body_hash));
+		d = fuzz_fnv(d, &h->hdrs[i], sizeof(h->hdrs[i]));
+	d = fuzz_fnv(d, &h->body_bytes, sizeof(h->body_bytes));
+	d = fuzz_fnv(d, &ps->body_hash, sizeof(ps->body_hash));
 	if (ps->nreq < MAX_REQS)
 		ps->req_hash[ps->nreq] = d;
 	ps->nreq++;

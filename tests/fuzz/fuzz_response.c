@@ -69,23 +69,15 @@ struct run {
 	size_t forwarded; /* sum of what respparse_take handed over */
 };
 
-static uint64_t fnv(uint64_t h, const void *p, size_t len)
-{
-	const unsigned char *s = p;
-	for (size_t i = 0; i < len; i++)
-		h = (h ^ s[i]) * 0x100000001b3ull;
-	return h;
-}
-
 static void on_event(void *arg, const struct framer_event *ev)
 {
 	struct run *r = arg;
 
 	CHECK(ev->name_len + ev->data_len <= r->max_event);
-	uint64_t h = fnv(0xcbf29ce484222325ull, &ev->name_len, sizeof(ev->name_len));
-	h = fnv(h, ev->name ? ev->name : "", ev->name_len);
-	h = fnv(h, &ev->data_len, sizeof(ev->data_len));
-	h = fnv(h, ev->data, ev->data_len);
+	uint64_t h = fuzz_fnv(FUZZ_FNV_SEED, &ev->name_len, sizeof(ev->name_len));
+	h = fuzz_fnv(h, ev->name ? ev->name : "", ev->name_len);
+	h = fuzz_fnv(h, &ev->data_len, sizeof(ev->data_len));
+	h = fuzz_fnv(h, ev->data, ev->data_len);
 	uint8_t tok = 0;
 	for (size_t i = 0; i < NAPI; i++)
 		if (classify_event(apis[i], ev, &r->usage[i]))
@@ -120,7 +112,7 @@ static void on_body(void *arg, const char *at, size_t len)
 	CHECK(r->heads == 1 && r->completes == 0);
 	CHECK(!r->head_request);
 	CHECK(len > 0);
-	r->body_digest = fnv(r->body_digest, at, len);
+	r->body_digest = fuzz_fnv(r->body_digest, at, len);
 	if (r->kind != FRAMER_NONE) {
 		framer_feed(&r->framer, at, len);
 	} else {
@@ -162,7 +154,7 @@ static void run_stream(struct run *r, const uint8_t *data, size_t len, const uin
 	r->kind = FRAMER_NONE;
 	r->content_encoded = r->keep_alive = false;
 	r->body_len = 0;
-	r->body_digest = 0xcbf29ce484222325ull;
+	r->body_digest = FUZZ_FNV_SEED;
 	r->body = NULL;
 	memset(&r->framer, 0, sizeof(r->framer));
 	r->n = 0;
