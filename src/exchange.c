@@ -365,7 +365,7 @@ void request_check_sent(struct request *req)
 	if (evbuffer_get_length(req->up_pending) || evbuffer_get_length(bufferevent_get_output(req->uc->bev)))
 		return;
 	timeline_mark(&req->rec, TL_REQ_SENT, clock_now_ns());
-	if (!req->resp_head_done)
+	if (!req->rp.head_done)
 		request_timer_set(req, RT_FIRST_BYTE, pcfg(req->cl->px)->first_byte_timeout_ms);
 }
 
@@ -398,7 +398,7 @@ static bool request_replay(struct request *req)
 {
 	struct upconn *fresh;
 
-	if (!req->reused || req->retried || !req->replay || !req->body_done || req->rp.held || req->resp_head_done)
+	if (!req->reused || req->retried || !req->replay || !req->body_done || req->rp.held || req->rp.head_done)
 		return false;
 	fresh = upstream_connect_new(req->up);
 	if (!fresh)
@@ -459,7 +459,7 @@ static void on_up_event(struct bufferevent *bev, short what, void *arg)
 		return;
 	}
 	/* A response delimited by the close is complete now. */
-	if ((what & BEV_EVENT_EOF) && req->resp_head_done && !req->resp_done) {
+	if ((what & BEV_EVENT_EOF) && req->rp.head_done && !req->resp_done) {
 		on_up_read(bev, req); /* anything still buffered */
 		if (cl->closing || cl->req != req || req->resp_done)
 			return;
@@ -540,7 +540,7 @@ void on_up_read(struct bufferevent *bev, void *arg)
 	if (cl->closing)
 		return;
 	req->now = clock_now_ns();
-	if (req->resp_head_done && !req->resp_done)
+	if (req->rp.head_done && !req->resp_done)
 		request_timer_set(req, RT_IDLE, cfg->idle_timeout_ms);
 
 	while (!req->resp_done && evbuffer_get_length(in) > req->rp.held) {
@@ -599,7 +599,6 @@ static void on_resp_head(void *arg, const struct respparse *rp)
 {
 	struct request *req = arg;
 
-	req->resp_head_done = true;
 	req->rec.status = rp->status;
 	timeline_mark(&req->rec, TL_RESP_HEADERS, req->now);
 	request_timer_set(req, RT_IDLE, pcfg(req->cl->px)->idle_timeout_ms);

@@ -31,7 +31,7 @@ struct mirror {
 	struct evbuffer *pending; /* request bytes until connected */
 	struct respparse rp;	  /* the same parser and rules as a primary's */
 	struct framer framer;
-	bool head_done, resp_done, keepalive;
+	bool keepalive;
 	struct event *timer;
 	enum mirror_timer timer_kind;
 	struct mirror **owner;
@@ -60,7 +60,7 @@ static void mirror_end(struct mirror *m, enum req_error err, bool record)
 		accesslog_write(m->env.alog, &m->rec);
 	}
 	if (m->uc)
-		upstream_release(m->uc, m->resp_done && m->keepalive && m->body_complete && err == REQ_ERR_NONE);
+		upstream_release(m->uc, m->rp.done && m->keepalive && m->body_complete && err == REQ_ERR_NONE);
 	upstream_leave(m->up);
 	upstream_free(m->up); /* the mirror's own reference */
 	if (m->owner && !m->detached)
@@ -104,7 +104,6 @@ static void on_resp_head(void *arg, const struct respparse *rp)
 {
 	struct mirror *m = arg;
 
-	m->head_done = true;
 	m->rec.status = rp->status;
 	timeline_mark(&m->rec, TL_RESP_HEADERS, m->now);
 	timer_set(m, MT_IDLE, m->up->idle_timeout_ms);
@@ -130,7 +129,6 @@ static void on_resp_complete(void *arg, bool keep_alive)
 	timeline_mark(&m->rec, TL_CLIENT_DONE, m->now); /* nothing to deliver */
 	if (m->rp.kind != FRAMER_NONE)
 		framer_finish(&m->framer);
-	m->resp_done = true;
 	m->keepalive = keep_alive;
 }
 
@@ -144,9 +142,9 @@ static void on_read(struct bufferevent *bev, void *arg)
 	size_t n;
 
 	m->now = clock_now_ns();
-	if (m->head_done)
+	if (m->rp.head_done)
 		timer_set(m, MT_IDLE, m->up->idle_timeout_ms);
-	while (!m->resp_done && evbuffer_peek(in, -1, NULL, &v, 1) == 1) {
+	while (!m->rp.done && evbuffer_peek(in, -1, NULL, &v, 1) == 1) {
 		size_t used;
 		enum respparse_status rs = respparse_feed(&m->rp, v.iov_base, v.iov_len, &used);
 		if (rs == RESPPARSE_INVALID || rs == RESPPARSE_SWITCHING) {
@@ -163,7 +161,7 @@ static void on_read(struct bufferevent *bev, void *arg)
 		mirror_end(m, REQ_ERR_UPSTREAM_PROTOCOL, true);
 		return;
 	}
-	if (m->resp_done) {
+	if (m->rp.done) {
 		if (evbuffer_get_length(in))
 			m->keepalive = false;
 		mirror_end(m, REQ_ERR_NONE, true);
@@ -175,7 +173,7 @@ static void check_sent(struct mirror *m)
 	if (m->body_complete && m->uc && m->uc->connected && !m->rec.at[TL_REQ_SENT] &&
 	    !evbuffer_get_length(m->pending) && !evbuffer_get_length(bufferevent_get_output(m->uc->bev))) {
 		timeline_mark(&m->rec, TL_REQ_SENT, clock_now_ns());
-		if (!m->head_done)
+		if (!m->rp.head_done)
 			timer_set(m, MT_FIRST_BYTE, m->up->first_byte_timeout_ms);
 	}
 }
@@ -199,10 +197,10 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 		check_sent(m);
 		return;
 	}
-	if ((what & BEV_EVENT_EOF) && m->head_done && !m->resp_done && respparse_needs_eof(&m->rp)) {
+	if ((what & BEV_EVENT_EOF) && m->rp.head_done && !m->rp.done && respparse_needs_eof(&m->rp)) {
 		m->now = clock_now_ns();
 		respparse_finish(&m->rp);
-		if (m->resp_done) {
+		if (m->rp.done) {
 			m->keepalive = false;
 			mirror_end(m, REQ_ERR_NONE, true);
 			return;

@@ -131,7 +131,7 @@ struct request {
 	struct event *timer;
 	enum req_timer timer_kind;
 	struct respparse rp; /* its response; rp.held: bytes at the front of the input parsed, not yet moved */
-	bool resp_head_done, resp_done, resp_started, resp_keepalive;
+	bool resp_done, resp_started, resp_keepalive; /* the head: rp.head_done */
 	bool upstream_paused;
 	bool upstream_dirty; /* bytes past the response end: never reuse */
 	uint64_t now;	     /* time of the read being parsed */
