@@ -365,13 +365,6 @@ static void usage_anthropic_delta(const struct span *s, const char *root, struct
 	take_count(s, usage, KEY("output_tokens"), &u->output_tokens);
 }
 
-/* Hands the event's top object to `take`. */
-static void usage_from_event(const struct span *s, struct usage *u,
-			     void (*take)(const struct span *, const char *, struct usage *))
-{
-	take(s, skip_space(s->p, s->end), u);
-}
-
 /* ---- per-API event rules ----------------------------------------------- */
 
 static bool classify_openai_chat(const struct span *s, struct usage *u)
@@ -382,7 +375,7 @@ static bool classify_openai_chat(const struct span *s, struct usage *u)
 	 * object carries counts (the final chunk, or every chunk with vLLM's
 	 * continuous usage stats). */
 	if (u && any_object(s, KEY("usage")))
-		usage_from_event(s, u, usage_openai);
+		usage_openai(s, s->p, u);
 	return token;
 }
 
@@ -391,7 +384,7 @@ static bool classify_llamacpp(const struct span *s, struct usage *u)
 	bool token = any_nonempty_string(s, KEY("content"));
 	if (u &&
 	    (memmem(s->p, (size_t)(s->end - s->p), KEY("tokens_predicted")) != NULL || any_object(s, KEY("timings"))))
-		usage_from_event(s, u, usage_llamacpp);
+		usage_llamacpp(s, s->p, u);
 	return token;
 }
 
@@ -405,7 +398,7 @@ static bool classify_completions(const struct span *s, struct usage *u)
 		return classify_llamacpp(s, u);
 	bool token = any_nonempty_string(s, KEY("text"));
 	if (u && any_object(s, KEY("usage")))
-		usage_from_event(s, u, usage_openai);
+		usage_openai(s, s->p, u);
 	return token;
 }
 
@@ -435,9 +428,9 @@ static bool classify_anthropic(const struct framer_event *ev, const struct span 
 	if (delta && type_is(s, KEY("signature_delta")))
 		delta = false;
 	if (u && start)
-		usage_from_event(s, u, usage_anthropic_start);
+		usage_anthropic_start(s, s->p, u);
 	else if (u && mdelta)
-		usage_from_event(s, u, usage_anthropic_delta);
+		usage_anthropic_delta(s, s->p, u);
 	return delta;
 }
 
@@ -457,7 +450,7 @@ static bool classify_tgi(const struct span *s, struct usage *u)
 		token = !(sp && value_is_literal(&obj, sp, "true"));
 	}
 	if (u && any_object(s, KEY("details")))
-		usage_from_event(s, u, usage_tgi);
+		usage_tgi(s, s->p, u);
 	return token;
 }
 
@@ -474,7 +467,7 @@ static bool classify_ollama(enum api_kind api, const struct span *s, struct usag
 			any_nonempty_array(s, KEY("tool_calls"));
 	if (u && (memmem(s->p, (size_t)(s->end - s->p), KEY("eval_count")) != NULL ||
 		  memmem(s->p, (size_t)(s->end - s->p), KEY("prompt_eval_count")) != NULL))
-		usage_from_event(s, u, usage_ollama);
+		usage_ollama(s, s->p, u);
 	return token;
 }
 
@@ -484,9 +477,10 @@ bool classify_event(enum api_kind api, const struct framer_event *ev, struct usa
 		return false;
 	struct span s = { ev->data, ev->data + ev->data_len };
 	/* Every token-bearing shape is a JSON object; this also turns away
-	 * `[DONE]` and empty data before any scan. */
-	const char *first = skip_space(s.p, s.end);
-	if (first >= s.end || *first != '{')
+	 * `[DONE]` and empty data before any scan. From here s.p is the
+	 * event's top object, where the usage rules start. */
+	s.p = skip_space(s.p, s.end);
+	if (s.p >= s.end || *s.p != '{')
 		return false;
 
 	switch (api) {
