@@ -152,6 +152,20 @@ def body_of(raw):
     return raw[i + 4:] if i >= 0 else None
 
 
+def read_to_last_chunk(sock):
+    """A whole chunked response from a blocking socket: up to its last chunk,
+    or what came before the peer closed."""
+    raw = bytearray()
+    for _ in range(1 << 20):
+        if raw.endswith(b"\r\n0\r\n\r\n"):
+            break
+        b = sock.recv(1 << 16)
+        if not b:
+            break
+        raw += b
+    return bytes(raw)
+
+
 class Reader:
     """One client connection reading at most what it is allowed, never
     blocking: the raw response so far (head included) and how it ended."""
@@ -230,16 +244,9 @@ class SlowReadersTest(harness.TestCase):
     def direct_body(self, tokens):
         """The raw (chunked) response body as the simulator sends it."""
         s = socket.create_connection((harness.LOOPBACK, self.sim.port), timeout=30)
-        raw = bytearray()
         try:
             s.sendall(self.request(tokens, self.sim.port))
-            for _ in range(1 << 20):
-                if raw.endswith(b"\r\n0\r\n\r\n"):
-                    break
-                b = s.recv(1 << 16)
-                if not b:
-                    break
-                raw += b
+            raw = read_to_last_chunk(s)
         finally:
             s.close()
         self.assertTrue(raw.startswith(b"HTTP/1.1 200 "), raw[:100])
@@ -277,14 +284,7 @@ class SlowReadersTest(harness.TestCase):
             s = self.connect(tt)
             try:
                 s.sendall(self.request(tokens, tt.port))
-                got = bytearray()
-                for _ in range(1 << 20):
-                    if got.endswith(b"\r\n0\r\n\r\n"):
-                        break
-                    b = s.recv(1 << 16)
-                    if not b:
-                        break
-                    got += b
+                got = read_to_last_chunk(s)
             finally:
                 s.close()
             self.assertTrue(got.endswith(b"\r\n0\r\n\r\n"), "warm-up stream incomplete")
