@@ -55,6 +55,19 @@ def tokentap_bin():
     return _binary("TOKENTAP_BIN", "tokentap")
 
 
+def bench_bin():
+    """tokentap-bench: TOKENTAP_BENCH_BIN, else beside the simulator in the
+    build tree (contrib/bench/ next to contrib/sim/)."""
+    path = os.environ.get("TOKENTAP_BENCH_BIN")
+    if path:
+        return path
+    sim = sim_bin()
+    cand = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(sim))), "bench", "tokentap-bench")
+    if os.access(cand, os.X_OK):
+        return cand
+    raise RuntimeError("tokentap-bench not found at %s; set TOKENTAP_BENCH_BIN" % cand)
+
+
 def is_sanitized(path=None):
     """True for a binary built with AddressSanitizer (it calls __asan_init);
     tokentap's by default."""

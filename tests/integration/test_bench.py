@@ -27,19 +27,8 @@ RUN_TIMEOUT_S = 30
 N_ACC = 12  # requests per accuracy attempt
 
 
-def bench_bin():
-    path = os.environ.get("TOKENTAP_BENCH_BIN")
-    if path:
-        return path
-    sim = harness.sim_bin()
-    cand = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(sim))), "bench", "tokentap-bench")
-    if os.access(cand, os.X_OK):
-        return cand
-    raise RuntimeError("tokentap-bench not found at %s; set TOKENTAP_BENCH_BIN" % cand)
-
-
 def run_bench(args, timeout=RUN_TIMEOUT_S):
-    return subprocess.run([bench_bin()] + [str(a) for a in args], stdin=subprocess.DEVNULL,
+    return subprocess.run([harness.bench_bin()] + [str(a) for a in args], stdin=subprocess.DEVNULL,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout, text=True,
                           start_new_session=True)
 
@@ -278,7 +267,7 @@ class OpenLoopAndSweep(BenchCase):
         self.assertIn("<- knee", p.stdout)
 
     def test_sigint_stops_and_reports(self):
-        proc = subprocess.Popen([bench_bin(), "--url", self.sim.url, "--concurrency", "2", "--duration", "30s",
+        proc = subprocess.Popen([harness.bench_bin(), "--url", self.sim.url, "--concurrency", "2", "--duration", "30s",
                                  "--output-len", "50", "--sim-headers", "--no-progress"],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, start_new_session=True)

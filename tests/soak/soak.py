@@ -125,17 +125,6 @@ def duration(text):
     return float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
 
 
-def bench_bin():
-    path = os.environ.get("TOKENTAP_BENCH_BIN")
-    if path:
-        return path
-    sim = harness.sim_bin()
-    cand = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(sim))), "bench", "tokentap-bench")
-    if os.access(cand, os.X_OK):
-        return cand
-    raise RuntimeError("tokentap-bench not found at %s; set TOKENTAP_BENCH_BIN" % cand)
-
-
 def rss_kib(pid):
     out = {}
     with open("/proc/%d/status" % pid) as f:
@@ -629,7 +618,7 @@ class Soak:
 
     def bench(self, phase, api, concurrency, seconds, seed):
         out = os.path.join(self.workdir, "bench-%s-%s" % (phase, api))
-        argv = [bench_bin(), "--url", "http://127.0.0.1:%d" % self.port, "--api", api, "--model", "sim-model",
+        argv = [harness.bench_bin(), "--url", "http://127.0.0.1:%d" % self.port, "--api", api, "--model", "sim-model",
                 "--concurrency", str(concurrency), "--duration", "%ds" % max(1, int(seconds)),
                 "--input-len", "uniform:8:512", "--output-len", "uniform:8:%d" % self.args.max_tokens,
                 "--sim-headers", "--timeout", "60s", "--json", out + ".json", "--no-progress",
