@@ -3,7 +3,7 @@
  *
  * Every framed event of every streamed response passes through
  * classify_event(), so the token decision is made by byte scans, never by
- * parsing the event: memmem() finds a quoted key such as "content", and the
+ * parsing the event: keyscan_find() finds a quoted key such as "content", and the
  * bytes right after it say whether its value is a non-empty string, an
  * object, a non-empty array. Usage counts (usually one event per response)
  * are read the same way, member by member of the objects that hold them,
@@ -23,11 +23,12 @@
  * The rules are documented for operators in docs/metrics.md; keep both in
  * step.
  */
-#define _GNU_SOURCE /* memmem */
 #include "classify.h"
 
 #include <stdint.h>
 #include <string.h>
+
+#include "keyscan.h"
 
 /* A quoted key literal and its length, for key_find(). */
 #define KEY(k) ("\"" k "\""), (sizeof("\"" k "\"") - 1)
@@ -112,7 +113,7 @@ static const char *key_find(const struct span *s, const char **from, const char 
 {
 	const char *p = *from;
 	while (p < s->end) {
-		const char *hit = memmem(p, (size_t)(s->end - p), qkey, qlen);
+		const char *hit = keyscan_find(p, s->end, qkey, qlen);
 		if (hit == NULL)
 			break;
 		p = hit + qlen;
@@ -382,8 +383,7 @@ static bool classify_openai_chat(const struct span *s, struct usage *u)
 static bool classify_llamacpp(const struct span *s, struct usage *u)
 {
 	bool token = any_nonempty_string(s, KEY("content"));
-	if (u &&
-	    (memmem(s->p, (size_t)(s->end - s->p), KEY("tokens_predicted")) != NULL || any_object(s, KEY("timings"))))
+	if (u && (keyscan_find(s->p, s->end, KEY("tokens_predicted")) != NULL || any_object(s, KEY("timings"))))
 		usage_llamacpp(s, s->p, u);
 	return token;
 }
@@ -394,7 +394,7 @@ static bool classify_llamacpp(const struct span *s, struct usage *u)
 static bool classify_completions(const struct span *s, struct usage *u)
 {
 	const char *from = s->p;
-	if (key_find(s, &from, KEY("choices")) == NULL && memmem(s->p, (size_t)(s->end - s->p), KEY("content")))
+	if (key_find(s, &from, KEY("choices")) == NULL && keyscan_find(s->p, s->end, KEY("content")))
 		return classify_llamacpp(s, u);
 	bool token = any_nonempty_string(s, KEY("text"));
 	if (u && any_object(s, KEY("usage")))
@@ -465,8 +465,8 @@ static bool classify_ollama(enum api_kind api, const struct span *s, struct usag
 	else
 		token = any_nonempty_string(s, KEY("content")) || any_nonempty_string(s, KEY("thinking")) ||
 			any_nonempty_array(s, KEY("tool_calls"));
-	if (u && (memmem(s->p, (size_t)(s->end - s->p), KEY("eval_count")) != NULL ||
-		  memmem(s->p, (size_t)(s->end - s->p), KEY("prompt_eval_count")) != NULL))
+	if (u && (keyscan_find(s->p, s->end, KEY("eval_count")) != NULL ||
+		  keyscan_find(s->p, s->end, KEY("prompt_eval_count")) != NULL))
 		usage_ollama(s, s->p, u);
 	return token;
 }

@@ -1,0 +1,115 @@
+/*
+ * keyscan.c — the first occurrence of a quoted literal, 16 or 32 positions
+ * at a time.
+ *
+ * A position is a candidate when the literal's second byte and its
+ * second-to-last byte both sit where they should (for "content": a 'c' and,
+ * six bytes on, a 't'). In JSON event text that pair is rare enough that
+ * the memcmp() behind it seldom runs, so the search costs about one vector
+ * compare pair per 16 (SSE2) or 32 (AVX2) bytes, against roughly a byte per
+ * cycle for memmem() plus its per-call table set-up. AVX2 is chosen at run
+ * time; builds for other architectures use memmem().
+ *
+ * Each step tests the starts c .. c+W-1 and reads up to c + qlen - 2 + W-1.
+ * The last step is moved back so that it ends exactly at the last start,
+ * with the starts an earlier step already tested masked off: no byte past
+ * `end` is ever read, and no scalar tail loop is needed once the range holds
+ * W starts.
+ */
+#define _GNU_SOURCE /* memmem */
+#include "keyscan.h"
+
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__SSE2__)
+#include <immintrin.h>
+
+static const char *find_scalar(const char *c, const char *stop, const char *q, size_t qlen)
+{
+	for (; c <= stop; c++)
+		if (c[1] == q[1] && memcmp(c, q, qlen) == 0)
+			return c;
+	return NULL;
+}
+
+/* Checks the candidate starts set in mask (bit i: start c + i). */
+static inline const char *check(const char *c, unsigned mask, const char *q, size_t qlen)
+{
+	while (mask != 0) {
+		unsigned i = (unsigned)__builtin_ctz(mask);
+		if (memcmp(c + i, q, qlen) == 0)
+			return c + i;
+		mask &= mask - 1;
+	}
+	return NULL;
+}
+
+static const char *find_sse2(const char *c, const char *stop, const char *q, size_t qlen)
+{
+	if (stop - c < 15)
+		return find_scalar(c, stop, q, qlen);
+	const __m128i first = _mm_set1_epi8(q[1]);
+	const __m128i last = _mm_set1_epi8(q[qlen - 2]);
+	const char *final = stop - 15;
+	for (;;) {
+		unsigned skip = 0;
+		if (c > final) {
+			skip = (unsigned)(c - final);
+			c = final;
+		}
+		__m128i a = _mm_cmpeq_epi8(first, _mm_loadu_si128((const __m128i *)(const void *)(c + 1)));
+		__m128i b = _mm_cmpeq_epi8(last, _mm_loadu_si128((const __m128i *)(const void *)(c + qlen - 2)));
+		unsigned mask = (unsigned)_mm_movemask_epi8(_mm_and_si128(a, b)) >> skip << skip;
+		const char *hit = mask ? check(c, mask, q, qlen) : NULL;
+		if (hit || c == final)
+			return hit;
+		c += 16;
+	}
+}
+
+__attribute__((target("avx2"))) static const char *find_avx2(const char *c, const char *stop, const char *q,
+							     size_t qlen)
+{
+	if (stop - c < 31)
+		return find_sse2(c, stop, q, qlen);
+	const __m256i first = _mm256_set1_epi8(q[1]);
+	const __m256i last = _mm256_set1_epi8(q[qlen - 2]);
+	const char *final = stop - 31;
+	for (;;) {
+		unsigned skip = 0;
+		if (c > final) {
+			skip = (unsigned)(c - final);
+			c = final;
+		}
+		__m256i a = _mm256_cmpeq_epi8(first, _mm256_loadu_si256((const __m256i *)(const void *)(c + 1)));
+		__m256i b = _mm256_cmpeq_epi8(last, _mm256_loadu_si256((const __m256i *)(const void *)(c + qlen - 2)));
+		unsigned mask = (unsigned)_mm256_movemask_epi8(_mm256_and_si256(a, b)) >> skip << skip;
+		const char *hit = mask ? check(c, mask, q, qlen) : NULL;
+		if (hit || c == final)
+			return hit;
+		c += 32;
+	}
+}
+
+const char *keyscan_find(const char *p, const char *end, const char *q, size_t qlen)
+{
+	if (end - p < (ptrdiff_t)qlen)
+		return NULL;
+	if (qlen < 3)
+		return memmem(p, (size_t)(end - p), q, qlen);
+	const char *stop = end - qlen; /* the last start that fits */
+	if (__builtin_cpu_supports("avx2"))
+		return find_avx2(p, stop, q, qlen);
+	return find_sse2(p, stop, q, qlen);
+}
+
+#else
+
+const char *keyscan_find(const char *p, const char *end, const char *q, size_t qlen)
+{
+	if (end - p < (ptrdiff_t)qlen)
+		return NULL;
+	return memmem(p, (size_t)(end - p), q, qlen);
+}
+
+#endif
