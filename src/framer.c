@@ -9,7 +9,10 @@
  *	       name_len     data_len      len - name_len - data_len
  *
  * so that an event is handed to the callback straight out of buf, with no
- * copy and no allocation per event. Invariants:
+ * allocation per event. The usual event (one `data:` line and its blank
+ * line, or one NDJSON line, whole in the slice being fed while nothing is
+ * buffered) skips buf altogether and is handed out of the slice: see
+ * frame_in_place(). Invariants:
  *
  *  - len <= cap <= max_event: the buffer never outgrows one event. Adding a
  *    byte that would break this drops the event (counted in `oversized`);
@@ -224,6 +227,50 @@ static void framer_line_end(struct framer *f)
 	}
 }
 
+/*
+ * The common case, taken without touching buf: nothing is buffered and the
+ * slice holds a whole event from p on. For SSE that is one `data:` line and
+ * the blank line after it (LF LF or CRLF CRLF); for NDJSON one line. The
+ * event is handed out from the slice itself, exactly as the general path
+ * would have built it in buf, and the size bound is applied the same way (a
+ * line the general path could not store is left to it, to be dropped).
+ * `eol` is the line's first CR or LF. Returns where framing resumes, or NULL
+ * to take the general path.
+ */
+static const char *frame_in_place(struct framer *f, const char *p, const char *eol, const char *end)
+{
+	size_t line_len = (size_t)(eol - p);
+
+	if (line_len == 0 || line_len > f->max_event)
+		return NULL;
+	if (f->kind == FRAMER_NDJSON) {
+		size_t n = line_len;
+		if (p[n - 1] == '\r')
+			n--;
+		for (size_t i = 0; i < n; i++) {
+			if (!is_json_space(p[i])) {
+				framer_emit(f, NULL, 0, p, n);
+				break;
+			}
+		}
+		return eol + 1;
+	}
+	const char *next;
+	if (eol[0] == '\n' && end - eol >= 2 && eol[1] == '\n')
+		next = eol + 2;
+	else if (eol[0] == '\r' && end - eol >= 4 && memcmp(eol, "\r\n\r\n", 4) == 0)
+		next = eol + 4;
+	else
+		return NULL;
+	if (line_len < 5 || memcmp(p, "data:", 5) != 0)
+		return NULL;
+	const char *v = p + 5;
+	if (v < eol && *v == ' ')
+		v++;
+	framer_emit(f, NULL, 0, v, (size_t)(eol - v));
+	return next;
+}
+
 /* The first `c` in [p, end), or end. */
 static const char *scan_to(const char *p, const char *end, char c)
 {
@@ -253,6 +300,13 @@ void framer_feed(struct framer *f, const char *buf, size_t len)
 		if (cr < p)
 			cr = scan_to(p, end, '\r');
 		const char *eol = cr < lf ? cr : lf;
+		if (f->len == 0 && f->state == LINE_START && !f->has_data && !f->skip && eol != end) {
+			const char *next = frame_in_place(f, p, eol, end);
+			if (next) {
+				p = next;
+				continue;
+			}
+		}
 		if (eol > p)
 			framer_line_append(f, p, (size_t)(eol - p));
 		if (eol == end)

@@ -456,6 +456,23 @@ static void test_oversized_boundary(void **state)
 	assert_int_equal(f.oversized, 1);
 	framer_free(&f);
 	seen_clear(&s);
+
+	/* SSE bounds the stored line, field name included: "data: 12" is 8
+	 * bytes. Whole events in one slice (framed in place) and the same
+	 * bytes one at a time (framed in the buffer) agree. */
+	static const char sse[] = "data: 12\n\ndata: 123\n\ndata:123\r\n\r\ndata: x\n\n";
+	for (int bytewise = 0; bytewise < 2; bytewise++) {
+		framer_init(&f, FRAMER_SSE, 8, on_event, &s);
+		for (size_t at = 0, step = bytewise ? 1 : sizeof(sse) - 1; at < sizeof(sse) - 1; at += step)
+			framer_feed(&f, sse + at, step);
+		assert_int_equal(s.n, 3);
+		assert_string_equal(s.data[0], "12");
+		assert_string_equal(s.data[1], "123");
+		assert_string_equal(s.data[2], "x");
+		assert_int_equal(f.oversized, 1);
+		framer_free(&f);
+		seen_clear(&s);
+	}
 }
 
 static void test_ndjson_lines(void **state)
