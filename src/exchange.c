@@ -495,11 +495,22 @@ static void on_stream_event(void *arg, const struct framer_event *ev)
 	timeline_mark(&req->rec, TL_FIRST_EVENT, req->now);
 	if (classify_event(req->rec.api, ev, &req->rec.usage)) {
 		uint64_t gap;
-		if (record_token_event(&req->rec, req->now, &gap))
-			stats_record_itl(request_series(req), gap, req->inflight);
-		else if (req->uc)
+		if (record_token_event(&req->rec, req->now, &gap)) {
+			if (req->itl_run_n && gap != req->itl_run_gap)
+				request_flush_itl(req);
+			req->itl_run_gap = gap;
+			req->itl_run_n++;
+		} else if (req->uc) {
 			upconn_priority(req->uc, LOOP_PRIO_STREAM); /* the first token is out */
+		}
 	}
+}
+
+void request_flush_itl(struct request *req)
+{
+	if (req->itl_run_n)
+		stats_record_itl_n(request_series(req), req->itl_run_gap, req->inflight, req->itl_run_n);
+	req->itl_run_n = 0;
 }
 
 /*
@@ -565,6 +576,7 @@ void on_up_read(struct bufferevent *bev, void *arg)
 	}
 	if (cl->closing)
 		return;
+	request_flush_itl(req);
 	size_t n;
 	if (respparse_take(&req->rp, &n) == RESPPARSE_HEAD_TOO_LARGE) {
 		char msg[160];

@@ -260,6 +260,7 @@ static void request_log(struct request *req)
 		return;
 	req->logged = true;
 	accesslog_write(req->cl->px->alog, &req->rec);
+	request_flush_itl(req);
 	stats_record_request(request_series(req), &req->rec, req->inflight);
 	if (req->up) {
 		req->up->requests++;

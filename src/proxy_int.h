@@ -125,6 +125,11 @@ struct request {
 	unsigned inflight;	 /* requests in flight to the upstream at dispatch, this one included */
 	bool cold;
 	struct series *series; /* resolved once route, upstream and model are known */
+	/* ITL gaps not yet in the series: a run of equal ones (the events of
+	 * one read share a clock reading), recorded as one at the end of the
+	 * read. request_flush_itl() records them. */
+	uint64_t itl_run_gap;
+	uint64_t itl_run_n;
 	struct mirror
 		*mirror; /* its shadow copy, while the body still flows; cleared by the mirror when it ends first */
 	struct evbuffer *up_pending; /* request bytes waiting for the connection */
@@ -168,6 +173,7 @@ static inline const struct config *pcfg(const struct proxy *px)
 /* proxy.c: the client side */
 void timer_arm(struct event *ev, uint64_t ms);
 struct series *request_series(struct request *req);
+void request_flush_itl(struct request *req);
 void request_drop_upstream(struct request *req, bool reusable);
 void request_finish(struct request *req);
 void client_fail(struct client *cl, int status, enum req_error kind, const char *type, const char *msg);

@@ -106,15 +106,21 @@ struct hist *slice_hist(struct slice *s, unsigned slot);
  * flight to the upstream when it arrived, itself included. */
 void slice_record_request(struct slice *s, const struct req_record *r, unsigned inflight, const struct slo *slo);
 
-/* Records one ITL gap. */
-static inline void slice_record_itl(struct slice *s, uint64_t gap_ns, unsigned inflight)
+/* Records `n` ITL gaps of the same length. */
+static inline void slice_record_itl_n(struct slice *s, uint64_t gap_ns, unsigned inflight, uint64_t n)
 {
 	struct hist *h = slice_hist(s, HM_ITL);
 	struct hist *c = slice_hist(s, SLOT_CURVE(CURVE_ITL, log2_bucket(inflight, INFLIGHT_BUCKETS)));
 	if (h)
-		hist_record(h, gap_ns / 1000);
+		hist_record_n(h, gap_ns / 1000, n);
 	if (c)
-		hist_record(c, gap_ns / 1000);
+		hist_record_n(c, gap_ns / 1000, n);
+}
+
+/* Records one ITL gap. */
+static inline void slice_record_itl(struct slice *s, uint64_t gap_ns, unsigned inflight)
+{
+	slice_record_itl_n(s, gap_ns, inflight, 1);
 }
 
 bool slice_empty(const struct slice *s);

@@ -183,12 +183,17 @@ static void mark_dirty(struct series *se)
 	se->shard->dirty = se;
 }
 
+void stats_record_itl_n(struct series *se, uint64_t gap_ns, unsigned inflight, uint64_t n)
+{
+	if (!se || n == 0)
+		return;
+	slice_record_itl_n(&se->slice, gap_ns, inflight, n);
+	mark_dirty(se);
+}
+
 void stats_record_itl(struct series *se, uint64_t gap_ns, unsigned inflight)
 {
-	if (!se)
-		return;
-	slice_record_itl(&se->slice, gap_ns, inflight);
-	mark_dirty(se);
+	stats_record_itl_n(se, gap_ns, inflight, 1);
 }
 
 void stats_record_request(struct series *se, const struct req_record *r, unsigned inflight)

@@ -42,6 +42,8 @@ struct series *stats_series(struct stats_shard *sh, const char *route, const cha
 			    bool cold);
 
 void stats_record_itl(struct series *se, uint64_t gap_ns, unsigned inflight);
+/* `n` gaps of the same length, as one record. */
+void stats_record_itl_n(struct series *se, uint64_t gap_ns, unsigned inflight, uint64_t n);
 void stats_record_request(struct series *se, const struct req_record *r, unsigned inflight);
 
 /* Hands the pending deltas to the store now (the timer calls this). */
