@@ -35,6 +35,31 @@ void request_timer_set(struct request *req, enum req_timer kind, uint64_t ms)
 	timer_arm(req->timer, ms);
 }
 
+/*
+ * The upstream's idle timeout runs from `now`. Streaming reads come at the
+ * token rate, so the timer is not moved on each one: a read only notes its
+ * time, and a timer that fires before the upstream has been silent for the
+ * whole timeout is armed again for what is left (on_request_timer).
+ */
+void request_idle_from(struct request *req, uint64_t now)
+{
+	req->idle_from = now;
+	if (req->timer_kind != RT_IDLE)
+		request_timer_set(req, RT_IDLE, req->up->idle_timeout_ms);
+}
+
+/* The idle timer fired: true when the upstream spoke since it was set, and
+ * the timer now runs for the rest of the timeout from then. */
+static bool request_idle_rearm(struct request *req)
+{
+	uint64_t silent = clock_now_ns() - req->idle_from, limit = req->up->idle_timeout_ms * 1000000ull;
+
+	if (silent >= limit)
+		return false;
+	timer_arm(req->timer, (limit - silent + 999999) / 1000000);
+	return true;
+}
+
 void on_request_timer(evutil_socket_t fd, short what, void *arg)
 {
 	struct request *req = arg;
@@ -60,6 +85,8 @@ void on_request_timer(evutil_socket_t fd, short what, void *arg)
 			 (unsigned long long)req->up->first_byte_timeout_ms);
 		break;
 	case RT_IDLE:
+		if (request_idle_rearm(req))
+			return;
 		snprintf(msg, sizeof(msg), "upstream %s went silent for %llu ms", req->up->name,
 			 (unsigned long long)req->up->idle_timeout_ms);
 		break;
@@ -552,7 +579,7 @@ void on_up_read(struct bufferevent *bev, void *arg)
 		return;
 	req->now = clock_now_ns();
 	if (req->rp.head_done && !req->resp_done)
-		request_timer_set(req, RT_IDLE, cfg->idle_timeout_ms);
+		request_idle_from(req, req->now);
 
 	while (!req->resp_done && evbuffer_get_length(in) > req->rp.held) {
 		struct evbuffer_ptr pos;
@@ -613,7 +640,7 @@ static void on_resp_head(void *arg, const struct respparse *rp)
 
 	req->rec.status = rp->status;
 	timeline_mark(&req->rec, TL_RESP_HEADERS, req->now);
-	request_timer_set(req, RT_IDLE, pcfg(req->cl->px)->idle_timeout_ms);
+	request_idle_from(req, req->now);
 	if (rp->kind != FRAMER_NONE) {
 		req->rec.stream = 1;
 		framer_init(&req->framer, rp->kind, pcfg(req->cl->px)->max_event_size, on_stream_event, req);

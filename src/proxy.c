@@ -827,7 +827,7 @@ static void on_client_write(struct bufferevent *bev, void *arg)
 		bufferevent_setwatermark(bev, EV_WRITE, 0, 0);
 		upconn_reading(req->uc, true, 0);
 		if (req->rp.head_done && !req->resp_done)
-			request_timer_set(req, RT_IDLE, pcfg(cl->px)->idle_timeout_ms);
+			request_idle_from(req, clock_now_ns());
 		/* bytes may have arrived while reading was off */
 		if (evbuffer_get_length(bufferevent_get_input(req->uc->bev)))
 			on_up_read(req->uc->bev, req);

@@ -135,6 +135,7 @@ struct request {
 	struct evbuffer *up_pending; /* request bytes waiting for the connection */
 	struct event *timer;
 	enum req_timer timer_kind;
+	uint64_t idle_from;  /* RT_IDLE: the upstream's silence is counted from here */
 	struct respparse rp; /* its response; rp.held: bytes at the front of the input parsed, not yet moved */
 	bool resp_done, resp_started, resp_keepalive; /* the head: rp.head_done */
 	bool upstream_paused;
@@ -187,5 +188,6 @@ void request_route(struct request *req);
 void request_flush_upstream(struct request *req);
 void request_check_sent(struct request *req);
 void request_timer_set(struct request *req, enum req_timer kind, uint64_t ms);
+void request_idle_from(struct request *req, uint64_t now);
 void on_request_timer(evutil_socket_t fd, short what, void *arg);
 void on_up_read(struct bufferevent *bev, void *arg);

@@ -13,6 +13,7 @@ import time
 import unittest
 
 import harness
+import routing_helpers as rh
 from test_admin import admin_port
 
 CHAT = "/v1/chat/completions"
@@ -370,6 +371,34 @@ class UpstreamErrorsTest(harness.TestCase):
         self.assertEqual(e["error"], "timeout")
         self.assertEqual(e["token_events"], 1)
         self._fds_back(tt, fds, "after an idle timeout mid-stream (upstream still open)")
+
+    def test_upstream_idle_timeout_from_config(self):
+        # An upstream's own `timeouts.idle` (300 ms) bounds its silence, not
+        # the global one (30 s): events 100 ms apart keep the stream going
+        # well past 300 ms, and 300 ms after the last one it is cut.
+        def trickle_then_stall(sock, req, ctx):
+            harness.send_sse_head(sock)
+            for _ in range(8):
+                harness.send_chunk(sock, b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n')
+                time.sleep(0.1)
+            ctx.stop_event.wait(10)
+            return False
+
+        fu = harness.start_fake_upstream(self, trickle_then_stall)
+        tt = rh.start_conf(self, "timeouts: {idle: 30s}\n"
+                           + rh.upstreams_yaml({"slow": fu.url}, {"slow": ["timeouts: {idle: 300ms}"]})
+                           + "routes:\n  - name: all\n    match: {path_prefix: /}\n    upstream: slow\n")
+        t0 = time.monotonic()
+        resp, _ = harness.exchange(tt.port, "POST", CHAT, chat_body(True), [("x-request-id", "it-up-idle")], timeout=5)
+        elapsed = time.monotonic() - t0
+        self.assertEqual(resp.status, 200)
+        self.assertFalse(resp.complete, "a timed-out stream was ended as if complete")
+        self.assertGreaterEqual(elapsed, 0.95, "cut before 300 ms of silence after the 8th event")
+        self.assertLess(elapsed, 2.0, "the upstream's idle timeout took %.2f s" % elapsed)
+        e = harness.wait_log_entry(tt.log_path, lambda e: e.get("id") == "it-up-idle")
+        self.assertIsNotNone(e)
+        self.assertEqual(e["error"], "timeout")
+        self.assertEqual(e["token_events"], 8)
 
     def test_reset_mid_stream_isolated(self):
         """Two concurrent streams through one tokentap to one upstream; the
