@@ -393,7 +393,7 @@ void request_check_sent(struct request *req)
 		return;
 	timeline_mark(&req->rec, TL_REQ_SENT, clock_now_ns());
 	if (!req->rp.head_done)
-		request_timer_set(req, RT_FIRST_BYTE, pcfg(req->cl->px)->first_byte_timeout_ms);
+		request_timer_set(req, RT_FIRST_BYTE, req->up->first_byte_timeout_ms);
 }
 
 static void on_up_write(struct bufferevent *bev, void *arg)

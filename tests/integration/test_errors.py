@@ -318,6 +318,25 @@ class UpstreamErrorsTest(harness.TestCase):
         # The upstream still holds its end open: tokentap must close its own.
         self._fds_back(tt, fds, "after a first-byte timeout")
 
+    def test_upstream_first_byte_timeout_from_config(self):
+        # The upstream's own `timeouts.first_byte` (300 ms), not the global
+        # one (30 s), bounds the wait for its response head.
+        def silent(sock, req, ctx):
+            ctx.stop_event.wait(20)
+            return False
+
+        fu = harness.start_fake_upstream(self, silent)
+        tt = rh.start_conf(self, "timeouts: {first_byte: 30s}\n"
+                           + rh.upstreams_yaml({"mute": fu.url}, {"mute": ["timeouts: {first_byte: 300ms}"]})
+                           + "routes:\n  - name: all\n    match: {path_prefix: /}\n    upstream: mute\n")
+        t0 = time.monotonic()
+        resp, _ = harness.exchange(tt.port, "POST", CHAT, chat_body(True), [("x-request-id", "it-up-fb")], timeout=5)
+        elapsed = time.monotonic() - t0
+        self.assertProxyError(resp, 504)
+        self.assertGreaterEqual(elapsed, 0.25, "504 before the upstream's timeout ran out")
+        self.assertLess(elapsed, 1.5, "504 took %.2f s with the upstream's 300 ms first-byte timeout" % elapsed)
+        self.assertIn(b"300 ms", resp.body)
+
     def test_connect_timeout_504(self):
         bh = harness.Blackhole()
         self.addCleanup(bh.stop)
