@@ -10,9 +10,11 @@
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
+#include <linux/sockios.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 
 #include "classify.h"
 #include "log.h"
@@ -48,12 +50,39 @@ void request_idle_from(struct request *req, uint64_t now)
 		request_timer_set(req, RT_IDLE, req->up->idle_timeout_ms);
 }
 
-/* The idle timer fired: true when the upstream spoke since it was set, and
- * the timer now runs for the rest of the timeout from then. */
+/* Bytes on their way to the client: its output buffer, and the socket's send
+ * queue, which a large send buffer lets hold seconds of a slow reader's
+ * stream while the output buffer does not move. */
+static size_t client_backlog(struct client *cl)
+{
+	size_t n = evbuffer_get_length(bufferevent_get_output(cl->bev));
+	int queued = 0;
+
+	if (ioctl(bufferevent_getfd(cl->bev), SIOCOUTQ, &queued) == 0 && queued > 0)
+		n += (size_t)queued;
+	return n;
+}
+
+/*
+ * The idle timer fired: true when the side being waited on moved since it
+ * was set, and the timer now runs for the rest of the timeout from then.
+ * That side is the upstream, except while its reading is paused for a slow
+ * client: then it is the client, which moves when the bytes on their way to
+ * it shrink (a reader too slow to reach the low watermark within the timeout
+ * is still reading, and is not cut).
+ */
 static bool request_idle_rearm(struct request *req)
 {
-	uint64_t silent = clock_now_ns() - req->idle_from, limit = req->up->idle_timeout_ms * 1000000ull;
+	uint64_t now = clock_now_ns(), limit = req->up->idle_timeout_ms * 1000000ull;
 
+	if (req->upstream_paused) {
+		size_t waiting = client_backlog(req->cl);
+		if (waiting < req->paused_waiting) {
+			req->paused_waiting = waiting;
+			req->idle_from = now;
+		}
+	}
+	uint64_t silent = now - req->idle_from;
 	if (silent >= limit)
 		return false;
 	timer_arm(req->timer, (limit - silent + 999999) / 1000000);
@@ -87,6 +116,14 @@ void on_request_timer(evutil_socket_t fd, short what, void *arg)
 	case RT_IDLE:
 		if (request_idle_rearm(req))
 			return;
+		if (req->upstream_paused) {
+			/* The client's stall, not the upstream's: counted as the
+			 * client's, and the upstream's slot is freed. */
+			snprintf(msg, sizeof(msg), "client read none of %zu waiting bytes for %llu ms",
+				 req->paused_waiting, (unsigned long long)req->up->idle_timeout_ms);
+			client_fail(cl, 504, REQ_ERR_CLIENT_ABORTED, "client_timeout", msg);
+			return;
+		}
 		snprintf(msg, sizeof(msg), "upstream %s went silent for %llu ms", req->up->name,
 			 (unsigned long long)req->up->idle_timeout_ms);
 		break;
@@ -625,7 +662,10 @@ void on_up_read(struct bufferevent *bev, void *arg)
 		struct evbuffer *out = bufferevent_get_output(cl->bev);
 		client_forward(cl, in, n);
 		if (evbuffer_get_length(out) > cfg->stream_buffer) {
+			/* From here the idle clock times the client (on_request_timer). */
 			req->upstream_paused = true;
+			req->paused_waiting = client_backlog(cl);
+			req->idle_from = req->now;
 			upconn_reading(req->uc, false, 0);
 			bufferevent_setwatermark(cl->bev, EV_WRITE, cfg->stream_buffer / 2, 0);
 		}

@@ -135,8 +135,9 @@ struct request {
 	struct evbuffer *up_pending; /* request bytes waiting for the connection */
 	struct event *timer;
 	enum req_timer timer_kind;
-	uint64_t idle_from;  /* RT_IDLE: the upstream's silence is counted from here */
-	struct respparse rp; /* its response; rp.held: bytes at the front of the input parsed, not yet moved */
+	uint64_t idle_from;    /* RT_IDLE: silence is counted from here */
+	size_t paused_waiting; /* upstream_paused: the fewest bytes seen waiting for the client */
+	struct respparse rp;   /* its response; rp.held: bytes at the front of the input parsed, not yet moved */
 	bool resp_done, resp_started, resp_keepalive; /* the head: rp.head_done */
 	bool upstream_paused;
 	bool upstream_dirty; /* bytes past the response end: never reuse */
