@@ -287,6 +287,17 @@ class UpstreamErrorsTest(harness.TestCase):
         pooled here except where a test stops its upstream first."""
         self.assertFdsBack(tt, fds, timeout=FD_WAIT_S, what=what)
 
+    def _timed_with_upstream_timeout(self, behaviour, key, rid):
+        """One streamed request to a fake upstream whose own `timeouts.<key>`
+        is 300 ms under a global 30 s. Returns (response, seconds, tokentap)."""
+        fu = harness.start_fake_upstream(self, behaviour)
+        tt = rh.start_conf(self, "timeouts: {%s: 30s}\n" % key
+                           + rh.upstreams_yaml({"up": fu.url}, {"up": ["timeouts: {%s: 300ms}" % key]})
+                           + "routes:\n  - name: all\n    match: {path_prefix: /}\n    upstream: up\n")
+        t0 = time.monotonic()
+        resp, _ = harness.exchange(tt.port, "POST", CHAT, chat_body(True), [("x-request-id", rid)], timeout=5)
+        return resp, time.monotonic() - t0, tt
+
     def test_connection_refused_502(self):
         tt, fds = self._start("http://127.0.0.1:%d" % harness.free_port())
         t0 = time.monotonic()
@@ -325,13 +336,7 @@ class UpstreamErrorsTest(harness.TestCase):
             ctx.stop_event.wait(20)
             return False
 
-        fu = harness.start_fake_upstream(self, silent)
-        tt = rh.start_conf(self, "timeouts: {first_byte: 30s}\n"
-                           + rh.upstreams_yaml({"mute": fu.url}, {"mute": ["timeouts: {first_byte: 300ms}"]})
-                           + "routes:\n  - name: all\n    match: {path_prefix: /}\n    upstream: mute\n")
-        t0 = time.monotonic()
-        resp, _ = harness.exchange(tt.port, "POST", CHAT, chat_body(True), [("x-request-id", "it-up-fb")], timeout=5)
-        elapsed = time.monotonic() - t0
+        resp, elapsed, _ = self._timed_with_upstream_timeout(silent, "first_byte", "it-up-fb")
         self.assertProxyError(resp, 504)
         self.assertGreaterEqual(elapsed, 0.25, "504 before the upstream's timeout ran out")
         self.assertLess(elapsed, 1.5, "504 took %.2f s with the upstream's 300 ms first-byte timeout" % elapsed)
@@ -403,13 +408,7 @@ class UpstreamErrorsTest(harness.TestCase):
             ctx.stop_event.wait(10)
             return False
 
-        fu = harness.start_fake_upstream(self, trickle_then_stall)
-        tt = rh.start_conf(self, "timeouts: {idle: 30s}\n"
-                           + rh.upstreams_yaml({"slow": fu.url}, {"slow": ["timeouts: {idle: 300ms}"]})
-                           + "routes:\n  - name: all\n    match: {path_prefix: /}\n    upstream: slow\n")
-        t0 = time.monotonic()
-        resp, _ = harness.exchange(tt.port, "POST", CHAT, chat_body(True), [("x-request-id", "it-up-idle")], timeout=5)
-        elapsed = time.monotonic() - t0
+        resp, elapsed, tt = self._timed_with_upstream_timeout(trickle_then_stall, "idle", "it-up-idle")
         self.assertEqual(resp.status, 200)
         self.assertFalse(resp.complete, "a timed-out stream was ended as if complete")
         self.assertGreaterEqual(elapsed, 0.95, "cut before 300 ms of silence after the 8th event")
