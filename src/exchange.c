@@ -662,10 +662,10 @@ void on_up_read(struct bufferevent *bev, void *arg)
 		struct evbuffer *out = bufferevent_get_output(cl->bev);
 		client_forward(cl, in, n);
 		if (evbuffer_get_length(out) > cfg->stream_buffer) {
-			/* From here the idle clock times the client (on_request_timer). */
+			/* From here the idle clock, set at this read, times the
+			 * client (on_request_timer). */
 			req->upstream_paused = true;
 			req->paused_waiting = client_backlog(cl);
-			req->idle_from = req->now;
 			upconn_reading(req->uc, false, 0);
 			bufferevent_setwatermark(cl->bev, EV_WRITE, cfg->stream_buffer / 2, 0);
 		}

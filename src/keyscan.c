@@ -5,7 +5,7 @@
  * A position is a candidate when the literal's second byte and its
  * second-to-last byte both sit where they should (for "content": a 'c' and,
  * six bytes on, a 't'). In JSON event text that pair is rare enough that
- * the memcmp() behind it seldom runs, so the search costs about one vector
+ * the full comparison behind it seldom runs, so the search costs about one vector
  * compare pair per 16 (SSE2) or 32 (AVX2) bytes, against roughly a byte per
  * cycle for memmem() plus its per-call table set-up. AVX2 is chosen at run
  * time; builds for other architectures use memmem().

@@ -175,7 +175,6 @@ static inline const struct config *pcfg(const struct proxy *px)
 /* proxy.c: the client side */
 void timer_arm(struct event *ev, uint64_t ms);
 struct series *request_series(struct request *req);
-void request_flush_itl(struct request *req);
 void request_drop_upstream(struct request *req, bool reusable);
 void request_finish(struct request *req);
 void client_fail(struct client *cl, int status, enum req_error kind, const char *type, const char *msg);
@@ -190,5 +189,6 @@ void request_flush_upstream(struct request *req);
 void request_check_sent(struct request *req);
 void request_timer_set(struct request *req, enum req_timer kind, uint64_t ms);
 void request_idle_from(struct request *req, uint64_t now);
+void request_flush_itl(struct request *req);
 void on_request_timer(evutil_socket_t fd, short what, void *arg);
 void on_up_read(struct bufferevent *bev, void *arg);
