@@ -28,6 +28,7 @@
 static bool request_failover(struct request *req);
 static void on_up_write(struct bufferevent *bev, void *arg);
 static void on_up_event(struct bufferevent *bev, short what, void *arg);
+static const struct upconn_direct up_direct;
 
 /* ---- upstream exchange ---- */
 
@@ -203,6 +204,7 @@ static void request_connect(struct request *req)
 	req->inflight = upstream_inflight(req->up);
 	req->cold = upstream_dispatch_cold(req->up, reused, now);
 	bufferevent_setcb(req->uc->bev, on_up_read, on_up_write, on_up_event, req);
+	upconn_set_direct(req->uc, &up_direct, req);
 	bufferevent_setwatermark(req->uc->bev, EV_WRITE, 0, 0);
 	req->reused = reused;
 	if (reused) {
@@ -480,6 +482,7 @@ static bool request_replay(struct request *req)
 	req->rec.at[TL_UP_CONNECTED] = 0;
 	req->rec.at[TL_REQ_SENT] = 0;
 	bufferevent_setcb(fresh->bev, on_up_read, on_up_write, on_up_event, req);
+	upconn_set_direct(fresh, &up_direct, req);
 	bufferevent_setwatermark(fresh->bev, EV_WRITE, 0, 0);
 	request_timer_set(req, RT_CONNECT, req->up->connect_timeout_ms);
 	return true;
@@ -578,25 +581,26 @@ void request_flush_itl(struct request *req)
 }
 
 /*
- * The response is complete; its last `n` bytes are still at the front of
- * `in`. The upstream's slot and connection go back before the client sees
- * those bytes: a client that sends its next request the moment this one
- * ends (on another connection, which another worker may serve) must not
- * find this one still counted in flight.
+ * The response is complete and its last bytes are parsed but not yet sent.
+ * The upstream's slot and connection go back before the client sees those
+ * bytes: a client that sends its next request the moment this one ends (on
+ * another connection, which another worker may serve) must not find this
+ * one still counted in flight. `past_end`: the upstream sent bytes after
+ * the response, so its connection is not reused.
  */
-static void request_response_done(struct request *req, struct evbuffer *in, size_t n)
+static void request_release_upstream(struct request *req, bool past_end)
+{
+	if (past_end)
+		req->upstream_dirty = true;
+	request_drop_upstream(req, req->resp_keepalive && !req->upstream_dirty && !req->head.http10 &&
+					   req->body_done && req->rec.at[TL_REQ_SENT]);
+}
+
+/* ... and once those bytes are on their way to the client. */
+static void request_response_sent(struct request *req)
 {
 	struct client *cl = req->cl;
-	struct evbuffer *tail = cl->px->tail;
-	bool reusable;
 
-	evbuffer_remove_buffer(in, tail, n); /* a move: `in` belongs to the connection going back */
-	if (evbuffer_get_length(in))
-		req->upstream_dirty = true; /* bytes past the response: never reused */
-	reusable = req->resp_keepalive && !req->upstream_dirty && !req->head.http10 && req->body_done &&
-		   req->rec.at[TL_REQ_SENT];
-	request_drop_upstream(req, reusable);
-	client_forward(cl, tail, evbuffer_get_length(tail));
 	/* The upstream answered before the client finished its body: the rest
 	 * of that body cannot be told from a next request. */
 	if (!req->body_done)
@@ -605,12 +609,40 @@ static void request_response_done(struct request *req, struct evbuffer *in, size
 		request_finish(req);
 }
 
+static void request_bad_response(struct request *req)
+{
+	char msg[200];
+
+	snprintf(msg, sizeof(msg), "upstream %s sent an invalid response: %s", req->up->name,
+		 respparse_error(&req->rp));
+	req->upstream_dirty = true;
+	client_fail(req->cl, 502, REQ_ERR_UPSTREAM_PROTOCOL, "upstream_protocol", msg);
+}
+
+/* `n` more response bytes are on their way: past the stream buffer, the
+ * upstream waits for the client. */
+static void request_sent_on(struct request *req, size_t n)
+{
+	struct client *cl = req->cl;
+	const struct config *cfg = pcfg(cl->px);
+
+	req->rec.bytes_out += n;
+	req->resp_started = true;
+	if (evbuffer_get_length(bufferevent_get_output(cl->bev)) > cfg->stream_buffer) {
+		/* From here the idle clock, set at this read, times the client
+		 * (on_request_timer). */
+		req->upstream_paused = true;
+		req->paused_waiting = client_backlog(cl);
+		upconn_reading(req->uc, false, 0);
+		bufferevent_setwatermark(cl->bev, EV_WRITE, cfg->stream_buffer / 2, 0);
+	}
+}
+
 void on_up_read(struct bufferevent *bev, void *arg)
 {
 	struct request *req = arg;
 	struct client *cl = req->cl;
 	struct evbuffer *in = bufferevent_get_input(bev);
-	const struct config *cfg = pcfg(cl->px);
 
 	if (cl->closing)
 		return;
@@ -628,11 +660,7 @@ void on_up_read(struct bufferevent *bev, void *arg)
 			break;
 		enum respparse_status st = respparse_feed(&req->rp, v.iov_base, v.iov_len, &used);
 		if (st == RESPPARSE_INVALID || st == RESPPARSE_SWITCHING) {
-			char msg[200];
-			snprintf(msg, sizeof(msg), "upstream %s sent an invalid response: %s", req->up->name,
-				 respparse_error(&req->rp));
-			req->upstream_dirty = true;
-			client_fail(cl, 502, REQ_ERR_UPSTREAM_PROTOCOL, "upstream_protocol", msg);
+			request_bad_response(req);
 			return;
 		}
 		if (st == RESPPARSE_DONE)
@@ -650,27 +678,65 @@ void on_up_read(struct bufferevent *bev, void *arg)
 		client_fail(cl, 502, REQ_ERR_UPSTREAM_PROTOCOL, "upstream_protocol", msg);
 		return;
 	}
-	if (n) {
-		req->rec.bytes_out += n;
-		req->resp_started = true;
-	}
 	if (req->resp_done) {
-		request_response_done(req, in, n);
+		struct evbuffer *tail = cl->px->tail;
+		if (n) {
+			req->rec.bytes_out += n;
+			req->resp_started = true;
+		}
+		/* a move: `in` belongs to the connection going back */
+		evbuffer_remove_buffer(in, tail, n);
+		request_release_upstream(req, evbuffer_get_length(in) != 0);
+		client_forward(cl, tail, evbuffer_get_length(tail));
+		request_response_sent(req);
 		return;
 	}
 	if (n) {
-		struct evbuffer *out = bufferevent_get_output(cl->bev);
 		client_forward(cl, in, n);
-		if (evbuffer_get_length(out) > cfg->stream_buffer) {
-			/* From here the idle clock, set at this read, times the
-			 * client (on_request_timer). */
-			req->upstream_paused = true;
-			req->paused_waiting = client_backlog(cl);
-			upconn_reading(req->uc, false, 0);
-			bufferevent_setwatermark(cl->bev, EV_WRITE, cfg->stream_buffer / 2, 0);
-		}
+		request_sent_on(req, n);
 	}
 }
+
+/* upconn_direct: a streamed body, read straight from the socket */
+static bool up_direct_ready(void *arg)
+{
+	const struct request *req = arg;
+
+	return req->rp.head_done && !req->rp.held && !req->resp_done && !req->cl->closing;
+}
+
+static void up_direct_data(void *arg, const char *buf, size_t len)
+{
+	struct request *req = arg;
+	struct client *cl = req->cl;
+	size_t used, n;
+
+	req->now = clock_now_ns();
+	request_idle_from(req, req->now);
+	enum respparse_status st = respparse_feed(&req->rp, buf, len, &used);
+	if (st == RESPPARSE_INVALID || st == RESPPARSE_SWITCHING) {
+		request_bad_response(req);
+		return;
+	}
+	if (cl->closing)
+		return;
+	request_flush_itl(req);
+	/* the head is done: all that was used is taken */
+	if (respparse_take(&req->rp, &n) == RESPPARSE_DONE) {
+		if (n) {
+			req->rec.bytes_out += n;
+			req->resp_started = true;
+		}
+		request_release_upstream(req, used < len); /* `buf` is not the connection's */
+		if (client_forward_mem(cl, buf, n))
+			request_response_sent(req);
+		return;
+	}
+	if (n && client_forward_mem(cl, buf, n))
+		request_sent_on(req, n);
+}
+
+static const struct upconn_direct up_direct = { .ready = up_direct_ready, .data = up_direct_data };
 
 /* ---- response parser hooks (respparse.h) ---- */
 

@@ -745,6 +745,28 @@ void client_forward(struct client *cl, struct evbuffer *src, size_t n)
 		client_queue(out, src, n);
 }
 
+/* client_forward for `n` bytes in memory the caller keeps: those the socket
+ * does not take now are copied onto the output. Returns false when they
+ * could not be (no memory): the client has been closed, the stream being
+ * cut. */
+bool client_forward_mem(struct client *cl, const char *p, size_t n)
+{
+	struct evbuffer *out = bufferevent_get_output(cl->bev);
+
+	if (cl->rev && evbuffer_get_length(out) == 0) {
+		ssize_t w = send(bufferevent_getfd(cl->bev), p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (w > 0) {
+			p += w;
+			n -= (size_t)w;
+		}
+	}
+	if (n && evbuffer_add(out, p, n) == -1) {
+		client_close(cl, "no memory for the response's bytes");
+		return false;
+	}
+	return true;
+}
+
 /* New bytes are in the client's input buffer, read at cl->last_read_ns. */
 static void client_input(struct client *cl)
 {

@@ -181,6 +181,7 @@ void client_fail(struct client *cl, int status, enum req_error kind, const char 
 void client_parse(struct client *cl);
 void client_reading(struct client *cl, bool on);
 void client_forward(struct client *cl, struct evbuffer *src, size_t n);
+bool client_forward_mem(struct client *cl, const char *p, size_t n);
 
 /* exchange.c: the upstream side */
 void exchange_request_init(struct request *req); /* its response parser, with exchange.c's hooks */

@@ -409,6 +409,16 @@ static void upconn_close(struct upconn *c)
 
 #define UPCONN_READ_MAX (64u << 10) /* bytes asked of one recv() */
 
+/* The scratch buffer of upconn_direct reads. Static, per thread: a worker's
+ * reads never overlap, and each is done with before the next. */
+static _Thread_local char direct_buf[UPCONN_READ_MAX];
+
+void upconn_set_direct(struct upconn *c, const struct upconn_direct *d, void *arg)
+{
+	c->direct = d;
+	c->direct_arg = arg;
+}
+
 static void on_upconn_readable(evutil_socket_t fd, short what, void *arg)
 {
 	struct upconn *c = arg;
@@ -420,7 +430,15 @@ static void on_upconn_readable(evutil_socket_t fd, short what, void *arg)
 		bufferevent_trigger_event(bev, BEV_EVENT_TIMEOUT | BEV_EVENT_READING, 0);
 		return; /* c may be gone */
 	}
-	n = bevio_recv(bev, fd, UPCONN_READ_MAX, &msg);
+	if (c->direct && evbuffer_get_length(bufferevent_get_input(bev)) == 0 && c->direct->ready(c->direct_arg)) {
+		n = recv(fd, direct_buf, sizeof(direct_buf), MSG_DONTWAIT);
+		if (n > 0) {
+			c->direct->data(c->direct_arg, direct_buf, (size_t)n); /* c may be gone after */
+			return;
+		}
+	} else {
+		n = bevio_recv(bev, fd, UPCONN_READ_MAX, &msg);
+	}
 	if (n == BEVIO_NOMEM)
 		bufferevent_trigger_event(bev, BEV_EVENT_ERROR | BEV_EVENT_READING, 0);
 	else if (n > 0)
@@ -606,6 +624,7 @@ void upstream_release(struct upconn *c, bool reusable)
 		upconn_close(c);
 		return;
 	}
+	upconn_set_direct(c, NULL, NULL);
 	bufferevent_setcb(c->bev, on_idle_read, NULL, on_idle_event, c);
 	upconn_priority(c, LOOP_PRIO_NORMAL);
 	bufferevent_setwatermark(c->bev, EV_READ, 0, 0);

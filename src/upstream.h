@@ -56,6 +56,9 @@ struct upconn {
 	struct bufferevent *bev;
 	struct event *rev; /* plain TCP: the read event (upconn_reading); NULL over TLS */
 	bool reading;
+	/* While a request streams a body from it: see upconn_set_direct */
+	const struct upconn_direct *direct;
+	void *direct_arg;
 	TAILQ_ENTRY(upconn) link;
 	uint64_t id;
 	unsigned served; /* requests completed on this connection */
@@ -194,6 +197,24 @@ void upconn_priority(struct upconn *c, enum loop_prio prio);
  * after that long without a byte.
  */
 void upconn_reading(struct upconn *c, bool on, uint64_t timeout_ms);
+
+/*
+ * Bytes that skip the input buffer. Once a response's head has parsed, a
+ * streamed body needs no buffer of its own: it is parsed and passed on in
+ * the same call. While `ready` says so (and nothing waits in the input
+ * buffer), a plain connection's reads go into a per-thread scratch buffer
+ * and straight to `data`, which must be done with them when it returns
+ * (written to the client, or copied). This spares each read the input
+ * buffer's chain: an allocation, its bookkeeping, and its free once the
+ * bytes are written. EOF, errors and timeouts still go to the bufferevent's
+ * event callback; over TLS, or with `d` NULL, everything goes through the
+ * input buffer as before. upstream_release clears it.
+ */
+struct upconn_direct {
+	bool (*ready)(void *arg);
+	void (*data)(void *arg, const char *buf, size_t len); /* may release `c` */
+};
+void upconn_set_direct(struct upconn *c, const struct upconn_direct *d, void *arg);
 
 /* Whether a request dispatched now runs cold: on a freshly opened
  * connection while the upstream has served nothing yet in this process,

@@ -418,6 +418,36 @@ class UpstreamErrorsTest(harness.TestCase):
         self.assertEqual(e["error"], "timeout")
         self.assertEqual(e["token_events"], 8)
 
+    def test_invalid_chunk_mid_stream(self):
+        """The upstream's chunked framing breaks after two events, each in
+        its own read: the client keeps those two, then sees the stream cut
+        (not ended as if complete); the request is logged upstream_protocol
+        and the connection is not kept."""
+        events = [b'data: {"choices":[{"index":0,"delta":{"content":"t%d"}}]}\n\n' % i for i in range(2)]
+
+        def handler(sock, req, ctx):
+            harness.send_sse_head(sock)
+            for ev in events:
+                time.sleep(0.03)
+                harness.send_chunk(sock, ev)
+            time.sleep(0.03)
+            sock.sendall(b"zz\r\nnot a chunk\r\n")
+            time.sleep(0.5)
+            return False
+
+        fu = harness.start_fake_upstream(self, handler)
+        tt, fds = self._start(fu.url)
+        resp, _ = harness.exchange(tt.port, "POST", CHAT, chat_body(True), [("x-request-id", "it-badchunk")],
+                                   timeout=5)
+        self.assertEqual(resp.status, 200)
+        self.assertFalse(resp.complete, "a broken stream was ended as if complete")
+        self.assertEqual(resp.body, b"".join(events))
+        e = self._entry("it-badchunk")
+        self.assertEqual(e["error"], "upstream_protocol")
+        self.assertEqual(e["token_events"], 2)
+        fu.stop()
+        self._fds_back(tt, fds, "after an upstream broke its chunked framing")
+
     def test_reset_mid_stream_isolated(self):
         """Two concurrent streams through one tokentap to one upstream; the
         upstream resets one mid-stream. The other completes byte for byte."""

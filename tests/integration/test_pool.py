@@ -6,6 +6,7 @@ to keep whole and no response byte had come back — and not otherwise."""
 
 import socket
 import threading
+import time
 import unittest
 
 import harness
@@ -111,6 +112,42 @@ class PoolRetryTest(harness.TestCase):
         self.assertEqual(resp.status, 502)
         self.assertEqual(resp.json()["error"]["type"], "upstream_reset")
         self.assertEqual(self.up.connections, 1)
+
+
+class PastTheEndTest(harness.TestCase):
+    """An upstream that sends bytes after a response has ended has lost track
+    of the exchange: its connection is closed, never pooled, so whatever it
+    sent there cannot be read as the next request's answer. The head goes
+    out alone first, so the body and the stray bytes arrive in a later read
+    (the path that reads a streamed body straight from the socket)."""
+
+    EVENT = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+
+    def test_stray_bytes_after_a_streamed_body(self):
+        def handler(sock, req, ctx):
+            if req.header("x-behave") == "stray":
+                harness.send_sse_head(sock)
+                time.sleep(0.05)
+                sock.sendall(b"%x\r\n%s\r\n0\r\n\r\n" % (len(self.EVENT), self.EVENT)
+                             + b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nstale")
+            else:
+                body = b'{"ok":true}'
+                sock.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\n\r\n%s" % (len(body), body))
+            return True
+
+        fu = harness.start_fake_upstream(self, handler)
+        tt = harness.start_tokentap(self, fu.url, "--workers", "1")
+        resp, _ = harness.exchange(tt.port, "POST", "/v1/chat/completions", rh.chat(stream=True),
+                                   [("x-behave", "stray")])
+        self.assertEqual(resp.status, 200)
+        self.assertTrue(resp.complete)
+        self.assertEqual(resp.body, self.EVENT)
+        resp, _ = harness.exchange(tt.port, "POST", "/v1/chat/completions", rh.chat(), [("x-behave", "ok")])
+        self.assertEqual(resp.status, 200)
+        self.assertEqual(resp.body, b'{"ok":true}')
+        self.assertEqual(fu.accepted, 2, "the connection that sent stray bytes was used again")
+        self.assertEqual(fu.errors, [])
 
 
 if __name__ == "__main__":
