@@ -253,6 +253,7 @@ struct mirror *mirror_start(const struct mirror_env *env, struct upstream *up, c
 	m->rec.stream = primary->stream;
 	m->rec.upstream = up->name;
 	m->rec.mirror = true;
+	m->rec.itl_keep = m->env.alog != NULL;
 	m->rec.usage = USAGE_UNKNOWN;
 	/* the shadow's clock starts when the client's request did: its ttft
 	 * compares with the primary's on the same footing */

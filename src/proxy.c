@@ -196,6 +196,7 @@ static struct request *request_new(struct client *cl)
 	}
 	req->rec.usage = USAGE_UNKNOWN;
 	req->rec.stream = -1;
+	req->rec.itl_keep = cl->px->alog != NULL;
 	req->rt = cl->px->router;
 	router_ref(req->rt);
 	req->rec.at[TL_ARRIVE] = cl->last_read_ns ? cl->last_read_ns : clock_now_ns();

@@ -45,20 +45,14 @@ void recent_push(struct recent *rc, const struct req_record *r, unsigned infligh
 {
 	struct recent_entry e;
 	struct timeval tv;
-	uint64_t sum = 0, max = 0;
 
 	if (!rc)
 		return;
 	memcpy(&e.rec, r, sizeof(*r));
 	e.rec.itl_ns = NULL;
 	e.rec.itl_cap = 0;
-	for (size_t i = 0; i < r->itl_n; i++) {
-		sum += r->itl_ns[i];
-		if (r->itl_ns[i] > max)
-			max = r->itl_ns[i];
-	}
-	e.itl_mean_ms = r->itl_n ? (double)sum / (double)r->itl_n / 1e6 : NAN;
-	e.itl_max_ms = r->itl_n ? (double)max / 1e6 : NAN;
+	e.itl_mean_ms = r->itl_total ? (double)r->itl_sum / (double)r->itl_total / 1e6 : NAN;
+	e.itl_max_ms = r->itl_total ? (double)r->itl_max / 1e6 : NAN;
 	gettimeofday(&tv, NULL);
 	e.unix_ms = (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
 	e.inflight = inflight;

@@ -57,7 +57,10 @@ bool record_token_event(struct req_record *r, uint64_t now, uint64_t *gap_out)
 	*gap_out = gap;
 	r->at[TL_LAST_TOKEN] = now;
 	r->itl_total++;
-	if (r->itl_n == ITL_SAMPLES_MAX)
+	r->itl_sum += gap;
+	if (gap > r->itl_max)
+		r->itl_max = gap;
+	if (!r->itl_keep || r->itl_n == ITL_SAMPLES_MAX)
 		return true;
 	if (r->itl_n == r->itl_cap) {
 		size_t cap = r->itl_cap ? r->itl_cap * 2 : 64;

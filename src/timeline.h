@@ -93,9 +93,13 @@ struct req_record {
 	uint64_t events, token_events;
 	uint64_t bytes_in, bytes_out;
 	uint64_t at[TL__COUNT];
-	uint64_t *itl_ns; /* gaps between token events, the first ITL_SAMPLES_MAX */
+	/* The gaps themselves (the first ITL_SAMPLES_MAX), kept only with
+	 * itl_keep: the access log writes them out, nothing else needs them. */
+	uint64_t *itl_ns;
 	size_t itl_n, itl_cap;
-	uint64_t itl_total; /* all gaps, also past the cap */
+	bool itl_keep;
+	uint64_t itl_total;	     /* all gaps, also past the cap */
+	uint64_t itl_sum, itl_max; /* of all gaps, in ns */
 	bool mirror;	    /* a shadow copy: measured, its response dropped */
 };
 

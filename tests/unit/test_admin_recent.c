@@ -235,7 +235,7 @@ static void test_ring_snapshot(void **state)
 	struct recent *rc = recent_new(3);
 	struct recent_entry out[5];
 	struct req_record r;
-	uint64_t gaps[] = { 10 * MS, 30 * MS };
+	uint64_t gap;
 
 	assert_non_null(rc);
 	assert_int_equal(recent_capacity(rc), 3);
@@ -244,10 +244,17 @@ static void test_ring_snapshot(void **state)
 	for (int i = 0; i < 5; i++) {
 		memset(&r, 0, sizeof(r));
 		snprintf(r.id, sizeof(r.id), "r%d", i);
-		r.itl_ns = gaps;
-		r.itl_n = 2;
-		r.itl_total = 2;
+		/* the gaps are kept only for an access log; the ring's mean and
+		 * max come out the same either way */
+		r.itl_keep = i % 2 == 0;
+		assert_false(record_token_event(&r, MS, &gap));
+		assert_true(record_token_event(&r, 11 * MS, &gap));
+		assert_true(record_token_event(&r, 41 * MS, &gap));
+		assert_int_equal(gap, 30 * MS);
+		assert_int_equal(r.itl_total, 2);
+		assert_int_equal(r.itl_n, r.itl_keep ? 2 : 0);
 		recent_push(rc, &r, (unsigned)i + 1, i == 4);
+		record_release(&r);
 	}
 	assert_int_equal(recent_snapshot(rc, out, 5), 3);
 	assert_string_equal(out[0].rec.id, "r4");
@@ -258,6 +265,8 @@ static void test_ring_snapshot(void **state)
 	assert_null(out[0].rec.itl_ns); /* never a pointer into a finished request */
 	assert_float_equal(out[0].itl_mean_ms, 20.0, 1e-9);
 	assert_float_equal(out[0].itl_max_ms, 30.0, 1e-9);
+	assert_float_equal(out[1].itl_mean_ms, 20.0, 1e-9); /* r3: gaps not kept */
+	assert_float_equal(out[1].itl_max_ms, 30.0, 1e-9);
 	assert_int_equal(recent_snapshot(rc, out, 1), 1);
 	assert_string_equal(out[0].rec.id, "r4");
 	recent_free(rc);

@@ -47,6 +47,7 @@ static void remove_dir(char *d)
 static void fake_request(struct req_record *r, uint64_t ttft_us, unsigned tokens, uint64_t itl_us)
 {
 	memset(r, 0, sizeof(*r));
+	r->itl_keep = true; /* the tests replay the gaps */
 	r->usage.input_tokens = 10;
 	r->usage.output_tokens = tokens;
 	r->status = 200;
