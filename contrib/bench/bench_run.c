@@ -546,6 +546,7 @@ static void conn_issue(struct conn *c)
 	q->seq = seq;
 	q->warmup = seq < o->warmup;
 	q->rec.usage = USAGE_UNKNOWN;
+	q->rec.itl_keep = r->reqlog != NULL; /* the request log lists the gaps */
 	q->in_len = dist_draw(&o->input_len, o->seed ^ 0x1f2e3d4cu, seq, 1);
 	q->out_len = dist_draw(&o->output_len, o->seed ^ 0x5a6b7c8du, seq, 1);
 	snprintf(q->rec.id, sizeof(q->rec.id), "bench-%s-%llu", o->run_id, (unsigned long long)(r->id_base + seq));

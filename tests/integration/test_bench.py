@@ -97,6 +97,7 @@ class DirectToSimulator(BenchCase):
                 self.assertEqual(r["output_tokens"], self.TOKENS, r)
                 self.assertEqual(r["token_events"], self.TOKENS, r)
                 self.assertEqual(r["itl_count"], self.TOKENS - 1, r)
+                self.assertEqual(len(r["itl_ms"]), self.TOKENS - 1, "every gap in the request log")
                 self.assertEqual(r["input_tokens"], r["input_len"], "4 bytes per token, as the simulator counts")
                 self.assertRegex(r["id"], r"^bench-[0-9A-Za-z_.]+-\d+$")
             self.assertEqual(res["output_tokens"], 12 * self.TOKENS)
@@ -179,6 +180,8 @@ class ThroughTokentap(BenchCase):
             self.assertEqual(c["input_tokens"], e["input_tokens"], (c, e))
             self.assertEqual(c["token_events"], e["token_events"], (c, e))
             self.assertEqual(c["itl_count"], e["itl_count"], (c, e))
+            self.assertEqual(len(c["itl_ms"]), len(e["itl_ms"]), (c, e))
+            self.assertEqual(len(c["itl_ms"]), c["itl_count"], c)
         series = stats["series"]
         self.assertEqual(len(series), 1, series)
         s = series[0]
