@@ -37,6 +37,7 @@ struct mirror {
 	struct mirror **owner;
 	bool detached, body_complete;
 	uint64_t now;
+	uint64_t itl_run_gap, itl_run_n; /* equal ITL gaps not yet recorded */
 };
 
 static void timer_set(struct mirror *m, enum mirror_timer kind, uint64_t ms)
@@ -46,14 +47,28 @@ static void timer_set(struct mirror *m, enum mirror_timer kind, uint64_t ms)
 	evtimer_add(m->timer, &tv);
 }
 
+static struct series *mirror_series(struct mirror *m)
+{
+	return stats_series(m->env.stats, m->route, m->up->name, m->rec.model, false);
+}
+
+/* The events of one read share a clock reading: their gaps (mostly 0 at a
+ * high event rate) are recorded as a run, once per read, as a primary's. */
+static void mirror_flush_itl(struct mirror *m)
+{
+	if (m->itl_run_n)
+		stats_record_itl_n(mirror_series(m), m->itl_run_gap, upstream_inflight(m->up), m->itl_run_n);
+	m->itl_run_n = 0;
+}
+
 /* Ends the shadow exchange: measured (unless skipped), then freed. */
 static void mirror_end(struct mirror *m, enum req_error err, bool record)
 {
+	mirror_flush_itl(m);
 	if (err != REQ_ERR_NONE && m->rec.error == REQ_ERR_NONE)
 		m->rec.error = err;
 	if (record) {
-		struct series *se = stats_series(m->env.stats, m->route, m->up->name, m->rec.model, false);
-		stats_record_request(se, &m->rec, upstream_inflight(m->up));
+		stats_record_request(mirror_series(m), &m->rec, upstream_inflight(m->up));
 		if (m->rec.error != REQ_ERR_NONE)
 			m->up->errors[m->rec.error]++;
 		m->up->requests++;
@@ -93,8 +108,10 @@ static void on_event_frame(void *arg, const struct framer_event *ev)
 	m->rec.events++;
 	timeline_mark(&m->rec, TL_FIRST_EVENT, m->now);
 	if (classify_event(m->rec.api, ev, &m->rec.usage) && record_token_event(&m->rec, m->now, &gap)) {
-		struct series *se = stats_series(m->env.stats, m->route, m->up->name, m->rec.model, false);
-		stats_record_itl(se, gap, upstream_inflight(m->up));
+		if (m->itl_run_n && gap != m->itl_run_gap)
+			mirror_flush_itl(m);
+		m->itl_run_gap = gap;
+		m->itl_run_n++;
 	}
 }
 
@@ -156,6 +173,7 @@ static void on_read(struct bufferevent *bev, void *arg)
 		if (rs == RESPPARSE_DONE)
 			break;
 	}
+	mirror_flush_itl(m);
 	/* the bytes are dropped, not forwarded: take only bounds the head */
 	if (respparse_take(&m->rp, &n) == RESPPARSE_HEAD_TOO_LARGE) {
 		mirror_end(m, REQ_ERR_UPSTREAM_PROTOCOL, true);

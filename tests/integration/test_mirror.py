@@ -99,6 +99,14 @@ class MirrorTest(harness.TestCase):
         # the shadow, 15 ms slower to first token, shows so on its own series
         self.assertGreater(statistics.median(e["ttft_ms"] for e in mirrored),
                            statistics.median(e["ttft_ms"] for e in primary) + 10)
+        # every gap of every shadow stream is in the shadow's series
+        gaps = sum(e["itl_count"] for e in mirrored)
+        self.assertGreater(gaps, 0)
+
+        def shadow_itl():
+            r, _ = harness.exchange(admin, "GET", "/stats?window=all&upstream=shadow")
+            return sum(se["metrics"]["itl"]["count"] for se in r.json()["series"])
+        self.assertTrue(harness.wait_until(lambda: shadow_itl() == gaps, 5.0), (shadow_itl(), gaps))
 
     def test_slow_mirror_leaves_primary_ttft_alone(self):
         shadow = harness.start_sim(self, "--ttft-ms", "400", "--itl-ms", "50", "--model", "shadow")
