@@ -53,6 +53,11 @@ bool record_token_event(struct req_record *r, uint64_t now, uint64_t *gap_out)
 		r->at[TL_LAST_TOKEN] = now;
 		return false;
 	}
+	/* Stamps from a kernel receive time mapped onto CLOCK_MONOTONIC can
+	 * land a little before the previous one (the mapping's offset is taken
+	 * again each second): the timeline does not go back, the gap is 0. */
+	if (now < r->at[TL_LAST_TOKEN])
+		now = r->at[TL_LAST_TOKEN];
 	uint64_t gap = now - r->at[TL_LAST_TOKEN];
 	*gap_out = gap;
 	r->at[TL_LAST_TOKEN] = now;
