@@ -592,8 +592,8 @@ static void request_release_upstream(struct request *req, bool past_end)
 {
 	if (past_end)
 		req->upstream_dirty = true;
-	request_drop_upstream(req, req->resp_keepalive && !req->upstream_dirty && !req->head.http10 &&
-					   req->body_done && req->rec.at[TL_REQ_SENT]);
+	request_drop_upstream(req, req->resp_keepalive && !req->upstream_dirty && !req->head.http10 && req->body_done &&
+					   req->rec.at[TL_REQ_SENT]);
 }
 
 /* ... and once those bytes are on their way to the client. */

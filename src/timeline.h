@@ -98,9 +98,9 @@ struct req_record {
 	uint64_t *itl_ns;
 	size_t itl_n, itl_cap;
 	bool itl_keep;
-	uint64_t itl_total;	     /* all gaps, also past the cap */
+	uint64_t itl_total;	   /* all gaps, also past the cap */
 	uint64_t itl_sum, itl_max; /* of all gaps, in ns */
-	bool mirror;	    /* a shadow copy: measured, its response dropped */
+	bool mirror;		   /* a shadow copy: measured, its response dropped */
 };
 
 static inline uint64_t clock_now_ns(void)
