@@ -619,15 +619,22 @@ static void request_bad_response(struct request *req)
 	client_fail(req->cl, 502, REQ_ERR_UPSTREAM_PROTOCOL, "upstream_protocol", msg);
 }
 
-/* `n` more response bytes are on their way: past the stream buffer, the
- * upstream waits for the client. */
-static void request_sent_on(struct request *req, size_t n)
+/* `n` response bytes are the client's: counted, and the response has begun. */
+static void request_count_out(struct request *req, size_t n)
+{
+	if (n) {
+		req->rec.bytes_out += n;
+		req->resp_started = true;
+	}
+}
+
+/* Response bytes are on their way: past the stream buffer, the upstream
+ * waits for the client. */
+static void request_check_backlog(struct request *req)
 {
 	struct client *cl = req->cl;
 	const struct config *cfg = pcfg(cl->px);
 
-	req->rec.bytes_out += n;
-	req->resp_started = true;
 	if (evbuffer_get_length(bufferevent_get_output(cl->bev)) > cfg->stream_buffer) {
 		/* From here the idle clock, set at this read, times the client
 		 * (on_request_timer). */
@@ -678,12 +685,9 @@ void on_up_read(struct bufferevent *bev, void *arg)
 		client_fail(cl, 502, REQ_ERR_UPSTREAM_PROTOCOL, "upstream_protocol", msg);
 		return;
 	}
+	request_count_out(req, n);
 	if (req->resp_done) {
 		struct evbuffer *tail = cl->px->tail;
-		if (n) {
-			req->rec.bytes_out += n;
-			req->resp_started = true;
-		}
 		/* a move: `in` belongs to the connection going back */
 		evbuffer_remove_buffer(in, tail, n);
 		request_release_upstream(req, evbuffer_get_length(in) != 0);
@@ -693,7 +697,7 @@ void on_up_read(struct bufferevent *bev, void *arg)
 	}
 	if (n) {
 		client_forward(cl, in, n);
-		request_sent_on(req, n);
+		request_check_backlog(req);
 	}
 }
 
@@ -722,18 +726,16 @@ static void up_direct_data(void *arg, const char *buf, size_t len)
 		return;
 	request_flush_itl(req);
 	/* the head is done: all that was used is taken */
-	if (respparse_take(&req->rp, &n) == RESPPARSE_DONE) {
-		if (n) {
-			req->rec.bytes_out += n;
-			req->resp_started = true;
-		}
+	bool done = respparse_take(&req->rp, &n) == RESPPARSE_DONE;
+	request_count_out(req, n);
+	if (done) {
 		request_release_upstream(req, used < len); /* `buf` is not the connection's */
 		if (client_forward_mem(cl, buf, n))
 			request_response_sent(req);
 		return;
 	}
 	if (n && client_forward_mem(cl, buf, n))
-		request_sent_on(req, n);
+		request_check_backlog(req);
 }
 
 static const struct upconn_direct up_direct = { .ready = up_direct_ready, .data = up_direct_data };
