@@ -194,6 +194,20 @@ static int is_json_space(char c)
 	return c == ' ' || c == '\t' || c == '\r' || c == '\n';
 }
 
+/* An NDJSON line without its LF: an event without a trailing CR, unless it
+ * is blank. */
+static void ndjson_line(struct framer *f, const char *line, size_t n)
+{
+	if (n && line[n - 1] == '\r')
+		n--;
+	for (size_t i = 0; i < n; i++) {
+		if (!is_json_space(line[i])) {
+			framer_emit(f, NULL, 0, line, n);
+			return;
+		}
+	}
+}
+
 /* A line end was reached (the terminator itself is not in buf). */
 static void framer_line_end(struct framer *f)
 {
@@ -201,16 +215,8 @@ static void framer_line_end(struct framer *f)
 	f->state = LINE_START;
 
 	if (f->kind == FRAMER_NDJSON) {
-		if (state == LINE_STORE) {
-			size_t n = f->len;
-			if (n && f->buf[n - 1] == '\r')
-				n--;
-			size_t i = 0;
-			while (i < n && is_json_space(f->buf[i]))
-				i++;
-			if (i < n)
-				framer_emit(f, NULL, 0, f->buf, n);
-		}
+		if (state == LINE_STORE)
+			ndjson_line(f, f->buf, f->len);
 		f->len = 0;
 		return;
 	}
@@ -244,15 +250,7 @@ static const char *frame_in_place(struct framer *f, const char *p, const char *e
 	if (line_len == 0 || line_len > f->max_event)
 		return NULL;
 	if (f->kind == FRAMER_NDJSON) {
-		size_t n = line_len;
-		if (p[n - 1] == '\r')
-			n--;
-		for (size_t i = 0; i < n; i++) {
-			if (!is_json_space(p[i])) {
-				framer_emit(f, NULL, 0, p, n);
-				break;
-			}
-		}
+		ndjson_line(f, p, line_len);
 		return eol + 1;
 	}
 	const char *next;
