@@ -182,6 +182,14 @@ static void request_write_head(struct request *req)
 }
 
 /* A slot on req->up is ours: take a connection and send. */
+/* `uc`'s reads, writes and events are the request's from now on. */
+static void request_bind(struct request *req, struct upconn *uc)
+{
+	bufferevent_setcb(uc->bev, on_up_read, on_up_write, on_up_event, req);
+	upconn_set_direct(uc, &up_direct, req);
+	bufferevent_setwatermark(uc->bev, EV_WRITE, 0, 0);
+}
+
 static void request_connect(struct request *req)
 {
 	struct client *cl = req->cl;
@@ -203,9 +211,7 @@ static void request_connect(struct request *req)
 	}
 	req->inflight = upstream_inflight(req->up);
 	req->cold = upstream_dispatch_cold(req->up, reused, now);
-	bufferevent_setcb(req->uc->bev, on_up_read, on_up_write, on_up_event, req);
-	upconn_set_direct(req->uc, &up_direct, req);
-	bufferevent_setwatermark(req->uc->bev, EV_WRITE, 0, 0);
+	request_bind(req, req->uc);
 	req->reused = reused;
 	if (reused) {
 		/* A pooled connection may have been closed by the server a moment
@@ -481,9 +487,7 @@ static bool request_replay(struct request *req)
 	req->replay = NULL;
 	req->rec.at[TL_UP_CONNECTED] = 0;
 	req->rec.at[TL_REQ_SENT] = 0;
-	bufferevent_setcb(fresh->bev, on_up_read, on_up_write, on_up_event, req);
-	upconn_set_direct(fresh, &up_direct, req);
-	bufferevent_setwatermark(fresh->bev, EV_WRITE, 0, 0);
+	request_bind(req, fresh);
 	request_timer_set(req, RT_CONNECT, req->up->connect_timeout_ms);
 	return true;
 }
