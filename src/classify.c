@@ -20,6 +20,11 @@
  * together with the type of their value, is unambiguous in each API's event
  * shape (e.g. OpenAI's logprobs.content is an array, delta.content a string).
  *
+ * The events of one stream look alike, so the caller may keep a hint (struct
+ * classify_hint) of where the last one held its text: the key is then found
+ * in one vector step instead of a search through the id, model and nesting
+ * in front of it. Only the "usage" search still runs to each event's end.
+ *
  * The rules are documented for operators in docs/metrics.md; keep both in
  * step.
  */
@@ -106,9 +111,14 @@ static const char *skip_space(const char *p, const char *end)
 
 /* Finds the next occurrence of the quoted key `qkey` (as made by KEY()) at or
  * after *from, and returns a pointer to its value (after ':' and blanks), or
- * NULL when there is none. *from is moved past the hit, so a caller can loop
+ * NULL when there is none. *from is moved past the key, so a caller can loop
  * over every occurrence. Hits inside string values are skipped (see the file
- * header for why the backslash parity is enough). */
+ * header for why the backslash parity is enough). Whether a hit is a key
+ * depends only on the bytes around it, and a rejected hit moves the search
+ * on by one byte, not past the hit: in bytes that are not JSON an
+ * occurrence can start inside a rejected one, and it is visited too. So
+ * the hits accepted from any starting point are exactly those at or after
+ * it, which is what lets a hint start the search anywhere. */
 static const char *key_find(const struct span *s, const char **from, const char *qkey, size_t qlen)
 {
 	const char *p = *from;
@@ -116,19 +126,19 @@ static const char *key_find(const struct span *s, const char **from, const char 
 		const char *hit = keyscan_find(p, s->end, qkey, qlen);
 		if (hit == NULL)
 			break;
-		p = hit + qlen;
+		p = hit + 1;
 		size_t bs = 0;
 		while (hit - bs > s->p && hit[-(ptrdiff_t)bs - 1] == '\\')
 			bs++;
 		if (bs & 1)
 			continue;
-		const char *v = skip_space(p, s->end);
+		const char *v = skip_space(hit + qlen, s->end);
 		if (v >= s->end || *v != ':')
 			continue; /* a string value, not a key */
 		v = skip_space(v + 1, s->end);
 		if (v >= s->end)
 			break;
-		*from = p;
+		*from = hit + qlen;
 		return v;
 	}
 	*from = s->end;
@@ -162,26 +172,74 @@ static int value_is_literal(const struct span *s, const char *v, const char *lit
 	return (size_t)(s->end - v) >= n && memcmp(v, lit, n) == 0;
 }
 
-/* Some occurrence of key `qkey` has a non-empty string value. */
-static int any_nonempty_string(const struct span *s, const char *qkey, size_t qlen)
+/* ---- token keys ---------------------------------------------------------- */
+
+/* A key whose non-empty value marks an event as token-bearing: a string
+ * (the text) or, for tool calls, an array. */
+struct token_key {
+	const char *qkey; /* quoted, as made by KEY() */
+	size_t qlen;
+	bool array;
+};
+
+#define TEXT(k) \
+	{ \
+		KEY(k), false \
+	}
+#define LIST(k) \
+	{ \
+		KEY(k), true \
+	}
+#define NKEYS(a) (sizeof(a) / sizeof((a)[0]))
+
+static bool value_holds_text(const struct span *s, const char *v, const struct token_key *k)
 {
-	const char *from = s->p;
-	const char *v;
-	while ((v = key_find(s, &from, qkey, qlen)) != NULL)
-		if (value_is_nonempty_string(s, v))
-			return 1;
-	return 0;
+	return k->array ? value_is_nonempty_array(s, v) : value_is_nonempty_string(s, v);
 }
 
-/* Some occurrence of key `qkey` has a non-empty array value. */
-static int any_nonempty_array(const struct span *s, const char *qkey, size_t qlen)
+/* Searches [*from, end) for an occurrence of key k whose value holds text;
+ * on success leaves *from just past that key. */
+static bool key_holds_text(const struct span *s, const char **from, const struct token_key *k)
 {
-	const char *from = s->p;
 	const char *v;
-	while ((v = key_find(s, &from, qkey, qlen)) != NULL)
-		if (value_is_nonempty_array(s, v))
-			return 1;
-	return 0;
+	while ((v = key_find(s, from, k->qkey, k->qlen)) != NULL)
+		if (value_holds_text(s, v, k))
+			return true;
+	return false;
+}
+
+/*
+ * Some occurrence of one of the keys holds text. With a hint, the key that
+ * held it in the stream's last token event is looked for first from where
+ * it was. That probe can only confirm: key_find() judges a hit by the bytes
+ * around it (the backslashes before it, the ':' after it), not by where the
+ * search began, so a hit it accepts from any starting point is one the full
+ * search visits too. When the probe finds nothing, every key is searched
+ * from the event's start, exactly as without a hint.
+ */
+static bool any_key_holds_text(const struct span *s, const struct token_key *keys, size_t n, struct classify_hint *hint)
+{
+	size_t len = (size_t)(s->end - s->p);
+
+	if (hint && hint->rule > 0 && hint->rule <= n && hint->at < len) {
+		const struct token_key *k = &keys[hint->rule - 1];
+		const char *from = s->p + hint->at;
+		if (key_holds_text(s, &from, k)) {
+			hint->at = (uint32_t)(from - k->qlen - s->p);
+			return true;
+		}
+	}
+	for (size_t i = 0; i < n; i++) {
+		const char *from = s->p;
+		if (key_holds_text(s, &from, &keys[i])) {
+			if (hint && (size_t)(from - s->p) - keys[i].qlen <= UINT32_MAX) {
+				hint->rule = (uint8_t)(i + 1);
+				hint->at = (uint32_t)(from - keys[i].qlen - s->p);
+			}
+			return true;
+		}
+	}
+	return false;
 }
 
 /* Some occurrence of key `qkey` has an object value. */
@@ -368,10 +426,20 @@ static void usage_anthropic_delta(const struct span *s, const char *root, struct
 
 /* ---- per-API event rules ----------------------------------------------- */
 
-static bool classify_openai_chat(const struct span *s, struct usage *u)
+static const struct token_key openai_chat_keys[] = {
+	TEXT("content"),
+	TEXT("reasoning_content"),
+	TEXT("reasoning"),
+	LIST("tool_calls"),
+};
+static const struct token_key content_key[] = { TEXT("content") };
+static const struct token_key text_key[] = { TEXT("text") };
+static const struct token_key ollama_generate_keys[] = { TEXT("response"), TEXT("thinking") };
+static const struct token_key ollama_chat_keys[] = { TEXT("content"), TEXT("thinking"), LIST("tool_calls") };
+
+static bool classify_openai_chat(const struct span *s, struct usage *u, struct classify_hint *h)
 {
-	bool token = any_nonempty_string(s, KEY("content")) || any_nonempty_string(s, KEY("reasoning_content")) ||
-		     any_nonempty_string(s, KEY("reasoning")) || any_nonempty_array(s, KEY("tool_calls"));
+	bool token = any_key_holds_text(s, openai_chat_keys, NKEYS(openai_chat_keys), h);
 	/* "usage":null rides on every chunk with include_usage; only an
 	 * object carries counts (the final chunk, or every chunk with vLLM's
 	 * continuous usage stats). */
@@ -380,9 +448,9 @@ static bool classify_openai_chat(const struct span *s, struct usage *u)
 	return token;
 }
 
-static bool classify_llamacpp(const struct span *s, struct usage *u)
+static bool classify_llamacpp(const struct span *s, struct usage *u, struct classify_hint *h)
 {
-	bool token = any_nonempty_string(s, KEY("content"));
+	bool token = any_key_holds_text(s, content_key, NKEYS(content_key), h);
 	if (u && (keyscan_find(s->p, s->end, KEY("tokens_predicted")) != NULL || any_object(s, KEY("timings"))))
 		usage_llamacpp(s, s->p, u);
 	return token;
@@ -391,12 +459,12 @@ static bool classify_llamacpp(const struct span *s, struct usage *u)
 /* OpenAI completions put text in choices[].text. llama.cpp's /completions
  * alias answers in its native shape, without "choices": read that as
  * llama.cpp. */
-static bool classify_completions(const struct span *s, struct usage *u)
+static bool classify_completions(const struct span *s, struct usage *u, struct classify_hint *h)
 {
 	const char *from = s->p;
 	if (key_find(s, &from, KEY("choices")) == NULL && keyscan_find(s->p, s->end, KEY("content")))
-		return classify_llamacpp(s, u);
-	bool token = any_nonempty_string(s, KEY("text"));
+		return classify_llamacpp(s, u, h);
+	bool token = any_key_holds_text(s, text_key, NKEYS(text_key), h);
 	if (u && any_object(s, KEY("usage")))
 		usage_openai(s, s->p, u);
 	return token;
@@ -457,21 +525,20 @@ static bool classify_tgi(const struct span *s, struct usage *u)
 /* Ollama NDJSON: /api/generate streams "response" (and "thinking" for
  * reasoning models), /api/chat streams message.content / message.thinking
  * and whole tool calls in message.tool_calls. */
-static bool classify_ollama(enum api_kind api, const struct span *s, struct usage *u)
+static bool classify_ollama(enum api_kind api, const struct span *s, struct usage *u, struct classify_hint *h)
 {
 	bool token;
 	if (api == API_OLLAMA_GENERATE)
-		token = any_nonempty_string(s, KEY("response")) || any_nonempty_string(s, KEY("thinking"));
+		token = any_key_holds_text(s, ollama_generate_keys, NKEYS(ollama_generate_keys), h);
 	else
-		token = any_nonempty_string(s, KEY("content")) || any_nonempty_string(s, KEY("thinking")) ||
-			any_nonempty_array(s, KEY("tool_calls"));
+		token = any_key_holds_text(s, ollama_chat_keys, NKEYS(ollama_chat_keys), h);
 	if (u && (keyscan_find(s->p, s->end, KEY("eval_count")) != NULL ||
 		  keyscan_find(s->p, s->end, KEY("prompt_eval_count")) != NULL))
 		usage_ollama(s, s->p, u);
 	return token;
 }
 
-bool classify_event(enum api_kind api, const struct framer_event *ev, struct usage *usage)
+bool classify_event(enum api_kind api, const struct framer_event *ev, struct usage *usage, struct classify_hint *hint)
 {
 	if (ev == NULL || ev->data == NULL)
 		return false;
@@ -484,13 +551,13 @@ bool classify_event(enum api_kind api, const struct framer_event *ev, struct usa
 		return false;
 
 	switch (api) {
-	case API_OPENAI_CHAT: return classify_openai_chat(&s, usage);
-	case API_OPENAI_COMPLETIONS: return classify_completions(&s, usage);
+	case API_OPENAI_CHAT: return classify_openai_chat(&s, usage, hint);
+	case API_OPENAI_COMPLETIONS: return classify_completions(&s, usage, hint);
 	case API_ANTHROPIC: return classify_anthropic(ev, &s, usage);
 	case API_TGI: return classify_tgi(&s, usage);
-	case API_LLAMACPP: return classify_llamacpp(&s, usage);
+	case API_LLAMACPP: return classify_llamacpp(&s, usage, hint);
 	case API_OLLAMA_GENERATE:
-	case API_OLLAMA_CHAT: return classify_ollama(api, &s, usage);
+	case API_OLLAMA_CHAT: return classify_ollama(api, &s, usage, hint);
 	case API_UNKNOWN: break;
 	}
 	return false;

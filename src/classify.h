@@ -40,9 +40,22 @@ enum api_kind classify_api(const char *path, size_t len);
 /* Short stable name for logs: "openai-chat", "anthropic", ... */
 const char *classify_api_name(enum api_kind api);
 
+/* Where the last token-bearing event of a stream proved itself: which of
+ * its API's token keys, at what offset. The events of one stream share
+ * their head (id, model, the same nesting up to the text), so the next one
+ * is probed there first instead of searched from its start. A hint only
+ * ever makes the answer cheaper, never different: a probe can confirm a
+ * token, and when it does not the event is searched in full. Zero it for
+ * each response. */
+struct classify_hint {
+	uint32_t at;  /* offset of the key that held the text */
+	uint8_t rule; /* 1 + index of that key in the API's token keys; 0: none yet */
+};
+
 /* Classifies one streamed event. Returns true when it bears tokens. Updates
- * `usage` when the event carries counts (later values win field by field). */
-bool classify_event(enum api_kind api, const struct framer_event *ev, struct usage *usage);
+ * `usage` when the event carries counts (later values win field by field).
+ * `hint` may be NULL (each event decided on its own). */
+bool classify_event(enum api_kind api, const struct framer_event *ev, struct usage *usage, struct classify_hint *hint);
 
 /* Reads usage from a whole non-streamed JSON response body. */
 void classify_body(enum api_kind api, const char *body, size_t len, struct usage *usage);

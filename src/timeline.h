@@ -90,6 +90,7 @@ struct req_record {
 	int status; /* upstream status, or the status tokentap answered; 0 none */
 	enum req_error error;
 	struct usage usage;
+	struct classify_hint hint; /* where the stream's last token event held its text */
 	uint64_t events, token_events;
 	uint64_t bytes_in, bytes_out;
 	uint64_t at[TL__COUNT];

@@ -9,7 +9,9 @@
  *
  * Checked: the body framed in one piece and in pieces gives the same events
  * (names and data, byte for byte), the same counters and the same
- * classification for every API; `events` equals the number of callbacks; no
+ * classification for every API; classifying with a per-stream hint (started
+ * at a place the input picks) answers exactly as without one, event by
+ * event, usage included; `events` equals the number of callbacks; no
  * event is larger than the bound; NDJSON events have no name and no line
  * end; SSE data holds no CR. ASan/UBSan catch the rest.
  */
@@ -39,6 +41,8 @@ struct run {
 	uint64_t digest[MAX_EVENTS]; /* hash of (name, data) */
 	uint8_t tokens[MAX_EVENTS];  /* bit i: token-bearing for apis[i] */
 	struct usage usage[NAPI];
+	struct usage usage_hinted[NAPI];
+	struct classify_hint hint[NAPI];
 };
 
 static void on_event(void *arg, const struct framer_event *ev)
@@ -64,9 +68,12 @@ static void on_event(void *arg, const struct framer_event *ev)
 	h = fuzz_fnv(h, ev->data, ev->data_len);
 	uint8_t tok = 0;
 	for (size_t i = 0; i < NAPI; i++) {
-		if (classify_event(apis[i], ev, &r->usage[i]))
+		bool t = classify_event(apis[i], ev, &r->usage[i], NULL);
+		if (t)
 			tok |= (uint8_t)(1u << i);
 		CHECK(r->usage[i].input_tokens >= -1 && r->usage[i].output_tokens >= -1);
+		CHECK(classify_event(apis[i], ev, &r->usage_hinted[i], &r->hint[i]) == t);
+		CHECK(memcmp(&r->usage[i], &r->usage_hinted[i], sizeof(r->usage[i])) == 0);
 	}
 	if (r->n < MAX_EVENTS) {
 		r->digest[r->n] = h;
@@ -75,14 +82,22 @@ static void on_event(void *arg, const struct framer_event *ev)
 	r->n++;
 }
 
-static void run_framer(struct run *r, const uint8_t *body, size_t len, const uint8_t *split, struct framer *out)
+/* `seed` (NSPLIT bytes) picks the hints a run starts from; `split`, when
+ * not NULL, cuts the body into pieces. */
+static void run_framer(struct run *r, const uint8_t *body, size_t len, const uint8_t *seed, const uint8_t *split,
+		       struct framer *out)
 {
 	struct framer f;
 
 	r->callbacks = 0;
 	r->n = 0;
-	for (size_t i = 0; i < NAPI; i++)
-		r->usage[i] = USAGE_UNKNOWN;
+	for (size_t i = 0; i < NAPI; i++) {
+		r->usage[i] = r->usage_hinted[i] = USAGE_UNKNOWN;
+		/* Any hint is allowed to be wrong: start from one the input
+		 * chooses, not only from none. */
+		r->hint[i].rule = (uint8_t)(seed[i % NSPLIT] % 5);
+		r->hint[i].at = seed[(i + 1) % NSPLIT];
+	}
 	framer_init(&f, r->kind, r->max_event, on_event, r);
 	if (!split) {
 		framer_feed(&f, (const char *)body, len);
@@ -118,8 +133,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	const uint8_t *body = data + 1 + NSPLIT;
 	size_t len = size - 1 - NSPLIT;
 
-	run_framer(&whole, body, len, NULL, &fw);
-	run_framer(&pieces, body, len, split, &fp);
+	run_framer(&whole, body, len, split, NULL, &fw);
+	run_framer(&pieces, body, len, split, split, &fp);
 
 	CHECK(fw.events == fp.events);
 	CHECK(fw.oversized == fp.oversized);

@@ -80,7 +80,7 @@ static void on_event(void *arg, const struct framer_event *ev)
 	h = fuzz_fnv(h, ev->data, ev->data_len);
 	uint8_t tok = 0;
 	for (size_t i = 0; i < NAPI; i++)
-		if (classify_event(apis[i], ev, &r->usage[i]))
+		if (classify_event(apis[i], ev, &r->usage[i], NULL))
 			tok |= (uint8_t)(1u << i);
 	if (r->n < MAX_EVENTS) {
 		r->digest[r->n] = h;

@@ -29,7 +29,14 @@ static const char *J(const char *s)
 	return b;
 }
 
-/* Classifies `data` (taken as is) under the SSE event name `name`. */
+/* One hint per API, carried across every event of every test in this file:
+ * whatever shape the last token event had, a hint must never change an
+ * answer, only how fast it comes. */
+static struct classify_hint hints[API_OLLAMA_CHAT + 1];
+
+/* Classifies `data` (taken as is) under the SSE event name `name`, once on
+ * its own and once with the API's running hint; both must agree, usage
+ * included. */
 static bool tok_named(enum api_kind api, const char *name, const char *data, struct usage *u)
 {
 	struct framer_event ev = {
@@ -44,7 +51,13 @@ static bool tok_named(enum api_kind api, const char *name, const char *data, str
 	assert_non_null(copy);
 	memcpy(copy, data, ev.data_len);
 	ev.data = copy;
-	bool r = classify_event(api, &ev, u);
+	struct usage hinted = u ? *u : USAGE_UNKNOWN;
+	bool r = classify_event(api, &ev, u, NULL);
+	assert_int_equal(classify_event(api, &ev, u ? &hinted : NULL, &hints[api]), r);
+	if (u) {
+		assert_int_equal(hinted.input_tokens, u->input_tokens);
+		assert_int_equal(hinted.output_tokens, u->output_tokens);
+	}
 	free(copy);
 	return r;
 }
@@ -283,6 +296,52 @@ static void test_escaped_quotes_do_not_fool_scan(void **state)
 			"\"\\\"type\\\":\\\"message_start\\\"\"}}",
 			&u));
 	assert_false(tok(API_ANTHROPIC, "{\"type\":\"ping\",\"x\":\"\\\"type\\\":\\\"content_block_delta\\\"\"}", &u));
+}
+
+/* What the hint remembers, and that no hint, however placed, changes an
+ * answer (tok() checks every call against the unhinted one). */
+static void test_hint(void **state)
+{
+	struct classify_hint *h = &hints[API_OPENAI_CHAT];
+	const char *ev;
+
+	/* The hint follows the key that held the text. */
+	*h = (struct classify_hint){ 0 };
+	ev = J(OAI_HEAD "'choices':[{'index':0,'delta':{'content':'Hi'},'finish_reason':null}]}");
+	assert_true(tok(API_OPENAI_CHAT, ev, NULL));
+	assert_int_equal(h->rule, 1);
+	assert_int_equal(h->at, strstr(ev, "\"content\"") - ev);
+	ev = J(OAI_HEAD "'choices':[{'index':0,'delta':{'reasoning_content':'Hm'},'finish_reason':null}]}");
+	assert_true(tok(API_OPENAI_CHAT, ev, NULL));
+	assert_int_equal(h->rule, 2);
+	assert_int_equal(h->at, strstr(ev, "\"reasoning_content\"") - ev);
+	/* An event without text leaves it where it was. */
+	assert_false(
+		tok(API_OPENAI_CHAT, J(OAI_HEAD "'choices':[{'index':0,'delta':{},'finish_reason':'stop'}]}"), NULL));
+	assert_int_equal(h->rule, 2);
+
+	/* Placed past the event's end. */
+	*h = (struct classify_hint){ 100000, 1 };
+	assert_true(tok(API_OPENAI_CHAT, J("{'content':'x'}"), NULL));
+	*h = (struct classify_hint){ 100000, 200 };
+	assert_true(tok(API_OPENAI_CHAT, J("{'content':'x'}"), NULL));
+
+	/* Placed on a key quoted inside a string value: the backslash before
+	 * it still counts, so the probe does not confirm it. */
+	ev = J("{'a':'say \\'content\\':\\'x\\'','content':''}");
+	*h = (struct classify_hint){ (uint32_t)(strstr(ev, "\"content\\") - ev), 1 };
+	assert_false(tok(API_OPENAI_CHAT, ev, NULL));
+
+	/* Occurrences that overlap: the second "content" starts at the quote
+	 * that ends the first. Not JSON, but both searches must see the same
+	 * occurrences, so one that starts inside an earlier one is visited
+	 * too, with a hint on it or not. */
+	ev = J("{'x':'content'content':'hi'}");
+	*h = (struct classify_hint){ 0 };
+	assert_true(tok(API_OPENAI_CHAT, ev, NULL));
+	*h = (struct classify_hint){ 13, 1 };
+	assert_true(tok(API_OPENAI_CHAT, ev, NULL));
+	(void)state;
 }
 
 static void test_openai_completions(void **state)
@@ -528,7 +587,7 @@ static void test_unknown_api(void **state)
 			 J("{'choices':[{'delta':{'content':'x'}}],'usage':{'prompt_tokens':1,'completion_tokens':1}}"),
 			 &u));
 	assert_int_equal(u.input_tokens, -1);
-	assert_false(classify_event(API_OPENAI_CHAT, NULL, &u));
+	assert_false(classify_event(API_OPENAI_CHAT, NULL, &u, NULL));
 }
 
 static void body(enum api_kind api, const char *json, struct usage *u)
@@ -676,6 +735,7 @@ int main(void)
 		cmocka_unit_test(test_openai_chat_reasoning_and_tools),
 		cmocka_unit_test(test_openai_chat_shapes),
 		cmocka_unit_test(test_escaped_quotes_do_not_fool_scan),
+		cmocka_unit_test(test_hint),
 		cmocka_unit_test(test_openai_completions),
 		cmocka_unit_test(test_anthropic_stream),
 		cmocka_unit_test(test_tgi_stream),
