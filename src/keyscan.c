@@ -69,13 +69,18 @@ static inline const char *check(const char *c, unsigned mask, const char *q, siz
 	return NULL;
 }
 
-static const char *find_sse2(const char *c, const char *stop, const char *q, size_t qlen)
+/*
+ * The vector loops only find the next step with a candidate: they return
+ * its start and leave the candidates in *mask (0 when there is none up to
+ * `final`). They call nothing, so the two broadcast needles stay in
+ * registers; the confirmation, which may call memcmp(), runs in the caller.
+ * Without this split the needles were spilled to the stack and reloaded on
+ * every step.
+ */
+static const char *step_sse2(const char *c, const char *final, const char *q, size_t qlen, unsigned *mask)
 {
-	if (stop - c < 15)
-		return find_scalar(c, stop, q, qlen);
 	const __m128i first = _mm_set1_epi8(q[1]);
 	const __m128i last = _mm_set1_epi8(q[qlen - 2]);
-	const char *final = stop - 15;
 	for (;;) {
 		unsigned skip = 0;
 		if (c > final) {
@@ -84,7 +89,21 @@ static const char *find_sse2(const char *c, const char *stop, const char *q, siz
 		}
 		__m128i a = _mm_cmpeq_epi8(first, _mm_loadu_si128((const __m128i *)(const void *)(c + 1)));
 		__m128i b = _mm_cmpeq_epi8(last, _mm_loadu_si128((const __m128i *)(const void *)(c + qlen - 2)));
-		unsigned mask = (unsigned)_mm_movemask_epi8(_mm_and_si128(a, b)) >> skip << skip;
+		*mask = (unsigned)_mm_movemask_epi8(_mm_and_si128(a, b)) >> skip << skip;
+		if (*mask || c == final)
+			return c;
+		c += 16;
+	}
+}
+
+static const char *find_sse2(const char *c, const char *stop, const char *q, size_t qlen)
+{
+	if (stop - c < 15)
+		return find_scalar(c, stop, q, qlen);
+	const char *final = stop - 15;
+	for (;;) {
+		unsigned mask;
+		c = step_sse2(c, final, q, qlen, &mask);
 		const char *hit = mask ? check(c, mask, q, qlen) : NULL;
 		if (hit || c == final)
 			return hit;
@@ -92,14 +111,11 @@ static const char *find_sse2(const char *c, const char *stop, const char *q, siz
 	}
 }
 
-__attribute__((target("avx2"))) static const char *find_avx2(const char *c, const char *stop, const char *q,
-							     size_t qlen)
+__attribute__((target("avx2"))) static const char *step_avx2(const char *c, const char *final, const char *q,
+							     size_t qlen, unsigned *mask)
 {
-	if (stop - c < 31)
-		return find_sse2(c, stop, q, qlen);
 	const __m256i first = _mm256_set1_epi8(q[1]);
 	const __m256i last = _mm256_set1_epi8(q[qlen - 2]);
-	const char *final = stop - 31;
 	for (;;) {
 		unsigned skip = 0;
 		if (c > final) {
@@ -108,7 +124,22 @@ __attribute__((target("avx2"))) static const char *find_avx2(const char *c, cons
 		}
 		__m256i a = _mm256_cmpeq_epi8(first, _mm256_loadu_si256((const __m256i *)(const void *)(c + 1)));
 		__m256i b = _mm256_cmpeq_epi8(last, _mm256_loadu_si256((const __m256i *)(const void *)(c + qlen - 2)));
-		unsigned mask = (unsigned)_mm256_movemask_epi8(_mm256_and_si256(a, b)) >> skip << skip;
+		*mask = (unsigned)_mm256_movemask_epi8(_mm256_and_si256(a, b)) >> skip << skip;
+		if (*mask || c == final)
+			return c;
+		c += 32;
+	}
+}
+
+__attribute__((target("avx2"))) static const char *find_avx2(const char *c, const char *stop, const char *q,
+							     size_t qlen)
+{
+	if (stop - c < 31)
+		return find_sse2(c, stop, q, qlen);
+	const char *final = stop - 31;
+	for (;;) {
+		unsigned mask;
+		c = step_avx2(c, final, q, qlen, &mask);
 		const char *hit = mask ? check(c, mask, q, qlen) : NULL;
 		if (hit || c == final)
 			return hit;

@@ -728,9 +728,11 @@ def run_latency_scenario(key, targets, bins, args, work):
             s["wall_s"] = round(wall, 2)
             runs[t.name].append(s)
             cpu[t.name] += ticks
-            print("  (%s) round %d/%d %-8s ttft p50 %7.3f p99 %7.3f  itl p50 %7.3f p99 %7.3f  %9.0f events/s%s"
+            per_m = (ticks / CLK_TCK) / s["events_forwarded"] * 1e6 if t.proc and s["events_forwarded"] else None
+            print("  (%s) round %d/%d %-8s ttft p50 %7.3f p99 %7.3f  itl p50 %7.3f p99 %7.3f  %9.0f events/s%s%s"
                   % (key, r + 1, rounds, t.name, s["ttft_p50"] or 0, s["ttft_p99"] or 0, s["itl_p50"] or 0,
                      s["itl_p99"] or 0, s["events_per_s"] or 0,
+                     "  %.3g cpu s/M ev" % per_m if per_m is not None else "",
                      "  ERRORS %s" % s["error_kinds"] if s["errors"] else ""), file=sys.stderr)
     out = {}
     for t in targets:
