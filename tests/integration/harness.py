@@ -123,7 +123,7 @@ class Process:
     """A child process whose stderr is drained by a thread (so a chatty child
     never blocks on a full pipe) and kept for diagnostics."""
 
-    def __init__(self, argv, ready_re, name, cwd=None, stdout_path=None):
+    def __init__(self, argv, ready_re, name, cwd=None, stdout_path=None, env=None):
         self.argv = list(argv)
         self.name = name
         self.cwd = cwd
@@ -139,6 +139,7 @@ class Process:
                 stderr=subprocess.PIPE,
                 start_new_session=True,
                 cwd=cwd,
+                env=env,
             )
         finally:
             if stdout_path:

@@ -1,0 +1,163 @@
+"""test_serve_script.py — contrib/serve.sh, the part of the README's main
+command (contrib/run.sh) that starts tokentap, with the simulator as its
+upstream when none is given.
+
+A signal to the script must do what the same signal to tokentap does, and
+nothing more: SIGTERM, or SIGINT sent to the whole process group as a
+terminal's Ctrl-C is, drains tokentap once (a stream in flight ends whole,
+its upstream still there until tokentap is done) and then nothing of it is
+left running; SIGHUP reaches tokentap and stops nothing. Every process the
+script starts is found through /proc and stopped again by its PID should a
+test fail.
+"""
+
+import json
+import os
+import signal
+import threading
+import time
+import unittest
+
+import harness
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SERVE = os.path.join(ROOT, "contrib", "serve.sh")
+CHAT = "/v1/chat/completions"
+READY_RE = r"tokentap \S+ listening on 127\.0\.0\.1:(\d+)"
+TOKENS = 20
+ITL_MS = 50  # a stream of about one second, to signal into
+
+
+def children(pid):
+    """The PIDs of pid's children, from /proc."""
+    kids = []
+    task_dir = "/proc/%d/task" % pid
+    for tid in os.listdir(task_dir):
+        with open(os.path.join(task_dir, tid, "children")) as f:
+            kids += [int(x) for x in f.read().split()]
+    return kids
+
+
+def running(pid):
+    """pid exists and is not a zombie waiting to be reaped."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def sim_requests(port):
+    """Requests the simulator on `port` has received (GET /sim/stats)."""
+    conn = harness.HttpConn(port)
+    try:
+        conn.send(b"GET /sim/stats HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        return json.loads(conn.read_response().body)["requests"]
+    finally:
+        conn.close()
+
+
+def kill_left(pids):
+    for pid in pids:
+        if running(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+class ServeScriptTest(harness.TestCase):
+    def start(self, *args, env=None):
+        """serve.sh on an ephemeral port, admin and store off; returns the
+        script's Process, tokentap's port and the PIDs the script started."""
+        p = harness.Process([SERVE, "--listen", "127.0.0.1:0", "--admin", "off", "--data-dir", "off"] + list(args),
+                            READY_RE, "serve.sh", env=dict(os.environ, **(env or {})))
+        self.addCleanup(p.stop)
+        kids = children(p.pid)
+        self.addCleanup(kill_left, kids)
+        return p, int(p.match.group(1)), kids
+
+    def start_with_sim(self):
+        """serve.sh without --upstream; returns its Process, tokentap's port,
+        the simulator's port and the PIDs the script started."""
+        sim_port = harness.free_port()
+        p, port, kids = self.start(env={"TOKENTAP_SIM_LISTEN": "127.0.0.1:%d" % sim_port})
+        self.assertEqual(len(kids), 2, "expected the simulator and tokentap under serve.sh: %r" % kids)
+        return p, port, sim_port, kids
+
+    def stream_in_background(self, port, sim_port):
+        """Starts one streamed request of about a second and returns once
+        the simulator has it; returns a dict that gets the response (or
+        the error) and the thread."""
+        out = {}
+
+        def run():
+            try:
+                out["resp"], _ = harness.exchange(port, "POST", CHAT, harness.api_body("openai-chat"),
+                                                  harness.sim_headers(ttft=0, itl=ITL_MS, tokens=TOKENS),
+                                                  timeout=15)
+            except Exception as e:  # reported by the test
+                out["error"] = repr(e)
+
+        before = sim_requests(sim_port)
+        th = threading.Thread(target=run, daemon=True)
+        th.start()
+        self.assertTrue(harness.wait_until(lambda: sim_requests(sim_port) > before, timeout=5),
+                        "the request never reached the simulator")
+        time.sleep(0.1)  # a few tokens out
+        return out, th
+
+    def assert_whole_stream(self, out):
+        self.assertNotIn("error", out)
+        resp = out["resp"]
+        self.assertEqual(resp.status, 200)
+        self.assertTrue(resp.complete, "the stream in flight was cut")
+        events = harness.events_of(resp)
+        self.assertEqual(sum(1 for e in events if harness.is_token_event("openai-chat", e)), TOKENS)
+        self.assertEqual(events[-1].data, "[DONE]")
+
+    def assert_all_gone(self, p, kids, signame):
+        p.proc.wait(15)
+        self.assertEqual(p.proc.returncode, 0, p.stderr_text())
+        self.assertTrue(harness.wait_until(lambda: not any(running(k) for k in kids), timeout=5),
+                        "still running after serve.sh exited: %r" % [k for k in kids if running(k)])
+        log = p.stderr_text()
+        self.assertEqual(log.count("received %s: draining" % signame), 1, log)
+        self.assertNotIn("again: stopping now", log)
+        self.assertNotRegex(log, harness.SANITIZER_RE)
+
+    def test_sigterm_drains_then_stops_both(self):
+        p, port, sim_port, kids = self.start_with_sim()
+        out, th = self.stream_in_background(port, sim_port)
+        os.kill(p.pid, signal.SIGTERM)
+        th.join(15)
+        self.assert_whole_stream(out)
+        self.assert_all_gone(p, kids, "SIGTERM")
+
+    def test_ctrl_c_drains_once(self):
+        # A terminal sends SIGINT to every process in its foreground group;
+        # the simulator must not go first, nor tokentap get it twice.
+        p, port, sim_port, kids = self.start_with_sim()
+        out, th = self.stream_in_background(port, sim_port)
+        os.killpg(p.pid, signal.SIGINT)  # the script leads its own group (harness.Process)
+        th.join(15)
+        self.assert_whole_stream(out)
+        self.assert_all_gone(p, kids, "SIGINT")
+
+    def test_given_upstream_and_sighup(self):
+        sim = harness.start_sim(self)
+        p, port, kids = self.start("--upstream", sim.url)
+        self.assertEqual(len(kids), 1, "expected only tokentap under serve.sh: %r" % kids)
+        os.kill(p.pid, signal.SIGHUP)
+        self.assertTrue(harness.wait_until(lambda: "received SIGHUP" in p.stderr_text(), timeout=5),
+                        p.stderr_text())
+        self.assertTrue(p.alive() and running(kids[0]), "SIGHUP stopped something")
+        out, th = self.stream_in_background(port, sim.port)
+        th.join(15)
+        self.assert_whole_stream(out)
+        os.kill(p.pid, signal.SIGTERM)
+        self.assert_all_gone(p, kids, "SIGTERM")
+
+
+if __name__ == "__main__":
+    unittest.main()
