@@ -182,14 +182,6 @@ struct token_key {
 	bool array;
 };
 
-#define TEXT(k) \
-	{ \
-		KEY(k), false \
-	}
-#define LIST(k) \
-	{ \
-		KEY(k), true \
-	}
 #define NKEYS(a) (sizeof(a) / sizeof((a)[0]))
 
 static bool value_holds_text(const struct span *s, const char *v, const struct token_key *k)
@@ -426,16 +418,20 @@ static void usage_anthropic_delta(const struct span *s, const char *root, struct
 
 /* ---- per-API event rules ----------------------------------------------- */
 
+/* Each API's token keys, in the order they are searched; `true` marks a
+ * key whose value is an array (tool calls). */
 static const struct token_key openai_chat_keys[] = {
-	TEXT("content"),
-	TEXT("reasoning_content"),
-	TEXT("reasoning"),
-	LIST("tool_calls"),
+	{ KEY("content"), false },
+	{ KEY("reasoning_content"), false },
+	{ KEY("reasoning"), false },
+	{ KEY("tool_calls"), true },
 };
-static const struct token_key content_key[] = { TEXT("content") };
-static const struct token_key text_key[] = { TEXT("text") };
-static const struct token_key ollama_generate_keys[] = { TEXT("response"), TEXT("thinking") };
-static const struct token_key ollama_chat_keys[] = { TEXT("content"), TEXT("thinking"), LIST("tool_calls") };
+static const struct token_key content_key[] = { { KEY("content"), false } };
+static const struct token_key text_key[] = { { KEY("text"), false } };
+static const struct token_key ollama_generate_keys[] = { { KEY("response"), false }, { KEY("thinking"), false } };
+static const struct token_key ollama_chat_keys[] = { { KEY("content"), false },
+						     { KEY("thinking"), false },
+						     { KEY("tool_calls"), true } };
 
 static bool classify_openai_chat(const struct span *s, struct usage *u, struct classify_hint *h)
 {
