@@ -200,6 +200,16 @@ static bool key_holds_text(const struct span *s, const char **from, const struct
 	return false;
 }
 
+/* Notes in the hint that key number `rule` (1-based) held text at offset
+ * `at`; an offset past what the hint can hold is not noted. */
+static void hint_note(struct classify_hint *hint, size_t rule, size_t at)
+{
+	if (at <= UINT32_MAX) {
+		hint->rule = (uint8_t)rule;
+		hint->at = (uint32_t)at;
+	}
+}
+
 /*
  * Some occurrence of one of the keys holds text. With a hint, the key that
  * held it in the stream's last token event is looked for first from where
@@ -217,17 +227,15 @@ static bool any_key_holds_text(const struct span *s, const struct token_key *key
 		const struct token_key *k = &keys[hint->rule - 1];
 		const char *from = s->p + hint->at;
 		if (key_holds_text(s, &from, k)) {
-			hint->at = (uint32_t)(from - k->qlen - s->p);
+			hint_note(hint, hint->rule, (size_t)(from - s->p) - k->qlen);
 			return true;
 		}
 	}
 	for (size_t i = 0; i < n; i++) {
 		const char *from = s->p;
 		if (key_holds_text(s, &from, &keys[i])) {
-			if (hint && (size_t)(from - s->p) - keys[i].qlen <= UINT32_MAX) {
-				hint->rule = (uint8_t)(i + 1);
-				hint->at = (uint32_t)(from - keys[i].qlen - s->p);
-			}
+			if (hint)
+				hint_note(hint, i + 1, (size_t)(from - s->p) - keys[i].qlen);
 			return true;
 		}
 	}
