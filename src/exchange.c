@@ -181,7 +181,6 @@ static void request_write_head(struct request *req)
 	evbuffer_free(out);
 }
 
-/* A slot on req->up is ours: take a connection and send. */
 /* `uc`'s reads, writes and events are the request's from now on. */
 static void request_bind(struct request *req, struct upconn *uc)
 {
@@ -190,6 +189,7 @@ static void request_bind(struct request *req, struct upconn *uc)
 	bufferevent_setwatermark(uc->bev, EV_WRITE, 0, 0);
 }
 
+/* A slot on req->up is ours: take a connection and send. */
 static void request_connect(struct request *req)
 {
 	struct client *cl = req->cl;
