@@ -96,19 +96,29 @@ static const char *step_sse2(const char *c, const char *final, const char *q, si
 	}
 }
 
+typedef const char *step_fn(const char *c, const char *final, const char *q, size_t qlen, unsigned *mask);
+
+/* The search over starts c .. final + width - 1, `width` per step: the
+ * step finds candidates, check() confirms them. Inlined into each
+ * caller with its own step. */
+static inline __attribute__((always_inline)) const char *find_steps(const char *c, const char *final, const char *q,
+								    size_t qlen, step_fn *step, size_t width)
+{
+	for (;;) {
+		unsigned mask;
+		c = step(c, final, q, qlen, &mask);
+		const char *hit = mask ? check(c, mask, q, qlen) : NULL;
+		if (hit || c == final)
+			return hit;
+		c += width;
+	}
+}
+
 static const char *find_sse2(const char *c, const char *stop, const char *q, size_t qlen)
 {
 	if (stop - c < 15)
 		return find_scalar(c, stop, q, qlen);
-	const char *final = stop - 15;
-	for (;;) {
-		unsigned mask;
-		c = step_sse2(c, final, q, qlen, &mask);
-		const char *hit = mask ? check(c, mask, q, qlen) : NULL;
-		if (hit || c == final)
-			return hit;
-		c += 16;
-	}
+	return find_steps(c, stop - 15, q, qlen, step_sse2, 16);
 }
 
 __attribute__((target("avx2"))) static const char *step_avx2(const char *c, const char *final, const char *q,
@@ -136,15 +146,7 @@ __attribute__((target("avx2"))) static const char *find_avx2(const char *c, cons
 {
 	if (stop - c < 31)
 		return find_sse2(c, stop, q, qlen);
-	const char *final = stop - 31;
-	for (;;) {
-		unsigned mask;
-		c = step_avx2(c, final, q, qlen, &mask);
-		const char *hit = mask ? check(c, mask, q, qlen) : NULL;
-		if (hit || c == final)
-			return hit;
-		c += 32;
-	}
+	return find_steps(c, stop - 31, q, qlen, step_avx2, 32);
 }
 
 const char *keyscan_find(const char *p, const char *end, const char *q, size_t qlen)
