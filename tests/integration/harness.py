@@ -104,13 +104,25 @@ def admin_port(tt, timeout=5.0):
     return found[0]
 
 
+def _stat_state(path):
+    """The state letter (R, S, T, Z, ...) in a /proc stat file."""
+    with open(path) as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def process_state(pid):
+    """pid's state letter, or None when there is no such process."""
+    try:
+        return _stat_state("/proc/%d/stat" % pid)
+    except FileNotFoundError:
+        return None
+
+
 def all_threads_stopped(pid):
     """Whether every thread of `pid` is in the stopped state (after SIGSTOP)."""
     tasks = os.listdir("/proc/%d/task" % pid)
     for t in tasks:
-        with open("/proc/%d/task/%s/stat" % (pid, t)) as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        if state not in ("T", "t"):
+        if _stat_state("/proc/%d/task/%s/stat" % (pid, t)) not in ("T", "t"):
             return False
     return bool(tasks)
 
@@ -237,15 +249,20 @@ class Sim(Process):
         self.url = "http://%s:%d" % (LOOPBACK, self.port)
 
     def stats(self):
-        conn = HttpConn(self.port)
-        try:
-            conn.send(b"GET /sim/stats HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-            resp = conn.read_response()
-        finally:
-            conn.close()
-        if resp.status != 200:
-            raise RuntimeError("GET /sim/stats: status %d" % resp.status)
-        return json.loads(resp.body)
+        return sim_stats(self.port)
+
+
+def sim_stats(port):
+    """GET /sim/stats from the simulator on `port`, as a dict."""
+    conn = HttpConn(port)
+    try:
+        conn.send(b"GET /sim/stats HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        resp = conn.read_response()
+    finally:
+        conn.close()
+    if resp.status != 200:
+        raise RuntimeError("GET /sim/stats: status %d" % resp.status)
+    return json.loads(resp.body)
 
 
 class Tokentap(Process):

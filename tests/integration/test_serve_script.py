@@ -11,7 +11,6 @@ script starts is found through /proc and stopped again by its PID should a
 test fail.
 """
 
-import json
 import os
 import signal
 import threading
@@ -40,21 +39,12 @@ def children(pid):
 
 def running(pid):
     """pid exists and is not a zombie waiting to be reaped."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    return harness.process_state(pid) not in (None, "Z")
 
 
 def sim_requests(port):
-    """Requests the simulator on `port` has received (GET /sim/stats)."""
-    conn = harness.HttpConn(port)
-    try:
-        conn.send(b"GET /sim/stats HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        return json.loads(conn.read_response().body)["requests"]
-    finally:
-        conn.close()
+    """Requests the simulator on `port` has received."""
+    return harness.sim_stats(port)["requests"]
 
 
 def kill_left(pids):
