@@ -55,7 +55,6 @@ enum req_timer { RT_NONE, RT_QUEUE, RT_CONNECT, RT_FIRST_BYTE, RT_IDLE };
 /* Client input kept unparsed while a response runs (pipelined requests). */
 #define CLIENT_INPUT_MAX (64u << 10)
 #define RESP_BODY_MAX (1u << 20)
-#define REQUEST_ID_MAX 128
 /* A request this small (head and body) is kept whole when it goes out on a
  * pooled connection, to be sent again should that connection turn out to
  * have been closed by the server. */

@@ -72,6 +72,11 @@ enum req_error {
 		REQ_ERR__COUNT
 };
 
+/* The longest request id kept: a client's x-request-id longer than this is
+ * replaced by a generated one, so the id the log and the upstream see is
+ * always the same, whole. */
+#define REQUEST_ID_MAX 128
+
 /* At most this many ITL gaps are kept per request for the access log. */
 #define ITL_SAMPLES_MAX 4096
 
@@ -80,7 +85,7 @@ enum req_error {
  * handed read-only to the access log (and, later, the stats recorder).
  */
 struct req_record {
-	char id[72];
+	char id[REQUEST_ID_MAX + 1];
 	char method[16];
 	char path[256]; /* without the query string, truncated to fit */
 	char model[128];

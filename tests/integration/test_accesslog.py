@@ -170,6 +170,37 @@ class AccessLogTest(LogChecks):
                                  harness.sim_headers(ttft=0, itl=0, tokens=3))
         self.assertNotEqual(self.sim.stats()["last_request_id"], sim_id)
 
+    def test_long_request_id_kept_whole(self):
+        """An id of any acceptable length (up to 128 bytes) is the same in the
+        log, upstream and back at the client: none of them truncates it."""
+        body = harness.api_body("openai-chat", True)
+        for n in (71, 72, 100, 128):
+            with self.subTest(length=n):
+                rid = ("it-al-long-%d-" % n).ljust(n, "x")
+                resp, _, _, _ = measure(self.tt.port, "openai-chat", "/v1/chat/completions", body,
+                                        harness.sim_headers(ttft=0, itl=0, tokens=2, request_id=rid))
+                self.assertEqual(resp.status, 200)
+                self.assertEqual(self.sim.stats()["last_request_id"], rid)
+                self.assertEqual(self.entry(rid)["id"], rid)
+                self.assertEqual(resp.header_all("x-request-id"), [rid])
+
+    def test_unacceptable_request_id_replaced(self):
+        """An id that is too long or holds a byte unsafe to log is replaced by
+        a generated one, the same in the log and upstream; the client's is
+        not forwarded."""
+        body = harness.api_body("openai-chat", True)
+        for rid in ("it-al-bad id", 'it-al-bad"id', "it-al-" + "y" * 123):
+            with self.subTest(rid=rid):
+                before = set(x.get("id") for x in harness.read_access_log(self.log))
+                resp, _, _, _ = measure(self.tt.port, "openai-chat", "/v1/chat/completions", body,
+                                        harness.sim_headers(ttft=0, itl=0, tokens=2, request_id=rid))
+                self.assertEqual(resp.status, 200)
+                sim_id = self.sim.stats()["last_request_id"]
+                self.assertRegex(sim_id, r"^[0-9a-f]{32}$", "the client's id went upstream")
+                self.assertNotIn(sim_id, before)
+                self.assertEqual(self.entry(sim_id)["id"], sim_id)
+                self.assertEqual(resp.header_all("x-request-id"), [sim_id])
+
     def test_anthropic_stream(self):
         self._stream_case("anthropic", "it-al-anthropic", ttft=60, itl=15, tokens=25)
 
