@@ -134,7 +134,9 @@ void on_request_timer(evutil_socket_t fd, short what, void *arg)
 }
 
 /* The head an upstream gets: same method, target and end-to-end headers,
- * HTTP/1.1 framing of tokentap's choosing, and the request id. */
+ * HTTP/1.1 framing of tokentap's choosing, and exactly one x-request-id,
+ * the request's own (the client's when usable, else a generated one), so
+ * the upstream and the access log always name a request alike. */
 static void head_write(const struct request *req, const struct upstream *up, struct evbuffer *out)
 {
 	bool has_host = false;
@@ -147,8 +149,8 @@ static void head_write(const struct request *req, const struct upstream *up, str
 		const char *name = req->head.buf + h->name_off;
 		if (reqhead_hop_by_hop(&req->head, name, h->name_len))
 			continue;
-		if (req->add_id && name_eq(name, h->name_len, "x-request-id"))
-			continue; /* replaced: the client's was not usable */
+		if (name_eq(name, h->name_len, "x-request-id"))
+			continue; /* written once below: the id the log has */
 		if (name_eq(name, h->name_len, "host"))
 			has_host = true;
 		evbuffer_add(out, name, h->name_len);
@@ -158,8 +160,7 @@ static void head_write(const struct request *req, const struct upstream *up, str
 	}
 	if (!has_host)
 		evbuffer_add_printf(out, "host: %s\r\n", up->name);
-	if (req->add_id)
-		evbuffer_add_printf(out, "x-request-id: %s\r\n", req->rec.id);
+	evbuffer_add_printf(out, "x-request-id: %s\r\n", req->rec.id);
 	if (req->head.chunked)
 		evbuffer_add_printf(out, "transfer-encoding: chunked\r\n");
 	if (req->head.http10)

@@ -357,12 +357,10 @@ static void request_note_head(struct request *req)
 	copy_trunc(req->rec.path, sizeof(req->rec.path), url, plen);
 	req->rec.api = classify_api(url, plen);
 	h = reqhead_header(rh, "x-request-id");
-	if (h && request_id_acceptable(rh->buf + h->val_off, h->val_len)) {
+	if (h && request_id_acceptable(rh->buf + h->val_off, h->val_len))
 		copy_trunc(req->rec.id, sizeof(req->rec.id), rh->buf + h->val_off, h->val_len);
-	} else {
-		req->add_id = true;
+	else
 		request_id_generate(cl->px, req->rec.id, sizeof(req->rec.id));
-	}
 	if (req->rec.api == API_OLLAMA_CHAT || req->rec.api == API_OLLAMA_GENERATE)
 		req->rec.stream = 1; /* Ollama streams unless told not to */
 	else

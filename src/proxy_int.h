@@ -111,7 +111,6 @@ struct request {
 	bool admitted;		/* holds an admission slot on `up` */
 	bool awaiting_body;	/* routing needs the body's model or sticky field */
 	uint32_t tried;		/* route targets that refused a connection */
-	bool add_id;		/* the client's x-request-id was absent or unusable */
 	bool awaiting_chunk;	/* chunked: routing waits for a valid first chunk line */
 	size_t head_len;	/* bytes of the head at the front of up_pending */
 	char sticky_value[128]; /* the route's sticky JSON field, from the body */

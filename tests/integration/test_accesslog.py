@@ -201,6 +201,19 @@ class AccessLogTest(LogChecks):
                 self.assertEqual(self.entry(sim_id)["id"], sim_id)
                 self.assertEqual(resp.header_all("x-request-id"), [sim_id])
 
+    def test_repeated_request_id_header(self):
+        """With two x-request-id headers the first is the request's id, and
+        it is the only one the upstream gets: the log and the upstream never
+        disagree."""
+        body = harness.api_body("openai-chat", True)
+        hdrs = harness.sim_headers(ttft=0, itl=0, tokens=2, request_id="it-al-dup-a")
+        hdrs.append(("x-request-id", "it-al-dup-b"))
+        resp, _, _, _ = measure(self.tt.port, "openai-chat", "/v1/chat/completions", body, hdrs)
+        self.assertEqual(resp.status, 200)
+        self.assertEqual(self.sim.stats()["last_request_id"], "it-al-dup-a")
+        self.assertEqual(self.entry("it-al-dup-a")["id"], "it-al-dup-a")
+        self.assertEqual(resp.header_all("x-request-id"), ["it-al-dup-a"])
+
     def test_anthropic_stream(self):
         self._stream_case("anthropic", "it-al-anthropic", ttft=60, itl=15, tokens=25)
 
