@@ -14,6 +14,7 @@
 
 #include "loader.h"
 #include "log.h"
+#include "upstream.h"
 #include "version.h"
 
 static void usage(FILE *out)
@@ -150,9 +151,27 @@ static void option_name(int val, int argc, char **argv, char *out, size_t len)
 	snprintf(out, len, "%s", optind > 0 && optind <= argc ? argv[optind - 1] : "?");
 }
 
-/* Pass 2: every flag but -c/-t onto cfg. */
+/* --upstream's URL has the form upstream_new() will need, checked here so
+ * that a typo is reported, naming the flag, before anything is opened or
+ * created. Resolving the host is left to upstream_new(). */
+static int check_upstream(struct out *o, const char *url)
+{
+	char host[256], port[8], why[128];
+	bool tls;
+
+	if (upstream_parse_url(url, host, sizeof(host), port, sizeof(port), &tls, why, sizeof(why)) == -1) {
+		say(o, "invalid value '%s' for --upstream: %s", url, why);
+		return -1;
+	}
+	return 0;
+}
+
+/* Pass 2: every flag but -c/-t onto cfg. Values are checked here, as each
+ * flag is read: nothing has been opened yet. */
 static int apply_flags(int argc, char **argv, struct config *cfg, struct out *o)
 {
+	struct sockaddr_storage ss;
+	unsigned sslen;
 	char flag[64];
 	int c;
 
@@ -165,8 +184,15 @@ static int apply_flags(int argc, char **argv, struct config *cfg, struct out *o)
 		case 't':
 		case 'h':
 		case 'V': break;
-		case 'u': cfg->upstream = optarg; break;
+		case 'u':
+			if (check_upstream(o, optarg) == -1)
+				return -1;
+			cfg->upstream = optarg;
+			break;
 		case 'l':
+			if (config_parse_listen(optarg, &ss, &sslen) == -1)
+				return bad_value(o, "--listen", optarg,
+						 "a numeric ADDR:PORT such as 127.0.0.1:8080 or [::1]:8080");
 			cfg->listen = optarg;
 			cfg->nlisteners = 0; /* the flag replaces the file's list */
 			break;

@@ -104,6 +104,13 @@ struct upstream {
 	bool failing;	       /* the last connect attempt failed */
 };
 
+/* Splits an upstream URL, http[s]://HOST[:PORT][/] (HOST may be [IPv6]),
+ * into host, port (the scheme's default when absent) and whether it is
+ * TLS. Checks only the form: the host is not resolved. -1 with a sentence
+ * in `err` saying what was expected; the caller names the URL. */
+int upstream_parse_url(const char *url, char *host, size_t hostlen, char *port, size_t portlen, bool *tls, char *err,
+		       size_t errlen) __attribute__((warn_unused_result));
+
 /* Parses the url (http://host[:port][/]) and resolves it. NULL with a
  * message in `err` when the URL is unusable. `uc` and `cfg` must outlive the
  * upstream. */

@@ -349,20 +349,22 @@ def _add_cleanup(test, fn):
         test.addCleanup(fn)
 
 
-def run_cli(args, timeout=10.0):
-    """Runs tokentap to completion in a temporary working directory; returns
-    CompletedProcess (text)."""
-    with tempfile.TemporaryDirectory(prefix="tokentap-it-") as cwd:
-        return subprocess.run(
-            [tokentap_bin()] + list(args),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            timeout=timeout,
-            text=True,
-            start_new_session=True,
-            cwd=cwd,
-        )
+def run_cli(args, timeout=10.0, cwd=None):
+    """Runs tokentap to completion in `cwd`, by default a temporary working
+    directory removed afterwards; returns CompletedProcess (text)."""
+    if cwd is None:
+        with tempfile.TemporaryDirectory(prefix="tokentap-it-") as tmp:
+            return run_cli(args, timeout, tmp)
+    return subprocess.run(
+        [tokentap_bin()] + list(args),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        timeout=timeout,
+        text=True,
+        start_new_session=True,
+        cwd=cwd,
+    )
 
 
 def free_port():

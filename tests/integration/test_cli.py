@@ -1,6 +1,8 @@
 """test_cli.py — tokentap's command line: help, version, and rejection of bad
 flags and values with exit status 2 and a message naming the flag."""
 
+import os
+import tempfile
 import unittest
 
 import harness
@@ -50,9 +52,28 @@ class CliTest(harness.TestCase):
         self.assertIn("upstream", r.stderr.lower())
 
     def test_bad_upstream_url(self):
-        r = harness.run_cli(["--upstream", "not a url", "--listen", "127.0.0.1:0"], timeout=5)
+        for url in ("not a url", "ftp://127.0.0.1:21", "http://127.0.0.1:99999", "http://127.0.0.1:80/v1",
+                    "http://:8000", "http://[::1"):
+            with self.subTest(url=url):
+                self._rejected_early(["--upstream", url, "--listen", "127.0.0.1:0"], "--upstream", url)
+
+    def test_bad_listen_address(self):
+        for addr in ("localhost:8080", "127.0.0.1", "127.0.0.1:70000", "127.0.0.1:", "[::1]8080", "nonsense"):
+            with self.subTest(addr=addr):
+                self._rejected_early(["--upstream", "http://127.0.0.1:9", "--listen", addr], "--listen", addr)
+
+    def _rejected_early(self, args, flag, value):
+        """A bad value is refused with exit 2 and one message that names the
+        flag and the value, before anything is created: no access log file,
+        no data directory in the working directory."""
+        with tempfile.TemporaryDirectory(prefix="tokentap-it-") as cwd:
+            r = harness.run_cli(args + ["--access-log", "access.log"], timeout=5, cwd=cwd)
+            left = sorted(os.listdir(cwd))
         self.assertEqual(r.returncode, 2, "stdout=%r stderr=%r" % (r.stdout, r.stderr))
-        self.assertIn("upstream", r.stderr.lower())
+        self.assertTrue(r.stderr.startswith("tokentap: invalid value '%s' for %s: expected " % (value, flag)),
+                        r.stderr)
+        self.assertEqual(len(r.stderr.splitlines()), 1, r.stderr)
+        self.assertEqual(left, [], "files made before the value was checked")
 
     def test_suffixes_accepted(self):
         # Every suffix form from the contract starts a working proxy.
