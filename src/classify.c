@@ -434,6 +434,14 @@ static const struct token_key openai_chat_keys[] = {
 	{ KEY("reasoning"), false },
 	{ KEY("tool_calls"), true },
 };
+/* Anthropic content_block_delta: text_delta, thinking_delta and
+ * input_json_delta carry these; signature_delta and citations_delta carry
+ * none of them and are not tokens. */
+static const struct token_key anthropic_keys[] = {
+	{ KEY("text"), false },
+	{ KEY("thinking"), false },
+	{ KEY("partial_json"), false },
+};
 static const struct token_key content_key[] = { { KEY("content"), false } };
 static const struct token_key text_key[] = { { KEY("text"), false } };
 static const struct token_key ollama_generate_keys[] = { { KEY("response"), false }, { KEY("thinking"), false } };
@@ -482,8 +490,12 @@ static int name_is(const struct framer_event *ev, const char *lit)
 
 /* Anthropic names each event twice: the SSE `event:` field and "type". The
  * field is free to read, so it decides when present (the generic "message"
- * name says nothing and falls back to "type"). */
-static bool classify_anthropic(const struct framer_event *ev, const struct span *s, struct usage *u)
+ * name says nothing and falls back to "type"). A content_block_delta is a
+ * token when its delta holds non-empty text, thinking or partial_json: a
+ * tool's input opens with an empty partial_json, and the signature closing
+ * a thinking block is no text at all. */
+static bool classify_anthropic(const struct framer_event *ev, const struct span *s, struct usage *u,
+			       struct classify_hint *h)
 {
 	bool delta, start, mdelta;
 	if (ev->name != NULL && ev->name_len > 0 && !name_is(ev, "message")) {
@@ -495,10 +507,8 @@ static bool classify_anthropic(const struct framer_event *ev, const struct span 
 		start = !delta && type_is(s, KEY("message_start"));
 		mdelta = !delta && !start && type_is(s, KEY("message_delta"));
 	}
-	/* The signature closing a thinking block is a content_block_delta
-	 * too, but it is not text: it is not a token. */
-	if (delta && type_is(s, KEY("signature_delta")))
-		delta = false;
+	if (delta)
+		delta = any_key_holds_text(s, anthropic_keys, NKEYS(anthropic_keys), h);
 	if (u && start)
 		usage_anthropic_start(s, s->p, u);
 	else if (u && mdelta)
@@ -557,7 +567,7 @@ bool classify_event(enum api_kind api, const struct framer_event *ev, struct usa
 	switch (api) {
 	case API_OPENAI_CHAT: return classify_openai_chat(&s, usage, hint);
 	case API_OPENAI_COMPLETIONS: return classify_completions(&s, usage, hint);
-	case API_ANTHROPIC: return classify_anthropic(ev, &s, usage);
+	case API_ANTHROPIC: return classify_anthropic(ev, &s, usage, hint);
 	case API_TGI: return classify_tgi(&s, usage);
 	case API_LLAMACPP: return classify_llamacpp(&s, usage, hint);
 	case API_OLLAMA_GENERATE:

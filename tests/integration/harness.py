@@ -1049,12 +1049,13 @@ def is_token_event(api, ev):
                 return True
         return False
     if api == "anthropic":
-        if ev.name is not None:
-            return ev.name == "content_block_delta"
         try:
-            return ev.json().get("type") == "content_block_delta"
+            obj = ev.json()
         except ValueError:
             return False
+        kind = ev.name if ev.name not in (None, "message") else obj.get("type")
+        d = obj.get("delta") or {}
+        return kind == "content_block_delta" and any(_nonempty(d.get(k)) for k in ("text", "thinking", "partial_json"))
     if api in ("ollama-chat", "ollama-generate"):
         obj = ev.json()
         if api == "ollama-generate":

@@ -410,6 +410,10 @@ static void test_anthropic_stream(void **state)
 		  "{'type':'content_block_start','index':2,'content_block':{'type':'tool_use','id':'toolu_01','name':'"
 		  "get_weather','input':{}}}",
 		  false },
+		/* A tool's input opens with an empty fragment: no content, no token. */
+		{ "content_block_delta",
+		  "{'type':'content_block_delta','index':2,'delta':{'type':'input_json_delta','partial_json':''}}",
+		  false },
 		{ "content_block_delta",
 		  "{'type':'content_block_delta','index':2,'delta':{'type':'input_json_delta','partial_json':'{\\'"
 		  "city\\''}}",
@@ -443,6 +447,28 @@ static void test_anthropic_stream(void **state)
 		  &u);
 	assert_int_equal(u.input_tokens, 10);
 	assert_int_equal(u.output_tokens, 7);
+	/* Empty text, thinking or input is not a token; neither is a delta
+	 * that holds no text at all (a citation). */
+	assert_false(tok_named(API_ANTHROPIC, "content_block_delta",
+			       J("{'type':'content_block_delta','index':0,'delta':{'type':'text_delta','text':''}}"),
+			       NULL));
+	assert_false(tok_named(
+		API_ANTHROPIC, "content_block_delta",
+		J("{'type':'content_block_delta','index':0,'delta':{'type':'thinking_delta','thinking':''}}"), NULL));
+	assert_false(tok_named(API_ANTHROPIC, NULL,
+			       J("{'type':'content_block_delta','index':0,'delta':{'type':'input_json_delta',"
+				 "'partial_json':''}}"),
+			       NULL));
+	assert_false(
+		tok_named(API_ANTHROPIC, "content_block_delta",
+			  J("{'type':'content_block_delta','index':0,'delta':{'type':'citations_delta','citation':{"
+			    "'type':'char_location','cited_text':'The sky is blue.','document_index':0,"
+			    "'start_char_index':0,'end_char_index':16}}}"),
+			  NULL));
+	/* Text anywhere but in a content_block_delta is not a token. */
+	assert_false(tok_named(
+		API_ANTHROPIC, "content_block_start",
+		J("{'type':'content_block_start','index':1,'content_block':{'type':'text','text':'Hi'}}"), NULL));
 	/* The event name decides when present; a generic "message" does not. */
 	assert_false(tok_named(API_ANTHROPIC, "ping", J("{'type':'content_block_delta'}"), NULL));
 	assert_true(tok_named(API_ANTHROPIC, "message",
