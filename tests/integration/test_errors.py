@@ -418,6 +418,30 @@ class UpstreamErrorsTest(harness.TestCase):
         self.assertEqual(e["error"], "timeout")
         self.assertEqual(e["token_events"], 8)
 
+    def test_no_total_duration_limit(self):
+        """Every timeout tokentap has bounds a wait, never a whole exchange:
+        with header, connect, first-byte and idle timeouts of 300 ms, a
+        stream of 3 s (first token at 100 ms, then one every 100 ms) runs to
+        its end, uncut and without an error."""
+        sim = harness.start_sim(self)
+        tt, _ = self._start(sim.url, "--header-timeout", "300ms", "--connect-timeout", "300ms",
+                            "--first-byte-timeout", "300ms", "--idle-timeout", "300ms")
+        body = harness.api_body("openai-chat", True, include_usage=True)
+        resp, _ = harness.exchange(tt.port, "POST", CHAT, body,
+                                   harness.sim_headers(ttft=100, itl=100, tokens=30, request_id="it-long"),
+                                   timeout=10)
+        self.assertEqual(resp.status, 200)
+        self.assertTrue(resp.complete, "a stream within every timeout was cut")
+        toks = [e for e in harness.events_of(resp) if harness.is_token_event("openai-chat", e)]
+        self.assertEqual(len(toks), 30)
+        self.assertGreaterEqual((toks[-1].ts - toks[0].ts) / 1e9, 2.8, "test premise: a stream of about 3 s")
+        e = self._entry("it-long")
+        self.assertIsNone(e["error"])
+        self.assertEqual(e["status"], 200)
+        self.assertEqual(e["token_events"], 30)
+        self.assertEqual(e["output_tokens"], 30)
+        self.assertGreaterEqual(e["e2e_ms"], 3000 - 50)
+
     def test_invalid_chunk_mid_stream(self):
         """The upstream's chunked framing breaks after two events, each in
         its own read: the client keeps those two, then sees the stream cut

@@ -1,8 +1,13 @@
 """test_streaming.py — tokentap forwards every API's responses byte for byte,
 streaming or not, on fresh, kept-alive and pipelined connections, forwards
-chunked request bodies, and forwards events as they arrive rather than at the
-end."""
+chunked request bodies, forwards events as they arrive rather than at the
+end, and streams a large request body to a slow upstream instead of holding
+it."""
 
+import hashlib
+import socket
+import threading
+import time
 import unittest
 
 import harness
@@ -144,6 +149,128 @@ class StreamingTest(harness.TestCase):
                 gaps = [(b.ts - a.ts) / 1e6 for a, b in zip(toks, toks[1:])]
                 self.assertGreater(min(gaps), 20, "gaps %r" % gaps)
 
+
+class SlowBodyReader(harness.FakeUpstream):
+    """An upstream that reads a request's Content-Length body slowly (READ
+    bytes every GAP_S), noting when its first body bytes came and hashing
+    the body, then answers a small 200."""
+
+    READ = 64 << 10
+    GAP_S = 0.004
+
+    def __init__(self):
+        self.first_body_at = None
+        self.body_len = 0
+        self.body_hash = hashlib.sha256()
+        super().__init__(handler=None)
+
+    def _body(self, data):
+        if data and self.first_body_at is None:
+            self.first_body_at = time.monotonic()
+        self.body_len += len(data)
+        self.body_hash.update(data)
+
+    def _serve(self, s):
+        buf = b""
+        try:
+            for _ in range(1000):
+                if b"\r\n\r\n" in buf:
+                    break
+                data = s.recv(self.READ)
+                if not data:
+                    return
+                buf += data
+            head, _, rest = buf.partition(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                k, _, v = line.partition(b":")
+                if k.strip().lower() == b"content-length":
+                    length = int(v)
+            self._body(rest)
+            for _ in range(length // 1024 + 10):
+                if self.body_len >= length or self.stop_event.is_set():
+                    break
+                time.sleep(self.GAP_S)
+                data = s.recv(self.READ)
+                if not data:
+                    return
+                self._body(data)
+            s.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+        except OSError:
+            pass
+        finally:
+            s.close()
+
+
+class RequestBodyStreamingTest(harness.TestCase):
+    """A request body is forwarded as it arrives, at the pace the upstream
+    reads it: the upstream has its first bytes while the client is still
+    writing, and tokentap holds a bounded window of the body, not all of it."""
+
+    BODY_MIB = 24
+
+    def _post(self, tt, body, rss_samples):
+        """Sends `body` with Content-Length from a thread; samples tokentap's
+        RSS until the whole request is written. Returns (response, when the
+        client finished writing)."""
+        head = ("POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\ncontent-type: application/json\r\n"
+                "content-length: %d\r\n\r\n" % (tt.port, len(body))).encode()
+        conn = harness.HttpConn(tt.port, timeout=30)
+        self.addCleanup(conn.close)
+        done = {}
+
+        def write():
+            try:
+                conn.sock.sendall(head)
+                for i in range(0, len(body), 1 << 20):
+                    conn.sock.sendall(body[i:i + (1 << 20)])
+            except OSError as e:
+                done["error"] = e
+            done["at"] = time.monotonic()
+
+        writer = threading.Thread(target=write, daemon=True)
+        writer.start()
+        deadline = time.monotonic() + 60
+        while writer.is_alive() and time.monotonic() < deadline:
+            rss_samples.append(tt.rss_kib())
+            time.sleep(0.01)
+        writer.join(1)
+        self.assertNotIn("error", done, "writing the request failed")
+        self.assertIn("at", done, "the client could not write its request in 60 s")
+        return conn.read_response(), done["at"]
+
+    def test_large_body_streams_to_slow_upstream(self):
+        up = SlowBodyReader()
+        self.addCleanup(up.stop)
+        tt = harness.start_tokentap(self, up.url, "--workers", "1")
+        prefix, suffix = b'{"model":"m","stream":false,"messages":[{"role":"user","content":"', b'"}]}'
+        # Warm-up: the same path with a small body, so that buffers the
+        # first request allocates count in the baseline.
+        warm = prefix + b"w" * (1 << 20) + suffix
+        resp, _ = self._post(tt, warm, [])
+        self.assertEqual(resp.status, 200)
+        self.assertEqual(up.body_len, len(warm))
+        up.first_body_at, up.body_len, up.body_hash = None, 0, hashlib.sha256()
+
+        body = prefix + b"x" * ((self.BODY_MIB << 20) - len(prefix) - len(suffix)) + suffix
+        base = tt.rss_kib()
+        samples = []
+        t0 = time.monotonic()
+        resp, written_at = self._post(tt, body, samples)
+        self.assertEqual(resp.status, 200)
+        self.assertEqual(up.body_len, len(body))
+        self.assertEqual(up.body_hash.hexdigest(), hashlib.sha256(body).hexdigest(), "body changed on the way")
+        self.assertIsNotNone(up.first_body_at)
+        growth_mib = (max(samples) - base) / 1024.0
+        self.assertLess(growth_mib, self.BODY_MIB / 4,
+                        "tokentap's RSS grew %.1f MiB while forwarding a %d MiB body" % (growth_mib, self.BODY_MIB))
+        # The upstream reads ~16 MiB/s: a client that finishes sooner was
+        # read by tokentap faster than tokentap could forward.
+        self.assertGreater(written_at - t0, 0.5, "the client wrote %d MiB in %.2f s, faster than the upstream reads"
+                           % (self.BODY_MIB, written_at - t0))
+        self.assertLess(up.first_body_at, written_at - 0.25,
+                        "the upstream got its first body bytes %.3f s after the client finished writing"
+                        % (up.first_body_at - written_at))
 
 if __name__ == "__main__":
     unittest.main()
