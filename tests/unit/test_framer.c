@@ -1,9 +1,12 @@
 /*
  * test_framer.c — the SSE / NDJSON framer against real stream shapes, cut at
- * every byte boundary, with every line end, and past its size bound.
+ * every byte boundary, with every line end, and past its size bound. Split
+ * runs also classify each event as it is delivered, as the proxy does, so
+ * the token decisions and the usage read must not depend on the cuts either.
  */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -12,6 +15,7 @@
 
 #include <cmocka.h>
 
+#include "classify.h"
 #include "framer.h"
 
 #define MAX_EVENTS 64
@@ -19,12 +23,18 @@
 /* Feeds a string literal without its NUL. */
 #define FEED(f, lit) framer_feed((f), (lit), sizeof(lit) - 1)
 
-/* Copies of the events a framer delivered, in order. */
+/* Copies of the events a framer delivered, in order. With `api` set, each
+ * event is also classified in the callback, on the framer's own bytes, with
+ * one hint and one usage for the whole stream (seen_start). */
 struct seen {
 	int n;
 	char *name[MAX_EVENTS]; /* NULL when the event had none */
 	char *data[MAX_EVENTS];
 	size_t data_len[MAX_EVENTS];
+	enum api_kind api;
+	bool token[MAX_EVENTS];
+	struct usage usage;
+	struct classify_hint hint;
 };
 
 static char *dup_bytes(const char *p, size_t n)
@@ -46,6 +56,8 @@ static void on_event(void *arg, const struct framer_event *ev)
 	s->name[s->n] = ev->name ? dup_bytes(ev->name, ev->name_len) : NULL;
 	s->data[s->n] = dup_bytes(ev->data, ev->data_len);
 	s->data_len[s->n] = ev->data_len;
+	if (s->api != API_UNKNOWN)
+		s->token[s->n] = classify_event(s->api, ev, &s->usage, &s->hint);
 	s->n++;
 }
 
@@ -58,6 +70,15 @@ static void seen_clear(struct seen *s)
 	s->n = 0;
 }
 
+/* Empties `s` for a new stream classified as `api`. */
+static void seen_start(struct seen *s, enum api_kind api)
+{
+	seen_clear(s);
+	s->api = api;
+	s->usage = USAGE_UNKNOWN;
+	memset(&s->hint, 0, sizeof(s->hint));
+}
+
 static void assert_seen_equal(const struct seen *a, const struct seen *b)
 {
 	assert_int_equal(a->n, b->n);
@@ -68,7 +89,11 @@ static void assert_seen_equal(const struct seen *a, const struct seen *b)
 			assert_string_equal(a->name[i], b->name[i]);
 		assert_int_equal(a->data_len[i], b->data_len[i]);
 		assert_memory_equal(a->data[i], b->data[i], a->data_len[i]);
+		if (a->token[i] != b->token[i])
+			fail_msg("event %d: token-bearing %d unsplit, %d split", i, a->token[i], b->token[i]);
 	}
+	assert_int_equal(a->usage.input_tokens, b->usage.input_tokens);
+	assert_int_equal(a->usage.output_tokens, b->usage.output_tokens);
 }
 
 /* Frames `text` in one feed, then finishes. */
@@ -165,6 +190,64 @@ static const char ollama_chat_stream[] =
 	"1334875,\"prompt_eval_count\":26,\"prompt_eval_duration\":342546000,\"eval_count\":282,\"eval_duration\":"
 	"4535599000}";
 
+/* vLLM /v1/completions with include_usage: text chunks ("usage":null on
+ * each), an empty-text finish chunk, the usage chunk, [DONE]. */
+static const char openai_completions_stream[] =
+	"data: "
+	"{\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"created\":1718000000,\"model\":\"meta-llama/"
+	"Llama-3.1-8B\",\"choices\":[{\"index\":0,\"text\":\" Paris\",\"logprobs\":null,\"finish_reason\":null,"
+	"\"stop_reason\":null}],\"usage\":null}\n\n"
+	"data: "
+	"{\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"created\":1718000000,\"model\":\"meta-llama/"
+	"Llama-3.1-8B\",\"choices\":[{\"index\":0,\"text\":\".\\n\",\"logprobs\":null,\"finish_reason\":null,"
+	"\"stop_reason\":null}],\"usage\":null}\n\n"
+	"data: "
+	"{\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"created\":1718000000,\"model\":\"meta-llama/"
+	"Llama-3.1-8B\",\"choices\":[{\"index\":0,\"text\":\"\",\"logprobs\":null,\"finish_reason\":\"length\","
+	"\"stop_reason\":null}],\"usage\":null}\n\n"
+	"data: "
+	"{\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"created\":1718000000,\"model\":\"meta-llama/"
+	"Llama-3.1-8B\",\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"total_tokens\":7,\"completion_tokens\":2}}"
+	"\n\n"
+	"data: [DONE]\n\n";
+
+/* TGI /generate_stream: "data:" without a space, one token object per event;
+ * the last token is special (EOS) and carries the details with the counts. */
+static const char tgi_stream[] =
+	"data:{\"index\":1,\"token\":{\"id\":9906,\"text\":\"Hello\",\"logprob\":-0.31,\"special\":false},"
+	"\"generated_text\":null,\"details\":null}\n\n"
+	"data:{\"index\":2,\"token\":{\"id\":1917,\"text\":\" world\",\"logprob\":-0.02,\"special\":false},"
+	"\"generated_text\":null,\"details\":null}\n\n"
+	"data:{\"index\":3,\"token\":{\"id\":128009,\"text\":\"<|eot_id|>\",\"logprob\":-0.01,\"special\":true},"
+	"\"generated_text\":\"Hello world\",\"details\":{\"finish_reason\":\"eos_token\",\"generated_tokens\":3,"
+	"\"seed\":null,\"input_length\":7}}\n\n";
+
+/* llama.cpp /completion: partial results with running counts, then the
+ * final one (empty content, stop) with settings and timings. */
+static const char llamacpp_stream[] =
+	"data: {\"index\":0,\"content\":\"Hello\",\"tokens\":[9906],\"stop\":false,\"id_slot\":-1,"
+	"\"tokens_predicted\":1,\"tokens_evaluated\":6}\n\n"
+	"data: {\"index\":0,\"content\":\" there\",\"tokens\":[1070],\"stop\":false,\"id_slot\":-1,"
+	"\"tokens_predicted\":2,\"tokens_evaluated\":6}\n\n"
+	"data: {\"index\":0,\"content\":\"\",\"tokens\":[],\"id_slot\":0,\"stop\":true,\"model\":\"qwen2.5-0.5b\","
+	"\"tokens_predicted\":2,\"tokens_evaluated\":6,\"generation_settings\":{\"n_predict\":2,\"seed\":4294967295,"
+	"\"temperature\":0.8,\"stop\":[]},\"prompt\":\"<|im_start|>user\\nHi<|im_end|>\",\"has_new_line\":false,"
+	"\"truncated\":false,\"stop_type\":\"limit\",\"stopping_word\":\"\",\"tokens_cached\":7,\"timings\":{"
+	"\"prompt_n\":6,\"prompt_ms\":12.5,\"prompt_per_token_ms\":2.08,\"prompt_per_second\":480.0,"
+	"\"predicted_n\":2,\"predicted_ms\":21.0,\"predicted_per_token_ms\":10.5,\"predicted_per_second\":95.2}}\n\n";
+
+/* Ollama /api/generate from a thinking model: thinking lines, response
+ * lines, the final done line with context and counts. */
+static const char ollama_generate_stream[] =
+	"{\"model\":\"qwen3\",\"created_at\":\"2025-06-01T10:00:00.1Z\",\"response\":\"\",\"thinking\":\"Hm\","
+	"\"done\":false}\n"
+	"{\"model\":\"qwen3\",\"created_at\":\"2025-06-01T10:00:00.2Z\",\"response\":\"Blue\",\"done\":false}\n"
+	"{\"model\":\"qwen3\",\"created_at\":\"2025-06-01T10:00:00.3Z\",\"response\":\".\",\"done\":false}\n"
+	"{\"model\":\"qwen3\",\"created_at\":\"2025-06-01T10:00:00.4Z\",\"response\":\"\",\"done\":true,"
+	"\"done_reason\":\"stop\",\"context\":[151644,872,198],\"total_duration\":512000000,\"load_duration\":"
+	"2100000,\"prompt_eval_count\":11,\"prompt_eval_duration\":40000000,\"eval_count\":3,\"eval_duration\":"
+	"300000000}\n";
+
 /* Rewrites every "\n" of `lf` as `eol`. */
 static char *with_line_ends(const char *lf, const char *eol)
 {
@@ -214,28 +297,44 @@ static void test_anthropic_stream_names(void **state)
 	seen_clear(&s);
 }
 
+/* What an unsplit run of a stream must give: events, token-bearing ones
+ * among them, and the usage read. */
+struct expect {
+	int events, tokens;
+	int64_t input, output;
+};
+
 /* Every single cut, then byte by byte, then pseudo-random slicings: the
- * events must be identical to the unsplit run. */
-static void check_all_splits(enum framer_kind kind, const char *text)
+ * events, the token decision on each (made in the callback, with one hint
+ * for the stream) and the usage must be identical to the unsplit run, which
+ * must give `want`. */
+static void check_all_splits(enum framer_kind kind, enum api_kind api, const char *text, const struct expect *want)
 {
 	struct seen ref = { 0 }, got = { 0 };
 	size_t n = strlen(text);
+	seen_start(&ref, api);
 	frame_all(kind, 0, text, &ref);
-	assert_true(ref.n > 0);
+	int tokens = 0;
+	for (int i = 0; i < ref.n; i++)
+		tokens += ref.token[i];
+	assert_int_equal(ref.n, want->events);
+	assert_int_equal(tokens, want->tokens);
+	assert_int_equal(ref.usage.input_tokens, want->input);
+	assert_int_equal(ref.usage.output_tokens, want->output);
 
 	for (size_t cut = 1; cut < n; cut++) {
+		seen_start(&got, api);
 		frame_cut(kind, text, &cut, 1, &got);
 		assert_seen_equal(&ref, &got);
-		seen_clear(&got);
 	}
 
 	size_t *cuts = malloc(n * sizeof(*cuts));
 	assert_non_null(cuts);
 	for (size_t i = 1; i < n; i++)
 		cuts[i - 1] = i;
+	seen_start(&got, api);
 	frame_cut(kind, text, cuts, (int)(n - 1), &got);
 	assert_seen_equal(&ref, &got);
-	seen_clear(&got);
 
 	uint32_t rng = 12345;
 	for (int round = 0; round < 300; round++) {
@@ -247,33 +346,52 @@ static void check_all_splits(enum framer_kind kind, const char *text)
 				break;
 			cuts[k++] = at;
 		}
+		seen_start(&got, api);
 		frame_cut(kind, text, cuts, k, &got);
 		assert_seen_equal(&ref, &got);
-		seen_clear(&got);
 	}
 	free(cuts);
+	seen_clear(&got);
 	seen_clear(&ref);
 }
+
+/* The SSE streams, each with the API that reads it and what it holds. */
+static const struct {
+	const char *text;
+	enum api_kind api;
+	struct expect want;
+} sse_streams[] = {
+	{ openai_chat_stream, API_OPENAI_CHAT, { 6, 2, 12, 3 } },
+	{ anthropic_stream, API_ANTHROPIC, { 8, 2, 25, 15 } },
+	{ openai_completions_stream, API_OPENAI_COMPLETIONS, { 5, 2, 5, 2 } },
+	{ tgi_stream, API_TGI, { 3, 2, 7, 3 } },
+	{ llamacpp_stream, API_LLAMACPP, { 3, 2, 6, 2 } },
+};
 
 static void test_split_every_byte_sse(void **state)
 {
 	static const char *eols[] = { "\n", "\r\n", "\r" };
 	for (int e = 0; e < 3; e++) {
-		char *openai = with_line_ends(openai_chat_stream, eols[e]);
-		char *anthropic = with_line_ends(anthropic_stream, eols[e]);
-		check_all_splits(FRAMER_SSE, openai);
-		check_all_splits(FRAMER_SSE, anthropic);
-		free(openai);
-		free(anthropic);
+		for (size_t i = 0; i < sizeof(sse_streams) / sizeof(sse_streams[0]); i++) {
+			char *text = with_line_ends(sse_streams[i].text, eols[e]);
+			check_all_splits(FRAMER_SSE, sse_streams[i].api, text, &sse_streams[i].want);
+			free(text);
+		}
 	}
 }
 
 static void test_split_every_byte_ndjson(void **state)
 {
-	char *crlf = with_line_ends(ollama_chat_stream, "\r\n");
-	check_all_splits(FRAMER_NDJSON, ollama_chat_stream);
-	check_all_splits(FRAMER_NDJSON, crlf);
-	free(crlf);
+	static const struct expect chat = { 3, 2, 26, 282 }, generate = { 4, 3, 11, 3 };
+	static const char *eols[] = { "\n", "\r\n" };
+	for (int e = 0; e < 2; e++) {
+		char *text = with_line_ends(ollama_chat_stream, eols[e]);
+		check_all_splits(FRAMER_NDJSON, API_OLLAMA_CHAT, text, &chat);
+		free(text);
+		text = with_line_ends(ollama_generate_stream, eols[e]);
+		check_all_splits(FRAMER_NDJSON, API_OLLAMA_GENERATE, text, &generate);
+		free(text);
+	}
 }
 
 /* The same stream with LF, CRLF and CR line ends gives the same events. */
