@@ -11,8 +11,10 @@ script starts is found through /proc and stopped again by its PID should a
 test fail.
 """
 
+import json
 import os
 import signal
+import tempfile
 import threading
 import time
 import unittest
@@ -57,21 +59,21 @@ def kill_left(pids):
 
 
 class ServeScriptTest(harness.TestCase):
-    def start(self, *args, env=None):
+    def start(self, *args, env=None, stdout_path=None):
         """serve.sh on an ephemeral port, admin and store off; returns the
         script's Process, tokentap's port and the PIDs the script started."""
         p = harness.Process([SERVE, "--listen", "127.0.0.1:0", "--admin", "off", "--data-dir", "off"] + list(args),
-                            READY_RE, "serve.sh", env=dict(os.environ, **(env or {})))
+                            READY_RE, "serve.sh", env=dict(os.environ, **(env or {})), stdout_path=stdout_path)
         self.addCleanup(p.stop)
         kids = children(p.pid)
         self.addCleanup(kill_left, kids)
         return p, int(p.match.group(1)), kids
 
-    def start_with_sim(self):
+    def start_with_sim(self, stdout_path=None):
         """serve.sh without --upstream; returns its Process, tokentap's port,
         the simulator's port and the PIDs the script started."""
         sim_port = harness.free_port()
-        p, port, kids = self.start(env={"TOKENTAP_SIM_LISTEN": "127.0.0.1:%d" % sim_port})
+        p, port, kids = self.start(env={"TOKENTAP_SIM_LISTEN": "127.0.0.1:%d" % sim_port}, stdout_path=stdout_path)
         self.assertEqual(len(kids), 2, "expected the simulator and tokentap under serve.sh: %r" % kids)
         return p, port, sim_port, kids
 
@@ -133,6 +135,34 @@ class ServeScriptTest(harness.TestCase):
         th.join(15)
         self.assert_whole_stream(out)
         self.assert_all_gone(p, kids, "SIGINT")
+
+    def test_demo_prints_access_log(self):
+        """The demo (no --upstream) writes the access log to its stdout: one
+        JSON line per request, with the request's id and its whole
+        timeline."""
+        fd, out = tempfile.mkstemp(prefix="tokentap-it-", suffix=".out")
+        os.close(fd)
+        self.addCleanup(os.unlink, out)
+        p, port, sim_port, kids = self.start_with_sim(stdout_path=out)
+        resp, _ = harness.exchange(port, "POST", CHAT, harness.api_body("openai-chat"),
+                                   harness.sim_headers(ttft=0, itl=0, tokens=5, request_id="it-serve-demo"))
+        self.assertEqual(resp.status, 200)
+        self.assertTrue(resp.complete)
+        e = harness.wait_log_entry(out, lambda e: e.get("id") == "it-serve-demo")
+        os.kill(p.pid, signal.SIGTERM)
+        self.assert_all_gone(p, kids, "SIGTERM")
+        with open(out) as f:
+            lines = f.read().splitlines()
+        self.assertIsNotNone(e, "no access log line on stdout: %r" % lines)
+        self.assertEqual(len(lines), 1, "stdout holds more than the request's line: %r" % lines)
+        self.assertEqual(json.loads(lines[0]), e)
+        self.assertEqual(e["status"], 200)
+        self.assertEqual(e["token_events"], 5)
+        timeline = ["arrive", "req_headers", "dispatch", "up_connected", "req_sent", "resp_headers",
+                    "first_event", "first_token", "last_token", "resp_end", "client_done"]
+        self.assertEqual(sorted(e["timeline_ms"]), sorted(timeline))
+        for k in timeline:
+            self.assertIsInstance(e["timeline_ms"][k], (int, float), "timeline_ms.%s not reached" % k)
 
     def test_given_upstream_and_sighup(self):
         sim = harness.start_sim(self)
