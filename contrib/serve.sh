@@ -12,7 +12,8 @@
 # exits with tokentap's status.
 #
 #   TOKENTAP_BIN, TOKENTAP_SIM_BIN   the binaries (default: under build/)
-#   TOKENTAP_SIM_LISTEN              the simulator's address (127.0.0.1:8000)
+#   TOKENTAP_SIM_LISTEN              the simulator's address (127.0.0.1:8000); the
+#                                    script stops with a message if it is taken
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 tokentap=${TOKENTAP_BIN:-$root/build/tokentap}
@@ -38,10 +39,38 @@ stop_sim() {
 	wait "$sim_pid" 2>/dev/null || true
 }
 trap stop_sim EXIT
+# True when something accepts connections on $sim_listen (HOST:PORT or
+# [V6]:PORT).
+sim_port_open() {
+	local host=${sim_listen%:*}
+	host=${host#[}
+	host=${host%]}
+	(exec 3<>"/dev/tcp/$host/${sim_listen##*:}") 2>/dev/null
+}
 if [ "$have_upstream" = no ]; then
 	sim_listen=${TOKENTAP_SIM_LISTEN:-127.0.0.1:8000}
+	# tokentap must proxy to this simulator, not to whatever else holds the
+	# port: the port must be free before, and ours must be listening after.
+	if sim_port_open; then
+		echo "serve.sh: $sim_listen is already in use; stop what listens there, or give the simulator another" \
+			"address with TOKENTAP_SIM_LISTEN=HOST:PORT (or give tokentap --upstream URL)" >&2
+		exit 1
+	fi
 	setsid "$sim" --listen "$sim_listen" &
 	sim_pid=$!
+	for ((i = 0; ; i++)); do
+		if ! kill -0 "$sim_pid" 2>/dev/null; then
+			sim_pid=
+			echo "serve.sh: the simulator could not start on $sim_listen (see its message above)" >&2
+			exit 1
+		fi
+		sim_port_open && break
+		if [ "$i" -ge 100 ]; then
+			echo "serve.sh: the simulator is not listening on $sim_listen after 5 s" >&2
+			exit 1
+		fi
+		sleep 0.05
+	done
 	args=(--upstream "http://$sim_listen" --access-log - "${args[@]}")
 	cat >&2 <<MSG
 tokentap: no --upstream given; the simulator serves on $sim_listen.

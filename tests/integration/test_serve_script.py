@@ -14,6 +14,8 @@ test fail.
 import json
 import os
 import signal
+import socket
+import subprocess
 import tempfile
 import threading
 import time
@@ -163,6 +165,33 @@ class ServeScriptTest(harness.TestCase):
         self.assertEqual(sorted(e["timeline_ms"]), sorted(timeline))
         for k in timeline:
             self.assertIsInstance(e["timeline_ms"][k], (int, float), "timeline_ms.%s not reached" % k)
+
+    def test_simulator_port_taken(self):
+        """When the simulator's address is taken the script stops with a
+        message instead of starting tokentap in front of whatever holds it;
+        likewise when the simulator cannot start at all."""
+        holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.addCleanup(holder.close)
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(8)
+        taken = "127.0.0.1:%d" % holder.getsockname()[1]
+        for what, env, msg in (("port taken", {"TOKENTAP_SIM_LISTEN": taken}, taken + " is already in use"),
+                               ("simulator fails", {"TOKENTAP_SIM_LISTEN": "127.0.0.1:%d" % harness.free_port(),
+                                                    "TOKENTAP_SIM_BIN": "/bin/false"}, "could not start")):
+            with self.subTest(what):
+                p = subprocess.Popen([SERVE, "--listen", "127.0.0.1:0", "--admin", "off", "--data-dir", "off"],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     text=True, env=dict(os.environ, **env), start_new_session=True)
+                try:
+                    _, err = p.communicate(timeout=10)
+                except subprocess.TimeoutExpired:
+                    kill_left(children(p.pid))
+                    p.kill()
+                    _, err = p.communicate()
+                    self.fail("serve.sh still running after 10 s: %s" % err)
+                self.assertEqual(p.returncode, 1, err)
+                self.assertIn(msg, err)
+                self.assertNotRegex(err, READY_RE, "tokentap was started")
 
     def test_given_upstream_and_sighup(self):
         sim = harness.start_sim(self)
