@@ -3,9 +3,10 @@
  *
  * The API of a request is known from its path. For each framed event the
  * classifier answers "token-bearing or not" and picks input/output token
- * counts out of the event that carries usage. It decides with cheap byte
- * scans wherever they suffice, and parses JSON (jansson) only for the rare
- * events that carry usage numbers. Definitions: docs/metrics.md.
+ * counts out of the event that carries usage. Both are byte scans over the
+ * event, never a JSON parse or an allocation: a key search for the token
+ * decision, and a walk over the members of the objects that hold the counts
+ * (classify.c says why that is safe). Definitions: docs/metrics.md.
  */
 #pragma once
 

@@ -6,6 +6,7 @@ metrics consistent with their definitions in docs/metrics.md."""
 import gc
 import json
 import os
+import re
 import signal
 import tempfile
 import time
@@ -213,6 +214,27 @@ class AccessLogTest(LogChecks):
         self.assertEqual(self.sim.stats()["last_request_id"], "it-al-dup-a")
         self.assertEqual(self.entry("it-al-dup-a")["id"], "it-al-dup-a")
         self.assertEqual(resp.header_all("x-request-id"), ["it-al-dup-a"])
+
+    def test_keys_documented(self):
+        """docs/metrics.md's "Access log" table lists every key of a line, in
+        order, and nothing else ("mirror" only appears on mirrored copies)."""
+        rid = "it-al-doc-keys"
+        resp, _, _, _ = measure(self.tt.port, "openai-chat", "/v1/chat/completions",
+                                harness.api_body("openai-chat", True),
+                                harness.sim_headers(ttft=0, itl=0, tokens=2, request_id=rid))
+        self.assertEqual(resp.status, 200)
+        e = self.entry(rid)
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        with open(os.path.join(root, "docs", "metrics.md")) as f:
+            doc = f.read()
+        section = doc[doc.index("\n## Access log\n"):]
+        section = section[:section.index("\n## ", 1)]
+        documented = []
+        for line in section.splitlines():
+            if line.startswith("| `"):
+                documented += re.findall(r"`([a-z0-9_]+)`", line.split("|")[1])
+        self.assertEqual([k for k in documented if k != "mirror"], list(e))
+        self.assertEqual(sorted(e["timeline_ms"]), sorted(TIMELINE))
 
     def test_anthropic_stream(self):
         self._stream_case("anthropic", "it-al-anthropic", ttft=60, itl=15, tokens=25)
