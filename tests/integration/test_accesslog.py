@@ -4,6 +4,7 @@ counts exact, request ids propagated, the timeline ordered and the derived
 metrics consistent with their definitions in docs/metrics.md."""
 
 import gc
+import gzip
 import json
 import os
 import re
@@ -407,6 +408,43 @@ class StdoutLogTest(LogChecks):
             self.assertEqual(e["output_tokens"], 4)
         # Nothing but JSON lines, one per request.
         self.assertEqual([x["id"] for x in harness.read_access_log(out)], ["it-al-stdout-%d" % i for i in range(3)])
+
+
+class ContentEncodingTest(LogChecks):
+    def test_compressed_stream_forwarded_not_framed(self):
+        """A gzip'd event stream is forwarded byte for byte but not decoded,
+        so not framed: no events, no ttft or itl, no usage (docs/metrics.md)."""
+        events = b"".join(b'data: {"choices":[{"index":0,"delta":{"content":"t%d"}}]}\n\n' % i for i in range(5))
+        events += b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":5}}\n\ndata: [DONE]\n\n'
+        body = gzip.compress(events)
+
+        def handler(sock, req, ctx):
+            harness.send_sse_head(sock, b"Content-Encoding: gzip\r\n")
+            harness.send_chunk(sock, body[:20])
+            time.sleep(0.02)
+            harness.send_chunk(sock, body[20:])
+            sock.sendall(b"0\r\n\r\n")
+            return True
+
+        fu = harness.start_fake_upstream(self, handler)
+        fd, log = tempfile.mkstemp(prefix="tokentap-it-", suffix=".log")
+        os.close(fd)
+        self.addCleanup(os.unlink, log)
+        tt = harness.start_tokentap(self, fu.url, "--access-log", log)
+        resp, _ = harness.exchange(tt.port, "POST", "/v1/chat/completions",
+                                   harness.api_body("openai-chat", True, include_usage=True),
+                                   [("x-request-id", "it-al-gzip"), ("accept-encoding", "gzip")])
+        self.assertEqual(resp.status, 200)
+        self.assertEqual(resp.header("content-encoding"), "gzip")
+        self.assertEqual(resp.body, body)
+        e = self.entry("it-al-gzip", log)
+        self.assertIs(e["stream"], False)
+        self.assertEqual((e["events"], e["token_events"]), (0, 0))
+        self.assertIsNone(e["ttft_ms"])
+        self.assertEqual(e["itl_ms"], [])
+        self.assertIsNone(e["input_tokens"])
+        self.assertIsNone(e["output_tokens"])
+        self.assertIsNotNone(e["e2e_ms"])
 
 
 class JitterTest(LogChecks):
