@@ -261,9 +261,12 @@ class RequestBodyStreamingTest(harness.TestCase):
         self.assertEqual(up.body_len, len(body))
         self.assertEqual(up.body_hash.hexdigest(), hashlib.sha256(body).hexdigest(), "body changed on the way")
         self.assertIsNotNone(up.first_body_at)
+        # Under ASan RSS says little (redzones, and freed buffers held in its
+        # quarantine); the timings below still show the backpressure there.
         growth_mib = (max(samples) - base) / 1024.0
-        self.assertLess(growth_mib, self.BODY_MIB / 4,
-                        "tokentap's RSS grew %.1f MiB while forwarding a %d MiB body" % (growth_mib, self.BODY_MIB))
+        if not harness.is_sanitized():
+            self.assertLess(growth_mib, self.BODY_MIB / 4, "tokentap's RSS grew %.1f MiB while forwarding a %d MiB body"
+                            % (growth_mib, self.BODY_MIB))
         # The upstream reads ~16 MiB/s: a client that finishes sooner was
         # read by tokentap faster than tokentap could forward.
         self.assertGreater(written_at - t0, 0.5, "the client wrote %d MiB in %.2f s, faster than the upstream reads"
