@@ -307,6 +307,15 @@ static void on_metrics(struct admin *a, struct evhttp_request *req, struct evkey
 	}
 	int rc = prom_render(out, &res);
 	store_result_free(&res);
+	if (rc == 0) {
+		struct upstream_gauge *g;
+		size_t n;
+		rc = upstream_gauges(&g, &n);
+		if (rc == 0) {
+			rc = prom_render_gauges(out, g, n);
+			upstream_gauges_free(g, n);
+		}
+	}
 	if (rc == -1) {
 		evbuffer_drain(out, evbuffer_get_length(out));
 		reply_error(req, 500, NULL, "out of memory rendering the metrics");

@@ -5,7 +5,8 @@
  * tokentap_<metric>_seconds per time metric of HIST_METRICS (names generated
  * from the X-macro), then the counters. Every family lists every (route,
  * upstream, model) group, warm and cold requests merged, so a series never
- * appears in one family and not in its neighbour.
+ * appears in one family and not in its neighbour. Then the gauges of what
+ * runs and waits now, by upstream (prom_render_gauges).
  */
 #include "prom.h"
 
@@ -196,4 +197,50 @@ fail:
 	free(labels);
 	stats_groups_free(&gs);
 	return -1;
+}
+
+static int gauge_by_name(const void *a, const void *b)
+{
+	return strcmp(((const struct upstream_gauge *)a)->name, ((const struct upstream_gauge *)b)->name);
+}
+
+int prom_render_gauges(struct evbuffer *out, const struct upstream_gauge *g, size_t n)
+{
+	static const struct {
+		const char *name, *help;
+	} families[] = {
+		{ "in_flight", "Requests admitted to the upstream and running now, all workers." },
+		{ "queued", "Requests waiting for an admission slot of the upstream now (max_concurrency)." },
+	};
+	struct upstream_gauge *sorted = n ? malloc(n * sizeof(*sorted)) : NULL;
+	struct writer w = { out, 0 };
+
+	if (n && !sorted)
+		return -1;
+	if (n)
+		memcpy(sorted, g, n * sizeof(*sorted));
+	qsort(sorted, n, sizeof(*sorted), gauge_by_name);
+	for (size_t f = 0; f < 2; f++) {
+		emit(&w, "# HELP tokentap_%s %s\n", families[f].name, families[f].help);
+		emit(&w, "# TYPE tokentap_%s gauge\n", families[f].name);
+		for (size_t i = 0; i < n;) {
+			unsigned long long v = 0;
+			size_t j = i;
+			/* one name twice: a reload draining the old url */
+			for (; j < n && strcmp(sorted[j].name, sorted[i].name) == 0; j++)
+				v += f == 0 ? sorted[j].in_flight : sorted[j].queued;
+			size_t len = prom_label_escape(NULL, 0, sorted[i].name);
+			char *label = malloc(len + 1);
+			if (!label) {
+				w.failed = 1;
+				break;
+			}
+			prom_label_escape(label, len + 1, sorted[i].name);
+			emit(&w, "tokentap_%s{upstream=\"%s\"} %llu\n", families[f].name, label, v);
+			free(label);
+			i = j;
+		}
+	}
+	free(sorted);
+	return w.failed ? -1 : 0;
 }

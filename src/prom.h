@@ -12,6 +12,7 @@
 #include <stddef.h>
 
 #include "store.h"
+#include "upstream.h"
 
 struct evbuffer;
 
@@ -26,6 +27,12 @@ size_t prom_label_escape(char *out, size_t cap, const char *in);
 /* Appends the exposition of `r` (the cumulative "all" window) to `out`.
  * 0, or -1 when out of memory. */
 int prom_render(struct evbuffer *out, const struct store_result *r) __attribute__((warn_unused_result));
+
+/* Appends the gauges tokentap_in_flight and tokentap_queued, labelled by
+ * upstream, from `g` (upstream_gauges: entries of one name are added up,
+ * names sorted). 0, or -1 when out of memory. */
+int prom_render_gauges(struct evbuffer *out, const struct upstream_gauge *g, size_t n)
+	__attribute__((warn_unused_result));
 
 /* Number of finite `le` bounds and bound i, in seconds as printed. */
 size_t prom_le_count(void);
