@@ -298,11 +298,11 @@ static void on_metrics(struct admin *a, struct evhttp_request *req, struct evkey
 {
 	struct store_result res;
 	struct evbuffer *out = evhttp_request_get_output_buffer(req);
-	char err[256];
 
-	if (store_query(a->store, WIN_ALL, &res, err, sizeof(err)) == -1) {
-		log_warn("admin: metrics query failed: %s", err);
-		reply_error(req, 500, NULL, "stats query failed: %s", err);
+	/* counts since the process started, never the windows, so that
+	 * neither /reset nor the ring's retention makes a counter go down */
+	if (store_query_lifetime(a->store, &res) == -1) {
+		reply_error(req, 500, NULL, "out of memory reading the metrics");
 		return;
 	}
 	int rc = prom_render(out, &res);

@@ -1,5 +1,6 @@
 /*
- * prom.c — renders the cumulative stats as Prometheus text format 0.0.4.
+ * prom.c — renders the lifetime stats (store_query_lifetime: since the process
+ * started, never reset) as Prometheus text format 0.0.4.
  *
  * Families, each with # HELP and # TYPE, in this order: one histogram
  * tokentap_<metric>_seconds per time metric of HIST_METRICS (names generated

@@ -24,7 +24,8 @@ struct evbuffer;
  */
 size_t prom_label_escape(char *out, size_t cap, const char *in);
 
-/* Appends the exposition of `r` (the cumulative "all" window) to `out`.
+/* Appends the exposition of `r` (store_query_lifetime: counts since the
+ * process started, which never go down) to `out`.
  * 0, or -1 when out of memory. */
 int prom_render(struct evbuffer *out, const struct store_result *r) __attribute__((warn_unused_result));
 

@@ -453,6 +453,44 @@ class AdminTokenTest(harness.TestCase):
         self.assertTrue(harness.wait_until(lambda: "stats reset" in tt.stderr_text(), 2.0))
         self.assertNotIn(self.TOKEN, tt.stderr_text(), "the token never reaches the log")
 
+    def test_metrics_never_go_down_across_a_reset(self):
+        """/metrics counts since the process started: POST /reset empties
+        the stats windows but no counter, bucket or _count of /metrics goes
+        down, with the store on disk and with it off (the ring only)."""
+        for data in (os.path.join(self.dir, "data"), "off"):
+            with self.subTest(data_dir=data):
+                sim = harness.start_sim(self)
+                tt = harness.start_tokentap(self, sim.url, "--data-dir", data, "--flush-interval", "200ms",
+                                            "--admin", "127.0.0.1:0", "--admin-token-file", self.token_file)
+                port = admin_port(tt)
+
+                def scrape(want):
+                    got = []
+
+                    def check():
+                        r = admin_get(port, "/metrics")
+                        _, samples = parse_exposition(self, r.body.decode("utf-8"))
+                        got[:] = [{(n, tuple(sorted(l.items()))): v for n, l, v in samples}]
+                        return [v for (n, l), v in got[0].items()
+                                if n == "tokentap_ttft_seconds_count" and ("model", "admin-model") in l] == [want]
+
+                    self.assertTrue(harness.wait_until(check, 5.0, 0.1), "ttft _count never reached %d" % want)
+                    return got[0]
+
+                send_requests(tt.port, 3, seed=2)
+                before = scrape(3)
+                r = admin_get(port, "/reset", method="POST", headers=[("Authorization", "Bearer " + self.TOKEN)])
+                self.assertEqual(r.status, 200, r.body)
+                self.assertIsNone(series_of(admin_get(port, "/stats?window=all").json()), "the windows are empty")
+                send_requests(tt.port, 2, seed=3)
+                after = scrape(5)
+                cumulative = [k for k in before if re.search(r"(_bucket|_count|_sum|_total)$", k[0])]
+                self.assertGreater(len(cumulative), 100)
+                for k in cumulative:
+                    self.assertGreaterEqual(after.get(k, -1), before[k], k)
+                tt.stop()
+                sim.stop()
+
     def test_non_loopback_needs_a_token(self):
         r = harness.run_cli(["--upstream", "http://127.0.0.1:9", "--listen", "127.0.0.1:0", "--data-dir", "off",
                              "--admin", "0.0.0.0:0"], timeout=10)
