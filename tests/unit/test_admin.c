@@ -100,6 +100,25 @@ static void test_knee_ties_lowest_load(void **state)
 	assert_true(k.saturated);
 }
 
+/* Power 1, 2, 1.5, 3, 2: the step from 2 to 4 in flight stops paying, so the
+ * knee is 2 in flight, though 8 in flight reaches a higher power later. */
+static void test_knee_is_the_first_bend(void **state)
+{
+	const struct knee_point pts[] = {
+		{ 1, 10, 10, 50 }, { 2, 20, 10, 50 }, { 4, 30, 20, 50 }, { 8, 60, 20, 50 }, { 16, 60, 30, 50 },
+	};
+	struct knee k = knee_find(pts, 5, 5);
+	assert_int_equal(k.index, 1);
+	assert_true(k.saturated);
+	/* a sparse dip does not end the climb: the knee is then the 8 */
+	struct knee_point sparse[5];
+	memcpy(sparse, pts, sizeof(pts));
+	sparse[2].requests = 4;
+	k = knee_find(sparse, 5, 5);
+	assert_int_equal(k.index, 3);
+	assert_true(k.saturated);
+}
+
 static void test_knee_none(void **state)
 {
 	const struct knee_point bad[] = {
@@ -541,6 +560,7 @@ int main(void)
 		cmocka_unit_test(test_knee_at_first_point),
 		cmocka_unit_test(test_knee_skips_sparse_points),
 		cmocka_unit_test(test_knee_ties_lowest_load),
+		cmocka_unit_test(test_knee_is_the_first_bend),
 		cmocka_unit_test(test_knee_none),
 		cmocka_unit_test(test_knee_single_point),
 		cmocka_unit_test(test_prom_escape),
