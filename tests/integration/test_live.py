@@ -162,6 +162,23 @@ class LiveTest(harness.TestCase):
         curve = admin_req(self.admin, "GET", "/stats/curve?window=5m&upstream=fast").json()
         self.assertEqual(curve["series"][0]["labels"], {"runtime": "sim-fast", "hardware": "cpu"})
 
+    def test_stats_labels_follow_a_reload(self):
+        """The admin thread keeps the upstreams' labels itself (no worker is
+        asked per read); a reload that changes them shows in /stats and
+        /compare at once."""
+        self.served(8)
+        self.assertTrue(harness.wait_until(
+            lambda: len(admin_req(self.admin, "GET", "/stats?window=5m").json()["series"]) == 2, 5.0, 0.1))
+        body = self.tt.body.replace("runtime: sim-fast", "runtime: sim-fast-2")
+        self.assertNotEqual(body, self.tt.body)
+        self.assertTrue(self.tt.reload(body))
+        doc = admin_req(self.admin, "GET", "/stats?window=5m").json()
+        self.assertEqual({s["upstream"]: s["labels"] for s in doc["series"]},
+                         {"fast": {"runtime": "sim-fast-2", "hardware": "cpu"}, "slow": {}})
+        doc = admin_req(self.admin, "GET", "/compare?route=chat&window=5m&cold=include").json()
+        self.assertEqual({u["upstream"]: u["labels"] for u in doc["upstreams"]},
+                         {"fast": {"runtime": "sim-fast-2", "hardware": "cpu"}, "slow": {}})
+
     def test_weights_change_the_split_at_once(self):
         self.assertEqual(self.served(8).count("fast"), 6)
         r = admin_req(self.admin, "POST", "/routes/weights",
