@@ -3,9 +3,10 @@
  *
  * Time histograms use one fixed, sorted set of `le` bounds on every instance
  * (the union of vLLM's TTFT and inter-token-latency buckets), so that
- * histogram_quantile(sum by (le) (...)) over a fleet of tokentaps is exact
- * about bucket edges. Cumulative bucket counts come from hist_count_le(),
- * rounded to integers and forced monotonic, ending in +Inf == _count.
+ * histogram_quantile(sum by (le) (...)) can add up a fleet of tokentaps.
+ * Cumulative bucket counts come from hist_count_le() (interpolated inside
+ * the internal 1 % bucket an edge cuts), rounded to integers and forced
+ * monotonic, ending in +Inf == _count.
  */
 #pragma once
 
