@@ -101,6 +101,7 @@ struct admin {
 	char bound_host[INET6_ADDRSTRLEN + 3]; /* "127.0.0.1", "[::1]" */
 	char listen_addr[INET6_ADDRSTRLEN + 12];
 	uint64_t since_sec; /* when collection began, for rates */
+	struct slo slo;	    /* the goodput thresholds the workers judge by */
 };
 
 /* ---- answers ---- */
@@ -269,6 +270,7 @@ static void on_stats_view(struct admin *a, struct evhttp_request *req, struct ev
 	q.route = evhttp_find_header(p, "route");
 	q.upstream = evhttp_find_header(p, "upstream");
 	q.model = evhttp_find_header(p, "model");
+	q.slo = &a->slo;
 	if (!query(a, req, q.window, &res))
 		return;
 	q.labels = upstream_labels(a);
@@ -654,6 +656,7 @@ struct admin *admin_start(const struct admin_options *o, struct store *store, co
 	a->labels = (json_t *)admin_labels_of(cfg);
 	a->store = store;
 	a->cfg = cfg;
+	a->slo = o->slo;
 	a->recent = recent;
 	for (unsigned i = 0; i < o->nworkers && i < WORKERS_MAX; i++) {
 		a->controls[i] = o->controls[i];

@@ -21,6 +21,7 @@
 #include <stddef.h>
 
 #include "config.h"
+#include "slice.h"
 
 struct store;
 struct config;
@@ -37,6 +38,7 @@ struct admin_options {
 	struct control *controls[WORKERS_MAX];
 	void *proxies[WORKERS_MAX];
 	unsigned nworkers;
+	struct slo slo; /* the goodput thresholds the workers judge by, for /stats to name */
 };
 
 /*

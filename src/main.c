@@ -216,7 +216,7 @@ int main(int argc, char **argv)
 	struct worker_env env;
 	struct event *sigint = NULL, *sigterm = NULL, *sighup = NULL, *drained = NULL;
 	struct admin *admin = NULL;
-	struct admin_options ao = { NULL, NULL, { NULL }, { NULL }, 0 };
+	struct admin_options ao = { .listen = NULL }; /* the rest zero */
 	char *admin_token = NULL;
 	char err[512], errs[8192];
 	unsigned nworkers;
@@ -324,6 +324,7 @@ int main(int argc, char **argv)
 			ao.proxies[i] = worker_proxy(workers[i]);
 		}
 		ao.nworkers = nworkers;
+		ao.slo = env.slo;
 		admin = admin_start(&ao, store, &boot, recent, err, sizeof(err));
 		app.admin = admin;
 		if (!admin && boot.admin_listen_explicit) {

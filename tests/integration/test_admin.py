@@ -552,6 +552,21 @@ class AdminTokenTest(harness.TestCase):
         self.assertIn("empty", r.stderr)
 
 
+class AdminGoodputTest(harness.TestCase):
+    def test_goodput_names_the_thresholds_it_was_judged_against(self):
+        sim = harness.start_sim(self)
+        for args, want in ((("--slo-ttft", "750ms", "--slo-tpot", "40ms"), {"ttft_ms": 750, "tpot_ms": 40}),
+                           ((), {"ttft_ms": 2000, "tpot_ms": 100})):
+            with self.subTest(args=args):
+                tt = harness.start_tokentap(self, sim.url, "--data-dir", "off", "--flush-interval", "200ms",
+                                            "--admin", "127.0.0.1:0", *args)
+                port = admin_port(tt)
+                send_requests(tt.port, 2, seed=4)
+                doc = wait_stats_count(self, port, 2, window="5m")
+                self.assertEqual(series_of(doc)["goodput"]["slo"], want)
+                tt.stop()
+
+
 class AdminRestartTest(harness.TestCase):
     def test_stats_survive_kill_9(self):
         d = tempfile.mkdtemp(prefix="tokentap-admin-restart-")
