@@ -23,7 +23,9 @@
 
 /* The sorted union of vLLM's TTFT buckets (0.001 .. 2560 s) and its
  * inter-token-latency buckets (0.01 .. 80 s), written as vLLM's exporter
- * writes them. µs values must stay below HIST_LIMIT (71 min). */
+ * writes them, for every time family. vLLM's request-latency edges (e2e,
+ * queue: 0.3 .. 7680 s) are not among them: they reach past HIST_LIMIT, and
+ * µs values must stay below it (71 min). */
 static const struct {
 	uint64_t us;
 	const char *label;
