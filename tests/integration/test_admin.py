@@ -318,7 +318,9 @@ class AdminStatsTest(harness.TestCase):
                             ("/stats?window=1h&window=5m", "window"), ("/requests/recent?n=0", "n"),
                             ("/requests/recent?n=abc", "n"), ("/requests/recent?n=-3", "n"),
                             ("/requests/recent?n=1025", "n"), ("/requests/recent?n=5&n=6", "n"),
-                            ("/requests/recent?count=5", "count"), ("/?x=1", "x")):
+                            ("/requests/recent?count=5", "count"), ("/?x=1", "x"),
+                            ("/stats?window", "window"), ("/stats?window=1h&cold", "cold"),
+                            ("/requests/recent?n", "n"), ("/compare?route=chat&window", "window")):
             with self.subTest(path=path):
                 r = admin_get(self.admin, path)
                 self.assertJsonError(r, 400)
