@@ -174,16 +174,32 @@ static void ring_add(struct store *st, struct store_batch *b)
 	pthread_mutex_unlock(&st->ring_lock);
 }
 
-/* Adds the batch to the lifetime counts (before ring_add takes its blobs). */
+/* Adds the batch to the lifetime counts (before ring_add takes its blobs):
+ * the counters and the per-request metrics' histograms, not the load curves
+ * (nothing reads them there, and they are most of a slice's memory). */
 static void life_add(struct store *st, const struct store_batch *b)
 {
+	struct slice *tmp = &st->life_scratch; /* writer thread only; kept allocated */
+
 	pthread_mutex_lock(&st->life_lock);
 	for (size_t i = 0; i < b->n; i++) {
 		struct store_series *se = result_series(&st->life, b->items[i].key, b->items[i].keylen);
-		if (!se)
+		if (!se) {
 			log_warn("store: out of memory: a delta is missing from the lifetime counts");
-		else if (slice_decode_merge(&se->slice, b->items[i].blob, b->items[i].len) == -1)
+			continue;
+		}
+		slice_clear(tmp);
+		if (slice_decode_merge(tmp, b->items[i].blob, b->items[i].len) == -1) {
 			log_warn("store: undecodable delta left out of the lifetime counts");
+			continue;
+		}
+		for (unsigned c = 0; c < CT__COUNT; c++)
+			se->slice.counters[c] += tmp->counters[c];
+		for (unsigned m = 0; m < HM__COUNT; m++) {
+			struct hist *h;
+			if (tmp->slot[m] && tmp->slot[m]->count && (h = slice_hist(&se->slice, m)))
+				hist_merge(h, tmp->slot[m]);
+		}
 	}
 	pthread_mutex_unlock(&st->life_lock);
 }
@@ -1115,6 +1131,7 @@ void store_close(struct store *st)
 	}
 	held_clear(st);
 	store_result_free(&st->life);
+	slice_release(&st->life_scratch);
 	pthread_rwlock_destroy(&st->map_lock);
 	pthread_rwlock_destroy(&st->held_lock);
 	pthread_mutex_destroy(&st->ring_lock);

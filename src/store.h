@@ -95,9 +95,10 @@ int store_query(struct store *st, enum store_window w, struct store_result *out,
 void store_result_free(struct store_result *r);
 
 /* Everything submitted since the store opened, merged per series: the
- * counters /metrics exposes, which only ever grow (store_reset and the
- * windows' retention leave them be; a restart starts them at zero).
- * start_sec is when the store opened. 0, or -1 when out of memory. */
+ * counters and per-request metric histograms /metrics exposes (no load
+ * curves), which only ever grow (store_reset and the windows' retention
+ * leave them be; a restart starts them at zero). start_sec is when the
+ * store opened. 0, or -1 when out of memory. */
 int store_query_lifetime(struct store *st, struct store_result *out);
 
 /* Forgets every stored slice (admin reset); the lifetime counts stay.

@@ -58,6 +58,7 @@ struct store {
 	pthread_mutex_t life_lock;
 	struct store_result life;
 	uint64_t life_since;
+	struct slice life_scratch; /* writer thread only: a delta decoded */
 
 	pthread_t writer;
 	bool writer_running;

@@ -496,6 +496,8 @@ static struct store_batch *lifetime_batch(uint64_t sec, uint64_t requests)
 
 	memset(&s, 0, sizeof(s));
 	s.counters[CT_REQUESTS] = requests;
+	hist_record_n(slice_hist(&s, HM_TTFT), 20000, requests);
+	hist_record_n(slice_hist(&s, SLOT_CURVE(CURVE_TTFT, 0)), 20000, requests);
 	assert_non_null(b);
 	b->sec = sec;
 	b->items = calloc(1, sizeof(*b->items));
@@ -505,6 +507,7 @@ static struct store_batch *lifetime_batch(uint64_t sec, uint64_t requests)
 	b->items[0].keylen = 1;
 	b->items[0].len = slice_encode(&s, &b->items[0].blob);
 	assert_true(b->items[0].len > 0);
+	slice_release(&s);
 	return b;
 }
 
@@ -548,6 +551,9 @@ static void test_lifetime_outlives_ring_and_reset(void **state)
 	assert_int_equal(store_query_lifetime(st, &life), 0);
 	assert_int_equal(requests_of(&life), 9);
 	assert_int_equal(life.n, 1);
+	/* the metric histograms, not the load curves */
+	assert_int_equal(life.series[0].slice.slot[HM_TTFT]->count, 9);
+	assert_null(life.series[0].slice.slot[SLOT_CURVE(CURVE_TTFT, 0)]);
 	store_result_free(&life);
 	store_close(st);
 }
