@@ -11,11 +11,21 @@
  * prom.c, the recent requests' in admin_recent.c; the dashboard page is
  * src/dashboard.html, embedded at build time (dashboard.h).
  *
+ * What it shares with forwarding: the store (short read transactions, the
+ * lifetime total's copy), the recent ring (a copy under its mutex), the
+ * upstreams' shared in-flight counts (a copy under the lock workers take
+ * when an upstream object comes or goes, for /metrics), and the upstreams'
+ * labels, which it keeps itself (admin_labels_use, at start and on each
+ * reload). So the read endpoints (/stats*, /compare, /metrics,
+ * /requests/recent) never wait on a worker. Only the live views (/routes,
+ * /upstreams) and the weight change run a job on the workers' loops
+ * (control.h), since that state belongs to them; each waits at most
+ * LIVE_TIMEOUT_MS per worker and answers 503 past it.
+ *
  * Invariants: the token is read only by admin_gate.c, never logged or
  * returned; every answer carries a content type and Cache-Control: no-store;
- * nothing here blocks but the store's short read transactions and the
- * recent ring's copy; the thread runs niced, so forwarding wins the CPU.
- * tests/bench/admin_flood.py measures that a flood leaves forwarding as is.
+ * the thread runs niced, so forwarding wins the CPU.
+ * tests/bench/admin_flood.py measures what a flood does to forwarding.
  */
 #define _GNU_SOURCE /* statx */
 #include "admin.h"
@@ -82,9 +92,16 @@ struct admin {
 	char *token; /* NULL: writes are refused */
 	size_t token_len;
 
+	/* {upstream: labels} of the configuration in force: set at start and
+	 * by each reload (admin_labels_use, on the main thread), copied out by
+	 * the read endpoints, so that they never wait on a worker */
+	pthread_mutex_t labels_lock;
+	json_t *labels;
+
 	char bound_host[INET6_ADDRSTRLEN + 3]; /* "127.0.0.1", "[::1]" */
 	char listen_addr[INET6_ADDRSTRLEN + 12];
 	uint64_t since_sec; /* when collection began, for rates */
+	struct slo slo;	    /* the goodput thresholds the workers judge by */
 };
 
 /* ---- answers ---- */
@@ -184,33 +201,16 @@ static void on_readyz(struct admin *a, struct evhttp_request *req, struct evkeyv
 	reply_json_text(req, 200, "{\"ready\":true}\n");
 }
 
-/* {upstream: labels} from the worker's live view; NULL when unavailable
- * (the comparison then goes without labels rather than failing). */
+/* A copy of {upstream: labels} for one answer; NULL when out of memory
+ * (the answer then goes without labels rather than failing). */
 static json_t *upstream_labels(struct admin *a)
 {
-	char *out = NULL;
-	int status = 0;
-	json_t *doc, *map, *ups, *u;
-	size_t i;
+	json_t *copy;
 
-	if (!a->nworkers ||
-	    control_call(a->controls[0], live_upstreams, a->proxies[0], NULL, &out, &status, LIVE_TIMEOUT_MS) ||
-	    status != 200 || !out) {
-		free(out);
-		return NULL;
-	}
-	doc = json_loads(out, 0, NULL);
-	free(out);
-	map = json_object();
-	ups = doc ? json_object_get(doc, "upstreams") : NULL;
-	json_array_foreach (ups, i, u) {
-		const char *name = json_string_value(json_object_get(u, "name"));
-		json_t *labels = json_object_get(u, "labels");
-		if (name && labels)
-			json_object_set(map, name, labels);
-	}
-	json_decref(doc);
-	return map;
+	pthread_mutex_lock(&a->labels_lock);
+	copy = a->labels ? json_deep_copy(a->labels) : NULL;
+	pthread_mutex_unlock(&a->labels_lock);
+	return copy;
 }
 
 /* The `window` and `cold` parameters, shared by the stats endpoints and
@@ -270,6 +270,7 @@ static void on_stats_view(struct admin *a, struct evhttp_request *req, struct ev
 	q.route = evhttp_find_header(p, "route");
 	q.upstream = evhttp_find_header(p, "upstream");
 	q.model = evhttp_find_header(p, "model");
+	q.slo = &a->slo;
 	if (!query(a, req, q.window, &res))
 		return;
 	q.labels = upstream_labels(a);
@@ -298,15 +299,24 @@ static void on_metrics(struct admin *a, struct evhttp_request *req, struct evkey
 {
 	struct store_result res;
 	struct evbuffer *out = evhttp_request_get_output_buffer(req);
-	char err[256];
 
-	if (store_query(a->store, WIN_ALL, &res, err, sizeof(err)) == -1) {
-		log_warn("admin: metrics query failed: %s", err);
-		reply_error(req, 500, NULL, "stats query failed: %s", err);
+	/* counts since the process started, never the windows, so that
+	 * neither /reset nor the ring's retention makes a counter go down */
+	if (store_query_lifetime(a->store, &res) == -1) {
+		reply_error(req, 500, NULL, "out of memory reading the metrics");
 		return;
 	}
 	int rc = prom_render(out, &res);
 	store_result_free(&res);
+	if (rc == 0) {
+		struct upstream_gauge *g;
+		size_t n;
+		rc = upstream_gauges(&g, &n);
+		if (rc == 0) {
+			rc = prom_render_gauges(out, g, n);
+			upstream_gauges_free(g, n);
+		}
+	}
 	if (rc == -1) {
 		evbuffer_drain(out, evbuffer_get_length(out));
 		reply_error(req, 500, NULL, "out of memory rendering the metrics");
@@ -642,8 +652,11 @@ struct admin *admin_start(const struct admin_options *o, struct store *store, co
 		return NULL;
 	}
 	a->wake_fd[0] = a->wake_fd[1] = -1;
+	pthread_mutex_init(&a->labels_lock, NULL);
+	a->labels = (json_t *)admin_labels_of(cfg);
 	a->store = store;
 	a->cfg = cfg;
+	a->slo = o->slo;
 	a->recent = recent;
 	for (unsigned i = 0; i < o->nworkers && i < WORKERS_MAX; i++) {
 		a->controls[i] = o->controls[i];
@@ -718,6 +731,38 @@ fail:
 	return NULL;
 }
 
+struct admin_labels *admin_labels_of(const struct config *cfg)
+{
+	json_t *map = json_object();
+
+	for (unsigned i = 0; map && cfg && i < cfg->nupstreams; i++) {
+		const struct upstream_conf *uc = &cfg->upstreams[i];
+		json_t *labels = json_object();
+		for (unsigned l = 0; labels && l < uc->nlabels; l++)
+			json_object_set_new(labels, uc->labels[l].key, json_string(uc->labels[l].value));
+		if (!labels || json_object_set_new(map, uc->name, labels) == -1) {
+			json_decref(map);
+			return NULL;
+		}
+	}
+	return (struct admin_labels *)map;
+}
+
+void admin_labels_use(struct admin *a, struct admin_labels *labels)
+{
+	json_t *old;
+
+	if (!a) {
+		json_decref((json_t *)labels);
+		return;
+	}
+	pthread_mutex_lock(&a->labels_lock);
+	old = a->labels;
+	a->labels = (json_t *)labels;
+	pthread_mutex_unlock(&a->labels_lock);
+	json_decref(old);
+}
+
 const char *admin_listen_addr(const struct admin *a)
 {
 	return a ? a->listen_addr : "";
@@ -746,6 +791,8 @@ void admin_stop(struct admin *a)
 		explicit_bzero(a->token, a->token_len);
 		free(a->token);
 	}
+	json_decref(a->labels);
+	pthread_mutex_destroy(&a->labels_lock);
 	free(a);
 }
 

@@ -3,9 +3,11 @@
  * load curve, Prometheus) and the guarded write side (reset).
  *
  * It runs on its own thread with its own event loop and evhttp server, so a
- * slow scrape or a large /stats answer never delays forwarding; it touches
- * nothing of the proxy but the store and the recent-requests ring (both
- * thread-safe) and the read-only config. It also serves the dashboard page
+ * slow scrape or a large /stats answer never delays forwarding. Its read
+ * endpoints touch nothing of the proxy but the store, the recent-requests
+ * ring, the upstreams' shared in-flight counts (all thread-safe) and the
+ * upstream labels it keeps (admin_labels_use); /routes, /upstreams and the
+ * weight change run on the workers' loops through their control channels. It also serves the dashboard page
  * (GET /), compiled into the binary from src/dashboard.html.
  * Endpoints, parameters and errors: docs/admin-api.md.
  *
@@ -19,6 +21,7 @@
 #include <stddef.h>
 
 #include "config.h"
+#include "slice.h"
 
 struct store;
 struct config;
@@ -35,6 +38,7 @@ struct admin_options {
 	struct control *controls[WORKERS_MAX];
 	void *proxies[WORKERS_MAX];
 	unsigned nworkers;
+	struct slo slo; /* the goodput thresholds the workers judge by, for /stats to name */
 };
 
 /*
@@ -46,6 +50,18 @@ struct admin_options {
  */
 struct admin *admin_start(const struct admin_options *o, struct store *store, const struct config *cfg,
 			  struct recent *recent, char *err, size_t errlen);
+
+/*
+ * The upstreams' labels of a configuration, for /stats, /stats/curve,
+ * /stats/prompt and /compare, which keep them in the admin thread instead
+ * of asking a worker. admin_start takes those of its `cfg`; a reload takes
+ * admin_labels_of(next config) before the workers take that configuration
+ * over and, once one has, hands them in with admin_labels_use (which takes
+ * them; with a NULL admin it frees them). NULL when out of memory.
+ */
+struct admin_labels;
+struct admin_labels *admin_labels_of(const struct config *cfg);
+void admin_labels_use(struct admin *a, struct admin_labels *labels);
 
 /* The address actually bound, "ADDR:PORT" ("[v6]:PORT" for IPv6). */
 const char *admin_listen_addr(const struct admin *a);

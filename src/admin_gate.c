@@ -178,6 +178,18 @@ static bool params_parse(const char *query, const char *const *allowed, struct e
 
 	if (!query || !*query)
 		return true;
+	/* a name without '=' (`?window`): libevent calls the whole query
+	 * malformed; say which parameter lacks its value */
+	for (const char *p = query; *p;) {
+		size_t len = strcspn(p, "&");
+		if (len && !memchr(p, '=', len)) {
+			char name[65];
+			snprintf(name, sizeof(name), "%.*s", (int)(len < 64 ? len : 64), p);
+			refuse(v, 400, name, "parameter '%s' has no value; write %s=VALUE", name, name);
+			return false;
+		}
+		p += len + (p[len] == '&');
+	}
 	if (evhttp_parse_query_str(query, q) == -1) {
 		evhttp_clear_headers(q);
 		refuse(v, 400, NULL, "malformed query string");

@@ -224,6 +224,29 @@ static void put_labels(json_t *o, const struct stats_group *g, const struct stat
 
 /* ---- /stats ---- */
 
+/* The thresholds a request's goodput is judged against, in ms: one row per
+ * field of struct slo, so a threshold added there is named by adding its
+ * row here. */
+static const struct {
+	const char *key;
+	size_t offset; /* of a uint64_t in µs */
+} slo_fields[] = {
+	{ "ttft_ms", offsetof(struct slo, ttft_us) },
+	{ "tpot_ms", offsetof(struct slo, tpot_us) },
+};
+
+static json_t *slo_json(const struct slo *slo)
+{
+	json_t *o = json_object();
+
+	for (size_t i = 0; o && i < sizeof(slo_fields) / sizeof(slo_fields[0]); i++) {
+		uint64_t us;
+		memcpy(&us, (const char *)slo + slo_fields[i].offset, sizeof(us));
+		put(o, slo_fields[i].key, us % 1000 ? json_real((double)us / 1000.0) : json_u64(us / 1000));
+	}
+	return o;
+}
+
 static json_t *summary_json(const struct stats_group *g, const struct stats_query *q, uint64_t elapsed_s)
 {
 	const struct slice *s = &g->slice;
@@ -265,6 +288,8 @@ static json_t *summary_json(const struct stats_group *g, const struct stats_quer
 		put(gp, "slo_met", json_u64(met));
 		put(gp, "slo_missed", json_u64(missed));
 		put(gp, "ratio", json_ratio((double)met, (double)(met + missed)));
+		if (q->slo)
+			put(gp, "slo", slo_json(q->slo));
 	}
 	put(o, "goodput", gp);
 

@@ -27,6 +27,9 @@ struct stats_query {
 	/* upstream name -> its configured labels (a JSON object), repeated in
 	 * every series of the answer; NULL: none known */
 	struct json_t *labels;
+	/* the goodput thresholds in force, named in each series' goodput;
+	 * NULL: not named */
+	const struct slo *slo;
 };
 
 struct stats_group {

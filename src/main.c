@@ -67,6 +67,7 @@ struct app {
 	struct worker **workers;
 	unsigned nworkers;
 	const struct config *boot; /* settings that a reload does not change */
+	struct admin *admin;	   /* NULL: off; told of each reload's upstream labels */
 	uint64_t generation;
 	bool stopping;
 	int drained_fd;	   /* eventfd: a worker finished draining */
@@ -164,6 +165,8 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
 		}
 	}
 	warn_fixed(app->boot, &next[0]);
+	/* taken now: a worker that takes the configuration empties next[] */
+	struct admin_labels *labels = admin_labels_of(&next[0]);
 	for (unsigned i = 0; i < app->nworkers; i++) {
 		if (worker_reload(app->workers[i], &next[i], app->generation + 1, err, sizeof(err)) == -1) {
 			log_error("reload failed in worker %u; it keeps the running configuration: %s", i, err);
@@ -171,8 +174,11 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
 		}
 		config_free(&next[i]);
 	}
-	if (failed == app->nworkers)
+	if (failed == app->nworkers) {
+		admin_labels_use(NULL, labels);
 		return;
+	}
+	admin_labels_use(app->admin, labels);
 	app->generation++;
 	const struct router *rt = proxy_router(worker_proxy(app->workers[0]));
 	log_info("reloaded %s: generation %llu, %u upstream(s), %u route(s)", app->boot->path,
@@ -201,7 +207,7 @@ int main(int argc, char **argv)
 {
 	struct config boot, gen;
 	struct worker *workers[WORKERS_MAX] = { NULL };
-	struct app app = { argc, argv, NULL, workers, 0, &boot, 1, false, -1, 0 };
+	struct app app = { argc, argv, NULL, workers, 0, &boot, NULL, 1, false, -1, 0 };
 	struct event_base *base = NULL;
 	struct accesslog *alog = NULL;
 	struct store *store = NULL;
@@ -210,7 +216,7 @@ int main(int argc, char **argv)
 	struct worker_env env;
 	struct event *sigint = NULL, *sigterm = NULL, *sighup = NULL, *drained = NULL;
 	struct admin *admin = NULL;
-	struct admin_options ao = { NULL, NULL, { NULL }, { NULL }, 0 };
+	struct admin_options ao = { .listen = NULL }; /* the rest zero */
 	char *admin_token = NULL;
 	char err[512], errs[8192];
 	unsigned nworkers;
@@ -318,7 +324,9 @@ int main(int argc, char **argv)
 			ao.proxies[i] = worker_proxy(workers[i]);
 		}
 		ao.nworkers = nworkers;
+		ao.slo = env.slo;
 		admin = admin_start(&ao, store, &boot, recent, err, sizeof(err));
+		app.admin = admin;
 		if (!admin && boot.admin_listen_explicit) {
 			log_error("%s", err);
 			goto out;

@@ -1,11 +1,13 @@
 /*
- * prom.c — renders the cumulative stats as Prometheus text format 0.0.4.
+ * prom.c — renders the lifetime stats (store_query_lifetime: since the process
+ * started, never reset) as Prometheus text format 0.0.4.
  *
  * Families, each with # HELP and # TYPE, in this order: one histogram
  * tokentap_<metric>_seconds per time metric of HIST_METRICS (names generated
  * from the X-macro), then the counters. Every family lists every (route,
  * upstream, model) group, warm and cold requests merged, so a series never
- * appears in one family and not in its neighbour.
+ * appears in one family and not in its neighbour. Then the gauges of what
+ * runs and waits now, by upstream (prom_render_gauges).
  */
 #include "prom.h"
 
@@ -21,7 +23,9 @@
 
 /* The sorted union of vLLM's TTFT buckets (0.001 .. 2560 s) and its
  * inter-token-latency buckets (0.01 .. 80 s), written as vLLM's exporter
- * writes them. µs values must stay below HIST_LIMIT (71 min). */
+ * writes them, for every time family. vLLM's request-latency edges (e2e,
+ * queue: 0.3 .. 7680 s) are not among them: they reach past HIST_LIMIT, and
+ * µs values must stay below it (71 min). */
 static const struct {
 	uint64_t us;
 	const char *label;
@@ -196,4 +200,50 @@ fail:
 	free(labels);
 	stats_groups_free(&gs);
 	return -1;
+}
+
+static int gauge_by_name(const void *a, const void *b)
+{
+	return strcmp(((const struct upstream_gauge *)a)->name, ((const struct upstream_gauge *)b)->name);
+}
+
+int prom_render_gauges(struct evbuffer *out, const struct upstream_gauge *g, size_t n)
+{
+	static const struct {
+		const char *name, *help;
+	} families[] = {
+		{ "in_flight", "Requests admitted to the upstream and running now, all workers." },
+		{ "queued", "Requests waiting for an admission slot of the upstream now (max_concurrency)." },
+	};
+	struct upstream_gauge *sorted = n ? malloc(n * sizeof(*sorted)) : NULL;
+	struct writer w = { out, 0 };
+
+	if (n && !sorted)
+		return -1;
+	if (n)
+		memcpy(sorted, g, n * sizeof(*sorted));
+	qsort(sorted, n, sizeof(*sorted), gauge_by_name);
+	for (size_t f = 0; f < 2; f++) {
+		emit(&w, "# HELP tokentap_%s %s\n", families[f].name, families[f].help);
+		emit(&w, "# TYPE tokentap_%s gauge\n", families[f].name);
+		for (size_t i = 0; i < n;) {
+			unsigned long long v = 0;
+			size_t j = i;
+			/* one name twice: a reload draining the old url */
+			for (; j < n && strcmp(sorted[j].name, sorted[i].name) == 0; j++)
+				v += f == 0 ? sorted[j].in_flight : sorted[j].queued;
+			size_t len = prom_label_escape(NULL, 0, sorted[i].name);
+			char *label = malloc(len + 1);
+			if (!label) {
+				w.failed = 1;
+				break;
+			}
+			prom_label_escape(label, len + 1, sorted[i].name);
+			emit(&w, "tokentap_%s{upstream=\"%s\"} %llu\n", families[f].name, label, v);
+			free(label);
+			i = j;
+		}
+	}
+	free(sorted);
+	return w.failed ? -1 : 0;
 }

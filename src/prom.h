@@ -3,15 +3,17 @@
  *
  * Time histograms use one fixed, sorted set of `le` bounds on every instance
  * (the union of vLLM's TTFT and inter-token-latency buckets), so that
- * histogram_quantile(sum by (le) (...)) over a fleet of tokentaps is exact
- * about bucket edges. Cumulative bucket counts come from hist_count_le(),
- * rounded to integers and forced monotonic, ending in +Inf == _count.
+ * histogram_quantile(sum by (le) (...)) can add up a fleet of tokentaps.
+ * Cumulative bucket counts come from hist_count_le() (interpolated inside
+ * the internal 1 % bucket an edge cuts), rounded to integers and forced
+ * monotonic, ending in +Inf == _count.
  */
 #pragma once
 
 #include <stddef.h>
 
 #include "store.h"
+#include "upstream.h"
 
 struct evbuffer;
 
@@ -23,9 +25,16 @@ struct evbuffer;
  */
 size_t prom_label_escape(char *out, size_t cap, const char *in);
 
-/* Appends the exposition of `r` (the cumulative "all" window) to `out`.
+/* Appends the exposition of `r` (store_query_lifetime: counts since the
+ * process started, which never go down) to `out`.
  * 0, or -1 when out of memory. */
 int prom_render(struct evbuffer *out, const struct store_result *r) __attribute__((warn_unused_result));
+
+/* Appends the gauges tokentap_in_flight and tokentap_queued, labelled by
+ * upstream, from `g` (upstream_gauges: entries of one name are added up,
+ * names sorted). 0, or -1 when out of memory. */
+int prom_render_gauges(struct evbuffer *out, const struct upstream_gauge *g, size_t n)
+	__attribute__((warn_unused_result));
 
 /* Number of finite `le` bounds and bound i, in seconds as printed. */
 size_t prom_le_count(void);

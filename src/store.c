@@ -174,6 +174,60 @@ static void ring_add(struct store *st, struct store_batch *b)
 	pthread_mutex_unlock(&st->ring_lock);
 }
 
+/* Adds the batch to the lifetime counts (before ring_add takes its blobs):
+ * the counters and the per-request metrics' histograms, not the load curves
+ * (nothing reads them there, and they are most of a slice's memory). */
+static void life_add(struct store *st, const struct store_batch *b)
+{
+	struct slice *tmp = &st->life_scratch; /* writer thread only; kept allocated */
+
+	pthread_mutex_lock(&st->life_lock);
+	for (size_t i = 0; i < b->n; i++) {
+		struct store_series *se = result_series(&st->life, b->items[i].key, b->items[i].keylen);
+		if (!se) {
+			log_warn("store: out of memory: a delta is missing from the lifetime counts");
+			continue;
+		}
+		slice_clear(tmp);
+		if (slice_decode_merge(tmp, b->items[i].blob, b->items[i].len) == -1) {
+			log_warn("store: undecodable delta left out of the lifetime counts");
+			continue;
+		}
+		for (unsigned c = 0; c < CT__COUNT; c++)
+			se->slice.counters[c] += tmp->counters[c];
+		for (unsigned m = 0; m < HM__COUNT; m++) {
+			struct hist *h;
+			if (tmp->slot[m] && tmp->slot[m]->count && (h = slice_hist(&se->slice, m)))
+				hist_merge(h, tmp->slot[m]);
+		}
+	}
+	pthread_mutex_unlock(&st->life_lock);
+}
+
+int store_query_lifetime(struct store *st, struct store_result *out)
+{
+	int rc = 0;
+
+	memset(out, 0, sizeof(*out));
+	out->end_sec = unix_now();
+	pthread_mutex_lock(&st->life_lock);
+	out->start_sec = st->life_since;
+	if (st->life.n && !(out->series = calloc(st->life.n, sizeof(*out->series))))
+		rc = -1;
+	for (size_t i = 0; i < st->life.n && rc == 0; i++) {
+		const struct store_series *from = &st->life.series[i];
+		struct store_series *se = &out->series[out->n++];
+		memcpy(se->key, from->key, from->keylen);
+		se->keylen = from->keylen;
+		slice_merge(&se->slice, &from->slice);
+	}
+	out->cap = out->n;
+	pthread_mutex_unlock(&st->life_lock);
+	if (rc == -1)
+		store_result_free(out);
+	return rc;
+}
+
 static int ring_query(struct store *st, uint64_t from, uint64_t to, struct store_result *r)
 {
 	pthread_mutex_lock(&st->ring_lock);
@@ -786,6 +840,7 @@ static void *writer_main(void *arg)
 			writer_commit(st, list, now);
 		for (struct store_batch *b = list, *next; b; b = next) {
 			next = b->next;
+			life_add(st, b);
 			ring_add(st, b);
 			store_batch_free(b);
 		}
@@ -984,6 +1039,8 @@ struct store *store_open(const struct store_options *o, char *err, size_t errlen
 	pthread_rwlock_init(&st->map_lock, NULL);
 	pthread_rwlock_init(&st->held_lock, NULL);
 	pthread_mutex_init(&st->ring_lock, NULL);
+	pthread_mutex_init(&st->life_lock, NULL);
+	st->life_since = unix_now();
 	pthread_mutex_init(&st->q_lock, NULL);
 	pthread_cond_init(&st->q_cond, NULL);
 	pthread_cond_init(&st->q_done, NULL);
@@ -1073,9 +1130,12 @@ void store_close(struct store *st)
 		store_batch_free(b);
 	}
 	held_clear(st);
+	store_result_free(&st->life);
+	slice_release(&st->life_scratch);
 	pthread_rwlock_destroy(&st->map_lock);
 	pthread_rwlock_destroy(&st->held_lock);
 	pthread_mutex_destroy(&st->ring_lock);
+	pthread_mutex_destroy(&st->life_lock);
 	pthread_mutex_destroy(&st->q_lock);
 	pthread_cond_destroy(&st->q_cond);
 	pthread_cond_destroy(&st->q_done);

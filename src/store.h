@@ -1,6 +1,7 @@
 /*
  * store.h — where the numbers live: per-second slices in memory, per-minute,
- * per-hour and all-time slices in LMDB, and the window queries over them.
+ * per-hour and all-time slices in LMDB, and the window queries over them;
+ * and, for /metrics, a lifetime total per series in memory that only grows.
  *
  * Workers hand in batches of encoded series deltas (store_submit, once per
  * flush interval each). One writer thread owns every LMDB write: it merges a
@@ -93,7 +94,15 @@ void store_batch_free(struct store_batch *b);
 int store_query(struct store *st, enum store_window w, struct store_result *out, char *err, size_t errlen);
 void store_result_free(struct store_result *r);
 
-/* Forgets every stored slice (admin reset). 0, or -1 with `err`. */
+/* Everything submitted since the store opened, merged per series: the
+ * counters and per-request metric histograms /metrics exposes (no load
+ * curves), which only ever grow (store_reset and the windows' retention
+ * leave them be; a restart starts them at zero). start_sec is when the
+ * store opened. 0, or -1 when out of memory. */
+int store_query_lifetime(struct store *st, struct store_result *out);
+
+/* Forgets every stored slice (admin reset); the lifetime counts stay.
+ * 0, or -1 with `err`. */
 int store_reset(struct store *st, char *err, size_t errlen);
 
 /* Reads every stored slice and series; counts those that decode and those

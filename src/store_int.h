@@ -52,6 +52,14 @@ struct store {
 	pthread_mutex_t ring_lock;
 	struct ring_slot ring[RING_SECONDS];
 
+	/* Every batch since the store opened, merged per series: what
+	 * /metrics exposes. Neither pruning, the ring's turn nor a reset takes
+	 * anything from it. The writer adds under life_lock; queries copy. */
+	pthread_mutex_t life_lock;
+	struct store_result life;
+	uint64_t life_since;
+	struct slice life_scratch; /* writer thread only: a delta decoded */
+
 	pthread_t writer;
 	bool writer_running;
 	pthread_mutex_t q_lock;

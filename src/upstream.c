@@ -161,6 +161,43 @@ unsigned upstream_waiting(const struct upstream *up)
 	return atomic_load(&up->share->queued);
 }
 
+int upstream_gauges(struct upstream_gauge **out, size_t *n)
+{
+	struct upstream_gauge *g = NULL;
+	struct up_share *s;
+	size_t count = 0, i = 0;
+
+	*out = NULL;
+	*n = 0;
+	pthread_mutex_lock(&shares_lock);
+	LIST_FOREACH (s, &shares, link)
+		count++;
+	if (count && !(g = calloc(count, sizeof(*g))))
+		goto fail;
+	LIST_FOREACH (s, &shares, link) {
+		if (!(g[i].name = strdup(s->key))) /* the name ends at the key's first NUL */
+			goto fail;
+		g[i].in_flight = atomic_load(&s->active);
+		g[i].queued = atomic_load(&s->queued);
+		i++;
+	}
+	pthread_mutex_unlock(&shares_lock);
+	*out = g;
+	*n = count;
+	return 0;
+fail:
+	pthread_mutex_unlock(&shares_lock);
+	upstream_gauges_free(g, i);
+	return -1;
+}
+
+void upstream_gauges_free(struct upstream_gauge *g, size_t n)
+{
+	for (size_t i = 0; g && i < n; i++)
+		free(g[i].name);
+	free(g);
+}
+
 int upstream_parse_url(const char *url, char *host, size_t hostlen, char *port, size_t portlen, bool *tls, char *err,
 		       size_t errlen)
 {

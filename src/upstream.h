@@ -130,6 +130,20 @@ void upstream_leave(struct upstream *up);
 unsigned upstream_inflight(const struct upstream *up);
 unsigned upstream_waiting(const struct upstream *up);
 
+/* In flight and queued per upstream, read on any thread without asking a
+ * worker: the counts every worker's copies share (struct up_share), one
+ * entry per (name, url) that some worker holds, so a name twice while a
+ * reload drains an old url. */
+struct upstream_gauge {
+	char *name; /* malloc'd */
+	unsigned in_flight, queued;
+};
+
+/* A malloc'd array in *out and its length in *n (0 and NULL when there is
+ * none); free it with upstream_gauges_free. 0, or -1 when out of memory. */
+int upstream_gauges(struct upstream_gauge **out, size_t *n) __attribute__((warn_unused_result));
+void upstream_gauges_free(struct upstream_gauge *g, size_t n);
+
 /* A queued request gives up (timeout, client gone). */
 void upstream_cancel(struct upstream *up, struct up_waiter *w);
 

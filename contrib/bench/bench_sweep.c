@@ -76,8 +76,8 @@ void sweep_table(FILE *f, const struct bench_opts *o, const struct bench_result 
 	if (k.index < 0)
 		fprintf(f, "knee: none (no step had %d ok requests with a latency)\n", KNEE_MIN_REQUESTS);
 	else
-		fprintf(f, "knee: concurrency %u (highest requests/s per ms of p50 %s)%s\n", steps[k.index].concurrency,
-			use_ttft(o) ? "ttft" : "e2e",
+		fprintf(f, "knee: concurrency %u (the last step up that raised requests/s per ms of p50 %s)%s\n",
+			steps[k.index].concurrency, use_ttft(o) ? "ttft" : "e2e",
 			k.saturated ? "" : "; the curve had not bent yet: the true knee may lie at higher concurrency");
 }
 

@@ -5,8 +5,10 @@ Starts tokentap-sim (ITL 10 ms, TTFT 20 ms) and tokentap in front of it
 (temporary data dir, admin API on 127.0.0.1:0), then runs alternating phases
 in one process lifetime: `base` (streamed requests only) and `flood` (the
 same requests while a separate flooder process hammers the admin API with
-GET /stats?window=24h, /metrics and /stats/curve in a tight loop from 2
-threads). Alternating cancels slow drift of the machine; the flooder is a
+GET /stats?window=24h, /metrics, /stats/curve, /upstreams, /routes and
+/requests/recent in a tight loop from 2 threads). /upstreams and /routes
+are answered by the worker itself, between two of its events, so they are
+the part of the flood that reaches the forwarding thread. Alternating cancels slow drift of the machine; the flooder is a
 separate process so that its threads do not share the measuring client's
 interpreter lock.
 
@@ -40,7 +42,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "integration"))
 import harness  # noqa: E402
 
-ADMIN_PATHS = ("/stats?window=24h", "/metrics", "/stats/curve")
+# Every read endpoint: the store's (stats, curve, metrics), the recent ring,
+# and the live views, which run a job on the worker's loop (control.h).
+ADMIN_PATHS = ("/stats?window=24h", "/metrics", "/stats/curve", "/upstreams", "/routes", "/requests/recent")
 FLOOD_MAX_S = 600  # a flooder never outlives this, whatever happens to its parent
 PATH = "/v1/chat/completions"
 

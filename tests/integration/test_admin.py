@@ -9,9 +9,12 @@ of the access log's own p50 (same rank rule, ceil(q*n)), output token totals
 exact, every /metrics line valid exposition syntax with monotonic buckets
 ending at the count, each recent request's timeline equal to its log line.
 Then the guards: 400 naming the parameter, 405 with Allow, 403 for a foreign
-Host, reset refused without a token, and with one, 401 for a missing or wrong
-token and 403 for a cross-origin POST; the dashboard page at / is served
-with a policy that forbids anything from elsewhere. Finally a restart: kill
+Host, reset refused (403) without a token set, and with one, 401 for a
+missing or wrong token (longer, or as long and one bit off) and 403 for a
+cross-origin POST; a listener on 0.0.0.0 starts with a token from the
+environment or a file (and is reached over 127.0.0.1 only); /metrics never
+goes down across a reset; the dashboard page at / is served with a policy
+that forbids anything from elsewhere. Finally a restart: kill
 -9 after the data is flushed, start again on the same data dir, and the 1h
 window shows the same count and p50.
 """
@@ -315,7 +318,9 @@ class AdminStatsTest(harness.TestCase):
                             ("/stats?window=1h&window=5m", "window"), ("/requests/recent?n=0", "n"),
                             ("/requests/recent?n=abc", "n"), ("/requests/recent?n=-3", "n"),
                             ("/requests/recent?n=1025", "n"), ("/requests/recent?n=5&n=6", "n"),
-                            ("/requests/recent?count=5", "count"), ("/?x=1", "x")):
+                            ("/requests/recent?count=5", "count"), ("/?x=1", "x"),
+                            ("/stats?window", "window"), ("/stats?window=1h&cold", "cold"),
+                            ("/requests/recent?n", "n"), ("/compare?route=chat&window", "window")):
             with self.subTest(path=path):
                 r = admin_get(self.admin, path)
                 self.assertJsonError(r, 400)
@@ -408,8 +413,10 @@ class AdminStatsTest(harness.TestCase):
         r = admin_get(self.admin, "/reset", method="POST")
         self.assertJsonError(r, 403)
         self.assertIn("token", r.json()["error"]["message"])
+        # with no token set, a guessed one gets the same 403: there is nothing to compare it with
         r = admin_get(self.admin, "/reset", method="POST", headers=[("Authorization", "Bearer guess")])
-        self.assertIn(r.status, (401, 403))
+        self.assertJsonError(r, 403)
+        self.assertIn("no admin token is set", r.json()["error"]["message"])
         # nothing was reset
         s = series_of(admin_get(self.admin, "/stats?window=all").json())
         self.assertIsNotNone(s)
@@ -442,6 +449,12 @@ class AdminTokenTest(harness.TestCase):
         self.assertJsonError(r, 401)
         r = admin_get(port, "/reset", method="POST", headers=[("Authorization", "Bearer " + self.TOKEN + "x")])
         self.assertJsonError(r, 401)
+        # as long as the right one, differing in its last byte only
+        same_len = self.TOKEN[:-1] + chr(ord(self.TOKEN[-1]) ^ 1)
+        self.assertEqual(len(same_len), len(self.TOKEN))
+        r = admin_get(port, "/reset", method="POST", headers=[("Authorization", "Bearer " + same_len)])
+        self.assertJsonError(r, 401)
+        self.assertEqual(r.json()["error"]["message"], "wrong bearer token")
         r = admin_get(port, "/reset", method="POST", headers=[("Origin", "http://evil.example")])
         self.assertJsonError(r, 403)
         self.assertEqual(series_of(admin_get(port, "/stats").json())["requests"], 3, "nothing reset yet")
@@ -453,12 +466,78 @@ class AdminTokenTest(harness.TestCase):
         self.assertTrue(harness.wait_until(lambda: "stats reset" in tt.stderr_text(), 2.0))
         self.assertNotIn(self.TOKEN, tt.stderr_text(), "the token never reaches the log")
 
+    def test_metrics_never_go_down_across_a_reset(self):
+        """/metrics counts since the process started: POST /reset empties
+        the stats windows but no counter, bucket or _count of /metrics goes
+        down, with the store on disk and with it off (the ring only)."""
+        for data in (os.path.join(self.dir, "data"), "off"):
+            with self.subTest(data_dir=data):
+                sim = harness.start_sim(self)
+                tt = harness.start_tokentap(self, sim.url, "--data-dir", data, "--flush-interval", "200ms",
+                                            "--admin", "127.0.0.1:0", "--admin-token-file", self.token_file)
+                port = admin_port(tt)
+
+                def scrape(want):
+                    got = []
+
+                    def check():
+                        r = admin_get(port, "/metrics")
+                        _, samples = parse_exposition(self, r.body.decode("utf-8"))
+                        got[:] = [{(n, tuple(sorted(l.items()))): v for n, l, v in samples}]
+                        return [v for (n, l), v in got[0].items()
+                                if n == "tokentap_ttft_seconds_count" and ("model", "admin-model") in l] == [want]
+
+                    self.assertTrue(harness.wait_until(check, 5.0, 0.1), "ttft _count never reached %d" % want)
+                    return got[0]
+
+                send_requests(tt.port, 3, seed=2)
+                before = scrape(3)
+                r = admin_get(port, "/reset", method="POST", headers=[("Authorization", "Bearer " + self.TOKEN)])
+                self.assertEqual(r.status, 200, r.body)
+                self.assertIsNone(series_of(admin_get(port, "/stats?window=all").json()), "the windows are empty")
+                send_requests(tt.port, 2, seed=3)
+                after = scrape(5)
+                cumulative = [k for k in before if re.search(r"(_bucket|_count|_sum|_total)$", k[0])]
+                self.assertGreater(len(cumulative), 100)
+                for k in cumulative:
+                    self.assertGreaterEqual(after.get(k, -1), before[k], k)
+                tt.stop()
+                sim.stop()
+
     def test_non_loopback_needs_a_token(self):
         r = harness.run_cli(["--upstream", "http://127.0.0.1:9", "--listen", "127.0.0.1:0", "--data-dir", "off",
                              "--admin", "0.0.0.0:0"], timeout=10)
         self.assertNotEqual(r.returncode, 0)
         self.assertIn("token", r.stderr)
         self.assertIn("0.0.0.0:0", r.stderr)
+
+    def test_non_loopback_starts_with_a_token(self):
+        """Listening on 0.0.0.0 (reached here over 127.0.0.1 only) starts
+        when the token comes from the environment or from a file, and writes
+        then take that token."""
+        sim = harness.start_sim(self)
+        for how in ("env", "file"):
+            with self.subTest(token_from=how):
+                args = ["--data-dir", "off", "--admin", "0.0.0.0:0"]
+                if how == "file":
+                    args += ["--admin-token-file", self.token_file]
+                else:
+                    os.environ["TOKENTAP_ADMIN_TOKEN"] = self.TOKEN
+                try:
+                    tt = harness.start_tokentap(self, sim.url, *args)
+                finally:
+                    os.environ.pop("TOKENTAP_ADMIN_TOKEN", None)
+                port = admin_port(tt)
+                self.assertIn("admin listening on 0.0.0.0:%d\n" % port, tt.stderr_text() + "\n")
+                self.assertNotIn("writes disabled", tt.stderr_text())
+                r = admin_get(port, "/healthz", headers=[("Host", "127.0.0.1:%d" % port)])
+                self.assertEqual(r.status, 200, r.body)
+                r = admin_get(port, "/reset", method="POST", headers=[("Host", "127.0.0.1:%d" % port)])
+                self.assertJsonError(r, 401)
+                r = admin_get(port, "/reset", method="POST",
+                              headers=[("Host", "127.0.0.1:%d" % port), ("Authorization", "Bearer " + self.TOKEN)])
+                self.assertEqual(r.status, 200, r.body)
+                tt.stop()
 
     def test_bad_admin_address(self):
         r = harness.run_cli(["--upstream", "http://127.0.0.1:9", "--listen", "127.0.0.1:0", "--data-dir", "off",
@@ -473,6 +552,21 @@ class AdminTokenTest(harness.TestCase):
                              "--admin-token-file", empty], timeout=10)
         self.assertEqual(r.returncode, 2)
         self.assertIn("empty", r.stderr)
+
+
+class AdminGoodputTest(harness.TestCase):
+    def test_goodput_names_the_thresholds_it_was_judged_against(self):
+        sim = harness.start_sim(self)
+        for args, want in ((("--slo-ttft", "750ms", "--slo-tpot", "40ms"), {"ttft_ms": 750, "tpot_ms": 40}),
+                           ((), {"ttft_ms": 2000, "tpot_ms": 100})):
+            with self.subTest(args=args):
+                tt = harness.start_tokentap(self, sim.url, "--data-dir", "off", "--flush-interval", "200ms",
+                                            "--admin", "127.0.0.1:0", *args)
+                port = admin_port(tt)
+                send_requests(tt.port, 2, seed=4)
+                doc = wait_stats_count(self, port, 2, window="5m")
+                self.assertEqual(series_of(doc)["goodput"]["slo"], want)
+                tt.stop()
 
 
 class AdminRestartTest(harness.TestCase):

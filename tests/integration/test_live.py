@@ -4,6 +4,7 @@ sockets with two simulators behind one tokentap."""
 
 import json
 import os
+import re
 import threading
 import time
 import unittest
@@ -102,6 +103,53 @@ class LiveTest(harness.TestCase):
         t.join(10)
         self.assertTrue(done.is_set())
 
+    def test_metrics_gauge_in_flight_and_queued(self):
+        """/metrics says how many requests run on and wait for each upstream
+        now: one stream held on "slow" (max_concurrency 3) shows as 1 in
+        flight; four more fill its 3 slots and queue the rest."""
+        def gauges():
+            r = admin_req(self.admin, "GET", "/metrics")
+            self.assertEqual(r.status, 200)
+            text = r.body.decode()
+            out = {}
+            for line in text.splitlines():
+                m = re.match(r'^(tokentap_in_flight|tokentap_queued)\{upstream="([^"]*)"\} (\d+)$', line)
+                if m:
+                    out[(m.group(1), m.group(2))] = int(m.group(3))
+            return text, out
+
+        text, g = gauges()
+        self.assertIn("# TYPE tokentap_in_flight gauge\n", text)
+        self.assertIn("# TYPE tokentap_queued gauge\n", text)
+        self.assertEqual(g, {("tokentap_in_flight", "fast"): 0, ("tokentap_queued", "fast"): 0,
+                             ("tokentap_in_flight", "slow"): 0, ("tokentap_queued", "slow"): 0})
+        r = admin_req(self.admin, "POST", "/routes/weights", json.dumps({"route": "chat", "weights": {"fast": 0}}),
+                      TOKEN)
+        self.assertEqual(r.status, 200)
+
+        def stream():
+            rh.send(self.tt.port, rh.chat(stream=True), headers=[("x-sim-tokens", "60"), ("x-sim-itl-ms", "30")],
+                    timeout=20.0)
+
+        threads = [threading.Thread(target=stream, daemon=True)]
+        threads[0].start()
+        self.assertTrue(harness.wait_until(lambda: gauges()[1][("tokentap_in_flight", "slow")] == 1, 3.0, 0.02),
+                        gauges()[1])
+        self.assertEqual(gauges()[1][("tokentap_queued", "slow")], 0)
+        for _ in range(4):
+            threads.append(threading.Thread(target=stream, daemon=True))
+            threads[-1].start()
+        self.assertTrue(harness.wait_until(lambda: gauges()[1][("tokentap_queued", "slow")] >= 1, 3.0, 0.02),
+                        gauges()[1])
+        g = gauges()[1]
+        self.assertEqual(g[("tokentap_in_flight", "slow")], 3)
+        self.assertEqual(g[("tokentap_in_flight", "fast")], 0)
+        for t in threads:
+            t.join(20)
+        self.assertTrue(harness.wait_until(
+            lambda: gauges()[1][("tokentap_in_flight", "slow")] + gauges()[1][("tokentap_queued", "slow")] == 0,
+            3.0, 0.05))
+
     def test_stats_answers_repeat_the_labels(self):
         self.served(8)
 
@@ -113,6 +161,23 @@ class LiveTest(harness.TestCase):
         self.assertEqual(got, {"fast": {"runtime": "sim-fast", "hardware": "cpu"}, "slow": {}})
         curve = admin_req(self.admin, "GET", "/stats/curve?window=5m&upstream=fast").json()
         self.assertEqual(curve["series"][0]["labels"], {"runtime": "sim-fast", "hardware": "cpu"})
+
+    def test_stats_labels_follow_a_reload(self):
+        """The admin thread keeps the upstreams' labels itself (no worker is
+        asked per read); a reload that changes them shows in /stats and
+        /compare at once."""
+        self.served(8)
+        self.assertTrue(harness.wait_until(
+            lambda: len(admin_req(self.admin, "GET", "/stats?window=5m").json()["series"]) == 2, 5.0, 0.1))
+        body = self.tt.body.replace("runtime: sim-fast", "runtime: sim-fast-2")
+        self.assertNotEqual(body, self.tt.body)
+        self.assertTrue(self.tt.reload(body))
+        doc = admin_req(self.admin, "GET", "/stats?window=5m").json()
+        self.assertEqual({s["upstream"]: s["labels"] for s in doc["series"]},
+                         {"fast": {"runtime": "sim-fast-2", "hardware": "cpu"}, "slow": {}})
+        doc = admin_req(self.admin, "GET", "/compare?route=chat&window=5m&cold=include").json()
+        self.assertEqual({u["upstream"]: u["labels"] for u in doc["upstreams"]},
+                         {"fast": {"runtime": "sim-fast-2", "hardware": "cpu"}, "slow": {}})
 
     def test_weights_change_the_split_at_once(self):
         self.assertEqual(self.served(8).count("fast"), 6)

@@ -3,7 +3,8 @@
  * constructed curves, Prometheus label escaping, the Host check, and the
  * /stats, /stats/curve and /metrics renderings of a hand-built store result
  * (keys generated from the X-macros, warm and cold merged per the cold
- * filter, cumulative buckets monotonic and ending at the count).
+ * filter, cumulative buckets monotonic and ending at the count), and the
+ * store's lifetime counts that /metrics reads.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 #include <event2/buffer.h>
@@ -24,6 +26,7 @@
 #include "knee.h"
 #include "prom.h"
 #include "stats.h"
+#include "store.h"
 
 /* --- knee --------------------------------------------------------------- */
 
@@ -94,6 +97,25 @@ static void test_knee_ties_lowest_load(void **state)
 	};
 	struct knee k = knee_find(pts, 3, 1);
 	assert_int_equal(k.index, 0);
+	assert_true(k.saturated);
+}
+
+/* Power 1, 2, 1.5, 3, 2: the step from 2 to 4 in flight stops paying, so the
+ * knee is 2 in flight, though 8 in flight reaches a higher power later. */
+static void test_knee_is_the_first_bend(void **state)
+{
+	const struct knee_point pts[] = {
+		{ 1, 10, 10, 50 }, { 2, 20, 10, 50 }, { 4, 30, 20, 50 }, { 8, 60, 20, 50 }, { 16, 60, 30, 50 },
+	};
+	struct knee k = knee_find(pts, 5, 5);
+	assert_int_equal(k.index, 1);
+	assert_true(k.saturated);
+	/* a sparse dip does not end the climb: the knee is then the 8 */
+	struct knee_point sparse[5];
+	memcpy(sparse, pts, sizeof(pts));
+	sparse[2].requests = 4;
+	k = knee_find(sparse, 5, 5);
+	assert_int_equal(k.index, 3);
 	assert_true(k.saturated);
 }
 
@@ -466,6 +488,76 @@ static void test_prom_render(void **state)
 	store_result_free(&r);
 }
 
+/* One batch of one series ("k") with `requests` requests, at `sec`. */
+static struct store_batch *lifetime_batch(uint64_t sec, uint64_t requests)
+{
+	struct store_batch *b = calloc(1, sizeof(*b));
+	struct slice s;
+
+	memset(&s, 0, sizeof(s));
+	s.counters[CT_REQUESTS] = requests;
+	hist_record_n(slice_hist(&s, HM_TTFT), 20000, requests);
+	hist_record_n(slice_hist(&s, SLOT_CURVE(CURVE_TTFT, 0)), 20000, requests);
+	assert_non_null(b);
+	b->sec = sec;
+	b->items = calloc(1, sizeof(*b->items));
+	assert_non_null(b->items);
+	b->n = b->cap = 1;
+	b->items[0].key[0] = 'k';
+	b->items[0].keylen = 1;
+	b->items[0].len = slice_encode(&s, &b->items[0].blob);
+	assert_true(b->items[0].len > 0);
+	slice_release(&s);
+	return b;
+}
+
+static uint64_t requests_of(const struct store_result *r)
+{
+	uint64_t n = 0;
+	for (size_t i = 0; i < r->n; i++)
+		n += r->series[i].slice.counters[CT_REQUESTS];
+	return n;
+}
+
+/* What /metrics reads only grows: a second that the memory-only store's
+ * ring lets go (its slot taken by one 360 s later) and a reset both leave
+ * it whole, while the `all` window loses them. */
+static void test_lifetime_outlives_ring_and_reset(void **state)
+{
+	struct store_options o;
+	struct store_result all, life;
+	char err[256];
+	uint64_t now = (uint64_t)time(NULL);
+
+	store_options_defaults(&o);
+	struct store *st = store_open(&o, err, sizeof(err));
+	assert_non_null(st);
+	store_submit(st, lifetime_batch(now - 400, 3));
+	store_submit(st, lifetime_batch(now - 40, 5)); /* the same ring slot */
+	store_sync(st);
+	assert_int_equal(store_query(st, WIN_ALL, &all, err, sizeof(err)), 0);
+	assert_int_equal(requests_of(&all), 5);
+	store_result_free(&all);
+	assert_int_equal(store_query_lifetime(st, &life), 0);
+	assert_int_equal(requests_of(&life), 8);
+	store_result_free(&life);
+
+	assert_int_equal(store_reset(st, err, sizeof(err)), 0);
+	store_submit(st, lifetime_batch(now, 1));
+	store_sync(st);
+	assert_int_equal(store_query(st, WIN_ALL, &all, err, sizeof(err)), 0);
+	assert_int_equal(requests_of(&all), 1);
+	store_result_free(&all);
+	assert_int_equal(store_query_lifetime(st, &life), 0);
+	assert_int_equal(requests_of(&life), 9);
+	assert_int_equal(life.n, 1);
+	/* the metric histograms, not the load curves */
+	assert_int_equal(life.series[0].slice.slot[HM_TTFT]->count, 9);
+	assert_null(life.series[0].slice.slot[SLOT_CURVE(CURVE_TTFT, 0)]);
+	store_result_free(&life);
+	store_close(st);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -474,6 +566,7 @@ int main(void)
 		cmocka_unit_test(test_knee_at_first_point),
 		cmocka_unit_test(test_knee_skips_sparse_points),
 		cmocka_unit_test(test_knee_ties_lowest_load),
+		cmocka_unit_test(test_knee_is_the_first_bend),
 		cmocka_unit_test(test_knee_none),
 		cmocka_unit_test(test_knee_single_point),
 		cmocka_unit_test(test_prom_escape),
@@ -484,6 +577,7 @@ int main(void)
 		cmocka_unit_test(test_stats_curve_knee),
 		cmocka_unit_test(test_stats_prompt),
 		cmocka_unit_test(test_prom_render),
+		cmocka_unit_test(test_lifetime_outlives_ring_and_reset),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
