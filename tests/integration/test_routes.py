@@ -61,6 +61,12 @@ routes:
       - {upstream: a, weight: 1}
       - {upstream: b, weight: 1}
     sticky: {json_field: user}
+  - name: sticky-conv
+    match: {host: conv.test}
+    split:
+      - {upstream: a, weight: 1}
+      - {upstream: b, weight: 1}
+    sticky: {json_field: conv}
   - name: zero
     match: {host: zero.test}
     split:
@@ -251,6 +257,26 @@ routes:
         # Without the field: round robin over 1:1, so any 4 in a row split 2/2.
         got = [ask(None) for _ in range(4)]
         self.assertEqual(sorted(got), ["a", "a", "b", "b"], got)
+
+    def test_sticky_json_field_per_route(self):
+        """Two routes stick on different fields: each reads its own. Route
+        user.test gets one `user` and a different `conv` each time, route
+        conv.test the other way round."""
+        ka = rh.KeepAlive(self.tt.port)
+        self.addCleanup(ka.close)
+
+        def ask(host, **fields):
+            resp = ka.request("POST", CHAT, rh.chat(**fields), [("Host", host)] + fast(1))
+            self.assertIsNotNone(resp)
+            self.assertEqual(resp.status, 200, resp.body[:200])
+            return who(resp)
+
+        for user in ("alice", "bob"):
+            got = {ask("user.test", user=user, conv="c-%d" % i) for i in range(30)}
+            self.assertEqual(len(got), 1, "user %s on the user route landed on %r" % (user, got))
+        for conv in ("c-1", "c-2"):
+            got = {ask("conv.test", conv=conv, user="u-%d" % i) for i in range(30)}
+            self.assertEqual(len(got), 1, "conv %s on the conv route landed on %r" % (conv, got))
 
     # --- override header ---------------------------------------------------
 
