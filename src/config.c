@@ -335,6 +335,62 @@ int config_parse_listen(const char *s, struct sockaddr_storage *ss, unsigned *le
 	return -1;
 }
 
+int config_parse_url(const char *url, struct url_parts *out, char *err, size_t errlen)
+{
+	const char *p, *hend, *pstart = NULL, *rest;
+
+	if (strncmp(url, "http://", 7) == 0) {
+		out->tls = false;
+		p = url + 7;
+	} else if (strncmp(url, "https://", 8) == 0) {
+		out->tls = true;
+		p = url + 8;
+	} else {
+		snprintf(err, errlen, "expected a URL like http://127.0.0.1:8000 or https://HOST, got '%s'", url);
+		return -1;
+	}
+	if (*p == '[') { /* [v6]:port */
+		hend = strchr(p, ']');
+		if (!hend) {
+			snprintf(err, errlen, "unterminated IPv6 address in '%s'", url);
+			return -1;
+		}
+		p++;
+		rest = hend + 1;
+	} else {
+		hend = p + strcspn(p, ":/");
+		rest = hend;
+	}
+	if (hend == p || (size_t)(hend - p) >= sizeof(out->host)) {
+		snprintf(err, errlen, "no host in '%s'; expected http://HOST[:PORT]", url);
+		return -1;
+	}
+	memcpy(out->host, p, (size_t)(hend - p));
+	out->host[hend - p] = '\0';
+	if (*rest == ':') {
+		pstart = rest + 1;
+		size_t n = strspn(pstart, "0123456789");
+		unsigned long port = n && n < sizeof(out->port) ? strtoul(pstart, NULL, 10) : 0;
+		if (port < 1 || port > 65535 || (pstart[n] && pstart[n] != '/')) {
+			snprintf(err, errlen, "expected a port from 1 to 65535 in '%s'", url);
+			return -1;
+		}
+		memcpy(out->port, pstart, n);
+		out->port[n] = '\0';
+		rest = pstart + n;
+	} else {
+		snprintf(out->port, sizeof(out->port), "%s", out->tls ? "443" : "80");
+	}
+	if (*rest && strcmp(rest, "/") != 0) {
+		snprintf(err, errlen,
+			 "'%s': a path after the address is not supported; give only http[s]://HOST[:PORT] "
+			 "(the request's own path is forwarded as is)",
+			 url);
+		return -1;
+	}
+	return 0;
+}
+
 int config_parse_duration_ms(const char *s, uint64_t *out)
 {
 	static const char *const units[] = { "ms", "s", "m", "h" };

@@ -160,6 +160,18 @@ int config_parse_size(const char *s, uint64_t *out);
 /* "300ms", "5s", "2m", bare numbers are seconds. Returns 0 or -1. */
 int config_parse_duration_ms(const char *s, uint64_t *out);
 
+/* An upstream URL: http[s]://HOST[:PORT][/], nothing more. */
+struct url_parts {
+	char host[256];
+	char port[8]; /* the default for the scheme when not given */
+	bool tls;     /* https:// */
+};
+
+/* Parses an upstream URL the one way the server does, for the server and
+ * for checking a file (tokentap -t). 0, or -1 with `err` saying what is
+ * wrong (without naming the upstream). */
+int config_parse_url(const char *url, struct url_parts *out, char *err, size_t errlen);
+
 struct sockaddr_storage;
 /* A numeric listen address: "127.0.0.1:8080", "[::1]:8080"; port 0 asks
  * the kernel for a free one. Returns 0 or -1. */

@@ -5,7 +5,12 @@
  * Every problem is reported, not just the first, as "FILE:LINE: message"
  * naming the key by its full path (routes[2].split[0].weight), and nothing
  * is silently ignored: an unknown key, a wrong type or a value that does
- * not parse is an error. Reference: docs/config.md.
+ * not parse is an error. What the server checks when it starts is checked
+ * here the same way, so that `tokentap -t` passes only files the server
+ * takes: upstream URLs through config_parse_url, and the TLS files named
+ * (certificate, key, CA) by building their contexts. Host names are not
+ * resolved here: a check may run on another machine than the server.
+ * Reference: docs/config.md.
  */
 #include "loader.h"
 
@@ -18,6 +23,7 @@
 #include <yaml.h>
 
 #include "log.h"
+#include "tls.h"
 
 struct load {
 	struct config *c;
@@ -116,6 +122,38 @@ static void get_string_or_off(struct load *l, yaml_node_t *n, const char *key, c
 	const char *s = scalar(l, n, key);
 	if (s)
 		*out = strcmp(s, "off") == 0 ? NULL : s;
+}
+
+/* A file named by a setting (certificate, key, CA) must be readable by
+ * the server as it will be started: relative to the working directory. */
+static void get_readable_file(struct load *l, yaml_node_t *n, const char *key, const char **out)
+{
+	const char *s = scalar(l, n, key);
+	FILE *f;
+
+	if (!s)
+		return;
+	*out = s;
+	if (!(f = fopen(s, "rb")))
+		problem(l, n, "%s: cannot read %s: %s", key, s, strerror(errno));
+	else
+		fclose(f);
+}
+
+/* With both files readable, the listener's context is built and freed
+ * again: a key that does not match its certificate, or a file that is not
+ * PEM, is reported here rather than when the server starts. */
+static void check_server_tls(struct load *l, yaml_node_t *n, const char *key, const char *cert, const char *pkey,
+			     unsigned problems_before)
+{
+	char err[600];
+	SSL_CTX *ctx;
+
+	if (!cert || !pkey || l->problems != problems_before)
+		return;
+	if (!(ctx = tls_server_ctx(cert, pkey, err, sizeof(err))))
+		problem(l, n, "%s: %s", key, err);
+	tls_ctx_free(ctx);
 }
 
 typedef void (*field_fn)(struct load *l, yaml_node_t *value, const char *key, void *obj);
@@ -347,9 +385,11 @@ static void u_name(struct load *l, yaml_node_t *v, const char *key, void *o)
 }
 static void u_url(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
+	struct url_parts parts;
+	char err[400];
 	get_string(l, v, key, &UP(o)->url);
-	if (UP(o)->url && strncmp(UP(o)->url, "http://", 7) != 0 && strncmp(UP(o)->url, "https://", 8) != 0)
-		problem(l, v, "%s: expected http://HOST:PORT or https://HOST:PORT", key);
+	if (UP(o)->url && config_parse_url(UP(o)->url, &parts, err, sizeof(err)) == -1)
+		problem(l, v, "%s: %s", key, err);
 }
 static void u_tls_verify(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
@@ -357,7 +397,16 @@ static void u_tls_verify(struct load *l, yaml_node_t *v, const char *key, void *
 }
 static void u_tls_ca(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
-	get_string(l, v, key, &UP(o)->tls_ca_file);
+	unsigned before = l->problems;
+	char err[600];
+	SSL_CTX *ctx;
+
+	get_readable_file(l, v, key, &UP(o)->tls_ca_file);
+	if (!UP(o)->tls_ca_file || l->problems != before)
+		return;
+	if (!(ctx = tls_client_ctx(true, UP(o)->tls_ca_file, err, sizeof(err))))
+		problem(l, v, "%s: %s", key, err);
+	tls_ctx_free(ctx);
 }
 static void u_tls_name(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
@@ -629,16 +678,18 @@ static void f_routes(struct load *l, yaml_node_t *v, const char *key, void *o)
 
 static void f_tls_cert(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
-	get_string(l, v, key, &CFG(o)->tls_cert);
+	get_readable_file(l, v, key, &CFG(o)->tls_cert);
 }
 static void f_tls_key(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
-	get_string(l, v, key, &CFG(o)->tls_key);
+	get_readable_file(l, v, key, &CFG(o)->tls_key);
 }
 static void f_tls(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	static const struct field fields[] = { { "cert", f_tls_cert }, { "key", f_tls_key }, { NULL, NULL } };
+	unsigned before = l->problems;
 	walk(l, v, key, fields, o);
+	check_server_tls(l, v, key, CFG(o)->tls_cert, CFG(o)->tls_key, before);
 }
 
 #define LST(obj) ((struct listener_conf *)(obj))
@@ -653,16 +704,18 @@ static void l_address(struct load *l, yaml_node_t *v, const char *key, void *o)
 }
 static void l_cert(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
-	get_string(l, v, key, &LST(o)->tls_cert);
+	get_readable_file(l, v, key, &LST(o)->tls_cert);
 }
 static void l_key(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
-	get_string(l, v, key, &LST(o)->tls_key);
+	get_readable_file(l, v, key, &LST(o)->tls_key);
 }
 static void l_tls(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	static const struct field fields[] = { { "cert", l_cert }, { "key", l_key }, { NULL, NULL } };
+	unsigned before = l->problems;
 	walk(l, v, key, fields, o);
+	check_server_tls(l, v, key, LST(o)->tls_cert, LST(o)->tls_key, before);
 }
 
 static void f_listeners(struct load *l, yaml_node_t *v, const char *key, void *o)

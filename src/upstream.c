@@ -161,75 +161,21 @@ unsigned upstream_waiting(const struct upstream *up)
 	return atomic_load(&up->share->queued);
 }
 
-static int parse_url(const char *url, char *host, size_t hostlen, char *port, size_t portlen, bool *tls, char *err,
-		     size_t errlen)
-{
-	const char *p, *hend, *pstart = NULL;
-
-	if (strncmp(url, "http://", 7) == 0) {
-		*tls = false;
-		p = url + 7;
-	} else if (strncmp(url, "https://", 8) == 0) {
-		*tls = true;
-		p = url + 8;
-	} else {
-		snprintf(err, errlen, "upstream %s: expected a URL like http://127.0.0.1:8000", url);
-		return -1;
-	}
-	if (*p == '[') { /* [v6]:port */
-		hend = strchr(p, ']');
-		if (!hend) {
-			snprintf(err, errlen, "upstream %s: unterminated IPv6 address", url);
-			return -1;
-		}
-		p++;
-		if (hend[1] == ':')
-			pstart = hend + 2;
-		else if (hend[1] && hend[1] != '/')
-			goto bad;
-	} else {
-		hend = p + strcspn(p, ":/");
-		if (*hend == ':')
-			pstart = hend + 1;
-	}
-	if (hend == p || (size_t)(hend - p) >= hostlen)
-		goto bad;
-	memcpy(host, p, (size_t)(hend - p));
-	host[hend - p] = '\0';
-	if (pstart) {
-		size_t n = strspn(pstart, "0123456789");
-		if (n == 0 || n >= portlen || (pstart[n] && strcmp(pstart + n, "/") != 0))
-			goto bad;
-		memcpy(port, pstart, n);
-		port[n] = '\0';
-		if (atoi(port) <= 0 || atoi(port) > 65535)
-			goto bad;
-	} else {
-		const char *rest = hend + (*hend == ']');
-		if (*rest && strcmp(rest, "/") != 0) {
-			snprintf(err, errlen, "upstream %s: a path after the address is not supported", url);
-			return -1;
-		}
-		snprintf(port, portlen, "%s", *tls ? "443" : "80");
-	}
-	return 0;
-bad:
-	snprintf(err, errlen, "upstream %s: expected http://HOST[:PORT] with a port from 1 to 65535", url);
-	return -1;
-}
-
 struct upstream *upstream_new(struct event_base *base, const struct config *cfg, const struct upstream_conf *uc,
 			      char *err, size_t errlen)
 {
-	char host[256], port[8];
+	struct url_parts u;
 	struct addrinfo hints, *res = NULL;
 	struct upstream *up;
+	char msg[400];
 	int rc;
 
-	bool tls;
-
-	if (parse_url(uc->url, host, sizeof(host), port, sizeof(port), &tls, err, errlen) == -1)
+	if (config_parse_url(uc->url, &u, msg, sizeof(msg)) == -1) {
+		snprintf(err, errlen, "upstream %s: %s", uc->name, msg);
 		return NULL;
+	}
+	const char *host = u.host, *port = u.port;
+	bool tls = u.tls;
 	memset(&hints, 0, sizeof(hints));
 	hints.ai_family = AF_UNSPEC;
 	hints.ai_socktype = SOCK_STREAM;

@@ -16,6 +16,7 @@ import unittest
 
 import harness
 import routing_helpers as rh
+import test_tls
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -233,6 +234,67 @@ class BrokenFileTest(harness.TestCase):
         res, name = rh.check_config("bogus: 1\n", name="odd name.yaml")
         self.assertEqual(res.returncode, 1)
         self.assertTrue(rh.problem_lines(res, "odd name.yaml"), res.stderr)
+
+
+class ServerChecksTest(BrokenFileTest):
+    """-t runs the checks the server runs when it starts: the upstream URL
+    through the server's own parser, and the TLS files by building their
+    contexts. Each refusal the server would give is a FILE:LINE here."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="tokentap-cfgtls-")
+        cls.addClassCleanup(shutil.rmtree, cls.dir, True)
+        cls.cert, cls.key = test_tls.make_pki(cls.dir)
+        cls.other_cert, cls.other_key = test_tls.make_pki(cls.dir, name="other")
+        cls.ca = os.path.join(cls.dir, "ca.pem")
+        cls.missing = os.path.join(cls.dir, "missing.pem")
+
+    def test_urls_the_server_refuses(self):
+        for url, subs in (("http://127.0.0.1:99999", ["port from 1 to 65535"]),
+                          ("http://127.0.0.1:0", ["port from 1 to 65535"]),
+                          ("http://h:80/v1", ["path"]),
+                          ("http://h/v1/", ["path"]),
+                          ("http://:80", ["no host"]),
+                          ("http://[::1", ["IPv6"]),
+                          ("ftp://127.0.0.1:10", ["http://"])):
+            with self.subTest(url=url):
+                t = edit("    url: http://127.0.0.1:10\n", "    url: %s\n" % url)
+                self.broken(t, [(rh.line_of(t, url), ["upstreams[1].url"] + subs)])
+        for url in ("http://127.0.0.1:10/", "https://h", "http://[::1]:8000", "http://localhost"):
+            with self.subTest(url=url):
+                res, _ = rh.check_config(edit("    url: http://127.0.0.1:10\n", "    url: %s\n" % url))
+                self.assertEqual(res.returncode, 0, res.stderr)
+
+    def test_missing_ca_file(self):
+        t = edit("    url: http://127.0.0.1:10\n",
+                 "    url: https://127.0.0.1:10\n    tls: {ca_file: %s}\n" % self.missing)
+        self.broken(t, [(rh.line_of(t, "ca_file"), ["upstreams[1].tls.ca_file", "cannot read", self.missing])])
+
+    def test_ca_file_that_is_no_certificate(self):
+        t = edit("    url: http://127.0.0.1:10\n",
+                 "    url: https://127.0.0.1:10\n    tls:\n      ca_file: %s\n" % os.path.join(self.dir, "ext.cnf"))
+        self.broken(t, [(rh.line_of(t, "ca_file"), ["upstreams[1].tls.ca_file", "TLS CA file"])])
+
+    def test_missing_listener_cert_and_key(self):
+        t = edit("listen: 127.0.0.1:0\n",
+                 "listeners:\n  - address: 127.0.0.1:0\n    tls:\n      cert: %s\n      key: %s\n"
+                 % (self.missing, self.missing + ".key"))
+        self.broken(t, [(rh.line_of(t, "cert:"), ["listeners[0].tls.cert", "cannot read"]),
+                        (rh.line_of(t, "key:"), ["listeners[0].tls.key", "cannot read"])], count=2)
+
+    def test_key_that_does_not_match(self):
+        t = edit("listen: 127.0.0.1:0\n",
+                 "listen: 127.0.0.1:0\ntls:\n  cert: %s\n  key: %s\n" % (self.cert, self.other_key))
+        self.broken(t, [(rh.line_of(t, "cert:"), ["tls", "mismatch"])])
+
+    def test_good_tls_files(self):
+        t = edit("listen: 127.0.0.1:0\n",
+                 "listeners:\n  - address: 127.0.0.1:0\n    tls: {cert: %s, key: %s}\n" % (self.cert, self.key))
+        t = edit("    url: http://127.0.0.1:10\n", "    url: https://127.0.0.1:10\n    tls: {ca_file: %s}\n" % self.ca,
+                 t)
+        res, _ = rh.check_config(t)
+        self.assertEqual(res.returncode, 0, res.stderr)
 
 
 class CommandLineTest(harness.TestCase):
