@@ -16,6 +16,7 @@
 #define LABELS_MAX 16
 #define LISTENERS_MAX 16
 #define WORKERS_MAX 64
+#define MIRROR_MAX_IN_FLIGHT 64			/* mirror.max_in_flight's default */
 #define STORE_MAX_SIZE_MIN ((uint64_t)64 << 10) /* store.max_size: an empty store and a few series */
 #define STORE_MAX_SIZE_MAX ((uint64_t)64 << 30) /* and its default */
 
@@ -67,8 +68,9 @@ struct route_conf {
 	bool failover;		/* a refused connection tries another target */
 	bool split;		/* targets came from `split:` (else `upstream:`) */
 	int line, split_line;
-	const char *mirror_upstream; /* shadow copies go here; NULL: none */
-	unsigned mirror_percent;     /* of the route's requests, 0..100 */
+	const char *mirror_upstream;   /* shadow copies go here; NULL: none */
+	unsigned mirror_percent;       /* of the route's requests, 0..100 */
+	unsigned mirror_max_in_flight; /* a copy is skipped while the shadow runs this many */
 	int mirror_line;
 };
 

@@ -300,7 +300,8 @@ static void request_mirror(struct request *req)
 			free(copy);
 		}
 	}
-	req->mirror = mirror_start(&env, req->route->mirror, req->route->name, &req->rec, bytes, &req->mirror);
+	req->mirror = mirror_start(&env, req->route->mirror, req->route->name, req->route->conf->mirror_max_in_flight,
+				   &req->rec, bytes, &req->mirror);
 	evbuffer_free(bytes);
 	if (req->mirror && req->body_done)
 		mirror_body_done(req->mirror);

@@ -630,10 +630,20 @@ static void m_percent(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	get_uint(l, v, key, &RT(o)->mirror_percent);
 }
+static void m_max_in_flight(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_uint(l, v, key, &RT(o)->mirror_max_in_flight);
+	if (RT(o)->mirror_max_in_flight == 0)
+		problem(l, v, "%s: must be at least 1 (percent: 0 turns mirroring off)", key);
+}
 static void r_mirror(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
-	static const struct field fields[] = { { "upstream", m_upstream }, { "percent", m_percent }, { NULL, NULL } };
+	static const struct field fields[] = { { "upstream", m_upstream },
+					       { "percent", m_percent },
+					       { "max_in_flight", m_max_in_flight },
+					       { NULL, NULL } };
 	RT(o)->mirror_percent = 100;
+	RT(o)->mirror_max_in_flight = MIRROR_MAX_IN_FLIGHT;
 	walk(l, v, key, fields, o);
 	if (!RT(o)->mirror_upstream)
 		problem(l, v, "%s: needs an upstream", key);

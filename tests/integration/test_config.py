@@ -185,6 +185,19 @@ class BrokenFileTest(harness.TestCase):
         self.assertTrue(first <= line <= last, "line %d not within the route (%d..%d)" % (line, first, last))
         self.assertIn("routes[0]", msg, res.stderr)
 
+    def test_mirror_that_is_a_target_of_its_route(self):
+        t = edit("      - upstream: b\n        weight: 1\n",
+                 "      - upstream: b\n        weight: 1\n    mirror:\n      upstream: b\n")
+        self.broken(t, [(rh.line_of(t, "upstream: b", nth=2), ["routes[0].mirror.upstream", "b", "target"])])
+
+    def test_mirror_max_in_flight(self):
+        t = edit("      - upstream: b\n        weight: 1\n",
+                 "      - upstream: b\n        weight: 1\n  - name: m\n    upstream: a\n"
+                 "    mirror: {upstream: b, max_in_flight: 0}\n")
+        self.broken(t, [(rh.line_of(t, "max_in_flight"), ["routes[1].mirror.max_in_flight"])])
+        res, _ = rh.check_config(t.replace("max_in_flight: 0", "max_in_flight: 16"))
+        self.assertEqual(res.returncode, 0, res.stderr)
+
     def test_duplicate_upstream_names(self):
         t = edit("routes:\n", "  - name: a\n    url: http://127.0.0.1:11\nroutes:\n")
         self.broken(t, [(rh.line_of(t, "- name: a", nth=2), ["upstreams[2].name", "a"])])
