@@ -9,6 +9,8 @@ which simulator served it; /sim/stats request counts and the access log's
 """
 
 import json
+import os
+import re
 import signal
 import threading
 import time
@@ -695,6 +697,37 @@ class ReloadTest(harness.TestCase):
         resp = rh.send(tt.port, rh.chat(), fast(1))
         self.assertEqual(resp.status, 200)
 
+    def test_reload_names_each_startup_only_setting(self):
+        """Each setting read once at start-up, changed and reloaded: the
+        log names it and says a restart is needed; the reload still goes
+        through for the rest."""
+        def text(slo="", store="", admin="", workers="1"):
+            return ("listen: 127.0.0.1:0\naccess_log: off\nworkers: %s\n"
+                    "admin: {listen: \"off\"%s}\nstore: {dir: \"off\"%s}\n%s"
+                    % (workers, admin, store, slo) + rh.upstreams_yaml({"a": self.sims["a"].url}))
+        tt = rh.ConfTokentap(text(), access_log=False, header=False)
+        self.addCleanup(harness._stop_and_check, tt)
+        token = rh.write_file(os.path.join(tt.workdir, "token"), "secret-token-for-reload\n")
+        cases = [
+            ("slo.ttft", dict(slo="slo: {ttft: 3s}\n")),
+            ("slo.tpot", dict(slo="slo: {tpot: 50ms}\n")),
+            ("store.flush_interval", dict(store=", flush_interval: 5s")),
+            ("store.minute_retention", dict(store=", minute_retention: 2h")),
+            ("store.hour_retention", dict(store=", hour_retention: 48h")),
+            ("store.max_models", dict(store=", max_models: 4")),
+            ("admin.token_file", dict(admin=", token_file: %s" % token)),
+            ("workers", dict(workers="2")),
+        ]
+        for key, kw in cases:
+            with self.subTest(key=key):
+                self.assertTrue(tt.reload(text(**kw)), tt.stderr_text())
+                rx = re.compile(r"reload: .*\b%s\b.*restart" % re.escape(key))
+                self.assertTrue(harness.wait_until(lambda: tt.count_lines(rx) > 0, 3.0), tt.stderr_text())
+                self.assertEqual(rh.send(tt.port, rh.chat(), fast(1)).status, 200)
+                # back to the start-up file: nothing to report
+                self.assertTrue(tt.reload(text()), tt.stderr_text())
+        self.assertEqual(tt.count_lines(re.compile(r"reload: .*restart")), len(cases), tt.stderr_text())
+
 
 class DrainTest(harness.TestCase):
     @classmethod
@@ -769,7 +802,14 @@ class DrainTest(harness.TestCase):
         self.assertIn(outcome, ("refused", "closed"), probe_msg)
 
     def test_grace_period_cuts(self):
-        tt = rh.start_conf(self, self.conf("1s"))
+        self.grace_cuts(rh.start_conf(self, self.conf("1s")))
+
+    def test_grace_period_follows_reload(self):
+        tt = rh.start_conf(self, self.conf("30s"))
+        self.assertTrue(tt.reload(self.conf("1s")), tt.stderr_text())
+        self.grace_cuts(tt)
+
+    def grace_cuts(self, tt):
         bg = rh.Background()
         hdrs = harness.sim_headers(ttft=10, itl=20, tokens=200)  # ~4 s
         bg.start(run_stream, tt.port, "long one", "gr-1", hdrs)
