@@ -663,6 +663,81 @@ class ReloadTest(harness.TestCase):
         self.assertEqual((got.count("b"), got.count("c")), (2, 6), got)
         self.assertTrue(tt.alive())
 
+    def test_reloads_during_nonstop_traffic(self):
+        """Two workers, requests without a pause and streams running while
+        four SIGHUPs change the weights: every request answered 200 with
+        its whole body, every stream complete and byte-exact, and the
+        route's series in /stats count every request, from before and
+        after each reload alike."""
+        tt = rh.start_conf(self, self.conf([("a", 1), ("b", 1)]), "--workers", "2", "--admin", "127.0.0.1:0",
+                           "--flush-interval", "100ms")
+        admin = harness.admin_port(tt)
+        stop = threading.Event()
+        quick, streams = [], []
+
+        def send_quick():
+            ka = rh.KeepAlive(tt.port)
+            deadline = time.monotonic() + 20
+            try:
+                for i in range(1000000):
+                    if stop.is_set() or time.monotonic() > deadline:
+                        return
+                    # every other request on a fresh connection
+                    resp = (ka.request("POST", CHAT, rh.chat(), fast(3)) if i % 2
+                            else rh.send(tt.port, rh.chat(), fast(3)))
+                    quick.append(resp)
+            finally:
+                ka.close()
+
+        def send_streams(n):
+            for i in range(20):
+                if stop.is_set():
+                    return
+                streams.append(run_stream(tt.port, "nonstop", "ns-%d-%d" % (n, i),
+                                          harness.sim_headers(ttft=10, itl=10, tokens=30)))
+
+        threads = [threading.Thread(target=send_quick, daemon=True)] + [
+            threading.Thread(target=send_streams, args=(n,), daemon=True) for n in range(2)]
+        for t in threads:
+            t.start()
+        weights = [[("a", 2), ("b", 1)], [("a", 1), ("b", 3)], [("a", 1), ("b", 1)], [("a", 3), ("b", 1)]]
+        for w in weights:
+            time.sleep(0.3)
+            n0 = len(quick)
+            self.assertTrue(tt.reload(self.conf(w)), tt.stderr_text())
+            self.assertTrue(harness.wait_until(lambda: len(quick) > n0 + 5, 3.0), "traffic stalled at a reload")
+        time.sleep(0.3)
+        stop.set()
+        for t in threads:
+            t.join(15)
+            self.assertFalse(t.is_alive())
+        self.assertGreater(len(quick), 50)
+        self.assertGreaterEqual(len(streams), 4)
+        for i, resp in enumerate(quick):
+            self.assertIsNotNone(resp, "request %d: no answer" % i)
+            self.assertEqual(resp.status, 200, "request %d: %r" % (i, resp.body[:200]))
+            self.assertTrue(resp.complete, "request %d cut" % i)
+            self.assertEqual(len(resp.json()["choices"][0]["message"]["content"].split()), 3, resp.body[:200])
+        direct = {}
+        for i, resp in enumerate(streams):
+            self.assertIsNotNone(resp, "stream %d: no answer" % i)
+            self.assertEqual(resp.status, 200, resp.body[:200])
+            self.assertTrue(resp.complete, "stream %d cut" % i)
+            up = stream_model(resp)
+            if up not in direct:
+                direct[up], _ = harness.exchange(self.sims[up].port, "POST", CHAT,
+                                                 rh.chat(stream=True, prompt="nonstop"),
+                                                 harness.sim_headers(ttft=10, itl=10, tokens=30), timeout=15)
+            self.assertEqual(resp.body, direct[up].body, "stream %d differs from a direct request to %s" % (i, up))
+        total = len(quick) + len(streams)
+
+        def counted():
+            r, _ = harness.exchange(admin, "GET", "/stats?window=all&route=main")
+            return sum(s["requests"] for s in r.json()["series"])
+        self.assertTrue(harness.wait_until(lambda: counted() == total, 5.0), (counted(), total))
+        r, _ = harness.exchange(admin, "GET", "/stats?window=all&route=main")
+        self.assertEqual({s["upstream"] for s in r.json()["series"]}, {"a", "b"})
+
     def test_reload_keeps_admission_limit(self):
         # max_concurrency 1 and no queue: while a stream runs, another
         # request gets 503. A reload (the same file) must not make room for
