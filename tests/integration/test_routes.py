@@ -11,7 +11,9 @@ which simulator served it; /sim/stats request counts and the access log's
 import json
 import os
 import re
+import shutil
 import signal
+import tempfile
 import threading
 import time
 import unittest
@@ -878,6 +880,23 @@ class DrainTest(harness.TestCase):
 
     def test_grace_period_cuts(self):
         self.grace_cuts(rh.start_conf(self, self.conf("1s")))
+
+    def test_sigterm_flushes_the_store(self):
+        """With an hour between flushes, nothing reaches the store on the
+        timer: SIGTERM's drain must hand it every request before exit."""
+        d = tempfile.mkdtemp(prefix="tokentap-flush-")
+        self.addCleanup(shutil.rmtree, d, True)
+        args = ("--data-dir", os.path.join(d, "data"), "--flush-interval", "1h", "--admin", "127.0.0.1:0")
+        n = 25
+        tt = rh.start_conf(self, self.conf("5s"), *args)
+        for _ in range(n):
+            self.assertEqual(rh.send(tt.port, rh.chat(), fast(2)).status, 200)
+        tt.signal(signal.SIGTERM)
+        tt.proc.wait(10)
+        self.assertEqual(tt.proc.returncode, 0, tt.stderr_text())
+        again = rh.start_conf(self, self.conf("5s"), *args)
+        r, _ = harness.exchange(harness.admin_port(again), "GET", "/stats?window=all")
+        self.assertEqual(sum(s["requests"] for s in r.json()["series"]), n, r.body[:500])
 
     def test_grace_period_follows_reload(self):
         tt = rh.start_conf(self, self.conf("30s"))
