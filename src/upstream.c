@@ -204,8 +204,9 @@ struct upstream *upstream_new(struct event_base *base, const struct config *cfg,
 	up->kick_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (up->kick_fd != -1)
 		up->kick_ev = event_new(base, up->kick_fd, EV_READ | EV_PERSIST, on_kick, up);
+	snprintf(err, errlen, "out of memory");
 	if (!up->kick_ev || event_add(up->kick_ev, NULL) == -1 || !(up->share = share_join(up)) ||
-	    !upstream_adopt(up, cfg, uc)) {
+	    !upstream_adopt(up, cfg, uc, err, errlen)) {
 		share_leave(up);
 		if (up->kick_ev)
 			event_free(up->kick_ev);
@@ -214,8 +215,7 @@ struct upstream *upstream_new(struct event_base *base, const struct config *cfg,
 		free(up->name);
 		free(up->url);
 		free(up);
-		snprintf(err, errlen, "out of memory");
-		return NULL;
+		return NULL; /* err: adopt's reason, else out of memory */
 	}
 	return up;
 }
@@ -256,19 +256,22 @@ static int conf_copy(struct upstream_conf *dst, const struct upstream_conf *src)
 	return 0;
 }
 
-struct upstream *upstream_adopt(struct upstream *up, const struct config *cfg, const struct upstream_conf *uc)
+struct upstream *upstream_adopt(struct upstream *up, const struct config *cfg, const struct upstream_conf *uc,
+				char *err, size_t errlen)
 {
 	struct upstream_conf copy;
 
-	if (conf_copy(&copy, uc) == -1)
-		return up->refs ? up : NULL; /* keep the settings it had */
+	if (conf_copy(&copy, uc) == -1) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
 	if (up->tls) {
-		char err[512];
-		SSL_CTX *ctx = tls_client_ctx(copy.tls_verify, copy.tls_ca_file, err, sizeof(err));
+		char why[512];
+		SSL_CTX *ctx = tls_client_ctx(copy.tls_verify, copy.tls_ca_file, why, sizeof(why));
 		if (!ctx) {
-			log_error("upstream %s: %s", up->name, err);
+			snprintf(err, errlen, "upstream %s: %s", up->name, why);
 			conf_release(&copy);
-			return up->refs ? up : NULL;
+			return NULL;
 		}
 		tls_ctx_free(up->tls_ctx);
 		up->tls_ctx = ctx;

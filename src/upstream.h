@@ -132,8 +132,11 @@ void upstream_free(struct upstream *up);
 
 /* A reload keeps an upstream whose name and url did not change: the same
  * object (admission count, queue, pool) with the new generation's settings.
- * Takes a reference. */
-struct upstream *upstream_adopt(struct upstream *up, const struct config *cfg, const struct upstream_conf *uc);
+ * Takes a reference. NULL with `err` (the TLS context's reason, or out of
+ * memory) when the new settings cannot be taken: `up` is then unchanged and
+ * no reference is taken, and the caller fails the generation. */
+struct upstream *upstream_adopt(struct upstream *up, const struct config *cfg, const struct upstream_conf *uc,
+				char *err, size_t errlen);
 
 /* Another holder of `up` (a mirror outliving its request's generation);
  * dropped with upstream_free. */

@@ -313,6 +313,22 @@ class TlsTest(harness.TestCase):
         self.assertEqual(plain.status, 200)
         self.assertEqual(secure.body, plain.body)
 
+    def test_reload_with_a_bad_ca_file_keeps_the_running_config(self):
+        term = self.terminator()
+        d = tempfile.mkdtemp(prefix="tokentap-tls-ca-", dir=self.dir)
+        ca = shutil.copy(self.ca, os.path.join(d, "ca.pem"))
+        conf = ("upstreams:\n  - name: secure\n    url: https://localhost:%d\n    tls: {ca_file: %s}\n"
+                % (term.port, ca))
+        front = rh.start_conf(self, conf)
+        self.assertEqual(harness.exchange(front.port, "POST", rh.CHAT, body=BODY)[0].status, 200)
+        with open(ca, "w") as f:
+            f.write("not a certificate\n")
+        # the same upstream (name and url) is kept; its CA file no longer loads
+        self.assertTrue(front.reload(conf, expect_ok=False), front.stderr_text())
+        self.assertIn("ca_file", front.stderr_text())
+        self.assertEqual(front.count_lines(rh.RELOAD_RE), 0, front.stderr_text())
+        self.assertEqual(harness.exchange(front.port, "POST", rh.CHAT, body=BODY)[0].status, 200)
+
     def test_reload_picks_up_a_renewed_certificate(self):
         d = tempfile.mkdtemp(prefix="tokentap-tls-renew-", dir=self.dir)
         shutil.copy(self.ca, os.path.join(d, "ca.pem"))
