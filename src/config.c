@@ -154,8 +154,8 @@ unsigned config_validate(const struct config *c, char *errs, size_t errlen)
 					c->upstreams[j].name_line ? c->upstreams[j].name_line : c->upstreams[j].line);
 		if (u->queue_max && !u->max_concurrency)
 			PROBLEM(u->line, "upstreams[%u].queue: a queue needs max_concurrency", i);
-		if (u->url && strncmp(u->url, "https://", 8) != 0 && (u->tls_ca_file || u->tls_server_name))
-			PROBLEM(u->line, "upstreams[%u].tls: only for https:// urls", i);
+		if (u->url && strncmp(u->url, "https://", 8) != 0 && u->tls_line)
+			PROBLEM(u->tls_line, "upstreams[%u].tls: only for https:// urls; this one is plain http", i);
 	}
 	if (c->nroutes == 0 && c->nupstreams > 1)
 		PROBLEM(1, "routes: several upstreams but no routes; say which requests go where");
@@ -164,6 +164,9 @@ unsigned config_validate(const struct config *c, char *errs, size_t errlen)
 	if (c->nlisteners && c->tls_cert)
 		PROBLEM(c->listeners[0].line,
 			"listeners: with a list, put tls under each listener, not at the top level");
+	if (c->nlisteners && c->listen_line)
+		PROBLEM(c->listen_line,
+			"listen: give either listen or listeners, not both; put the address in the list");
 	if (c->nlisteners > LISTENERS_MAX)
 		PROBLEM(c->listeners[0].line, "listeners: at most %d", LISTENERS_MAX);
 	for (unsigned i = 0; i < c->nlisteners; i++) {
@@ -198,6 +201,12 @@ unsigned config_validate(const struct config *c, char *errs, size_t errlen)
 				continue; /* reported where it was read */
 			for (unsigned k = 0; k < c->nupstreams; k++)
 				known |= c->upstreams[k].name && strcmp(c->upstreams[k].name, tg->upstream) == 0;
+			for (unsigned s = 0; s < t; s++)
+				if (r->targets[s].upstream && strcmp(r->targets[s].upstream, tg->upstream) == 0)
+					PROBLEM(tg->line,
+						"routes[%u].split[%u].upstream: %s is already split[%u]; give it one "
+						"entry with the weights added up",
+						i, t, tg->upstream, s);
 			if (!known && r->split)
 				PROBLEM(tg->line, "routes[%u].split[%u].upstream: %s is not defined in upstreams", i, t,
 					tg->upstream);

@@ -46,6 +46,7 @@ struct upstream_conf {
 	bool tls_verify;	     /* default on: never bypassed silently */
 	const char *tls_ca_file;     /* NULL: the system CA store */
 	const char *tls_server_name; /* SNI and the name checked; default the URL's host */
+	int tls_line;		     /* of its `tls:` settings; 0: none given */
 };
 
 struct route_target {
@@ -77,6 +78,7 @@ struct route_conf {
 struct config {
 	const char *path;		/* the YAML file, NULL when from flags */
 	const char *listen;		/* ADDR:PORT */
+	int listen_line;		/* where the file sets it; 0: not from the file */
 	const char *tls_cert, *tls_key; /* the listener speaks TLS when both are set */
 	/* `listeners:` from the file; empty: the one `listen` (+ `tls`) above */
 	struct listener_conf *listeners;

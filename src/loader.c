@@ -15,11 +15,14 @@
 #include "loader.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <yaml.h>
 
 #include "log.h"
@@ -124,20 +127,26 @@ static void get_string_or_off(struct load *l, yaml_node_t *n, const char *key, c
 		*out = strcmp(s, "off") == 0 ? NULL : s;
 }
 
-/* A file named by a setting (certificate, key, CA) must be readable by
- * the server as it will be started: relative to the working directory. */
+/* A file named by a setting (certificate, key, CA) must be a regular file
+ * the server can read as it will be started: relative to the working
+ * directory. Opened without blocking, so that a FIFO or a device named by
+ * mistake is reported rather than waited on. */
 static void get_readable_file(struct load *l, yaml_node_t *n, const char *key, const char **out)
 {
 	const char *s = scalar(l, n, key);
-	FILE *f;
+	struct stat st;
+	int fd;
 
 	if (!s)
 		return;
 	*out = s;
-	if (!(f = fopen(s, "rb")))
+	if ((fd = open(s, O_RDONLY | O_NONBLOCK | O_CLOEXEC)) == -1) {
 		problem(l, n, "%s: cannot read %s: %s", key, s, strerror(errno));
-	else
-		fclose(f);
+		return;
+	}
+	if (fstat(fd, &st) == -1 || !S_ISREG(st.st_mode))
+		problem(l, n, "%s: %s is not a regular file", key, s);
+	close(fd);
 }
 
 /* With both files readable, the listener's context is built and freed
@@ -163,6 +172,22 @@ struct field {
 	field_fn fn;
 };
 
+/* The key node of an earlier pair of `map` with the same key as `p`, or
+ * NULL: YAML leaves duplicate keys to the reader, and here the second one is
+ * an error rather than silently winning. */
+static const yaml_node_t *twice(struct load *l, yaml_node_t *map, const yaml_node_pair_t *p)
+{
+	const yaml_node_t *k = node(l, p->key);
+
+	for (const yaml_node_pair_t *q = map->data.mapping.pairs.start; q < p; q++) {
+		const yaml_node_t *e = node(l, q->key);
+		if (e->type == YAML_SCALAR_NODE && e->data.scalar.length == k->data.scalar.length &&
+		    memcmp(e->data.scalar.value, k->data.scalar.value, k->data.scalar.length) == 0)
+			return e;
+	}
+	return NULL;
+}
+
 /* Walks a mapping: each key must be one of `fields`. `path` prefixes key
  * names in messages. */
 static void walk(struct load *l, yaml_node_t *map, const char *path, const struct field *fields, void *obj)
@@ -181,6 +206,13 @@ static void walk(struct load *l, yaml_node_t *map, const char *path, const struc
 		}
 		const char *name = (const char *)k->data.scalar.value;
 		const struct field *f;
+		const yaml_node_t *first = twice(l, map, p);
+		if (first) {
+			snprintf(key, sizeof(key), "%s%s%s", path, path[0] ? "." : "", name);
+			problem(l, k, "%s: given twice (first on line %lu); keep one", key,
+				(unsigned long)first->start_mark.line + 1);
+			continue;
+		}
 		for (f = fields; f->name; f++)
 			if (strcmp(f->name, name) == 0)
 				break;
@@ -207,6 +239,7 @@ static void f_listen(struct load *l, yaml_node_t *v, const char *key, void *o)
 	struct sockaddr_storage ss;
 	unsigned len;
 	get_string(l, v, key, &CFG(o)->listen);
+	CFG(o)->listen_line = (int)v->start_mark.line + 1;
 	if (CFG(o)->listen && config_parse_listen(CFG(o)->listen, &ss, &len) == -1)
 		problem(l, v, "%s: expected a numeric ADDR:PORT such as 127.0.0.1:8080", key);
 }
@@ -417,6 +450,7 @@ static void u_tls(struct load *l, yaml_node_t *v, const char *key, void *o)
 	static const struct field fields[] = {
 		{ "verify", u_tls_verify }, { "ca_file", u_tls_ca }, { "server_name", u_tls_name }, { NULL, NULL }
 	};
+	UP(o)->tls_line = (int)v->start_mark.line + 1;
 	walk(l, v, key, fields, o);
 }
 static void u_max_conc(struct load *l, yaml_node_t *v, const char *key, void *o)
@@ -465,6 +499,12 @@ static void u_labels(struct load *l, yaml_node_t *v, const char *key, void *o)
 	}
 	for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
 		yaml_node_t *k = node(l, p->key), *val = node(l, p->value);
+		const yaml_node_t *first = k->type == YAML_SCALAR_NODE ? twice(l, v, p) : NULL;
+		if (first) {
+			problem(l, k, "%s.%s: given twice (first on line %lu); keep one", key,
+				(const char *)k->data.scalar.value, (unsigned long)first->start_mark.line + 1);
+			continue;
+		}
 		if (u->nlabels == LABELS_MAX) {
 			problem(l, k, "%s: at most %d labels", key, LABELS_MAX);
 			return;
@@ -606,13 +646,20 @@ static void r_split(struct load *l, yaml_node_t *v, const char *key, void *o)
 	}
 }
 
+static void sticky_once(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	if (RT(o)->sticky != STICKY_NONE)
+		problem(l, v, "%s: give sticky.header or sticky.json_field, not both", key);
+}
 static void s_header(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
+	sticky_once(l, v, key, o);
 	RT(o)->sticky = STICKY_HEADER;
 	get_string(l, v, key, &RT(o)->sticky_key);
 }
 static void s_json(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
+	sticky_once(l, v, key, o);
 	RT(o)->sticky = STICKY_JSON_FIELD;
 	get_string(l, v, key, &RT(o)->sticky_key);
 }

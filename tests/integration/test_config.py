@@ -71,7 +71,9 @@ class ExampleTest(harness.TestCase):
         self.assertIn("ok", res.stdout)
 
 
-class BrokenFileTest(harness.TestCase):
+class Broken:
+    """broken(): the check every broken-file test makes."""
+
     def broken(self, text, expect, count=1):
         """`expect`: list of (line, [substrings of the message]). Asserts
         exit 1, exactly `count` problem lines, and each expectation met by
@@ -89,6 +91,8 @@ class BrokenFileTest(harness.TestCase):
             self.assertTrue(ok, "no problem on line %d naming %r; got:\n%s" % (line, subs, res.stderr))
         return probs
 
+
+class BrokenFileTest(Broken, harness.TestCase):
     def test_unknown_top_level_key(self):
         t = edit("upstreams:\n", "bogus_key: 1\nupstreams:\n")
         self.broken(t, [(rh.line_of(t, "bogus_key"), ["bogus_key"])])
@@ -198,6 +202,40 @@ class BrokenFileTest(harness.TestCase):
         res, _ = rh.check_config(t.replace("max_in_flight: 0", "max_in_flight: 16"))
         self.assertEqual(res.returncode, 0, res.stderr)
 
+    def test_duplicate_keys(self):
+        cases = [
+            (edit("timeouts:\n  connect: 2s\n", "timeouts:\n  connect: 2s\n  connect: 3s\n"), "connect: 3s",
+             ["timeouts.connect", "twice"]),
+            (edit("limits:\n", "timeouts: {idle: 5s}\nlimits:\n"), "timeouts: {idle", ["timeouts", "twice"]),
+            (edit("    url: http://127.0.0.1:10\n", "    url: http://127.0.0.1:10\n    name: c\n"), "name: c",
+             ["upstreams[1].name", "twice"]),
+            (edit("    url: http://127.0.0.1:10\n",
+                  "    url: http://127.0.0.1:10\n    labels: {gpu: a, gpu: b}\n"), "labels:",
+             ["upstreams[1].labels.gpu", "twice"]),
+        ]
+        for t, marker, subs in cases:
+            with self.subTest(marker=marker):
+                self.broken(t, [(rh.line_of(t, marker), subs)])
+
+    def test_sticky_with_header_and_json_field(self):
+        t = edit("      path_prefix: /v1/\n", "      path_prefix: /v1/\n    sticky:\n      header: x-s\n"
+                 "      json_field: user\n")
+        self.broken(t, [(rh.line_of(t, "json_field"), ["routes[0].sticky", "not both"])])
+
+    def test_same_upstream_twice_in_a_split(self):
+        t = edit("      - upstream: b\n", "      - upstream: a\n")
+        self.broken(t, [(rh.line_of(t, "- upstream: a", nth=2), ["routes[0].split[1].upstream", "a", "split[0]"])])
+
+    def test_listen_with_listeners(self):
+        t = edit("listen: 127.0.0.1:0\n", "listen: 127.0.0.1:0\nlisteners:\n  - address: 127.0.0.1:0\n")
+        self.broken(t, [(rh.line_of(t, "listen:"), ["listen", "listeners"])])
+
+    def test_tls_settings_on_an_http_url(self):
+        for tls in ("{verify: false}", "{ca_file: %s}" % os.path.join(REPO, "README.md"), "{server_name: x}"):
+            with self.subTest(tls=tls):
+                t = edit("    url: http://127.0.0.1:10\n", "    url: http://127.0.0.1:10\n    tls: %s\n" % tls)
+                self.broken(t, [(rh.line_of(t, "tls:"), ["upstreams[1].tls", "https://"])], count=None)
+
     def test_duplicate_upstream_names(self):
         t = edit("routes:\n", "  - name: a\n    url: http://127.0.0.1:11\nroutes:\n")
         self.broken(t, [(rh.line_of(t, "- name: a", nth=2), ["upstreams[2].name", "a"])])
@@ -249,7 +287,7 @@ class BrokenFileTest(harness.TestCase):
         self.assertTrue(rh.problem_lines(res, "odd name.yaml"), res.stderr)
 
 
-class ServerChecksTest(BrokenFileTest):
+class ServerChecksTest(Broken, harness.TestCase):
     """-t runs the checks the server runs when it starts: the upstream URL
     through the server's own parser, and the TLS files by building their
     contexts. Each refusal the server would give is a FILE:LINE here."""
