@@ -1,13 +1,16 @@
 """test_config.py — the YAML configuration file (docs/config.md).
 
-`tokentap -t -c FILE` accepts the annotated example in conf/ (so that it
-stays valid as keys are added), and for each kind of broken file exits 1
+`tokentap -t -c FILE` accepts the annotated examples in conf/ (so that they
+stay valid as keys are added; the TLS one with generated certificates and
+token in place), together they use every key docs/config.md documents, and
+for each kind of broken file exits 1
 printing `FILE:LINE: message` lines that give the line of the offending key
 and name it by its full path; a file with several problems prints each of
 them. Command-line misuse exits 2. Flags given beside -c override the file.
 """
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -47,6 +50,77 @@ routes:
 """
 
 
+def documented_keys(md):
+    """The dotted key paths of docs/config.md's tables: the first cell's
+    `keys` of each row, under the section's prefix (`## \`store\`` ->
+    store.); `.idle` after `timeouts.connect` is timeouts.idle."""
+    keys, prefix = set(), None
+    for line in md.split("\n"):
+        m = re.match(r"^## (.*)$", line)
+        if m:
+            title = m.group(1).strip()
+            prefix = "" if title == "Top level" else (title.strip("`") + "." if title.startswith("`") else None)
+            continue
+        if prefix is None or not line.startswith("| `"):
+            continue
+        last = None
+        for tok in re.findall(r"`([^`]+)`", line.split("|")[1]):
+            if tok.startswith(".") and last:
+                tok = last.rsplit(".", 1)[0] + tok
+            keys.add(prefix + tok)
+            last = tok
+    return keys
+
+
+def flow_keys(text, prefix, out):
+    """Keys of a flow mapping `{a: 1, b: {c: 2}}` under `prefix`."""
+    text = text.strip()
+    if not text.startswith("{"):
+        return
+    depth, item, items = 0, "", []
+    for ch in text[1:-1]:
+        if ch == "," and depth == 0:
+            items.append(item)
+            item = ""
+            continue
+        depth += ch in "{["
+        depth -= ch in "}]"
+        item += ch
+    items.append(item)
+    for it in items:
+        k, sep, v = it.partition(":")
+        if sep and k.strip():
+            out.add(prefix + k.strip())
+            flow_keys(v, prefix + k.strip() + ".", out)
+
+
+def yaml_key_paths(text):
+    """Dotted key paths of a YAML file of block mappings, lists of
+    mappings and flow mappings, list positions dropped: upstreams.tls.verify."""
+    out, stack = set(), []
+    for raw in text.split("\n"):
+        line = re.sub(r"(^|\s)#.*$", "", raw).rstrip()
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        body = line.strip()
+        while body.startswith("- "):
+            indent += 2 + (len(body) - 2 - len(body[2:].lstrip()))
+            body = body[2:].lstrip()
+        m = re.match(r"^([A-Za-z_][\w-]*):(?:\s+(.*))?$", body)
+        if not m:
+            continue
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        path = ".".join([k for _, k in stack] + [m.group(1)])
+        out.add(path)
+        if m.group(2):
+            flow_keys(m.group(2), path + ".", out)
+        else:
+            stack.append((indent, m.group(1)))
+    return out
+
+
 def edit(old, new, text=BASE):
     if old not in text:
         raise AssertionError("edit: %r not in base text" % old)
@@ -64,6 +138,55 @@ class ExampleTest(harness.TestCase):
         self.assertEqual(res.returncode, 0, "stdout=%r stderr=%r" % (res.stdout, res.stderr))
         self.assertIn("ok", res.stdout + res.stderr)
         self.assertEqual(rh.problem_lines(res, "conf/tokentap.yaml"), [], res.stderr)
+
+    def test_tls_example_file_is_valid(self):
+        """conf/tokentap-tls.yaml names files relative to where tokentap
+        runs: checked in a directory where they exist, then refused in one
+        where they do not."""
+        d = tempfile.mkdtemp(prefix="tokentap-example-")
+        self.addCleanup(shutil.rmtree, d, True)
+        tls = os.path.join(d, "tls")
+        os.mkdir(tls)
+        cert, key = test_tls.make_pki(tls)
+        os.rename(cert, os.path.join(tls, "fullchain.pem"))
+        os.rename(key, os.path.join(tls, "privkey.pem"))
+        shutil.copy(os.path.join(tls, "ca.pem"), os.path.join(tls, "upstream-ca.pem"))
+        rh.write_file(os.path.join(d, "admin.token"), "example-token\n")
+        shutil.copy(os.path.join(REPO, "conf", "tokentap-tls.yaml"), d)
+
+        def check(cwd):
+            return subprocess.run([harness.tokentap_bin(), "-t", "-c", "tokentap-tls.yaml"],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, timeout=10, cwd=cwd, start_new_session=True)
+
+        res = check(d)
+        self.assertEqual(res.returncode, 0, "stdout=%r stderr=%r" % (res.stdout, res.stderr))
+        self.assertEqual(rh.problem_lines(res, "tokentap-tls.yaml"), [], res.stderr)
+        bare = tempfile.mkdtemp(prefix="tokentap-example-bare-")
+        self.addCleanup(shutil.rmtree, bare, True)
+        shutil.copy(os.path.join(REPO, "conf", "tokentap-tls.yaml"), bare)
+        res = check(bare)
+        self.assertEqual(res.returncode, 1, res.stderr)
+        self.assertEqual(len(rh.problem_lines(res, "tokentap-tls.yaml")), 3, res.stderr)  # cert, key, ca_file
+
+    def test_examples_use_every_documented_key(self):
+        with open(os.path.join(REPO, "docs", "config.md")) as f:
+            documented = documented_keys(f.read())
+        self.assertGreater(len(documented), 60, sorted(documented))
+        used = set()
+        for name in ("tokentap.yaml", "tokentap-tls.yaml"):
+            with open(os.path.join(REPO, "conf", name)) as f:
+                used |= yaml_key_paths(f.read())
+        self.assertEqual(sorted(documented - used), [], "documented in docs/config.md, used in no example")
+        # and the other way: an example key that is neither documented nor
+        # a section holding documented keys (routes.match) nor a field of a
+        # documented list entry (split's {upstream, weight}); labels are
+        # free-form
+        def known(k):
+            return (k in documented or any(d.startswith(k + ".") for d in documented)
+                    or k.rsplit(".", 1)[0] in documented or k.startswith("upstreams.labels."))
+        undocumented = {k for k in used if not known(k)}
+        self.assertEqual(sorted(undocumented), [], "used in an example, not documented")
 
     def test_base_file_is_valid(self):
         res, name = rh.check_config(BASE)
