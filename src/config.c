@@ -377,8 +377,13 @@ int config_parse_url(const char *url, struct url_parts *out, char *err, size_t e
 		hend = p + strcspn(p, ":/");
 		rest = hend;
 	}
-	if (hend == p || (size_t)(hend - p) >= sizeof(out->host)) {
+	if (hend == p) {
 		snprintf(err, errlen, "no host in '%s'; expected http://HOST[:PORT]", url);
+		return -1;
+	}
+	if ((size_t)(hend - p) >= sizeof(out->host)) {
+		snprintf(err, errlen, "the host name in '%.64s...' is longer than %zu characters", url,
+			 sizeof(out->host) - 1);
 		return -1;
 	}
 	memcpy(out->host, p, (size_t)(hend - p));

@@ -430,6 +430,7 @@ class ServerChecksTest(Broken, harness.TestCase):
                           ("http://h:80/v1", ["path"]),
                           ("http://h/v1/", ["path"]),
                           ("http://:80", ["no host"]),
+                          ("http://%s:80" % ("h" * 300), ["longer than 255"]),
                           ("http://[::1", ["IPv6"]),
                           ("ftp://127.0.0.1:10", ["http://"])):
             with self.subTest(url=url):
