@@ -228,12 +228,14 @@ unsigned config_validate(const struct config *c, char *errs, size_t errlen)
 			if (r->mirror_percent > 100)
 				PROBLEM(r->mirror_line, "routes[%u].mirror.percent: at most 100", i);
 			for (unsigned t = 0; t < r->ntargets; t++)
-				if (r->targets[t].upstream && strcmp(r->targets[t].upstream, r->mirror_upstream) == 0)
+				if (r->targets[t].upstream && strcmp(r->targets[t].upstream, r->mirror_upstream) == 0) {
 					PROBLEM(r->mirror_line,
 						"routes[%u].mirror.upstream: %s is also a target of this route; its "
 						"copies would mix into that target's series: mirror to another "
 						"upstream",
 						i, r->mirror_upstream);
+					break;
+				}
 		}
 	}
 	return problems;
