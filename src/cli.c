@@ -7,6 +7,7 @@
 #include "cli.h"
 
 #include <getopt.h>
+#include <sys/socket.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,7 +15,6 @@
 
 #include "loader.h"
 #include "log.h"
-#include "upstream.h"
 #include "version.h"
 
 static void usage(FILE *out)
@@ -156,11 +156,11 @@ static void option_name(int val, int argc, char **argv, char *out, size_t len)
  * created. Resolving the host is left to upstream_new(). */
 static int check_upstream(struct out *o, const char *url)
 {
-	char host[256], port[8], why[128];
-	bool tls;
+	struct url_parts parts;
+	char why[400];
 
-	if (upstream_parse_url(url, host, sizeof(host), port, sizeof(port), &tls, why, sizeof(why)) == -1) {
-		say(o, "invalid value '%s' for --upstream: %s", url, why);
+	if (config_parse_url(url, &parts, why, sizeof(why)) == -1) {
+		say(o, "invalid value for --upstream: %s", why);
 		return -1;
 	}
 	return 0;

@@ -65,6 +65,22 @@ double ks_critical(uint64_t na, uint64_t nb, double confidence)
 	return c * sqrt((double)(na + nb) / ((double)na * (double)nb));
 }
 
+void prop_test(uint64_t x, uint64_t n, uint64_t y, uint64_t m, struct prop_test *out)
+{
+	memset(out, 0, sizeof(*out));
+	out->p = 1;
+	if (!n || !m)
+		return;
+	double pa = (double)x / (double)n, pb = (double)y / (double)m;
+	double pool = (double)(x + y) / (double)(n + m);
+	double se = sqrt(pool * (1 - pool) * (1 / (double)n + 1 / (double)m));
+	out->diff = pa - pb;
+	if (se <= 0) /* all or none on both sides: nothing to tell apart */
+		return;
+	out->z = out->diff / se;
+	out->p = erfc(fabs(out->z) / M_SQRT2);
+}
+
 /* ---- the answer ---- */
 
 struct up_group {
@@ -124,10 +140,31 @@ static json_t *traffic_json(const struct hist *a, const struct hist *b)
 			 have ? json_boolean(d <= crit || d <= 0.1) : json_null());
 }
 
-static json_t *difference_json(const struct up_group *x, const struct up_group *base)
+/* x of n against y of m: the difference of the proportions and whether it
+ * is outside the noise (null and false when either side has no sample). */
+static json_t *proportion_json(uint64_t x, uint64_t n, uint64_t y, uint64_t m)
 {
-	json_t *o = json_object(), *m = json_object(), *t = json_object();
+	struct prop_test pt;
+
+	prop_test(x, n, y, m, &pt);
+	if (!n || !m)
+		return json_pack("{s:n,s:n,s:n,s:b}", "diff", "z", "p_value", "significant", 0);
+	return json_pack("{s:f,s:f,s:f,s:b}", "diff", pt.diff, "z", pt.z, "p_value", pt.p, "significant",
+			 pt.p < 1 - COMPARE_CONFIDENCE);
+}
+
+/* A rate here against the baseline's: difference and ratio. */
+static json_t *rate_json(uint64_t x, uint64_t b, uint64_t elapsed)
+{
+	double rx = (double)x / (double)elapsed, rb = (double)b / (double)elapsed;
+	return json_pack("{s:f,s:o}", "diff", rx - rb, "ratio", ratio(rx, rb));
+}
+
+static json_t *difference_json(const struct up_group *x, const struct up_group *base, uint64_t elapsed)
+{
+	json_t *o = json_object(), *m = json_object(), *t = json_object(), *tp = json_object();
 	uint64_t rx = x->slice.counters[CT_REQUESTS], rb = base->slice.counters[CT_REQUESTS];
+	const uint64_t *cx = x->slice.counters, *cb = base->slice.counters;
 
 	json_object_set_new(o, "upstream", json_string(x->upstream));
 	json_object_set_new(o, "baseline", json_string(base->upstream));
@@ -165,6 +202,14 @@ static json_t *difference_json(const struct up_group *x, const struct up_group *
 			    rx && rb ? json_real((double)errors_of(&x->slice) / (double)rx -
 						 (double)errors_of(&base->slice) / (double)rb)
 				     : json_null());
+	json_object_set_new(o, "error_rate", proportion_json(errors_of(&x->slice), rx, errors_of(&base->slice), rb));
+	json_object_set_new(o, "goodput_ratio",
+			    proportion_json(cx[CT_SLO_MET], cx[CT_SLO_MET] + cx[CT_SLO_MISSED], cb[CT_SLO_MET],
+					    cb[CT_SLO_MET] + cb[CT_SLO_MISSED]));
+	json_object_set_new(tp, "requests_per_s", rate_json(rx, rb, elapsed));
+	json_object_set_new(tp, "input_tokens_per_s", rate_json(cx[CT_INPUT_TOKENS], cb[CT_INPUT_TOKENS], elapsed));
+	json_object_set_new(tp, "output_tokens_per_s", rate_json(cx[CT_OUTPUT_TOKENS], cb[CT_OUTPUT_TOKENS], elapsed));
+	json_object_set_new(o, "throughput", tp);
 	json_object_set_new(t, "input_tokens",
 			    traffic_json(x->slice.slot[HM_INPUT_TOKENS], base->slice.slot[HM_INPUT_TOKENS]));
 	json_object_set_new(t, "concurrency", traffic_json(x->slice.slot[HM_INFLIGHT], base->slice.slot[HM_INFLIGHT]));
@@ -223,7 +268,8 @@ char *compare_render(const struct store_result *r, const char *route, enum store
 	json_object_set_new(root, "test",
 			    json_string("two-sided Mann-Whitney U on the histograms (ties by bucket, "
 					"normal approximation); significant when p < 0.01 and the "
-					"medians differ by more than 1 %"));
+					"medians differ by more than 1 %; error rate and goodput ratio: "
+					"two-proportion z-test (pooled), significant when p < 0.01"));
 	json_object_set_new(root, "confidence", json_real(COMPARE_CONFIDENCE));
 	for (size_t k = 0; k < nups; k++)
 		json_array_append_new(arr, upstream_json(&ups[k], elapsed, labels));
@@ -231,7 +277,7 @@ char *compare_render(const struct store_result *r, const char *route, enum store
 	json_object_set_new(root, "baseline", nups ? json_string(ups[base].upstream) : json_null());
 	for (size_t k = 0; k < nups; k++)
 		if (k != base)
-			json_array_append_new(diffs, difference_json(&ups[k], &ups[base]));
+			json_array_append_new(diffs, difference_json(&ups[k], &ups[base], elapsed));
 	json_object_set_new(root, "differences", diffs);
 	text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
 	json_decref(root);

@@ -9,7 +9,9 @@
  * and the medians differ by more than the histograms' resolution. Whether the
  * upstreams saw comparable traffic is judged the same way on their prompt
  * lengths and on the concurrency their requests met, with the two-sample
- * Kolmogorov-Smirnov distance. Definitions: docs/admin-api.md.
+ * Kolmogorov-Smirnov distance. Error rates and goodput ratios are compared
+ * with a two-proportion z-test at the same level. Definitions:
+ * docs/admin-api.md.
  */
 #pragma once
 
@@ -38,6 +40,14 @@ double ks_distance(const struct hist *a, const struct hist *b);
 /* The two-sample KS distance above which the distributions differ at the
  * given confidence (asymptotic critical value). */
 double ks_critical(uint64_t na, uint64_t nb, double confidence);
+
+/* Two-proportion z-test: x of n against y of m, pooled. p is two-sided; 1
+ * (z 0) when either n or m is 0 or the pooled proportion is 0 or 1. */
+struct prop_test {
+	double diff; /* x/n - y/m */
+	double z, p;
+};
+void prop_test(uint64_t x, uint64_t n, uint64_t y, uint64_t m, struct prop_test *out);
 
 struct json_t;
 /* The /compare answer for `route` over the query result `r`. `labels` maps

@@ -154,8 +154,8 @@ unsigned config_validate(const struct config *c, char *errs, size_t errlen)
 					c->upstreams[j].name_line ? c->upstreams[j].name_line : c->upstreams[j].line);
 		if (u->queue_max && !u->max_concurrency)
 			PROBLEM(u->line, "upstreams[%u].queue: a queue needs max_concurrency", i);
-		if (u->url && strncmp(u->url, "https://", 8) != 0 && (u->tls_ca_file || u->tls_server_name))
-			PROBLEM(u->line, "upstreams[%u].tls: only for https:// urls", i);
+		if (u->url && strncmp(u->url, "https://", 8) != 0 && u->tls_line)
+			PROBLEM(u->tls_line, "upstreams[%u].tls: only for https:// urls; this one is plain http", i);
 	}
 	if (c->nroutes == 0 && c->nupstreams > 1)
 		PROBLEM(1, "routes: several upstreams but no routes; say which requests go where");
@@ -164,6 +164,9 @@ unsigned config_validate(const struct config *c, char *errs, size_t errlen)
 	if (c->nlisteners && c->tls_cert)
 		PROBLEM(c->listeners[0].line,
 			"listeners: with a list, put tls under each listener, not at the top level");
+	if (c->nlisteners && c->listen_line)
+		PROBLEM(c->listen_line,
+			"listen: give either listen or listeners, not both; put the address in the list");
 	if (c->nlisteners > LISTENERS_MAX)
 		PROBLEM(c->listeners[0].line, "listeners: at most %d", LISTENERS_MAX);
 	for (unsigned i = 0; i < c->nlisteners; i++) {
@@ -198,6 +201,12 @@ unsigned config_validate(const struct config *c, char *errs, size_t errlen)
 				continue; /* reported where it was read */
 			for (unsigned k = 0; k < c->nupstreams; k++)
 				known |= c->upstreams[k].name && strcmp(c->upstreams[k].name, tg->upstream) == 0;
+			for (unsigned s = 0; s < t; s++)
+				if (r->targets[s].upstream && strcmp(r->targets[s].upstream, tg->upstream) == 0)
+					PROBLEM(tg->line,
+						"routes[%u].split[%u].upstream: %s is already split[%u]; give it one "
+						"entry with the weights added up",
+						i, t, tg->upstream, s);
 			if (!known && r->split)
 				PROBLEM(tg->line, "routes[%u].split[%u].upstream: %s is not defined in upstreams", i, t,
 					tg->upstream);
@@ -218,6 +227,15 @@ unsigned config_validate(const struct config *c, char *errs, size_t errlen)
 					r->mirror_upstream);
 			if (r->mirror_percent > 100)
 				PROBLEM(r->mirror_line, "routes[%u].mirror.percent: at most 100", i);
+			for (unsigned t = 0; t < r->ntargets; t++)
+				if (r->targets[t].upstream && strcmp(r->targets[t].upstream, r->mirror_upstream) == 0) {
+					PROBLEM(r->mirror_line,
+						"routes[%u].mirror.upstream: %s is also a target of this route; its "
+						"copies would mix into that target's series: mirror to another "
+						"upstream",
+						i, r->mirror_upstream);
+					break;
+				}
 		}
 	}
 	return problems;
@@ -333,6 +351,67 @@ int config_parse_listen(const char *s, struct sockaddr_storage *ss, unsigned *le
 		return 0;
 	}
 	return -1;
+}
+
+int config_parse_url(const char *url, struct url_parts *out, char *err, size_t errlen)
+{
+	const char *p, *hend, *pstart = NULL, *rest;
+
+	if (strncmp(url, "http://", 7) == 0) {
+		out->tls = false;
+		p = url + 7;
+	} else if (strncmp(url, "https://", 8) == 0) {
+		out->tls = true;
+		p = url + 8;
+	} else {
+		snprintf(err, errlen, "expected a URL like http://127.0.0.1:8000 or https://HOST, got '%s'", url);
+		return -1;
+	}
+	if (*p == '[') { /* [v6]:port */
+		hend = strchr(p, ']');
+		if (!hend) {
+			snprintf(err, errlen, "unterminated IPv6 address in '%s'", url);
+			return -1;
+		}
+		p++;
+		rest = hend + 1;
+	} else {
+		hend = p + strcspn(p, ":/");
+		rest = hend;
+	}
+	if (hend == p) {
+		snprintf(err, errlen, "no host in '%s'; expected http://HOST[:PORT]", url);
+		return -1;
+	}
+	if ((size_t)(hend - p) >= sizeof(out->host)) {
+		snprintf(err, errlen, "the host name in '%.64s...' is longer than %zu characters", url,
+			 sizeof(out->host) - 1);
+		return -1;
+	}
+	memcpy(out->host, p, (size_t)(hend - p));
+	out->host[hend - p] = '\0';
+	if (*rest == ':') {
+		pstart = rest + 1;
+		size_t n = strspn(pstart, "0123456789");
+		unsigned long port = n && n < sizeof(out->port) ? strtoul(pstart, NULL, 10) : 0;
+		if (port < 1 || port > 65535 || (pstart[n] && pstart[n] != '/')) {
+			snprintf(err, errlen, "expected a port from 1 to 65535 in '%s'", url);
+			return -1;
+		}
+		memcpy(out->port, pstart, n);
+		out->port[n] = '\0';
+		rest = pstart + n;
+	} else {
+		snprintf(out->port, sizeof(out->port), "%s", out->tls ? "443" : "80");
+	}
+	if (*rest && strcmp(rest, "/") != 0) {
+		snprintf(err, errlen,
+			 "'%s': a path after the address is not supported; give only http[s]://HOST[:PORT] "
+			 "(the request's own path is forwarded as is)",
+			 url);
+		return -1;
+	}
+	return 0;
 }
 
 int config_parse_duration_ms(const char *s, uint64_t *out)

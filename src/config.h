@@ -16,6 +16,7 @@
 #define LABELS_MAX 16
 #define LISTENERS_MAX 16
 #define WORKERS_MAX 64
+#define MIRROR_MAX_IN_FLIGHT 64			/* mirror.max_in_flight's default */
 #define STORE_MAX_SIZE_MIN ((uint64_t)64 << 10) /* store.max_size: an empty store and a few series */
 #define STORE_MAX_SIZE_MAX ((uint64_t)64 << 30) /* and its default */
 
@@ -45,6 +46,7 @@ struct upstream_conf {
 	bool tls_verify;	     /* default on: never bypassed silently */
 	const char *tls_ca_file;     /* NULL: the system CA store */
 	const char *tls_server_name; /* SNI and the name checked; default the URL's host */
+	int tls_line;		     /* of its `tls:` settings; 0: none given */
 };
 
 struct route_target {
@@ -67,14 +69,16 @@ struct route_conf {
 	bool failover;		/* a refused connection tries another target */
 	bool split;		/* targets came from `split:` (else `upstream:`) */
 	int line, split_line;
-	const char *mirror_upstream; /* shadow copies go here; NULL: none */
-	unsigned mirror_percent;     /* of the route's requests, 0..100 */
+	const char *mirror_upstream;   /* shadow copies go here; NULL: none */
+	unsigned mirror_percent;       /* of the route's requests, 0..100 */
+	unsigned mirror_max_in_flight; /* a copy is skipped while the shadow runs this many */
 	int mirror_line;
 };
 
 struct config {
 	const char *path;		/* the YAML file, NULL when from flags */
 	const char *listen;		/* ADDR:PORT */
+	int listen_line;		/* where the file sets it; 0: not from the file */
 	const char *tls_cert, *tls_key; /* the listener speaks TLS when both are set */
 	/* `listeners:` from the file; empty: the one `listen` (+ `tls`) above */
 	struct listener_conf *listeners;
@@ -159,6 +163,18 @@ int config_parse_size(const char *s, uint64_t *out);
 
 /* "300ms", "5s", "2m", bare numbers are seconds. Returns 0 or -1. */
 int config_parse_duration_ms(const char *s, uint64_t *out);
+
+/* An upstream URL: http[s]://HOST[:PORT][/], nothing more. */
+struct url_parts {
+	char host[256];
+	char port[8]; /* the default for the scheme when not given */
+	bool tls;     /* https:// */
+};
+
+/* Parses an upstream URL the one way the server does, for the server and
+ * for checking a file (tokentap -t). 0, or -1 with `err` saying what is
+ * wrong (without naming the upstream). */
+int config_parse_url(const char *url, struct url_parts *out, char *err, size_t errlen);
 
 struct sockaddr_storage;
 /* A numeric listen address: "127.0.0.1:8080", "[::1]:8080"; port 0 asks

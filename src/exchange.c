@@ -301,7 +301,8 @@ static void request_mirror(struct request *req)
 			free(copy);
 		}
 	}
-	req->mirror = mirror_start(&env, req->route->mirror, req->route->name, &req->rec, bytes, &req->mirror);
+	req->mirror = mirror_start(&env, req->route->mirror, req->route->name, req->route->conf->mirror_max_in_flight,
+				   &req->rec, bytes, &req->mirror);
 	evbuffer_free(bytes);
 	if (req->mirror && req->body_done)
 		mirror_body_done(req->mirror);
@@ -309,19 +310,25 @@ static void request_mirror(struct request *req)
 
 /* Picks the route and the upstream, then asks it for a slot. Called once
  * the head is parsed, or once the body prefix is, when routing needs it. */
+struct route *request_match(const struct request *req)
+{
+	const struct hdr *host = reqhead_header(&req->head, "host");
+
+	return router_match(req->rt, req->rec.method, req->rec.path, strlen(req->rec.path),
+			    host ? req->head.buf + host->val_off : NULL, host ? host->val_len : 0,
+			    req->rec.model[0] ? req->rec.model : NULL);
+}
+
 void request_route(struct request *req)
 {
 	struct client *cl = req->cl;
 	const struct config *cfg = &req->rt->cfg;
-	const struct hdr *host = reqhead_header(&req->head, "host");
 	const char *method = req->rec.method;
 	char msg[300];
 	unsigned idx;
 
 	req->awaiting_body = false;
-	req->route = router_match(req->rt, method, req->rec.path, strlen(req->rec.path),
-				  host ? req->head.buf + host->val_off : NULL, host ? host->val_len : 0,
-				  req->rec.model[0] ? req->rec.model : NULL);
+	req->route = request_match(req);
 	if (!req->route) {
 		snprintf(msg, sizeof(msg), "no route matches %s %s", method, req->rec.path);
 		client_fail(cl, 404, REQ_ERR_BAD_REQUEST, "no_route", msg);

@@ -67,6 +67,12 @@ static json_t *route_json(const struct route *r)
 			? json_null()
 			: json_pack("{s:s}", c->sticky == STICKY_HEADER ? "header" : "json_field", c->sticky_key));
 	json_object_set_new(o, "failover", json_boolean(c->failover));
+	json_object_set_new(o, "mirror",
+			    r->mirror ? json_pack("{s:s,s:I,s:I,s:o}", "upstream", r->mirror->name, "percent",
+						  (json_int_t)c->mirror_percent, "max_in_flight",
+						  (json_int_t)c->mirror_max_in_flight, "labels",
+						  labels_json(&r->mirror->conf))
+				      : json_null());
 	return o;
 }
 

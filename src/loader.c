@@ -5,19 +5,28 @@
  * Every problem is reported, not just the first, as "FILE:LINE: message"
  * naming the key by its full path (routes[2].split[0].weight), and nothing
  * is silently ignored: an unknown key, a wrong type or a value that does
- * not parse is an error. Reference: docs/config.md.
+ * not parse is an error. What the server checks when it starts is checked
+ * here the same way, so that `tokentap -t` passes only files the server
+ * takes: upstream URLs through config_parse_url, and the TLS files named
+ * (certificate, key, CA) by building their contexts. Host names are not
+ * resolved here: a check may run on another machine than the server.
+ * Reference: docs/config.md.
  */
 #include "loader.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <yaml.h>
 
 #include "log.h"
+#include "tls.h"
 
 struct load {
 	struct config *c;
@@ -118,12 +127,66 @@ static void get_string_or_off(struct load *l, yaml_node_t *n, const char *key, c
 		*out = strcmp(s, "off") == 0 ? NULL : s;
 }
 
+/* A file named by a setting (certificate, key, CA) must be a regular file
+ * the server can read as it will be started: relative to the working
+ * directory. Opened without blocking, so that a FIFO or a device named by
+ * mistake is reported rather than waited on. */
+static void get_readable_file(struct load *l, yaml_node_t *n, const char *key, const char **out)
+{
+	const char *s = scalar(l, n, key);
+	struct stat st;
+	int fd;
+
+	if (!s)
+		return;
+	*out = s;
+	if ((fd = open(s, O_RDONLY | O_NONBLOCK | O_CLOEXEC)) == -1) {
+		problem(l, n, "%s: cannot read %s: %s", key, s, strerror(errno));
+		return;
+	}
+	if (fstat(fd, &st) == -1 || !S_ISREG(st.st_mode))
+		problem(l, n, "%s: %s is not a regular file", key, s);
+	close(fd);
+}
+
+/* With both files readable, the listener's context is built and freed
+ * again: a key that does not match its certificate, or a file that is not
+ * PEM, is reported here rather than when the server starts. */
+static void check_server_tls(struct load *l, yaml_node_t *n, const char *key, const char *cert, const char *pkey,
+			     unsigned problems_before)
+{
+	char err[600];
+	SSL_CTX *ctx;
+
+	if (!cert || !pkey || l->problems != problems_before)
+		return;
+	if (!(ctx = tls_server_ctx(cert, pkey, err, sizeof(err))))
+		problem(l, n, "%s: %s", key, err);
+	tls_ctx_free(ctx);
+}
+
 typedef void (*field_fn)(struct load *l, yaml_node_t *value, const char *key, void *obj);
 
 struct field {
 	const char *name;
 	field_fn fn;
 };
+
+/* The key node of an earlier pair of `map` with the same key as `p`, or
+ * NULL: YAML leaves duplicate keys to the reader, and here the second one is
+ * an error rather than silently winning. */
+static const yaml_node_t *twice(struct load *l, yaml_node_t *map, const yaml_node_pair_t *p)
+{
+	const yaml_node_t *k = node(l, p->key);
+
+	for (const yaml_node_pair_t *q = map->data.mapping.pairs.start; q < p; q++) {
+		const yaml_node_t *e = node(l, q->key);
+		if (e->type == YAML_SCALAR_NODE && e->data.scalar.length == k->data.scalar.length &&
+		    memcmp(e->data.scalar.value, k->data.scalar.value, k->data.scalar.length) == 0)
+			return e;
+	}
+	return NULL;
+}
 
 /* Walks a mapping: each key must be one of `fields`. `path` prefixes key
  * names in messages. */
@@ -143,6 +206,13 @@ static void walk(struct load *l, yaml_node_t *map, const char *path, const struc
 		}
 		const char *name = (const char *)k->data.scalar.value;
 		const struct field *f;
+		const yaml_node_t *first = twice(l, map, p);
+		if (first) {
+			snprintf(key, sizeof(key), "%s%s%s", path, path[0] ? "." : "", name);
+			problem(l, k, "%s: given twice (first on line %lu); keep one", key,
+				(unsigned long)first->start_mark.line + 1);
+			continue;
+		}
 		for (f = fields; f->name; f++)
 			if (strcmp(f->name, name) == 0)
 				break;
@@ -169,6 +239,7 @@ static void f_listen(struct load *l, yaml_node_t *v, const char *key, void *o)
 	struct sockaddr_storage ss;
 	unsigned len;
 	get_string(l, v, key, &CFG(o)->listen);
+	CFG(o)->listen_line = (int)v->start_mark.line + 1;
 	if (CFG(o)->listen && config_parse_listen(CFG(o)->listen, &ss, &len) == -1)
 		problem(l, v, "%s: expected a numeric ADDR:PORT such as 127.0.0.1:8080", key);
 }
@@ -347,9 +418,11 @@ static void u_name(struct load *l, yaml_node_t *v, const char *key, void *o)
 }
 static void u_url(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
+	struct url_parts parts;
+	char err[400];
 	get_string(l, v, key, &UP(o)->url);
-	if (UP(o)->url && strncmp(UP(o)->url, "http://", 7) != 0 && strncmp(UP(o)->url, "https://", 8) != 0)
-		problem(l, v, "%s: expected http://HOST:PORT or https://HOST:PORT", key);
+	if (UP(o)->url && config_parse_url(UP(o)->url, &parts, err, sizeof(err)) == -1)
+		problem(l, v, "%s: %s", key, err);
 }
 static void u_tls_verify(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
@@ -357,7 +430,16 @@ static void u_tls_verify(struct load *l, yaml_node_t *v, const char *key, void *
 }
 static void u_tls_ca(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
-	get_string(l, v, key, &UP(o)->tls_ca_file);
+	unsigned before = l->problems;
+	char err[600];
+	SSL_CTX *ctx;
+
+	get_readable_file(l, v, key, &UP(o)->tls_ca_file);
+	if (!UP(o)->tls_ca_file || l->problems != before)
+		return;
+	if (!(ctx = tls_client_ctx(true, UP(o)->tls_ca_file, err, sizeof(err))))
+		problem(l, v, "%s: %s", key, err);
+	tls_ctx_free(ctx);
 }
 static void u_tls_name(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
@@ -368,6 +450,7 @@ static void u_tls(struct load *l, yaml_node_t *v, const char *key, void *o)
 	static const struct field fields[] = {
 		{ "verify", u_tls_verify }, { "ca_file", u_tls_ca }, { "server_name", u_tls_name }, { NULL, NULL }
 	};
+	UP(o)->tls_line = (int)v->start_mark.line + 1;
 	walk(l, v, key, fields, o);
 }
 static void u_max_conc(struct load *l, yaml_node_t *v, const char *key, void *o)
@@ -416,6 +499,12 @@ static void u_labels(struct load *l, yaml_node_t *v, const char *key, void *o)
 	}
 	for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
 		yaml_node_t *k = node(l, p->key), *val = node(l, p->value);
+		const yaml_node_t *first = k->type == YAML_SCALAR_NODE ? twice(l, v, p) : NULL;
+		if (first) {
+			problem(l, k, "%s.%s: given twice (first on line %lu); keep one", key,
+				(const char *)k->data.scalar.value, (unsigned long)first->start_mark.line + 1);
+			continue;
+		}
 		if (u->nlabels == LABELS_MAX) {
 			problem(l, k, "%s: at most %d labels", key, LABELS_MAX);
 			return;
@@ -557,13 +646,20 @@ static void r_split(struct load *l, yaml_node_t *v, const char *key, void *o)
 	}
 }
 
+static void sticky_once(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	if (RT(o)->sticky != STICKY_NONE)
+		problem(l, v, "%s: give sticky.header or sticky.json_field, not both", key);
+}
 static void s_header(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
+	sticky_once(l, v, key, o);
 	RT(o)->sticky = STICKY_HEADER;
 	get_string(l, v, key, &RT(o)->sticky_key);
 }
 static void s_json(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
+	sticky_once(l, v, key, o);
 	RT(o)->sticky = STICKY_JSON_FIELD;
 	get_string(l, v, key, &RT(o)->sticky_key);
 }
@@ -581,10 +677,20 @@ static void m_percent(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	get_uint(l, v, key, &RT(o)->mirror_percent);
 }
+static void m_max_in_flight(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_uint(l, v, key, &RT(o)->mirror_max_in_flight);
+	if (RT(o)->mirror_max_in_flight == 0)
+		problem(l, v, "%s: must be at least 1 (percent: 0 turns mirroring off)", key);
+}
 static void r_mirror(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
-	static const struct field fields[] = { { "upstream", m_upstream }, { "percent", m_percent }, { NULL, NULL } };
+	static const struct field fields[] = { { "upstream", m_upstream },
+					       { "percent", m_percent },
+					       { "max_in_flight", m_max_in_flight },
+					       { NULL, NULL } };
 	RT(o)->mirror_percent = 100;
+	RT(o)->mirror_max_in_flight = MIRROR_MAX_IN_FLIGHT;
 	walk(l, v, key, fields, o);
 	if (!RT(o)->mirror_upstream)
 		problem(l, v, "%s: needs an upstream", key);
@@ -629,16 +735,18 @@ static void f_routes(struct load *l, yaml_node_t *v, const char *key, void *o)
 
 static void f_tls_cert(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
-	get_string(l, v, key, &CFG(o)->tls_cert);
+	get_readable_file(l, v, key, &CFG(o)->tls_cert);
 }
 static void f_tls_key(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
-	get_string(l, v, key, &CFG(o)->tls_key);
+	get_readable_file(l, v, key, &CFG(o)->tls_key);
 }
 static void f_tls(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	static const struct field fields[] = { { "cert", f_tls_cert }, { "key", f_tls_key }, { NULL, NULL } };
+	unsigned before = l->problems;
 	walk(l, v, key, fields, o);
+	check_server_tls(l, v, key, CFG(o)->tls_cert, CFG(o)->tls_key, before);
 }
 
 #define LST(obj) ((struct listener_conf *)(obj))
@@ -653,16 +761,18 @@ static void l_address(struct load *l, yaml_node_t *v, const char *key, void *o)
 }
 static void l_cert(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
-	get_string(l, v, key, &LST(o)->tls_cert);
+	get_readable_file(l, v, key, &LST(o)->tls_cert);
 }
 static void l_key(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
-	get_string(l, v, key, &LST(o)->tls_key);
+	get_readable_file(l, v, key, &LST(o)->tls_key);
 }
 static void l_tls(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	static const struct field fields[] = { { "cert", l_cert }, { "key", l_key }, { NULL, NULL } };
+	unsigned before = l->problems;
 	walk(l, v, key, fields, o);
+	check_server_tls(l, v, key, LST(o)->tls_cert, LST(o)->tls_key, before);
 }
 
 static void f_listeners(struct load *l, yaml_node_t *v, const char *key, void *o)

@@ -111,8 +111,10 @@ static void on_stop(evutil_socket_t sig, short what, void *arg)
 	}
 	app->stopping = true;
 	log_info("received %s: draining", sig == SIGINT ? "SIGINT" : "SIGTERM");
+	/* the grace period of the configuration in force, reloads included */
+	uint64_t grace_ms = proxy_router(worker_proxy(app->workers[0]))->cfg.shutdown_grace_ms;
 	for (unsigned i = 0; i < app->nworkers; i++)
-		if (worker_drain(app->workers[i], app->boot->shutdown_grace_ms, on_worker_drained, app) == -1) {
+		if (worker_drain(app->workers[i], grace_ms, on_worker_drained, app) == -1) {
 			log_error("worker %u did not take the drain; stopping now", i);
 			event_base_loopexit(app->base, NULL);
 			return;
@@ -139,6 +141,23 @@ static void warn_fixed(const struct config *boot, const struct config *next)
 		log_warn("reload: admin address changes need a restart");
 	if (!SAME(boot->access_log, next->access_log))
 		log_warn("reload: access log changes need a restart");
+	/* what the stats shards, the store and the admin API took at start-up */
+	const struct {
+		const char *key;
+		bool changed;
+	} fixed[] = {
+		{ "slo.ttft", boot->slo_ttft_ms != next->slo_ttft_ms },
+		{ "slo.tpot", boot->slo_tpot_ms != next->slo_tpot_ms },
+		{ "store.flush_interval", boot->flush_ms != next->flush_ms },
+		{ "store.minute_retention", boot->minute_retention_s != next->minute_retention_s },
+		{ "store.hour_retention", boot->hour_retention_s != next->hour_retention_s },
+		{ "store.max_models", boot->max_models != next->max_models },
+		{ "admin.token_file", !SAME(boot->admin_token_file, next->admin_token_file) },
+		{ "workers", boot->workers != next->workers },
+	};
+	for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
+		if (fixed[i].changed)
+			log_warn("reload: %s is read at start-up only; the change needs a restart", fixed[i].key);
 #undef SAME
 }
 

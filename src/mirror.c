@@ -228,14 +228,18 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 }
 
 struct mirror *mirror_start(const struct mirror_env *env, struct upstream *up, const char *route,
-			    const struct req_record *primary, struct evbuffer *bytes, struct mirror **owner)
+			    unsigned max_in_flight, const struct req_record *primary, struct evbuffer *bytes,
+			    struct mirror **owner)
 {
 	struct up_waiter w = { 0 };
 	struct mirror *m;
 	bool reused = false;
+	unsigned running = upstream_inflight(up);
 
-	/* a shadow never waits: a full upstream skips it */
-	if (up->conf.max_concurrency && upstream_inflight(up) >= up->conf.max_concurrency) {
+	/* a shadow never waits: a full upstream skips it, and so does one
+	 * already holding max_in_flight (a slow shadow would otherwise gather
+	 * connections and request bytes without bound) */
+	if ((up->conf.max_concurrency && running >= up->conf.max_concurrency) || running >= max_in_flight) {
 		up->rejected++;
 		return NULL;
 	}

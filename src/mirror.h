@@ -7,7 +7,8 @@
  * of its own; its response is parsed, timed and classified like any other
  * (so /compare can lay it beside the primary on the same requests), then
  * dropped. It never delays or fails the primary: it takes an admission slot
- * only when one is free at once, and if it falls behind by more than
+ * only when one is free at once and the shadow runs fewer than the route's
+ * mirror.max_in_flight requests, and if it falls behind by more than
  * MIRROR_PENDING_MAX bytes of request it is abandoned, never buffered
  * without bound. Its failures count against its own series only.
  *
@@ -50,10 +51,13 @@ void mirror_abort_all(struct mirror_list *list);
 
 /* Starts a shadow exchange of the request described by `primary` (its id,
  * method, path, API and model) on `up`, with `bytes` (head and body so far;
- * their contents are moved). NULL when the shadow is skipped (no free slot, no connection).
- * `*owner` is cleared when the mirror ends before the primary detaches. */
+ * their contents are moved). NULL when the shadow is skipped: no free slot,
+ * `max_in_flight` requests already running on `up` (every worker's), no
+ * connection. A skip for want of room counts in up->rejected. `*owner` is
+ * cleared when the mirror ends before the primary detaches. */
 struct mirror *mirror_start(const struct mirror_env *env, struct upstream *up, const char *route,
-			    const struct req_record *primary, struct evbuffer *bytes, struct mirror **owner);
+			    unsigned max_in_flight, const struct req_record *primary, struct evbuffer *bytes,
+			    struct mirror **owner);
 
 /* More request bytes, exactly as the primary sends them. May end the
  * mirror (it fell behind): the owner's pointer is then cleared. */

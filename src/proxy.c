@@ -422,24 +422,27 @@ static int on_req_chunk(void *arg)
 }
 
 /* Reads the model, stream flag and any sticky field from the body prefix;
- * then routes the request if routing was waiting for them. */
+ * then routes the request if routing was waiting for them. The sticky field
+ * is the one of the route the request matches, which may depend on the
+ * model: so the model first, then the route, then (a second read of the
+ * prefix) that route's field. */
 static void request_learn_body(struct request *req, bool complete)
 {
 	struct reqinfo info;
-	const char *field = NULL;
 
 	if (req->reqinfo_done)
 		return;
 	req->reqinfo_done = true;
-	for (unsigned i = 0; i < req->rt->nroutes; i++)
-		if (req->rt->routes[i].conf->sticky == STICKY_JSON_FIELD)
-			field = req->rt->routes[i].conf->sticky_key; /* one field name per config, in practice */
-	if (req->body_prefix_len &&
-	    reqinfo_parse_field(req->body_prefix, req->body_prefix_len, complete, field, &info) == 0) {
+	if (req->body_prefix_len && reqinfo_parse(req->body_prefix, req->body_prefix_len, complete, &info) == 0) {
 		copy_trunc(req->rec.model, sizeof(req->rec.model), info.model, strlen(info.model));
-		copy_trunc(req->sticky_value, sizeof(req->sticky_value), info.field_value, strlen(info.field_value));
 		if (info.stream >= 0)
 			req->rec.stream = info.stream;
+		const struct route *r = request_match(req);
+		if (r && r->conf->sticky == STICKY_JSON_FIELD &&
+		    reqinfo_parse_field(req->body_prefix, req->body_prefix_len, complete, r->conf->sticky_key, &info) ==
+			    0)
+			copy_trunc(req->sticky_value, sizeof(req->sticky_value), info.field_value,
+				   strlen(info.field_value));
 	}
 	free(req->body_prefix);
 	req->body_prefix = NULL;

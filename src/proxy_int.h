@@ -183,6 +183,9 @@ bool client_forward_mem(struct client *cl, const char *p, size_t n);
 
 /* exchange.c: the upstream side */
 void exchange_request_init(struct request *req); /* its response parser, with exchange.c's hooks */
+/* The route the request matches with what is known of it so far (the
+ * model once the body prefix is read), or NULL. */
+struct route *request_match(const struct request *req);
 void request_route(struct request *req);
 void request_flush_upstream(struct request *req);
 void request_check_sent(struct request *req);

@@ -48,7 +48,8 @@ struct router *router_new(struct event_base *base, struct config *cfg, const str
 		for (unsigned k = 0; prev && k < prev->nups && !kept; k++)
 			if (upstream_same(prev->ups[k], uc))
 				kept = prev->ups[k];
-		rt->ups[i] = kept ? upstream_adopt(kept, &rt->cfg, uc) : upstream_new(base, &rt->cfg, uc, err, errlen);
+		rt->ups[i] = kept ? upstream_adopt(kept, &rt->cfg, uc, err, errlen)
+				  : upstream_new(base, &rt->cfg, uc, err, errlen);
 		if (!rt->ups[i])
 			goto fail;
 		rt->nups++;

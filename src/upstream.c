@@ -198,77 +198,21 @@ void upstream_gauges_free(struct upstream_gauge *g, size_t n)
 	free(g);
 }
 
-int upstream_parse_url(const char *url, char *host, size_t hostlen, char *port, size_t portlen, bool *tls, char *err,
-		       size_t errlen)
-{
-	const char *p, *hend, *pstart = NULL, *rest;
-
-	if (strncmp(url, "http://", 7) == 0) {
-		*tls = false;
-		p = url + 7;
-	} else if (strncmp(url, "https://", 8) == 0) {
-		*tls = true;
-		p = url + 8;
-	} else {
-		snprintf(err, errlen, "expected a URL like http://127.0.0.1:8000 (http:// or https://)");
-		return -1;
-	}
-	if (*p == '[') { /* [v6]:port */
-		hend = strchr(p, ']');
-		if (!hend) {
-			snprintf(err, errlen, "expected a ']' closing the IPv6 address");
-			return -1;
-		}
-		p++;
-		rest = hend + 1;
-	} else {
-		hend = p + strcspn(p, ":/");
-		rest = hend;
-	}
-	if (hend == p || (size_t)(hend - p) >= hostlen) {
-		snprintf(err, errlen,
-			 "expected a host (of at most %zu bytes) after the scheme, e.g. http://127.0.0.1:8000",
-			 hostlen - 1);
-		return -1;
-	}
-	if (*rest == ':') {
-		pstart = rest + 1;
-		rest = pstart + strspn(pstart, "0123456789");
-	}
-	if (*rest && strcmp(rest, "/") != 0) {
-		snprintf(err, errlen, "expected http://HOST[:PORT] with nothing after it (a path is not supported)");
-		return -1;
-	}
-	memcpy(host, p, (size_t)(hend - p));
-	host[hend - p] = '\0';
-	if (pstart) {
-		size_t n = (size_t)(rest - pstart);
-		if (n == 0 || n >= portlen || atoi(pstart) <= 0 || atoi(pstart) > 65535) {
-			snprintf(err, errlen, "expected a port from 1 to 65535 after the host");
-			return -1;
-		}
-		memcpy(port, pstart, n);
-		port[n] = '\0';
-	} else {
-		snprintf(port, portlen, "%s", *tls ? "443" : "80");
-	}
-	return 0;
-}
-
 struct upstream *upstream_new(struct event_base *base, const struct config *cfg, const struct upstream_conf *uc,
 			      char *err, size_t errlen)
 {
-	char host[256], port[8], why[128];
+	struct url_parts u;
 	struct addrinfo hints, *res = NULL;
 	struct upstream *up;
+	char msg[400];
 	int rc;
 
-	bool tls;
-
-	if (upstream_parse_url(uc->url, host, sizeof(host), port, sizeof(port), &tls, why, sizeof(why)) == -1) {
-		snprintf(err, errlen, "upstream %s: %s", uc->url, why);
+	if (config_parse_url(uc->url, &u, msg, sizeof(msg)) == -1) {
+		snprintf(err, errlen, "upstream %s: %s", uc->name, msg);
 		return NULL;
 	}
+	const char *host = u.host, *port = u.port;
+	bool tls = u.tls;
 	memset(&hints, 0, sizeof(hints));
 	hints.ai_family = AF_UNSPEC;
 	hints.ai_socktype = SOCK_STREAM;
@@ -297,8 +241,9 @@ struct upstream *upstream_new(struct event_base *base, const struct config *cfg,
 	up->kick_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (up->kick_fd != -1)
 		up->kick_ev = event_new(base, up->kick_fd, EV_READ | EV_PERSIST, on_kick, up);
+	snprintf(err, errlen, "out of memory");
 	if (!up->kick_ev || event_add(up->kick_ev, NULL) == -1 || !(up->share = share_join(up)) ||
-	    !upstream_adopt(up, cfg, uc)) {
+	    !upstream_adopt(up, cfg, uc, err, errlen)) {
 		share_leave(up);
 		if (up->kick_ev)
 			event_free(up->kick_ev);
@@ -307,8 +252,7 @@ struct upstream *upstream_new(struct event_base *base, const struct config *cfg,
 		free(up->name);
 		free(up->url);
 		free(up);
-		snprintf(err, errlen, "out of memory");
-		return NULL;
+		return NULL; /* err: adopt's reason, else out of memory */
 	}
 	return up;
 }
@@ -349,19 +293,22 @@ static int conf_copy(struct upstream_conf *dst, const struct upstream_conf *src)
 	return 0;
 }
 
-struct upstream *upstream_adopt(struct upstream *up, const struct config *cfg, const struct upstream_conf *uc)
+struct upstream *upstream_adopt(struct upstream *up, const struct config *cfg, const struct upstream_conf *uc,
+				char *err, size_t errlen)
 {
 	struct upstream_conf copy;
 
-	if (conf_copy(&copy, uc) == -1)
-		return up->refs ? up : NULL; /* keep the settings it had */
+	if (conf_copy(&copy, uc) == -1) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
 	if (up->tls) {
-		char err[512];
-		SSL_CTX *ctx = tls_client_ctx(copy.tls_verify, copy.tls_ca_file, err, sizeof(err));
+		char why[512];
+		SSL_CTX *ctx = tls_client_ctx(copy.tls_verify, copy.tls_ca_file, why, sizeof(why));
 		if (!ctx) {
-			log_error("upstream %s: %s", up->name, err);
+			snprintf(err, errlen, "upstream %s: %s", up->name, why);
 			conf_release(&copy);
-			return up->refs ? up : NULL;
+			return NULL;
 		}
 		tls_ctx_free(up->tls_ctx);
 		up->tls_ctx = ctx;

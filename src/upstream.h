@@ -104,13 +104,6 @@ struct upstream {
 	bool failing;	       /* the last connect attempt failed */
 };
 
-/* Splits an upstream URL, http[s]://HOST[:PORT][/] (HOST may be [IPv6]),
- * into host, port (the scheme's default when absent) and whether it is
- * TLS. Checks only the form: the host is not resolved. -1 with a sentence
- * in `err` saying what was expected; the caller names the URL. */
-int upstream_parse_url(const char *url, char *host, size_t hostlen, char *port, size_t portlen, bool *tls, char *err,
-		       size_t errlen) __attribute__((warn_unused_result));
-
 /* Parses the url (http://host[:port][/]) and resolves it. NULL with a
  * message in `err` when the URL is unusable. `uc` and `cfg` must outlive the
  * upstream. */
@@ -153,8 +146,11 @@ void upstream_free(struct upstream *up);
 
 /* A reload keeps an upstream whose name and url did not change: the same
  * object (admission count, queue, pool) with the new generation's settings.
- * Takes a reference. */
-struct upstream *upstream_adopt(struct upstream *up, const struct config *cfg, const struct upstream_conf *uc);
+ * Takes a reference. NULL with `err` (the TLS context's reason, or out of
+ * memory) when the new settings cannot be taken: `up` is then unchanged and
+ * no reference is taken, and the caller fails the generation. */
+struct upstream *upstream_adopt(struct upstream *up, const struct config *cfg, const struct upstream_conf *uc,
+				char *err, size_t errlen);
 
 /* Another holder of `up` (a mirror outliving its request's generation);
  * dropped with upstream_free. */

@@ -131,7 +131,10 @@ class ConfTokentap(harness.Process):
     def _text(self, body):
         if not self.header:
             return body
-        return self.HEADER % (self.log_path or "off") + body
+        header = self.HEADER % (self.log_path or "off")
+        if re.search(r"(?m)^listeners:", body):  # listen and listeners do not go together
+            header = header.replace("listen: 127.0.0.1:0\n", "")
+        return header + body
 
     def count_lines(self, rx):
         with self._lock:

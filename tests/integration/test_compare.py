@@ -79,6 +79,17 @@ class CompareTest(harness.TestCase):
             self.assertGreater(m["p50_diff_ms"], 0, metric)
             self.assertLess(m["p_value"], 0.01, metric)
         self.assertAlmostEqual(diff["metrics"]["ttft"]["p50_diff_ms"], 10.0, delta=3.0)
+        # a tenth of the traffic: a ninth of the baseline's throughput, the
+        # differences matching the per-upstream rates
+        tp = diff["throughput"]
+        for key in ("requests_per_s", "input_tokens_per_s", "output_tokens_per_s"):
+            self.assertAlmostEqual(tp[key]["diff"], ups["slow"][key] - ups["fast"][key], places=6, msg=key)
+        self.assertAlmostEqual(tp["requests_per_s"]["ratio"], 1 / 9, delta=0.001)
+        self.assertAlmostEqual(tp["output_tokens_per_s"]["ratio"], 1 / 9, delta=0.001)
+        # no errors and every request within the SLO on both: nothing to tell apart
+        for key in ("error_rate", "goodput_ratio"):
+            self.assertEqual(diff[key], {"diff": 0.0, "z": 0.0, "p_value": 1.0, "significant": False}, key)
+        self.assertIn("two-proportion", doc["test"])
         # same client, same prompts: the prompt-length mix is comparable
         self.assertTrue(diff["traffic"]["input_tokens"]["comparable"], diff["traffic"])
         # the slower upstream holds its requests longer, so they meet more
@@ -101,6 +112,35 @@ class CompareTest(harness.TestCase):
             self.assertFalse(m["significant"], "%s: %r" % (metric, m))
             self.assertEqual(m["verdict"], "no difference", metric)
             self.assertAlmostEqual(m["p50_ratio"], 1.0, delta=0.05)
+        for key in ("error_rate", "goodput_ratio"):
+            self.assertFalse(diff[key]["significant"], "%s: %r" % (key, diff[key]))
+            self.assertGreater(diff[key]["p_value"], 0.01, key)
+        self.assertAlmostEqual(diff["throughput"]["requests_per_s"]["ratio"], 1.0, delta=0.05)
+
+    def test_error_rate_and_goodput_differences_are_tested(self):
+        """Half the requests go to an upstream that refuses connections,
+        on a route without failover: each is an error and misses the SLO,
+        and the two-proportion tests call both differences significant."""
+        self.datadir = tempfile.mkdtemp(prefix="tokentap-compare-")
+        self.addCleanup(shutil.rmtree, self.datadir, True)
+        live = harness.start_sim(self, "--ttft-ms", "2", "--itl-ms", "1")
+        urls = {"live": live.url, "dead": "http://127.0.0.1:%d" % harness.free_port()}
+        body = rh.upstreams_yaml(urls) + ("routes:\n  - name: chat\n    failover: false\n    split:\n"
+                                          "      - {upstream: live, weight: 1}\n      - {upstream: dead, weight: 1}\n")
+        tt = rh.start_conf(self, body, "--admin", "127.0.0.1:0", "--data-dir", self.datadir, "--flush-interval",
+                           "200ms", *rh.ONE_WORKER)
+        statuses = drive(tt.port, 200)
+        self.assertEqual(statuses.count(200), 100)
+        doc = self.compare(admin_port(tt), 200)
+        (diff,) = doc["differences"]
+        dead_is_base = doc["baseline"] == "dead"
+        er, gp = diff["error_rate"], diff["goodput_ratio"]
+        self.assertTrue(er["significant"], er)
+        self.assertTrue(gp["significant"], gp)
+        self.assertLess(er["p_value"], 0.01)
+        self.assertAlmostEqual(er["diff"], -1.0 if dead_is_base else 1.0)
+        self.assertAlmostEqual(gp["diff"], 1.0 if dead_is_base else -1.0)
+        self.assertEqual(diff["error_rate_diff"], er["diff"])
 
     def test_bad_parameters(self):
         sims = {"only": harness.start_sim(self)}

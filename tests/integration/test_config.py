@@ -1,13 +1,16 @@
 """test_config.py — the YAML configuration file (docs/config.md).
 
-`tokentap -t -c FILE` accepts the annotated example in conf/ (so that it
-stays valid as keys are added), and for each kind of broken file exits 1
+`tokentap -t -c FILE` accepts the annotated examples in conf/ (so that they
+stay valid as keys are added; the TLS one with generated certificates and
+token in place), together they use every key docs/config.md documents, and
+for each kind of broken file exits 1
 printing `FILE:LINE: message` lines that give the line of the offending key
 and name it by its full path; a file with several problems prints each of
 them. Command-line misuse exits 2. Flags given beside -c override the file.
 """
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -16,6 +19,7 @@ import unittest
 
 import harness
 import routing_helpers as rh
+import test_tls
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -46,6 +50,77 @@ routes:
 """
 
 
+def documented_keys(md):
+    """The dotted key paths of docs/config.md's tables: the first cell's
+    `keys` of each row, under the section's prefix (`## \`store\`` ->
+    store.); `.idle` after `timeouts.connect` is timeouts.idle."""
+    keys, prefix = set(), None
+    for line in md.split("\n"):
+        m = re.match(r"^## (.*)$", line)
+        if m:
+            title = m.group(1).strip()
+            prefix = "" if title == "Top level" else (title.strip("`") + "." if title.startswith("`") else None)
+            continue
+        if prefix is None or not line.startswith("| `"):
+            continue
+        last = None
+        for tok in re.findall(r"`([^`]+)`", line.split("|")[1]):
+            if tok.startswith(".") and last:
+                tok = last.rsplit(".", 1)[0] + tok
+            keys.add(prefix + tok)
+            last = tok
+    return keys
+
+
+def flow_keys(text, prefix, out):
+    """Keys of a flow mapping `{a: 1, b: {c: 2}}` under `prefix`."""
+    text = text.strip()
+    if not text.startswith("{"):
+        return
+    depth, item, items = 0, "", []
+    for ch in text[1:-1]:
+        if ch == "," and depth == 0:
+            items.append(item)
+            item = ""
+            continue
+        depth += ch in "{["
+        depth -= ch in "}]"
+        item += ch
+    items.append(item)
+    for it in items:
+        k, sep, v = it.partition(":")
+        if sep and k.strip():
+            out.add(prefix + k.strip())
+            flow_keys(v, prefix + k.strip() + ".", out)
+
+
+def yaml_key_paths(text):
+    """Dotted key paths of a YAML file of block mappings, lists of
+    mappings and flow mappings, list positions dropped: upstreams.tls.verify."""
+    out, stack = set(), []
+    for raw in text.split("\n"):
+        line = re.sub(r"(^|\s)#.*$", "", raw).rstrip()
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        body = line.strip()
+        while body.startswith("- "):
+            indent += 2 + (len(body) - 2 - len(body[2:].lstrip()))
+            body = body[2:].lstrip()
+        m = re.match(r"^([A-Za-z_][\w-]*):(?:\s+(.*))?$", body)
+        if not m:
+            continue
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        path = ".".join([k for _, k in stack] + [m.group(1)])
+        out.add(path)
+        if m.group(2):
+            flow_keys(m.group(2), path + ".", out)
+        else:
+            stack.append((indent, m.group(1)))
+    return out
+
+
 def edit(old, new, text=BASE):
     if old not in text:
         raise AssertionError("edit: %r not in base text" % old)
@@ -64,13 +139,64 @@ class ExampleTest(harness.TestCase):
         self.assertIn("ok", res.stdout + res.stderr)
         self.assertEqual(rh.problem_lines(res, "conf/tokentap.yaml"), [], res.stderr)
 
+    def test_tls_example_file_is_valid(self):
+        """conf/tokentap-tls.yaml names files relative to where tokentap
+        runs: checked in a directory where they exist, then refused in one
+        where they do not."""
+        d = tempfile.mkdtemp(prefix="tokentap-example-")
+        self.addCleanup(shutil.rmtree, d, True)
+        tls = os.path.join(d, "tls")
+        os.mkdir(tls)
+        cert, key = test_tls.make_pki(tls)
+        os.rename(cert, os.path.join(tls, "fullchain.pem"))
+        os.rename(key, os.path.join(tls, "privkey.pem"))
+        shutil.copy(os.path.join(tls, "ca.pem"), os.path.join(tls, "upstream-ca.pem"))
+        rh.write_file(os.path.join(d, "admin.token"), "example-token\n")
+        shutil.copy(os.path.join(REPO, "conf", "tokentap-tls.yaml"), d)
+
+        def check(cwd):
+            return subprocess.run([harness.tokentap_bin(), "-t", "-c", "tokentap-tls.yaml"],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, timeout=10, cwd=cwd, start_new_session=True)
+
+        res = check(d)
+        self.assertEqual(res.returncode, 0, "stdout=%r stderr=%r" % (res.stdout, res.stderr))
+        self.assertEqual(rh.problem_lines(res, "tokentap-tls.yaml"), [], res.stderr)
+        bare = tempfile.mkdtemp(prefix="tokentap-example-bare-")
+        self.addCleanup(shutil.rmtree, bare, True)
+        shutil.copy(os.path.join(REPO, "conf", "tokentap-tls.yaml"), bare)
+        res = check(bare)
+        self.assertEqual(res.returncode, 1, res.stderr)
+        self.assertEqual(len(rh.problem_lines(res, "tokentap-tls.yaml")), 3, res.stderr)  # cert, key, ca_file
+
+    def test_examples_use_every_documented_key(self):
+        with open(os.path.join(REPO, "docs", "config.md")) as f:
+            documented = documented_keys(f.read())
+        self.assertGreater(len(documented), 60, sorted(documented))
+        used = set()
+        for name in ("tokentap.yaml", "tokentap-tls.yaml"):
+            with open(os.path.join(REPO, "conf", name)) as f:
+                used |= yaml_key_paths(f.read())
+        self.assertEqual(sorted(documented - used), [], "documented in docs/config.md, used in no example")
+        # and the other way: an example key that is neither documented nor
+        # a section holding documented keys (routes.match) nor a field of a
+        # documented list entry (split's {upstream, weight}); labels are
+        # free-form
+        def known(k):
+            return (k in documented or any(d.startswith(k + ".") for d in documented)
+                    or k.rsplit(".", 1)[0] in documented or k.startswith("upstreams.labels."))
+        undocumented = {k for k in used if not known(k)}
+        self.assertEqual(sorted(undocumented), [], "used in an example, not documented")
+
     def test_base_file_is_valid(self):
         res, name = rh.check_config(BASE)
         self.assertEqual(res.returncode, 0, res.stderr)
         self.assertIn("ok", res.stdout)
 
 
-class BrokenFileTest(harness.TestCase):
+class Broken:
+    """broken(): the check every broken-file test makes."""
+
     def broken(self, text, expect, count=1):
         """`expect`: list of (line, [substrings of the message]). Asserts
         exit 1, exactly `count` problem lines, and each expectation met by
@@ -88,6 +214,8 @@ class BrokenFileTest(harness.TestCase):
             self.assertTrue(ok, "no problem on line %d naming %r; got:\n%s" % (line, subs, res.stderr))
         return probs
 
+
+class BrokenFileTest(Broken, harness.TestCase):
     def test_unknown_top_level_key(self):
         t = edit("upstreams:\n", "bogus_key: 1\nupstreams:\n")
         self.broken(t, [(rh.line_of(t, "bogus_key"), ["bogus_key"])])
@@ -184,6 +312,53 @@ class BrokenFileTest(harness.TestCase):
         self.assertTrue(first <= line <= last, "line %d not within the route (%d..%d)" % (line, first, last))
         self.assertIn("routes[0]", msg, res.stderr)
 
+    def test_mirror_that_is_a_target_of_its_route(self):
+        t = edit("      - upstream: b\n        weight: 1\n",
+                 "      - upstream: b\n        weight: 1\n    mirror:\n      upstream: b\n")
+        self.broken(t, [(rh.line_of(t, "upstream: b", nth=2), ["routes[0].mirror.upstream", "b", "target"])])
+
+    def test_mirror_max_in_flight(self):
+        t = edit("      - upstream: b\n        weight: 1\n",
+                 "      - upstream: b\n        weight: 1\n  - name: m\n    upstream: a\n"
+                 "    mirror: {upstream: b, max_in_flight: 0}\n")
+        self.broken(t, [(rh.line_of(t, "max_in_flight"), ["routes[1].mirror.max_in_flight"])])
+        res, _ = rh.check_config(t.replace("max_in_flight: 0", "max_in_flight: 16"))
+        self.assertEqual(res.returncode, 0, res.stderr)
+
+    def test_duplicate_keys(self):
+        cases = [
+            (edit("timeouts:\n  connect: 2s\n", "timeouts:\n  connect: 2s\n  connect: 3s\n"), "connect: 3s",
+             ["timeouts.connect", "twice"]),
+            (edit("limits:\n", "timeouts: {idle: 5s}\nlimits:\n"), "timeouts: {idle", ["timeouts", "twice"]),
+            (edit("    url: http://127.0.0.1:10\n", "    url: http://127.0.0.1:10\n    name: c\n"), "name: c",
+             ["upstreams[1].name", "twice"]),
+            (edit("    url: http://127.0.0.1:10\n",
+                  "    url: http://127.0.0.1:10\n    labels: {gpu: a, gpu: b}\n"), "labels:",
+             ["upstreams[1].labels.gpu", "twice"]),
+        ]
+        for t, marker, subs in cases:
+            with self.subTest(marker=marker):
+                self.broken(t, [(rh.line_of(t, marker), subs)])
+
+    def test_sticky_with_header_and_json_field(self):
+        t = edit("      path_prefix: /v1/\n", "      path_prefix: /v1/\n    sticky:\n      header: x-s\n"
+                 "      json_field: user\n")
+        self.broken(t, [(rh.line_of(t, "json_field"), ["routes[0].sticky", "not both"])])
+
+    def test_same_upstream_twice_in_a_split(self):
+        t = edit("      - upstream: b\n", "      - upstream: a\n")
+        self.broken(t, [(rh.line_of(t, "- upstream: a", nth=2), ["routes[0].split[1].upstream", "a", "split[0]"])])
+
+    def test_listen_with_listeners(self):
+        t = edit("listen: 127.0.0.1:0\n", "listen: 127.0.0.1:0\nlisteners:\n  - address: 127.0.0.1:0\n")
+        self.broken(t, [(rh.line_of(t, "listen:"), ["listen", "listeners"])])
+
+    def test_tls_settings_on_an_http_url(self):
+        for tls in ("{verify: false}", "{ca_file: %s}" % os.path.join(REPO, "README.md"), "{server_name: x}"):
+            with self.subTest(tls=tls):
+                t = edit("    url: http://127.0.0.1:10\n", "    url: http://127.0.0.1:10\n    tls: %s\n" % tls)
+                self.broken(t, [(rh.line_of(t, "tls:"), ["upstreams[1].tls", "https://"])], count=None)
+
     def test_duplicate_upstream_names(self):
         t = edit("routes:\n", "  - name: a\n    url: http://127.0.0.1:11\nroutes:\n")
         self.broken(t, [(rh.line_of(t, "- name: a", nth=2), ["upstreams[2].name", "a"])])
@@ -233,6 +408,68 @@ class BrokenFileTest(harness.TestCase):
         res, name = rh.check_config("bogus: 1\n", name="odd name.yaml")
         self.assertEqual(res.returncode, 1)
         self.assertTrue(rh.problem_lines(res, "odd name.yaml"), res.stderr)
+
+
+class ServerChecksTest(Broken, harness.TestCase):
+    """-t runs the checks the server runs when it starts: the upstream URL
+    through the server's own parser, and the TLS files by building their
+    contexts. Each refusal the server would give is a FILE:LINE here."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="tokentap-cfgtls-")
+        cls.addClassCleanup(shutil.rmtree, cls.dir, True)
+        cls.cert, cls.key = test_tls.make_pki(cls.dir)
+        cls.other_cert, cls.other_key = test_tls.make_pki(cls.dir, name="other")
+        cls.ca = os.path.join(cls.dir, "ca.pem")
+        cls.missing = os.path.join(cls.dir, "missing.pem")
+
+    def test_urls_the_server_refuses(self):
+        for url, subs in (("http://127.0.0.1:99999", ["port from 1 to 65535"]),
+                          ("http://127.0.0.1:0", ["port from 1 to 65535"]),
+                          ("http://h:80/v1", ["path"]),
+                          ("http://h/v1/", ["path"]),
+                          ("http://:80", ["no host"]),
+                          ("http://%s:80" % ("h" * 300), ["longer than 255"]),
+                          ("http://[::1", ["IPv6"]),
+                          ("ftp://127.0.0.1:10", ["http://"])):
+            with self.subTest(url=url):
+                t = edit("    url: http://127.0.0.1:10\n", "    url: %s\n" % url)
+                self.broken(t, [(rh.line_of(t, url), ["upstreams[1].url"] + subs)])
+        for url in ("http://127.0.0.1:10/", "https://h", "http://[::1]:8000", "http://localhost"):
+            with self.subTest(url=url):
+                res, _ = rh.check_config(edit("    url: http://127.0.0.1:10\n", "    url: %s\n" % url))
+                self.assertEqual(res.returncode, 0, res.stderr)
+
+    def test_missing_ca_file(self):
+        t = edit("    url: http://127.0.0.1:10\n",
+                 "    url: https://127.0.0.1:10\n    tls: {ca_file: %s}\n" % self.missing)
+        self.broken(t, [(rh.line_of(t, "ca_file"), ["upstreams[1].tls.ca_file", "cannot read", self.missing])])
+
+    def test_ca_file_that_is_no_certificate(self):
+        t = edit("    url: http://127.0.0.1:10\n",
+                 "    url: https://127.0.0.1:10\n    tls:\n      ca_file: %s\n" % os.path.join(self.dir, "ext.cnf"))
+        self.broken(t, [(rh.line_of(t, "ca_file"), ["upstreams[1].tls.ca_file", "TLS CA file"])])
+
+    def test_missing_listener_cert_and_key(self):
+        t = edit("listen: 127.0.0.1:0\n",
+                 "listeners:\n  - address: 127.0.0.1:0\n    tls:\n      cert: %s\n      key: %s\n"
+                 % (self.missing, self.missing + ".key"))
+        self.broken(t, [(rh.line_of(t, "cert:"), ["listeners[0].tls.cert", "cannot read"]),
+                        (rh.line_of(t, "key:"), ["listeners[0].tls.key", "cannot read"])], count=2)
+
+    def test_key_that_does_not_match(self):
+        t = edit("listen: 127.0.0.1:0\n",
+                 "listen: 127.0.0.1:0\ntls:\n  cert: %s\n  key: %s\n" % (self.cert, self.other_key))
+        self.broken(t, [(rh.line_of(t, "cert:"), ["tls", "mismatch"])])
+
+    def test_good_tls_files(self):
+        t = edit("listen: 127.0.0.1:0\n",
+                 "listeners:\n  - address: 127.0.0.1:0\n    tls: {cert: %s, key: %s}\n" % (self.cert, self.key))
+        t = edit("    url: http://127.0.0.1:10\n", "    url: https://127.0.0.1:10\n    tls: {ca_file: %s}\n" % self.ca,
+                 t)
+        res, _ = rh.check_config(t)
+        self.assertEqual(res.returncode, 0, res.stderr)
 
 
 class CommandLineTest(harness.TestCase):

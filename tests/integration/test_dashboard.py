@@ -381,6 +381,38 @@ class DashboardCompareTest(harness.TestCase):
         self.assertEqual(cells[0]["attrs"]["data-verdict"], verdict)
         self.assertIn("runtime=sim-slow", rows["slow"]["text"])
 
+    def test_compare_panel_shows_a_mirror_route(self):
+        """One target and a mirror: two upstreams to compare, on the same
+        requests."""
+        import routing_helpers as rh
+        chromium_bin()
+        primary = harness.start_sim(self, "--ttft-ms", "3", "--itl-ms", "1")
+        shadow = harness.start_sim(self, "--ttft-ms", "25", "--itl-ms", "4")
+        d = tempfile.mkdtemp(prefix="tokentap-dash-mir-")
+        self.addCleanup(shutil.rmtree, d, True)
+        body = rh.upstreams_yaml({"primary": primary.url, "shadow": shadow.url}) + (
+            "routes:\n  - name: chat\n    upstream: primary\n    mirror: {upstream: shadow, percent: 100}\n")
+        tt = rh.start_conf(self, body, "--admin", "127.0.0.1:0", "--data-dir", os.path.join(d, "data"),
+                           "--flush-interval", "200ms")
+        port = admin_port(tt)
+        r = admin_get(port, "/routes")
+        self.assertEqual(r.json()["routes"][0]["mirror"],
+                         {"upstream": "shadow", "percent": 100, "max_in_flight": 64, "labels": {}})
+        for _ in range(20):
+            self.assertEqual(rh.send(tt.port, rh.chat(stream=True), headers=[("x-sim-tokens", "6")]).status, 200)
+
+        def flushed():
+            r = admin_get(port, "/compare?route=chat&window=1m&cold=include")
+            return sum(u["requests"] for u in r.json()["upstreams"]) == 40
+
+        self.assertTrue(harness.wait_until(flushed, 5.0, 0.1))
+        out, err = run_chromium(self, "http://127.0.0.1:%d/" % port, "--dump-dom")
+        dom = Dom(out)
+        check_no_page_errors(self, dom, err)
+        self.assertEqual(dom.by_id("compare")["attrs"].get("data-routes"), "1")
+        rows = {e["attrs"]["data-upstream"] for e in dom.inside("compare", "tr") if "data-upstream" in e["attrs"]}
+        self.assertEqual(rows, {"primary", "shadow"})
+
 
 if __name__ == "__main__":
     unittest.main()

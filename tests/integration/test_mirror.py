@@ -128,6 +128,41 @@ class MirrorTest(harness.TestCase):
                         "primary ttft p50 %.2f ms with a slow mirror, %.2f ms without" % (
                             statistics.median(with_mirror), statistics.median(without)))
 
+    def test_copies_in_flight_are_bounded(self):
+        """A shadow that holds every copy for seconds: at most
+        mirror.max_in_flight copies run at once, the rest are skipped and
+        counted as the shadow's `rejected`."""
+        limit = 8
+        shadow = harness.start_sim(self, "--ttft-ms", "6000", "--itl-ms", "1", "--model", "shadow")
+        self.ups = {"primary": self.primary.url, "shadow": shadow.url}
+        route = ("routes:\n  - name: chat\n    upstream: primary\n"
+                 "    mirror: {upstream: shadow, percent: 100, max_in_flight: %d}\n" % limit)
+        tt = rh.start_conf(self, rh.upstreams_yaml(self.ups) + route, "--admin", "127.0.0.1:0", *rh.ONE_WORKER)
+        admin = admin_port(tt)
+        peak = [0]
+        stop = threading.Event()
+
+        def watch():
+            for _ in range(1000):
+                st = shadow.stats()
+                peak[0] = max(peak[0], st["requests"] - st["completed"] - st["aborted"])
+                if stop.wait(0.01):
+                    return
+        w = threading.Thread(target=watch, daemon=True)
+        w.start()
+        ka = rh.KeepAlive(tt.port)
+        self.addCleanup(ka.close)
+        for _ in range(200):
+            resp = ka.request("POST", rh.CHAT, rh.chat(), harness.sim_headers(tokens=1))  # the shadow gets them too
+            self.assertEqual(resp.status, 200)
+        stop.set()
+        w.join(5)
+        self.assertEqual(self.primary.stats()["requests"], 200)
+        self.assertGreater(peak[0], 0)
+        self.assertLessEqual(peak[0], limit)
+        self.assertLessEqual(shadow.stats()["requests"], limit)
+        self.assertGreaterEqual(self.upstream(admin, "shadow")["rejected"], 200 - limit)
+
     def test_dead_mirror_costs_the_primary_nothing(self):
         tt, admin = self.start("http://127.0.0.1:%d" % harness.free_port(), 100)
         for _ in range(10):

@@ -9,7 +9,11 @@ which simulator served it; /sim/stats request counts and the access log's
 """
 
 import json
+import os
+import re
+import shutil
 import signal
+import tempfile
 import threading
 import time
 import unittest
@@ -61,6 +65,12 @@ routes:
       - {upstream: a, weight: 1}
       - {upstream: b, weight: 1}
     sticky: {json_field: user}
+  - name: sticky-conv
+    match: {host: conv.test}
+    split:
+      - {upstream: a, weight: 1}
+      - {upstream: b, weight: 1}
+    sticky: {json_field: conv}
   - name: zero
     match: {host: zero.test}
     split:
@@ -251,6 +261,26 @@ routes:
         # Without the field: round robin over 1:1, so any 4 in a row split 2/2.
         got = [ask(None) for _ in range(4)]
         self.assertEqual(sorted(got), ["a", "a", "b", "b"], got)
+
+    def test_sticky_json_field_per_route(self):
+        """Two routes stick on different fields: each reads its own. Route
+        user.test gets one `user` and a different `conv` each time, route
+        conv.test the other way round."""
+        ka = rh.KeepAlive(self.tt.port)
+        self.addCleanup(ka.close)
+
+        def ask(host, **fields):
+            resp = ka.request("POST", CHAT, rh.chat(**fields), [("Host", host)] + fast(1))
+            self.assertIsNotNone(resp)
+            self.assertEqual(resp.status, 200, resp.body[:200])
+            return who(resp)
+
+        for user in ("alice", "bob"):
+            got = {ask("user.test", user=user, conv="c-%d" % i) for i in range(30)}
+            self.assertEqual(len(got), 1, "user %s on the user route landed on %r" % (user, got))
+        for conv in ("c-1", "c-2"):
+            got = {ask("conv.test", conv=conv, user="u-%d" % i) for i in range(30)}
+            self.assertEqual(len(got), 1, "conv %s on the conv route landed on %r" % (conv, got))
 
     # --- override header ---------------------------------------------------
 
@@ -635,6 +665,81 @@ class ReloadTest(harness.TestCase):
         self.assertEqual((got.count("b"), got.count("c")), (2, 6), got)
         self.assertTrue(tt.alive())
 
+    def test_reloads_during_nonstop_traffic(self):
+        """Two workers, requests without a pause and streams running while
+        four SIGHUPs change the weights: every request answered 200 with
+        its whole body, every stream complete and byte-exact, and the
+        route's series in /stats count every request, from before and
+        after each reload alike."""
+        tt = rh.start_conf(self, self.conf([("a", 1), ("b", 1)]), "--workers", "2", "--admin", "127.0.0.1:0",
+                           "--flush-interval", "100ms")
+        admin = harness.admin_port(tt)
+        stop = threading.Event()
+        quick, streams = [], []
+
+        def send_quick():
+            ka = rh.KeepAlive(tt.port)
+            deadline = time.monotonic() + 20
+            try:
+                for i in range(1000000):
+                    if stop.is_set() or time.monotonic() > deadline:
+                        return
+                    # every other request on a fresh connection
+                    resp = (ka.request("POST", CHAT, rh.chat(), fast(3)) if i % 2
+                            else rh.send(tt.port, rh.chat(), fast(3)))
+                    quick.append(resp)
+            finally:
+                ka.close()
+
+        def send_streams(n):
+            for i in range(20):
+                if stop.is_set():
+                    return
+                streams.append(run_stream(tt.port, "nonstop", "ns-%d-%d" % (n, i),
+                                          harness.sim_headers(ttft=10, itl=10, tokens=30)))
+
+        threads = [threading.Thread(target=send_quick, daemon=True)] + [
+            threading.Thread(target=send_streams, args=(n,), daemon=True) for n in range(2)]
+        for t in threads:
+            t.start()
+        weights = [[("a", 2), ("b", 1)], [("a", 1), ("b", 3)], [("a", 1), ("b", 1)], [("a", 3), ("b", 1)]]
+        for w in weights:
+            time.sleep(0.3)
+            n0 = len(quick)
+            self.assertTrue(tt.reload(self.conf(w)), tt.stderr_text())
+            self.assertTrue(harness.wait_until(lambda: len(quick) > n0 + 5, 3.0), "traffic stalled at a reload")
+        time.sleep(0.3)
+        stop.set()
+        for t in threads:
+            t.join(15)
+            self.assertFalse(t.is_alive())
+        self.assertGreater(len(quick), 50)
+        self.assertGreaterEqual(len(streams), 4)
+        for i, resp in enumerate(quick):
+            self.assertIsNotNone(resp, "request %d: no answer" % i)
+            self.assertEqual(resp.status, 200, "request %d: %r" % (i, resp.body[:200]))
+            self.assertTrue(resp.complete, "request %d cut" % i)
+            self.assertEqual(len(resp.json()["choices"][0]["message"]["content"].split()), 3, resp.body[:200])
+        direct = {}
+        for i, resp in enumerate(streams):
+            self.assertIsNotNone(resp, "stream %d: no answer" % i)
+            self.assertEqual(resp.status, 200, resp.body[:200])
+            self.assertTrue(resp.complete, "stream %d cut" % i)
+            up = stream_model(resp)
+            if up not in direct:
+                direct[up], _ = harness.exchange(self.sims[up].port, "POST", CHAT,
+                                                 rh.chat(stream=True, prompt="nonstop"),
+                                                 harness.sim_headers(ttft=10, itl=10, tokens=30), timeout=15)
+            self.assertEqual(resp.body, direct[up].body, "stream %d differs from a direct request to %s" % (i, up))
+        total = len(quick) + len(streams)
+
+        def counted():
+            r, _ = harness.exchange(admin, "GET", "/stats?window=all&route=main")
+            return sum(s["requests"] for s in r.json()["series"])
+        self.assertTrue(harness.wait_until(lambda: counted() == total, 5.0), (counted(), total))
+        r, _ = harness.exchange(admin, "GET", "/stats?window=all&route=main")
+        self.assertEqual({s["upstream"] for s in r.json()["series"]}, {"a", "b"})
+
     def test_reload_keeps_admission_limit(self):
         # max_concurrency 1 and no queue: while a stream runs, another
         # request gets 503. A reload (the same file) must not make room for
@@ -668,6 +773,37 @@ class ReloadTest(harness.TestCase):
         self.assertTrue(harness.wait_until(lambda: tt.count_lines(rh.RELOAD_RE) > n0, 3.0), tt.stderr_text())
         resp = rh.send(tt.port, rh.chat(), fast(1))
         self.assertEqual(resp.status, 200)
+
+    def test_reload_names_each_startup_only_setting(self):
+        """Each setting read once at start-up, changed and reloaded: the
+        log names it and says a restart is needed; the reload still goes
+        through for the rest."""
+        def text(slo="", store="", admin="", workers="1"):
+            return ("listen: 127.0.0.1:0\naccess_log: off\nworkers: %s\n"
+                    "admin: {listen: \"off\"%s}\nstore: {dir: \"off\"%s}\n%s"
+                    % (workers, admin, store, slo) + rh.upstreams_yaml({"a": self.sims["a"].url}))
+        tt = rh.ConfTokentap(text(), access_log=False, header=False)
+        self.addCleanup(harness._stop_and_check, tt)
+        token = rh.write_file(os.path.join(tt.workdir, "token"), "secret-token-for-reload\n")
+        cases = [
+            ("slo.ttft", dict(slo="slo: {ttft: 3s}\n")),
+            ("slo.tpot", dict(slo="slo: {tpot: 50ms}\n")),
+            ("store.flush_interval", dict(store=", flush_interval: 5s")),
+            ("store.minute_retention", dict(store=", minute_retention: 2h")),
+            ("store.hour_retention", dict(store=", hour_retention: 48h")),
+            ("store.max_models", dict(store=", max_models: 4")),
+            ("admin.token_file", dict(admin=", token_file: %s" % token)),
+            ("workers", dict(workers="2")),
+        ]
+        for key, kw in cases:
+            with self.subTest(key=key):
+                self.assertTrue(tt.reload(text(**kw)), tt.stderr_text())
+                rx = re.compile(r"reload: .*\b%s\b.*restart" % re.escape(key))
+                self.assertTrue(harness.wait_until(lambda: tt.count_lines(rx) > 0, 3.0), tt.stderr_text())
+                self.assertEqual(rh.send(tt.port, rh.chat(), fast(1)).status, 200)
+                # back to the start-up file: nothing to report
+                self.assertTrue(tt.reload(text()), tt.stderr_text())
+        self.assertEqual(tt.count_lines(re.compile(r"reload: .*restart")), len(cases), tt.stderr_text())
 
 
 class DrainTest(harness.TestCase):
@@ -743,7 +879,31 @@ class DrainTest(harness.TestCase):
         self.assertIn(outcome, ("refused", "closed"), probe_msg)
 
     def test_grace_period_cuts(self):
-        tt = rh.start_conf(self, self.conf("1s"))
+        self.grace_cuts(rh.start_conf(self, self.conf("1s")))
+
+    def test_sigterm_flushes_the_store(self):
+        """With an hour between flushes, nothing reaches the store on the
+        timer: SIGTERM's drain must hand it every request before exit."""
+        d = tempfile.mkdtemp(prefix="tokentap-flush-")
+        self.addCleanup(shutil.rmtree, d, True)
+        args = ("--data-dir", os.path.join(d, "data"), "--flush-interval", "1h", "--admin", "127.0.0.1:0")
+        n = 25
+        tt = rh.start_conf(self, self.conf("5s"), *args)
+        for _ in range(n):
+            self.assertEqual(rh.send(tt.port, rh.chat(), fast(2)).status, 200)
+        tt.signal(signal.SIGTERM)
+        tt.proc.wait(10)
+        self.assertEqual(tt.proc.returncode, 0, tt.stderr_text())
+        again = rh.start_conf(self, self.conf("5s"), *args)
+        r, _ = harness.exchange(harness.admin_port(again), "GET", "/stats?window=all")
+        self.assertEqual(sum(s["requests"] for s in r.json()["series"]), n, r.body[:500])
+
+    def test_grace_period_follows_reload(self):
+        tt = rh.start_conf(self, self.conf("30s"))
+        self.assertTrue(tt.reload(self.conf("1s")), tt.stderr_text())
+        self.grace_cuts(tt)
+
+    def grace_cuts(self, tt):
         bg = rh.Background()
         hdrs = harness.sim_headers(ttft=10, itl=20, tokens=200)  # ~4 s
         bg.start(run_stream, tt.port, "long one", "gr-1", hdrs)

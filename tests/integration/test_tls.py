@@ -13,6 +13,7 @@ import socket
 import ssl
 import subprocess
 import tempfile
+import threading
 import time
 import unittest
 
@@ -26,14 +27,14 @@ def openssl(*args, cwd):
     subprocess.run(["openssl"] + list(args), cwd=cwd, check=True, capture_output=True, timeout=60)
 
 
-def make_pki(d, cn="localhost", name="srv"):
+def make_pki(d, cn="localhost", name="srv", alt=()):
     """A CA (made once per directory) and a server certificate for `cn`
-    and 127.0.0.1, signed by it."""
+    (and the DNS names in `alt`) and 127.0.0.1, signed by it."""
     if not os.path.exists(os.path.join(d, "ca.pem")):
         openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days",
                 "2", "-subj", "/CN=tokentap-test-ca", cwd=d)
     with open(os.path.join(d, "ext.cnf"), "w") as f:
-        f.write("subjectAltName=DNS:%s,IP:127.0.0.1\n" % cn)
+        f.write("subjectAltName=%s,IP:127.0.0.1\n" % ",".join("DNS:" + n for n in (cn,) + tuple(alt)))
     openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", name + ".key", "-out", name + ".csr", "-subj",
             "/CN=" + cn, cwd=d)
     openssl("x509", "-req", "-in", name + ".csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out",
@@ -55,6 +56,63 @@ def tls_exchange(port, cafile, body=BODY, headers=None):
         return conn.read_response("POST")
     finally:
         conn.close()
+
+
+class SniServer:
+    """A TLS server (Python's ssl) that records the SNI name of each
+    handshake and answers each request with a small JSON body."""
+
+    def __init__(self, test, cert, key):
+        self.names = []
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        ctx.sni_callback = lambda sslobj, name, c: self.names.append(name)
+        self.ctx = ctx
+        self.sock = socket.socket()
+        self.sock.bind((harness.LOOPBACK, 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.1)
+        self.port = self.sock.getsockname()[1]
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+        test.addCleanup(self.close)
+
+    def run(self):
+        for _ in range(600):
+            if self.stop.is_set():
+                return
+            try:
+                c, _ = self.sock.accept()
+            except socket.timeout:
+                continue
+            try:
+                c.settimeout(5)
+                s = self.ctx.wrap_socket(c, server_side=True)
+                data = b""
+                while b"\r\n\r\n" not in data and len(data) < 65536:
+                    chunk = s.recv(4096)
+                    if not chunk:
+                        break
+                    data += chunk
+                head, _, body = data.partition(b"\r\n\r\n")
+                m = __import__("re").search(rb"(?i)content-length: *(\d+)", head)
+                while m and len(body) < int(m.group(1)):
+                    chunk = s.recv(4096)
+                    if not chunk:
+                        break
+                    body += chunk
+                answer = b'{"ok":true}'
+                s.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                          b"Connection: close\r\n\r\n%s" % (len(answer), answer))
+                s.close()
+            except (OSError, ssl.SSLError):
+                c.close()
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(2)
+        self.sock.close()
 
 
 class TlsTest(harness.TestCase):
@@ -87,7 +145,8 @@ class TlsTest(harness.TestCase):
     def test_https_upstream_verified_and_byte_exact(self):
         term = self.terminator()
         front = rh.start_conf(self, "upstreams:\n  - name: secure\n    url: https://localhost:%d\n"
-                              "    tls: {ca_file: %s}\n" % (term.port, self.ca))
+                              "    tls: {ca_file: %s}\n" % (term.port, self.ca), "--admin", "127.0.0.1:0",
+                              *rh.ONE_WORKER)
         direct, _ = harness.exchange(self.sim.port, "POST", rh.CHAT, body=BODY)
         for _ in range(3):  # the second and third reuse the pooled TLS connection
             via, _ = harness.exchange(front.port, "POST", rh.CHAT, body=BODY)
@@ -95,6 +154,9 @@ class TlsTest(harness.TestCase):
             self.assertEqual(via.body, direct.body)
         entries = front.wait_log_count(3)
         self.assertTrue(all(e["upstream"] == "secure" and e["error"] is None for e in entries))
+        r, _ = harness.exchange(harness.admin_port(front), "GET", "/upstreams")
+        (up,) = r.json()["upstreams"]
+        self.assertEqual((up["pool"]["opened"], up["pool"]["reused"]), (1, 2), up["pool"])
 
     def assert_tls_refused(self, front, reason):
         before = self.sim.stats()["requests"]
@@ -121,16 +183,80 @@ class TlsTest(harness.TestCase):
     def test_garbage_instead_of_tls(self):
         tt = self.terminator()
         for junk in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"\x00" * 64, b"\x16\x03\x01\xff\xff" + b"A" * 200):
-            s = socket.create_connection((harness.LOOPBACK, tt.port), timeout=2)
+            s = socket.create_connection((harness.LOOPBACK, tt.port), timeout=3)
+            t0 = time.monotonic()
             s.sendall(junk)
+            data, closed = b"", False
             try:
-                data = s.recv(4096)
-            except (ConnectionResetError, socket.timeout):
-                data = b""
+                for _ in range(100):  # an alert may come first; then the close
+                    chunk = s.recv(4096)
+                    if not chunk:
+                        closed = True
+                        break
+                    data += chunk
+            except ConnectionResetError:
+                closed = True
+            except socket.timeout:
+                pass
+            took = time.monotonic() - t0
             s.close()
-            self.assertNotIn(b"HTTP/1.1 200", data)
+            self.assertTrue(closed and took < 1.0, "%r: connection %s after %.2f s" % (
+                junk[:8], "closed" if closed else "still open", took))
+            self.assertNotIn(b"HTTP/1.1", data)
         resp = tls_exchange(tt.port, self.ca)
         self.assertEqual(resp.status, 200, "still serving after the junk")
+
+    def test_tls_1_1_client_is_refused(self):
+        tt = self.terminator()
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.load_verify_locations(self.ca)
+        with __import__("warnings").catch_warnings():
+            __import__("warnings").simplefilter("ignore", DeprecationWarning)
+            ctx.minimum_version = ssl.TLSVersion.TLSv1
+            ctx.maximum_version = ssl.TLSVersion.TLSv1_1
+        ctx.set_ciphers("DEFAULT:@SECLEVEL=0")  # this client may offer 1.1; the server must not take it
+        s = socket.create_connection((harness.LOOPBACK, tt.port), timeout=3)
+        try:
+            with self.assertRaises(ssl.SSLError) as cm:
+                ctx.wrap_socket(s, server_hostname="localhost")
+        finally:
+            s.close()
+        self.assertIn("PROTOCOL_VERSION", str(cm.exception).upper().replace(" ", "_"), cm.exception)
+        self.assertEqual(tls_exchange(tt.port, self.ca).status, 200, "a TLS 1.2+ client still gets through")
+
+    def test_sni_from_url_host_and_server_name(self):
+        d = tempfile.mkdtemp(prefix="tokentap-tls-sni-", dir=self.dir)
+        shutil.copy(self.ca, os.path.join(d, "ca.pem"))
+        shutil.copy(os.path.join(self.dir, "ca.key"), os.path.join(d, "ca.key"))
+        cert, key = make_pki(d, name="sni", alt=("sni.test",))
+        srv = SniServer(self, cert, key)
+        for server_name, want in ((None, "localhost"), ("sni.test", "sni.test")):
+            with self.subTest(server_name=server_name):
+                tls = "{ca_file: %s%s}" % (self.ca, ", server_name: " + server_name if server_name else "")
+                front = rh.start_conf(self, "upstreams:\n  - name: sni\n    url: https://localhost:%d\n"
+                                      "    tls: %s\n" % (srv.port, tls))
+                n0 = len(srv.names)
+                resp, _ = harness.exchange(front.port, "POST", rh.CHAT, body=rh.chat())
+                self.assertEqual(resp.status, 200, resp.body[:300])
+                self.assertEqual(resp.body, b'{"ok":true}')
+                self.assertEqual(srv.names[n0:], [want])
+                front.stop()
+
+    def test_tls_on_both_sides_is_byte_exact(self):
+        """TLS client -> tokentap's TLS listener -> https upstream (another
+        tokentap terminating TLS in front of the simulator)."""
+        term = self.terminator()
+        front = rh.start_conf(self, "upstreams:\n  - name: secure\n    url: https://localhost:%d\n"
+                              "    tls: {ca_file: %s}\ntls: {cert: %s, key: %s}\n"
+                              % (term.port, self.ca, self.cert, self.key))
+        direct, _ = harness.exchange(self.sim.port, "POST", rh.CHAT, body=BODY,
+                                     headers=[("x-sim-tokens", "40")])
+        for _ in range(2):
+            via = tls_exchange(front.port, self.ca, headers=[("x-sim-tokens", "40")])
+            self.assertEqual(via.status, 200)
+            self.assertTrue(via.complete)
+            self.assertEqual(via.body, direct.body)
+        self.assertEqual([e["token_events"] for e in front.wait_log_count(2)], [40, 40])
 
     def test_slow_reader_through_tls_is_bounded(self):
         tt = self.terminator()
@@ -177,7 +303,7 @@ class TlsTest(harness.TestCase):
         body = rh.upstreams_yaml({"sim": self.sim.url}) + (
             "listeners:\n  - address: 127.0.0.1:0\n  - address: 127.0.0.1:0\n"
             "    tls: {cert: %s, key: %s}\n" % (self.cert, self.key))
-        tt = rh.start_conf(self, body.replace("listen: 127.0.0.1:0\n", ""))
+        tt = rh.start_conf(self, body)
         line = [l for l in tt.stderr_text().split("\n") if "listening on" in l][0]
         ports = [int(p) for p in __import__("re").findall(r"127\.0\.0\.1:(\d+)", line)]
         self.assertEqual(len(ports), 2, line)
@@ -186,6 +312,22 @@ class TlsTest(harness.TestCase):
         secure = tls_exchange(ports[1], self.ca)
         self.assertEqual(plain.status, 200)
         self.assertEqual(secure.body, plain.body)
+
+    def test_reload_with_a_bad_ca_file_keeps_the_running_config(self):
+        term = self.terminator()
+        d = tempfile.mkdtemp(prefix="tokentap-tls-ca-", dir=self.dir)
+        ca = shutil.copy(self.ca, os.path.join(d, "ca.pem"))
+        conf = ("upstreams:\n  - name: secure\n    url: https://localhost:%d\n    tls: {ca_file: %s}\n"
+                % (term.port, ca))
+        front = rh.start_conf(self, conf)
+        self.assertEqual(harness.exchange(front.port, "POST", rh.CHAT, body=BODY)[0].status, 200)
+        with open(ca, "w") as f:
+            f.write("not a certificate\n")
+        # the same upstream (name and url) is kept; its CA file no longer loads
+        self.assertTrue(front.reload(conf, expect_ok=False), front.stderr_text())
+        self.assertIn("ca_file", front.stderr_text())
+        self.assertEqual(front.count_lines(rh.RELOAD_RE), 0, front.stderr_text())
+        self.assertEqual(harness.exchange(front.port, "POST", rh.CHAT, body=BODY)[0].status, 200)
 
     def test_reload_picks_up_a_renewed_certificate(self):
         d = tempfile.mkdtemp(prefix="tokentap-tls-renew-", dir=self.dir)

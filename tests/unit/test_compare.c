@@ -122,13 +122,35 @@ static void test_ks_critical(void **state)
 	assert_true(ks_critical(0, 10, 0.99) == 1);
 }
 
+/* Worked by hand: 10/100 against 20/100 pools to 0.15, se = sqrt(0.15 *
+ * 0.85 * 0.02) = 0.0504975, z = -1.98030, p = 0.047670. */
+static void test_prop_test(void **state)
+{
+	struct prop_test pt;
+
+	(void)state;
+	prop_test(10, 100, 20, 100, &pt);
+	assert_true(fabs(pt.diff + 0.1) < 1e-12);
+	assert_true(fabs(pt.z + 1.98030) < 1e-4);
+	assert_true(fabs(pt.p - 0.047670) < 1e-5);
+	prop_test(50, 1000, 100, 1000, &pt); /* 5 % against 10 %: clear at 99 % */
+	assert_true(pt.p < 0.01 && pt.z < 0);
+	prop_test(0, 500, 0, 700, &pt); /* no errors either side */
+	assert_true(pt.p == 1 && pt.z == 0 && pt.diff == 0);
+	prop_test(500, 500, 700, 700, &pt); /* all met the SLO both sides */
+	assert_true(pt.p == 1 && pt.z == 0);
+	prop_test(3, 0, 1, 10, &pt); /* no sample on one side */
+	assert_true(pt.p == 1 && pt.z == 0);
+	prop_test(50, 1000, 52, 1000, &pt); /* 5.0 % against 5.2 %: noise */
+	assert_true(pt.p > 0.5);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_hand_worked),
-		cmocka_unit_test(test_same_distribution_not_rejected),
-		cmocka_unit_test(test_shift_detected),
-		cmocka_unit_test(test_ks_critical),
+		cmocka_unit_test(test_hand_worked),    cmocka_unit_test(test_same_distribution_not_rejected),
+		cmocka_unit_test(test_shift_detected), cmocka_unit_test(test_ks_critical),
+		cmocka_unit_test(test_prop_test),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
