@@ -13,7 +13,8 @@ Host, reset refused without a token, and with one, 401 for a missing or wrong
 token and 403 for a cross-origin POST; the dashboard page at / is served
 with a policy that forbids anything from elsewhere. Finally a restart: kill
 -9 after the data is flushed, start again on the same data dir, and the 1h
-window shows the same count and p50.
+window shows the same count and p50; and kill -9 in the middle of traffic
+loses at most the requests of one flush interval (plus commit slack).
 """
 
 import math
@@ -22,6 +23,8 @@ import re
 import shutil
 import signal
 import tempfile
+import threading
+import time
 import unittest
 
 import harness
@@ -499,6 +502,59 @@ class AdminRestartTest(harness.TestCase):
         self.assertEqual(after["metrics"]["ttft"]["p50_ms"], before["metrics"]["ttft"]["p50_ms"])
         self.assertEqual(after["metrics"]["ttft"]["count"], N)
         self.assertEqual(after["output_tokens"], before["output_tokens"])
+
+    def test_kill_9_loses_at_most_one_flush_interval(self):
+        # Requests go on from four clients while tokentap is killed; after
+        # the restart, every request completed more than a flush interval
+        # (plus slack for the commit itself) before the kill is counted,
+        # and nothing is counted that was never sent.
+        flush_s, slack_s = 0.2, 0.3
+        d = tempfile.mkdtemp(prefix="tokentap-admin-loss-")
+        self.addCleanup(shutil.rmtree, d, True)
+        sim = harness.start_sim(self)
+        args = ("--data-dir", os.path.join(d, "data"), "--flush-interval", "200ms", "--admin", "127.0.0.1:0")
+        tt = harness.start_tokentap(self, sim.url, *args)
+        lock = threading.Lock()
+        sent, done = [0], []
+        stop = threading.Event()
+
+        def client(k):
+            i = 0
+            while not stop.is_set() and i < 2000:
+                body = harness.api_body("openai-chat", stream=True, model="loss-model")
+                hdrs = harness.sim_headers(ttft=2, itl=1, tokens=3, request_id="loss-%d-%d" % (k, i))
+                i += 1
+                with lock:
+                    sent[0] += 1
+                try:
+                    resp, _ = harness.exchange(tt.port, "POST", PATH, body=body, headers=hdrs, timeout=2)
+                except OSError:
+                    return
+                if resp is None or resp.status != 200:
+                    return
+                with lock:
+                    done.append(time.monotonic())
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(1.5)
+        killed = time.monotonic()
+        os.kill(tt.pid, signal.SIGKILL)
+        stop.set()
+        for t in threads:
+            t.join(10)
+        tt.proc.wait(5)
+        with lock:
+            safe = sum(1 for t in done if t < killed - flush_s - slack_s)
+            total = sent[0]
+        self.assertGreater(safe, 50, "too few requests before the kill to measure anything")
+
+        tt2 = harness.start_tokentap(self, sim.url, *args)
+        s = series_of(admin_get(admin_port(tt2), "/stats?window=all").json(), "loss-model")
+        self.assertIsNotNone(s, "series gone after the restart")
+        self.assertGreaterEqual(s["requests"], safe, "lost more than a flush interval (%d sent)" % total)
+        self.assertLessEqual(s["requests"], total)
 
 
 if __name__ == "__main__":
