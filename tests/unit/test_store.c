@@ -337,6 +337,8 @@ static void test_prune_past_retention(void **state)
 	remove_dir(dir);
 }
 
+static size_t count_keys(struct store *st, char kind);
+
 static void test_map_full_grows(void **state)
 {
 	char *dir = make_dir();
@@ -359,6 +361,23 @@ static void test_map_full_grows(void **state)
 			store_sync(st);
 	}
 	store_sync(st);
+	assert_int_equal(total_requests(st, WIN_ALL, NULL, NULL), total);
+	/* Committed, not held in memory after a failed commit (which would
+	 * give the same totals): no fault, nothing held, the map grew and
+	 * LMDB has it, and every series has its minute, hour and all-time key. */
+	assert_int_equal(st->fault, 0);
+	assert_null(st->held_head);
+	assert_true(st->map_size > 64u << 10);
+	MDB_envinfo info;
+	assert_int_equal(mdb_env_info(st->env, &info), 0);
+	assert_int_equal(info.me_mapsize, st->map_size);
+	assert_int_equal(count_keys(st, 'm'), 120);
+	assert_int_equal(count_keys(st, 'h'), 120);
+	assert_int_equal(count_keys(st, 'a'), 120);
+	store_close(st);
+	/* and a fresh open reads it all back */
+	st = store_open(&o, err, sizeof(err));
+	assert_non_null(st);
 	assert_int_equal(total_requests(st, WIN_ALL, NULL, NULL), total);
 	store_close(st);
 	remove_dir(dir);
