@@ -5,10 +5,16 @@
  * request holding a series pointer never sees it freed. A series' slice is
  * cleared in place at each flush, keeping its histograms allocated: in steady
  * state recording allocates nothing.
+ *
+ * The model cap is the process's, per route: which model names a route
+ * tracks is kept once for all workers and upstreams (under models_lock),
+ * and consulted only when a shard meets a series key it has not seen; a
+ * request for a known series never takes the lock.
  */
 #include "stats.h"
 
 #include <event2/event.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -27,12 +33,18 @@ struct series {
 	struct series *next_in_bucket;
 };
 
-/* Models seen per (route, upstream), for the cap. Copies of the names:
- * a reload frees the configuration they came from. */
-struct model_count {
-	char *route, *upstream;
+/* The models a route tracks, for the cap; one list per route for the whole
+ * process. Copies of the names: a reload frees the configuration they came
+ * from. Kept until exit, as a shard keeps its series. */
+struct route_models {
+	char *route;
+	char **names;
 	unsigned n;
+	struct route_models *next;
 };
+
+static pthread_mutex_t models_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct route_models *route_models; /* under models_lock */
 
 #define SERIES_BUCKETS 256
 
@@ -42,8 +54,6 @@ struct stats_shard {
 	unsigned max_models;
 	struct series *buckets[SERIES_BUCKETS];
 	struct series *dirty;
-	struct model_count *mc;
-	size_t n_mc;
 	struct event *timer;
 	uint64_t flush_ms;
 };
@@ -115,31 +125,41 @@ static struct series *insert(struct stats_shard *sh, const char *key, size_t len
 	return s;
 }
 
-/* True when one more model may be tracked for (route, upstream). */
-static bool model_admit(struct stats_shard *sh, const char *route, const char *upstream)
+/* True when `model` is tracked for `route`: already one of its models, or
+ * admitted now under the cap. */
+static bool model_admit(struct stats_shard *sh, const char *route, const char *model)
 {
-	struct model_count *m = NULL;
+	struct route_models *r;
+	bool ok = false;
 
-	for (size_t i = 0; i < sh->n_mc; i++)
-		if (strcmp(sh->mc[i].route, route) == 0 && strcmp(sh->mc[i].upstream, upstream) == 0)
-			m = &sh->mc[i];
-	if (!m) {
-		struct model_count *p = realloc(sh->mc, (sh->n_mc + 1) * sizeof(*p));
-		char *r = strdup(route), *u = strdup(upstream);
-		if (p)
-			sh->mc = p;
-		if (!p || !r || !u) {
+	pthread_mutex_lock(&models_lock);
+	for (r = route_models; r && strcmp(r->route, route) != 0; r = r->next)
+		;
+	if (!r && (r = calloc(1, sizeof(*r)))) {
+		if (!(r->route = strdup(route))) {
 			free(r);
-			free(u);
-			return false;
+			r = NULL;
+		} else {
+			r->next = route_models;
+			route_models = r;
 		}
-		m = &sh->mc[sh->n_mc++];
-		*m = (struct model_count){ r, u, 0 };
 	}
-	if (m->n >= sh->max_models)
-		return false;
-	m->n++;
-	return true;
+	for (unsigned i = 0; r && i < r->n && !ok; i++)
+		ok = strcmp(r->names[i], model) == 0;
+	if (r && !ok && r->n < sh->max_models) {
+		char **p = realloc(r->names, (r->n + 1) * sizeof(*p));
+		char *name = strdup(model);
+		if (p)
+			r->names = p;
+		if (p && name) {
+			r->names[r->n++] = name;
+			ok = true;
+		} else {
+			free(name);
+		}
+	}
+	pthread_mutex_unlock(&models_lock);
+	return ok;
 }
 
 struct series *stats_series(struct stats_shard *sh, const char *route, const char *upstream, const char *model,
@@ -160,12 +180,13 @@ struct series *stats_series(struct stats_shard *sh, const char *route, const cha
 	hash = fnv1a(key, len);
 	if ((s = lookup(sh, key, len, hash)))
 		return s;
-	/* A new model: admitted under the cap (counted once for warm and cold
-	 * alike), else folded into "other". */
+	/* A new series: its model admitted under the route's cap (counted once
+	 * for warm and cold, every upstream and every worker), else folded into
+	 * "other". */
 	char other[SERIES_KEY_MAX];
 	size_t olen = key_build(other, route, upstream, model, !cold);
 	bool known = olen && lookup(sh, other, olen, fnv1a(other, olen));
-	if (!known && strcmp(model, SERIES_MODEL_OTHER) != 0 && !model_admit(sh, route, upstream)) {
+	if (!known && strcmp(model, SERIES_MODEL_OTHER) != 0 && !model_admit(sh, route, model)) {
 		len = key_build(key, route, upstream, SERIES_MODEL_OTHER, cold);
 		hash = fnv1a(key, len);
 		if ((s = lookup(sh, key, len, hash)))
@@ -285,10 +306,5 @@ void stats_shard_free(struct stats_shard *sh)
 			free(s);
 		}
 	}
-	for (size_t i = 0; i < sh->n_mc; i++) {
-		free(sh->mc[i].route);
-		free(sh->mc[i].upstream);
-	}
-	free(sh->mc);
 	free(sh);
 }

@@ -280,6 +280,16 @@ static void test_model_cap(void **state)
 	/* past the cap, new models fold into one "other" series */
 	assert_ptr_equal(c, d);
 	assert_ptr_equal(c, stats_series(sh, "r", "u", "other", false));
+	/* the cap is the route's, for every shard and upstream: another worker
+	 * names a and b, on any upstream, and folds c into "other" */
+	struct stats_shard *sh2 = stats_shard_new(NULL, NULL, 2, &test_slo, 1000);
+	struct series *o2 = stats_series(sh2, "r", "u2", "other", false);
+	assert_ptr_not_equal(stats_series(sh2, "r", "u2", "a", false), o2);
+	assert_ptr_not_equal(stats_series(sh2, "r", "u", "b", false), o2);
+	assert_ptr_equal(stats_series(sh2, "r", "u2", "c", false), o2);
+	/* another route has a budget of its own */
+	assert_ptr_not_equal(stats_series(sh2, "r2", "u", "c", false), stats_series(sh2, "r2", "u", "other", false));
+	stats_shard_free(sh2);
 	stats_shard_free(sh);
 }
 
