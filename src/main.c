@@ -270,6 +270,7 @@ int main(int argc, char **argv)
 	env.max_models = boot.max_models;
 	env.slo.ttft_us = boot.slo_ttft_ms * 1000;
 	env.slo.tpot_us = boot.slo_tpot_ms * 1000;
+	env.slo.itl_us = boot.slo_itl_ms * 1000;
 	env.flush_ms = boot.flush_ms;
 	env.reuseport = nworkers > 1;
 	env.clients = &clients;

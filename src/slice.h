@@ -86,6 +86,7 @@ struct slice {
 struct slo {
 	uint64_t ttft_us;
 	uint64_t tpot_us;
+	uint64_t itl_us; /* the longest gap between token events; 0: not checked */
 };
 
 const char *hist_metric_name(enum hist_metric m);

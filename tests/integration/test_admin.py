@@ -28,6 +28,7 @@ import time
 import unittest
 
 import harness
+import routing_helpers as rh
 
 N = 30
 PATH = "/v1/chat/completions"
@@ -476,6 +477,67 @@ class AdminTokenTest(harness.TestCase):
                              "--admin-token-file", empty], timeout=10)
         self.assertEqual(r.returncode, 2)
         self.assertIn("empty", r.stderr)
+
+
+def stall_handler(gaps_ms):
+    """A fake upstream streaming one token event, then one per gap."""
+    def handler(sock, req, fu):
+        harness.send_sse_head(sock)
+        for gap in [0] + list(gaps_ms):
+            time.sleep(gap / 1000.0)
+            harness.send_chunk(sock, b'data: {"choices":[{"index":0,"delta":{"content":"tok"}}]}\n\n')
+        harness.send_chunk(sock, b"data: [DONE]\n\n")
+        harness.send_chunk(sock, b"")
+        return True
+    return handler
+
+
+class SloItlTest(harness.TestCase):
+    def goodput(self, port, model):
+        found = []
+
+        def check():
+            s = series_of(admin_get(port, "/stats?window=5m").json(), model)
+            found[:] = [s]
+            return s is not None and s["requests"] >= 1
+
+        self.assertTrue(harness.wait_until(check, 5.0, 0.05), "no series for %s" % model)
+        return found[0]["goodput"]
+
+    def test_one_long_gap_misses_the_itl_slo(self):
+        # Ten gaps, one of 300 ms: the mean (tpot, 30 ms) is within 100 ms,
+        # the longest gap is not within 200 ms. Ten even 20 ms gaps meet both.
+        stall = harness.start_fake_upstream(self, stall_handler([300] + [0] * 9))
+        even = harness.start_fake_upstream(self, stall_handler([20] * 10))
+        common = ("--admin", "127.0.0.1:0", "--flush-interval", "100ms", "--workers", "1")
+        for how in ("cli", "yaml"):
+            if how == "cli":
+                tt = harness.start_tokentap(self, stall.url, "--slo-itl", "200ms", "--slo-tpot", "100ms",
+                                            "--data-dir", "off", *common)
+            else:
+                tt = rh.start_conf(self, "slo:\n  itl: 200ms\n  tpot: 100ms\n" + rh.upstreams_yaml({"u": stall.url}),
+                                   *common)
+            port = admin_port(tt)
+            body = harness.api_body("openai-chat", stream=True, model="stall-model")
+            resp, _ = harness.exchange(tt.port, "POST", PATH, body=body)
+            self.assertEqual(resp.status, 200)
+            self.assertEqual(self.goodput(port, "stall-model"), {"slo_met": 0, "slo_missed": 1, "ratio": 0.0}, how)
+            s = series_of(admin_get(port, "/stats?window=5m").json(), "stall-model")
+            self.assertLess(s["metrics"]["tpot"]["max_ms"], 100, "the mean gap is within the tpot SLO")
+            tt.stop()
+        # the same thresholds, even gaps: met
+        tt = harness.start_tokentap(self, even.url, "--slo-itl", "200ms", "--admin", "127.0.0.1:0",
+                                    "--flush-interval", "100ms", "--data-dir", "off")
+        body = harness.api_body("openai-chat", stream=True, model="even-model")
+        resp, _ = harness.exchange(tt.port, "POST", PATH, body=body)
+        self.assertEqual(resp.status, 200)
+        self.assertEqual(self.goodput(admin_port(tt), "even-model"), {"slo_met": 1, "slo_missed": 0, "ratio": 1.0})
+
+    def test_bad_slo_itl(self):
+        r = harness.run_cli(["--upstream", "http://127.0.0.1:9", "--slo-itl", "0", "--data-dir", "off"])
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--slo-itl", r.stderr)
+        self.assertIn("positive duration", r.stderr)
 
 
 class AdminRestartTest(harness.TestCase):

@@ -66,7 +66,7 @@ static void fake_request(struct req_record *r, uint64_t ttft_us, unsigned tokens
 	r->at[TL_CLIENT_DONE] = t;
 }
 
-static const struct slo test_slo = { 2000000, 100000 };
+static const struct slo test_slo = { 2000000, 100000, 0 };
 
 static void test_slice_encode_roundtrip(void **state)
 {
