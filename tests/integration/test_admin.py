@@ -492,6 +492,43 @@ def stall_handler(gaps_ms):
     return handler
 
 
+class InflightAtArrivalTest(harness.TestCase):
+    def test_inflight_counts_the_queue_at_arrival(self):
+        # One slot, four requests at once: each is routed while those before
+        # it run or wait, so the load curve sees 1, 2, 3 and 4 in flight,
+        # not 1 four times (what a sample taken after the queue would see).
+        sim = harness.start_sim(self)
+        tt = rh.start_conf(self, rh.upstreams_yaml({"u": sim.url}, {"u": ["max_concurrency: 1",
+                                                                         "queue: {max: 8, timeout: 10s}"]}),
+                           "--admin", "127.0.0.1:0", "--workers", "1")
+        port = admin_port(tt)
+        results = []
+
+        def one(i):
+            body = harness.api_body("openai-chat", stream=True, model="queue-model")
+            hdrs = harness.sim_headers(ttft=150, itl=1, tokens=2, request_id="q-%d" % i)
+            resp, _ = harness.exchange(tt.port, "POST", PATH, body=body, headers=hdrs)
+            results.append(resp and resp.status)
+
+        threads = []
+        for i in range(4):
+            threads.append(threading.Thread(target=one, args=(i,)))
+            threads[-1].start()
+            time.sleep(0.03)  # arrive in order, well within the first one's 150 ms
+        for t in threads:
+            t.join(10)
+        self.assertEqual(results, [200] * 4)
+        got = {}
+
+        def recent():
+            for e in admin_get(port, "/requests/recent?n=10").json()["requests"]:
+                got[e["id"]] = e["inflight"]
+            return len(got) >= 4
+
+        self.assertTrue(harness.wait_until(recent, 5.0, 0.05))
+        self.assertEqual(sorted(got.values()), [1, 2, 3, 4], got)
+
+
 class SloItlTest(harness.TestCase):
     def goodput(self, port, model):
         found = []
