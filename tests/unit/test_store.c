@@ -264,6 +264,77 @@ static void test_foreign_layout_refused(void **state)
 	remove_dir(dir);
 }
 
+/* Writes one record into database `name` (NULL: the main one) of a new
+ * LMDB environment in `dir`. */
+static void lmdb_put_one(const char *dir, const char *name, const char *key, const char *val)
+{
+	MDB_env *env;
+	MDB_txn *txn;
+	MDB_dbi dbi;
+	MDB_val k = { strlen(key), (void *)key }, v = { strlen(val), (void *)val };
+
+	assert_int_equal(mdb_env_create(&env), 0);
+	mdb_env_set_maxdbs(env, 8);
+	assert_int_equal(mdb_env_open(env, dir, 0, 0640), 0);
+	assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+	assert_int_equal(mdb_dbi_open(txn, name, name ? MDB_CREATE : 0, &dbi), 0);
+	assert_int_equal(mdb_put(txn, dbi, &k, &v, 0), 0);
+	assert_int_equal(mdb_txn_commit(txn), 0);
+	mdb_env_close(env);
+}
+
+/* True when `dir`'s LMDB still has `key` in database `name` and no `meta`
+ * database was added (for name != "meta"). */
+static bool lmdb_untouched(const char *dir, const char *name, const char *key)
+{
+	MDB_env *env;
+	MDB_txn *txn;
+	MDB_dbi dbi;
+	MDB_val k = { strlen(key), (void *)key }, v;
+	bool ok;
+
+	assert_int_equal(mdb_env_create(&env), 0);
+	mdb_env_set_maxdbs(env, 8);
+	assert_int_equal(mdb_env_open(env, dir, MDB_RDONLY, 0640), 0);
+	assert_int_equal(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), 0);
+	ok = mdb_dbi_open(txn, name, 0, &dbi) == 0 && mdb_get(txn, dbi, &k, &v) == 0;
+	if (name && strcmp(name, "meta") != 0)
+		ok = ok && mdb_dbi_open(txn, "meta", 0, &dbi) == MDB_NOTFOUND;
+	mdb_txn_abort(txn);
+	mdb_env_close(env);
+	return ok;
+}
+
+/* Another program's LMDB in the data directory is refused, with a message
+ * that says so, and left as it was: not written to, not moved aside. */
+static void test_foreign_database_left_alone(void **state)
+{
+	static const struct {
+		const char *db, *key, *val;
+	} cases[] = {
+		{ "jobs", "job-1", "queued" },		/* named databases, no meta */
+		{ NULL, "plain-key", "plain-value" },	/* records in the main database */
+		{ "meta", "layout", "someone-else-1" }, /* a meta of its own */
+		{ "meta", "owner", "someone else" },	/* a meta without a layout */
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char *dir = make_dir(), err[512], path[600];
+		struct store_options o;
+		struct stat sb;
+
+		lmdb_put_one(dir, cases[i].db, cases[i].key, cases[i].val);
+		store_options_defaults(&o);
+		o.dir = dir;
+		assert_null(store_open(&o, err, sizeof(err)));
+		assert_non_null(strstr(err, "not a tokentap store"));
+		assert_non_null(strstr(err, dir));
+		snprintf(path, sizeof(path), "%s/data.mdb", dir);
+		assert_int_equal(stat(path, &sb), 0);
+		assert_true(lmdb_untouched(dir, cases[i].db, cases[i].key));
+		remove_dir(dir);
+	}
+}
+
 static void test_model_cap(void **state)
 {
 	struct stats_shard *sh = stats_shard_new(NULL, NULL, 2, &test_slo, 1000);
@@ -1072,14 +1143,23 @@ static void test_free_pages_past_end_kept(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_slice_encode_roundtrip), cmocka_unit_test(test_log2_buckets),
-		cmocka_unit_test(test_threads_totals_exact),   cmocka_unit_test(test_reopen_keeps_numbers),
-		cmocka_unit_test(test_foreign_layout_refused), cmocka_unit_test(test_model_cap),
-		cmocka_unit_test(test_prune_past_retention),   cmocka_unit_test(test_map_full_grows),
-		cmocka_unit_test(test_windows_keep_curves),    cmocka_unit_test(test_pack_windows_identical),
-		cmocka_unit_test(test_pack_not_committed),     cmocka_unit_test(test_pack_retention),
-		cmocka_unit_test(test_pack_late_hour),	       cmocka_unit_test(test_pack_old_days_drop_curves),
-		cmocka_unit_test(test_pack_pass_bounded),      cmocka_unit_test(test_free_pages_past_end_kept),
+		cmocka_unit_test(test_slice_encode_roundtrip),
+		cmocka_unit_test(test_log2_buckets),
+		cmocka_unit_test(test_threads_totals_exact),
+		cmocka_unit_test(test_reopen_keeps_numbers),
+		cmocka_unit_test(test_foreign_layout_refused),
+		cmocka_unit_test(test_foreign_database_left_alone),
+		cmocka_unit_test(test_model_cap),
+		cmocka_unit_test(test_prune_past_retention),
+		cmocka_unit_test(test_map_full_grows),
+		cmocka_unit_test(test_windows_keep_curves),
+		cmocka_unit_test(test_pack_windows_identical),
+		cmocka_unit_test(test_pack_not_committed),
+		cmocka_unit_test(test_pack_retention),
+		cmocka_unit_test(test_pack_late_hour),
+		cmocka_unit_test(test_pack_old_days_drop_curves),
+		cmocka_unit_test(test_pack_pass_bounded),
+		cmocka_unit_test(test_free_pages_past_end_kept),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
