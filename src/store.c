@@ -1040,6 +1040,18 @@ struct store *store_open(const struct store_options *o, char *err, size_t errlen
 	pthread_cond_init(&st->q_done, NULL);
 
 	if (o->dir) {
+		/* The 24h window reads minute slices and the 7d window hour slices:
+		 * shorter retention quietly shortens them. */
+		if (o->minute_retention_s < 24 * 3600)
+			log_warn(
+				"store: store.minute_retention is %llu s, under 24 h: the 24h window shows only that "
+				"much",
+				(unsigned long long)o->minute_retention_s);
+		if (o->hour_retention_s < WEEK_HOURS * 3600)
+			log_warn(
+				"store: store.hour_retention is %llu s, under 7 days: the 7d window shows only that "
+				"much",
+				(unsigned long long)o->hour_retention_s);
 		st->dir = strdup(o->dir);
 		if (mkdir(st->dir, 0750) == -1 && errno != EEXIST) {
 			snprintf(err, errlen, "store: cannot create data directory %s: %s", st->dir, strerror(errno));

@@ -18,7 +18,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -461,6 +464,171 @@ static void test_map_full_grows(void **state)
 	assert_non_null(st);
 	assert_int_equal(total_requests(st, WIN_ALL, NULL, NULL), total);
 	store_close(st);
+	remove_dir(dir);
+}
+
+/* Each window holds exactly the batches inside it: 1m from the ring,
+ * 1h/24h from minute slices, 7d from hour slices, all from all-time. */
+static void test_window_boundaries(void **state)
+{
+	static const struct {
+		int64_t ago;
+		unsigned requests;
+	} at[] = { { 30, 1 }, { 120, 2 }, { 30 * 60, 4 }, { 2 * 3600, 8 }, { 2 * 86400, 16 }, { 10 * 86400, 32 } };
+	static const struct {
+		enum store_window w;
+		uint64_t want;
+	} windows[] = { { WIN_1M, 1 }, { WIN_5M, 3 }, { WIN_1H, 7 }, { WIN_24H, 15 }, { WIN_7D, 31 }, { WIN_ALL, 63 } };
+	char *dir = make_dir();
+	struct store_options o;
+	char err[256];
+	uint64_t now = (uint64_t)time(NULL);
+
+	store_options_defaults(&o);
+	o.dir = dir;
+	struct store *st = store_open(&o, err, sizeof(err));
+	assert_non_null(st);
+	for (size_t i = 0; i < sizeof(at) / sizeof(at[0]); i++)
+		store_submit(st, batch_at(now - (uint64_t)at[i].ago, "w", at[i].requests));
+	store_sync(st);
+	for (size_t i = 0; i < sizeof(windows) / sizeof(windows[0]); i++) {
+		uint64_t got = total_requests(st, windows[i].w, NULL, NULL);
+		if (got != windows[i].want)
+			fail_msg("window %s: %llu requests, want %llu", store_window_name(windows[i].w),
+				 (unsigned long long)got, (unsigned long long)windows[i].want);
+	}
+	store_close(st);
+	remove_dir(dir);
+}
+
+/* stderr into a file while `fn` runs; returns what was written (malloc). */
+static char *stderr_of(void (*fn)(void *), void *arg)
+{
+	char path[] = "/tmp/tokentap-test-stderr-XXXXXX";
+	int fd = mkstemp(path), saved = dup(2);
+	char *buf = calloc(1, 65536);
+
+	assert_true(fd != -1 && saved != -1 && buf);
+	fflush(stderr);
+	assert_int_equal(dup2(fd, 2), 2);
+	fn(arg);
+	fflush(stderr);
+	assert_int_equal(dup2(saved, 2), 2);
+	close(saved);
+	assert_true(pread(fd, buf, 65535, 0) >= 0);
+	close(fd);
+	unlink(path);
+	return buf;
+}
+
+struct open_call {
+	struct store_options o;
+	struct store *st;
+	char err[256];
+};
+
+static void open_store(void *arg)
+{
+	struct open_call *c = arg;
+	c->st = store_open(&c->o, c->err, sizeof(c->err));
+}
+
+/* A minute retention under 24 h, or an hour retention under 7 days, cuts
+ * the 24h or 7d window short: said once at open. */
+static void test_short_retention_warned(void **state)
+{
+	struct open_call c;
+	char *dir = make_dir(), *out;
+
+	store_options_defaults(&c.o);
+	c.o.dir = dir;
+	out = stderr_of(open_store, &c);
+	assert_non_null(c.st);
+	assert_null(strstr(out, "retention"));
+	store_close(c.st);
+	free(out);
+
+	c.o.minute_retention_s = 3600;
+	c.o.hour_retention_s = 2 * 86400;
+	out = stderr_of(open_store, &c);
+	assert_non_null(c.st);
+	assert_non_null(strstr(out, "store.minute_retention"));
+	assert_non_null(strstr(out, "24h window"));
+	assert_non_null(strstr(out, "store.hour_retention"));
+	assert_non_null(strstr(out, "7d window"));
+	store_close(c.st);
+	free(out);
+	remove_dir(dir);
+}
+
+/* Blocks in a child with the environment of `dir` open, optionally inside a
+ * read transaction; writes a byte to `ready` once there. */
+static pid_t lmdb_child(const char *dir, bool reading, int ready)
+{
+	pid_t pid = fork();
+	assert_true(pid != -1);
+	if (pid == 0) {
+		MDB_env *env;
+		prctl(PR_SET_PDEATHSIG, SIGKILL); /* a failed assertion ends the test without killing us */
+		MDB_txn *txn;
+		if (mdb_env_create(&env) != 0 || mdb_env_set_maxdbs(env, 8) != 0 ||
+		    mdb_env_set_mapsize(env, 64u << 20) != 0 || mdb_env_open(env, dir, MDB_NOTLS, 0640) != 0)
+			_exit(1);
+		if (reading && mdb_txn_begin(env, NULL, MDB_RDONLY, &txn) != 0)
+			_exit(1);
+		if (write(ready, "x", 1) != 1)
+			_exit(1);
+		for (int i = 0; i < 600; i++)
+			sleep(1); /* until killed; bounded all the same */
+		_exit(0);
+	}
+	return pid;
+}
+
+static int count_reader_lines(const char *msg, void *ctx)
+{
+	(void)msg;
+	(*(int *)ctx)++;
+	return 0;
+}
+
+/* A reader slot left by a process killed inside a read transaction is
+ * cleared by store_open. Another process keeps the environment open, so
+ * the lock table is not simply reset by an exclusive first opener. */
+static void test_stale_reader_cleared(void **state)
+{
+	struct open_call c;
+	char *dir = make_dir(), *out, b;
+	int p[2], lines = 0;
+
+	store_options_defaults(&c.o);
+	c.o.dir = dir;
+	c.st = store_open(&c.o, c.err, sizeof(c.err));
+	assert_non_null(c.st);
+	store_close(c.st);
+
+	assert_int_equal(pipe(p), 0);
+	pid_t holder = lmdb_child(dir, false, p[1]);
+	assert_int_equal(read(p[0], &b, 1), 1);
+	pid_t reader = lmdb_child(dir, true, p[1]);
+	assert_int_equal(read(p[0], &b, 1), 1);
+	assert_int_equal(kill(reader, SIGKILL), 0);
+	assert_int_equal(waitpid(reader, NULL, 0), reader);
+
+	out = stderr_of(open_store, &c);
+	assert_non_null(c.st);
+	if (!strstr(out, "cleared 1 stale reader slot(s)"))
+		fail_msg("no stale reader cleared; the log said: %s", out);
+	/* the table lists no reader now (mdb_reader_list prints a header
+	 * line, then one per slot in use) */
+	mdb_reader_list(c.st->env, count_reader_lines, &lines);
+	assert_int_equal(lines, 1);
+	store_close(c.st);
+	free(out);
+	kill(holder, SIGKILL);
+	waitpid(holder, NULL, 0);
+	close(p[0]);
+	close(p[1]);
 	remove_dir(dir);
 }
 
@@ -1152,6 +1320,9 @@ int main(void)
 		cmocka_unit_test(test_model_cap),
 		cmocka_unit_test(test_prune_past_retention),
 		cmocka_unit_test(test_map_full_grows),
+		cmocka_unit_test(test_window_boundaries),
+		cmocka_unit_test(test_short_retention_warned),
+		cmocka_unit_test(test_stale_reader_cleared),
 		cmocka_unit_test(test_windows_keep_curves),
 		cmocka_unit_test(test_pack_windows_identical),
 		cmocka_unit_test(test_pack_not_committed),
