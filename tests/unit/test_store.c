@@ -112,6 +112,28 @@ static void test_slice_encode_roundtrip(void **state)
 	slice_release(&b);
 }
 
+/* ITL gaps are stored in µs rounded to nearest, as ttft and the rest are
+ * (and as the access log prints them), not rounded down. */
+static void test_itl_rounds_to_nearest(void **state)
+{
+	struct slice sl;
+	struct req_record r;
+
+	memset(&sl, 0, sizeof(sl));
+	slice_record_itl(&sl, 1999, 1);
+	slice_record_itl(&sl, 2499, 1);
+	slice_record_itl(&sl, 2500, 1);
+	assert_int_equal(sl.slot[HM_ITL]->min, 2);
+	assert_int_equal(sl.slot[HM_ITL]->max, 3);
+	assert_int_equal(sl.slot[HM_ITL]->sum, 2 + 2 + 3);
+	fake_request(&r, 1000, 4, 1000);
+	r.at[TL_FIRST_TOKEN] = r.at[TL_ARRIVE] + 1999; /* ttft 1.999 µs */
+	slice_record_request(&sl, &r, 1, &test_slo);
+	assert_int_equal(sl.slot[HM_TTFT]->max, 2);
+	record_release(&r);
+	slice_release(&sl);
+}
+
 static void test_log2_buckets(void **state)
 {
 	assert_int_equal(log2_bucket(0, 12), 0);
@@ -1313,6 +1335,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_slice_encode_roundtrip),
 		cmocka_unit_test(test_log2_buckets),
+		cmocka_unit_test(test_itl_rounds_to_nearest),
 		cmocka_unit_test(test_threads_totals_exact),
 		cmocka_unit_test(test_reopen_keeps_numbers),
 		cmocka_unit_test(test_foreign_layout_refused),
