@@ -7,14 +7,18 @@
  * state recording allocates nothing.
  *
  * The model cap is the process's, per route: which model names a route
- * tracks is kept once for all workers and upstreams (under models_lock),
- * and consulted only when a shard meets a series key it has not seen; a
- * request for a known series never takes the lock.
+ * tracks is kept once for all workers and upstreams, and consulted only
+ * when a shard meets a series key it has not seen. It is read without a
+ * lock (the lists only grow, and each name is written before the count
+ * that covers it is published); models_lock is taken only to admit a new
+ * name, so a request for a known series, or for a model refused because
+ * the route is full, never takes it.
  */
 #include "stats.h"
 
 #include <event2/event.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -35,16 +39,20 @@ struct series {
 
 /* The models a route tracks, for the cap; one list per route for the whole
  * process. Copies of the names: a reload frees the configuration they came
- * from. Kept until exit, as a shard keeps its series. */
+ * from. Kept until exit, as a shard keeps its series. Written under
+ * models_lock, read without it: `route`, `cap`, `names` (the array) and
+ * `next` never change once the entry is published, names[i] never once
+ * `n` covers it. */
 struct route_models {
 	char *route;
-	char **names;
-	unsigned n;
+	char **names; /* cap slots */
+	unsigned cap;
+	_Atomic unsigned n;
 	struct route_models *next;
 };
 
 static pthread_mutex_t models_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct route_models *route_models; /* under models_lock */
+static _Atomic(struct route_models *) route_models;
 
 #define SERIES_BUCKETS 256
 
@@ -125,37 +133,59 @@ static struct series *insert(struct stats_shard *sh, const char *key, size_t len
 	return s;
 }
 
+static struct route_models *route_find(const char *route)
+{
+	struct route_models *r = atomic_load_explicit(&route_models, memory_order_acquire);
+	while (r && strcmp(r->route, route) != 0)
+		r = r->next;
+	return r;
+}
+
+/* True when `model` is among r's first n names. */
+static bool route_has(const struct route_models *r, unsigned n, const char *model)
+{
+	for (unsigned i = 0; i < n; i++)
+		if (strcmp(r->names[i], model) == 0)
+			return true;
+	return false;
+}
+
 /* True when `model` is tracked for `route`: already one of its models, or
  * admitted now under the cap. */
 static bool model_admit(struct stats_shard *sh, const char *route, const char *model)
 {
-	struct route_models *r;
+	struct route_models *r = route_find(route);
+	unsigned n;
 	bool ok = false;
 
+	if (r) {
+		n = atomic_load_explicit(&r->n, memory_order_acquire);
+		if (route_has(r, n, model))
+			return true;
+		if (n >= r->cap)
+			return false; /* full: refused without the lock */
+	}
 	pthread_mutex_lock(&models_lock);
-	for (r = route_models; r && strcmp(r->route, route) != 0; r = r->next)
-		;
-	if (!r && (r = calloc(1, sizeof(*r)))) {
-		if (!(r->route = strdup(route))) {
+	if (!(r = route_find(route)) && (r = calloc(1, sizeof(*r)))) {
+		r->route = strdup(route);
+		r->cap = sh->max_models;
+		r->names = r->cap ? calloc(r->cap, sizeof(*r->names)) : NULL;
+		if (!r->route || (r->cap && !r->names)) {
+			free(r->route);
+			free(r->names);
 			free(r);
 			r = NULL;
 		} else {
-			r->next = route_models;
-			route_models = r;
+			r->next = atomic_load_explicit(&route_models, memory_order_relaxed);
+			atomic_store_explicit(&route_models, r, memory_order_release);
 		}
 	}
-	for (unsigned i = 0; r && i < r->n && !ok; i++)
-		ok = strcmp(r->names[i], model) == 0;
-	if (r && !ok && r->n < sh->max_models) {
-		char **p = realloc(r->names, (r->n + 1) * sizeof(*p));
-		char *name = strdup(model);
-		if (p)
-			r->names = p;
-		if (p && name) {
-			r->names[r->n++] = name;
+	if (r) {
+		n = atomic_load_explicit(&r->n, memory_order_relaxed);
+		ok = route_has(r, n, model);
+		if (!ok && n < r->cap && (r->names[n] = strdup(model))) {
+			atomic_store_explicit(&r->n, n + 1, memory_order_release);
 			ok = true;
-		} else {
-			free(name);
 		}
 	}
 	pthread_mutex_unlock(&models_lock);
