@@ -11,7 +11,10 @@ ending at the count, each recent request's timeline equal to its log line.
 Then the guards: 400 naming the parameter, 405 with Allow, 403 for a foreign
 Host, reset refused without a token, and with one, 401 for a missing or wrong
 token and 403 for a cross-origin POST; the dashboard page at / is served
-with a policy that forbids anything from elsewhere. Finally a restart: kill
+with a policy that forbids anything from elsewhere. The in-flight count of
+queued requests counts the queue ahead of them; goodput's itl threshold
+misses a stream with one long gap whose mean gap is fine (test_stats_accuracy
+compares every metric and window with the access log). Finally a restart: kill
 -9 after the data is flushed, start again on the same data dir, and the 1h
 window shows the same count and p50; and kill -9 in the middle of traffic
 loses at most the requests of one flush interval (plus commit slack).
