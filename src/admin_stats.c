@@ -233,6 +233,7 @@ static const struct {
 } slo_fields[] = {
 	{ "ttft_ms", offsetof(struct slo, ttft_us) },
 	{ "tpot_ms", offsetof(struct slo, tpot_us) },
+	{ "itl_ms", offsetof(struct slo, itl_us) }, /* 0: not checked, shown as null */
 };
 
 static json_t *slo_json(const struct slo *slo)
@@ -242,7 +243,12 @@ static json_t *slo_json(const struct slo *slo)
 	for (size_t i = 0; o && i < sizeof(slo_fields) / sizeof(slo_fields[0]); i++) {
 		uint64_t us;
 		memcpy(&us, (const char *)slo + slo_fields[i].offset, sizeof(us));
-		put(o, slo_fields[i].key, us % 1000 ? json_real((double)us / 1000.0) : json_u64(us / 1000));
+		if (!us)
+			put(o, slo_fields[i].key, json_null());
+		else if (us % 1000)
+			put(o, slo_fields[i].key, json_real((double)us / 1000.0));
+		else
+			put(o, slo_fields[i].key, json_u64(us / 1000));
 	}
 	return o;
 }

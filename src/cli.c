@@ -45,6 +45,7 @@ static void usage(FILE *out)
 		"      --flush-interval DUR    how often stats reach the store (default 1s)\n"
 		"      --slo-ttft DUR          goodput: time to first token at most (default 2s)\n"
 		"      --slo-tpot DUR          goodput: time per output token at most (default 100ms)\n"
+		"      --slo-itl DUR           goodput: longest gap between tokens at most (default: not checked)\n"
 		"      --log-level LEVEL       error, warn, info or debug (default info)\n"
 		"      --check-data            read every record in --data-dir, report, and exit\n"
 		"      --admin ADDR:PORT|off   admin API: stats, /metrics, reset (default 127.0.0.1:9901)\n"
@@ -70,6 +71,7 @@ enum {
 	OPT_FLUSH_INTERVAL,
 	OPT_SLO_TTFT,
 	OPT_SLO_TPOT,
+	OPT_SLO_ITL,
 	OPT_CHECK_DATA,
 	OPT_ADMIN,
 	OPT_ADMIN_TOKEN_FILE,
@@ -95,6 +97,7 @@ static const struct option opts[] = {
 	{ "flush-interval", required_argument, NULL, OPT_FLUSH_INTERVAL },
 	{ "slo-ttft", required_argument, NULL, OPT_SLO_TTFT },
 	{ "slo-tpot", required_argument, NULL, OPT_SLO_TPOT },
+	{ "slo-itl", required_argument, NULL, OPT_SLO_ITL },
 	{ "check-data", no_argument, NULL, OPT_CHECK_DATA },
 	{ "admin", required_argument, NULL, OPT_ADMIN },
 	{ "admin-token-file", required_argument, NULL, OPT_ADMIN_TOKEN_FILE },
@@ -212,14 +215,16 @@ static int apply_flags(int argc, char **argv, struct config *cfg, struct out *o)
 		case OPT_IDLE_TIMEOUT:
 		case OPT_FLUSH_INTERVAL:
 		case OPT_SLO_TTFT:
-		case OPT_SLO_TPOT: {
+		case OPT_SLO_TPOT:
+		case OPT_SLO_ITL: {
 			uint64_t *dst = c == OPT_HEADER_TIMEOUT	      ? &cfg->header_timeout_ms
 					: c == OPT_CONNECT_TIMEOUT    ? &cfg->connect_timeout_ms
 					: c == OPT_FIRST_BYTE_TIMEOUT ? &cfg->first_byte_timeout_ms
 					: c == OPT_IDLE_TIMEOUT	      ? &cfg->idle_timeout_ms
 					: c == OPT_FLUSH_INTERVAL     ? &cfg->flush_ms
 					: c == OPT_SLO_TTFT	      ? &cfg->slo_ttft_ms
-								      : &cfg->slo_tpot_ms;
+					: c == OPT_SLO_TPOT	      ? &cfg->slo_tpot_ms
+								      : &cfg->slo_itl_ms;
 			if (config_parse_duration_ms(optarg, dst) == -1 || *dst == 0)
 				return bad_value(o, flag, optarg, "a positive duration such as 300ms or 5s");
 			break;

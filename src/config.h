@@ -106,6 +106,7 @@ struct config {
 	unsigned max_models;  /* distinct models per route and upstream */
 	uint64_t slo_ttft_ms; /* goodput thresholds */
 	uint64_t slo_tpot_ms;
+	uint64_t slo_itl_ms;   /* the longest gap between tokens; 0: not checked */
 	uint64_t cold_idle_ms; /* an upstream idle this long serves cold */
 	uint64_t minute_retention_s;
 	uint64_t hour_retention_s;

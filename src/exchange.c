@@ -210,7 +210,6 @@ static void request_connect(struct request *req)
 		client_fail(cl, 502, REQ_ERR_CONNECT_FAILED, "upstream_unreachable", msg);
 		return;
 	}
-	req->inflight = upstream_inflight(req->up);
 	req->cold = upstream_dispatch_cold(req->up, reused, now);
 	request_bind(req, req->uc);
 	req->reused = reused;
@@ -247,6 +246,11 @@ static void request_admit(struct request *req)
 {
 	char msg[200];
 
+	/* The load this request meets, sampled as it is routed, before any
+	 * wait: those running on the upstream and those queued for it, and
+	 * itself. Sampled after the queue instead, every queued request would
+	 * see max_concurrency at most. */
+	req->inflight = upstream_inflight(req->up) + upstream_waiting(req->up) + 1;
 	req->waiter.ready = on_admitted;
 	switch (upstream_admit(req->up, &req->waiter)) {
 	case ADMIT_NOW:

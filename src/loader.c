@@ -385,6 +385,7 @@ DURATION_FIELD(f_t_pool_idle, pool_idle_timeout_ms)
 DURATION_FIELD(f_t_grace, shutdown_grace_ms)
 DURATION_FIELD(f_slo_ttft, slo_ttft_ms)
 DURATION_FIELD(f_slo_tpot, slo_tpot_ms)
+DURATION_FIELD(f_slo_itl, slo_itl_ms)
 
 static void f_timeouts(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
@@ -403,7 +404,9 @@ static void f_timeouts(struct load *l, yaml_node_t *v, const char *key, void *o)
 
 static void f_slo(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
-	static const struct field fields[] = { { "ttft", f_slo_ttft }, { "tpot", f_slo_tpot }, { NULL, NULL } };
+	static const struct field fields[] = {
+		{ "ttft", f_slo_ttft }, { "tpot", f_slo_tpot }, { "itl", f_slo_itl }, { NULL, NULL }
+	};
 	walk(l, v, key, fields, o);
 }
 

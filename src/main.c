@@ -148,6 +148,7 @@ static void warn_fixed(const struct config *boot, const struct config *next)
 	} fixed[] = {
 		{ "slo.ttft", boot->slo_ttft_ms != next->slo_ttft_ms },
 		{ "slo.tpot", boot->slo_tpot_ms != next->slo_tpot_ms },
+		{ "slo.itl", boot->slo_itl_ms != next->slo_itl_ms },
 		{ "store.flush_interval", boot->flush_ms != next->flush_ms },
 		{ "store.minute_retention", boot->minute_retention_s != next->minute_retention_s },
 		{ "store.hour_retention", boot->hour_retention_s != next->hour_retention_s },
@@ -295,6 +296,7 @@ int main(int argc, char **argv)
 	env.max_models = boot.max_models;
 	env.slo.ttft_us = boot.slo_ttft_ms * 1000;
 	env.slo.tpot_us = boot.slo_tpot_ms * 1000;
+	env.slo.itl_us = boot.slo_itl_ms * 1000;
 	env.flush_ms = boot.flush_ms;
 	env.reuseport = nworkers > 1;
 	env.clients = &clients;

@@ -38,6 +38,7 @@ struct mirror {
 	bool detached, body_complete;
 	uint64_t now;
 	uint64_t itl_run_gap, itl_run_n; /* equal ITL gaps not yet recorded */
+	unsigned inflight;		 /* requests on the upstream when admitted, this one included */
 };
 
 static void timer_set(struct mirror *m, enum mirror_timer kind, uint64_t ms)
@@ -57,7 +58,7 @@ static struct series *mirror_series(struct mirror *m)
 static void mirror_flush_itl(struct mirror *m)
 {
 	if (m->itl_run_n)
-		stats_record_itl_n(mirror_series(m), m->itl_run_gap, upstream_inflight(m->up), m->itl_run_n);
+		stats_record_itl_n(mirror_series(m), m->itl_run_gap, m->inflight, m->itl_run_n);
 	m->itl_run_n = 0;
 }
 
@@ -68,7 +69,7 @@ static void mirror_end(struct mirror *m, enum req_error err, bool record)
 	if (err != REQ_ERR_NONE && m->rec.error == REQ_ERR_NONE)
 		m->rec.error = err;
 	if (record) {
-		stats_record_request(mirror_series(m), &m->rec, upstream_inflight(m->up));
+		stats_record_request(mirror_series(m), &m->rec, m->inflight);
 		if (m->rec.error != REQ_ERR_NONE)
 			m->up->errors[m->rec.error]++;
 		m->up->requests++;
@@ -257,6 +258,7 @@ struct mirror *mirror_start(const struct mirror_env *env, struct upstream *up, c
 		return NULL;
 	}
 	m->env = *env;
+	m->inflight = upstream_inflight(up); /* a shadow never queues: admitted on arrival */
 	upstream_ref(up);
 	if (env->list) {
 		m->next = env->list->head;

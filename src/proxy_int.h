@@ -120,7 +120,8 @@ struct request {
 	bool reused;		 /* uc came from the pool */
 	bool retried;		 /* a replay already happened */
 	struct evbuffer *replay; /* the whole request, kept while a pooled connection may turn out dead */
-	unsigned inflight;	 /* requests in flight to the upstream at dispatch, this one included */
+	unsigned inflight; /* requests running on or queued for the upstream when it was routed there, this one included
+			    */
 	bool cold;
 	struct series *series; /* resolved once route, upstream and model are known */
 	/* ITL gaps not yet in the series: a run of equal ones (the events of

@@ -129,14 +129,16 @@ void slice_record_request(struct slice *s, const struct req_record *r, unsigned 
 	if (r->usage.input_tokens >= 0)
 		record_us(s, SLOT_PROMPT(log2_bucket((uint64_t)r->usage.input_tokens, PROMPT_BUCKETS)), m[RM_TTFT]);
 
-	/* Goodput: a streamed request with tokens meets the SLO when its ttft
-	 * and its mean inter-token time are both within bounds; a failed one
-	 * misses it; non-streamed successes are judged by neither. */
+	/* Goodput: a streamed request with tokens meets the SLO when its ttft,
+	 * its mean inter-token time and (when set) its longest inter-token gap
+	 * are all within bounds; a failed one misses it; non-streamed successes
+	 * are judged by none. */
 	if (r->error != REQ_ERR_NONE || r->status >= 500) {
 		s->counters[CT_SLO_MISSED]++;
 	} else if (!isnan(m[RM_TTFT])) {
 		bool ok = m[RM_TTFT] * 1000.0 <= (double)slo->ttft_us &&
-			  (isnan(m[RM_TPOT]) || m[RM_TPOT] * 1000.0 <= (double)slo->tpot_us);
+			  (isnan(m[RM_TPOT]) || m[RM_TPOT] * 1000.0 <= (double)slo->tpot_us) &&
+			  (!slo->itl_us || r->itl_total == 0 || r->itl_max <= slo->itl_us * 1000);
 		s->counters[ok ? CT_SLO_MET : CT_SLO_MISSED]++;
 	}
 }

@@ -86,6 +86,7 @@ struct slice {
 struct slo {
 	uint64_t ttft_us;
 	uint64_t tpot_us;
+	uint64_t itl_us; /* the longest gap between token events; 0: not checked */
 };
 
 const char *hist_metric_name(enum hist_metric m);
@@ -106,15 +107,17 @@ struct hist *slice_hist(struct slice *s, unsigned slot);
  * flight to the upstream when it arrived, itself included. */
 void slice_record_request(struct slice *s, const struct req_record *r, unsigned inflight, const struct slo *slo);
 
-/* Records `n` ITL gaps of the same length. */
+/* Records `n` ITL gaps of the same length, in µs rounded to nearest as
+ * every other duration is (and as the access log prints them). */
 static inline void slice_record_itl_n(struct slice *s, uint64_t gap_ns, unsigned inflight, uint64_t n)
 {
 	struct hist *h = slice_hist(s, HM_ITL);
 	struct hist *c = slice_hist(s, SLOT_CURVE(CURVE_ITL, log2_bucket(inflight, INFLIGHT_BUCKETS)));
+	uint64_t us = (gap_ns + 500) / 1000;
 	if (h)
-		hist_record_n(h, gap_ns / 1000, n);
+		hist_record_n(h, us, n);
 	if (c)
-		hist_record_n(c, gap_ns / 1000, n);
+		hist_record_n(c, us, n);
 }
 
 /* Records one ITL gap. */

@@ -5,10 +5,20 @@
  * request holding a series pointer never sees it freed. A series' slice is
  * cleared in place at each flush, keeping its histograms allocated: in steady
  * state recording allocates nothing.
+ *
+ * The model cap is the process's, per route: which model names a route
+ * tracks is kept once for all workers and upstreams, and consulted only
+ * when a shard meets a series key it has not seen. It is read without a
+ * lock (the lists only grow, and each name is written before the count
+ * that covers it is published); models_lock is taken only to admit a new
+ * name, so a request for a known series, or for a model refused because
+ * the route is full, never takes it.
  */
 #include "stats.h"
 
 #include <event2/event.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -27,12 +37,22 @@ struct series {
 	struct series *next_in_bucket;
 };
 
-/* Models seen per (route, upstream), for the cap. Copies of the names:
- * a reload frees the configuration they came from. */
-struct model_count {
-	char *route, *upstream;
-	unsigned n;
+/* The models a route tracks, for the cap; one list per route for the whole
+ * process. Copies of the names: a reload frees the configuration they came
+ * from. Kept until exit, as a shard keeps its series. Written under
+ * models_lock, read without it: `route`, `cap`, `names` (the array) and
+ * `next` never change once the entry is published, names[i] never once
+ * `n` covers it. */
+struct route_models {
+	char *route;
+	char **names; /* cap slots */
+	unsigned cap;
+	_Atomic unsigned n;
+	struct route_models *next;
 };
+
+static pthread_mutex_t models_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic(struct route_models *) route_models;
 
 #define SERIES_BUCKETS 256
 
@@ -42,8 +62,6 @@ struct stats_shard {
 	unsigned max_models;
 	struct series *buckets[SERIES_BUCKETS];
 	struct series *dirty;
-	struct model_count *mc;
-	size_t n_mc;
 	struct event *timer;
 	uint64_t flush_ms;
 };
@@ -115,31 +133,63 @@ static struct series *insert(struct stats_shard *sh, const char *key, size_t len
 	return s;
 }
 
-/* True when one more model may be tracked for (route, upstream). */
-static bool model_admit(struct stats_shard *sh, const char *route, const char *upstream)
+static struct route_models *route_find(const char *route)
 {
-	struct model_count *m = NULL;
+	struct route_models *r = atomic_load_explicit(&route_models, memory_order_acquire);
+	while (r && strcmp(r->route, route) != 0)
+		r = r->next;
+	return r;
+}
 
-	for (size_t i = 0; i < sh->n_mc; i++)
-		if (strcmp(sh->mc[i].route, route) == 0 && strcmp(sh->mc[i].upstream, upstream) == 0)
-			m = &sh->mc[i];
-	if (!m) {
-		struct model_count *p = realloc(sh->mc, (sh->n_mc + 1) * sizeof(*p));
-		char *r = strdup(route), *u = strdup(upstream);
-		if (p)
-			sh->mc = p;
-		if (!p || !r || !u) {
-			free(r);
-			free(u);
-			return false;
-		}
-		m = &sh->mc[sh->n_mc++];
-		*m = (struct model_count){ r, u, 0 };
+/* True when `model` is among r's first n names. */
+static bool route_has(const struct route_models *r, unsigned n, const char *model)
+{
+	for (unsigned i = 0; i < n; i++)
+		if (strcmp(r->names[i], model) == 0)
+			return true;
+	return false;
+}
+
+/* True when `model` is tracked for `route`: already one of its models, or
+ * admitted now under the cap. */
+static bool model_admit(struct stats_shard *sh, const char *route, const char *model)
+{
+	struct route_models *r = route_find(route);
+	unsigned n;
+	bool ok = false;
+
+	if (r) {
+		n = atomic_load_explicit(&r->n, memory_order_acquire);
+		if (route_has(r, n, model))
+			return true;
+		if (n >= r->cap)
+			return false; /* full: refused without the lock */
 	}
-	if (m->n >= sh->max_models)
-		return false;
-	m->n++;
-	return true;
+	pthread_mutex_lock(&models_lock);
+	if (!(r = route_find(route)) && (r = calloc(1, sizeof(*r)))) {
+		r->route = strdup(route);
+		r->cap = sh->max_models;
+		r->names = r->cap ? calloc(r->cap, sizeof(*r->names)) : NULL;
+		if (!r->route || (r->cap && !r->names)) {
+			free(r->route);
+			free(r->names);
+			free(r);
+			r = NULL;
+		} else {
+			r->next = atomic_load_explicit(&route_models, memory_order_relaxed);
+			atomic_store_explicit(&route_models, r, memory_order_release);
+		}
+	}
+	if (r) {
+		n = atomic_load_explicit(&r->n, memory_order_relaxed);
+		ok = route_has(r, n, model);
+		if (!ok && n < r->cap && (r->names[n] = strdup(model))) {
+			atomic_store_explicit(&r->n, n + 1, memory_order_release);
+			ok = true;
+		}
+	}
+	pthread_mutex_unlock(&models_lock);
+	return ok;
 }
 
 struct series *stats_series(struct stats_shard *sh, const char *route, const char *upstream, const char *model,
@@ -160,12 +210,13 @@ struct series *stats_series(struct stats_shard *sh, const char *route, const cha
 	hash = fnv1a(key, len);
 	if ((s = lookup(sh, key, len, hash)))
 		return s;
-	/* A new model: admitted under the cap (counted once for warm and cold
-	 * alike), else folded into "other". */
+	/* A new series: its model admitted under the route's cap (counted once
+	 * for warm and cold, every upstream and every worker), else folded into
+	 * "other". */
 	char other[SERIES_KEY_MAX];
 	size_t olen = key_build(other, route, upstream, model, !cold);
 	bool known = olen && lookup(sh, other, olen, fnv1a(other, olen));
-	if (!known && strcmp(model, SERIES_MODEL_OTHER) != 0 && !model_admit(sh, route, upstream)) {
+	if (!known && strcmp(model, SERIES_MODEL_OTHER) != 0 && !model_admit(sh, route, model)) {
 		len = key_build(key, route, upstream, SERIES_MODEL_OTHER, cold);
 		hash = fnv1a(key, len);
 		if ((s = lookup(sh, key, len, hash)))
@@ -285,10 +336,5 @@ void stats_shard_free(struct stats_shard *sh)
 			free(s);
 		}
 	}
-	for (size_t i = 0; i < sh->n_mc; i++) {
-		free(sh->mc[i].route);
-		free(sh->mc[i].upstream);
-	}
-	free(sh->mc);
 	free(sh);
 }

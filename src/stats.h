@@ -7,9 +7,9 @@
  * the worker's loop encodes every dirty slice, hands the batch to the store
  * (one lock hand-off per interval) and clears the slices in place.
  *
- * The number of models per (route, upstream) is capped: past the cap a
- * request is recorded under the model "other", so clients cannot grow memory
- * by inventing model names.
+ * The number of models per route is capped for the whole process (every
+ * upstream and worker): past the cap a request is recorded under the model
+ * "other", so clients cannot grow memory by inventing model names.
  */
 #pragma once
 

@@ -917,39 +917,90 @@ static int check_rc(int rc, const char *what, char *err, size_t errlen)
 	return rc;
 }
 
+/* Refuses an environment that some other program wrote: tokentap neither
+ * writes to it nor moves it. */
+static void say_foreign(struct store *st, const char *what, char *err, size_t errlen)
+{
+	snprintf(err, errlen,
+		 "store: %s/data.mdb is an LMDB database but not a tokentap store (%s); tokentap leaves it as it "
+		 "is: choose another --data-dir, or move it aside",
+		 st->dir, what);
+}
+
+/* True when the environment holds nothing: no record, no named database. */
+static int env_empty(MDB_txn *txn, bool *empty)
+{
+	MDB_dbi main;
+	MDB_cursor *cur;
+	MDB_val k, v;
+	int rc;
+
+	if ((rc = mdb_dbi_open(txn, NULL, 0, &main)) != 0 || (rc = mdb_cursor_open(txn, main, &cur)) != 0)
+		return rc;
+	rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
+	mdb_cursor_close(cur);
+	*empty = rc == MDB_NOTFOUND;
+	return rc == MDB_NOTFOUND ? 0 : rc;
+}
+
+/* Opens tokentap's databases, writing the layout record into a new store,
+ * and reads the series ids. A store in another tokentap layout, and an
+ * environment that is not tokentap's at all, are refused unchanged. */
 static int load_layout(struct store *st, char *err, size_t errlen)
 {
 	MDB_txn *txn;
 	MDB_cursor *cur;
 	MDB_val k, v;
+	bool empty = false;
 	int rc;
 
 	if (check_rc(mdb_txn_begin(st->env, NULL, 0, &txn), "begin", err, errlen))
 		return -1;
-	if (check_rc(mdb_dbi_open(txn, "meta", MDB_CREATE, &st->dbi_meta), "open meta", err, errlen) ||
-	    check_rc(mdb_dbi_open(txn, "series", MDB_CREATE, &st->dbi_series), "open series", err, errlen) ||
-	    check_rc(mdb_dbi_open(txn, "series_by_id", MDB_CREATE, &st->dbi_by_id), "open series_by_id", err, errlen) ||
-	    check_rc(mdb_dbi_open(txn, "slices", MDB_CREATE, &st->dbi_slices), "open slices", err, errlen))
-		goto fail;
-
 	k.mv_data = "layout";
 	k.mv_size = 6;
-	rc = mdb_get(txn, st->dbi_meta, &k, &v);
+	rc = mdb_dbi_open(txn, "meta", 0, &st->dbi_meta);
 	if (rc == MDB_NOTFOUND) {
+		/* A new store, unless something else lives here. */
+		if (check_rc(env_empty(txn, &empty), "read the database", err, errlen))
+			goto fail;
+		if (!empty) {
+			say_foreign(st, "it has records but no tokentap layout record", err, errlen);
+			goto fail;
+		}
 		v.mv_data = STORE_LAYOUT;
 		v.mv_size = strlen(STORE_LAYOUT);
-		if (check_rc(mdb_put(txn, st->dbi_meta, &k, &v, 0), "write layout", err, errlen))
+		if (check_rc(mdb_dbi_open(txn, "meta", MDB_CREATE, &st->dbi_meta), "open meta", err, errlen) ||
+		    check_rc(mdb_put(txn, st->dbi_meta, &k, &v, 0), "write layout", err, errlen))
 			goto fail;
+	} else if (rc == MDB_INCOMPATIBLE) {
+		say_foreign(st, "its 'meta' is a record, not a database", err, errlen);
+		goto fail;
+	} else if (check_rc(rc, "open meta", err, errlen)) {
+		goto fail;
+	} else if ((rc = mdb_get(txn, st->dbi_meta, &k, &v)) == MDB_NOTFOUND) {
+		say_foreign(st, "its meta database has no layout record", err, errlen);
+		goto fail;
 	} else if (rc) {
 		check_rc(rc, "read layout", err, errlen);
 		goto fail;
 	} else if (v.mv_size != strlen(STORE_LAYOUT) || memcmp(v.mv_data, STORE_LAYOUT, v.mv_size) != 0) {
-		snprintf(err, errlen,
-			 "store: %s holds stats in layout '%.*s', but this tokentap reads '%s'; move the directory "
-			 "aside or choose another --data-dir",
-			 st->dir, (int)(v.mv_size > 64 ? 64 : v.mv_size), (const char *)v.mv_data, STORE_LAYOUT);
+		char what[128];
+		int n = (int)(v.mv_size > 64 ? 64 : v.mv_size);
+		if (v.mv_size < 15 || memcmp(v.mv_data, "tokentap-stats-", 15) != 0) {
+			snprintf(what, sizeof(what), "its layout record says '%.*s'", n, (const char *)v.mv_data);
+			say_foreign(st, what, err, errlen);
+		} else {
+			snprintf(err, errlen,
+				 "store: %s holds stats in layout '%.*s', but this tokentap reads '%s'; move the "
+				 "directory aside or choose another --data-dir",
+				 st->dir, n, (const char *)v.mv_data, STORE_LAYOUT);
+		}
 		goto fail;
 	}
+	if (check_rc(mdb_dbi_open(txn, "series", MDB_CREATE, &st->dbi_series), "open series", err, errlen) ||
+	    check_rc(mdb_dbi_open(txn, "series_by_id", MDB_CREATE, &st->dbi_by_id), "open series_by_id", err, errlen) ||
+	    check_rc(mdb_dbi_open(txn, "slices", MDB_CREATE, &st->dbi_slices), "open slices", err, errlen))
+		goto fail;
 	if (check_rc(mdb_cursor_open(txn, st->dbi_series, &cur), "cursor", err, errlen))
 		goto fail;
 	while ((rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) == 0) {
@@ -1046,6 +1097,18 @@ struct store *store_open(const struct store_options *o, char *err, size_t errlen
 	pthread_cond_init(&st->q_done, NULL);
 
 	if (o->dir) {
+		/* The 24h window reads minute slices and the 7d window hour slices:
+		 * shorter retention quietly shortens them. */
+		if (o->minute_retention_s < 24 * 3600)
+			log_warn(
+				"store: store.minute_retention is %llu s, under 24 h: the 24h window shows only that "
+				"much",
+				(unsigned long long)o->minute_retention_s);
+		if (o->hour_retention_s < WEEK_HOURS * 3600)
+			log_warn(
+				"store: store.hour_retention is %llu s, under 7 days: the 7d window shows only that "
+				"much",
+				(unsigned long long)o->hour_retention_s);
 		st->dir = strdup(o->dir);
 		if (mkdir(st->dir, 0750) == -1 && errno != EEXIST) {
 			snprintf(err, errlen, "store: cannot create data directory %s: %s", st->dir, strerror(errno));

@@ -29,9 +29,13 @@
 struct up_share {
 	char *key; /* name, NUL, url */
 	size_t keylen;
-	unsigned refs;				   /* under shares_lock */
-	_Atomic unsigned active;		   /* admitted requests, all workers */
-	_Atomic unsigned queued;		   /* waiting requests, all workers */
+	unsigned refs;		 /* under shares_lock */
+	_Atomic unsigned active; /* admitted requests, all workers */
+	_Atomic unsigned queued; /* waiting requests, all workers */
+	/* for labelling cold requests: the server's, not one worker's */
+	_Atomic uint64_t completed;		   /* exchanges that got a response */
+	_Atomic uint64_t last_done_ns;		   /* when the last one ended */
+	_Atomic bool failing;			   /* the last connect attempt failed */
 	struct upstream *members[WORKERS_MAX * 4]; /* under shares_lock: whom to wake */
 	unsigned nmembers;
 	LIST_ENTRY(up_share) link;
@@ -577,23 +581,28 @@ struct upconn *upstream_connect_new(struct upstream *up)
 
 bool upstream_dispatch_cold(const struct upstream *up, bool reused, uint64_t now_ns)
 {
+	struct up_share *s = up->share;
+
 	if (reused)
 		return false;
-	if (up->completed == 0 || up->failing)
+	if (atomic_load_explicit(&s->completed, memory_order_relaxed) == 0 ||
+	    atomic_load_explicit(&s->failing, memory_order_relaxed))
 		return true;
-	/* in_flight counts this request: nothing else ran meanwhile */
-	return up->active <= 1 && now_ns - up->last_done_ns > up->cold_idle_ms * 1000000u;
+	/* active counts this request: nothing else ran meanwhile, in any worker */
+	return atomic_load_explicit(&s->active, memory_order_relaxed) <= 1 &&
+	       now_ns - atomic_load_explicit(&s->last_done_ns, memory_order_relaxed) > up->cold_idle_ms * 1000000u;
 }
 
 void upstream_note_result(struct upstream *up, bool responded, uint64_t now_ns)
 {
+	struct up_share *s = up->share;
+
+	up->failing = !responded;
 	if (responded) {
-		up->completed++;
-		up->last_done_ns = now_ns;
-		up->failing = false;
-	} else {
-		up->failing = true;
+		atomic_fetch_add_explicit(&s->completed, 1, memory_order_relaxed);
+		atomic_store_explicit(&s->last_done_ns, now_ns, memory_order_relaxed);
 	}
+	atomic_store_explicit(&s->failing, !responded, memory_order_relaxed);
 }
 
 void upstream_release(struct upconn *c, bool reusable)

@@ -98,10 +98,7 @@ struct upstream {
 	unsigned n_idle;
 	unsigned in_flight; /* connections handed out and not yet released */
 	uint64_t opened, reused;
-	/* for labelling cold requests */
-	uint64_t completed;    /* exchanges that got a response */
-	uint64_t last_done_ns; /* when the last one ended */
-	bool failing;	       /* the last connect attempt failed */
+	bool failing; /* this worker's last connect attempt failed (cold labels use the share's) */
 };
 
 /* Parses the url (http://host[:port][/]) and resolves it. NULL with a
@@ -235,7 +232,10 @@ void upconn_set_direct(struct upconn *c, const struct upconn_direct *d, void *ar
 
 /* Whether a request dispatched now runs cold: on a freshly opened
  * connection while the upstream has served nothing yet in this process,
- * has been idle for cfg->cold_idle_ms, or was failing. */
+ * has been idle for cfg->cold_idle_ms, or was failing. The state is the
+ * server's, shared by every worker's copy of the upstream (struct up_share,
+ * atomics): a worker's first request to a server others have kept busy is
+ * warm. */
 bool upstream_dispatch_cold(const struct upstream *up, bool reused, uint64_t now_ns);
 
 /* Notes how an exchange ended, for upstream_dispatch_cold. */

@@ -6,7 +6,11 @@
  *     and over 10M values uniform in 1 µs .. 10 s (more cache misses);
  *   - hist_quantile() (p99), hist_encode() and hist_decode_merge() on a
  *     typical histogram of 100k log-normal latencies;
- *   - hist_merge() of two such histograms.
+ *   - hist_merge() of two such histograms;
+ *   - what a request costs its series: one ITL gap recorded
+ *     (slice_record_itl: the ITL histogram and its load-curve bucket), and
+ *     a finished request recorded (slice_record_request: counters and about
+ *     a dozen histograms), into a slice whose histograms already exist.
  * Prints ns/op. Not a test: run it by hand.
  */
 #include <math.h>
@@ -16,6 +20,8 @@
 #include <time.h>
 
 #include "hist.h"
+#include "slice.h"
+#include "timeline.h"
 
 #define N_RECORD 10000000
 #define N_TYPICAL 100000
@@ -60,6 +66,54 @@ static double bench_record(const uint64_t *v, size_t n)
 	sink = h->count + h->sum + h->buckets[hist_index(v[0])];
 	free(h);
 	return (t1 - t0) / (double)n;
+}
+
+/* slice_record_itl and slice_record_request per call, over varied values
+ * and in-flight counts; *itl_ns gets the former. */
+static double bench_request(uint64_t *seed, double *itl_ns)
+{
+	static const struct slo slo = { 2000000, 100000, 0 };
+	enum { REPS = 1000000, VALS = 1024 };
+	uint64_t vals[VALS];
+	struct slice sl;
+	struct req_record r;
+	uint64_t t, gap;
+
+	for (int i = 0; i < VALS; i++)
+		vals[i] = lognormal_us(seed);
+	memset(&sl, 0, sizeof(sl));
+	memset(&r, 0, sizeof(r));
+	r.usage.input_tokens = 800;
+	r.usage.output_tokens = 256;
+	r.status = 200;
+	r.at[TL_ARRIVE] = 1000000;
+	r.at[TL_REQ_HEADERS] = r.at[TL_DISPATCH] = r.at[TL_UP_CONNECTED] = r.at[TL_ARRIVE] + 20000;
+	r.at[TL_REQ_SENT] = r.at[TL_DISPATCH] + 30000;
+	r.at[TL_RESP_HEADERS] = r.at[TL_REQ_SENT] + 300000;
+	t = r.at[TL_ARRIVE] + 180000000;
+	for (int i = 0; i < 256; i++, t += 22000000)
+		record_token_event(&r, t, &gap);
+	r.at[TL_RESP_END] = r.at[TL_CLIENT_DONE] = t;
+	for (int i = 0; i < VALS; i++) { /* allocate every histogram first */
+		slice_record_itl(&sl, vals[i] * 100, 1u + (unsigned)(i & 31));
+		slice_record_request(&sl, &r, 1u + (unsigned)(i & 31), &slo);
+	}
+
+	double t0 = now_ns();
+	for (int i = 0; i < REPS; i++)
+		slice_record_itl(&sl, vals[i & (VALS - 1)] * 100, 1u + (unsigned)(i & 31));
+	*itl_ns = (now_ns() - t0) / REPS;
+
+	uint64_t first = r.at[TL_FIRST_TOKEN];
+	t0 = now_ns();
+	for (int i = 0; i < REPS; i++) {
+		r.at[TL_FIRST_TOKEN] = first - vals[i & (VALS - 1)] % 100000 * 1000;
+		slice_record_request(&sl, &r, 1u + (unsigned)(i & 31), &slo);
+	}
+	double t_req = (now_ns() - t0) / REPS;
+	sink += sl.counters[CT_REQUESTS];
+	slice_release(&sl);
+	return t_req;
 }
 
 int main(void)
@@ -128,6 +182,9 @@ int main(void)
 	printf("hist_encode:                     %8.1f ns/op\n", t_enc);
 	printf("hist_decode_merge:               %8.1f ns/op\n", t_dec);
 	printf("hist_merge:                      %8.1f ns/op\n", t_merge);
+	double t_itl, t_req = bench_request(&seed, &t_itl);
+	printf("slice_record_itl (one gap):      %8.1f ns/op\n", t_itl);
+	printf("slice_record_request:            %8.1f ns/op\n", t_req);
 	free(h);
 	free(h2);
 	free(d);

@@ -48,7 +48,7 @@ static double lognormal(double median, double sigma)
 
 static void minute_traffic(struct slice *sl, unsigned requests, unsigned tokens)
 {
-	static const struct slo slo = { 2000000, 100000 };
+	static const struct slo slo = { 2000000, 100000, 0 };
 	struct req_record r;
 
 	for (unsigned i = 0; i < requests; i++) {

@@ -14,9 +14,14 @@ missing or wrong token (longer, or as long and one bit off) and 403 for a
 cross-origin POST; a listener on 0.0.0.0 starts with a token from the
 environment or a file (and is reached over 127.0.0.1 only); /metrics never
 goes down across a reset; the dashboard page at / is served with a policy
-that forbids anything from elsewhere. Finally a restart: kill
+that forbids anything from elsewhere. The in-flight count of queued requests
+counts the queue ahead of them; goodput names its thresholds, and its itl
+threshold misses a stream with one long gap whose mean gap is fine
+(test_stats_accuracy compares every metric and window with the access log).
+Finally a restart: kill
 -9 after the data is flushed, start again on the same data dir, and the 1h
-window shows the same count and p50.
+window shows the same count and p50; and kill -9 in the middle of traffic
+loses at most the requests of one flush interval (plus commit slack).
 """
 
 import math
@@ -25,9 +30,12 @@ import re
 import shutil
 import signal
 import tempfile
+import threading
+import time
 import unittest
 
 import harness
+import routing_helpers as rh
 
 N = 30
 PATH = "/v1/chat/completions"
@@ -557,8 +565,9 @@ class AdminTokenTest(harness.TestCase):
 class AdminGoodputTest(harness.TestCase):
     def test_goodput_names_the_thresholds_it_was_judged_against(self):
         sim = harness.start_sim(self)
-        for args, want in ((("--slo-ttft", "750ms", "--slo-tpot", "40ms"), {"ttft_ms": 750, "tpot_ms": 40}),
-                           ((), {"ttft_ms": 2000, "tpot_ms": 100})):
+        for args, want in ((("--slo-ttft", "750ms", "--slo-tpot", "40ms", "--slo-itl", "250ms"),
+                            {"ttft_ms": 750, "tpot_ms": 40, "itl_ms": 250}),
+                           ((), {"ttft_ms": 2000, "tpot_ms": 100, "itl_ms": None})):
             with self.subTest(args=args):
                 tt = harness.start_tokentap(self, sim.url, "--data-dir", "off", "--flush-interval", "200ms",
                                             "--admin", "127.0.0.1:0", *args)
@@ -567,6 +576,107 @@ class AdminGoodputTest(harness.TestCase):
                 doc = wait_stats_count(self, port, 2, window="5m")
                 self.assertEqual(series_of(doc)["goodput"]["slo"], want)
                 tt.stop()
+
+
+def stall_handler(gaps_ms):
+    """A fake upstream streaming one token event, then one per gap."""
+    def handler(sock, req, fu):
+        harness.send_sse_head(sock)
+        for gap in [0] + list(gaps_ms):
+            time.sleep(gap / 1000.0)
+            harness.send_chunk(sock, b'data: {"choices":[{"index":0,"delta":{"content":"tok"}}]}\n\n')
+        harness.send_chunk(sock, b"data: [DONE]\n\n")
+        harness.send_chunk(sock, b"")
+        return True
+    return handler
+
+
+class InflightAtArrivalTest(harness.TestCase):
+    def test_inflight_counts_the_queue_at_arrival(self):
+        # One slot, four requests at once: each is routed while those before
+        # it run or wait, so the load curve sees 1, 2, 3 and 4 in flight,
+        # not 1 four times (what a sample taken after the queue would see).
+        sim = harness.start_sim(self)
+        tt = rh.start_conf(self, rh.upstreams_yaml({"u": sim.url}, {"u": ["max_concurrency: 1",
+                                                                         "queue: {max: 8, timeout: 10s}"]}),
+                           "--admin", "127.0.0.1:0", "--workers", "1")
+        port = admin_port(tt)
+        results = []
+
+        def one(i):
+            body = harness.api_body("openai-chat", stream=True, model="queue-model")
+            hdrs = harness.sim_headers(ttft=150, itl=1, tokens=2, request_id="q-%d" % i)
+            resp, _ = harness.exchange(tt.port, "POST", PATH, body=body, headers=hdrs)
+            results.append(resp and resp.status)
+
+        threads = []
+        for i in range(4):
+            threads.append(threading.Thread(target=one, args=(i,)))
+            threads[-1].start()
+            time.sleep(0.03)  # arrive in order, well within the first one's 150 ms
+        for t in threads:
+            t.join(10)
+        self.assertEqual(results, [200] * 4)
+        got = {}
+
+        def recent():
+            for e in admin_get(port, "/requests/recent?n=10").json()["requests"]:
+                got[e["id"]] = e["inflight"]
+            return len(got) >= 4
+
+        self.assertTrue(harness.wait_until(recent, 5.0, 0.05))
+        self.assertEqual(sorted(got.values()), [1, 2, 3, 4], got)
+
+
+class SloItlTest(harness.TestCase):
+    def goodput(self, port, model):
+        found = []
+
+        def check():
+            s = series_of(admin_get(port, "/stats?window=5m").json(), model)
+            found[:] = [s]
+            return s is not None and s["requests"] >= 1
+
+        self.assertTrue(harness.wait_until(check, 5.0, 0.05), "no series for %s" % model)
+        return found[0]["goodput"]
+
+    def test_one_long_gap_misses_the_itl_slo(self):
+        # Ten gaps, one of 300 ms: the mean (tpot, 30 ms) is within 100 ms,
+        # the longest gap is not within 200 ms. Ten even 20 ms gaps meet both.
+        stall = harness.start_fake_upstream(self, stall_handler([300] + [0] * 9))
+        even = harness.start_fake_upstream(self, stall_handler([20] * 10))
+        common = ("--admin", "127.0.0.1:0", "--flush-interval", "100ms", "--workers", "1")
+        for how in ("cli", "yaml"):
+            if how == "cli":
+                tt = harness.start_tokentap(self, stall.url, "--slo-itl", "200ms", "--slo-tpot", "100ms",
+                                            "--data-dir", "off", *common)
+            else:
+                tt = rh.start_conf(self, "slo:\n  itl: 200ms\n  tpot: 100ms\n" + rh.upstreams_yaml({"u": stall.url}),
+                                   *common)
+            port = admin_port(tt)
+            body = harness.api_body("openai-chat", stream=True, model="stall-model")
+            resp, _ = harness.exchange(tt.port, "POST", PATH, body=body)
+            self.assertEqual(resp.status, 200)
+            g = self.goodput(port, "stall-model")
+            self.assertEqual((g["slo_met"], g["slo_missed"], g["ratio"]), (0, 1, 0.0), how)
+            self.assertEqual(g["slo"]["itl_ms"], 200, how)
+            s = series_of(admin_get(port, "/stats?window=5m").json(), "stall-model")
+            self.assertLess(s["metrics"]["tpot"]["max_ms"], 100, "the mean gap is within the tpot SLO")
+            tt.stop()
+        # the same thresholds, even gaps: met
+        tt = harness.start_tokentap(self, even.url, "--slo-itl", "200ms", "--admin", "127.0.0.1:0",
+                                    "--flush-interval", "100ms", "--data-dir", "off")
+        body = harness.api_body("openai-chat", stream=True, model="even-model")
+        resp, _ = harness.exchange(tt.port, "POST", PATH, body=body)
+        self.assertEqual(resp.status, 200)
+        g = self.goodput(admin_port(tt), "even-model")
+        self.assertEqual((g["slo_met"], g["slo_missed"], g["ratio"]), (1, 0, 1.0))
+
+    def test_bad_slo_itl(self):
+        r = harness.run_cli(["--upstream", "http://127.0.0.1:9", "--slo-itl", "0", "--data-dir", "off"])
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--slo-itl", r.stderr)
+        self.assertIn("positive duration", r.stderr)
 
 
 class AdminRestartTest(harness.TestCase):
@@ -593,6 +703,59 @@ class AdminRestartTest(harness.TestCase):
         self.assertEqual(after["metrics"]["ttft"]["p50_ms"], before["metrics"]["ttft"]["p50_ms"])
         self.assertEqual(after["metrics"]["ttft"]["count"], N)
         self.assertEqual(after["output_tokens"], before["output_tokens"])
+
+    def test_kill_9_loses_at_most_one_flush_interval(self):
+        # Requests go on from four clients while tokentap is killed; after
+        # the restart, every request completed more than a flush interval
+        # (plus slack for the commit itself) before the kill is counted,
+        # and nothing is counted that was never sent.
+        flush_s, slack_s = 0.2, 0.3
+        d = tempfile.mkdtemp(prefix="tokentap-admin-loss-")
+        self.addCleanup(shutil.rmtree, d, True)
+        sim = harness.start_sim(self)
+        args = ("--data-dir", os.path.join(d, "data"), "--flush-interval", "200ms", "--admin", "127.0.0.1:0")
+        tt = harness.start_tokentap(self, sim.url, *args)
+        lock = threading.Lock()
+        sent, done = [0], []
+        stop = threading.Event()
+
+        def client(k):
+            i = 0
+            while not stop.is_set() and i < 2000:
+                body = harness.api_body("openai-chat", stream=True, model="loss-model")
+                hdrs = harness.sim_headers(ttft=2, itl=1, tokens=3, request_id="loss-%d-%d" % (k, i))
+                i += 1
+                with lock:
+                    sent[0] += 1
+                try:
+                    resp, _ = harness.exchange(tt.port, "POST", PATH, body=body, headers=hdrs, timeout=2)
+                except OSError:
+                    return
+                if resp is None or resp.status != 200:
+                    return
+                with lock:
+                    done.append(time.monotonic())
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(1.5)
+        killed = time.monotonic()
+        os.kill(tt.pid, signal.SIGKILL)
+        stop.set()
+        for t in threads:
+            t.join(10)
+        tt.proc.wait(5)
+        with lock:
+            safe = sum(1 for t in done if t < killed - flush_s - slack_s)
+            total = sent[0]
+        self.assertGreater(safe, 50, "too few requests before the kill to measure anything")
+
+        tt2 = harness.start_tokentap(self, sim.url, *args)
+        s = series_of(admin_get(admin_port(tt2), "/stats?window=all").json(), "loss-model")
+        self.assertIsNotNone(s, "series gone after the restart")
+        self.assertGreaterEqual(s["requests"], safe, "lost more than a flush interval (%d sent)" % total)
+        self.assertLessEqual(s["requests"], total)
 
 
 if __name__ == "__main__":

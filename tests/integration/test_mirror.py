@@ -108,6 +108,35 @@ class MirrorTest(harness.TestCase):
             return sum(se["metrics"]["itl"]["count"] for se in r.json()["series"])
         self.assertTrue(harness.wait_until(lambda: shadow_itl() == gaps, 5.0), (shadow_itl(), gaps))
 
+    def test_shadow_load_is_sampled_at_admission(self):
+        # A long shadow stream admitted alone, and a short one admitted
+        # while it runs: each one's gaps go to the in-flight bucket of its
+        # own admission (1 and 2), however the load changes while it runs.
+        shadow = harness.start_sim(self, "--model", "shadow")
+        tt, admin = self.start(shadow.url, 100)
+        body = rh.chat(stream=True)
+        plans = [("0", [("x-sim-ttft-ms", "50"), ("x-sim-itl-ms", "20"), ("x-sim-tokens", "10")]),
+                 ("0.12", [("x-sim-ttft-ms", "10"), ("x-sim-itl-ms", "10"), ("x-sim-tokens", "3")])]
+        threads = []
+        for delay, hdrs in plans:
+            threads.append(threading.Timer(float(delay), lambda h=hdrs: rh.send(tt.port, body, headers=h)))
+            threads[-1].start()
+        for t in threads:
+            t.join(5)
+        self.assertTrue(harness.wait_until(lambda: shadow.stats()["completed"] == 2, 5.0))
+        got = {}
+
+        def curve():
+            r, _ = harness.exchange(admin, "GET", "/stats/curve?window=5m&upstream=shadow")
+            got.clear()
+            for s in r.json()["series"]:
+                for b in s["buckets"]:
+                    got[b["inflight_low"]] = got.get(b["inflight_low"], 0) + b["itl"]["count"]
+            return sum(got.values()) == 9 + 2
+
+        self.assertTrue(harness.wait_until(curve, 5.0, 0.1), got)
+        self.assertEqual(got, {1: 9, 2: 2})
+
     def test_slow_mirror_leaves_primary_ttft_alone(self):
         shadow = harness.start_sim(self, "--ttft-ms", "400", "--itl-ms", "50", "--model", "shadow")
         tt, admin = self.start(shadow.url, 0)

@@ -122,7 +122,9 @@ class StoreFullTest(harness.TestCase):
         with the limit and without."""
         text = "listen: 127.0.0.1:0\n" + rh.upstreams_yaml({"sim": self.sim.url})
         if max_size is not None:
-            text += "store:\n  max_size: %s\n" % max_size
+            # fill_until_fault needs new series: more models than the
+            # route's cap of 32 would let in
+            text += "store:\n  max_size: %s\n  max_models: 1000\n" % max_size
         tt = rh.ConfTokentap(text, "--data-dir", data, "--flush-interval", "50ms", "--admin", "127.0.0.1:0",
                              header=False)
         self.addCleanup(lambda: harness._stop_and_check(tt))

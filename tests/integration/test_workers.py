@@ -150,6 +150,28 @@ class WorkersTest(harness.TestCase):
         # per worker of 3:1
         self.assertLessEqual(abs(got_a - n * 3 // 4), 2 * WORKERS, (got_a, got_b))
 
+    def test_model_cap_is_per_route_across_workers(self):
+        # store.max_models caps the named models of a route for the whole
+        # process: each worker, and each upstream of the route, draws from
+        # one budget; the rest count as "other".
+        sim = harness.start_sim(self, "--ttft-ms", "0", "--itl-ms", "0", "--tokens", "1")
+        tt, admin = self.start("store:\n  max_models: 3\n" + rh.upstreams_yaml({"a": sim.url, "b": sim.url}) + (
+            "routes:\n  - name: main\n    split:\n"
+            "      - {upstream: a, weight: 1}\n      - {upstream: b, weight: 1}\n"), "--flush-interval", "100ms")
+        n, models = 60, ["m%d" % i for i in range(10)]
+        for i in range(n):  # each on a connection of its own, so on either worker
+            self.assertEqual(rh.send(tt.port, rh.chat(model=models[i % len(models)])).status, 200)
+        stats = harness.wait_until(
+            lambda: (lambda s: s if sum(x["requests"] for x in s["series"]) >= n else None)(
+                get_json(admin, "/stats?window=5m")), 5.0, 0.1)
+        self.assertIsNotNone(stats, "the store never counted %d requests" % n)
+        self.assertEqual(sum(s["requests"] for s in stats["series"]), n)
+        self.assertEqual({s["route"] for s in stats["series"]}, {"main"})
+        named = {s["model"] for s in stats["series"]} - {"other"}
+        self.assertEqual(named, {"m0", "m1", "m2"}, stats["series"])
+        other = sum(s["requests"] for s in stats["series"] if s["model"] == "other")
+        self.assertEqual(other, n * 7 // 10)
+
     def test_reload_and_drain_reach_every_worker(self):
         a = harness.start_sim(self, "--ttft-ms", "0", "--itl-ms", "0", "--tokens", "1", "--model", "a")
         b = harness.start_sim(self, "--ttft-ms", "0", "--itl-ms", "30", "--tokens", "20", "--model", "b")

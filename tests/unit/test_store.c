@@ -18,7 +18,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -66,7 +69,7 @@ static void fake_request(struct req_record *r, uint64_t ttft_us, unsigned tokens
 	r->at[TL_CLIENT_DONE] = t;
 }
 
-static const struct slo test_slo = { 2000000, 100000 };
+static const struct slo test_slo = { 2000000, 100000, 0 };
 
 static void test_slice_encode_roundtrip(void **state)
 {
@@ -107,6 +110,28 @@ static void test_slice_encode_roundtrip(void **state)
 	free(blob);
 	slice_release(&a);
 	slice_release(&b);
+}
+
+/* ITL gaps are stored in µs rounded to nearest, as ttft and the rest are
+ * (and as the access log prints them), not rounded down. */
+static void test_itl_rounds_to_nearest(void **state)
+{
+	struct slice sl;
+	struct req_record r;
+
+	memset(&sl, 0, sizeof(sl));
+	slice_record_itl(&sl, 1999, 1);
+	slice_record_itl(&sl, 2499, 1);
+	slice_record_itl(&sl, 2500, 1);
+	assert_int_equal(sl.slot[HM_ITL]->min, 2);
+	assert_int_equal(sl.slot[HM_ITL]->max, 3);
+	assert_int_equal(sl.slot[HM_ITL]->sum, 2 + 2 + 3);
+	fake_request(&r, 1000, 4, 1000);
+	r.at[TL_FIRST_TOKEN] = r.at[TL_ARRIVE] + 1999; /* ttft 1.999 µs */
+	slice_record_request(&sl, &r, 1, &test_slo);
+	assert_int_equal(sl.slot[HM_TTFT]->max, 2);
+	record_release(&r);
+	slice_release(&sl);
 }
 
 static void test_log2_buckets(void **state)
@@ -264,6 +289,77 @@ static void test_foreign_layout_refused(void **state)
 	remove_dir(dir);
 }
 
+/* Writes one record into database `name` (NULL: the main one) of a new
+ * LMDB environment in `dir`. */
+static void lmdb_put_one(const char *dir, const char *name, const char *key, const char *val)
+{
+	MDB_env *env;
+	MDB_txn *txn;
+	MDB_dbi dbi;
+	MDB_val k = { strlen(key), (void *)key }, v = { strlen(val), (void *)val };
+
+	assert_int_equal(mdb_env_create(&env), 0);
+	mdb_env_set_maxdbs(env, 8);
+	assert_int_equal(mdb_env_open(env, dir, 0, 0640), 0);
+	assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+	assert_int_equal(mdb_dbi_open(txn, name, name ? MDB_CREATE : 0, &dbi), 0);
+	assert_int_equal(mdb_put(txn, dbi, &k, &v, 0), 0);
+	assert_int_equal(mdb_txn_commit(txn), 0);
+	mdb_env_close(env);
+}
+
+/* True when `dir`'s LMDB still has `key` in database `name` and no `meta`
+ * database was added (for name != "meta"). */
+static bool lmdb_untouched(const char *dir, const char *name, const char *key)
+{
+	MDB_env *env;
+	MDB_txn *txn;
+	MDB_dbi dbi;
+	MDB_val k = { strlen(key), (void *)key }, v;
+	bool ok;
+
+	assert_int_equal(mdb_env_create(&env), 0);
+	mdb_env_set_maxdbs(env, 8);
+	assert_int_equal(mdb_env_open(env, dir, MDB_RDONLY, 0640), 0);
+	assert_int_equal(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), 0);
+	ok = mdb_dbi_open(txn, name, 0, &dbi) == 0 && mdb_get(txn, dbi, &k, &v) == 0;
+	if (name && strcmp(name, "meta") != 0)
+		ok = ok && mdb_dbi_open(txn, "meta", 0, &dbi) == MDB_NOTFOUND;
+	mdb_txn_abort(txn);
+	mdb_env_close(env);
+	return ok;
+}
+
+/* Another program's LMDB in the data directory is refused, with a message
+ * that says so, and left as it was: not written to, not moved aside. */
+static void test_foreign_database_left_alone(void **state)
+{
+	static const struct {
+		const char *db, *key, *val;
+	} cases[] = {
+		{ "jobs", "job-1", "queued" },		/* named databases, no meta */
+		{ NULL, "plain-key", "plain-value" },	/* records in the main database */
+		{ "meta", "layout", "someone-else-1" }, /* a meta of its own */
+		{ "meta", "owner", "someone else" },	/* a meta without a layout */
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char *dir = make_dir(), err[512], path[600];
+		struct store_options o;
+		struct stat sb;
+
+		lmdb_put_one(dir, cases[i].db, cases[i].key, cases[i].val);
+		store_options_defaults(&o);
+		o.dir = dir;
+		assert_null(store_open(&o, err, sizeof(err)));
+		assert_non_null(strstr(err, "not a tokentap store"));
+		assert_non_null(strstr(err, dir));
+		snprintf(path, sizeof(path), "%s/data.mdb", dir);
+		assert_int_equal(stat(path, &sb), 0);
+		assert_true(lmdb_untouched(dir, cases[i].db, cases[i].key));
+		remove_dir(dir);
+	}
+}
+
 static void test_model_cap(void **state)
 {
 	struct stats_shard *sh = stats_shard_new(NULL, NULL, 2, &test_slo, 1000);
@@ -280,6 +376,16 @@ static void test_model_cap(void **state)
 	/* past the cap, new models fold into one "other" series */
 	assert_ptr_equal(c, d);
 	assert_ptr_equal(c, stats_series(sh, "r", "u", "other", false));
+	/* the cap is the route's, for every shard and upstream: another worker
+	 * names a and b, on any upstream, and folds c into "other" */
+	struct stats_shard *sh2 = stats_shard_new(NULL, NULL, 2, &test_slo, 1000);
+	struct series *o2 = stats_series(sh2, "r", "u2", "other", false);
+	assert_ptr_not_equal(stats_series(sh2, "r", "u2", "a", false), o2);
+	assert_ptr_not_equal(stats_series(sh2, "r", "u", "b", false), o2);
+	assert_ptr_equal(stats_series(sh2, "r", "u2", "c", false), o2);
+	/* another route has a budget of its own */
+	assert_ptr_not_equal(stats_series(sh2, "r2", "u", "c", false), stats_series(sh2, "r2", "u", "other", false));
+	stats_shard_free(sh2);
 	stats_shard_free(sh);
 }
 
@@ -337,6 +443,8 @@ static void test_prune_past_retention(void **state)
 	remove_dir(dir);
 }
 
+static size_t count_keys(struct store *st, char kind);
+
 static void test_map_full_grows(void **state)
 {
 	char *dir = make_dir();
@@ -360,7 +468,189 @@ static void test_map_full_grows(void **state)
 	}
 	store_sync(st);
 	assert_int_equal(total_requests(st, WIN_ALL, NULL, NULL), total);
+	/* Committed, not held in memory after a failed commit (which would
+	 * give the same totals): no fault, nothing held, the map grew and
+	 * LMDB has it, and every series has its minute, hour and all-time key. */
+	assert_int_equal(st->fault, 0);
+	assert_null(st->held_head);
+	assert_true(st->map_size > 64u << 10);
+	MDB_envinfo info;
+	assert_int_equal(mdb_env_info(st->env, &info), 0);
+	assert_int_equal(info.me_mapsize, st->map_size);
+	assert_int_equal(count_keys(st, 'm'), 120);
+	assert_int_equal(count_keys(st, 'h'), 120);
+	assert_int_equal(count_keys(st, 'a'), 120);
 	store_close(st);
+	/* and a fresh open reads it all back */
+	st = store_open(&o, err, sizeof(err));
+	assert_non_null(st);
+	assert_int_equal(total_requests(st, WIN_ALL, NULL, NULL), total);
+	store_close(st);
+	remove_dir(dir);
+}
+
+/* Each window holds exactly the batches inside it: 1m from the ring,
+ * 1h/24h from minute slices, 7d from hour slices, all from all-time. */
+static void test_window_boundaries(void **state)
+{
+	static const struct {
+		int64_t ago;
+		unsigned requests;
+	} at[] = { { 30, 1 }, { 120, 2 }, { 30 * 60, 4 }, { 2 * 3600, 8 }, { 2 * 86400, 16 }, { 10 * 86400, 32 } };
+	static const struct {
+		enum store_window w;
+		uint64_t want;
+	} windows[] = { { WIN_1M, 1 }, { WIN_5M, 3 }, { WIN_1H, 7 }, { WIN_24H, 15 }, { WIN_7D, 31 }, { WIN_ALL, 63 } };
+	char *dir = make_dir();
+	struct store_options o;
+	char err[256];
+	uint64_t now = (uint64_t)time(NULL);
+
+	store_options_defaults(&o);
+	o.dir = dir;
+	struct store *st = store_open(&o, err, sizeof(err));
+	assert_non_null(st);
+	for (size_t i = 0; i < sizeof(at) / sizeof(at[0]); i++)
+		store_submit(st, batch_at(now - (uint64_t)at[i].ago, "w", at[i].requests));
+	store_sync(st);
+	for (size_t i = 0; i < sizeof(windows) / sizeof(windows[0]); i++) {
+		uint64_t got = total_requests(st, windows[i].w, NULL, NULL);
+		if (got != windows[i].want)
+			fail_msg("window %s: %llu requests, want %llu", store_window_name(windows[i].w),
+				 (unsigned long long)got, (unsigned long long)windows[i].want);
+	}
+	store_close(st);
+	remove_dir(dir);
+}
+
+/* stderr into a file while `fn` runs; returns what was written (malloc). */
+static char *stderr_of(void (*fn)(void *), void *arg)
+{
+	char path[] = "/tmp/tokentap-test-stderr-XXXXXX";
+	int fd = mkstemp(path), saved = dup(2);
+	char *buf = calloc(1, 65536);
+
+	assert_true(fd != -1 && saved != -1 && buf);
+	fflush(stderr);
+	assert_int_equal(dup2(fd, 2), 2);
+	fn(arg);
+	fflush(stderr);
+	assert_int_equal(dup2(saved, 2), 2);
+	close(saved);
+	assert_true(pread(fd, buf, 65535, 0) >= 0);
+	close(fd);
+	unlink(path);
+	return buf;
+}
+
+struct open_call {
+	struct store_options o;
+	struct store *st;
+	char err[256];
+};
+
+static void open_store(void *arg)
+{
+	struct open_call *c = arg;
+	c->st = store_open(&c->o, c->err, sizeof(c->err));
+}
+
+/* A minute retention under 24 h, or an hour retention under 7 days, cuts
+ * the 24h or 7d window short: said once at open. */
+static void test_short_retention_warned(void **state)
+{
+	struct open_call c;
+	char *dir = make_dir(), *out;
+
+	store_options_defaults(&c.o);
+	c.o.dir = dir;
+	out = stderr_of(open_store, &c);
+	assert_non_null(c.st);
+	assert_null(strstr(out, "retention"));
+	store_close(c.st);
+	free(out);
+
+	c.o.minute_retention_s = 3600;
+	c.o.hour_retention_s = 2 * 86400;
+	out = stderr_of(open_store, &c);
+	assert_non_null(c.st);
+	assert_non_null(strstr(out, "store.minute_retention"));
+	assert_non_null(strstr(out, "24h window"));
+	assert_non_null(strstr(out, "store.hour_retention"));
+	assert_non_null(strstr(out, "7d window"));
+	store_close(c.st);
+	free(out);
+	remove_dir(dir);
+}
+
+/* Blocks in a child with the environment of `dir` open, optionally inside a
+ * read transaction; writes a byte to `ready` once there. */
+static pid_t lmdb_child(const char *dir, bool reading, int ready)
+{
+	pid_t pid = fork();
+	assert_true(pid != -1);
+	if (pid == 0) {
+		MDB_env *env;
+		prctl(PR_SET_PDEATHSIG, SIGKILL); /* a failed assertion ends the test without killing us */
+		MDB_txn *txn;
+		if (mdb_env_create(&env) != 0 || mdb_env_set_maxdbs(env, 8) != 0 ||
+		    mdb_env_set_mapsize(env, 64u << 20) != 0 || mdb_env_open(env, dir, MDB_NOTLS, 0640) != 0)
+			_exit(1);
+		if (reading && mdb_txn_begin(env, NULL, MDB_RDONLY, &txn) != 0)
+			_exit(1);
+		if (write(ready, "x", 1) != 1)
+			_exit(1);
+		for (int i = 0; i < 600; i++)
+			sleep(1); /* until killed; bounded all the same */
+		_exit(0);
+	}
+	return pid;
+}
+
+static int count_reader_lines(const char *msg, void *ctx)
+{
+	(void)msg;
+	(*(int *)ctx)++;
+	return 0;
+}
+
+/* A reader slot left by a process killed inside a read transaction is
+ * cleared by store_open. Another process keeps the environment open, so
+ * the lock table is not simply reset by an exclusive first opener. */
+static void test_stale_reader_cleared(void **state)
+{
+	struct open_call c;
+	char *dir = make_dir(), *out, b;
+	int p[2], lines = 0;
+
+	store_options_defaults(&c.o);
+	c.o.dir = dir;
+	c.st = store_open(&c.o, c.err, sizeof(c.err));
+	assert_non_null(c.st);
+	store_close(c.st);
+
+	assert_int_equal(pipe(p), 0);
+	pid_t holder = lmdb_child(dir, false, p[1]);
+	assert_int_equal(read(p[0], &b, 1), 1);
+	pid_t reader = lmdb_child(dir, true, p[1]);
+	assert_int_equal(read(p[0], &b, 1), 1);
+	assert_int_equal(kill(reader, SIGKILL), 0);
+	assert_int_equal(waitpid(reader, NULL, 0), reader);
+
+	out = stderr_of(open_store, &c);
+	assert_non_null(c.st);
+	if (!strstr(out, "cleared 1 stale reader slot(s)"))
+		fail_msg("no stale reader cleared; the log said: %s", out);
+	/* the table lists no reader now (mdb_reader_list prints a header
+	 * line, then one per slot in use) */
+	mdb_reader_list(c.st->env, count_reader_lines, &lines);
+	assert_int_equal(lines, 1);
+	store_close(c.st);
+	free(out);
+	kill(holder, SIGKILL);
+	waitpid(holder, NULL, 0);
+	close(p[0]);
+	close(p[1]);
 	remove_dir(dir);
 }
 
@@ -1043,14 +1333,27 @@ static void test_free_pages_past_end_kept(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_slice_encode_roundtrip), cmocka_unit_test(test_log2_buckets),
-		cmocka_unit_test(test_threads_totals_exact),   cmocka_unit_test(test_reopen_keeps_numbers),
-		cmocka_unit_test(test_foreign_layout_refused), cmocka_unit_test(test_model_cap),
-		cmocka_unit_test(test_prune_past_retention),   cmocka_unit_test(test_map_full_grows),
-		cmocka_unit_test(test_windows_keep_curves),    cmocka_unit_test(test_pack_windows_identical),
-		cmocka_unit_test(test_pack_not_committed),     cmocka_unit_test(test_pack_retention),
-		cmocka_unit_test(test_pack_late_hour),	       cmocka_unit_test(test_pack_old_days_drop_curves),
-		cmocka_unit_test(test_pack_pass_bounded),      cmocka_unit_test(test_free_pages_past_end_kept),
+		cmocka_unit_test(test_slice_encode_roundtrip),
+		cmocka_unit_test(test_log2_buckets),
+		cmocka_unit_test(test_itl_rounds_to_nearest),
+		cmocka_unit_test(test_threads_totals_exact),
+		cmocka_unit_test(test_reopen_keeps_numbers),
+		cmocka_unit_test(test_foreign_layout_refused),
+		cmocka_unit_test(test_foreign_database_left_alone),
+		cmocka_unit_test(test_model_cap),
+		cmocka_unit_test(test_prune_past_retention),
+		cmocka_unit_test(test_map_full_grows),
+		cmocka_unit_test(test_window_boundaries),
+		cmocka_unit_test(test_short_retention_warned),
+		cmocka_unit_test(test_stale_reader_cleared),
+		cmocka_unit_test(test_windows_keep_curves),
+		cmocka_unit_test(test_pack_windows_identical),
+		cmocka_unit_test(test_pack_not_committed),
+		cmocka_unit_test(test_pack_retention),
+		cmocka_unit_test(test_pack_late_hour),
+		cmocka_unit_test(test_pack_old_days_drop_curves),
+		cmocka_unit_test(test_pack_pass_bounded),
+		cmocka_unit_test(test_free_pages_past_end_kept),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
