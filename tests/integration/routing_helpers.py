@@ -134,6 +134,11 @@ class ConfTokentap(harness.Process):
         header = self.HEADER % (self.log_path or "off")
         if re.search(r"(?m)^listeners:", body):  # listen and listeners do not go together
             header = header.replace("listen: 127.0.0.1:0\n", "")
+        # A key given twice is an error: the body's own block replaces the
+        # header's line (its store, for one, then has the default dir).
+        for key in ("admin", "store", "access_log"):
+            if re.search(r"(?m)^%s:" % key, body):
+                header = re.sub(r"(?m)^%s:.*\n" % key, "", header)
         return header + body
 
     def count_lines(self, rx):
