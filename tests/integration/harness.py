@@ -349,6 +349,15 @@ def _add_cleanup(test, fn):
         test.addCleanup(fn)
 
 
+def temp_path(test, suffix=".log"):
+    """An empty temporary file for a process to write (an access log, a
+    stdout), removed when `test` (a TestCase or its class) is done."""
+    fd, path = tempfile.mkstemp(prefix="tokentap-it-", suffix=suffix)
+    os.close(fd)
+    _add_cleanup(test, lambda: os.path.exists(path) and os.unlink(path))
+    return path
+
+
 def run_cli(args, timeout=10.0, cwd=None):
     """Runs tokentap to completion in `cwd`, by default a temporary working
     directory removed afterwards; returns CompletedProcess (text)."""

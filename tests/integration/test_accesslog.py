@@ -393,9 +393,7 @@ class AccessLogTest(LogChecks):
 class StdoutLogTest(LogChecks):
     def test_access_log_to_stdout(self):
         sim = harness.start_sim(self)
-        fd, out = tempfile.mkstemp(prefix="tokentap-it-", suffix=".out")
-        os.close(fd)
-        self.addCleanup(os.unlink, out)
+        out = harness.temp_path(self, ".out")
         tt = harness.start_tokentap(self, sim.url, "--access-log", "-", stdout_path=out)
         for i in range(3):
             rid = "it-al-stdout-%d" % i
@@ -427,9 +425,7 @@ class ContentEncodingTest(LogChecks):
             return True
 
         fu = harness.start_fake_upstream(self, handler)
-        fd, log = tempfile.mkstemp(prefix="tokentap-it-", suffix=".log")
-        os.close(fd)
-        self.addCleanup(os.unlink, log)
+        log = harness.temp_path(self, ".log")
         tt = harness.start_tokentap(self, fu.url, "--access-log", log)
         resp, _ = harness.exchange(tt.port, "POST", "/v1/chat/completions",
                                    harness.api_body("openai-chat", True, include_usage=True),
@@ -491,9 +487,7 @@ class JitterTest(LogChecks):
             return True
 
         fu = harness.start_fake_upstream(self, handler)
-        fd, log = tempfile.mkstemp(prefix="tokentap-it-", suffix=".log")
-        os.close(fd)
-        self.addCleanup(os.unlink, log)
+        log = harness.temp_path(self, ".log")
         tt = harness.start_tokentap(self, fu.url, "--access-log", log)
         body = harness.api_body("openai-chat", True, include_usage=True, model="jitter-model")
 

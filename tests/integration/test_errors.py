@@ -6,8 +6,6 @@ tokentap's open fds return to its idle baseline (plus the pooled upstream
 connections it reports), so a socket leaked on an error path fails here."""
 
 import json
-import os
-import tempfile
 import threading
 import time
 import unittest
@@ -273,9 +271,7 @@ class HeaderTimeoutTest(harness.TestCase):
 
 class UpstreamErrorsTest(harness.TestCase):
     def setUp(self):
-        fd, self.log = tempfile.mkstemp(prefix="tokentap-it-", suffix=".log")
-        os.close(fd)
-        self.addCleanup(os.unlink, self.log)
+        self.log = harness.temp_path(self, ".log")
 
     def _entry(self, rid):
         e = harness.wait_log_entry(self.log, lambda e: e.get("id") == rid)

@@ -16,7 +16,6 @@ import os
 import signal
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 import unittest
@@ -142,9 +141,7 @@ class ServeScriptTest(harness.TestCase):
         """The demo (no --upstream) writes the access log to its stdout: one
         JSON line per request, with the request's id and its whole
         timeline."""
-        fd, out = tempfile.mkstemp(prefix="tokentap-it-", suffix=".out")
-        os.close(fd)
-        self.addCleanup(os.unlink, out)
+        out = harness.temp_path(self, ".out")
         p, port, sim_port, kids = self.start_with_sim(stdout_path=out)
         resp, _ = harness.exchange(port, "POST", CHAT, harness.api_body("openai-chat"),
                                    harness.sim_headers(ttft=0, itl=0, tokens=5, request_id="it-serve-demo"))
