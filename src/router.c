@@ -13,6 +13,52 @@
 #include "tls.h"
 #include "upstream.h"
 
+/* The generation's upstreams: those of `prev` that keep their name and url
+ * are kept, the others made. Everything that can fail is done first — new
+ * upstreams made, the kept ones' new settings prepared — and only then do
+ * the kept ones take their settings, so a generation that cannot be built
+ * leaves the running one exactly as it was. */
+static int router_upstreams(struct router *rt, struct event_base *base, const struct router *prev, char *err,
+			    size_t errlen)
+{
+	unsigned n = rt->cfg.nupstreams;
+	struct upstream **kept = calloc(n ? n : 1, sizeof(*kept));
+	struct upstream_prep *prep = calloc(n ? n : 1, sizeof(*prep));
+	unsigned i;
+	int rc = -1;
+
+	if (!kept || !prep) {
+		snprintf(err, errlen, "out of memory");
+		goto out;
+	}
+	for (i = 0; i < n; i++) {
+		const struct upstream_conf *uc = &rt->cfg.upstreams[i];
+		for (unsigned k = 0; prev && k < prev->nups && !kept[i]; k++)
+			if (upstream_same(prev->ups[k], uc))
+				kept[i] = prev->ups[k];
+		if (kept[i] ? upstream_prepare(kept[i], uc, &prep[i], err, errlen) == -1
+			    : !(rt->ups[i] = upstream_new(base, &rt->cfg, uc, err, errlen)))
+			break;
+	}
+	if (i < n) { /* undo: the new ones go, the kept ones never changed */
+		for (unsigned j = 0; j <= i; j++) {
+			upstream_prep_discard(&prep[j]);
+			upstream_free(rt->ups[j]);
+			rt->ups[j] = NULL;
+		}
+		goto out;
+	}
+	for (i = 0; i < n; i++)
+		if (kept[i])
+			rt->ups[i] = upstream_adopt(kept[i], &rt->cfg, &prep[i]);
+	rt->nups = n;
+	rc = 0;
+out:
+	free(kept);
+	free(prep);
+	return rc;
+}
+
 struct router *router_new(struct event_base *base, struct config *cfg, const struct router *prev, uint64_t generation,
 			  char *err, size_t errlen)
 {
@@ -42,18 +88,8 @@ struct router *router_new(struct event_base *base, struct config *cfg, const str
 			    !(rt->tls_listen[i] = tls_server_ctx(ls[i].tls_cert, ls[i].tls_key, err, errlen)))
 				goto fail;
 	}
-	for (unsigned i = 0; i < rt->cfg.nupstreams; i++) {
-		const struct upstream_conf *uc = &rt->cfg.upstreams[i];
-		struct upstream *kept = NULL;
-		for (unsigned k = 0; prev && k < prev->nups && !kept; k++)
-			if (upstream_same(prev->ups[k], uc))
-				kept = prev->ups[k];
-		rt->ups[i] = kept ? upstream_adopt(kept, &rt->cfg, uc, err, errlen)
-				  : upstream_new(base, &rt->cfg, uc, err, errlen);
-		if (!rt->ups[i])
-			goto fail;
-		rt->nups++;
-	}
+	if (router_upstreams(rt, base, prev, err, errlen) == -1)
+		goto fail;
 	for (unsigned i = 0; i < rt->cfg.nroutes; i++) {
 		const struct route_conf *rc = &rt->cfg.routes[i];
 		struct route *r = &rt->routes[i];

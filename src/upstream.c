@@ -207,6 +207,7 @@ struct upstream *upstream_new(struct event_base *base, const struct config *cfg,
 {
 	struct url_parts u;
 	struct addrinfo hints, *res = NULL;
+	struct upstream_prep prep;
 	struct upstream *up;
 	char msg[400];
 	int rc;
@@ -247,7 +248,7 @@ struct upstream *upstream_new(struct event_base *base, const struct config *cfg,
 		up->kick_ev = event_new(base, up->kick_fd, EV_READ | EV_PERSIST, on_kick, up);
 	snprintf(err, errlen, "out of memory");
 	if (!up->kick_ev || event_add(up->kick_ev, NULL) == -1 || !(up->share = share_join(up)) ||
-	    !upstream_adopt(up, cfg, uc, err, errlen)) {
+	    upstream_prepare(up, uc, &prep, err, errlen) == -1) {
 		share_leave(up);
 		if (up->kick_ev)
 			event_free(up->kick_ev);
@@ -256,9 +257,9 @@ struct upstream *upstream_new(struct event_base *base, const struct config *cfg,
 		free(up->name);
 		free(up->url);
 		free(up);
-		return NULL; /* err: adopt's reason, else out of memory */
+		return NULL; /* err: prepare's reason, else out of memory */
 	}
-	return up;
+	return upstream_adopt(up, cfg, &prep);
 }
 
 static void conf_release(struct upstream_conf *c)
@@ -297,28 +298,48 @@ static int conf_copy(struct upstream_conf *dst, const struct upstream_conf *src)
 	return 0;
 }
 
-struct upstream *upstream_adopt(struct upstream *up, const struct config *cfg, const struct upstream_conf *uc,
-				char *err, size_t errlen)
+int upstream_prepare(const struct upstream *up, const struct upstream_conf *uc, struct upstream_prep *p, char *err,
+		     size_t errlen)
 {
-	struct upstream_conf copy;
-
-	if (conf_copy(&copy, uc) == -1) {
+	memset(p, 0, sizeof(*p));
+	if (conf_copy(&p->conf, uc) == -1) {
 		snprintf(err, errlen, "out of memory");
-		return NULL;
+		return -1;
 	}
 	if (up->tls) {
 		char why[512];
-		SSL_CTX *ctx = tls_client_ctx(copy.tls_verify, copy.tls_ca_file, why, sizeof(why));
-		if (!ctx) {
+		p->tls_ctx = tls_client_ctx(p->conf.tls_verify, p->conf.tls_ca_file, why, sizeof(why));
+		if (!p->tls_ctx) {
 			snprintf(err, errlen, "upstream %s: %s", up->name, why);
-			conf_release(&copy);
-			return NULL;
+			conf_release(&p->conf);
+			return -1;
 		}
+	}
+	p->ready = true;
+	return 0;
+}
+
+void upstream_prep_discard(struct upstream_prep *p)
+{
+	if (!p->ready)
+		return;
+	conf_release(&p->conf);
+	tls_ctx_free(p->tls_ctx);
+	memset(p, 0, sizeof(*p));
+}
+
+struct upstream *upstream_adopt(struct upstream *up, const struct config *cfg, struct upstream_prep *p)
+{
+	const struct upstream_conf *uc;
+
+	if (p->tls_ctx) {
 		tls_ctx_free(up->tls_ctx);
-		up->tls_ctx = ctx;
+		up->tls_ctx = p->tls_ctx;
 	}
 	conf_release(&up->conf);
-	up->conf = copy;
+	up->conf = p->conf;
+	memset(p, 0, sizeof(*p));
+	uc = &up->conf;
 	up->refs++;
 	up->pool_idle_timeout_ms = cfg->pool_idle_timeout_ms;
 	up->pool_max_idle = cfg->pool_max_idle;

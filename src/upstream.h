@@ -143,11 +143,25 @@ void upstream_free(struct upstream *up);
 
 /* A reload keeps an upstream whose name and url did not change: the same
  * object (admission count, queue, pool) with the new generation's settings.
- * Takes a reference. NULL with `err` (the TLS context's reason, or out of
- * memory) when the new settings cannot be taken: `up` is then unchanged and
- * no reference is taken, and the caller fails the generation. */
-struct upstream *upstream_adopt(struct upstream *up, const struct config *cfg, const struct upstream_conf *uc,
-				char *err, size_t errlen);
+ * Taking them is two steps, so that a generation that fails at a later
+ * upstream leaves every kept one as it was: upstream_prepare() makes
+ * everything that can fail (a copy of the settings, the TLS context) and
+ * changes nothing; upstream_adopt() then cannot fail. */
+struct upstream_prep {
+	struct upstream_conf conf;  /* a deep copy */
+	struct ssl_ctx_st *tls_ctx; /* for an https upstream */
+	bool ready;
+};
+
+/* -1 with `err` (the TLS context's reason, or out of memory). */
+int upstream_prepare(const struct upstream *up, const struct upstream_conf *uc, struct upstream_prep *p, char *err,
+		     size_t errlen) __attribute__((warn_unused_result));
+
+/* Frees what a prepare made and was not adopted; a zeroed `p` is fine. */
+void upstream_prep_discard(struct upstream_prep *p);
+
+/* `up` takes the prepared settings (p is emptied) and a reference. */
+struct upstream *upstream_adopt(struct upstream *up, const struct config *cfg, struct upstream_prep *p);
 
 /* Another holder of `up` (a mirror outliving its request's generation);
  * dropped with upstream_free. */
