@@ -242,10 +242,13 @@ static int apply_flags(int argc, char **argv, struct config *cfg, struct out *o)
 				return bad_value(o, "--workers", optarg, "auto or a number of threads from 1 to 64");
 			break;
 		case OPT_DATA_DIR: cfg->data_dir = strcmp(optarg, "off") == 0 ? NULL : optarg; break;
-		case OPT_LOG_LEVEL:
-			if (log_set_level_name(optarg) == -1)
+		case OPT_LOG_LEVEL: {
+			enum log_level level;
+			if (log_level_parse(optarg, &level) == -1)
 				return bad_value(o, "--log-level", optarg, "error, warn, info or debug");
+			cfg->log_level = (int)level;
 			break;
+		}
 		case ':': say(o, "%s needs a value; see tokentap --help", flag); return -1;
 		default: say(o, "unknown option %s; see tokentap --help", flag); return -1;
 		}

@@ -12,10 +12,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "log.h"
+
 void config_defaults(struct config *c)
 {
 	memset(c, 0, sizeof(*c));
 	c->listen = "127.0.0.1:8080";
+	c->log_level = LOG_INFO;
 	c->max_body_size = 32u << 20; /* prompts with images are large */
 	c->max_header_size = 32u << 10;
 	c->max_headers = 100;

@@ -90,6 +90,7 @@ struct config {
 	unsigned max_headers;
 	unsigned max_connections;	/* client connections at once; past it, 503 */
 	unsigned workers;		/* event loops (threads); 0: one per CPU core */
+	int log_level;			/* enum log_level; set by main once the file is taken */
 	uint64_t header_timeout_ms;	/* whole request head, from its first byte */
 	uint64_t keepalive_timeout_ms;	/* idle client connection between requests */
 	uint64_t connect_timeout_ms;	/* upstream TCP connect */

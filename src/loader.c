@@ -250,8 +250,11 @@ static void f_access_log(struct load *l, yaml_node_t *v, const char *key, void *
 static void f_log_level(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	const char *s = scalar(l, v, key);
-	if (s && log_set_level_name(s) == -1)
+	enum log_level level;
+	if (s && log_level_parse(s, &level) == -1)
 		problem(l, v, "%s: expected error, warn, info or debug, got '%s'", key, s);
+	else if (s)
+		CFG(o)->log_level = (int)level;
 }
 static void f_workers(struct load *l, yaml_node_t *v, const char *key, void *o)
 {

@@ -13,11 +13,11 @@
 static enum log_level log_level_max = LOG_INFO;
 static const char *const level_names[] = { "error", "warn", "info", "debug" };
 
-int log_set_level_name(const char *name)
+int log_level_parse(const char *name, enum log_level *out)
 {
 	for (size_t i = 0; i < sizeof(level_names) / sizeof(level_names[0]); i++) {
 		if (strcmp(name, level_names[i]) == 0) {
-			log_level_max = (enum log_level)i;
+			*out = (enum log_level)i;
 			return 0;
 		}
 	}

@@ -10,8 +10,9 @@
 
 enum log_level { LOG_ERROR = 0, LOG_WARN, LOG_INFO, LOG_DEBUG };
 
-/* Sets the most verbose level printed; returns -1 for an unknown name. */
-int log_set_level_name(const char *name);
+/* The level named error, warn, info or debug; -1 for any other name. */
+int log_level_parse(const char *name, enum log_level *out);
+/* Sets the most verbose level printed. */
 void log_set_level(enum log_level level);
 int log_enabled(enum log_level level);
 

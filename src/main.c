@@ -187,6 +187,7 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
 	warn_fixed(app->boot, &next[0]);
 	/* taken now: a worker that takes the configuration empties next[] */
 	struct admin_labels *labels = admin_labels_of(&next[0]);
+	int log_level = next[0].log_level;
 	for (unsigned i = 0; i < app->nworkers; i++) {
 		if (worker_reload(app->workers[i], &next[i], app->generation + 1, err, sizeof(err)) == -1) {
 			log_error("reload failed in worker %u; it keeps the running configuration: %s", i, err);
@@ -199,6 +200,7 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
 		return;
 	}
 	admin_labels_use(app->admin, labels);
+	log_set_level((enum log_level)log_level); /* only a generation that took effect */
 	app->generation++;
 	const struct router *rt = proxy_router(worker_proxy(app->workers[0]));
 	log_info("reloaded %s: generation %llu, %u upstream(s), %u route(s)", app->boot->path,
@@ -250,6 +252,7 @@ int main(int argc, char **argv)
 	case CLI_EXIT_USAGE: config_free(&boot); return 2;
 	case CLI_EXIT_CONFIG: config_free(&boot); return 1;
 	}
+	log_set_level((enum log_level)boot.log_level);
 	if (boot.check_data) {
 		rc = check_data(&boot);
 		config_free(&boot);

@@ -774,6 +774,20 @@ class ReloadTest(harness.TestCase):
         resp = rh.send(tt.port, rh.chat(), fast(1))
         self.assertEqual(resp.status, 200)
 
+    def test_failed_reload_keeps_the_log_level(self):
+        """log_level takes effect with the generation: a file that fails to
+        load changes nothing, not even the level it names; one that loads
+        does."""
+        tt = rh.start_conf(self, self.conf([("a", 1)]), *rh.ONE_WORKER)
+        debug = lambda: [l for l in tt.stderr_text().split("\n") if " debug " in l]
+        self.assertTrue(tt.reload("log_level: debug\nno_such_key: 1\n" + self.conf([("a", 1)]), expect_ok=False),
+                        tt.stderr_text())
+        self.assertEqual(rh.send(tt.port, rh.chat(), fast(1)).status, 200)
+        self.assertEqual(debug(), [], "a failed reload changed the log level")
+        self.assertTrue(tt.reload("log_level: debug\n" + self.conf([("a", 1)])), tt.stderr_text())
+        self.assertEqual(rh.send(tt.port, rh.chat(), fast(1)).status, 200)
+        self.assertTrue(harness.wait_until(lambda: debug() != [], 3.0), "the loaded file's level did not apply")
+
     def test_reload_names_each_startup_only_setting(self):
         """Each setting read once at start-up, changed and reloaded: the
         log names it and says a restart is needed; the reload still goes
@@ -788,6 +802,7 @@ class ReloadTest(harness.TestCase):
         cases = [
             ("slo.ttft", dict(slo="slo: {ttft: 3s}\n")),
             ("slo.tpot", dict(slo="slo: {tpot: 50ms}\n")),
+            ("slo.itl", dict(slo="slo: {itl: 500ms}\n")),
             ("store.flush_interval", dict(store=", flush_interval: 5s")),
             ("store.minute_retention", dict(store=", minute_retention: 2h")),
             ("store.hour_retention", dict(store=", hour_retention: 48h")),
