@@ -261,7 +261,7 @@ static void request_admit(struct request *req)
 	case ADMIT_FULL:
 		snprintf(msg, sizeof(msg), "upstream %s is at its concurrency limit and its queue is full",
 			 req->up->name);
-		client_fail(req->cl, 503, REQ_ERR_BAD_REQUEST, "upstream_busy", msg);
+		client_fail(req->cl, 503, REQ_ERR_QUEUE_FULL, "upstream_busy", msg);
 		break;
 	}
 }

@@ -55,7 +55,8 @@ enum req_metric {
 		RM__COUNT
 };
 
-/* (ENUM, name) — why a request did not complete normally. */
+/* (ENUM, name) — why a request did not complete normally. New kinds go at
+ * the end: a stored slice's counters are read by position (slice.c). */
 #define REQUEST_ERRORS(X) \
 	X(NONE, "none") \
 	X(BAD_REQUEST, "bad_request") \
@@ -63,7 +64,8 @@ enum req_metric {
 	X(TIMEOUT, "timeout") \
 	X(UPSTREAM_RESET, "upstream_reset") \
 	X(UPSTREAM_PROTOCOL, "upstream_protocol") \
-	X(CLIENT_ABORTED, "client_aborted")
+	X(CLIENT_ABORTED, "client_aborted") \
+	X(QUEUE_FULL, "queue_full")
 
 enum req_error {
 #define X(e, n) REQ_ERR_##e,

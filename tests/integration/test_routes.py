@@ -440,6 +440,8 @@ routes:
         self.assertEqual(r2.body, direct.body)
         e1, e2, e3 = self.log_entry("adm-1"), self.log_entry("adm-2"), self.log_entry("adm-3")
         self.assertEqual(e3["status"], 503)
+        # Overload, not the client's fault: its own kind, not bad_request.
+        self.assertEqual(e3["error"], "queue_full")
         # The second waited for the first to end: its queue time is the
         # first's duration less the gap between the two sends.
         gap_ms = (t2 - t1) / 1e6
