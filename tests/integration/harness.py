@@ -1230,10 +1230,12 @@ def read_request(sock, state):
 class FakeUpstream:
     """A tiny threaded HTTP server on 127.0.0.1:0. `handler(sock, req, ctx)`
     writes a response; it returns True to keep the connection for another
-    request. `ctx` is this object (its `stop_event` tells handlers to quit)."""
+    request. `ctx` is this object (its `stop_event` tells handlers to quit).
+    With `tls` (a server-side ssl.SSLContext) it speaks HTTPS."""
 
-    def __init__(self, handler, backlog=64):
+    def __init__(self, handler, backlog=64, tls=None):
         self.handler = handler
+        self.tls = tls
         self.stop_event = threading.Event()
         self.lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -1241,7 +1243,7 @@ class FakeUpstream:
         self.lsock.listen(backlog)
         self.lsock.settimeout(0.05)
         self.port = self.lsock.getsockname()[1]
-        self.url = "http://%s:%d" % (LOOPBACK, self.port)
+        self.url = "%s://%s:%d" % ("https" if tls else "http", LOOPBACK, self.port)
         self.conns = []
         self.threads = []
         self.requests = []
@@ -1272,6 +1274,10 @@ class FakeUpstream:
     def _serve(self, s):
         state = bytearray()
         try:
+            if self.tls is not None:
+                raw, s = s, self.tls.wrap_socket(s, server_side=True)
+                with self.lock:  # stop() shuts down the socket in use
+                    self.conns[self.conns.index(raw)] = s
             for _ in range(1000):
                 if self.stop_event.is_set():
                     break
@@ -1311,8 +1317,8 @@ class FakeUpstream:
             t.join(2)
 
 
-def start_fake_upstream(test, handler):
-    fu = FakeUpstream(handler)
+def start_fake_upstream(test, handler, tls=None):
+    fu = FakeUpstream(handler, tls=tls)
     _add_cleanup(test, fu.stop)
     return fu
 

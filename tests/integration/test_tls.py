@@ -13,7 +13,6 @@ import socket
 import ssl
 import subprocess
 import tempfile
-import threading
 import time
 import unittest
 
@@ -58,61 +57,23 @@ def tls_exchange(port, cafile, body=BODY, headers=None):
         conn.close()
 
 
-class SniServer:
-    """A TLS server (Python's ssl) that records the SNI name of each
-    handshake and answers each request with a small JSON body."""
+def start_sni_server(test, cert, key):
+    """An HTTPS upstream (Python's ssl) that records the SNI name of each
+    handshake in `.names` and answers each request with a small JSON body."""
+    names = []
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    ctx.sni_callback = lambda sslobj, name, c: names.append(name)
 
-    def __init__(self, test, cert, key):
-        self.names = []
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(cert, key)
-        ctx.sni_callback = lambda sslobj, name, c: self.names.append(name)
-        self.ctx = ctx
-        self.sock = socket.socket()
-        self.sock.bind((harness.LOOPBACK, 0))
-        self.sock.listen(16)
-        self.sock.settimeout(0.1)
-        self.port = self.sock.getsockname()[1]
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
-        self.thread.start()
-        test.addCleanup(self.close)
+    def answer(sock, req, fu):
+        body = b'{"ok":true}'
+        sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                     b"Connection: close\r\n\r\n%s" % (len(body), body))
+        return False
 
-    def run(self):
-        for _ in range(600):
-            if self.stop.is_set():
-                return
-            try:
-                c, _ = self.sock.accept()
-            except socket.timeout:
-                continue
-            try:
-                c.settimeout(5)
-                s = self.ctx.wrap_socket(c, server_side=True)
-                data = b""
-                while b"\r\n\r\n" not in data and len(data) < 65536:
-                    chunk = s.recv(4096)
-                    if not chunk:
-                        break
-                    data += chunk
-                head, _, body = data.partition(b"\r\n\r\n")
-                m = __import__("re").search(rb"(?i)content-length: *(\d+)", head)
-                while m and len(body) < int(m.group(1)):
-                    chunk = s.recv(4096)
-                    if not chunk:
-                        break
-                    body += chunk
-                answer = b'{"ok":true}'
-                s.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-                          b"Connection: close\r\n\r\n%s" % (len(answer), answer))
-                s.close()
-            except (OSError, ssl.SSLError):
-                c.close()
-
-    def close(self):
-        self.stop.set()
-        self.thread.join(2)
-        self.sock.close()
+    srv = harness.start_fake_upstream(test, answer, tls=ctx)
+    srv.names = names
+    return srv
 
 
 class TlsTest(harness.TestCase):
@@ -229,7 +190,7 @@ class TlsTest(harness.TestCase):
         shutil.copy(self.ca, os.path.join(d, "ca.pem"))
         shutil.copy(os.path.join(self.dir, "ca.key"), os.path.join(d, "ca.key"))
         cert, key = make_pki(d, name="sni", alt=("sni.test",))
-        srv = SniServer(self, cert, key)
+        srv = start_sni_server(self, cert, key)
         for server_name, want in ((None, "localhost"), ("sni.test", "sni.test")):
             with self.subTest(server_name=server_name):
                 tls = "{ca_file: %s%s}" % (self.ca, ", server_name: " + server_name if server_name else "")
