@@ -120,8 +120,9 @@ struct request {
 	bool reused;		 /* uc came from the pool */
 	bool retried;		 /* a replay already happened */
 	struct evbuffer *replay; /* the whole request, kept while a pooled connection may turn out dead */
-	unsigned inflight; /* requests running on or queued for the upstream when it was routed there, this one included
-			    */
+	/* requests running on or queued for the upstream when it was routed
+	 * there, this one included */
+	unsigned inflight;
 	bool cold;
 	struct series *series; /* resolved once route, upstream and model are known */
 	/* ITL gaps not yet in the series: a run of equal ones (the events of

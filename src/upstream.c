@@ -315,13 +315,12 @@ int upstream_prepare(const struct upstream *up, const struct upstream_conf *uc, 
 			return -1;
 		}
 	}
-	p->ready = true;
 	return 0;
 }
 
 void upstream_prep_discard(struct upstream_prep *p)
 {
-	if (!p->ready)
+	if (!p->conf.name) /* zeroed: nothing prepared, or already adopted */
 		return;
 	conf_release(&p->conf);
 	tls_ctx_free(p->tls_ctx);

@@ -150,7 +150,6 @@ void upstream_free(struct upstream *up);
 struct upstream_prep {
 	struct upstream_conf conf;  /* a deep copy */
 	struct ssl_ctx_st *tls_ctx; /* for an https upstream */
-	bool ready;
 };
 
 /* -1 with `err` (the TLS context's reason, or out of memory). */
