@@ -59,6 +59,12 @@ enum req_timer { RT_NONE, RT_QUEUE, RT_CONNECT, RT_FIRST_BYTE, RT_IDLE };
  * pooled connection, to be sent again should that connection turn out to
  * have been closed by the server. */
 #define REPLAY_MAX (64u << 10)
+/* A request that is not idempotent is sent again only when its pooled
+ * connection failed before it was all written, or within this long (plus
+ * two of the connection's round trips) after: the server closed the
+ * connection without having seen it. A later failure means the server had
+ * it, and may have run it (exchange.c, request_replay). */
+#define REPLAY_WINDOW_MS 50
 
 struct proxy {
 	struct event_base *base;
