@@ -464,10 +464,11 @@ static void on_up_write(struct bufferevent *bev, void *arg)
 		return;
 	if (cl->reading_blocked &&
 	    evbuffer_get_length(bufferevent_get_output(bev)) <= pcfg(cl->px)->stream_buffer / 2) {
+		uint64_t seq = req->seq;
 		cl->reading_blocked = false;
 		client_reading(cl, true);
 		client_parse(cl);
-		if (cl->closing || cl->req != req)
+		if (!client_runs(cl, seq))
 			return;
 	}
 	request_check_sent(req);
@@ -596,8 +597,9 @@ static void on_up_event(struct bufferevent *bev, short what, void *arg)
 	}
 	/* A response delimited by the close is complete now. */
 	if ((what & BEV_EVENT_EOF) && req->rp.head_done && !req->resp_done) {
+		uint64_t seq = req->seq;
 		on_up_read(bev, req); /* anything still buffered */
-		if (cl->closing || cl->req != req || req->resp_done)
+		if (!client_runs(cl, seq) || req->resp_done)
 			return;
 		if (respparse_needs_eof(&req->rp)) {
 			req->now = clock_now_ns();
