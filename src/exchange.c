@@ -11,6 +11,8 @@
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <linux/sockios.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -462,33 +464,85 @@ static void on_up_write(struct bufferevent *bev, void *arg)
 		return;
 	if (cl->reading_blocked &&
 	    evbuffer_get_length(bufferevent_get_output(bev)) <= pcfg(cl->px)->stream_buffer / 2) {
+		uint64_t seq = req->seq;
 		cl->reading_blocked = false;
 		client_reading(cl, true);
 		client_parse(cl);
-		if (cl->closing || cl->req != req)
+		if (!client_runs(cl, seq))
 			return;
 	}
 	request_check_sent(req);
+}
+
+/* RFC 9110 section 9.2.2: a request whose method is idempotent has the
+ * same effect sent twice as once, and may be sent again after a failure. */
+static bool method_idempotent(enum llhttp_method m)
+{
+	switch (m) {
+	case HTTP_GET:
+	case HTTP_HEAD:
+	case HTTP_OPTIONS:
+	case HTTP_TRACE:
+	case HTTP_PUT:
+	case HTTP_DELETE: return true;
+	default: return false;
+	}
+}
+
+/*
+ * How long after the request was all written a failure still says that the
+ * server closed the connection without having seen it: a close that the
+ * server began before the request reached it arrives within one round trip
+ * of the write. Two of the kernel's smoothed round trips on this connection
+ * (it carried requests before: it has samples), plus REPLAY_WINDOW_MS for
+ * the delays of a busy host in noticing it; at most a second.
+ */
+static uint64_t replay_window_ns(const struct upconn *uc)
+{
+	struct tcp_info ti;
+	socklen_t len = sizeof(ti);
+	uint64_t rtt_ns = 0, window;
+
+	if (getsockopt(bufferevent_getfd(uc->bev), IPPROTO_TCP, TCP_INFO, &ti, &len) == 0)
+		rtt_ns = (uint64_t)ti.tcpi_rtt * 1000u;
+	window = REPLAY_WINDOW_MS * 1000000ull + 2 * rtt_ns;
+	return window < 1000000000ull ? window : 1000000000ull;
 }
 
 /*
  * A pooled connection failed before a single response byte: the server
  * closed it as idle just as the request went out. The request is sent once
  * more on a new connection when that is safe: it was kept whole (see
- * REPLAY_MAX), nothing of a response came back, and it has not been
- * replayed before. Returns true when the replay is under way.
+ * REPLAY_MAX), nothing of a response came back, it has not been replayed
+ * before, and either its method is idempotent or the server cannot have
+ * had it: the failure came while it was being written or at once after
+ * (replay_window_ns). A failure later than that is a server that read the
+ * request and failed on it (a crash or a reset mid-generation): a POST is
+ * not run twice, the client gets the 502. Returns true when the replay is
+ * under way; otherwise `why` says why a replay that was possible was not
+ * made, or is left empty.
  */
-static bool request_replay(struct request *req)
+static bool request_replay(struct request *req, char *why, size_t whylen)
 {
 	struct upconn *fresh;
+	uint64_t sent = req->rec.at[TL_REQ_SENT], after = sent ? clock_now_ns() - sent : 0;
+	char when[64] = "while the request was being written";
 
 	if (!req->reused || req->retried || !req->replay || !req->body_done || req->rp.held || req->rp.head_done)
 		return false;
+	if (sent)
+		snprintf(when, sizeof(when), "%llu us after the request was written",
+			 (unsigned long long)(after / 1000u));
+	if (sent && !method_idempotent(req->head.method) && after > replay_window_ns(req->uc)) {
+		snprintf(why, whylen, " (%s): not sent again, %s is not idempotent", when, req->rec.method);
+		return false;
+	}
 	fresh = upstream_connect_new(req->up);
 	if (!fresh)
 		return false;
-	log_conn(LOG_INFO, req->cl->id, "request %s: pooled connection to %s was closed by the server; sending again",
-		 req->rec.id, req->up->name);
+	log_conn(LOG_INFO, req->cl->id,
+		 "request %s: pooled connection to %s was closed by the server (%s); sending again", req->rec.id,
+		 req->up->name, when);
 	req->retried = true;
 	upstream_release(req->uc, false);
 	req->uc = fresh;
@@ -543,8 +597,9 @@ static void on_up_event(struct bufferevent *bev, short what, void *arg)
 	}
 	/* A response delimited by the close is complete now. */
 	if ((what & BEV_EVENT_EOF) && req->rp.head_done && !req->resp_done) {
+		uint64_t seq = req->seq;
 		on_up_read(bev, req); /* anything still buffered */
-		if (cl->closing || cl->req != req || req->resp_done)
+		if (!client_runs(cl, seq) || req->resp_done)
 			return;
 		if (respparse_needs_eof(&req->rp)) {
 			req->now = clock_now_ns();
@@ -560,11 +615,12 @@ static void on_up_event(struct bufferevent *bev, short what, void *arg)
 	}
 	if (req->resp_done)
 		return;
-	if (request_replay(req))
+	char why[160] = "";
+	if (request_replay(req, why, sizeof(why)))
 		return;
-	snprintf(msg, sizeof(msg), "upstream %s %s %s", req->up->name,
+	snprintf(msg, sizeof(msg), "upstream %s %s %s%s", req->up->name,
 		 (what & BEV_EVENT_EOF) ? "closed the connection" : "connection failed",
-		 req->resp_started ? "mid-response" : "before responding");
+		 req->resp_started ? "mid-response" : "before responding", why);
 	client_fail(cl, 502, REQ_ERR_UPSTREAM_RESET, "upstream_reset", msg);
 }
 

@@ -182,6 +182,7 @@ static struct request *request_new(struct client *cl)
 	if (!req)
 		return NULL;
 	req->cl = cl;
+	req->seq = ++cl->nrequests;
 	int head_ok = reqhead_init(&req->head, &lim);
 	req->up_pending = evbuffer_new();
 	req->timer = evtimer_new(cl->px->base, on_request_timer, req);
@@ -853,10 +854,12 @@ static void on_client_write(struct bufferevent *bev, void *arg)
 		if (req->rp.head_done && !req->resp_done)
 			request_idle_from(req, clock_now_ns());
 		/* bytes may have arrived while reading was off */
-		if (evbuffer_get_length(bufferevent_get_input(req->uc->bev)))
+		if (evbuffer_get_length(bufferevent_get_input(req->uc->bev))) {
+			uint64_t seq = req->seq;
 			on_up_read(req->uc->bev, req);
-		if (cl->closing || cl->req != req)
-			return;
+			if (!client_runs(cl, seq))
+				return; /* it ended there: `req` is gone */
+		}
 	}
 	if (req->resp_done && evbuffer_get_length(out) == 0)
 		request_finish(req);

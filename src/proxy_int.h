@@ -59,6 +59,12 @@ enum req_timer { RT_NONE, RT_QUEUE, RT_CONNECT, RT_FIRST_BYTE, RT_IDLE };
  * pooled connection, to be sent again should that connection turn out to
  * have been closed by the server. */
 #define REPLAY_MAX (64u << 10)
+/* A request that is not idempotent is sent again only when its pooled
+ * connection failed before it was all written, or within this long (plus
+ * two of the connection's round trips) after: the server closed the
+ * connection without having seen it. A later failure means the server had
+ * it, and may have run it (exchange.c, request_replay). */
+#define REPLAY_WINDOW_MS 50
 
 struct proxy {
 	struct event_base *base;
@@ -94,6 +100,7 @@ struct proxy {
 /* One request and its exchange with the upstream. Owned by its client. */
 struct request {
 	struct client *cl;
+	uint64_t seq; /* its number on cl: cl->nrequests when it began */
 	struct req_record rec;
 
 	struct reqhead head; /* as parsed: URL, headers, framing (reqparse.h) */
@@ -156,6 +163,7 @@ struct client {
 	enum client_state state;
 	struct event *timer; /* keep-alive idle, header deadline, upload idle, linger */
 	struct request *req;
+	uint64_t nrequests; /* requests begun on this connection */
 	char peer[64];
 	uint64_t last_read_ns; /* when the bytes last read arrived (kernel stamp where there is one) */
 	bool reading;	       /* reading wanted (rev added unless input_full) */
@@ -170,6 +178,18 @@ struct client {
 static inline const struct config *pcfg(const struct proxy *px)
 {
 	return &px->router->cfg;
+}
+
+/*
+ * Whether the request numbered `seq` on `cl` is still its running one,
+ * after a call that may have finished it (and closed the client, or begun
+ * the next request). Asked by number, never by address: the next request
+ * is allocated inside that call, and malloc typically hands it the block of
+ * the one just freed.
+ */
+static inline bool client_runs(const struct client *cl, uint64_t seq)
+{
+	return !cl->closing && cl->req && cl->req->seq == seq;
 }
 
 /* proxy.c: the client side */

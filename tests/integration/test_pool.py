@@ -114,6 +114,68 @@ class PoolRetryTest(harness.TestCase):
         self.assertEqual(self.up.connections, 1)
 
 
+class ResetWhileGeneratingTest(harness.TestCase):
+    """A pooled connection that fails after the server has had the request
+    for a while is not the idle-close race: the server read the request and
+    was working on it (a long generation, then a crash or a reset). A POST
+    is not idempotent: it is not sent again, the client gets the 502. An
+    idempotent method (RFC 9110 section 9.2.2) may be, once."""
+
+    GENERATING_S = 0.3
+
+    def setUp(self):
+        def handler(sock, req, ctx):
+            if req.header("x-behave") == "crash":
+                time.sleep(self.GENERATING_S)  # "generating"
+                harness.reset_socket(sock)
+                return False
+            body = b'{"ok":true}'
+            sock.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                         b"content-length: %d\r\n\r\n%s" % (len(body), body))
+            return True
+
+        self.up = harness.start_fake_upstream(self, handler)
+        self.log = harness.temp_path(self)
+        self.tt = harness.start_tokentap(self, self.up.url, "--access-log", self.log, "--workers", "1",
+                                         "--admin", "127.0.0.1:0")
+
+    def crash_requests(self):
+        with self.up.lock:
+            return [r for r in self.up.requests if r.header("x-behave") == "crash"]
+
+    def warm_pool(self):
+        resp = rh.send(self.tt.port, rh.chat(), [("x-behave", "ok")])
+        self.assertEqual(resp.status, 200, resp.body[:300])
+        admin = harness.admin_port(self.tt)
+        self.assertTrue(harness.wait_until(lambda: harness.pooled_connections(admin) == 1, 2.0),
+                        "the first connection was not pooled")
+
+    def test_post_reset_while_generating_is_not_replayed(self):
+        self.warm_pool()
+        t0 = time.monotonic()
+        resp = rh.send(self.tt.port, rh.chat(), [("x-behave", "crash"), ("x-request-id", "gen-1")])
+        elapsed = time.monotonic() - t0
+        self.assertProxyError(resp, 502)
+        self.assertEqual(resp.json()["error"]["type"], "upstream_reset")
+        self.assertIn("not sent again", resp.json()["error"]["message"])
+        self.assertGreaterEqual(elapsed, self.GENERATING_S - 0.02)
+        # give a replay, had there been one, the time to reach the upstream
+        time.sleep(self.GENERATING_S / 2)
+        self.assertEqual(len(self.crash_requests()), 1, "the POST ran twice on the upstream")
+        self.assertEqual(self.up.accepted, 1, "a second connection was opened for a replay")
+        e = harness.wait_log_entry(self.log, lambda e: e.get("id") == "gen-1")
+        self.assertEqual((e["status"], e["error"]), (502, "upstream_reset"))
+        self.assertNotIn("sending again", self.tt.stderr_text())
+
+    def test_idempotent_reset_while_generating_is_replayed_once(self):
+        self.warm_pool()
+        resp = rh.send(self.tt.port, None, [("x-behave", "crash")], method="GET", path="/v1/models")
+        self.assertProxyError(resp, 502)
+        self.assertEqual(resp.json()["error"]["type"], "upstream_reset")
+        self.assertEqual([r.method for r in self.crash_requests()], ["GET", "GET"])
+        self.assertEqual(self.up.accepted, 2)
+
+
 class PastTheEndTest(harness.TestCase):
     """An upstream that sends bytes after a response has ended has lost track
     of the exchange: its connection is closed, never pooled, so whatever it
