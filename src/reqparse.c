@@ -333,6 +333,12 @@ static int on_headers_complete(llhttp_t *p)
 	f = reqhead_header(h, "upgrade");
 	if (f && !name_eq(h->buf + f->val_off, f->val_len, "h2c"))
 		return reject(rp, 501, "protocol upgrades (such as WebSocket) are not supported");
+	/* An h2c offer is declined by answering in HTTP/1.1 (RFC 9113 leaves
+	 * that to the server; the offer's headers are hop-by-hop, never
+	 * forwarded). llhttp took Connection: upgrade as an upgrade and would
+	 * stop after this message with HPE_PAUSED_UPGRADE, failing the next
+	 * request on the connection: this message is an ordinary one. */
+	p->upgrade = 0;
 	if ((p->flags & F_CONTENT_LENGTH) && p->content_length > h->lim.max_body_size)
 		return reject(rp, 413, "request body exceeds the configured maximum body size");
 	f = reqhead_header(h, "expect");

@@ -456,6 +456,75 @@ class HeaderCountTest(harness.TestCase):
         self.assertEqual(got, {"x-h%d" % i for i in range(99)}, "headers dropped on the way")
 
 
+class H2cUpgradeTest(harness.TestCase):
+    """An h2c upgrade offer (RFC 7540 3.2) is declined by answering the
+    request in HTTP/1.1: the offer is not forwarded (Upgrade, HTTP2-Settings
+    and the Connection header naming them are hop-by-hop), and the keep-alive
+    connection carries the next request as usual."""
+
+    def _ok(self, sock, req, ctx):
+        sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+        return True
+
+    def test_offer_declined_connection_kept(self):
+        fu = harness.start_fake_upstream(self, self._ok)
+        tt = harness.start_tokentap(self, fu.url)
+        offer = (b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+                 b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n")
+        cases = [
+            ("GET", b"GET /v1/models HTTP/1.1\r\n" + HOST + offer + b"\r\n"),
+            ("POST", post_head(offer + b"Content-Length: %d\r\n" % len(BODY)) + BODY),
+        ]
+        for method, first in cases:
+            with self.subTest(method=method):
+                before = len(fu.requests)
+                conn = harness.HttpConn(tt.port, timeout=3)
+                self.addCleanup(conn.close)
+                conn.send(first)
+                r1 = conn.read_response()
+                self.assertEqual(r1.status, 200, r1.body[:200])
+                conn.send(b"GET /v1/models HTTP/1.1\r\n" + HOST + b"X-Second: yes\r\n\r\n")
+                r2 = conn.read_response()
+                self.assertEqual(r2.status, 200, "the request after an h2c offer: %r" % r2.body[:200])
+                self.assertTrue(harness.wait_until(lambda: len(fu.requests) == before + 2, 2.0))
+                got = fu.requests[before:]
+                self.assertEqual([r.method for r in got], [method, "GET"])
+                self.assertEqual(got[1].header("x-second"), "yes")
+                if method == "POST":
+                    self.assertEqual(got[0].body, BODY)
+                for name in ("upgrade", "http2-settings"):
+                    self.assertIsNone(got[0].header(name), "%s forwarded upstream" % name)
+                conn_hdr = (got[0].header("connection") or "").lower()
+                self.assertNotIn("upgrade", conn_hdr)
+                self.assertNotIn("http2-settings", conn_hdr)
+
+    def test_pipelined_after_offer(self):
+        # both requests in one write: the second waits, unparsed, behind the
+        # first, and is parsed once the first is answered
+        fu = harness.start_fake_upstream(self, self._ok)
+        tt = harness.start_tokentap(self, fu.url)
+        conn = harness.HttpConn(tt.port, timeout=3)
+        self.addCleanup(conn.close)
+        conn.send(b"GET /v1/models HTTP/1.1\r\n" + HOST + b"Connection: Upgrade, HTTP2-Settings\r\n"
+                  b"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n"
+                  b"GET /v1/models HTTP/1.1\r\n" + HOST + b"\r\n")
+        for _ in range(2):
+            r = conn.read_response()
+            self.assertEqual(r.status, 200, r.body[:200])
+        self.assertEqual(len(fu.requests), 2)
+
+    def test_websocket_still_refused(self):
+        fu = harness.start_fake_upstream(self, self._ok)
+        tt = harness.start_tokentap(self, fu.url)
+        conn = harness.HttpConn(tt.port, timeout=3)
+        self.addCleanup(conn.close)
+        conn.send(b"GET /v1/models HTTP/1.1\r\n" + HOST + b"Connection: Upgrade\r\nUpgrade: websocket\r\n"
+                  b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+        r = conn.read_response()
+        self.assertProxyError(r, 501)
+        self.assertEqual(len(fu.requests), 0)
+
+
 class SlowlorisTest(harness.TestCase):
     def test_head_deadline_not_reset_per_byte(self):
         sim = harness.start_sim(self)
