@@ -354,7 +354,7 @@ class RawUpstream:
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
-        test.addCleanup(self.close)
+        harness._add_cleanup(test, self.close)  # a test, or a class in setUpClass
 
     def _run(self):
         deadline = time.monotonic() + 60
@@ -454,6 +454,93 @@ class HeaderCountTest(harness.TestCase):
         self.assertEqual(len(fu.requests), 1)
         got = {k for k, _ in fu.requests[0].headers if k.startswith("x-h")}
         self.assertEqual(got, {"x-h%d" % i for i in range(99)}, "headers dropped on the way")
+
+
+# Framing that the lenient half of llhttp 8.1 accepts (the first groups) or
+# that llhttp accepts even in strict mode (trailers): each is a 400 that
+# reaches no upstream. tests/unit/test_reqparse.c feeds the same shapes to
+# the parser alone, whole and a byte at a time.
+CHUNKED_HEAD = post_head(b"Transfer-Encoding: chunked\r\n")
+CHUNK_FRAMING = [
+    b"5\r\nhelloXY0\r\n\r\n",          # chunk data not followed by CRLF
+    b"5\r\nhello\rZ0\r\n\r\n",
+    b"5\r\nhello\nZ0\r\n\r\n",
+    b"5\rZhello\r\n0\r\n\r\n",          # chunk-size line ended by CR and any byte
+    b"5;a=b\rZhello\r\n0\r\n\r\n",
+    b"5\r\nhello\r\n0\rZ\r\n",          # the last chunk's line, likewise
+    b"5\r\nhello\r\n0\r\n\rZ",          # CR and any byte as the blank line after it
+]
+TRAILER_FRAMING = [
+    b"5\r\nhello\r\n0\r\n\n",           # a bare LF as the blank line
+    b"5\r\nhello\r\n0\r\nX-T: a\r\n\n",
+    b"5\r\nhello\r\n0\r\nX-T: a\n\r\n",
+    b"5\r\nhello\r\n0\r\nX-T: a\r\n b\r\n\r\n",  # obs-fold in a trailer field
+    b"5\r\nhello\r\n0\r\nX-T: a\r\n\tb\r\n\r\n",
+    b"5\r\nhello\r\n0\r\nX-T: a\rY: b\r\n\r\n",
+]
+TARGETS = [b"/v1/models\t/x", b"/v1/models\x0c/x", b"/v1/models?a=\t", b"/v1/models?a=\x0c",
+           b"/v1/models#f\t", b"/v1/mod\xc3\xa9ls", b"/v1/models?q=\x80", b"/v1/models\x0b",
+           b"/v1/models\x7f"]
+
+
+class StrictFramingTest(harness.TestCase):
+    """Each shape above gets a 400 with the JSON error, the connection is
+    closed, and the upstream (which keeps every byte it is sent) receives
+    nothing."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.up = RawUpstream(cls)
+        cls.tt = harness.start_tokentap(cls, cls.up.url)
+
+    def _refused(self, raw):
+        conn = harness.HttpConn(self.tt.port, timeout=3)
+        self.addCleanup(conn.close)
+        conn.try_send(raw)
+        try:
+            resp = conn.read_response()
+        except (socket.timeout, ValueError) as e:
+            resp = e
+        time.sleep(0.05)  # anything forwarded would be there by now
+        got = b"".join(bytes(r) for r in self.up.raw)
+        self.assertIsInstance(resp, harness.Response, "no answer to %r (upstream got %r)" % (raw, got[:200]))
+        self.assertProxyError(resp, 400)
+        self.assertTrue(conn.wait_closed(2.0), "connection left open after 400")
+        self.assertEqual(got, b"", "the upstream received bytes of %r" % raw)
+
+    def test_chunk_framing(self):
+        for body in CHUNK_FRAMING:
+            with self.subTest(body=body):
+                self._refused(CHUNKED_HEAD + body)
+
+    def test_trailer_framing(self):
+        for body in TRAILER_FRAMING:
+            with self.subTest(body=body):
+                self._refused(CHUNKED_HEAD + body)
+
+    def test_control_and_non_ascii_bytes_in_target(self):
+        for target in TARGETS:
+            with self.subTest(target=target):
+                self._refused(b"GET " + target + b" HTTP/1.1\r\n" + HOST + b"\r\n")
+
+    def test_well_framed_still_served(self):
+        # the same shapes framed right: a chunk extension (a TAB inside its
+        # quoted value is allowed), a trailer field, and a target with
+        # printable ASCII of every class; on an instance of its own, so
+        # that the upstream above stays untouched
+        up = RawUpstream(self)
+        tt = harness.start_tokentap(self, up.url)
+        path = b"/v1/chat/completions?a=%20b&c=~!$'()*+,;=:@/?[]"
+        raw = post_head(b"Transfer-Encoding: chunked\r\n", path=path) + \
+            b"5;a=\"x\ty\"\r\nhello\r\n0\r\nX-T: a\r\n\r\n"
+        conn = harness.HttpConn(tt.port, timeout=3)
+        self.addCleanup(conn.close)
+        conn.send(raw)
+        resp = conn.read_response()
+        self.assertEqual(resp.status, 200, resp.body[:200])
+        sent = bytes(up.raw[0])
+        self.assertTrue(sent.startswith(b"POST " + path + b" HTTP/1.1\r\n"), sent[:200])
+        self.assertIn(b"\r\n\r\n5\r\nhello\r\n0\r\n\r\n", sent)
 
 
 class H2cUpgradeTest(harness.TestCase):
