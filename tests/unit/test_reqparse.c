@@ -156,8 +156,8 @@ static void test_trailer_framing(void **state)
 static void test_target_bytes(void **state)
 {
 	static const char *const targets[] = {
-		"/ok\t/x", "/ok\f/x", "/ok?a=\t", "/ok?a=\f", "/ok#f\t", "/ok\xc3\xa9", "/ok?q=\x80",
-		"/ok\xff", "/ok\x01",  "/ok\x0b", "/ok\x7f", "/ok?\x1b",
+		"/ok\t/x",    "/ok\f/x", "/ok?a=\t", "/ok?a=\f", "/ok#f\t", "/ok\xc3\xa9",
+		"/ok?q=\x80", "/ok\xff", "/ok\x01",  "/ok\x0b",	 "/ok\x7f", "/ok?\x1b",
 	};
 	(void)state;
 	for (size_t i = 0; i < sizeof(targets) / sizeof(targets[0]); i++) {
@@ -181,8 +181,9 @@ static void test_head_framing(void **state)
 /* Well framed: accepted whole and a byte at a time, with the same body. */
 static void test_well_framed(void **state)
 {
-	static const char two[] = CHUNKED "5;a=\"x\ty\"\r\nhello\r\n6\r\n world\r\n0\r\nX-T: a\r\nX-U: b\r\n\r\n"
-					  "GET /v1/models?a=%20b&c=~!$'()*+,;=:@/?[] HTTP/1.1\r\nHost: h\r\n\r\n";
+	static const char two[] = CHUNKED
+		"5;a=\"x\ty\"\r\nhello\r\n6\r\n world\r\n0\r\nX-T: a\r\nX-U: b\r\n\r\n"
+		"GET /v1/models?a=%20b&c=~!$'()*+,;=:@/?[] HTTP/1.1\r\nHost: h\r\n\r\n";
 	struct seen s;
 	(void)state;
 	for (size_t step = 0; step <= 8; step++) {
@@ -200,12 +201,14 @@ static void test_well_framed(void **state)
  * HPE_PAUSED_UPGRADE there before). */
 static void test_h2c_offer_then_next_request(void **state)
 {
-	static const char get[] = "GET /a HTTP/1.1\r\nHost: h\r\nConnection: Upgrade, HTTP2-Settings\r\n"
-				  "Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n"
-				  "GET /b HTTP/1.1\r\nHost: h\r\n\r\n";
-	static const char post[] = "POST /a HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nConnection: Upgrade\r\n"
-				   "Upgrade: h2c\r\n\r\nhello"
-				   "GET /b HTTP/1.1\r\nHost: h\r\n\r\n";
+	static const char get[] =
+		"GET /a HTTP/1.1\r\nHost: h\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+		"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n"
+		"GET /b HTTP/1.1\r\nHost: h\r\n\r\n";
+	static const char post[] =
+		"POST /a HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nConnection: Upgrade\r\n"
+		"Upgrade: h2c\r\n\r\nhello"
+		"GET /b HTTP/1.1\r\nHost: h\r\n\r\n";
 	static const char ws[] = "GET /a HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n";
 	struct seen s;
 	(void)state;
