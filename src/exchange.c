@@ -432,10 +432,8 @@ void request_flush_upstream(struct request *req)
 			upstream_send(req->uc, req->up_pending);
 		queued = evbuffer_get_length(out);
 	}
-	if (queued > pcfg(cl->px)->stream_buffer && !cl->reading_blocked) {
-		cl->reading_blocked = true;
-		client_reading(cl, false);
-	}
+	if (queued > pcfg(cl->px)->stream_buffer && !cl->reading_blocked)
+		client_upload_blocked(cl, true);
 	/* all of it may be out already: no write callback will say so */
 	request_check_sent(req);
 }
@@ -462,8 +460,7 @@ static void on_up_write(struct bufferevent *bev, void *arg)
 		return;
 	if (cl->reading_blocked &&
 	    evbuffer_get_length(bufferevent_get_output(bev)) <= pcfg(cl->px)->stream_buffer / 2) {
-		cl->reading_blocked = false;
-		client_reading(cl, true);
+		client_upload_blocked(cl, false);
 		client_parse(cl);
 		if (cl->closing || cl->req != req)
 			return;

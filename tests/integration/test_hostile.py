@@ -652,5 +652,125 @@ class SlowlorisTest(harness.TestCase):
         self.assertEqual(sim.stats()["requests"], before)
 
 
+
+class SlowUploadTest(harness.TestCase):
+    """A request body must arrive whole within the body timeout of the end
+    of its head (timeouts.body), whatever the pace: a client trickling one
+    byte per 100 ms gets 408 at the deadline and its upstream connection and
+    admission slot go to the next request. Time tokentap itself spends not
+    reading the client (upload backpressure) is not counted."""
+
+    def _ok(self, sock, req, ctx):
+        sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+        return True
+
+    def _start(self, upstream_url, body_timeout):
+        return rh.start_conf(self, rh.upstreams_yaml({"u": upstream_url},
+                                                     {"u": ["max_concurrency: 1", "queue: {max: 4, timeout: 20s}"]})
+                             + "timeouts:\n  body: %s\n" % body_timeout, "--workers", "1")
+
+    def test_trickled_body_cut_at_deadline_slot_released(self):
+        fu = harness.start_fake_upstream(self, self._ok)
+        tt = self._start(fu.url, "1s")
+        body = b'{"model":"m","messages":[' + b" " * 200 + b"]}"
+        slow = harness.HttpConn(tt.port, timeout=5)
+        self.addCleanup(slow.close)
+        slow.send(post_head(b"Content-Length: %d\r\n" % len(body)))
+        t0 = time.monotonic()
+        stop = threading.Event()
+        sent = [0]
+
+        def trickle():
+            for b in body:  # 100 ms a byte: 20 s for the whole body
+                if stop.wait(0.1):
+                    return
+                try:
+                    slow.sock.send(bytes([b]))
+                except OSError:
+                    return
+                sent[0] += 1
+
+        w = threading.Thread(target=trickle, daemon=True)
+        w.start()
+        self.addCleanup(lambda: (stop.set(), w.join(2)))
+        # the trickler holds the only slot: this one queues behind it
+        self.assertTrue(harness.wait_until(lambda: fu.accepted == 1, 2.0), "the trickled request was not routed")
+        fast = {}
+
+        def other():
+            resp, _ = harness.exchange(tt.port, "POST", CHAT.decode(), BODY, {"Content-Type": "application/json"},
+                                       timeout=10)
+            fast["status"] = resp.status
+            fast["at"] = time.monotonic() - t0
+
+        o = threading.Thread(target=other, daemon=True)
+        o.start()
+        try:
+            resp = slow.read_response()
+        except (socket.timeout, ValueError) as e:
+            resp = e
+        elapsed = time.monotonic() - t0
+        stop.set()
+        w.join(2)
+        o.join(10)
+        self.assertIsInstance(resp, harness.Response, "no answer to a trickled body within %.1f s (%d of %d "
+                              "bytes sent)" % (elapsed, sent[0], len(body)))
+        obj = self.assertProxyError(resp, 408)
+        self.assertIn("body", obj["error"]["message"])
+        self.assertGreaterEqual(elapsed, 0.9, "cut after %.2f s, before the 1 s body timeout" % elapsed)
+        self.assertLess(elapsed, 2.0, "cut after %.2f s with a 1 s body timeout" % elapsed)
+        self.assertLess(sent[0], len(body))
+        self.assertTrue(slow.wait_closed(2.0), "connection left open after 408")
+        self.assertEqual(fast.get("status"), 200, "the queued request: %r" % fast)
+        self.assertLess(fast["at"], 4.0, "the queued request was served %.2f s in" % fast["at"])
+        # the trickled request never reached the upstream whole
+        self.assertEqual([r.body for r in fu.requests], [BODY])
+
+    def test_fast_large_upload_not_cut(self):
+        fu = harness.start_fake_upstream(self, self._ok)
+        tt = self._start(fu.url, "1s")
+        big = b'{"model":"m","pad":"' + b"x" * (8 << 20) + b'"}'
+        resp, _ = harness.exchange(tt.port, "POST", CHAT.decode(), big, {"Content-Type": "application/json"},
+                                   timeout=10)
+        self.assertEqual(resp.status, 200, resp.body[:200])
+        self.assertEqual(len(fu.requests[0].body), len(big))
+
+    def test_backpressure_not_counted(self):
+        # An upstream that takes nothing for 3 s: tokentap stops reading the
+        # 24 MiB upload once its buffers fill, so the client cannot finish
+        # within the 2 s body timeout; the time tokentap was not reading is
+        # not the client's, and the request is served.
+        lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        lsock.bind((harness.LOOPBACK, 0))
+        lsock.listen(4)
+        lsock.settimeout(10)
+        self.addCleanup(lsock.close)
+        got = {}
+
+        def serve():
+            try:
+                c, _ = lsock.accept()
+            except OSError:
+                return
+            with c:
+                c.settimeout(10)
+                time.sleep(3.0)
+                req = harness.read_request(c, bytearray())
+                got["len"] = len(req.body) if req else None
+                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+
+        t = threading.Thread(target=serve, daemon=True)
+        t.start()
+        tt = self._start("http://%s:%d" % (harness.LOOPBACK, lsock.getsockname()[1]), "2s")
+        big = b'{"model":"m","pad":"' + b"x" * (24 << 20) + b'"}'
+        t0 = time.monotonic()
+        resp, _ = harness.exchange(tt.port, "POST", CHAT.decode(), big, {"Content-Type": "application/json"},
+                                   timeout=15)
+        elapsed = time.monotonic() - t0
+        t.join(5)
+        self.assertEqual(resp.status, 200, "after %.2f s: %r" % (elapsed, resp.body[:200]))
+        self.assertGreater(elapsed, 2.5, "the upload was never held back: the test shows nothing")
+        self.assertEqual(got.get("len"), len(big))
+
 if __name__ == "__main__":
     unittest.main()
