@@ -38,6 +38,7 @@ static void usage(FILE *out)
 		"      --max-body-size SIZE    largest request body (default 32m)\n"
 		"      --max-header-size SIZE  largest request head (default 32k)\n"
 		"      --header-timeout DUR    whole request head must arrive within (default 30s)\n"
+		"      --body-timeout DUR      whole request body must arrive within, from the head (default 60s)\n"
 		"      --connect-timeout DUR   upstream connect (default 5s)\n"
 		"      --first-byte-timeout DUR  request sent to response headers (default 300s)\n"
 		"      --idle-timeout DUR      silence on a running exchange (default 300s)\n"
@@ -63,6 +64,7 @@ enum {
 	OPT_MAX_BODY,
 	OPT_MAX_HEADER,
 	OPT_HEADER_TIMEOUT,
+	OPT_BODY_TIMEOUT,
 	OPT_CONNECT_TIMEOUT,
 	OPT_FIRST_BYTE_TIMEOUT,
 	OPT_IDLE_TIMEOUT,
@@ -89,6 +91,7 @@ static const struct option opts[] = {
 	{ "max-body-size", required_argument, NULL, OPT_MAX_BODY },
 	{ "max-header-size", required_argument, NULL, OPT_MAX_HEADER },
 	{ "header-timeout", required_argument, NULL, OPT_HEADER_TIMEOUT },
+	{ "body-timeout", required_argument, NULL, OPT_BODY_TIMEOUT },
 	{ "connect-timeout", required_argument, NULL, OPT_CONNECT_TIMEOUT },
 	{ "first-byte-timeout", required_argument, NULL, OPT_FIRST_BYTE_TIMEOUT },
 	{ "idle-timeout", required_argument, NULL, OPT_IDLE_TIMEOUT },
@@ -210,6 +213,7 @@ static int apply_flags(int argc, char **argv, struct config *cfg, struct out *o)
 				return bad_value(o, "--max-header-size", optarg, "a size from 256 to 1g, such as 32k");
 			break;
 		case OPT_HEADER_TIMEOUT:
+		case OPT_BODY_TIMEOUT:
 		case OPT_CONNECT_TIMEOUT:
 		case OPT_FIRST_BYTE_TIMEOUT:
 		case OPT_IDLE_TIMEOUT:
@@ -218,6 +222,7 @@ static int apply_flags(int argc, char **argv, struct config *cfg, struct out *o)
 		case OPT_SLO_TPOT:
 		case OPT_SLO_ITL: {
 			uint64_t *dst = c == OPT_HEADER_TIMEOUT	      ? &cfg->header_timeout_ms
+					: c == OPT_BODY_TIMEOUT	      ? &cfg->body_timeout_ms
 					: c == OPT_CONNECT_TIMEOUT    ? &cfg->connect_timeout_ms
 					: c == OPT_FIRST_BYTE_TIMEOUT ? &cfg->first_byte_timeout_ms
 					: c == OPT_IDLE_TIMEOUT	      ? &cfg->idle_timeout_ms

@@ -24,6 +24,9 @@ void config_defaults(struct config *c)
 	c->max_headers = 100;
 	c->max_connections = 10000;
 	c->header_timeout_ms = 30000;
+	/* 32 MiB (the largest body) in 60 s is about 4.5 Mbit/s; slower links
+	 * with large prompts raise it */
+	c->body_timeout_ms = 60000;
 	c->keepalive_timeout_ms = 75000;
 	c->connect_timeout_ms = 5000;
 	/* Long prompts, full queues: the first byte of a stream can take minutes. */

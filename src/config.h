@@ -92,6 +92,7 @@ struct config {
 	unsigned workers;		/* event loops (threads); 0: one per CPU core */
 	int log_level;			/* enum log_level; set by main once the file is taken */
 	uint64_t header_timeout_ms;	/* whole request head, from its first byte */
+	uint64_t body_timeout_ms;	/* whole request body, from the end of its head */
 	uint64_t keepalive_timeout_ms;	/* idle client connection between requests */
 	uint64_t connect_timeout_ms;	/* upstream TCP connect */
 	uint64_t first_byte_timeout_ms; /* request sent → response headers */

@@ -434,10 +434,8 @@ void request_flush_upstream(struct request *req)
 			upstream_send(req->uc, req->up_pending);
 		queued = evbuffer_get_length(out);
 	}
-	if (queued > pcfg(cl->px)->stream_buffer && !cl->reading_blocked) {
-		cl->reading_blocked = true;
-		client_reading(cl, false);
-	}
+	if (queued > pcfg(cl->px)->stream_buffer && !cl->reading_blocked)
+		client_upload_blocked(cl, true);
 	/* all of it may be out already: no write callback will say so */
 	request_check_sent(req);
 }
@@ -465,8 +463,7 @@ static void on_up_write(struct bufferevent *bev, void *arg)
 	if (cl->reading_blocked &&
 	    evbuffer_get_length(bufferevent_get_output(bev)) <= pcfg(cl->px)->stream_buffer / 2) {
 		uint64_t seq = req->seq;
-		cl->reading_blocked = false;
-		client_reading(cl, true);
+		client_upload_blocked(cl, false);
 		client_parse(cl);
 		if (!client_runs(cl, seq))
 			return;

@@ -380,6 +380,7 @@ static void f_limits(struct load *l, yaml_node_t *v, const char *key, void *o)
 		get_duration(l, v, key, &CFG(o)->member); \
 	}
 DURATION_FIELD(f_t_header, header_timeout_ms)
+DURATION_FIELD(f_t_body, body_timeout_ms)
 DURATION_FIELD(f_t_keepalive, keepalive_timeout_ms)
 DURATION_FIELD(f_t_connect, connect_timeout_ms)
 DURATION_FIELD(f_t_first_byte, first_byte_timeout_ms)
@@ -394,6 +395,7 @@ static void f_timeouts(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	static const struct field fields[] = {
 		{ "header", f_t_header },
+		{ "body", f_t_body },
 		{ "keepalive", f_t_keepalive },
 		{ "connect", f_t_connect },
 		{ "first_byte", f_t_first_byte },

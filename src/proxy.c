@@ -368,6 +368,50 @@ static void request_note_head(struct request *req)
 		req->rec.stream = 0;
 }
 
+/*
+ * The upload's timer (state BODY): the idle timeout from the last byte read
+ * (a stalled upload), or the body deadline when that comes first. A client
+ * that keeps trickling re-arms the first but never moves the second, so it
+ * cannot hold an upstream connection and its admission slot for longer than
+ * timeouts.body. While tokentap itself is not reading the client (upload
+ * backpressure) the deadline is held (client_upload_blocked).
+ */
+static void client_body_timer(struct client *cl)
+{
+	uint64_t ms = pcfg(cl->px)->idle_timeout_ms;
+
+	cl->body_timer_deadline = false;
+	if (cl->body_deadline_ns && !cl->blocked_since_ns) {
+		uint64_t now = clock_now_ns();
+		uint64_t left = cl->body_deadline_ns > now ? (cl->body_deadline_ns - now + 999999u) / 1000000u : 0;
+		if (!ms || left <= ms) {
+			ms = left;
+			cl->body_timer_deadline = true;
+		}
+	}
+	if (ms || cl->body_timer_deadline)
+		timer_arm(cl->timer, ms);
+	else
+		evtimer_del(cl->timer);
+}
+
+void client_upload_blocked(struct client *cl, bool blocked)
+{
+	if (cl->reading_blocked == blocked)
+		return;
+	cl->reading_blocked = blocked;
+	if (blocked) {
+		cl->blocked_since_ns = clock_now_ns();
+	} else {
+		if (cl->body_deadline_ns)
+			cl->body_deadline_ns += clock_now_ns() - cl->blocked_since_ns;
+		cl->blocked_since_ns = 0;
+	}
+	client_reading(cl, !blocked);
+	if (cl->state == CL_BODY)
+		client_body_timer(cl);
+}
+
 static struct reqhead *on_req_begin(void *arg)
 {
 	struct client *cl = arg;
@@ -395,8 +439,12 @@ static int on_req_head(void *arg, struct reqhead *h)
 		cl->close_after = true;
 
 	client_set_state(cl, CL_BODY);
-	if (cfg->idle_timeout_ms)
-		timer_arm(cl->timer, cfg->idle_timeout_ms); /* a stalled upload */
+	cl->body_deadline_ns = 0;
+	if (h->chunked || h->content_length > 0) {
+		cl->body_timeout_ms = cfg->body_timeout_ms;
+		cl->body_deadline_ns = clock_now_ns() + cfg->body_timeout_ms * 1000000u;
+	}
+	client_body_timer(cl);
 	/* Routing on the model or a body field waits for the body's first
 	 * bytes (or its end); they wait in up_pending meanwhile. A chunked body
 	 * waits at least for its first chunk line to parse, so a request whose
@@ -508,6 +556,7 @@ static void on_req_complete(void *arg)
 		mirror_body_done(req->mirror);
 	request_learn_body(req, true);
 	evtimer_del(cl->timer);
+	cl->body_deadline_ns = 0;
 	client_set_state(cl, CL_WAIT); /* reqparse pauses: a pipelined request waits for this response */
 }
 
@@ -592,6 +641,8 @@ void request_finish(struct request *req)
 	request_free(req);
 	cl->req = NULL;
 	cl->reading_blocked = false;
+	cl->blocked_since_ns = 0;
+	cl->body_deadline_ns = 0;
 	if (cl->close_after || cl->px->draining) {
 		client_close(cl, cl->px->draining ? "draining" : "response done, connection: close");
 		return;
@@ -780,8 +831,8 @@ static void client_input(struct client *cl)
 		evbuffer_drain(in, evbuffer_get_length(in));
 		return;
 	}
-	if (cl->state == CL_BODY && pcfg(cl->px)->idle_timeout_ms)
-		timer_arm(cl->timer, pcfg(cl->px)->idle_timeout_ms);
+	if (cl->state == CL_BODY)
+		client_body_timer(cl); /* the idle stall re-armed; the deadline stays */
 	client_parse(cl);
 }
 
@@ -892,8 +943,14 @@ static void on_client_timer(evutil_socket_t fd, short what, void *arg)
 		client_fail(cl, 408, REQ_ERR_BAD_REQUEST, "request_timeout", msg);
 		break;
 	case CL_BODY:
-		snprintf(msg, sizeof(msg), "request body stalled for %llu ms",
-			 (unsigned long long)pcfg(cl->px)->idle_timeout_ms);
+		/* the client's fault either way, so client_aborted; if the
+		 * upstream already answered, client_fail cuts the exchange */
+		if (cl->body_timer_deadline)
+			snprintf(msg, sizeof(msg), "request body not received within %llu ms of its head",
+				 (unsigned long long)cl->body_timeout_ms);
+		else
+			snprintf(msg, sizeof(msg), "request body stalled for %llu ms",
+				 (unsigned long long)pcfg(cl->px)->idle_timeout_ms);
 		client_fail(cl, 408, REQ_ERR_CLIENT_ABORTED, "request_timeout", msg);
 		break;
 	case CL_CLOSING: client_close(cl, "linger done"); break;

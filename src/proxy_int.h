@@ -161,7 +161,7 @@ struct client {
 	struct event *rev;  /* plain TCP: the read event (see client_reading); NULL over TLS */
 	struct reqparse rp; /* its requests, one at a time */
 	enum client_state state;
-	struct event *timer; /* keep-alive idle, header deadline, upload idle, linger */
+	struct event *timer; /* keep-alive idle, header deadline, upload idle or deadline, linger */
 	struct request *req;
 	uint64_t nrequests; /* requests begun on this connection */
 	char peer[64];
@@ -170,8 +170,13 @@ struct client {
 	bool input_full;       /* CLIENT_INPUT_MAX buffered: reading paused until parsed */
 	bool close_after;      /* close once the current response is written */
 	bool closing;
-	bool reading_blocked; /* upload backpressure */
-	bool parsing;	      /* inside client_parse(): it flushes to the upstream after each pass */
+	bool reading_blocked; /* upload backpressure: client_upload_blocked */
+	/* the upload's deadline (timeouts.body from the end of the head; 0:
+	 * no body expected), moved on by the time reading_blocked held it */
+	uint64_t body_deadline_ns, blocked_since_ns;
+	uint64_t body_timeout_ms; /* the setting the deadline was set with */
+	bool body_timer_deadline; /* the timer is armed for the deadline, not the idle stall */
+	bool parsing;		  /* inside client_parse(): it flushes to the upstream after each pass */
 	LIST_ENTRY(client) link;
 };
 
@@ -200,6 +205,10 @@ void request_finish(struct request *req);
 void client_fail(struct client *cl, int status, enum req_error kind, const char *type, const char *msg);
 void client_parse(struct client *cl);
 void client_reading(struct client *cl, bool on);
+/* Upload backpressure: stop (or resume) reading the client while its
+ * upstream cannot take more of the body; the time stopped does not count
+ * against the body deadline. */
+void client_upload_blocked(struct client *cl, bool blocked);
 void client_forward(struct client *cl, struct evbuffer *src, size_t n);
 bool client_forward_mem(struct client *cl, const char *p, size_t n);
 

@@ -2,18 +2,21 @@
  * reqparse.c — the client request parser: llhttp for requests plus the
  * checks tokentap adds before anything reaches an upstream.
  *
- * llhttp (as Debian builds it) already refuses most malformed framing; what
- * it leaves, and tokentap refuses itself, is every shape a server behind
- * could read differently (request smuggling) and every limit:
+ * llhttp, built in strict mode (CMakeLists.txt), already refuses most
+ * malformed framing; what it leaves, and tokentap refuses itself, is every
+ * shape a server behind could read differently (request smuggling) and
+ * every limit:
  *
- *   bytes ─▶ head_scan (bare LF, obs-fold) ─▶ llhttp ─▶ on_* callbacks
+ *   bytes ─▶ head_scan (bare CR/LF, obs-fold) ─▶ llhttp (strict) ─▶ on_* callbacks
  *            on_url / on_header_*: head size, header count, name and
  *                                  value characters
  *            on_headers_complete:  CONNECT, request_head_check (version,
  *                                  target, Host, Transfer-Encoding),
  *                                  Upgrade, declared body size, Expect;
  *                                  then hooks->head
- *            on_chunk_*:           chunk extension length; hooks->chunk
+ *            on_chunk_*:           chunk extension length; hooks->chunk;
+ *                                  at the last chunk, a pause while
+ *                                  head_scan takes the trailer section
  *            on_body:              body size; hooks->body
  *            on_message_complete:  hooks->complete, then a pause
  *
@@ -333,6 +336,12 @@ static int on_headers_complete(llhttp_t *p)
 	f = reqhead_header(h, "upgrade");
 	if (f && !name_eq(h->buf + f->val_off, f->val_len, "h2c"))
 		return reject(rp, 501, "protocol upgrades (such as WebSocket) are not supported");
+	/* An h2c offer is declined by answering in HTTP/1.1 (RFC 9113 leaves
+	 * that to the server; the offer's headers are hop-by-hop, never
+	 * forwarded). llhttp took Connection: upgrade as an upgrade and would
+	 * stop after this message with HPE_PAUSED_UPGRADE, failing the next
+	 * request on the connection: this message is an ordinary one. */
+	p->upgrade = 0;
 	if ((p->flags & F_CONTENT_LENGTH) && p->content_length > h->lim.max_body_size)
 		return reject(rp, 413, "request body exceeds the configured maximum body size");
 	f = reqhead_header(h, "expect");
@@ -365,7 +374,14 @@ static int on_chunk_header(llhttp_t *p)
 	struct reqparse *rp = p->data;
 
 	rp->head->chunk_ext = 0;
-	return hook_result(rp, rp->hooks->chunk(rp->arg));
+	if (hook_result(rp, rp->hooks->chunk(rp->arg)) == -1)
+		return -1;
+	if (p->content_length > 0)
+		return 0;
+	/* the last chunk: pause, so that reqparse_feed scans the trailer
+	 * section before llhttp parses it */
+	rp->last_chunk = true;
+	return HPE_PAUSED;
 }
 
 static int on_body(llhttp_t *p, const char *at, size_t len)
@@ -403,14 +419,17 @@ static const llhttp_settings_t reqparse_settings = {
 };
 
 /*
- * Byte-level rules llhttp (as Debian builds it) leaves to us: every line of
- * the head ends in CRLF (no bare LF, and no bare CR: after the last header
- * line llhttp takes CR and any byte as the blank line), and no header line
- * starts with a space or tab (obs-fold, a line continuation servers read
- * differently). Runs over the head's bytes before llhttp parses them (so a
- * CR that ends one read is judged by the first byte of the next before
- * llhttp sees it) and stops at its blank line. Returns 0, or -1 with the
- * reason in *why.
+ * Byte-level rules llhttp (as Debian builds it, strict mode included) leaves
+ * to us: every line of the head ends in CRLF (no bare LF, and no bare CR:
+ * after the last header line llhttp takes CR and any byte as the blank
+ * line), and no header line starts with a space or tab (obs-fold, a line
+ * continuation servers read differently). Runs over the head's bytes before
+ * llhttp parses them (so a CR that ends one read is judged by the first byte
+ * of the next before llhttp sees it) and stops at its blank line. The
+ * trailer section after a chunked body is scanned the same way
+ * (trailer_scan_start): there llhttp takes a bare LF as a line end and as
+ * the blank line, and folds obs-fold lines, even in strict mode. Returns 0,
+ * or -1 with the reason in *why.
  */
 static int head_scan(struct reqparse *rp, const char *p, size_t n, const char **why)
 {
@@ -449,6 +468,15 @@ static void head_scan_reset(struct reqparse *rp)
 	rp->scan_done = false;
 }
 
+/* The trailer section starts where a line (the last chunk's) just ended. */
+static void trailer_scan_start(struct reqparse *rp)
+{
+	rp->scan_prev = '\n';
+	rp->scan_line = 0;
+	rp->scan_lines = 1;
+	rp->scan_done = false;
+}
+
 /* ---- driving it ---- */
 
 void reqparse_init(struct reqparse *rp, const struct reqparse_hooks *hooks, void *arg)
@@ -463,22 +491,30 @@ void reqparse_init(struct reqparse *rp, const struct reqparse_hooks *hooks, void
 enum reqparse_status reqparse_feed(struct reqparse *rp, const char *buf, size_t len, size_t *used)
 {
 	const char *why = NULL;
+	size_t off = 0;
 
 	*used = 0;
-	if (!rp->scan_done && head_scan(rp, buf, len, &why) == -1) {
-		reject(rp, 400, why);
-		return REQPARSE_REFUSED;
+	for (;;) { /* at most twice: a last chunk's pause, then the rest */
+		if (!rp->scan_done && head_scan(rp, buf + off, len - off, &why) == -1) {
+			reject(rp, 400, why);
+			return REQPARSE_REFUSED;
+		}
+		enum llhttp_errno e = llhttp_execute(&rp->parser, buf + off, len - off);
+		if (e == HPE_OK) {
+			*used = len;
+			return REQPARSE_MORE;
+		}
+		if (e != HPE_PAUSED)
+			return rp->stopped ? REQPARSE_STOPPED : REQPARSE_REFUSED;
+		off = (size_t)(llhttp_get_error_pos(&rp->parser) - buf);
+		if (!rp->last_chunk) {
+			*used = off;
+			return REQPARSE_PAUSED;
+		}
+		rp->last_chunk = false;
+		trailer_scan_start(rp);
+		llhttp_resume(&rp->parser);
 	}
-	enum llhttp_errno e = llhttp_execute(&rp->parser, buf, len);
-	if (e == HPE_OK) {
-		*used = len;
-		return REQPARSE_MORE;
-	}
-	if (e == HPE_PAUSED) {
-		*used = (size_t)(llhttp_get_error_pos(&rp->parser) - buf);
-		return REQPARSE_PAUSED;
-	}
-	return rp->stopped ? REQPARSE_STOPPED : REQPARSE_REFUSED;
 }
 
 void reqparse_resume(struct reqparse *rp)

@@ -88,10 +88,12 @@ struct reqparse {
 	int reject_status;    /* a refusal of tokentap's own, not llhttp's */
 	const char *reject_msg;
 	bool stopped;
-	/* head_scan's state over the current request's head */
+	/* head_scan's state over the current request's head, then over its
+	 * trailer section (after the last chunk) */
 	char scan_prev;
 	unsigned scan_line, scan_lines;
 	bool scan_done;
+	bool last_chunk; /* llhttp paused at the last chunk's line: the trailers follow */
 };
 
 /* Allocates the head's header array for `lim`; -1 when out of memory. The

@@ -24,7 +24,8 @@
  * single "chunked" coding and only in HTTP/1.1, one Host and not a list
  * (required in HTTP/1.1), header names of token characters and values
  * without CR, LF or other control characters (no obs-fold), an origin-form
- * target, no CONNECT, no Upgrade but h2c, no Expect but 100-continue.
+ * target of printable ASCII, no CONNECT, no Upgrade but h2c, no Expect but
+ * 100-continue.
  */
 #include <stdbool.h>
 #include <stddef.h>
@@ -109,6 +110,8 @@ static void check_policy(const struct reqhead *h)
 		CHECK(!memchr(h->buf + host->val_off, ',', host->val_len));
 	CHECK(h->method != HTTP_CONNECT);
 	CHECK((h->url_len && url[0] == '/') || (h->url_len == 1 && url[0] == '*' && h->method == HTTP_OPTIONS));
+	for (size_t k = 0; k < h->url_len; k++) /* strict mode: printable ASCII, no space */
+		CHECK((unsigned char)url[k] > 0x20 && (unsigned char)url[k] < 0x7f);
 	CHECK(!up || name_eq(h->buf + up->val_off, up->val_len, "h2c"));
 	CHECK(!expect || name_eq(h->buf + expect->val_off, expect->val_len, "100-continue"));
 	CHECK(h->send_continue == (expect && http11));

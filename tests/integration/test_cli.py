@@ -27,7 +27,7 @@ class CliTest(harness.TestCase):
 
     def test_bad_duration(self):
         for flag, value in (("--first-byte-timeout", "5parsecs"), ("--idle-timeout", "abc"),
-                            ("--header-timeout", "-3s"), ("--connect-timeout", "")):
+                            ("--header-timeout", "-3s"), ("--connect-timeout", ""), ("--body-timeout", "0s")):
             with self.subTest(flag=flag, value=value):
                 r = harness.run_cli(["--upstream", "http://127.0.0.1:9", "--listen", "127.0.0.1:0", flag, value])
                 self.assertEqual(r.returncode, 2, "stdout=%r stderr=%r" % (r.stdout, r.stderr))
@@ -81,7 +81,7 @@ class CliTest(harness.TestCase):
         tt = harness.start_tokentap(
             self, "http://127.0.0.1:%d" % harness.free_port(),
             "--max-body-size", "1k", "--max-header-size", "64k",
-            "--header-timeout", "300ms", "--connect-timeout", "2s",
+            "--header-timeout", "300ms", "--body-timeout", "90s", "--connect-timeout", "2s",
             "--first-byte-timeout", "1m", "--idle-timeout", "5s", "--log-level", "debug")
         self.assertTrue(tt.alive())
         tt2 = harness.start_tokentap(

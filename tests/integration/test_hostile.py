@@ -354,7 +354,7 @@ class RawUpstream:
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
-        test.addCleanup(self.close)
+        harness._add_cleanup(test, self.close)  # a test, or a class in setUpClass
 
     def _run(self):
         deadline = time.monotonic() + 60
@@ -456,6 +456,162 @@ class HeaderCountTest(harness.TestCase):
         self.assertEqual(got, {"x-h%d" % i for i in range(99)}, "headers dropped on the way")
 
 
+# Framing that the lenient half of llhttp 8.1 accepts (the first groups) or
+# that llhttp accepts even in strict mode (trailers): each is a 400 that
+# reaches no upstream. tests/unit/test_reqparse.c feeds the same shapes to
+# the parser alone, whole and a byte at a time.
+CHUNKED_HEAD = post_head(b"Transfer-Encoding: chunked\r\n")
+CHUNK_FRAMING = [
+    b"5\r\nhelloXY0\r\n\r\n",          # chunk data not followed by CRLF
+    b"5\r\nhello\rZ0\r\n\r\n",
+    b"5\r\nhello\nZ0\r\n\r\n",
+    b"5\rZhello\r\n0\r\n\r\n",          # chunk-size line ended by CR and any byte
+    b"5;a=b\rZhello\r\n0\r\n\r\n",
+    b"5\r\nhello\r\n0\rZ\r\n",          # the last chunk's line, likewise
+    b"5\r\nhello\r\n0\r\n\rZ",          # CR and any byte as the blank line after it
+]
+TRAILER_FRAMING = [
+    b"5\r\nhello\r\n0\r\n\n",           # a bare LF as the blank line
+    b"5\r\nhello\r\n0\r\nX-T: a\r\n\n",
+    b"5\r\nhello\r\n0\r\nX-T: a\n\r\n",
+    b"5\r\nhello\r\n0\r\nX-T: a\r\n b\r\n\r\n",  # obs-fold in a trailer field
+    b"5\r\nhello\r\n0\r\nX-T: a\r\n\tb\r\n\r\n",
+    b"5\r\nhello\r\n0\r\nX-T: a\rY: b\r\n\r\n",
+]
+TARGETS = [b"/v1/models\t/x", b"/v1/models\x0c/x", b"/v1/models?a=\t", b"/v1/models?a=\x0c",
+           b"/v1/models#f\t", b"/v1/mod\xc3\xa9ls", b"/v1/models?q=\x80", b"/v1/models\x0b",
+           b"/v1/models\x7f"]
+
+
+class StrictFramingTest(harness.TestCase):
+    """Each shape above gets a 400 with the JSON error, the connection is
+    closed, and the upstream (which keeps every byte it is sent) receives
+    nothing."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.up = RawUpstream(cls)
+        cls.tt = harness.start_tokentap(cls, cls.up.url)
+
+    def _refused(self, raw):
+        conn = harness.HttpConn(self.tt.port, timeout=3)
+        self.addCleanup(conn.close)
+        conn.try_send(raw)
+        try:
+            resp = conn.read_response()
+        except (socket.timeout, ValueError) as e:
+            resp = e
+        time.sleep(0.05)  # anything forwarded would be there by now
+        got = b"".join(bytes(r) for r in self.up.raw)
+        self.assertIsInstance(resp, harness.Response, "no answer to %r (upstream got %r)" % (raw, got[:200]))
+        self.assertProxyError(resp, 400)
+        self.assertTrue(conn.wait_closed(2.0), "connection left open after 400")
+        self.assertEqual(got, b"", "the upstream received bytes of %r" % raw)
+
+    def test_chunk_framing(self):
+        for body in CHUNK_FRAMING:
+            with self.subTest(body=body):
+                self._refused(CHUNKED_HEAD + body)
+
+    def test_trailer_framing(self):
+        for body in TRAILER_FRAMING:
+            with self.subTest(body=body):
+                self._refused(CHUNKED_HEAD + body)
+
+    def test_control_and_non_ascii_bytes_in_target(self):
+        for target in TARGETS:
+            with self.subTest(target=target):
+                self._refused(b"GET " + target + b" HTTP/1.1\r\n" + HOST + b"\r\n")
+
+    def test_well_framed_still_served(self):
+        # the same shapes framed right: a chunk extension (a TAB inside its
+        # quoted value is allowed), a trailer field, and a target with
+        # printable ASCII of every class; on an instance of its own, so
+        # that the upstream above stays untouched
+        up = RawUpstream(self)
+        tt = harness.start_tokentap(self, up.url)
+        path = b"/v1/chat/completions?a=%20b&c=~!$'()*+,;=:@/?[]"
+        raw = post_head(b"Transfer-Encoding: chunked\r\n", path=path) + \
+            b"5;a=\"x\ty\"\r\nhello\r\n0\r\nX-T: a\r\n\r\n"
+        conn = harness.HttpConn(tt.port, timeout=3)
+        self.addCleanup(conn.close)
+        conn.send(raw)
+        resp = conn.read_response()
+        self.assertEqual(resp.status, 200, resp.body[:200])
+        sent = bytes(up.raw[0])
+        self.assertTrue(sent.startswith(b"POST " + path + b" HTTP/1.1\r\n"), sent[:200])
+        self.assertIn(b"\r\n\r\n5\r\nhello\r\n0\r\n\r\n", sent)
+
+
+class H2cUpgradeTest(harness.TestCase):
+    """An h2c upgrade offer (RFC 7540 3.2) is declined by answering the
+    request in HTTP/1.1: the offer is not forwarded (Upgrade, HTTP2-Settings
+    and the Connection header naming them are hop-by-hop), and the keep-alive
+    connection carries the next request as usual."""
+
+    def _ok(self, sock, req, ctx):
+        sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+        return True
+
+    def test_offer_declined_connection_kept(self):
+        fu = harness.start_fake_upstream(self, self._ok)
+        tt = harness.start_tokentap(self, fu.url)
+        offer = (b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+                 b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n")
+        cases = [
+            ("GET", b"GET /v1/models HTTP/1.1\r\n" + HOST + offer + b"\r\n"),
+            ("POST", post_head(offer + b"Content-Length: %d\r\n" % len(BODY)) + BODY),
+        ]
+        for method, first in cases:
+            with self.subTest(method=method):
+                before = len(fu.requests)
+                conn = harness.HttpConn(tt.port, timeout=3)
+                self.addCleanup(conn.close)
+                conn.send(first)
+                r1 = conn.read_response()
+                self.assertEqual(r1.status, 200, r1.body[:200])
+                conn.send(b"GET /v1/models HTTP/1.1\r\n" + HOST + b"X-Second: yes\r\n\r\n")
+                r2 = conn.read_response()
+                self.assertEqual(r2.status, 200, "the request after an h2c offer: %r" % r2.body[:200])
+                self.assertTrue(harness.wait_until(lambda: len(fu.requests) == before + 2, 2.0))
+                got = fu.requests[before:]
+                self.assertEqual([r.method for r in got], [method, "GET"])
+                self.assertEqual(got[1].header("x-second"), "yes")
+                if method == "POST":
+                    self.assertEqual(got[0].body, BODY)
+                for name in ("upgrade", "http2-settings"):
+                    self.assertIsNone(got[0].header(name), "%s forwarded upstream" % name)
+                conn_hdr = (got[0].header("connection") or "").lower()
+                self.assertNotIn("upgrade", conn_hdr)
+                self.assertNotIn("http2-settings", conn_hdr)
+
+    def test_pipelined_after_offer(self):
+        # both requests in one write: the second waits, unparsed, behind the
+        # first, and is parsed once the first is answered
+        fu = harness.start_fake_upstream(self, self._ok)
+        tt = harness.start_tokentap(self, fu.url)
+        conn = harness.HttpConn(tt.port, timeout=3)
+        self.addCleanup(conn.close)
+        conn.send(b"GET /v1/models HTTP/1.1\r\n" + HOST + b"Connection: Upgrade, HTTP2-Settings\r\n"
+                  b"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n"
+                  b"GET /v1/models HTTP/1.1\r\n" + HOST + b"\r\n")
+        for _ in range(2):
+            r = conn.read_response()
+            self.assertEqual(r.status, 200, r.body[:200])
+        self.assertEqual(len(fu.requests), 2)
+
+    def test_websocket_still_refused(self):
+        fu = harness.start_fake_upstream(self, self._ok)
+        tt = harness.start_tokentap(self, fu.url)
+        conn = harness.HttpConn(tt.port, timeout=3)
+        self.addCleanup(conn.close)
+        conn.send(b"GET /v1/models HTTP/1.1\r\n" + HOST + b"Connection: Upgrade\r\nUpgrade: websocket\r\n"
+                  b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+        r = conn.read_response()
+        self.assertProxyError(r, 501)
+        self.assertEqual(len(fu.requests), 0)
+
+
 class SlowlorisTest(harness.TestCase):
     def test_head_deadline_not_reset_per_byte(self):
         sim = harness.start_sim(self)
@@ -495,6 +651,126 @@ class SlowlorisTest(harness.TestCase):
             self.assertTrue(conn.extra.startswith(b"HTTP/1.1 408"), conn.extra[:100])
         self.assertEqual(sim.stats()["requests"], before)
 
+
+
+class SlowUploadTest(harness.TestCase):
+    """A request body must arrive whole within the body timeout of the end
+    of its head (timeouts.body), whatever the pace: a client trickling one
+    byte per 100 ms gets 408 at the deadline and its upstream connection and
+    admission slot go to the next request. Time tokentap itself spends not
+    reading the client (upload backpressure) is not counted."""
+
+    def _ok(self, sock, req, ctx):
+        sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+        return True
+
+    def _start(self, upstream_url, body_timeout):
+        return rh.start_conf(self, rh.upstreams_yaml({"u": upstream_url},
+                                                     {"u": ["max_concurrency: 1", "queue: {max: 4, timeout: 20s}"]})
+                             + "timeouts:\n  body: %s\n" % body_timeout, "--workers", "1")
+
+    def test_trickled_body_cut_at_deadline_slot_released(self):
+        fu = harness.start_fake_upstream(self, self._ok)
+        tt = self._start(fu.url, "1s")
+        body = b'{"model":"m","messages":[' + b" " * 200 + b"]}"
+        slow = harness.HttpConn(tt.port, timeout=5)
+        self.addCleanup(slow.close)
+        slow.send(post_head(b"Content-Length: %d\r\n" % len(body)))
+        t0 = time.monotonic()
+        stop = threading.Event()
+        sent = [0]
+
+        def trickle():
+            for b in body:  # 100 ms a byte: 20 s for the whole body
+                if stop.wait(0.1):
+                    return
+                try:
+                    slow.sock.send(bytes([b]))
+                except OSError:
+                    return
+                sent[0] += 1
+
+        w = threading.Thread(target=trickle, daemon=True)
+        w.start()
+        self.addCleanup(lambda: (stop.set(), w.join(2)))
+        # the trickler holds the only slot: this one queues behind it
+        self.assertTrue(harness.wait_until(lambda: fu.accepted == 1, 2.0), "the trickled request was not routed")
+        fast = {}
+
+        def other():
+            resp, _ = harness.exchange(tt.port, "POST", CHAT.decode(), BODY, {"Content-Type": "application/json"},
+                                       timeout=10)
+            fast["status"] = resp.status
+            fast["at"] = time.monotonic() - t0
+
+        o = threading.Thread(target=other, daemon=True)
+        o.start()
+        try:
+            resp = slow.read_response()
+        except (socket.timeout, ValueError) as e:
+            resp = e
+        elapsed = time.monotonic() - t0
+        stop.set()
+        w.join(2)
+        o.join(10)
+        self.assertIsInstance(resp, harness.Response, "no answer to a trickled body within %.1f s (%d of %d "
+                              "bytes sent)" % (elapsed, sent[0], len(body)))
+        obj = self.assertProxyError(resp, 408)
+        self.assertIn("body", obj["error"]["message"])
+        self.assertGreaterEqual(elapsed, 0.9, "cut after %.2f s, before the 1 s body timeout" % elapsed)
+        self.assertLess(elapsed, 2.0, "cut after %.2f s with a 1 s body timeout" % elapsed)
+        self.assertLess(sent[0], len(body))
+        self.assertTrue(slow.wait_closed(2.0), "connection left open after 408")
+        self.assertEqual(fast.get("status"), 200, "the queued request: %r" % fast)
+        self.assertLess(fast["at"], 4.0, "the queued request was served %.2f s in" % fast["at"])
+        # the trickled request never reached the upstream whole
+        self.assertEqual([r.body for r in fu.requests], [BODY])
+
+    def test_fast_large_upload_not_cut(self):
+        fu = harness.start_fake_upstream(self, self._ok)
+        tt = self._start(fu.url, "1s")
+        big = b'{"model":"m","pad":"' + b"x" * (8 << 20) + b'"}'
+        resp, _ = harness.exchange(tt.port, "POST", CHAT.decode(), big, {"Content-Type": "application/json"},
+                                   timeout=10)
+        self.assertEqual(resp.status, 200, resp.body[:200])
+        self.assertEqual(len(fu.requests[0].body), len(big))
+
+    def test_backpressure_not_counted(self):
+        # An upstream that takes nothing for 3 s: tokentap stops reading the
+        # 24 MiB upload once its buffers fill, so the client cannot finish
+        # within the 2 s body timeout; the time tokentap was not reading is
+        # not the client's, and the request is served.
+        lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        lsock.bind((harness.LOOPBACK, 0))
+        lsock.listen(4)
+        lsock.settimeout(10)
+        self.addCleanup(lsock.close)
+        got = {}
+
+        def serve():
+            try:
+                c, _ = lsock.accept()
+            except OSError:
+                return
+            with c:
+                c.settimeout(10)
+                time.sleep(3.0)
+                req = harness.read_request(c, bytearray())
+                got["len"] = len(req.body) if req else None
+                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+
+        t = threading.Thread(target=serve, daemon=True)
+        t.start()
+        tt = self._start("http://%s:%d" % (harness.LOOPBACK, lsock.getsockname()[1]), "2s")
+        big = b'{"model":"m","pad":"' + b"x" * (24 << 20) + b'"}'
+        t0 = time.monotonic()
+        resp, _ = harness.exchange(tt.port, "POST", CHAT.decode(), big, {"Content-Type": "application/json"},
+                                   timeout=15)
+        elapsed = time.monotonic() - t0
+        t.join(5)
+        self.assertEqual(resp.status, 200, "after %.2f s: %r" % (elapsed, resp.body[:200]))
+        self.assertGreater(elapsed, 2.5, "the upload was never held back: the test shows nothing")
+        self.assertEqual(got.get("len"), len(big))
 
 if __name__ == "__main__":
     unittest.main()
