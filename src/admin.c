@@ -36,6 +36,7 @@
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
+#include <event2/listener.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <limits.h>
@@ -60,6 +61,7 @@
 #include "admin_stats.h"
 #include "config.h"
 #include "dashboard.h"
+#include "fdlimit.h"
 #include "log.h"
 #include "prom.h"
 #include "recent.h"
@@ -599,6 +601,26 @@ static uint64_t collection_start(const struct config *cfg, uint64_t now)
 	return (uint64_t)stx.stx_btime.tv_sec < now ? (uint64_t)stx.stx_btime.tv_sec : now;
 }
 
+static void on_accept_resume(evutil_socket_t fd, short what, void *arg)
+{
+	evconnlistener_enable(arg);
+}
+
+/* accept() failed (out of descriptors, most often; libevent retries the
+ * passing errors itself): the listener pauses instead of reporting the
+ * same error on every pass of the loop, as the proxy's do. evhttp owns the
+ * listener and its argument, hence a one-off timer that knows only the
+ * listener: it cannot outlive it, since admin_stop ends this loop before
+ * evhttp_free, and event_base_free drops the timer unrun. */
+static void on_accept_error(struct evconnlistener *lev, void *arg)
+{
+	struct timeval pause = { ACCEPT_PAUSE_MS / 1000, (ACCEPT_PAUSE_MS % 1000) * 1000 };
+
+	fdlimit_accept_failed("admin", EVUTIL_SOCKET_ERROR());
+	if (event_base_once(evconnlistener_get_base(lev), -1, EV_TIMEOUT, on_accept_resume, lev, &pause) == 0)
+		evconnlistener_disable(lev);
+}
+
 static void on_wake(evutil_socket_t fd, short what, void *arg)
 {
 	struct admin *a = arg;
@@ -688,6 +710,7 @@ struct admin *admin_start(const struct admin_options *o, struct store *store, co
 		snprintf(err, errlen, "admin: cannot listen on %s: %s", o->listen, strerror(errno));
 		goto fail;
 	}
+	evconnlistener_set_error_cb(evhttp_bound_socket_get_listener(bound), on_accept_error);
 	if (getsockname(evhttp_bound_socket_get_fd(bound), (struct sockaddr *)&ss, &sslen) == -1) {
 		snprintf(err, errlen, "admin: getsockname: %s", strerror(errno));
 		goto fail;
