@@ -33,9 +33,11 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
+#include <event2/listener.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <limits.h>
@@ -60,6 +62,7 @@
 #include "admin_stats.h"
 #include "config.h"
 #include "dashboard.h"
+#include "fdlimit.h"
 #include "log.h"
 #include "prom.h"
 #include "recent.h"
@@ -69,14 +72,40 @@
 #include "store.h"
 
 #define ADMIN_TIMEOUT_S 30
+/* A request must arrive whole within this of its connection opening or of
+ * the previous answer on it (ADMIN_MAX_CONNECTIONS, the cap, is fdlimit.h's). */
+#define ADMIN_REQUEST_DEADLINE_S 10
 #define ADMIN_MAX_HEADERS (16u << 10)
 #define ADMIN_MAX_BODY (64u << 10)
 #define LIVE_TIMEOUT_MS 2000
 #define TOKEN_MAX 4096
 
+/*
+ * One admin connection, from its accept to evhttp's close of it: counted
+ * against the cap, and timing the request it waits for. evhttp (2.1) has no
+ * connection cap and re-arms its timeout on every byte read, so the admin
+ * makes each connection's bufferevent itself (evhttp_set_bevcb), which
+ * tells it of every connection, and learns of the close through the
+ * connection's close callback, set once evhttp has made the connection
+ * (the timer's first run, at once, before any of its bytes are read).
+ * Owned by the admin (its list); the bufferevent is evhttp's, with one
+ * reference held here, so that one evhttp dropped without the callback is
+ * seen as such (no callbacks left) rather than read after its free.
+ */
+struct admin_conn {
+	struct admin *a;
+	struct bufferevent *bev;
+	struct event *timer; /* hooks the connection up, then its deadline */
+	bool hooked, over_cap;
+	LIST_ENTRY(admin_conn) link;
+};
+
 struct admin {
 	struct event_base *base;
 	struct evhttp *http;
+	LIST_HEAD(, admin_conn) conns;
+	unsigned nconns; /* in conns, over the cap ones too until they close */
+	bool cap_warned;
 	struct event *wake;
 	int wake_fd[2];
 	pthread_t thread;
@@ -493,6 +522,118 @@ static void (*const handlers[ADMIN_R__COUNT])(struct admin *, struct evhttp_requ
 #undef X
 };
 
+/* ---- connections: the cap and the request deadline ---- */
+
+static void conn_free(struct admin_conn *c)
+{
+	struct admin *a = c->a;
+
+	LIST_REMOVE(c, link);
+	if (--a->nconns < ADMIN_MAX_CONNECTIONS)
+		a->cap_warned = false;
+	event_free(c->timer);
+	bufferevent_decref(c->bev);
+	free(c);
+}
+
+static void on_conn_close(struct evhttp_connection *evcon, void *arg)
+{
+	evhttp_connection_set_closecb(evcon, NULL, NULL);
+	conn_free(arg);
+}
+
+static void conn_deadline(struct admin_conn *c)
+{
+	struct timeval tv = { ADMIN_REQUEST_DEADLINE_S, 0 };
+
+	evtimer_add(c->timer, &tv);
+}
+
+/* First run (made active when the connection was accepted): hook the
+ * connection up, or close it when it is past the cap. Later runs: the
+ * request did not arrive in time, so close it. Closing is what evhttp does
+ * on a read timeout (no answer, the connection freed), asked for through
+ * its own event callback; on_conn_close then frees `c`. */
+static void on_conn_timer(evutil_socket_t fd, short what, void *arg)
+{
+	struct admin_conn *c = arg;
+	bufferevent_event_cb eventcb = NULL;
+	void *evcon = NULL;
+
+	bufferevent_getcb(c->bev, NULL, NULL, &eventcb, &evcon);
+	if (!eventcb) {
+		conn_free(c); /* evhttp freed it already */
+		return;
+	}
+	if (!c->hooked) {
+		c->hooked = true;
+		evhttp_connection_set_closecb(evcon, on_conn_close, c);
+		if (!c->over_cap) {
+			conn_deadline(c);
+			return;
+		}
+		if (!c->a->cap_warned) {
+			c->a->cap_warned = true;
+			log_warn("admin: connection cap of %u reached: new connections are closed",
+				 ADMIN_MAX_CONNECTIONS);
+		}
+	}
+	eventcb(c->bev, BEV_EVENT_READING | BEV_EVENT_TIMEOUT, evcon);
+}
+
+/* evhttp accepted a connection and asks for its bufferevent. NULL lets it
+ * make its own (out of memory here: that connection goes uncounted). */
+static struct bufferevent *on_conn_new(struct event_base *base, void *arg)
+{
+	struct admin *a = arg;
+	struct admin_conn *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return NULL;
+	c->a = a;
+	c->bev = bufferevent_socket_new(base, -1, 0); /* as evhttp's own: it closes the socket */
+	c->timer = evtimer_new(base, on_conn_timer, c);
+	if (!c->bev || !c->timer) {
+		if (c->bev)
+			bufferevent_free(c->bev);
+		if (c->timer)
+			event_free(c->timer);
+		free(c);
+		return NULL;
+	}
+	bufferevent_incref(c->bev);
+	c->over_cap = a->nconns >= ADMIN_MAX_CONNECTIONS;
+	a->nconns++;
+	LIST_INSERT_HEAD(&a->conns, c, link);
+	/* runs in this pass of the loop, after evhttp has set the connection
+	 * up and before any read on it */
+	event_active(c->timer, EV_TIMEOUT, 1);
+	return c->bev;
+}
+
+/* The answer went out: the next request on the connection gets a deadline
+ * of its own. */
+static void on_answered(struct evhttp_request *req, void *arg)
+{
+	conn_deadline(arg);
+}
+
+/* A whole request arrived: its deadline is met. */
+static void conn_request_arrived(struct admin *a, struct evhttp_request *req)
+{
+	struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+	struct bufferevent *bev = evcon ? evhttp_connection_get_bufferevent(evcon) : NULL;
+	struct admin_conn *c;
+
+	LIST_FOREACH (c, &a->conns, link) {
+		if (c->bev == bev) {
+			evtimer_del(c->timer);
+			evhttp_request_set_on_complete_cb(req, on_answered, c);
+			return;
+		}
+	}
+}
+
 static void on_request(struct evhttp_request *req, void *arg)
 {
 	struct admin *a = arg;
@@ -507,6 +648,7 @@ static void on_request(struct evhttp_request *req, void *arg)
 	struct admin_verdict v;
 	struct evkeyvalq params;
 
+	conn_request_arrived(a, req);
 	admin_gate(&r, &id, &params, &v);
 	if (v.status) {
 		struct evkeyvalq *out = evhttp_request_get_output_headers(req);
@@ -599,6 +741,26 @@ static uint64_t collection_start(const struct config *cfg, uint64_t now)
 	return (uint64_t)stx.stx_btime.tv_sec < now ? (uint64_t)stx.stx_btime.tv_sec : now;
 }
 
+static void on_accept_resume(evutil_socket_t fd, short what, void *arg)
+{
+	evconnlistener_enable(arg);
+}
+
+/* accept() failed (out of descriptors, most often; libevent retries the
+ * passing errors itself): the listener pauses instead of reporting the
+ * same error on every pass of the loop, as the proxy's do. evhttp owns the
+ * listener and its argument, hence a one-off timer that knows only the
+ * listener: it cannot outlive it, since admin_stop ends this loop before
+ * evhttp_free, and event_base_free drops the timer unrun. */
+static void on_accept_error(struct evconnlistener *lev, void *arg)
+{
+	struct timeval pause = { ACCEPT_PAUSE_MS / 1000, (ACCEPT_PAUSE_MS % 1000) * 1000 };
+
+	fdlimit_accept_failed("admin", EVUTIL_SOCKET_ERROR());
+	if (event_base_once(evconnlistener_get_base(lev), -1, EV_TIMEOUT, on_accept_resume, lev, &pause) == 0)
+		evconnlistener_disable(lev);
+}
+
 static void on_wake(evutil_socket_t fd, short what, void *arg)
 {
 	struct admin *a = arg;
@@ -652,6 +814,7 @@ struct admin *admin_start(const struct admin_options *o, struct store *store, co
 		return NULL;
 	}
 	a->wake_fd[0] = a->wake_fd[1] = -1;
+	LIST_INIT(&a->conns);
 	pthread_mutex_init(&a->labels_lock, NULL);
 	a->labels = (json_t *)admin_labels_of(cfg);
 	a->store = store;
@@ -683,11 +846,13 @@ struct admin *admin_start(const struct admin_options *o, struct store *store, co
 						    EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_TRACE |
 						    EVHTTP_REQ_CONNECT | EVHTTP_REQ_PATCH);
 	evhttp_set_gencb(a->http, on_request, a);
+	evhttp_set_bevcb(a->http, on_conn_new, a);
 	bound = evhttp_bind_socket_with_handle(a->http, host, (ev_uint16_t)port);
 	if (!bound) {
 		snprintf(err, errlen, "admin: cannot listen on %s: %s", o->listen, strerror(errno));
 		goto fail;
 	}
+	evconnlistener_set_error_cb(evhttp_bound_socket_get_listener(bound), on_accept_error);
 	if (getsockname(evhttp_bound_socket_get_fd(bound), (struct sockaddr *)&ss, &sslen) == -1) {
 		snprintf(err, errlen, "admin: getsockname: %s", strerror(errno));
 		goto fail;
@@ -781,7 +946,9 @@ void admin_stop(struct admin *a)
 	if (a->wake)
 		event_free(a->wake);
 	if (a->http)
-		evhttp_free(a->http);
+		evhttp_free(a->http); /* closes every connection: on_conn_close */
+	while (!LIST_EMPTY(&a->conns))
+		conn_free(LIST_FIRST(&a->conns)); /* accepted in the loop's last pass, never hooked up */
 	if (a->base)
 		event_base_free(a->base);
 	for (int i = 0; i < 2; i++)

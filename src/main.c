@@ -18,6 +18,7 @@
 #include "admin.h"
 #include "cli.h"
 #include "config.h"
+#include "fdlimit.h"
 #include "log.h"
 #include "proxy.h"
 #include "recent.h"
@@ -185,6 +186,7 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
 		}
 	}
 	warn_fixed(app->boot, &next[0]);
+	(void)fdlimit_check(&next[0], app->nworkers);
 	/* taken now: a worker that takes the configuration empties next[] */
 	struct admin_labels *labels = admin_labels_of(&next[0]);
 	int log_level = next[0].log_level;
@@ -266,6 +268,7 @@ int main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 	malloc_settle();
 	nworkers = config_workers(&boot);
+	fdlimit_raise(&boot, nworkers);
 
 	base = event_base_new();
 	app.drained_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

@@ -65,6 +65,7 @@
 #include "bevio.h"
 #include "classify.h"
 #include "config.h"
+#include "fdlimit.h"
 #include "framer.h"
 #include "log.h"
 #include "mirror.h"
@@ -1026,10 +1027,34 @@ static void on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct soc
 	log_conn(LOG_DEBUG, cl->id, "accepted from %s", cl->peer);
 }
 
+/* The pause after a failed accept is over: listen again (unless draining
+ * closed the listeners meanwhile). Should descriptors still be short, the
+ * next failure pauses again. */
+static void on_accept_resume(evutil_socket_t fd, short what, void *arg)
+{
+	struct proxy *px = arg;
+
+	for (unsigned i = 0; i < px->nlisteners; i++)
+		if (px->listeners[i].lev)
+			evconnlistener_enable(px->listeners[i].lev);
+}
+
+/* accept() failed with an error that retrying at once would not cure
+ * (libevent retries EINTR, EAGAIN and ECONNABORTED itself): most often out
+ * of descriptors. The listener is level-triggered, so it would report the
+ * same error on every pass of the loop; every listener of this worker
+ * pauses instead, and the connections wait in the kernel's backlog. */
 static void on_accept_error(struct evconnlistener *lev, void *arg)
 {
+	struct listener *l = arg;
+	struct proxy *px = l->px;
 	int err = EVUTIL_SOCKET_ERROR();
-	log_error("accept failed: %s", evutil_socket_error_to_string(err));
+
+	fdlimit_accept_failed("proxy", err);
+	for (unsigned i = 0; i < px->nlisteners; i++)
+		if (px->listeners[i].lev)
+			evconnlistener_disable(px->listeners[i].lev);
+	timer_arm(px->accept_timer, ACCEPT_PAUSE_MS);
 }
 
 struct proxy *proxy_new(struct event_base *base, struct router *router, const struct proxy_env *env, char *err,
@@ -1053,10 +1078,10 @@ struct proxy *proxy_new(struct event_base *base, struct router *router, const st
 	px->recent = env->recent;
 	px->clients_all = env->clients ? env->clients : &px->clients_own;
 	px->tail = evbuffer_new();
-	if (!px->tail) {
+	px->accept_timer = evtimer_new(base, on_accept_resume, px);
+	if (!px->tail || !px->accept_timer) {
 		snprintf(err, errlen, "out of memory");
-		free(px);
-		return NULL;
+		goto fail;
 	}
 	LIST_INIT(&px->clients);
 	if (getrandom(&px->id_seed, sizeof(px->id_seed), 0) != sizeof(px->id_seed))
@@ -1106,7 +1131,10 @@ struct proxy *proxy_new(struct event_base *base, struct router *router, const st
 fail:
 	for (unsigned i = 0; i < px->nlisteners; i++)
 		evconnlistener_free(px->listeners[i].lev);
-	evbuffer_free(px->tail);
+	if (px->accept_timer)
+		event_free(px->accept_timer);
+	if (px->tail)
+		evbuffer_free(px->tail);
 	free(px);
 	return NULL;
 }
@@ -1130,6 +1158,8 @@ void proxy_free(struct proxy *px)
 	mirror_abort_all(&px->mirrors);
 	if (px->drain_timer)
 		event_free(px->drain_timer);
+	if (px->accept_timer)
+		event_free(px->accept_timer);
 	router_unref(px->router);
 	evbuffer_free(px->tail);
 	free(px);

@@ -93,6 +93,7 @@ struct proxy {
 	struct mirror_list mirrors;    /* shadow exchanges in flight */
 	struct evbuffer *tail;	       /* a response's last bytes between its upstream and its client */
 	bool cap_warned;
+	struct event *accept_timer; /* ends the listeners' pause after a failed accept */
 	uint64_t id_seed, id_counter;
 	LIST_HEAD(, client) clients;
 };

@@ -19,6 +19,7 @@ Binaries come from TOKENTAP_BIN and TOKENTAP_SIM_BIN (set by ctest).
 import json
 import os
 import re
+import resource
 import select
 import shutil
 import signal
@@ -118,6 +119,14 @@ def process_state(pid):
         return None
 
 
+def cpu_seconds(pid):
+    """User plus system CPU time `pid` has used so far, all threads, in
+    seconds (utime and stime in /proc/PID/stat)."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def all_threads_stopped(pid):
     """Whether every thread of `pid` is in the stopped state (after SIGSTOP)."""
     tasks = os.listdir("/proc/%d/task" % pid)
@@ -131,11 +140,25 @@ def all_threads_stopped(pid):
 # processes
 
 
+def _nofile_setter(limits):
+    """A preexec_fn that sets RLIMIT_NOFILE to `limits` (soft, hard), or
+    None for none."""
+    if limits is None:
+        return None
+
+    def setter():
+        resource.setrlimit(resource.RLIMIT_NOFILE, tuple(limits))
+
+    return setter
+
+
 class Process:
     """A child process whose stderr is drained by a thread (so a chatty child
     never blocks on a full pipe) and kept for diagnostics."""
 
-    def __init__(self, argv, ready_re, name, cwd=None, stdout_path=None, env=None):
+    def __init__(self, argv, ready_re, name, cwd=None, stdout_path=None, env=None, rlimit_nofile=None):
+        """rlimit_nofile: (soft, hard) descriptor limits the child starts
+        with, set between fork and exec; None: this process's own."""
         self.argv = list(argv)
         self.name = name
         self.cwd = cwd
@@ -152,6 +175,7 @@ class Process:
                 start_new_session=True,
                 cwd=cwd,
                 env=env,
+                preexec_fn=_nofile_setter(rlimit_nofile),
             )
         finally:
             if stdout_path:
@@ -270,7 +294,7 @@ class Tokentap(Process):
     whatever it writes relative to it by default (its data directory) neither
     lands in the source tree nor is shared between instances."""
 
-    def __init__(self, upstream, *args, stdout_path=None):
+    def __init__(self, upstream, *args, stdout_path=None, rlimit_nofile=None):
         args = [str(a) for a in args]
         if "--admin" not in args and "--admin" in tokentap_help():
             # A fixed default admin port would collide between the instances
@@ -284,6 +308,7 @@ class Tokentap(Process):
                 "tokentap",
                 cwd=self.workdir,
                 stdout_path=stdout_path,
+                rlimit_nofile=rlimit_nofile,
             )
         except BaseException:
             shutil.rmtree(self.workdir, ignore_errors=True)
@@ -313,8 +338,8 @@ def start_sim(test, *args):
     return sim
 
 
-def start_tokentap(test, upstream, *args, stdout_path=None):
-    tt = Tokentap(upstream, *args, stdout_path=stdout_path)
+def start_tokentap(test, upstream, *args, stdout_path=None, rlimit_nofile=None):
+    tt = Tokentap(upstream, *args, stdout_path=stdout_path, rlimit_nofile=rlimit_nofile)
     _add_cleanup(test, lambda: _stop_and_check(tt))
     return tt
 
