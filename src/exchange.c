@@ -802,6 +802,14 @@ static void on_resp_complete(void *arg, bool keep_alive)
 	}
 	req->resp_done = true;
 	req->resp_keepalive = keep_alive;
+	/* The head went to the client as the upstream wrote it: a response
+	 * that its close delimits, or that says the connection ends with it,
+	 * ends the client's connection too (the client waits for that close).
+	 * So does any answer to an HTTP/1.0 client: tokentap never adds the
+	 * `Connection: keep-alive` that such a client needs to keep going, and
+	 * asks the upstream to close besides (head_write). */
+	if (!keep_alive || req->head.http10)
+		req->cl->close_after = true;
 	upstream_note_result(req->up, true, req->now);
 	evtimer_del(req->timer);
 	req->timer_kind = RT_NONE;

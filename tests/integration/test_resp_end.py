@@ -1,5 +1,7 @@
-"""Responses that end, over real sockets: 204, 304 and 1xx responses have
-no body whatever their framing headers say, so the next request on the
+"""Responses that end, over real sockets: an answer delimited by the
+upstream's close ends for the client too (its connection closes after it,
+HTTP/1.0 keep-alive clients included); 204, 304 and 1xx responses have no
+body whatever their framing headers say, so the next request on the
 connection and the upstream's admission slot are not held."""
 
 import socket
@@ -18,6 +20,111 @@ def json_body(n=1):
 
 
 SSE_EVENTS = [b'data: {"choices":[{"delta":{"content":"tok%d"}}]}\n\n' % i for i in range(5)] + [b"data: [DONE]\n\n"]
+
+
+def close_delimited_json(sock, req, fu):
+    body = json_body(300)
+    sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n" + body)
+    return False
+
+
+def close_delimited_sse(sock, req, fu):
+    sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+    for ev in SSE_EVENTS:
+        time.sleep(0.01)
+        sock.sendall(ev)
+    return False
+
+
+def http10(raw):
+    return raw.replace(b" HTTP/1.1\r\n", b" HTTP/1.0\r\n", 1)
+
+
+class CloseDelimitedTest(harness.TestCase):
+    """Whenever the response needed the upstream's EOF to end (or says the
+    connection does not persist), the client's connection closes after it
+    (issue #14, item 1)."""
+
+    def start(self, handler):
+        fu = harness.start_fake_upstream(self, handler)
+        return fu, rh.start_conf(self, rh.upstreams_yaml({"u": fu.url}))
+
+    def assert_ends_with_close(self, conn, tt, want_body, method="POST"):
+        t0 = time.monotonic()
+        resp = conn.read_head()
+        self.assertIsNotNone(resp, "no response")
+        self.assertEqual(resp.status, 200)
+        got = b""
+        for _ in range(10000):
+            if len(got) >= len(want_body) or (conn._avail() == 0 and not conn._fill()):
+                break
+            got += conn._take(min(conn._avail(), len(want_body) - len(got)))
+        self.assertEqual(got, want_body, "every byte of the answer")
+        self.assertTrue(conn.wait_closed(PROMPT_S), "client connection still open %.1f s after the answer's end"
+                        % (time.monotonic() - t0))
+        self.assertEqual(conn.extra, b"", "nothing after the answer")
+        (entry,) = tt.wait_log_count(1)
+        self.assertEqual((entry["status"], entry["error"]), (200, None), entry)
+
+    def test_close_delimited_answer_closes_a_keep_alive_client(self):
+        for name, handler, body in (("json", close_delimited_json, json_body(300)),
+                                    ("sse", close_delimited_sse, b"".join(SSE_EVENTS))):
+            with self.subTest(answer=name):
+                fu, tt = self.start(handler)
+                conn = harness.HttpConn(tt.port, timeout=PROMPT_S + 3)
+                try:
+                    conn.send(harness.request_bytes("POST", rh.CHAT, rh.chat(stream=name == "sse"), port=tt.port))
+                    self.assert_ends_with_close(conn, tt, body)
+                    # a second request on it is not served
+                    conn.try_send(harness.request_bytes("POST", rh.CHAT, rh.chat(), port=tt.port))
+                    self.assertEqual(len(fu.requests), 1, "the second request reached the upstream")
+                finally:
+                    conn.close()
+                self.assertEqual(len(fu.requests), 1)
+
+    def test_http10_keep_alive_client_gets_the_close(self):
+        """tokentap forwards an HTTP/1.0 request with `connection: close`;
+        the simulator's streamed answer then says so too, and a client that
+        asked for keep-alive (ab -k) waits for the close."""
+        sim = harness.start_sim(self, "--ttft-ms", "5", "--itl-ms", "1")
+        tt = rh.start_conf(self, rh.upstreams_yaml({"sim": sim.url}))
+        conn = harness.HttpConn(tt.port, timeout=PROMPT_S + 3)
+        try:
+            raw = http10(harness.request_bytes("POST", rh.CHAT, rh.chat(stream=True), [("Connection", "keep-alive")],
+                                               tt.port))
+            conn.send(raw)
+            resp = conn.read_response("POST")
+            self.assertEqual(resp.status, 200)
+            self.assertTrue(resp.complete, "the whole stream")
+            self.assertIn(b"data: [DONE]", resp.body)
+            t0 = time.monotonic()
+            self.assertTrue(conn.wait_closed(PROMPT_S), "HTTP/1.0 client's connection still open %.1f s after the "
+                            "answer" % (time.monotonic() - t0))
+        finally:
+            conn.close()
+        (entry,) = tt.wait_log_count(1)
+        self.assertEqual((entry["status"], entry["error"]), (200, None), entry)
+        self.assertEqual(sim.stats()["requests"], 1)
+
+    def test_keep_alive_answer_keeps_the_client(self):
+        """The other side of the rule: a length-delimited answer that does
+        not ask for the close leaves an HTTP/1.1 client's connection open."""
+        def sized(sock, req, fu):
+            body = json_body(10)
+            sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                         % (len(body), body))
+            return True
+
+        fu, tt = self.start(sized)
+        conn = harness.HttpConn(tt.port, timeout=PROMPT_S + 3)
+        try:
+            for _ in range(2):
+                conn.send(harness.request_bytes("POST", rh.CHAT, rh.chat(), port=tt.port))
+                resp = conn.read_response("POST")
+                self.assertEqual((resp.status, resp.body), (200, json_body(10)))
+        finally:
+            conn.close()
+        self.assertEqual(len(fu.requests), 2)
 
 
 def no_body_answers(sock, req, fu):
