@@ -30,12 +30,15 @@
 static bool request_failover(struct request *req);
 static void on_up_write(struct bufferevent *bev, void *arg);
 static void on_up_event(struct bufferevent *bev, short what, void *arg);
+static void request_upstream_closed(struct request *req, short what);
 static const struct upconn_direct up_direct;
 
 /* ---- upstream exchange ---- */
 
 void request_timer_set(struct request *req, enum req_timer kind, uint64_t ms)
 {
+	if (req->timer_kind == RT_UP_CLOSED && kind != RT_UP_CLOSED)
+		return; /* the upstream closed: that is decided first */
 	req->timer_kind = kind;
 	timer_arm(req->timer, ms);
 }
@@ -116,6 +119,10 @@ void on_request_timer(evutil_socket_t fd, short what, void *arg)
 		snprintf(msg, sizeof(msg), "upstream %s sent no response headers within %llu ms", req->up->name,
 			 (unsigned long long)req->up->first_byte_timeout_ms);
 		break;
+	case RT_UP_CLOSED:
+		req->timer_kind = RT_NONE;
+		request_upstream_closed(req, req->up_closed);
+		return;
 	case RT_IDLE:
 		if (request_idle_rearm(req))
 			return;
@@ -592,6 +599,40 @@ static void on_up_event(struct bufferevent *bev, short what, void *arg)
 		client_fail(cl, 502, REQ_ERR_CONNECT_FAILED, "upstream_unreachable", msg);
 		return;
 	}
+	/*
+	 * Over TLS the close is acted on at the next loop turn. libevent 2.1's
+	 * OpenSSL bufferevent reads into up to two pieces of the input buffer
+	 * in one pass, and when the second read meets the close it reports the
+	 * event before it commits what the first one read: those bytes (the
+	 * rest of a response head, the last events of a stream) reach the input
+	 * buffer, and on_up_read, only once this callback has returned. On the
+	 * next turn every byte that came before the close has been read.
+	 */
+	if (tls_bev_is_tls(bev)) {
+		req->upstream_dirty = true; /* never back to the pool */
+		req->up_closed = what;
+		request_timer_set(req, RT_UP_CLOSED, 0);
+		return;
+	}
+	request_upstream_closed(req, what);
+}
+
+/*
+ * The upstream closed its connection (BEV_EVENT_EOF) or it failed, after it
+ * was established; every byte it sent before is in its input buffer. A
+ * response the close delimits is complete with it; any other response not
+ * yet complete was cut short: 502 before the head, the client's connection
+ * closed after it (client_fail), unless a pooled connection can be replayed.
+ */
+static void request_upstream_closed(struct request *req, short what)
+{
+	struct client *cl = req->cl;
+	char msg[600];
+
+	if (!req->uc)
+		return; /* dropped meanwhile (request_drop_upstream also stops the timer) */
+	struct bufferevent *bev = req->uc->bev;
+
 	/* A response delimited by the close is complete now. */
 	if ((what & BEV_EVENT_EOF) && req->rp.head_done && !req->resp_done) {
 		uint64_t seq = req->seq;
@@ -855,6 +896,14 @@ static void on_resp_complete(void *arg, bool keep_alive)
 	}
 	req->resp_done = true;
 	req->resp_keepalive = keep_alive;
+	/* The head went to the client as the upstream wrote it: a response
+	 * that its close delimits, or that says the connection ends with it,
+	 * ends the client's connection too (the client waits for that close).
+	 * So does any answer to an HTTP/1.0 client: tokentap never adds the
+	 * `Connection: keep-alive` that such a client needs to keep going, and
+	 * asks the upstream to close besides (head_write). */
+	if (!keep_alive || req->head.http10)
+		req->cl->close_after = true;
 	upstream_note_result(req->up, true, req->now);
 	evtimer_del(req->timer);
 	req->timer_kind = RT_NONE;

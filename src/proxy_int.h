@@ -46,7 +46,9 @@ enum client_state {
 #undef X
 };
 
-enum req_timer { RT_NONE, RT_QUEUE, RT_CONNECT, RT_FIRST_BYTE, RT_IDLE };
+/* RT_UP_CLOSED: not a timeout; a TLS upstream's close, acted on at the next
+ * loop turn (on_up_event says why). */
+enum req_timer { RT_NONE, RT_QUEUE, RT_CONNECT, RT_FIRST_BYTE, RT_IDLE, RT_UP_CLOSED };
 
 /* Lingering close: after an error response, keep reading (and dropping)
  * what the client still sends for a moment, so it sees the response rather
@@ -144,6 +146,7 @@ struct request {
 	struct event *timer;
 	enum req_timer timer_kind;
 	uint64_t idle_from;    /* RT_IDLE: silence is counted from here */
+	short up_closed;       /* RT_UP_CLOSED: the BEV_EVENT_* flags of the upstream's close */
 	size_t paused_waiting; /* upstream_paused: the fewest bytes seen waiting for the client */
 	struct respparse rp;   /* its response; rp.held: bytes at the front of the input parsed, not yet moved */
 	bool resp_done, resp_started, resp_keepalive; /* the head: rp.head_done */

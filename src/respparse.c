@@ -7,7 +7,8 @@
  *                      on_headers_complete: 101 and < 100 refused; 1xx
  *                                           passed over;
  *                                           the final head: hooks->head;
- *                                           no body after a HEAD
+ *                                           no body after a HEAD, nor
+ *                                           in a 204 or 304
  *                      on_body:             hooks->body
  *                      on_message_complete: 1xx passed over; the final
  *                                           one: hooks->complete, a pause
@@ -100,7 +101,11 @@ static int on_headers_complete(llhttp_t *p)
 	if (rp->content_encoded)
 		rp->kind = FRAMER_NONE;
 	rp->hooks->head(rp->arg, rp);
-	return rp->head_request ? 1 : 0; /* 1: no body follows */
+	/* 1: no body follows. llhttp 8.1 knows that of 204 and 304 only when
+	 * they carry no framing: a 304's Content-Length describes the
+	 * representation (RFC 9110 8.6), and neither may have a body whatever
+	 * their headers say, so they end here as a HEAD's answer does. */
+	return rp->head_request || status == 204 || status == 304 ? 1 : 0;
 }
 
 static int on_body(llhttp_t *p, const char *at, size_t len)

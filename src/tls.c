@@ -70,6 +70,14 @@ SSL_CTX *tls_client_ctx(bool verify, const char *ca_file, char *err, size_t errl
 	}
 	SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
 	SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
+#ifdef SSL_OP_IGNORE_UNEXPECTED_EOF
+	/* An upstream that closes without close_notify ends its stream
+	 * (BEV_EVENT_EOF) rather than failing it (OpenSSL 3 makes it an error):
+	 * whether the response was whole is the HTTP framing's to say
+	 * (exchange.c), and a response that the close delimits ends there, as
+	 * most servers and proxies take it. */
+	SSL_CTX_set_options(ctx, SSL_OP_IGNORE_UNEXPECTED_EOF);
+#endif
 	if (verify) {
 		SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
 		if (ca_file) {

@@ -17,7 +17,7 @@
  * consumed, byte for byte, and all of it once the head has parsed; nothing
  * is consumed past a response's end (the consumed prefix alone parses to
  * the same end); hooks come in order (one head, body only after it and not
- * for a HEAD, one completion, nothing after it); a head is refused as too
+ * for a HEAD, a 204 or a 304, one completion, nothing after it); a head is refused as too
  * large only past the bound; the whole stream in one read and in many reads
  * gives the same status, framer kind, body, events, classifications, usage,
  * keep-alive and end, and unless that end is an error, the same bytes
@@ -111,6 +111,7 @@ static void on_body(void *arg, const char *at, size_t len)
 
 	CHECK(r->heads == 1 && r->completes == 0);
 	CHECK(!r->head_request);
+	CHECK(r->status != 204 && r->status != 304); /* no body, whatever the headers */
 	CHECK(len > 0);
 	r->body_digest = fuzz_fnv(r->body_digest, at, len);
 	if (r->kind != FRAMER_NONE) {
