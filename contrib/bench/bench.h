@@ -90,6 +90,7 @@ enum bench_api {
 	BAPI_ANTHROPIC,
 	BAPI_OLLAMA_CHAT,
 	BAPI_OLLAMA_GENERATE,
+	BAPI_OPENAI_RESPONSES,
 };
 
 struct bench_opts {

@@ -177,6 +177,7 @@ static enum api_kind api_kind_of(enum bench_api a)
 	case BAPI_ANTHROPIC: return API_ANTHROPIC;
 	case BAPI_OLLAMA_CHAT: return API_OLLAMA_CHAT;
 	case BAPI_OLLAMA_GENERATE: return API_OLLAMA_GENERATE;
+	case BAPI_OPENAI_RESPONSES: return API_OPENAI_RESPONSES;
 	}
 	return API_UNKNOWN;
 }
@@ -442,11 +443,13 @@ static void request_build(struct run *r, const struct breq *q)
 	case BAPI_OPENAI_CHAT:
 	case BAPI_ANTHROPIC:
 	case BAPI_OLLAMA_CHAT: evbuffer_add_printf(b, "\"messages\":[{\"role\":\"user\",\"content\":\""); break;
+	case BAPI_OPENAI_RESPONSES: evbuffer_add_printf(b, "\"input\":[{\"role\":\"user\",\"content\":\""); break;
 	case BAPI_OPENAI_COMPLETIONS:
 	case BAPI_OLLAMA_GENERATE: evbuffer_add_printf(b, "\"prompt\":\""); break;
 	}
 	prompt_text_add(b, q->in_len, o->seed, q->seq);
-	if (o->api == BAPI_OPENAI_CHAT || o->api == BAPI_ANTHROPIC || o->api == BAPI_OLLAMA_CHAT)
+	if (o->api == BAPI_OPENAI_CHAT || o->api == BAPI_ANTHROPIC || o->api == BAPI_OLLAMA_CHAT ||
+	    o->api == BAPI_OPENAI_RESPONSES)
 		evbuffer_add_printf(b, "\"}]");
 	else
 		evbuffer_add_printf(b, "\"");
@@ -460,6 +463,10 @@ static void request_build(struct run *r, const struct breq *q)
 			evbuffer_add_printf(b, ",\"ignore_eos\":true");
 		break;
 	case BAPI_ANTHROPIC: evbuffer_add_printf(b, ",\"max_tokens\":%u,\"stream\":%s", q->out_len, stream); break;
+	case BAPI_OPENAI_RESPONSES:
+		/* Usage always comes in response.completed: no stream_options. */
+		evbuffer_add_printf(b, ",\"max_output_tokens\":%u,\"stream\":%s", q->out_len, stream);
+		break;
 	case BAPI_OLLAMA_CHAT:
 	case BAPI_OLLAMA_GENERATE:
 		evbuffer_add_printf(b, ",\"stream\":%s,\"options\":{\"num_predict\":%u}", stream, q->out_len);
