@@ -318,6 +318,13 @@ static void req_finish(struct conn *c, enum bench_error err, uint64_t now)
 			const char *p = len ? (const char *)evbuffer_pullup(q->body, -1) : "";
 			classify_body(r->api, p, len, &q->rec.usage);
 		}
+		/* A Responses API answer the server itself says failed. One it
+		 * says is incomplete (cut at max_output_tokens, which every
+		 * request here sets) is a result, as a chat "length" finish is. */
+		if (q->rec.usage.outcome == OUTCOME_FAILED)
+			err = BERR_RESPONSE_FAILED;
+	}
+	if (err == BERR_NONE) {
 		q->rec.at[TL_RESP_END] = now;
 		record_derive(&q->rec, m);
 		in = q->rec.usage.input_tokens >= 0 ? q->rec.usage.input_tokens : (int64_t)q->in_len;

@@ -180,6 +180,23 @@ class EndingsTest(harness.TestCase):
                 self.assertEqual(e["events"], len(fake_stream(ending)))
                 self.check_stats(model, kind, out)
 
+    def test_bench_counts_a_failed_response(self):
+        """tokentap-bench --api openai-responses straight at the fake: a
+        failed ending is a failed request (kind response_failed), an
+        incomplete one is ok (bench sets max_output_tokens itself)."""
+        for ending, ok, failed in (("failed", 0, 2), ("error_only", 0, 2), ("incomplete", 2, 0),
+                                   ("completed", 2, 0)):
+            with self.subTest(ending=ending):
+                out = os.path.join(self.dir, "bench-%s.json" % ending)
+                p = subprocess.run([harness.bench_bin(), "--url", self.up.url, "--api", API, "--requests", "2",
+                                    "--no-progress", "-H", "x-ending: " + ending, "--json", out],
+                                   stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+                self.assertTrue(os.path.exists(out), "tokentap-bench exited %d: %s" % (p.returncode, p.stderr))
+                with open(out) as f:
+                    res = json.load(f)["result"]
+                self.assertEqual((res["requests"]["ok"], res["requests"]["failed"]), (ok, failed), res)
+                self.assertEqual(res["errors"]["response_failed"], failed)
+
     def check_stats(self, model, kind, out):
         """/stats has the model's series, its error counted under the kind."""
         last = []
