@@ -1,7 +1,7 @@
 // responses_sdk.cjs — streams one Responses request with the official `openai`
 // npm SDK and prints, as JSON on stdout, every event the SDK yielded and the
 // time from just before the call to the first output_text delta (ms).
-// Used by test_responses.py.
+// Used by test_responses.py, whose SDK_BODY is the request made here.
 //
 // Usage: node responses_sdk.cjs SDK_DIR BASE_URL REQUEST_ID TTFT_MS ITL_MS TOKENS
 "use strict";

@@ -217,6 +217,10 @@ class EndingsTest(harness.TestCase):
             self.assertEqual(s["errors"][k], 1 if k == kind else 0, (k, s["errors"]))
 
 
+# The request responses_sdk.cjs makes (keep the two in step).
+SDK_BODY = {"model": "sim-model", "input": [{"role": "user", "content": "Why is the sky blue?"}], "stream": True}
+
+
 def npm_install_sdk():
     """Installs SDK_SPEC under SDK_DIR once; fails with a message when npm
     is missing or the install fails."""
@@ -260,7 +264,16 @@ class OpenAISdkTest(harness.TestCase):
 
     def test_sdk_stream_through_tokentap(self):
         tokens = 12
+        # What the simulator sends for the body the SDK writes (its
+        # JSON.stringify of SDK_BODY: the same bytes, so the same stream).
+        raw, _ = harness.exchange(self.sim.port, "POST", PATH, SDK_BODY, harness.sim_headers(ttft=0, itl=0,
+                                                                                           tokens=tokens))
+        self.assertEqual(raw.status, 200)
+        sent = harness.events_of(raw)
+        self.assertEqual([ev.name for ev in sent], [ev.json()["type"] for ev in sent], "event: line == type")
+        sent = [ev.json() for ev in sent]
         direct = run_sdk("http://127.0.0.1:%d/v1" % self.sim.port, "it-resp-sdk-direct", 60, 10, tokens)
+        self.assertEqual(direct["events"], sent, "the SDK yields each event's data as the simulator sent it")
         for attempt in range(2):
             rid = "it-resp-sdk-%d" % attempt
             via = run_sdk("http://127.0.0.1:%d/v1" % self.tt.port, rid, 60, 10, tokens)
