@@ -13,6 +13,8 @@ packages=(
 	clang libclang-rt-dev clang-format
 	# the dashboard test (headless, runs without recommends) and the fleet-quantile test
 	chromium fonts-dejavu-core prometheus
+	# the Responses test installs the official openai SDK with npm (tests/integration/test_responses.py)
+	nodejs npm
 )
 
 missing=()

@@ -57,6 +57,8 @@ static const struct api_route api_routes[] = {
 	{ "/generate", API_TGI },
 	{ "/api/generate", API_OLLAMA_GENERATE },
 	{ "/api/chat", API_OLLAMA_CHAT },
+	{ "/v1/responses", API_OPENAI_RESPONSES },
+	{ "/responses", API_OPENAI_RESPONSES },
 };
 
 enum api_kind classify_api(const char *path, size_t len)
@@ -84,6 +86,7 @@ const char *classify_api_name(enum api_kind api)
 	case API_LLAMACPP: return "llamacpp";
 	case API_OLLAMA_GENERATE: return "ollama-generate";
 	case API_OLLAMA_CHAT: return "ollama-chat";
+	case API_OPENAI_RESPONSES: return "openai-responses";
 	case API_UNKNOWN: break;
 	}
 	return "unknown";
@@ -552,6 +555,137 @@ static bool classify_ollama(enum api_kind api, const struct span *s, struct usag
 	return token;
 }
 
+/* ---- OpenAI Responses API ---------------------------------------------- */
+
+/*
+ * Every Responses event is named, twice: the SSE `event:` field and "type",
+ * always equal. The name alone decides, from the tables below; nothing else
+ * in the event is searched but the "delta" of a token event (it must be a
+ * non-empty string) and, in the rare terminal event, the response's usage
+ * and status. Unknown names (new tool events, vendor extensions such as
+ * vLLM's reasoning_part.*) are lifecycle: no token.
+ */
+
+/* What a model-output delta carries. Not reported yet: kept so that answer,
+ * reasoning and tool-call timing can be told apart from this table alone. */
+enum resp_class { RC_ANSWER, RC_REASONING, RC_TOOL };
+
+struct resp_name {
+	const char *name;
+	size_t len;
+	enum resp_class cls;
+};
+
+#define RNAME(n) "response." n ".delta", sizeof("response." n ".delta") - 1
+
+/* The deltas that carry model output (docs/metrics.md lists them with the
+ * reasons). Not here, so not tokens: shell_call_output_content.delta (the
+ * tool's output, not the model's) and image_generation_call.partial_image
+ * (an image tool's intermediate picture). */
+static const struct resp_name resp_token_names[] = {
+	{ RNAME("output_text"), RC_ANSWER },	       { RNAME("refusal"), RC_ANSWER },
+	{ RNAME("audio.transcript"), RC_ANSWER },      { RNAME("audio"), RC_ANSWER },
+	{ RNAME("reasoning_text"), RC_REASONING },     { RNAME("reasoning_summary_text"), RC_REASONING },
+	{ RNAME("function_call_arguments"), RC_TOOL }, { RNAME("custom_tool_call_input"), RC_TOOL },
+	{ RNAME("mcp_call_arguments"), RC_TOOL },      { RNAME("code_interpreter_call_code"), RC_TOOL },
+	{ RNAME("shell_call_command"), RC_TOOL },
+};
+
+enum resp_kind { RK_OTHER, RK_TOKEN, RK_COMPLETED, RK_INCOMPLETE, RK_FAILED };
+
+static bool bytes_are(const char *p, size_t n, const char *lit, size_t litlen)
+{
+	return n == litlen && memcmp(p, lit, n) == 0;
+}
+
+#define LIT(s) s, sizeof(s) - 1
+
+/* The kind of the event named [p, p+n). Only names ending in ".delta" are
+ * looked up among the token names, so a lifecycle event costs a few length
+ * compares. */
+static enum resp_kind resp_kind_of(const char *p, size_t n)
+{
+	static const char suffix[] = ".delta";
+	const size_t sl = sizeof(suffix) - 1;
+
+	if (n > sl && memcmp(p + n - sl, suffix, sl) == 0) {
+		for (size_t i = 0; i < NKEYS(resp_token_names); i++)
+			if (bytes_are(p, n, resp_token_names[i].name, resp_token_names[i].len))
+				return RK_TOKEN;
+		return RK_OTHER;
+	}
+	if (bytes_are(p, n, LIT("response.completed")))
+		return RK_COMPLETED;
+	if (bytes_are(p, n, LIT("response.incomplete")))
+		return RK_INCOMPLETE;
+	if (bytes_are(p, n, LIT("response.failed")) || bytes_are(p, n, LIT("error")))
+		return RK_FAILED;
+	return RK_OTHER;
+}
+
+/* The event's kind from "type" when it came without a usable `event:` name:
+ * the top object's own "type" member, a plain string. */
+static enum resp_kind resp_kind_from_type(const struct span *s)
+{
+	const char *v = member(s, s->p, KEY("type"));
+	if (v == NULL || *v != '"')
+		return RK_OTHER;
+	const char *e = string_end(s, v);
+	if (e == NULL || memchr(v + 1, '\\', (size_t)(e - v - 2)) != NULL)
+		return RK_OTHER;
+	return resp_kind_of(v + 1, (size_t)(e - v - 2));
+}
+
+static void outcome_worsen(struct usage *u, enum resp_outcome o)
+{
+	if (o > u->outcome)
+		u->outcome = o;
+}
+
+/* A Response object (a terminal event's "response", or a non-streamed
+ * body): its usage, and what its status says of the ending. vLLM ends a
+ * length-cut stream with response.completed whose status is "incomplete",
+ * so the status is read, not only the event name. */
+static void usage_responses(const struct span *s, const char *resp, struct usage *u)
+{
+	const char *usage = member(s, resp, KEY("usage"));
+	take_count(s, usage, KEY("input_tokens"), &u->input_tokens);
+	take_count(s, usage, KEY("output_tokens"), &u->output_tokens);
+	const char *status = member(s, resp, KEY("status"));
+	if (status && value_is_string(s, status, KEY("incomplete")))
+		outcome_worsen(u, OUTCOME_INCOMPLETE);
+	else if (status && value_is_string(s, status, KEY("failed")))
+		outcome_worsen(u, OUTCOME_FAILED);
+}
+
+static const struct token_key delta_key[] = { { KEY("delta"), false } };
+
+static bool classify_responses(const struct framer_event *ev, const struct span *s, struct usage *u,
+			       struct classify_hint *h)
+{
+	enum resp_kind k;
+	if (ev->name != NULL && ev->name_len > 0 && !name_is(ev, "message"))
+		k = resp_kind_of(ev->name, ev->name_len);
+	else
+		k = resp_kind_from_type(s);
+
+	switch (k) {
+	case RK_TOKEN: return any_key_holds_text(s, delta_key, NKEYS(delta_key), h);
+	case RK_OTHER: return false;
+	case RK_COMPLETED:
+	case RK_INCOMPLETE:
+	case RK_FAILED: break;
+	}
+	if (u == NULL)
+		return false;
+	if (k == RK_INCOMPLETE)
+		outcome_worsen(u, OUTCOME_INCOMPLETE);
+	else if (k == RK_FAILED)
+		outcome_worsen(u, OUTCOME_FAILED);
+	usage_responses(s, member(s, s->p, KEY("response")), u);
+	return false;
+}
+
 bool classify_event(enum api_kind api, const struct framer_event *ev, struct usage *usage, struct classify_hint *hint)
 {
 	if (ev == NULL || ev->data == NULL)
@@ -572,6 +706,7 @@ bool classify_event(enum api_kind api, const struct framer_event *ev, struct usa
 	case API_LLAMACPP: return classify_llamacpp(&s, usage, hint);
 	case API_OLLAMA_GENERATE:
 	case API_OLLAMA_CHAT: return classify_ollama(api, &s, usage, hint);
+	case API_OPENAI_RESPONSES: return classify_responses(ev, &s, usage, hint);
 	case API_UNKNOWN: break;
 	}
 	return false;
@@ -602,6 +737,7 @@ void classify_body(enum api_kind api, const char *body, size_t len, struct usage
 	case API_LLAMACPP: usage_llamacpp(&s, obj, usage); break;
 	case API_OLLAMA_GENERATE:
 	case API_OLLAMA_CHAT: usage_ollama(&s, obj, usage); break;
+	case API_OPENAI_RESPONSES: usage_responses(&s, obj, usage); break;
 	case API_UNKNOWN: break;
 	}
 }

@@ -25,15 +25,27 @@ enum api_kind {
 	API_LLAMACPP,		/* /completion (llama.cpp native) */
 	API_OLLAMA_GENERATE,	/* /api/generate */
 	API_OLLAMA_CHAT,	/* /api/chat */
+	API_OPENAI_RESPONSES,	/* /v1/responses, /responses (OpenAI's Responses API) */
 };
 
-/* Usage as reported by the server; -1 where not (yet) known. */
+/* How the server itself says a response ended, where its API says it (the
+ * Responses API's terminal event or body status). Ordered: a later event
+ * can make it worse, never better. */
+enum resp_outcome {
+	OUTCOME_NONE = 0,   /* nothing said, or completed */
+	OUTCOME_INCOMPLETE, /* status "incomplete": cut by max_output_tokens or a content filter */
+	OUTCOME_FAILED,	    /* status "failed", or an `error` event */
+};
+
+/* Usage as reported by the server; -1 where not (yet) known. `outcome`
+ * rides along because it comes from the same terminal event. */
 struct usage {
 	int64_t input_tokens;
 	int64_t output_tokens;
+	enum resp_outcome outcome;
 };
 
-#define USAGE_UNKNOWN ((struct usage){ -1, -1 })
+#define USAGE_UNKNOWN ((struct usage){ -1, -1, OUTCOME_NONE })
 
 /* The API a request path (without query string) speaks. */
 enum api_kind classify_api(const char *path, size_t len);
@@ -54,9 +66,11 @@ struct classify_hint {
 };
 
 /* Classifies one streamed event. Returns true when it bears tokens. Updates
- * `usage` when the event carries counts (later values win field by field).
+ * `usage` when the event carries counts (later values win field by field)
+ * or says how the response ended (the worse outcome wins).
  * `hint` may be NULL (each event decided on its own). */
 bool classify_event(enum api_kind api, const struct framer_event *ev, struct usage *usage, struct classify_hint *hint);
 
-/* Reads usage from a whole non-streamed JSON response body. */
+/* Reads usage (and, for the Responses API, the outcome) from a whole
+ * non-streamed JSON response body. */
 void classify_body(enum api_kind api, const char *body, size_t len, struct usage *usage);

@@ -894,6 +894,7 @@ static void on_resp_complete(void *arg, bool keep_alive)
 		if (body)
 			classify_body(req->rec.api, body, n, &req->rec.usage);
 	}
+	record_apply_outcome(&req->rec);
 	req->resp_done = true;
 	req->resp_keepalive = keep_alive;
 	/* The head went to the client as the upstream wrote it: a response

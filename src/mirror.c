@@ -147,6 +147,7 @@ static void on_resp_complete(void *arg, bool keep_alive)
 	timeline_mark(&m->rec, TL_CLIENT_DONE, m->now); /* nothing to deliver */
 	if (m->rp.kind != FRAMER_NONE)
 		framer_finish(&m->framer);
+	record_apply_outcome(&m->rec);
 	m->keepalive = keep_alive;
 }
 

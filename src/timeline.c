@@ -45,6 +45,17 @@ const char *req_error_name(enum req_error e)
 	return error_names[e];
 }
 
+void record_apply_outcome(struct req_record *r)
+{
+	if (r->error != REQ_ERR_NONE)
+		return;
+	switch (r->usage.outcome) {
+	case OUTCOME_FAILED: r->error = REQ_ERR_RESPONSE_FAILED; break;
+	case OUTCOME_INCOMPLETE: r->error = REQ_ERR_RESPONSE_INCOMPLETE; break;
+	case OUTCOME_NONE: break;
+	}
+}
+
 bool record_token_event(struct req_record *r, uint64_t now, uint64_t *gap_out)
 {
 	r->token_events++;

@@ -65,7 +65,9 @@ enum req_metric {
 	X(UPSTREAM_RESET, "upstream_reset") \
 	X(UPSTREAM_PROTOCOL, "upstream_protocol") \
 	X(CLIENT_ABORTED, "client_aborted") \
-	X(QUEUE_FULL, "queue_full")
+	X(QUEUE_FULL, "queue_full") \
+	X(RESPONSE_FAILED, "response_failed") \
+	X(RESPONSE_INCOMPLETE, "response_incomplete")
 
 enum req_error {
 #define X(e, n) REQ_ERR_##e,
@@ -133,6 +135,11 @@ const char *req_error_name(enum req_error e);
  * Returns true when a gap was measured (every token but the first; a gap
  * can be 0 when two token events arrive in one read) and stores it. */
 bool record_token_event(struct req_record *r, uint64_t now, uint64_t *gap);
+
+/* At the response's end: when the server's own word says it failed or is
+ * incomplete (usage.outcome, from a Responses stream's terminal event or
+ * body), that is the request's error, unless another came first. */
+void record_apply_outcome(struct req_record *r);
 
 /* Output token count used for tpot/decode rate: usage when the server sent
  * it, else the number of token-bearing events. */

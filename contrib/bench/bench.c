@@ -35,6 +35,7 @@ static const struct {
 	{ "anthropic", "/v1/messages", BAPI_ANTHROPIC },
 	{ "ollama-chat", "/api/chat", BAPI_OLLAMA_CHAT },
 	{ "ollama-generate", "/api/generate", BAPI_OLLAMA_GENERATE },
+	{ "openai-responses", "/v1/responses", BAPI_OPENAI_RESPONSES },
 };
 
 static void usage(FILE *f)
@@ -51,12 +52,13 @@ static void usage(FILE *f)
 		"  --url http://HOST:PORT     server or tokentap (default http://127.0.0.1:8080);\n"
 		"                             the path comes from --api\n"
 		"  --api NAME                 openai-chat (default), openai-completions, anthropic,\n"
-		"                             ollama-chat, ollama-generate\n"
+		"                             ollama-chat, ollama-generate, openai-responses\n"
 		"  --stream, --no-stream      stream the response (default: stream)\n"
 		"  --model NAME               model field of the request (default: not sent)\n"
 		"  -H, --header 'NAME: VALUE' extra request header (repeatable, at most %d)\n"
 		"  --sim-headers              also send x-sim-tokens, so tokentap-sim obeys exactly\n"
-		"  --ignore-eos               OpenAI APIs: ask the server to ignore EOS (vLLM)\n"
+		"  --ignore-eos               OpenAI chat and completions: ask the server to ignore\n"
+		"                             EOS (vLLM)\n"
 		"  --timeout DUR              a request fails when no byte comes for DUR (default 60s)\n"
 		"  --timestamps kernel|read   when response bytes arrived: the kernel's receive time\n"
 		"                             (default) or the clock in the read callback\n"
@@ -346,7 +348,7 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 			if (i == sizeof(apis) / sizeof(apis[0]))
 				bad("--api",
 				    "unknown API '%s': one of openai-chat, openai-completions, anthropic, "
-				    "ollama-chat, ollama-generate",
+				    "ollama-chat, ollama-generate, openai-responses",
 				    optarg);
 			o->api = apis[i].api;
 			o->api_name = apis[i].name;

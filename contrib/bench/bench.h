@@ -90,6 +90,7 @@ enum bench_api {
 	BAPI_ANTHROPIC,
 	BAPI_OLLAMA_CHAT,
 	BAPI_OLLAMA_GENERATE,
+	BAPI_OPENAI_RESPONSES,
 };
 
 struct bench_opts {
@@ -138,7 +139,8 @@ struct bench_opts {
 	X(PROTOCOL, "protocol") \
 	X(HTTP_4XX, "http_4xx") \
 	X(HTTP_5XX, "http_5xx") \
-	X(HTTP_OTHER, "http_other")
+	X(HTTP_OTHER, "http_other") \
+	X(RESPONSE_FAILED, "response_failed")
 
 enum bench_error {
 	BERR_NONE = -1,

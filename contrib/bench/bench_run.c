@@ -177,6 +177,7 @@ static enum api_kind api_kind_of(enum bench_api a)
 	case BAPI_ANTHROPIC: return API_ANTHROPIC;
 	case BAPI_OLLAMA_CHAT: return API_OLLAMA_CHAT;
 	case BAPI_OLLAMA_GENERATE: return API_OLLAMA_GENERATE;
+	case BAPI_OPENAI_RESPONSES: return API_OPENAI_RESPONSES;
 	}
 	return API_UNKNOWN;
 }
@@ -317,6 +318,13 @@ static void req_finish(struct conn *c, enum bench_error err, uint64_t now)
 			const char *p = len ? (const char *)evbuffer_pullup(q->body, -1) : "";
 			classify_body(r->api, p, len, &q->rec.usage);
 		}
+		/* A Responses API answer the server itself says failed. One it
+		 * says is incomplete (cut at max_output_tokens, which every
+		 * request here sets) is a result, as a chat "length" finish is. */
+		if (q->rec.usage.outcome == OUTCOME_FAILED)
+			err = BERR_RESPONSE_FAILED;
+	}
+	if (err == BERR_NONE) {
 		q->rec.at[TL_RESP_END] = now;
 		record_derive(&q->rec, m);
 		in = q->rec.usage.input_tokens >= 0 ? q->rec.usage.input_tokens : (int64_t)q->in_len;
@@ -442,11 +450,13 @@ static void request_build(struct run *r, const struct breq *q)
 	case BAPI_OPENAI_CHAT:
 	case BAPI_ANTHROPIC:
 	case BAPI_OLLAMA_CHAT: evbuffer_add_printf(b, "\"messages\":[{\"role\":\"user\",\"content\":\""); break;
+	case BAPI_OPENAI_RESPONSES: evbuffer_add_printf(b, "\"input\":[{\"role\":\"user\",\"content\":\""); break;
 	case BAPI_OPENAI_COMPLETIONS:
 	case BAPI_OLLAMA_GENERATE: evbuffer_add_printf(b, "\"prompt\":\""); break;
 	}
 	prompt_text_add(b, q->in_len, o->seed, q->seq);
-	if (o->api == BAPI_OPENAI_CHAT || o->api == BAPI_ANTHROPIC || o->api == BAPI_OLLAMA_CHAT)
+	if (o->api == BAPI_OPENAI_CHAT || o->api == BAPI_ANTHROPIC || o->api == BAPI_OLLAMA_CHAT ||
+	    o->api == BAPI_OPENAI_RESPONSES)
 		evbuffer_add_printf(b, "\"}]");
 	else
 		evbuffer_add_printf(b, "\"");
@@ -460,6 +470,10 @@ static void request_build(struct run *r, const struct breq *q)
 			evbuffer_add_printf(b, ",\"ignore_eos\":true");
 		break;
 	case BAPI_ANTHROPIC: evbuffer_add_printf(b, ",\"max_tokens\":%u,\"stream\":%s", q->out_len, stream); break;
+	case BAPI_OPENAI_RESPONSES:
+		/* Usage always comes in response.completed: no stream_options. */
+		evbuffer_add_printf(b, ",\"max_output_tokens\":%u,\"stream\":%s", q->out_len, stream);
+		break;
 	case BAPI_OLLAMA_CHAT:
 	case BAPI_OLLAMA_GENERATE:
 		evbuffer_add_printf(b, ",\"stream\":%s,\"options\":{\"num_predict\":%u}", stream, q->out_len);

@@ -1,8 +1,8 @@
 /*
  * sim_api.c — the endpoints of tokentap-sim and the exact bytes of every
- * response: OpenAI chat and completions (shaped like vLLM), Anthropic
- * messages, Ollama chat and generate, the model list, errors and the
- * simulator's own /sim/stats.
+ * response: OpenAI chat and completions (shaped like vLLM), OpenAI
+ * Responses (shaped like the hosted API), Anthropic messages, Ollama chat
+ * and generate, the model list, errors and the simulator's own /sim/stats.
  *
  * This file decides *what* is sent; sim_conn.c decides *when*. A
  * generating response is a struct sim_stream: sim_conn calls
@@ -29,6 +29,7 @@ enum sim_endpoint {
 	EP_MESSAGES,	    /* POST /v1/messages (Anthropic) */
 	EP_OLLAMA_CHAT,	    /* POST /api/chat */
 	EP_OLLAMA_GENERATE, /* POST /api/generate */
+	EP_RESPONSES,	    /* POST /v1/responses (OpenAI Responses API) */
 };
 
 /* Which error body a path answers with, so each client sees its own shape. */
@@ -43,13 +44,15 @@ struct sim_stream {
 	uint64_t n_in;	  /* prompt tokens, ceil(text bytes / 4) >= 1 */
 	uint64_t n_out;	  /* output tokens to produce */
 	uint64_t emitted; /* token events written so far */
+	uint64_t seq;	  /* Responses: the next event's sequence_number */
 	uint64_t created; /* unix seconds, derived from the seed */
 	uint64_t ttft_ns, itl_ns;
 	struct sim_prng prng; /* draws the words, in order */
 	char id[48];
-	char *model_json;    /* model name, already a JSON string literal */
-	char *request_id;    /* echoed header value, or NULL */
-	struct evbuffer *ev; /* scratch: the event being built */
+	char *model_json;      /* model name, already a JSON string literal */
+	char *request_id;      /* echoed header value, or NULL */
+	struct evbuffer *ev;   /* scratch: the event being built */
+	struct evbuffer *text; /* Responses stream: the text so far, for the .done events */
 };
 
 /* ---- HTTP framing ---- */
@@ -222,6 +225,12 @@ static size_t prompt_bytes(enum sim_endpoint ep, const json_t *req)
 	case EP_MESSAGES:
 		return content_bytes(json_object_get(req, "system")) + messages_bytes(json_object_get(req, "messages"));
 	case EP_COMPLETIONS: return content_bytes(json_object_get(req, "prompt"));
+	case EP_RESPONSES: {
+		/* "input" is a string, or a list of message items (content a
+		 * string or parts) and parts; "instructions" a string. */
+		const json_t *in = json_object_get(req, "input");
+		return content_bytes(json_object_get(req, "instructions")) + content_bytes(in) + messages_bytes(in);
+	}
 	case EP_OLLAMA_GENERATE:
 		return content_bytes(json_object_get(req, "system")) + content_bytes(json_object_get(req, "prompt"));
 	}
@@ -245,6 +254,7 @@ static int output_limit(enum sim_endpoint ep, const json_t *req, int64_t *limit,
 		break;
 	case EP_COMPLETIONS:
 	case EP_MESSAGES: v = json_object_get(req, "max_tokens"); break;
+	case EP_RESPONSES: v = json_object_get(req, "max_output_tokens"); break;
 	case EP_OLLAMA_CHAT:
 	case EP_OLLAMA_GENERATE:
 		v = json_object_get(json_object_get(req, "options"), "num_predict");
@@ -271,6 +281,9 @@ static void set_id(struct sim_stream *s)
 	switch (s->ep) {
 	case EP_CHAT: snprintf(s->id, sizeof(s->id), "chatcmpl-%016" PRIx64 "%016" PRIx64, a, b); break;
 	case EP_COMPLETIONS: snprintf(s->id, sizeof(s->id), "cmpl-%016" PRIx64 "%016" PRIx64, a, b); break;
+	case EP_RESPONSES: /* "resp_" + 32 hex; the message item's id is "msg_" + the same hex */
+		snprintf(s->id, sizeof(s->id), "resp_%016" PRIx64 "%016" PRIx64, a, b);
+		break;
 	case EP_MESSAGES: {
 		char *p = s->id + 6;
 
@@ -316,7 +329,8 @@ static bool endpoint_of(const char *path, enum sim_endpoint *ep)
 	} map[] = {
 		{ "/v1/chat/completions", EP_CHAT },	 { "/v1/completions", EP_COMPLETIONS },
 		{ "/v1/messages", EP_MESSAGES },	 { "/api/chat", EP_OLLAMA_CHAT },
-		{ "/api/generate", EP_OLLAMA_GENERATE },
+		{ "/api/generate", EP_OLLAMA_GENERATE }, { "/v1/responses", EP_RESPONSES },
+		{ "/responses", EP_RESPONSES },
 	};
 
 	for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++) {
@@ -372,7 +386,7 @@ static struct sim_stream *begin_generation(enum sim_endpoint ep, const struct si
 	}
 
 	s = calloc(1, sizeof(*s));
-	if (s == NULL || (s->ev = evbuffer_new()) == NULL) {
+	if (s == NULL || (s->ev = evbuffer_new()) == NULL || (s->text = evbuffer_new()) == NULL) {
 		write_error(out, fam, 500, "out of memory", rq);
 		sim_api_free(s);
 		s = NULL;
@@ -526,6 +540,140 @@ static void anthropic_event(struct sim_stream *s, struct evbuffer *out, const ch
 	emit_chunk(s, out);
 }
 
+/* ---- OpenAI Responses: events named twice (`event:` and "type"),
+ * numbered by sequence_number, no [DONE] ---- */
+
+/* Opens event `type` in the scratch buffer, up to its sequence_number. */
+static void resp_event_open(struct sim_stream *s, const char *type)
+{
+	evbuffer_add_printf(s->ev, "event: %s\ndata: {\"type\":\"%s\",\"sequence_number\":%" PRIu64, type, type,
+			    s->seq++);
+}
+
+/* Closes the event opened above (its last member written) as one chunk. */
+static void resp_event_close(struct sim_stream *s, struct evbuffer *out)
+{
+	evbuffer_add(s->ev, "}\n\n", 3);
+	emit_chunk(s, out);
+}
+
+/* The message item's id: "msg_" and the response id's hex. */
+static const char *resp_item_id(const struct sim_stream *s, char *buf, size_t n)
+{
+	snprintf(buf, n, "msg_%s", s->id + 5);
+	return buf;
+}
+
+/* The one output item, a message holding text t. */
+static void resp_item(const struct sim_stream *s, struct evbuffer *b, const char *status, const char *t, size_t tlen,
+		      bool with_content)
+{
+	char mid[48];
+
+	evbuffer_add_printf(
+		b, "{\"id\":\"%s\",\"type\":\"message\",\"status\":\"%s\",\"role\":\"assistant\",\"content\":[",
+		resp_item_id(s, mid, sizeof(mid)), status);
+	if (with_content) {
+		evbuffer_add(b, "{\"type\":\"output_text\",\"text\":", 29);
+		sim_json_str(b, t, tlen);
+		evbuffer_add(b, ",\"annotations\":[],\"logprobs\":[]}", 32);
+	}
+	evbuffer_add(b, "]}", 2);
+}
+
+/* The Response object: in progress (no output, usage null) or completed
+ * with its one message and usage. */
+static void resp_object(const struct sim_stream *s, struct evbuffer *b, bool done, const char *t, size_t tlen)
+{
+	evbuffer_add_printf(b,
+			    "{\"id\":\"%s\",\"object\":\"response\",\"created_at\":%" PRIu64
+			    ",\"status\":\"%s\",\"model\":%s,\"output\":[",
+			    s->id, s->created, done ? "completed" : "in_progress", s->model_json);
+	if (done)
+		resp_item(s, b, "completed", t, tlen, true);
+	evbuffer_add(b, "],\"usage\":", 10);
+	if (done)
+		evbuffer_add_printf(b,
+				    "{\"input_tokens\":%" PRIu64
+				    ",\"input_tokens_details\":{\"cached_tokens\":0},\"output_tokens\":%" PRIu64
+				    ",\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":%" PRIu64 "}",
+				    s->n_in, s->n_out, s->n_in + s->n_out);
+	else
+		evbuffer_add(b, "null", 4);
+	evbuffer_add(b, ",\"error\":null,\"incomplete_details\":null}", 40);
+}
+
+/* created, in_progress, the message item added, its text part added. */
+static void resp_preamble(struct sim_stream *s, struct evbuffer *out)
+{
+	char mid[48];
+
+	resp_event_open(s, "response.created");
+	evbuffer_add(s->ev, ",\"response\":", 12);
+	resp_object(s, s->ev, false, NULL, 0);
+	resp_event_close(s, out);
+	resp_event_open(s, "response.in_progress");
+	evbuffer_add(s->ev, ",\"response\":", 12);
+	resp_object(s, s->ev, false, NULL, 0);
+	resp_event_close(s, out);
+	resp_event_open(s, "response.output_item.added");
+	evbuffer_add(s->ev, ",\"output_index\":0,\"item\":", 25);
+	resp_item(s, s->ev, "in_progress", NULL, 0, false);
+	resp_event_close(s, out);
+	resp_event_open(s, "response.content_part.added");
+	evbuffer_add_printf(
+		s->ev,
+		",\"item_id\":\"%s\",\"output_index\":0,\"content_index\":0,\"part\":{\"type\":\"output_text\","
+		"\"text\":\"\",\"annotations\":[],\"logprobs\":[]}",
+		resp_item_id(s, mid, sizeof(mid)));
+	resp_event_close(s, out);
+}
+
+static void resp_delta(struct sim_stream *s, struct evbuffer *out, const char *w, size_t wlen)
+{
+	char mid[48];
+
+	resp_event_open(s, "response.output_text.delta");
+	evbuffer_add_printf(s->ev, ",\"item_id\":\"%s\",\"output_index\":0,\"content_index\":0,\"delta\":",
+			    resp_item_id(s, mid, sizeof(mid)));
+	sim_json_str(s->ev, w, wlen);
+	evbuffer_add(s->ev, ",\"logprobs\":[]", 14);
+	resp_event_close(s, out);
+	evbuffer_add(s->text, w, wlen);
+}
+
+/* output_text.done, content_part.done, output_item.done, completed. */
+static void resp_finish(struct sim_stream *s, struct evbuffer *out)
+{
+	size_t tlen = evbuffer_get_length(s->text);
+	const char *t = tlen ? (const char *)evbuffer_pullup(s->text, -1) : "";
+	char mid[48];
+
+	resp_item_id(s, mid, sizeof(mid));
+	resp_event_open(s, "response.output_text.done");
+	evbuffer_add_printf(s->ev, ",\"item_id\":\"%s\",\"output_index\":0,\"content_index\":0,\"text\":", mid);
+	sim_json_str(s->ev, t, tlen);
+	evbuffer_add(s->ev, ",\"logprobs\":[]", 14);
+	resp_event_close(s, out);
+	resp_event_open(s, "response.content_part.done");
+	evbuffer_add_printf(
+		s->ev,
+		",\"item_id\":\"%s\",\"output_index\":0,\"content_index\":0,\"part\":{\"type\":\"output_text\","
+		"\"text\":",
+		mid);
+	sim_json_str(s->ev, t, tlen);
+	evbuffer_add(s->ev, ",\"annotations\":[],\"logprobs\":[]}", 32);
+	resp_event_close(s, out);
+	resp_event_open(s, "response.output_item.done");
+	evbuffer_add(s->ev, ",\"output_index\":0,\"item\":", 25);
+	resp_item(s, s->ev, "completed", t, tlen, true);
+	resp_event_close(s, out);
+	resp_event_open(s, "response.completed");
+	evbuffer_add(s->ev, ",\"response\":", 12);
+	resp_object(s, s->ev, true, t, tlen);
+	resp_event_close(s, out);
+}
+
 /* Events before the first token: sent together with it, at ttft, as vLLM
  * and Anthropic's API do (the role chunk comes with the first output). */
 static void write_preamble(struct sim_stream *s, struct evbuffer *out)
@@ -552,6 +700,7 @@ static void write_preamble(struct sim_stream *s, struct evbuffer *out)
 				"\"content_block\":{\"type\":\"text\",\"text\":\"\"}}");
 		anthropic_event(s, out, "ping", "{\"type\": \"ping\"}");
 		break;
+	case EP_RESPONSES: resp_preamble(s, out); break;
 	case EP_COMPLETIONS:
 	case EP_OLLAMA_CHAT:
 	case EP_OLLAMA_GENERATE: break;
@@ -599,6 +748,7 @@ void sim_api_token(struct sim_stream *s, struct evbuffer *out)
 		sim_json_str(s->ev, w, wlen);
 		evbuffer_add_printf(s->ev, "%s,\"done\":false}\n", s->ep == EP_OLLAMA_CHAT ? "}" : "");
 		break;
+	case EP_RESPONSES: resp_delta(s, out, w, wlen); break;
 	}
 	emit_chunk(s, out);
 	s->emitted++;
@@ -649,6 +799,7 @@ static void finish_stream(struct sim_stream *s, struct evbuffer *out)
 		emit_chunk(s, out);
 		anthropic_event(s, out, "message_stop", "{\"type\":\"message_stop\"}");
 		break;
+	case EP_RESPONSES: resp_finish(s, out); break;
 	case EP_OLLAMA_CHAT:
 	case EP_OLLAMA_GENERATE:
 		evbuffer_add_printf(s->ev, "{\"model\":%s,", s->model_json);
@@ -719,6 +870,7 @@ static void finish_block(struct sim_stream *s, struct evbuffer *out)
 		evbuffer_add_printf(b, "%s,", s->ep == EP_OLLAMA_CHAT ? "}" : "");
 		ollama_tail(s, b);
 		break;
+	case EP_RESPONSES: resp_object(s, b, true, t, tlen); break;
 	}
 	write_whole(out, 200, "application/json", b, s->request_id, s->keep_alive);
 	evbuffer_free(b);
@@ -739,6 +891,8 @@ void sim_api_free(struct sim_stream *s)
 		return;
 	if (s->ev != NULL)
 		evbuffer_free(s->ev);
+	if (s->text != NULL)
+		evbuffer_free(s->text);
 	free(s->model_json);
 	free(s->request_id);
 	free(s);

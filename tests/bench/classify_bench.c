@@ -8,7 +8,10 @@
  *     without one (every event searched from its start);
  *   - a full jansson parse of each event plus the lookup of
  *     choices[0].delta.content, the obvious alternative.
- * Prints ns/event for both. Not a test: run it by hand.
+ * Prints ns/event for both. Then the same classify_event() timing over an
+ * OpenAI Responses stream (event: names, lifecycle events around the
+ * output_text deltas, usage in response.completed). Not a test: run it by
+ * hand.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +30,8 @@ struct events {
 	int n;
 	char *data[MAX_EVENTS];
 	size_t len[MAX_EVENTS];
+	char *name[MAX_EVENTS]; /* NULL when the event had none */
+	size_t name_len[MAX_EVENTS];
 };
 
 static void on_event(void *arg, const struct framer_event *ev)
@@ -38,6 +43,12 @@ static void on_event(void *arg, const struct framer_event *ev)
 	memcpy(e->data[e->n], ev->data, ev->data_len);
 	e->data[e->n][ev->data_len] = '\0';
 	e->len[e->n] = ev->data_len;
+	e->name[e->n] = NULL;
+	e->name_len[e->n] = ev->name_len;
+	if (ev->name) {
+		e->name[e->n] = malloc(ev->name_len + 1);
+		memcpy(e->name[e->n], ev->name, ev->name_len);
+	}
 	e->n++;
 }
 
@@ -80,6 +91,94 @@ static char *build_stream(size_t *out_len)
 	return s;
 }
 
+/* A Responses stream as the hosted API sends it, CONTENT_CHUNKS deltas. */
+static char *build_responses_stream(size_t *out_len)
+{
+	static const char resp[] =
+		"{\"id\":\"resp_68b5c2f0e8a9d4e7fb0c1d2e3f4a5b6c7\",\"object\":\"response\","
+		"\"created_at\":1751642570,\"status\":\"%s\",\"model\":\"gpt-4o-2024-08-06\","
+		"\"output\":[],\"usage\":%s,\"error\":null,\"incomplete_details\":null}";
+	static const char item[] =
+		"\"item_id\":\"msg_68b5c2f1a2b3c4d5e6f708192a3b4c5d\",\"output_index\":0,"
+		"\"content_index\":0";
+	size_t cap = 1 << 20, n = 0;
+	int seq = 0;
+	char *s = malloc(cap), obj[512];
+
+#define EV(name, ...) \
+	n += (size_t)snprintf(s + n, cap - n, "event: " name "\ndata: {\"type\":\"" name "\",\"sequence_number\":%d,", \
+			      seq++); \
+	n += (size_t)snprintf(s + n, cap - n, __VA_ARGS__)
+	snprintf(obj, sizeof(obj), resp, "in_progress", "null");
+	EV("response.created", "\"response\":%s}\n\n", obj);
+	EV("response.in_progress", "\"response\":%s}\n\n", obj);
+	EV("response.output_item.added",
+	   "\"output_index\":0,\"item\":{\"id\":\"msg_68b5c2f1a2b3c4d5e6f708192a3b4c5d\",\"type\":\"message\","
+	   "\"status\":\"in_progress\",\"role\":\"assistant\",\"content\":[]}}\n\n");
+	EV("response.content_part.added",
+	   "%s,\"part\":{\"type\":\"output_text\",\"text\":\"\",\"annotations\":[],\"logprobs\":[]}}\n\n", item);
+	for (int i = 0; i < CONTENT_CHUNKS; i++) {
+		EV("response.output_text.delta", "%s,\"delta\":\"%s\",\"logprobs\":[],\"obfuscation\":\"%.*s\"}\n\n",
+		   item, i % 2 ? " word" : " \\\"quoted\\\"", 4 + i % 8, "Ab3dEf6hIj8l");
+	}
+	EV("response.output_text.done", "%s,\"text\":\"...\",\"logprobs\":[]}\n\n", item);
+	EV("response.content_part.done",
+	   "%s,\"part\":{\"type\":\"output_text\",\"text\":\"...\",\"annotations\":[]}}\n\n", item);
+	EV("response.output_item.done",
+	   "\"output_index\":0,\"item\":{\"id\":\"msg_68b5c2f1a2b3c4d5e6f708192a3b4c5d\",\"type\":\"message\","
+	   "\"status\":\"completed\",\"role\":\"assistant\",\"content\":[]}}\n\n");
+	snprintf(obj, sizeof(obj), resp, "completed",
+		 "{\"input_tokens\":412,\"input_tokens_details\":{\"cached_tokens\":0},\"output_tokens\":500,"
+		 "\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":912}");
+	EV("response.completed", "\"response\":%s}\n\n", obj);
+#undef EV
+	*out_len = n;
+	return s;
+}
+
+/* classify_event() over the Responses stream, with and without a hint. */
+static int bench_responses(int rounds)
+{
+	size_t len;
+	char *stream = build_responses_stream(&len);
+	struct events ev = { 0 };
+	struct framer f;
+	struct usage u = USAGE_UNKNOWN;
+	long tokens = 0, utokens = 0;
+
+	framer_init(&f, FRAMER_SSE, 0, on_event, &ev);
+	framer_feed(&f, stream, len);
+	framer_finish(&f);
+	framer_free(&f);
+	double t0 = now_ns();
+	for (int r = 0; r < rounds; r++) {
+		struct classify_hint hint = { 0 };
+		for (int i = 0; i < ev.n; i++) {
+			struct framer_event fe = { ev.name[i], ev.name_len[i], ev.data[i], ev.len[i] };
+			tokens += classify_event(API_OPENAI_RESPONSES, &fe, &u, &hint);
+		}
+	}
+	double hinted = (now_ns() - t0) / ((double)rounds * ev.n);
+	t0 = now_ns();
+	for (int r = 0; r < rounds; r++) {
+		for (int i = 0; i < ev.n; i++) {
+			struct framer_event fe = { ev.name[i], ev.name_len[i], ev.data[i], ev.len[i] };
+			utokens += classify_event(API_OPENAI_RESPONSES, &fe, &u, NULL);
+		}
+	}
+	double unhinted = (now_ns() - t0) / ((double)rounds * ev.n);
+	printf("responses stream: %zu bytes, %d events, tokens per round %ld, usage in=%lld out=%lld\n", len, ev.n,
+	       tokens / rounds, (long long)u.input_tokens, (long long)u.output_tokens);
+	printf("classify_event responses (hint):   %8.1f ns/event\n", hinted);
+	printf("classify_event responses (no hint):%8.1f ns/event\n", unhinted);
+	for (int i = 0; i < ev.n; i++) {
+		free(ev.data[i]);
+		free(ev.name[i]);
+	}
+	free(stream);
+	return tokens == utokens && tokens / rounds == CONTENT_CHUNKS && u.output_tokens == 500 ? 0 : 1;
+}
+
 /* The alternative: parse every event and look the content up. */
 static int parse_is_token(const char *data, size_t len)
 {
@@ -110,8 +209,10 @@ int main(int argc, char **argv)
 			framer_feed(&f, stream + at, len - at < 4096 ? len - at : 4096);
 		framer_finish(&f);
 		framer_free(&f);
-		for (int i = 0; i < sink.n; i++)
+		for (int i = 0; i < sink.n; i++) {
 			free(sink.data[i]);
+			free(sink.name[i]);
+		}
 	}
 	double frame_ns = (now_ns() - t0) / ((double)rounds * ev.n);
 
@@ -152,8 +253,11 @@ int main(int argc, char **argv)
 	printf("jansson parse + lookup:            %8.1f ns/event\n", parse_ns);
 	printf("speed-up: %.1fx\n", parse_ns / scan_ns);
 
-	for (int i = 0; i < ev.n; i++)
+	for (int i = 0; i < ev.n; i++) {
 		free(ev.data[i]);
+		free(ev.name[i]);
+	}
 	free(stream);
-	return tokens == utokens && tokens / rounds == ptokens / rounds ? 0 : 1;
+	int bad = bench_responses(rounds);
+	return !bad && tokens == utokens && tokens / rounds == ptokens / rounds ? 0 : 1;
 }

@@ -28,8 +28,9 @@
 #define NSPLIT 8
 #define MAX_EVENTS 4096
 
-static const enum api_kind apis[] = { API_UNKNOWN, API_OPENAI_CHAT, API_OPENAI_COMPLETIONS, API_ANTHROPIC,
-				      API_TGI,	   API_LLAMACPP,    API_OLLAMA_GENERATE,    API_OLLAMA_CHAT };
+static const enum api_kind apis[] = { API_UNKNOWN,	   API_OPENAI_CHAT, API_OPENAI_COMPLETIONS,
+				      API_ANTHROPIC,	   API_TGI,	    API_LLAMACPP,
+				      API_OLLAMA_GENERATE, API_OLLAMA_CHAT, API_OPENAI_RESPONSES };
 #define NAPI (sizeof(apis) / sizeof(apis[0]))
 
 /* What one run saw: a digest of every event, in order. */
@@ -39,11 +40,17 @@ struct run {
 	uint64_t callbacks;
 	size_t n;
 	uint64_t digest[MAX_EVENTS]; /* hash of (name, data) */
-	uint8_t tokens[MAX_EVENTS];  /* bit i: token-bearing for apis[i] */
+	uint16_t tokens[MAX_EVENTS]; /* bit i: token-bearing for apis[i] */
 	struct usage usage[NAPI];
 	struct usage usage_hinted[NAPI];
 	struct classify_hint hint[NAPI];
 };
+
+/* Field by field: struct usage has padding after `outcome`. */
+static bool usage_eq(const struct usage *a, const struct usage *b)
+{
+	return a->input_tokens == b->input_tokens && a->output_tokens == b->output_tokens && a->outcome == b->outcome;
+}
 
 static void on_event(void *arg, const struct framer_event *ev)
 {
@@ -66,14 +73,15 @@ static void on_event(void *arg, const struct framer_event *ev)
 	h = fuzz_fnv(h, ev->name ? ev->name : "", ev->name_len);
 	h = fuzz_fnv(h, &ev->data_len, sizeof(ev->data_len));
 	h = fuzz_fnv(h, ev->data, ev->data_len);
-	uint8_t tok = 0;
+	uint16_t tok = 0;
 	for (size_t i = 0; i < NAPI; i++) {
 		bool t = classify_event(apis[i], ev, &r->usage[i], NULL);
 		if (t)
-			tok |= (uint8_t)(1u << i);
+			tok |= (uint16_t)(1u << i);
 		CHECK(r->usage[i].input_tokens >= -1 && r->usage[i].output_tokens >= -1);
+		CHECK(r->usage[i].outcome <= OUTCOME_FAILED);
 		CHECK(classify_event(apis[i], ev, &r->usage_hinted[i], &r->hint[i]) == t);
-		CHECK(memcmp(&r->usage[i], &r->usage_hinted[i], sizeof(r->usage[i])) == 0);
+		CHECK(usage_eq(&r->usage[i], &r->usage_hinted[i]));
 	}
 	if (r->n < MAX_EVENTS) {
 		r->digest[r->n] = h;
@@ -141,8 +149,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	CHECK(whole.n == pieces.n);
 	size_t n = whole.n < MAX_EVENTS ? whole.n : MAX_EVENTS;
 	CHECK(memcmp(whole.digest, pieces.digest, n * sizeof(whole.digest[0])) == 0);
-	CHECK(memcmp(whole.tokens, pieces.tokens, n) == 0);
-	CHECK(memcmp(whole.usage, pieces.usage, sizeof(whole.usage)) == 0);
+	CHECK(memcmp(whole.tokens, pieces.tokens, n * sizeof(whole.tokens[0])) == 0);
+	for (size_t i = 0; i < NAPI; i++)
+		CHECK(usage_eq(&whole.usage[i], &pieces.usage[i]));
 	/* Every event and every dropped one came from at least one byte. */
 	CHECK(fw.events + fw.oversized <= len + 1);
 	return 0;

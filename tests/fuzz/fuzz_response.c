@@ -39,8 +39,9 @@
 #define NSPLIT 8
 #define MAX_EVENTS 1024
 
-static const enum api_kind apis[] = { API_UNKNOWN, API_OPENAI_CHAT, API_OPENAI_COMPLETIONS, API_ANTHROPIC,
-				      API_TGI,	   API_LLAMACPP,    API_OLLAMA_GENERATE,    API_OLLAMA_CHAT };
+static const enum api_kind apis[] = { API_UNKNOWN,	   API_OPENAI_CHAT, API_OPENAI_COMPLETIONS,
+				      API_ANTHROPIC,	   API_TGI,	    API_LLAMACPP,
+				      API_OLLAMA_GENERATE, API_OLLAMA_CHAT, API_OPENAI_RESPONSES };
 #define NAPI (sizeof(apis) / sizeof(apis[0]))
 
 enum end { END_MORE, END_DONE, END_DONE_EOF, END_INVALID, END_SWITCHING, END_HEAD_TOO_LARGE };
@@ -61,7 +62,7 @@ struct run {
 	struct framer framer;
 	size_t n;
 	uint64_t digest[MAX_EVENTS];
-	uint8_t tokens[MAX_EVENTS];
+	uint16_t tokens[MAX_EVENTS]; /* bit i: token-bearing for apis[i] */
 	struct usage usage[NAPI];
 	/* the end */
 	enum end end;
@@ -78,10 +79,10 @@ static void on_event(void *arg, const struct framer_event *ev)
 	h = fuzz_fnv(h, ev->name ? ev->name : "", ev->name_len);
 	h = fuzz_fnv(h, &ev->data_len, sizeof(ev->data_len));
 	h = fuzz_fnv(h, ev->data, ev->data_len);
-	uint8_t tok = 0;
+	uint16_t tok = 0;
 	for (size_t i = 0; i < NAPI; i++)
 		if (classify_event(apis[i], ev, &r->usage[i], NULL))
-			tok |= (uint8_t)(1u << i);
+			tok |= (uint16_t)(1u << i);
 	if (r->n < MAX_EVENTS) {
 		r->digest[r->n] = h;
 		r->tokens[r->n] = tok;
@@ -277,8 +278,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	CHECK(whole.n == pieces.n);
 	size_t n = whole.n < MAX_EVENTS ? whole.n : MAX_EVENTS;
 	CHECK(memcmp(whole.digest, pieces.digest, n * sizeof(whole.digest[0])) == 0);
-	CHECK(memcmp(whole.tokens, pieces.tokens, n) == 0);
-	CHECK(memcmp(whole.usage, pieces.usage, sizeof(whole.usage)) == 0);
+	CHECK(memcmp(whole.tokens, pieces.tokens, n * sizeof(whole.tokens[0])) == 0);
+	/* Field by field: struct usage has padding after `outcome`. */
+	for (size_t i = 0; i < NAPI; i++)
+		CHECK(whole.usage[i].input_tokens == pieces.usage[i].input_tokens &&
+		      whole.usage[i].output_tokens == pieces.usage[i].output_tokens &&
+		      whole.usage[i].outcome == pieces.usage[i].outcome);
 
 	/* Nothing past the end: the consumed prefix alone ends the same way. */
 	if (whole.end == END_DONE) {

@@ -1016,6 +1016,7 @@ API_PATHS = {
     "anthropic": "/v1/messages",
     "ollama-chat": "/api/chat",
     "ollama-generate": "/api/generate",
+    "openai-responses": "/v1/responses",
 }
 
 PROMPT = "Explain, in a few words, why the sky looks blue on a clear afternoon."
@@ -1040,6 +1041,8 @@ def api_body(api, stream=True, include_usage=False, prompt=PROMPT, model="sim-mo
         b = {"model": model, "prompt": prompt}
         if not stream:
             b["stream"] = False
+    elif api == "openai-responses":
+        b = {"model": model, "input": [{"role": "user", "content": prompt}], "stream": stream}
     else:
         raise ValueError(api)
     return b
@@ -1096,7 +1099,21 @@ def is_token_event(api, ev):
             return _nonempty(obj.get("response")) or _nonempty(obj.get("thinking"))
         m = obj.get("message") or {}
         return _nonempty(m.get("content")) or _nonempty(m.get("thinking"))
+    if api == "openai-responses":
+        # docs/metrics.md: the model-output deltas, with a non-empty "delta"
+        try:
+            obj = ev.json()
+        except ValueError:
+            return False
+        kind = ev.name if ev.name not in (None, "message") else obj.get("type")
+        return kind in RESPONSES_TOKEN_EVENTS and isinstance(obj.get("delta"), str) and _nonempty(obj["delta"])
     raise ValueError(api)
+
+
+RESPONSES_TOKEN_EVENTS = frozenset("response.%s.delta" % k for k in (
+    "output_text", "refusal", "audio.transcript", "audio", "reasoning_text", "reasoning_summary_text",
+    "function_call_arguments", "custom_tool_call_input", "mcp_call_arguments", "code_interpreter_call_code",
+    "shell_call_command"))
 
 
 def stream_usage(api, events):
@@ -1111,6 +1128,12 @@ def stream_usage(api, events):
             if u:
                 inp = u.get("prompt_tokens", inp)
                 out = u.get("completion_tokens", out)
+        elif api == "openai-responses":
+            obj = ev.json()
+            if obj.get("type") in ("response.completed", "response.incomplete", "response.failed"):
+                u = (obj.get("response") or {}).get("usage") or {}
+                inp = u.get("input_tokens", inp)
+                out = u.get("output_tokens", out)
         elif api == "anthropic":
             obj = ev.json()
             if obj.get("type") == "message_start":
@@ -1133,7 +1156,7 @@ def body_usage(api, obj):
     if api in ("openai-chat", "openai-completions"):
         u = obj.get("usage") or {}
         return u.get("prompt_tokens"), u.get("completion_tokens")
-    if api == "anthropic":
+    if api in ("anthropic", "openai-responses"):
         u = obj.get("usage") or {}
         return u.get("input_tokens"), u.get("output_tokens")
     return obj.get("prompt_eval_count"), obj.get("eval_count")

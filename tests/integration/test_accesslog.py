@@ -246,6 +246,16 @@ class AccessLogTest(LogChecks):
     def test_ollama_generate_stream(self):
         self._stream_case("ollama-generate", "it-al-ollama-gen", ttft=40, itl=12, tokens=20)
 
+    def test_openai_responses_stream(self):
+        """The Responses API: event: lines, lifecycle events around the
+        output_text deltas, usage in response.completed."""
+        def extra(e, resp, rid):
+            self.assertEqual(e["token_events"], 20, "simulator: one output_text.delta per token")
+            self.assertEqual(e["events"], 20 + 8, "created, in_progress, 2 added, 3 done, completed")
+            self.assertEqual(e["itl_count"], 19)
+
+        self._stream_case("openai-responses", "it-al-responses", ttft=40, itl=12, tokens=20, extra=extra)
+
     def test_openai_completions_stream(self):
         self._stream_case("openai-completions", "it-al-completions", ttft=30, itl=10, tokens=20, include_usage=True)
 

@@ -117,7 +117,8 @@ class DirectToSimulator(BenchCase):
         self.fail("client percentiles off the simulator's timing in every attempt: %s" % last)
 
     def test_every_api_counts_tokens_exactly(self):
-        for api in ("openai-chat", "openai-completions", "anthropic", "ollama-chat", "ollama-generate"):
+        for api in ("openai-chat", "openai-completions", "anthropic", "ollama-chat", "ollama-generate",
+                    "openai-responses"):
             for stream in ("--stream", "--no-stream"):
                 with self.subTest(api=api, stream=stream):
                     js, log = self.tmp("o.json"), self.tmp("r.jsonl")

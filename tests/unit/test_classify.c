@@ -32,7 +32,7 @@ static const char *J(const char *s)
 /* One hint per API, carried across every event of every test in this file:
  * whatever shape the last token event had, a hint must never change an
  * answer, only how fast it comes. */
-static struct classify_hint hints[API_OLLAMA_CHAT + 1];
+static struct classify_hint hints[API_OPENAI_RESPONSES + 1];
 
 /* Classifies `data` (taken as is) under the SSE event name `name`, once on
  * its own and once with the API's running hint; both must agree, usage
@@ -57,6 +57,7 @@ static bool tok_named(enum api_kind api, const char *name, const char *data, str
 	if (u) {
 		assert_int_equal(hinted.input_tokens, u->input_tokens);
 		assert_int_equal(hinted.output_tokens, u->output_tokens);
+		assert_int_equal(hinted.outcome, u->outcome);
 	}
 	free(copy);
 	return r;
@@ -98,6 +99,12 @@ static void test_api_paths(void **state)
 	assert_int_equal(classify_api(NULL, 0), API_UNKNOWN);
 	/* Length-bounded: the caller passes the path without its query. */
 	assert_int_equal(classify_api("/api/chat?x=1", 9), API_OLLAMA_CHAT);
+	assert_int_equal(API("/v1/responses"), API_OPENAI_RESPONSES);
+	assert_int_equal(API("/responses"), API_OPENAI_RESPONSES);
+	assert_int_equal(API("/v1/responses/"), API_OPENAI_RESPONSES);
+	/* Retrieving or cancelling a stored response is not a generation. */
+	assert_int_equal(API("/v1/responses/resp_1"), API_UNKNOWN);
+	assert_int_equal(API("/v1/responses/resp_1/cancel"), API_UNKNOWN);
 #undef API
 }
 
@@ -111,6 +118,7 @@ static void test_api_names(void **state)
 	assert_string_equal(classify_api_name(API_LLAMACPP), "llamacpp");
 	assert_string_equal(classify_api_name(API_OLLAMA_GENERATE), "ollama-generate");
 	assert_string_equal(classify_api_name(API_OLLAMA_CHAT), "ollama-chat");
+	assert_string_equal(classify_api_name(API_OPENAI_RESPONSES), "openai-responses");
 	assert_string_equal(classify_api_name((enum api_kind)99), "unknown");
 }
 
@@ -695,6 +703,188 @@ static void test_bodies(void **state)
 	assert_int_equal(u.input_tokens, -1);
 }
 
+/* Responses API, event by event: the name decides (the `event:` field, or
+ * "type" without one), a token delta needs a non-empty "delta" string, the
+ * terminal events carry usage and the ending. */
+#define RDELTA(t, d) \
+	"{'type':'" t "','sequence_number':7,'item_id':'msg_1','output_index':0,'content_index':0,'delta':" d "}"
+
+static void test_responses_stream(void **state)
+{
+	static const char *const token_types[] = {
+		"response.output_text.delta",
+		"response.refusal.delta",
+		"response.reasoning_text.delta",
+		"response.reasoning_summary_text.delta",
+		"response.function_call_arguments.delta",
+		"response.custom_tool_call_input.delta",
+		"response.mcp_call_arguments.delta",
+		"response.code_interpreter_call_code.delta",
+		"response.audio.transcript.delta",
+		"response.audio.delta",
+		"response.shell_call_command.delta",
+	};
+	static const char *const other_types[] = {
+		"response.created",
+		"response.in_progress",
+		"response.queued",
+		"response.output_item.added",
+		"response.content_part.added",
+		"response.output_text.done",
+		"response.content_part.done",
+		"response.output_item.done",
+		"response.reasoning_summary_part.added",
+		"response.reasoning_part.added",
+		"response.function_call_arguments.done",
+		"response.output_text.annotation.added",
+		"response.web_search_call.searching",
+		"response.shell_call_output_content.delta",
+		"response.image_generation_call.partial_image",
+		"response.delta",
+		"output_text.delta",
+		"response.output_text.deltas",
+		".delta",
+	};
+	struct usage u = USAGE_UNKNOWN;
+	char buf[512];
+
+	for (size_t i = 0; i < sizeof(token_types) / sizeof(token_types[0]); i++) {
+		const char *t = token_types[i];
+		snprintf(buf, sizeof(buf), J(RDELTA("%s", "'Hi'")), t);
+		assert_true(tok_named(API_OPENAI_RESPONSES, t, buf, &u));
+		assert_true(tok(API_OPENAI_RESPONSES, buf, &u)); /* by "type" */
+		assert_true(tok_named(API_OPENAI_RESPONSES, "message", buf, &u));
+		/* An empty delta is no output. */
+		snprintf(buf, sizeof(buf), J(RDELTA("%s", "''")), t);
+		assert_false(tok_named(API_OPENAI_RESPONSES, t, buf, &u));
+		assert_false(tok(API_OPENAI_RESPONSES, buf, &u));
+	}
+	for (size_t i = 0; i < sizeof(other_types) / sizeof(other_types[0]); i++) {
+		const char *t = other_types[i];
+		snprintf(buf, sizeof(buf), J(RDELTA("%s", "'Hi'")), t);
+		assert_false(tok_named(API_OPENAI_RESPONSES, t, buf, &u));
+		assert_false(tok(API_OPENAI_RESPONSES, buf, &u));
+	}
+	assert_int_equal(u.input_tokens, -1);
+	assert_int_equal(u.outcome, OUTCOME_NONE);
+
+	/* The `event:` name decides over "type"; "type" is the top object's
+	 * own member, wherever it stands, not one deeper down. */
+	assert_false(tok_named(API_OPENAI_RESPONSES, "response.output_text.done",
+			       J(RDELTA("response.output_text.delta", "'Hi'")), &u));
+	assert_true(tok(API_OPENAI_RESPONSES,
+			J("{'delta':'Hi','item':{'type':'x'},'type':'response.output_text.delta'}"), &u));
+	assert_false(tok(API_OPENAI_RESPONSES, J("{'delta':'Hi','item':{'type':'response.output_text.delta'}}"), &u));
+	assert_false(tok(API_OPENAI_RESPONSES, J("{'type':'response.output_text.d\\u0065lta','delta':'Hi'}"), &u));
+	/* A delta whose text holds what looks like keys. */
+	assert_true(tok_named(API_OPENAI_RESPONSES, "response.output_text.delta",
+			      J("{'type':'response.output_text.delta','delta':'\\'delta\\':\\'\\''}"), &u));
+	assert_false(tok_named(API_OPENAI_RESPONSES, "response.output_text.delta",
+			       J("{'type':'response.output_text.delta','text':'\\'delta\\':\\'x\\'','delta':''}"), &u));
+	assert_false(tok(API_OPENAI_RESPONSES, "[DONE]", &u));
+
+	/* Usage from response.completed; a lifecycle event's usage is not read. */
+	assert_false(
+		tok_named(API_OPENAI_RESPONSES, "response.in_progress",
+			  J("{'type':'response.in_progress','response':{'status':'in_progress','usage':{'input_tokens':"
+			    "99,'output_tokens':99}}}"),
+			  &u));
+	assert_int_equal(u.input_tokens, -1);
+	assert_false(tok_named(
+		API_OPENAI_RESPONSES, "response.completed",
+		J("{'type':'response.completed','sequence_number':12,'response':{'id':'resp_1','object':'response','"
+		  "status':"
+		  "'completed','output':[{'type':'message','content':[{'type':'output_text','text':'{\\'usage\\':{}}'}]"
+		  "}],"
+		  "'usage':{'input_tokens':36,'input_tokens_details':{'cached_tokens':0},'output_tokens':87,'output_"
+		  "tokens_details':{'reasoning_tokens':0},'total_tokens':123}}}"),
+		&u));
+	assert_int_equal(u.input_tokens, 36);
+	assert_int_equal(u.output_tokens, 87);
+	assert_int_equal(u.outcome, OUTCOME_NONE);
+	/* Without a name, from "type". */
+	u = USAGE_UNKNOWN;
+	assert_false(tok(API_OPENAI_RESPONSES,
+			 J("{'type':'response.completed','response':{'status':'completed','usage':{'input_tokens':5,'"
+			   "output_tokens':2}}}"),
+			 &u));
+	assert_int_equal(u.input_tokens, 5);
+	assert_int_equal(u.output_tokens, 2);
+
+	/* vLLM: a length-cut stream ends response.completed, status incomplete. */
+	u = USAGE_UNKNOWN;
+	tok_named(API_OPENAI_RESPONSES, "response.completed",
+		  J("{'type':'response.completed','response':{'status':'incomplete','usage':{'input_tokens':5,'output_"
+		    "tokens':16}}}"),
+		  &u);
+	assert_int_equal(u.outcome, OUTCOME_INCOMPLETE);
+	assert_int_equal(u.output_tokens, 16);
+	/* response.incomplete, whatever its status says. */
+	u = USAGE_UNKNOWN;
+	tok_named(API_OPENAI_RESPONSES, "response.incomplete",
+		  J("{'type':'response.incomplete','response':{'incomplete_details':{'reason':'max_output_tokens'},"
+		    "'usage':{'input_tokens':7,'output_tokens':3}}}"),
+		  &u);
+	assert_int_equal(u.outcome, OUTCOME_INCOMPLETE);
+	assert_int_equal(u.input_tokens, 7);
+	/* An error event (either shape), then response.failed with no usage:
+	 * failed, and a failure is not undone by a later event. */
+	u = USAGE_UNKNOWN;
+	tok_named(API_OPENAI_RESPONSES, "error",
+		  J("{'type':'error','sequence_number':2,'error':{'code':'unknown-error','message':'x','param':null}}"),
+		  &u);
+	assert_int_equal(u.outcome, OUTCOME_FAILED);
+	u = USAGE_UNKNOWN;
+	tok(API_OPENAI_RESPONSES, J("{'type':'error','code':'server_error','message':'x','param':null}"), &u);
+	assert_int_equal(u.outcome, OUTCOME_FAILED);
+	tok_named(API_OPENAI_RESPONSES, "response.failed",
+		  J("{'type':'response.failed','response':{'status':'failed','error':{'code':'server_error'},'usage':"
+		    "null}}"),
+		  &u);
+	assert_int_equal(u.outcome, OUTCOME_FAILED);
+	assert_int_equal(u.input_tokens, -1);
+	tok_named(API_OPENAI_RESPONSES, "response.incomplete", J("{'type':'response.incomplete','response':{}}"), &u);
+	tok_named(API_OPENAI_RESPONSES, "response.completed",
+		  J("{'type':'response.completed','response':{'status':'completed'}}"), &u);
+	assert_int_equal(u.outcome, OUTCOME_FAILED);
+	/* Other APIs have no outcome. */
+	u = USAGE_UNKNOWN;
+	tok_named(API_ANTHROPIC, "error", J("{'type':'error','error':{'type':'overloaded_error'}}"), &u);
+	tok_named(API_OPENAI_CHAT, "response.failed", J("{'type':'response.failed','response':{'status':'failed'}}"),
+		  &u);
+	assert_int_equal(u.outcome, OUTCOME_NONE);
+}
+#undef RDELTA
+
+/* Non-streamed Responses bodies: usage at the top, status for the ending. */
+static void test_responses_bodies(void **state)
+{
+	struct usage u;
+	body(API_OPENAI_RESPONSES,
+	     J("{'id':'resp_1','object':'response','created_at':1,'status':'completed','model':'m','output':[{'type':"
+	       "'message','id':'msg_1','status':'completed','role':'assistant','content':[{'type':'output_text','text':"
+	       "'Hi \\'status\\':\\'failed\\'','annotations':[]}]}],'usage':{'input_tokens':12,'input_tokens_details':"
+	       "{'cached_tokens':0},'output_tokens':34,'output_tokens_details':{'reasoning_tokens':0},'total_tokens':"
+	       "46},'error':null,'incomplete_details':null}"),
+	     &u);
+	assert_int_equal(u.input_tokens, 12);
+	assert_int_equal(u.output_tokens, 34);
+	assert_int_equal(u.outcome, OUTCOME_NONE);
+	body(API_OPENAI_RESPONSES,
+	     J("{'id':'resp_1','object':'response','status':'incomplete','incomplete_details':{'reason':'max_output_"
+	       "tokens'},'usage':{'input_tokens':3,'output_tokens':16}}"),
+	     &u);
+	assert_int_equal(u.output_tokens, 16);
+	assert_int_equal(u.outcome, OUTCOME_INCOMPLETE);
+	body(API_OPENAI_RESPONSES, J("{'id':'resp_1','object':'response','status':'failed','usage':null}"), &u);
+	assert_int_equal(u.input_tokens, -1);
+	assert_int_equal(u.outcome, OUTCOME_FAILED);
+	/* A chat body's usage names are not the Responses ones. */
+	body(API_OPENAI_RESPONSES, J("{'usage':{'prompt_tokens':1,'completion_tokens':1},'status':'done'}"), &u);
+	assert_int_equal(u.input_tokens, -1);
+	assert_int_equal(u.outcome, OUTCOME_NONE);
+}
+
 /* Counts are read member by member, as a JSON parser would give them: only
  * the object's own members, the last of a repeated key, integers only, and
  * strings (escapes, braces inside) skipped whole. */
@@ -770,6 +960,8 @@ int main(void)
 		cmocka_unit_test(test_ollama_chat),
 		cmocka_unit_test(test_unknown_api),
 		cmocka_unit_test(test_bodies),
+		cmocka_unit_test(test_responses_stream),
+		cmocka_unit_test(test_responses_bodies),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

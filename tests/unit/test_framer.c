@@ -94,6 +94,7 @@ static void assert_seen_equal(const struct seen *a, const struct seen *b)
 	}
 	assert_int_equal(a->usage.input_tokens, b->usage.input_tokens);
 	assert_int_equal(a->usage.output_tokens, b->usage.output_tokens);
+	assert_int_equal(a->usage.outcome, b->usage.outcome);
 }
 
 /* Frames `text` in one feed, then finishes. */
@@ -248,6 +249,233 @@ static const char ollama_generate_stream[] =
 	"2100000,\"prompt_eval_count\":11,\"prompt_eval_duration\":40000000,\"eval_count\":3,\"eval_duration\":"
 	"300000000}\n";
 
+/* OpenAI Responses API streams (docs/metrics.md): the hosted text sequence;
+ * every model-output delta and the lifecycle events next to them, ended as
+ * vLLM ends a length-cut stream (completed, status incomplete); the same
+ * events without `event:` lines ("type" decides; in one it is the last
+ * member); an `error` event then response.failed; response.incomplete. */
+static const char responses_text_stream[] =
+	"event: response.created\n"
+	"data: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\"object"
+	"\":\"response\",\"created_at\":1751642570,\"status\":\"in_progress\",\"model\":\"gpt-4o\",\"output\""
+	":[],\"usage\":null,\"error\":null,\"incomplete_details\":null}}\n"
+	"\n"
+	"event: response.in_progress\n"
+	"data: {\"type\":\"response.in_progress\",\"sequence_number\":1,\"response\":{\"id\":\"resp_1\",\"obj"
+	"ect\":\"response\",\"created_at\":1751642570,\"status\":\"in_progress\",\"model\":\"gpt-4o\",\"outpu"
+	"t\":[],\"usage\":null,\"error\":null,\"incomplete_details\":null}}\n"
+	"\n"
+	"event: response.output_item.added\n"
+	"data: {\"type\":\"response.output_item.added\",\"sequence_number\":2,\"output_index\":0,\"item\":{\""
+	"id\":\"msg_1\",\"type\":\"message\",\"status\":\"in_progress\",\"role\":\"assistant\",\"content\":[]"
+	"}}\n"
+	"\n"
+	"event: response.content_part.added\n"
+	"data: {\"type\":\"response.content_part.added\",\"sequence_number\":3,\"item_id\":\"msg_1\",\"output"
+	"_index\":0,\"content_index\":0,\"part\":{\"type\":\"output_text\",\"text\":\"\",\"annotations\":[],"
+	"\"logprobs\":[]}}\n"
+	"\n"
+	"event: response.output_text.delta\n"
+	"data: {\"type\":\"response.output_text.delta\",\"sequence_number\":4,\"item_id\":\"msg_1\",\"output_"
+	"index\":0,\"content_index\":0,\"delta\":\"Hello\",\"logprobs\":[],\"obfuscation\":\"x7Qk\"}\n"
+	"\n"
+	"event: response.output_text.delta\n"
+	"data: {\"type\":\"response.output_text.delta\",\"sequence_number\":5,\"item_id\":\"msg_1\",\"output_"
+	"index\":0,\"content_index\":0,\"delta\":\" \\\"delta\\\": {\\\"type\\\":\\\"response.completed\\\"}"
+	"\",\"logprobs\":[],\"obfuscation\":\"Q\"}\n"
+	"\n"
+	"event: response.output_text.delta\n"
+	"data: {\"type\":\"response.output_text.delta\",\"sequence_number\":6,\"item_id\":\"msg_1\",\"output_"
+	"index\":0,\"content_index\":0,\"delta\":\"\",\"logprobs\":[]}\n"
+	"\n"
+	"event: response.output_text.done\n"
+	"data: {\"type\":\"response.output_text.done\",\"sequence_number\":7,\"item_id\":\"msg_1\",\"output_i"
+	"ndex\":0,\"content_index\":0,\"text\":\"Hello there\",\"logprobs\":[]}\n"
+	"\n"
+	"event: response.content_part.done\n"
+	"data: {\"type\":\"response.content_part.done\",\"sequence_number\":8,\"item_id\":\"msg_1\",\"output_"
+	"index\":0,\"content_index\":0,\"part\":{\"type\":\"output_text\",\"text\":\"Hello there\",\"annotati"
+	"ons\":[]}}\n"
+	"\n"
+	"event: response.output_item.done\n"
+	"data: {\"type\":\"response.output_item.done\",\"sequence_number\":9,\"output_index\":0,\"item\":{\"i"
+	"d\":\"msg_1\",\"type\":\"message\",\"status\":\"completed\",\"role\":\"assistant\",\"content\":[{\"t"
+	"ype\":\"output_text\",\"text\":\"Hello \\\"delta\\\":\\\"x\\\"\",\"annotations\":[]}]}}\n"
+	"\n"
+	"event: response.completed\n"
+	"data: {\"type\":\"response.completed\",\"sequence_number\":10,\"response\":{\"id\":\"resp_1\",\"obje"
+	"ct\":\"response\",\"created_at\":1751642570,\"status\":\"completed\",\"model\":\"gpt-4o\",\"output\""
+	":[{\"type\":\"message\",\"content\":[{\"type\":\"output_text\",\"text\":\"Hello there\"}]}],\"usage"
+	"\":{\"input_tokens\":36,\"input_tokens_details\":{\"cached_tokens\":0},\"output_tokens\":87,\"output"
+	"_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":123},\"error\":null,\"incomplete_details"
+	"\":null}}\n"
+	"\n";
+
+static const char responses_all_deltas_stream[] =
+	"event: response.created\n"
+	"data: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\"object"
+	"\":\"response\",\"created_at\":1751642570,\"status\":\"in_progress\",\"model\":\"gpt-4o\",\"output\""
+	":[],\"usage\":null,\"error\":null,\"incomplete_details\":null}}\n"
+	"\n"
+	"event: response.reasoning_text.delta\n"
+	"data: {\"type\":\"response.reasoning_text.delta\",\"sequence_number\":1,\"item_id\":\"msg_1\",\"outp"
+	"ut_index\":0,\"content_index\":0,\"delta\":\"x1\"}\n"
+	"\n"
+	"event: response.reasoning_summary_text.delta\n"
+	"data: {\"type\":\"response.reasoning_summary_text.delta\",\"sequence_number\":2,\"item_id\":\"msg_1"
+	"\",\"output_index\":0,\"content_index\":0,\"delta\":\"x1\"}\n"
+	"\n"
+	"event: response.output_text.delta\n"
+	"data: {\"type\":\"response.output_text.delta\",\"sequence_number\":3,\"item_id\":\"msg_1\",\"output_"
+	"index\":0,\"content_index\":0,\"delta\":\"x1\"}\n"
+	"\n"
+	"event: response.refusal.delta\n"
+	"data: {\"type\":\"response.refusal.delta\",\"sequence_number\":4,\"item_id\":\"msg_1\",\"output_inde"
+	"x\":0,\"content_index\":0,\"delta\":\"x1\"}\n"
+	"\n"
+	"event: response.function_call_arguments.delta\n"
+	"data: {\"type\":\"response.function_call_arguments.delta\",\"sequence_number\":5,\"item_id\":\"msg_1"
+	"\",\"output_index\":0,\"content_index\":0,\"delta\":\"x1\"}\n"
+	"\n"
+	"event: response.custom_tool_call_input.delta\n"
+	"data: {\"type\":\"response.custom_tool_call_input.delta\",\"sequence_number\":6,\"item_id\":\"msg_1"
+	"\",\"output_index\":0,\"content_index\":0,\"delta\":\"x1\"}\n"
+	"\n"
+	"event: response.mcp_call_arguments.delta\n"
+	"data: {\"type\":\"response.mcp_call_arguments.delta\",\"sequence_number\":7,\"item_id\":\"msg_1\",\""
+	"output_index\":0,\"content_index\":0,\"delta\":\"x1\"}\n"
+	"\n"
+	"event: response.code_interpreter_call_code.delta\n"
+	"data: {\"type\":\"response.code_interpreter_call_code.delta\",\"sequence_number\":8,\"item_id\":\"ms"
+	"g_1\",\"output_index\":0,\"content_index\":0,\"delta\":\"x1\"}\n"
+	"\n"
+	"event: response.audio.transcript.delta\n"
+	"data: {\"type\":\"response.audio.transcript.delta\",\"sequence_number\":9,\"item_id\":\"msg_1\",\"ou"
+	"tput_index\":0,\"content_index\":0,\"delta\":\"x1\"}\n"
+	"\n"
+	"event: response.audio.delta\n"
+	"data: {\"type\":\"response.audio.delta\",\"sequence_number\":10,\"item_id\":\"msg_1\",\"output_index"
+	"\":0,\"content_index\":0,\"delta\":\"x1\"}\n"
+	"\n"
+	"event: response.shell_call_command.delta\n"
+	"data: {\"type\":\"response.shell_call_command.delta\",\"sequence_number\":11,\"item_id\":\"msg_1\","
+	"\"output_index\":0,\"content_index\":0,\"delta\":\"x1\"}\n"
+	"\n"
+	"event: response.queued\n"
+	"data: {\"type\":\"response.queued\",\"sequence_number\":12,\"item_id\":\"msg_1\",\"output_index\":0,"
+	"\"content_index\":0,\"delta\":\"not model output\"}\n"
+	"\n"
+	"event: response.reasoning_part.added\n"
+	"data: {\"type\":\"response.reasoning_part.added\",\"sequence_number\":13,\"item_id\":\"msg_1\",\"out"
+	"put_index\":0,\"content_index\":0,\"delta\":\"not model output\"}\n"
+	"\n"
+	"event: response.reasoning_summary_part.added\n"
+	"data: {\"type\":\"response.reasoning_summary_part.added\",\"sequence_number\":14,\"item_id\":\"msg_1"
+	"\",\"output_index\":0,\"content_index\":0,\"delta\":\"not model output\"}\n"
+	"\n"
+	"event: response.reasoning_text.done\n"
+	"data: {\"type\":\"response.reasoning_text.done\",\"sequence_number\":15,\"item_id\":\"msg_1\",\"outp"
+	"ut_index\":0,\"content_index\":0,\"delta\":\"not model output\"}\n"
+	"\n"
+	"event: response.reasoning_summary_text.done\n"
+	"data: {\"type\":\"response.reasoning_summary_text.done\",\"sequence_number\":16,\"item_id\":\"msg_1"
+	"\",\"output_index\":0,\"content_index\":0,\"delta\":\"not model output\"}\n"
+	"\n"
+	"event: response.function_call_arguments.done\n"
+	"data: {\"type\":\"response.function_call_arguments.done\",\"sequence_number\":17,\"item_id\":\"msg_1"
+	"\",\"output_index\":0,\"content_index\":0,\"delta\":\"not model output\"}\n"
+	"\n"
+	"event: response.output_text.annotation.added\n"
+	"data: {\"type\":\"response.output_text.annotation.added\",\"sequence_number\":18,\"item_id\":\"msg_1"
+	"\",\"output_index\":0,\"content_index\":0,\"delta\":\"not model output\"}\n"
+	"\n"
+	"event: response.web_search_call.searching\n"
+	"data: {\"type\":\"response.web_search_call.searching\",\"sequence_number\":19,\"item_id\":\"msg_1\","
+	"\"output_index\":0,\"content_index\":0,\"delta\":\"not model output\"}\n"
+	"\n"
+	"event: response.shell_call_output_content.delta\n"
+	"data: {\"type\":\"response.shell_call_output_content.delta\",\"sequence_number\":20,\"item_id\":\"ms"
+	"g_1\",\"output_index\":0,\"content_index\":0,\"delta\":\"not model output\"}\n"
+	"\n"
+	"event: response.image_generation_call.partial_image\n"
+	"data: {\"type\":\"response.image_generation_call.partial_image\",\"sequence_number\":21,\"item_id\":"
+	"\"msg_1\",\"output_index\":0,\"content_index\":0,\"delta\":\"not model output\"}\n"
+	"\n"
+	"event: response.audio.done\n"
+	"data: {\"type\":\"response.audio.done\",\"sequence_number\":22,\"item_id\":\"msg_1\",\"output_index"
+	"\":0,\"content_index\":0,\"delta\":\"not model output\"}\n"
+	"\n"
+	"event: response.completed\n"
+	"data: {\"type\":\"response.completed\",\"sequence_number\":23,\"response\":{\"id\":\"resp_1\",\"obje"
+	"ct\":\"response\",\"created_at\":1751642570,\"status\":\"incomplete\",\"model\":\"gpt-4o\",\"output"
+	"\":[],\"usage\":{\"input_tokens\":10,\"input_tokens_details\":{\"cached_tokens\":0},\"output_tokens"
+	"\":20,\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":30},\"error\":null,\"incom"
+	"plete_details\":null}}\n"
+	"\n";
+
+static const char responses_unnamed_stream[] =
+	"data: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\"object"
+	"\":\"response\",\"created_at\":1751642570,\"status\":\"in_progress\",\"model\":\"gpt-4o\",\"output\""
+	":[],\"usage\":null,\"error\":null,\"incomplete_details\":null}}\n"
+	"\n"
+	"data: {\"type\":\"response.output_text.delta\",\"sequence_number\":1,\"item_id\":\"msg_1\",\"output_"
+	"index\":0,\"content_index\":0,\"delta\":\"Hi\"}\n"
+	"\n"
+	"data: {\"sequence_number\":2,\"delta\":\"!\",\"type\":\"response.output_text.delta\"}\n"
+	"\n"
+	"data: {\"type\":\"response.output_text.done\",\"sequence_number\":2,\"text\":\"Hi!\"}\n"
+	"\n"
+	"data: {\"type\":\"response.completed\",\"sequence_number\":3,\"response\":{\"id\":\"resp_1\",\"objec"
+	"t\":\"response\",\"created_at\":1751642570,\"status\":\"completed\",\"model\":\"gpt-4o\",\"output\":"
+	"[],\"usage\":{\"input_tokens\":5,\"input_tokens_details\":{\"cached_tokens\":0},\"output_tokens\":2,"
+	"\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":7},\"error\":null,\"incomplete_d"
+	"etails\":null}}\n"
+	"\n";
+
+static const char responses_failed_stream[] =
+	"event: response.created\n"
+	"data: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\"object"
+	"\":\"response\",\"created_at\":1751642570,\"status\":\"in_progress\",\"model\":\"gpt-4o\",\"output\""
+	":[],\"usage\":null,\"error\":null,\"incomplete_details\":null}}\n"
+	"\n"
+	"event: response.in_progress\n"
+	"data: {\"type\":\"response.in_progress\",\"sequence_number\":1,\"response\":{\"id\":\"resp_1\",\"obj"
+	"ect\":\"response\",\"created_at\":1751642570,\"status\":\"in_progress\",\"model\":\"gpt-4o\",\"outpu"
+	"t\":[],\"usage\":null,\"error\":null,\"incomplete_details\":null}}\n"
+	"\n"
+	"event: error\n"
+	"data: {\"type\":\"error\",\"sequence_number\":2,\"error\":{\"code\":\"unknown-error\",\"message\":\""
+	"Foobar\",\"param\":null}}\n"
+	"\n"
+	"event: response.failed\n"
+	"data: {\"type\":\"response.failed\",\"sequence_number\":2,\"response\":{\"id\":\"resp_1\",\"object\""
+	":\"response\",\"created_at\":1751642570,\"status\":\"failed\",\"model\":\"gpt-4o\",\"output\":[],\"u"
+	"sage\":null,\"error\":{\"code\":\"server_error\",\"message\":\"boom\"},\"incomplete_details\":null}}"
+	"\n"
+	"\n";
+
+static const char responses_incomplete_stream[] =
+	"event: response.created\n"
+	"data: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\"object"
+	"\":\"response\",\"created_at\":1751642570,\"status\":\"in_progress\",\"model\":\"gpt-4o\",\"output\""
+	":[],\"usage\":null,\"error\":null,\"incomplete_details\":null}}\n"
+	"\n"
+	"event: response.output_text.delta\n"
+	"data: {\"type\":\"response.output_text.delta\",\"sequence_number\":1,\"item_id\":\"msg_1\",\"output_"
+	"index\":0,\"content_index\":0,\"delta\":\"Lorem\"}\n"
+	"\n"
+	"event: response.output_text.delta\n"
+	"data: {\"type\":\"response.output_text.delta\",\"sequence_number\":2,\"item_id\":\"msg_1\",\"output_"
+	"index\":0,\"content_index\":0,\"delta\":\" ipsum\"}\n"
+	"\n"
+	"event: response.incomplete\n"
+	"data: {\"type\":\"response.incomplete\",\"sequence_number\":3,\"response\":{\"id\":\"resp_1\",\"obje"
+	"ct\":\"response\",\"created_at\":1751642570,\"status\":\"incomplete\",\"model\":\"gpt-4o\",\"output"
+	"\":[],\"usage\":{\"input_tokens\":7,\"input_tokens_details\":{\"cached_tokens\":0},\"output_tokens\""
+	":2,\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":9},\"error\":null,\"incomplet"
+	"e_details\":{\"reason\":\"max_output_tokens\"}}}\n"
+	"\n";
+
 /* Rewrites every "\n" of `lf` as `eol`. */
 static char *with_line_ends(const char *lf, const char *eol)
 {
@@ -302,6 +530,7 @@ static void test_anthropic_stream_names(void **state)
 struct expect {
 	int events, tokens;
 	int64_t input, output;
+	enum resp_outcome outcome;
 };
 
 /* Every single cut, then byte by byte, then pseudo-random slicings: the
@@ -321,6 +550,7 @@ static void check_all_splits(enum framer_kind kind, enum api_kind api, const cha
 	assert_int_equal(tokens, want->tokens);
 	assert_int_equal(ref.usage.input_tokens, want->input);
 	assert_int_equal(ref.usage.output_tokens, want->output);
+	assert_int_equal(ref.usage.outcome, want->outcome);
 
 	for (size_t cut = 1; cut < n; cut++) {
 		seen_start(&got, api);
@@ -361,11 +591,16 @@ static const struct {
 	enum api_kind api;
 	struct expect want;
 } sse_streams[] = {
-	{ openai_chat_stream, API_OPENAI_CHAT, { 6, 2, 12, 3 } },
-	{ anthropic_stream, API_ANTHROPIC, { 8, 2, 25, 15 } },
-	{ openai_completions_stream, API_OPENAI_COMPLETIONS, { 5, 2, 5, 2 } },
-	{ tgi_stream, API_TGI, { 3, 2, 7, 3 } },
-	{ llamacpp_stream, API_LLAMACPP, { 3, 2, 6, 2 } },
+	{ openai_chat_stream, API_OPENAI_CHAT, { 6, 2, 12, 3, OUTCOME_NONE } },
+	{ anthropic_stream, API_ANTHROPIC, { 8, 2, 25, 15, OUTCOME_NONE } },
+	{ openai_completions_stream, API_OPENAI_COMPLETIONS, { 5, 2, 5, 2, OUTCOME_NONE } },
+	{ tgi_stream, API_TGI, { 3, 2, 7, 3, OUTCOME_NONE } },
+	{ llamacpp_stream, API_LLAMACPP, { 3, 2, 6, 2, OUTCOME_NONE } },
+	{ responses_text_stream, API_OPENAI_RESPONSES, { 11, 2, 36, 87, OUTCOME_NONE } },
+	{ responses_all_deltas_stream, API_OPENAI_RESPONSES, { 24, 11, 10, 20, OUTCOME_INCOMPLETE } },
+	{ responses_unnamed_stream, API_OPENAI_RESPONSES, { 5, 2, 5, 2, OUTCOME_NONE } },
+	{ responses_failed_stream, API_OPENAI_RESPONSES, { 4, 0, -1, -1, OUTCOME_FAILED } },
+	{ responses_incomplete_stream, API_OPENAI_RESPONSES, { 4, 2, 7, 2, OUTCOME_INCOMPLETE } },
 };
 
 static void test_split_every_byte_sse(void **state)
@@ -382,7 +617,7 @@ static void test_split_every_byte_sse(void **state)
 
 static void test_split_every_byte_ndjson(void **state)
 {
-	static const struct expect chat = { 3, 2, 26, 282 }, generate = { 4, 3, 11, 3 };
+	static const struct expect chat = { 3, 2, 26, 282, OUTCOME_NONE }, generate = { 4, 3, 11, 3, OUTCOME_NONE };
 	static const char *eols[] = { "\n", "\r\n" };
 	for (int e = 0; e < 2; e++) {
 		char *text = with_line_ends(ollama_chat_stream, eols[e]);
