@@ -119,6 +119,7 @@ struct config {
 	const char *admin_token_file;
 	bool admin_listen_explicit;  /* a busy default port only warns */
 	const char *override_header; /* pins a request to a named upstream; NULL off */
+	bool override_any_upstream;  /* ... also one outside the matched route */
 	uint64_t shutdown_grace_ms;  /* SIGTERM: running streams get this long */
 
 	struct upstream_conf *upstreams;

@@ -266,6 +266,10 @@ static void f_override_header(struct load *l, yaml_node_t *v, const char *key, v
 {
 	get_string_or_off(l, v, key, &CFG(o)->override_header);
 }
+static void f_override_any(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_bool(l, v, key, &CFG(o)->override_any_upstream);
+}
 
 static void f_admin_listen(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
@@ -812,6 +816,7 @@ static const struct field top_fields[] = {
 	{ "timeouts", f_timeouts },
 	{ "slo", f_slo },
 	{ "override_header", f_override_header },
+	{ "override_any_upstream", f_override_any },
 	{ "upstreams", f_upstreams },
 	{ "routes", f_routes },
 	{ "tls", f_tls },
