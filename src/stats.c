@@ -13,7 +13,11 @@
  * name unused for model_idle gives its slot to the next new name. Every
  * slot carries a generation, bumped when it is given to another name; a
  * shard's series remembers the slot and generation it was admitted under,
- * so the hot path (a known series) checks one atomic, lock-free, and a
+ * so the hot path (a known series) checks one atomic and marks the slot's
+ * last use (by the shard's clock of its last flush: no clock read; the
+ * shared line written at most once a second), lock-free; the flush marks
+ * it too for the series that were recorded into (a running stream holds
+ * its series); and a
  * series whose name lost its slot is admitted again (or folded into
  * "other") the next time it is met. A slot's name string is read and
  * written only under models_lock; without the lock, a shard reads only the
@@ -32,7 +36,6 @@
 
 #include "log.h"
 #include "store.h"
-#include "timeline.h"
 
 struct series {
 	struct stats_shard *shard;
@@ -51,7 +54,7 @@ struct series {
  * the atomics are read without it. `hash` (fnv1a of the name, never 0) is 0
  * while the slot is empty; `gen` is bumped each time the slot is given to
  * a name; `seen_ms` is the last use (monotonic ms, refreshed at most once a
- * second). */
+ * second, or an eighth of a shorter model_idle). */
 struct model_slot {
 	char *name;
 	_Atomic uint64_t hash;
@@ -83,10 +86,12 @@ struct stats_shard {
 	struct slo slo;
 	unsigned max_models;
 	uint64_t model_idle_ms; /* 0: a name keeps its slot for good */
+	uint64_t clock_ms;	/* now_ms() at the last flush: the hot path reads no clock */
+	uint64_t touch_ms;	/* a slot's last use is written at most this often */
 	struct series *buckets[SERIES_BUCKETS];
 	struct series *dirty;
 	struct event *timer;
-	uint64_t fluhvms;
+	uint64_t flush_ms;
 };
 
 int series_key_parse(const char *key, size_t len, const char **route, const char **upstream, const char **model,
@@ -166,15 +171,17 @@ static struct route_models *route_find(const char *route)
 
 static uint64_t now_ms(void)
 {
-	return clock_now_ns() / 1000000u;
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-/* Marks the slot used now; writes the shared line at most once a second.
- * Another thread may have written a later `now` than ours: comparisons
- * with seen_ms are written so as not to wrap. */
-static void slot_touch(struct model_slot *slot, uint64_t now)
+/* Marks the slot used now; writes the shared line at most once per
+ * `every` ms. Another thread may have written a later `now` than ours:
+ * comparisons with seen_ms are written so as not to wrap. */
+static void slot_touch(struct model_slot *slot, uint64_t now, uint64_t every)
 {
-	if (now >= atomic_load_explicit(&slot->seen_ms, memory_order_relaxed) + 1000)
+	if (now >= atomic_load_explicit(&slot->seen_ms, memory_order_relaxed) + every)
 		atomic_store_explicit(&slot->seen_ms, now, memory_order_relaxed);
 }
 
@@ -224,7 +231,7 @@ static struct route_models *route_add(const char *route, unsigned cap)
 static struct model_slot *model_admit(struct stats_shard *sh, const char *route, const char *model, bool ok,
 				      uint64_t *gen)
 {
-	uint64_t h = fnv1a(model, strlen(model)) | 1, now = now_ms();
+	uint64_t h = fnv1a(model, strlen(model)) | 1, now;
 	struct route_models *r = route_find(route);
 	struct model_slot *found = NULL;
 
@@ -237,10 +244,12 @@ static struct model_slot *model_admit(struct stats_shard *sh, const char *route,
 			maybe |= hv == h;
 			room |= hv == 0;
 		}
-		if (!maybe && (!ok || (!room && now < atomic_load_explicit(&r->evict_at_ms, memory_order_relaxed))))
+		if (!maybe &&
+		    (!ok || (!room && now_ms() < atomic_load_explicit(&r->evict_at_ms, memory_order_relaxed))))
 			return NULL;
 	}
 	pthread_mutex_lock(&models_lock);
+	now = now_ms();
 	if (!r && !(r = route_find(route)))
 		r = route_add(route, sh->max_models);
 	if (!r)
@@ -276,7 +285,7 @@ static struct model_slot *model_admit(struct stats_shard *sh, const char *route,
 		}
 	}
 	if (found) {
-		slot_touch(found, now);
+		slot_touch(found, now, 0);
 		*gen = atomic_load_explicit(&found->gen, memory_order_relaxed);
 	}
 	atomic_store_explicit(&r->evict_at_ms, evict_at(r, sh->model_idle_ms), memory_order_relaxed);
@@ -307,7 +316,7 @@ struct series *stats_series(struct stats_shard *sh, const char *route, const cha
 	s = lookup(sh, key, len, hash);
 	if (s && (!s->slot || atomic_load_explicit(&s->slot->gen, memory_order_acquire) == s->gen)) {
 		if (s->slot)
-			slot_touch(s->slot, now_ms());
+			slot_touch(s->slot, sh->clock_ms, sh->touch_ms);
 		return s;
 	}
 	/* A new series, or one whose name lost its slot: the model admitted
@@ -364,7 +373,10 @@ void stats_shard_flush(struct stats_shard *sh)
 	struct store_batch *b;
 	size_t n = 0;
 
-	if (!sh || !sh->dirty)
+	if (!sh)
+		return;
+	sh->clock_ms = now_ms();
+	if (!sh->dirty)
 		return;
 	for (struct series *s = sh->dirty; s; s = s->next_dirty)
 		n++;
@@ -375,12 +387,13 @@ void stats_shard_flush(struct stats_shard *sh)
 		b->sec = (uint64_t)time(NULL);
 		b->cap = n;
 	}
-	uint64_t now = now_ms();
+	uint64_t now = sh->clock_ms;
 	for (struct series *s = sh->dirty, *next; s; s = next) {
 		next = s->next_dirty;
-		/* a stream recording into a series it holds keeps its name in use */
+		/* recorded into since the last flush: its name is in use (a stream
+		 * holding the series included) */
 		if (s->slot && atomic_load_explicit(&s->slot->gen, memory_order_relaxed) == s->gen)
-			slot_touch(s->slot, now);
+			slot_touch(s->slot, now, sh->touch_ms);
 		if (b && b->items && !slice_empty(&s->slice)) {
 			struct store_item *it = &b->items[b->n];
 			it->len = slice_encode(&s->slice, &it->blob);
@@ -403,13 +416,13 @@ void stats_shard_flush(struct stats_shard *sh)
 	store_submit(sh->store, b);
 }
 
-static void on_fluhvtimer(evutil_socket_t fd, short what, void *arg)
+static void on_flush_timer(evutil_socket_t fd, short what, void *arg)
 {
 	stats_shard_flush(arg);
 }
 
 struct stats_shard *stats_shard_new(struct event_base *base, struct store *store, unsigned max_models,
-				    uint64_t model_idle_ms, const struct slo *slo, uint64_t fluhvms)
+				    uint64_t model_idle_ms, const struct slo *slo, uint64_t flush_ms)
 {
 	struct stats_shard *sh = calloc(1, sizeof(*sh));
 
@@ -419,10 +432,13 @@ struct stats_shard *stats_shard_new(struct event_base *base, struct store *store
 	sh->slo = *slo;
 	sh->max_models = max_models;
 	sh->model_idle_ms = model_idle_ms;
-	sh->fluhvms = fluhvms;
+	sh->clock_ms = now_ms();
+	/* once a second; finer for a short model_idle (tests) */
+	sh->touch_ms = model_idle_ms && model_idle_ms / 8 < 1000 ? model_idle_ms / 8 : 1000;
+	sh->flush_ms = flush_ms;
 	if (base) {
-		struct timeval tv = { (time_t)(fluhvms / 1000), (suseconds_t)(fluhvms % 1000) * 1000 };
-		sh->timer = event_new(base, -1, EV_PERSIST, on_fluhvtimer, sh);
+		struct timeval tv = { (time_t)(flush_ms / 1000), (suseconds_t)(flush_ms % 1000) * 1000 };
+		sh->timer = event_new(base, -1, EV_PERSIST, on_flush_timer, sh);
 		if (!sh->timer || event_add(sh->timer, &tv) == -1) {
 			stats_shard_free(sh);
 			return NULL;
