@@ -427,10 +427,55 @@ enum live_span {
 	LIVE_EACH,  /* a change: the first worker validates and answers, then the rest follow */
 };
 
-/* Runs a live-state function on the workers and relays its JSON answer. */
+/*
+ * The weight change that puts `route` back as the first worker has it now
+ * (NULL when it has no such route): {"route", "weights", "generation"}, so
+ * that a worker reloaded since ignores it.
+ */
+static char *weights_undo(struct admin *a, const char *in)
+{
+	json_t *doc = json_loads(in, 0, NULL), *cur = NULL, *undo = NULL, *routes, *r, *t;
+	const char *name = NULL;
+	char *out = NULL, *text = NULL;
+	int status = 0;
+	size_t i, k;
+
+	if (!doc || json_unpack(doc, "{s:s}", "route", &name) == -1)
+		goto out;
+	if (control_call(a->controls[0], live_routes, a->proxies[0], NULL, &text, &status, LIVE_TIMEOUT_MS) == -1 ||
+	    !text || status != 200 || !(cur = json_loads(text, 0, NULL)))
+		goto out;
+	routes = json_object_get(cur, "routes");
+	json_array_foreach (routes, i, r) {
+		if (!json_is_string(json_object_get(r, "name")) ||
+		    strcmp(json_string_value(json_object_get(r, "name")), name) != 0)
+			continue;
+		json_t *weights = json_object();
+		json_array_foreach (json_object_get(r, "targets"), k, t)
+			json_object_set(weights, json_string_value(json_object_get(t, "upstream")),
+					json_object_get(t, "weight"));
+		undo = json_pack("{s:s,s:o,s:O}", "route", name, "weights", weights, "generation",
+				 json_object_get(cur, "generation"));
+		break;
+	}
+	if (undo)
+		out = json_dumps(undo, JSON_COMPACT);
+out:
+	json_decref(undo);
+	json_decref(cur);
+	json_decref(doc);
+	free(text);
+	return out;
+}
+
+/* Runs a live-state function on the workers and relays its JSON answer. A
+ * change (LIVE_EACH) is true to its answer: 200 when every worker applied
+ * it; when one did not answer in time (its job is then never run), the
+ * workers before it are given the previous weights back, and the answer is
+ * 503. */
 static void relay_live(struct admin *a, struct evhttp_request *req, control_fn fn, const char *in, enum live_span span)
 {
-	char *outs[WORKERS_MAX] = { NULL };
+	char *outs[WORKERS_MAX] = { NULL }, *undo = NULL;
 	int status = 500, st;
 	unsigned n = span == LIVE_FIRST ? 1 : a->nworkers;
 
@@ -438,11 +483,33 @@ static void relay_live(struct admin *a, struct evhttp_request *req, control_fn f
 		reply_error(req, 404, NULL, "live proxy state is not available in this process");
 		return;
 	}
+	if (span == LIVE_EACH && n > 1)
+		undo = weights_undo(a, in); /* NULL: no such route (the first worker says so), or no answer */
 	for (unsigned i = 0; i < n; i++) {
-		if (control_call(a->controls[i], fn, a->proxies[i], in, &outs[i], i ? &st : &status, LIVE_TIMEOUT_MS) ==
-			    -1 ||
-		    !outs[i]) {
-			reply_error(req, 503, NULL, "the proxy did not answer within %d ms", LIVE_TIMEOUT_MS);
+		int rc = span == LIVE_EACH ? control_call_cancel(a->controls[i], fn, a->proxies[i], in, &outs[i],
+								 i ? &st : &status, LIVE_TIMEOUT_MS)
+					   : control_call(a->controls[i], fn, a->proxies[i], in, &outs[i],
+							  i ? &st : &status, LIVE_TIMEOUT_MS);
+		if (rc == -1 || !outs[i]) {
+			unsigned undone = 0;
+			for (unsigned j = 0; span == LIVE_EACH && undo && j < i; j++) {
+				char *o = NULL;
+				int s = 0;
+				/* a plain call: should it time out, it still runs */
+				if (control_call(a->controls[j], fn, a->proxies[j], undo, &o, &s, LIVE_TIMEOUT_MS) ==
+					    0 &&
+				    s == 200)
+					undone++;
+				free(o);
+			}
+			if (span == LIVE_EACH && i > 0)
+				log_error(
+					"admin: worker %u did not answer a weight change within %d ms; undone on %u of "
+					"the "
+					"%u worker(s) that applied it",
+					i, LIVE_TIMEOUT_MS, undone, i);
+			reply_error(req, 503, NULL, "the proxy did not answer within %d ms%s", LIVE_TIMEOUT_MS,
+				    span == LIVE_EACH ? "; the change was not applied" : "");
 			goto out;
 		}
 		if (i == 0 && span == LIVE_EACH && status != 200)
@@ -464,6 +531,7 @@ static void relay_live(struct admin *a, struct evhttp_request *req, control_fn f
 out:
 	for (unsigned i = 0; i < n; i++)
 		free(outs[i]);
+	free(undo);
 }
 
 static void on_routes(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)

@@ -40,6 +40,7 @@ void config_defaults(struct config *c)
 	c->data_dir = "tokentap-data";
 	c->flush_ms = 1000;
 	c->max_models = 32;
+	c->model_idle_ms = 24 * 3600 * 1000ull;
 	c->slo_ttft_ms = 2000;
 	c->slo_tpot_ms = 100;
 	c->cold_idle_ms = 60000;

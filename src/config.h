@@ -103,10 +103,11 @@ struct config {
 	size_t max_event_size;		/* framer bound on one SSE event / NDJSON line */
 	size_t body_inspect_max;	/* request body prefix kept to learn the model */
 
-	const char *data_dir; /* LMDB stats directory; NULL: memory only */
-	uint64_t flush_ms;    /* worker deltas to the store */
-	unsigned max_models;  /* distinct models per route and upstream */
-	uint64_t slo_ttft_ms; /* goodput thresholds */
+	const char *data_dir;	/* LMDB stats directory; NULL: memory only */
+	uint64_t flush_ms;	/* worker deltas to the store */
+	unsigned max_models;	/* distinct models per route and upstream */
+	uint64_t model_idle_ms; /* a model unused this long may lose its slot; 0: never */
+	uint64_t slo_ttft_ms;	/* goodput thresholds */
 	uint64_t slo_tpot_ms;
 	uint64_t slo_itl_ms;   /* the longest gap between tokens; 0: not checked */
 	uint64_t cold_idle_ms; /* an upstream idle this long serves cold */
@@ -119,6 +120,7 @@ struct config {
 	const char *admin_token_file;
 	bool admin_listen_explicit;  /* a busy default port only warns */
 	const char *override_header; /* pins a request to a named upstream; NULL off */
+	bool override_any_upstream;  /* ... also one outside the matched route */
 	uint64_t shutdown_grace_ms;  /* SIGTERM: running streams get this long */
 
 	struct upstream_conf *upstreams;

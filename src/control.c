@@ -1,6 +1,11 @@
 /*
  * control.c — the job queue between other threads and the worker loop,
  * woken through an eventfd.
+ *
+ * A job is taken (`started`) under the lock before it runs. A caller whose
+ * deadline passes abandons a job not yet started; a cancellable one
+ * (control_call_cancel) is then dropped unrun, and one already started is
+ * waited for, so that the caller's answer says what happened.
  */
 #include "control.h"
 
@@ -19,7 +24,7 @@ struct job {
 	void *ctx;
 	char *in, *out;
 	int status;
-	bool done, abandoned;
+	bool cancellable, started, done, abandoned;
 	struct job *next;
 };
 
@@ -54,6 +59,14 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
 	for (struct job *j = list, *next; j; j = next) {
 		next = j->next;
 		int status = 500;
+		pthread_mutex_lock(&c->lock);
+		if (j->abandoned && j->cancellable) { /* its caller was told it failed */
+			pthread_mutex_unlock(&c->lock);
+			job_free(j);
+			continue;
+		}
+		j->started = true;
+		pthread_mutex_unlock(&c->lock);
 		char *out = j->fn(j->ctx, j->in, &status);
 		pthread_mutex_lock(&c->lock);
 		if (j->abandoned) {
@@ -121,8 +134,8 @@ void control_free(struct control *c)
 	free(c);
 }
 
-int control_call(struct control *c, control_fn fn, void *ctx, const char *in, char **out, int *status,
-		 uint64_t timeout_ms)
+static int call(struct control *c, control_fn fn, void *ctx, const char *in, char **out, int *status,
+		uint64_t timeout_ms, bool cancellable)
 {
 	struct job *j = calloc(1, sizeof(*j));
 	struct timespec deadline;
@@ -134,6 +147,7 @@ int control_call(struct control *c, control_fn fn, void *ctx, const char *in, ch
 	j->fn = fn;
 	j->ctx = ctx;
 	j->in = in ? strdup(in) : NULL;
+	j->cancellable = cancellable;
 	clock_gettime(CLOCK_REALTIME, &deadline);
 	deadline.tv_sec += (time_t)(timeout_ms / 1000);
 	deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
@@ -159,6 +173,10 @@ int control_call(struct control *c, control_fn fn, void *ctx, const char *in, ch
 		if (pthread_cond_timedwait(&c->cond, &c->lock, &deadline) == ETIMEDOUT)
 			break;
 	}
+	/* running now: a cancellable job's caller waits for its end (jobs are
+	 * short; the worker is past whatever held it up) */
+	while (!j->done && cancellable && j->started)
+		pthread_cond_wait(&c->cond, &c->lock);
 	if (j->done) {
 		*out = j->out;
 		*status = j->status;
@@ -171,4 +189,16 @@ int control_call(struct control *c, control_fn fn, void *ctx, const char *in, ch
 		pthread_mutex_unlock(&c->lock);
 	}
 	return rc;
+}
+
+int control_call(struct control *c, control_fn fn, void *ctx, const char *in, char **out, int *status,
+		 uint64_t timeout_ms)
+{
+	return call(c, fn, ctx, in, out, status, timeout_ms, false);
+}
+
+int control_call_cancel(struct control *c, control_fn fn, void *ctx, const char *in, char **out, int *status,
+			uint64_t timeout_ms)
+{
+	return call(c, fn, ctx, in, out, status, timeout_ms, true);
 }

@@ -7,6 +7,9 @@
  * job; the worker runs it between two events, where that state is
  * consistent, and the caller gets the answer back. A job whose caller timed
  * out is still run (or dropped) safely: jobs own their input and output.
+ * A change whose caller must be able to say "not applied" on a timeout uses
+ * control_call_cancel: a job the worker has not started by the deadline is
+ * never run.
  */
 #pragma once
 
@@ -28,3 +31,8 @@ void control_free(struct control *c);
  * `ctx` must outlive the control. */
 int control_call(struct control *c, control_fn fn, void *ctx, const char *in, char **out, int *status,
 		 uint64_t timeout_ms);
+/* As control_call, but -1 means fn did not run and never will: a job not
+ * started by the deadline is dropped; one started is waited for to its end
+ * (then 0, however long it took). */
+int control_call_cancel(struct control *c, control_fn fn, void *ctx, const char *in, char **out, int *status,
+			uint64_t timeout_ms);

@@ -357,6 +357,15 @@ void request_route(struct request *req)
 				return;
 			}
 			int i = route_target_index(req->route, req->up);
+			/* the route's own upstreams only: a shadow or a staging upstream
+			 * is not for any client to reach, unless configured so */
+			if (i < 0 && !cfg->override_any_upstream) {
+				snprintf(msg, sizeof(msg), "%s names %s, not an upstream of route %s",
+					 cfg->override_header, req->up->name, req->route->name);
+				req->up = NULL;
+				client_fail(cl, 400, REQ_ERR_BAD_REQUEST, "invalid_request", msg);
+				return;
+			}
 			req->tried = i >= 0 ? ~(uint32_t)0 & ~(1u << i) : ~(uint32_t)0; /* pinned: no failover */
 			request_admit(req);
 			return;

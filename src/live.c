@@ -139,6 +139,12 @@ char *live_set_weights(void *proxy, const char *in, int *status)
 		json_decref(doc);
 		return error(400, "expected {\"route\": NAME, \"weights\": {UPSTREAM: WEIGHT, ...}}", status);
 	}
+	json_t *gen = json_object_get(doc, "generation");
+	if (gen && (!json_is_integer(gen) || (uint64_t)json_integer_value(gen) != rt->generation)) {
+		/* an undo (admin.c) meant for a generation since replaced */
+		json_decref(doc);
+		return error(409, "the configuration was reloaded since; weights unchanged", status);
+	}
 	r = router_route(rt, route_name);
 	if (!r) {
 		snprintf(msg, sizeof(msg), "no route named %s", route_name);

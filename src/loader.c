@@ -266,6 +266,10 @@ static void f_override_header(struct load *l, yaml_node_t *v, const char *key, v
 {
 	get_string_or_off(l, v, key, &CFG(o)->override_header);
 }
+static void f_override_any(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_bool(l, v, key, &CFG(o)->override_any_upstream);
+}
 
 static void f_admin_listen(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
@@ -316,6 +320,10 @@ static void f_max_models(struct load *l, yaml_node_t *v, const char *key, void *
 {
 	get_uint(l, v, key, &CFG(o)->max_models);
 }
+static void f_model_idle(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_duration(l, v, key, &CFG(o)->model_idle_ms);
+}
 static void f_cold_idle(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	get_duration(l, v, key, &CFG(o)->cold_idle_ms);
@@ -323,14 +331,9 @@ static void f_cold_idle(struct load *l, yaml_node_t *v, const char *key, void *o
 static void f_store(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	static const struct field fields[] = {
-		{ "dir", f_store_dir },
-		{ "flush_interval", f_flush },
-		{ "minute_retention", f_min_ret },
-		{ "hour_retention", f_hour_ret },
-		{ "max_size", f_store_max_size },
-		{ "max_models", f_max_models },
-		{ "cold_after_idle", f_cold_idle },
-		{ NULL, NULL },
+		{ "dir", f_store_dir },		  { "flush_interval", f_flush },      { "minute_retention", f_min_ret },
+		{ "hour_retention", f_hour_ret }, { "max_size", f_store_max_size },   { "max_models", f_max_models },
+		{ "model_idle", f_model_idle },	  { "cold_after_idle", f_cold_idle }, { NULL, NULL },
 	};
 	walk(l, v, key, fields, o);
 }
@@ -815,6 +818,7 @@ static const struct field top_fields[] = {
 	{ "timeouts", f_timeouts },
 	{ "slo", f_slo },
 	{ "override_header", f_override_header },
+	{ "override_any_upstream", f_override_any },
 	{ "upstreams", f_upstreams },
 	{ "routes", f_routes },
 	{ "tls", f_tls },

@@ -154,6 +154,7 @@ static void warn_fixed(const struct config *boot, const struct config *next)
 		{ "store.minute_retention", boot->minute_retention_s != next->minute_retention_s },
 		{ "store.hour_retention", boot->hour_retention_s != next->hour_retention_s },
 		{ "store.max_models", boot->max_models != next->max_models },
+		{ "store.model_idle", boot->model_idle_ms != next->model_idle_ms },
 		{ "admin.token_file", !SAME(boot->admin_token_file, next->admin_token_file) },
 		{ "workers", boot->workers != next->workers },
 	};
@@ -300,6 +301,7 @@ int main(int argc, char **argv)
 	env.store = store;
 	env.recent = recent;
 	env.max_models = boot.max_models;
+	env.model_idle_ms = boot.model_idle_ms;
 	env.slo.ttft_us = boot.slo_ttft_ms * 1000;
 	env.slo.tpot_us = boot.slo_tpot_ms * 1000;
 	env.slo.itl_us = boot.slo_itl_ms * 1000;

@@ -50,7 +50,8 @@ static void timer_set(struct mirror *m, enum mirror_timer kind, uint64_t ms)
 
 static struct series *mirror_series(struct mirror *m)
 {
-	return stats_series(m->env.stats, m->route, m->up->name, m->rec.model, false);
+	return stats_series(m->env.stats, m->route, m->up->name, m->rec.model, false,
+			    m->rec.status >= 200 && m->rec.status < 300);
 }
 
 /* The events of one read share a clock reading: their gaps (mostly 0 at a

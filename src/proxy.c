@@ -247,12 +247,17 @@ static void request_free(struct request *req)
 	free(req);
 }
 
+/* Resolved when first recorded into: at the first ITL gaps, which come from
+ * the response body, or when the request is counted; so after the response
+ * head, when the status that decides whether its model may be admitted
+ * (stats_series) is known. */
 struct series *request_series(struct request *req)
 {
 	struct proxy *px = req->cl->px;
 	if (!req->series)
 		req->series = stats_series(px->stats, req->route ? req->route->name : "none",
-					   req->up ? req->up->name : "none", req->rec.model, req->cold);
+					   req->up ? req->up->name : "none", req->rec.model, req->cold,
+					   req->rec.status >= 200 && req->rec.status < 300);
 	return req->series;
 }
 

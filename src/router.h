@@ -10,7 +10,8 @@
  * carry on across reloads.
  *
  * Choosing an upstream within a route, in order: the override header (when
- * configured) pins a named upstream; a sticky key (a header or a top-level
+ * configured) pins a named upstream of the route (any upstream with
+ * override_any_upstream; exchange.c checks); a sticky key (a header or a top-level
  * JSON field of the body) picks by weighted rendezvous hashing, so the same
  * key keeps landing on the same upstream and a weight change moves as few
  * keys as possible; otherwise smooth weighted round robin, which keeps a

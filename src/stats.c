@@ -7,12 +7,23 @@
  * state recording allocates nothing.
  *
  * The model cap is the process's, per route: which model names a route
- * tracks is kept once for all workers and upstreams, and consulted only
- * when a shard meets a series key it has not seen. It is read without a
- * lock (the lists only grow, and each name is written before the count
- * that covers it is published); models_lock is taken only to admit a new
- * name, so a request for a known series, or for a model refused because
- * the route is full, never takes it.
+ * tracks is kept once for all workers and upstreams, in max_models slots. A
+ * name takes a slot only with a successful (2xx) answer, so names an
+ * upstream refuses never crowd out real ones; once the slots are full, a
+ * name unused for model_idle gives its slot to the next new name. Every
+ * slot carries a generation, bumped when it is given to another name; a
+ * shard's series remembers the slot and generation it was admitted under,
+ * so the hot path (a known series) checks one atomic and marks the slot's
+ * last use (by the shard's clock of its last flush: no clock read; the
+ * shared line written at most once a second), lock-free; the flush marks
+ * it too for the series that were recorded into (a running stream holds
+ * its series); and a
+ * series whose name lost its slot is admitted again (or folded into
+ * "other") the next time it is met. A slot's name string is read and
+ * written only under models_lock; without the lock, a shard reads only the
+ * slots' atomics (hash of the name, generation, last use), so a name
+ * refused because it is not in the list and the list is full, or because
+ * its answer failed, never takes the lock.
  */
 #include "stats.h"
 
@@ -32,22 +43,36 @@ struct series {
 	size_t keylen;
 	uint64_t hash;
 	struct slice slice;
+	struct model_slot *slot; /* the name's slot; NULL for "other" */
+	uint64_t gen;		 /* slot->gen when this series was admitted */
 	bool dirty;
 	struct series *next_dirty;
 	struct series *next_in_bucket;
 };
 
+/* One tracked name. `name` is read and written under models_lock only;
+ * the atomics are read without it. `hash` (fnv1a of the name, never 0) is 0
+ * while the slot is empty; `gen` is bumped each time the slot is given to
+ * a name; `seen_ms` is the last use (monotonic ms, refreshed at most once a
+ * second, or an eighth of a shorter model_idle). */
+struct model_slot {
+	char *name;
+	_Atomic uint64_t hash;
+	_Atomic uint64_t gen;
+	_Atomic uint64_t seen_ms;
+};
+
 /* The models a route tracks, for the cap; one list per route for the whole
  * process. Copies of the names: a reload frees the configuration they came
- * from. Kept until exit, as a shard keeps its series. Written under
- * models_lock, read without it: `route`, `cap`, `names` (the array) and
- * `next` never change once the entry is published, names[i] never once
- * `n` covers it. */
+ * from. Kept until exit, as a shard keeps its series. `route`, `cap`,
+ * `slots` (the array) and `next` never change once the entry is
+ * published. `evict_at_ms`: while the slots are full, no name can be
+ * evicted before then (a lower bound, recomputed under the lock). */
 struct route_models {
 	char *route;
-	char **names; /* cap slots */
+	struct model_slot *slots; /* cap slots */
 	unsigned cap;
-	_Atomic unsigned n;
+	_Atomic uint64_t evict_at_ms;
 	struct route_models *next;
 };
 
@@ -60,6 +85,9 @@ struct stats_shard {
 	struct store *store;
 	struct slo slo;
 	unsigned max_models;
+	uint64_t model_idle_ms; /* 0: a name keeps its slot for good */
+	uint64_t clock_ms;	/* now_ms() at the last flush: the hot path reads no clock */
+	uint64_t touch_ms;	/* a slot's last use is written at most this often */
 	struct series *buckets[SERIES_BUCKETS];
 	struct series *dirty;
 	struct event *timer;
@@ -141,88 +169,173 @@ static struct route_models *route_find(const char *route)
 	return r;
 }
 
-/* True when `model` is among r's first n names. */
-static bool route_has(const struct route_models *r, unsigned n, const char *model)
+static uint64_t now_ms(void)
 {
-	for (unsigned i = 0; i < n; i++)
-		if (strcmp(r->names[i], model) == 0)
-			return true;
-	return false;
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-/* True when `model` is tracked for `route`: already one of its models, or
- * admitted now under the cap. */
-static bool model_admit(struct stats_shard *sh, const char *route, const char *model)
+/* Marks the slot used now; writes the shared line at most once per
+ * `every` ms. Another thread may have written a later `now` than ours:
+ * comparisons with seen_ms are written so as not to wrap. */
+static void slot_touch(struct model_slot *slot, uint64_t now, uint64_t every)
 {
-	struct route_models *r = route_find(route);
-	unsigned n;
-	bool ok = false;
+	if (now >= atomic_load_explicit(&slot->seen_ms, memory_order_relaxed) + every)
+		atomic_store_explicit(&slot->seen_ms, now, memory_order_relaxed);
+}
 
+/* While every slot is taken: when the least recently used one may go. */
+static uint64_t evict_at(const struct route_models *r, uint64_t idle_ms)
+{
+	uint64_t oldest = UINT64_MAX;
+
+	if (!idle_ms || !r->cap)
+		return UINT64_MAX;
+	for (unsigned i = 0; i < r->cap; i++) {
+		uint64_t seen = atomic_load_explicit(&r->slots[i].seen_ms, memory_order_relaxed);
+		if (seen < oldest)
+			oldest = seen;
+	}
+	return oldest + idle_ms;
+}
+
+static struct route_models *route_add(const char *route, unsigned cap)
+{
+	struct route_models *r = calloc(1, sizeof(*r));
+
+	if (!r)
+		return NULL;
+	r->route = strdup(route);
+	r->cap = cap;
+	r->slots = cap ? calloc(cap, sizeof(*r->slots)) : NULL;
+	if (!r->route || (cap && !r->slots)) {
+		free(r->route);
+		free(r->slots);
+		free(r);
+		return NULL;
+	}
+	r->next = atomic_load_explicit(&route_models, memory_order_relaxed);
+	atomic_store_explicit(&route_models, r, memory_order_release);
+	return r;
+}
+
+/*
+ * The slot tracking `model` for `route` (its generation in *gen), or NULL
+ * when the model counts as "other". A name already in the list is found
+ * whatever the answer; a new one takes a slot only when `ok` (the answer
+ * was 2xx): a free one, else the least recently used one idle for
+ * model_idle. Without the lock, a name whose hash is in no slot is refused
+ * when it failed, or when the list is full and no slot can be idle yet.
+ */
+static struct model_slot *model_admit(struct stats_shard *sh, const char *route, const char *model, bool ok,
+				      uint64_t *gen)
+{
+	uint64_t h = fnv1a(model, strlen(model)) | 1, now;
+	struct route_models *r = route_find(route);
+	struct model_slot *found = NULL;
+
+	if (!r && !ok)
+		return NULL;
 	if (r) {
-		n = atomic_load_explicit(&r->n, memory_order_acquire);
-		if (route_has(r, n, model))
-			return true;
-		if (n >= r->cap)
-			return false; /* full: refused without the lock */
+		bool maybe = false, room = false;
+		for (unsigned i = 0; i < r->cap; i++) {
+			uint64_t hv = atomic_load_explicit(&r->slots[i].hash, memory_order_acquire);
+			maybe |= hv == h;
+			room |= hv == 0;
+		}
+		if (!maybe &&
+		    (!ok || (!room && now_ms() < atomic_load_explicit(&r->evict_at_ms, memory_order_relaxed))))
+			return NULL;
 	}
 	pthread_mutex_lock(&models_lock);
-	if (!(r = route_find(route)) && (r = calloc(1, sizeof(*r)))) {
-		r->route = strdup(route);
-		r->cap = sh->max_models;
-		r->names = r->cap ? calloc(r->cap, sizeof(*r->names)) : NULL;
-		if (!r->route || (r->cap && !r->names)) {
-			free(r->route);
-			free(r->names);
-			free(r);
-			r = NULL;
-		} else {
-			r->next = atomic_load_explicit(&route_models, memory_order_relaxed);
-			atomic_store_explicit(&route_models, r, memory_order_release);
+	now = now_ms();
+	if (!r && !(r = route_find(route)))
+		r = route_add(route, sh->max_models);
+	if (!r)
+		goto out;
+	for (unsigned i = 0; i < r->cap && !found; i++)
+		if (r->slots[i].name && strcmp(r->slots[i].name, model) == 0)
+			found = &r->slots[i];
+	if (!found && ok) {
+		struct model_slot *lru = NULL;
+		for (unsigned i = 0; i < r->cap; i++) {
+			struct model_slot *s = &r->slots[i];
+			if (!s->name) {
+				lru = s;
+				break;
+			}
+			if (sh->model_idle_ms &&
+			    now >= atomic_load_explicit(&s->seen_ms, memory_order_relaxed) + sh->model_idle_ms &&
+			    (!lru || atomic_load_explicit(&s->seen_ms, memory_order_relaxed) <
+					     atomic_load_explicit(&lru->seen_ms, memory_order_relaxed)))
+				lru = s;
+		}
+		char *copy = lru ? strdup(model) : NULL;
+		if (copy) {
+			if (lru->name)
+				log_info("stats: route %s: model %s, idle, gives its slot to %s", route, lru->name,
+					 model);
+			free(lru->name);
+			lru->name = copy;
+			atomic_store_explicit(&lru->hash, h, memory_order_release);
+			atomic_fetch_add_explicit(&lru->gen, 1, memory_order_release);
+			atomic_store_explicit(&lru->seen_ms, now, memory_order_relaxed);
+			found = lru;
 		}
 	}
-	if (r) {
-		n = atomic_load_explicit(&r->n, memory_order_relaxed);
-		ok = route_has(r, n, model);
-		if (!ok && n < r->cap && (r->names[n] = strdup(model))) {
-			atomic_store_explicit(&r->n, n + 1, memory_order_release);
-			ok = true;
-		}
+	if (found) {
+		slot_touch(found, now, 0);
+		*gen = atomic_load_explicit(&found->gen, memory_order_relaxed);
 	}
+	atomic_store_explicit(&r->evict_at_ms, evict_at(r, sh->model_idle_ms), memory_order_relaxed);
+out:
 	pthread_mutex_unlock(&models_lock);
-	return ok;
+	return found;
 }
 
 struct series *stats_series(struct stats_shard *sh, const char *route, const char *upstream, const char *model,
-			    bool cold)
+			    bool cold, bool ok)
 {
 	char key[SERIES_KEY_MAX];
 	size_t len;
-	uint64_t hash;
+	uint64_t hash, gen = 0;
 	struct series *s;
+	struct model_slot *slot = NULL;
 
 	if (!sh)
 		return NULL;
 	if (!model || !*model)
 		model = SERIES_MODEL_UNKNOWN;
 	len = key_build(key, route, upstream, model, cold);
-	if (!len)
-		len = key_build(key, route, upstream, SERIES_MODEL_OTHER, cold);
+	if (!len) {
+		model = SERIES_MODEL_OTHER;
+		len = key_build(key, route, upstream, model, cold);
+	}
 	hash = fnv1a(key, len);
-	if ((s = lookup(sh, key, len, hash)))
+	s = lookup(sh, key, len, hash);
+	if (s && (!s->slot || atomic_load_explicit(&s->slot->gen, memory_order_acquire) == s->gen)) {
+		if (s->slot)
+			slot_touch(s->slot, sh->clock_ms, sh->touch_ms);
 		return s;
-	/* A new series: its model admitted under the route's cap (counted once
-	 * for warm and cold, every upstream and every worker), else folded into
-	 * "other". */
-	char other[SERIES_KEY_MAX];
-	size_t olen = key_build(other, route, upstream, model, !cold);
-	bool known = olen && lookup(sh, other, olen, fnv1a(other, olen));
-	if (!known && strcmp(model, SERIES_MODEL_OTHER) != 0 && !model_admit(sh, route, model)) {
+	}
+	/* A new series, or one whose name lost its slot: the model admitted
+	 * under the route's cap (counted once for warm and cold, every upstream
+	 * and every worker), else folded into "other". */
+	if (strcmp(model, SERIES_MODEL_OTHER) != 0 && (slot = model_admit(sh, route, model, ok, &gen))) {
+		if (!s)
+			s = insert(sh, key, len, hash);
+	} else {
 		len = key_build(key, route, upstream, SERIES_MODEL_OTHER, cold);
 		hash = fnv1a(key, len);
-		if ((s = lookup(sh, key, len, hash)))
-			return s;
+		if (!(s = lookup(sh, key, len, hash)))
+			s = insert(sh, key, len, hash);
 	}
-	return insert(sh, key, len, hash);
+	if (s) {
+		s->slot = slot;
+		s->gen = gen;
+	}
+	return s;
 }
 
 static void mark_dirty(struct series *se)
@@ -260,7 +373,10 @@ void stats_shard_flush(struct stats_shard *sh)
 	struct store_batch *b;
 	size_t n = 0;
 
-	if (!sh || !sh->dirty)
+	if (!sh)
+		return;
+	sh->clock_ms = now_ms();
+	if (!sh->dirty)
 		return;
 	for (struct series *s = sh->dirty; s; s = s->next_dirty)
 		n++;
@@ -271,8 +387,13 @@ void stats_shard_flush(struct stats_shard *sh)
 		b->sec = (uint64_t)time(NULL);
 		b->cap = n;
 	}
+	uint64_t now = sh->clock_ms;
 	for (struct series *s = sh->dirty, *next; s; s = next) {
 		next = s->next_dirty;
+		/* recorded into since the last flush: its name is in use (a stream
+		 * holding the series included) */
+		if (s->slot && atomic_load_explicit(&s->slot->gen, memory_order_relaxed) == s->gen)
+			slot_touch(s->slot, now, sh->touch_ms);
 		if (b && b->items && !slice_empty(&s->slice)) {
 			struct store_item *it = &b->items[b->n];
 			it->len = slice_encode(&s->slice, &it->blob);
@@ -301,7 +422,7 @@ static void on_flush_timer(evutil_socket_t fd, short what, void *arg)
 }
 
 struct stats_shard *stats_shard_new(struct event_base *base, struct store *store, unsigned max_models,
-				    const struct slo *slo, uint64_t flush_ms)
+				    uint64_t model_idle_ms, const struct slo *slo, uint64_t flush_ms)
 {
 	struct stats_shard *sh = calloc(1, sizeof(*sh));
 
@@ -310,6 +431,10 @@ struct stats_shard *stats_shard_new(struct event_base *base, struct store *store
 	sh->store = store;
 	sh->slo = *slo;
 	sh->max_models = max_models;
+	sh->model_idle_ms = model_idle_ms;
+	sh->clock_ms = now_ms();
+	/* once a second; finer for a short model_idle (tests) */
+	sh->touch_ms = model_idle_ms && model_idle_ms / 8 < 1000 ? model_idle_ms / 8 : 1000;
 	sh->flush_ms = flush_ms;
 	if (base) {
 		struct timeval tv = { (time_t)(flush_ms / 1000), (suseconds_t)(flush_ms % 1000) * 1000 };

@@ -8,8 +8,10 @@
  * (one lock hand-off per interval) and clears the slices in place.
  *
  * The number of models per route is capped for the whole process (every
- * upstream and worker): past the cap a request is recorded under the model
- * "other", so clients cannot grow memory by inventing model names.
+ * upstream and worker): a name is admitted only with a successful answer,
+ * and past the cap a request is recorded under the model "other", so
+ * clients cannot grow memory by inventing model names nor crowd out real
+ * ones. A name unused for model_idle yields its slot to a new one.
  */
 #pragma once
 
@@ -32,14 +34,19 @@ struct series;
 int series_key_parse(const char *key, size_t len, const char **route, const char **upstream, const char **model,
 		     bool *cold);
 
+/* `model_idle_ms`: how long a model name must go unused before a new name
+ * may take its slot in a full list; 0: never. */
 struct stats_shard *stats_shard_new(struct event_base *base, struct store *store, unsigned max_models,
-				    const struct slo *slo, uint64_t flush_ms);
+				    uint64_t model_idle_ms, const struct slo *slo, uint64_t flush_ms);
 /* Flushes what is pending, then frees. Accepts NULL. */
 void stats_shard_free(struct stats_shard *sh);
 
-/* The series for these labels, created on first use (NULL if out of memory). */
+/* The series for these labels, created on first use (NULL if out of
+ * memory). `ok`: the upstream answered 2xx; only then may a model name the
+ * route does not track yet be admitted — a failed request naming a tracked
+ * model stays under it, one naming another model counts as "other". */
 struct series *stats_series(struct stats_shard *sh, const char *route, const char *upstream, const char *model,
-			    bool cold);
+			    bool cold, bool ok);
 
 void stats_record_itl(struct series *se, uint64_t gap_ns, unsigned inflight);
 /* `n` gaps of the same length, as one record. */

@@ -11,6 +11,7 @@
 #include <event2/bufferevent.h>
 #include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
+#include <arpa/inet.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
@@ -123,19 +124,27 @@ struct bufferevent *tls_bev_connect(struct event_base *base, SSL_CTX *ctx, const
 
 	if (!ssl)
 		return NULL;
-	SSL_set_tlsext_host_name(ssl, server_name);
+	/* RFC 6066 §3: server_name carries host names, never a literal IPv4 or
+	 * IPv6 address; an address is matched against the certificate's IP
+	 * names instead */
+	unsigned char addr[16];
+	bool ip = inet_pton(AF_INET, server_name, addr) == 1 || inet_pton(AF_INET6, server_name, addr) == 1;
+	if (!ip && SSL_set_tlsext_host_name(ssl, server_name) != 1)
+		goto fail;
 	if (verify) {
 		/* the certificate must name this host, not just chain to a CA */
 		SSL_set_hostflags(ssl, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
-		if (SSL_set1_host(ssl, server_name) != 1) {
-			SSL_free(ssl);
-			return NULL;
-		}
+		if (ip ? X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), server_name) != 1
+		       : SSL_set1_host(ssl, server_name) != 1)
+			goto fail;
 	}
 	bev = bufferevent_openssl_socket_new(base, -1, ssl, BUFFEREVENT_SSL_CONNECTING, BEV_OPT_CLOSE_ON_FREE);
 	if (!bev)
 		SSL_free(ssl);
 	return bev;
+fail:
+	SSL_free(ssl);
+	return NULL;
 }
 
 const char *tls_bev_error(struct bufferevent *bev, char *buf, size_t len)

@@ -25,7 +25,9 @@ SSL_CTX *tls_client_ctx(bool verify, const char *ca_file, char *err, size_t errl
 void tls_ctx_free(SSL_CTX *ctx);
 
 /* A TLS bufferevent: accepting on `fd`, or connecting (fd -1) to
- * `server_name` (SNI, and the name checked when verifying). NULL on error. */
+ * `server_name` (SNI, and the name checked when verifying; an IP address is
+ * not sent as SNI, and is checked against the certificate's IP names).
+ * NULL on error. */
 struct bufferevent *tls_bev_accept(struct event_base *base, SSL_CTX *ctx, int fd);
 struct bufferevent *tls_bev_connect(struct event_base *base, SSL_CTX *ctx, const char *server_name, bool verify);
 

@@ -38,6 +38,7 @@ struct worker_env {
 	struct store *store;
 	struct recent *recent;
 	unsigned max_models;
+	uint64_t model_idle_ms;
 	struct slo slo;
 	uint64_t flush_ms;
 	bool reuseport;		   /* more than one worker shares the listening ports */

@@ -220,6 +220,16 @@ class LiveTest(harness.TestCase):
         doc = admin_req(self.admin, "GET", "/routes").json()
         self.assertEqual(doc["generation"], 2)
         self.assertEqual([t["weight"] for t in doc["routes"][0]["targets"]], [3, 1])
+        # a change meant for the generation a reload replaced changes nothing
+        # (what tokentap's own undo of a timed-out change relies on)
+        r = admin_req(self.admin, "POST", "/routes/weights",
+                      json.dumps({"route": "chat", "weights": {"slow": 9}, "generation": 1}), TOKEN)
+        self.assertEqual(r.status, 409, r.body)
+        doc = admin_req(self.admin, "GET", "/routes").json()
+        self.assertEqual([t["weight"] for t in doc["routes"][0]["targets"]], [3, 1])
+        r = admin_req(self.admin, "POST", "/routes/weights",
+                      json.dumps({"route": "chat", "weights": {"slow": 9}, "generation": 2}), TOKEN)
+        self.assertEqual(r.status, 200, r.body)
 
 
 if __name__ == "__main__":

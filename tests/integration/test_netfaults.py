@@ -284,7 +284,7 @@ class NetnsTestCase(harness.TestCase):
         Returns (tokentap, admin port, its fds while fresh and idle)."""
         body = ("workers: 1\n"
                 "timeouts:\n  connect: %dms\n  idle: %dms\n"
-                "override_header: x-tokentap-upstream\n" % (TIMEOUT * 1000, TIMEOUT * 1000)
+                "override_header: x-tokentap-upstream\noverride_any_upstream: true\n" % (TIMEOUT * 1000, TIMEOUT * 1000)
                 + rh.upstreams_yaml(upstreams) +
                 "routes:\n  - name: all\n    match: {path_prefix: /}\n    upstream: %s\n" % next(iter(upstreams)))
         tt = rh.start_conf(self, body, "--admin", "127.0.0.1:0")

@@ -285,13 +285,29 @@ routes:
     # --- override header ---------------------------------------------------
 
     def test_override_header_pins(self):
-        for target in ("b", "c", "a"):
-            with self.subTest(target=target):
+        # within the matched route: any of its upstreams, a weight of 0 too
+        for host, target in (("split.test", "b"), ("split.test", "a"), ("zero.test", "a"), ("zero.test", "c")):
+            with self.subTest(host=host, target=target):
                 for _ in range(4):
-                    resp = self.one(target, body=rh.chat(), headers=fast() + [("x-tt-upstream", target)])
+                    resp = self.one(target, body=rh.chat(), headers=fast() + [("x-tt-upstream", target)], host=host)
                     self.assertEqual(who(resp), target)
-        # Also on a route the upstream does not belong to, and over a sticky key.
-        self.one("c", body=rh.chat(user="alice"), headers=fast() + [("X-TT-Upstream", "c")], host="user.test")
+        # over a sticky key
+        self.one("b", body=rh.chat(user="alice"), headers=fast() + [("X-TT-Upstream", "b")], host="user.test")
+
+    def test_override_header_stays_in_the_route(self):
+        # an upstream outside the matched route (a shadow, staging) is
+        # refused, unless override_any_upstream says otherwise
+        resp = self.one(None, body=rh.chat(user="alice"), headers=fast() + [("X-TT-Upstream", "c")], host="user.test")
+        obj = self.assertProxyError(resp, 400)
+        self.assertIn("not an upstream of route sticky-json", obj["error"]["message"])
+        resp = self.one(None, body=rh.chat(), headers=fast() + [("x-tt-upstream", "b")])  # route first: a only
+        self.assertProxyError(resp, 400)
+        tt = rh.start_conf(self, "override_any_upstream: true\n" + self.conf)
+        before = self.counts()
+        resp = rh.send(tt.port, rh.chat(user="alice"), fast() + [("X-TT-Upstream", "c")], host="user.test")
+        self.assertEqual(resp.status, 200, resp.body[:200])
+        self.assertEqual(who(resp), "c")
+        self.assertEqual(rh.delta(before, self.counts()), {"a": 0, "b": 0, "c": 1})
 
     def test_override_header_unknown_is_400(self):
         for value in ("nope", "", "A", "a,b"):

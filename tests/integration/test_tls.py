@@ -26,14 +26,14 @@ def openssl(*args, cwd):
     subprocess.run(["openssl"] + list(args), cwd=cwd, check=True, capture_output=True, timeout=60)
 
 
-def make_pki(d, cn="localhost", name="srv", alt=()):
+def make_pki(d, cn="localhost", name="srv", alt=(), ip=True):
     """A CA (made once per directory) and a server certificate for `cn`
-    (and the DNS names in `alt`) and 127.0.0.1, signed by it."""
+    (and the DNS names in `alt`) and, with `ip`, 127.0.0.1, signed by it."""
     if not os.path.exists(os.path.join(d, "ca.pem")):
         openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days",
                 "2", "-subj", "/CN=tokentap-test-ca", cwd=d)
     with open(os.path.join(d, "ext.cnf"), "w") as f:
-        f.write("subjectAltName=%s,IP:127.0.0.1\n" % ",".join("DNS:" + n for n in (cn,) + tuple(alt)))
+        f.write("subjectAltName=%s%s\n" % (",".join("DNS:" + n for n in (cn,) + tuple(alt)), ",IP:127.0.0.1" if ip else ""))
     openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", name + ".key", "-out", name + ".csr", "-subj",
             "/CN=" + cn, cwd=d)
     openssl("x509", "-req", "-in", name + ".csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out",
@@ -202,6 +202,31 @@ class TlsTest(harness.TestCase):
                 self.assertEqual(resp.body, b'{"ok":true}')
                 self.assertEqual(srv.names[n0:], [want])
                 front.stop()
+
+    def test_no_sni_for_an_ip_literal(self):
+        # RFC 6066: server_name carries host names only; an upstream named by
+        # its IP address gets no SNI, and its certificate is still checked
+        # against that address (the test certificate names IP:127.0.0.1)
+        d = tempfile.mkdtemp(prefix="tokentap-tls-ip-", dir=self.dir)
+        shutil.copy(self.ca, os.path.join(d, "ca.pem"))
+        shutil.copy(os.path.join(self.dir, "ca.key"), os.path.join(d, "ca.key"))
+        cert, key = make_pki(d, name="ip")
+        srv = start_sni_server(self, cert, key)
+        for host, want in (("127.0.0.1", None), ("localhost", "localhost")):
+            with self.subTest(host=host):
+                front = rh.start_conf(self, "upstreams:\n  - name: ip\n    url: https://%s:%d\n"
+                                      "    tls: {ca_file: %s}\n" % (host, srv.port, self.ca))
+                n0 = len(srv.names)
+                resp, _ = harness.exchange(front.port, "POST", rh.CHAT, body=rh.chat())
+                self.assertEqual(resp.status, 200, resp.body[:300])
+                self.assertEqual(srv.names[n0:], [want])
+                front.stop()
+        # a certificate that does not name the address is refused
+        cert, key = make_pki(d, name="dnsonly", ip=False)
+        srv = start_sni_server(self, cert, key)
+        front = rh.start_conf(self, "upstreams:\n  - name: ip\n    url: https://127.0.0.1:%d\n"
+                              "    tls: {ca_file: %s}\n" % (srv.port, self.ca))
+        self.assert_tls_refused(front, "certificate verify failed")
 
     def test_tls_on_both_sides_is_byte_exact(self):
         """TLS client -> tokentap's TLS listener -> https upstream (another

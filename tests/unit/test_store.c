@@ -181,13 +181,13 @@ struct worker_arg {
 static void *worker(void *p)
 {
 	struct worker_arg *w = p;
-	struct stats_shard *sh = stats_shard_new(NULL, w->store, 4, &test_slo, 1000);
+	struct stats_shard *sh = stats_shard_new(NULL, w->store, 4, 0, &test_slo, 1000);
 	char model[16];
 	struct req_record r;
 
 	snprintf(model, sizeof(model), "m%u", w->id % 3);
 	for (unsigned i = 0; i < w->requests; i++) {
-		struct series *se = stats_series(sh, "default", "up", model, i % 7 == 0);
+		struct series *se = stats_series(sh, "default", "up", model, i % 7 == 0, true);
 		fake_request(&r, 1000 + i % 500, 5, 2000);
 		for (size_t k = 0; k < r.itl_n; k++)
 			stats_record_itl(se, r.itl_ns[k], 1);
@@ -362,29 +362,40 @@ static void test_foreign_database_left_alone(void **state)
 
 static void test_model_cap(void **state)
 {
-	struct stats_shard *sh = stats_shard_new(NULL, NULL, 2, &test_slo, 1000);
-	struct series *a = stats_series(sh, "r", "u", "a", false);
-	struct series *b = stats_series(sh, "r", "u", "b", false);
-	struct series *a_cold = stats_series(sh, "r", "u", "a", true);
-	struct series *c = stats_series(sh, "r", "u", "c", false);
-	struct series *d = stats_series(sh, "r", "u", "d", false);
+	struct stats_shard *sh = stats_shard_new(NULL, NULL, 2, 0, &test_slo, 1000);
+	struct series *a = stats_series(sh, "r", "u", "a", false, true);
+	struct series *b = stats_series(sh, "r", "u", "b", false, true);
+	struct series *a_cold = stats_series(sh, "r", "u", "a", true, true);
+	struct series *c = stats_series(sh, "r", "u", "c", false, true);
+	struct series *d = stats_series(sh, "r", "u", "d", false, true);
 
 	assert_non_null(a);
 	assert_ptr_not_equal(a, b);
 	assert_ptr_not_equal(a, a_cold);
-	assert_ptr_equal(a, stats_series(sh, "r", "u", "a", false));
+	assert_ptr_equal(a, stats_series(sh, "r", "u", "a", false, true));
 	/* past the cap, new models fold into one "other" series */
 	assert_ptr_equal(c, d);
-	assert_ptr_equal(c, stats_series(sh, "r", "u", "other", false));
+	assert_ptr_equal(c, stats_series(sh, "r", "u", "other", false, true));
 	/* the cap is the route's, for every shard and upstream: another worker
 	 * names a and b, on any upstream, and folds c into "other" */
-	struct stats_shard *sh2 = stats_shard_new(NULL, NULL, 2, &test_slo, 1000);
-	struct series *o2 = stats_series(sh2, "r", "u2", "other", false);
-	assert_ptr_not_equal(stats_series(sh2, "r", "u2", "a", false), o2);
-	assert_ptr_not_equal(stats_series(sh2, "r", "u", "b", false), o2);
-	assert_ptr_equal(stats_series(sh2, "r", "u2", "c", false), o2);
+	struct stats_shard *sh2 = stats_shard_new(NULL, NULL, 2, 0, &test_slo, 1000);
+	struct series *o2 = stats_series(sh2, "r", "u2", "other", false, true);
+	assert_ptr_not_equal(stats_series(sh2, "r", "u2", "a", false, true), o2);
+	assert_ptr_not_equal(stats_series(sh2, "r", "u", "b", false, true), o2);
+	assert_ptr_equal(stats_series(sh2, "r", "u2", "c", false, true), o2);
 	/* another route has a budget of its own */
-	assert_ptr_not_equal(stats_series(sh2, "r2", "u", "c", false), stats_series(sh2, "r2", "u", "other", false));
+	assert_ptr_not_equal(stats_series(sh2, "r2", "u", "c", false, true),
+			     stats_series(sh2, "r2", "u", "other", false, true));
+	/* a failed answer admits no name, but stays under one already admitted */
+	struct series *o3 = stats_series(sh2, "r3", "u", "other", false, true);
+	assert_ptr_equal(stats_series(sh2, "r3", "u", "x", false, false), o3);
+	struct series *y = stats_series(sh2, "r3", "u", "y", false, true);
+	assert_ptr_not_equal(y, o3);
+	assert_ptr_equal(stats_series(sh2, "r3", "u", "y", false, false), y);
+	assert_ptr_not_equal(stats_series(sh2, "r3", "u", "y", true, false), o3);
+	assert_ptr_equal(stats_series(sh2, "r3", "u", "x", true, false),
+			 stats_series(sh2, "r3", "u", "other", true, true));
+	assert_ptr_not_equal(stats_series(sh2, "r3", "u", "x", false, true), o3);
 	stats_shard_free(sh2);
 	stats_shard_free(sh);
 }
