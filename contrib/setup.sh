@@ -13,14 +13,19 @@ packages=(
 	clang libclang-rt-dev clang-format
 	# the dashboard test (headless, runs without recommends) and the fleet-quantile test
 	chromium fonts-dejavu-core prometheus
-	# the Responses test installs the official openai SDK with npm (tests/integration/test_responses.py)
-	nodejs npm
 )
 
 missing=()
 for p in "${packages[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# The SDK tests install the official openai npm package (tests/integration/
+# test_responses.py). Any node with its npm will do: Debian's packages are
+# installed only when neither command is there, since a node from elsewhere
+# (one that bundles npm) conflicts with Debian's npm package.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+	missing+=(nodejs npm)
+fi
 if [ ${#missing[@]} -eq 0 ]; then
 	exit 0
 fi
