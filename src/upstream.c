@@ -22,6 +22,7 @@
 #include "bevio.h"
 #include "config.h"
 #include "log.h"
+#include "loop.h"
 #include "tls.h"
 
 /* ---- what the workers' copies of one upstream share ---- */
@@ -462,7 +463,7 @@ static void on_upconn_readable(evutil_socket_t fd, short what, void *arg)
 void upconn_reading(struct upconn *c, bool on, uint64_t timeout_ms)
 {
 	if (!c->rev) {
-		struct timeval tv = { (time_t)(timeout_ms / 1000), (suseconds_t)(timeout_ms % 1000) * 1000 };
+		struct timeval tv = loop_tv(timeout_ms);
 		bufferevent_set_timeouts(c->bev, on && timeout_ms ? &tv : NULL, NULL);
 		if (on)
 			bufferevent_enable(c->bev, EV_READ);
@@ -476,7 +477,7 @@ void upconn_reading(struct upconn *c, bool on, uint64_t timeout_ms)
 		return;
 	}
 	if (timeout_ms) {
-		struct timeval tv = { (time_t)(timeout_ms / 1000), (suseconds_t)(timeout_ms % 1000) * 1000 };
+		struct timeval tv = loop_tv(timeout_ms);
 		event_add(c->rev, &tv);
 	} else {
 		event_add(c->rev, NULL);
