@@ -559,7 +559,7 @@ struct upconn *upstream_acquire(struct upstream *up, bool *reused)
 		else
 			upconn_reading(c, false, 0);
 		bufferevent_setcb(c->bev, NULL, NULL, NULL, NULL);
-		up->in_flight++;
+		up->conns_out++;
 		up->reused++;
 		*reused = true;
 		return c;
@@ -596,7 +596,7 @@ struct upconn *upstream_connect_new(struct upstream *up)
 		upconn_close(c);
 		return NULL;
 	}
-	up->in_flight++;
+	up->conns_out++;
 	return c;
 }
 
@@ -633,7 +633,7 @@ void upstream_release(struct upconn *c, bool reusable)
 	if (!c)
 		return;
 	up = c->up;
-	up->in_flight--;
+	up->conns_out--;
 	if (!reusable || !c->connected || up->n_idle >= up->pool_max_idle ||
 	    evbuffer_get_length(bufferevent_get_input(c->bev)) != 0 ||
 	    evbuffer_get_length(bufferevent_get_output(c->bev)) != 0) {
