@@ -44,9 +44,6 @@ struct stats_groups {
 	struct stats_group *g; /* sorted by route, upstream, model */
 };
 
-/* Requests per in-flight bucket before that bucket counts towards the knee. */
-#define KNEE_MIN_REQUESTS 5
-
 int cold_filter_parse(const char *s, enum cold_filter *out);
 const char *cold_filter_name(enum cold_filter c);
 

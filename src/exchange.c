@@ -20,11 +20,13 @@
 
 #include "classify.h"
 #include "log.h"
+#include "loop.h"
 #include "mirror.h"
 #include "proxy.h"
 #include "proxy_int.h"
 #include "respparse.h"
 #include "stats.h"
+#include "strutil.h"
 #include "tls.h"
 
 static bool request_failover(struct request *req);
@@ -40,7 +42,7 @@ void request_timer_set(struct request *req, enum req_timer kind, uint64_t ms)
 	if (req->timer_kind == RT_UP_CLOSED && kind != RT_UP_CLOSED)
 		return; /* the upstream closed: that is decided first */
 	req->timer_kind = kind;
-	timer_arm(req->timer, ms);
+	loop_timer_arm(req->timer, ms);
 }
 
 /*
@@ -91,7 +93,7 @@ static bool request_idle_rearm(struct request *req)
 	uint64_t silent = now - req->idle_from;
 	if (silent >= limit)
 		return false;
-	timer_arm(req->timer, (limit - silent + 999999) / 1000000);
+	loop_timer_arm(req->timer, (limit - silent + 999999) / 1000000);
 	return true;
 }
 

@@ -25,6 +25,7 @@
  */
 #include "hist.h"
 
+#include <assert.h>
 #include <math.h>
 #include <string.h>
 
@@ -80,6 +81,26 @@ void hist_merge(struct hist *dst, const struct hist *src)
 		dst->max = src->max;
 	for (unsigned i = 0; i < HIST_BUCKETS; i++)
 		dst->buckets[i] += src->buckets[i];
+	assert(hist_consistent(dst));
+}
+
+bool hist_consistent(const struct hist *h)
+{
+	uint64_t total = 0;
+	int first = -1, last = -1;
+	for (unsigned i = 0; i < HIST_BUCKETS; i++) {
+		total += h->buckets[i];
+		if (h->buckets[i]) {
+			if (first < 0)
+				first = (int)i;
+			last = (int)i;
+		}
+	}
+	if (total != h->count)
+		return false;
+	if (h->count == 0)
+		return h->min == UINT64_MAX && h->max == 0;
+	return h->min <= h->max && (int)hist_index(h->min) == first && (int)hist_index(h->max) == last;
 }
 
 uint64_t hist_bucket_low(unsigned idx)
@@ -359,6 +380,7 @@ int hist_decode_merge(struct hist *dst, const uint8_t *in, size_t len, size_t *u
 	if (n == 0)
 		return -1;
 	decode_pass(dst, in, len);
+	assert(hist_consistent(dst));
 	if (used)
 		*used = n;
 	return 0;

@@ -103,6 +103,10 @@ void hist_record_n(struct hist *h, uint64_t v, uint64_t n);
  * allowed (doubles the histogram). */
 void hist_merge(struct hist *dst, const struct hist *src);
 
+/* True when `h` keeps the invariants above (count, min and max against the
+ * buckets). Walks every bucket: for tests, fuzzers and assert(). */
+bool hist_consistent(const struct hist *h);
+
 /* Smallest value in bucket `idx`. An idx past the end is read as the last
  * bucket. */
 uint64_t hist_bucket_low(unsigned idx);

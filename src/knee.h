@@ -22,6 +22,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Requests per in-flight bucket before that bucket counts towards the knee:
+ * the min_requests of /stats/curve and of tokentap-bench --sweep. */
+#define KNEE_MIN_REQUESTS 5
+
 struct knee_point {
 	double load;	   /* requests in flight this point stands for */
 	double throughput; /* requests/s delivered at that load */

@@ -14,6 +14,7 @@
 #include "classify.h"
 #include "framer.h"
 #include "log.h"
+#include "loop.h"
 #include "respparse.h"
 #include "stats.h"
 #include "timeline.h"
@@ -43,9 +44,8 @@ struct mirror {
 
 static void timer_set(struct mirror *m, enum mirror_timer kind, uint64_t ms)
 {
-	struct timeval tv = { (time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000) };
 	m->timer_kind = kind;
-	evtimer_add(m->timer, &tv);
+	loop_timer_arm(m->timer, ms);
 }
 
 static struct series *mirror_series(struct mirror *m)

@@ -68,6 +68,7 @@
 #include "fdlimit.h"
 #include "framer.h"
 #include "log.h"
+#include "loop.h"
 #include "mirror.h"
 #include "recent.h"
 #include "reqparse.h"
@@ -75,6 +76,7 @@
 #include "router.h"
 #include "rxstamp.h"
 #include "stats.h"
+#include "strutil.h"
 #include "timeline.h"
 #include "tls.h"
 #include "upstream.h"
@@ -88,18 +90,6 @@ static const char *const client_state_names[] = {
 };
 
 /* ---- small helpers ---- */
-
-static struct timeval ms_to_tv(uint64_t ms)
-{
-	struct timeval tv = { (time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000) };
-	return tv;
-}
-
-void timer_arm(struct event *ev, uint64_t ms)
-{
-	struct timeval tv = ms_to_tv(ms);
-	evtimer_add(ev, &tv);
-}
 
 static void format_addr(const struct sockaddr *sa, char *out, size_t len)
 {
@@ -328,18 +318,10 @@ void client_fail(struct client *cl, int status, enum req_error kind, const char 
 	bufferevent_setwatermark(cl->bev, EV_WRITE, 0, 0);
 	bufferevent_enable(cl->bev, EV_WRITE);
 	client_reading(cl, true);
-	timer_arm(cl->timer, LINGER_MS);
+	loop_timer_arm(cl->timer, LINGER_MS);
 }
 
 /* ---- the request parser's hooks (reqparse.h decides, these act) ---- */
-
-static void copy_trunc(char *dst, size_t dstlen, const char *src, size_t len)
-{
-	if (len >= dstlen)
-		len = dstlen - 1;
-	memcpy(dst, src, len);
-	dst[len] = '\0';
-}
 
 /* What the record takes from a parsed head: method, path, API, id and the
  * default stream flag. Runs once per request, when the head has parsed,
@@ -396,7 +378,7 @@ static void client_body_timer(struct client *cl)
 		}
 	}
 	if (ms || cl->body_timer_deadline)
-		timer_arm(cl->timer, ms);
+		loop_timer_arm(cl->timer, ms);
 	else
 		evtimer_del(cl->timer);
 }
@@ -428,7 +410,7 @@ static struct reqhead *on_req_begin(void *arg)
 			return NULL;
 	}
 	client_set_state(cl, CL_HEAD);
-	timer_arm(cl->timer, pcfg(cl->px)->header_timeout_ms);
+	loop_timer_arm(cl->timer, pcfg(cl->px)->header_timeout_ms);
 	return &cl->req->head;
 }
 
@@ -657,7 +639,7 @@ void request_finish(struct request *req)
 	reqparse_resume(&cl->rp);
 	bufferevent_setwatermark(cl->bev, EV_WRITE, 0, 0);
 	client_reading(cl, true);
-	timer_arm(cl->timer, pcfg(cl->px)->keepalive_timeout_ms);
+	loop_timer_arm(cl->timer, pcfg(cl->px)->keepalive_timeout_ms);
 	if (evbuffer_get_length(bufferevent_get_input(cl->bev)))
 		client_parse(cl);
 }
@@ -1028,7 +1010,7 @@ static void on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct soc
 	bufferevent_setwatermark(cl->bev, EV_READ, 0, CLIENT_INPUT_MAX);
 	bufferevent_enable(cl->bev, EV_WRITE);
 	client_reading(cl, true);
-	timer_arm(cl->timer, pcfg(px)->keepalive_timeout_ms);
+	loop_timer_arm(cl->timer, pcfg(px)->keepalive_timeout_ms);
 	log_conn(LOG_DEBUG, cl->id, "accepted from %s", cl->peer);
 }
 
@@ -1059,7 +1041,7 @@ static void on_accept_error(struct evconnlistener *lev, void *arg)
 	for (unsigned i = 0; i < px->nlisteners; i++)
 		if (px->listeners[i].lev)
 			evconnlistener_disable(px->listeners[i].lev);
-	timer_arm(px->accept_timer, ACCEPT_PAUSE_MS);
+	loop_timer_arm(px->accept_timer, ACCEPT_PAUSE_MS);
 }
 
 struct proxy *proxy_new(struct event_base *base, struct router *router, const struct proxy_env *env, char *err,
@@ -1227,7 +1209,7 @@ void proxy_drain(struct proxy *px, uint64_t grace_ms, void (*done)(void *arg), v
 		 (unsigned long long)grace_ms);
 	px->drain_timer = evtimer_new(px->base, on_drain_timer, px);
 	if (px->drain_timer)
-		timer_arm(px->drain_timer, grace_ms);
+		loop_timer_arm(px->drain_timer, grace_ms);
 	if (LIST_EMPTY(&px->clients) && px->drained) {
 		px->drained = NULL;
 		done(arg);

@@ -202,7 +202,6 @@ static inline bool client_runs(const struct client *cl, uint64_t seq)
 }
 
 /* proxy.c: the client side */
-void timer_arm(struct event *ev, uint64_t ms);
 struct series *request_series(struct request *req);
 void request_drop_upstream(struct request *req, bool reusable);
 void request_finish(struct request *req);

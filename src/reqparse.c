@@ -34,11 +34,7 @@
 #include <string.h>
 #include <strings.h>
 
-bool name_eq(const char *a, size_t alen, const char *lit)
-{
-	size_t n = strlen(lit);
-	return alen == n && strncasecmp(a, lit, n) == 0;
-}
+#include "strutil.h"
 
 /* ---- the head ---- */
 

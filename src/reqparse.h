@@ -107,8 +107,6 @@ const struct hdr *reqhead_header(const struct reqhead *h, const char *name);
 /* True for a hop-by-hop header: the fixed list, or a name the Connection
  * header lists. Such headers are not forwarded. */
 bool reqhead_hop_by_hop(const struct reqhead *h, const char *name, size_t len);
-/* Case-insensitive comparison of (a, alen) with the string `lit`. */
-bool name_eq(const char *a, size_t alen, const char *lit);
 
 void reqparse_init(struct reqparse *rp, const struct reqparse_hooks *hooks, void *arg);
 /* Parses `buf`; *used is how much of it was taken. After REFUSED or

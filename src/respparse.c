@@ -26,7 +26,7 @@
 
 #include <string.h>
 
-#include "reqparse.h" /* name_eq */
+#include "strutil.h"
 
 static int on_header_field(llhttp_t *p, const char *at, size_t len)
 {

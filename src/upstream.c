@@ -22,6 +22,7 @@
 #include "bevio.h"
 #include "config.h"
 #include "log.h"
+#include "loop.h"
 #include "tls.h"
 
 /* ---- what the workers' copies of one upstream share ---- */
@@ -462,7 +463,7 @@ static void on_upconn_readable(evutil_socket_t fd, short what, void *arg)
 void upconn_reading(struct upconn *c, bool on, uint64_t timeout_ms)
 {
 	if (!c->rev) {
-		struct timeval tv = { (time_t)(timeout_ms / 1000), (suseconds_t)(timeout_ms % 1000) * 1000 };
+		struct timeval tv = loop_tv(timeout_ms);
 		bufferevent_set_timeouts(c->bev, on && timeout_ms ? &tv : NULL, NULL);
 		if (on)
 			bufferevent_enable(c->bev, EV_READ);
@@ -476,7 +477,7 @@ void upconn_reading(struct upconn *c, bool on, uint64_t timeout_ms)
 		return;
 	}
 	if (timeout_ms) {
-		struct timeval tv = { (time_t)(timeout_ms / 1000), (suseconds_t)(timeout_ms % 1000) * 1000 };
+		struct timeval tv = loop_tv(timeout_ms);
 		event_add(c->rev, &tv);
 	} else {
 		event_add(c->rev, NULL);
@@ -558,7 +559,7 @@ struct upconn *upstream_acquire(struct upstream *up, bool *reused)
 		else
 			upconn_reading(c, false, 0);
 		bufferevent_setcb(c->bev, NULL, NULL, NULL, NULL);
-		up->in_flight++;
+		up->conns_out++;
 		up->reused++;
 		*reused = true;
 		return c;
@@ -595,7 +596,7 @@ struct upconn *upstream_connect_new(struct upstream *up)
 		upconn_close(c);
 		return NULL;
 	}
-	up->in_flight++;
+	up->conns_out++;
 	return c;
 }
 
@@ -632,7 +633,7 @@ void upstream_release(struct upconn *c, bool reusable)
 	if (!c)
 		return;
 	up = c->up;
-	up->in_flight--;
+	up->conns_out--;
 	if (!reusable || !c->connected || up->n_idle >= up->pool_max_idle ||
 	    evbuffer_get_length(bufferevent_get_input(c->bev)) != 0 ||
 	    evbuffer_get_length(bufferevent_get_output(c->bev)) != 0) {

@@ -96,7 +96,7 @@ struct upstream {
 	struct event_base *base;
 	TAILQ_HEAD(, upconn) idle;
 	unsigned n_idle;
-	unsigned in_flight; /* connections handed out and not yet released */
+	unsigned conns_out; /* connections handed out and not yet released */
 	uint64_t opened, reused;
 	bool failing; /* this worker's last connect attempt failed (cold labels use the share's) */
 };

@@ -17,7 +17,6 @@
 
 #include <jansson.h>
 
-#include "admin_stats.h" /* KNEE_MIN_REQUESTS */
 #include "knee.h"
 
 static double rps(const struct bench_result *s)

@@ -1,7 +1,7 @@
 /*
- * fuzz_check.h — CHECK(), an assertion for the fuzz targets that stays on
- * whatever the build type (RelWithDebInfo defines NDEBUG, which would turn
- * assert() off) and aborts, so that libFuzzer records the input.
+ * fuzz_check.h — what the fuzz targets share: CHECK() from src/check.h, an
+ * assertion that stays on whatever the build type and aborts, so that
+ * libFuzzer records the input; and a digest to compare runs by.
  */
 #pragma once
 
@@ -10,13 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define CHECK(cond) \
-	do { \
-		if (!(cond)) { \
-			fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-			abort(); \
-		} \
-	} while (0)
+#include "check.h"
 
 /* FNV-1a over `len` bytes, chained from `h` (start with FUZZ_FNV_SEED): the
  * targets compare digests of what one run saw with another run's. */

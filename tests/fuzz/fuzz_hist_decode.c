@@ -19,29 +19,6 @@
 #include "fuzz_check.h"
 #include "hist.h"
 
-static void check_invariants(const struct hist *h)
-{
-	uint64_t total = 0;
-	int first = -1, last = -1;
-	for (unsigned i = 0; i < HIST_BUCKETS; i++) {
-		total += h->buckets[i];
-		if (h->buckets[i]) {
-			if (first < 0)
-				first = (int)i;
-			last = (int)i;
-		}
-	}
-	CHECK(total == h->count);
-	if (h->count == 0) {
-		CHECK(h->min == UINT64_MAX && h->max == 0);
-		CHECK(first < 0);
-	} else {
-		CHECK(h->min <= h->max);
-		CHECK((int)hist_index(h->min) == first);
-		CHECK((int)hist_index(h->max) == last);
-	}
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	static struct hist dst, before, h, again, prefilled;
@@ -67,7 +44,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	size_t used2 = 0;
 	CHECK(hist_decode_merge(&h, data, size, &used2) == 0);
 	CHECK(used2 == used);
-	check_invariants(&h);
+	CHECK(hist_consistent(&h));
 	{
 		struct hist sum = prefilled;
 		hist_merge(&sum, &h);

@@ -35,6 +35,7 @@
 
 #include "fuzz_check.h"
 #include "reqparse.h"
+#include "strutil.h"
 
 #define NSPLIT 8
 #define MAX_REQS 64

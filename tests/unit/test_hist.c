@@ -111,28 +111,43 @@ static struct hist *hist_new(void)
 	return h;
 }
 
-/* The invariants hist.h promises. */
+/* The invariants hist.h promises (hist_consistent, which test_consistent
+ * checks in turn). */
 static void check_invariants(const struct hist *h)
 {
-	uint64_t total = 0;
-	int first = -1, last = -1;
-	for (unsigned i = 0; i < HIST_BUCKETS; i++) {
-		total += h->buckets[i];
-		if (h->buckets[i]) {
-			if (first < 0)
-				first = (int)i;
-			last = (int)i;
-		}
-	}
-	assert_int_equal(total, h->count);
-	if (h->count == 0) {
-		assert_int_equal(h->min, UINT64_MAX);
-		assert_int_equal(h->max, 0);
-		return;
-	}
-	assert_true(h->min <= h->max);
-	assert_int_equal(hist_index(h->min), first);
-	assert_int_equal(hist_index(h->max), last);
+	assert_true(hist_consistent(h));
+}
+
+/* hist_consistent itself: it accepts what the functions make and refuses
+ * each broken invariant. */
+static void test_consistent(void **state)
+{
+	(void)state;
+	struct hist *h = hist_new(), *bad = hist_new();
+	assert_true(hist_consistent(h));
+	memset(bad, 0, sizeof(*bad)); /* empty, but min 0 */
+	assert_false(hist_consistent(bad));
+
+	hist_record(h, 5);
+	hist_record(h, 2000);
+	hist_record(h, 90000);
+	assert_true(hist_consistent(h));
+
+	*bad = *h;
+	bad->count++; /* more than the buckets hold */
+	assert_false(hist_consistent(bad));
+	*bad = *h;
+	bad->min = 6; /* not in the first non-empty bucket */
+	assert_false(hist_consistent(bad));
+	*bad = *h;
+	bad->max = 3000; /* not in the last */
+	assert_false(hist_consistent(bad));
+	*bad = *h;
+	bad->min = 90001; /* above max */
+	bad->max = 90000;
+	assert_false(hist_consistent(bad));
+	free(h);
+	free(bad);
 }
 
 /* --- geometry ----------------------------------------------------------- */
@@ -768,21 +783,14 @@ static void test_decode_dense(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_geometry),
-		cmocka_unit_test(test_small_exact),
-		cmocka_unit_test(test_quantile_edges),
-		cmocka_unit_test(test_quantiles_uniform),
-		cmocka_unit_test(test_quantiles_lognormal),
-		cmocka_unit_test(test_quantiles_bimodal),
-		cmocka_unit_test(test_quantiles_pareto),
-		cmocka_unit_test(test_merge_union),
-		cmocka_unit_test(test_count_le),
-		cmocka_unit_test(test_round_trip),
-		cmocka_unit_test(test_encoded_size),
-		cmocka_unit_test(test_decode_truncated),
-		cmocka_unit_test(test_decode_malformed),
-		cmocka_unit_test(test_decode_dense),
-		cmocka_unit_test(test_decode_garbage),
+		cmocka_unit_test(test_consistent),	  cmocka_unit_test(test_geometry),
+		cmocka_unit_test(test_small_exact),	  cmocka_unit_test(test_quantile_edges),
+		cmocka_unit_test(test_quantiles_uniform), cmocka_unit_test(test_quantiles_lognormal),
+		cmocka_unit_test(test_quantiles_bimodal), cmocka_unit_test(test_quantiles_pareto),
+		cmocka_unit_test(test_merge_union),	  cmocka_unit_test(test_count_le),
+		cmocka_unit_test(test_round_trip),	  cmocka_unit_test(test_encoded_size),
+		cmocka_unit_test(test_decode_truncated),  cmocka_unit_test(test_decode_malformed),
+		cmocka_unit_test(test_decode_dense),	  cmocka_unit_test(test_decode_garbage),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
