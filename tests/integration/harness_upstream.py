@@ -100,11 +100,22 @@ class FakeUpstream:
     """A tiny threaded HTTP server on 127.0.0.1:0. `handler(sock, req, ctx)`
     writes a response; it returns True to keep the connection for another
     request. `ctx` is this object (its `stop_event` tells handlers to quit).
-    With `tls` (a server-side ssl.SSLContext) it speaks HTTPS."""
+    With `tls` (a server-side ssl.SSLContext) it speaks HTTPS.
 
-    def __init__(self, handler, backlog=64, tls=None):
+    The defaults suit a test; a long run (tests/soak) sets the rest:
+    `deadline_s`, how long it accepts connections; `max_requests`, per
+    connection; `keep_requests=False` not to keep every request in
+    .requests; `forget_closed=True` to drop closed connections from .conns
+    and finished threads from .threads, so neither grows with the run."""
+
+    def __init__(self, handler, backlog=64, tls=None, deadline_s=300, max_requests=1000, keep_requests=True,
+                 forget_closed=False):
         self.handler = handler
         self.tls = tls
+        self.deadline_s = deadline_s
+        self.max_requests = max_requests
+        self.keep_requests = keep_requests
+        self.forget_closed = forget_closed
         self.stop_event = threading.Event()
         self.lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -123,7 +134,7 @@ class FakeUpstream:
         self.thread.start()
 
     def _accept_loop(self):
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + self.deadline_s
         while not self.stop_event.is_set() and time.monotonic() < deadline:
             try:
                 s, _ = self.lsock.accept()
@@ -137,6 +148,8 @@ class FakeUpstream:
                 self.accepted += 1
                 self.conns.append(s)
                 t = threading.Thread(target=self._serve, args=(s,), daemon=True)
+                if self.forget_closed:
+                    self.threads = [x for x in self.threads if x.is_alive()]
                 self.threads.append(t)
             t.start()
 
@@ -147,14 +160,15 @@ class FakeUpstream:
                 raw, s = s, self.tls.wrap_socket(s, server_side=True)
                 with self.lock:  # stop() shuts down the socket in use
                     self.conns[self.conns.index(raw)] = s
-            for _ in range(1000):
+            for _ in range(self.max_requests):
                 if self.stop_event.is_set():
                     break
                 req = read_request(s, state)
                 if req is None:
                     break
-                with self.lock:
-                    self.requests.append(req)
+                if self.keep_requests:
+                    with self.lock:
+                        self.requests.append(req)
                 if not self.handler(s, req, self):
                     break
         except OSError:
@@ -162,6 +176,10 @@ class FakeUpstream:
         except Exception as e:  # surfaced by tests through .errors
             self.errors.append(repr(e))
         finally:
+            if self.forget_closed:
+                with self.lock:
+                    if s in self.conns:
+                        self.conns.remove(s)
             try:
                 s.close()
             except OSError:
