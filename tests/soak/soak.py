@@ -2,10 +2,10 @@
 """soak.py — a bounded soak of tokentap under mixed and hostile traffic, with
 leak and accounting checks at the end.
 
-Starts tokentap-sim, a small upstream written here that resets some
-connections ("flaky"), and tokentap in front of both (-c FILE with two
-workers, --data-dir, --admin), then drives concurrent streams for a set
-time:
+Starts tokentap-sim, an upstream that resets some connections ("flaky":
+the harness's FakeUpstream with the handler written here), and tokentap in
+front of both (-c FILE with two workers, --data-dir, --admin), then drives
+concurrent streams for a set time:
 
   - the bulk: tokentap-bench in closed loop, openai-chat and anthropic
     streams of random lengths, to the simulator;
@@ -60,7 +60,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -73,7 +72,6 @@ sys.dont_write_bytecode = True  # nothing written into the source tree
 
 import harness  # noqa: E402
 
-LOOPBACK = harness.LOOPBACK
 CHAT = "/v1/chat/completions"
 FLAKY_HOST = "flaky.soak"
 
@@ -157,106 +155,35 @@ def sse_event(i):
 # the flaky upstream
 
 
-class FlakyUpstream:
-    """An SSE upstream on 127.0.0.1:0, one thread per connection. Each
-    request says what to do in `x-soak-behave` (so a request tokentap
-    replays behaves the same the second time) and how many events to send
-    in `x-soak-events`."""
+def flaky_handler():
+    """The flaky upstream's behaviour, a handler for harness.FakeUpstream:
+    each request says what to do in `x-soak-behave` (so a request tokentap
+    replays behaves the same the second time) and how many SSE events to
+    send in `x-soak-events`. Returns (handler, seen), `seen` counting the
+    requests received per behaviour, replays included."""
+    seen = collections.Counter()
+    lock = threading.Lock()
 
-    def __init__(self, deadline):
-        self.deadline = deadline
-        self.stop_event = threading.Event()
-        self.lock = threading.Lock()
-        self.seen = collections.Counter()  # behaviour -> requests received (replays included)
-        self.errors = []
-        self.conns = set()
-        self.threads = []
-        self.lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.lsock.bind((LOOPBACK, 0))
-        self.lsock.listen(256)
-        self.lsock.settimeout(0.1)
-        self.port = self.lsock.getsockname()[1]
-        self.url = "http://%s:%d" % (LOOPBACK, self.port)
-        self.thread = threading.Thread(target=self._accept_loop, name="flaky-accept", daemon=True)
-        self.thread.start()
+    def handler(s, req, fu):
+        behave = req.header("x-soak-behave", "flaky_ok")
+        n = int(req.header("x-soak-events", "5"))
+        with lock:
+            seen[behave] += 1
+        if behave == "flaky_reset_before":
+            harness.reset_socket(s)
+            return False
+        harness.send_sse_head(s)
+        for i in range(n):
+            harness.send_chunk(s, sse_event(i))
+            time.sleep(0.003)
+        if behave == "flaky_reset_mid":
+            harness.reset_socket(s)
+            return False
+        harness.send_chunk(s, b"data: [DONE]\n\n")
+        s.sendall(b"0\r\n\r\n")
+        return behave != "flaky_ok_close"
 
-    def _accept_loop(self):
-        for _ in range(int((self.deadline - time.monotonic()) / 0.1) + 100):
-            if self.stop_event.is_set() or time.monotonic() > self.deadline:
-                break
-            try:
-                s, _ = self.lsock.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                break
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            s.settimeout(IO_TIMEOUT_S)
-            t = threading.Thread(target=self._serve, args=(s,), daemon=True)
-            with self.lock:
-                self.conns.add(s)
-                self.threads = [x for x in self.threads if x.is_alive()]
-                self.threads.append(t)
-            t.start()
-
-    def _serve(self, s):
-        state = bytearray()
-        try:
-            for _ in range(100000):
-                if self.stop_event.is_set():
-                    break
-                req = harness.read_request(s, state)
-                if req is None:
-                    break
-                behave = req.header("x-soak-behave", "flaky_ok")
-                n = int(req.header("x-soak-events", "5"))
-                with self.lock:
-                    self.seen[behave] += 1
-                if behave == "flaky_reset_before":
-                    harness.reset_socket(s)
-                    return
-                harness.send_sse_head(s)
-                for i in range(n):
-                    harness.send_chunk(s, sse_event(i))
-                    time.sleep(0.003)
-                if behave == "flaky_reset_mid":
-                    harness.reset_socket(s)
-                    return
-                harness.send_chunk(s, b"data: [DONE]\n\n")
-                s.sendall(b"0\r\n\r\n")
-                if behave == "flaky_ok_close":
-                    break
-        except (OSError, ValueError):
-            pass  # tokentap closed or reset its side: fine
-        except Exception as e:
-            with self.lock:
-                self.errors.append(repr(e))
-        finally:
-            with self.lock:
-                self.conns.discard(s)
-            try:
-                s.close()
-            except OSError:
-                pass
-
-    def stop(self):
-        self.stop_event.set()
-        try:
-            self.lsock.close()
-        except OSError:
-            pass
-        self.thread.join(2)
-        with self.lock:
-            conns = list(self.conns)
-            threads = list(self.threads)
-        for s in conns:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        for t in threads:
-            t.join(2)
+    return handler, seen
 
 
 # --------------------------------------------------------------------------
@@ -532,7 +459,12 @@ class Soak:
                 os.environ["ASAN_OPTIONS"] = (opts + ":" if opts else "") + "quarantine_size_mb=%d" % a.asan_quarantine_mb
         self.sim = harness.Sim("--ttft-ms", a.ttft_ms, "--itl-ms", a.itl_ms)
         self.procs.append(self.sim)
-        self.flaky = FlakyUpstream(time.monotonic() + a.duration + 600)
+        handler, self.flaky_seen = flaky_handler()
+        # One thread per connection, as many requests on one as tokentap
+        # sends, nothing kept per request or per closed connection: the soak
+        # runs for minutes to hours.
+        self.flaky = harness.FakeUpstream(handler, backlog=256, deadline_s=a.duration + 600, max_requests=100000,
+                                          keep_requests=False, forget_closed=True)
         self.access_log = os.path.join(self.workdir, "access.log") if a.access_log else None
         cfg = os.path.join(self.workdir, "tokentap.yaml")
         with open(cfg, "w") as f:
@@ -704,8 +636,8 @@ class Soak:
                       ", ".join("%s %d" % (k[6:], t.done[k]) for k, _ in ABORT_KINDS if SCENARIOS[k]),
                       sum(t.done[k] for k, _ in FLAKY_KINDS),
                       ", ".join("%s %d" % (k[6:], t.done[k]) for k, _ in FLAKY_KINDS), t.done["abort_in_head"]))
-        replays = sum(self.flaky.seen.values()) - sum(t.done[k] for k, _ in FLAKY_KINDS)
-        detail += "; the flaky upstream saw %d requests (%+d: replays)" % (sum(self.flaky.seen.values()), replays)
+        replays = sum(self.flaky_seen.values()) - sum(t.done[k] for k, _ in FLAKY_KINDS)
+        detail += "; the flaky upstream saw %d requests (%+d: replays)" % (sum(self.flaky_seen.values()), replays)
         if t.n_anomalies or self.flaky.errors:
             self.fail("clients", "%d unexpected outcomes (%s); first: %s; flaky upstream errors: %s"
                       % (t.n_anomalies, detail, t.anomalies[:10], self.flaky.errors[:5]))
