@@ -235,3 +235,56 @@ void settings_usage(FILE *out)
 		fputc('\n', out);
 	}
 }
+
+/* Whether row `s` holds the same value in both configs. */
+static bool same_value(const struct setting *s, const struct config *a, const struct config *b)
+{
+	const void *fa = (const char *)a + s->offset, *fb = (const char *)b + s->offset;
+
+	switch (s->type) {
+	case ST_SIZE:
+	case ST_DURATION:
+	case ST_DURATION_S: return *(const uint64_t *)fa == *(const uint64_t *)fb;
+	case ST_UINT:
+	case ST_WORKERS: return *(const unsigned *)fa == *(const unsigned *)fb;
+	case ST_LOGLEVEL: return *(const int *)fa == *(const int *)fb;
+	case ST_BOOL:
+	case ST_FLAG: return *(const bool *)fa == *(const bool *)fb;
+	case ST_STRING:
+	case ST_STRING_OFF:
+	case ST_FILE:
+	case ST_LISTEN:
+	case ST_URL: {
+		const char *sa = *(const char *const *)fa, *sb = *(const char *const *)fb;
+		return sa == sb || (sa && sb && strcmp(sa, sb) == 0);
+	}
+	}
+	return true;
+}
+
+unsigned settings_warn_fixed(const struct config *boot, const struct config *next)
+{
+	struct listener_conf a[LISTENERS_MAX], b[LISTENERS_MAX];
+	unsigned na = config_listeners(boot, a), nb = config_listeners(next, b), warned = 0;
+	bool same = na == nb;
+
+	/* RESTART_LISTENER rows: the set of listeners as a whole */
+	for (unsigned i = 0; same && i < na; i++)
+		same = (a[i].address == b[i].address ||
+			(a[i].address && b[i].address && strcmp(a[i].address, b[i].address) == 0)) &&
+		       !a[i].tls_cert == !b[i].tls_cert;
+	if (!same) {
+		log_warn(
+			"reload: listener changes need a restart; certificates of existing TLS listeners are reloaded");
+		warned++;
+	}
+	for (size_t i = 0; i < S__COUNT; i++) {
+		const struct setting *s = &settings[i];
+		if (s->reload == SR_RESTART && !same_value(s, boot, next)) {
+			log_warn("reload: %s is read at start-up only; the change needs a restart",
+				 s->yaml ? s->yaml : s->flag);
+			warned++;
+		}
+	}
+	return warned;
+}

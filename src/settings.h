@@ -185,3 +185,8 @@ void settings_usage(FILE *out);
 
 /* A size as the table writes it: 1g, 64k, 256. */
 void settings_size_text(uint64_t v, char *out, size_t len);
+
+/* A reload from `boot` to `next`: logs one warning for each RESTART row that
+ * changed (naming its YAML key) and one for a changed listener set. Returns
+ * how many it logged. */
+unsigned settings_warn_fixed(const struct config *boot, const struct config *next);

@@ -218,6 +218,32 @@ static void test_help_lists_every_flag(void **state)
 	free(text);
 }
 
+/* A reload warns once for each start-up-only setting it changes, and for
+ * the listener set; nothing for live settings. */
+static void test_warn_fixed(void **state)
+{
+	struct config a, b;
+	(void)state;
+	config_defaults(&a);
+	config_defaults(&b);
+	assert_int_equal(settings_warn_fixed(&a, &b), 0);
+	b.max_body_size = 1;
+	b.header_timeout_ms = 1;
+	b.log_level = LOG_DEBUG;
+	assert_int_equal(settings_warn_fixed(&a, &b), 0);
+	b.slo_ttft_ms = 1;
+	b.data_dir = NULL;
+	b.admin_token_file = "token";
+	assert_int_equal(settings_warn_fixed(&a, &b), 3);
+	config_defaults(&b);
+	b.listen = "127.0.0.1:8081";
+	assert_int_equal(settings_warn_fixed(&a, &b), 1);
+	unsigned restart = 0;
+	for (size_t i = 0; i < S__COUNT; i++)
+		restart += settings[i].reload == SR_RESTART;
+	assert_int_equal(restart, 14); /* the keys docs/config.md lists, listen and listeners aside */
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -226,6 +252,7 @@ int main(void)
 		cmocka_unit_test(test_ranges_hold),
 		cmocka_unit_test(test_flag_side_effects),
 		cmocka_unit_test(test_help_lists_every_flag),
+		cmocka_unit_test(test_warn_fixed),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
