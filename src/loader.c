@@ -26,6 +26,7 @@
 #include <yaml.h>
 
 #include "log.h"
+#include "settings.h"
 #include "tls.h"
 
 struct load {
@@ -78,13 +79,6 @@ static void get_string(struct load *l, yaml_node_t *n, const char *key, const ch
 		*out = s;
 }
 
-static void get_size(struct load *l, yaml_node_t *n, const char *key, uint64_t *out)
-{
-	const char *s = scalar(l, n, key);
-	if (s && config_parse_size(s, out) == -1)
-		problem(l, n, "%s: expected a size such as 32m or 4096, got '%s'", key, s);
-}
-
 static void get_duration(struct load *l, yaml_node_t *n, const char *key, uint64_t *out)
 {
 	const char *s = scalar(l, n, key);
@@ -117,14 +111,6 @@ static void get_bool(struct load *l, yaml_node_t *n, const char *key, bool *out)
 		*out = false;
 	else
 		problem(l, n, "%s: expected true or false, got '%s'", key, s);
-}
-
-/* "off" turns an optional string off (NULL). */
-static void get_string_or_off(struct load *l, yaml_node_t *n, const char *key, const char **out)
-{
-	const char *s = scalar(l, n, key);
-	if (s)
-		*out = strcmp(s, "off") == 0 ? NULL : s;
 }
 
 /* A file named by a setting (certificate, key, CA) must be a regular file
@@ -234,187 +220,73 @@ static void walk(struct load *l, yaml_node_t *map, const char *path, const struc
 
 #define CFG(obj) ((struct config *)(obj))
 
-static void f_listen(struct load *l, yaml_node_t *v, const char *key, void *o)
+/* A scalar key of the settings table (settings.h): parsed by its row's type
+ * and range, with the row's "expected" text in the message. */
+static void f_row(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
-	struct sockaddr_storage ss;
-	unsigned len;
-	get_string(l, v, key, &CFG(o)->listen);
-	CFG(o)->listen_line = (int)v->start_mark.line + 1;
-	if (CFG(o)->listen && config_parse_listen(CFG(o)->listen, &ss, &len) == -1)
-		problem(l, v, "%s: expected a numeric ADDR:PORT such as 127.0.0.1:8080", key);
-}
-static void f_access_log(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_string_or_off(l, v, key, &CFG(o)->access_log);
-}
-static void f_log_level(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	const char *s = scalar(l, v, key);
-	enum log_level level;
-	if (s && log_level_parse(s, &level) == -1)
-		problem(l, v, "%s: expected error, warn, info or debug, got '%s'", key, s);
-	else if (s)
-		CFG(o)->log_level = (int)level;
-}
-static void f_workers(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	const char *s = scalar(l, v, key);
-	if (s && config_parse_workers(s, &CFG(o)->workers) == -1)
-		problem(l, v, "%s: expected auto or a number of threads from 1 to %d, got '%s'", key, WORKERS_MAX, s);
-}
-static void f_override_header(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_string_or_off(l, v, key, &CFG(o)->override_header);
-}
-static void f_override_any(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_bool(l, v, key, &CFG(o)->override_any_upstream);
+	const struct setting *s = settings_by_yaml(key);
+	const char *text = scalar(l, v, key);
+	size_t event_size = CFG(o)->max_event_size;
+	char why[400];
+
+	if (s && s->id == S_LISTEN)
+		CFG(o)->listen_line = (int)v->start_mark.line + 1; /* `listen` beside `listeners` is refused */
+	if (!s || !text)
+		return;
+	if (setting_parse(s, text, CFG(o), why, sizeof(why)) == -1) {
+		problem(l, v, "%s: %s, got '%s'", key, why, text);
+		return;
+	}
+	if (s->id == S_ADMIN_LISTEN)
+		CFG(o)->admin_listen_explicit = true; /* a busy port is then an error, not a warning */
+	else if (s->id == S_MAX_EVENT_SIZE && CFG(o)->max_event_size == 0)
+		CFG(o)->max_event_size = event_size; /* 0 keeps the value (plan 5.4) */
 }
 
-static void f_admin_listen(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_string_or_off(l, v, key, &CFG(o)->admin_listen);
-	CFG(o)->admin_listen_explicit = true;
-}
-static void f_admin_token_file(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_string(l, v, key, &CFG(o)->admin_token_file);
-}
 static void f_admin(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
-	static const struct field fields[] = { { "listen", f_admin_listen },
-					       { "token_file", f_admin_token_file },
-					       { NULL, NULL } };
+	static const struct field fields[] = { { "listen", f_row }, { "token_file", f_row }, { NULL, NULL } };
 	walk(l, v, key, fields, o);
 }
 
-static void f_store_dir(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_string_or_off(l, v, key, &CFG(o)->data_dir);
-}
-static void f_flush(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_duration(l, v, key, &CFG(o)->flush_ms);
-}
-static void f_min_ret(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	uint64_t ms = 0;
-	get_duration(l, v, key, &ms);
-	if (ms)
-		CFG(o)->minute_retention_s = ms / 1000;
-}
-static void f_hour_ret(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	uint64_t ms = 0;
-	get_duration(l, v, key, &ms);
-	if (ms)
-		CFG(o)->hour_retention_s = ms / 1000;
-}
-static void f_store_max_size(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_size(l, v, key, &CFG(o)->store_max_size);
-	if (CFG(o)->store_max_size < STORE_MAX_SIZE_MIN || CFG(o)->store_max_size > STORE_MAX_SIZE_MAX)
-		problem(l, v, "%s: expected a size from 64k to 64g", key);
-}
-static void f_max_models(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_uint(l, v, key, &CFG(o)->max_models);
-}
-static void f_model_idle(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_duration(l, v, key, &CFG(o)->model_idle_ms);
-}
-static void f_cold_idle(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_duration(l, v, key, &CFG(o)->cold_idle_ms);
-}
 static void f_store(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	static const struct field fields[] = {
-		{ "dir", f_store_dir },		  { "flush_interval", f_flush },      { "minute_retention", f_min_ret },
-		{ "hour_retention", f_hour_ret }, { "max_size", f_store_max_size },   { "max_models", f_max_models },
-		{ "model_idle", f_model_idle },	  { "cold_after_idle", f_cold_idle }, { NULL, NULL },
+		{ "dir", f_row },
+		{ "flush_interval", f_row },
+		{ "minute_retention", f_row },
+		{ "hour_retention", f_row },
+		{ "max_size", f_row },
+		{ "max_models", f_row },
+		{ "model_idle", f_row },
+		{ "cold_after_idle", f_row },
+		{ NULL, NULL },
 	};
 	walk(l, v, key, fields, o);
 }
 
-static void f_max_body(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_size(l, v, key, &CFG(o)->max_body_size);
-}
-static void f_max_header(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_size(l, v, key, &CFG(o)->max_header_size);
-	if (CFG(o)->max_header_size < 256 || CFG(o)->max_header_size > (1u << 30))
-		problem(l, v, "%s: expected a size from 256 to 1g", key);
-}
-static void f_max_headers(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_uint(l, v, key, &CFG(o)->max_headers);
-	if (CFG(o)->max_headers == 0)
-		problem(l, v, "%s: must be at least 1", key);
-}
-static void f_max_conns(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_uint(l, v, key, &CFG(o)->max_connections);
-	if (CFG(o)->max_connections == 0)
-		problem(l, v, "%s: must be at least 1", key);
-}
-static void f_max_event(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	uint64_t sz = 0;
-	get_size(l, v, key, &sz);
-	if (sz)
-		CFG(o)->max_event_size = (size_t)sz;
-}
 static void f_limits(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	static const struct field fields[] = {
-		{ "max_body_size", f_max_body },    { "max_header_size", f_max_header },
-		{ "max_headers", f_max_headers },   { "max_event_size", f_max_event },
-		{ "max_connections", f_max_conns }, { NULL, NULL },
+		{ "max_body_size", f_row },  { "max_header_size", f_row }, { "max_headers", f_row },
+		{ "max_event_size", f_row }, { "max_connections", f_row }, { NULL, NULL },
 	};
 	walk(l, v, key, fields, o);
 }
-
-#define DURATION_FIELD(fn, member) \
-	static void fn(struct load *l, yaml_node_t *v, const char *key, void *o) \
-	{ \
-		get_duration(l, v, key, &CFG(o)->member); \
-	}
-DURATION_FIELD(f_t_header, header_timeout_ms)
-DURATION_FIELD(f_t_body, body_timeout_ms)
-DURATION_FIELD(f_t_keepalive, keepalive_timeout_ms)
-DURATION_FIELD(f_t_connect, connect_timeout_ms)
-DURATION_FIELD(f_t_first_byte, first_byte_timeout_ms)
-DURATION_FIELD(f_t_idle, idle_timeout_ms)
-DURATION_FIELD(f_t_pool_idle, pool_idle_timeout_ms)
-DURATION_FIELD(f_t_grace, shutdown_grace_ms)
-DURATION_FIELD(f_slo_ttft, slo_ttft_ms)
-DURATION_FIELD(f_slo_tpot, slo_tpot_ms)
-DURATION_FIELD(f_slo_itl, slo_itl_ms)
 
 static void f_timeouts(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	static const struct field fields[] = {
-		{ "header", f_t_header },
-		{ "body", f_t_body },
-		{ "keepalive", f_t_keepalive },
-		{ "connect", f_t_connect },
-		{ "first_byte", f_t_first_byte },
-		{ "idle", f_t_idle },
-		{ "pool_idle", f_t_pool_idle },
-		{ "shutdown_grace", f_t_grace },
-		{ NULL, NULL },
+		{ "header", f_row },	{ "body", f_row },	     { "keepalive", f_row },
+		{ "connect", f_row },	{ "first_byte", f_row },     { "idle", f_row },
+		{ "pool_idle", f_row }, { "shutdown_grace", f_row }, { NULL, NULL },
 	};
 	walk(l, v, key, fields, o);
 }
 
 static void f_slo(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
-	static const struct field fields[] = {
-		{ "ttft", f_slo_ttft }, { "tpot", f_slo_tpot }, { "itl", f_slo_itl }, { NULL, NULL }
-	};
+	static const struct field fields[] = { { "ttft", f_row }, { "tpot", f_row }, { "itl", f_row }, { NULL, NULL } };
 	walk(l, v, key, fields, o);
 }
 
@@ -809,21 +681,21 @@ static void f_listeners(struct load *l, yaml_node_t *v, const char *key, void *o
 }
 
 static const struct field top_fields[] = {
-	{ "listen", f_listen },
-	{ "access_log", f_access_log },
-	{ "log_level", f_log_level },
+	{ "listen", f_row },
+	{ "access_log", f_row },
+	{ "log_level", f_row },
 	{ "admin", f_admin },
 	{ "store", f_store },
 	{ "limits", f_limits },
 	{ "timeouts", f_timeouts },
 	{ "slo", f_slo },
-	{ "override_header", f_override_header },
-	{ "override_any_upstream", f_override_any },
+	{ "override_header", f_row },
+	{ "override_any_upstream", f_row },
 	{ "upstreams", f_upstreams },
 	{ "routes", f_routes },
 	{ "tls", f_tls },
 	{ "listeners", f_listeners },
-	{ "workers", f_workers },
+	{ "workers", f_row },
 	{ NULL, NULL },
 };
 

@@ -63,6 +63,14 @@ const struct setting *settings_by_flag(const char *flag)
 	return NULL;
 }
 
+const struct setting *settings_by_yaml(const char *path)
+{
+	for (size_t i = 0; i < S__COUNT; i++)
+		if (settings[i].yaml && strcmp(settings[i].yaml, path) == 0)
+			return &settings[i];
+	return NULL;
+}
+
 void settings_size_text(uint64_t v, char *out, size_t len)
 {
 	static const char units[] = { 'g', 'm', 'k' };

@@ -164,6 +164,9 @@ extern const struct setting settings[S__COUNT];
 /* The row of a long flag, or NULL. */
 const struct setting *settings_by_flag(const char *flag);
 
+/* The row of a YAML path ("limits.max_body_size"), or NULL. */
+const struct setting *settings_by_yaml(const char *path);
+
 /* Parses `text` as row `s` says, range included, and stores it in `c`.
  * Strings are stored as the pointer given (the caller keeps them alive).
  * 0, or -1 with `why` saying what was expected ("expected a size from 256
