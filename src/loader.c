@@ -243,51 +243,62 @@ static void f_row(struct load *l, yaml_node_t *v, const char *key, void *o)
 		CFG(o)->max_event_size = event_size; /* 0 keeps the value (plan 5.4) */
 }
 
-static void f_admin(struct load *l, yaml_node_t *v, const char *key, void *o)
+#define SECTION_KEYS_MAX 32
+
+/* The keys a mapping at `path` ("" at the top, "store", ...) knows, made
+ * from the settings table: each row under it gives its next name, a leaf
+ * read by f_row or a section read by f_section, in table order; then the
+ * keys of `custom` (lists, and the tls section with its file checks) that
+ * the table did not give, a custom function winning over a generated one. */
+struct section {
+	struct field fields[SECTION_KEYS_MAX + 1];
+	char names[SECTION_KEYS_MAX][48];
+};
+
+static void f_section(struct load *l, yaml_node_t *v, const char *key, void *o);
+
+static void section_keys(struct section *sec, const char *path, const struct field *custom)
 {
-	static const struct field fields[] = { { "listen", f_row }, { "token_file", f_row }, { NULL, NULL } };
-	walk(l, v, key, fields, o);
+	size_t plen = strlen(path), n = 0;
+
+	for (size_t i = 0; i < S__COUNT && n < SECTION_KEYS_MAX; i++) {
+		const char *y = settings[i].yaml, *name, *dot;
+		if (!y || (plen && (strncmp(y, path, plen) != 0 || y[plen] != '.')))
+			continue;
+		name = plen ? y + plen + 1 : y;
+		dot = strchr(name, '.');
+		size_t len = dot ? (size_t)(dot - name) : strlen(name);
+		if (len >= sizeof(sec->names[0]))
+			continue;
+		bool seen = false;
+		for (size_t j = 0; j < n && !seen; j++)
+			seen = strlen(sec->names[j]) == len && strncmp(sec->names[j], name, len) == 0;
+		if (seen)
+			continue;
+		memcpy(sec->names[n], name, len);
+		sec->names[n][len] = '\0';
+		sec->fields[n] = (struct field){ sec->names[n], dot ? f_section : f_row };
+		for (const struct field *c = custom; c && c->name; c++)
+			if (strcmp(c->name, sec->names[n]) == 0)
+				sec->fields[n].fn = c->fn;
+		n++;
+	}
+	for (const struct field *c = custom; c && c->name && n < SECTION_KEYS_MAX; c++) {
+		bool seen = false;
+		for (size_t j = 0; j < n && !seen; j++)
+			seen = strcmp(sec->fields[j].name, c->name) == 0;
+		if (!seen)
+			sec->fields[n++] = *c;
+	}
+	sec->fields[n] = (struct field){ NULL, NULL };
 }
 
-static void f_store(struct load *l, yaml_node_t *v, const char *key, void *o)
+/* A section of scalar settings (admin, store, limits, timeouts, slo). */
+static void f_section(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
-	static const struct field fields[] = {
-		{ "dir", f_row },
-		{ "flush_interval", f_row },
-		{ "minute_retention", f_row },
-		{ "hour_retention", f_row },
-		{ "max_size", f_row },
-		{ "max_models", f_row },
-		{ "model_idle", f_row },
-		{ "cold_after_idle", f_row },
-		{ NULL, NULL },
-	};
-	walk(l, v, key, fields, o);
-}
-
-static void f_limits(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	static const struct field fields[] = {
-		{ "max_body_size", f_row },  { "max_header_size", f_row }, { "max_headers", f_row },
-		{ "max_event_size", f_row }, { "max_connections", f_row }, { NULL, NULL },
-	};
-	walk(l, v, key, fields, o);
-}
-
-static void f_timeouts(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	static const struct field fields[] = {
-		{ "header", f_row },	{ "body", f_row },	     { "keepalive", f_row },
-		{ "connect", f_row },	{ "first_byte", f_row },     { "idle", f_row },
-		{ "pool_idle", f_row }, { "shutdown_grace", f_row }, { NULL, NULL },
-	};
-	walk(l, v, key, fields, o);
-}
-
-static void f_slo(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	static const struct field fields[] = { { "ttft", f_row }, { "tpot", f_row }, { "itl", f_row }, { NULL, NULL } };
-	walk(l, v, key, fields, o);
+	struct section sec;
+	section_keys(&sec, key, NULL);
+	walk(l, v, key, sec.fields, o);
 }
 
 /* ---- upstreams ---- */
@@ -680,22 +691,9 @@ static void f_listeners(struct load *l, yaml_node_t *v, const char *key, void *o
 	}
 }
 
-static const struct field top_fields[] = {
-	{ "listen", f_row },
-	{ "access_log", f_row },
-	{ "log_level", f_row },
-	{ "admin", f_admin },
-	{ "store", f_store },
-	{ "limits", f_limits },
-	{ "timeouts", f_timeouts },
-	{ "slo", f_slo },
-	{ "override_header", f_row },
-	{ "override_any_upstream", f_row },
-	{ "upstreams", f_upstreams },
-	{ "routes", f_routes },
-	{ "tls", f_tls },
-	{ "listeners", f_listeners },
-	{ "workers", f_row },
+/* Top-level keys that are not rows of the settings table. */
+static const struct field top_custom[] = {
+	{ "tls", f_tls }, { "upstreams", f_upstreams }, { "routes", f_routes }, { "listeners", f_listeners },
 	{ NULL, NULL },
 };
 
@@ -725,10 +723,13 @@ unsigned config_load_file(const char *path, struct config *c, char *errs, size_t
 	}
 	l.doc = &doc;
 	yaml_node_t *root = yaml_document_get_root_node(&doc);
-	if (!root)
+	if (!root) {
 		problem(&l, NULL, "the file is empty; see conf/tokentap.yaml for an example");
-	else
-		walk(&l, root, "", top_fields, c);
+	} else {
+		struct section top;
+		section_keys(&top, "", top_custom);
+		walk(&l, root, "", top.fields, c);
+	}
 	yaml_document_delete(&doc);
 	yaml_parser_delete(&parser);
 	fclose(f);

@@ -6,15 +6,18 @@
  */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "config.h"
+#include "loader.h"
 #include "log.h"
 #include "settings.h"
 
@@ -244,6 +247,68 @@ static void test_warn_fixed(void **state)
 	assert_int_equal(restart, 14); /* the keys docs/config.md lists, listen and listeners aside */
 }
 
+/* A file that writes every YAML row's default as the table does loads, and
+ * gives the values the server starts with: each row is reachable from the
+ * file and its default reads the same there. */
+static void test_file_reads_every_default(void **state)
+{
+	char path[] = "/tmp/test_settings_XXXXXX";
+	int fd = mkstemp(path);
+	FILE *f;
+	(void)state;
+	assert_true(fd != -1);
+	f = fdopen(fd, "w");
+	assert_non_null(f);
+	for (size_t i = 0; i < S__COUNT; i++) {
+		const struct setting *s = &settings[i];
+		const char *dot = s->yaml ? strchr(s->yaml, '.') : NULL;
+		bool first = true;
+		if (!s->yaml || !s->def)
+			continue;
+		if (!dot) {
+			fprintf(f, "%s: \"%s\"\n", s->yaml, s->def);
+			continue;
+		}
+		size_t plen = (size_t)(dot - s->yaml) + 1; /* "store." */
+		for (size_t j = 0; j < i && first; j++)
+			first = !(settings[j].yaml && settings[j].def && strncmp(settings[j].yaml, s->yaml, plen) == 0);
+		if (!first)
+			continue;
+		fprintf(f, "%.*s:\n", (int)plen - 1, s->yaml);
+		for (size_t j = i; j < S__COUNT; j++)
+			if (settings[j].yaml && settings[j].def && strncmp(settings[j].yaml, s->yaml, plen) == 0)
+				fprintf(f, "  %s: \"%s\"\n", settings[j].yaml + plen, settings[j].def);
+	}
+	fprintf(f, "upstreams: [{name: a, url: \"http://127.0.0.1:9\"}]\n");
+	fclose(f);
+
+	struct config want, got;
+	char errs[4096] = "";
+	config_defaults(&want);
+	config_defaults(&got);
+	got.slo_ttft_ms = 1; /* so that the file must set it back */
+	unsigned problems = config_load_file(path, &got, errs, sizeof(errs));
+	unlink(path);
+	if (problems)
+		fail_msg("%s", errs);
+	for (size_t i = 0; i < S__COUNT; i++) {
+		const struct setting *s = &settings[i];
+		if (!s->yaml || !s->def)
+			continue;
+		const void *a = (const char *)&want + s->offset, *b = (const char *)&got + s->offset;
+		switch (s->type) {
+		case ST_STRING:
+		case ST_STRING_OFF:
+		case ST_LISTEN: assert_string_equal(*(const char *const *)a, *(const char *const *)b); break;
+		case ST_LOGLEVEL: assert_int_equal(*(const int *)a, *(const int *)b); break;
+		default:
+			if (numeric(s, &want) != numeric(s, &got))
+				fail_msg("%s: the file's %s does not read as the default", s->name, s->yaml);
+		}
+	}
+	config_free(&got);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -253,6 +318,7 @@ int main(void)
 		cmocka_unit_test(test_flag_side_effects),
 		cmocka_unit_test(test_help_lists_every_flag),
 		cmocka_unit_test(test_warn_fixed),
+		cmocka_unit_test(test_file_reads_every_default),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
