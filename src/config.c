@@ -27,6 +27,20 @@ void config_defaults(struct config *c)
 			log_error("settings: the default of %s does not parse: %s", settings[i].name, why);
 }
 
+void config_upstream_defaults(struct upstream_conf *u)
+{
+	memset(u, 0, sizeof(*u));
+	u->queue_timeout_ms = 30000;
+	u->tls_verify = true; /* never bypassed silently */
+}
+
+void config_route_defaults(struct route_conf *r)
+{
+	memset(r, 0, sizeof(*r));
+	r->path_prefix = "/";
+	r->failover = true;
+}
+
 void *config_own(struct config *c, void *p)
 {
 	if (!p)
@@ -90,16 +104,15 @@ int config_single_upstream(struct config *c, char *err, size_t errlen)
 		snprintf(err, errlen, "out of memory");
 		return -1;
 	}
+	config_upstream_defaults(u);
 	u->name = name;
 	u->url = url;
-	u->tls_verify = true;
 	t->upstream = name;
 	t->weight = 1;
+	config_route_defaults(r);
 	r->name = "default";
-	r->path_prefix = "/";
 	r->targets = t;
 	r->ntargets = 1;
-	r->failover = true;
 	c->upstreams = u;
 	c->nupstreams = 1;
 	c->routes = r;

@@ -434,9 +434,8 @@ static void f_upstreams(struct load *l, yaml_node_t *v, const char *key, void *o
 	for (size_t i = 0; i < n && c->upstreams; i++) {
 		yaml_node_t *item = node(l, v->data.sequence.items.start[i]);
 		struct upstream_conf *u = &c->upstreams[c->nupstreams++];
+		config_upstream_defaults(u);
 		u->line = (int)item->start_mark.line + 1;
-		u->queue_timeout_ms = 30000;
-		u->tls_verify = true;
 		snprintf(path, sizeof(path), "upstreams[%zu]", i);
 		walk(l, item, path, fields, u);
 	}
@@ -613,9 +612,8 @@ static void f_routes(struct load *l, yaml_node_t *v, const char *key, void *o)
 	for (size_t i = 0; i < n && c->routes; i++) {
 		yaml_node_t *item = node(l, v->data.sequence.items.start[i]);
 		struct route_conf *r = &c->routes[c->nroutes++];
+		config_route_defaults(r);
 		r->line = (int)item->start_mark.line + 1;
-		r->failover = true;
-		r->path_prefix = "/";
 		snprintf(path, sizeof(path), "routes[%zu]", i);
 		walk(l, item, path, fields, r);
 		if (!r->name) {
@@ -739,12 +737,11 @@ unsigned config_load_file(const char *path, struct config *c, char *errs, size_t
 		struct route_target *t = config_own(c, calloc(1, sizeof(*t)));
 		if (r && t) {
 			*t = (struct route_target){ c->upstreams[0].name, 1, 1 };
-			*r = (struct route_conf){ .name = "default",
-						  .path_prefix = "/",
-						  .targets = t,
-						  .ntargets = 1,
-						  .failover = true,
-						  .line = 1 };
+			config_route_defaults(r);
+			r->name = "default";
+			r->targets = t;
+			r->ntargets = 1;
+			r->line = 1;
 			c->routes = r;
 			c->nroutes = 1;
 		}
