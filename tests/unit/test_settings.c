@@ -309,6 +309,56 @@ static void test_file_reads_every_default(void **state)
 	config_free(&got);
 }
 
+static char *read_doc(const char *rel)
+{
+	char path[512];
+	snprintf(path, sizeof(path), "%s/%s", TOKENTAP_SOURCE_DIR, rel);
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		fail_msg("cannot open %s", path);
+	char *text = calloc(1, 1 << 20);
+	assert_non_null(text);
+	size_t n = fread(text, 1, (1 << 20) - 1, f);
+	fclose(f);
+	text[n] = '\0';
+	return text;
+}
+
+/* docs/config.md agrees with the table: each YAML row with a default has a
+ * table line "| `KEY` | `DEFAULT` |" (KEY as its section's table names it,
+ * the last part of the path), and the Signals section's start-up-only list
+ * names every RESTART row. On a mismatch the line to paste is printed. */
+static void test_doc_matches_table(void **state)
+{
+	char *doc = read_doc("docs/config.md");
+	(void)state;
+	const char *fixed = strstr(doc, "Read at start-up only, so that a reload");
+	assert_non_null(fixed);
+	const char *fixed_end = strstr(fixed, "Everything else takes effect");
+	assert_non_null(fixed_end);
+	for (size_t i = 0; i < S__COUNT; i++) {
+		const struct setting *s = &settings[i];
+		char want[200];
+		if (!s->yaml)
+			continue;
+		const char *leaf = strrchr(s->yaml, '.');
+		leaf = leaf ? leaf + 1 : s->yaml;
+		if (s->def) {
+			snprintf(want, sizeof(want), "| `%s` | `%s` |", leaf, s->def);
+			if (!strstr(doc, want))
+				fail_msg("docs/config.md: no line for %s with its default; expected: %s meaning |",
+					 s->yaml, want);
+		}
+		if (s->reload == SR_RESTART) {
+			snprintf(want, sizeof(want), "`%s`", s->yaml);
+			const char *at = strstr(fixed, want);
+			if (!at || at > fixed_end)
+				fail_msg("docs/config.md, Signals: %s is read at start-up only but not listed", want);
+		}
+	}
+	free(doc);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -319,6 +369,7 @@ int main(void)
 		cmocka_unit_test(test_help_lists_every_flag),
 		cmocka_unit_test(test_warn_fixed),
 		cmocka_unit_test(test_file_reads_every_default),
+		cmocka_unit_test(test_doc_matches_table),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
