@@ -1,5 +1,7 @@
 /*
- * config.c — defaults and value parsers for tokentap's settings.
+ * config.c — the config struct: its defaults (each scalar's from the
+ * settings table, settings.h; the entries' of upstreams and routes), the
+ * value parsers the table's types use, ownership, and the cross-checks.
  */
 #include "config.h"
 
