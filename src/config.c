@@ -1,5 +1,7 @@
 /*
- * config.c — defaults and value parsers for tokentap's settings.
+ * config.c — the config struct: its defaults (each scalar's from the
+ * settings table, settings.h; the entries' of upstreams and routes), the
+ * value parsers the table's types use, ownership, and the cross-checks.
  */
 #include "config.h"
 
@@ -13,42 +15,32 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "settings.h"
 
+/* Every row of the settings table with a default, parsed by its type's
+ * parser: the text --help shows is the value the server starts with. */
 void config_defaults(struct config *c)
 {
+	char why[200];
+
 	memset(c, 0, sizeof(*c));
-	c->listen = "127.0.0.1:8080";
-	c->log_level = LOG_INFO;
-	c->max_body_size = 32u << 20; /* prompts with images are large */
-	c->max_header_size = 32u << 10;
-	c->max_headers = 100;
-	c->max_connections = 10000;
-	c->header_timeout_ms = 30000;
-	/* 32 MiB (the largest body) in 60 s is about 4.5 Mbit/s; slower links
-	 * with large prompts raise it */
-	c->body_timeout_ms = 60000;
-	c->keepalive_timeout_ms = 75000;
-	c->connect_timeout_ms = 5000;
-	/* Long prompts, full queues: the first byte of a stream can take minutes. */
-	c->first_byte_timeout_ms = 300000;
-	c->idle_timeout_ms = 300000;
-	c->pool_idle_timeout_ms = 60000;
-	c->pool_max_idle = 256;
-	c->stream_buffer = 256u << 10;
-	c->max_event_size = 1u << 20;
-	c->body_inspect_max = 64u << 10;
-	c->data_dir = "tokentap-data";
-	c->flush_ms = 1000;
-	c->max_models = 32;
-	c->model_idle_ms = 24 * 3600 * 1000ull;
-	c->slo_ttft_ms = 2000;
-	c->slo_tpot_ms = 100;
-	c->cold_idle_ms = 60000;
-	c->minute_retention_s = 24 * 3600;
-	c->hour_retention_s = 30 * 24 * 3600;
-	c->store_max_size = STORE_MAX_SIZE_MAX;
-	c->admin_listen = "127.0.0.1:9901";
-	c->shutdown_grace_ms = 30000;
+	for (size_t i = 0; i < S__COUNT; i++)
+		if (settings[i].def && setting_parse(&settings[i], settings[i].def, c, why, sizeof(why)) == -1)
+			log_error("settings: the default of %s does not parse: %s", settings[i].name, why);
+}
+
+void config_upstream_defaults(struct upstream_conf *u)
+{
+	memset(u, 0, sizeof(*u));
+	u->queue_timeout_ms = 30000;
+	u->tls_verify = true; /* never bypassed silently */
+}
+
+void config_route_defaults(struct route_conf *r)
+{
+	memset(r, 0, sizeof(*r));
+	r->path_prefix = "/";
+	r->failover = true;
 }
 
 void *config_own(struct config *c, void *p)
@@ -114,16 +106,15 @@ int config_single_upstream(struct config *c, char *err, size_t errlen)
 		snprintf(err, errlen, "out of memory");
 		return -1;
 	}
+	config_upstream_defaults(u);
 	u->name = name;
 	u->url = url;
-	u->tls_verify = true;
 	t->upstream = name;
 	t->weight = 1;
+	config_route_defaults(r);
 	r->name = "default";
-	r->path_prefix = "/";
 	r->targets = t;
 	r->ntargets = 1;
-	r->failover = true;
 	c->upstreams = u;
 	c->nupstreams = 1;
 	c->routes = r;

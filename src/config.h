@@ -135,6 +135,14 @@ struct config {
 /* Fills `c` with the defaults. */
 void config_defaults(struct config *c);
 
+/* An `upstreams:` entry's defaults, for the file and for --upstream: TLS
+ * verified, a 30s queue wait (used only with a queue). */
+void config_upstream_defaults(struct upstream_conf *u);
+
+/* A route's defaults, for the file's routes, the implicit one and
+ * --upstream's: every path ("/"), failover on. */
+void config_route_defaults(struct route_conf *r);
+
 /* Frees what the config owns; `c` is zeroed. */
 void config_free(struct config *c);
 

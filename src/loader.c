@@ -26,6 +26,7 @@
 #include <yaml.h>
 
 #include "log.h"
+#include "settings.h"
 #include "tls.h"
 
 struct load {
@@ -78,13 +79,6 @@ static void get_string(struct load *l, yaml_node_t *n, const char *key, const ch
 		*out = s;
 }
 
-static void get_size(struct load *l, yaml_node_t *n, const char *key, uint64_t *out)
-{
-	const char *s = scalar(l, n, key);
-	if (s && config_parse_size(s, out) == -1)
-		problem(l, n, "%s: expected a size such as 32m or 4096, got '%s'", key, s);
-}
-
 static void get_duration(struct load *l, yaml_node_t *n, const char *key, uint64_t *out)
 {
 	const char *s = scalar(l, n, key);
@@ -117,14 +111,6 @@ static void get_bool(struct load *l, yaml_node_t *n, const char *key, bool *out)
 		*out = false;
 	else
 		problem(l, n, "%s: expected true or false, got '%s'", key, s);
-}
-
-/* "off" turns an optional string off (NULL). */
-static void get_string_or_off(struct load *l, yaml_node_t *n, const char *key, const char **out)
-{
-	const char *s = scalar(l, n, key);
-	if (s)
-		*out = strcmp(s, "off") == 0 ? NULL : s;
 }
 
 /* A file named by a setting (certificate, key, CA) must be a regular file
@@ -234,188 +220,85 @@ static void walk(struct load *l, yaml_node_t *map, const char *path, const struc
 
 #define CFG(obj) ((struct config *)(obj))
 
-static void f_listen(struct load *l, yaml_node_t *v, const char *key, void *o)
+/* A scalar key of the settings table (settings.h): parsed by its row's type
+ * and range, with the row's "expected" text in the message. */
+static void f_row(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
-	struct sockaddr_storage ss;
-	unsigned len;
-	get_string(l, v, key, &CFG(o)->listen);
-	CFG(o)->listen_line = (int)v->start_mark.line + 1;
-	if (CFG(o)->listen && config_parse_listen(CFG(o)->listen, &ss, &len) == -1)
-		problem(l, v, "%s: expected a numeric ADDR:PORT such as 127.0.0.1:8080", key);
-}
-static void f_access_log(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_string_or_off(l, v, key, &CFG(o)->access_log);
-}
-static void f_log_level(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	const char *s = scalar(l, v, key);
-	enum log_level level;
-	if (s && log_level_parse(s, &level) == -1)
-		problem(l, v, "%s: expected error, warn, info or debug, got '%s'", key, s);
-	else if (s)
-		CFG(o)->log_level = (int)level;
-}
-static void f_workers(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	const char *s = scalar(l, v, key);
-	if (s && config_parse_workers(s, &CFG(o)->workers) == -1)
-		problem(l, v, "%s: expected auto or a number of threads from 1 to %d, got '%s'", key, WORKERS_MAX, s);
-}
-static void f_override_header(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_string_or_off(l, v, key, &CFG(o)->override_header);
-}
-static void f_override_any(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_bool(l, v, key, &CFG(o)->override_any_upstream);
-}
+	const struct setting *s = settings_by_yaml(key);
+	const char *text = scalar(l, v, key);
+	size_t event_size = CFG(o)->max_event_size;
+	char why[400];
 
-static void f_admin_listen(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_string_or_off(l, v, key, &CFG(o)->admin_listen);
-	CFG(o)->admin_listen_explicit = true;
-}
-static void f_admin_token_file(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_string(l, v, key, &CFG(o)->admin_token_file);
-}
-static void f_admin(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	static const struct field fields[] = { { "listen", f_admin_listen },
-					       { "token_file", f_admin_token_file },
-					       { NULL, NULL } };
-	walk(l, v, key, fields, o);
-}
-
-static void f_store_dir(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_string_or_off(l, v, key, &CFG(o)->data_dir);
-}
-static void f_flush(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_duration(l, v, key, &CFG(o)->flush_ms);
-}
-static void f_min_ret(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	uint64_t ms = 0;
-	get_duration(l, v, key, &ms);
-	if (ms)
-		CFG(o)->minute_retention_s = ms / 1000;
-}
-static void f_hour_ret(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	uint64_t ms = 0;
-	get_duration(l, v, key, &ms);
-	if (ms)
-		CFG(o)->hour_retention_s = ms / 1000;
-}
-static void f_store_max_size(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_size(l, v, key, &CFG(o)->store_max_size);
-	if (CFG(o)->store_max_size < STORE_MAX_SIZE_MIN || CFG(o)->store_max_size > STORE_MAX_SIZE_MAX)
-		problem(l, v, "%s: expected a size from 64k to 64g", key);
-}
-static void f_max_models(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_uint(l, v, key, &CFG(o)->max_models);
-}
-static void f_model_idle(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_duration(l, v, key, &CFG(o)->model_idle_ms);
-}
-static void f_cold_idle(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_duration(l, v, key, &CFG(o)->cold_idle_ms);
-}
-static void f_store(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	static const struct field fields[] = {
-		{ "dir", f_store_dir },		  { "flush_interval", f_flush },      { "minute_retention", f_min_ret },
-		{ "hour_retention", f_hour_ret }, { "max_size", f_store_max_size },   { "max_models", f_max_models },
-		{ "model_idle", f_model_idle },	  { "cold_after_idle", f_cold_idle }, { NULL, NULL },
-	};
-	walk(l, v, key, fields, o);
-}
-
-static void f_max_body(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_size(l, v, key, &CFG(o)->max_body_size);
-}
-static void f_max_header(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_size(l, v, key, &CFG(o)->max_header_size);
-	if (CFG(o)->max_header_size < 256 || CFG(o)->max_header_size > (1u << 30))
-		problem(l, v, "%s: expected a size from 256 to 1g", key);
-}
-static void f_max_headers(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_uint(l, v, key, &CFG(o)->max_headers);
-	if (CFG(o)->max_headers == 0)
-		problem(l, v, "%s: must be at least 1", key);
-}
-static void f_max_conns(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_uint(l, v, key, &CFG(o)->max_connections);
-	if (CFG(o)->max_connections == 0)
-		problem(l, v, "%s: must be at least 1", key);
-}
-static void f_max_event(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	uint64_t sz = 0;
-	get_size(l, v, key, &sz);
-	if (sz)
-		CFG(o)->max_event_size = (size_t)sz;
-}
-static void f_limits(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	static const struct field fields[] = {
-		{ "max_body_size", f_max_body },    { "max_header_size", f_max_header },
-		{ "max_headers", f_max_headers },   { "max_event_size", f_max_event },
-		{ "max_connections", f_max_conns }, { NULL, NULL },
-	};
-	walk(l, v, key, fields, o);
-}
-
-#define DURATION_FIELD(fn, member) \
-	static void fn(struct load *l, yaml_node_t *v, const char *key, void *o) \
-	{ \
-		get_duration(l, v, key, &CFG(o)->member); \
+	if (s && s->id == S_LISTEN)
+		CFG(o)->listen_line = (int)v->start_mark.line + 1; /* `listen` beside `listeners` is refused */
+	if (!s || !text)
+		return;
+	if (setting_parse(s, text, CFG(o), why, sizeof(why)) == -1) {
+		problem(l, v, "%s: %s, got '%s'", key, why, text);
+		return;
 	}
-DURATION_FIELD(f_t_header, header_timeout_ms)
-DURATION_FIELD(f_t_body, body_timeout_ms)
-DURATION_FIELD(f_t_keepalive, keepalive_timeout_ms)
-DURATION_FIELD(f_t_connect, connect_timeout_ms)
-DURATION_FIELD(f_t_first_byte, first_byte_timeout_ms)
-DURATION_FIELD(f_t_idle, idle_timeout_ms)
-DURATION_FIELD(f_t_pool_idle, pool_idle_timeout_ms)
-DURATION_FIELD(f_t_grace, shutdown_grace_ms)
-DURATION_FIELD(f_slo_ttft, slo_ttft_ms)
-DURATION_FIELD(f_slo_tpot, slo_tpot_ms)
-DURATION_FIELD(f_slo_itl, slo_itl_ms)
-
-static void f_timeouts(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	static const struct field fields[] = {
-		{ "header", f_t_header },
-		{ "body", f_t_body },
-		{ "keepalive", f_t_keepalive },
-		{ "connect", f_t_connect },
-		{ "first_byte", f_t_first_byte },
-		{ "idle", f_t_idle },
-		{ "pool_idle", f_t_pool_idle },
-		{ "shutdown_grace", f_t_grace },
-		{ NULL, NULL },
-	};
-	walk(l, v, key, fields, o);
+	if (s->id == S_ADMIN_LISTEN)
+		CFG(o)->admin_listen_explicit = true; /* a busy port is then an error, not a warning */
+	else if (s->id == S_MAX_EVENT_SIZE && CFG(o)->max_event_size == 0)
+		CFG(o)->max_event_size = event_size; /* 0 keeps the value (plan 5.4) */
 }
 
-static void f_slo(struct load *l, yaml_node_t *v, const char *key, void *o)
+#define SECTION_KEYS_MAX 32
+
+/* The keys a mapping at `path` ("" at the top, "store", ...) knows, made
+ * from the settings table: each row under it gives its next name, a leaf
+ * read by f_row or a section read by f_section, in table order; then the
+ * keys of `custom` (lists, and the tls section with its file checks) that
+ * the table did not give, a custom function winning over a generated one. */
+struct section {
+	struct field fields[SECTION_KEYS_MAX + 1];
+	char names[SECTION_KEYS_MAX][48];
+};
+
+static void f_section(struct load *l, yaml_node_t *v, const char *key, void *o);
+
+static void section_keys(struct section *sec, const char *path, const struct field *custom)
 {
-	static const struct field fields[] = {
-		{ "ttft", f_slo_ttft }, { "tpot", f_slo_tpot }, { "itl", f_slo_itl }, { NULL, NULL }
-	};
-	walk(l, v, key, fields, o);
+	size_t plen = strlen(path), n = 0;
+
+	for (size_t i = 0; i < S__COUNT && n < SECTION_KEYS_MAX; i++) {
+		const char *y = settings[i].yaml, *name, *dot;
+		if (!y || (plen && (strncmp(y, path, plen) != 0 || y[plen] != '.')))
+			continue;
+		name = plen ? y + plen + 1 : y;
+		dot = strchr(name, '.');
+		size_t len = dot ? (size_t)(dot - name) : strlen(name);
+		if (len >= sizeof(sec->names[0]))
+			continue;
+		bool seen = false;
+		for (size_t j = 0; j < n && !seen; j++)
+			seen = strlen(sec->names[j]) == len && strncmp(sec->names[j], name, len) == 0;
+		if (seen)
+			continue;
+		memcpy(sec->names[n], name, len);
+		sec->names[n][len] = '\0';
+		sec->fields[n] = (struct field){ sec->names[n], dot ? f_section : f_row };
+		for (const struct field *c = custom; c && c->name; c++)
+			if (strcmp(c->name, sec->names[n]) == 0)
+				sec->fields[n].fn = c->fn;
+		n++;
+	}
+	for (const struct field *c = custom; c && c->name && n < SECTION_KEYS_MAX; c++) {
+		bool seen = false;
+		for (size_t j = 0; j < n && !seen; j++)
+			seen = strcmp(sec->fields[j].name, c->name) == 0;
+		if (!seen)
+			sec->fields[n++] = *c;
+	}
+	sec->fields[n] = (struct field){ NULL, NULL };
+}
+
+/* A section of scalar settings (admin, store, limits, timeouts, slo). */
+static void f_section(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	struct section sec;
+	section_keys(&sec, key, NULL);
+	walk(l, v, key, sec.fields, o);
 }
 
 /* ---- upstreams ---- */
@@ -551,9 +434,8 @@ static void f_upstreams(struct load *l, yaml_node_t *v, const char *key, void *o
 	for (size_t i = 0; i < n && c->upstreams; i++) {
 		yaml_node_t *item = node(l, v->data.sequence.items.start[i]);
 		struct upstream_conf *u = &c->upstreams[c->nupstreams++];
+		config_upstream_defaults(u);
 		u->line = (int)item->start_mark.line + 1;
-		u->queue_timeout_ms = 30000;
-		u->tls_verify = true;
 		snprintf(path, sizeof(path), "upstreams[%zu]", i);
 		walk(l, item, path, fields, u);
 	}
@@ -730,9 +612,8 @@ static void f_routes(struct load *l, yaml_node_t *v, const char *key, void *o)
 	for (size_t i = 0; i < n && c->routes; i++) {
 		yaml_node_t *item = node(l, v->data.sequence.items.start[i]);
 		struct route_conf *r = &c->routes[c->nroutes++];
+		config_route_defaults(r);
 		r->line = (int)item->start_mark.line + 1;
-		r->failover = true;
-		r->path_prefix = "/";
 		snprintf(path, sizeof(path), "routes[%zu]", i);
 		walk(l, item, path, fields, r);
 		if (!r->name) {
@@ -808,22 +689,9 @@ static void f_listeners(struct load *l, yaml_node_t *v, const char *key, void *o
 	}
 }
 
-static const struct field top_fields[] = {
-	{ "listen", f_listen },
-	{ "access_log", f_access_log },
-	{ "log_level", f_log_level },
-	{ "admin", f_admin },
-	{ "store", f_store },
-	{ "limits", f_limits },
-	{ "timeouts", f_timeouts },
-	{ "slo", f_slo },
-	{ "override_header", f_override_header },
-	{ "override_any_upstream", f_override_any },
-	{ "upstreams", f_upstreams },
-	{ "routes", f_routes },
-	{ "tls", f_tls },
-	{ "listeners", f_listeners },
-	{ "workers", f_workers },
+/* Top-level keys that are not rows of the settings table. */
+static const struct field top_custom[] = {
+	{ "tls", f_tls }, { "upstreams", f_upstreams }, { "routes", f_routes }, { "listeners", f_listeners },
 	{ NULL, NULL },
 };
 
@@ -853,10 +721,13 @@ unsigned config_load_file(const char *path, struct config *c, char *errs, size_t
 	}
 	l.doc = &doc;
 	yaml_node_t *root = yaml_document_get_root_node(&doc);
-	if (!root)
+	if (!root) {
 		problem(&l, NULL, "the file is empty; see conf/tokentap.yaml for an example");
-	else
-		walk(&l, root, "", top_fields, c);
+	} else {
+		struct section top;
+		section_keys(&top, "", top_custom);
+		walk(&l, root, "", top.fields, c);
+	}
 	yaml_document_delete(&doc);
 	yaml_parser_delete(&parser);
 	fclose(f);
@@ -866,12 +737,11 @@ unsigned config_load_file(const char *path, struct config *c, char *errs, size_t
 		struct route_target *t = config_own(c, calloc(1, sizeof(*t)));
 		if (r && t) {
 			*t = (struct route_target){ c->upstreams[0].name, 1, 1 };
-			*r = (struct route_conf){ .name = "default",
-						  .path_prefix = "/",
-						  .targets = t,
-						  .ntargets = 1,
-						  .failover = true,
-						  .line = 1 };
+			config_route_defaults(r);
+			r->name = "default";
+			r->targets = t;
+			r->ntargets = 1;
+			r->line = 1;
 			c->routes = r;
 			c->nroutes = 1;
 		}

@@ -23,6 +23,7 @@
 #include "proxy.h"
 #include "recent.h"
 #include "router.h"
+#include "settings.h"
 #include "stats.h"
 #include "store.h"
 #include "version.h"
@@ -122,48 +123,6 @@ static void on_stop(evutil_socket_t sig, short what, void *arg)
 		}
 }
 
-/* Settings read once at start-up: a reload that changes them says so. */
-static void warn_fixed(const struct config *boot, const struct config *next)
-{
-#define SAME(a, b) ((a) == (b) || ((a) && (b) && strcmp((a), (b)) == 0))
-	struct listener_conf a[LISTENERS_MAX], b[LISTENERS_MAX];
-	unsigned na = config_listeners(boot, a), nb = config_listeners(next, b);
-	bool same = na == nb;
-	for (unsigned i = 0; same && i < na; i++)
-		same = SAME(a[i].address, b[i].address) && !a[i].tls_cert == !b[i].tls_cert;
-	if (!same)
-		log_warn(
-			"reload: listener changes need a restart; certificates of existing TLS listeners are reloaded");
-	if (!SAME(boot->data_dir, next->data_dir))
-		log_warn("reload: data directory changes need a restart");
-	if (boot->store_max_size != next->store_max_size)
-		log_warn("reload: store.max_size changes need a restart");
-	if (!SAME(boot->admin_listen, next->admin_listen))
-		log_warn("reload: admin address changes need a restart");
-	if (!SAME(boot->access_log, next->access_log))
-		log_warn("reload: access log changes need a restart");
-	/* what the stats shards, the store and the admin API took at start-up */
-	const struct {
-		const char *key;
-		bool changed;
-	} fixed[] = {
-		{ "slo.ttft", boot->slo_ttft_ms != next->slo_ttft_ms },
-		{ "slo.tpot", boot->slo_tpot_ms != next->slo_tpot_ms },
-		{ "slo.itl", boot->slo_itl_ms != next->slo_itl_ms },
-		{ "store.flush_interval", boot->flush_ms != next->flush_ms },
-		{ "store.minute_retention", boot->minute_retention_s != next->minute_retention_s },
-		{ "store.hour_retention", boot->hour_retention_s != next->hour_retention_s },
-		{ "store.max_models", boot->max_models != next->max_models },
-		{ "store.model_idle", boot->model_idle_ms != next->model_idle_ms },
-		{ "admin.token_file", !SAME(boot->admin_token_file, next->admin_token_file) },
-		{ "workers", boot->workers != next->workers },
-	};
-	for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
-		if (fixed[i].changed)
-			log_warn("reload: %s is read at start-up only; the change needs a restart", fixed[i].key);
-#undef SAME
-}
-
 static void on_reload(evutil_socket_t sig, short what, void *arg)
 {
 	struct app *app = arg;
@@ -186,7 +145,7 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
 			return;
 		}
 	}
-	warn_fixed(app->boot, &next[0]);
+	settings_warn_fixed(app->boot, &next[0]); /* settings read once at start-up */
 	(void)fdlimit_check(&next[0], app->nworkers);
 	/* taken now: a worker that takes the configuration empties next[] */
 	struct admin_labels *labels = admin_labels_of(&next[0]);

@@ -76,11 +76,14 @@ const char *store_window_name(enum store_window w)
 
 void store_options_defaults(struct store_options *o)
 {
+	struct config c;
+
+	config_defaults(&c); /* the settings table's retentions and size */
 	memset(o, 0, sizeof(*o));
-	o->minute_retention_s = 24 * 3600;
-	o->hour_retention_s = 30 * 24 * 3600;
+	o->minute_retention_s = c.minute_retention_s;
+	o->hour_retention_s = c.hour_retention_s;
 	o->map_size = 64u << 20;
-	o->map_size_max = STORE_MAX_SIZE_MAX;
+	o->map_size_max = c.store_max_size;
 	o->prune_every_s = 60;
 	o->pack_per_pass = PACK_PER_PASS;
 	o->set_aside_corrupt = true;
