@@ -18,21 +18,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "series_key.h"
 #include "slice.h"
 
 struct event_base;
 struct store;
 struct stats_shard;
 struct series;
-
-/* One series' identity, serialized as "route\0upstream\0model\0" + '0'|'1'. */
-#define SERIES_KEY_MAX 512
-#define SERIES_MODEL_OTHER "other"
-#define SERIES_MODEL_UNKNOWN "unknown"
-
-/* Splits a serialized key; returns 0 or -1 when it is malformed. */
-int series_key_parse(const char *key, size_t len, const char **route, const char **upstream, const char **model,
-		     bool *cold);
 
 /* `model_idle_ms`: how long a model name must go unused before a new name
  * may take its slot in a full list; 0: never. */
