@@ -3,9 +3,9 @@
  * threads and flushes, persistence across reopen, refusal of a foreign
  * layout and of a second opener, and the day packs of hour slices.
  *
- * store.c and store_pack.c are included, not linked, so that the pack pass
- * can be run at a chosen time and its transaction aborted instead of
- * committed.
+ * The store's sources (store.c, store_held.c, store_pack.c,
+ * store_query.c) are included, not linked, so that the pack pass can be
+ * run at a chosen time and its transaction aborted instead of committed.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -28,7 +28,9 @@
 #include "slice.h"
 #include "stats.h"
 #include "store.c"
+#include "store_held.c"
 #include "store_pack.c"
+#include "store_query.c"
 
 static char *make_dir(void)
 {
