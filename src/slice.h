@@ -21,24 +21,28 @@
 
 enum metric_unit { UNIT_US, UNIT_MILLI, UNIT_COUNT };
 
-/* (ENUM, name, stored unit). Times are stored in µs and shown in ms; decode
- * rate is stored in milli-tokens/s and shown in tokens/s. */
+/* (ENUM, name, stored unit, source). Times are stored in µs and shown in
+ * ms; decode rate is stored in milli-tokens/s and shown in tokens/s.
+ * `source`: the per-request metric (timeline.h) slice_record_request
+ * records it from, RM_NONE for the ones their own code records (gaps, token
+ * counts, load). Stored slices index their histograms by position (HM_*,
+ * then the curve slots): the rows do not move. */
 #define HIST_METRICS(X) \
-	X(TTFT, ttft, UNIT_US) \
-	X(UPSTREAM_TTFT, upstream_ttft, UNIT_US) \
-	X(ITL, itl, UNIT_US) \
-	X(TPOT, tpot, UNIT_US) \
-	X(E2E, e2e, UNIT_US) \
-	X(TTFB, ttfb, UNIT_US) \
-	X(QUEUE, queue, UNIT_US) \
-	X(CONNECT, connect, UNIT_US) \
-	X(DECODE_RATE, decode_rate, UNIT_MILLI) \
-	X(INPUT_TOKENS, input_tokens, UNIT_COUNT) \
-	X(OUTPUT_TOKENS, output_tokens, UNIT_COUNT) \
-	X(INFLIGHT, inflight, UNIT_COUNT)
+	X(TTFT, ttft, UNIT_US, RM_TTFT) \
+	X(UPSTREAM_TTFT, upstream_ttft, UNIT_US, RM_UPSTREAM_TTFT) \
+	X(ITL, itl, UNIT_US, RM_NONE) \
+	X(TPOT, tpot, UNIT_US, RM_TPOT) \
+	X(E2E, e2e, UNIT_US, RM_E2E) \
+	X(TTFB, ttfb, UNIT_US, RM_TTFB) \
+	X(QUEUE, queue, UNIT_US, RM_QUEUE) \
+	X(CONNECT, connect, UNIT_US, RM_CONNECT) \
+	X(DECODE_RATE, decode_rate, UNIT_MILLI, RM_DECODE_RATE) \
+	X(INPUT_TOKENS, input_tokens, UNIT_COUNT, RM_NONE) \
+	X(OUTPUT_TOKENS, output_tokens, UNIT_COUNT, RM_NONE) \
+	X(INFLIGHT, inflight, UNIT_COUNT, RM_NONE)
 
 enum hist_metric {
-#define X(e, n, u) HM_##e,
+#define X(e, n, u, src) HM_##e,
 	HIST_METRICS(X)
 #undef X
 		HM__COUNT
