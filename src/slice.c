@@ -36,7 +36,7 @@ static const enum req_metric metric_sources[] = {
 };
 
 static const char *const counter_names[CT__COUNT] = {
-#define X(e, n) #n,
+#define X(e, n, exported, help) #n,
 	SLICE_COUNTERS(X)
 #undef X
 #define X(e, n) "errors_" n,

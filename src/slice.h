@@ -48,22 +48,25 @@ enum hist_metric {
 		HM__COUNT
 };
 
-/* Counters; errors by kind follow them, one per enum req_error. */
+/* Counters, (ENUM, name, exported, help); errors by kind follow them, one
+ * per enum req_error. `exported`: a Prometheus family of its own,
+ * tokentap_<name>_total, with `help` as its # HELP (prom.c); the status
+ * classes are exported together as tokentap_requests_total. */
 #define SLICE_COUNTERS(X) \
-	X(REQUESTS, requests) \
-	X(STATUS_NONE, status_none) \
-	X(STATUS_1XX, status_1xx) \
-	X(STATUS_2XX, status_2xx) \
-	X(STATUS_3XX, status_3xx) \
-	X(STATUS_4XX, status_4xx) \
-	X(STATUS_5XX, status_5xx) \
-	X(INPUT_TOKENS, input_tokens) \
-	X(OUTPUT_TOKENS, output_tokens) \
-	X(SLO_MET, slo_met) \
-	X(SLO_MISSED, slo_missed)
+	X(REQUESTS, requests, 0, "Requests finished.") \
+	X(STATUS_NONE, status_none, 0, "Requests finished with no status sent.") \
+	X(STATUS_1XX, status_1xx, 0, "Requests finished with a 1xx status.") \
+	X(STATUS_2XX, status_2xx, 0, "Requests finished with a 2xx status.") \
+	X(STATUS_3XX, status_3xx, 0, "Requests finished with a 3xx status.") \
+	X(STATUS_4XX, status_4xx, 0, "Requests finished with a 4xx status.") \
+	X(STATUS_5XX, status_5xx, 0, "Requests finished with a 5xx status.") \
+	X(INPUT_TOKENS, input_tokens, 1, "Input (prompt) tokens, as the server reported them.") \
+	X(OUTPUT_TOKENS, output_tokens, 1, "Output tokens: the server's usage count, else token-bearing events.") \
+	X(SLO_MET, slo_met, 1, "Requests that met the goodput SLO (TTFT and TPOT within bounds).") \
+	X(SLO_MISSED, slo_missed, 1, "Requests that missed the goodput SLO, failed ones included.")
 
 enum slice_counter {
-#define X(e, n) CT_##e,
+#define X(e, n, exported, help) CT_##e,
 	SLICE_COUNTERS(X)
 #undef X
 		CT_ERR_BASE,
