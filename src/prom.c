@@ -3,8 +3,9 @@
  * started, never reset) as Prometheus text format 0.0.4.
  *
  * Families, each with # HELP and # TYPE, in this order: one histogram
- * tokentap_<metric>_seconds per time metric of HIST_METRICS (names generated
- * from the X-macro), then the counters. Every family lists every (route,
+ * tokentap_<metric>_seconds per time metric of HIST_METRICS (names and help
+ * generated from the X-macro), then the counters (the plain ones from
+ * SLICE_COUNTERS' exported rows). Every family lists every (route,
  * upstream, model) group, warm and cold requests merged, so a series never
  * appears in one family and not in its neighbour. Then the gauges of what
  * runs and waits now, by upstream (prom_render_gauges).
@@ -41,6 +42,13 @@ static const struct {
 	{ 2560000000u, "2560.0" },
 };
 #define LE_COUNT (sizeof(le_bounds) / sizeof(le_bounds[0]))
+
+/* What one sample of each histogram is, from HIST_METRICS. */
+static const char *const hist_help[HM__COUNT] = {
+#define X(e, n, u, src, help) help,
+	HIST_METRICS(X)
+#undef X
+};
 
 /* The counters of SLICE_COUNTERS marked exported, each its own family
  * tokentap_<counter name>_total, with the list's help. */
@@ -118,7 +126,7 @@ static void histogram_family(struct writer *w, const struct stats_groups *gs, ch
 {
 	const char *name = hist_metric_name(m);
 
-	emit(w, "# HELP tokentap_%s_seconds %s per request in seconds (definition: docs/metrics.md).\n", name, name);
+	emit(w, "# HELP tokentap_%s_seconds %s, in seconds (definition: docs/metrics.md).\n", name, hist_help[m]);
 	emit(w, "# TYPE tokentap_%s_seconds histogram\n", name);
 	for (size_t i = 0; i < gs->n; i++) {
 		const struct hist *h = gs->g[i].slice.slot[m];

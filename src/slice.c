@@ -18,19 +18,19 @@
 #define SLICE_ENCODING_VERSION 1
 
 static const char *const metric_names[] = {
-#define X(e, n, u, src) #n,
+#define X(e, n, u, src, help) #n,
 	HIST_METRICS(X)
 #undef X
 };
 
 static const enum metric_unit metric_units[] = {
-#define X(e, n, u, src) u,
+#define X(e, n, u, src, help) u,
 	HIST_METRICS(X)
 #undef X
 };
 
 static const enum req_metric metric_sources[] = {
-#define X(e, n, u, src) src,
+#define X(e, n, u, src, help) src,
 	HIST_METRICS(X)
 #undef X
 };

@@ -21,28 +21,31 @@
 
 enum metric_unit { UNIT_US, UNIT_MILLI, UNIT_COUNT };
 
-/* (ENUM, name, stored unit, source). Times are stored in µs and shown in
- * ms; decode rate is stored in milli-tokens/s and shown in tokens/s.
- * `source`: the per-request metric (timeline.h) slice_record_request
- * records it from, RM_NONE for the ones their own code records (gaps, token
- * counts, load). Stored slices index their histograms by position (HM_*,
- * then the curve slots): the rows do not move. */
+/* (ENUM, name, stored unit, source, help). Times are stored in µs and
+ * shown in ms; decode rate is stored in milli-tokens/s and shown in
+ * tokens/s. `source`: the per-request metric (timeline.h)
+ * slice_record_request records it from, RM_NONE for the ones their own code
+ * records (gaps, token counts, load). `help`: what one sample is, for the
+ * Prometheus # HELP line of the time metrics (prom.c; docs/metrics.md has
+ * the definitions). Stored slices index their histograms by position
+ * (HM_*, then the curve slots): the rows do not move. */
 #define HIST_METRICS(X) \
-	X(TTFT, ttft, UNIT_US, RM_TTFT) \
-	X(UPSTREAM_TTFT, upstream_ttft, UNIT_US, RM_UPSTREAM_TTFT) \
-	X(ITL, itl, UNIT_US, RM_NONE) \
-	X(TPOT, tpot, UNIT_US, RM_TPOT) \
-	X(E2E, e2e, UNIT_US, RM_E2E) \
-	X(TTFB, ttfb, UNIT_US, RM_TTFB) \
-	X(QUEUE, queue, UNIT_US, RM_QUEUE) \
-	X(CONNECT, connect, UNIT_US, RM_CONNECT) \
-	X(DECODE_RATE, decode_rate, UNIT_MILLI, RM_DECODE_RATE) \
-	X(INPUT_TOKENS, input_tokens, UNIT_COUNT, RM_NONE) \
-	X(OUTPUT_TOKENS, output_tokens, UNIT_COUNT, RM_NONE) \
-	X(INFLIGHT, inflight, UNIT_COUNT, RM_NONE)
+	X(TTFT, ttft, UNIT_US, RM_TTFT, "Time to first token at the proxy, from the request's arrival") \
+	X(UPSTREAM_TTFT, upstream_ttft, UNIT_US, RM_UPSTREAM_TTFT, \
+	  "The upstream's share of time to first token, from the request sent") \
+	X(ITL, itl, UNIT_US, RM_NONE, "Inter-token latency: one sample per gap between token events") \
+	X(TPOT, tpot, UNIT_US, RM_TPOT, "Mean time per output token after the first") \
+	X(E2E, e2e, UNIT_US, RM_E2E, "Whole request, from its arrival to the end of the response") \
+	X(TTFB, ttfb, UNIT_US, RM_TTFB, "Time until the upstream answered with headers, from the request's arrival") \
+	X(QUEUE, queue, UNIT_US, RM_QUEUE, "Wait in tokentap's admission queue for an upstream slot") \
+	X(CONNECT, connect, UNIT_US, RM_CONNECT, "Connection and TLS set-up to the upstream; 0 on a reused one") \
+	X(DECODE_RATE, decode_rate, UNIT_MILLI, RM_DECODE_RATE, "Output tokens per second after the first") \
+	X(INPUT_TOKENS, input_tokens, UNIT_COUNT, RM_NONE, "Input (prompt) tokens per request") \
+	X(OUTPUT_TOKENS, output_tokens, UNIT_COUNT, RM_NONE, "Output tokens per request") \
+	X(INFLIGHT, inflight, UNIT_COUNT, RM_NONE, "Requests in flight to the upstream when the request arrived")
 
 enum hist_metric {
-#define X(e, n, u, src) HM_##e,
+#define X(e, n, u, src, help) HM_##e,
 	HIST_METRICS(X)
 #undef X
 		HM__COUNT
