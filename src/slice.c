@@ -96,10 +96,10 @@ static void record_milli(struct slice *s, unsigned slot, double v)
 	hist_record(h, (uint64_t)llround(v * 1000.0));
 }
 
-void slice_record_request(struct slice *s, const struct req_record *r, unsigned inflight, const struct slo *slo)
+void slice_record_request(struct slice *s, const struct req_record *r, unsigned load, const struct slo *slo)
 {
 	double m[RM__COUNT];
-	unsigned ib = log2_bucket(inflight, INFLIGHT_BUCKETS);
+	unsigned ib = log2_bucket(load, INFLIGHT_BUCKETS);
 	struct hist *h;
 
 	record_derive(r, m);
@@ -119,13 +119,13 @@ void slice_record_request(struct slice *s, const struct req_record *r, unsigned 
 		if ((h = slice_hist(s, HM_OUTPUT_TOKENS)))
 			hist_record(h, out);
 	}
-	if (inflight && (h = slice_hist(s, HM_INFLIGHT)))
-		hist_record(h, inflight);
+	if (load && (h = slice_hist(s, HM_INFLIGHT)))
+		hist_record(h, load);
 
 	for (unsigned i = 0; i < HM__COUNT; i++)
 		if (metric_sources[i] != RM_NONE)
 			record_milli(s, i, m[metric_sources[i]]);
-	if (inflight) {
+	if (load) {
 		record_milli(s, SLOT_CURVE(CURVE_TTFT, ib), m[RM_TTFT]);
 		record_milli(s, SLOT_CURVE(CURVE_E2E, ib), m[RM_E2E]);
 	}

@@ -42,7 +42,8 @@ enum metric_unit { UNIT_US, UNIT_MILLI, UNIT_COUNT };
 	X(DECODE_RATE, decode_rate, UNIT_MILLI, RM_DECODE_RATE, "Output tokens per second after the first") \
 	X(INPUT_TOKENS, input_tokens, UNIT_COUNT, RM_NONE, "Input (prompt) tokens per request") \
 	X(OUTPUT_TOKENS, output_tokens, UNIT_COUNT, RM_NONE, "Output tokens per request") \
-	X(INFLIGHT, inflight, UNIT_COUNT, RM_NONE, "Requests in flight to the upstream when the request arrived")
+	X(INFLIGHT, inflight, UNIT_COUNT, RM_NONE, \
+	  "Requests on or queued for the upstream when the request was routed, itself included")
 
 enum hist_metric {
 #define X(e, n, u, src, help) HM_##e,
@@ -113,16 +114,18 @@ uint64_t log2_bucket_high(unsigned b, unsigned n);
  * (the sample is then dropped, never the request). */
 struct hist *slice_hist(struct slice *s, unsigned slot);
 
-/* Records one finished request. `inflight` is how many requests were in
- * flight to the upstream when it arrived, itself included. */
-void slice_record_request(struct slice *s, const struct req_record *r, unsigned inflight, const struct slo *slo);
+/* Records one finished request. `load` is how many requests were on or
+ * queued for the upstream when it was routed, itself included (0: not
+ * known); it is stored as the "inflight" histogram and picks the curve
+ * bucket. */
+void slice_record_request(struct slice *s, const struct req_record *r, unsigned load, const struct slo *slo);
 
 /* Records `n` ITL gaps of the same length, in µs rounded to nearest as
  * every other duration is (and as the access log prints them). */
-static inline void slice_record_itl_n(struct slice *s, uint64_t gap_ns, unsigned inflight, uint64_t n)
+static inline void slice_record_itl_n(struct slice *s, uint64_t gap_ns, unsigned load, uint64_t n)
 {
 	struct hist *h = slice_hist(s, HM_ITL);
-	struct hist *c = slice_hist(s, SLOT_CURVE(CURVE_ITL, log2_bucket(inflight, INFLIGHT_BUCKETS)));
+	struct hist *c = slice_hist(s, SLOT_CURVE(CURVE_ITL, log2_bucket(load, INFLIGHT_BUCKETS)));
 	uint64_t us = (gap_ns + 500) / 1000;
 	if (h)
 		hist_record_n(h, us, n);
@@ -131,9 +134,9 @@ static inline void slice_record_itl_n(struct slice *s, uint64_t gap_ns, unsigned
 }
 
 /* Records one ITL gap. */
-static inline void slice_record_itl(struct slice *s, uint64_t gap_ns, unsigned inflight)
+static inline void slice_record_itl(struct slice *s, uint64_t gap_ns, unsigned load)
 {
-	slice_record_itl_n(s, gap_ns, inflight, 1);
+	slice_record_itl_n(s, gap_ns, load, 1);
 }
 
 bool slice_empty(const struct slice *s);

@@ -312,24 +312,24 @@ static void mark_dirty(struct series *se)
 	se->shard->dirty = se;
 }
 
-void stats_record_itl_n(struct series *se, uint64_t gap_ns, unsigned inflight, uint64_t n)
+void stats_record_itl_n(struct series *se, uint64_t gap_ns, unsigned load, uint64_t n)
 {
 	if (!se || n == 0)
 		return;
-	slice_record_itl_n(&se->slice, gap_ns, inflight, n);
+	slice_record_itl_n(&se->slice, gap_ns, load, n);
 	mark_dirty(se);
 }
 
-void stats_record_itl(struct series *se, uint64_t gap_ns, unsigned inflight)
+void stats_record_itl(struct series *se, uint64_t gap_ns, unsigned load)
 {
-	stats_record_itl_n(se, gap_ns, inflight, 1);
+	stats_record_itl_n(se, gap_ns, load, 1);
 }
 
-void stats_record_request(struct series *se, const struct req_record *r, unsigned inflight)
+void stats_record_request(struct series *se, const struct req_record *r, unsigned load)
 {
 	if (!se)
 		return;
-	slice_record_request(&se->slice, r, inflight, &se->shard->slo);
+	slice_record_request(&se->slice, r, load, &se->shard->slo);
 	mark_dirty(se);
 }
 

@@ -40,10 +40,12 @@ void stats_shard_free(struct stats_shard *sh);
 struct series *stats_series(struct stats_shard *sh, const char *route, const char *upstream, const char *model,
 			    bool cold, bool ok);
 
-void stats_record_itl(struct series *se, uint64_t gap_ns, unsigned inflight);
+/* `load`: requests on or queued for the upstream when the request was
+ * routed, itself included (slice.h). */
+void stats_record_itl(struct series *se, uint64_t gap_ns, unsigned load);
 /* `n` gaps of the same length, as one record. */
-void stats_record_itl_n(struct series *se, uint64_t gap_ns, unsigned inflight, uint64_t n);
-void stats_record_request(struct series *se, const struct req_record *r, unsigned inflight);
+void stats_record_itl_n(struct series *se, uint64_t gap_ns, unsigned load, uint64_t n);
+void stats_record_request(struct series *se, const struct req_record *r, unsigned load);
 
 /* Hands the pending deltas to the store now (the timer calls this). */
 void stats_shard_flush(struct stats_shard *sh);
