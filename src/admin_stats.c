@@ -18,7 +18,7 @@
 #include <time.h>
 
 #include "knee.h"
-#include "stats.h"
+#include "series_key.h"
 #include "timeline.h"
 
 /* How a stored unit is shown: key suffix and divisor. */

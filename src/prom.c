@@ -3,8 +3,9 @@
  * started, never reset) as Prometheus text format 0.0.4.
  *
  * Families, each with # HELP and # TYPE, in this order: one histogram
- * tokentap_<metric>_seconds per time metric of HIST_METRICS (names generated
- * from the X-macro), then the counters. Every family lists every (route,
+ * tokentap_<metric>_seconds per time metric of HIST_METRICS (names and help
+ * generated from the X-macro), then the counters (the plain ones from
+ * SLICE_COUNTERS' exported rows). Every family lists every (route,
  * upstream, model) group, warm and cold requests merged, so a series never
  * appears in one family and not in its neighbour. Then the gauges of what
  * runs and waits now, by upstream (prom_render_gauges).
@@ -13,6 +14,7 @@
 
 #include <event2/buffer.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,15 +43,22 @@ static const struct {
 };
 #define LE_COUNT (sizeof(le_bounds) / sizeof(le_bounds[0]))
 
-/* Plain counters of a slice exported as tokentap_<counter name>_total. */
+/* What one sample of each histogram is, from HIST_METRICS. */
+static const char *const hist_help[HM__COUNT] = {
+#define X(e, n, u, src, help) help,
+	HIST_METRICS(X)
+#undef X
+};
+
+/* The counters of SLICE_COUNTERS marked exported, each its own family
+ * tokentap_<counter name>_total, with the list's help. */
 static const struct {
-	enum slice_counter c;
+	bool exported;
 	const char *help;
-} plain_counters[] = {
-	{ CT_INPUT_TOKENS, "Input (prompt) tokens, as the server reported them." },
-	{ CT_OUTPUT_TOKENS, "Output tokens: the server's usage count, else token-bearing events." },
-	{ CT_SLO_MET, "Requests that met the goodput SLO (TTFT and TPOT within bounds)." },
-	{ CT_SLO_MISSED, "Requests that missed the goodput SLO, failed ones included." },
+} counter_export[CT_ERR_BASE] = {
+#define X(e, n, exported, help) { exported, help },
+	SLICE_COUNTERS(X)
+#undef X
 };
 
 size_t prom_le_count(void)
@@ -117,7 +126,7 @@ static void histogram_family(struct writer *w, const struct stats_groups *gs, ch
 {
 	const char *name = hist_metric_name(m);
 
-	emit(w, "# HELP tokentap_%s_seconds %s per request in seconds (definition: docs/metrics.md).\n", name, name);
+	emit(w, "# HELP tokentap_%s_seconds %s, in seconds (definition: docs/metrics.md).\n", name, hist_help[m]);
 	emit(w, "# TYPE tokentap_%s_seconds histogram\n", name);
 	for (size_t i = 0; i < gs->n; i++) {
 		const struct hist *h = gs->g[i].slice.slot[m];
@@ -157,13 +166,15 @@ static void counter_families(struct writer *w, const struct stats_groups *gs, ch
 			     req_error_name((enum req_error)e),
 			     (unsigned long long)gs->g[i].slice.counters[CT_ERR_BASE + e]);
 
-	for (size_t k = 0; k < sizeof(plain_counters) / sizeof(plain_counters[0]); k++) {
-		const char *name = slice_counter_name(plain_counters[k].c);
-		emit(w, "# HELP tokentap_%s_total %s\n", name, plain_counters[k].help);
+	for (unsigned c = 0; c < CT_ERR_BASE; c++) {
+		if (!counter_export[c].exported)
+			continue;
+		const char *name = slice_counter_name(c);
+		emit(w, "# HELP tokentap_%s_total %s\n", name, counter_export[c].help);
 		emit(w, "# TYPE tokentap_%s_total counter\n", name);
 		for (size_t i = 0; i < gs->n; i++)
 			emit(w, "tokentap_%s_total{%s} %llu\n", name, labels[i],
-			     (unsigned long long)gs->g[i].slice.counters[plain_counters[k].c]);
+			     (unsigned long long)gs->g[i].slice.counters[c]);
 	}
 }
 

@@ -18,19 +18,25 @@
 #define SLICE_ENCODING_VERSION 1
 
 static const char *const metric_names[] = {
-#define X(e, n, u) #n,
+#define X(e, n, u, src, help) #n,
 	HIST_METRICS(X)
 #undef X
 };
 
 static const enum metric_unit metric_units[] = {
-#define X(e, n, u) u,
+#define X(e, n, u, src, help) u,
+	HIST_METRICS(X)
+#undef X
+};
+
+static const enum req_metric metric_sources[] = {
+#define X(e, n, u, src, help) src,
 	HIST_METRICS(X)
 #undef X
 };
 
 static const char *const counter_names[CT__COUNT] = {
-#define X(e, n) #n,
+#define X(e, n, exported, help) #n,
 	SLICE_COUNTERS(X)
 #undef X
 #define X(e, n) "errors_" n,
@@ -79,18 +85,21 @@ struct hist *slice_hist(struct slice *s, unsigned slot)
 	return s->slot[slot];
 }
 
-static void record_us(struct slice *s, unsigned slot, double ms)
+/* Records `v`, a value in its shown unit (ms, tokens/s), in thousandths of
+ * it (µs, milli-tokens/s), as the slot stores it; NaN or negative: not
+ * recorded. */
+static void record_milli(struct slice *s, unsigned slot, double v)
 {
 	struct hist *h;
-	if (isnan(ms) || ms < 0 || !(h = slice_hist(s, slot)))
+	if (isnan(v) || v < 0 || !(h = slice_hist(s, slot)))
 		return;
-	hist_record(h, (uint64_t)llround(ms * 1000.0));
+	hist_record(h, (uint64_t)llround(v * 1000.0));
 }
 
-void slice_record_request(struct slice *s, const struct req_record *r, unsigned inflight, const struct slo *slo)
+void slice_record_request(struct slice *s, const struct req_record *r, unsigned load, const struct slo *slo)
 {
 	double m[RM__COUNT];
-	unsigned ib = log2_bucket(inflight, INFLIGHT_BUCKETS);
+	unsigned ib = log2_bucket(load, INFLIGHT_BUCKETS);
 	struct hist *h;
 
 	record_derive(r, m);
@@ -110,24 +119,18 @@ void slice_record_request(struct slice *s, const struct req_record *r, unsigned 
 		if ((h = slice_hist(s, HM_OUTPUT_TOKENS)))
 			hist_record(h, out);
 	}
-	if (inflight && (h = slice_hist(s, HM_INFLIGHT)))
-		hist_record(h, inflight);
+	if (load && (h = slice_hist(s, HM_INFLIGHT)))
+		hist_record(h, load);
 
-	record_us(s, HM_TTFT, m[RM_TTFT]);
-	record_us(s, HM_UPSTREAM_TTFT, m[RM_UPSTREAM_TTFT]);
-	record_us(s, HM_TPOT, m[RM_TPOT]);
-	record_us(s, HM_E2E, m[RM_E2E]);
-	record_us(s, HM_TTFB, m[RM_TTFB]);
-	record_us(s, HM_QUEUE, m[RM_QUEUE]);
-	record_us(s, HM_CONNECT, m[RM_CONNECT]);
-	if (!isnan(m[RM_DECODE_RATE]) && (h = slice_hist(s, HM_DECODE_RATE)))
-		hist_record(h, (uint64_t)llround(m[RM_DECODE_RATE] * 1000.0));
-	if (inflight) {
-		record_us(s, SLOT_CURVE(CURVE_TTFT, ib), m[RM_TTFT]);
-		record_us(s, SLOT_CURVE(CURVE_E2E, ib), m[RM_E2E]);
+	for (unsigned i = 0; i < HM__COUNT; i++)
+		if (metric_sources[i] != RM_NONE)
+			record_milli(s, i, m[metric_sources[i]]);
+	if (load) {
+		record_milli(s, SLOT_CURVE(CURVE_TTFT, ib), m[RM_TTFT]);
+		record_milli(s, SLOT_CURVE(CURVE_E2E, ib), m[RM_E2E]);
 	}
 	if (r->usage.input_tokens >= 0)
-		record_us(s, SLOT_PROMPT(log2_bucket((uint64_t)r->usage.input_tokens, PROMPT_BUCKETS)), m[RM_TTFT]);
+		record_milli(s, SLOT_PROMPT(log2_bucket((uint64_t)r->usage.input_tokens, PROMPT_BUCKETS)), m[RM_TTFT]);
 
 	/* Goodput: a streamed request with tokens meets the SLO when its ttft,
 	 * its mean inter-token time and (when set) its longest inter-token gap

@@ -21,45 +21,56 @@
 
 enum metric_unit { UNIT_US, UNIT_MILLI, UNIT_COUNT };
 
-/* (ENUM, name, stored unit). Times are stored in µs and shown in ms; decode
- * rate is stored in milli-tokens/s and shown in tokens/s. */
+/* (ENUM, name, stored unit, source, help). Times are stored in µs and
+ * shown in ms; decode rate is stored in milli-tokens/s and shown in
+ * tokens/s. `source`: the per-request metric (timeline.h)
+ * slice_record_request records it from, RM_NONE for the ones their own code
+ * records (gaps, token counts, load). `help`: what one sample is, for the
+ * Prometheus # HELP line of the time metrics (prom.c; docs/metrics.md has
+ * the definitions). Stored slices index their histograms by position
+ * (HM_*, then the curve slots): the rows do not move. */
 #define HIST_METRICS(X) \
-	X(TTFT, ttft, UNIT_US) \
-	X(UPSTREAM_TTFT, upstream_ttft, UNIT_US) \
-	X(ITL, itl, UNIT_US) \
-	X(TPOT, tpot, UNIT_US) \
-	X(E2E, e2e, UNIT_US) \
-	X(TTFB, ttfb, UNIT_US) \
-	X(QUEUE, queue, UNIT_US) \
-	X(CONNECT, connect, UNIT_US) \
-	X(DECODE_RATE, decode_rate, UNIT_MILLI) \
-	X(INPUT_TOKENS, input_tokens, UNIT_COUNT) \
-	X(OUTPUT_TOKENS, output_tokens, UNIT_COUNT) \
-	X(INFLIGHT, inflight, UNIT_COUNT)
+	X(TTFT, ttft, UNIT_US, RM_TTFT, "Time to first token at the proxy, from the request's arrival") \
+	X(UPSTREAM_TTFT, upstream_ttft, UNIT_US, RM_UPSTREAM_TTFT, \
+	  "The upstream's share of time to first token, from the request sent") \
+	X(ITL, itl, UNIT_US, RM_NONE, "Inter-token latency: one sample per gap between token events") \
+	X(TPOT, tpot, UNIT_US, RM_TPOT, "Mean time per output token after the first") \
+	X(E2E, e2e, UNIT_US, RM_E2E, "Whole request, from its arrival to the end of the response") \
+	X(TTFB, ttfb, UNIT_US, RM_TTFB, "Time until the upstream answered with headers, from the request's arrival") \
+	X(QUEUE, queue, UNIT_US, RM_QUEUE, "Wait in tokentap's admission queue for an upstream slot") \
+	X(CONNECT, connect, UNIT_US, RM_CONNECT, "Connection and TLS set-up to the upstream; 0 on a reused one") \
+	X(DECODE_RATE, decode_rate, UNIT_MILLI, RM_DECODE_RATE, "Output tokens per second after the first") \
+	X(INPUT_TOKENS, input_tokens, UNIT_COUNT, RM_NONE, "Input (prompt) tokens per request") \
+	X(OUTPUT_TOKENS, output_tokens, UNIT_COUNT, RM_NONE, "Output tokens per request") \
+	X(INFLIGHT, inflight, UNIT_COUNT, RM_NONE, \
+	  "Requests on or queued for the upstream when the request was routed, itself included")
 
 enum hist_metric {
-#define X(e, n, u) HM_##e,
+#define X(e, n, u, src, help) HM_##e,
 	HIST_METRICS(X)
 #undef X
 		HM__COUNT
 };
 
-/* Counters; errors by kind follow them, one per enum req_error. */
+/* Counters, (ENUM, name, exported, help); errors by kind follow them, one
+ * per enum req_error. `exported`: a Prometheus family of its own,
+ * tokentap_<name>_total, with `help` as its # HELP (prom.c); the status
+ * classes are exported together as tokentap_requests_total. */
 #define SLICE_COUNTERS(X) \
-	X(REQUESTS, requests) \
-	X(STATUS_NONE, status_none) \
-	X(STATUS_1XX, status_1xx) \
-	X(STATUS_2XX, status_2xx) \
-	X(STATUS_3XX, status_3xx) \
-	X(STATUS_4XX, status_4xx) \
-	X(STATUS_5XX, status_5xx) \
-	X(INPUT_TOKENS, input_tokens) \
-	X(OUTPUT_TOKENS, output_tokens) \
-	X(SLO_MET, slo_met) \
-	X(SLO_MISSED, slo_missed)
+	X(REQUESTS, requests, 0, "Requests finished.") \
+	X(STATUS_NONE, status_none, 0, "Requests finished with no status sent.") \
+	X(STATUS_1XX, status_1xx, 0, "Requests finished with a 1xx status.") \
+	X(STATUS_2XX, status_2xx, 0, "Requests finished with a 2xx status.") \
+	X(STATUS_3XX, status_3xx, 0, "Requests finished with a 3xx status.") \
+	X(STATUS_4XX, status_4xx, 0, "Requests finished with a 4xx status.") \
+	X(STATUS_5XX, status_5xx, 0, "Requests finished with a 5xx status.") \
+	X(INPUT_TOKENS, input_tokens, 1, "Input (prompt) tokens, as the server reported them.") \
+	X(OUTPUT_TOKENS, output_tokens, 1, "Output tokens: the server's usage count, else token-bearing events.") \
+	X(SLO_MET, slo_met, 1, "Requests that met the goodput SLO (TTFT and TPOT within bounds).") \
+	X(SLO_MISSED, slo_missed, 1, "Requests that missed the goodput SLO, failed ones included.")
 
 enum slice_counter {
-#define X(e, n) CT_##e,
+#define X(e, n, exported, help) CT_##e,
 	SLICE_COUNTERS(X)
 #undef X
 		CT_ERR_BASE,
@@ -103,16 +114,18 @@ uint64_t log2_bucket_high(unsigned b, unsigned n);
  * (the sample is then dropped, never the request). */
 struct hist *slice_hist(struct slice *s, unsigned slot);
 
-/* Records one finished request. `inflight` is how many requests were in
- * flight to the upstream when it arrived, itself included. */
-void slice_record_request(struct slice *s, const struct req_record *r, unsigned inflight, const struct slo *slo);
+/* Records one finished request. `load` is how many requests were on or
+ * queued for the upstream when it was routed, itself included (0: not
+ * known); it is stored as the "inflight" histogram and picks the curve
+ * bucket. */
+void slice_record_request(struct slice *s, const struct req_record *r, unsigned load, const struct slo *slo);
 
 /* Records `n` ITL gaps of the same length, in µs rounded to nearest as
  * every other duration is (and as the access log prints them). */
-static inline void slice_record_itl_n(struct slice *s, uint64_t gap_ns, unsigned inflight, uint64_t n)
+static inline void slice_record_itl_n(struct slice *s, uint64_t gap_ns, unsigned load, uint64_t n)
 {
 	struct hist *h = slice_hist(s, HM_ITL);
-	struct hist *c = slice_hist(s, SLOT_CURVE(CURVE_ITL, log2_bucket(inflight, INFLIGHT_BUCKETS)));
+	struct hist *c = slice_hist(s, SLOT_CURVE(CURVE_ITL, log2_bucket(load, INFLIGHT_BUCKETS)));
 	uint64_t us = (gap_ns + 500) / 1000;
 	if (h)
 		hist_record_n(h, us, n);
@@ -121,9 +134,9 @@ static inline void slice_record_itl_n(struct slice *s, uint64_t gap_ns, unsigned
 }
 
 /* Records one ITL gap. */
-static inline void slice_record_itl(struct slice *s, uint64_t gap_ns, unsigned inflight)
+static inline void slice_record_itl(struct slice *s, uint64_t gap_ns, unsigned load)
 {
-	slice_record_itl_n(s, gap_ns, inflight, 1);
+	slice_record_itl_n(s, gap_ns, load, 1);
 }
 
 bool slice_empty(const struct slice *s);

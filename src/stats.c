@@ -94,41 +94,6 @@ struct stats_shard {
 	uint64_t flush_ms;
 };
 
-int series_key_parse(const char *key, size_t len, const char **route, const char **upstream, const char **model,
-		     bool *cold)
-{
-	const char *p = key, *end = key + len;
-	const char *parts[3];
-
-	for (int i = 0; i < 3; i++) {
-		const char *z = memchr(p, '\0', (size_t)(end - p));
-		if (!z)
-			return -1;
-		parts[i] = p;
-		p = z + 1;
-	}
-	if (end - p != 1 || (*p != '0' && *p != '1'))
-		return -1;
-	*route = parts[0];
-	*upstream = parts[1];
-	*model = parts[2];
-	*cold = *p == '1';
-	return 0;
-}
-
-static size_t key_build(char *out, const char *route, const char *upstream, const char *model, bool cold)
-{
-	size_t lr = strlen(route), lu = strlen(upstream), lm = strlen(model);
-
-	if (lr + lu + lm + 4 > SERIES_KEY_MAX)
-		return 0;
-	memcpy(out, route, lr + 1);
-	memcpy(out + lr + 1, upstream, lu + 1);
-	memcpy(out + lr + lu + 2, model, lm + 1);
-	out[lr + lu + lm + 3] = cold ? '1' : '0';
-	return lr + lu + lm + 4;
-}
-
 static uint64_t fnv1a(const char *p, size_t n)
 {
 	uint64_t h = 1469598103934665603ull;
@@ -307,10 +272,10 @@ struct series *stats_series(struct stats_shard *sh, const char *route, const cha
 		return NULL;
 	if (!model || !*model)
 		model = SERIES_MODEL_UNKNOWN;
-	len = key_build(key, route, upstream, model, cold);
+	len = series_key_build(key, route, upstream, model, cold);
 	if (!len) {
 		model = SERIES_MODEL_OTHER;
-		len = key_build(key, route, upstream, model, cold);
+		len = series_key_build(key, route, upstream, model, cold);
 	}
 	hash = fnv1a(key, len);
 	s = lookup(sh, key, len, hash);
@@ -326,7 +291,7 @@ struct series *stats_series(struct stats_shard *sh, const char *route, const cha
 		if (!s)
 			s = insert(sh, key, len, hash);
 	} else {
-		len = key_build(key, route, upstream, SERIES_MODEL_OTHER, cold);
+		len = series_key_build(key, route, upstream, SERIES_MODEL_OTHER, cold);
 		hash = fnv1a(key, len);
 		if (!(s = lookup(sh, key, len, hash)))
 			s = insert(sh, key, len, hash);
@@ -347,24 +312,24 @@ static void mark_dirty(struct series *se)
 	se->shard->dirty = se;
 }
 
-void stats_record_itl_n(struct series *se, uint64_t gap_ns, unsigned inflight, uint64_t n)
+void stats_record_itl_n(struct series *se, uint64_t gap_ns, unsigned load, uint64_t n)
 {
 	if (!se || n == 0)
 		return;
-	slice_record_itl_n(&se->slice, gap_ns, inflight, n);
+	slice_record_itl_n(&se->slice, gap_ns, load, n);
 	mark_dirty(se);
 }
 
-void stats_record_itl(struct series *se, uint64_t gap_ns, unsigned inflight)
+void stats_record_itl(struct series *se, uint64_t gap_ns, unsigned load)
 {
-	stats_record_itl_n(se, gap_ns, inflight, 1);
+	stats_record_itl_n(se, gap_ns, load, 1);
 }
 
-void stats_record_request(struct series *se, const struct req_record *r, unsigned inflight)
+void stats_record_request(struct series *se, const struct req_record *r, unsigned load)
 {
 	if (!se)
 		return;
-	slice_record_request(&se->slice, r, inflight, &se->shard->slo);
+	slice_record_request(&se->slice, r, load, &se->shard->slo);
 	mark_dirty(se);
 }
 

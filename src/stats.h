@@ -18,21 +18,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "series_key.h"
 #include "slice.h"
 
 struct event_base;
 struct store;
 struct stats_shard;
 struct series;
-
-/* One series' identity, serialized as "route\0upstream\0model\0" + '0'|'1'. */
-#define SERIES_KEY_MAX 512
-#define SERIES_MODEL_OTHER "other"
-#define SERIES_MODEL_UNKNOWN "unknown"
-
-/* Splits a serialized key; returns 0 or -1 when it is malformed. */
-int series_key_parse(const char *key, size_t len, const char **route, const char **upstream, const char **model,
-		     bool *cold);
 
 /* `model_idle_ms`: how long a model name must go unused before a new name
  * may take its slot in a full list; 0: never. */
@@ -48,10 +40,12 @@ void stats_shard_free(struct stats_shard *sh);
 struct series *stats_series(struct stats_shard *sh, const char *route, const char *upstream, const char *model,
 			    bool cold, bool ok);
 
-void stats_record_itl(struct series *se, uint64_t gap_ns, unsigned inflight);
+/* `load`: requests on or queued for the upstream when the request was
+ * routed, itself included (slice.h). */
+void stats_record_itl(struct series *se, uint64_t gap_ns, unsigned load);
 /* `n` gaps of the same length, as one record. */
-void stats_record_itl_n(struct series *se, uint64_t gap_ns, unsigned inflight, uint64_t n);
-void stats_record_request(struct series *se, const struct req_record *r, unsigned inflight);
+void stats_record_itl_n(struct series *se, uint64_t gap_ns, unsigned load, uint64_t n);
+void stats_record_request(struct series *se, const struct req_record *r, unsigned load);
 
 /* Hands the pending deltas to the store now (the timer calls this). */
 void stats_shard_flush(struct stats_shard *sh);

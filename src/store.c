@@ -1,7 +1,9 @@
 /*
- * store.c — the LMDB writer thread, the per-second ring and window queries.
- * The day packs the writer makes of old hour slices are in store_pack.c;
- * what the two files share is in store_int.h.
+ * store.c — the LMDB writer thread, the per-second ring, the lifetime
+ * total behind /metrics, and opening and closing the store. The window
+ * queries are in store_query.c, the stats held in memory while commits
+ * fail in store_held.c, the day packs the writer makes of old hour slices
+ * in store_pack.c; what the files share is in store_int.h.
  *
  * Invariants:
  *   - only the writer thread opens LMDB write transactions, except a reset,
@@ -11,15 +13,9 @@
  *     transaction holds for reading, because LMDB requires that no
  *     transaction be active in the process while it resizes;
  *   - the ring is touched only under ring_lock;
- *   - while commits fail (map or disk full), what could not be written is
- *     held in memory, one merged batch per minute, until a commit succeeds;
- *     it moves to disk under held_lock held for writing, which queries hold
- *     for reading across their LMDB read, so no minute is counted twice or
- *     missed; lock order: held_lock, then map_lock;
  *   - an hour of a series is in its 'h' slice, its day pack ('d'), or
  *     both (a late delta not packed yet), and readers add them up; an
- *     hour moves into its pack in one write transaction, and a query reads
- *     both kinds in one read transaction, so it counts each hour once;
+ *     hour moves into its pack in one write transaction (store_pack.c);
  *   - a database that does not read back at start-up is moved aside, never
  *     opened in this process: the check that reads it runs in a child, so
  *     that LMDB faulting on a damaged page cannot take tokentap down.
@@ -36,7 +32,6 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -47,10 +42,6 @@
 
 #define STORE_LAYOUT "tokentap-stats-2" /* 2: histograms with geometric buckets from 1024 (hist.h) */
 #define QUEUE_MAX 600			/* batches waiting for the writer before the oldest is dropped */
-#define HELD_MAX (64u << 20)		/* bytes of unwritten stats kept while commits fail */
-#define RETRY_MIN_S 1			/* first retry after a failed commit; doubles ... */
-#define RETRY_MAX_S 60			/* ... up to this */
-#define FAULT_QUIET_S 600		/* the same fault back this soon is not said again */
 /* Day packs rewritten per pass: a busy series' day costs the writer 10-20 ms
  * on a loaded 2-core machine, so a pass takes about as long as a flush of
  * 100 series, and 100 series are packed over 13 flushes. */
@@ -89,11 +80,6 @@ void store_options_defaults(struct store_options *o)
 	o->set_aside_corrupt = true;
 }
 
-static uint64_t unix_now(void)
-{
-	return (uint64_t)time(NULL);
-}
-
 void store_batch_free(struct store_batch *b)
 {
 	if (!b)
@@ -102,46 +88,6 @@ void store_batch_free(struct store_batch *b)
 		free(b->items[i].blob);
 	free(b->items);
 	free(b);
-}
-
-/* ---- result building ---- */
-
-static struct store_series *result_find(struct store_result *r, const char *key, size_t keylen)
-{
-	for (size_t i = 0; i < r->n; i++)
-		if (r->series[i].keylen == keylen && memcmp(r->series[i].key, key, keylen) == 0)
-			return &r->series[i];
-	return NULL;
-}
-
-static struct store_series *result_series(struct store_result *r, const char *key, size_t keylen)
-{
-	for (size_t i = 0; i < r->n; i++)
-		if (r->series[i].keylen == keylen && memcmp(r->series[i].key, key, keylen) == 0)
-			return &r->series[i];
-	if (keylen >= SERIES_KEY_MAX)
-		return NULL;
-	if (r->n == r->cap) {
-		size_t cap = r->cap ? r->cap * 2 : 16;
-		struct store_series *p = realloc(r->series, cap * sizeof(*p));
-		if (!p)
-			return NULL;
-		r->series = p;
-		r->cap = cap;
-	}
-	struct store_series *s = &r->series[r->n++];
-	memset(s, 0, sizeof(*s));
-	memcpy(s->key, key, keylen);
-	s->keylen = keylen;
-	return s;
-}
-
-void store_result_free(struct store_result *r)
-{
-	for (size_t i = 0; i < r->n; i++)
-		slice_release(&r->series[i].slice);
-	free(r->series);
-	memset(r, 0, sizeof(*r));
 }
 
 /* ---- the ring ---- */
@@ -186,7 +132,7 @@ static void life_add(struct store *st, const struct store_batch *b)
 
 	pthread_mutex_lock(&st->life_lock);
 	for (size_t i = 0; i < b->n; i++) {
-		struct store_series *se = result_series(&st->life, b->items[i].key, b->items[i].keylen);
+		struct store_series *se = store_result_series(&st->life, b->items[i].key, b->items[i].keylen);
 		if (!se) {
 			log_warn("store: out of memory: a delta is missing from the lifetime counts");
 			continue;
@@ -205,47 +151,6 @@ static void life_add(struct store *st, const struct store_batch *b)
 		}
 	}
 	pthread_mutex_unlock(&st->life_lock);
-}
-
-int store_query_lifetime(struct store *st, struct store_result *out)
-{
-	int rc = 0;
-
-	memset(out, 0, sizeof(*out));
-	out->end_sec = unix_now();
-	pthread_mutex_lock(&st->life_lock);
-	out->start_sec = st->life_since;
-	if (st->life.n && !(out->series = calloc(st->life.n, sizeof(*out->series))))
-		rc = -1;
-	for (size_t i = 0; i < st->life.n && rc == 0; i++) {
-		const struct store_series *from = &st->life.series[i];
-		struct store_series *se = &out->series[out->n++];
-		memcpy(se->key, from->key, from->keylen);
-		se->keylen = from->keylen;
-		slice_merge(&se->slice, &from->slice);
-	}
-	out->cap = out->n;
-	pthread_mutex_unlock(&st->life_lock);
-	if (rc == -1)
-		store_result_free(out);
-	return rc;
-}
-
-static int ring_query(struct store *st, uint64_t from, uint64_t to, struct store_result *r)
-{
-	pthread_mutex_lock(&st->ring_lock);
-	for (unsigned i = 0; i < RING_SECONDS; i++) {
-		struct ring_slot *s = &st->ring[i];
-		if (s->sec < from || s->sec > to)
-			continue;
-		for (size_t j = 0; j < s->n; j++) {
-			struct store_series *se = result_series(r, s->items[j].key, s->items[j].keylen);
-			if (se && slice_decode_merge(&se->slice, s->items[j].blob, s->items[j].len) == -1)
-				log_warn("store: undecodable slice in the live ring skipped");
-		}
-	}
-	pthread_mutex_unlock(&st->ring_lock);
-	return 0;
 }
 
 /* ---- LMDB ---- */
@@ -429,7 +334,7 @@ static int merge_into(struct store *st, MDB_txn *txn, const uint8_t k9[9], const
 	return rc;
 }
 
-static int commit_batches(struct store *st, struct store_batch *list)
+int store_commit_batches(struct store *st, struct store_batch *list)
 {
 	MDB_txn *txn;
 	int rc;
@@ -483,277 +388,6 @@ static int commit_batches(struct store *st, struct store_batch *list)
 		}
 	}
 	return rc;
-}
-
-/* ---- held in memory while commits fail ---- */
-
-/* "256 KiB", "64 MiB", "2 GiB": sizes in messages. */
-static const char *size_text(char *buf, size_t n, uint64_t bytes)
-{
-	if (bytes >= (1u << 30) && bytes % (1u << 30) == 0)
-		snprintf(buf, n, "%llu GiB", (unsigned long long)(bytes >> 30));
-	else if (bytes >= (1u << 20))
-		snprintf(buf, n, "%llu MiB", (unsigned long long)(bytes >> 20));
-	else
-		snprintf(buf, n, "%llu KiB", (unsigned long long)(bytes >> 10));
-	return buf;
-}
-
-static void held_free_batch(struct store *st, struct store_batch *h)
-{
-	for (size_t i = 0; i < h->n; i++)
-		st->held_bytes -= h->items[i].len;
-	store_batch_free(h);
-}
-
-/* Frees everything held. Caller holds held_lock for writing. */
-static void held_clear(struct store *st)
-{
-	while (st->held_head) {
-		struct store_batch *h = st->held_head;
-		st->held_head = h->next;
-		held_free_batch(st, h);
-	}
-	st->held_tail = NULL;
-}
-
-static size_t held_minutes(const struct store *st)
-{
-	size_t n = 0;
-	for (const struct store_batch *h = st->held_head; h; h = h->next)
-		n++;
-	return n;
-}
-
-/* The held batch of `minute`, created in order when new; NULL when out of
- * memory. Almost always the newest; batches from several workers can come
- * a little out of order, so an older minute is looked for from the start. */
-static struct store_batch *held_minute(struct store *st, uint64_t minute)
-{
-	struct store_batch *prev = NULL, *h;
-
-	if (st->held_tail && st->held_tail->sec / 60 <= minute) {
-		if (st->held_tail->sec / 60 == minute)
-			return st->held_tail;
-		prev = st->held_tail;
-		h = NULL;
-	} else {
-		for (h = st->held_head; h && h->sec / 60 < minute; h = h->next)
-			prev = h;
-	}
-	if (h && h->sec / 60 == minute)
-		return h;
-	struct store_batch *nb = calloc(1, sizeof(*nb));
-	if (!nb)
-		return NULL;
-	nb->sec = minute * 60;
-	nb->next = h;
-	if (prev)
-		prev->next = nb;
-	else
-		st->held_head = nb;
-	if (!h)
-		st->held_tail = nb;
-	return nb;
-}
-
-/* Adds one series' delta to its minute: merged into what is held for that
- * series, or copied. A delta that does not decode is dropped, as
- * merge_into drops it. -1 when out of memory. */
-static int held_item(struct store *st, struct store_batch *h, const struct store_item *it)
-{
-	struct slice s;
-	uint8_t *blob;
-	size_t len, i;
-
-	for (i = 0; i < h->n; i++)
-		if (h->items[i].keylen == it->keylen && memcmp(h->items[i].key, it->key, it->keylen) == 0)
-			break;
-	if (i < h->n) {
-		memset(&s, 0, sizeof(s));
-		if (slice_decode_merge(&s, h->items[i].blob, h->items[i].len) == -1 ||
-		    slice_decode_merge(&s, it->blob, it->len) == -1) {
-			slice_release(&s);
-			return 0;
-		}
-		len = slice_encode(&s, &blob);
-		slice_release(&s);
-		if (!len)
-			return -1;
-		st->held_bytes = st->held_bytes - h->items[i].len + len;
-		free(h->items[i].blob);
-		h->items[i].blob = blob;
-		h->items[i].len = len;
-		return 0;
-	}
-	if (h->n == h->cap) {
-		size_t cap = h->cap ? h->cap * 2 : 8;
-		struct store_item *p = realloc(h->items, cap * sizeof(*p));
-		if (!p)
-			return -1;
-		h->items = p;
-		h->cap = cap;
-	}
-	if (!(blob = malloc(it->len)))
-		return -1;
-	memcpy(blob, it->blob, it->len);
-	h->items[h->n] = *it;
-	h->items[h->n].blob = blob;
-	h->n++;
-	st->held_bytes += it->len;
-	return 0;
-}
-
-/* Holds the batches of `list` (copies: the ring takes the originals), then
- * keeps the total under HELD_MAX by dropping the oldest minutes. */
-static void held_add(struct store *st, const struct store_batch *list)
-{
-	char sz[32];
-	size_t lost = 0;
-
-	pthread_rwlock_wrlock(&st->held_lock);
-	for (const struct store_batch *b = list; b; b = b->next) {
-		struct store_batch *h = held_minute(st, b->sec / 60);
-		for (size_t i = 0; i < b->n; i++)
-			if (!h || held_item(st, h, &b->items[i]) == -1)
-				lost++;
-	}
-	while (st->held_bytes > HELD_MAX && st->held_head && st->held_head != st->held_tail) {
-		struct store_batch *h = st->held_head;
-		st->held_head = h->next;
-		held_free_batch(st, h);
-		if (st->held_lost++ == 0)
-			log_warn(
-				"store: %s of unwritten stats are held in memory, the most it keeps; from now on the "
-				"oldest minute is dropped for each new one",
-				size_text(sz, sizeof(sz), HELD_MAX));
-	}
-	pthread_rwlock_unlock(&st->held_lock);
-	if (lost)
-		log_warn("store: out of memory: %zu series delta(s) of stats lost", lost);
-}
-
-/* Adds the held minutes in from..to (minute numbers) to `r`. Caller holds
- * held_lock. Held slices keep their load curves: added whole, they give the
- * curves of the window as hour slices would. */
-static void held_query(struct store *st, uint64_t from, uint64_t to, struct store_result *r)
-{
-	for (const struct store_batch *h = st->held_head; h; h = h->next) {
-		uint64_t minute = h->sec / 60;
-		if (minute < from || minute > to)
-			continue;
-		for (size_t i = 0; i < h->n; i++) {
-			struct store_series *se = result_series(r, h->items[i].key, h->items[i].keylen);
-			if (se && slice_decode_merge(&se->slice, h->items[i].blob, h->items[i].len) == -1)
-				log_warn("store: undecodable slice held in memory skipped");
-		}
-	}
-}
-
-/* Why a commit failed, for an operator: which limit, and what makes room. */
-static void fault_text(struct store *st, int rc, char *out, size_t n)
-{
-	struct statvfs fs;
-	char sz[32];
-	uint64_t avail = UINT64_MAX;
-
-	if (statvfs(st->dir, &fs) == 0)
-		avail = (uint64_t)fs.f_bavail * fs.f_frsize;
-	if (rc == MDB_MAP_FULL)
-		snprintf(out, n,
-			 "the database reached its size limit of %s (store.max_size); a higher limit or "
-			 "shorter retention makes room",
-			 size_text(sz, sizeof(sz), st->opt.map_size_max));
-	else if (rc == ENOSPC || (rc == EIO && avail < (64u << 10)))
-		snprintf(out, n, "its filesystem is full (%s, %s free)", mdb_strerror(rc),
-			 size_text(sz, sizeof(sz), avail));
-	else if (rc == EDQUOT)
-		snprintf(out, n, "the disk quota is used up (%s)", mdb_strerror(rc));
-	else if (rc == EFBIG)
-		snprintf(out, n, "the file size limit was reached (%s)", mdb_strerror(rc));
-	else if (rc == MDB_PANIC)
-		snprintf(out, n, "%s; restart tokentap to reopen the database", mdb_strerror(rc));
-	else
-		snprintf(out, n, "%s", mdb_strerror(rc));
-}
-
-/* Commits `list`, growing the map once if it is full. */
-static int commit_grow(struct store *st, struct store_batch *list)
-{
-	int rc = commit_batches(st, list);
-	if (rc == MDB_MAP_FULL && store_map_grow(st) == 0)
-		rc = commit_batches(st, list);
-	return rc;
-}
-
-/* Tries to write what is held; leaves fault mode when that works. With
- * `last` (shutdown), a failure is final and says what is lost. */
-static void held_retry(struct store *st, uint64_t now, bool last)
-{
-	size_t minutes;
-	int rc;
-
-	pthread_rwlock_wrlock(&st->held_lock);
-	minutes = held_minutes(st);
-	/* an empty commit writes nothing and so proves nothing */
-	rc = minutes ? commit_grow(st, st->held_head) : -1;
-	if (rc == 0)
-		held_clear(st);
-	pthread_rwlock_unlock(&st->held_lock);
-	if (rc == 0) {
-		log_msg(st->end_level,
-			"store: writing to %s again after %llu s; the %zu minute(s) of stats held in memory are "
-			"committed%s",
-			st->dir, (unsigned long long)(now - st->fault_since), minutes,
-			st->held_lost ? " (older ones were dropped, see above)" : "");
-		st->fault = 0;
-		return;
-	}
-	if (last) {
-		if (minutes)
-			log_error("store: %zu minute(s) of stats held in memory could not be written and are lost: %s",
-				  minutes, rc == -1 ? "nothing to write" : mdb_strerror(rc));
-		return;
-	}
-	if (rc != -1)
-		log_debug("store: commit retried, still failing: %s", mdb_strerror(rc));
-	st->retry_s = st->retry_s * 2 > RETRY_MAX_S ? RETRY_MAX_S : st->retry_s * 2;
-	st->retry_at = now + st->retry_s;
-}
-
-/* Commits `list`, or holds it in memory while commits fail: a failed commit
- * is said once, with its cause, and retried with backoff; forwarding and
- * the live windows never notice. */
-static void writer_commit(struct store *st, struct store_batch *list, uint64_t now)
-{
-	char why[256];
-
-	if (!st->fault) {
-		int rc = commit_grow(st, list);
-		if (rc == 0)
-			return;
-		fault_text(st, rc, why, sizeof(why));
-		if (rc != st->said_fault || now - st->said_at >= FAULT_QUIET_S) {
-			st->said_fault = rc;
-			st->said_at = now;
-			st->fault_level = LOG_ERROR;
-			st->end_level = LOG_INFO;
-		} else {
-			st->fault_level = st->end_level = LOG_DEBUG;
-		}
-		log_msg(st->fault_level,
-			"store: cannot commit stats to %s: %s; forwarding goes on, new stats are kept in memory (up to "
-			"%u MiB) and served from there, and writing is retried until it succeeds",
-			st->dir, why, HELD_MAX >> 20);
-		st->fault = rc;
-		st->fault_since = now;
-		st->held_lost = 0;
-		st->retry_s = RETRY_MIN_S;
-		st->retry_at = now + RETRY_MIN_S;
-	}
-	held_add(st, list);
-	if (now >= st->retry_at)
-		held_retry(st, now, false);
 }
 
 /* Deletes 'm', 'h' and 'd' slices older than their retention. */
@@ -833,14 +467,14 @@ static void *writer_main(void *arg)
 		if (!list) {
 			/* a timed retry, or the last chance before shutdown */
 			if (st->env && st->fault)
-				held_retry(st, now, stopping);
+				store_held_retry(st, now, stopping);
 			if (stopping)
 				return NULL;
 			pthread_mutex_lock(&st->q_lock);
 			continue;
 		}
 		if (st->env)
-			writer_commit(st, list, now);
+			store_commit_or_hold(st, list, now);
 		for (struct store_batch *b = list, *next; b; b = next) {
 			next = b->next;
 			life_add(st, b);
@@ -913,7 +547,7 @@ void store_sync(struct store *st)
 
 /* ---- open / close ---- */
 
-static int check_rc(int rc, const char *what, char *err, size_t errlen)
+int store_check_rc(int rc, const char *what, char *err, size_t errlen)
 {
 	if (rc)
 		snprintf(err, errlen, "store: %s: %s", what, mdb_strerror(rc));
@@ -957,14 +591,14 @@ static int load_layout(struct store *st, char *err, size_t errlen)
 	bool empty = false;
 	int rc;
 
-	if (check_rc(mdb_txn_begin(st->env, NULL, 0, &txn), "begin", err, errlen))
+	if (store_check_rc(mdb_txn_begin(st->env, NULL, 0, &txn), "begin", err, errlen))
 		return -1;
 	k.mv_data = "layout";
 	k.mv_size = 6;
 	rc = mdb_dbi_open(txn, "meta", 0, &st->dbi_meta);
 	if (rc == MDB_NOTFOUND) {
 		/* A new store, unless something else lives here. */
-		if (check_rc(env_empty(txn, &empty), "read the database", err, errlen))
+		if (store_check_rc(env_empty(txn, &empty), "read the database", err, errlen))
 			goto fail;
 		if (!empty) {
 			say_foreign(st, "it has records but no tokentap layout record", err, errlen);
@@ -972,19 +606,19 @@ static int load_layout(struct store *st, char *err, size_t errlen)
 		}
 		v.mv_data = STORE_LAYOUT;
 		v.mv_size = strlen(STORE_LAYOUT);
-		if (check_rc(mdb_dbi_open(txn, "meta", MDB_CREATE, &st->dbi_meta), "open meta", err, errlen) ||
-		    check_rc(mdb_put(txn, st->dbi_meta, &k, &v, 0), "write layout", err, errlen))
+		if (store_check_rc(mdb_dbi_open(txn, "meta", MDB_CREATE, &st->dbi_meta), "open meta", err, errlen) ||
+		    store_check_rc(mdb_put(txn, st->dbi_meta, &k, &v, 0), "write layout", err, errlen))
 			goto fail;
 	} else if (rc == MDB_INCOMPATIBLE) {
 		say_foreign(st, "its 'meta' is a record, not a database", err, errlen);
 		goto fail;
-	} else if (check_rc(rc, "open meta", err, errlen)) {
+	} else if (store_check_rc(rc, "open meta", err, errlen)) {
 		goto fail;
 	} else if ((rc = mdb_get(txn, st->dbi_meta, &k, &v)) == MDB_NOTFOUND) {
 		say_foreign(st, "its meta database has no layout record", err, errlen);
 		goto fail;
 	} else if (rc) {
-		check_rc(rc, "read layout", err, errlen);
+		store_check_rc(rc, "read layout", err, errlen);
 		goto fail;
 	} else if (v.mv_size != strlen(STORE_LAYOUT) || memcmp(v.mv_data, STORE_LAYOUT, v.mv_size) != 0) {
 		char what[128];
@@ -1000,11 +634,12 @@ static int load_layout(struct store *st, char *err, size_t errlen)
 		}
 		goto fail;
 	}
-	if (check_rc(mdb_dbi_open(txn, "series", MDB_CREATE, &st->dbi_series), "open series", err, errlen) ||
-	    check_rc(mdb_dbi_open(txn, "series_by_id", MDB_CREATE, &st->dbi_by_id), "open series_by_id", err, errlen) ||
-	    check_rc(mdb_dbi_open(txn, "slices", MDB_CREATE, &st->dbi_slices), "open slices", err, errlen))
+	if (store_check_rc(mdb_dbi_open(txn, "series", MDB_CREATE, &st->dbi_series), "open series", err, errlen) ||
+	    store_check_rc(mdb_dbi_open(txn, "series_by_id", MDB_CREATE, &st->dbi_by_id), "open series_by_id", err,
+			   errlen) ||
+	    store_check_rc(mdb_dbi_open(txn, "slices", MDB_CREATE, &st->dbi_slices), "open slices", err, errlen))
 		goto fail;
-	if (check_rc(mdb_cursor_open(txn, st->dbi_series, &cur), "cursor", err, errlen))
+	if (store_check_rc(mdb_cursor_open(txn, st->dbi_series, &cur), "cursor", err, errlen))
 		goto fail;
 	while ((rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) == 0) {
 		if (v.mv_size != 4 || k.mv_size >= SERIES_KEY_MAX)
@@ -1013,7 +648,7 @@ static int load_layout(struct store *st, char *err, size_t errlen)
 			break;
 	}
 	mdb_cursor_close(cur);
-	if (check_rc(mdb_txn_commit(txn), "commit", err, errlen))
+	if (store_check_rc(mdb_txn_commit(txn), "commit", err, errlen))
 		return -1;
 	return 0;
 fail:
@@ -1135,7 +770,7 @@ struct store *store_open(const struct store_options *o, char *err, size_t errlen
 			if (db_set_aside(st, why, err, errlen) == -1)
 				goto fail;
 		}
-		if (check_rc(mdb_env_create(&st->env), "create", err, errlen))
+		if (store_check_rc(mdb_env_create(&st->env), "create", err, errlen))
 			goto fail;
 		mdb_env_set_maxdbs(st->env, 8);
 		mdb_env_set_mapsize(st->env, (size_t)st->map_size);
@@ -1195,7 +830,7 @@ void store_close(struct store *st)
 		st->q_head = b->next;
 		store_batch_free(b);
 	}
-	held_clear(st);
+	store_held_clear(st);
 	store_result_free(&st->life);
 	slice_release(&st->life_scratch);
 	pthread_rwlock_destroy(&st->map_lock);
@@ -1207,262 +842,6 @@ void store_close(struct store *st)
 	pthread_cond_destroy(&st->q_done);
 	free(st->dir);
 	free(st);
-}
-
-/* ---- queries ---- */
-
-/* Series ids already looked up in one query, and where their slices go. */
-struct query_ids {
-	struct {
-		uint32_t id;
-		size_t idx;
-	} * map;
-	size_t n, cap;
-};
-
-/* The result slice that stored slices of series `id` add to; NULL for a
- * slice without its series (nothing to label it with) or, with
- * `curves_only`, of a series the minute slices did not bring (a series
- * idle all window long is not in it). */
-static struct slice *query_target(struct store *st, MDB_txn *txn, const uint8_t idb[4], bool curves_only,
-				  struct store_result *r, struct query_ids *q)
-{
-	uint32_t id = get_be32(idb);
-	size_t m;
-
-	for (m = 0; m < q->n; m++)
-		if (q->map[m].id == id)
-			return &r->series[q->map[m].idx].slice;
-	MDB_val ik = { 4, (void *)idb }, iv;
-	if (mdb_get(txn, st->dbi_by_id, &ik, &iv) != 0)
-		return NULL;
-	struct store_series *se =
-		curves_only ? result_find(r, iv.mv_data, iv.mv_size) : result_series(r, iv.mv_data, iv.mv_size);
-	if (!se)
-		return NULL;
-	if (q->n == q->cap) {
-		size_t cap = q->cap ? q->cap * 2 : 16;
-		void *p = realloc(q->map, cap * sizeof(*q->map));
-		if (!p)
-			return NULL;
-		q->map = p;
-		q->cap = cap;
-	}
-	q->map[q->n].id = id;
-	q->map[q->n].idx = (size_t)(se - r->series);
-	q->n++;
-	return &se->slice;
-}
-
-/* Adds an encoded slice to `dst`; with `curves_only`, only its load-curve
- * and prompt-length histograms. -1 when it does not decode. */
-static int query_add(struct slice *dst, const uint8_t *enc, size_t len, bool curves_only)
-{
-	struct slice tmp;
-	int rc;
-
-	if (!curves_only)
-		return slice_decode_merge(dst, enc, len);
-	memset(&tmp, 0, sizeof(tmp));
-	rc = slice_decode_merge(&tmp, enc, len);
-	if (rc == 0) {
-		for (unsigned i = HM__COUNT; i < SLICE_SLOTS; i++) {
-			struct hist *h;
-			if (tmp.slot[i] && tmp.slot[i]->count && (h = slice_hist(dst, i)))
-				hist_merge(h, tmp.slot[i]);
-		}
-	}
-	slice_release(&tmp);
-	return rc;
-}
-
-/* Merges the slices of `kind` numbered from..to into `r`; with
- * `curves_only`, only their load-curve and prompt-length histograms. Hours
- * are read from their 'h' slices and from the day packs in one read
- * transaction, so each hour counts once whether it is packed or not. */
-static int lmdb_query(struct store *st, char kind, uint32_t from, uint32_t to, bool curves_only, struct store_result *r,
-		      char *err, size_t errlen)
-{
-	MDB_txn *txn;
-	MDB_cursor *cur;
-	uint8_t start[9];
-	MDB_val k = { 9, start }, v;
-	struct query_ids q = { 0 };
-	int rc;
-
-	pthread_rwlock_rdlock(&st->map_lock);
-	rc = mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn);
-	if (rc) {
-		pthread_rwlock_unlock(&st->map_lock);
-		return check_rc(rc, "read", err, errlen) ? -1 : 0;
-	}
-	if ((rc = mdb_cursor_open(txn, st->dbi_slices, &cur)) != 0)
-		goto out;
-	slice_key(start, kind, from, 0);
-	for (rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE); rc == 0; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-		const uint8_t *kb = k.mv_data;
-		if (k.mv_size != 9 || kb[0] != (uint8_t)kind || get_be32(kb + 1) > to)
-			break;
-		struct slice *dst = query_target(st, txn, kb + 5, curves_only, r, &q);
-		const uint8_t *enc;
-		size_t len;
-		uint8_t *owned;
-		if (!dst)
-			continue;
-		if (store_value_raw(v.mv_data, v.mv_size, &enc, &len, &owned) == -1 ||
-		    query_add(dst, enc, len, curves_only) == -1)
-			log_warn("store: undecodable slice skipped");
-		free(owned);
-	}
-	if (kind == 'h') {
-		slice_key(start, 'd', from / 24, 0);
-		k.mv_size = 9;
-		k.mv_data = start;
-		for (rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE); rc == 0;
-		     rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-			const uint8_t *kb = k.mv_data;
-			uint32_t day = get_be32(kb + 1);
-			struct pack pk;
-			if (k.mv_size != 9 || kb[0] != 'd' || day > to / 24)
-				break;
-			struct slice *dst = query_target(st, txn, kb + 5, curves_only, r, &q);
-			if (!dst)
-				continue;
-			if (store_pack_parse(v.mv_data, v.mv_size, &pk) == -1) {
-				log_warn("store: undecodable day of hour slices skipped");
-				continue;
-			}
-			for (unsigned i = 0; i < pk.n; i++) {
-				uint32_t hour = day * 24 + pk.e[i].hour;
-				if (hour >= from && hour <= to &&
-				    query_add(dst, pk.e[i].p, pk.e[i].len, curves_only) == -1)
-					log_warn("store: undecodable slice skipped");
-			}
-			store_pack_free(&pk);
-		}
-	}
-	mdb_cursor_close(cur);
-	rc = 0;
-out:
-	mdb_txn_abort(txn);
-	pthread_rwlock_unlock(&st->map_lock);
-	free(q.map);
-	return check_rc(rc, "query", err, errlen) ? -1 : 0;
-}
-
-int store_query(struct store *st, enum store_window w, struct store_result *out, char *err, size_t errlen)
-{
-	uint64_t now = unix_now();
-	uint32_t cur;
-	int rc;
-
-	memset(out, 0, sizeof(*out));
-	out->end_sec = now;
-	switch (w) {
-	case WIN_1M:
-	case WIN_5M:
-		out->start_sec = now - (w == WIN_1M ? 60 : 300) + 1;
-		return ring_query(st, out->start_sec, now, out);
-	case WIN_1H:
-	case WIN_24H: {
-		uint32_t n = w == WIN_1H ? 60 : 1440;
-		cur = (uint32_t)(now / 60);
-		out->start_sec = (uint64_t)(cur - n + 1) * 60;
-		break;
-	}
-	case WIN_7D:
-		cur = (uint32_t)(now / 3600);
-		out->start_sec = (uint64_t)(cur - (WEEK_HOURS - 1)) * 3600;
-		break;
-	case WIN_ALL:
-	default: out->start_sec = 0; break;
-	}
-	if (!st->env)
-		return ring_query(st, out->start_sec, now, out);
-
-	/* LMDB, plus what is held in memory while commits fail */
-	pthread_rwlock_rdlock(&st->held_lock);
-	switch (w) {
-	case WIN_1H:
-	case WIN_24H:
-		/* minute slices carry no curves: those come from the hours the
-		 * window touches */
-		cur = (uint32_t)(now / 60);
-		rc = lmdb_query(st, 'm', (uint32_t)(out->start_sec / 60), cur, false, out, err, errlen);
-		if (rc == 0)
-			rc = lmdb_query(st, 'h', (uint32_t)(out->start_sec / 3600), (uint32_t)(now / 3600), true, out,
-					err, errlen);
-		break;
-	case WIN_7D:
-		rc = lmdb_query(st, 'h', (uint32_t)(out->start_sec / 3600), (uint32_t)(now / 3600), false, out, err,
-				errlen);
-		break;
-	default: rc = lmdb_query(st, 'a', 0, 0, false, out, err, errlen); break;
-	}
-	if (rc == 0)
-		held_query(st, out->start_sec / 60, now / 60, out);
-	pthread_rwlock_unlock(&st->held_lock);
-	return rc;
-}
-
-int store_verify(struct store *st, uint64_t *series, uint64_t *slices, uint64_t *bad, char *err, size_t errlen)
-{
-	MDB_txn *txn;
-	MDB_cursor *cur;
-	MDB_val k, v;
-	int rc;
-
-	*series = *slices = *bad = 0;
-	if (!st->env)
-		return 0;
-	pthread_rwlock_rdlock(&st->map_lock);
-	rc = mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn);
-	if (rc)
-		goto out_unlock;
-	if ((rc = mdb_cursor_open(txn, st->dbi_by_id, &cur)) == 0) {
-		while (mdb_cursor_get(cur, &k, &v, MDB_NEXT) == 0) {
-			const char *r, *u, *m;
-			bool cold;
-			if (k.mv_size != 4 || series_key_parse(v.mv_data, v.mv_size, &r, &u, &m, &cold) == -1)
-				(*bad)++;
-			else
-				(*series)++;
-		}
-		mdb_cursor_close(cur);
-	}
-	if (rc == 0 && (rc = mdb_cursor_open(txn, st->dbi_slices, &cur)) == 0) {
-		while (mdb_cursor_get(cur, &k, &v, MDB_NEXT) == 0) {
-			struct slice s;
-			struct pack pk;
-			memset(&s, 0, sizeof(s));
-			if (k.mv_size == 9 && ((const uint8_t *)k.mv_data)[0] == 'd') {
-				/* a day pack: each hour in it counts as the slice it was */
-				if (store_pack_parse(v.mv_data, v.mv_size, &pk) == -1) {
-					(*bad)++;
-					continue;
-				}
-				for (unsigned i = 0; i < pk.n; i++) {
-					if (slice_decode_merge(&s, pk.e[i].p, pk.e[i].len) == -1)
-						(*bad)++;
-					else
-						(*slices)++;
-					slice_release(&s);
-				}
-				store_pack_free(&pk);
-				continue;
-			}
-			if (k.mv_size != 9 || store_value_merge(&s, v.mv_data, v.mv_size) == -1)
-				(*bad)++;
-			else
-				(*slices)++;
-			slice_release(&s);
-		}
-		mdb_cursor_close(cur);
-	}
-	mdb_txn_abort(txn);
-out_unlock:
-	pthread_rwlock_unlock(&st->map_lock);
-	return check_rc(rc, "verify", err, errlen) ? -1 : 0;
 }
 
 int store_reset(struct store *st, char *err, size_t errlen)
@@ -1483,11 +862,11 @@ int store_reset(struct store *st, char *err, size_t errlen)
 		pthread_rwlock_unlock(&st->map_lock);
 	}
 	pthread_rwlock_wrlock(&st->held_lock);
-	held_clear(st);
+	store_held_clear(st);
 	pthread_rwlock_unlock(&st->held_lock);
 	pthread_mutex_lock(&st->ring_lock);
 	for (unsigned i = 0; i < RING_SECONDS; i++)
 		ring_slot_clear(&st->ring[i]);
 	pthread_mutex_unlock(&st->ring_lock);
-	return check_rc(rc, "reset", err, errlen) ? -1 : 0;
+	return store_check_rc(rc, "reset", err, errlen) ? -1 : 0;
 }

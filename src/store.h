@@ -30,8 +30,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "series_key.h"
 #include "slice.h"
-#include "stats.h"
 
 struct store_item {
 	char key[SERIES_KEY_MAX];

@@ -1,13 +1,15 @@
 /*
  * store_int.h — the store's insides, shared by store.c (the writer, the
- * ring, the queries) and store_pack.c (the day packs), and by no other
- * file: tokentap's modules use store.h.
+ * ring, open and close), store_query.c (the window queries), store_held.c
+ * (stats held in memory while commits fail) and store_pack.c (the day
+ * packs), and by no other file: tokentap's modules use store.h.
  *
- * What crosses the two files: struct store itself; the key of a stored
- * slice; the stored-value container ('r' as is, 'z' deflated), which
- * store.c writes for slices and store_pack.c for packs; growing the map
- * when a commit finds it full; and, the other way, reading a day pack
- * (queries and store_verify) and the writer's pack pass.
+ * What crosses the files: struct store itself; the key of a stored slice;
+ * the stored-value container ('r' as is, 'z' deflated), which store.c
+ * writes for slices and store_pack.c for packs; growing the map when a
+ * commit finds it full; committing a batch list; adding a series to a
+ * result; committing or holding, and the held minutes a query adds; and
+ * reading a day pack (queries and store_verify) and the writer's pack pass.
  */
 #pragma once
 
@@ -16,6 +18,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "log.h"
 #include "slice.h"
@@ -117,6 +120,11 @@ static inline void slice_key(uint8_t out[9], char kind, uint32_t t, uint32_t id)
 	be32(out + 5, id);
 }
 
+static inline uint64_t unix_now(void)
+{
+	return (uint64_t)time(NULL);
+}
+
 /* ---- store.c ---- */
 
 /* The stored value of `raw` (`n` bytes), after `lead` bytes left for the
@@ -133,6 +141,39 @@ int store_value_merge(struct slice *dst, const uint8_t *v, size_t n);
 /* Doubles the map, up to map_size_max: 0, MDB_MAP_FULL once there, or
  * LMDB's error. Writer thread, no transaction of the caller's open. */
 int store_map_grow(struct store *st);
+
+/* Writes every batch of `list` in one write transaction: 0, or LMDB's
+ * error (nothing written). Writer thread. */
+int store_commit_batches(struct store *st, struct store_batch *list);
+
+/* When `rc` is an LMDB error, says it into `err` as "store: WHAT: why".
+ * Returns `rc`. */
+int store_check_rc(int rc, const char *what, char *err, size_t errlen);
+
+/* ---- store_query.c ---- */
+
+/* The series of `key` in `r`, added empty when new; NULL when out of memory
+ * or when the key is SERIES_KEY_MAX bytes or longer. */
+struct store_series *store_result_series(struct store_result *r, const char *key, size_t keylen);
+
+/* ---- store_held.c ---- */
+
+/* Commits `list`, or holds it in memory while commits fail: a failed commit
+ * is said once, with its cause, and retried with backoff. Writer thread. */
+void store_commit_or_hold(struct store *st, struct store_batch *list, uint64_t now);
+
+/* Tries to write what is held; leaves fault mode when that works. With
+ * `last` (shutdown), a failure is final and says what is lost. Writer
+ * thread. */
+void store_held_retry(struct store *st, uint64_t now, bool last);
+
+/* Frees everything held. Caller holds held_lock for writing (or is the
+ * last user of the store). */
+void store_held_clear(struct store *st);
+
+/* Adds the held minutes in from..to (minute numbers) to `r`. Caller holds
+ * held_lock. */
+void store_held_query(struct store *st, uint64_t from, uint64_t to, struct store_result *r);
 
 /* ---- store_pack.c ---- */
 

@@ -54,6 +54,10 @@ enum req_metric {
 #undef X
 		RM__COUNT
 };
+/* No per-request metric: a stored histogram that its own code records
+ * (slice.h's HIST_METRICS source column). Outside the list, so the loops
+ * over the access log's keys (i < RM__COUNT) never meet it. */
+#define RM_NONE RM__COUNT
 
 /* (ENUM, name) — why a request did not complete normally. New kinds go at
  * the end: a stored slice's counters are read by position (slice.c). */

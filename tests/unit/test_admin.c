@@ -488,6 +488,65 @@ static void test_prom_render(void **state)
 	store_result_free(&r);
 }
 
+/* Every histogram and counter of the lists has a help text, and /metrics
+ * gives each family exactly one # HELP, non-empty, right before its # TYPE;
+ * a time histogram's help says what one sample is. */
+static void test_prom_help_per_family(void **state)
+{
+	static const char *const hist_help[] = {
+#define X(e, n, u, src, help) help,
+		HIST_METRICS(X)
+#undef X
+	};
+	static const char *const counter_help[] = {
+#define X(e, n, exported, help) help,
+		SLICE_COUNTERS(X)
+#undef X
+	};
+	struct store_result r;
+	struct evbuffer *buf = evbuffer_new();
+	char seen[64][128], prev[128] = "";
+	size_t helps = 0, types = 0;
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(hist_help) / sizeof(hist_help[0]); i++)
+		assert_true(hist_help[i] && hist_help[i][0]);
+	for (size_t i = 0; i < sizeof(counter_help) / sizeof(counter_help[0]); i++)
+		assert_true(counter_help[i] && counter_help[i][0]);
+
+	build_result(&r);
+	assert_int_equal(prom_render(buf, &r), 0);
+	size_t len = evbuffer_get_length(buf);
+	char *text = malloc(len + 1);
+	assert_non_null(text);
+	evbuffer_remove(buf, text, len);
+	text[len] = '\0';
+	assert_non_null(strstr(text,
+			       "# HELP tokentap_ttft_seconds Time to first token at the proxy, from the "
+			       "request's arrival, in seconds (definition: docs/metrics.md).\n"));
+	for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+		char name[128], rest[128];
+		if (sscanf(line, "# HELP %127s %127s", name, rest) == 2) {
+			for (size_t i = 0; i < helps; i++)
+				assert_string_not_equal(seen[i], name); /* one # HELP per family */
+			assert_true(helps < 64);
+			snprintf(seen[helps++], sizeof(seen[0]), "%s", name);
+			snprintf(prev, sizeof(prev), "%s", name);
+		} else if (sscanf(line, "# TYPE %127s", name) == 1) {
+			types++;
+			assert_string_equal(name, prev); /* its # HELP came right before */
+			prev[0] = '\0';
+		} else {
+			assert_true(line[0] != '#');
+		}
+	}
+	assert_int_equal(helps, types);
+	assert_true(types > 0);
+	free(text);
+	evbuffer_free(buf);
+	store_result_free(&r);
+}
+
 /* One batch of one series ("k") with `requests` requests, at `sec`. */
 static struct store_batch *lifetime_batch(uint64_t sec, uint64_t requests)
 {
@@ -577,6 +636,7 @@ int main(void)
 		cmocka_unit_test(test_stats_curve_knee),
 		cmocka_unit_test(test_stats_prompt),
 		cmocka_unit_test(test_prom_render),
+		cmocka_unit_test(test_prom_help_per_family),
 		cmocka_unit_test(test_lifetime_outlives_ring_and_reset),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

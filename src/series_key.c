@@ -1,0 +1,41 @@
+/*
+ * series_key.c — building and splitting serialized series keys.
+ */
+#include "series_key.h"
+
+#include <string.h>
+
+size_t series_key_build(char *out, const char *route, const char *upstream, const char *model, bool cold)
+{
+	size_t lr = strlen(route), lu = strlen(upstream), lm = strlen(model);
+
+	if (lr + lu + lm + 4 > SERIES_KEY_MAX)
+		return 0;
+	memcpy(out, route, lr + 1);
+	memcpy(out + lr + 1, upstream, lu + 1);
+	memcpy(out + lr + lu + 2, model, lm + 1);
+	out[lr + lu + lm + 3] = cold ? '1' : '0';
+	return lr + lu + lm + 4;
+}
+
+int series_key_parse(const char *key, size_t len, const char **route, const char **upstream, const char **model,
+		     bool *cold)
+{
+	const char *p = key, *end = key + len;
+	const char *parts[3];
+
+	for (int i = 0; i < 3; i++) {
+		const char *z = memchr(p, '\0', (size_t)(end - p));
+		if (!z)
+			return -1;
+		parts[i] = p;
+		p = z + 1;
+	}
+	if (end - p != 1 || (*p != '0' && *p != '1'))
+		return -1;
+	*route = parts[0];
+	*upstream = parts[1];
+	*model = parts[2];
+	*cold = *p == '1';
+	return 0;
+}

@@ -1,0 +1,24 @@
+/*
+ * series_key.h — a series' identity as one byte string: the key the stats
+ * shards hash, the store keeps in LMDB and the admin API splits again.
+ *
+ * Below both stats.c (which builds keys) and store.c (which stores and reads
+ * them back), so neither needs the other for it.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* One series' identity, serialized as "route\0upstream\0model\0" + '0'|'1'. */
+#define SERIES_KEY_MAX 512
+#define SERIES_MODEL_OTHER "other"
+#define SERIES_MODEL_UNKNOWN "unknown"
+
+/* Writes the key of these labels into `out` (SERIES_KEY_MAX bytes); returns
+ * its length, or 0 when it would not fit. */
+size_t series_key_build(char *out, const char *route, const char *upstream, const char *model, bool cold);
+
+/* Splits a serialized key; returns 0 or -1 when it is malformed. */
+int series_key_parse(const char *key, size_t len, const char **route, const char **upstream, const char **model,
+		     bool *cold);
