@@ -36,6 +36,7 @@
 
 #include "log.h"
 #include "store.h"
+#include "timeline.h"
 
 struct series {
 	struct stats_shard *shard;
@@ -134,11 +135,10 @@ static struct route_models *route_find(const char *route)
 	return r;
 }
 
+/* The timeline's monotonic clock, in ms. */
 static uint64_t now_ms(void)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+	return clock_now_ns() / 1000000u;
 }
 
 /* Marks the slot used now; writes the shared line at most once per
