@@ -144,6 +144,9 @@ unsigned config_validate(const struct config *c, char *errs, size_t errlen)
 			PROBLEM(u->line, "upstreams[%u]: missing name", i);
 		if (!u->url)
 			PROBLEM(u->line, "upstreams[%u]: missing url (%s)", i, u->name ? u->name : "unnamed");
+		if (u->name && strlen(u->name) > CONFIG_NAME_MAX)
+			PROBLEM(u->name_line ? u->name_line : u->line, "upstreams[%u].name: at most %d bytes, got %zu",
+				i, CONFIG_NAME_MAX, strlen(u->name));
 		for (unsigned j = 0; j < i; j++)
 			if (u->name && c->upstreams[j].name && strcmp(u->name, c->upstreams[j].name) == 0)
 				PROBLEM(u->name_line ? u->name_line : u->line,
@@ -186,6 +189,9 @@ unsigned config_validate(const struct config *c, char *errs, size_t errlen)
 			if (r->name && c->routes[j].name && strcmp(r->name, c->routes[j].name) == 0)
 				PROBLEM(r->line, "routes[%u].name: %s is already the name of routes[%u] (line %d)", i,
 					r->name, j, c->routes[j].line);
+		if (r->name && strlen(r->name) > CONFIG_NAME_MAX)
+			PROBLEM(r->line, "routes[%u].name: at most %d bytes, got %zu", i, CONFIG_NAME_MAX,
+				strlen(r->name));
 		if (r->path_prefix && r->path_prefix[0] != '/')
 			PROBLEM(r->line, "routes[%u].match.path_prefix: must start with /", i);
 		if (r->ntargets == 0)

@@ -16,6 +16,9 @@
 #define LABELS_MAX 16
 #define LISTENERS_MAX 16
 #define WORKERS_MAX 64
+/* Upstream and route names, in bytes: a series is stored under route,
+ * upstream and model as one key, and every key must fit LMDB's (series_key.h). */
+#define CONFIG_NAME_MAX 128
 #define MIRROR_MAX_IN_FLIGHT 64			/* mirror.max_in_flight's default */
 #define STORE_MAX_SIZE_MIN ((uint64_t)64 << 10) /* store.max_size: an empty store and a few series */
 #define STORE_MAX_SIZE_MAX ((uint64_t)64 << 30) /* and its default */

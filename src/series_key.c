@@ -5,6 +5,13 @@
 
 #include <string.h>
 
+#include "config.h"
+#include "reqinfo.h"
+
+/* Every route, upstream and model the configuration and the request parser
+ * allow make a key that fits. */
+_Static_assert(2 * (CONFIG_NAME_MAX + 1) + REQINFO_MODEL_MAX + 1 <= SERIES_KEY_MAX, "series keys fit");
+
 size_t series_key_build(char *out, const char *route, const char *upstream, const char *model, bool cold)
 {
 	size_t lr = strlen(route), lu = strlen(upstream), lm = strlen(model);

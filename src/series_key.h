@@ -10,8 +10,12 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-/* One series' identity, serialized as "route\0upstream\0model\0" + '0'|'1'. */
-#define SERIES_KEY_MAX 512
+/* One series' identity, serialized as "route\0upstream\0model\0" + '0'|'1'.
+ * The store keeps it as an LMDB key, so it is at most LMDB's longest key
+ * (511 bytes; store_open checks the library agrees). Route and upstream
+ * names (CONFIG_NAME_MAX) and models (REQINFO_MODEL_MAX) are bounded so
+ * that every key fits. */
+#define SERIES_KEY_MAX 511
 #define SERIES_MODEL_OTHER "other"
 #define SERIES_MODEL_UNKNOWN "unknown"
 

@@ -642,7 +642,7 @@ static int load_layout(struct store *st, char *err, size_t errlen)
 	if (store_check_rc(mdb_cursor_open(txn, st->dbi_series, &cur), "cursor", err, errlen))
 		goto fail;
 	while ((rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) == 0) {
-		if (v.mv_size != 4 || k.mv_size >= SERIES_KEY_MAX)
+		if (v.mv_size != 4 || k.mv_size > SERIES_KEY_MAX)
 			continue;
 		if (id_remember(st, k.mv_data, k.mv_size, get_be32(v.mv_data)) == -1)
 			break;
@@ -777,6 +777,11 @@ struct store *store_open(const struct store_options *o, char *err, size_t errlen
 		rc = mdb_env_open(st->env, st->dir, MDB_NOTLS, 0640);
 		if (rc) {
 			snprintf(err, errlen, "store: cannot open the database in %s: %s", st->dir, mdb_strerror(rc));
+			goto fail;
+		}
+		if (mdb_env_get_maxkeysize(st->env) < SERIES_KEY_MAX) {
+			snprintf(err, errlen, "store: this LMDB takes keys of at most %d bytes; tokentap needs %d",
+				 mdb_env_get_maxkeysize(st->env), SERIES_KEY_MAX);
 			goto fail;
 		}
 		/* A map grown by an earlier run is kept. */

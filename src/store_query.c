@@ -32,10 +32,11 @@ static struct store_series *result_find(struct store_result *r, const char *key,
 
 struct store_series *store_result_series(struct store_result *r, const char *key, size_t keylen)
 {
-	for (size_t i = 0; i < r->n; i++)
-		if (r->series[i].keylen == keylen && memcmp(r->series[i].key, key, keylen) == 0)
-			return &r->series[i];
-	if (keylen >= SERIES_KEY_MAX)
+	struct store_series *found = result_find(r, key, keylen);
+
+	if (found)
+		return found;
+	if (keylen > SERIES_KEY_MAX)
 		return NULL;
 	if (r->n == r->cap) {
 		size_t cap = r->cap ? r->cap * 2 : 16;

@@ -363,6 +363,20 @@ class BrokenFileTest(Broken, harness.TestCase):
         t = edit("routes:\n", "  - name: a\n    url: http://127.0.0.1:11\nroutes:\n")
         self.broken(t, [(rh.line_of(t, "- name: a", nth=2), ["upstreams[2].name", "a"])])
 
+    def test_names_longer_than_128_bytes(self):
+        # A series is stored under route + upstream + model as one LMDB key
+        # (at most 511 bytes): names are bounded so that every key fits.
+        long_up, long_route = "u" * 129, "r" * 129
+        t = BASE.replace("- name: b\n", "- name: %s\n" % long_up).replace("upstream: b\n", "upstream: %s\n" % long_up)
+        t = t.replace("- name: r\n", "- name: %s\n" % long_route)
+        self.broken(t, [(rh.line_of(t, "- name: " + long_up), ["upstreams[1].name", "at most 128 bytes"]),
+                        (rh.line_of(t, "- name: " + long_route), ["routes[0].name", "at most 128 bytes"])],
+                    count=2)
+        ok = BASE.replace("- name: b\n", "- name: %s\n" % ("u" * 128)).replace("upstream: b\n",
+                                                                           "upstream: %s\n" % ("u" * 128))
+        res, _ = rh.check_config(ok)
+        self.assertEqual(res.returncode, 0, res.stderr)
+
     def test_missing_url(self):
         t = edit("    url: http://127.0.0.1:10\n", "    max_concurrency: 4\n")
         self.broken(t, [(rh.line_of(t, "- name: b"), ["upstreams[1]", "url"])])

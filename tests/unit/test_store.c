@@ -347,6 +347,38 @@ static void test_window_boundaries(void **state)
 	remove_dir(dir);
 }
 
+/* A series key of exactly SERIES_KEY_MAX bytes (the longest the stats side
+ * builds) is stored, queried, and keeps its id across a reopen. */
+static void test_longest_series_key(void **state)
+{
+	char *dir = make_dir();
+	struct store_options o;
+	char err[256];
+	char model[SERIES_KEY_MAX - 11 - 2 + 1]; /* "default\0up\0" + model + "\0" + cold */
+	uint64_t now = (uint64_t)time(NULL);
+
+	(void)state;
+	memset(model, 'm', sizeof(model) - 1);
+	model[sizeof(model) - 1] = '\0';
+	store_options_defaults(&o);
+	o.dir = dir;
+	for (unsigned round = 1; round <= 2; round++) {
+		struct store *st = store_open(&o, err, sizeof(err));
+		assert_non_null(st);
+		store_submit(st, batch_at(now - 30, model, 3));
+		store_sync(st);
+		assert_int_equal(total_requests(st, WIN_1H, NULL, NULL), 3 * round);
+		assert_int_equal(total_requests(st, WIN_ALL, NULL, NULL), 3 * round);
+		struct store_result res;
+		assert_int_equal(store_query(st, WIN_1H, &res, err, sizeof(err)), 0);
+		assert_int_equal(res.n, 1);
+		assert_int_equal(res.series[0].keylen, SERIES_KEY_MAX);
+		store_result_free(&res);
+		store_close(st);
+	}
+	remove_dir(dir);
+}
+
 /* stderr into a file while `fn` runs; returns what was written (malloc). */
 static char *stderr_of(void (*fn)(void *), void *arg)
 {
@@ -524,6 +556,7 @@ int main(void)
 		cmocka_unit_test(test_prune_past_retention),   cmocka_unit_test(test_map_full_grows),
 		cmocka_unit_test(test_window_boundaries),      cmocka_unit_test(test_short_retention_warned),
 		cmocka_unit_test(test_stale_reader_cleared),   cmocka_unit_test(test_windows_keep_curves),
+		cmocka_unit_test(test_longest_series_key),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
