@@ -101,6 +101,8 @@ int config_single_upstream(struct config *c, char *err, size_t errlen)
 	else if (strncmp(host, "https://", 8) == 0)
 		host += 8;
 	size_t n = strcspn(host, "/");
+	if (n > CONFIG_NAME_MAX)
+		n = CONFIG_NAME_MAX; /* the name is a label: a long host is cut, not refused */
 	char *name = config_own(c, strndup(host, n));
 	if (!name) {
 		snprintf(err, errlen, "out of memory");
