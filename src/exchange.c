@@ -3,8 +3,8 @@
  * and the upstream, waiting for an admission slot, connecting (with
  * failover when a connection is refused before any byte reached the
  * upstream), writing the request, and reading the response: its bytes are
- * moved to the client as they arrive while the parser stamps the timeline
- * and the framer and classifier find the token events.
+ * moved to the client as they arrive while the parser hands them to the
+ * request's meter (meter.c), which measures them.
  */
 #include <errno.h>
 #include <event2/buffer.h>
@@ -18,14 +18,13 @@
 #include <string.h>
 #include <sys/ioctl.h>
 
-#include "classify.h"
 #include "log.h"
 #include "loop.h"
+#include "meter.h"
 #include "mirror.h"
 #include "proxy.h"
 #include "proxy_int.h"
 #include "respparse.h"
-#include "stats.h"
 #include "strutil.h"
 #include "tls.h"
 
@@ -651,7 +650,7 @@ static void request_upstream_closed(struct request *req, short what)
 		if (!client_runs(cl, seq) || req->resp_done)
 			return;
 		if (respparse_needs_eof(&req->rp)) {
-			req->now = clock_now_ns();
+			meter_read_begin(&req->meter, clock_now_ns());
 			respparse_finish(&req->rp);
 			req->upstream_dirty = true;
 			if (req->resp_done) {
@@ -673,32 +672,15 @@ static void request_upstream_closed(struct request *req, short what)
 	client_fail(cl, 502, REQ_ERR_UPSTREAM_RESET, "upstream_reset", msg);
 }
 
-/* A framed event: the timeline learns about it, the bytes are already on
- * their way to the client. */
-static void on_stream_event(void *arg, const struct framer_event *ev)
+/* A read from the upstream is parsed: its ITL run goes to the series, and
+ * when it carried the first token (`first_before`: the first token's stamp
+ * before the read) the connection drops to the streams' priority, on the
+ * read that carried it. */
+static void request_read_end(struct request *req, uint64_t first_before)
 {
-	struct request *req = arg;
-
-	req->rec.events++;
-	timeline_mark(&req->rec, TL_FIRST_EVENT, req->now);
-	if (classify_event(req->rec.api, ev, &req->rec.usage, &req->rec.hint)) {
-		uint64_t gap;
-		if (record_token_event(&req->rec, req->now, &gap)) {
-			if (req->itl_run_n && gap != req->itl_run_gap)
-				request_flush_itl(req);
-			req->itl_run_gap = gap;
-			req->itl_run_n++;
-		} else if (req->uc) {
-			upconn_priority(req->uc, LOOP_PRIO_STREAM); /* the first token is out */
-		}
-	}
-}
-
-void request_flush_itl(struct request *req)
-{
-	if (req->itl_run_n)
-		stats_record_itl_n(request_series(req), req->itl_run_gap, req->inflight, req->itl_run_n);
-	req->itl_run_n = 0;
+	meter_read_end(&req->meter);
+	if (!first_before && req->rec.at[TL_FIRST_TOKEN] && req->uc)
+		upconn_priority(req->uc, LOOP_PRIO_STREAM); /* the first token is out */
 }
 
 /*
@@ -774,9 +756,10 @@ void on_up_read(struct bufferevent *bev, void *arg)
 
 	if (cl->closing)
 		return;
-	req->now = clock_now_ns();
+	meter_read_begin(&req->meter, clock_now_ns());
 	if (req->rp.head_done && !req->resp_done)
-		request_idle_from(req, req->now);
+		request_idle_from(req, req->meter.now);
+	uint64_t first_before = req->rec.at[TL_FIRST_TOKEN];
 
 	while (!req->resp_done && evbuffer_get_length(in) > req->rp.held) {
 		struct evbuffer_ptr pos;
@@ -796,7 +779,7 @@ void on_up_read(struct bufferevent *bev, void *arg)
 	}
 	if (cl->closing)
 		return;
-	request_flush_itl(req);
+	request_read_end(req, first_before);
 	size_t n;
 	if (respparse_take(&req->rp, &n) == RESPPARSE_HEAD_TOO_LARGE) {
 		char msg[160];
@@ -836,8 +819,9 @@ static void up_direct_data(void *arg, const char *buf, size_t len)
 	struct client *cl = req->cl;
 	size_t used, n;
 
-	req->now = clock_now_ns();
-	request_idle_from(req, req->now);
+	meter_read_begin(&req->meter, clock_now_ns());
+	request_idle_from(req, req->meter.now);
+	uint64_t first_before = req->rec.at[TL_FIRST_TOKEN];
 	enum respparse_status st = respparse_feed(&req->rp, buf, len, &used);
 	if (st == RESPPARSE_INVALID || st == RESPPARSE_SWITCHING) {
 		request_bad_response(req);
@@ -845,7 +829,7 @@ static void up_direct_data(void *arg, const char *buf, size_t len)
 	}
 	if (cl->closing)
 		return;
-	request_flush_itl(req);
+	request_read_end(req, first_before);
 	/* the head is done: all that was used is taken */
 	bool done = respparse_take(&req->rp, &n) == RESPPARSE_DONE;
 	request_count_out(req, n);
@@ -861,51 +845,30 @@ static void up_direct_data(void *arg, const char *buf, size_t len)
 
 static const struct upconn_direct up_direct = { .ready = up_direct_ready, .data = up_direct_data };
 
-/* ---- response parser hooks (respparse.h) ---- */
+/* ---- response parser hooks (respparse.h): the meter's, then ours ---- */
+
+/* The hooks' `arg` is the request's meter. */
+static struct request *meter_request(void *meter)
+{
+	return (struct request *)((char *)meter - offsetof(struct request, meter));
+}
 
 static void on_resp_head(void *arg, const struct respparse *rp)
 {
-	struct request *req = arg;
+	struct request *req = meter_request(arg);
 
-	req->rec.status = rp->status;
-	timeline_mark(&req->rec, TL_RESP_HEADERS, req->now);
-	request_idle_from(req, req->now);
-	if (rp->kind != FRAMER_NONE) {
-		req->rec.stream = 1;
-		framer_init(&req->framer, rp->kind, pcfg(req->cl->px)->max_event_size, on_stream_event, req);
-	} else if (rp->status >= 200 && rp->status < 300) {
-		req->rec.stream = 0;
-	}
-}
-
-static void on_resp_body(void *arg, const char *at, size_t len)
-{
-	struct request *req = arg;
-
-	if (req->rp.kind != FRAMER_NONE) {
-		framer_feed(&req->framer, at, len);
-		return;
-	}
-	if (!req->resp_body)
-		req->resp_body = evbuffer_new();
-	if (req->resp_body && evbuffer_get_length(req->resp_body) + len <= RESP_BODY_MAX)
-		evbuffer_add(req->resp_body, at, len);
+	/* the framer's bound: the proxy's generation now, as before */
+	req->meter.max_event_size = pcfg(req->cl->px)->max_event_size;
+	request_meter_label(req); /* routed: the series may resolve from here on */
+	meter_head(&req->meter, rp);
+	request_idle_from(req, req->meter.now);
 }
 
 static void on_resp_complete(void *arg, bool keep_alive)
 {
-	struct request *req = arg;
+	struct request *req = meter_request(arg);
 
-	timeline_mark(&req->rec, TL_RESP_END, req->now);
-	if (req->rp.kind != FRAMER_NONE) {
-		framer_finish(&req->framer);
-	} else if (req->resp_body && req->rec.status >= 200 && req->rec.status < 300) {
-		size_t n = evbuffer_get_length(req->resp_body);
-		const char *body = (const char *)evbuffer_pullup(req->resp_body, -1);
-		if (body)
-			classify_body(req->rec.api, body, n, &req->rec.usage);
-	}
-	record_apply_outcome(&req->rec);
+	meter_complete(&req->meter);
 	req->resp_done = true;
 	req->resp_keepalive = keep_alive;
 	/* The head went to the client as the upstream wrote it: a response
@@ -916,18 +879,28 @@ static void on_resp_complete(void *arg, bool keep_alive)
 	 * asks the upstream to close besides (head_write). */
 	if (!keep_alive || req->head.http10)
 		req->cl->close_after = true;
-	upstream_note_result(req->up, true, req->now);
+	upstream_note_result(req->up, true, req->meter.now);
 	evtimer_del(req->timer);
 	req->timer_kind = RT_NONE;
 }
 
 static const struct respparse_hooks resp_hooks = {
 	.head = on_resp_head,
-	.body = on_resp_body,
+	.body = meter_resp_body,
 	.complete = on_resp_complete,
 };
 
 void exchange_request_init(struct request *req)
 {
-	respparse_init(&req->rp, &resp_hooks, req);
+	struct proxy *px = req->cl->px;
+	const struct meter_env env = { px->stats, px->alog, px->recent };
+
+	respparse_init(&req->rp, &resp_hooks, &req->meter);
+	meter_init(&req->meter, &env, &req->rec, &req->rp, pcfg(px)->max_event_size, false);
+}
+
+void request_meter_label(struct request *req)
+{
+	meter_label(&req->meter, req->route ? req->route->name : NULL, req->up ? req->up->name : NULL, req->cold,
+		    req->inflight);
 }

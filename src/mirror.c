@@ -10,13 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "accesslog.h"
-#include "classify.h"
-#include "framer.h"
 #include "log.h"
 #include "loop.h"
+#include "meter.h"
 #include "respparse.h"
-#include "stats.h"
 #include "timeline.h"
 #include "upstream.h"
 
@@ -31,15 +28,12 @@ struct mirror {
 	struct req_record rec;
 	struct evbuffer *pending; /* request bytes until connected */
 	struct respparse rp;	  /* the same parser and rules as a primary's */
-	struct framer framer;
+	struct meter meter;	  /* and the same measuring */
 	bool keepalive;
 	struct event *timer;
 	enum mirror_timer timer_kind;
 	struct mirror **owner;
 	bool detached, body_complete;
-	uint64_t now;
-	uint64_t itl_run_gap, itl_run_n; /* equal ITL gaps not yet recorded */
-	unsigned inflight;		 /* requests on the upstream when admitted, this one included */
 };
 
 static void timer_set(struct mirror *m, enum mirror_timer kind, uint64_t ms)
@@ -48,34 +42,14 @@ static void timer_set(struct mirror *m, enum mirror_timer kind, uint64_t ms)
 	loop_timer_arm(m->timer, ms);
 }
 
-static struct series *mirror_series(struct mirror *m)
-{
-	return stats_series(m->env.stats, m->route, m->up->name, m->rec.model, false,
-			    m->rec.status >= 200 && m->rec.status < 300);
-}
-
-/* The events of one read share a clock reading: their gaps (mostly 0 at a
- * high event rate) are recorded as a run, once per read, as a primary's. */
-static void mirror_flush_itl(struct mirror *m)
-{
-	if (m->itl_run_n)
-		stats_record_itl_n(mirror_series(m), m->itl_run_gap, m->inflight, m->itl_run_n);
-	m->itl_run_n = 0;
-}
-
-/* Ends the shadow exchange: measured (unless skipped), then freed. */
+/* Ends the shadow exchange: recorded (unless skipped), then freed. An
+ * unrecorded end comes between reads, with no ITL run left unrecorded. */
 static void mirror_end(struct mirror *m, enum req_error err, bool record)
 {
-	mirror_flush_itl(m);
 	if (err != REQ_ERR_NONE && m->rec.error == REQ_ERR_NONE)
 		m->rec.error = err;
-	if (record) {
-		stats_record_request(mirror_series(m), &m->rec, m->inflight);
-		if (m->rec.error != REQ_ERR_NONE)
-			m->up->errors[m->rec.error]++;
-		m->up->requests++;
-		accesslog_write(m->env.alog, &m->rec);
-	}
+	if (record)
+		meter_finish(&m->meter, m->up);
 	if (m->uc)
 		upstream_release(m->uc, m->rp.done && m->keepalive && m->body_complete && err == REQ_ERR_NONE);
 	upstream_leave(m->up);
@@ -88,7 +62,7 @@ static void mirror_end(struct mirror *m, enum req_error err, bool record)
 		m->env.list->head = m->next;
 	if (m->next)
 		m->next->prev = m->prev;
-	framer_free(&m->framer);
+	meter_free(&m->meter);
 	record_release(&m->rec);
 	evbuffer_free(m->pending);
 	event_free(m->timer);
@@ -102,57 +76,32 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
 	mirror_end(m, m->timer_kind == MT_CONNECT ? REQ_ERR_CONNECT_FAILED : REQ_ERR_TIMEOUT, true);
 }
 
-static void on_event_frame(void *arg, const struct framer_event *ev)
+/* ---- the response, through respparse's hooks: the meter's, then ours ---- */
+
+/* The hooks' `arg` is the mirror's meter. */
+static struct mirror *meter_mirror(void *meter)
 {
-	struct mirror *m = arg;
-	uint64_t gap;
-
-	m->rec.events++;
-	timeline_mark(&m->rec, TL_FIRST_EVENT, m->now);
-	if (classify_event(m->rec.api, ev, &m->rec.usage, &m->rec.hint) && record_token_event(&m->rec, m->now, &gap)) {
-		if (m->itl_run_n && gap != m->itl_run_gap)
-			mirror_flush_itl(m);
-		m->itl_run_gap = gap;
-		m->itl_run_n++;
-	}
+	return (struct mirror *)((char *)meter - offsetof(struct mirror, meter));
 }
-
-/* ---- the response, through respparse's hooks ---- */
 
 static void on_resp_head(void *arg, const struct respparse *rp)
 {
-	struct mirror *m = arg;
+	struct mirror *m = meter_mirror(arg);
 
-	m->rec.status = rp->status;
-	timeline_mark(&m->rec, TL_RESP_HEADERS, m->now);
+	meter_head(&m->meter, rp);
 	timer_set(m, MT_IDLE, m->up->idle_timeout_ms);
-	if (rp->kind != FRAMER_NONE) {
-		m->rec.stream = 1;
-		framer_init(&m->framer, rp->kind, m->env.max_event_size, on_event_frame, m);
-	}
-}
-
-static void on_resp_body(void *arg, const char *at, size_t len)
-{
-	struct mirror *m = arg;
-
-	if (m->rp.kind != FRAMER_NONE)
-		framer_feed(&m->framer, at, len);
 }
 
 static void on_resp_complete(void *arg, bool keep_alive)
 {
-	struct mirror *m = arg;
+	struct mirror *m = meter_mirror(arg);
 
-	timeline_mark(&m->rec, TL_RESP_END, m->now);
-	timeline_mark(&m->rec, TL_CLIENT_DONE, m->now); /* nothing to deliver */
-	if (m->rp.kind != FRAMER_NONE)
-		framer_finish(&m->framer);
-	record_apply_outcome(&m->rec);
+	meter_complete(&m->meter);
+	timeline_mark(&m->rec, TL_CLIENT_DONE, m->meter.now); /* nothing to deliver */
 	m->keepalive = keep_alive;
 }
 
-static const struct respparse_hooks resp_hooks = { on_resp_head, on_resp_body, on_resp_complete };
+static const struct respparse_hooks resp_hooks = { on_resp_head, meter_resp_body, on_resp_complete };
 
 static void on_read(struct bufferevent *bev, void *arg)
 {
@@ -161,7 +110,7 @@ static void on_read(struct bufferevent *bev, void *arg)
 	struct evbuffer_iovec v;
 	size_t n;
 
-	m->now = clock_now_ns();
+	meter_read_begin(&m->meter, clock_now_ns());
 	if (m->rp.head_done)
 		timer_set(m, MT_IDLE, m->up->idle_timeout_ms);
 	while (!m->rp.done && evbuffer_peek(in, -1, NULL, &v, 1) == 1) {
@@ -176,7 +125,7 @@ static void on_read(struct bufferevent *bev, void *arg)
 		if (rs == RESPPARSE_DONE)
 			break;
 	}
-	mirror_flush_itl(m);
+	meter_read_end(&m->meter);
 	/* the bytes are dropped, not forwarded: take only bounds the head */
 	if (respparse_take(&m->rp, &n) == RESPPARSE_HEAD_TOO_LARGE) {
 		mirror_end(m, REQ_ERR_UPSTREAM_PROTOCOL, true);
@@ -219,7 +168,7 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 		return;
 	}
 	if ((what & BEV_EVENT_EOF) && m->rp.head_done && !m->rp.done && respparse_needs_eof(&m->rp)) {
-		m->now = clock_now_ns();
+		meter_read_begin(&m->meter, clock_now_ns());
 		respparse_finish(&m->rp);
 		if (m->rp.done) {
 			m->keepalive = false;
@@ -260,7 +209,7 @@ struct mirror *mirror_start(const struct mirror_env *env, struct upstream *up, c
 		return NULL;
 	}
 	m->env = *env;
-	m->inflight = upstream_inflight(up); /* a shadow never queues: admitted on arrival */
+	unsigned load = upstream_inflight(up); /* a shadow never queues: admitted on arrival */
 	upstream_ref(up);
 	if (env->list) {
 		m->next = env->list->head;
@@ -271,22 +220,14 @@ struct mirror *mirror_start(const struct mirror_env *env, struct upstream *up, c
 	m->up = up;
 	snprintf(m->route, sizeof(m->route), "%s", route);
 	m->owner = owner;
-	memcpy(m->rec.id, primary->id, sizeof(m->rec.id));
-	memcpy(m->rec.method, primary->method, sizeof(m->rec.method));
-	memcpy(m->rec.path, primary->path, sizeof(m->rec.path));
-	memcpy(m->rec.model, primary->model, sizeof(m->rec.model));
-	m->rec.api = primary->api;
-	m->rec.stream = primary->stream;
+	meter_record_shadow(&m->rec, primary);
 	m->rec.upstream = up->name;
-	m->rec.mirror = true;
 	m->rec.itl_keep = m->env.alog != NULL;
-	m->rec.usage = USAGE_UNKNOWN;
-	/* the shadow's clock starts when the client's request did: its ttft
-	 * compares with the primary's on the same footing */
-	m->rec.at[TL_ARRIVE] = primary->at[TL_ARRIVE];
-	m->rec.at[TL_REQ_HEADERS] = primary->at[TL_REQ_HEADERS];
 	m->rec.at[TL_DISPATCH] = clock_now_ns();
-	respparse_init(&m->rp, &resp_hooks, m);
+	respparse_init(&m->rp, &resp_hooks, &m->meter);
+	const struct meter_env menv = { env->stats, env->alog, NULL };
+	meter_init(&m->meter, &menv, &m->rec, &m->rp, env->max_event_size, true);
+	meter_label(&m->meter, m->route, up->name, false, load);
 	m->rp.head_request = strcmp(m->rec.method, "HEAD") == 0;
 	evbuffer_add_buffer(m->pending, bytes); /* the caller built it for us: moved */
 	m->rec.bytes_in = evbuffer_get_length(m->pending);

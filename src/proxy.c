@@ -61,21 +61,17 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "accesslog.h"
 #include "bevio.h"
 #include "classify.h"
 #include "config.h"
 #include "fdlimit.h"
-#include "framer.h"
 #include "log.h"
 #include "loop.h"
 #include "mirror.h"
-#include "recent.h"
 #include "reqparse.h"
 #include "reqinfo.h"
 #include "router.h"
 #include "rxstamp.h"
-#include "stats.h"
 #include "strutil.h"
 #include "timeline.h"
 #include "tls.h"
@@ -221,12 +217,10 @@ static void request_free(struct request *req)
 	request_drop_upstream(req, false);
 	if (req->mirror)
 		mirror_detach(req->mirror, req->body_done);
-	framer_free(&req->framer);
+	meter_free(&req->meter);
 	record_release(&req->rec);
 	if (req->up_pending)
 		evbuffer_free(req->up_pending);
-	if (req->resp_body)
-		evbuffer_free(req->resp_body);
 	if (req->replay)
 		evbuffer_free(req->replay);
 	if (req->timer)
@@ -237,38 +231,12 @@ static void request_free(struct request *req)
 	free(req);
 }
 
-/* Resolved when first recorded into: at the first ITL gaps, which come from
- * the response body, or when the request is counted; so after the response
- * head, when the status that decides whether its model may be admitted
- * (stats_series) is known. */
-struct series *request_series(struct request *req)
-{
-	struct proxy *px = req->cl->px;
-	if (!req->series)
-		req->series = stats_series(px->stats, req->route ? req->route->name : "none",
-					   req->up ? req->up->name : "none", req->rec.model, req->cold,
-					   req->rec.status >= 200 && req->rec.status < 300);
-	return req->series;
-}
-
-/* Each request is logged and counted once, when its outcome is known. */
+/* Each request is logged and counted once, when its outcome is known
+ * (meter_finish). */
 static void request_log(struct request *req)
 {
-	if (req->logged)
-		return;
-	req->logged = true;
-	accesslog_write(req->cl->px->alog, &req->rec);
-	request_flush_itl(req);
-	stats_record_request(request_series(req), &req->rec, req->inflight);
-	if (req->up) {
-		req->up->requests++;
-		if (req->rec.error != REQ_ERR_NONE) {
-			req->up->errors[req->rec.error]++;
-			req->up->last_error = req->rec.error;
-			req->up->last_error_unix = (uint64_t)time(NULL);
-		}
-	}
-	recent_push(req->cl->px->recent, &req->rec, req->inflight, req->cold);
+	request_meter_label(req);
+	meter_finish(&req->meter, req->up);
 }
 
 /* ---- error answers ---- */

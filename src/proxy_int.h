@@ -18,7 +18,7 @@
 #include <sys/queue.h>
 
 #include "config.h"
-#include "framer.h"
+#include "meter.h"
 #include "mirror.h"
 #include "reqparse.h"
 #include "respparse.h"
@@ -56,7 +56,6 @@ enum req_timer { RT_NONE, RT_QUEUE, RT_CONNECT, RT_FIRST_BYTE, RT_IDLE, RT_UP_CL
 #define LINGER_MS 2000
 /* Client input kept unparsed while a response runs (pipelined requests). */
 #define CLIENT_INPUT_MAX (64u << 10)
-#define RESP_BODY_MAX (1u << 20)
 /* A request this small (head and body) is kept whole when it goes out on a
  * pooled connection, to be sent again should that connection turn out to
  * have been closed by the server. */
@@ -111,7 +110,6 @@ struct request {
 	char *body_prefix; /* the first cfg->body_inspect_max bytes, for the model */
 	size_t body_prefix_len;
 	bool reqinfo_done;
-	bool logged;
 
 	/* routing */
 	struct router *rt; /* the generation this request runs on; a reference */
@@ -134,12 +132,6 @@ struct request {
 	 * there, this one included */
 	unsigned inflight;
 	bool cold;
-	struct series *series; /* resolved once route, upstream and model are known */
-	/* ITL gaps not yet in the series: a run of equal ones (the events of
-	 * one read share a clock reading), recorded as one at the end of the
-	 * read. request_flush_itl() records them. */
-	uint64_t itl_run_gap;
-	uint64_t itl_run_n;
 	struct mirror
 		*mirror; /* its shadow copy, while the body still flows; cleared by the mirror when it ends first */
 	struct evbuffer *up_pending; /* request bytes waiting for the connection */
@@ -152,9 +144,7 @@ struct request {
 	bool resp_done, resp_started, resp_keepalive; /* the head: rp.head_done */
 	bool upstream_paused;
 	bool upstream_dirty; /* bytes past the response end: never reuse */
-	uint64_t now;	     /* time of the read being parsed */
-	struct framer framer;
-	struct evbuffer *resp_body; /* non-streamed bodies, for usage */
+	struct meter meter;  /* measures the response into rec, and records it */
 };
 
 /* One client connection. Owned by the proxy's client list. */
@@ -202,7 +192,6 @@ static inline bool client_runs(const struct client *cl, uint64_t seq)
 }
 
 /* proxy.c: the client side */
-struct series *request_series(struct request *req);
 void request_drop_upstream(struct request *req, bool reusable);
 void request_finish(struct request *req);
 void client_fail(struct client *cl, int status, enum req_error kind, const char *type, const char *msg);
@@ -216,7 +205,10 @@ void client_forward(struct client *cl, struct evbuffer *src, size_t n);
 bool client_forward_mem(struct client *cl, const char *p, size_t n);
 
 /* exchange.c: the upstream side */
-void exchange_request_init(struct request *req); /* its response parser, with exchange.c's hooks */
+void exchange_request_init(struct request *req); /* its response parser, with exchange.c's hooks, and its meter */
+/* The meter's labels from the routing as it stands (route, upstream, cold,
+ * load): before anything the meter does may resolve the series. */
+void request_meter_label(struct request *req);
 /* The route the request matches with what is known of it so far (the
  * model once the body prefix is read), or NULL. */
 struct route *request_match(const struct request *req);
@@ -225,6 +217,5 @@ void request_flush_upstream(struct request *req);
 void request_check_sent(struct request *req);
 void request_timer_set(struct request *req, enum req_timer kind, uint64_t ms);
 void request_idle_from(struct request *req, uint64_t now);
-void request_flush_itl(struct request *req);
 void on_request_timer(evutil_socket_t fd, short what, void *arg);
 void on_up_read(struct bufferevent *bev, void *arg);

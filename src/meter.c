@@ -1,0 +1,187 @@
+/*
+ * meter.c — measuring a response as it passes, for a primary and a shadow
+ * alike (meter.h says what is measured, and where each record goes).
+ *
+ *   respparse ─head/body/end─▶ meter ─▶ framer ─events─▶ classify ─▶ timeline, ITL runs ─▶ series
+ *                                 └─ meter_finish ─▶ access log, stats, upstream counters, recent ring
+ *
+ * Invariants: the ITL runs go to the series from three places only (a gap
+ * of another length in on_event, meter_read_end, meter_finish); the series
+ * is resolved once; a request is recorded once.
+ */
+#include "meter.h"
+
+#include <event2/buffer.h>
+#include <string.h>
+#include <time.h>
+
+#include "accesslog.h"
+#include "classify.h"
+#include "recent.h"
+#include "respparse.h"
+#include "stats.h"
+#include "timeline.h"
+#include "upstream.h"
+
+/* The upstream answered 2xx: the one test behind the stream flag, the
+ * body's usage and a new model name's admission (stats_series). */
+static bool status_ok(int status)
+{
+	return status >= 200 && status < 300;
+}
+
+void meter_init(struct meter *m, const struct meter_env *env, struct req_record *rec, const struct respparse *resp,
+		size_t max_event_size, bool shadow)
+{
+	memset(m, 0, sizeof(*m));
+	m->env = *env;
+	m->rec = rec;
+	m->resp = resp;
+	m->max_event_size = max_event_size;
+	m->shadow = shadow;
+}
+
+void meter_free(struct meter *m)
+{
+	framer_free(&m->framer);
+	if (m->body)
+		evbuffer_free(m->body);
+	m->body = NULL;
+}
+
+void meter_label(struct meter *m, const char *route, const char *upstream, bool cold, unsigned load)
+{
+	m->route = route;
+	m->upstream = upstream;
+	m->cold = cold;
+	m->load = load;
+}
+
+/* Resolved when first recorded into: at the first ITL run, which comes from
+ * the response body, or when the request is recorded; so after the
+ * response head, when the status that decides whether its model may be
+ * admitted is known. */
+static struct series *meter_series(struct meter *m)
+{
+	if (!m->series)
+		m->series = stats_series(m->env.stats, m->route ? m->route : "none", m->upstream ? m->upstream : "none",
+					 m->rec->model, m->cold, status_ok(m->rec->status));
+	return m->series;
+}
+
+static void flush_itl(struct meter *m)
+{
+	if (m->itl_run_n)
+		stats_record_itl_n(meter_series(m), m->itl_run_gap, m->load, m->itl_run_n);
+	m->itl_run_n = 0;
+}
+
+void meter_read_end(struct meter *m)
+{
+	flush_itl(m);
+}
+
+/* A framed event: the timeline learns about it (its bytes are already on
+ * their way, or dropped for a shadow). */
+static void on_event(void *arg, const struct framer_event *ev)
+{
+	struct meter *m = arg;
+	struct req_record *rec = m->rec;
+	uint64_t gap;
+
+	rec->events++;
+	timeline_mark(rec, TL_FIRST_EVENT, m->now);
+	if (classify_event(rec->api, ev, &rec->usage, &rec->hint) && record_token_event(rec, m->now, &gap)) {
+		if (m->itl_run_n && gap != m->itl_run_gap)
+			flush_itl(m);
+		m->itl_run_gap = gap;
+		m->itl_run_n++;
+	}
+}
+
+void meter_head(struct meter *m, const struct respparse *rp)
+{
+	m->rec->status = rp->status;
+	timeline_mark(m->rec, TL_RESP_HEADERS, m->now);
+	if (rp->kind != FRAMER_NONE) {
+		m->rec->stream = 1;
+		framer_init(&m->framer, rp->kind, m->max_event_size, on_event, m);
+	} else if (!m->shadow && status_ok(rp->status)) {
+		m->rec->stream = 0;
+	}
+}
+
+/* The parser's framer kind is read as each hook runs, not kept from the
+ * head: a trailer named content-type sets it again before the end. */
+void meter_body(struct meter *m, const char *at, size_t len)
+{
+	if (m->resp->kind != FRAMER_NONE) {
+		framer_feed(&m->framer, at, len);
+		return;
+	}
+	if (m->shadow)
+		return;
+	if (!m->body)
+		m->body = evbuffer_new();
+	if (m->body && evbuffer_get_length(m->body) + len <= RESP_BODY_MAX)
+		evbuffer_add(m->body, at, len);
+}
+
+void meter_resp_body(void *meter, const char *at, size_t len)
+{
+	meter_body(meter, at, len);
+}
+
+void meter_complete(struct meter *m)
+{
+	timeline_mark(m->rec, TL_RESP_END, m->now);
+	if (m->resp->kind != FRAMER_NONE) {
+		framer_finish(&m->framer);
+	} else if (m->body && status_ok(m->rec->status)) {
+		size_t n = evbuffer_get_length(m->body);
+		const char *body = (const char *)evbuffer_pullup(m->body, -1);
+		if (body)
+			classify_body(m->rec->api, body, n, &m->rec->usage);
+	}
+	record_apply_outcome(m->rec);
+}
+
+void meter_finish(struct meter *m, struct upstream *up)
+{
+	struct req_record *rec = m->rec;
+
+	if (m->recorded)
+		return;
+	m->recorded = true;
+	accesslog_write(m->env.alog, rec);
+	flush_itl(m);
+	stats_record_request(meter_series(m), rec, m->load);
+	if (up) {
+		up->requests++;
+		if (rec->error != REQ_ERR_NONE) {
+			up->errors[rec->error]++;
+			if (!m->shadow) {
+				up->last_error = rec->error;
+				up->last_error_unix = (uint64_t)time(NULL);
+			}
+		}
+	}
+	if (!m->shadow)
+		recent_push(m->env.recent, rec, m->load, m->cold);
+}
+
+void meter_record_shadow(struct req_record *dst, const struct req_record *primary)
+{
+	memcpy(dst->id, primary->id, sizeof(dst->id));
+	memcpy(dst->method, primary->method, sizeof(dst->method));
+	memcpy(dst->path, primary->path, sizeof(dst->path));
+	memcpy(dst->model, primary->model, sizeof(dst->model));
+	dst->api = primary->api;
+	dst->stream = primary->stream;
+	dst->mirror = true;
+	dst->usage = USAGE_UNKNOWN;
+	/* the shadow's clock starts when the client's request did: its ttft
+	 * compares with the primary's on the same footing */
+	dst->at[TL_ARRIVE] = primary->at[TL_ARRIVE];
+	dst->at[TL_REQ_HEADERS] = primary->at[TL_REQ_HEADERS];
+}
