@@ -53,7 +53,8 @@ from test_admin import admin_get, admin_port, parse_exposition, rank_quantile
 from test_prometheus import prom_query, prom_result, prometheus_bin, start_prometheus
 
 PATH = "/v1/chat/completions"
-PER_INSTANCE = 400
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PER_INSTANCE = 800
 TOKENS = 4  # three gaps a request
 SCRAPE = "250ms"
 WAIT_S = 30.0
@@ -128,7 +129,7 @@ class PrometheusNativeFleetTest(harness.TestCase):
                 jobs.append((tt.port, trapezoid(rng, t_lo, t_hi), trapezoid(rng, i_lo, i_hi), "m%d-%d" % (i, k)))
         rng.shuffle(jobs)
         t0 = time.monotonic()
-        with ThreadPoolExecutor(max_workers=150) as pool:
+        with ThreadPoolExecutor(max_workers=300) as pool:
             for f in [pool.submit(send_one, *j) for j in jobs]:
                 f.result()
         send_s = time.monotonic() - t0
@@ -180,6 +181,18 @@ class PrometheusNativeFleetTest(harness.TestCase):
             check(metric, 0.99, True)
         print("\n" + "\n".join(report))
         self.assertEqual(failures, [], "\n".join(report))
+
+        # contrib/prometheus/tokentap-rules.yml: every recipe evaluates here
+        # to a non-empty result (a misspelt metric would answer nothing)
+        with open(os.path.join(REPO, "contrib", "prometheus", "tokentap-rules.yml")) as f:
+            exprs = [line.split("expr:", 1)[1].strip() for line in f if line.strip().startswith("expr:")]
+        self.assertEqual(len(exprs), 64)
+        for expr in exprs:
+            res = prom_result(nport, expr.replace("[5m]", "[%ds]" % window))
+            self.assertNotEqual(res, [], expr)
+            # queue and connect may well be all zeros (NaN quantiles) here
+            if "connect" not in expr and "queue" not in expr:
+                self.assertTrue(all(math.isfinite(float(r["value"][1])) for r in res), (expr, res))
 
 
 if __name__ == "__main__":
