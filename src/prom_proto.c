@@ -619,9 +619,10 @@ static void gauge_families(struct render *r, const struct upstream_gauge *g, siz
 		r->failed = true;
 		return;
 	}
-	if (n)
+	if (n) {
 		memcpy(sorted, g, n * sizeof(*sorted));
-	qsort(sorted, n, sizeof(*sorted), gauge_by_name);
+		qsort(sorted, n, sizeof(*sorted), gauge_by_name);
+	}
 	for (size_t fi = 0; fi < 2; fi++) {
 		pb_family *f = family_new(r, families[fi].name, families[fi].help,
 					  IO__PROMETHEUS__CLIENT__METRIC_TYPE__GAUGE, n);
