@@ -40,10 +40,11 @@ interval at each end, different for each target) from weighting the three
 instances unevenly by more than about 1 %.
 
 Labelled `timing` (tests/integration/CMakeLists.txt): under ASan the
-proxy and simulators run several times slower, 300 concurrent streams
-overload them, and the gaps they measure grow sparse, heavy tails (an ITL
-p99 of 0.6 s for a 0.4 s maximum) where one sample's rank moves the p99 by
-more than 1 %; the sanitize stage leaves it out rather than loosen it.
+proxy and simulators run several times slower and 300 concurrent streams
+overload them, so the latencies they measure are not the distributions the
+test sends (an ITL p99 of 0.7 s for a 0.4 s maximum), with sparse tails
+that leave a thin margin; the sanitize stage leaves it out rather than
+loosen it. (It passed under ASan when tried, 0.7 % off at worst.)
 
 Prometheus is stopped by its PID (SIGTERM, bounded wait, then SIGKILL).
 Missing `prometheus` is a failure, not a skip: contrib/setup.sh installs it.
