@@ -65,6 +65,7 @@
 #include "fdlimit.h"
 #include "log.h"
 #include "prom.h"
+#include "prom_accept.h"
 #include "prom_proto.h"
 #include "recent.h"
 #include "compare.h"

@@ -36,15 +36,6 @@ struct evbuffer;
 #define PROM_PROTO_CONTENT_TYPE \
 	"application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited"
 
-/*
- * True when an Accept header asks for the protobuf exposition: it lists
- * application/vnd.google.protobuf with proto=io.prometheus.client.MetricFamily
- * and encoding=delimited at a q above 0, and gives no range that takes the
- * text format (text/plain, any text subtype, any type) a higher q. Names are matched without regard to case, values
- * may be quoted. NULL or anything else: false (the text format).
- */
-bool prom_accept_protobuf(const char *accept);
-
 /* The native bucket (schema PROM_NATIVE_SCHEMA) of a value v > 0 in seconds:
  * the i with 2^((i-1)/128) < v <= 2^(i/128). */
 int prom_native_index(double v);

@@ -22,6 +22,7 @@
 #include <metrics.pb-c.h>
 
 #include "prom.h"
+#include "prom_accept.h"
 #include "prom_proto.h"
 #include "slice.h"
 #include "store.h"
