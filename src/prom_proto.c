@@ -166,8 +166,11 @@ void prom_native_buckets(const struct hist *h, int *first, size_t *n, uint64_t *
 	*zero = h && h->count ? h->buckets[0] : 0;
 	if (!h || h->count == *zero)
 		return;
-	memset(counts, 0, PROM_NATIVE_SPAN * sizeof(*counts));
-	for (unsigned b = 1; b < HIST_BUCKETS; b++) {
+	/* clear only the native indices the occupied buckets reach */
+	unsigned bmin = hist_index(h->min > 0 ? h->min : 1), bmax = hist_index(h->max);
+	int from = parts[bmin].first - NATIVE_LO, to = parts[bmax].first + (int)parts[bmax].n - NATIVE_LO;
+	memset(counts + from, 0, (size_t)(to - from) * sizeof(*counts));
+	for (unsigned b = bmin; b <= bmax; b++) {
 		if (!h->buckets[b])
 			continue;
 		int at = parts[b].first - NATIVE_LO;
