@@ -7,6 +7,8 @@ packages=(
 	build-essential cmake pkg-config
 	libevent-dev libssl-dev node-llhttp liblmdb-dev libyaml-dev libjansson-dev
 	zlib1g-dev libcmocka-dev
+	# the protobuf exposition of /metrics (proto/metrics.proto)
+	libprotobuf-c-dev protobuf-c-compiler
 	python3 curl openssl
 	# ip(8), for the network-fault tests (tests/integration/test_netfaults.py)
 	iproute2

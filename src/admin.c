@@ -65,6 +65,8 @@
 #include "fdlimit.h"
 #include "log.h"
 #include "prom.h"
+#include "prom_accept.h"
+#include "prom_proto.h"
 #include "recent.h"
 #include "compare.h"
 #include "control.h"
@@ -335,23 +337,27 @@ static void on_metrics(struct admin *a, struct evhttp_request *req, struct evkey
 		reply_error(req, 500, NULL, "out of memory reading the metrics");
 		return;
 	}
-	int rc = prom_render(out, &res);
-	store_result_free(&res);
-	if (rc == 0) {
-		struct upstream_gauge *g;
-		size_t n;
-		rc = upstream_gauges(&g, &n);
-		if (rc == 0) {
+	/* a scraper that asks for protobuf gets native histograms too */
+	bool proto = prom_accept_protobuf(evhttp_find_header(evhttp_request_get_input_headers(req), "Accept"));
+	struct upstream_gauge *g = NULL;
+	size_t n = 0;
+	int rc = upstream_gauges(&g, &n);
+	if (rc == 0 && proto) {
+		rc = prom_render_proto(out, &res, g, n);
+	} else if (rc == 0) {
+		rc = prom_render(out, &res);
+		if (rc == 0)
 			rc = prom_render_gauges(out, g, n);
-			upstream_gauges_free(g, n);
-		}
 	}
+	upstream_gauges_free(g, n);
+	store_result_free(&res);
 	if (rc == -1) {
 		evbuffer_drain(out, evbuffer_get_length(out));
 		reply_error(req, 500, NULL, "out of memory rendering the metrics");
 		return;
 	}
-	reply(req, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, 0);
+	evhttp_add_header(evhttp_request_get_output_headers(req), "Vary", "Accept");
+	reply(req, 200, proto ? PROM_PROTO_CONTENT_TYPE : "text/plain; version=0.0.4; charset=utf-8", NULL, 0);
 }
 
 static void on_requests_recent(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)

@@ -71,6 +71,24 @@ const char *prom_le_label(size_t i)
 	return i < LE_COUNT ? le_bounds[i].label : "+Inf";
 }
 
+uint64_t prom_le_us(size_t i)
+{
+	return i < LE_COUNT ? le_bounds[i].us : UINT64_MAX;
+}
+
+void prom_classic_counts(const struct hist *h, uint64_t *cum)
+{
+	uint64_t count = h ? h->count : 0, prev = 0;
+
+	for (size_t b = 0; b < LE_COUNT; b++) {
+		double v = count ? hist_count_le(h, le_bounds[b].us) : 0;
+		uint64_t c = v > 0 ? (uint64_t)llround(v) : 0;
+		/* rounding must not make the cumulative series step back */
+		c = c < prev ? prev : c > count ? count : c;
+		cum[b] = prev = c;
+	}
+}
+
 size_t prom_label_escape(char *out, size_t cap, const char *in)
 {
 	size_t n = 0;
@@ -130,16 +148,11 @@ static void histogram_family(struct writer *w, const struct stats_groups *gs, ch
 	emit(w, "# TYPE tokentap_%s_seconds histogram\n", name);
 	for (size_t i = 0; i < gs->n; i++) {
 		const struct hist *h = gs->g[i].slice.slot[m];
-		uint64_t count = h ? h->count : 0, prev = 0;
-		for (size_t b = 0; b < LE_COUNT; b++) {
-			double v = count ? hist_count_le(h, le_bounds[b].us) : 0;
-			uint64_t c = v > 0 ? (uint64_t)llround(v) : 0;
-			/* rounding must not make the cumulative series step back */
-			c = c < prev ? prev : c > count ? count : c;
+		uint64_t count = h ? h->count : 0, cum[LE_COUNT];
+		prom_classic_counts(h, cum);
+		for (size_t b = 0; b < LE_COUNT; b++)
 			emit(w, "tokentap_%s_seconds_bucket{%s,le=\"%s\"} %llu\n", name, labels[i], le_bounds[b].label,
-			     (unsigned long long)c);
-			prev = c;
-		}
+			     (unsigned long long)cum[b]);
 		emit(w, "tokentap_%s_seconds_bucket{%s,le=\"+Inf\"} %llu\n", name, labels[i],
 		     (unsigned long long)count);
 		emit(w, "tokentap_%s_seconds_sum{%s} %.6f\n", name, labels[i], count ? (double)h->sum / 1e6 : 0.0);

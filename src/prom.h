@@ -11,7 +11,9 @@
 #pragma once
 
 #include <stddef.h>
+#include <stdint.h>
 
+#include "hist.h"
 #include "store.h"
 #include "upstream.h"
 
@@ -36,6 +38,12 @@ int prom_render(struct evbuffer *out, const struct store_result *r) __attribute_
 int prom_render_gauges(struct evbuffer *out, const struct upstream_gauge *g, size_t n)
 	__attribute__((warn_unused_result));
 
-/* Number of finite `le` bounds and bound i, in seconds as printed. */
+/* Number of finite `le` bounds and bound i, in seconds as printed, and in
+ * µs (UINT64_MAX past the last). */
 size_t prom_le_count(void);
 const char *prom_le_label(size_t i);
+uint64_t prom_le_us(size_t i);
+
+/* The cumulative count of `h` (NULL: empty) at each of the prom_le_count()
+ * bounds into cum[], as both expositions export them. */
+void prom_classic_counts(const struct hist *h, uint64_t *cum);

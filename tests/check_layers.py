@@ -26,7 +26,7 @@ import sys
 # Highest layer first. Names are modules: a file's name without its extension.
 LAYERS = [
     (9, "main cli"),
-    (8, "admin admin_stats admin_recent admin_gate prom compare live dashboard"),
+    (8, "admin admin_stats admin_recent admin_gate prom prom_proto prom_accept compare live dashboard"),
     (7, "worker"),
     (6, "proxy"),
     (5, "client"),

@@ -166,6 +166,45 @@ def le_interval(v, edges):
     return lower, math.inf
 
 
+def start_prometheus(test, root, targets, flags=(), interval="1s", name="prometheus"):
+    """Starts Prometheus scraping the admin ports `targets` every `interval`
+    with extra command-line `flags`, its config and storage under
+    root/name*; stopped at `test`'s cleanup. Returns (process, port)."""
+    cfg = os.path.join(root, name + ".yml")
+    with open(cfg, "w") as f:
+        f.write("global:\n  scrape_interval: %s\n  scrape_timeout: %s\n  evaluation_interval: 1s\n"
+                "scrape_configs:\n  - job_name: tokentap\n    metrics_path: /metrics\n"
+                "    static_configs:\n      - targets: [%s]\n"
+                % (interval, interval, ", ".join("'127.0.0.1:%d'" % p for p in targets)))
+    last_err = ""
+    for attempt in range(3):  # a free port can be taken between probe and bind
+        port = harness.free_port()
+        storage = os.path.join(root, "%s-tsdb-%d" % (name, attempt))
+        proc = harness.Process([prometheus_bin(), "--config.file=" + cfg, "--storage.tsdb.path=" + storage,
+                                "--web.listen-address=127.0.0.1:%d" % port, "--log.level=info"] + list(flags),
+                               None, name, cwd=root)
+        test.addCleanup(proc.stop)
+
+        def ready():
+            if not proc.alive():
+                return "exited"
+            try:  # probe first: a refused connect is the normal "not yet"
+                socket.create_connection((harness.LOOPBACK, port), timeout=1).close()
+                r = prom_get(port, "/-/ready")
+            except OSError:
+                return False
+            return r is not None and r.status == 200
+
+        state = harness.wait_until(ready, PROM_READY_TIMEOUT_S, 0.2)
+        if state is True:
+            return proc, port
+        last_err = proc.stderr_text()[-3000:]
+        proc.stop()
+        if "address already in use" not in last_err:
+            break
+    raise AssertionError("%s did not become ready; stderr tail:\n%s" % (name, last_err))
+
+
 class PrometheusFleetTest(harness.TestCase):
     def start_instance(self, root, name):
         d = os.path.join(root, name)
@@ -177,39 +216,7 @@ class PrometheusFleetTest(harness.TestCase):
         return tt, admin_port(tt), log
 
     def start_prometheus(self, root, targets):
-        cfg = os.path.join(root, "prometheus.yml")
-        with open(cfg, "w") as f:
-            f.write("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
-                    "scrape_configs:\n  - job_name: tokentap\n    metrics_path: /metrics\n"
-                    "    static_configs:\n      - targets: [%s]\n"
-                    % ", ".join("'127.0.0.1:%d'" % p for p in targets))
-        last_err = ""
-        for attempt in range(3):  # a free port can be taken between probe and bind
-            port = harness.free_port()
-            storage = os.path.join(root, "tsdb-%d" % attempt)
-            proc = harness.Process([prometheus_bin(), "--config.file=" + cfg, "--storage.tsdb.path=" + storage,
-                                    "--web.listen-address=127.0.0.1:%d" % port, "--log.level=info"],
-                                   None, "prometheus", cwd=root)
-            self.addCleanup(proc.stop)
-
-            def ready():
-                if not proc.alive():
-                    return "exited"
-                try:  # probe first: a refused connect is the normal "not yet"
-                    socket.create_connection((harness.LOOPBACK, port), timeout=1).close()
-                    r = prom_get(port, "/-/ready")
-                except OSError:
-                    return False
-                return r is not None and r.status == 200
-
-            state = harness.wait_until(ready, PROM_READY_TIMEOUT_S, 0.2)
-            if state is True:
-                return proc, port
-            last_err = proc.stderr_text()[-3000:]
-            proc.stop()
-            if "address already in use" not in last_err:
-                break
-        raise AssertionError("prometheus did not become ready; stderr tail:\n%s" % last_err)
+        return start_prometheus(self, root, targets)
 
     def test_fleet_histogram_quantile_matches_merged_truth(self):
         prometheus_bin()
