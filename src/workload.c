@@ -45,18 +45,18 @@ struct wl_req {
 	uint8_t salt[16];
 	size_t block_bytes;
 	/* the scan */
-	unsigned depth;		       /* containers open */
-	uint8_t is_obj[SCAN_DEPTH];    /* per depth: an object (else an array) */
-	uint8_t kind[SCAN_DEPTH];      /* per depth: an array's element kind, an object's current member kind */
-	bool want_key;		       /* in an object, the next string is a key */
-	bool in_str, esc, str_is_key;  /* inside a string */
-	uint8_t str_kind;	       /* a value string's kind */
-	char key[KEY_MAX];	       /* the key being read (a longer one is no key of ours) */
+	unsigned depth;		      /* containers open */
+	uint8_t is_obj[SCAN_DEPTH];   /* per depth: an object (else an array) */
+	uint8_t kind[SCAN_DEPTH];     /* per depth: an array's element kind, an object's current member kind */
+	bool want_key;		      /* in an object, the next string is a key */
+	bool in_str, esc, str_is_key; /* inside a string */
+	uint8_t str_kind;	      /* a value string's kind */
+	char key[KEY_MAX];	      /* the key being read (a longer one is no key of ours) */
 	unsigned key_len;
 	bool in_num;
 	int64_t max_tokens; /* -1: not asked */
 	/* the chain */
-	EVP_MD_CTX *block;   /* the block being filled */
+	EVP_MD_CTX *block; /* the block being filled */
 	bool block_open;
 	size_t fill;	     /* bytes in it */
 	uint8_t prev[32];    /* the last closed block's digest */
@@ -591,8 +591,7 @@ static char *item_line(struct workload *wl, const struct wl_item *it)
 	json_object_set_new(o, "ttft_ms", ms_or_null(it->ttft_ms));
 	json_object_set_new(o, "e2e_ms", ms_or_null(it->e2e_ms));
 	json_object_set_new(o, "status", json_integer(it->status));
-	json_object_set_new(o, "outcome",
-			    json_string(it->error == REQ_ERR_NONE ? "ok" : req_error_name(it->error)));
+	json_object_set_new(o, "outcome", json_string(it->error == REQ_ERR_NONE ? "ok" : req_error_name(it->error)));
 	line = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(12));
 	json_decref(o);
 	return line;

@@ -35,8 +35,8 @@ struct req_record;
 
 struct workload_options {
 	const char *path;
-	uint64_t max_size;   /* bytes per file before it is rotated */
-	unsigned max_files;  /* files kept, the one being written included */
+	uint64_t max_size;     /* bytes per file before it is rotated */
+	unsigned max_files;    /* files kept, the one being written included */
 	unsigned block_tokens; /* block size in tokens (block_bytes = block_tokens * WL_BYTES_PER_TOKEN) */
 };
 

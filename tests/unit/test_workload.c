@@ -146,12 +146,14 @@ static void test_only_prompt_text(void **state)
 	size_t na, nb;
 	(void)state;
 
-	na = hashes_of("{\"model\":\"a\",\"temperature\":0.5,\"messages\":[{\"role\":\"user\",\"content\":\"hello "
-		       "there, \\\"model\\\": friend\"}],\"max_tokens\":12}",
-		       8, 0, a, 16);
-	nb = hashes_of("{\"messages\":[{\"content\":\"hello there, \\\"model\\\": friend\",\"role\":\"assistant\"}],"
-		       "\"model\":\"bbbbbb\",\"stream\":true}",
-		       8, 0, b, 16);
+	na = hashes_of(
+		"{\"model\":\"a\",\"temperature\":0.5,\"messages\":[{\"role\":\"user\",\"content\":\"hello "
+		"there, \\\"model\\\": friend\"}],\"max_tokens\":12}",
+		8, 0, a, 16);
+	nb = hashes_of(
+		"{\"messages\":[{\"content\":\"hello there, \\\"model\\\": friend\",\"role\":\"assistant\"}],"
+		"\"model\":\"bbbbbb\",\"stream\":true}",
+		8, 0, b, 16);
 	assert_true(na > 0);
 	assert_int_equal(na, nb);
 	assert_memory_equal(a, b, na * sizeof(*a));
