@@ -7,7 +7,8 @@
  * text), bench_run.c (the event loop: connections, requests, timestamps),
  * bench_report.c (table, JSON, per-request log, progress line),
  * bench_sweep.c (the concurrency sweep's JSON and SVG chart),
- * bench_admin.c (--compare-admin: tokentap's /stats beside the client's).
+ * bench_admin.c (--compare-admin: tokentap's /stats beside the client's),
+ * bench_replay.c (--replay: a trace's arrivals, lengths and prompts).
  *
  * One definition of a token event: responses are split by tokentap's own
  * framer (src/framer.h) and each event is judged by its classifier
