@@ -480,6 +480,15 @@ struct workload {
 	uint64_t open_retry_ns; /* an open that failed is not retried before */
 	struct wl_ids *ids;
 	uint64_t written;
+	/* the summary behind GET /workload: written by the writer, read by
+	 * the admin thread, both under sum_mu */
+	pthread_mutex_t sum_mu;
+	struct wl_summary_ring {
+		uint64_t ts_ms;
+		uint32_t in, out;
+	} ring[WL_SUMMARY_WINDOW];
+	size_t ring_head, ring_n;
+	uint64_t sum_records, sum_blocks, sum_shared_blocks;
 };
 
 static struct workload *g_wl;
@@ -571,8 +580,24 @@ static char *item_line(struct workload *wl, const struct wl_item *it)
 	char sess[17];
 	char *line;
 
-	for (size_t i = 0; i < it->nh; i++)
-		json_array_append_new(ids, json_integer((json_int_t)wl_ids_get(wl->ids, it->hashes[i])));
+	uint64_t shared = 0;
+	for (size_t i = 0; i < it->nh; i++) {
+		uint64_t before = wl->ids->next, id = wl_ids_get(wl->ids, it->hashes[i]);
+		shared += id < before;
+		json_array_append_new(ids, json_integer((json_int_t)id));
+	}
+	pthread_mutex_lock(&wl->sum_mu);
+	wl->ring[(wl->ring_head + wl->ring_n) % WL_SUMMARY_WINDOW] =
+		(struct wl_summary_ring){ ts, (uint32_t)(in > UINT32_MAX ? UINT32_MAX : in),
+					  (uint32_t)(it->output_tokens < 0 ? 0 : it->output_tokens) };
+	if (wl->ring_n < WL_SUMMARY_WINDOW)
+		wl->ring_n++;
+	else
+		wl->ring_head = (wl->ring_head + 1) % WL_SUMMARY_WINDOW;
+	wl->sum_records++;
+	wl->sum_blocks += it->nh;
+	wl->sum_shared_blocks += shared;
+	pthread_mutex_unlock(&wl->sum_mu);
 	json_object_set_new(o, "timestamp", json_integer((json_int_t)ts));
 	json_object_set_new(o, "input_length", json_integer(in));
 	json_object_set_new(o, "output_length", json_integer(it->output_tokens < 0 ? 0 : it->output_tokens));
@@ -722,9 +747,11 @@ int workload_open(const struct workload_options *o, char *err, size_t errlen)
 		goto fail;
 	wl->start_ns = clock_now_ns();
 	pthread_mutex_init(&wl->mu, NULL);
+	pthread_mutex_init(&wl->sum_mu, NULL);
 	pthread_cond_init(&wl->cv, NULL);
 	if (pthread_create(&wl->thread, NULL, writer_main, wl) != 0) {
 		pthread_mutex_destroy(&wl->mu);
+		pthread_mutex_destroy(&wl->sum_mu);
 		pthread_cond_destroy(&wl->cv);
 		goto fail;
 	}
@@ -759,9 +786,109 @@ void workload_close(void)
 	if (wl->fd != -1)
 		close(wl->fd);
 	pthread_mutex_destroy(&wl->mu);
+	pthread_mutex_destroy(&wl->sum_mu);
 	pthread_cond_destroy(&wl->cv);
 	wl_ids_free(wl->ids);
 	memset(wl->salt, 0, sizeof(wl->salt));
 	free(wl->path);
 	free(wl);
+}
+
+/* ---- the summary ---- */
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* Nearest-rank quantiles of a sorted array, its mean and max. */
+static json_t *dist_json(const uint64_t *v, size_t n)
+{
+	json_t *o = json_object();
+	static const struct {
+		const char *key;
+		double q;
+	} qs[] = { { "p50", 0.5 }, { "p90", 0.9 }, { "p99", 0.99 } };
+	double sum = 0;
+
+	for (size_t i = 0; i < n; i++)
+		sum += (double)v[i];
+	json_object_set_new(o, "mean", n ? json_real(round(sum / (double)n * 1000.0) / 1000.0) : json_null());
+	for (size_t i = 0; i < sizeof(qs) / sizeof(qs[0]); i++) {
+		size_t rank = (size_t)ceil(qs[i].q * (double)n);
+		json_object_set_new(o, qs[i].key, n ? json_integer((json_int_t)v[rank ? rank - 1 : 0]) : json_null());
+	}
+	json_object_set_new(o, "max", n ? json_integer((json_int_t)v[n - 1]) : json_null());
+	return o;
+}
+
+char *workload_summary_json(void)
+{
+	struct workload *wl = g_wl;
+	json_t *o = json_object();
+	uint64_t *ts = NULL, *in = NULL, *out = NULL;
+	size_t n = 0;
+	char *text;
+
+	json_object_set_new(o, "capturing", json_boolean(wl != NULL));
+	if (!wl)
+		goto done;
+	ts = malloc(WL_SUMMARY_WINDOW * sizeof(*ts));
+	in = malloc(WL_SUMMARY_WINDOW * sizeof(*in));
+	out = malloc(WL_SUMMARY_WINDOW * sizeof(*out));
+	if (!ts || !in || !out) {
+		json_decref(o);
+		o = NULL;
+		goto done;
+	}
+	pthread_mutex_lock(&wl->sum_mu);
+	n = wl->ring_n;
+	for (size_t i = 0; i < n; i++) {
+		const struct wl_summary_ring *r = &wl->ring[(wl->ring_head + i) % WL_SUMMARY_WINDOW];
+		ts[i] = r->ts_ms;
+		in[i] = r->in;
+		out[i] = r->out;
+	}
+	uint64_t records = wl->sum_records, blocks = wl->sum_blocks, shared = wl->sum_shared_blocks;
+	pthread_mutex_unlock(&wl->sum_mu);
+	uint64_t dropped = atomic_load(&wl->dropped_queue);
+
+	json_object_set_new(o, "block_tokens", json_integer(wl->o.block_tokens));
+	json_object_set_new(o, "records", json_integer((json_int_t)records));
+	json_object_set_new(o, "dropped_queue_full", json_integer((json_int_t)dropped));
+	json_object_set_new(o, "window_records", json_integer((json_int_t)n));
+	/* arrivals: the window's records sorted by arrival (they are written
+	 * as they finish) */
+	qsort(ts, n, sizeof(*ts), cmp_u64);
+	qsort(in, n, sizeof(*in), cmp_u64);
+	qsort(out, n, sizeof(*out), cmp_u64);
+	double span_s = n > 1 ? (double)(ts[n - 1] - ts[0]) / 1000.0 : 0;
+	json_object_set_new(o, "span_s", json_real(span_s));
+	json_object_set_new(o, "arrival_rate",
+			    span_s > 0 ? json_real(round((double)(n - 1) / span_s * 1000.0) / 1000.0) : json_null());
+	double mean = 0, m2 = 0;
+	for (size_t i = 1; i < n; i++) { /* Welford over the gaps */
+		double g = (double)(ts[i] - ts[i - 1]), d = g - mean;
+		mean += d / (double)i;
+		m2 += d * (g - mean);
+	}
+	json_object_set_new(o, "interarrival_cv",
+			    n > 2 && mean > 0 ? json_real(round(sqrt(m2 / (double)(n - 1)) / mean * 1000.0) / 1000.0)
+					      : json_null());
+	json_object_set_new(o, "input_length", dist_json(in, n));
+	json_object_set_new(o, "output_length", dist_json(out, n));
+	json_object_set_new(o, "prefix_blocks", json_integer((json_int_t)blocks));
+	json_object_set_new(o, "prefix_shared_blocks", json_integer((json_int_t)shared));
+	json_object_set_new(o, "prefix_sharing_ratio",
+			    blocks ? json_real(round((double)shared / (double)blocks * 1000.0) / 1000.0) : json_null());
+done:
+	free(ts);
+	free(in);
+	free(out);
+	if (!o)
+		return NULL;
+	text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(12));
+	json_decref(o);
+	return text;
 }

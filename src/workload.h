@@ -29,9 +29,10 @@
 struct req_record;
 
 /* Defaults and bounds, documented in docs/workload.md. */
-#define WL_BYTES_PER_TOKEN 4 /* the approximation behind block_bytes */
-#define WL_HASHES_MAX 16384  /* blocks hashed per request; the rest of a longer prompt is not */
-#define WL_QUEUE_MAX 4096    /* records waiting for the writer */
+#define WL_BYTES_PER_TOKEN 4   /* the approximation behind block_bytes */
+#define WL_HASHES_MAX 16384    /* blocks hashed per request; the rest of a longer prompt is not */
+#define WL_QUEUE_MAX 4096      /* records waiting for the writer */
+#define WL_SUMMARY_WINDOW 4096 /* records the summary's distributions are over */
 
 struct workload_options {
 	const char *path;
@@ -50,6 +51,14 @@ void workload_close(void);
 
 /* Whether a capture runs. */
 bool workload_active(void);
+
+/* The summary GET /workload answers, as JSON text (free() it; NULL: out of
+ * memory): {"capturing": false} without a capture; else lifetime counts
+ * (records, prefix blocks and those shared with an earlier request) and,
+ * over the last WL_SUMMARY_WINDOW records written, the arrival rate, the
+ * coefficient of variation of inter-arrival gaps and the prompt / output
+ * length distributions. Any thread. */
+char *workload_summary_json(void);
 
 /* ---- per request ---- */
 

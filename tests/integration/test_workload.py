@@ -74,7 +74,7 @@ class WorkloadCase(harness.TestCase):
 class Capture(WorkloadCase):
     def test_trace_matches_access_log_and_load(self):
         sim = harness.start_sim(self, "--ttft-ms", 5, "--itl-ms", 2)
-        tt, trace, alog = self.capturing(sim)
+        tt, trace, alog = self.capturing(sim, "--admin", "127.0.0.1:0")
         n, rate = 40, 25.0
         log = self.path("bench.jsonl")
         self.bench(["--url", "http://127.0.0.1:%d" % tt.port, "--rate", rate, "--requests", n, "--input-len",
@@ -105,6 +105,22 @@ class Capture(WorkloadCase):
         # (both clocks: ms in the trace, µs in the client's log)
         got, sent_rate = rate_of([r["timestamp"] for r in recs]), rate_of([s["start_ms"] for s in sent])
         self.assertLess(abs(got - sent_rate) / sent_rate, RATE_TOL, (got, sent_rate))
+        # GET /workload: the same numbers from the capture's own counters
+        resp, _ = harness.exchange(harness.admin_port(tt), "GET", "/workload")
+        self.assertEqual(resp.status, 200)
+        s = resp.json()
+        self.assertEqual(s["records"], n)
+        self.assertAlmostEqual(s["arrival_rate"], got, delta=0.01 * got)
+        ins = sorted(r["input_length"] for r in recs)
+        self.assertEqual(s["input_length"]["p50"], ins[n // 2 - 1])  # nearest rank
+        self.assertEqual(s["input_length"]["max"], ins[-1])
+        self.assertEqual(s["output_length"]["max"], max(r["output_length"] for r in recs))
+        self.assertEqual(s["prefix_blocks"], len(ids))
+        self.assertEqual(s["prefix_sharing_ratio"], 0)
+        gaps = [b - a for a, b in zip(sorted(r["timestamp"] for r in recs), sorted(r["timestamp"] for r in recs)[1:])]
+        mean = sum(gaps) / len(gaps)
+        cv = (sum((g - mean) ** 2 for g in gaps) / len(gaps)) ** 0.5 / mean
+        self.assertAlmostEqual(s["interarrival_cv"], cv, delta=0.01)
 
     def test_shared_prefix_and_no_prompt_text(self):
         sim = harness.start_sim(self, "--ttft-ms", 1, "--itl-ms", 1)

@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -332,6 +333,55 @@ static void test_unwritable_path_drops(void **state)
 	assert_int_equal(access("/nonexistent-dir/w.jsonl", F_OK), -1);
 }
 
+/* GET /workload's summary: the arrival rate and the gaps' CV over the
+ * window, sorted by arrival though written as requests finish; length
+ * quantiles; the share of prefix blocks seen before. */
+static void test_summary(void **state)
+{
+	char dir[] = "/tmp/test_workload_XXXXXX", path[256];
+	struct workload_options o = { path, 1 << 20, 2, 4 };
+	char err[256], *text;
+	json_t *s = NULL;
+	(void)state;
+
+	text = workload_summary_json();
+	assert_string_equal(text, "{\n  \"capturing\": false\n}");
+	free(text);
+	assert_non_null(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/w.jsonl", dir);
+	assert_int_equal(workload_open(&o, err, sizeof(err)), 0);
+	uint64_t t0 = clock_now_ns();
+	/* 11 arrivals 100 ms apart, finishing out of order; every prompt the
+	 * same 32 bytes and a separator: 3 blocks, shared from the second on */
+	static const int order[] = { 3, 0, 1, 2, 7, 4, 5, 6, 10, 8, 9 };
+	for (int i = 0; i < 11; i++)
+		record(t0 + (uint64_t)order[i] * 100000000ull, 10 * (order[i] + 1), order[i] + 1,
+		       "{\"prompt\":\"0123456789abcdef0123456789abcdef\"}");
+	for (int tries = 0; tries < 500; tries++) {
+		text = workload_summary_json();
+		json_decref(s);
+		s = json_loads(text, 0, NULL);
+		free(text);
+		if (json_integer_value(json_object_get(s, "records")) == 11)
+			break;
+		usleep(2000);
+	}
+	workload_close();
+	assert_int_equal(json_integer_value(json_object_get(s, "records")), 11);
+	assert_true(json_is_true(json_object_get(s, "capturing")));
+	assert_true(fabs(json_real_value(json_object_get(s, "arrival_rate")) - 10.0) < 0.2);
+	assert_true(json_real_value(json_object_get(s, "interarrival_cv")) < 0.05);
+	json_t *in = json_object_get(s, "input_length"), *out = json_object_get(s, "output_length");
+	assert_int_equal(json_integer_value(json_object_get(in, "p50")), 60);
+	assert_int_equal(json_integer_value(json_object_get(in, "max")), 110);
+	assert_int_equal(json_integer_value(json_object_get(out, "p90")), 10);
+	assert_int_equal(json_integer_value(json_object_get(s, "prefix_blocks")), 33);
+	assert_int_equal(json_integer_value(json_object_get(s, "prefix_shared_blocks")), 30);
+	json_decref(s);
+	unlink(path);
+	rmdir(dir);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -342,6 +392,7 @@ int main(void)
 		cmocka_unit_test(test_ids_in_order_of_first_appearance),
 		cmocka_unit_test(test_capture_lines_and_rotation),
 		cmocka_unit_test(test_unwritable_path_drops),
+		cmocka_unit_test(test_summary),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
