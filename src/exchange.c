@@ -5,6 +5,15 @@
  * upstream), writing the request, and reading the response: its bytes are
  * moved to the client as they arrive while the parser stamps the timeline
  * and the framer and classifier find the token events.
+ *
+ * The exchange's states (EXCHANGE_STATES, proxy_int.h), the usual way:
+ *
+ *   NEW ─▶ [AWAIT_BODY | AWAIT_CHUNK] ─▶ ROUTING ─▶ [QUEUED] ─▶ CONNECTING ─▶ SENDING
+ *          ─▶ AWAIT_HEAD ─▶ STREAMING ⇄ PAUSED ─▶ DONE
+ *
+ * and back: CONNECTING ─▶ ROUTING on failover, SENDING or AWAIT_HEAD ─▶
+ * CONNECTING on a replay; any state ─▶ DONE on an error or abort. The state
+ * decides the timer (exchange_set_state) and what on_exchange_timer does.
  */
 #include <errno.h>
 #include <event2/buffer.h>

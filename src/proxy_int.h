@@ -1,9 +1,10 @@
 /*
- * proxy_int.h — what proxy.c (the client side: connections, the request
- * state machine, error answers) and exchange.c (the upstream side: routing,
- * admission, connecting, response parsing) share: the connection and
- * request objects and the functions each calls in the other. Not for other
- * modules: they use proxy.h.
+ * proxy_int.h — what proxy.c (the client side: connections, the client
+ * state machine, error answers) and exchange.c (the upstream side: the
+ * exchange state machine, routing, admission, connecting, response parsing)
+ * share: the connection and request objects, both machines' states, and the
+ * functions each calls in the other. Not for other modules: they use
+ * proxy.h.
  */
 #pragma once
 
