@@ -681,9 +681,10 @@ static void on_stream_event(void *arg, const struct framer_event *ev)
 
 	req->rec.events++;
 	timeline_mark(&req->rec, TL_FIRST_EVENT, req->now);
-	if (classify_event(req->rec.api, ev, &req->rec.usage, &req->rec.hint)) {
+	enum token_kind kind = classify_event(req->rec.api, ev, &req->rec.usage, &req->rec.hint);
+	if (kind != TOKEN_NONE) {
 		uint64_t gap;
-		if (record_token_event(&req->rec, req->now, &gap)) {
+		if (record_token_event(&req->rec, kind, req->now, &gap)) {
 			if (req->itl_run_n && gap != req->itl_run_gap)
 				request_flush_itl(req);
 			req->itl_run_gap = gap;

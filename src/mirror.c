@@ -109,7 +109,8 @@ static void on_event_frame(void *arg, const struct framer_event *ev)
 
 	m->rec.events++;
 	timeline_mark(&m->rec, TL_FIRST_EVENT, m->now);
-	if (classify_event(m->rec.api, ev, &m->rec.usage, &m->rec.hint) && record_token_event(&m->rec, m->now, &gap)) {
+	enum token_kind kind = classify_event(m->rec.api, ev, &m->rec.usage, &m->rec.hint);
+	if (kind != TOKEN_NONE && record_token_event(&m->rec, kind, m->now, &gap)) {
 		if (m->itl_run_n && gap != m->itl_run_gap)
 			mirror_flush_itl(m);
 		m->itl_run_gap = gap;

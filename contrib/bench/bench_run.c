@@ -677,7 +677,8 @@ static void on_framed_event(void *arg, const struct framer_event *ev)
 
 	q->rec.events++;
 	timeline_mark(&q->rec, TL_FIRST_EVENT, q->now);
-	if (classify_event(c->run->api, ev, &q->rec.usage, &q->rec.hint) && record_token_event(&q->rec, q->now, &gap))
+	enum token_kind kind = classify_event(c->run->api, ev, &q->rec.usage, &q->rec.hint);
+	if (kind != TOKEN_NONE && record_token_event(&q->rec, kind, q->now, &gap))
 		hist_record(&stats_of(c->run, q)->h[BM_ITL], gap / 1000); /* as tokentap: truncated µs */
 }
 
