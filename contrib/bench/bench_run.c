@@ -343,6 +343,8 @@ static void req_finish(struct conn *c, enum bench_error err, uint64_t now)
 			hist_record(&st->h[BM_TPOT], ms_to_us_round(m[RM_TPOT]));
 		if (!isnan(m[RM_E2E]))
 			hist_record(&st->h[BM_E2E], ms_to_us_round(m[RM_E2E]));
+		if (q->rec.reasoning_events && !isnan(m[RM_ANSWER_TTFT]))
+			hist_record(&st->h[BM_ANSWER_TTFT], ms_to_us_round(m[RM_ANSWER_TTFT]));
 		reqlog_write(r, q, err, m, in, out);
 	} else {
 		st->failed++;

@@ -15,11 +15,13 @@ For each API:
   histograms, the cached and reasoning token counters and the prefix-cache
   hit ratio; /stats/prompt keys the request on its prefill tokens by
   default and on the whole prompt with by=prompt;
-- the bytes reach the client unchanged."""
+- the bytes reach the client unchanged;
+- tokentap-bench reports the answer ttft of streams that reasoned."""
 
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 import threading
 import time
@@ -291,6 +293,35 @@ class ReasoningTest(harness.TestCase):
                 e, model, usage, sent = self.run_api(api)
                 self.check_line(api, e, usage, sent)
                 self.check_stats(e, model, usage)
+
+    def test_bench_reports_answer_ttft(self):
+        """tokentap-bench straight at the fake: the answer ttft of the
+        streams that reasoned, beside the ttft; absent from a stream that
+        did not reason (the simulator's)."""
+        for api in ("openai-chat", "anthropic"):
+            with self.subTest(api=api):
+                out = os.path.join(self.dir, "bench-%s.json" % api)
+                p = subprocess.run([harness.bench_bin(), "--url", self.up.url, "--api", api, "--requests", "2",
+                                    "--no-progress", "-H", "x-api: " + api, "--json", out],
+                                   stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+                self.assertTrue(os.path.exists(out), "tokentap-bench exited %d: %s" % (p.returncode, p.stderr))
+                with open(out) as f:
+                    m = json.load(f)["result"]["metrics"]
+                self.assertEqual(m["answer_ttft"]["count"], 2)
+                want = (N_REASONING - 1) * PAUSE_REASONING_MS + PAUSE_THINK_MS
+                self.assertAlmostEqual(m["answer_ttft"]["p50_ms"] - m["ttft"]["p50_ms"], want,
+                                       delta=TOL_MS + 0.01 * m["answer_ttft"]["p50_ms"])
+                self.assertRegex(p.stdout, r"(?m)^answer_ttft +2 ")
+        sim = harness.start_sim(self)
+        out = os.path.join(self.dir, "bench-sim.json")
+        p = subprocess.run([harness.bench_bin(), "--url", sim.url, "--api", "openai-chat", "--requests", "2",
+                            "--no-progress", "-H", "x-sim-tokens: 4", "--json", out],
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+        with open(out) as f:
+            m = json.load(f)["result"]["metrics"]
+        self.assertEqual(m["ttft"]["count"], 2, p.stderr)
+        self.assertEqual(m["answer_ttft"]["count"], 0)
+        self.assertNotRegex(p.stdout, r"(?m)^answer_ttft ")
 
     def test_bad_by_refused(self):
         r, _ = harness.exchange(self.admin, "GET", "/stats/prompt?by=tokens")
