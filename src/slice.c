@@ -142,7 +142,9 @@ void slice_record_request(struct slice *s, const struct req_record *r, unsigned 
 		record_milli(s, SLOT_CURVE(CURVE_TTFT, ib), m[RM_TTFT]);
 		record_milli(s, SLOT_CURVE(CURVE_E2E, ib), m[RM_E2E]);
 	}
-	if (r->usage.cached_tokens >= 0)
+	/* Cached tokens count only with the input they are part of, so that
+	 * the hit ratio (cached / cache_reported_input) stays within 1. */
+	if (r->usage.cached_tokens >= 0 && r->usage.input_tokens >= 0)
 		s->counters[CT_CACHED_TOKENS] += (uint64_t)r->usage.cached_tokens;
 	if (r->usage.cache_write_tokens >= 0)
 		s->counters[CT_CACHE_WRITE_TOKENS] += (uint64_t)r->usage.cache_write_tokens;

@@ -267,6 +267,15 @@ static void test_slice_records_reasoning_and_cache(void **state)
 	assert_int_equal(sl.slot[HM_ANSWER_TTFT]->count, 2);
 	assert_int_equal(sl.slot[HM_ANSWER_TTFT]->min, 2000);
 	assert_int_equal(sl.slot[HM_REASONING]->count, 1);
+	/* cached tokens without the input they are part of: not counted, the
+	 * ratio's numerator never outgrows its denominator */
+	fake_request(&r, 2000, 3, 1000);
+	r.usage.input_tokens = -1;
+	r.usage.cached_tokens = 500;
+	slice_record_request(&sl, &r, 1, &test_slo);
+	record_release(&r);
+	assert_int_equal(sl.counters[CT_CACHED_TOKENS], 900);
+	assert_int_equal(sl.counters[CT_CACHE_REPORTED_INPUT_TOKENS], 1000);
 	assert_string_equal(hist_metric_name(HM_ANSWER_TTFT), "answer_ttft");
 	assert_string_equal(hist_metric_name(HM_REASONING), "reasoning");
 	assert_string_equal(slice_counter_name(CT_CACHED_TOKENS), "cached_tokens");
