@@ -7,10 +7,11 @@
  * parsing the event: keyscan_find() finds a quoted key such as "content", and the
  * bytes right after it say whether its value is a non-empty string, an
  * object, a non-empty array. Which key held text says what the event
- * carries: answer text, reasoning or a tool call (struct token_key). Usage counts (usually one event per response)
- * are read the same way, member by member of the objects that hold them,
- * with the semantics a JSON parser would give (direct members only, the
- * last of a repeated key, integers only), so no event costs an allocation.
+ * carries: answer text, reasoning or a tool call (struct token_key). Usage
+ * counts (usually one event per response) are read the same way, member by
+ * member of the objects that hold them, with the semantics a JSON parser
+ * would give (direct members only, the last of a repeated key, integers
+ * only), so no event costs an allocation.
  *
  * Why a key scan cannot be fooled by text that merely looks like a key: in
  * valid JSON an unescaped '"' always delimits a string, and a string value
@@ -247,11 +248,7 @@ static enum token_kind first_key_holding_text(const struct span *s, const struct
 
 /*
  * What the event carries: the kind of the first of the keys (listed by
- * kind_rank) that holds text. A hinted answer event costs what it did when
- * only "bears tokens" was asked; a hinted reasoning event pays one search
- * of the whole event per answer and tool key as well (chat: three, some
- * 50 ns on a 200-byte chunk), the price of letting an answer in the same
- * event win. With a hint, the key that held it in the
+ * kind_rank) that holds text. With a hint, the key that held it in the
  * stream's last token event is looked for first from where it was. That
  * probe can only confirm: key_find() judges a hit by the bytes around it
  * (the backslashes before it, the ':' after it), not by where the search
@@ -260,6 +257,11 @@ static enum token_kind first_key_holding_text(const struct span *s, const struct
  * ranks before it holds text too, so those (none for an answer key, the
  * common case) are still searched in full. When the probe finds nothing,
  * every key is searched from the event's start, exactly as without a hint.
+ *
+ * Cost: a hinted answer event costs what it did when only "bears tokens"
+ * was asked; a hinted reasoning event also pays a search of the whole event
+ * per answer and tool key (chat: three, some 50 ns on a 200-byte chunk),
+ * the price of letting an answer in the same event win.
  */
 static enum token_kind keys_kind(const struct span *s, const struct token_key *keys, size_t n,
 				 struct classify_hint *hint)
