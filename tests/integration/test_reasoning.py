@@ -171,7 +171,27 @@ class Sent:
 SENT = Sent()
 
 
+# Non-streamed bodies: api -> (path, body, expected usage as in CASES)
+BODIES = {
+    "openai-chat": ("/v1/chat/completions", {
+        "id": "c1", "object": "chat.completion", "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Paris",
+                                             "reasoning_content": "step"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 300, "completion_tokens": 20, "prompt_tokens_details": {"cached_tokens": 256},
+                  "completion_tokens_details": {"reasoning_tokens": 12}}}, (300, 20, 256, None, 12)),
+    "anthropic": ("/v1/messages", {
+        "id": "msg_1", "type": "message", "role": "assistant", "content": [{"type": "text", "text": "Paris"}],
+        "usage": {"input_tokens": 5, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 2000,
+                  "output_tokens": 7}}, (2005, 7, 2000, 0, None)),
+}
+
+
 def handler(sock, req, ctx):
+    if req.header("x-body"):
+        body = json.dumps(BODIES[req.header("x-api")][1]).encode()
+        sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                     % (len(body), body))
+        return True
     path, script, ctype, _ = CASES[req.header("x-api")]
     rid = req.header("x-request-id")
     sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: " + ctype + b"\r\nTransfer-Encoding: chunked\r\n\r\n")
@@ -322,6 +342,23 @@ class ReasoningTest(harness.TestCase):
         self.assertEqual(m["ttft"]["count"], 2, p.stderr)
         self.assertEqual(m["answer_ttft"]["count"], 0)
         self.assertNotRegex(p.stdout, r"(?m)^answer_ttft ")
+
+    def test_not_streamed_usage_details(self):
+        """A whole JSON body's usage details, Anthropic's prompt normalised."""
+        for api, (path, _, usage) in BODIES.items():
+            with self.subTest(api=api):
+                rid = "it-reasoning-body-" + api
+                resp, _ = harness.exchange(self.tt.port, "POST", path, harness.api_body(api, stream=False),
+                                           [("x-request-id", rid), ("x-api", api), ("x-body", "1")])
+                self.assertEqual(resp.status, 200)
+                e = harness.wait_log_entry(self.log, lambda e: e.get("id") == rid)
+                self.assertIsNotNone(e, rid)
+                self.assertIs(e["stream"], False)
+                got = (e["input_tokens"], e["output_tokens"], e["cached_tokens"], e["cache_write_tokens"],
+                       e["reasoning_tokens"])
+                self.assertEqual(got, usage)
+                self.assertIsNone(e["answer_ttft_ms"])
+                self.assertIsNone(e["reasoning_ms"])
 
     def test_bad_by_refused(self):
         r, _ = harness.exchange(self.admin, "GET", "/stats/prompt?by=tokens")
