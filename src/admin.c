@@ -294,10 +294,18 @@ static void on_stats_view(struct admin *a, struct evhttp_request *req, struct ev
 {
 	struct stats_query q = { .window = WIN_1H, .cold = COLD_INCLUDE };
 	struct store_result res;
+	const char *by;
 	char *text;
 
 	if (!window_cold_parse(req, p, &q.window, &q.cold))
 		return;
+	if (view == VIEW_PROMPT && (by = evhttp_find_header(p, "by")) != NULL) {
+		if (strcmp(by, "prompt") != 0 && strcmp(by, "prefill") != 0) {
+			reply_error(req, 400, "by", "bad value '%.64s' for by; one of prefill, prompt", by);
+			return;
+		}
+		q.prompt_raw = strcmp(by, "prompt") == 0;
+	}
 	q.route = evhttp_find_header(p, "route");
 	q.upstream = evhttp_find_header(p, "upstream");
 	q.model = evhttp_find_header(p, "model");

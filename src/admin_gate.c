@@ -17,6 +17,7 @@
 
 static const char *const admin_no_params[] = { NULL };
 static const char *const admin_stats_params[] = { "window", "route", "upstream", "model", "cold", NULL };
+static const char *const admin_prompt_params[] = { "window", "route", "upstream", "model", "cold", "by", NULL };
 static const char *const admin_recent_params[] = { "n", NULL };
 static const char *const admin_compare_params[] = { "route", "window", "cold", NULL };
 

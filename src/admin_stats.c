@@ -257,7 +257,7 @@ static json_t *summary_json(const struct stats_group *g, const struct stats_quer
 {
 	const struct slice *s = &g->slice;
 	const size_t status_prefix = strlen("status_");
-	json_t *o = json_object(), *st, *er, *tp, *gp, *mx, *cx, *cd;
+	json_t *o = json_object(), *st, *er, *tp, *gp, *mx, *cx, *cd, *pc;
 
 	if (!o)
 		return NULL;
@@ -277,6 +277,20 @@ static json_t *summary_json(const struct stats_group *g, const struct stats_quer
 
 	put(o, "input_tokens", json_u64(s->counters[CT_INPUT_TOKENS]));
 	put(o, "output_tokens", json_u64(s->counters[CT_OUTPUT_TOKENS]));
+	put(o, "cached_tokens", json_u64(s->counters[CT_CACHED_TOKENS]));
+	put(o, "cache_write_tokens", json_u64(s->counters[CT_CACHE_WRITE_TOKENS]));
+	put(o, "reasoning_tokens", json_u64(s->counters[CT_REASONING_TOKENS]));
+
+	/* Token-weighted prefix-cache hit ratio, over the requests whose
+	 * server reported caching (their input tokens are counted apart). */
+	pc = json_object();
+	if (pc) {
+		uint64_t in = s->counters[CT_CACHE_REPORTED_INPUT_TOKENS];
+		put(pc, "input_tokens", json_u64(in));
+		put(pc, "cached_tokens", json_u64(s->counters[CT_CACHED_TOKENS]));
+		put(pc, "hit_ratio", json_ratio((double)s->counters[CT_CACHED_TOKENS], (double)in));
+	}
+	put(o, "prefix_cache", pc);
 
 	tp = json_object();
 	if (tp) {
@@ -334,8 +348,9 @@ static json_t *prompt_json(const struct stats_group *g, const struct stats_query
 		return NULL;
 	}
 	put_labels(o, g, q);
+	put(o, "by", json_string(q->prompt_raw ? "prompt" : "prefill"));
 	for (unsigned b = 0; b < PROMPT_BUCKETS; b++) {
-		const struct hist *h = slot(&g->slice, SLOT_PROMPT(b));
+		const struct hist *h = slot(&g->slice, q->prompt_raw ? SLOT_PROMPT_RAW(b) : SLOT_PROMPT(b));
 		json_t *e;
 		if (!h || !h->count || !(e = json_object()))
 			continue;

@@ -30,6 +30,9 @@ struct stats_query {
 	/* the goodput thresholds in force, named in each series' goodput;
 	 * NULL: not named */
 	const struct slo *slo;
+	/* /stats/prompt keyed on the prompt as reported (by=prompt), not on
+	 * the tokens the server had to prefill */
+	bool prompt_raw;
 };
 
 struct stats_group {
