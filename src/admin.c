@@ -324,6 +324,65 @@ static void on_stats_curve(struct admin *a, struct evhttp_request *req, struct e
 	on_stats_view(a, req, p, VIEW_CURVE);
 }
 
+/*
+ * GET /stats/history: what /stats?window=1m answered every `step` seconds
+ * (1 to 60, default 10) over the last five minutes, from the per-second
+ * ring, so that the dashboard's time charts open already drawn. Points
+ * before collection began are left out; the current second is not a point
+ * (the page's own first poll is).
+ */
+#define HISTORY_SPAN_S 60
+#define HISTORY_MAX_POINTS (STORE_RING_SECONDS - HISTORY_SPAN_S)
+static void on_stats_history(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)
+{
+	struct stats_query q = { .window = WIN_1M, .cold = COLD_INCLUDE };
+	struct store_result *pts;
+	uint64_t now = (uint64_t)time(NULL), t;
+	unsigned long step = 10;
+	size_t n = 0;
+	const char *v;
+	char *end, *text = NULL;
+
+	if ((v = evhttp_find_header(p, "cold")) && cold_filter_parse(v, &q.cold) == -1) {
+		reply_error(req, 400, "cold", "bad value '%.64s' for cold; one of include, exclude, only", v);
+		return;
+	}
+	if ((v = evhttp_find_header(p, "step"))) {
+		errno = 0;
+		step = strtoul(v, &end, 10);
+		if (v[0] < '0' || v[0] > '9' || *end != '\0' || errno != 0 || step < 1 || step > 60) {
+			reply_error(req, 400, "step",
+				    "step must be a whole number of seconds from 1 to 60, not '%.64s'", v);
+			return;
+		}
+	}
+	q.route = evhttp_find_header(p, "route");
+	q.upstream = evhttp_find_header(p, "upstream");
+	q.model = evhttp_find_header(p, "model");
+	q.slo = &a->slo;
+	pts = calloc(HISTORY_MAX_POINTS, sizeof(*pts));
+	if (!pts) {
+		reply_error(req, 500, NULL, "out of memory reading the history");
+		return;
+	}
+	/* the oldest point is the oldest full minute the ring holds */
+	for (t = now - HISTORY_MAX_POINTS / step * step; t < now; t += step) {
+		if (t < a->since_sec)
+			continue;
+		if (store_query_range(a->store, t - HISTORY_SPAN_S + 1, t, &pts[n]) == -1)
+			goto out;
+		n++;
+	}
+	q.labels = upstream_labels(a);
+	text = admin_stats_history_render(pts, n, &q, a->since_sec, (unsigned)step);
+	json_decref(q.labels);
+out:
+	for (size_t i = 0; i < HISTORY_MAX_POINTS; i++)
+		store_result_free(&pts[i]);
+	free(pts);
+	reply_rendered(req, text);
+}
+
 static void on_metrics(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)
 {
 	struct store_result res;

@@ -455,13 +455,13 @@ uint64_t stats_elapsed(const struct store_result *r, uint64_t since_sec)
 	return r->end_sec >= from ? r->end_sec - from + 1 : 1;
 }
 
-char *admin_stats_render(const struct store_result *r, const struct stats_query *q, enum stats_view view,
-			 uint64_t since_sec)
+/* The answer for one view as a JSON object; NULL when out of memory. */
+static json_t *render_doc(const struct store_result *r, const struct stats_query *q, enum stats_view view,
+			  uint64_t since_sec)
 {
 	struct stats_groups gs;
 	json_t *root, *arr;
 	char ts[32];
-	char *text = NULL;
 	uint64_t start = r->start_sec, from, elapsed_s;
 
 	if (stats_groups_build(r, q, &gs) == -1)
@@ -475,7 +475,7 @@ char *admin_stats_render(const struct store_result *r, const struct stats_query 
 	root = json_object();
 	arr = json_array();
 	if (!root || !arr)
-		goto out;
+		goto fail;
 	put(root, "window", json_string(store_window_name(q->window)));
 	iso8601(start, ts);
 	put(root, "start", json_string(ts));
@@ -490,14 +490,50 @@ char *admin_stats_render(const struct store_result *r, const struct stats_query 
 			    : view == VIEW_CURVE ? curve_json(&gs.g[i], q, elapsed_s)
 						 : summary_json(&gs.g[i], q, elapsed_s);
 		if (!s)
-			goto out;
+			goto fail;
 		json_array_append_new(arr, s);
 	}
-	json_object_set(root, "series", arr);
-	text = json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(10));
-out:
+	json_object_set_new(root, "series", arr);
+	stats_groups_free(&gs);
+	return root;
+fail:
 	json_decref(arr);
 	json_decref(root);
 	stats_groups_free(&gs);
+	return NULL;
+}
+
+char *admin_stats_render(const struct store_result *r, const struct stats_query *q, enum stats_view view,
+			 uint64_t since_sec)
+{
+	json_t *root = render_doc(r, q, view, since_sec);
+	char *text = root ? json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(10)) : NULL;
+
+	json_decref(root);
+	return text;
+}
+
+char *admin_stats_history_render(const struct store_result *points, size_t n, const struct stats_query *q,
+				 uint64_t since_sec, unsigned step_s)
+{
+	json_t *root = json_object(), *arr = json_array();
+	char *text = NULL;
+
+	if (!root || !arr)
+		goto out;
+	put(root, "step_s", json_u64(step_s));
+	put(root, "span_s", json_u64(60));
+	for (size_t i = 0; i < n; i++) {
+		json_t *doc = render_doc(&points[i], q, VIEW_SUMMARY, since_sec);
+		if (!doc)
+			goto out;
+		put(doc, "t", json_u64(points[i].end_sec));
+		json_array_append_new(arr, doc);
+	}
+	json_object_set(root, "points", arr);
+	text = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(10));
+out:
+	json_decref(arr);
+	json_decref(root);
 	return text;
 }

@@ -70,3 +70,12 @@ uint64_t stats_elapsed(const struct store_result *r, uint64_t since_sec);
  */
 char *admin_stats_render(const struct store_result *r, const struct stats_query *q, enum stats_view view,
 			 uint64_t since_sec);
+
+/*
+ * /stats/history: `n` points, each the /stats answer (window 1m) of one
+ * trailing minute, `points[i]` its merged slices (end_sec: the minute's
+ * last second, given as "t"), oldest first; malloc'd, NULL when out of
+ * memory.
+ */
+char *admin_stats_history_render(const struct store_result *points, size_t n, const struct stats_query *q,
+				 uint64_t since_sec, unsigned step_s);
