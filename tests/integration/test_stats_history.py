@@ -12,7 +12,7 @@ of tokentap-sim; a burst of streamed requests with a known ttft; then:
 - points before the burst have no series; the points after it count every
   request of the burst, with the ttft percentiles the simulator set (the
   histogram's 1 %, plus loopback slack), and the newest equals what
-  /stats?window=1m says, request for request;
+  /stats?window=1m says, request for request and percentile for percentile;
 - the series filters apply; a bad step, an unknown parameter and a write
   method are refused as the other endpoints refuse them.
 """
@@ -38,7 +38,7 @@ class StatsHistoryTest(harness.TestCase):
                                         "--admin", "127.0.0.1:0")
         cls.admin = harness.admin_port(cls.tt)
         cls.started = int(time.time())
-        time.sleep(2.2)  # some seconds of history before the burst
+        time.sleep(3.2)  # some seconds of history before the burst
         cls.burst = int(time.time())
         for i in range(N):
             resp, _ = harness.exchange(cls.tt.port, "POST", "/v1/chat/completions", harness.api_body("openai-chat"),
@@ -51,7 +51,7 @@ class StatsHistoryTest(harness.TestCase):
             return sum(s["requests"] for s in doc["series"]) == N
 
         harness.wait_until(flushed, 10.0, 0.05)
-        time.sleep(2.2)  # and some seconds after it
+        time.sleep(3.2)  # and some seconds after it
 
     def history(self, query="step=1"):
         resp = admin_get(self.admin, "/stats/history?" + query)
@@ -72,7 +72,8 @@ class StatsHistoryTest(harness.TestCase):
             self.assertEqual(p["window"], "1m")
             self.assertEqual(iso_seconds(p["end"]), p["t"])
             self.assertEqual(iso_seconds(p["start"]), p["t"] - 59)
-        before = [p for p in pts if p["t"] < self.burst - 1]
+        # a request lands in the ring's slot of the flush after it ends
+        before = [p for p in pts if p["t"] < self.burst]
         after = [p for p in pts if p["t"] > self.burst_end + 1]
         self.assertTrue(before and after, ts)
         for p in before:
@@ -84,11 +85,13 @@ class StatsHistoryTest(harness.TestCase):
             ttft = s["metrics"]["ttft"]
             self.assertEqual(ttft["count"], N)
             self.assertGreaterEqual(ttft["p50_ms"], TTFT_MS * 0.99)
-            self.assertLess(ttft["p99_ms"], TTFT_MS * 1.01 + 15.0)
+            self.assertLess(ttft["p99_ms"], TTFT_MS * 1.01 + 50.0)  # loopback and sanitizer slack
         live = admin_get(self.admin, "/stats?window=1m").json()["series"][0]
         newest = pts[-1]["series"][0]
         self.assertEqual((newest["requests"], newest["metrics"]["ttft"]["count"]),
                          (live["requests"], live["metrics"]["ttft"]["count"]))
+        for q in ("p50_ms", "p99_ms", "max_ms"):
+            self.assertEqual(newest["metrics"]["ttft"][q], live["metrics"]["ttft"][q], q)
 
     def test_step_and_filters(self):
         pts = self.history("step=2")["points"]
