@@ -38,6 +38,7 @@ struct sim_config sim_cfg = {
 	.cached_tokens = -1,
 	.cache_write_tokens = 0,
 	.tool_calls = false,
+	.prefix_cache = false,
 	.batching = false,
 	.max_batch = 32,
 	.kv_tokens = 65536,
@@ -80,6 +81,8 @@ static void usage(FILE *f)
 		"  --cached-tokens N   prompt tokens reported as read from the prefix cache\n"
 		"                      (default: no cache details in usage)\n"
 		"  --cache-write-tokens N  Anthropic: prompt tokens reported as written to the cache\n"
+		"  --prefix-cache      a prefix cache that remembers prompts in 16-token blocks and\n"
+		"                      reports the shared prefix as cached (see docs/simulator.md)\n"
 		"  --tool-calls        answer every chat/Responses/Messages request with a tool call\n"
 		"\n"
 		"Continuous-batching model (off by default; see docs/simulator.md):\n"
@@ -269,10 +272,13 @@ static void parse_args(int argc, char **argv, struct sockaddr_storage *ss, int *
 			sim_cfg.batching = true;
 			continue;
 		}
-		if (strcmp(flag, "--tool-calls") == 0) {
+		if (strcmp(flag, "--tool-calls") == 0 || strcmp(flag, "--prefix-cache") == 0) {
 			if (eq != NULL)
-				die_usage("--tool-calls takes no value.");
-			sim_cfg.tool_calls = true;
+				die_usage("%s takes no value.", flag);
+			if (flag[2] == 't')
+				sim_cfg.tool_calls = true;
+			else
+				sim_cfg.prefix_cache = true;
 			continue;
 		}
 		if (!known_flag(flag))

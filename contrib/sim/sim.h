@@ -10,11 +10,13 @@
  *   sim_text.c  determinism: hashing, the PRNG, the word list, JSON escaping
  *   sim_batch.c the optional continuous-batching model (--batching): one
  *               step scheduler shared by all connections
+ *   sim_cache.c the optional prefix-cache model (--prefix-cache)
  *
  * Invariant kept across all files: the bytes of a response body are a pure
  * function of (--seed, request path, request body, x-sim-* overrides). No
  * wall clock, no address, no counter ever reaches a response body except in
- * GET /sim/stats.
+ * GET /sim/stats, and, with --prefix-cache only, the cached counts in usage
+ * (which depend on the prompts seen before).
  */
 #pragma once
 
@@ -40,6 +42,7 @@ struct sim_config {
 	int64_t cached_tokens;	     /* prompt tokens read from the cache, -1 none reported */
 	uint64_t cache_write_tokens; /* Anthropic: prompt tokens written to the cache */
 	bool tool_calls;	     /* answer with a tool call even without tools */
+	bool prefix_cache;	     /* the prefix-cache model (sim_cache.c) */
 
 	/* --batching: a continuous-batching server (sim_batch.c). Off by
 	 * default; requests with x-sim-ttft-ms / x-sim-itl-ms keep the fixed
@@ -181,6 +184,20 @@ void sim_batch_stats_json(struct evbuffer *out);
 
 /* sim_conn.c: q advanced (a token, or the end of its generation). */
 void sim_conn_seq_progress(struct sim_seq *q);
+
+/* ---- sim_cache.c ---- */
+
+/*
+ * --prefix-cache: looks the prompt's text up in the cache, then stores its
+ * blocks. *cached: prompt tokens of the leading blocks found (at most
+ * n_in - 1); *written: tokens of the blocks newly stored.
+ */
+void sim_cache_use(const char *text, size_t len, uint64_t n_in, uint64_t *cached, uint64_t *written);
+
+struct sim_cache_stats {
+	uint64_t lookups, prompt_tokens, cached_tokens;
+};
+const struct sim_cache_stats *sim_cache_stats(void);
 
 /* ---- sim_text.c ---- */
 

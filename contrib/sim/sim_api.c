@@ -187,6 +187,14 @@ static void write_stats(struct evbuffer *out, const struct sim_api_request *rq)
 		evbuffer_add(b, ",\"batch\":", 9);
 		sim_batch_stats_json(b);
 	}
+	if (sim_cfg.prefix_cache) {
+		const struct sim_cache_stats *cs = sim_cache_stats();
+
+		evbuffer_add_printf(b,
+				    ",\"prefix_cache\":{\"lookups\":%" PRIu64 ",\"prompt_tokens\":%" PRIu64
+				    ",\"cached_tokens\":%" PRIu64 "}",
+				    cs->lookups, cs->prompt_tokens, cs->cached_tokens);
+	}
 	evbuffer_add(b, "}", 1);
 	write_whole(out, 200, "application/json", b, rq->request_id, rq->keep_alive);
 	evbuffer_free(b);
@@ -194,59 +202,63 @@ static void write_stats(struct evbuffer *out, const struct sim_api_request *rq)
 
 /* ---- reading the request body ---- */
 
-/* Bytes of text in a message content: a string, or an array of parts. */
-static size_t content_bytes(const json_t *c)
+/* Appends the text of a message content (a string, or an array of parts)
+ * to `text`: the prompt's text, whose length gives the prompt tokens and
+ * whose prefixes the --prefix-cache model remembers. */
+static void content_text(const json_t *c, struct evbuffer *text)
 {
-	size_t n = 0, i;
+	size_t i;
 	json_t *part;
 
-	if (json_is_string(c))
-		return json_string_length(c);
-	if (!json_is_array(c))
-		return 0;
-	json_array_foreach (c, i, part) {
-		if (json_is_string(part))
-			n += json_string_length(part);
-		else if (json_is_object(part)) {
-			json_t *t = json_object_get(part, "text");
-
-			if (json_is_string(t))
-				n += json_string_length(t);
-		}
+	if (json_is_string(c)) {
+		evbuffer_add(text, json_string_value(c), json_string_length(c));
+		return;
 	}
-	return n;
+	if (!json_is_array(c))
+		return;
+	json_array_foreach (c, i, part) {
+		if (json_is_object(part))
+			part = json_object_get(part, "text");
+		if (json_is_string(part))
+			evbuffer_add(text, json_string_value(part), json_string_length(part));
+	}
 }
 
-static size_t messages_bytes(const json_t *msgs)
+static void messages_text(const json_t *msgs, struct evbuffer *text)
 {
-	size_t n = 0, i;
+	size_t i;
 	json_t *m;
 
 	if (!json_is_array(msgs))
-		return 0;
+		return;
 	json_array_foreach (msgs, i, m)
-		n += content_bytes(json_object_get(m, "content"));
-	return n;
+		content_text(json_object_get(m, "content"), text);
 }
 
-static size_t prompt_bytes(enum sim_endpoint ep, const json_t *req)
+static void prompt_text(enum sim_endpoint ep, const json_t *req, struct evbuffer *text)
 {
 	switch (ep) {
 	case EP_CHAT:
-	case EP_OLLAMA_CHAT: return messages_bytes(json_object_get(req, "messages"));
+	case EP_OLLAMA_CHAT: messages_text(json_object_get(req, "messages"), text); break;
 	case EP_MESSAGES:
-		return content_bytes(json_object_get(req, "system")) + messages_bytes(json_object_get(req, "messages"));
-	case EP_COMPLETIONS: return content_bytes(json_object_get(req, "prompt"));
+		content_text(json_object_get(req, "system"), text);
+		messages_text(json_object_get(req, "messages"), text);
+		break;
+	case EP_COMPLETIONS: content_text(json_object_get(req, "prompt"), text); break;
 	case EP_RESPONSES: {
 		/* "input" is a string, or a list of message items (content a
 		 * string or parts) and parts; "instructions" a string. */
 		const json_t *in = json_object_get(req, "input");
-		return content_bytes(json_object_get(req, "instructions")) + content_bytes(in) + messages_bytes(in);
+		content_text(json_object_get(req, "instructions"), text);
+		content_text(in, text);
+		messages_text(in, text);
+		break;
 	}
 	case EP_OLLAMA_GENERATE:
-		return content_bytes(json_object_get(req, "system")) + content_bytes(json_object_get(req, "prompt"));
+		content_text(json_object_get(req, "system"), text);
+		content_text(json_object_get(req, "prompt"), text);
+		break;
 	}
-	return 0;
 }
 
 /*
@@ -534,7 +546,8 @@ static struct sim_stream *begin_generation(enum sim_endpoint ep, const struct si
 	else
 		s->n_out = sim_cfg.tokens;
 	s->hit_limit = limit >= 0 && s->n_out >= (uint64_t)limit;
-	s->n_in = (prompt_bytes(ep, req) + 3) / 4;
+	prompt_text(ep, req, s->piece); /* scratch until the first token */
+	s->n_in = (evbuffer_get_length(s->piece) + 3) / 4;
 	if (s->n_in == 0)
 		s->n_in = 1;
 
@@ -558,8 +571,9 @@ static struct sim_stream *begin_generation(enum sim_endpoint ep, const struct si
 	s->summary =
 		ep == EP_RESPONSES && json_is_string(json_object_get(json_object_get(req, "reasoning"), "summary"));
 
-	/* The prefix cache: what the header or the flag says, within the prompt. */
-	{
+	/* The prefix cache: what the header or the flag says, within the
+	 * prompt; else, with --prefix-cache, what the cache model remembers. */
+	if (rq->cached_tokens >= 0 || sim_cfg.cached_tokens >= 0 || !sim_cfg.prefix_cache) {
 		int64_t c = rq->cached_tokens >= 0 ? rq->cached_tokens : sim_cfg.cached_tokens;
 		uint64_t w =
 			rq->cache_write_tokens >= 0 ? (uint64_t)rq->cache_write_tokens : sim_cfg.cache_write_tokens;
@@ -567,7 +581,14 @@ static struct sim_stream *begin_generation(enum sim_endpoint ep, const struct si
 		s->cache_report = c >= 0 || rq->cache_write_tokens >= 0 || sim_cfg.cache_write_tokens > 0;
 		s->n_cached = c > 0 ? ((uint64_t)c < s->n_in ? (uint64_t)c : s->n_in) : 0;
 		s->n_cache_write = w < s->n_in - s->n_cached ? w : s->n_in - s->n_cached;
+	} else {
+		size_t plen = evbuffer_get_length(s->piece);
+
+		s->cache_report = true;
+		sim_cache_use(plen ? (const char *)evbuffer_pullup(s->piece, -1) : "", plen, s->n_in, &s->n_cached,
+			      &s->n_cache_write);
 	}
+	evbuffer_drain(s->piece, evbuffer_get_length(s->piece));
 
 	/* Tool calls: the header, else tools in the request, else the flag. */
 	if (endpoint_has_tools(ep) && rq->tool_call != 0) {
