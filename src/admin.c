@@ -326,20 +326,22 @@ static void on_stats_curve(struct admin *a, struct evhttp_request *req, struct e
 
 /*
  * GET /stats/history: what /stats?window=1m answered every `step` seconds
- * (1 to 60, default 10) over the last five minutes, from the per-second
- * ring, so that the dashboard's time charts open already drawn. Points
- * before collection began are left out; the current second is not a point
- * (the page's own first poll is).
+ * (a divisor of 60, default 10) over the last five minutes, from the
+ * per-second ring, so that the dashboard's time charts open already drawn.
+ * The ring is read in chunks of `step` seconds, each once; a point merges
+ * the 60 / step chunks of its minute, so only those are held. Points before
+ * collection began are left out; the current second is not a point (the
+ * page's own first poll is).
  */
 #define HISTORY_SPAN_S 60
-#define HISTORY_MAX_POINTS (STORE_RING_SECONDS - HISTORY_SPAN_S)
+#define HISTORY_REACH_S (STORE_RING_SECONDS - HISTORY_SPAN_S) /* the oldest point, seconds back */
 static void on_stats_history(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)
 {
 	struct stats_query q = { .window = WIN_1M, .cold = COLD_INCLUDE };
-	struct store_result *pts;
-	uint64_t now = (uint64_t)time(NULL), t;
-	unsigned long step = 10;
-	size_t n = 0;
+	struct store_result chunks[HISTORY_SPAN_S];
+	uint64_t now = (uint64_t)time(NULL), c, c_first, c_last;
+	unsigned long step = 10, k;
+	json_t *points = NULL;
 	const char *v;
 	char *end, *text = NULL;
 
@@ -350,9 +352,12 @@ static void on_stats_history(struct admin *a, struct evhttp_request *req, struct
 	if ((v = evhttp_find_header(p, "step"))) {
 		errno = 0;
 		step = strtoul(v, &end, 10);
-		if (v[0] < '0' || v[0] > '9' || *end != '\0' || errno != 0 || step < 1 || step > 60) {
+		if (v[0] < '0' || v[0] > '9' || *end != '\0' || errno != 0 || step < 1 || step > 60 ||
+		    HISTORY_SPAN_S % step != 0) {
 			reply_error(req, 400, "step",
-				    "step must be a whole number of seconds from 1 to 60, not '%.64s'", v);
+				    "step must be a divisor of 60 (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30, 60), "
+				    "not '%.64s'",
+				    v);
 			return;
 		}
 	}
@@ -360,26 +365,37 @@ static void on_stats_history(struct admin *a, struct evhttp_request *req, struct
 	q.upstream = evhttp_find_header(p, "upstream");
 	q.model = evhttp_find_header(p, "model");
 	q.slo = &a->slo;
-	pts = calloc(HISTORY_MAX_POINTS, sizeof(*pts));
-	if (!pts) {
-		reply_error(req, 500, NULL, "out of memory reading the history");
-		return;
-	}
-	/* the oldest point is the oldest full minute the ring holds */
-	for (t = now - HISTORY_MAX_POINTS / step * step; t < now; t += step) {
-		if (t < a->since_sec)
-			continue;
-		if (store_query_range(a->store, t - HISTORY_SPAN_S + 1, t, &pts[n]) == -1)
-			goto out;
-		n++;
-	}
 	q.labels = upstream_labels(a);
-	text = admin_stats_history_render(pts, n, &q, a->since_sec, (unsigned)step);
-	json_decref(q.labels);
+	memset(chunks, 0, sizeof(chunks));
+	points = json_array();
+	if (!points)
+		goto out;
+	/* chunk c holds seconds [c*step, c*step + step - 1]; a point ends a chunk */
+	k = HISTORY_SPAN_S / step;
+	c_last = (now - step) / step;
+	c_first = (now - HISTORY_REACH_S + step - 1) / step;
+	for (c = c_first - k + 1; c <= c_last; c++) {
+		struct store_result *ch = &chunks[c % k];
+		uint64_t t = c * step + step - 1;
+
+		store_result_free(ch);
+		if (store_query_range(a->store, c * step, t, ch) == -1)
+			goto fail;
+		admin_stats_history_trim(ch);
+		if (c >= c_first && t >= a->since_sec &&
+		    admin_stats_history_point(points, chunks, k, t, &q, a->since_sec) == -1)
+			goto fail;
+	}
+	text = admin_stats_history_render(points, (unsigned)step);
+	points = NULL;
+	goto out;
+fail:
+	json_decref(points);
+	points = NULL;
 out:
-	for (size_t i = 0; i < HISTORY_MAX_POINTS; i++)
-		store_result_free(&pts[i]);
-	free(pts);
+	for (size_t i = 0; i < HISTORY_SPAN_S; i++)
+		store_result_free(&chunks[i]);
+	json_decref(q.labels);
 	reply_rendered(req, text);
 }
 

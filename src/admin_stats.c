@@ -513,27 +513,84 @@ char *admin_stats_render(const struct store_result *r, const struct stats_query 
 	return text;
 }
 
-char *admin_stats_history_render(const struct store_result *points, size_t n, const struct stats_query *q,
-				 uint64_t since_sec, unsigned step_s)
+void admin_stats_history_trim(struct store_result *chunk)
 {
-	json_t *root = json_object(), *arr = json_array();
+	for (size_t i = 0; i < chunk->n; i++)
+		slice_drop_curves(&chunk->series[i].slice);
+}
+
+/* Adds the counters and per-request histograms of `src` to `dst`'s series
+ * of the same key (appended when new). -1 when out of memory. */
+static int history_merge(struct store_result *dst, const struct store_result *src)
+{
+	for (size_t i = 0; i < src->n; i++) {
+		const struct store_series *from = &src->series[i];
+		struct store_series *to = NULL;
+
+		for (size_t j = 0; j < dst->n && !to; j++)
+			if (dst->series[j].keylen == from->keylen &&
+			    memcmp(dst->series[j].key, from->key, from->keylen) == 0)
+				to = &dst->series[j];
+		if (!to) {
+			if (dst->n == dst->cap) {
+				size_t cap = dst->cap ? dst->cap * 2 : 8;
+				struct store_series *p = realloc(dst->series, cap * sizeof(*p));
+				if (!p)
+					return -1;
+				dst->series = p;
+				dst->cap = cap;
+			}
+			to = &dst->series[dst->n++];
+			memset(to, 0, sizeof(*to));
+			memcpy(to->key, from->key, from->keylen);
+			to->keylen = from->keylen;
+		}
+		for (unsigned c = 0; c < CT__COUNT; c++)
+			to->slice.counters[c] += from->slice.counters[c];
+		for (unsigned m = 0; m < HM__COUNT; m++) {
+			struct hist *h;
+			if (from->slice.slot[m] && from->slice.slot[m]->count) {
+				if (!(h = slice_hist(&to->slice, m)))
+					return -1;
+				hist_merge(h, from->slice.slot[m]);
+			}
+		}
+	}
+	return 0;
+}
+
+int admin_stats_history_point(json_t *points, const struct store_result *chunks, size_t n, uint64_t t,
+			      const struct stats_query *q, uint64_t since_sec)
+{
+	struct store_result pt = { .start_sec = t - 59, .end_sec = t };
+	json_t *doc = NULL;
+	int rc = -1;
+
+	for (size_t i = 0; i < n; i++)
+		if (history_merge(&pt, &chunks[i]) == -1)
+			goto out;
+	doc = render_doc(&pt, q, VIEW_SUMMARY, since_sec);
+	if (!doc)
+		goto out;
+	put(doc, "t", json_u64(t));
+	rc = json_array_append_new(points, doc);
+out:
+	store_result_free(&pt);
+	return rc;
+}
+
+char *admin_stats_history_render(json_t *points, unsigned step_s)
+{
+	json_t *root = json_object();
 	char *text = NULL;
 
-	if (!root || !arr)
-		goto out;
-	put(root, "step_s", json_u64(step_s));
-	put(root, "span_s", json_u64(60));
-	for (size_t i = 0; i < n; i++) {
-		json_t *doc = render_doc(&points[i], q, VIEW_SUMMARY, since_sec);
-		if (!doc)
-			goto out;
-		put(doc, "t", json_u64(points[i].end_sec));
-		json_array_append_new(arr, doc);
+	if (root) {
+		put(root, "step_s", json_u64(step_s));
+		put(root, "span_s", json_u64(60));
+		json_object_set(root, "points", points);
+		text = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(10));
 	}
-	json_object_set(root, "points", arr);
-	text = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(10));
-out:
-	json_decref(arr);
 	json_decref(root);
+	json_decref(points);
 	return text;
 }

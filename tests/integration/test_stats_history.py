@@ -13,8 +13,9 @@ of tokentap-sim; a burst of streamed requests with a known ttft; then:
   request of the burst, with the ttft percentiles the simulator set (the
   histogram's 1 %, plus loopback slack), and the newest equals what
   /stats?window=1m says, request for request and percentile for percentile;
-- the series filters apply; a bad step, an unknown parameter and a write
-  method are refused as the other endpoints refuse them.
+- the series filters apply; points end on step boundaries; a step that does
+  not divide 60, an unknown parameter and a write method are refused as the
+  other endpoints refuse them.
 """
 
 import time
@@ -97,6 +98,7 @@ class StatsHistoryTest(harness.TestCase):
         pts = self.history("step=2")["points"]
         ts = [p["t"] for p in pts]
         self.assertTrue(all(b - a == 2 for a, b in zip(ts, ts[1:])), ts)
+        self.assertTrue(all(t % 2 == 1 for t in ts), "a point ends a 2-second chunk")
         self.assertEqual(self.history("step=60")["step_s"], 60)
         pts = self.history("step=1&model=no-such-model")["points"]
         self.assertTrue(pts and all(p["series"] == [] for p in pts))
@@ -105,7 +107,7 @@ class StatsHistoryTest(harness.TestCase):
         self.assertEqual(pts[-1]["cold"], "only")
 
     def test_refusals(self):
-        for q in ("step=0", "step=61", "step=x", "step=", "cold=maybe"):
+        for q in ("step=0", "step=61", "step=7", "step=x", "step=", "cold=maybe"):
             with self.subTest(query=q):
                 self.assertJsonError(admin_get(self.admin, "/stats/history?" + q), 400)
         self.assertJsonError(admin_get(self.admin, "/stats/history?window=1m"), 400)
