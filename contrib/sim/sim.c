@@ -78,6 +78,8 @@ static void usage(FILE *f)
 		"  --reasoning-tokens N reasoning tokens before every answer (default 0; a request\n"
 		"                      asking for reasoning gets 32 when this is 0)\n"
 		"  --think-ms N        extra pause before the first answer token (default 0)\n"
+		"  --reasoning-hidden  reasoning tokens take their time and count in usage but are\n"
+		"                      not sent (as OpenAI's hosted models)\n"
 		"  --cached-tokens N   prompt tokens reported as read from the prefix cache\n"
 		"                      (default: no cache details in usage)\n"
 		"  --cache-write-tokens N  Anthropic: prompt tokens reported as written to the cache\n"
@@ -104,8 +106,9 @@ static void usage(FILE *f)
 		"Endpoints: POST /v1/chat/completions /v1/completions /v1/messages /api/chat\n"
 		"/api/generate /v1/responses; GET /v1/models /health /sim/stats. Per-request\n"
 		"headers x-sim-ttft-ms, x-sim-itl-ms, x-sim-tokens, x-sim-reasoning-tokens,\n"
-		"x-sim-think-ms, x-sim-cached-tokens, x-sim-cache-write-tokens and\n"
-		"x-sim-tool-call (0 or 1) override the flags. See docs/simulator.md.\n");
+		"x-sim-think-ms, x-sim-cached-tokens, x-sim-cache-write-tokens,\n"
+		"x-sim-tool-call and x-sim-reasoning-hidden (0 or 1) override the flags.\n"
+		"See docs/simulator.md.\n");
 }
 
 /* Exits 2: the one way a command line mistake ends the program. */
@@ -272,13 +275,16 @@ static void parse_args(int argc, char **argv, struct sockaddr_storage *ss, int *
 			sim_cfg.batching = true;
 			continue;
 		}
-		if (strcmp(flag, "--tool-calls") == 0 || strcmp(flag, "--prefix-cache") == 0) {
+		if (strcmp(flag, "--tool-calls") == 0 || strcmp(flag, "--prefix-cache") == 0 ||
+		    strcmp(flag, "--reasoning-hidden") == 0) {
 			if (eq != NULL)
 				die_usage("%s takes no value.", flag);
 			if (flag[2] == 't')
 				sim_cfg.tool_calls = true;
-			else
+			else if (flag[2] == 'p')
 				sim_cfg.prefix_cache = true;
+			else
+				sim_cfg.reasoning_hidden = true;
 			continue;
 		}
 		if (!known_flag(flag))

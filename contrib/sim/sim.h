@@ -43,6 +43,7 @@ struct sim_config {
 	uint64_t cache_write_tokens; /* Anthropic: prompt tokens written to the cache */
 	bool tool_calls;	     /* answer with a tool call even without tools */
 	bool prefix_cache;	     /* the prefix-cache model (sim_cache.c) */
+	bool reasoning_hidden;	     /* reasoning takes time and counts, sends nothing */
 
 	/* --batching: a continuous-batching server (sim_batch.c). Off by
 	 * default; requests with x-sim-ttft-ms / x-sim-itl-ms keep the fixed
@@ -104,6 +105,7 @@ struct sim_api_request {
 	int64_t cached_tokens;	    /* x-sim-cached-tokens, -1 if absent */
 	int64_t cache_write_tokens; /* x-sim-cache-write-tokens, -1 if absent */
 	int64_t tool_call;	    /* x-sim-tool-call 0 or 1, -1 if absent */
+	int64_t reasoning_hidden;   /* x-sim-reasoning-hidden 0 or 1, -1 if absent */
 	const char *header_error;   /* a malformed x-sim-* header, or NULL */
 	bool keep_alive;
 };

@@ -48,6 +48,7 @@ struct sim_stream {
 	uint64_t n_cached, n_cache_write; /* prompt tokens read from / written to the cache */
 	bool cache_report;		  /* usage says n_cached (and n_cache_write) */
 	bool summary;			  /* Responses: reasoning as a summary */
+	bool hidden;			  /* reasoning tokens take time and count, but send nothing */
 	bool tool;			  /* the answer is a tool call */
 	bool answer_open;		  /* the answer's block / item has begun */
 	char *tool_json;		  /* the tool's name, a JSON string literal */
@@ -568,6 +569,8 @@ static struct sim_stream *begin_generation(enum sim_endpoint ep, const struct si
 			s->n_reason = asked > 0 ? (uint64_t)asked : 0;
 	}
 	s->think_ns = (rq->think_ms >= 0 ? (uint64_t)rq->think_ms : sim_cfg.think_ms) * 1000000ULL;
+	s->hidden =
+		s->n_reason > 0 && (rq->reasoning_hidden >= 0 ? rq->reasoning_hidden == 1 : sim_cfg.reasoning_hidden);
 	s->summary =
 		ep == EP_RESPONSES && json_is_string(json_object_get(json_object_get(req, "reasoning"), "summary"));
 
@@ -867,10 +870,16 @@ static void anthropic_signature(const struct sim_stream *s, struct evbuffer *b)
 	evbuffer_add_printf(b, "\"EqoBCkgIARAB%s%s\"", s->hex, s->id + 6);
 }
 
+/* Reasoning the client sees: tokens, not hidden. */
+static bool shows_reasoning(const struct sim_stream *s)
+{
+	return s->n_reason > 0 && !s->hidden;
+}
+
 /* The answer block's index: after the thinking block when there is one. */
 static int answer_index(const struct sim_stream *s)
 {
-	return s->n_reason > 0 ? 1 : 0;
+	return shows_reasoning(s) ? 1 : 0;
 }
 
 /* ---- OpenAI Responses: events named twice (`event:` and "type"),
@@ -957,7 +966,7 @@ static void resp_object(struct sim_stream *s, struct evbuffer *b, bool done)
 			    "{\"id\":\"%s\",\"object\":\"response\",\"created_at\":%" PRIu64
 			    ",\"status\":\"%s\",\"model\":%s,\"output\":[",
 			    s->id, s->created, done ? "completed" : "in_progress", s->model_json);
-	if (done && s->n_reason > 0) {
+	if (done && shows_reasoning(s)) {
 		resp_reason_item(s, b, true);
 		evbuffer_add(b, ",", 1);
 	}
@@ -1205,7 +1214,7 @@ static void open_answer(struct sim_stream *s, struct evbuffer *out)
 		else
 			evbuffer_add(s->ev, "\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n", 44);
 		emit_chunk(s, out);
-		if (s->n_reason == 0)
+		if (!shows_reasoning(s))
 			anthropic_event(s, out, "ping", "{\"type\": \"ping\"}");
 	} else if (s->ep == EP_RESPONSES) {
 		resp_open_answer(s, out);
@@ -1221,7 +1230,7 @@ void sim_api_token(struct sim_stream *s, struct evbuffer *out)
 
 	if (k == 0) {
 		write_preamble(s, out);
-		if (s->n_reason > 0)
+		if (shows_reasoning(s))
 			open_reasoning(s, out);
 	}
 	if (k == s->n_reason)
@@ -1231,6 +1240,10 @@ void sim_api_token(struct sim_stream *s, struct evbuffer *out)
 	p = buf_text(s->piece, &plen);
 	evbuffer_add(reasoning ? s->reason : s->text, p, plen);
 	p = buf_text(s->piece, &plen);
+	if (reasoning && s->hidden) {
+		s->emitted++; /* thought, not said: as OpenAI's hosted models */
+		return;
+	}
 	last = k + 1 == s->n_reason + s->n_out;
 	switch (s->ep) {
 	case EP_CHAT:
@@ -1400,7 +1413,7 @@ static void finish_block(struct sim_stream *s, struct evbuffer *out)
 				evbuffer_add(b, "null", 4);
 			else
 				sim_json_str(b, t, tlen);
-			if (s->n_reason > 0) {
+			if (shows_reasoning(s)) {
 				evbuffer_add(b, ",\"reasoning_content\":", 21);
 				r = buf_text(s->reason, &rlen);
 				sim_json_str(b, r, rlen);
@@ -1425,7 +1438,7 @@ static void finish_block(struct sim_stream *s, struct evbuffer *out)
 				    "{\"id\":\"%s\",\"type\":\"message\",\"role\":\"assistant\",\"model\":%s,"
 				    "\"content\":[",
 				    s->id, s->model_json);
-		if (s->n_reason > 0) {
+		if (shows_reasoning(s)) {
 			evbuffer_add(b, "{\"type\":\"thinking\",\"thinking\":", 30);
 			r = buf_text(s->reason, &rlen);
 			sim_json_str(b, r, rlen);
@@ -1461,7 +1474,7 @@ static void finish_block(struct sim_stream *s, struct evbuffer *out)
 			evbuffer_add(b, "\"\"", 2);
 		else
 			sim_json_str(b, t, tlen);
-		if (s->n_reason > 0) {
+		if (shows_reasoning(s)) {
 			evbuffer_add(b, ",\"thinking\":", 12);
 			r = buf_text(s->reason, &rlen);
 			sim_json_str(b, r, rlen);

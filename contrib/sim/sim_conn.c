@@ -69,7 +69,7 @@ struct sim_req {
 	struct evbuffer *body;
 	char *request_id;		 /* x-request-id, NULL if absent */
 	int64_t ttft_ms, itl_ms, tokens; /* x-sim-* overrides, -1 absent */
-	int64_t reasoning_tokens, think_ms, cached_tokens, cache_write_tokens, tool_call;
+	int64_t reasoning_tokens, think_ms, cached_tokens, cache_write_tokens, tool_call, reasoning_hidden;
 	const char *header_error;
 	const char *parse_error; /* answer 400 with this and close */
 	bool keep_alive;
@@ -242,6 +242,7 @@ static void req_start(struct sim_conn *c, struct sim_req *r)
 		.cached_tokens = r->cached_tokens,
 		.cache_write_tokens = r->cache_write_tokens,
 		.tool_call = r->tool_call,
+		.reasoning_hidden = r->reasoning_hidden,
 		.header_error = r->header_error,
 		.keep_alive = r->keep_alive && r->parse_error == NULL,
 	};
@@ -453,6 +454,7 @@ static int on_message_begin(llhttp_t *p)
 	}
 	r->ttft_ms = r->itl_ms = r->tokens = -1;
 	r->reasoning_tokens = r->think_ms = r->cached_tokens = r->cache_write_tokens = r->tool_call = -1;
+	r->reasoning_hidden = -1;
 	r->state = REQ_RECEIVING;
 	if (c->tail != NULL)
 		c->tail->next = r;
@@ -570,10 +572,13 @@ static int on_header_value_complete(llhttp_t *p)
 	} else if (strcasecmp(c->field, "x-sim-tool-call") == 0) {
 		ov = &r->tool_call;
 		which = "x-sim-tool-call must be 0 or 1";
+	} else if (strcasecmp(c->field, "x-sim-reasoning-hidden") == 0) {
+		ov = &r->reasoning_hidden;
+		which = "x-sim-reasoning-hidden must be 0 or 1";
 	}
 	if (ov != NULL) {
 		*ov = c->value_overflow ? -1 : parse_count(v);
-		if (*ov < 0 || (ov == &r->tool_call && *ov > 1))
+		if (*ov < 0 || ((ov == &r->tool_call || ov == &r->reasoning_hidden) && *ov > 1))
 			r->header_error = which;
 	}
 	c->field_len = 0;

@@ -251,6 +251,32 @@ class SimModesTest(harness.TestCase):
         self.assertIsInstance(call["function"]["arguments"], dict)
         self.assertEqual((evs[1]["done"], evs[1]["done_reason"], evs[1]["eval_count"]), (True, "stop", 3))
 
+    def test_hidden_reasoning(self):
+        """x-sim-reasoning-hidden: 1 — the reasoning tokens take their time
+        and count in usage, but no event carries them (OpenAI's hosted
+        models); the answer is the first token event."""
+        h = hdr(5, tokens=2, ttft=10, itl=30) + [("x-sim-reasoning-hidden", "1")]
+        t0 = harness.now_ns()
+        evs = self.stream("openai-chat", h)
+        chunks = [e.json() for e in evs if e.data != "[DONE]"]
+        self.assertNotIn("reasoning_content", json.dumps(chunks))
+        first = [e for e, c in zip(evs, chunks) if c["choices"] and c["choices"][0]["delta"].get("content")][0]
+        self.assertGreaterEqual((first.ts - t0) / 1e6, 10 + 5 * 30 - 5.0, "five silent reasoning beats first")
+        self.assertEqual(chunks[-1]["usage"]["completion_tokens_details"], {"reasoning_tokens": 5})
+        evs = [e.json() for e in self.stream("openai-responses", h)]
+        types = [e["type"] for e in evs]
+        self.assertNotIn("response.reasoning_text.delta", types)
+        self.assertEqual(evs[2]["output_index"], 0, "the message is the first item")
+        self.assertEqual([o["type"] for o in evs[-1]["response"]["output"]], ["message"])
+        self.assertEqual(evs[-1]["response"]["usage"]["output_tokens_details"], {"reasoning_tokens": 5})
+        evs = [e.json() for e in self.stream("anthropic", h)]
+        self.assertNotIn("thinking_delta", json.dumps(evs))
+        self.assertEqual(evs[1]["index"], 0)
+        self.assertEqual(evs[-2]["usage"]["output_tokens"], 7)
+        obj = self.block("openai-chat", h)
+        self.assertNotIn("reasoning_content", obj["choices"][0]["message"])
+        self.assertEqual(obj["usage"]["completion_tokens_details"], {"reasoning_tokens": 5})
+
     # ---- flags, headers, timing ----
 
     def test_completions_have_no_reasoning(self):
@@ -259,6 +285,7 @@ class SimModesTest(harness.TestCase):
 
     def test_bad_headers(self):
         for name, value in (("x-sim-reasoning-tokens", "x"), ("x-sim-think-ms", "-1"), ("x-sim-tool-call", "2"),
+                            ("x-sim-reasoning-hidden", "2"),
                             ("x-sim-cached-tokens", "1.5"), ("x-sim-think-ms", "86400001")):
             with self.subTest(header=name, value=value):
                 resp, _ = harness.exchange(self.sim.port, "POST", "/v1/chat/completions",
