@@ -105,8 +105,13 @@ static json_t *record_to_json(const struct req_record *r)
 	json_object_set_new(o, "error", r->error == REQ_ERR_NONE ? json_null() : json_string(req_error_name(r->error)));
 	json_object_set_new(o, "input_tokens", int_or_null(r->usage.input_tokens));
 	json_object_set_new(o, "output_tokens", int_or_null(r->usage.output_tokens));
+	json_object_set_new(o, "cached_tokens", int_or_null(r->usage.cached_tokens));
+	json_object_set_new(o, "cache_write_tokens", int_or_null(r->usage.cache_write_tokens));
+	json_object_set_new(o, "reasoning_tokens", int_or_null(r->usage.reasoning_tokens));
 	json_object_set_new(o, "events", json_integer((json_int_t)r->events));
 	json_object_set_new(o, "token_events", json_integer((json_int_t)r->token_events));
+	json_object_set_new(o, "reasoning_events", json_integer((json_int_t)r->reasoning_events));
+	json_object_set_new(o, "tool_call_events", json_integer((json_int_t)r->tool_call_events));
 	json_object_set_new(o, "bytes_in", json_integer((json_int_t)r->bytes_in));
 	json_object_set_new(o, "bytes_out", json_integer((json_int_t)r->bytes_out));
 	for (int i = 0; i < RM__COUNT; i++)

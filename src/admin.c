@@ -295,10 +295,18 @@ static void on_stats_view(struct admin *a, struct evhttp_request *req, struct ev
 {
 	struct stats_query q = { .window = WIN_1H, .cold = COLD_INCLUDE };
 	struct store_result res;
+	const char *by;
 	char *text;
 
 	if (!window_cold_parse(req, p, &q.window, &q.cold))
 		return;
+	if (view == VIEW_PROMPT && (by = evhttp_find_header(p, "by")) != NULL) {
+		if (strcmp(by, "prompt") != 0 && strcmp(by, "prefill") != 0) {
+			reply_error(req, 400, "by", "bad value '%.64s' for by; one of prefill, prompt", by);
+			return;
+		}
+		q.prompt_raw = strcmp(by, "prompt") == 0;
+	}
 	q.route = evhttp_find_header(p, "route");
 	q.upstream = evhttp_find_header(p, "upstream");
 	q.model = evhttp_find_header(p, "model");
@@ -325,6 +333,81 @@ static void on_stats_prompt(struct admin *a, struct evhttp_request *req, struct 
 static void on_stats_curve(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)
 {
 	on_stats_view(a, req, p, VIEW_CURVE);
+}
+
+/*
+ * GET /stats/history: what /stats?window=1m answered every `step` seconds
+ * (a divisor of 60, default 10) over the last five minutes, from the
+ * per-second ring, so that the dashboard's time charts open already drawn.
+ * The ring is read in chunks of `step` seconds, each once; a point merges
+ * the 60 / step chunks of its minute, so only those are held. Points before
+ * collection began are left out; the current second is not a point (the
+ * page's own first poll is).
+ */
+#define HISTORY_SPAN_S 60
+#define HISTORY_REACH_S (STORE_RING_SECONDS - HISTORY_SPAN_S) /* the oldest point, seconds back */
+static void on_stats_history(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)
+{
+	struct stats_query q = { .window = WIN_1M, .cold = COLD_INCLUDE };
+	struct store_result chunks[HISTORY_SPAN_S];
+	uint64_t now = (uint64_t)time(NULL), c, c_first, c_last;
+	unsigned long step = 10, k;
+	json_t *points = NULL;
+	const char *v;
+	char *end, *text = NULL;
+
+	if ((v = evhttp_find_header(p, "cold")) && cold_filter_parse(v, &q.cold) == -1) {
+		reply_error(req, 400, "cold", "bad value '%.64s' for cold; one of include, exclude, only", v);
+		return;
+	}
+	if ((v = evhttp_find_header(p, "step"))) {
+		errno = 0;
+		step = strtoul(v, &end, 10);
+		if (v[0] < '0' || v[0] > '9' || *end != '\0' || errno != 0 || step < 1 || step > 60 ||
+		    HISTORY_SPAN_S % step != 0) {
+			reply_error(req, 400, "step",
+				    "step must be a divisor of 60 (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30, 60), "
+				    "not '%.64s'",
+				    v);
+			return;
+		}
+	}
+	q.route = evhttp_find_header(p, "route");
+	q.upstream = evhttp_find_header(p, "upstream");
+	q.model = evhttp_find_header(p, "model");
+	q.slo = &a->slo;
+	q.labels = upstream_labels(a);
+	memset(chunks, 0, sizeof(chunks));
+	points = json_array();
+	if (!points)
+		goto out;
+	/* chunk c holds seconds [c*step, c*step + step - 1]; a point ends a chunk */
+	k = HISTORY_SPAN_S / step;
+	c_last = (now - step) / step;
+	c_first = (now - HISTORY_REACH_S + step - 1) / step;
+	for (c = c_first - k + 1; c <= c_last; c++) {
+		struct store_result *ch = &chunks[c % k];
+		uint64_t t = c * step + step - 1;
+
+		store_result_free(ch);
+		if (store_query_range(a->store, c * step, t, ch) == -1)
+			goto fail;
+		admin_stats_history_trim(ch);
+		if (c >= c_first && t >= a->since_sec &&
+		    admin_stats_history_point(points, chunks, k, t, &q, a->since_sec) == -1)
+			goto fail;
+	}
+	text = admin_stats_history_render(points, (unsigned)step);
+	points = NULL;
+	goto out;
+fail:
+	json_decref(points);
+	points = NULL;
+out:
+	for (size_t i = 0; i < HISTORY_SPAN_S; i++)
+		store_result_free(&chunks[i]);
+	json_decref(q.labels);
+	reply_rendered(req, text);
 }
 
 static void on_metrics(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)

@@ -17,7 +17,9 @@
 
 static const char *const admin_no_params[] = { NULL };
 static const char *const admin_stats_params[] = { "window", "route", "upstream", "model", "cold", NULL };
+static const char *const admin_prompt_params[] = { "window", "route", "upstream", "model", "cold", "by", NULL };
 static const char *const admin_recent_params[] = { "n", NULL };
+static const char *const admin_history_params[] = { "step", "route", "upstream", "model", "cold", NULL };
 static const char *const admin_compare_params[] = { "route", "window", "cold", NULL };
 
 const struct admin_route admin_routes[ADMIN_R__COUNT] = {

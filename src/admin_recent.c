@@ -104,7 +104,12 @@ static json_t *entry_json(const struct recent_entry *e)
 	put(o, "error", r->error == REQ_ERR_NONE ? json_null() : json_string(req_error_name(r->error)));
 	put(o, "input_tokens", count_or_null(r->usage.input_tokens));
 	put(o, "output_tokens", count_or_null(r->usage.output_tokens));
+	put(o, "cached_tokens", count_or_null(r->usage.cached_tokens));
+	put(o, "cache_write_tokens", count_or_null(r->usage.cache_write_tokens));
+	put(o, "reasoning_tokens", count_or_null(r->usage.reasoning_tokens));
 	put(o, "token_events", u64_json(r->token_events));
+	put(o, "reasoning_events", u64_json(r->reasoning_events));
+	put(o, "tool_call_events", u64_json(r->tool_call_events));
 	put(o, "events", u64_json(r->events));
 	put(o, "bytes_in", u64_json(r->bytes_in));
 	put(o, "bytes_out", u64_json(r->bytes_out));

@@ -257,7 +257,7 @@ static json_t *summary_json(const struct stats_group *g, const struct stats_quer
 {
 	const struct slice *s = &g->slice;
 	const size_t status_prefix = strlen("status_");
-	json_t *o = json_object(), *st, *er, *tp, *gp, *mx, *cx, *cd;
+	json_t *o = json_object(), *st, *er, *tp, *gp, *mx, *cx, *cd, *pc;
 
 	if (!o)
 		return NULL;
@@ -277,6 +277,20 @@ static json_t *summary_json(const struct stats_group *g, const struct stats_quer
 
 	put(o, "input_tokens", json_u64(s->counters[CT_INPUT_TOKENS]));
 	put(o, "output_tokens", json_u64(s->counters[CT_OUTPUT_TOKENS]));
+	put(o, "cached_tokens", json_u64(s->counters[CT_CACHED_TOKENS]));
+	put(o, "cache_write_tokens", json_u64(s->counters[CT_CACHE_WRITE_TOKENS]));
+	put(o, "reasoning_tokens", json_u64(s->counters[CT_REASONING_TOKENS]));
+
+	/* Token-weighted prefix-cache hit ratio, over the requests whose
+	 * server reported caching (their input tokens are counted apart). */
+	pc = json_object();
+	if (pc) {
+		uint64_t in = s->counters[CT_CACHE_REPORTED_INPUT_TOKENS];
+		put(pc, "input_tokens", json_u64(in));
+		put(pc, "cached_tokens", json_u64(s->counters[CT_CACHED_TOKENS]));
+		put(pc, "hit_ratio", json_ratio((double)s->counters[CT_CACHED_TOKENS], (double)in));
+	}
+	put(o, "prefix_cache", pc);
 
 	tp = json_object();
 	if (tp) {
@@ -334,8 +348,9 @@ static json_t *prompt_json(const struct stats_group *g, const struct stats_query
 		return NULL;
 	}
 	put_labels(o, g, q);
+	put(o, "by", json_string(q->prompt_raw ? "prompt" : "prefill"));
 	for (unsigned b = 0; b < PROMPT_BUCKETS; b++) {
-		const struct hist *h = slot(&g->slice, SLOT_PROMPT(b));
+		const struct hist *h = slot(&g->slice, q->prompt_raw ? SLOT_PROMPT_RAW(b) : SLOT_PROMPT(b));
 		json_t *e;
 		if (!h || !h->count || !(e = json_object()))
 			continue;
@@ -455,13 +470,13 @@ uint64_t stats_elapsed(const struct store_result *r, uint64_t since_sec)
 	return r->end_sec >= from ? r->end_sec - from + 1 : 1;
 }
 
-char *admin_stats_render(const struct store_result *r, const struct stats_query *q, enum stats_view view,
-			 uint64_t since_sec)
+/* The answer for one view as a JSON object; NULL when out of memory. */
+static json_t *render_doc(const struct store_result *r, const struct stats_query *q, enum stats_view view,
+			  uint64_t since_sec)
 {
 	struct stats_groups gs;
 	json_t *root, *arr;
 	char ts[32];
-	char *text = NULL;
 	uint64_t start = r->start_sec, from, elapsed_s;
 
 	if (stats_groups_build(r, q, &gs) == -1)
@@ -475,7 +490,7 @@ char *admin_stats_render(const struct store_result *r, const struct stats_query 
 	root = json_object();
 	arr = json_array();
 	if (!root || !arr)
-		goto out;
+		goto fail;
 	put(root, "window", json_string(store_window_name(q->window)));
 	iso8601(start, ts);
 	put(root, "start", json_string(ts));
@@ -490,14 +505,107 @@ char *admin_stats_render(const struct store_result *r, const struct stats_query 
 			    : view == VIEW_CURVE ? curve_json(&gs.g[i], q, elapsed_s)
 						 : summary_json(&gs.g[i], q, elapsed_s);
 		if (!s)
-			goto out;
+			goto fail;
 		json_array_append_new(arr, s);
 	}
-	json_object_set(root, "series", arr);
-	text = json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(10));
-out:
+	json_object_set_new(root, "series", arr);
+	stats_groups_free(&gs);
+	return root;
+fail:
 	json_decref(arr);
 	json_decref(root);
 	stats_groups_free(&gs);
+	return NULL;
+}
+
+char *admin_stats_render(const struct store_result *r, const struct stats_query *q, enum stats_view view,
+			 uint64_t since_sec)
+{
+	json_t *root = render_doc(r, q, view, since_sec);
+	char *text = root ? json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(10)) : NULL;
+
+	json_decref(root);
+	return text;
+}
+
+void admin_stats_history_trim(struct store_result *chunk)
+{
+	for (size_t i = 0; i < chunk->n; i++)
+		slice_drop_curves(&chunk->series[i].slice);
+}
+
+/* Adds the counters and per-request histograms of `src` to `dst`'s series
+ * of the same key (appended when new). -1 when out of memory. */
+static int history_merge(struct store_result *dst, const struct store_result *src)
+{
+	for (size_t i = 0; i < src->n; i++) {
+		const struct store_series *from = &src->series[i];
+		struct store_series *to = NULL;
+
+		for (size_t j = 0; j < dst->n && !to; j++)
+			if (dst->series[j].keylen == from->keylen &&
+			    memcmp(dst->series[j].key, from->key, from->keylen) == 0)
+				to = &dst->series[j];
+		if (!to) {
+			if (dst->n == dst->cap) {
+				size_t cap = dst->cap ? dst->cap * 2 : 8;
+				struct store_series *p = realloc(dst->series, cap * sizeof(*p));
+				if (!p)
+					return -1;
+				dst->series = p;
+				dst->cap = cap;
+			}
+			to = &dst->series[dst->n++];
+			memset(to, 0, sizeof(*to));
+			memcpy(to->key, from->key, from->keylen);
+			to->keylen = from->keylen;
+		}
+		for (unsigned c = 0; c < CT__COUNT; c++)
+			to->slice.counters[c] += from->slice.counters[c];
+		for (unsigned m = 0; m < HM__COUNT; m++) {
+			struct hist *h;
+			if (from->slice.slot[m] && from->slice.slot[m]->count) {
+				if (!(h = slice_hist(&to->slice, m)))
+					return -1;
+				hist_merge(h, from->slice.slot[m]);
+			}
+		}
+	}
+	return 0;
+}
+
+int admin_stats_history_point(json_t *points, const struct store_result *chunks, size_t n, uint64_t t,
+			      const struct stats_query *q, uint64_t since_sec)
+{
+	struct store_result pt = { .start_sec = t - 59, .end_sec = t };
+	json_t *doc = NULL;
+	int rc = -1;
+
+	for (size_t i = 0; i < n; i++)
+		if (history_merge(&pt, &chunks[i]) == -1)
+			goto out;
+	doc = render_doc(&pt, q, VIEW_SUMMARY, since_sec);
+	if (!doc)
+		goto out;
+	put(doc, "t", json_u64(t));
+	rc = json_array_append_new(points, doc);
+out:
+	store_result_free(&pt);
+	return rc;
+}
+
+char *admin_stats_history_render(json_t *points, unsigned step_s)
+{
+	json_t *root = json_object();
+	char *text = NULL;
+
+	if (root) {
+		put(root, "step_s", json_u64(step_s));
+		put(root, "span_s", json_u64(60));
+		json_object_set(root, "points", points);
+		text = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(10));
+	}
+	json_decref(root);
+	json_decref(points);
 	return text;
 }

@@ -30,6 +30,9 @@ struct stats_query {
 	/* the goodput thresholds in force, named in each series' goodput;
 	 * NULL: not named */
 	const struct slo *slo;
+	/* /stats/prompt keyed on the prompt as reported (by=prompt), not on
+	 * the tokens the server had to prefill */
+	bool prompt_raw;
 };
 
 struct stats_group {
@@ -70,3 +73,17 @@ uint64_t stats_elapsed(const struct store_result *r, uint64_t since_sec);
  */
 char *admin_stats_render(const struct store_result *r, const struct stats_query *q, enum stats_view view,
 			 uint64_t since_sec);
+
+/*
+ * /stats/history, built a point at a time from the per-second ring, queried
+ * in chunks of `step` seconds: _trim drops a chunk's load-curve and
+ * prompt-length histograms (a point is a summary); _point appends to
+ * `points` (a JSON array) the /stats answer (window 1m) of the minute
+ * ending at second `t`, from the `n` chunks that make it up, with "t";
+ * 0, or -1 when out of memory. _render wraps `points` (taken) into the
+ * answer, malloc'd, NULL when out of memory.
+ */
+void admin_stats_history_trim(struct store_result *chunk);
+int admin_stats_history_point(struct json_t *points, const struct store_result *chunks, size_t n, uint64_t t,
+			      const struct stats_query *q, uint64_t since_sec) __attribute__((warn_unused_result));
+char *admin_stats_history_render(struct json_t *points, unsigned step_s);

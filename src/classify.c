@@ -1,14 +1,17 @@
 /*
- * classify.c — which streamed events carry tokens, and where usage lives.
+ * classify.c — which streamed events carry tokens, what they carry, and
+ * where usage lives.
  *
  * Every framed event of every streamed response passes through
  * classify_event(), so the token decision is made by byte scans, never by
  * parsing the event: keyscan_find() finds a quoted key such as "content", and the
  * bytes right after it say whether its value is a non-empty string, an
- * object, a non-empty array. Usage counts (usually one event per response)
- * are read the same way, member by member of the objects that hold them,
- * with the semantics a JSON parser would give (direct members only, the
- * last of a repeated key, integers only), so no event costs an allocation.
+ * object, a non-empty array. Which key held text says what the event
+ * carries: answer text, reasoning or a tool call (struct token_key). Usage
+ * counts (usually one event per response) are read the same way, member by
+ * member of the objects that hold them, with the semantics a JSON parser
+ * would give (direct members only, the last of a repeated key, integers
+ * only), so no event costs an allocation.
  *
  * Why a key scan cannot be fooled by text that merely looks like a key: in
  * valid JSON an unescaped '"' always delimits a string, and a string value
@@ -178,12 +181,26 @@ static int value_is_literal(const struct span *s, const char *v, const char *lit
 /* ---- token keys ---------------------------------------------------------- */
 
 /* A key whose non-empty value marks an event as token-bearing: a string
- * (the text) or, for tool calls, an array. */
+ * (the text) or, for tool calls, an array; and what that value is. */
 struct token_key {
 	const char *qkey; /* quoted, as made by KEY() */
 	size_t qlen;
 	bool array;
+	enum token_kind kind;
 };
+
+/* Which kind wins when one event holds several: the answer, then a tool
+ * call, then reasoning. Each API's keys are listed in this order. */
+static int kind_rank(enum token_kind k)
+{
+	switch (k) {
+	case TOKEN_ANSWER: return 0;
+	case TOKEN_TOOL: return 1;
+	case TOKEN_REASONING: return 2;
+	case TOKEN_NONE: break;
+	}
+	return 3;
+}
 
 #define NKEYS(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -213,16 +230,41 @@ static void hint_note(struct classify_hint *hint, size_t rule, size_t at)
 	}
 }
 
+/* The first of keys [0, n) that holds text anywhere in the event: its kind,
+ * TOKEN_NONE when none does. */
+static enum token_kind first_key_holding_text(const struct span *s, const struct token_key *keys, size_t n,
+					      struct classify_hint *hint)
+{
+	for (size_t i = 0; i < n; i++) {
+		const char *from = s->p;
+		if (key_holds_text(s, &from, &keys[i])) {
+			if (hint)
+				hint_note(hint, i + 1, (size_t)(from - s->p) - keys[i].qlen);
+			return keys[i].kind;
+		}
+	}
+	return TOKEN_NONE;
+}
+
 /*
- * Some occurrence of one of the keys holds text. With a hint, the key that
- * held it in the stream's last token event is looked for first from where
- * it was. That probe can only confirm: key_find() judges a hit by the bytes
- * around it (the backslashes before it, the ':' after it), not by where the
- * search began, so a hit it accepts from any starting point is one the full
- * search visits too. When the probe finds nothing, every key is searched
- * from the event's start, exactly as without a hint.
+ * What the event carries: the kind of the first of the keys (listed by
+ * kind_rank) that holds text. With a hint, the key that held it in the
+ * stream's last token event is looked for first from where it was. That
+ * probe can only confirm: key_find() judges a hit by the bytes around it
+ * (the backslashes before it, the ':' after it), not by where the search
+ * began, so a hit it accepts from any starting point is one the full search
+ * visits too. A confirmed key is the answer unless a key of a kind that
+ * ranks before it holds text too, so those (none for an answer key, the
+ * common case) are still searched in full. When the probe finds nothing,
+ * every key is searched from the event's start, exactly as without a hint.
+ *
+ * Cost: a hinted answer event costs what it did when only "bears tokens"
+ * was asked; a hinted reasoning event also pays a search of the whole event
+ * per answer and tool key (chat: three, some 50 ns on a 200-byte chunk),
+ * the price of letting an answer in the same event win.
  */
-static bool any_key_holds_text(const struct span *s, const struct token_key *keys, size_t n, struct classify_hint *hint)
+static enum token_kind keys_kind(const struct span *s, const struct token_key *keys, size_t n,
+				 struct classify_hint *hint)
 {
 	size_t len = (size_t)(s->end - s->p);
 
@@ -230,19 +272,18 @@ static bool any_key_holds_text(const struct span *s, const struct token_key *key
 		const struct token_key *k = &keys[hint->rule - 1];
 		const char *from = s->p + hint->at;
 		if (key_holds_text(s, &from, k)) {
-			hint_note(hint, hint->rule, (size_t)(from - s->p) - k->qlen);
-			return true;
+			size_t before = 0;
+			while (before < n && kind_rank(keys[before].kind) < kind_rank(k->kind))
+				before++;
+			size_t at = (size_t)(from - s->p) - k->qlen;
+			enum token_kind better = first_key_holding_text(s, keys, before, hint);
+			if (better != TOKEN_NONE)
+				return better;
+			hint_note(hint, hint->rule, at);
+			return k->kind;
 		}
 	}
-	for (size_t i = 0; i < n; i++) {
-		const char *from = s->p;
-		if (key_holds_text(s, &from, &keys[i])) {
-			if (hint)
-				hint_note(hint, i + 1, (size_t)(from - s->p) - keys[i].qlen);
-			return true;
-		}
-	}
-	return false;
+	return first_key_holding_text(s, keys, n, hint);
 }
 
 /* Some occurrence of key `qkey` has an object value. */
@@ -382,11 +423,22 @@ static void take_count(const struct span *s, const char *obj, const char *qkey, 
 /* Where each API keeps its counts; `root` is the event's (or body's) top
  * object. */
 
+/* OpenAI's details: cached (and, newer, cache-write) tokens within the
+ * prompt, reasoning tokens within the output. SGLang puts reasoning_tokens
+ * at the top of usage; the standard place wins when both are there. */
 static void usage_openai(const struct span *s, const char *root, struct usage *u)
 {
 	const char *usage = member(s, root, KEY("usage"));
 	take_count(s, usage, KEY("prompt_tokens"), &u->input_tokens);
 	take_count(s, usage, KEY("completion_tokens"), &u->output_tokens);
+	if (usage == NULL)
+		return;
+	const char *pd = member(s, usage, KEY("prompt_tokens_details"));
+	take_count(s, pd, KEY("cached_tokens"), &u->cached_tokens);
+	take_count(s, pd, KEY("cache_write_tokens"), &u->cache_write_tokens);
+	take_count(s, usage, KEY("reasoning_tokens"), &u->reasoning_tokens);
+	take_count(s, member(s, usage, KEY("completion_tokens_details")), KEY("reasoning_tokens"),
+		   &u->reasoning_tokens);
 }
 
 static void usage_tgi(const struct span *s, const char *root, struct usage *u)
@@ -400,9 +452,17 @@ static void usage_tgi(const struct span *s, const char *root, struct usage *u)
 
 static void usage_llamacpp(const struct span *s, const char *root, struct usage *u)
 {
-	/* timings first, so the top-level counts win when both are present. */
+	/* timings first, so the top-level counts win when both are present.
+	 * timings.prompt_n is only the part of the prompt that was not in
+	 * the cache (cache_n): the whole prompt is their sum. */
 	const char *timings = member(s, root, KEY("timings"));
-	take_count(s, timings, KEY("prompt_n"), &u->input_tokens);
+	int64_t prefill = -1, cached = -1;
+	take_count(s, timings, KEY("prompt_n"), &prefill);
+	take_count(s, timings, KEY("cache_n"), &cached);
+	if (cached >= 0)
+		u->cached_tokens = cached;
+	if (prefill >= 0 && prefill <= INT64_MAX - (cached > 0 ? cached : 0))
+		u->input_tokens = prefill + (cached > 0 ? cached : 0);
 	take_count(s, timings, KEY("predicted_n"), &u->output_tokens);
 	take_count(s, root, KEY("tokens_evaluated"), &u->input_tokens);
 	take_count(s, root, KEY("tokens_predicted"), &u->output_tokens);
@@ -414,47 +474,76 @@ static void usage_ollama(const struct span *s, const char *root, struct usage *u
 	take_count(s, root, KEY("eval_count"), &u->output_tokens);
 }
 
+/* Anthropic's input_tokens is what was neither read from nor written to
+ * the cache; the whole prompt is its sum with cache_read_input_tokens and
+ * cache_creation_input_tokens, and that is what input_tokens means here as
+ * for every API. The counts of message_delta are cumulative, so a later
+ * event repeating them changes nothing; one that leaves out the cache
+ * counts keeps those already read. output_tokens_details.thinking_tokens
+ * is the reasoning. message_start's output_tokens is a placeholder and is
+ * not read (`output`). */
+static void usage_anthropic(const struct span *s, const char *usage, bool output, struct usage *u)
+{
+	int64_t in = -1;
+	if (usage == NULL)
+		return;
+	take_count(s, usage, KEY("input_tokens"), &in);
+	take_count(s, usage, KEY("cache_read_input_tokens"), &u->cached_tokens);
+	take_count(s, usage, KEY("cache_creation_input_tokens"), &u->cache_write_tokens);
+	if (in >= 0) {
+		int64_t rd = u->cached_tokens > 0 ? u->cached_tokens : 0;
+		int64_t wr = u->cache_write_tokens > 0 ? u->cache_write_tokens : 0;
+		if (rd <= INT64_MAX - wr && in <= INT64_MAX - rd - wr)
+			u->input_tokens = in + rd + wr;
+	}
+	if (output) {
+		take_count(s, usage, KEY("output_tokens"), &u->output_tokens);
+		take_count(s, member(s, usage, KEY("output_tokens_details")), KEY("thinking_tokens"),
+			   &u->reasoning_tokens);
+	}
+}
+
 static void usage_anthropic_start(const struct span *s, const char *root, struct usage *u)
 {
-	const char *usage = member(s, member(s, root, KEY("message")), KEY("usage"));
-	take_count(s, usage, KEY("input_tokens"), &u->input_tokens);
+	usage_anthropic(s, member(s, member(s, root, KEY("message")), KEY("usage")), false, u);
 }
 
 static void usage_anthropic_delta(const struct span *s, const char *root, struct usage *u)
 {
-	const char *usage = member(s, root, KEY("usage"));
-	take_count(s, usage, KEY("input_tokens"), &u->input_tokens);
-	take_count(s, usage, KEY("output_tokens"), &u->output_tokens);
+	usage_anthropic(s, member(s, root, KEY("usage")), true, u);
 }
 
 /* ---- per-API event rules ----------------------------------------------- */
 
-/* Each API's token keys, in the order they are searched; `true` marks a
- * key whose value is an array (tool calls). */
+/* Each API's token keys, in the order they are searched: answer keys,
+ * then tool calls, then reasoning (kind_rank). `true` marks a key whose
+ * value is an array (tool calls). */
 static const struct token_key openai_chat_keys[] = {
-	{ KEY("content"), false },
-	{ KEY("reasoning_content"), false },
-	{ KEY("reasoning"), false },
-	{ KEY("tool_calls"), true },
+	{ KEY("content"), false, TOKEN_ANSWER },      { KEY("refusal"), false, TOKEN_ANSWER },
+	{ KEY("tool_calls"), true, TOKEN_TOOL },      { KEY("reasoning_content"), false, TOKEN_REASONING },
+	{ KEY("reasoning"), false, TOKEN_REASONING },
 };
-/* Anthropic content_block_delta: text_delta, thinking_delta and
- * input_json_delta carry these; signature_delta and citations_delta carry
- * none of them and are not tokens. */
+/* Anthropic content_block_delta: text_delta, input_json_delta and
+ * thinking_delta carry these; signature_delta (the thinking block's closing
+ * signature, an opaque blob) and citations_delta carry none of them and are
+ * not tokens. */
 static const struct token_key anthropic_keys[] = {
-	{ KEY("text"), false },
-	{ KEY("thinking"), false },
-	{ KEY("partial_json"), false },
+	{ KEY("text"), false, TOKEN_ANSWER },
+	{ KEY("partial_json"), false, TOKEN_TOOL },
+	{ KEY("thinking"), false, TOKEN_REASONING },
 };
-static const struct token_key content_key[] = { { KEY("content"), false } };
-static const struct token_key text_key[] = { { KEY("text"), false } };
-static const struct token_key ollama_generate_keys[] = { { KEY("response"), false }, { KEY("thinking"), false } };
-static const struct token_key ollama_chat_keys[] = { { KEY("content"), false },
-						     { KEY("thinking"), false },
-						     { KEY("tool_calls"), true } };
+static const struct token_key content_key[] = { { KEY("content"), false, TOKEN_ANSWER } };
+static const struct token_key text_key[] = { { KEY("text"), false, TOKEN_ANSWER } };
+static const struct token_key ollama_generate_keys[] = { { KEY("response"), false, TOKEN_ANSWER },
+							 { KEY("tool_calls"), true, TOKEN_TOOL },
+							 { KEY("thinking"), false, TOKEN_REASONING } };
+static const struct token_key ollama_chat_keys[] = { { KEY("content"), false, TOKEN_ANSWER },
+						     { KEY("tool_calls"), true, TOKEN_TOOL },
+						     { KEY("thinking"), false, TOKEN_REASONING } };
 
-static bool classify_openai_chat(const struct span *s, struct usage *u, struct classify_hint *h)
+static enum token_kind classify_openai_chat(const struct span *s, struct usage *u, struct classify_hint *h)
 {
-	bool token = any_key_holds_text(s, openai_chat_keys, NKEYS(openai_chat_keys), h);
+	enum token_kind token = keys_kind(s, openai_chat_keys, NKEYS(openai_chat_keys), h);
 	/* "usage":null rides on every chunk with include_usage; only an
 	 * object carries counts (the final chunk, or every chunk with vLLM's
 	 * continuous usage stats). */
@@ -463,9 +552,9 @@ static bool classify_openai_chat(const struct span *s, struct usage *u, struct c
 	return token;
 }
 
-static bool classify_llamacpp(const struct span *s, struct usage *u, struct classify_hint *h)
+static enum token_kind classify_llamacpp(const struct span *s, struct usage *u, struct classify_hint *h)
 {
-	bool token = any_key_holds_text(s, content_key, NKEYS(content_key), h);
+	enum token_kind token = keys_kind(s, content_key, NKEYS(content_key), h);
 	if (u && (keyscan_find(s->p, s->end, KEY("tokens_predicted")) != NULL || any_object(s, KEY("timings"))))
 		usage_llamacpp(s, s->p, u);
 	return token;
@@ -474,12 +563,12 @@ static bool classify_llamacpp(const struct span *s, struct usage *u, struct clas
 /* OpenAI completions put text in choices[].text. llama.cpp's /completions
  * alias answers in its native shape, without "choices": read that as
  * llama.cpp. */
-static bool classify_completions(const struct span *s, struct usage *u, struct classify_hint *h)
+static enum token_kind classify_completions(const struct span *s, struct usage *u, struct classify_hint *h)
 {
 	const char *from = s->p;
 	if (key_find(s, &from, KEY("choices")) == NULL && keyscan_find(s->p, s->end, KEY("content")))
 		return classify_llamacpp(s, u, h);
-	bool token = any_key_holds_text(s, text_key, NKEYS(text_key), h);
+	enum token_kind token = keys_kind(s, text_key, NKEYS(text_key), h);
 	if (u && any_object(s, KEY("usage")))
 		usage_openai(s, s->p, u);
 	return token;
@@ -497,10 +586,11 @@ static int name_is(const struct framer_event *ev, const char *lit)
  * token when its delta holds non-empty text, thinking or partial_json: a
  * tool's input opens with an empty partial_json, and the signature closing
  * a thinking block is no text at all. */
-static bool classify_anthropic(const struct framer_event *ev, const struct span *s, struct usage *u,
-			       struct classify_hint *h)
+static enum token_kind classify_anthropic(const struct framer_event *ev, const struct span *s, struct usage *u,
+					  struct classify_hint *h)
 {
 	bool delta, start, mdelta;
+	enum token_kind token = TOKEN_NONE;
 	if (ev->name != NULL && ev->name_len > 0 && !name_is(ev, "message")) {
 		delta = name_is(ev, "content_block_delta");
 		start = name_is(ev, "message_start");
@@ -511,17 +601,17 @@ static bool classify_anthropic(const struct framer_event *ev, const struct span 
 		mdelta = !delta && !start && type_is(s, KEY("message_delta"));
 	}
 	if (delta)
-		delta = any_key_holds_text(s, anthropic_keys, NKEYS(anthropic_keys), h);
+		token = keys_kind(s, anthropic_keys, NKEYS(anthropic_keys), h);
 	if (u && start)
 		usage_anthropic_start(s, s->p, u);
 	else if (u && mdelta)
 		usage_anthropic_delta(s, s->p, u);
-	return delta;
+	return token;
 }
 
 /* TGI: {"token":{"id":..,"text":..,"logprob":..,"special":false},..}. A
  * special token (EOS and friends) is not text the user sees. */
-static bool classify_tgi(const struct span *s, struct usage *u)
+static enum token_kind classify_tgi(const struct span *s, struct usage *u)
 {
 	bool token = false;
 	const char *from = s->p;
@@ -536,19 +626,20 @@ static bool classify_tgi(const struct span *s, struct usage *u)
 	}
 	if (u && any_object(s, KEY("details")))
 		usage_tgi(s, s->p, u);
-	return token;
+	return token ? TOKEN_ANSWER : TOKEN_NONE;
 }
 
 /* Ollama NDJSON: /api/generate streams "response" (and "thinking" for
  * reasoning models), /api/chat streams message.content / message.thinking
  * and whole tool calls in message.tool_calls. */
-static bool classify_ollama(enum api_kind api, const struct span *s, struct usage *u, struct classify_hint *h)
+static enum token_kind classify_ollama(enum api_kind api, const struct span *s, struct usage *u,
+				       struct classify_hint *h)
 {
-	bool token;
+	enum token_kind token;
 	if (api == API_OLLAMA_GENERATE)
-		token = any_key_holds_text(s, ollama_generate_keys, NKEYS(ollama_generate_keys), h);
+		token = keys_kind(s, ollama_generate_keys, NKEYS(ollama_generate_keys), h);
 	else
-		token = any_key_holds_text(s, ollama_chat_keys, NKEYS(ollama_chat_keys), h);
+		token = keys_kind(s, ollama_chat_keys, NKEYS(ollama_chat_keys), h);
 	if (u && (keyscan_find(s->p, s->end, KEY("eval_count")) != NULL ||
 		  keyscan_find(s->p, s->end, KEY("prompt_eval_count")) != NULL))
 		usage_ollama(s, s->p, u);
@@ -566,14 +657,11 @@ static bool classify_ollama(enum api_kind api, const struct span *s, struct usag
  * vLLM's reasoning_part.*) are lifecycle: no token.
  */
 
-/* What a model-output delta carries. Not reported yet: kept so that answer,
- * reasoning and tool-call timing can be told apart from this table alone. */
-enum resp_class { RC_ANSWER, RC_REASONING, RC_TOOL };
-
+/* A model-output delta and what it carries. */
 struct resp_name {
 	const char *name;
 	size_t len;
-	enum resp_class cls;
+	enum token_kind kind;
 };
 
 #define RNAME(n) "response." n ".delta", sizeof("response." n ".delta") - 1
@@ -583,12 +671,12 @@ struct resp_name {
  * tool's output, not the model's) and image_generation_call.partial_image
  * (an image tool's intermediate picture). */
 static const struct resp_name resp_token_names[] = {
-	{ RNAME("output_text"), RC_ANSWER },	       { RNAME("refusal"), RC_ANSWER },
-	{ RNAME("audio.transcript"), RC_ANSWER },      { RNAME("audio"), RC_ANSWER },
-	{ RNAME("reasoning_text"), RC_REASONING },     { RNAME("reasoning_summary_text"), RC_REASONING },
-	{ RNAME("function_call_arguments"), RC_TOOL }, { RNAME("custom_tool_call_input"), RC_TOOL },
-	{ RNAME("mcp_call_arguments"), RC_TOOL },      { RNAME("code_interpreter_call_code"), RC_TOOL },
-	{ RNAME("shell_call_command"), RC_TOOL },
+	{ RNAME("output_text"), TOKEN_ANSWER },		  { RNAME("refusal"), TOKEN_ANSWER },
+	{ RNAME("audio.transcript"), TOKEN_ANSWER },	  { RNAME("audio"), TOKEN_ANSWER },
+	{ RNAME("reasoning_text"), TOKEN_REASONING },	  { RNAME("reasoning_summary_text"), TOKEN_REASONING },
+	{ RNAME("function_call_arguments"), TOKEN_TOOL }, { RNAME("custom_tool_call_input"), TOKEN_TOOL },
+	{ RNAME("mcp_call_arguments"), TOKEN_TOOL },	  { RNAME("code_interpreter_call_code"), TOKEN_TOOL },
+	{ RNAME("shell_call_command"), TOKEN_TOOL },
 };
 
 enum resp_kind { RK_OTHER, RK_TOKEN, RK_COMPLETED, RK_INCOMPLETE, RK_FAILED };
@@ -600,18 +688,21 @@ static bool bytes_are(const char *p, size_t n, const char *lit, size_t litlen)
 
 #define LIT(s) s, sizeof(s) - 1
 
-/* The kind of the event named [p, p+n). Only names ending in ".delta" are
- * looked up among the token names, so a lifecycle event costs a few length
- * compares. */
-static enum resp_kind resp_kind_of(const char *p, size_t n)
+/* The kind of the event named [p, p+n), and for a token event what it
+ * carries (*carries). Only names ending in ".delta" are looked up among the
+ * token names, so a lifecycle event costs a few length compares. */
+static enum resp_kind resp_kind_of(const char *p, size_t n, enum token_kind *carries)
 {
 	static const char suffix[] = ".delta";
 	const size_t sl = sizeof(suffix) - 1;
 
 	if (n > sl && memcmp(p + n - sl, suffix, sl) == 0) {
-		for (size_t i = 0; i < NKEYS(resp_token_names); i++)
-			if (bytes_are(p, n, resp_token_names[i].name, resp_token_names[i].len))
+		for (size_t i = 0; i < NKEYS(resp_token_names); i++) {
+			if (bytes_are(p, n, resp_token_names[i].name, resp_token_names[i].len)) {
+				*carries = resp_token_names[i].kind;
 				return RK_TOKEN;
+			}
+		}
 		return RK_OTHER;
 	}
 	if (bytes_are(p, n, LIT("response.completed")))
@@ -625,7 +716,7 @@ static enum resp_kind resp_kind_of(const char *p, size_t n)
 
 /* The event's kind from "type" when it came without a usable `event:` name:
  * the top object's own "type" member, a plain string. */
-static enum resp_kind resp_kind_from_type(const struct span *s)
+static enum resp_kind resp_kind_from_type(const struct span *s, enum token_kind *carries)
 {
 	const char *v = member(s, s->p, KEY("type"));
 	if (v == NULL || *v != '"')
@@ -633,7 +724,7 @@ static enum resp_kind resp_kind_from_type(const struct span *s)
 	const char *e = string_end(s, v);
 	if (e == NULL || memchr(v + 1, '\\', (size_t)(e - v - 2)) != NULL)
 		return RK_OTHER;
-	return resp_kind_of(v + 1, (size_t)(e - v - 2));
+	return resp_kind_of(v + 1, (size_t)(e - v - 2), carries);
 }
 
 static void outcome_worsen(struct usage *u, enum resp_outcome o)
@@ -651,6 +742,10 @@ static void usage_responses(const struct span *s, const char *resp, struct usage
 	const char *usage = member(s, resp, KEY("usage"));
 	take_count(s, usage, KEY("input_tokens"), &u->input_tokens);
 	take_count(s, usage, KEY("output_tokens"), &u->output_tokens);
+	const char *in = member(s, usage, KEY("input_tokens_details"));
+	take_count(s, in, KEY("cached_tokens"), &u->cached_tokens);
+	take_count(s, in, KEY("cache_write_tokens"), &u->cache_write_tokens);
+	take_count(s, member(s, usage, KEY("output_tokens_details")), KEY("reasoning_tokens"), &u->reasoning_tokens);
 	const char *status = member(s, resp, KEY("status"));
 	if (status && value_is_string(s, status, KEY("incomplete")))
 		outcome_worsen(u, OUTCOME_INCOMPLETE);
@@ -658,45 +753,47 @@ static void usage_responses(const struct span *s, const char *resp, struct usage
 		outcome_worsen(u, OUTCOME_FAILED);
 }
 
-static const struct token_key delta_key[] = { { KEY("delta"), false } };
+static const struct token_key delta_key[] = { { KEY("delta"), false, TOKEN_ANSWER } };
 
-static bool classify_responses(const struct framer_event *ev, const struct span *s, struct usage *u,
-			       struct classify_hint *h)
+static enum token_kind classify_responses(const struct framer_event *ev, const struct span *s, struct usage *u,
+					  struct classify_hint *h)
 {
+	enum token_kind carries = TOKEN_NONE;
 	enum resp_kind k;
 	if (ev->name != NULL && ev->name_len > 0 && !name_is(ev, "message"))
-		k = resp_kind_of(ev->name, ev->name_len);
+		k = resp_kind_of(ev->name, ev->name_len, &carries);
 	else
-		k = resp_kind_from_type(s);
+		k = resp_kind_from_type(s, &carries);
 
 	switch (k) {
-	case RK_TOKEN: return any_key_holds_text(s, delta_key, NKEYS(delta_key), h);
-	case RK_OTHER: return false;
+	case RK_TOKEN: return keys_kind(s, delta_key, NKEYS(delta_key), h) != TOKEN_NONE ? carries : TOKEN_NONE;
+	case RK_OTHER: return TOKEN_NONE;
 	case RK_COMPLETED:
 	case RK_INCOMPLETE:
 	case RK_FAILED: break;
 	}
 	if (u == NULL)
-		return false;
+		return TOKEN_NONE;
 	if (k == RK_INCOMPLETE)
 		outcome_worsen(u, OUTCOME_INCOMPLETE);
 	else if (k == RK_FAILED)
 		outcome_worsen(u, OUTCOME_FAILED);
 	usage_responses(s, member(s, s->p, KEY("response")), u);
-	return false;
+	return TOKEN_NONE;
 }
 
-bool classify_event(enum api_kind api, const struct framer_event *ev, struct usage *usage, struct classify_hint *hint)
+enum token_kind classify_event(enum api_kind api, const struct framer_event *ev, struct usage *usage,
+			       struct classify_hint *hint)
 {
 	if (ev == NULL || ev->data == NULL)
-		return false;
+		return TOKEN_NONE;
 	struct span s = { ev->data, ev->data + ev->data_len };
 	/* Every token-bearing shape is a JSON object; this also turns away
 	 * `[DONE]` and empty data before any scan. From here s.p is the
 	 * event's top object, where the usage rules start. */
 	s.p = skip_space(s.p, s.end);
 	if (s.p >= s.end || *s.p != '{')
-		return false;
+		return TOKEN_NONE;
 
 	switch (api) {
 	case API_OPENAI_CHAT: return classify_openai_chat(&s, usage, hint);
@@ -709,7 +806,7 @@ bool classify_event(enum api_kind api, const struct framer_event *ev, struct usa
 	case API_OPENAI_RESPONSES: return classify_responses(ev, &s, usage, hint);
 	case API_UNKNOWN: break;
 	}
-	return false;
+	return TOKEN_NONE;
 }
 
 void classify_body(enum api_kind api, const char *body, size_t len, struct usage *usage)

@@ -2,8 +2,9 @@
  * classify.h — which streamed events carry tokens, and where usage lives.
  *
  * The API of a request is known from its path. For each framed event the
- * classifier answers "token-bearing or not" and picks input/output token
- * counts out of the event that carries usage. Both are byte scans over the
+ * classifier answers what it carries (nothing, answer text, reasoning, a
+ * tool call) and picks the token counts out of the event that carries
+ * usage. Both are byte scans over the
  * event, never a JSON parse or an allocation: a key search for the token
  * decision, and a walk over the members of the objects that hold the counts
  * (classify.c says why that is safe). Definitions: docs/metrics.md.
@@ -37,15 +38,39 @@ enum resp_outcome {
 	OUTCOME_FAILED,	    /* status "failed", or an `error` event */
 };
 
-/* Usage as reported by the server; -1 where not (yet) known. `outcome`
- * rides along because it comes from the same terminal event. */
+/* What a token-bearing event carries. TOKEN_NONE is 0, so the result reads
+ * as "bears tokens or not" too. An event that carries more than one kind is
+ * the first of answer, tool call, reasoning that it holds: the answer is
+ * what the user sees. */
+enum token_kind {
+	TOKEN_NONE = 0,
+	TOKEN_ANSWER,	 /* text the user reads: content, output_text, a refusal */
+	TOKEN_REASONING, /* the model thinking: reasoning_content, thinking, reasoning_text */
+	TOKEN_TOOL,	 /* a tool call: tool_calls, function_call_arguments, input_json_delta */
+};
+
+/* Usage as reported by the server; -1 where not (yet) known, so "not
+ * reported" stays distinct from 0. input_tokens is the whole prompt for
+ * every API (Anthropic's own input_tokens, which leaves out cache reads and
+ * writes, is normalised); cached_tokens and cache_write_tokens are parts
+ * of it, reasoning_tokens a part of output_tokens. `outcome` rides along
+ * because it comes from the same terminal event. */
 struct usage {
 	int64_t input_tokens;
 	int64_t output_tokens;
+	int64_t cached_tokens;	    /* prompt tokens read from the server's prefix cache */
+	int64_t cache_write_tokens; /* prompt tokens written to it (Anthropic, OpenAI's cache_write_tokens) */
+	int64_t reasoning_tokens;   /* output tokens spent reasoning */
 	enum resp_outcome outcome;
 };
 
-#define USAGE_UNKNOWN ((struct usage){ -1, -1, OUTCOME_NONE })
+#define USAGE_UNKNOWN \
+	((struct usage){ .input_tokens = -1, \
+			 .output_tokens = -1, \
+			 .cached_tokens = -1, \
+			 .cache_write_tokens = -1, \
+			 .reasoning_tokens = -1, \
+			 .outcome = OUTCOME_NONE })
 
 /* The API a request path (without query string) speaks. */
 enum api_kind classify_api(const char *path, size_t len);
@@ -65,11 +90,13 @@ struct classify_hint {
 	uint8_t rule; /* 1 + index of that key in the API's token keys; 0: none yet */
 };
 
-/* Classifies one streamed event. Returns true when it bears tokens. Updates
- * `usage` when the event carries counts (later values win field by field)
- * or says how the response ended (the worse outcome wins).
- * `hint` may be NULL (each event decided on its own). */
-bool classify_event(enum api_kind api, const struct framer_event *ev, struct usage *usage, struct classify_hint *hint);
+/* Classifies one streamed event: what it carries, TOKEN_NONE when it bears
+ * no tokens. Updates `usage` when the event carries counts (later values
+ * win field by field) or says how the response ended (the worse outcome
+ * wins). `hint` may be NULL (each event decided on its own); the answer is
+ * the same with it or without. */
+enum token_kind classify_event(enum api_kind api, const struct framer_event *ev, struct usage *usage,
+			       struct classify_hint *hint);
 
 /* Reads usage (and, for the Responses API, the outcome) from a whole
  * non-streamed JSON response body. */

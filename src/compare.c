@@ -106,7 +106,7 @@ static uint64_t errors_of(const struct slice *s)
 	return n;
 }
 
-static const unsigned compared[] = { HM_TTFT, HM_ITL, HM_TPOT, HM_E2E };
+static const unsigned compared[] = { HM_TTFT, HM_ITL, HM_TPOT, HM_E2E, HM_ANSWER_TTFT, HM_REASONING };
 
 static json_t *upstream_json(const struct up_group *g, uint64_t elapsed, json_t *labels)
 {
@@ -125,6 +125,9 @@ static json_t *upstream_json(const struct up_group *g, uint64_t elapsed, json_t 
 	json_object_set_new(
 		o, "goodput_ratio",
 		ratio((double)s->counters[CT_SLO_MET], (double)(s->counters[CT_SLO_MET] + s->counters[CT_SLO_MISSED])));
+	json_object_set_new(
+		o, "prefix_cache_hit_ratio",
+		ratio((double)s->counters[CT_CACHED_TOKENS], (double)s->counters[CT_CACHE_REPORTED_INPUT_TOKENS]));
 	for (size_t i = 0; i < sizeof(compared) / sizeof(compared[0]); i++)
 		json_object_set_new(m, hist_metric_name(compared[i]), stats_hist_json(s->slot[compared[i]], UNIT_US));
 	json_object_set_new(o, "metrics", m);

@@ -5,6 +5,15 @@
  * upstream), writing the request, and reading the response: its bytes are
  * moved to the client as they arrive while the parser hands them to the
  * request's meter (meter.c), which measures them.
+ *
+ * The exchange's states (EXCHANGE_STATES, proxy_int.h), the usual way:
+ *
+ *   NEW ─▶ [AWAIT_BODY | AWAIT_CHUNK] ─▶ ROUTING ─▶ [QUEUED] ─▶ CONNECTING ─▶ SENDING
+ *          ─▶ AWAIT_HEAD ─▶ STREAMING ⇄ PAUSED ─▶ DONE
+ *
+ * and back: CONNECTING ─▶ ROUTING on failover, SENDING or AWAIT_HEAD ─▶
+ * CONNECTING on a replay; any state ─▶ DONE on an error or abort. The state
+ * decides the timer (exchange_set_state) and what on_exchange_timer does.
  */
 #include <errno.h>
 #include <event2/buffer.h>
@@ -18,6 +27,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 
+#include "check.h"
 #include "log.h"
 #include "loop.h"
 #include "meter.h"
@@ -34,28 +44,121 @@ static void on_up_event(struct bufferevent *bev, short what, void *arg);
 static void request_upstream_closed(struct request *req, short what);
 static const struct upconn_direct up_direct;
 
-/* ---- upstream exchange ---- */
+/* ---- the exchange's states ---- */
 
-void request_timer_set(struct request *req, enum req_timer kind, uint64_t ms)
-{
-	if (req->timer_kind == RT_UP_CLOSED && kind != RT_UP_CLOSED)
-		return; /* the upstream closed: that is decided first */
-	req->timer_kind = kind;
-	loop_timer_arm(req->timer, ms);
-}
+static const char *const xstate_names[XS__COUNT] = {
+#define X(s, t) #s,
+	EXCHANGE_STATES(X)
+#undef X
+};
 
+static const enum xtimer xstate_timer[XS__COUNT] = {
+#define X(s, t) t,
+	EXCHANGE_STATES(X)
+#undef X
+};
+
+#define XS_BIT(s) (1u << XS_##s)
 /*
- * The upstream's idle timeout runs from `now`. Streaming reads come at the
- * token rate, so the timer is not moved on each one: a read only notes its
- * time, and a timer that fires before the upstream has been silent for the
- * whole timeout is armed again for what is left (on_request_timer).
+ * For each state, the states it may change to (docs/dev/pipeline-plan.md
+ * 3.2). CONNECTING -> ROUTING is a failover (the upstream refused or did not
+ * accept in time); SENDING or AWAIT_HEAD -> CONNECTING a replay on a fresh
+ * connection (request_replay); SENDING -> STREAMING an upstream that answers
+ * before the request is all written. Every state but DONE may end in DONE.
  */
-void request_idle_from(struct request *req, uint64_t now)
+static const uint16_t xstate_legal[XS__COUNT] = {
+	[XS_NEW] = XS_BIT(AWAIT_BODY) | XS_BIT(AWAIT_CHUNK) | XS_BIT(ROUTING) | XS_BIT(DONE),
+	[XS_AWAIT_BODY] = XS_BIT(ROUTING) | XS_BIT(DONE),
+	[XS_AWAIT_CHUNK] = XS_BIT(ROUTING) | XS_BIT(DONE),
+	[XS_ROUTING] = XS_BIT(QUEUED) | XS_BIT(CONNECTING) | XS_BIT(DONE),
+	[XS_QUEUED] = XS_BIT(CONNECTING) | XS_BIT(DONE),
+	[XS_CONNECTING] = XS_BIT(SENDING) | XS_BIT(ROUTING) | XS_BIT(DONE),
+	[XS_SENDING] = XS_BIT(AWAIT_HEAD) | XS_BIT(STREAMING) | XS_BIT(CONNECTING) | XS_BIT(DONE),
+	[XS_AWAIT_HEAD] = XS_BIT(STREAMING) | XS_BIT(CONNECTING) | XS_BIT(DONE),
+	[XS_STREAMING] = XS_BIT(PAUSED) | XS_BIT(DONE),
+	[XS_PAUSED] = XS_BIT(STREAMING) | XS_BIT(DONE),
+	[XS_DONE] = 0,
+};
+_Static_assert(XS__COUNT <= 16, "xstate_legal holds a bit per state");
+
+bool exchange_transition_legal(enum xstate from, enum xstate to)
 {
-	req->idle_from = now;
-	if (req->timer_kind != RT_IDLE)
-		request_timer_set(req, RT_IDLE, req->up->idle_timeout_ms);
+	if ((unsigned)from >= XS__COUNT || (unsigned)to >= XS__COUNT)
+		return false;
+	return (xstate_legal[from] >> to) & 1u;
 }
+
+enum xtimer exchange_state_timer(enum xstate s)
+{
+	return (unsigned)s < XS__COUNT ? xstate_timer[s] : XT_NONE;
+}
+
+const char *exchange_state_name(enum xstate s)
+{
+	return (unsigned)s < XS__COUNT ? xstate_names[s] : "?";
+}
+
+static uint64_t xtimer_ms(const struct request *req, enum xtimer t)
+{
+	switch (t) {
+	case XT_QUEUE: return req->up->conf.queue_timeout_ms;
+	case XT_CONNECT: return req->up->connect_timeout_ms;
+	case XT_FIRST_BYTE: return req->up->first_byte_timeout_ms;
+	case XT_IDLE: return req->up->idle_timeout_ms;
+	case XT_NONE: break;
+	}
+	return 0;
+}
+
+void exchange_set_state(struct request *req, enum xstate to)
+{
+	enum xstate from = req->xstate;
+
+	if (from == to)
+		return;
+	if (log_enabled(LOG_DEBUG))
+		log_conn(LOG_DEBUG, req->cl->id, "exchange %s -> %s", exchange_state_name(from),
+			 exchange_state_name(to));
+	CHECK(exchange_transition_legal(from, to));
+	req->xstate = to;
+	bool close_pending = req->up_closed != 0;
+	if (to == XS_DONE)
+		req->up_closed = 0; /* a pending close has nothing left to decide */
+	if (req->up_closed)
+		return; /* it holds the timer until on_exchange_timer acts on it */
+	enum xtimer t = xstate_timer[to];
+	if (t == xstate_timer[from] && !close_pending)
+		return; /* STREAMING <-> PAUSED: the idle clock runs on (request_idle_rearm) */
+	if (t == XT_NONE)
+		evtimer_del(req->timer);
+	else
+		loop_timer_arm(req->timer, xtimer_ms(req, t));
+}
+
+/* Leaves the upstream: a queued waiter cancelled, the connection back, the
+ * state `next` (ROUTING for a failover, DONE otherwise), then the slot an
+ * admitted state held given back. */
+static void exchange_release(struct request *req, bool reusable, enum xstate next)
+{
+	bool held = exchange_admitted(req->xstate);
+
+	if (req->xstate == XS_QUEUED)
+		upstream_cancel(req->up, &req->waiter);
+	if (req->uc) {
+		upstream_release(req->uc, reusable);
+		req->uc = NULL;
+	}
+	exchange_set_state(req, next);
+	if (held)
+		upstream_leave(req->up); /* may admit a waiter: nothing after this touches it */
+}
+
+void request_drop_upstream(struct request *req, bool reusable)
+{
+	exchange_release(req, reusable, XS_DONE);
+}
+
+/* ---- upstream exchange ---- */
 
 /* Bytes on their way to the client: its output buffer, and the socket's send
  * queue, which a large send buffer lets hold seconds of a slow reader's
@@ -71,6 +174,12 @@ static size_t client_backlog(struct client *cl)
 }
 
 /*
+ * The idle timeout of STREAMING and PAUSED runs from req->idle_from.
+ * Streaming reads come at the token rate, so the timer is not moved on each
+ * one: a read only notes its time, and a timer that fires before the
+ * upstream has been silent for the whole timeout is armed again for what is
+ * left, here.
+ *
  * The idle timer fired: true when the side being waited on moved since it
  * was set, and the timer now runs for the rest of the timeout from then.
  * That side is the upstream, except while its reading is paused for a slow
@@ -82,7 +191,7 @@ static bool request_idle_rearm(struct request *req)
 {
 	uint64_t now = clock_now_ns(), limit = req->up->idle_timeout_ms * 1000000ull;
 
-	if (req->upstream_paused) {
+	if (req->xstate == XS_PAUSED) {
 		size_t waiting = client_backlog(req->cl);
 		if (waiting < req->paused_waiting) {
 			req->paused_waiting = waiting;
@@ -96,38 +205,44 @@ static bool request_idle_rearm(struct request *req)
 	return true;
 }
 
-void on_request_timer(evutil_socket_t fd, short what, void *arg)
+/* The state's timer fired (exchange_set_state armed it), or a TLS
+ * upstream's close waits to be acted on. */
+void on_exchange_timer(evutil_socket_t fd, short what, void *arg)
 {
 	struct request *req = arg;
 	struct client *cl = req->cl;
 	char msg[200];
 
-	switch (req->timer_kind) {
-	case RT_QUEUE:
+	if (req->up_closed) {
+		short how = req->up_closed;
+		req->up_closed = 0; /* from here the states' timers run again */
+		request_upstream_closed(req, how);
+		return;
+	}
+	CHECK(xstate_timer[req->xstate] != XT_NONE); /* a state without a timer deleted it */
+	switch (req->xstate) {
+	case XS_QUEUED:
 		snprintf(msg, sizeof(msg), "upstream %s is at its concurrency limit and no slot freed within %llu ms",
 			 req->up->name, (unsigned long long)req->up->conf.queue_timeout_ms);
 		req->up->rejected++;
 		client_fail(cl, 503, REQ_ERR_TIMEOUT, "upstream_busy", msg);
 		return;
-	case RT_CONNECT:
+	case XS_CONNECTING:
 		snprintf(msg, sizeof(msg), "upstream %s did not accept the connection within %llu ms", req->up->name,
 			 (unsigned long long)req->up->connect_timeout_ms);
 		upstream_note_result(req->up, false, clock_now_ns());
 		if (request_failover(req)) /* nothing reached it: safe to send elsewhere */
 			return;
 		break;
-	case RT_FIRST_BYTE:
+	case XS_AWAIT_HEAD:
 		snprintf(msg, sizeof(msg), "upstream %s sent no response headers within %llu ms", req->up->name,
 			 (unsigned long long)req->up->first_byte_timeout_ms);
 		break;
-	case RT_UP_CLOSED:
-		req->timer_kind = RT_NONE;
-		request_upstream_closed(req, req->up_closed);
-		return;
-	case RT_IDLE:
+	case XS_STREAMING:
+	case XS_PAUSED:
 		if (request_idle_rearm(req))
 			return;
-		if (req->upstream_paused) {
+		if (req->xstate == XS_PAUSED) {
 			/* The client's stall, not the upstream's: counted as the
 			 * client's, and the upstream's slot is freed. */
 			snprintf(msg, sizeof(msg), "client read none of %zu waiting bytes for %llu ms",
@@ -200,13 +315,16 @@ static void request_bind(struct request *req, struct upconn *uc)
 	bufferevent_setwatermark(uc->bev, EV_WRITE, 0, 0);
 }
 
-/* A slot on req->up is ours: take a connection and send. */
+/* A slot on req->up is ours: take a connection and send. CONNECTING is
+ * entered first, so that the slot is given back should the connection not
+ * open. */
 static void request_connect(struct request *req)
 {
 	struct client *cl = req->cl;
 	bool reused = false;
 	char msg[200];
 
+	exchange_set_state(req, XS_CONNECTING);
 	uint64_t now = clock_now_ns();
 	req->rec.at[TL_DISPATCH] = now; /* again after a failover: queue ends at the last dispatch */
 	req->rec.at[TL_UP_CONNECTED] = 0;
@@ -224,6 +342,7 @@ static void request_connect(struct request *req)
 	request_bind(req, req->uc);
 	req->reused = reused;
 	if (reused) {
+		exchange_set_state(req, XS_SENDING); /* connected already: the connect timer off again */
 		/* A pooled connection may have been closed by the server a moment
 		 * ago (its keep-alive timeout racing this request): keep a copy to
 		 * replay, when the whole request is here and small. */
@@ -236,8 +355,6 @@ static void request_connect(struct request *req)
 		 * whole body) go out with it once the parse pass ends: one write. */
 		if (!req->cl->parsing)
 			request_flush_upstream(req);
-	} else {
-		request_timer_set(req, RT_CONNECT, req->up->connect_timeout_ms);
 	}
 }
 
@@ -245,9 +362,6 @@ static void on_admitted(struct up_waiter *w)
 {
 	struct request *req = (struct request *)((char *)w - offsetof(struct request, waiter));
 
-	req->admitted = true;
-	evtimer_del(req->timer);
-	req->timer_kind = RT_NONE;
 	request_connect(req);
 }
 
@@ -263,11 +377,8 @@ static void request_admit(struct request *req)
 	req->inflight = upstream_inflight(req->up) + upstream_waiting(req->up) + 1;
 	req->waiter.ready = on_admitted;
 	switch (upstream_admit(req->up, &req->waiter)) {
-	case ADMIT_NOW:
-		req->admitted = true;
-		request_connect(req);
-		break;
-	case ADMIT_QUEUED: request_timer_set(req, RT_QUEUE, req->up->conf.queue_timeout_ms); break;
+	case ADMIT_NOW: request_connect(req); break;
+	case ADMIT_QUEUED: exchange_set_state(req, XS_QUEUED); break;
 	case ADMIT_FULL:
 		snprintf(msg, sizeof(msg), "upstream %s is at its concurrency limit and its queue is full",
 			 req->up->name);
@@ -341,7 +452,7 @@ void request_route(struct request *req)
 	char msg[300];
 	unsigned idx;
 
-	req->awaiting_body = false;
+	exchange_set_state(req, XS_ROUTING);
 	req->route = request_match(req);
 	if (!req->route) {
 		snprintf(msg, sizeof(msg), "no route matches %s %s", method, req->rec.path);
@@ -402,7 +513,7 @@ static bool request_failover(struct request *req)
 		return false;
 	log_conn(LOG_WARN, req->cl->id, "request %s: upstream %s refused; failing over to %s", req->rec.id,
 		 req->up->name, next->name);
-	request_drop_upstream(req, false);
+	exchange_release(req, false, XS_ROUTING);
 	evbuffer_drain(req->up_pending, req->head_len); /* the head is rewritten for the next one */
 	req->head_len = 0;
 	req->up = next;
@@ -466,8 +577,8 @@ void request_check_sent(struct request *req)
 	if (evbuffer_get_length(req->up_pending) || evbuffer_get_length(bufferevent_get_output(req->uc->bev)))
 		return;
 	timeline_mark(&req->rec, TL_REQ_SENT, clock_now_ns());
-	if (!req->rp.head_done)
-		request_timer_set(req, RT_FIRST_BYTE, req->up->first_byte_timeout_ms);
+	if (req->xstate == XS_SENDING) /* else the response began already: STREAMING or PAUSED */
+		exchange_set_state(req, XS_AWAIT_HEAD);
 }
 
 static void on_up_write(struct bufferevent *bev, void *arg)
@@ -475,7 +586,7 @@ static void on_up_write(struct bufferevent *bev, void *arg)
 	struct request *req = arg;
 	struct client *cl = req->cl;
 
-	if (cl->closing)
+	if (cl->state == CL_CLOSED)
 		return;
 	if (cl->reading_blocked &&
 	    evbuffer_get_length(bufferevent_get_output(bev)) <= pcfg(cl->px)->stream_buffer / 2) {
@@ -568,7 +679,7 @@ static bool request_replay(struct request *req, char *why, size_t whylen)
 	req->rec.at[TL_UP_CONNECTED] = 0;
 	req->rec.at[TL_REQ_SENT] = 0;
 	request_bind(req, fresh);
-	request_timer_set(req, RT_CONNECT, req->up->connect_timeout_ms);
+	exchange_set_state(req, XS_CONNECTING); /* the slot stays: the same upstream */
 	return true;
 }
 
@@ -578,13 +689,12 @@ static void on_up_event(struct bufferevent *bev, short what, void *arg)
 	struct client *cl = req->cl;
 	char msg[600];
 
-	if (cl->closing)
+	if (cl->state == CL_CLOSED)
 		return;
 	if (what & BEV_EVENT_CONNECTED) {
 		req->uc->connected = true;
 		timeline_mark(&req->rec, TL_UP_CONNECTED, clock_now_ns());
-		evtimer_del(req->timer);
-		req->timer_kind = RT_NONE;
+		exchange_set_state(req, XS_SENDING);
 		bufferevent_enable(bev, EV_WRITE);
 		upconn_reading(req->uc, true, 0);
 		request_flush_upstream(req);
@@ -620,8 +730,8 @@ static void on_up_event(struct bufferevent *bev, short what, void *arg)
 	 */
 	if (tls_bev_is_tls(bev)) {
 		req->upstream_dirty = true; /* never back to the pool */
-		req->up_closed = what;
-		request_timer_set(req, RT_UP_CLOSED, 0);
+		req->up_closed = what;	    /* not 0: BEV_EVENT_EOF or _ERROR is in it */
+		loop_timer_arm(req->timer, 0);
 		return;
 	}
 	request_upstream_closed(req, what);
@@ -640,20 +750,20 @@ static void request_upstream_closed(struct request *req, short what)
 	char msg[600];
 
 	if (!req->uc)
-		return; /* dropped meanwhile (request_drop_upstream also stops the timer) */
+		return; /* dropped meanwhile (DONE also stops the timer) */
 	struct bufferevent *bev = req->uc->bev;
 
 	/* A response delimited by the close is complete now. */
-	if ((what & BEV_EVENT_EOF) && req->rp.head_done && !req->resp_done) {
+	if ((what & BEV_EVENT_EOF) && exchange_streaming(req)) {
 		uint64_t seq = req->seq;
 		on_up_read(bev, req); /* anything still buffered */
-		if (!client_runs(cl, seq) || req->resp_done)
+		if (!client_runs(cl, seq) || req->xstate == XS_DONE)
 			return;
 		if (respparse_needs_eof(&req->rp)) {
 			meter_read_begin(&req->meter, clock_now_ns());
 			respparse_finish(&req->rp);
 			req->upstream_dirty = true;
-			if (req->resp_done) {
+			if (req->rp.done) {
 				request_drop_upstream(req, false);
 				if (evbuffer_get_length(bufferevent_get_output(cl->bev)) == 0)
 					request_finish(req);
@@ -661,14 +771,14 @@ static void request_upstream_closed(struct request *req, short what)
 			}
 		}
 	}
-	if (req->resp_done)
+	if (req->xstate == XS_DONE)
 		return;
 	char why[160] = "";
 	if (request_replay(req, why, sizeof(why)))
 		return;
 	snprintf(msg, sizeof(msg), "upstream %s %s %s%s", req->up->name,
 		 (what & BEV_EVENT_EOF) ? "closed the connection" : "connection failed",
-		 req->resp_started ? "mid-response" : "before responding", why);
+		 req->rec.bytes_out ? "mid-response" : "before responding", why);
 	client_fail(cl, 502, REQ_ERR_UPSTREAM_RESET, "upstream_reset", msg);
 }
 
@@ -722,13 +832,11 @@ static void request_bad_response(struct request *req)
 	client_fail(req->cl, 502, REQ_ERR_UPSTREAM_PROTOCOL, "upstream_protocol", msg);
 }
 
-/* `n` response bytes are the client's: counted, and the response has begun. */
+/* `n` response bytes are the client's: counted; from the first, the
+ * response has begun (client_fail then can only cut it). */
 static void request_count_out(struct request *req, size_t n)
 {
-	if (n) {
-		req->rec.bytes_out += n;
-		req->resp_started = true;
-	}
+	req->rec.bytes_out += n;
 }
 
 /* Response bytes are on their way: past the stream buffer, the upstream
@@ -740,8 +848,8 @@ static void request_check_backlog(struct request *req)
 
 	if (evbuffer_get_length(bufferevent_get_output(cl->bev)) > cfg->stream_buffer) {
 		/* From here the idle clock, set at this read, times the client
-		 * (on_request_timer). */
-		req->upstream_paused = true;
+		 * (on_exchange_timer). */
+		exchange_set_state(req, XS_PAUSED);
 		req->paused_waiting = client_backlog(cl);
 		upconn_reading(req->uc, false, 0);
 		bufferevent_setwatermark(cl->bev, EV_WRITE, cfg->stream_buffer / 2, 0);
@@ -754,14 +862,15 @@ void on_up_read(struct bufferevent *bev, void *arg)
 	struct client *cl = req->cl;
 	struct evbuffer *in = bufferevent_get_input(bev);
 
-	if (cl->closing)
+	if (cl->state == CL_CLOSED)
 		return;
+	CHECK(req->xstate == XS_SENDING || req->xstate == XS_AWAIT_HEAD || exchange_streaming(req));
 	meter_read_begin(&req->meter, clock_now_ns());
-	if (req->rp.head_done && !req->resp_done)
-		request_idle_from(req, req->meter.now);
+	if (exchange_streaming(req))
+		req->idle_from = req->meter.now;
 	uint64_t first_before = req->rec.at[TL_FIRST_TOKEN];
 
-	while (!req->resp_done && evbuffer_get_length(in) > req->rp.held) {
+	while (!req->rp.done && evbuffer_get_length(in) > req->rp.held) {
 		struct evbuffer_ptr pos;
 		struct evbuffer_iovec v;
 		size_t used;
@@ -777,7 +886,7 @@ void on_up_read(struct bufferevent *bev, void *arg)
 		if (st == RESPPARSE_DONE)
 			break;
 	}
-	if (cl->closing)
+	if (cl->state == CL_CLOSED)
 		return;
 	request_read_end(req, first_before);
 	size_t n;
@@ -790,7 +899,7 @@ void on_up_read(struct bufferevent *bev, void *arg)
 		return;
 	}
 	request_count_out(req, n);
-	if (req->resp_done) {
+	if (req->rp.done) {
 		struct evbuffer *tail = cl->px->tail;
 		/* a move: `in` belongs to the connection going back */
 		evbuffer_remove_buffer(in, tail, n);
@@ -810,7 +919,7 @@ static bool up_direct_ready(void *arg)
 {
 	const struct request *req = arg;
 
-	return req->rp.head_done && !req->rp.held && !req->resp_done && !req->cl->closing;
+	return exchange_streaming(req) && !req->rp.held && req->cl->state != CL_CLOSED;
 }
 
 static void up_direct_data(void *arg, const char *buf, size_t len)
@@ -819,15 +928,16 @@ static void up_direct_data(void *arg, const char *buf, size_t len)
 	struct client *cl = req->cl;
 	size_t used, n;
 
+	CHECK(exchange_streaming(req));
 	meter_read_begin(&req->meter, clock_now_ns());
-	request_idle_from(req, req->meter.now);
+	req->idle_from = req->meter.now;
 	uint64_t first_before = req->rec.at[TL_FIRST_TOKEN];
 	enum respparse_status st = respparse_feed(&req->rp, buf, len, &used);
 	if (st == RESPPARSE_INVALID || st == RESPPARSE_SWITCHING) {
 		request_bad_response(req);
 		return;
 	}
-	if (cl->closing)
+	if (cl->state == CL_CLOSED)
 		return;
 	request_read_end(req, first_before);
 	/* the head is done: all that was used is taken */
@@ -861,7 +971,8 @@ static void on_resp_head(void *arg, const struct respparse *rp)
 	req->meter.max_event_size = pcfg(req->cl->px)->max_event_size;
 	request_meter_label(req); /* routed: the series may resolve from here on */
 	meter_head(&req->meter, rp);
-	request_idle_from(req, req->meter.now);
+	req->idle_from = req->meter.now;
+	exchange_set_state(req, XS_STREAMING);
 }
 
 static void on_resp_complete(void *arg, bool keep_alive)
@@ -869,7 +980,6 @@ static void on_resp_complete(void *arg, bool keep_alive)
 	struct request *req = meter_request(arg);
 
 	meter_complete(&req->meter);
-	req->resp_done = true;
 	req->resp_keepalive = keep_alive;
 	/* The head went to the client as the upstream wrote it: a response
 	 * that its close delimits, or that says the connection ends with it,
@@ -880,8 +990,8 @@ static void on_resp_complete(void *arg, bool keep_alive)
 	if (!keep_alive || req->head.http10)
 		req->cl->close_after = true;
 	upstream_note_result(req->up, true, req->meter.now);
-	evtimer_del(req->timer);
-	req->timer_kind = RT_NONE;
+	/* rp.done is set: the read path gives the upstream back, DONE, before
+	 * the last bytes go to the client (request_release_upstream) */
 }
 
 static const struct respparse_hooks resp_hooks = {

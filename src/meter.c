@@ -92,7 +92,8 @@ static void on_event(void *arg, const struct framer_event *ev)
 
 	rec->events++;
 	timeline_mark(rec, TL_FIRST_EVENT, m->now);
-	if (classify_event(rec->api, ev, &rec->usage, &rec->hint) && record_token_event(rec, m->now, &gap)) {
+	enum token_kind kind = classify_event(rec->api, ev, &rec->usage, &rec->hint);
+	if (kind != TOKEN_NONE && record_token_event(rec, kind, m->now, &gap)) {
 		if (m->itl_run_n && gap != m->itl_run_gap)
 			flush_itl(m);
 		m->itl_run_gap = gap;

@@ -52,14 +52,18 @@ static const char *const hist_help[HM__COUNT] = {
 
 /* The counters of SLICE_COUNTERS marked exported, each its own family
  * tokentap_<counter name>_total, with the list's help. */
-static const struct {
-	bool exported;
-	const char *help;
-} counter_export[CT_ERR_BASE] = {
+const char *prom_counter_help(unsigned c)
+{
+	static const struct {
+		bool exported;
+		const char *help;
+	} counter_export[CT_ERR_BASE] = {
 #define X(e, n, exported, help) { exported, help },
-	SLICE_COUNTERS(X)
+		SLICE_COUNTERS(X)
 #undef X
-};
+	};
+	return c < CT_ERR_BASE && counter_export[c].exported ? counter_export[c].help : NULL;
+}
 
 size_t prom_le_count(void)
 {
@@ -180,10 +184,11 @@ static void counter_families(struct writer *w, const struct stats_groups *gs, ch
 			     (unsigned long long)gs->g[i].slice.counters[CT_ERR_BASE + e]);
 
 	for (unsigned c = 0; c < CT_ERR_BASE; c++) {
-		if (!counter_export[c].exported)
+		const char *help = prom_counter_help(c);
+		if (!help)
 			continue;
 		const char *name = slice_counter_name(c);
-		emit(w, "# HELP tokentap_%s_total %s\n", name, counter_export[c].help);
+		emit(w, "# HELP tokentap_%s_total %s\n", name, help);
 		emit(w, "# TYPE tokentap_%s_total counter\n", name);
 		for (size_t i = 0; i < gs->n; i++)
 			emit(w, "tokentap_%s_total{%s} %llu\n", name, labels[i],

@@ -47,3 +47,7 @@ uint64_t prom_le_us(size_t i);
 /* The cumulative count of `h` (NULL: empty) at each of the prom_le_count()
  * bounds into cum[], as both expositions export them. */
 void prom_classic_counts(const struct hist *h, uint64_t *cum);
+
+/* The # HELP of counter `c` (< CT_ERR_BASE) when SLICE_COUNTERS exports it
+ * as a family of its own, tokentap_<name>_total; NULL when it does not. */
+const char *prom_counter_help(unsigned c);

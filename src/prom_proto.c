@@ -458,14 +458,6 @@ static pb_metric *counter_metric(struct render *r, size_t gi, size_t extra, uint
 
 static void counter_families(struct render *r)
 {
-	static const struct {
-		bool exported;
-		const char *help;
-	} counter_export[CT_ERR_BASE] = {
-#define X(e, n, exported, help) { exported, help },
-		SLICE_COUNTERS(X)
-#undef X
-	};
 	const struct stats_groups *gs = r->gs;
 	const unsigned classes = CT_STATUS_5XX - CT_STATUS_NONE + 1, kinds = REQ_ERR__COUNT - 1;
 	pb_family *f;
@@ -500,10 +492,11 @@ static void counter_families(struct render *r)
 
 	for (unsigned c = 0; c < CT_ERR_BASE; c++) {
 		char name[96];
-		if (!counter_export[c].exported)
+		const char *help = prom_counter_help(c);
+		if (!help)
 			continue;
 		snprintf(name, sizeof(name), "tokentap_%s_total", slice_counter_name(c));
-		f = family_new(r, name, counter_export[c].help, IO__PROMETHEUS__CLIENT__METRIC_TYPE__COUNTER, gs->n);
+		f = family_new(r, name, help, IO__PROMETHEUS__CLIENT__METRIC_TYPE__COUNTER, gs->n);
 		for (size_t i = 0; f && i < gs->n; i++) {
 			pb_metric *m = counter_metric(r, i, 0, gs->g[i].slice.counters[c]);
 			if (!m)

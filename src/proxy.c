@@ -19,12 +19,17 @@
  * is behind).
  * Parsing it only stamps the timeline and feeds the event framer.
  *
- * Client states (client_set_state is the one place they change):
+ * Client states (client_set_state is the one place they change; the table
+ * client_legal says which changes are legal, and CHECK aborts on others):
  *
  *   IDLE ──first byte──▶ HEAD ──headers──▶ BODY ──message end──▶ WAIT
  *     ▲                                                            │
  *     └──────────── response written, keep-alive ◀─────────────────┘
- *   any ──error / close──▶ CLOSING ──output drained / linger──▶ freed
+ *   IDLE, HEAD, BODY, WAIT ──error answer──▶ LINGER ──EOF / LINGER_MS──▶ CLOSED
+ *   any ──close──▶ CLOSED ──next loop turn──▶ freed
+ *
+ * The upstream side of a request has its own states (EXCHANGE_STATES in
+ * proxy_int.h, exchange.c).
  *
  * Backpressure follows libevent's le-proxy: when the destination's output
  * passes cfg->stream_buffer the source stops reading, and the destination's
@@ -62,6 +67,7 @@
 #include <unistd.h>
 
 #include "bevio.h"
+#include "check.h"
 #include "classify.h"
 #include "config.h"
 #include "fdlimit.h"
@@ -121,12 +127,31 @@ static const char *status_reason(int status)
 	}
 }
 
+#define CL_BIT(s) (1u << CL_##s)
+/* For each state, the states it may change to. */
+static const unsigned client_legal[CLIENT_STATE_COUNT] = {
+	[CL_IDLE] = CL_BIT(HEAD) | CL_BIT(LINGER) | CL_BIT(CLOSED),
+	[CL_HEAD] = CL_BIT(BODY) | CL_BIT(LINGER) | CL_BIT(CLOSED),
+	[CL_BODY] = CL_BIT(WAIT) | CL_BIT(LINGER) | CL_BIT(CLOSED),
+	[CL_WAIT] = CL_BIT(IDLE) | CL_BIT(LINGER) | CL_BIT(CLOSED),
+	[CL_LINGER] = CL_BIT(CLOSED),
+	[CL_CLOSED] = 0,
+};
+
+bool client_transition_legal(enum client_state from, enum client_state to)
+{
+	if ((unsigned)from >= CLIENT_STATE_COUNT || (unsigned)to >= CLIENT_STATE_COUNT)
+		return false;
+	return (client_legal[from] >> to) & 1u;
+}
+
 static void client_set_state(struct client *cl, enum client_state st)
 {
 	if (cl->state == st)
 		return;
 	if (log_enabled(LOG_DEBUG))
 		log_conn(LOG_DEBUG, cl->id, "%s -> %s", client_state_names[cl->state], client_state_names[st]);
+	CHECK(client_transition_legal(cl->state, st));
 	cl->state = st;
 }
 
@@ -173,7 +198,7 @@ static struct request *request_new(struct client *cl)
 	req->seq = ++cl->nrequests;
 	int head_ok = reqhead_init(&req->head, &lim);
 	req->up_pending = evbuffer_new();
-	req->timer = evtimer_new(cl->px->base, on_request_timer, req);
+	req->timer = evtimer_new(cl->px->base, on_exchange_timer, req);
 	if (head_ok == -1 || !req->up_pending || !req->timer) {
 		reqhead_free(&req->head);
 		if (req->up_pending)
@@ -191,24 +216,6 @@ static struct request *request_new(struct client *cl)
 	req->rec.at[TL_ARRIVE] = cl->last_read_ns ? cl->last_read_ns : clock_now_ns();
 	exchange_request_init(req);
 	return req;
-}
-
-/* Ends the exchange with the upstream: the connection goes back (pooled
- * only when `reusable`), the admission slot to the next waiter. */
-void request_drop_upstream(struct request *req, bool reusable)
-{
-	if (req->up)
-		upstream_cancel(req->up, &req->waiter);
-	if (req->uc) {
-		upstream_release(req->uc, reusable);
-		req->uc = NULL;
-	}
-	req->timer_kind = RT_NONE;
-	evtimer_del(req->timer);
-	if (req->admitted) {
-		req->admitted = false;
-		upstream_leave(req->up); /* may admit a waiter: nothing after this touches it */
-	}
 }
 
 static void request_free(struct request *req)
@@ -250,12 +257,12 @@ void client_fail(struct client *cl, int status, enum req_error kind, const char 
 {
 	struct request *req = cl->req;
 
-	if (cl->closing || cl->state == CL_CLOSING)
+	if (client_ending(cl))
 		return;
 	if (req) {
 		req->rec.error = kind;
 		request_drop_upstream(req, false);
-		if (req->resp_started) {
+		if (req->rec.bytes_out) { /* the response has begun */
 			log_conn(LOG_WARN, cl->id, "request %s: %s; closing mid-response", req->rec.id, msg);
 			client_close(cl, msg);
 			return;
@@ -278,12 +285,10 @@ void client_fail(struct client *cl, int status, enum req_error kind, const char 
 	free(text);
 	log_conn(status >= 500 ? LOG_WARN : LOG_INFO, cl->id, "%d %s%s%s", status, msg, req ? " request " : "",
 		 req ? req->rec.id : "");
-	if (req) {
-		req->resp_done = true;
+	if (req)
 		request_log(req);
-	}
 	cl->close_after = true;
-	client_set_state(cl, CL_CLOSING);
+	client_set_state(cl, CL_LINGER);
 	/* The answer goes out from the write callback; then linger. */
 	bufferevent_setwatermark(cl->bev, EV_WRITE, 0, 0);
 	bufferevent_enable(cl->bev, EV_WRITE);
@@ -408,12 +413,12 @@ static int on_req_head(void *arg, struct reqhead *h)
 	 * waits at least for its first chunk line to parse, so a request whose
 	 * framing is broken reaches no upstream. */
 	if (req->rt->needs_body && (h->chunked || h->content_length > 0))
-		req->awaiting_body = true;
+		exchange_set_state(req, XS_AWAIT_BODY);
 	else if (h->chunked)
-		req->awaiting_chunk = true;
+		exchange_set_state(req, XS_AWAIT_CHUNK);
 	else
 		request_route(req);
-	return cl->state == CL_CLOSING ? -1 : 0;
+	return client_ending(cl) ? -1 : 0;
 }
 
 static int on_req_chunk(void *arg)
@@ -421,11 +426,9 @@ static int on_req_chunk(void *arg)
 	struct client *cl = arg;
 	struct request *req = cl->req;
 
-	if (req->awaiting_chunk) {
-		req->awaiting_chunk = false;
+	if (req->xstate == XS_AWAIT_CHUNK)
 		request_route(req);
-	}
-	return cl->state == CL_CLOSING ? -1 : 0;
+	return client_ending(cl) ? -1 : 0;
 }
 
 /* Reads the model, stream flag and any sticky field from the body prefix;
@@ -453,7 +456,7 @@ static void request_learn_body(struct request *req, bool complete)
 	}
 	free(req->body_prefix);
 	req->body_prefix = NULL;
-	if (req->awaiting_body)
+	if (req->xstate == XS_AWAIT_BODY)
 		request_route(req);
 }
 
@@ -514,6 +517,10 @@ static void on_req_complete(void *arg)
 	if (req->mirror)
 		mirror_body_done(req->mirror);
 	request_learn_body(req, true);
+	/* Routing on the body may have refused it: the answer is going out
+	 * (LINGER), and the linger timer runs. */
+	if (client_ending(cl))
+		return;
 	evtimer_del(cl->timer);
 	cl->body_deadline_ns = 0;
 	client_set_state(cl, CL_WAIT); /* reqparse pauses: a pipelined request waits for this response */
@@ -562,12 +569,11 @@ static void client_close(struct client *cl, const char *why)
 {
 	struct request *req = cl->req;
 
-	if (cl->closing && !cl->bev)
+	if (cl->state == CL_CLOSED && !cl->bev)
 		return;
-	cl->closing = true;
-	client_set_state(cl, CL_CLOSING);
+	client_set_state(cl, CL_CLOSED);
 	if (req) {
-		if (!req->resp_done || evbuffer_get_length(bufferevent_get_output(cl->bev))) {
+		if (req->xstate != XS_DONE || evbuffer_get_length(bufferevent_get_output(cl->bev))) {
 			if (req->rec.error == REQ_ERR_NONE)
 				req->rec.error = REQ_ERR_CLIENT_ABORTED;
 		}
@@ -645,7 +651,7 @@ void client_parse(struct client *cl)
 	if (!cl->bev)
 		return;
 	in = bufferevent_get_input(cl->bev);
-	while (cl->state != CL_WAIT && cl->state != CL_CLOSING && evbuffer_get_length(in)) {
+	while (cl->state != CL_WAIT && !client_ending(cl) && evbuffer_get_length(in)) {
 		struct evbuffer_iovec v;
 		size_t used;
 		if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
@@ -653,7 +659,7 @@ void client_parse(struct client *cl)
 		cl->parsing = true;
 		enum reqparse_status rs = reqparse_feed(&cl->rp, v.iov_base, v.iov_len, &used);
 		cl->parsing = false;
-		if (cl->state == CL_CLOSING)
+		if (client_ending(cl))
 			return; /* a hook already answered or closed */
 		if (rs == REQPARSE_REFUSED || rs == REQPARSE_STOPPED) {
 			client_reject(cl);
@@ -673,7 +679,7 @@ void client_parse(struct client *cl)
 		cl->input_full = false;
 		client_reading(cl, cl->reading);
 	}
-	if (cl->req && cl->state != CL_CLOSING)
+	if (cl->req && !client_ending(cl))
 		request_check_sent(cl->req);
 }
 
@@ -785,7 +791,7 @@ static void client_input(struct client *cl)
 {
 	struct evbuffer *in = bufferevent_get_input(cl->bev);
 
-	if (cl->state == CL_CLOSING) {
+	if (client_ending(cl)) {
 		/* lingering: drop what the client still sends */
 		evbuffer_drain(in, evbuffer_get_length(in));
 		return;
@@ -845,7 +851,7 @@ static void on_client_write(struct bufferevent *bev, void *arg)
 	struct request *req = cl->req;
 	struct evbuffer *out = bufferevent_get_output(bev);
 
-	if (cl->state == CL_CLOSING && !cl->closing) {
+	if (cl->state == CL_LINGER) {
 		if (evbuffer_get_length(out) == 0) {
 			/* error answer written: half-close and linger until EOF or
 			 * timer (over TLS, the timer alone: a TCP half-close would
@@ -857,12 +863,11 @@ static void on_client_write(struct bufferevent *bev, void *arg)
 	}
 	if (!req)
 		return;
-	if (req->upstream_paused && req->uc) {
-		req->upstream_paused = false;
+	if (req->xstate == XS_PAUSED && req->uc) {
+		exchange_set_state(req, XS_STREAMING); /* the idle clock runs on */
 		bufferevent_setwatermark(bev, EV_WRITE, 0, 0);
 		upconn_reading(req->uc, true, 0);
-		if (req->rp.head_done && !req->resp_done)
-			request_idle_from(req, clock_now_ns());
+		req->idle_from = clock_now_ns();
 		/* bytes may have arrived while reading was off */
 		if (evbuffer_get_length(bufferevent_get_input(req->uc->bev))) {
 			uint64_t seq = req->seq;
@@ -871,7 +876,7 @@ static void on_client_write(struct bufferevent *bev, void *arg)
 				return; /* it ended there: `req` is gone */
 		}
 	}
-	if (req->resp_done && evbuffer_get_length(out) == 0)
+	if (req->xstate == XS_DONE && evbuffer_get_length(out) == 0)
 		request_finish(req);
 }
 
@@ -882,7 +887,7 @@ static void on_client_event(struct bufferevent *bev, short what, void *arg)
 	if (what & BEV_EVENT_CONNECTED)
 		return; /* a TLS handshake finished: nothing to do */
 
-	if (cl->state == CL_CLOSING && cl->req && cl->req->resp_done) {
+	if (cl->state == CL_LINGER && cl->req && cl->req->xstate == XS_DONE) {
 		client_close(cl, "closed after error answer");
 		return;
 	}
@@ -912,8 +917,9 @@ static void on_client_timer(evutil_socket_t fd, short what, void *arg)
 				 (unsigned long long)pcfg(cl->px)->idle_timeout_ms);
 		client_fail(cl, 408, REQ_ERR_CLIENT_ABORTED, "request_timeout", msg);
 		break;
-	case CL_CLOSING: client_close(cl, "linger done"); break;
-	case CL_WAIT: break;
+	case CL_LINGER: client_close(cl, "linger done"); break;
+	case CL_WAIT:
+	case CL_CLOSED: break;
 	}
 }
 
@@ -1144,7 +1150,7 @@ static void on_drain_timer(evutil_socket_t fd, short what, void *arg)
 
 	for (cl = LIST_FIRST(&px->clients); cl; cl = next) {
 		next = LIST_NEXT(cl, link);
-		if (!cl->closing) {
+		if (cl->state != CL_CLOSED) {
 			cut++;
 			client_close(cl, "shutdown grace period over");
 		}
@@ -1169,7 +1175,7 @@ void proxy_drain(struct proxy *px, uint64_t grace_ms, void (*done)(void *arg), v
 	}
 	for (cl = LIST_FIRST(&px->clients); cl; cl = next) {
 		next = LIST_NEXT(cl, link);
-		if (cl->closing)
+		if (cl->state == CL_CLOSED)
 			continue;
 		if (cl->state == CL_IDLE && !cl->req && evbuffer_get_length(bufferevent_get_input(cl->bev)) == 0)
 			client_close(cl, "draining: idle");

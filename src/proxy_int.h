@@ -1,9 +1,10 @@
 /*
- * proxy_int.h — what proxy.c (the client side: connections, the request
- * state machine, error answers) and exchange.c (the upstream side: routing,
- * admission, connecting, response parsing) share: the connection and
- * request objects and the functions each calls in the other. Not for other
- * modules: they use proxy.h.
+ * proxy_int.h — what proxy.c (the client side: connections, the client
+ * state machine, error answers) and exchange.c (the upstream side: the
+ * exchange state machine, routing, admission, connecting, response parsing)
+ * share: the connection and request objects, both machines' states, and the
+ * functions each calls in the other. Not for other modules: they use
+ * proxy.h.
  */
 #pragma once
 
@@ -33,12 +34,18 @@ struct recent;
 struct series;
 struct mirror;
 
+/* Client states: proxy.c's header comment draws them; client_set_state is
+ * the one place they change, checked against a table of the legal
+ * transitions. LINGER: an error answer going out, the client's further
+ * bytes read and dropped; CLOSED: the sockets gone, the memory freed at the
+ * next loop turn. */
 #define CLIENT_STATES(X) \
 	X(IDLE) \
 	X(HEAD) \
 	X(BODY) \
 	X(WAIT) \
-	X(CLOSING)
+	X(LINGER) \
+	X(CLOSED)
 
 enum client_state {
 #define X(s) CL_##s,
@@ -46,9 +53,46 @@ enum client_state {
 #undef X
 };
 
-/* RT_UP_CLOSED: not a timeout; a TLS upstream's close, acted on at the next
- * loop turn (on_up_event says why). */
-enum req_timer { RT_NONE, RT_QUEUE, RT_CONNECT, RT_FIRST_BYTE, RT_IDLE, RT_UP_CLOSED };
+#define X(s) +1
+enum { CLIENT_STATE_COUNT = 0 CLIENT_STATES(X) };
+#undef X
+
+/* Whether a client may go from `from` to `to` (an unknown state: never). */
+bool client_transition_legal(enum client_state from, enum client_state to);
+
+/*
+ * The exchange's states (exchange.c: exchange_set_state is the one place
+ * they change, checked against a table of the legal transitions), each with
+ * the timer it runs on req->timer, XT_NONE when it runs none. The setter
+ * arms or deletes the timer from the state: a state whose timer differs from
+ * the one before deletes it and arms its own; STREAMING <-> PAUSED leaves the
+ * idle clock running. An admission slot on req->up is held exactly in
+ * CONNECTING, SENDING, AWAIT_HEAD, STREAMING and PAUSED.
+ */
+#define EXCHANGE_STATES(X) \
+	X(NEW, XT_NONE)		     /* made with its request; nothing asked of any upstream */ \
+	X(AWAIT_BODY, XT_NONE)	     /* routing needs the body prefix: the model or a sticky JSON field */ \
+	X(AWAIT_CHUNK, XT_NONE)	     /* chunked body: routing waits for a valid first chunk line */ \
+	X(ROUTING, XT_NONE)	     /* choosing route and upstream (again on failover); transient */ \
+	X(QUEUED, XT_QUEUE)	     /* waiting for an admission slot: up->conf.queue_timeout_ms */ \
+	X(CONNECTING, XT_CONNECT)    /* admitted, a connection opening: up->connect_timeout_ms */ \
+	X(SENDING, XT_NONE)	     /* connected, request bytes going out; the client side times the upload */ \
+	X(AWAIT_HEAD, XT_FIRST_BYTE) /* all of the request written, no response head: first_byte_timeout_ms */ \
+	X(STREAMING, XT_IDLE)	     /* response head parsed, bytes flowing to the client: up->idle_timeout_ms */ \
+	X(PAUSED, XT_IDLE)	     /* STREAMING with upstream reads off until the client drains */ \
+	X(DONE, XT_NONE)	     /* complete, failed or aborted; the upstream side released */
+
+enum xtimer { XT_NONE, XT_QUEUE, XT_CONNECT, XT_FIRST_BYTE, XT_IDLE };
+
+enum xstate {
+#define X(s, t) XS_##s,
+	EXCHANGE_STATES(X)
+#undef X
+};
+
+#define X(s, t) +1
+enum { XS__COUNT = 0 EXCHANGE_STATES(X) };
+#undef X
 
 /* Lingering close: after an error response, keep reading (and dropping)
  * what the client still sends for a moment, so it sees the response rather
@@ -116,10 +160,7 @@ struct request {
 	struct route *route;
 	struct upstream *up; /* chosen upstream, NULL before routing */
 	struct up_waiter waiter;
-	bool admitted;		/* holds an admission slot on `up` */
-	bool awaiting_body;	/* routing needs the body's model or sticky field */
 	uint32_t tried;		/* route targets that refused a connection */
-	bool awaiting_chunk;	/* chunked: routing waits for a valid first chunk line */
 	size_t head_len;	/* bytes of the head at the front of up_pending */
 	char sticky_value[128]; /* the route's sticky JSON field, from the body */
 
@@ -135,14 +176,17 @@ struct request {
 	struct mirror
 		*mirror; /* its shadow copy, while the body still flows; cleared by the mirror when it ends first */
 	struct evbuffer *up_pending; /* request bytes waiting for the connection */
-	struct event *timer;
-	enum req_timer timer_kind;
-	uint64_t idle_from;    /* RT_IDLE: silence is counted from here */
-	short up_closed;       /* RT_UP_CLOSED: the BEV_EVENT_* flags of the upstream's close */
-	size_t paused_waiting; /* upstream_paused: the fewest bytes seen waiting for the client */
+	enum xstate xstate;	     /* EXCHANGE_STATES; changed only by exchange_set_state */
+	struct event *timer;	     /* the state's timer (exchange_set_state), or a pending upstream close */
+	uint64_t idle_from;	     /* XT_IDLE: silence is counted from here */
+	/* A TLS upstream's close, acted on at the next loop turn (on_up_event
+	 * says why): its BEV_EVENT_* flags, never 0, while it waits. It holds
+	 * req->timer (armed for 0 ms) meanwhile: the close is decided first,
+	 * and state changes arm no timer until it is; DONE drops it. */
+	short up_closed;
+	size_t paused_waiting; /* PAUSED: the fewest bytes seen waiting for the client */
 	struct respparse rp;   /* its response; rp.held: bytes at the front of the input parsed, not yet moved */
-	bool resp_done, resp_started, resp_keepalive; /* the head: rp.head_done */
-	bool upstream_paused;
+	bool resp_keepalive;
 	bool upstream_dirty; /* bytes past the response end: never reuse */
 	struct meter meter;  /* measures the response into rec, and records it */
 };
@@ -163,8 +207,7 @@ struct client {
 	bool reading;	       /* reading wanted (rev added unless input_full) */
 	bool input_full;       /* CLIENT_INPUT_MAX buffered: reading paused until parsed */
 	bool close_after;      /* close once the current response is written */
-	bool closing;
-	bool reading_blocked; /* upload backpressure: client_upload_blocked */
+	bool reading_blocked;  /* upload backpressure: client_upload_blocked */
 	/* the upload's deadline (timeouts.body from the end of the head; 0:
 	 * no body expected), moved on by the time reading_blocked held it */
 	uint64_t body_deadline_ns, blocked_since_ns;
@@ -188,11 +231,30 @@ static inline const struct config *pcfg(const struct proxy *px)
  */
 static inline bool client_runs(const struct client *cl, uint64_t seq)
 {
-	return !cl->closing && cl->req && cl->req->seq == seq;
+	return cl->state != CL_CLOSED && cl->req && cl->req->seq == seq;
+}
+
+/* An error answer is going out (LINGER) or the connection is gone (CLOSED):
+ * no more requests are read, nothing more is answered. */
+static inline bool client_ending(const struct client *cl)
+{
+	return cl->state == CL_LINGER || cl->state == CL_CLOSED;
+}
+
+/* A slot on req->up is held in these states (upstream_admit gave one,
+ * upstream_leave has not yet given it back). */
+static inline bool exchange_admitted(enum xstate s)
+{
+	return s == XS_CONNECTING || s == XS_SENDING || s == XS_AWAIT_HEAD || s == XS_STREAMING || s == XS_PAUSED;
+}
+
+/* The response head has parsed and the rest of it is being moved. */
+static inline bool exchange_streaming(const struct request *req)
+{
+	return req->xstate == XS_STREAMING || req->xstate == XS_PAUSED;
 }
 
 /* proxy.c: the client side */
-void request_drop_upstream(struct request *req, bool reusable);
 void request_finish(struct request *req);
 void client_fail(struct client *cl, int status, enum req_error kind, const char *type, const char *msg);
 void client_parse(struct client *cl);
@@ -209,13 +271,24 @@ void exchange_request_init(struct request *req); /* its response parser, with ex
 /* The meter's labels from the routing as it stands (route, upstream, cold,
  * load): before anything the meter does may resolve the series. */
 void request_meter_label(struct request *req);
+/* Whether the exchange may go from `from` to `to` (an unknown state: never). */
+bool exchange_transition_legal(enum xstate from, enum xstate to);
+enum xtimer exchange_state_timer(enum xstate s);
+const char *exchange_state_name(enum xstate s);
+/* The one place req->xstate changes: the transition is checked (CHECK: an
+ * illegal one aborts), logged at debug and the timer armed or deleted as the
+ * new state's timer says. The same state again is a no-op. */
+void exchange_set_state(struct request *req, enum xstate to);
+/* Ends the exchange with the upstream: a queued waiter cancelled, the
+ * connection back (pooled only when `reusable`), the state DONE, then the
+ * admission slot of an admitted state back to the next waiter. Safe to
+ * call again. */
+void request_drop_upstream(struct request *req, bool reusable);
 /* The route the request matches with what is known of it so far (the
  * model once the body prefix is read), or NULL. */
 struct route *request_match(const struct request *req);
 void request_route(struct request *req);
 void request_flush_upstream(struct request *req);
 void request_check_sent(struct request *req);
-void request_timer_set(struct request *req, enum req_timer kind, uint64_t ms);
-void request_idle_from(struct request *req, uint64_t now);
-void on_request_timer(evutil_socket_t fd, short what, void *arg);
+void on_exchange_timer(evutil_socket_t fd, short what, void *arg);
 void on_up_read(struct bufferevent *bev, void *arg);

@@ -1,11 +1,17 @@
 /*
  * slice.c — recording into, merging and encoding series slices.
  *
- * Encoded form (version 1): byte 1; varint number of counters, then each
+ * Encoded form (version 2): byte 2; varint number of counters, then each
  * counter; varint number of histograms, then for each: varint slot, varint
  * byte length, and the histogram's own sparse encoding (hist_encode). Counts
  * of counters and slots are written, so a reader with fewer of either
  * rejects nothing it understands and a newer layout bumps the version byte.
+ *
+ * Version 1 (before #15) had 11 counters before the error kinds and 12
+ * histogram metrics before the load curves, and one prompt curve keyed on
+ * the prompt as reported. It is still read: its counters and slots are
+ * moved to today's positions, and its prompt curve, kept before any
+ * caching was reported, fills both of today's (by prefill and raw).
  */
 #include "slice.h"
 
@@ -15,7 +21,14 @@
 
 #include "varint.h"
 
-#define SLICE_ENCODING_VERSION 1
+#define SLICE_ENCODING_VERSION 2
+
+/* Version 1's layout, frozen. */
+#define V1_COUNTERS 11 /* REQUESTS .. SLO_MISSED; the error kinds follow */
+#define V1_METRICS 12  /* TTFT .. INFLIGHT; the curves follow */
+#define V1_SLOTS (V1_METRICS + CURVE__COUNT * INFLIGHT_BUCKETS + PROMPT_BUCKETS)
+_Static_assert(CT_SLO_MISSED + 1 == V1_COUNTERS && HM_INFLIGHT + 1 == V1_METRICS,
+	       "version 1's counters and metrics keep their positions");
 
 static const char *const metric_names[] = {
 #define X(e, n, u, src, help) #n,
@@ -129,8 +142,23 @@ void slice_record_request(struct slice *s, const struct req_record *r, unsigned 
 		record_milli(s, SLOT_CURVE(CURVE_TTFT, ib), m[RM_TTFT]);
 		record_milli(s, SLOT_CURVE(CURVE_E2E, ib), m[RM_E2E]);
 	}
-	if (r->usage.input_tokens >= 0)
-		record_milli(s, SLOT_PROMPT(log2_bucket((uint64_t)r->usage.input_tokens, PROMPT_BUCKETS)), m[RM_TTFT]);
+	/* Cached tokens count only with the input they are part of, so that
+	 * the hit ratio (cached / cache_reported_input) stays within 1. */
+	if (r->usage.cached_tokens >= 0 && r->usage.input_tokens >= 0)
+		s->counters[CT_CACHED_TOKENS] += (uint64_t)r->usage.cached_tokens;
+	if (r->usage.cache_write_tokens >= 0)
+		s->counters[CT_CACHE_WRITE_TOKENS] += (uint64_t)r->usage.cache_write_tokens;
+	if (r->usage.reasoning_tokens >= 0)
+		s->counters[CT_REASONING_TOKENS] += (uint64_t)r->usage.reasoning_tokens;
+	if (r->usage.input_tokens >= 0) {
+		uint64_t in = (uint64_t)r->usage.input_tokens, prefill = in;
+		if (r->usage.cached_tokens >= 0) {
+			s->counters[CT_CACHE_REPORTED_INPUT_TOKENS] += in;
+			prefill = (uint64_t)r->usage.cached_tokens < in ? in - (uint64_t)r->usage.cached_tokens : 0;
+		}
+		record_milli(s, SLOT_PROMPT(log2_bucket(prefill, PROMPT_BUCKETS)), m[RM_TTFT]);
+		record_milli(s, SLOT_PROMPT_RAW(log2_bucket(in, PROMPT_BUCKETS)), m[RM_TTFT]);
+	}
 
 	/* Goodput: a streamed request with tokens meets the SLO when its ttft,
 	 * its mean inter-token time and (when set) its longest inter-token gap
@@ -237,6 +265,19 @@ size_t slice_encode(const struct slice *s, uint8_t **out)
 	return n;
 }
 
+/* Where counter i of a version-1 slice is today. */
+static uint64_t v1_counter(uint64_t i)
+{
+	return i < V1_COUNTERS ? i : i - V1_COUNTERS + CT_ERR_BASE;
+}
+
+/* Where slot i of a version-1 slice is today (its prompt curve: the one by
+ * prefill; the raw one is filled from it once decoded). */
+static uint64_t v1_slot(uint64_t i)
+{
+	return i < V1_METRICS ? i : i - V1_METRICS + HM__COUNT;
+}
+
 int slice_decode_merge(struct slice *dst, const uint8_t *in, size_t len)
 {
 	const uint8_t *p = in, *end = in + len;
@@ -245,25 +286,30 @@ int slice_decode_merge(struct slice *dst, const uint8_t *in, size_t len)
 	int rc = -1;
 
 	memset(&tmp, 0, sizeof(tmp));
-	if (len < 1 || *p++ != SLICE_ENCODING_VERSION)
+	if (len < 1 || (*p != SLICE_ENCODING_VERSION && *p != 1))
 		return -1;
+	const bool v1 = *p++ == 1;
+	const uint64_t slots = v1 ? V1_SLOTS : SLICE_SLOTS;
 	if (varint_get(&p, end, &nc) == -1 || nc > 4096)
 		return -1;
 	for (uint64_t i = 0; i < nc; i++) {
 		if (varint_get(&p, end, &v) == -1)
 			goto out;
-		if (i < CT__COUNT)
-			tmp.counters[i] = v; /* counters a newer writer added are skipped */
+		uint64_t at = v1 ? v1_counter(i) : i;
+		if (at < CT__COUNT)
+			tmp.counters[at] = v; /* counters a newer writer added are skipped */
 	}
-	if (varint_get(&p, end, &nh) == -1 || nh > SLICE_SLOTS)
+	if (varint_get(&p, end, &nh) == -1 || nh > slots)
 		goto out;
 	for (uint64_t i = 0; i < nh; i++) {
 		uint64_t slot, hlen;
 		size_t used;
 		struct hist *h;
-		if (varint_get(&p, end, &slot) == -1 || slot >= SLICE_SLOTS || varint_get(&p, end, &hlen) == -1 ||
+		if (varint_get(&p, end, &slot) == -1 || slot >= slots || varint_get(&p, end, &hlen) == -1 ||
 		    hlen > (uint64_t)(end - p))
 			goto out;
+		if (v1)
+			slot = v1_slot(slot);
 		if (!(h = slice_hist(&tmp, (unsigned)slot)))
 			goto out;
 		if (hist_decode_merge(h, p, (size_t)hlen, &used) == -1 || used != hlen)
@@ -272,6 +318,15 @@ int slice_decode_merge(struct slice *dst, const uint8_t *in, size_t len)
 	}
 	if (p != end)
 		goto out;
+	for (unsigned b = 0; v1 && b < PROMPT_BUCKETS; b++) {
+		const struct hist *h = tmp.slot[SLOT_PROMPT(b)];
+		struct hist *raw;
+		if (h && h->count) {
+			if (!(raw = slice_hist(&tmp, SLOT_PROMPT_RAW(b))))
+				goto out;
+			hist_merge(raw, h);
+		}
+	}
 	slice_merge(dst, &tmp);
 	rc = 0;
 out:

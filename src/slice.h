@@ -28,7 +28,8 @@ enum metric_unit { UNIT_US, UNIT_MILLI, UNIT_COUNT };
  * records (gaps, token counts, load). `help`: what one sample is, for the
  * Prometheus # HELP line of the time metrics (prom.c; docs/metrics.md has
  * the definitions). Stored slices index their histograms by position
- * (HM_*, then the curve slots): the rows do not move. */
+ * (HM_*, then the curve slots): the rows do not move, new ones go at the
+ * end, and slice.c's decoder maps an older layout's slots onto today's. */
 #define HIST_METRICS(X) \
 	X(TTFT, ttft, UNIT_US, RM_TTFT, "Time to first token at the proxy, from the request's arrival") \
 	X(UPSTREAM_TTFT, upstream_ttft, UNIT_US, RM_UPSTREAM_TTFT, \
@@ -43,7 +44,10 @@ enum metric_unit { UNIT_US, UNIT_MILLI, UNIT_COUNT };
 	X(INPUT_TOKENS, input_tokens, UNIT_COUNT, RM_NONE, "Input (prompt) tokens per request") \
 	X(OUTPUT_TOKENS, output_tokens, UNIT_COUNT, RM_NONE, "Output tokens per request") \
 	X(INFLIGHT, inflight, UNIT_COUNT, RM_NONE, \
-	  "Requests on or queued for the upstream when the request was routed, itself included")
+	  "Requests on or queued for the upstream when the request was routed, itself included") \
+	X(ANSWER_TTFT, answer_ttft, UNIT_US, RM_ANSWER_TTFT, \
+	  "Time to the first answer token (text or tool call, not reasoning), from the request's arrival") \
+	X(REASONING, reasoning, UNIT_US, RM_REASONING, "Reasoning span: from the first reasoning token to the last")
 
 enum hist_metric {
 #define X(e, n, u, src, help) HM_##e,
@@ -55,7 +59,10 @@ enum hist_metric {
 /* Counters, (ENUM, name, exported, help); errors by kind follow them, one
  * per enum req_error. `exported`: a Prometheus family of its own,
  * tokentap_<name>_total, with `help` as its # HELP (prom.c); the status
- * classes are exported together as tokentap_requests_total. */
+ * classes are exported together as tokentap_requests_total. New counters
+ * go at the end (slice.c's decoder maps an older layout's positions). The
+ * prefix-cache hit ratio is cached_tokens / cache_reported_input_tokens:
+ * both only over the requests that reported caching. */
 #define SLICE_COUNTERS(X) \
 	X(REQUESTS, requests, 0, "Requests finished.") \
 	X(STATUS_NONE, status_none, 0, "Requests finished with no status sent.") \
@@ -67,7 +74,13 @@ enum hist_metric {
 	X(INPUT_TOKENS, input_tokens, 1, "Input (prompt) tokens, as the server reported them.") \
 	X(OUTPUT_TOKENS, output_tokens, 1, "Output tokens: the server's usage count, else token-bearing events.") \
 	X(SLO_MET, slo_met, 1, "Requests that met the goodput SLO (TTFT and TPOT within bounds).") \
-	X(SLO_MISSED, slo_missed, 1, "Requests that missed the goodput SLO, failed ones included.")
+	X(SLO_MISSED, slo_missed, 1, "Requests that missed the goodput SLO, failed ones included.") \
+	X(CACHED_TOKENS, cached_tokens, 1, "Input tokens the server read from its prefix cache, as it reported them.") \
+	X(CACHE_WRITE_TOKENS, cache_write_tokens, 1, \
+	  "Input tokens the server wrote to its prompt cache, as it reported them.") \
+	X(REASONING_TOKENS, reasoning_tokens, 1, "Output tokens spent reasoning, as the server reported them.") \
+	X(CACHE_REPORTED_INPUT_TOKENS, cache_reported_input_tokens, 1, \
+	  "Input tokens of the requests whose server reported prefix caching (the hit ratio's denominator).")
 
 enum slice_counter {
 #define X(e, n, exported, help) CT_##e,
@@ -79,14 +92,17 @@ enum slice_counter {
 
 /* The load curve: ttft, itl and e2e by requests in flight to the upstream
  * when the request arrived (1, 2, 3-4, 5-8, ... log2 buckets), and ttft by
- * input tokens (0-1, 2, 3-4, ... log2 buckets). */
+ * prompt length (0-1, 2, 3-4, ... log2 buckets): SLOT_PROMPT by the tokens
+ * the server had to prefill (input minus cached, when it reported caching;
+ * else the input), SLOT_PROMPT_RAW by the input tokens as they are. */
 #define INFLIGHT_BUCKETS 12
 #define PROMPT_BUCKETS 22
 enum curve_metric { CURVE_TTFT, CURVE_ITL, CURVE_E2E, CURVE__COUNT };
 
 #define SLOT_CURVE(c, b) (HM__COUNT + (c)*INFLIGHT_BUCKETS + (b))
 #define SLOT_PROMPT(b) (HM__COUNT + CURVE__COUNT * INFLIGHT_BUCKETS + (b))
-#define SLICE_SLOTS (HM__COUNT + CURVE__COUNT * INFLIGHT_BUCKETS + PROMPT_BUCKETS)
+#define SLOT_PROMPT_RAW(b) (HM__COUNT + CURVE__COUNT * INFLIGHT_BUCKETS + PROMPT_BUCKETS + (b))
+#define SLICE_SLOTS (HM__COUNT + CURVE__COUNT * INFLIGHT_BUCKETS + 2 * PROMPT_BUCKETS)
 
 struct slice {
 	uint64_t counters[CT__COUNT];

@@ -94,6 +94,14 @@ void store_batch_free(struct store_batch *b);
 int store_query(struct store *st, enum store_window w, struct store_result *out, char *err, size_t errlen);
 void store_result_free(struct store_result *r);
 
+/* Merged slices per series over the seconds [from, to] (unix time) of the
+ * in-memory per-second ring, which holds about the last six minutes
+ * (STORE_RING_SECONDS; older seconds give nothing): the live history the
+ * dashboard opens with (/stats/history). start_sec, end_sec are from, to.
+ * 0, or -1 when out of memory. */
+#define STORE_RING_SECONDS 360
+int store_query_range(struct store *st, uint64_t from, uint64_t to, struct store_result *out);
+
 /* Everything submitted since the store opened, merged per series: the
  * counters and per-request metric histograms /metrics exposes (no load
  * curves), which only ever grow (store_reset and the windows' retention

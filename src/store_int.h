@@ -24,8 +24,8 @@
 #include "slice.h"
 #include "store.h"
 
-#define RING_SECONDS 360 /* the live view: a little over five minutes */
-#define WEEK_HOURS 168	 /* the 7d window: this hour and the 167 before it */
+#define RING_SECONDS STORE_RING_SECONDS /* the live view: a little over five minutes */
+#define WEEK_HOURS 168			/* the 7d window: this hour and the 167 before it */
 
 struct ring_slot {
 	uint64_t sec;

@@ -5,7 +5,9 @@
  * connect = up_connected - dispatch; ttfb = resp_headers - arrive;
  * ttft = first_token - arrive; upstream_ttft = first_token - req_sent;
  * tpot = (last_token - first_token) / (N - 1) for N > 1;
- * e2e = resp_end - arrive; decode rate = (N - 1) / (last_token - first_token).
+ * e2e = resp_end - arrive; decode rate = (N - 1) / (last_token - first_token);
+ * answer_ttft = first_answer - arrive; reasoning = last_reasoning -
+ * first_reasoning.
  */
 #include "timeline.h"
 
@@ -56,12 +58,30 @@ void record_apply_outcome(struct req_record *r)
 	}
 }
 
-bool record_token_event(struct req_record *r, uint64_t now, uint64_t *gap_out)
+/* The reasoning span and the first answer token. Reasoning after the
+ * answer (a model that thinks again between tool calls) stretches the
+ * span. */
+static void note_kind(struct req_record *r, enum token_kind kind, uint64_t now)
+{
+	if (kind == TOKEN_REASONING) {
+		r->reasoning_events++;
+		timeline_mark(r, TL_FIRST_REASONING, now);
+		if (now > r->at[TL_LAST_REASONING])
+			r->at[TL_LAST_REASONING] = now;
+		return;
+	}
+	if (kind == TOKEN_TOOL)
+		r->tool_call_events++;
+	timeline_mark(r, TL_FIRST_ANSWER, now);
+}
+
+bool record_token_event(struct req_record *r, enum token_kind kind, uint64_t now, uint64_t *gap_out)
 {
 	r->token_events++;
 	if (!r->at[TL_FIRST_TOKEN]) {
 		r->at[TL_FIRST_TOKEN] = now;
 		r->at[TL_LAST_TOKEN] = now;
+		note_kind(r, kind, now);
 		return false;
 	}
 	/* Stamps from a kernel receive time mapped onto CLOCK_MONOTONIC can
@@ -69,6 +89,7 @@ bool record_token_event(struct req_record *r, uint64_t now, uint64_t *gap_out)
 	 * again each second): the timeline does not go back, the gap is 0. */
 	if (now < r->at[TL_LAST_TOKEN])
 		now = r->at[TL_LAST_TOKEN];
+	note_kind(r, kind, now);
 	uint64_t gap = now - r->at[TL_LAST_TOKEN];
 	*gap_out = gap;
 	r->at[TL_LAST_TOKEN] = now;
@@ -115,6 +136,8 @@ void record_derive(const struct req_record *r, double out[RM__COUNT])
 	out[RM_TTFT] = span_ms(r, TL_ARRIVE, TL_FIRST_TOKEN);
 	out[RM_UPSTREAM_TTFT] = span_ms(r, TL_REQ_SENT, TL_FIRST_TOKEN);
 	out[RM_E2E] = span_ms(r, TL_ARRIVE, TL_RESP_END);
+	out[RM_ANSWER_TTFT] = span_ms(r, TL_ARRIVE, TL_FIRST_ANSWER);
+	out[RM_REASONING] = span_ms(r, TL_FIRST_REASONING, TL_LAST_REASONING);
 	out[RM_TPOT] = NAN;
 	out[RM_DECODE_RATE] = NAN;
 	if (n > 1 && !isnan(decode)) {

@@ -28,6 +28,9 @@ struct wl_req;
 	X(RESP_HEADERS, resp_headers) \
 	X(FIRST_EVENT, first_event) \
 	X(FIRST_TOKEN, first_token) \
+	X(FIRST_REASONING, first_reasoning) \
+	X(LAST_REASONING, last_reasoning) \
+	X(FIRST_ANSWER, first_answer) \
 	X(LAST_TOKEN, last_token) \
 	X(RESP_END, resp_end) \
 	X(CLIENT_DONE, client_done)
@@ -48,7 +51,9 @@ enum tl_event {
 	X(UPSTREAM_TTFT, upstream_ttft_ms, "ms") \
 	X(TPOT, tpot_ms, "ms") \
 	X(E2E, e2e_ms, "ms") \
-	X(DECODE_RATE, decode_tps, "tokens/s")
+	X(DECODE_RATE, decode_tps, "tokens/s") \
+	X(ANSWER_TTFT, answer_ttft_ms, "ms") \
+	X(REASONING, reasoning_ms, "ms")
 
 enum req_metric {
 #define X(e, k, u) RM_##e,
@@ -107,6 +112,7 @@ struct req_record {
 	struct usage usage;
 	struct classify_hint hint; /* where the stream's last token event held its text */
 	uint64_t events, token_events;
+	uint64_t reasoning_events, tool_call_events; /* of token_events: what they carried */
 	uint64_t bytes_in, bytes_out;
 	uint64_t at[TL__COUNT];
 	/* The gaps themselves (the first ITL_SAMPLES_MAX), kept only with
@@ -138,10 +144,12 @@ const char *timeline_event_name(enum tl_event e);
 const char *req_metric_key(enum req_metric m);
 const char *req_error_name(enum req_error e);
 
-/* Notes a token-bearing event at `now`: first/last token and the ITL gap.
+/* Notes a token-bearing event carrying `kind` at `now`: first/last token,
+ * the ITL gap (across kinds: the gaps are the stream's), the first answer
+ * token (anything but reasoning) and the first/last reasoning token.
  * Returns true when a gap was measured (every token but the first; a gap
  * can be 0 when two token events arrive in one read) and stores it. */
-bool record_token_event(struct req_record *r, uint64_t now, uint64_t *gap);
+bool record_token_event(struct req_record *r, enum token_kind kind, uint64_t now, uint64_t *gap);
 
 /* At the response's end: when the server's own word says it failed or is
  * incomplete (usage.outcome, from a Responses stream's terminal event or

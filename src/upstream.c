@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "bevio.h"
+#include "check.h"
 #include "config.h"
 #include "log.h"
 #include "loop.h"
@@ -389,8 +390,8 @@ enum admit upstream_admit(struct upstream *up, struct up_waiter *w)
 
 void upstream_leave(struct upstream *up)
 {
-	if (up->active)
-		up->active--;
+	CHECK(up->active > 0); /* one leave per admission: more is a slot given back twice */
+	up->active--;
 	atomic_fetch_sub(&up->share->active, 1);
 	/* FIFO: this worker's oldest waiter takes the slot just freed */
 	admit_waiters(up);

@@ -180,12 +180,15 @@ enum bench_error {
 
 const char *bench_error_name(enum bench_error e);
 
-/* The client-side metrics, each a histogram in microseconds. */
+/* The client-side metrics, each a histogram in microseconds. answer_ttft
+ * (to the first token that is not reasoning) is recorded only for streams
+ * that reasoned first: elsewhere it is the ttft. */
 #define BENCH_METRICS(X) \
 	X(TTFT, ttft) \
 	X(ITL, itl) \
 	X(TPOT, tpot) \
-	X(E2E, e2e)
+	X(E2E, e2e) \
+	X(ANSWER_TTFT, answer_ttft)
 
 enum bench_metric {
 #define X(e, k) BM_##e,

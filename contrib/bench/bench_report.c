@@ -102,11 +102,13 @@ void report_table(FILE *f, const struct bench_opts *o, const struct bench_result
 		fprintf(f, "; arrival timer late by up to %.1f ms\n", (double)r->max_timer_late_us / 1000.0);
 	}
 
-	fprintf(f, "\n%-10s %9s %9s %9s %9s %9s %9s %9s %9s\n", "ms", "count", "mean", "p50", "p90", "p95", "p99",
+	fprintf(f, "\n%-11s %9s %9s %9s %9s %9s %9s %9s %9s\n", "ms", "count", "mean", "p50", "p90", "p95", "p99",
 		"p99.9", "max");
 	for (int i = 0; i < BM__COUNT; i++) {
 		const struct hist *h = &m->h[i];
-		fprintf(f, "%-10s %9llu", bench_metric_key((enum bench_metric)i), (unsigned long long)h->count);
+		if (i == BM_ANSWER_TTFT && !h->count)
+			continue; /* no stream reasoned: it would be the ttft */
+		fprintf(f, "%-11s %9llu", bench_metric_key((enum bench_metric)i), (unsigned long long)h->count);
 		put_num(f, h->count ? hist_mean(h) / 1000.0 : NAN);
 		for (size_t k = 0; k < NQ; k++)
 			put_num(f, report_quantile_ms(h, quantiles[k]));
@@ -116,7 +118,8 @@ void report_table(FILE *f, const struct bench_opts *o, const struct bench_result
 	fprintf(f,
 		"(ttft: first request byte written → first token event; itl: each gap between token events; "
 		"tpot: (last − first token) / (output tokens − 1); e2e: first byte written → response end; "
-		"see docs/metrics.md)\n");
+		"answer_ttft, of the streams that reasoned: first byte written → first token that is not "
+		"reasoning; see docs/metrics.md)\n");
 	if (o->warmup) {
 		const struct bench_stats *w = &r->w;
 		fprintf(f, "warm-up (excluded above): %llu requests, %llu ok, %llu failed; ttft p50 ",

@@ -344,6 +344,8 @@ static void req_finish(struct conn *c, enum bench_error err, uint64_t now)
 			hist_record(&st->h[BM_TPOT], ms_to_us_round(m[RM_TPOT]));
 		if (!isnan(m[RM_E2E]))
 			hist_record(&st->h[BM_E2E], ms_to_us_round(m[RM_E2E]));
+		if (q->rec.reasoning_events && !isnan(m[RM_ANSWER_TTFT]))
+			hist_record(&st->h[BM_ANSWER_TTFT], ms_to_us_round(m[RM_ANSWER_TTFT]));
 		reqlog_write(r, q, err, m, in, out);
 	} else {
 		st->failed++;
@@ -686,7 +688,8 @@ static void on_framed_event(void *arg, const struct framer_event *ev)
 
 	q->rec.events++;
 	timeline_mark(&q->rec, TL_FIRST_EVENT, q->now);
-	if (classify_event(c->run->api, ev, &q->rec.usage, &q->rec.hint) && record_token_event(&q->rec, q->now, &gap))
+	enum token_kind kind = classify_event(c->run->api, ev, &q->rec.usage, &q->rec.hint);
+	if (kind != TOKEN_NONE && record_token_event(&q->rec, kind, q->now, &gap))
 		hist_record(&stats_of(c->run, q)->h[BM_ITL], gap / 1000); /* as tokentap: truncated µs */
 }
 

@@ -33,6 +33,12 @@ struct sim_config sim_cfg = {
 	.tokens = 64,
 	.seed = 0,
 	.model = "sim-model",
+	.reasoning_tokens = 0,
+	.think_ms = 0,
+	.cached_tokens = -1,
+	.cache_write_tokens = 0,
+	.tool_calls = false,
+	.prefix_cache = false,
 	.batching = false,
 	.max_batch = 32,
 	.kv_tokens = 65536,
@@ -68,6 +74,19 @@ static void usage(FILE *f)
 		"  --seed N            seed of ids, timestamps and token text (default 0)\n"
 		"  --model NAME        model name when the request names none (default sim-model)\n"
 		"\n"
+		"Reasoning, prompt cache, tool calls (see docs/simulator.md):\n"
+		"  --reasoning-tokens N reasoning tokens before every answer (default 0; a request\n"
+		"                      asking for reasoning gets 32 when this is 0)\n"
+		"  --think-ms N        extra pause before the first answer token (default 0)\n"
+		"  --reasoning-hidden  reasoning tokens take their time and count in usage but are\n"
+		"                      not sent (as OpenAI's hosted models)\n"
+		"  --cached-tokens N   prompt tokens reported as read from the prefix cache\n"
+		"                      (default: no cache details in usage)\n"
+		"  --cache-write-tokens N  Anthropic: prompt tokens reported as written to the cache\n"
+		"  --prefix-cache      a prefix cache that remembers prompts in 16-token blocks and\n"
+		"                      reports the shared prefix as cached (see docs/simulator.md)\n"
+		"  --tool-calls        answer every chat/Responses/Messages request with a tool call\n"
+		"\n"
 		"Continuous-batching model (off by default; see docs/simulator.md):\n"
 		"  --batching          same as --model-mode batch\n"
 		"  --model-mode MODE   fixed (--ttft-ms/--itl-ms per request, default) or batch\n"
@@ -85,9 +104,11 @@ static void usage(FILE *f)
 		"  --version           print the version\n"
 		"\n"
 		"Endpoints: POST /v1/chat/completions /v1/completions /v1/messages /api/chat\n"
-		"/api/generate; GET /v1/models /health /sim/stats. Per-request headers\n"
-		"x-sim-ttft-ms, x-sim-itl-ms, x-sim-tokens override the flags. See\n"
-		"docs/simulator.md.\n");
+		"/api/generate /v1/responses; GET /v1/models /health /sim/stats. Per-request\n"
+		"headers x-sim-ttft-ms, x-sim-itl-ms, x-sim-tokens, x-sim-reasoning-tokens,\n"
+		"x-sim-think-ms, x-sim-cached-tokens, x-sim-cache-write-tokens,\n"
+		"x-sim-tool-call and x-sim-reasoning-hidden (0 or 1) override the flags.\n"
+		"See docs/simulator.md.\n");
 }
 
 /* Exits 2: the one way a command line mistake ends the program. */
@@ -198,10 +219,26 @@ bad:
 static bool known_flag(const char *flag)
 {
 	static const char *const flags[] = {
-		"--listen",	     "--ttft-ms",      "--itl-ms",	    "--tokens",	       "--seed",
-		"--model",	     "--model-mode",   "--max-batch",	    "--kv-tokens",     "--prefill-tps",
-		"--chunked-prefill", "--step-base-ms", "--step-per-seq-ms", "--cold-start-ms", "--idle-ms",
+		"--listen",
+		"--ttft-ms",
+		"--itl-ms",
+		"--tokens",
+		"--seed",
+		"--model",
+		"--model-mode",
+		"--max-batch",
+		"--kv-tokens",
+		"--prefill-tps",
+		"--chunked-prefill",
+		"--step-base-ms",
+		"--step-per-seq-ms",
+		"--cold-start-ms",
+		"--idle-ms",
 		"--backlog-tokens",
+		"--reasoning-tokens",
+		"--think-ms",
+		"--cached-tokens",
+		"--cache-write-tokens",
 	};
 
 	for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) {
@@ -236,6 +273,18 @@ static void parse_args(int argc, char **argv, struct sockaddr_storage *ss, int *
 			if (eq != NULL)
 				die_usage("--batching takes no value.");
 			sim_cfg.batching = true;
+			continue;
+		}
+		if (strcmp(flag, "--tool-calls") == 0 || strcmp(flag, "--prefix-cache") == 0 ||
+		    strcmp(flag, "--reasoning-hidden") == 0) {
+			if (eq != NULL)
+				die_usage("%s takes no value.", flag);
+			if (flag[2] == 't')
+				sim_cfg.tool_calls = true;
+			else if (flag[2] == 'p')
+				sim_cfg.prefix_cache = true;
+			else
+				sim_cfg.reasoning_hidden = true;
 			continue;
 		}
 		if (!known_flag(flag))
@@ -283,6 +332,14 @@ static void parse_args(int argc, char **argv, struct sockaddr_storage *ss, int *
 			sim_cfg.idle_ms = parse_u64(flag, val);
 		} else if (strcmp(flag, "--backlog-tokens") == 0) {
 			sim_cfg.backlog_tokens = parse_u64(flag, val);
+		} else if (strcmp(flag, "--reasoning-tokens") == 0) {
+			sim_cfg.reasoning_tokens = parse_u64(flag, val);
+		} else if (strcmp(flag, "--think-ms") == 0) {
+			sim_cfg.think_ms = parse_u64(flag, val);
+		} else if (strcmp(flag, "--cached-tokens") == 0) {
+			sim_cfg.cached_tokens = (int64_t)parse_u64(flag, val);
+		} else if (strcmp(flag, "--cache-write-tokens") == 0) {
+			sim_cfg.cache_write_tokens = parse_u64(flag, val);
 		} else {
 			if (val[0] == '\0')
 				die_usage("--model needs a non-empty name.");
@@ -292,8 +349,11 @@ static void parse_args(int argc, char **argv, struct sockaddr_storage *ss, int *
 	if (!have_listen)
 		parse_listen("127.0.0.1:8000", ss, sslen);
 	/* Keep the nanosecond arithmetic of pacing far from overflow. */
-	if (sim_cfg.ttft_ms > 86400000ULL || sim_cfg.itl_ms > 86400000ULL)
-		die_usage("--ttft-ms and --itl-ms must be at most one day (86400000).");
+	if (sim_cfg.ttft_ms > 86400000ULL || sim_cfg.itl_ms > 86400000ULL || sim_cfg.think_ms > 86400000ULL)
+		die_usage("--ttft-ms, --itl-ms and --think-ms must be at most one day (86400000).");
+	if (sim_cfg.reasoning_tokens > (1ULL << 40) || sim_cfg.cached_tokens > (1LL << 40) ||
+	    sim_cfg.cache_write_tokens > (1ULL << 40))
+		die_usage("--reasoning-tokens, --cached-tokens and --cache-write-tokens must be at most 2^40.");
 	if (sim_cfg.max_batch < 1 || sim_cfg.max_batch > 1000000)
 		die_usage("--max-batch must be from 1 to 1000000.");
 	if (sim_cfg.kv_tokens < 1 || sim_cfg.kv_tokens > (1ULL << 40))

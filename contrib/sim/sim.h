@@ -10,11 +10,13 @@
  *   sim_text.c  determinism: hashing, the PRNG, the word list, JSON escaping
  *   sim_batch.c the optional continuous-batching model (--batching): one
  *               step scheduler shared by all connections
+ *   sim_cache.c the optional prefix-cache model (--prefix-cache)
  *
  * Invariant kept across all files: the bytes of a response body are a pure
  * function of (--seed, request path, request body, x-sim-* overrides). No
  * wall clock, no address, no counter ever reaches a response body except in
- * GET /sim/stats.
+ * GET /sim/stats, and, with --prefix-cache only, the cached counts in usage
+ * (which depend on the prompts seen before).
  */
 #pragma once
 
@@ -32,6 +34,16 @@ struct sim_config {
 	uint64_t tokens;   /* output length when the request sets none */
 	uint64_t seed;	   /* folded into every PRNG stream and id */
 	const char *model; /* model name when the request names none */
+
+	/* Reasoning, prompt caching and tool calls (docs/simulator.md,
+	 * "Reasoning, caching, tool calls"); x-sim-* headers override. */
+	uint64_t reasoning_tokens;   /* reasoning tokens before the answer, 0 off */
+	uint64_t think_ms;	     /* extra pause before the first answer token */
+	int64_t cached_tokens;	     /* prompt tokens read from the cache, -1 none reported */
+	uint64_t cache_write_tokens; /* Anthropic: prompt tokens written to the cache */
+	bool tool_calls;	     /* answer with a tool call even without tools */
+	bool prefix_cache;	     /* the prefix-cache model (sim_cache.c) */
+	bool reasoning_hidden;	     /* reasoning takes time and counts, sends nothing */
 
 	/* --batching: a continuous-batching server (sim_batch.c). Off by
 	 * default; requests with x-sim-ttft-ms / x-sim-itl-ms keep the fixed
@@ -84,11 +96,17 @@ struct sim_api_request {
 	const char *path; /* without the query string */
 	const char *body; /* NUL-terminated copy of the body */
 	size_t body_len;
-	const char *request_id;	  /* echoed as x-request-id, NULL if absent */
-	int64_t ttft_ms;	  /* x-sim-ttft-ms, -1 if absent */
-	int64_t itl_ms;		  /* x-sim-itl-ms, -1 if absent */
-	int64_t tokens;		  /* x-sim-tokens, -1 if absent */
-	const char *header_error; /* a malformed x-sim-* header, or NULL */
+	const char *request_id;	    /* echoed as x-request-id, NULL if absent */
+	int64_t ttft_ms;	    /* x-sim-ttft-ms, -1 if absent */
+	int64_t itl_ms;		    /* x-sim-itl-ms, -1 if absent */
+	int64_t tokens;		    /* x-sim-tokens, -1 if absent */
+	int64_t reasoning_tokens;   /* x-sim-reasoning-tokens, -1 if absent */
+	int64_t think_ms;	    /* x-sim-think-ms, -1 if absent */
+	int64_t cached_tokens;	    /* x-sim-cached-tokens, -1 if absent */
+	int64_t cache_write_tokens; /* x-sim-cache-write-tokens, -1 if absent */
+	int64_t tool_call;	    /* x-sim-tool-call 0 or 1, -1 if absent */
+	int64_t reasoning_hidden;   /* x-sim-reasoning-hidden 0 or 1, -1 if absent */
+	const char *header_error;   /* a malformed x-sim-* header, or NULL */
 	bool keep_alive;
 };
 
@@ -96,10 +114,12 @@ struct sim_api_request {
 struct sim_plan {
 	uint64_t ttft_ns;
 	uint64_t itl_ns;
-	uint64_t tokens;
-	uint64_t prompt_tokens;
-	bool streaming; /* token events as they come, else one block at end */
-	bool batched;	/* paced by the batch scheduler, not ttft/itl */
+	uint64_t tokens;	   /* token events in all, reasoning included */
+	uint64_t reasoning_tokens; /* the first this many are reasoning */
+	uint64_t think_ns;	   /* added before the first answer token */
+	uint64_t prompt_tokens;	   /* to prefill: cached tokens excluded */
+	bool streaming;		   /* token events as they come, else one block at end */
+	bool batched;		   /* paced by the batch scheduler, not ttft/itl */
 };
 
 struct sim_stream; /* generation state of one response; owned by its request */
@@ -166,6 +186,20 @@ void sim_batch_stats_json(struct evbuffer *out);
 
 /* sim_conn.c: q advanced (a token, or the end of its generation). */
 void sim_conn_seq_progress(struct sim_seq *q);
+
+/* ---- sim_cache.c ---- */
+
+/*
+ * --prefix-cache: looks the prompt's text up in the cache, then stores its
+ * blocks. *cached: prompt tokens of the leading blocks found (at most
+ * n_in - 1); *written: tokens of the blocks newly stored.
+ */
+void sim_cache_use(const char *text, size_t len, uint64_t n_in, uint64_t *cached, uint64_t *written);
+
+struct sim_cache_stats {
+	uint64_t lookups, prompt_tokens, cached_tokens;
+};
+const struct sim_cache_stats *sim_cache_stats(void);
 
 /* ---- sim_text.c ---- */
 

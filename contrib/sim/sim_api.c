@@ -41,18 +41,31 @@ struct sim_stream {
 	bool include_usage; /* OpenAI stream_options.include_usage */
 	bool hit_limit;	    /* stopped by max_tokens: "length" */
 	bool keep_alive;
-	uint64_t n_in;	  /* prompt tokens, ceil(text bytes / 4) >= 1 */
-	uint64_t n_out;	  /* output tokens to produce */
-	uint64_t emitted; /* token events written so far */
-	uint64_t seq;	  /* Responses: the next event's sequence_number */
-	uint64_t created; /* unix seconds, derived from the seed */
+	uint64_t n_in;			  /* prompt tokens, ceil(text bytes / 4) >= 1 */
+	uint64_t n_out;			  /* answer tokens to produce (text or tool call) */
+	uint64_t n_reason;		  /* reasoning tokens before the answer */
+	uint64_t think_ns;		  /* extra pause before the first answer token */
+	uint64_t n_cached, n_cache_write; /* prompt tokens read from / written to the cache */
+	bool cache_report;		  /* usage says n_cached (and n_cache_write) */
+	bool summary;			  /* Responses: reasoning as a summary */
+	bool hidden;			  /* reasoning tokens take time and count, but send nothing */
+	bool tool;			  /* the answer is a tool call */
+	bool answer_open;		  /* the answer's block / item has begun */
+	char *tool_json;		  /* the tool's name, a JSON string literal */
+	uint64_t emitted;		  /* token events written so far */
+	uint64_t drawn;			  /* words drawn so far (== emitted while streaming) */
+	uint64_t seq;			  /* Responses: the next event's sequence_number */
+	uint64_t created;		  /* unix seconds, derived from the seed */
 	uint64_t ttft_ns, itl_ns;
 	struct sim_prng prng; /* draws the words, in order */
 	char id[48];
-	char *model_json;      /* model name, already a JSON string literal */
-	char *request_id;      /* echoed header value, or NULL */
-	struct evbuffer *ev;   /* scratch: the event being built */
-	struct evbuffer *text; /* Responses stream: the text so far, for the .done events */
+	char hex[33];		 /* 32 hex digits of the ids: item, call and tool ids reuse them */
+	char *model_json;	 /* model name, already a JSON string literal */
+	char *request_id;	 /* echoed header value, or NULL */
+	struct evbuffer *ev;	 /* scratch: the event being built */
+	struct evbuffer *text;	 /* the answer so far (text, or tool-call arguments) */
+	struct evbuffer *reason; /* the reasoning so far */
+	struct evbuffer *piece;	 /* scratch: the piece of text of one token */
 };
 
 /* ---- HTTP framing ---- */
@@ -175,6 +188,14 @@ static void write_stats(struct evbuffer *out, const struct sim_api_request *rq)
 		evbuffer_add(b, ",\"batch\":", 9);
 		sim_batch_stats_json(b);
 	}
+	if (sim_cfg.prefix_cache) {
+		const struct sim_cache_stats *cs = sim_cache_stats();
+
+		evbuffer_add_printf(b,
+				    ",\"prefix_cache\":{\"lookups\":%" PRIu64 ",\"prompt_tokens\":%" PRIu64
+				    ",\"cached_tokens\":%" PRIu64 "}",
+				    cs->lookups, cs->prompt_tokens, cs->cached_tokens);
+	}
 	evbuffer_add(b, "}", 1);
 	write_whole(out, 200, "application/json", b, rq->request_id, rq->keep_alive);
 	evbuffer_free(b);
@@ -182,59 +203,63 @@ static void write_stats(struct evbuffer *out, const struct sim_api_request *rq)
 
 /* ---- reading the request body ---- */
 
-/* Bytes of text in a message content: a string, or an array of parts. */
-static size_t content_bytes(const json_t *c)
+/* Appends the text of a message content (a string, or an array of parts)
+ * to `text`: the prompt's text, whose length gives the prompt tokens and
+ * whose prefixes the --prefix-cache model remembers. */
+static void content_text(const json_t *c, struct evbuffer *text)
 {
-	size_t n = 0, i;
+	size_t i;
 	json_t *part;
 
-	if (json_is_string(c))
-		return json_string_length(c);
-	if (!json_is_array(c))
-		return 0;
-	json_array_foreach (c, i, part) {
-		if (json_is_string(part))
-			n += json_string_length(part);
-		else if (json_is_object(part)) {
-			json_t *t = json_object_get(part, "text");
-
-			if (json_is_string(t))
-				n += json_string_length(t);
-		}
+	if (json_is_string(c)) {
+		evbuffer_add(text, json_string_value(c), json_string_length(c));
+		return;
 	}
-	return n;
+	if (!json_is_array(c))
+		return;
+	json_array_foreach (c, i, part) {
+		if (json_is_object(part))
+			part = json_object_get(part, "text");
+		if (json_is_string(part))
+			evbuffer_add(text, json_string_value(part), json_string_length(part));
+	}
 }
 
-static size_t messages_bytes(const json_t *msgs)
+static void messages_text(const json_t *msgs, struct evbuffer *text)
 {
-	size_t n = 0, i;
+	size_t i;
 	json_t *m;
 
 	if (!json_is_array(msgs))
-		return 0;
+		return;
 	json_array_foreach (msgs, i, m)
-		n += content_bytes(json_object_get(m, "content"));
-	return n;
+		content_text(json_object_get(m, "content"), text);
 }
 
-static size_t prompt_bytes(enum sim_endpoint ep, const json_t *req)
+static void prompt_text(enum sim_endpoint ep, const json_t *req, struct evbuffer *text)
 {
 	switch (ep) {
 	case EP_CHAT:
-	case EP_OLLAMA_CHAT: return messages_bytes(json_object_get(req, "messages"));
+	case EP_OLLAMA_CHAT: messages_text(json_object_get(req, "messages"), text); break;
 	case EP_MESSAGES:
-		return content_bytes(json_object_get(req, "system")) + messages_bytes(json_object_get(req, "messages"));
-	case EP_COMPLETIONS: return content_bytes(json_object_get(req, "prompt"));
+		content_text(json_object_get(req, "system"), text);
+		messages_text(json_object_get(req, "messages"), text);
+		break;
+	case EP_COMPLETIONS: content_text(json_object_get(req, "prompt"), text); break;
 	case EP_RESPONSES: {
 		/* "input" is a string, or a list of message items (content a
 		 * string or parts) and parts; "instructions" a string. */
 		const json_t *in = json_object_get(req, "input");
-		return content_bytes(json_object_get(req, "instructions")) + content_bytes(in) + messages_bytes(in);
+		content_text(json_object_get(req, "instructions"), text);
+		content_text(in, text);
+		messages_text(in, text);
+		break;
 	}
 	case EP_OLLAMA_GENERATE:
-		return content_bytes(json_object_get(req, "system")) + content_bytes(json_object_get(req, "prompt"));
+		content_text(json_object_get(req, "system"), text);
+		content_text(json_object_get(req, "prompt"), text);
+		break;
 	}
-	return 0;
 }
 
 /*
@@ -273,11 +298,117 @@ static int output_limit(enum sim_endpoint ep, const json_t *req, int64_t *limit,
 	return 0;
 }
 
+/* Reasoning tokens when a request asks for reasoning without a count. */
+#define SIM_REASONING_DEFAULT 32
+
+/* An effort level as reasoning tokens: -1 when v says nothing. */
+static int64_t effort_tokens(const json_t *v)
+{
+	static const struct {
+		const char *name;
+		int64_t tokens;
+	} levels[] = {
+		{ "none", 0 }, { "minimal", 8 }, { "low", 16 }, { "medium", 32 }, { "high", 64 }, { "xhigh", 128 },
+	};
+
+	if (json_is_true(v))
+		return SIM_REASONING_DEFAULT;
+	if (json_is_false(v))
+		return 0;
+	if (!json_is_string(v))
+		return -1;
+	for (size_t i = 0; i < sizeof(levels) / sizeof(levels[0]); i++) {
+		if (strcmp(json_string_value(v), levels[i].name) == 0)
+			return levels[i].tokens;
+	}
+	return SIM_REASONING_DEFAULT;
+}
+
+/*
+ * What the request's own fields say about reasoning: -1 nothing, 0 off,
+ * else a number of tokens. Chat `reasoning_effort`; Responses
+ * `reasoning.effort` (a `reasoning` object without one: the default);
+ * Anthropic `thinking.type` "enabled" (at most `budget_tokens`) or
+ * "disabled"; Ollama `think` (true, false or a level).
+ */
+static int64_t request_reasoning(enum sim_endpoint ep, const json_t *req)
+{
+	const json_t *o, *v;
+
+	switch (ep) {
+	case EP_CHAT: return effort_tokens(json_object_get(req, "reasoning_effort"));
+	case EP_RESPONSES:
+		o = json_object_get(req, "reasoning");
+		if (!json_is_object(o))
+			return -1;
+		v = json_object_get(o, "effort");
+		return v == NULL || json_is_null(v) ? SIM_REASONING_DEFAULT : effort_tokens(v);
+	case EP_MESSAGES: {
+		const char *type;
+
+		o = json_object_get(req, "thinking");
+		type = json_string_value(json_object_get(o, "type"));
+		if (type == NULL)
+			return -1;
+		if (strcmp(type, "disabled") == 0)
+			return 0;
+		v = json_object_get(o, "budget_tokens");
+		if (json_is_integer(v) && json_integer_value(v) > 0 && json_integer_value(v) < SIM_REASONING_DEFAULT)
+			return json_integer_value(v);
+		return SIM_REASONING_DEFAULT;
+	}
+	case EP_OLLAMA_CHAT:
+	case EP_OLLAMA_GENERATE: return effort_tokens(json_object_get(req, "think"));
+	case EP_COMPLETIONS: return 0; /* no field carries reasoning */
+	}
+	return -1;
+}
+
+/*
+ * The tool a tool-call answer calls, or NULL when the request offers none
+ * (or says "none"): the one `tool_choice` names, else the first of `tools`,
+ * else "sim_tool" (a tool call forced by x-sim-tool-call or --tool-calls).
+ */
+static const char *request_tool(enum sim_endpoint ep, const json_t *req)
+{
+	const json_t *tools = json_object_get(req, "tools"), *choice = json_object_get(req, "tool_choice"), *t0;
+	const char *name;
+
+	if (!json_is_array(tools) || json_array_size(tools) == 0)
+		return NULL;
+	if (json_is_string(choice) && strcmp(json_string_value(choice), "none") == 0)
+		return NULL;
+	if (json_is_object(choice)) {
+		const char *type = json_string_value(json_object_get(choice, "type"));
+
+		if (type != NULL && strcmp(type, "none") == 0)
+			return NULL;
+		/* chat {"type":"function","function":{"name"}}; Responses and
+		 * Anthropic {"type":"function"|"tool","name"} */
+		name = json_string_value(json_object_get(json_object_get(choice, "function"), "name"));
+		if (name == NULL)
+			name = json_string_value(json_object_get(choice, "name"));
+		if (name != NULL && *name != '\0')
+			return name;
+	}
+	t0 = json_array_get(tools, 0);
+	name = json_string_value(json_object_get(json_object_get(t0, "function"), "name")); /* chat, Ollama */
+	if (name == NULL)
+		name = json_string_value(json_object_get(t0, "name")); /* Responses, Anthropic */
+	return name != NULL && *name != '\0' ? name : "sim_tool";
+}
+
+static bool endpoint_has_tools(enum sim_endpoint ep)
+{
+	return ep == EP_CHAT || ep == EP_RESPONSES || ep == EP_MESSAGES || ep == EP_OLLAMA_CHAT;
+}
+
 static void set_id(struct sim_stream *s)
 {
 	static const char b62[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
 	uint64_t a = sim_prng_next(&s->prng), b = sim_prng_next(&s->prng);
 
+	snprintf(s->hex, sizeof(s->hex), "%016" PRIx64 "%016" PRIx64, a, b);
 	switch (s->ep) {
 	case EP_CHAT: snprintf(s->id, sizeof(s->id), "chatcmpl-%016" PRIx64 "%016" PRIx64, a, b); break;
 	case EP_COMPLETIONS: snprintf(s->id, sizeof(s->id), "cmpl-%016" PRIx64 "%016" PRIx64, a, b); break;
@@ -385,8 +516,16 @@ static struct sim_stream *begin_generation(enum sim_endpoint ep, const struct si
 		goto out;
 	}
 
+	if (rq->think_ms > 86400000 || rq->reasoning_tokens > (1LL << 40) || rq->cached_tokens > (1LL << 40) ||
+	    rq->cache_write_tokens > (1LL << 40) || rq->tokens > (1LL << 40)) {
+		write_error(out, fam, 400, "an x-sim-* header is out of range (ms up to 86400000, tokens up to 2^40)",
+			    rq);
+		goto out;
+	}
+
 	s = calloc(1, sizeof(*s));
-	if (s == NULL || (s->ev = evbuffer_new()) == NULL || (s->text = evbuffer_new()) == NULL) {
+	if (s == NULL || (s->ev = evbuffer_new()) == NULL || (s->text = evbuffer_new()) == NULL ||
+	    (s->reason = evbuffer_new()) == NULL || (s->piece = evbuffer_new()) == NULL) {
 		write_error(out, fam, 500, "out of memory", rq);
 		sim_api_free(s);
 		s = NULL;
@@ -408,9 +547,71 @@ static struct sim_stream *begin_generation(enum sim_endpoint ep, const struct si
 	else
 		s->n_out = sim_cfg.tokens;
 	s->hit_limit = limit >= 0 && s->n_out >= (uint64_t)limit;
-	s->n_in = (prompt_bytes(ep, req) + 3) / 4;
+	prompt_text(ep, req, s->piece); /* scratch until the first token */
+	s->n_in = (evbuffer_get_length(s->piece) + 3) / 4;
 	if (s->n_in == 0)
 		s->n_in = 1;
+
+	/* Reasoning: the header, else the request turning it off, else the
+	 * flag, else what the request asks for. */
+	{
+		int64_t asked = request_reasoning(ep, req);
+
+		if (ep == EP_COMPLETIONS)
+			s->n_reason = 0;
+		else if (rq->reasoning_tokens >= 0)
+			s->n_reason = (uint64_t)rq->reasoning_tokens;
+		else if (asked == 0)
+			s->n_reason = 0;
+		else if (sim_cfg.reasoning_tokens > 0)
+			s->n_reason = sim_cfg.reasoning_tokens;
+		else
+			s->n_reason = asked > 0 ? (uint64_t)asked : 0;
+	}
+	s->think_ns = (rq->think_ms >= 0 ? (uint64_t)rq->think_ms : sim_cfg.think_ms) * 1000000ULL;
+	s->hidden =
+		s->n_reason > 0 && (rq->reasoning_hidden >= 0 ? rq->reasoning_hidden == 1 : sim_cfg.reasoning_hidden);
+	s->summary =
+		ep == EP_RESPONSES && json_is_string(json_object_get(json_object_get(req, "reasoning"), "summary"));
+
+	/* The prefix cache: what the header or the flag says, within the
+	 * prompt; else, with --prefix-cache, what the cache model remembers. */
+	if (rq->cached_tokens >= 0 || sim_cfg.cached_tokens >= 0 || !sim_cfg.prefix_cache) {
+		int64_t c = rq->cached_tokens >= 0 ? rq->cached_tokens : sim_cfg.cached_tokens;
+		uint64_t w =
+			rq->cache_write_tokens >= 0 ? (uint64_t)rq->cache_write_tokens : sim_cfg.cache_write_tokens;
+
+		s->cache_report = c >= 0 || rq->cache_write_tokens >= 0 || sim_cfg.cache_write_tokens > 0;
+		s->n_cached = c > 0 ? ((uint64_t)c < s->n_in ? (uint64_t)c : s->n_in) : 0;
+		s->n_cache_write = w < s->n_in - s->n_cached ? w : s->n_in - s->n_cached;
+	} else {
+		size_t plen = evbuffer_get_length(s->piece);
+
+		s->cache_report = true;
+		sim_cache_use(plen ? (const char *)evbuffer_pullup(s->piece, -1) : "", plen, s->n_in, &s->n_cached,
+			      &s->n_cache_write);
+	}
+	evbuffer_drain(s->piece, evbuffer_get_length(s->piece));
+
+	/* Tool calls: the header, else tools in the request, else the flag. */
+	if (endpoint_has_tools(ep) && rq->tool_call != 0) {
+		const char *tool = request_tool(ep, req);
+
+		if (tool == NULL && (rq->tool_call == 1 || sim_cfg.tool_calls))
+			tool = "sim_tool";
+		if (tool != NULL) {
+			s->tool = true;
+			s->tool_json = json_literal(tool);
+			if (s->tool_json == NULL) {
+				sim_api_free(s);
+				s = NULL;
+				write_error(out, fam, 500, "out of memory", rq);
+				goto out;
+			}
+			if (s->n_out == 0)
+				s->n_out = 1; /* a call has arguments */
+		}
+	}
 
 	model = json_object_get(req, "model");
 	s->model_json = json_literal(json_is_string(model) && json_string_length(model) > 0 ? json_string_value(model)
@@ -440,14 +641,19 @@ static struct sim_stream *begin_generation(enum sim_endpoint ep, const struct si
 	 * Ollama's nominal times are then those of an unloaded server. */
 	plan->batched = sim_cfg.batching && rq->ttft_ms < 0 && rq->itl_ms < 0;
 	if (plan->batched) {
-		s->ttft_ns = sim_batch_nominal_ttft_ns(s->n_in);
+		s->ttft_ns = sim_batch_nominal_ttft_ns(s->n_in - s->n_cached > 0 ? s->n_in - s->n_cached : 1);
 		s->itl_ns = sim_batch_nominal_itl_ns();
 	}
 
 	plan->ttft_ns = s->ttft_ns;
 	plan->itl_ns = s->itl_ns;
-	plan->tokens = s->n_out;
-	plan->prompt_tokens = s->n_in;
+	plan->tokens = s->n_reason + s->n_out;
+	plan->reasoning_tokens = s->n_reason;
+	plan->think_ns = plan->batched ? 0 : s->think_ns;
+	if (plan->batched)
+		s->think_ns = 0; /* the batch paces every token alike */
+	/* Cached prompt tokens need no prefill (the batching model's ttft). */
+	plan->prompt_tokens = s->n_in - s->n_cached > 0 ? s->n_in - s->n_cached : 1;
 	plan->streaming = s->streaming;
 
 	if (s->streaming)
@@ -496,8 +702,64 @@ struct sim_stream *sim_api_begin(const struct sim_api_request *rq, struct evbuff
 static const char *finish_reason(const struct sim_stream *s)
 {
 	if (s->ep == EP_MESSAGES)
-		return s->hit_limit ? "max_tokens" : "end_turn";
+		return s->tool ? "tool_use" : s->hit_limit ? "max_tokens" : "end_turn";
+	if (s->tool && s->ep != EP_OLLAMA_CHAT) /* Ollama says "stop" after a call */
+		return "tool_calls";
 	return s->hit_limit ? "length" : "stop";
+}
+
+/* The contents of b as a string (valid until b changes). */
+static const char *buf_text(struct evbuffer *b, size_t *len)
+{
+	*len = evbuffer_get_length(b);
+	return *len ? (const char *)evbuffer_pullup(b, -1) : "";
+}
+
+/* Appends t JSON-escaped without the quotes: text inside a JSON string. */
+static void json_inner(struct evbuffer *b, const char *t, size_t len)
+{
+	struct evbuffer *tmp = evbuffer_new();
+	size_t n;
+
+	sim_json_str(tmp, t, len);
+	n = evbuffer_get_length(tmp);
+	evbuffer_drain(tmp, 1);
+	evbuffer_remove_buffer(tmp, b, n - 2);
+	evbuffer_free(tmp);
+}
+
+/*
+ * Draws the next word and appends the text its token carries to dst: the
+ * word itself, or, for the answer of a tool call, its piece of the
+ * arguments {"input":"<the words>"} (the first piece opens the object, the
+ * last closes it, so the pieces join into one JSON object). Returns true
+ * for a reasoning token. The first reasoning word and the first answer
+ * word carry no leading space.
+ */
+static bool draw_piece(struct sim_stream *s, struct evbuffer *dst)
+{
+	uint64_t k = s->drawn++;
+	bool reasoning = k < s->n_reason;
+	size_t wlen;
+	const char *w = sim_text_word(&s->prng, k == 0 || k == s->n_reason, &wlen);
+
+	if (reasoning || !s->tool) {
+		evbuffer_add(dst, w, wlen);
+		return reasoning;
+	}
+	if (k == s->n_reason)
+		evbuffer_add(dst, "{\"input\":\"", 10);
+	json_inner(dst, w, wlen);
+	if (k + 1 == s->n_reason + s->n_out)
+		evbuffer_add(dst, "\"}", 2);
+	return false;
+}
+
+/* An id: prefix and the first n of the stream's hex digits. */
+static const char *hex_id(const struct sim_stream *s, const char *prefix, int n, char *buf, size_t size)
+{
+	snprintf(buf, size, "%s%.*s", prefix, n, s->hex);
+	return buf;
 }
 
 /* `{"id":..,"object":..,"created":..,"model":..,"choices":[` */
@@ -507,12 +769,21 @@ static void openai_prefix(struct sim_stream *s, struct evbuffer *b, const char *
 			    s->id, object, s->created, s->model_json);
 }
 
+/* Usage; the details only where there is something to say, as vLLM. */
 static void openai_usage(struct sim_stream *s, struct evbuffer *b)
 {
+	uint64_t out = s->n_reason + s->n_out;
+
 	evbuffer_add_printf(b,
 			    "\"usage\":{\"prompt_tokens\":%" PRIu64 ",\"completion_tokens\":%" PRIu64
-			    ",\"total_tokens\":%" PRIu64 "}",
-			    s->n_in, s->n_out, s->n_in + s->n_out);
+			    ",\"total_tokens\":%" PRIu64,
+			    s->n_in, out, s->n_in + out);
+	if (s->cache_report)
+		evbuffer_add_printf(b, ",\"prompt_tokens_details\":{\"cached_tokens\":%" PRIu64 "}", s->n_cached);
+	if (s->n_reason > 0)
+		evbuffer_add_printf(b, ",\"completion_tokens_details\":{\"reasoning_tokens\":%" PRIu64 "}",
+				    s->n_reason);
+	evbuffer_add(b, "}", 1);
 }
 
 static const char *openai_object(const struct sim_stream *s, bool chunk)
@@ -520,6 +791,17 @@ static const char *openai_object(const struct sim_stream *s, bool chunk)
 	if (s->ep == EP_COMPLETIONS)
 		return "text_completion";
 	return chunk ? "chat.completion.chunk" : "chat.completion";
+}
+
+/* A chat tool call, whole: `{"id":..,"type":"function","function":{..}}`. */
+static void chat_tool_call(struct sim_stream *s, struct evbuffer *b, const char *args, size_t alen, bool with_index)
+{
+	char cid[48];
+
+	evbuffer_add_printf(b, "{%s\"id\":\"%s\",\"type\":\"function\",\"function\":{\"name\":%s,\"arguments\":",
+			    with_index ? "\"index\":0," : "", hex_id(s, "call_", 24, cid, sizeof(cid)), s->tool_json);
+	sim_json_str(b, args, alen);
+	evbuffer_add(b, "}}", 2);
 }
 
 /* Ollama's created_at: the nominal moment of event k, from the seed's epoch. */
@@ -534,10 +816,70 @@ static void ollama_time(struct sim_stream *s, struct evbuffer *b, uint64_t offse
 	evbuffer_add_printf(b, "\"created_at\":\"%s.%09" PRIu64 "Z\"", date, (uint64_t)(offset_ns % 1000000000ULL));
 }
 
+/* The nominal moment of token k (k == all tokens: the end). */
+static uint64_t nominal_ns(const struct sim_stream *s, uint64_t k)
+{
+	return s->ttft_ns + k * s->itl_ns + (k >= s->n_reason ? s->think_ns : 0);
+}
+
+/* Ollama: a tool call, whole (arguments an object, as Ollama sends them). */
+static void ollama_tool_calls(struct sim_stream *s, struct evbuffer *b, const char *args, size_t alen)
+{
+	char cid[48];
+
+	evbuffer_add_printf(b, ",\"tool_calls\":[{\"id\":\"%s\",\"function\":{\"index\":0,\"name\":%s,\"arguments\":",
+			    hex_id(s, "call_", 8, cid, sizeof(cid)), s->tool_json);
+	evbuffer_add(b, args, alen);
+	evbuffer_add(b, "}}]", 3);
+}
+
 static void anthropic_event(struct sim_stream *s, struct evbuffer *out, const char *name, const char *fmt_json)
 {
 	evbuffer_add_printf(s->ev, "event: %s\ndata: %s\n\n", name, fmt_json);
 	emit_chunk(s, out);
+}
+
+enum anthropic_usage_at { AU_START, AU_DELTA, AU_BLOCK };
+
+/*
+ * Anthropic's usage: input_tokens excludes what was read from or written
+ * to the cache (the total prompt is the sum of the three). message_start
+ * says output_tokens 1, as the real API; message_delta repeats the input
+ * counts only when the cache is reported.
+ */
+static void anthropic_usage(struct sim_stream *s, struct evbuffer *b, enum anthropic_usage_at at)
+{
+	uint64_t fresh = s->n_in - s->n_cached - s->n_cache_write;
+
+	evbuffer_add(b, "{", 1);
+	if (at != AU_DELTA || s->cache_report)
+		evbuffer_add_printf(b, "\"input_tokens\":%" PRIu64 ",", fresh);
+	if (s->cache_report)
+		evbuffer_add_printf(
+			b, "\"cache_creation_input_tokens\":%" PRIu64 ",\"cache_read_input_tokens\":%" PRIu64 ",",
+			s->n_cache_write, s->n_cached);
+	evbuffer_add_printf(b, "\"output_tokens\":%" PRIu64, at == AU_START ? 1 : s->n_reason + s->n_out);
+	if (at != AU_START && s->n_reason > 0)
+		evbuffer_add_printf(b, ",\"output_tokens_details\":{\"thinking_tokens\":%" PRIu64 "}", s->n_reason);
+	evbuffer_add(b, "}", 1);
+}
+
+/* The thinking block's signature: opaque to clients, fixed per stream. */
+static void anthropic_signature(const struct sim_stream *s, struct evbuffer *b)
+{
+	evbuffer_add_printf(b, "\"EqoBCkgIARAB%s%s\"", s->hex, s->id + 6);
+}
+
+/* Reasoning the client sees: tokens, not hidden. */
+static bool shows_reasoning(const struct sim_stream *s)
+{
+	return s->n_reason > 0 && !s->hidden;
+}
+
+/* The answer block's index: after the thinking block when there is one. */
+static int answer_index(const struct sim_stream *s)
+{
+	return shows_reasoning(s) ? 1 : 0;
 }
 
 /* ---- OpenAI Responses: events named twice (`event:` and "type"),
@@ -557,19 +899,28 @@ static void resp_event_close(struct sim_stream *s, struct evbuffer *out)
 	emit_chunk(s, out);
 }
 
-/* The message item's id: "msg_" and the response id's hex. */
+/* The answer item's id: "msg_" (a message) or "fc_" (a function call) and
+ * the response id's hex; the reasoning item's: "rs_" and the same. */
 static const char *resp_item_id(const struct sim_stream *s, char *buf, size_t n)
 {
-	snprintf(buf, n, "msg_%s", s->id + 5);
-	return buf;
+	return hex_id(s, s->tool ? "fc_" : "msg_", 32, buf, n);
 }
 
-/* The one output item, a message holding text t. */
-static void resp_item(const struct sim_stream *s, struct evbuffer *b, const char *status, const char *t, size_t tlen,
-		      bool with_content)
+/* The answer item: a message holding the text, or a function call. */
+static void resp_item(struct sim_stream *s, struct evbuffer *b, const char *status, bool with_content)
 {
-	char mid[48];
+	char mid[48], cid[48];
+	size_t tlen;
+	const char *t = buf_text(s->text, &tlen);
 
+	if (s->tool) {
+		evbuffer_add_printf(b, "{\"id\":\"%s\",\"type\":\"function_call\",\"status\":\"%s\",\"arguments\":",
+				    resp_item_id(s, mid, sizeof(mid)), status);
+		sim_json_str(b, with_content ? t : "", with_content ? tlen : 0);
+		evbuffer_add_printf(b, ",\"call_id\":\"%s\",\"name\":%s}", hex_id(s, "call_", 32, cid, sizeof(cid)),
+				    s->tool_json);
+		return;
+	}
 	evbuffer_add_printf(
 		b, "{\"id\":\"%s\",\"type\":\"message\",\"status\":\"%s\",\"role\":\"assistant\",\"content\":[",
 		resp_item_id(s, mid, sizeof(mid)), status);
@@ -581,98 +932,208 @@ static void resp_item(const struct sim_stream *s, struct evbuffer *b, const char
 	evbuffer_add(b, "]}", 2);
 }
 
-/* The Response object: in progress (no output, usage null) or completed
- * with its one message and usage. */
-static void resp_object(const struct sim_stream *s, struct evbuffer *b, bool done, const char *t, size_t tlen)
+/* The reasoning item: raw reasoning text (as vLLM, SGLang, llama.cpp), or
+ * with a `reasoning.summary` request a summary (as the hosted API). */
+static void resp_reason_item(struct sim_stream *s, struct evbuffer *b, bool done)
 {
+	char rid[48];
+	size_t rlen;
+	const char *r = buf_text(s->reason, &rlen);
+
+	evbuffer_add_printf(b, "{\"id\":\"%s\",\"type\":\"reasoning\",\"status\":\"%s\",\"summary\":[",
+			    hex_id(s, "rs_", 32, rid, sizeof(rid)), done ? "completed" : "in_progress");
+	if (done && s->summary) {
+		evbuffer_add(b, "{\"type\":\"summary_text\",\"text\":", 30);
+		sim_json_str(b, r, rlen);
+		evbuffer_add(b, "}", 1);
+	}
+	evbuffer_add(b, "]", 1);
+	if (done && !s->summary) {
+		evbuffer_add(b, ",\"content\":[{\"type\":\"reasoning_text\",\"text\":", 44);
+		sim_json_str(b, r, rlen);
+		evbuffer_add(b, "}]", 2);
+	}
+	evbuffer_add(b, "}", 1);
+}
+
+/* The Response object: in progress (no output, usage null) or completed
+ * with its items and usage. */
+static void resp_object(struct sim_stream *s, struct evbuffer *b, bool done)
+{
+	uint64_t out = s->n_reason + s->n_out;
+
 	evbuffer_add_printf(b,
 			    "{\"id\":\"%s\",\"object\":\"response\",\"created_at\":%" PRIu64
 			    ",\"status\":\"%s\",\"model\":%s,\"output\":[",
 			    s->id, s->created, done ? "completed" : "in_progress", s->model_json);
+	if (done && shows_reasoning(s)) {
+		resp_reason_item(s, b, true);
+		evbuffer_add(b, ",", 1);
+	}
 	if (done)
-		resp_item(s, b, "completed", t, tlen, true);
+		resp_item(s, b, "completed", true);
 	evbuffer_add(b, "],\"usage\":", 10);
 	if (done)
 		evbuffer_add_printf(b,
-				    "{\"input_tokens\":%" PRIu64
-				    ",\"input_tokens_details\":{\"cached_tokens\":0},\"output_tokens\":%" PRIu64
-				    ",\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":%" PRIu64 "}",
-				    s->n_in, s->n_out, s->n_in + s->n_out);
+				    "{\"input_tokens\":%" PRIu64 ",\"input_tokens_details\":{\"cached_tokens\":%" PRIu64
+				    "},\"output_tokens\":%" PRIu64
+				    ",\"output_tokens_details\":{\"reasoning_tokens\":%" PRIu64
+				    "},\"total_tokens\":%" PRIu64 "}",
+				    s->n_in, s->n_cached, out, s->n_reason, s->n_in + out);
 	else
 		evbuffer_add(b, "null", 4);
 	evbuffer_add(b, ",\"error\":null,\"incomplete_details\":null}", 40);
 }
 
-/* created, in_progress, the message item added, its text part added. */
+/* created, in_progress. */
 static void resp_preamble(struct sim_stream *s, struct evbuffer *out)
 {
-	char mid[48];
-
 	resp_event_open(s, "response.created");
 	evbuffer_add(s->ev, ",\"response\":", 12);
-	resp_object(s, s->ev, false, NULL, 0);
+	resp_object(s, s->ev, false);
 	resp_event_close(s, out);
 	resp_event_open(s, "response.in_progress");
 	evbuffer_add(s->ev, ",\"response\":", 12);
-	resp_object(s, s->ev, false, NULL, 0);
+	resp_object(s, s->ev, false);
 	resp_event_close(s, out);
+}
+
+/* `"item_id":..,"output_index":..,` then the part's own index member. */
+static void resp_where(struct sim_stream *s, const char *item_id, int output_index, const char *index_name)
+{
+	evbuffer_add_printf(s->ev, ",\"item_id\":\"%s\",\"output_index\":%d", item_id, output_index);
+	if (index_name != NULL)
+		evbuffer_add_printf(s->ev, ",\"%s\":0", index_name);
+}
+
+/* The reasoning item added, its (summary) part added. */
+static void resp_open_reasoning(struct sim_stream *s, struct evbuffer *out)
+{
+	char rid[48];
+
+	hex_id(s, "rs_", 32, rid, sizeof(rid));
 	resp_event_open(s, "response.output_item.added");
 	evbuffer_add(s->ev, ",\"output_index\":0,\"item\":", 25);
-	resp_item(s, s->ev, "in_progress", NULL, 0, false);
+	resp_reason_item(s, s->ev, false);
 	resp_event_close(s, out);
-	resp_event_open(s, "response.content_part.added");
-	evbuffer_add_printf(
-		s->ev,
-		",\"item_id\":\"%s\",\"output_index\":0,\"content_index\":0,\"part\":{\"type\":\"output_text\","
-		"\"text\":\"\",\"annotations\":[],\"logprobs\":[]}",
-		resp_item_id(s, mid, sizeof(mid)));
+	resp_event_open(s, s->summary ? "response.reasoning_summary_part.added" : "response.content_part.added");
+	resp_where(s, rid, 0, s->summary ? "summary_index" : "content_index");
+	evbuffer_add_printf(s->ev, ",\"part\":{\"type\":\"%s\",\"text\":\"\"}",
+			    s->summary ? "summary_text" : "reasoning_text");
 	resp_event_close(s, out);
 }
 
-static void resp_delta(struct sim_stream *s, struct evbuffer *out, const char *w, size_t wlen)
+/* The reasoning text's .done events and the item's. */
+static void resp_close_reasoning(struct sim_stream *s, struct evbuffer *out)
 {
-	char mid[48];
+	char rid[48];
+	size_t rlen;
+	const char *r = buf_text(s->reason, &rlen);
 
-	resp_event_open(s, "response.output_text.delta");
-	evbuffer_add_printf(s->ev, ",\"item_id\":\"%s\",\"output_index\":0,\"content_index\":0,\"delta\":",
-			    resp_item_id(s, mid, sizeof(mid)));
-	sim_json_str(s->ev, w, wlen);
-	evbuffer_add(s->ev, ",\"logprobs\":[]", 14);
+	hex_id(s, "rs_", 32, rid, sizeof(rid));
+	resp_event_open(s, s->summary ? "response.reasoning_summary_text.done" : "response.reasoning_text.done");
+	resp_where(s, rid, 0, s->summary ? "summary_index" : "content_index");
+	evbuffer_add(s->ev, ",\"text\":", 8);
+	sim_json_str(s->ev, r, rlen);
 	resp_event_close(s, out);
-	evbuffer_add(s->text, w, wlen);
-}
-
-/* output_text.done, content_part.done, output_item.done, completed. */
-static void resp_finish(struct sim_stream *s, struct evbuffer *out)
-{
-	size_t tlen = evbuffer_get_length(s->text);
-	const char *t = tlen ? (const char *)evbuffer_pullup(s->text, -1) : "";
-	char mid[48];
-
-	resp_item_id(s, mid, sizeof(mid));
-	resp_event_open(s, "response.output_text.done");
-	evbuffer_add_printf(s->ev, ",\"item_id\":\"%s\",\"output_index\":0,\"content_index\":0,\"text\":", mid);
-	sim_json_str(s->ev, t, tlen);
-	evbuffer_add(s->ev, ",\"logprobs\":[]", 14);
-	resp_event_close(s, out);
-	resp_event_open(s, "response.content_part.done");
-	evbuffer_add_printf(
-		s->ev,
-		",\"item_id\":\"%s\",\"output_index\":0,\"content_index\":0,\"part\":{\"type\":\"output_text\","
-		"\"text\":",
-		mid);
-	sim_json_str(s->ev, t, tlen);
-	evbuffer_add(s->ev, ",\"annotations\":[],\"logprobs\":[]}", 32);
+	resp_event_open(s, s->summary ? "response.reasoning_summary_part.done" : "response.content_part.done");
+	resp_where(s, rid, 0, s->summary ? "summary_index" : "content_index");
+	evbuffer_add_printf(s->ev,
+			    ",\"part\":{\"type\":\"%s\",\"text\":", s->summary ? "summary_text" : "reasoning_text");
+	r = buf_text(s->reason, &rlen);
+	sim_json_str(s->ev, r, rlen);
+	evbuffer_add(s->ev, "}", 1);
 	resp_event_close(s, out);
 	resp_event_open(s, "response.output_item.done");
 	evbuffer_add(s->ev, ",\"output_index\":0,\"item\":", 25);
-	resp_item(s, s->ev, "completed", t, tlen, true);
+	resp_reason_item(s, s->ev, true);
+	resp_event_close(s, out);
+}
+
+/* The answer item added and, for a message, its text part added. */
+static void resp_open_answer(struct sim_stream *s, struct evbuffer *out)
+{
+	char mid[48];
+
+	resp_event_open(s, "response.output_item.added");
+	evbuffer_add_printf(s->ev, ",\"output_index\":%d,\"item\":", answer_index(s));
+	resp_item(s, s->ev, "in_progress", false);
+	resp_event_close(s, out);
+	if (s->tool)
+		return;
+	resp_event_open(s, "response.content_part.added");
+	resp_where(s, resp_item_id(s, mid, sizeof(mid)), answer_index(s), "content_index");
+	evbuffer_add(s->ev, ",\"part\":{\"type\":\"output_text\",\"text\":\"\",\"annotations\":[],\"logprobs\":[]}",
+		     71);
+	resp_event_close(s, out);
+}
+
+/* One token's delta event: reasoning, text or function-call arguments. */
+static void resp_delta(struct sim_stream *s, struct evbuffer *out, bool reasoning, const char *w, size_t wlen)
+{
+	char id[48];
+
+	if (reasoning) {
+		resp_event_open(s,
+				s->summary ? "response.reasoning_summary_text.delta" : "response.reasoning_text.delta");
+		resp_where(s, hex_id(s, "rs_", 32, id, sizeof(id)), 0, s->summary ? "summary_index" : "content_index");
+	} else if (s->tool) {
+		resp_event_open(s, "response.function_call_arguments.delta");
+		resp_where(s, resp_item_id(s, id, sizeof(id)), answer_index(s), NULL);
+	} else {
+		resp_event_open(s, "response.output_text.delta");
+		resp_where(s, resp_item_id(s, id, sizeof(id)), answer_index(s), "content_index");
+	}
+	evbuffer_add(s->ev, ",\"delta\":", 9);
+	sim_json_str(s->ev, w, wlen);
+	if (!reasoning && !s->tool)
+		evbuffer_add(s->ev, ",\"logprobs\":[]", 14);
+	resp_event_close(s, out);
+}
+
+/* The answer's .done events, then completed. */
+static void resp_finish(struct sim_stream *s, struct evbuffer *out)
+{
+	size_t tlen;
+	const char *t;
+	char mid[48];
+	int ai = answer_index(s);
+
+	resp_item_id(s, mid, sizeof(mid));
+	if (s->tool) {
+		resp_event_open(s, "response.function_call_arguments.done");
+		resp_where(s, mid, ai, NULL);
+		evbuffer_add_printf(s->ev, ",\"name\":%s,\"arguments\":", s->tool_json);
+		t = buf_text(s->text, &tlen);
+		sim_json_str(s->ev, t, tlen);
+		resp_event_close(s, out);
+	} else {
+		resp_event_open(s, "response.output_text.done");
+		resp_where(s, mid, ai, "content_index");
+		evbuffer_add(s->ev, ",\"text\":", 8);
+		t = buf_text(s->text, &tlen);
+		sim_json_str(s->ev, t, tlen);
+		evbuffer_add(s->ev, ",\"logprobs\":[]", 14);
+		resp_event_close(s, out);
+		resp_event_open(s, "response.content_part.done");
+		resp_where(s, mid, ai, "content_index");
+		evbuffer_add(s->ev, ",\"part\":{\"type\":\"output_text\",\"text\":", 37);
+		t = buf_text(s->text, &tlen);
+		sim_json_str(s->ev, t, tlen);
+		evbuffer_add(s->ev, ",\"annotations\":[],\"logprobs\":[]}", 32);
+		resp_event_close(s, out);
+	}
+	resp_event_open(s, "response.output_item.done");
+	evbuffer_add_printf(s->ev, ",\"output_index\":%d,\"item\":", ai);
+	resp_item(s, s->ev, "completed", true);
 	resp_event_close(s, out);
 	resp_event_open(s, "response.completed");
 	evbuffer_add(s->ev, ",\"response\":", 12);
-	resp_object(s, s->ev, true, t, tlen);
+	resp_object(s, s->ev, true);
 	resp_event_close(s, out);
 }
+
+/* ---- the stream: preamble, reasoning, answer, closing ---- */
 
 /* Events before the first token: sent together with it, at ttft, as vLLM
  * and Anthropic's API do (the role chunk comes with the first output). */
@@ -692,13 +1153,11 @@ static void write_preamble(struct sim_stream *s, struct evbuffer *out)
 				    "event: message_start\ndata: {\"type\":\"message_start\","
 				    "\"message\":{\"id\":\"%s\",\"type\":\"message\",\"role\":\"assistant\","
 				    "\"model\":%s,\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,"
-				    "\"usage\":{\"input_tokens\":%" PRIu64 ",\"output_tokens\":1}}}\n\n",
-				    s->id, s->model_json, s->n_in);
+				    "\"usage\":",
+				    s->id, s->model_json);
+		anthropic_usage(s, s->ev, AU_START);
+		evbuffer_add(s->ev, "}}\n\n", 4);
 		emit_chunk(s, out);
-		anthropic_event(s, out, "content_block_start",
-				"{\"type\":\"content_block_start\",\"index\":0,"
-				"\"content_block\":{\"type\":\"text\",\"text\":\"\"}}");
-		anthropic_event(s, out, "ping", "{\"type\": \"ping\"}");
 		break;
 	case EP_RESPONSES: resp_preamble(s, out); break;
 	case EP_COMPLETIONS:
@@ -707,69 +1166,182 @@ static void write_preamble(struct sim_stream *s, struct evbuffer *out)
 	}
 }
 
+/* The first block (Anthropic) or item (Responses) opens with a ping. */
+static void open_reasoning(struct sim_stream *s, struct evbuffer *out)
+{
+	if (s->ep == EP_MESSAGES) {
+		anthropic_event(s, out, "content_block_start",
+				"{\"type\":\"content_block_start\",\"index\":0,"
+				"\"content_block\":{\"type\":\"thinking\",\"thinking\":\"\",\"signature\":\"\"}}");
+		anthropic_event(s, out, "ping", "{\"type\": \"ping\"}");
+	} else if (s->ep == EP_RESPONSES) {
+		resp_open_reasoning(s, out);
+	}
+}
+
+/* After the last reasoning token: the signature and the block's end
+ * (Anthropic), the reasoning item's .done events (Responses). */
+static void close_reasoning(struct sim_stream *s, struct evbuffer *out)
+{
+	if (s->ep == EP_MESSAGES) {
+		evbuffer_add(s->ev,
+			     "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,"
+			     "\"delta\":{\"type\":\"signature_delta\",\"signature\":",
+			     119);
+		anthropic_signature(s, s->ev);
+		evbuffer_add(s->ev, "}}\n\n", 4);
+		emit_chunk(s, out);
+		anthropic_event(s, out, "content_block_stop", "{\"type\":\"content_block_stop\",\"index\":0}");
+	} else if (s->ep == EP_RESPONSES) {
+		resp_close_reasoning(s, out);
+	}
+}
+
+static void open_answer(struct sim_stream *s, struct evbuffer *out)
+{
+	s->answer_open = true;
+	if (s->ep == EP_MESSAGES) {
+		char tid[48];
+
+		evbuffer_add_printf(s->ev,
+				    "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":%d,",
+				    answer_index(s));
+		if (s->tool)
+			evbuffer_add_printf(
+				s->ev,
+				"\"content_block\":{\"type\":\"tool_use\",\"id\":\"%s\",\"name\":%s,\"input\":{}}}\n\n",
+				hex_id(s, "toolu_01", 24, tid, sizeof(tid)), s->tool_json);
+		else
+			evbuffer_add(s->ev, "\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n", 44);
+		emit_chunk(s, out);
+		if (!shows_reasoning(s))
+			anthropic_event(s, out, "ping", "{\"type\": \"ping\"}");
+	} else if (s->ep == EP_RESPONSES) {
+		resp_open_answer(s, out);
+	}
+}
+
 void sim_api_token(struct sim_stream *s, struct evbuffer *out)
 {
-	size_t wlen;
-	const char *w;
+	uint64_t k = s->emitted;
+	bool reasoning, last;
+	size_t plen;
+	const char *p;
 
-	if (s->emitted == 0)
+	if (k == 0) {
 		write_preamble(s, out);
-	w = sim_text_word(&s->prng, s->emitted == 0, &wlen);
+		if (shows_reasoning(s))
+			open_reasoning(s, out);
+	}
+	if (k == s->n_reason)
+		open_answer(s, out);
+	evbuffer_drain(s->piece, evbuffer_get_length(s->piece));
+	reasoning = draw_piece(s, s->piece);
+	p = buf_text(s->piece, &plen);
+	evbuffer_add(reasoning ? s->reason : s->text, p, plen);
+	p = buf_text(s->piece, &plen);
+	if (reasoning && s->hidden) {
+		s->emitted++; /* thought, not said: as OpenAI's hosted models */
+		return;
+	}
+	last = k + 1 == s->n_reason + s->n_out;
 	switch (s->ep) {
 	case EP_CHAT:
 		evbuffer_add(s->ev, "data: ", 6);
 		openai_prefix(s, s->ev, "chat.completion.chunk");
-		evbuffer_add(s->ev, "{\"index\":0,\"delta\":{\"content\":", 30);
-		sim_json_str(s->ev, w, wlen);
+		if (reasoning) {
+			evbuffer_add(s->ev, "{\"index\":0,\"delta\":{\"reasoning_content\":", 40);
+			sim_json_str(s->ev, p, plen);
+		} else if (s->tool && k == s->n_reason) {
+			evbuffer_add(s->ev, "{\"index\":0,\"delta\":{\"tool_calls\":[", 34);
+			chat_tool_call(s, s->ev, p, plen, true);
+			evbuffer_add(s->ev, "]", 1);
+		} else if (s->tool) {
+			evbuffer_add(
+				s->ev,
+				"{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":",
+				69);
+			sim_json_str(s->ev, p, plen);
+			evbuffer_add(s->ev, "}}]", 3);
+		} else {
+			evbuffer_add(s->ev, "{\"index\":0,\"delta\":{\"content\":", 30);
+			sim_json_str(s->ev, p, plen);
+		}
 		evbuffer_add_printf(s->ev, "},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
 		break;
 	case EP_COMPLETIONS:
 		evbuffer_add(s->ev, "data: ", 6);
 		openai_prefix(s, s->ev, "text_completion");
 		evbuffer_add(s->ev, "{\"index\":0,\"text\":", 18);
-		sim_json_str(s->ev, w, wlen);
+		sim_json_str(s->ev, p, plen);
 		evbuffer_add_printf(s->ev, ",\"logprobs\":null,\"finish_reason\":null}]}\n\n");
 		break;
 	case EP_MESSAGES:
 		evbuffer_add_printf(s->ev,
 				    "event: content_block_delta\ndata: {\"type\":\"content_block_delta\","
-				    "\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":");
-		sim_json_str(s->ev, w, wlen);
+				    "\"index\":%d,\"delta\":{\"type\":\"%s\",\"%s\":",
+				    reasoning ? 0 : answer_index(s),
+				    reasoning ? "thinking_delta"
+				    : s->tool ? "input_json_delta"
+					      : "text_delta",
+				    reasoning ? "thinking"
+				    : s->tool ? "partial_json"
+					      : "text");
+		sim_json_str(s->ev, p, plen);
 		evbuffer_add(s->ev, "}}\n\n", 4);
 		break;
 	case EP_OLLAMA_CHAT:
 	case EP_OLLAMA_GENERATE:
+		/* Ollama sends a tool call whole, once parsed: one line at its
+		 * last token, none before. */
+		if (s->tool && !reasoning && !last)
+			break;
 		evbuffer_add_printf(s->ev, "{\"model\":%s,", s->model_json);
-		ollama_time(s, s->ev, s->ttft_ns + s->emitted * s->itl_ns);
+		ollama_time(s, s->ev, nominal_ns(s, k));
 		if (s->ep == EP_OLLAMA_CHAT)
-			evbuffer_add_printf(s->ev, ",\"message\":{\"role\":\"assistant\",\"content\":");
+			evbuffer_add(s->ev, ",\"message\":{\"role\":\"assistant\",\"content\":", 41);
 		else
-			evbuffer_add_printf(s->ev, ",\"response\":");
-		sim_json_str(s->ev, w, wlen);
+			evbuffer_add(s->ev, ",\"response\":", 12);
+		if (reasoning) {
+			evbuffer_add(s->ev, "\"\",\"thinking\":", 14);
+			sim_json_str(s->ev, p, plen);
+		} else if (s->tool) {
+			size_t alen;
+			const char *args = buf_text(s->text, &alen);
+
+			evbuffer_add(s->ev, "\"\"", 2);
+			ollama_tool_calls(s, s->ev, args, alen);
+		} else {
+			sim_json_str(s->ev, p, plen);
+		}
 		evbuffer_add_printf(s->ev, "%s,\"done\":false}\n", s->ep == EP_OLLAMA_CHAT ? "}" : "");
 		break;
-	case EP_RESPONSES: resp_delta(s, out, w, wlen); break;
+	case EP_RESPONSES: resp_delta(s, out, reasoning, p, plen); break;
 	}
 	emit_chunk(s, out);
 	s->emitted++;
+	if (reasoning && s->emitted == s->n_reason)
+		close_reasoning(s, out);
 }
 
 /* Ollama's closing fields, shared by the last NDJSON line and the block. */
 static void ollama_tail(struct sim_stream *s, struct evbuffer *b)
 {
-	uint64_t eval_ns = s->n_out * s->itl_ns;
+	uint64_t n = s->n_reason + s->n_out, eval_ns = nominal_ns(s, n) - s->ttft_ns;
 
 	evbuffer_add_printf(b,
 			    "\"done_reason\":\"%s\",\"done\":true,\"total_duration\":%" PRIu64
 			    ",\"load_duration\":0,\"prompt_eval_count\":%" PRIu64 ",\"prompt_eval_duration\":%" PRIu64
 			    ",\"eval_count\":%" PRIu64 ",\"eval_duration\":%" PRIu64 "}",
-			    finish_reason(s), s->ttft_ns + eval_ns, s->n_in, s->ttft_ns, s->n_out, eval_ns);
+			    finish_reason(s), s->ttft_ns + eval_ns, s->n_in, s->ttft_ns, n, eval_ns);
 }
 
 static void finish_stream(struct sim_stream *s, struct evbuffer *out)
 {
 	if (s->emitted == 0)
 		write_preamble(s, out);
+	if (!s->answer_open)
+		open_answer(s, out);
 	switch (s->ep) {
 	case EP_CHAT:
 	case EP_COMPLETIONS:
@@ -790,12 +1362,16 @@ static void finish_stream(struct sim_stream *s, struct evbuffer *out)
 		emit_chunk(s, out);
 		break;
 	case EP_MESSAGES:
-		anthropic_event(s, out, "content_block_stop", "{\"type\":\"content_block_stop\",\"index\":0}");
+		evbuffer_add_printf(
+			s->ev, "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":%d}\n\n",
+			answer_index(s));
+		emit_chunk(s, out);
 		evbuffer_add_printf(s->ev,
 				    "event: message_delta\ndata: {\"type\":\"message_delta\","
-				    "\"delta\":{\"stop_reason\":\"%s\",\"stop_sequence\":null},"
-				    "\"usage\":{\"output_tokens\":%" PRIu64 "}}\n\n",
-				    finish_reason(s), s->n_out);
+				    "\"delta\":{\"stop_reason\":\"%s\",\"stop_sequence\":null},\"usage\":",
+				    finish_reason(s));
+		anthropic_usage(s, s->ev, AU_DELTA);
+		evbuffer_add(s->ev, "}\n\n", 3);
 		emit_chunk(s, out);
 		anthropic_event(s, out, "message_stop", "{\"type\":\"message_stop\"}");
 		break;
@@ -803,7 +1379,7 @@ static void finish_stream(struct sim_stream *s, struct evbuffer *out)
 	case EP_OLLAMA_CHAT:
 	case EP_OLLAMA_GENERATE:
 		evbuffer_add_printf(s->ev, "{\"model\":%s,", s->model_json);
-		ollama_time(s, s->ev, s->ttft_ns + s->n_out * s->itl_ns);
+		ollama_time(s, s->ev, nominal_ns(s, s->n_reason + s->n_out));
 		if (s->ep == EP_OLLAMA_CHAT)
 			evbuffer_add_printf(s->ev, ",\"message\":{\"role\":\"assistant\",\"content\":\"\"},");
 		else
@@ -819,62 +1395,101 @@ static void finish_stream(struct sim_stream *s, struct evbuffer *out)
 /* A non-streaming answer: all tokens at once, with Content-Length. */
 static void finish_block(struct sim_stream *s, struct evbuffer *out)
 {
-	struct evbuffer *text = evbuffer_new();
 	struct evbuffer *b = evbuffer_new();
-	size_t tlen;
-	const char *t;
+	size_t tlen, rlen;
+	const char *t, *r;
 
-	for (uint64_t i = 0; i < s->n_out; i++) {
-		size_t wlen;
-		const char *w = sim_text_word(&s->prng, i == 0, &wlen);
-
-		evbuffer_add(text, w, wlen);
-	}
-	tlen = evbuffer_get_length(text);
-	t = tlen ? (const char *)evbuffer_pullup(text, -1) : "";
+	while (s->drawn < s->n_reason + s->n_out)
+		draw_piece(s, s->drawn < s->n_reason ? s->reason : s->text);
+	t = buf_text(s->text, &tlen);
 
 	switch (s->ep) {
 	case EP_CHAT:
 	case EP_COMPLETIONS:
 		openai_prefix(s, b, openai_object(s, false));
-		if (s->ep == EP_CHAT)
+		if (s->ep == EP_CHAT) {
 			evbuffer_add_printf(b, "{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
-		else
+			if (s->tool)
+				evbuffer_add(b, "null", 4);
+			else
+				sim_json_str(b, t, tlen);
+			if (shows_reasoning(s)) {
+				evbuffer_add(b, ",\"reasoning_content\":", 21);
+				r = buf_text(s->reason, &rlen);
+				sim_json_str(b, r, rlen);
+			}
+			if (s->tool) {
+				evbuffer_add(b, ",\"tool_calls\":[", 15);
+				t = buf_text(s->text, &tlen);
+				chat_tool_call(s, b, t, tlen, false);
+				evbuffer_add(b, "]", 1);
+			}
+			evbuffer_add(b, "}", 1);
+		} else {
 			evbuffer_add_printf(b, "{\"index\":0,\"text\":");
-		sim_json_str(b, t, tlen);
-		evbuffer_add_printf(b, "%s,\"logprobs\":null,\"finish_reason\":\"%s\"}],", s->ep == EP_CHAT ? "}" : "",
-				    finish_reason(s));
+			sim_json_str(b, t, tlen);
+		}
+		evbuffer_add_printf(b, ",\"logprobs\":null,\"finish_reason\":\"%s\"}],", finish_reason(s));
 		openai_usage(s, b);
 		evbuffer_add(b, "}", 1);
 		break;
 	case EP_MESSAGES:
 		evbuffer_add_printf(b,
 				    "{\"id\":\"%s\",\"type\":\"message\",\"role\":\"assistant\",\"model\":%s,"
-				    "\"content\":[{\"type\":\"text\",\"text\":",
+				    "\"content\":[",
 				    s->id, s->model_json);
-		sim_json_str(b, t, tlen);
-		evbuffer_add_printf(b,
-				    "}],\"stop_reason\":\"%s\",\"stop_sequence\":null,"
-				    "\"usage\":{\"input_tokens\":%" PRIu64 ",\"output_tokens\":%" PRIu64 "}}",
-				    finish_reason(s), s->n_in, s->n_out);
+		if (shows_reasoning(s)) {
+			evbuffer_add(b, "{\"type\":\"thinking\",\"thinking\":", 30);
+			r = buf_text(s->reason, &rlen);
+			sim_json_str(b, r, rlen);
+			evbuffer_add(b, ",\"signature\":", 13);
+			anthropic_signature(s, b);
+			evbuffer_add(b, "},", 2);
+		}
+		if (s->tool) {
+			char tid[48];
+
+			evbuffer_add_printf(b, "{\"type\":\"tool_use\",\"id\":\"%s\",\"name\":%s,\"input\":",
+					    hex_id(s, "toolu_01", 24, tid, sizeof(tid)), s->tool_json);
+			t = buf_text(s->text, &tlen);
+			evbuffer_add(b, t, tlen);
+		} else {
+			evbuffer_add(b, "{\"type\":\"text\",\"text\":", 22);
+			t = buf_text(s->text, &tlen);
+			sim_json_str(b, t, tlen);
+		}
+		evbuffer_add_printf(b, "}],\"stop_reason\":\"%s\",\"stop_sequence\":null,\"usage\":", finish_reason(s));
+		anthropic_usage(s, b, AU_BLOCK);
+		evbuffer_add(b, "}", 1);
 		break;
 	case EP_OLLAMA_CHAT:
 	case EP_OLLAMA_GENERATE:
 		evbuffer_add_printf(b, "{\"model\":%s,", s->model_json);
-		ollama_time(s, b, s->ttft_ns + s->n_out * s->itl_ns);
+		ollama_time(s, b, nominal_ns(s, s->n_reason + s->n_out));
 		if (s->ep == EP_OLLAMA_CHAT)
 			evbuffer_add_printf(b, ",\"message\":{\"role\":\"assistant\",\"content\":");
 		else
 			evbuffer_add_printf(b, ",\"response\":");
-		sim_json_str(b, t, tlen);
+		if (s->tool)
+			evbuffer_add(b, "\"\"", 2);
+		else
+			sim_json_str(b, t, tlen);
+		if (shows_reasoning(s)) {
+			evbuffer_add(b, ",\"thinking\":", 12);
+			r = buf_text(s->reason, &rlen);
+			sim_json_str(b, r, rlen);
+		}
+		if (s->tool) {
+			t = buf_text(s->text, &tlen);
+			ollama_tool_calls(s, b, t, tlen);
+		}
 		evbuffer_add_printf(b, "%s,", s->ep == EP_OLLAMA_CHAT ? "}" : "");
 		ollama_tail(s, b);
 		break;
-	case EP_RESPONSES: resp_object(s, b, true, t, tlen); break;
+	case EP_RESPONSES: resp_object(s, b, true); break;
 	}
 	write_whole(out, 200, "application/json", b, s->request_id, s->keep_alive);
 	evbuffer_free(b);
-	evbuffer_free(text);
 }
 
 void sim_api_finish(struct sim_stream *s, struct evbuffer *out)
@@ -893,7 +1508,12 @@ void sim_api_free(struct sim_stream *s)
 		evbuffer_free(s->ev);
 	if (s->text != NULL)
 		evbuffer_free(s->text);
+	if (s->reason != NULL)
+		evbuffer_free(s->reason);
+	if (s->piece != NULL)
+		evbuffer_free(s->piece);
 	free(s->model_json);
+	free(s->tool_json);
 	free(s->request_id);
 	free(s);
 }

@@ -69,6 +69,7 @@ struct sim_req {
 	struct evbuffer *body;
 	char *request_id;		 /* x-request-id, NULL if absent */
 	int64_t ttft_ms, itl_ms, tokens; /* x-sim-* overrides, -1 absent */
+	int64_t reasoning_tokens, think_ms, cached_tokens, cache_write_tokens, tool_call, reasoning_hidden;
 	const char *header_error;
 	const char *parse_error; /* answer 400 with this and close */
 	bool keep_alive;
@@ -236,6 +237,12 @@ static void req_start(struct sim_conn *c, struct sim_req *r)
 		.ttft_ms = r->ttft_ms,
 		.itl_ms = r->itl_ms,
 		.tokens = r->tokens,
+		.reasoning_tokens = r->reasoning_tokens,
+		.think_ms = r->think_ms,
+		.cached_tokens = r->cached_tokens,
+		.cache_write_tokens = r->cache_write_tokens,
+		.tool_call = r->tool_call,
+		.reasoning_hidden = r->reasoning_hidden,
 		.header_error = r->header_error,
 		.keep_alive = r->keep_alive && r->parse_error == NULL,
 	};
@@ -286,7 +293,9 @@ static void req_start(struct sim_conn *c, struct sim_req *r)
 	 * block answer after ttft + tokens * itl, as a server would finish. */
 	r->deadline_ns = r->received_ns + r->plan.ttft_ns;
 	if (!r->plan.streaming)
-		r->deadline_ns += r->plan.tokens * r->plan.itl_ns;
+		r->deadline_ns += r->plan.tokens * r->plan.itl_ns + r->plan.think_ns;
+	else if (r->plan.reasoning_tokens == 0 && r->plan.tokens > 0)
+		r->deadline_ns += r->plan.think_ns; /* hidden thinking */
 	conn_pump(c);
 }
 
@@ -405,6 +414,10 @@ static void conn_pump(struct sim_conn *c)
 		r->deadline_ns += r->plan.itl_ns;
 		if (r->deadline_ns + r->plan.itl_ns < now)
 			r->deadline_ns = now + r->plan.itl_ns;
+		/* The thinking pause: the last reasoning token, then think_ms
+		 * more than one itl before the first answer token. */
+		if (r->sent == r->plan.reasoning_tokens && r->sent < r->plan.tokens)
+			r->deadline_ns += r->plan.think_ns;
 		if (r->sent == r->plan.tokens || r->deadline_ns > now)
 			continue; /* to close, or to set the timer */
 		if (++burst >= SIM_BURST) {
@@ -440,6 +453,8 @@ static int on_message_begin(llhttp_t *p)
 		return -1;
 	}
 	r->ttft_ms = r->itl_ms = r->tokens = -1;
+	r->reasoning_tokens = r->think_ms = r->cached_tokens = r->cache_write_tokens = r->tool_call = -1;
+	r->reasoning_hidden = -1;
 	r->state = REQ_RECEIVING;
 	if (c->tail != NULL)
 		c->tail->next = r;
@@ -542,10 +557,28 @@ static int on_header_value_complete(llhttp_t *p)
 	} else if (strcasecmp(c->field, "x-sim-tokens") == 0) {
 		ov = &r->tokens;
 		which = "x-sim-tokens must be a non-negative integer";
+	} else if (strcasecmp(c->field, "x-sim-reasoning-tokens") == 0) {
+		ov = &r->reasoning_tokens;
+		which = "x-sim-reasoning-tokens must be a non-negative integer";
+	} else if (strcasecmp(c->field, "x-sim-think-ms") == 0) {
+		ov = &r->think_ms;
+		which = "x-sim-think-ms must be a non-negative integer of milliseconds";
+	} else if (strcasecmp(c->field, "x-sim-cached-tokens") == 0) {
+		ov = &r->cached_tokens;
+		which = "x-sim-cached-tokens must be a non-negative integer";
+	} else if (strcasecmp(c->field, "x-sim-cache-write-tokens") == 0) {
+		ov = &r->cache_write_tokens;
+		which = "x-sim-cache-write-tokens must be a non-negative integer";
+	} else if (strcasecmp(c->field, "x-sim-tool-call") == 0) {
+		ov = &r->tool_call;
+		which = "x-sim-tool-call must be 0 or 1";
+	} else if (strcasecmp(c->field, "x-sim-reasoning-hidden") == 0) {
+		ov = &r->reasoning_hidden;
+		which = "x-sim-reasoning-hidden must be 0 or 1";
 	}
 	if (ov != NULL) {
 		*ov = c->value_overflow ? -1 : parse_count(v);
-		if (*ov < 0)
+		if (*ov < 0 || ((ov == &r->tool_call || ov == &r->reasoning_hidden) && *ov > 1))
 			r->header_error = which;
 	}
 	c->field_len = 0;

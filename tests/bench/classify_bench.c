@@ -155,7 +155,7 @@ static int bench_responses(int rounds)
 		struct classify_hint hint = { 0 };
 		for (int i = 0; i < ev.n; i++) {
 			struct framer_event fe = { ev.name[i], ev.name_len[i], ev.data[i], ev.len[i] };
-			tokens += classify_event(API_OPENAI_RESPONSES, &fe, &u, &hint);
+			tokens += classify_event(API_OPENAI_RESPONSES, &fe, &u, &hint) != TOKEN_NONE;
 		}
 	}
 	double hinted = (now_ns() - t0) / ((double)rounds * ev.n);
@@ -163,7 +163,7 @@ static int bench_responses(int rounds)
 	for (int r = 0; r < rounds; r++) {
 		for (int i = 0; i < ev.n; i++) {
 			struct framer_event fe = { ev.name[i], ev.name_len[i], ev.data[i], ev.len[i] };
-			utokens += classify_event(API_OPENAI_RESPONSES, &fe, &u, NULL);
+			utokens += classify_event(API_OPENAI_RESPONSES, &fe, &u, NULL) != TOKEN_NONE;
 		}
 	}
 	double unhinted = (now_ns() - t0) / ((double)rounds * ev.n);
@@ -223,7 +223,7 @@ int main(int argc, char **argv)
 		struct classify_hint hint = { 0 };
 		for (int i = 0; i < ev.n; i++) {
 			struct framer_event fe = { NULL, 0, ev.data[i], ev.len[i] };
-			tokens += classify_event(API_OPENAI_CHAT, &fe, &u, &hint);
+			tokens += classify_event(API_OPENAI_CHAT, &fe, &u, &hint) != TOKEN_NONE;
 		}
 	}
 	double scan_ns = (now_ns() - t0) / ((double)rounds * ev.n);
@@ -232,7 +232,7 @@ int main(int argc, char **argv)
 	for (int r = 0; r < rounds; r++) {
 		for (int i = 0; i < ev.n; i++) {
 			struct framer_event fe = { NULL, 0, ev.data[i], ev.len[i] };
-			utokens += classify_event(API_OPENAI_CHAT, &fe, &u, NULL);
+			utokens += classify_event(API_OPENAI_CHAT, &fe, &u, NULL) != TOKEN_NONE;
 		}
 	}
 	double unhinted_ns = (now_ns() - t0) / ((double)rounds * ev.n);

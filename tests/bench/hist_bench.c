@@ -92,7 +92,7 @@ static double bench_request(uint64_t *seed, double *itl_ns)
 	r.at[TL_RESP_HEADERS] = r.at[TL_REQ_SENT] + 300000;
 	t = r.at[TL_ARRIVE] + 180000000;
 	for (int i = 0; i < 256; i++, t += 22000000)
-		record_token_event(&r, t, &gap);
+		record_token_event(&r, TOKEN_ANSWER, t, &gap);
 	r.at[TL_RESP_END] = r.at[TL_CLIENT_DONE] = t;
 	for (int i = 0; i < VALS; i++) { /* allocate every histogram first */
 		slice_record_itl(&sl, vals[i] * 100, 1u + (unsigned)(i & 31));

@@ -64,7 +64,7 @@ static void minute_traffic(struct slice *sl, unsigned requests, unsigned tokens)
 		unsigned inflight = 1 + (unsigned)(uniform() * 32);
 		for (unsigned k = 0; k < tokens; k++) {
 			uint64_t gap;
-			if (record_token_event(&r, t, &gap))
+			if (record_token_event(&r, TOKEN_ANSWER, t, &gap))
 				slice_record_itl(sl, gap, inflight);
 			t += (uint64_t)lognormal(22e6, 0.3);
 		}

@@ -40,7 +40,7 @@ struct run {
 	uint64_t callbacks;
 	size_t n;
 	uint64_t digest[MAX_EVENTS]; /* hash of (name, data) */
-	uint16_t tokens[MAX_EVENTS]; /* bit i: token-bearing for apis[i] */
+	uint32_t tokens[MAX_EVENTS]; /* bits 2i, 2i+1: the token kind for apis[i] */
 	struct usage usage[NAPI];
 	struct usage usage_hinted[NAPI];
 	struct classify_hint hint[NAPI];
@@ -49,7 +49,9 @@ struct run {
 /* Field by field: struct usage has padding after `outcome`. */
 static bool usage_eq(const struct usage *a, const struct usage *b)
 {
-	return a->input_tokens == b->input_tokens && a->output_tokens == b->output_tokens && a->outcome == b->outcome;
+	return a->input_tokens == b->input_tokens && a->output_tokens == b->output_tokens &&
+	       a->cached_tokens == b->cached_tokens && a->cache_write_tokens == b->cache_write_tokens &&
+	       a->reasoning_tokens == b->reasoning_tokens && a->outcome == b->outcome;
 }
 
 static void on_event(void *arg, const struct framer_event *ev)
@@ -73,12 +75,14 @@ static void on_event(void *arg, const struct framer_event *ev)
 	h = fuzz_fnv(h, ev->name ? ev->name : "", ev->name_len);
 	h = fuzz_fnv(h, &ev->data_len, sizeof(ev->data_len));
 	h = fuzz_fnv(h, ev->data, ev->data_len);
-	uint16_t tok = 0;
+	uint32_t tok = 0;
 	for (size_t i = 0; i < NAPI; i++) {
-		bool t = classify_event(apis[i], ev, &r->usage[i], NULL);
-		if (t)
-			tok |= (uint16_t)(1u << i);
+		enum token_kind t = classify_event(apis[i], ev, &r->usage[i], NULL);
+		CHECK(t <= TOKEN_TOOL);
+		tok |= (uint32_t)t << (2 * i);
 		CHECK(r->usage[i].input_tokens >= -1 && r->usage[i].output_tokens >= -1);
+		CHECK(r->usage[i].cached_tokens >= -1 && r->usage[i].cache_write_tokens >= -1 &&
+		      r->usage[i].reasoning_tokens >= -1);
 		CHECK(r->usage[i].outcome <= OUTCOME_FAILED);
 		CHECK(classify_event(apis[i], ev, &r->usage_hinted[i], &r->hint[i]) == t);
 		CHECK(usage_eq(&r->usage[i], &r->usage_hinted[i]));

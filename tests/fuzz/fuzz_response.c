@@ -62,7 +62,7 @@ struct run {
 	struct framer framer;
 	size_t n;
 	uint64_t digest[MAX_EVENTS];
-	uint16_t tokens[MAX_EVENTS]; /* bit i: token-bearing for apis[i] */
+	uint32_t tokens[MAX_EVENTS]; /* bits 2i, 2i+1: the token kind for apis[i] */
 	struct usage usage[NAPI];
 	/* the end */
 	enum end end;
@@ -79,10 +79,9 @@ static void on_event(void *arg, const struct framer_event *ev)
 	h = fuzz_fnv(h, ev->name ? ev->name : "", ev->name_len);
 	h = fuzz_fnv(h, &ev->data_len, sizeof(ev->data_len));
 	h = fuzz_fnv(h, ev->data, ev->data_len);
-	uint16_t tok = 0;
+	uint32_t tok = 0;
 	for (size_t i = 0; i < NAPI; i++)
-		if (classify_event(apis[i], ev, &r->usage[i], NULL))
-			tok |= (uint16_t)(1u << i);
+		tok |= (uint32_t)classify_event(apis[i], ev, &r->usage[i], NULL) << (2 * i);
 	if (r->n < MAX_EVENTS) {
 		r->digest[r->n] = h;
 		r->tokens[r->n] = tok;
@@ -283,6 +282,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	for (size_t i = 0; i < NAPI; i++)
 		CHECK(whole.usage[i].input_tokens == pieces.usage[i].input_tokens &&
 		      whole.usage[i].output_tokens == pieces.usage[i].output_tokens &&
+		      whole.usage[i].cached_tokens == pieces.usage[i].cached_tokens &&
+		      whole.usage[i].cache_write_tokens == pieces.usage[i].cache_write_tokens &&
+		      whole.usage[i].reasoning_tokens == pieces.usage[i].reasoning_tokens &&
 		      whole.usage[i].outcome == pieces.usage[i].outcome);
 
 	/* Nothing past the end: the consumed prefix alone ends the same way. */

@@ -20,7 +20,10 @@ ATTEMPTS = 3  # timing comparisons only; see LogChecks.check_timing
 ROUND_MS = 0.003  # logged values are ms with µs precision
 
 TIMELINE = ["arrive", "req_headers", "dispatch", "up_connected", "req_sent", "resp_headers",
-            "first_event", "first_token", "last_token", "resp_end", "client_done"]
+            "first_event", "first_token", "first_reasoning", "last_reasoning", "first_answer", "last_token", "resp_end",
+            "client_done"]
+
+KIND_MARKS = ["first_reasoning", "last_reasoning", "first_answer"]
 
 REQUIRED_KEYS = ["id", "method", "path", "api", "model", "stream", "status", "error", "input_tokens",
                  "output_tokens", "events", "token_events", "ttft_ms", "upstream_ttft_ms", "ttfb_ms", "e2e_ms",
@@ -69,9 +72,15 @@ class LogChecks(harness.TestCase):
     def check_timeline(self, e, streamed=True):
         tl = e["timeline_ms"]
         self.assertAlmostEqual(tl["arrive"], 0.0, delta=ROUND_MS)
-        present = [(k, tl[k]) for k in TIMELINE if tl[k] is not None]
+        present = [(k, tl[k]) for k in TIMELINE if tl[k] is not None and k not in KIND_MARKS]
         for (ka, a), (kb, b) in zip(present, present[1:]):
             self.assertLessEqual(a, b + ROUND_MS, "timeline %s=%r after %s=%r" % (ka, a, kb, b))
+        # what the token events carried: in any order among themselves
+        # (reasoning may resume after the answer), within the token span
+        for k in KIND_MARKS:
+            if tl[k] is not None:
+                self.assertGreaterEqual(tl[k] + ROUND_MS, tl["first_token"], k)
+                self.assertLessEqual(tl[k], tl["last_token"] + ROUND_MS, k)
         must = ["arrive", "req_headers", "dispatch", "up_connected", "req_sent", "resp_headers", "resp_end",
                 "client_done"]
         if streamed:

@@ -53,16 +53,16 @@ def chromium_bin():
                          "package), or point TOKENTAP_CHROMIUM at a Chromium binary")
 
 
-def run_chromium(test, url, *args):
-    """Runs headless Chromium once on `url`; returns (stdout, stderr). Bounded:
-    killed (its own process group, by the PID it was started with) after
-    CHROMIUM_TIMEOUT_S."""
+def run_chromium(test, url, *args, budget_ms=VIRTUAL_TIME_MS):
+    """Runs headless Chromium once on `url` for `budget_ms` of virtual time;
+    returns (stdout, stderr). Bounded: killed (its own process group, by the
+    PID it was started with) after CHROMIUM_TIMEOUT_S."""
     profile = tempfile.mkdtemp(prefix="tokentap-chromium-")
     test.addCleanup(shutil.rmtree, profile, True)
     argv = [chromium_bin(), "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
             "--no-first-run", "--no-default-browser-check", "--disable-extensions", "--disable-sync",
             "--user-data-dir=" + profile, "--enable-logging=stderr", "--v=0",
-            "--virtual-time-budget=%d" % VIRTUAL_TIME_MS] + list(args) + [url]
+            "--virtual-time-budget=%d" % budget_ms] + list(args) + [url]
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True, cwd=profile)
     try:
@@ -232,8 +232,11 @@ class DashboardLiveTest(harness.TestCase):
         key = json.dumps([busiest["route"], busiest["upstream"], busiest["model"]], separators=(",", ":"))
         self.assertEqual(dom.by_id("series-select")["attrs"].get("data-selected"), key)
 
-        # percentiles over time: one line per percentile, one point per poll,
-        # the latest equal to what /stats says now
+        # percentiles over time: one line per percentile, one point per poll
+        # (and one per point of /stats/history the page opened with), the
+        # latest equal to what /stats says now
+        history = body["attrs"].get("data-history")
+        self.assertRegex(history or "", r"^[0-9]+$", "the page loaded /stats/history")
         for metric in ("ttft", "itl", "e2e"):
             svg = dom.by_id("chart-" + metric)
             self.assertEqual(svg["attrs"].get("data-empty"), "0", metric)
@@ -241,7 +244,8 @@ class DashboardLiveTest(harness.TestCase):
             self.assertEqual(set(lines), {"%s-p50" % metric, "%s-p90" % metric, "%s-p99" % metric})
             for q in ("p50", "p90", "p99"):
                 a = lines["%s-%s" % (metric, q)]["attrs"]
-                self.assertEqual(int(a["data-points"]), ticks, "%s %s: a point per poll" % (metric, q))
+                self.assertGreaterEqual(int(a["data-points"]), ticks, "%s %s: a point per poll" % (metric, q))
+                self.assertLessEqual(int(a["data-points"]), ticks + int(history), "%s %s" % (metric, q))
                 self.assertRegex(a["d"], r"^M[0-9.]+,[0-9.]+(L[0-9.]+,[0-9.]+)+$")
                 want = busiest["metrics"][metric][q + "_ms"]
                 self.assertAlmostEqual(float(a["data-last"]), want, delta=1e-9 * max(1.0, want),
@@ -249,6 +253,13 @@ class DashboardLiveTest(harness.TestCase):
             legend = dom.by_id("legend-" + metric)["text"]
             self.assertIn("p50 ", legend)
             self.assertIn(" ms", legend)
+
+        # issue #15's numbers: a chart when /stats has them, hidden when not
+        for card, present in (("answer_ttft", "answer_ttft" in busiest["metrics"]),
+                              ("reasoning", "reasoning" in busiest["metrics"]),
+                              ("details", "cached_tokens" in busiest or "reasoning_tokens" in busiest)):
+            self.assertEqual(dom.by_id("card-" + card)["attrs"].get("data-present"), "1" if present else "0", card)
+            self.assertEqual("hidden" in dom.by_id("card-" + card)["attrs"], not present, card)
 
         # throughput: every line drawn and positive
         for chart, keys in (("chart-rps", ["requests_per_s"]),
@@ -319,6 +330,137 @@ class DashboardLiveTest(harness.TestCase):
         self.assertGreater(os.path.getsize(path), 20000, "a blank page compresses to almost nothing")
 
 
+class DashboardHistoryTest(harness.TestCase):
+    """Traffic a few seconds old, then the page for one poll's worth of
+    virtual time (less than the 2 s poll period: one tick): the time charts
+    already have the points of /stats/history, not just the one poll."""
+
+    def test_charts_open_with_history(self):
+        chromium_bin()
+        sim = harness.start_sim(self)
+        tt = harness.start_tokentap(self, sim.url, "--data-dir", "off", "--flush-interval", "100ms",
+                                    "--admin", "127.0.0.1:0")
+        port = admin_port(tt)
+        for i in range(5):
+            resp, _ = harness.exchange(tt.port, "POST", PATH, harness.api_body("openai-chat"),
+                                       harness.sim_headers(ttft=15, itl=1, tokens=4, request_id="hist-%d" % i))
+            self.assertEqual(resp.status, 200)
+        self.assertTrue(harness.wait_until(lambda: stats_total(port)[0] == 5, 5.0, 0.05))
+
+        def enough_history():
+            pts = admin_get(port, "/stats/history?step=2").json()["points"]
+            return sum(1 for p in pts if p["series"]) >= 3
+
+        self.assertTrue(harness.wait_until(enough_history, 10.0, 0.2), "no history points with the requests")
+        out, err = run_chromium(self, "http://127.0.0.1:%d/" % port, "--dump-dom", budget_ms=1000)
+        dom = Dom(out)
+        check_no_page_errors(self, dom, err)
+        body = [e for e in dom.elements if e["tag"] == "body"][0]
+        self.assertEqual(body["attrs"].get("data-ticks"), "1", "one poll within the budget")
+        self.assertGreaterEqual(int(body["attrs"].get("data-history")), 3)
+        for metric in ("ttft", "e2e"):
+            lines = {e["attrs"]["data-series"]: e["attrs"] for e in dom.inside("chart-" + metric, "path", "line")}
+            self.assertGreaterEqual(int(lines[metric + "-p50"]["data-points"]), 4,
+                                    "%s: the history's points and the poll's" % metric)
+        rps = {e["attrs"]["data-series"]: e["attrs"] for e in dom.inside("chart-rps", "path", "line")}
+        self.assertGreaterEqual(int(rps["requests_per_s"]["data-points"]), 4)
+
+
+class NewNumbersAdmin:
+    """A stand-in admin API for the page: forwards every request to a real
+    tokentap's admin, but adds issue #15's numbers (answer_ttft and
+    reasoning histograms, cached_tokens and reasoning_tokens counters) to
+    each series of /stats and /stats/history, as the page will get them
+    once tokentap records them. Loopback, port 0, stopped by the test."""
+
+    ANSWER = {"count": 5, "mean_ms": 81.0, "p50_ms": 80.0, "p90_ms": 90.0, "p95_ms": 95.0, "p99_ms": 99.0,
+              "p99_9_ms": 99.9, "max_ms": 100.0}
+    REASONING = {"count": 5, "mean_ms": 41.0, "p50_ms": 40.0, "p90_ms": 45.0, "p95_ms": 47.0, "p99_ms": 49.0,
+                 "p99_9_ms": 49.9, "max_ms": 50.0}
+
+    def __init__(self, admin_port):
+        import http.server
+
+        upstream = admin_port
+        enrich = self.enrich
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                resp, _ = harness.exchange(upstream, "GET", self.path)
+                body = resp.body
+                path = self.path.split("?")[0]
+                if path in ("/stats", "/stats/history") and resp.status == 200:
+                    doc = json.loads(body)
+                    for d in doc.get("points", [doc]):
+                        for s in d["series"]:
+                            enrich(s)
+                    body = json.dumps(doc).encode()
+                self.send_response(resp.status)
+                self.send_header("Content-Type", resp.content_type() or "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def enrich(self, s):
+        s["metrics"]["answer_ttft"] = dict(self.ANSWER)
+        s["metrics"]["reasoning"] = dict(self.REASONING)
+        s["cached_tokens"] = 120
+        s["reasoning_tokens"] = 60
+        s["throughput"]["cached_tokens_per_s"] = 2.0
+        s["throughput"]["reasoning_tokens_per_s"] = 1.0
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(5)
+
+
+class DashboardNewNumbersTest(harness.TestCase):
+    """The page with /stats answers that carry answer_ttft, reasoning,
+    cached_tokens and reasoning_tokens: their charts and table rows appear,
+    with the values served."""
+
+    def test_new_numbers_are_drawn(self):
+        chromium_bin()
+        sim = harness.start_sim(self)
+        tt = harness.start_tokentap(self, sim.url, "--data-dir", "off", "--flush-interval", "100ms",
+                                    "--admin", "127.0.0.1:0")
+        port = admin_port(tt)
+        for i in range(3):
+            resp, _ = harness.exchange(tt.port, "POST", PATH, harness.api_body("openai-chat"),
+                                       harness.sim_headers(ttft=10, itl=1, tokens=4))
+            self.assertEqual(resp.status, 200)
+        self.assertTrue(harness.wait_until(lambda: stats_total(port)[0] == 3, 5.0, 0.05))
+        fake = NewNumbersAdmin(port)
+        self.addCleanup(fake.stop)
+        out, err = run_chromium(self, "http://127.0.0.1:%d/" % fake.port, "--dump-dom", budget_ms=3000)
+        dom = Dom(out)
+        check_no_page_errors(self, dom, err)
+        for metric, want in (("answer_ttft", NewNumbersAdmin.ANSWER), ("reasoning", NewNumbersAdmin.REASONING)):
+            card = dom.by_id("card-" + metric)
+            self.assertEqual(card["attrs"].get("data-present"), "1", metric)
+            self.assertNotIn("hidden", card["attrs"], metric)
+            lines = {e["attrs"]["data-series"]: e["attrs"] for e in dom.inside("chart-" + metric, "path", "line")}
+            for q in ("p50", "p90", "p99"):
+                self.assertEqual(float(lines["%s-%s" % (metric, q)]["data-last"]), want[q + "_ms"], (metric, q))
+        lines = {e["attrs"]["data-series"]: e["attrs"] for e in dom.inside("chart-details", "path", "line")}
+        self.assertEqual(float(lines["cached_tokens_per_s"]["data-last"]), 2.0)
+        self.assertEqual(float(lines["reasoning_tokens_per_s"]["data-last"]), 1.0)
+        rows = {e["attrs"]["data-row"]: e for e in dom.inside("upstreams", "tr") if "data-row" in e["attrs"]}
+        for label, want in (("answer TTFT p50, ms", 80.0), ("reasoning p50, ms", 40.0),
+                            ("cached prompt tokens", 120), ("reasoning tokens", 60)):
+            self.assertIn(label, rows)
+            self.assertEqual(float(dom.inside(rows[label], "td")[1]["attrs"]["data-value"]), want, label)
+
+
 class DashboardEmptyTest(harness.TestCase):
     def test_renders_without_data(self):
         chromium_bin()
@@ -337,6 +479,10 @@ class DashboardEmptyTest(harness.TestCase):
             self.assertEqual(svg["attrs"].get("data-empty"), "1", chart)
             self.assertRegex(svg["text"], r"no |waiting", chart)
             self.assertEqual(dom.inside("chart-" + chart, "path", "line"), [], chart)
+        for card in ("answer_ttft", "reasoning", "details"):
+            self.assertEqual(dom.by_id("card-" + card)["attrs"].get("data-present"), "0", card)
+        # the seconds since start-up are history points without series: nothing drawn (checked above)
+        self.assertRegex(body["attrs"].get("data-history") or "", r"^[0-9]+$")
         self.assertEqual(dom.by_id("upstreams")["attrs"].get("data-columns"), "0")
         self.assertEqual(dom.by_id("recent")["attrs"].get("data-rows"), "0")
         self.assertEqual(dom.by_id("compare")["attrs"].get("data-routes"), "0")

@@ -88,7 +88,7 @@ class RequestErrorsTest(harness.TestCase):
 
     def test_bad_chunk_size(self):
         # A chunked request is routed once its first chunk line has parsed
-        # (proxy.c, awaiting_chunk), so a bad first chunk size is refused
+        # (exchange state AWAIT_CHUNK), so a bad first chunk size is refused
         # before any upstream sees the request, even when it comes well
         # after the head: time enough to have connected and sent it.
         head = (b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"

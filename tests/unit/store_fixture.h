@@ -46,6 +46,7 @@ static inline void fake_request(struct req_record *r, uint64_t ttft_us, unsigned
 {
 	memset(r, 0, sizeof(*r));
 	r->itl_keep = true; /* the tests replay the gaps */
+	r->usage = USAGE_UNKNOWN;
 	r->usage.input_tokens = 10;
 	r->usage.output_tokens = tokens;
 	r->status = 200;
@@ -58,7 +59,7 @@ static inline void fake_request(struct req_record *r, uint64_t ttft_us, unsigned
 	uint64_t t = r->at[TL_ARRIVE] + ttft_us * 1000;
 	for (unsigned i = 0; i < tokens; i++, t += itl_us * 1000) {
 		uint64_t gap;
-		record_token_event(r, t, &gap);
+		record_token_event(r, TOKEN_ANSWER, t, &gap);
 	}
 	r->at[TL_RESP_END] = t;
 	r->at[TL_CLIENT_DONE] = t;

@@ -20,6 +20,7 @@
 #include <event2/buffer.h>
 #include <jansson.h>
 
+#include "series_key.h"
 #include "admin.h"
 #include "admin_gate.h"
 #include "admin_stats.h"
@@ -240,17 +241,13 @@ static void test_host_allowed(void **state)
 static void add_series(struct store_result *r, const char *route, const char *up, const char *model, bool cold)
 {
 	struct store_series *s;
-	size_t lr = strlen(route), lu = strlen(up), lm = strlen(model);
 
 	r->series = realloc(r->series, (r->n + 1) * sizeof(*r->series));
 	assert_non_null(r->series);
 	s = &r->series[r->n++];
 	memset(s, 0, sizeof(*s));
-	memcpy(s->key, route, lr + 1);
-	memcpy(s->key + lr + 1, up, lu + 1);
-	memcpy(s->key + lr + lu + 2, model, lm + 1);
-	s->key[lr + lu + lm + 3] = cold ? '1' : '0';
-	s->keylen = lr + lu + lm + 4;
+	s->keylen = series_key_build(s->key, route, up, model, cold);
+	assert_true(s->keylen > 0);
 }
 
 /* Requests at in-flight loads 1, 2, 4, 8, 16, 32 whose e2e stays 1 s up to
@@ -439,6 +436,72 @@ static void test_stats_prompt(void **state)
 	assert_int_equal(json_integer_value(json_object_get(json_object_get(e, "ttft"), "count")), 7);
 	assert_true(json_is_null(json_object_get(json_array_get(b, 1), "input_tokens_high")));
 	assert_int_equal(json_array_size(json_object_get(series_named(root, "up-b"), "buckets")), 0);
+	json_decref(root);
+	store_result_free(&r);
+}
+
+/* Usage details in /stats: the token counters, and the prefix-cache hit
+ * ratio over the requests that reported caching (null when none did). */
+static void test_stats_usage_details(void **state)
+{
+	struct store_result r;
+	struct stats_query q = { .window = WIN_5M, .cold = COLD_INCLUDE };
+	(void)state;
+	build_result(&r);
+	struct slice *a = &r.series[1].slice;
+	a->counters[CT_INPUT_TOKENS] = 5000;
+	a->counters[CT_CACHE_REPORTED_INPUT_TOKENS] = 4000;
+	a->counters[CT_CACHED_TOKENS] = 3000;
+	a->counters[CT_CACHE_WRITE_TOKENS] = 200;
+	a->counters[CT_REASONING_TOKENS] = 70;
+	hist_record_n(slice_hist(a, HM_ANSWER_TTFT), 250000, 5);
+	hist_record_n(slice_hist(a, HM_REASONING), 200000, 5);
+
+	json_t *root = render(&r, &q, VIEW_SUMMARY);
+	json_t *sa = series_named(root, "up-a");
+	assert_int_equal(json_integer_value(json_object_get(sa, "cached_tokens")), 3000);
+	assert_int_equal(json_integer_value(json_object_get(sa, "cache_write_tokens")), 200);
+	assert_int_equal(json_integer_value(json_object_get(sa, "reasoning_tokens")), 70);
+	json_t *pc = json_object_get(sa, "prefix_cache");
+	assert_int_equal(json_integer_value(json_object_get(pc, "input_tokens")), 4000);
+	assert_int_equal(json_integer_value(json_object_get(pc, "cached_tokens")), 3000);
+	assert_true(fabs(json_real_value(json_object_get(pc, "hit_ratio")) - 0.75) < 1e-9);
+	json_t *m = json_object_get(sa, "metrics");
+	assert_true(json_real_value(json_object_get(json_object_get(m, "answer_ttft"), "p50_ms")) > 249.0);
+	assert_int_equal(json_integer_value(json_object_get(json_object_get(m, "reasoning"), "count")), 5);
+	json_t *sb = series_named(root, "up-b");
+	assert_true(json_is_null(json_object_get(json_object_get(sb, "prefix_cache"), "hit_ratio")));
+	assert_int_equal(json_integer_value(json_object_get(sb, "cached_tokens")), 0);
+	json_decref(root);
+	store_result_free(&r);
+}
+
+/* /stats/prompt keys the curve on prefill tokens by default; by=prompt
+ * gives the raw prompt length. */
+static void test_stats_prompt_by(void **state)
+{
+	struct store_result r;
+	struct stats_query q = { .window = WIN_5M, .cold = COLD_INCLUDE };
+	(void)state;
+	build_result(&r);
+	hist_record_n(slice_hist(&r.series[1].slice, SLOT_PROMPT(log2_bucket(100, PROMPT_BUCKETS))), 50000, 7);
+	hist_record_n(slice_hist(&r.series[1].slice, SLOT_PROMPT_RAW(log2_bucket(3000, PROMPT_BUCKETS))), 50000, 7);
+
+	json_t *root = render(&r, &q, VIEW_PROMPT);
+	json_t *sa = series_named(root, "up-a");
+	assert_string_equal(json_string_value(json_object_get(sa, "by")), "prefill");
+	json_t *e = json_array_get(json_object_get(sa, "buckets"), 0);
+	assert_int_equal(json_integer_value(json_object_get(e, "input_tokens_low")), 65);
+	json_decref(root);
+
+	q.prompt_raw = true;
+	root = render(&r, &q, VIEW_PROMPT);
+	sa = series_named(root, "up-a");
+	assert_string_equal(json_string_value(json_object_get(sa, "by")), "prompt");
+	assert_int_equal(json_array_size(json_object_get(sa, "buckets")), 1);
+	e = json_array_get(json_object_get(sa, "buckets"), 0);
+	assert_int_equal(json_integer_value(json_object_get(e, "input_tokens_low")), 2049);
+	assert_int_equal(json_integer_value(json_object_get(json_object_get(e, "ttft"), "count")), 7);
 	json_decref(root);
 	store_result_free(&r);
 }
@@ -635,6 +698,8 @@ int main(void)
 		cmocka_unit_test(test_stats_summary),
 		cmocka_unit_test(test_stats_curve_knee),
 		cmocka_unit_test(test_stats_prompt),
+		cmocka_unit_test(test_stats_usage_details),
+		cmocka_unit_test(test_stats_prompt_by),
 		cmocka_unit_test(test_prom_render),
 		cmocka_unit_test(test_prom_help_per_family),
 		cmocka_unit_test(test_lifetime_outlives_ring_and_reset),

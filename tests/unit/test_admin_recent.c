@@ -49,7 +49,8 @@ static void test_parse_n(void **state)
 }
 
 /* A streamed request: every event reached, 4 token events at 100, 110,
- * 130, 160 ms after arrive, usage known. */
+ * 130, 160 ms after arrive (reasoning at 100 to 130, the answer from 140),
+ * usage known, with its details. */
 static void streamed_entry(struct recent_entry *e)
 {
 	struct req_record *r = &e->rec;
@@ -67,8 +68,13 @@ static void streamed_entry(struct recent_entry *e)
 	r->error = REQ_ERR_NONE;
 	r->usage.input_tokens = 12;
 	r->usage.output_tokens = 4;
+	r->usage.cached_tokens = 8;
+	r->usage.cache_write_tokens = -1;
+	r->usage.reasoning_tokens = 2;
 	r->events = 7;
 	r->token_events = 4;
+	r->reasoning_events = 2;
+	r->tool_call_events = 1;
 	r->bytes_in = 300;
 	r->bytes_out = 2000;
 	r->at[TL_ARRIVE] = t0;
@@ -79,6 +85,9 @@ static void streamed_entry(struct recent_entry *e)
 	r->at[TL_RESP_HEADERS] = t0 + 50 * MS;
 	r->at[TL_FIRST_EVENT] = t0 + 90 * MS;
 	r->at[TL_FIRST_TOKEN] = t0 + 100 * MS;
+	r->at[TL_FIRST_REASONING] = t0 + 100 * MS;
+	r->at[TL_LAST_REASONING] = t0 + 130 * MS;
+	r->at[TL_FIRST_ANSWER] = t0 + 140 * MS;
 	r->at[TL_LAST_TOKEN] = t0 + 160 * MS;
 	r->at[TL_RESP_END] = t0 + 170 * MS;
 	r->at[TL_CLIENT_DONE] = t0 + 171 * MS;
@@ -105,8 +114,7 @@ static void failed_entry(struct recent_entry *e)
 	r->stream = -1;
 	r->status = 502;
 	r->error = REQ_ERR_CONNECT_FAILED;
-	r->usage.input_tokens = -1;
-	r->usage.output_tokens = -1;
+	r->usage = USAGE_UNKNOWN;
 	r->at[TL_ARRIVE] = 7 * MS;
 	r->at[TL_REQ_HEADERS] = 7 * MS + 1000;
 	e->unix_ms = 1796000000999ull;
@@ -169,7 +177,7 @@ static void test_render_entries(void **state)
 	/* every event of the X-macro list, in ms since arrive */
 	tl = json_object_get(a, "timeline_ms");
 	assert_int_equal(json_object_size(tl), TL__COUNT);
-	static const double want_tl[TL__COUNT] = { 0, 0.1, 0.2, 1, 2, 50, 90, 100, 160, 170, 171 };
+	static const double want_tl[TL__COUNT] = { 0, 0.1, 0.2, 1, 2, 50, 90, 100, 100, 130, 140, 160, 170, 171 };
 	for (int i = 0; i < TL__COUNT; i++)
 		assert_float_equal(real_of(tl, timeline_event_name((enum tl_event)i)), want_tl[i], 1e-9);
 
@@ -183,6 +191,13 @@ static void test_render_entries(void **state)
 	assert_float_equal(real_of(a, "tpot_ms"), 20.0, 1e-9);		/* (160 - 100) / (4 - 1) */
 	assert_float_equal(real_of(a, "decode_tps"), 50.0, 1e-9);	/* 3 / 0.06 s */
 	assert_float_equal(real_of(a, "upstream_ttft_ms"), 98.0, 1e-9); /* first_token - req_sent */
+	assert_float_equal(real_of(a, "answer_ttft_ms"), 140.0, 1e-9);
+	assert_float_equal(real_of(a, "reasoning_ms"), 30.0, 1e-9);
+	assert_int_equal(json_integer_value(json_object_get(a, "reasoning_events")), 2);
+	assert_int_equal(json_integer_value(json_object_get(a, "tool_call_events")), 1);
+	assert_int_equal(json_integer_value(json_object_get(a, "cached_tokens")), 8);
+	assert_true(json_is_null(json_object_get(a, "cache_write_tokens")));
+	assert_int_equal(json_integer_value(json_object_get(a, "reasoning_tokens")), 2);
 	json_t *itl = json_object_get(a, "itl");
 	assert_int_equal(json_integer_value(json_object_get(itl, "count")), 3);
 	assert_float_equal(real_of(itl, "mean_ms"), 20.0, 1e-9);
@@ -197,6 +212,9 @@ static void test_render_entries(void **state)
 	assert_true(json_is_null(json_object_get(b, "stream")));
 	assert_true(json_is_null(json_object_get(b, "input_tokens")));
 	assert_true(json_is_null(json_object_get(b, "output_tokens")));
+	assert_true(json_is_null(json_object_get(b, "cached_tokens")));
+	assert_true(json_is_null(json_object_get(b, "reasoning_tokens")));
+	assert_int_equal(json_integer_value(json_object_get(b, "reasoning_events")), 0);
 	assert_true(json_is_false(json_object_get(b, "cold")));
 	tl = json_object_get(b, "timeline_ms");
 	assert_float_equal(real_of(tl, "arrive"), 0.0, 1e-9);
@@ -247,9 +265,9 @@ static void test_ring_snapshot(void **state)
 		/* the gaps are kept only for an access log; the ring's mean and
 		 * max come out the same either way */
 		r.itl_keep = i % 2 == 0;
-		assert_false(record_token_event(&r, MS, &gap));
-		assert_true(record_token_event(&r, 11 * MS, &gap));
-		assert_true(record_token_event(&r, 41 * MS, &gap));
+		assert_false(record_token_event(&r, TOKEN_ANSWER, MS, &gap));
+		assert_true(record_token_event(&r, TOKEN_ANSWER, 11 * MS, &gap));
+		assert_true(record_token_event(&r, TOKEN_ANSWER, 41 * MS, &gap));
 		assert_int_equal(gap, 30 * MS);
 		assert_int_equal(r.itl_total, 2);
 		assert_int_equal(r.itl_n, r.itl_keep ? 2 : 0);

@@ -37,7 +37,7 @@ static struct classify_hint hints[API_OPENAI_RESPONSES + 1];
 /* Classifies `data` (taken as is) under the SSE event name `name`, once on
  * its own and once with the API's running hint; both must agree, usage
  * included. */
-static bool tok_named(enum api_kind api, const char *name, const char *data, struct usage *u)
+static enum token_kind tok_named(enum api_kind api, const char *name, const char *data, struct usage *u)
 {
 	struct framer_event ev = {
 		.name = name,
@@ -52,18 +52,21 @@ static bool tok_named(enum api_kind api, const char *name, const char *data, str
 	memcpy(copy, data, ev.data_len);
 	ev.data = copy;
 	struct usage hinted = u ? *u : USAGE_UNKNOWN;
-	bool r = classify_event(api, &ev, u, NULL);
+	enum token_kind r = classify_event(api, &ev, u, NULL);
 	assert_int_equal(classify_event(api, &ev, u ? &hinted : NULL, &hints[api]), r);
 	if (u) {
 		assert_int_equal(hinted.input_tokens, u->input_tokens);
 		assert_int_equal(hinted.output_tokens, u->output_tokens);
+		assert_int_equal(hinted.cached_tokens, u->cached_tokens);
+		assert_int_equal(hinted.cache_write_tokens, u->cache_write_tokens);
+		assert_int_equal(hinted.reasoning_tokens, u->reasoning_tokens);
 		assert_int_equal(hinted.outcome, u->outcome);
 	}
 	free(copy);
 	return r;
 }
 
-static bool tok(enum api_kind api, const char *data, struct usage *u)
+static enum token_kind tok(enum api_kind api, const char *data, struct usage *u)
 {
 	return tok_named(api, NULL, data, u);
 }
@@ -321,12 +324,12 @@ static void test_hint(void **state)
 	assert_int_equal(h->at, strstr(ev, "\"content\"") - ev);
 	ev = J(OAI_HEAD "'choices':[{'index':0,'delta':{'reasoning_content':'Hm'},'finish_reason':null}]}");
 	assert_true(tok(API_OPENAI_CHAT, ev, NULL));
-	assert_int_equal(h->rule, 2);
+	assert_int_equal(h->rule, 4); /* answer keys first, then tool calls, then reasoning */
 	assert_int_equal(h->at, strstr(ev, "\"reasoning_content\"") - ev);
 	/* An event without text leaves it where it was. */
 	assert_false(
 		tok(API_OPENAI_CHAT, J(OAI_HEAD "'choices':[{'index':0,'delta':{},'finish_reason':'stop'}]}"), NULL));
-	assert_int_equal(h->rule, 2);
+	assert_int_equal(h->rule, 4);
 
 	/* Placed past the event's end. */
 	*h = (struct classify_hint){ 100000, 1 };
@@ -940,6 +943,245 @@ static void test_usage_members(void **state)
 	assert_int_equal(u.output_tokens, 2);
 }
 
+/* ---- what an event carries: answer, reasoning or a tool call ----------- */
+
+#define CHAT(delta) J(OAI_HEAD "'choices':[{'index':0,'delta':" delta ",'finish_reason':null}]}")
+
+static void test_kinds_openai_chat(void **state)
+{
+	(void)state;
+	assert_int_equal(tok(API_OPENAI_CHAT, CHAT("{'content':'Paris'}"), NULL), TOKEN_ANSWER);
+	assert_int_equal(tok(API_OPENAI_CHAT, CHAT("{'reasoning_content':'Let me'}"), NULL), TOKEN_REASONING);
+	assert_int_equal(tok(API_OPENAI_CHAT, CHAT("{'reasoning':'Hmm'}"), NULL), TOKEN_REASONING);
+	assert_int_equal(tok(API_OPENAI_CHAT, CHAT("{'content':null,'reasoning_content':'x'}"), NULL), TOKEN_REASONING);
+	assert_int_equal(tok(API_OPENAI_CHAT, CHAT("{'content':'','reasoning':'x'}"), NULL), TOKEN_REASONING);
+	assert_int_equal(tok(API_OPENAI_CHAT,
+			     CHAT("{'tool_calls':[{'index':0,'id':'call_1','type':'function','function':{'name':'f',"
+				  "'arguments':''}}]}"),
+			     NULL),
+			 TOKEN_TOOL);
+	/* A refusal is what the user sees: an answer. */
+	assert_int_equal(tok(API_OPENAI_CHAT, CHAT("{'refusal':'I cannot help with that'}"), NULL), TOKEN_ANSWER);
+	assert_int_equal(tok(API_OPENAI_CHAT, CHAT("{'content':null,'refusal':null}"), NULL), TOKEN_NONE);
+	/* One event with both: the answer wins over a tool call, which wins
+	 * over reasoning, whichever key comes first in the event. */
+	assert_int_equal(tok(API_OPENAI_CHAT, CHAT("{'reasoning_content':'a','content':'b'}"), NULL), TOKEN_ANSWER);
+	assert_int_equal(tok(API_OPENAI_CHAT, CHAT("{'reasoning':'a','tool_calls':[{'index':0}]}"), NULL), TOKEN_TOOL);
+	assert_int_equal(tok(API_OPENAI_CHAT, CHAT("{'tool_calls':[{'index':0}],'content':'b'}"), NULL), TOKEN_ANSWER);
+	/* The hint sits on reasoning after these; the answer must still win. */
+	assert_int_equal(tok(API_OPENAI_CHAT, CHAT("{'reasoning_content':'a'}"), NULL), TOKEN_REASONING);
+	assert_int_equal(tok(API_OPENAI_CHAT, CHAT("{'reasoning_content':'a','content':'b'}"), NULL), TOKEN_ANSWER);
+	assert_int_equal(tok(API_OPENAI_CHAT, CHAT("{'reasoning_content':'a'}"), NULL), TOKEN_REASONING);
+	assert_int_equal(tok(API_OPENAI_CHAT, CHAT("{'reasoning_content':'a','tool_calls':[{'index':0}]}"), NULL),
+			 TOKEN_TOOL);
+	/* Completions, TGI and llama.cpp only ever answer. */
+	assert_int_equal(tok(API_OPENAI_COMPLETIONS,
+			     J("{'id':'c','choices':[{'index':0,'text':'Hi','finish_reason':null}]}"), NULL),
+			 TOKEN_ANSWER);
+	assert_int_equal(tok(API_LLAMACPP, J("{'content':'Hi','stop':false}"), NULL), TOKEN_ANSWER);
+	assert_int_equal(tok(API_TGI, J("{'token':{'id':1,'text':'Hi','special':false}}"), NULL), TOKEN_ANSWER);
+}
+
+static void test_kinds_anthropic(void **state)
+{
+	(void)state;
+	for (int named = 0; named < 2; named++) {
+		const char *n = named ? "content_block_delta" : NULL;
+		assert_int_equal(
+			tok_named(
+				API_ANTHROPIC, n,
+				J("{'type':'content_block_delta','index':0,'delta':{'type':'thinking_delta','thinking':"
+				  "'Let me'}}"),
+				NULL),
+			TOKEN_REASONING);
+		assert_int_equal(tok_named(API_ANTHROPIC, n,
+					   J("{'type':'content_block_delta','index':1,'delta':{'type':'text_delta',"
+					     "'text':'Paris'}}"),
+					   NULL),
+				 TOKEN_ANSWER);
+		assert_int_equal(tok_named(API_ANTHROPIC, n,
+					   J("{'type':'content_block_delta','index':2,'delta':{'type':'input_json_"
+					     "delta','partial_json':'{\\'city\\''}}"),
+					   NULL),
+				 TOKEN_TOOL);
+		/* The signature that closes a thinking block is no token. */
+		assert_int_equal(tok_named(API_ANTHROPIC, n,
+					   J("{'type':'content_block_delta','index':0,'delta':{'type':'signature_"
+					     "delta','signature':'EqQBCkgIARAB'}}"),
+					   NULL),
+				 TOKEN_NONE);
+	}
+}
+
+static void test_kinds_ollama(void **state)
+{
+	(void)state;
+	assert_int_equal(tok(API_OLLAMA_CHAT,
+			     J("{'model':'qwen3','message':{'role':'assistant','content':'','thinking':'Hmm'},"
+			       "'done':false}"),
+			     NULL),
+			 TOKEN_REASONING);
+	assert_int_equal(tok(API_OLLAMA_CHAT,
+			     J("{'model':'qwen3','message':{'role':'assistant','content':'Paris'},'done':false}"),
+			     NULL),
+			 TOKEN_ANSWER);
+	assert_int_equal(tok(API_OLLAMA_CHAT,
+			     J("{'model':'qwen3','message':{'role':'assistant','content':'','tool_calls':[{'id':'c1',"
+			       "'function':{'index':0,'name':'f','arguments':{'city':'Paris'}}}]},'done':false}"),
+			     NULL),
+			 TOKEN_TOOL);
+	assert_int_equal(
+		tok(API_OLLAMA_GENERATE, J("{'model':'qwen3','response':'','thinking':'Okay','done':false}"), NULL),
+		TOKEN_REASONING);
+	assert_int_equal(tok(API_OLLAMA_GENERATE, J("{'model':'qwen3','response':'The','done':false}"), NULL),
+			 TOKEN_ANSWER);
+	assert_int_equal(tok(API_OLLAMA_GENERATE,
+			     J("{'model':'qwen3','response':'','tool_calls':[{'function':{'name':'f','arguments':{}}}],"
+			       "'done':false}"),
+			     NULL),
+			 TOKEN_TOOL);
+}
+
+static void test_kinds_responses(void **state)
+{
+	static const struct {
+		const char *type;
+		enum token_kind kind;
+	} kinds[] = {
+		{ "response.output_text.delta", TOKEN_ANSWER },
+		{ "response.refusal.delta", TOKEN_ANSWER },
+		{ "response.audio.transcript.delta", TOKEN_ANSWER },
+		{ "response.audio.delta", TOKEN_ANSWER },
+		{ "response.reasoning_text.delta", TOKEN_REASONING },
+		{ "response.reasoning_summary_text.delta", TOKEN_REASONING },
+		{ "response.function_call_arguments.delta", TOKEN_TOOL },
+		{ "response.custom_tool_call_input.delta", TOKEN_TOOL },
+		{ "response.mcp_call_arguments.delta", TOKEN_TOOL },
+		{ "response.code_interpreter_call_code.delta", TOKEN_TOOL },
+		{ "response.shell_call_command.delta", TOKEN_TOOL },
+	};
+	char buf[512];
+	(void)state;
+	for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+		snprintf(buf, sizeof(buf),
+			 J("{'type':'%s','sequence_number':7,'item_id':'it_1','output_index':0,'delta':'x'}"),
+			 kinds[i].type);
+		if (tok_named(API_OPENAI_RESPONSES, kinds[i].type, buf, NULL) != kinds[i].kind ||
+		    tok(API_OPENAI_RESPONSES, buf, NULL) != kinds[i].kind)
+			fail_msg("%s: not kind %d", kinds[i].type, kinds[i].kind);
+	}
+}
+
+#undef CHAT
+
+/* ---- usage details: cached, cache-write and reasoning tokens ----------- */
+
+static void assert_details(const struct usage *u, int64_t in, int64_t out, int64_t cached, int64_t write,
+			   int64_t reasoning)
+{
+	assert_int_equal(u->input_tokens, in);
+	assert_int_equal(u->output_tokens, out);
+	assert_int_equal(u->cached_tokens, cached);
+	assert_int_equal(u->cache_write_tokens, write);
+	assert_int_equal(u->reasoning_tokens, reasoning);
+}
+
+static void test_usage_details_openai(void **state)
+{
+	struct usage u = USAGE_UNKNOWN;
+	(void)state;
+	/* Not reported is -1, not 0. */
+	assert_details(&u, -1, -1, -1, -1, -1);
+	tok(API_OPENAI_CHAT,
+	    J(OAI_HEAD "'choices':[],'usage':{'prompt_tokens':1200,'completion_tokens':900,'total_tokens':2100,"
+		       "'prompt_tokens_details':{'cached_tokens':1024},'completion_tokens_details':{'reasoning_"
+		       "tokens':640}}}"),
+	    &u);
+	assert_details(&u, 1200, 900, 1024, -1, 640);
+	u = USAGE_UNKNOWN;
+	tok(API_OPENAI_CHAT,
+	    J(OAI_HEAD "'choices':[],'usage':{'prompt_tokens':10,'completion_tokens':2,'prompt_tokens_details':"
+		       "{'cached_tokens':0,'cache_write_tokens':8},'completion_tokens_details':null}}"),
+	    &u);
+	assert_details(&u, 10, 2, 0, 8, -1);
+	/* SGLang puts reasoning_tokens at the top of usage. */
+	u = USAGE_UNKNOWN;
+	tok(API_OPENAI_CHAT,
+	    J(OAI_HEAD "'choices':[],'usage':{'prompt_tokens':10,'completion_tokens':30,'reasoning_tokens':20,"
+		       "'prompt_tokens_details':null}}"),
+	    &u);
+	assert_details(&u, 10, 30, -1, -1, 20);
+	/* Non-streamed chat and completions bodies. */
+	body(API_OPENAI_CHAT,
+	     J("{'id':'c','object':'chat.completion','choices':[],'usage':{'prompt_tokens':50,'completion_tokens':5,"
+	       "'prompt_tokens_details':{'cached_tokens':32},'completion_tokens_details':{'reasoning_tokens':3}}}"),
+	     &u);
+	assert_details(&u, 50, 5, 32, -1, 3);
+	body(API_OPENAI_COMPLETIONS,
+	     J("{'id':'c','choices':[],'usage':{'prompt_tokens':9,'completion_tokens':1,'prompt_tokens_details':{"
+	       "'cached_tokens':4}}}"),
+	     &u);
+	assert_details(&u, 9, 1, 4, -1, -1);
+	/* Responses: streamed terminal event and body. */
+	u = USAGE_UNKNOWN;
+	tok_named(API_OPENAI_RESPONSES, "response.completed",
+		  J("{'type':'response.completed','sequence_number':9,'response':{'id':'r','status':'completed',"
+		    "'usage':{'input_tokens':2000,'input_tokens_details':{'cached_tokens':1024,'cache_write_tokens':"
+		    "0},'output_tokens':700,'output_tokens_details':{'reasoning_tokens':640},'total_tokens':2700}}}"),
+		  &u);
+	assert_details(&u, 2000, 700, 1024, 0, 640);
+	body(API_OPENAI_RESPONSES,
+	     J("{'id':'r','status':'completed','usage':{'input_tokens':36,'input_tokens_details':{'cached_tokens':"
+	       "0},'output_tokens':87,'output_tokens_details':{'reasoning_tokens':12}}}"),
+	     &u);
+	assert_details(&u, 36, 87, 0, -1, 12);
+	/* llama.cpp native: timings.prompt_n is the uncached part, cache_n
+	 * the cached one; tokens_evaluated (the whole prompt) wins. */
+	body(API_LLAMACPP, J("{'content':'Hi','stop':true,'timings':{'prompt_n':5,'cache_n':40,'predicted_n':3}}"), &u);
+	assert_details(&u, 45, 3, 40, -1, -1);
+	body(API_LLAMACPP,
+	     J("{'content':'Hi','stop':true,'tokens_evaluated':47,'tokens_predicted':3,'timings':{'prompt_n':7,"
+	       "'cache_n':40,'predicted_n':3}}"),
+	     &u);
+	assert_details(&u, 47, 3, 40, -1, -1);
+}
+
+/* Anthropic's input_tokens leaves out cache reads and writes: prompt
+ * tokens are normalised to the whole prompt, as every other API means. */
+static void test_usage_details_anthropic(void **state)
+{
+	struct usage u = USAGE_UNKNOWN;
+	(void)state;
+	tok_named(API_ANTHROPIC, "message_start",
+		  J("{'type':'message_start','message':{'id':'msg_1','type':'message','role':'assistant','content':"
+		    "[],'usage':{'input_tokens':12,'cache_creation_input_tokens':100,'cache_read_input_tokens':41203,"
+		    "'output_tokens':1}}}"),
+		  &u);
+	assert_details(&u, 12 + 100 + 41203, -1, 41203, 100, -1);
+	tok_named(API_ANTHROPIC, "message_delta",
+		  J("{'type':'message_delta','delta':{'stop_reason':'end_turn'},'usage':{'output_tokens':210,"
+		    "'output_tokens_details':{'thinking_tokens':150}}}"),
+		  &u);
+	assert_details(&u, 12 + 100 + 41203, 210, 41203, 100, 150);
+	/* A message_delta that repeats the counts (cumulative) changes nothing. */
+	tok_named(API_ANTHROPIC, "message_delta",
+		  J("{'type':'message_delta','delta':{'stop_reason':'end_turn'},'usage':{'input_tokens':12,"
+		    "'cache_creation_input_tokens':100,'cache_read_input_tokens':41203,'output_tokens':210}}"),
+		  &u);
+	assert_details(&u, 12 + 100 + 41203, 210, 41203, 100, 150);
+	/* Without cache fields: input as it is, caching not reported. */
+	u = USAGE_UNKNOWN;
+	tok_named(API_ANTHROPIC, "message_start",
+		  J("{'type':'message_start','message':{'usage':{'input_tokens':472,'output_tokens':1}}}"), &u);
+	assert_details(&u, 472, -1, -1, -1, -1);
+	/* The non-streamed body. */
+	body(API_ANTHROPIC,
+	     J("{'id':'msg_01','type':'message','content':[],'usage':{'input_tokens':2095,'cache_creation_input_"
+	       "tokens':0,'cache_read_input_tokens':1000,'output_tokens':503}}"),
+	     &u);
+	assert_details(&u, 3095, 503, 1000, 0, -1);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -962,6 +1204,12 @@ int main(void)
 		cmocka_unit_test(test_bodies),
 		cmocka_unit_test(test_responses_stream),
 		cmocka_unit_test(test_responses_bodies),
+		cmocka_unit_test(test_kinds_openai_chat),
+		cmocka_unit_test(test_kinds_anthropic),
+		cmocka_unit_test(test_kinds_ollama),
+		cmocka_unit_test(test_kinds_responses),
+		cmocka_unit_test(test_usage_details_openai),
+		cmocka_unit_test(test_usage_details_anthropic),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

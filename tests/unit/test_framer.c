@@ -32,7 +32,7 @@ struct seen {
 	char *data[MAX_EVENTS];
 	size_t data_len[MAX_EVENTS];
 	enum api_kind api;
-	bool token[MAX_EVENTS];
+	enum token_kind token[MAX_EVENTS];
 	struct usage usage;
 	struct classify_hint hint;
 };
@@ -90,10 +90,13 @@ static void assert_seen_equal(const struct seen *a, const struct seen *b)
 		assert_int_equal(a->data_len[i], b->data_len[i]);
 		assert_memory_equal(a->data[i], b->data[i], a->data_len[i]);
 		if (a->token[i] != b->token[i])
-			fail_msg("event %d: token-bearing %d unsplit, %d split", i, a->token[i], b->token[i]);
+			fail_msg("event %d: token kind %d unsplit, %d split", i, a->token[i], b->token[i]);
 	}
 	assert_int_equal(a->usage.input_tokens, b->usage.input_tokens);
 	assert_int_equal(a->usage.output_tokens, b->usage.output_tokens);
+	assert_int_equal(a->usage.cached_tokens, b->usage.cached_tokens);
+	assert_int_equal(a->usage.cache_write_tokens, b->usage.cache_write_tokens);
+	assert_int_equal(a->usage.reasoning_tokens, b->usage.reasoning_tokens);
 	assert_int_equal(a->usage.outcome, b->usage.outcome);
 }
 
@@ -476,6 +479,82 @@ static const char responses_incomplete_stream[] =
 	"e_details\":{\"reason\":\"max_output_tokens\"}}}\n"
 	"\n";
 
+/* A reasoning chat stream (vLLM's reasoning parser): reasoning, then the
+ * answer, then a tool call, and usage with its details. */
+static const char chat_reasoning_stream[] =
+	"data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"model\":\"qwen3\",\"choices\":[{\"index\":0,"
+	"\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\n"
+	"data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"model\":\"qwen3\",\"choices\":[{\"index\":0,"
+	"\"delta\":{\"reasoning_content\":\"Let\"},\"finish_reason\":null}]}\n\n"
+	"data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"model\":\"qwen3\",\"choices\":[{\"index\":0,"
+	"\"delta\":{\"reasoning_content\":\" me\"},\"finish_reason\":null}]}\n\n"
+	"data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"model\":\"qwen3\",\"choices\":[{\"index\":0,"
+	"\"delta\":{\"content\":null,\"reasoning\":\" think\"},\"finish_reason\":null}]}\n\n"
+	"data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"model\":\"qwen3\",\"choices\":[{\"index\":0,"
+	"\"delta\":{\"content\":\"Paris\"},\"finish_reason\":null}]}\n\n"
+	"data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"model\":\"qwen3\",\"choices\":[{\"index\":0,"
+	"\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":"
+	"\"f\",\"arguments\":\"{}\"}}]},\"finish_reason\":null}]}\n\n"
+	"data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"model\":\"qwen3\",\"choices\":[],\"usage\":{"
+	"\"prompt_tokens\":1200,\"completion_tokens\":9,\"total_tokens\":1209,\"prompt_tokens_details\":{"
+	"\"cached_tokens\":1024},\"completion_tokens_details\":{\"reasoning_tokens\":3}}}\n\n"
+	"data: [DONE]\n\n";
+
+/* Anthropic with a thinking block (and its signature), text, a tool call,
+ * and cache reads and writes in usage. */
+static const char anthropic_thinking_stream[] =
+	"event: message_start\n"
+	"data: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\","
+	"\"content\":[],\"usage\":{\"input_tokens\":12,\"cache_creation_input_tokens\":300,"
+	"\"cache_read_input_tokens\":4096,\"output_tokens\":1}}}\n\n"
+	"event: content_block_start\n"
+	"data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"thinking\",\"thinking\":"
+	"\"\",\"signature\":\"\"}}\n\n"
+	"event: content_block_delta\n"
+	"data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"thinking_delta\",\"thinking\":"
+	"\"Let me\"}}\n\n"
+	"event: content_block_delta\n"
+	"data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"thinking_delta\",\"thinking\":"
+	"\" think\"}}\n\n"
+	"event: content_block_delta\n"
+	"data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"signature_delta\",\"signature\":"
+	"\"EqoBCkgIARAB\"}}\n\n"
+	"event: content_block_delta\n"
+	"data: "
+	"{\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"text_delta\",\"text\":\"Paris\"}}\n\n"
+	"event: content_block_delta\n"
+	"data: {\"type\":\"content_block_delta\",\"index\":2,\"delta\":{\"type\":\"input_json_delta\","
+	"\"partial_json\":\"{\\\"city\\\"\"}}\n\n"
+	"event: content_block_stop\n"
+	"data: {\"type\":\"content_block_stop\",\"index\":2}\n\n"
+	"event: message_delta\n"
+	"data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\",\"stop_sequence\":null},\"usage\":{"
+	"\"input_tokens\":12,\"cache_creation_input_tokens\":300,\"cache_read_input_tokens\":4096,\"output_tokens\":"
+	"40,\"output_tokens_details\":{\"thinking_tokens\":20}}}\n\n"
+	"event: message_stop\n"
+	"data: {\"type\":\"message_stop\"}\n\n";
+
+/* Responses with reasoning, the answer and a function call. */
+static const char responses_reasoning_stream[] =
+	"event: response.reasoning_summary_text.delta\n"
+	"data: {\"type\":\"response.reasoning_summary_text.delta\",\"sequence_number\":1,\"item_id\":\"rs_1\","
+	"\"output_index\":0,\"summary_index\":0,\"delta\":\"Think\"}\n\n"
+	"event: response.reasoning_text.delta\n"
+	"data: {\"type\":\"response.reasoning_text.delta\",\"sequence_number\":2,\"item_id\":\"rs_1\","
+	"\"output_index\":0,\"content_index\":0,\"delta\":\"ing\"}\n\n"
+	"event: response.output_text.delta\n"
+	"data: {\"type\":\"response.output_text.delta\",\"sequence_number\":3,\"item_id\":\"msg_1\","
+	"\"output_index\":1,\"content_index\":0,\"delta\":\"Paris\"}\n\n"
+	"event: response.function_call_arguments.delta\n"
+	"data: {\"type\":\"response.function_call_arguments.delta\",\"sequence_number\":4,\"item_id\":\"fc_1\","
+	"\"output_index\":2,\"delta\":\"{}\"}\n\n"
+	"event: response.output_item.done\n"
+	"data: {\"type\":\"response.output_item.done\",\"sequence_number\":5,\"output_index\":2,\"item\":{}}\n\n"
+	"event: response.completed\n"
+	"data: {\"type\":\"response.completed\",\"sequence_number\":6,\"response\":{\"id\":\"r\",\"status\":"
+	"\"completed\",\"usage\":{\"input_tokens\":2000,\"input_tokens_details\":{\"cached_tokens\":1024},"
+	"\"output_tokens\":700,\"output_tokens_details\":{\"reasoning_tokens\":640},\"total_tokens\":2700}}}\n\n";
+
 /* Rewrites every "\n" of `lf` as `eol`. */
 static char *with_line_ends(const char *lf, const char *eol)
 {
@@ -526,11 +605,14 @@ static void test_anthropic_stream_names(void **state)
 }
 
 /* What an unsplit run of a stream must give: events, token-bearing ones
- * among them, and the usage read. */
+ * among them (and of those, reasoning and tool-call ones), and the usage
+ * read. */
 struct expect {
 	int events, tokens;
 	int64_t input, output;
 	enum resp_outcome outcome;
+	int reasoning, tools;
+	int64_t cached, cache_write, reasoning_tokens;
 };
 
 /* Every single cut, then byte by byte, then pseudo-random slicings: the
@@ -543,14 +625,22 @@ static void check_all_splits(enum framer_kind kind, enum api_kind api, const cha
 	size_t n = strlen(text);
 	seen_start(&ref, api);
 	frame_all(kind, 0, text, &ref);
-	int tokens = 0;
-	for (int i = 0; i < ref.n; i++)
-		tokens += ref.token[i];
+	int tokens = 0, reasoning = 0, tools = 0;
+	for (int i = 0; i < ref.n; i++) {
+		tokens += ref.token[i] != TOKEN_NONE;
+		reasoning += ref.token[i] == TOKEN_REASONING;
+		tools += ref.token[i] == TOKEN_TOOL;
+	}
 	assert_int_equal(ref.n, want->events);
 	assert_int_equal(tokens, want->tokens);
+	assert_int_equal(reasoning, want->reasoning);
+	assert_int_equal(tools, want->tools);
 	assert_int_equal(ref.usage.input_tokens, want->input);
 	assert_int_equal(ref.usage.output_tokens, want->output);
 	assert_int_equal(ref.usage.outcome, want->outcome);
+	assert_int_equal(ref.usage.cached_tokens, want->cached);
+	assert_int_equal(ref.usage.cache_write_tokens, want->cache_write);
+	assert_int_equal(ref.usage.reasoning_tokens, want->reasoning_tokens);
 
 	for (size_t cut = 1; cut < n; cut++) {
 		seen_start(&got, api);
@@ -591,16 +681,19 @@ static const struct {
 	enum api_kind api;
 	struct expect want;
 } sse_streams[] = {
-	{ openai_chat_stream, API_OPENAI_CHAT, { 6, 2, 12, 3, OUTCOME_NONE } },
-	{ anthropic_stream, API_ANTHROPIC, { 8, 2, 25, 15, OUTCOME_NONE } },
-	{ openai_completions_stream, API_OPENAI_COMPLETIONS, { 5, 2, 5, 2, OUTCOME_NONE } },
-	{ tgi_stream, API_TGI, { 3, 2, 7, 3, OUTCOME_NONE } },
-	{ llamacpp_stream, API_LLAMACPP, { 3, 2, 6, 2, OUTCOME_NONE } },
-	{ responses_text_stream, API_OPENAI_RESPONSES, { 11, 2, 36, 87, OUTCOME_NONE } },
-	{ responses_all_deltas_stream, API_OPENAI_RESPONSES, { 24, 11, 10, 20, OUTCOME_INCOMPLETE } },
-	{ responses_unnamed_stream, API_OPENAI_RESPONSES, { 5, 2, 5, 2, OUTCOME_NONE } },
-	{ responses_failed_stream, API_OPENAI_RESPONSES, { 4, 0, -1, -1, OUTCOME_FAILED } },
-	{ responses_incomplete_stream, API_OPENAI_RESPONSES, { 4, 2, 7, 2, OUTCOME_INCOMPLETE } },
+	{ openai_chat_stream, API_OPENAI_CHAT, { 6, 2, 12, 3, OUTCOME_NONE, 0, 0, -1, -1, -1 } },
+	{ anthropic_stream, API_ANTHROPIC, { 8, 2, 25, 15, OUTCOME_NONE, 0, 0, -1, -1, -1 } },
+	{ openai_completions_stream, API_OPENAI_COMPLETIONS, { 5, 2, 5, 2, OUTCOME_NONE, 0, 0, -1, -1, -1 } },
+	{ tgi_stream, API_TGI, { 3, 2, 7, 3, OUTCOME_NONE, 0, 0, -1, -1, -1 } },
+	{ llamacpp_stream, API_LLAMACPP, { 3, 2, 6, 2, OUTCOME_NONE, 0, 0, -1, -1, -1 } },
+	{ responses_text_stream, API_OPENAI_RESPONSES, { 11, 2, 36, 87, OUTCOME_NONE, 0, 0, 0, -1, 0 } },
+	{ responses_all_deltas_stream, API_OPENAI_RESPONSES, { 24, 11, 10, 20, OUTCOME_INCOMPLETE, 2, 5, 0, -1, 0 } },
+	{ responses_unnamed_stream, API_OPENAI_RESPONSES, { 5, 2, 5, 2, OUTCOME_NONE, 0, 0, 0, -1, 0 } },
+	{ responses_failed_stream, API_OPENAI_RESPONSES, { 4, 0, -1, -1, OUTCOME_FAILED, 0, 0, -1, -1, -1 } },
+	{ responses_incomplete_stream, API_OPENAI_RESPONSES, { 4, 2, 7, 2, OUTCOME_INCOMPLETE, 0, 0, 0, -1, 0 } },
+	{ chat_reasoning_stream, API_OPENAI_CHAT, { 8, 5, 1200, 9, OUTCOME_NONE, 3, 1, 1024, -1, 3 } },
+	{ anthropic_thinking_stream, API_ANTHROPIC, { 10, 4, 12 + 300 + 4096, 40, OUTCOME_NONE, 2, 1, 4096, 300, 20 } },
+	{ responses_reasoning_stream, API_OPENAI_RESPONSES, { 6, 4, 2000, 700, OUTCOME_NONE, 2, 1, 1024, -1, 640 } },
 };
 
 static void test_split_every_byte_sse(void **state)
@@ -617,7 +710,8 @@ static void test_split_every_byte_sse(void **state)
 
 static void test_split_every_byte_ndjson(void **state)
 {
-	static const struct expect chat = { 3, 2, 26, 282, OUTCOME_NONE }, generate = { 4, 3, 11, 3, OUTCOME_NONE };
+	static const struct expect chat = { 3, 2, 26, 282, OUTCOME_NONE, 0, 0, -1, -1, -1 },
+				   generate = { 4, 3, 11, 3, OUTCOME_NONE, 1, 0, -1, -1, -1 };
 	static const char *eols[] = { "\n", "\r\n" };
 	for (int e = 0; e < 2; e++) {
 		char *text = with_line_ends(ollama_chat_stream, eols[e]);

@@ -21,6 +21,7 @@
 #include <event2/buffer.h>
 #include <metrics.pb-c.h>
 
+#include "series_key.h"
 #include "prom.h"
 #include "prom_accept.h"
 #include "prom_proto.h"
@@ -248,17 +249,13 @@ static void test_native_huge(void **state)
 static void add_series(struct store_result *r, const char *route, const char *up, const char *model, bool cold)
 {
 	struct store_series *s;
-	size_t lr = strlen(route), lu = strlen(up), lm = strlen(model);
 
 	r->series = realloc(r->series, (r->n + 1) * sizeof(*r->series));
 	assert_non_null(r->series);
 	s = &r->series[r->n++];
 	memset(s, 0, sizeof(*s));
-	memcpy(s->key, route, lr + 1);
-	memcpy(s->key + lr + 1, up, lu + 1);
-	memcpy(s->key + lr + lu + 2, model, lm + 1);
-	s->key[lr + lu + lm + 3] = cold ? '1' : '0';
-	s->keylen = lr + lu + lm + 4;
+	s->keylen = series_key_build(s->key, route, up, model, cold);
+	assert_true(s->keylen > 0);
 }
 
 static void build_result(struct store_result *r)

@@ -137,6 +137,153 @@ static void test_model_cap(void **state)
 	stats_shard_free(sh);
 }
 
+/* A slice as main's encoder wrote it before #15 (layout version 1: 11
+ * counters then the error kinds; histogram slots 12 metrics, then the load
+ * curves, then the prompt buckets): counters 100 + i at every position;
+ * ttft 3 x 50 ms; inflight 4; the ITL load curve's bucket 2, 7 x 1.5 ms;
+ * the prompt bucket 9, 2 x 80 ms; the last prompt bucket, 120 ms. */
+static const uint8_t slice_v1_fixture[] = {
+	0x01, 0x15, 0x64, 0x65, 0x66, 0x67, 0x68, 0x69, 0x6a, 0x6b, 0x6c, 0x6d, 0x6e, 0x6f, 0x70, 0x71,
+	0x72, 0x73, 0x74, 0x75, 0x76, 0x77, 0x78, 0x05, 0x00, 0x0e, 0x03, 0xf0, 0x93, 0x09, 0xd0, 0x86,
+	0x03, 0xd0, 0x86, 0x03, 0x02, 0x89, 0x04, 0x03, 0x0b, 0x07, 0x01, 0x04, 0x04, 0x04, 0x02, 0x04,
+	0x01, 0x1a, 0x0b, 0x07, 0x84, 0x52, 0xdc, 0x0b, 0xdc, 0x0b, 0x02, 0xd3, 0x02, 0x07, 0x39, 0x0e,
+	0x02, 0x80, 0xe2, 0x09, 0x80, 0xf1, 0x04, 0x80, 0xf1, 0x04, 0x02, 0xa2, 0x04, 0x02, 0x45, 0x0e,
+	0x01, 0xc0, 0xa9, 0x07, 0xc0, 0xa9, 0x07, 0xc0, 0xa9, 0x07, 0x02, 0xb7, 0x04, 0x01,
+};
+
+static void assert_v1_fixture_values(const struct slice *b)
+{
+	/* the counters of version 1 keep their meaning */
+	for (unsigned c = 0; c < CT_CACHED_TOKENS; c++)
+		assert_int_equal(b->counters[c], 100 + c);
+	for (unsigned e = 0; e < REQ_ERR__COUNT; e++)
+		assert_int_equal(b->counters[CT_ERR_BASE + e], 100 + 11 + e);
+	for (unsigned c = CT_CACHED_TOKENS; c < CT_ERR_BASE; c++)
+		assert_int_equal(b->counters[c], 0);
+	assert_int_equal(b->slot[HM_TTFT]->count, 3);
+	assert_int_equal(b->slot[HM_TTFT]->min, 50000);
+	assert_int_equal(b->slot[HM_INFLIGHT]->count, 1);
+	assert_int_equal(b->slot[HM_INFLIGHT]->max, 4);
+	assert_int_equal(b->slot[SLOT_CURVE(CURVE_ITL, 2)]->count, 7);
+	assert_int_equal(b->slot[SLOT_CURVE(CURVE_ITL, 2)]->min, 1500);
+	/* version 1 keyed the prompt curve on the prompt as reported: with no
+	 * caching reported that is the prefill too, so both curves get it */
+	for (int raw = 0; raw < 2; raw++) {
+		unsigned s9 = raw ? SLOT_PROMPT_RAW(9) : SLOT_PROMPT(9);
+		unsigned slast = raw ? SLOT_PROMPT_RAW(PROMPT_BUCKETS - 1) : SLOT_PROMPT(PROMPT_BUCKETS - 1);
+		assert_int_equal(b->slot[s9]->count, 2);
+		assert_int_equal(b->slot[s9]->min, 80000);
+		assert_int_equal(b->slot[slast]->count, 1);
+		assert_int_equal(b->slot[slast]->max, 120000);
+	}
+	unsigned used = 0;
+	for (unsigned i = 0; i < SLICE_SLOTS; i++)
+		used += b->slot[i] && b->slot[i]->count;
+	assert_int_equal(used, 7);
+	assert_true(!b->slot[HM_ANSWER_TTFT] || !b->slot[HM_ANSWER_TTFT]->count);
+}
+
+/* Stored data written before the layout grew reads back the same. */
+static void test_slice_decodes_version_1(void **state)
+{
+	struct slice b, c;
+	uint8_t *blob = NULL;
+	(void)state;
+
+	memset(&b, 0, sizeof(b));
+	memset(&c, 0, sizeof(c));
+	assert_int_equal(slice_decode_merge(&b, slice_v1_fixture, sizeof(slice_v1_fixture)), 0);
+	assert_v1_fixture_values(&b);
+	/* and once migrated, it is written and read back in today's layout */
+	size_t len = slice_encode(&b, &blob);
+	assert_true(len > 0);
+	assert_int_not_equal(blob[0], 1);
+	assert_int_equal(slice_decode_merge(&c, blob, len), 0);
+	assert_v1_fixture_values(&c);
+	/* a version-1 slot past its layout (70 slots) is refused, not
+	 * misplaced: the fixture's ttft histogram (bytes 26 to 39) under slot
+	 * 69, then 70 */
+	uint8_t one[5 + 14] = { 0x01, 0x00, 0x01, 69, 0x0e };
+	memcpy(one + 5, slice_v1_fixture + 26, 14);
+	assert_int_equal(slice_decode_merge(&c, one, sizeof(one)), 0);
+	one[3] = 70;
+	assert_int_equal(slice_decode_merge(&c, one, sizeof(one)), -1);
+	free(blob);
+	slice_release(&b);
+	slice_release(&c);
+}
+
+/* A reasoning request with caching reported: answer_ttft and reasoning
+ * histograms, the usage-detail counters, the cache hit ratio's
+ * denominator, and the prompt curve keyed on prefill with the raw prompt
+ * kept beside it. */
+static void test_slice_records_reasoning_and_cache(void **state)
+{
+	struct slice sl;
+	struct req_record r;
+	uint64_t gap;
+	(void)state;
+
+	memset(&sl, 0, sizeof(sl));
+	fake_request(&r, 1000, 0, 0);
+	r.usage.input_tokens = 1000;
+	r.usage.cached_tokens = 900;
+	r.usage.cache_write_tokens = 50;
+	r.usage.reasoning_tokens = 30;
+	r.usage.output_tokens = 40;
+	uint64_t t0 = r.at[TL_ARRIVE];
+	record_token_event(&r, TOKEN_REASONING, t0 + 10000000, &gap); /* 10 ms */
+	record_token_event(&r, TOKEN_REASONING, t0 + 30000000, &gap);
+	record_token_event(&r, TOKEN_ANSWER, t0 + 45000000, &gap); /* 45 ms */
+	r.at[TL_RESP_END] = t0 + 50000000;
+	slice_record_request(&sl, &r, 1, &test_slo);
+	record_release(&r);
+	assert_int_equal(sl.slot[HM_TTFT]->min, 10000);
+	assert_int_equal(sl.slot[HM_ANSWER_TTFT]->count, 1);
+	assert_int_equal(sl.slot[HM_ANSWER_TTFT]->min, 45000);
+	assert_int_equal(sl.slot[HM_REASONING]->min, 20000);
+	assert_int_equal(sl.counters[CT_CACHED_TOKENS], 900);
+	assert_int_equal(sl.counters[CT_CACHE_WRITE_TOKENS], 50);
+	assert_int_equal(sl.counters[CT_REASONING_TOKENS], 30);
+	assert_int_equal(sl.counters[CT_CACHE_REPORTED_INPUT_TOKENS], 1000);
+	assert_int_equal(sl.counters[CT_INPUT_TOKENS], 1000);
+	/* prefill 100 tokens: bucket 7 (65-128); the prompt, 1000: bucket 10 */
+	assert_int_equal(sl.slot[SLOT_PROMPT(log2_bucket(100, PROMPT_BUCKETS))]->count, 1);
+	assert_int_equal(sl.slot[SLOT_PROMPT(log2_bucket(100, PROMPT_BUCKETS))]->min, 10000);
+	assert_int_equal(sl.slot[SLOT_PROMPT_RAW(log2_bucket(1000, PROMPT_BUCKETS))]->count, 1);
+	assert_null(sl.slot[SLOT_PROMPT(log2_bucket(1000, PROMPT_BUCKETS))]);
+
+	/* no caching reported: both curves on the prompt, no denominator;
+	 * no reasoning: answer_ttft is the ttft, no reasoning span */
+	fake_request(&r, 2000, 3, 1000);
+	r.usage.input_tokens = 1000;
+	slice_record_request(&sl, &r, 1, &test_slo);
+	record_release(&r);
+	assert_int_equal(sl.counters[CT_CACHE_REPORTED_INPUT_TOKENS], 1000);
+	assert_int_equal(sl.counters[CT_CACHED_TOKENS], 900);
+	assert_int_equal(sl.counters[CT_INPUT_TOKENS], 2000);
+	assert_int_equal(sl.slot[SLOT_PROMPT(log2_bucket(1000, PROMPT_BUCKETS))]->count, 1);
+	assert_int_equal(sl.slot[SLOT_PROMPT_RAW(log2_bucket(1000, PROMPT_BUCKETS))]->count, 2);
+	assert_int_equal(sl.slot[HM_ANSWER_TTFT]->count, 2);
+	assert_int_equal(sl.slot[HM_ANSWER_TTFT]->min, 2000);
+	assert_int_equal(sl.slot[HM_REASONING]->count, 1);
+	/* cached tokens without the input they are part of: not counted, the
+	 * ratio's numerator never outgrows its denominator */
+	fake_request(&r, 2000, 3, 1000);
+	r.usage.input_tokens = -1;
+	r.usage.cached_tokens = 500;
+	slice_record_request(&sl, &r, 1, &test_slo);
+	record_release(&r);
+	assert_int_equal(sl.counters[CT_CACHED_TOKENS], 900);
+	assert_int_equal(sl.counters[CT_CACHE_REPORTED_INPUT_TOKENS], 1000);
+	assert_string_equal(hist_metric_name(HM_ANSWER_TTFT), "answer_ttft");
+	assert_string_equal(hist_metric_name(HM_REASONING), "reasoning");
+	assert_string_equal(slice_counter_name(CT_CACHED_TOKENS), "cached_tokens");
+	assert_string_equal(slice_counter_name(CT_CACHE_WRITE_TOKENS), "cache_write_tokens");
+	assert_string_equal(slice_counter_name(CT_REASONING_TOKENS), "reasoning_tokens");
+	slice_release(&sl);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -144,6 +291,8 @@ int main(void)
 		cmocka_unit_test(test_log2_buckets),
 		cmocka_unit_test(test_itl_rounds_to_nearest),
 		cmocka_unit_test(test_model_cap),
+		cmocka_unit_test(test_slice_decodes_version_1),
+		cmocka_unit_test(test_slice_records_reasoning_and_cache),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
