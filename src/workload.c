@@ -445,7 +445,7 @@ uint64_t wl_ids_get(struct wl_ids *t, uint64_t hash)
 /* One finished request, as queued: copied, so the request may go. */
 struct wl_item {
 	uint64_t arrive_ns;
-	int64_t input_tokens, output_tokens, max_tokens;
+	int64_t input_tokens, output_tokens, cached_tokens, max_tokens;
 	uint64_t prompt_bytes;
 	double ttft_ms, e2e_ms;
 	int status;
@@ -530,6 +530,7 @@ void workload_record(const struct req_record *rec, struct wl_req *w, const char 
 	it->arrive_ns = rec->at[TL_ARRIVE];
 	it->input_tokens = rec->usage.input_tokens;
 	it->output_tokens = record_output_tokens(rec);
+	it->cached_tokens = rec->usage.cached_tokens;
 	it->max_tokens = w ? w->max_tokens : -1;
 	it->prompt_bytes = w ? w->prompt_bytes : 0;
 	it->ttft_ms = m[RM_TTFT];
@@ -609,7 +610,7 @@ static char *item_line(struct workload *wl, const struct wl_item *it)
 	json_object_set_new(o, "model", str_or_null(it->model));
 	json_object_set_new(o, "api", json_string(classify_api_name(it->api)));
 	json_object_set_new(o, "stream", it->stream < 0 ? json_null() : json_boolean(it->stream));
-	json_object_set_new(o, "cached_tokens", json_null());
+	json_object_set_new(o, "cached_tokens", it->cached_tokens < 0 ? json_null() : json_integer(it->cached_tokens));
 	json_object_set_new(o, "max_tokens", it->max_tokens < 0 ? json_null() : json_integer(it->max_tokens));
 	snprintf(sess, sizeof(sess), "%016llx", (unsigned long long)it->session);
 	json_object_set_new(o, "session", it->has_session ? json_string(sess) : json_null());

@@ -7,7 +7,8 @@ session value reaches the file; an unwritable path is reported and requests
 are forwarded as ever. Replaying a captured trace against the simulator
 reproduces its arrival rate within 5 % and its lengths exactly; replaying a
 hand-written Mooncake trace through a capturing tokentap gives back the same
-prefix sharing."""
+prefix sharing, and the simulator's prefix cache reports as cached exactly
+the longest prefix each request shares with an earlier one."""
 
 import json
 import os
@@ -216,7 +217,9 @@ class Replay(WorkloadCase):
         with open(trace, "w") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
-        sim = harness.start_sim(self, "--ttft-ms", 2, "--itl-ms", 1)
+        # the simulator's prefix cache remembers prompts in 16-token blocks,
+        # as BLOCK here: what it reports cached is the sharing replayed
+        sim = harness.start_sim(self, "--ttft-ms", 2, "--itl-ms", 1, "--prefix-cache")
         tt, again, _ = self.capturing(sim)
         self.bench(["--url", "http://127.0.0.1:%d" % tt.port, "--replay", trace, "--block-tokens", BLOCK,
                     "--sim-headers"])
@@ -227,6 +230,9 @@ class Replay(WorkloadCase):
             self.assertEqual(r["max_tokens"], w["output_length"])
             # the prompt is the blocks' text and a separator byte: one more block
             self.assertEqual(len(r["hash_ids"]), len(w["hash_ids"]) + 1)
+        for i, (r, w) in enumerate(zip(recs, rows)):
+            longest = max([common_prefix(w["hash_ids"], x["hash_ids"]) for x in rows[:i]] or [0])
+            self.assertEqual(r["cached_tokens"], longest * BLOCK, (i, r, w))
         for i, (ra, wa) in enumerate(zip(recs, rows)):
             for rb, wb in zip(recs[i + 1:], rows[i + 1:]):
                 self.assertEqual(common_prefix(ra["hash_ids"], rb["hash_ids"]),

@@ -215,6 +215,7 @@ static void record(uint64_t arrive, int64_t in, int64_t out, const char *body)
 	rec.usage = USAGE_UNKNOWN;
 	rec.usage.input_tokens = in;
 	rec.usage.output_tokens = out;
+	rec.usage.cached_tokens = in >= 0 ? in / 2 : -1;
 	rec.stream = 1;
 	rec.status = 200;
 	rec.at[TL_ARRIVE] = arrive;
@@ -268,6 +269,7 @@ static void test_capture_lines_and_rotation(void **state)
 	assert_string_equal(json_string_value(json_object_get(a, "model")), "m1");
 	assert_true(json_is_true(json_object_get(a, "stream")));
 	assert_int_equal(json_integer_value(json_object_get(a, "max_tokens")), 77);
+	assert_int_equal(json_integer_value(json_object_get(a, "cached_tokens")), 15);
 	assert_true(json_is_null(json_object_get(a, "session")));
 	assert_true(json_real_value(json_object_get(a, "ttft_ms")) == 5.0);
 	assert_true(json_real_value(json_object_get(a, "e2e_ms")) == 20.0);
@@ -284,6 +286,7 @@ static void test_capture_lines_and_rotation(void **state)
 	 * hash is the same for the same user, and no text of it is written */
 	assert_int_equal(json_integer_value(json_object_get(c, "input_length")), 3); /* 11 bytes / 4 */
 	assert_true(json_is_true(json_object_get(c, "input_length_estimated")));
+	assert_true(json_is_null(json_object_get(c, "cached_tokens")));
 	assert_int_equal(json_integer_value(json_object_get(c, "max_tokens")), 9);
 	assert_string_equal(json_string_value(json_object_get(c, "session")),
 			    json_string_value(json_object_get(d, "session")));
