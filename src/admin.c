@@ -69,6 +69,7 @@
 #include "prom_proto.h"
 #include "recent.h"
 #include "compare.h"
+#include "workload.h"
 #include "control.h"
 #include "live.h"
 #include "store.h"
@@ -669,6 +670,19 @@ static void on_compare(struct admin *a, struct evhttp_request *req, struct evkey
 	json_decref(labels);
 	store_result_free(&res);
 	reply_rendered(req, text);
+}
+
+/* The workload capture's summary (workload.c keeps it; docs/workload.md). */
+static void on_workload(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)
+{
+	char *text = workload_summary_json();
+
+	if (!text) {
+		reply_error(req, 500, NULL, "out of memory");
+		return;
+	}
+	reply_json_text(req, 200, text);
+	free(text);
 }
 
 /* ---- routing ---- */

@@ -86,8 +86,12 @@ struct config {
 	/* `listeners:` from the file; empty: the one `listen` (+ `tls`) above */
 	struct listener_conf *listeners;
 	unsigned nlisteners;
-	const char *upstream;	/* http://host:port (command-line mode) */
-	const char *access_log; /* path, "-" for stdout, NULL for none */
+	const char *upstream;		/* http://host:port (command-line mode) */
+	const char *access_log;		/* path, "-" for stdout, NULL for none */
+	const char *workload_path;	/* the workload capture's file; NULL: no capture */
+	uint64_t workload_max_size;	/* bytes per file before rotation */
+	unsigned workload_max_files;	/* files kept */
+	unsigned workload_block_tokens; /* prefix hash block size in tokens */
 	uint64_t max_body_size;
 	uint64_t max_header_size;
 	unsigned max_headers;

@@ -28,6 +28,7 @@
 #include "store.h"
 #include "version.h"
 #include "worker.h"
+#include "workload.h"
 
 #define RECENT_REQUESTS 1024 /* kept for GET /requests/recent */
 
@@ -244,6 +245,14 @@ int main(int argc, char **argv)
 			goto out;
 		}
 	}
+	if (boot.workload_path) {
+		struct workload_options wo = { boot.workload_path, boot.workload_max_size, boot.workload_max_files,
+					       boot.workload_block_tokens };
+		if (workload_open(&wo, err, sizeof(err)) == -1) {
+			log_error("%s", err);
+			goto out;
+		}
+	}
 	store_options_defaults(&so);
 	so.dir = boot.data_dir;
 	so.minute_retention_s = boot.minute_retention_s;
@@ -338,6 +347,7 @@ out:
 	for (unsigned i = 0; i < app.nworkers; i++)
 		worker_free(workers[i]); /* each hands its last stats to the store */
 	store_close(store);		 /* commits them */
+	workload_close();		 /* writes what the workers queued */
 	recent_free(recent);
 	accesslog_close(alog);
 	config_free(&gen);

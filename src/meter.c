@@ -22,6 +22,7 @@
 #include "stats.h"
 #include "timeline.h"
 #include "upstream.h"
+#include "workload.h"
 
 /* The upstream answered 2xx: the one test behind the stream flag, the
  * body's usage and a new model name's admission (stats_series). */
@@ -167,8 +168,10 @@ void meter_finish(struct meter *m, struct upstream *up)
 			}
 		}
 	}
-	if (!m->shadow)
+	if (!m->shadow) {
 		recent_push(m->env.recent, rec, m->load, m->cold);
+		workload_record(rec, rec->wl, m->route, m->upstream);
+	}
 }
 
 void meter_record_shadow(struct req_record *dst, const struct req_record *primary)

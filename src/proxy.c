@@ -82,6 +82,7 @@
 #include "timeline.h"
 #include "tls.h"
 #include "upstream.h"
+#include "workload.h"
 
 static void client_close(struct client *cl, const char *why);
 
@@ -225,6 +226,7 @@ static void request_free(struct request *req)
 	if (req->mirror)
 		mirror_detach(req->mirror, req->body_done);
 	meter_free(&req->meter);
+	workload_req_free(req->rec.wl);
 	record_release(&req->rec);
 	if (req->up_pending)
 		evbuffer_free(req->up_pending);
@@ -477,6 +479,7 @@ static void request_body_bytes(struct request *req, const char *at, size_t len)
 		mirror_feed(req->mirror, at, len);
 	if (req->mirror && req->head.chunked)
 		mirror_feed(req->mirror, "\r\n", 2);
+	workload_feed(&req->rec.wl, at, len);
 }
 
 static void on_req_body(void *arg, const char *at, size_t len)

@@ -42,6 +42,14 @@
 	  "the listener's private key (PEM)") \
 	X(ACCESS_LOG, "access_log", "access-log", 0, STRING_OFF, access_log, NULL, 0, 0, RESTART, "PATH|-", \
 	  "one JSON line per request; '-' for stdout") \
+	X(WORKLOAD, "workload.path", "workload", 0, STRING_OFF, workload_path, NULL, 0, 0, RESTART, "PATH", \
+	  "capture each finished request as a trace line (docs/workload.md)") \
+	X(WORKLOAD_MAX_SIZE, "workload.max_size", NULL, 0, SIZE, workload_max_size, "256m", 4096, 0, RESTART, NULL, \
+	  "workload file size before it is rotated") \
+	X(WORKLOAD_MAX_FILES, "workload.max_files", NULL, 0, UINT, workload_max_files, "4", 1, 1000, RESTART, NULL, \
+	  "workload files kept, the one written included") \
+	X(WORKLOAD_BLOCK_TOKENS, "workload.block_tokens", "workload-block-tokens", 0, UINT, workload_block_tokens, "512", \
+	  1, 65536, RESTART, "N", "prefix hash block, in tokens of ~4 bytes of prompt text") \
 	X(WORKERS, "workers", "workers", 0, WORKERS, workers, "auto", 0, 0, RESTART, "N|auto", \
 	  "event loops, one thread each; auto: one per core") \
 	X(MAX_BODY_SIZE, "limits.max_body_size", "max-body-size", 0, SIZE, max_body_size, "32m", 0, 0, LIVE, "SIZE", \

@@ -16,6 +16,8 @@
 
 #include "classify.h"
 
+struct wl_req;
+
 /* (ENUM, json key) in the order they normally happen. */
 #define TIMELINE_EVENTS(X) \
 	X(ARRIVE, arrive) \
@@ -121,6 +123,7 @@ struct req_record {
 	uint64_t itl_total;	   /* all gaps, also past the cap */
 	uint64_t itl_sum, itl_max; /* of all gaps, in ns */
 	bool mirror;		   /* a shadow copy: measured, its response dropped */
+	struct wl_req *wl;	   /* the workload capture's scan of the body (workload.h); the request owns it */
 };
 
 static inline uint64_t clock_now_ns(void)

@@ -78,6 +78,12 @@ static void usage(FILE *f)
 		"                             DIST: fixed:N, uniform:A:B, normal:MEAN:SD, file:PATH\n"
 		"  --seed N                   lengths, prompt text and arrivals (default 0)\n"
 		"  --sweep C1,C2,...          one closed-loop step per concurrency level\n"
+		"  --replay FILE              open loop from a trace (tokentap's workload capture or\n"
+		"                             Mooncake JSONL): its arrivals, lengths and shared\n"
+		"                             prefixes (docs/workload.md)\n"
+		"  --speed X                  with --replay: arrivals X times as fast (default 1)\n"
+		"  --limit N                  with --replay: the first N requests only\n"
+		"  --block-tokens N           with --replay: tokens per hash id (default 512)\n"
 		"\n"
 		"Output:\n"
 		"  --json PATH                results (or the sweep curve) as JSON\n"
@@ -275,6 +281,10 @@ enum {
 	OPT_SEED,
 	OPT_RUN_ID,
 	OPT_TIMESTAMPS,
+	OPT_REPLAY,
+	OPT_SPEED,
+	OPT_LIMIT,
+	OPT_BLOCK_TOKENS,
 };
 
 static void parse_args(int argc, char **argv, struct bench_opts *o)
@@ -309,13 +319,21 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 		{ "seed", required_argument, NULL, OPT_SEED },
 		{ "run-id", required_argument, NULL, OPT_RUN_ID },
 		{ "timestamps", required_argument, NULL, OPT_TIMESTAMPS },
+		{ "replay", required_argument, NULL, OPT_REPLAY },
+		{ "speed", required_argument, NULL, OPT_SPEED },
+		{ "limit", required_argument, NULL, OPT_LIMIT },
+		{ "block-tokens", required_argument, NULL, OPT_BLOCK_TOKENS },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *input_len = "fixed:128", *output_len = "fixed:128", *url = "http://127.0.0.1:8080";
 	const char *arrivals = NULL;
-	bool burst_given = false, conc_given = false;
+	bool burst_given = false, conc_given = false, lens_given = false;
+	const char *replay_path = NULL;
+	double speed = 1.0;
+	uint64_t limit = 0, block_tokens = 512;
+	static struct replay replay;
 	char err[512];
 	int c;
 
@@ -394,8 +412,8 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 			    o->timeout_ms > 24ull * 3600 * 1000)
 				bad("--timeout", "expected a duration such as 60s (at most 24h), got '%s'", optarg);
 			break;
-		case OPT_INPUT_LEN: input_len = optarg; break;
-		case OPT_OUTPUT_LEN: output_len = optarg; break;
+		case OPT_INPUT_LEN: input_len = optarg, lens_given = true; break;
+		case OPT_OUTPUT_LEN: output_len = optarg, lens_given = true; break;
 		case OPT_SIM_HEADERS: o->sim_headers = true; break;
 		case OPT_IGNORE_EOS: o->ignore_eos = true; break;
 		case OPT_JSON: o->json_path = optarg; break;
@@ -411,6 +429,10 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 				bad("--timestamps", "expected kernel or read, got '%s'", optarg);
 			o->kernel_ts = !strcmp(optarg, "kernel");
 			break;
+		case OPT_REPLAY: replay_path = optarg; break;
+		case OPT_SPEED: speed = parse_pos("--speed", optarg, 1e6); break;
+		case OPT_LIMIT: limit = parse_uint("--limit", optarg, 1, UINT64_MAX); break;
+		case OPT_BLOCK_TOKENS: block_tokens = parse_uint("--block-tokens", optarg, 1, 65536); break;
 		case OPT_RUN_ID: {
 			size_t n = strlen(optarg);
 			if (n == 0 || n >= sizeof(o->run_id) ||
@@ -457,6 +479,25 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 		bad("--compare-admin", "compares one run; it does not combine with --sweep");
 	if (o->compare_admin && strncmp(o->compare_admin, "http://", 7))
 		bad("--compare-admin", "expected http://HOST:PORT of tokentap's admin API, got '%s'", o->compare_admin);
+	if (replay_path) {
+		if (o->rate > 0 || conc_given || o->nsweep || lens_given || o->duration_ms || o->requests || o->warmup)
+			bad("--replay",
+			    "the trace sets arrivals, lengths and the request count: it does not combine "
+			    "with --rate, --concurrency, --sweep, --input-len, --output-len, --duration, "
+			    "--requests or --warmup (--limit N replays the first N)");
+		if (replay_load(&replay, replay_path, speed, limit, err, sizeof(err)) == -1)
+			bad("--replay", "%s", err);
+		replay.block_tokens = (unsigned)block_tokens;
+		o->replay = &replay;
+		o->requests = replay.n;
+		/* the open loop at the trace's mean rate: what reports and messages say */
+		double span_s = (double)replay.e[replay.n - 1].t_ns / 1e9;
+		o->rate = span_s > 0 ? (double)(replay.n - 1) / span_s : (double)replay.n;
+		if (o->rate > BENCH_MAX_RATE)
+			o->rate = BENCH_MAX_RATE;
+	} else if (speed != 1.0 || limit || block_tokens != 512) {
+		bad(speed != 1.0 ? "--speed" : limit ? "--limit" : "--block-tokens", "applies to --replay only");
+	}
 	if (!o->duration_ms && !o->requests)
 		o->requests = 100;
 	if (o->rate > 0)
@@ -547,5 +588,6 @@ out:
 	free(res);
 	dist_free(&o.input_len);
 	dist_free(&o.output_len);
+	replay_free(o.replay);
 	return rc;
 }

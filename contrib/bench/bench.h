@@ -7,7 +7,8 @@
  * text), bench_run.c (the event loop: connections, requests, timestamps),
  * bench_report.c (table, JSON, per-request log, progress line),
  * bench_sweep.c (the concurrency sweep's JSON and SVG chart),
- * bench_admin.c (--compare-admin: tokentap's /stats beside the client's).
+ * bench_admin.c (--compare-admin: tokentap's /stats beside the client's),
+ * bench_replay.c (--replay: a trace's arrivals, lengths and prompts).
  *
  * One definition of a token event: responses are split by tokentap's own
  * framer (src/framer.h) and each event is judged by its classifier
@@ -82,6 +83,32 @@ struct evbuffer;
  * spaces only, so it needs no JSON escaping), different per seq. */
 void prompt_text_add(struct evbuffer *out, uint32_t tokens, uint64_t seed, uint64_t seq);
 
+/* ---- a trace to replay (bench_replay.c) ---- */
+
+struct replay_entry {
+	uint64_t t_ms; /* as written */
+	uint64_t t_ns; /* from the first arrival, scaled by --speed */
+	uint32_t in_len, out_len;
+	uint32_t nids;
+	uint64_t *ids; /* hash_ids (owned) */
+	size_t line;   /* in the file: ties keep file order */
+};
+
+struct replay {
+	struct replay_entry *e; /* sorted by arrival */
+	size_t n;
+	unsigned block_tokens; /* tokens a hash id stands for */
+};
+
+/* Reads a Mooncake-shaped JSONL trace, sorts it by timestamp, keeps the
+ * first `limit` (0: all) and scales the gaps by 1/speed. 0, or -1 with a
+ * sentence in err. */
+int replay_load(struct replay *rp, const char *path, double speed, uint64_t limit, char *err, size_t errlen);
+void replay_free(struct replay *rp);
+/* Appends request `seq`'s prompt: exactly in_len * 4 bytes, equal hash id
+ * prefixes giving equal text prefixes. */
+void replay_prompt_add(struct evbuffer *out, const struct replay *rp, uint64_t seq, uint64_t seed);
+
 /* ---- options (bench.c) ---- */
 
 enum bench_api {
@@ -127,6 +154,7 @@ struct bench_opts {
 	unsigned nsweep;
 	uint64_t seed;
 	char run_id[40];
+	struct replay *replay; /* --replay: arrivals, lengths and prompts from a trace; NULL: none */
 };
 
 /* ---- measurement (bench_run.c) ---- */

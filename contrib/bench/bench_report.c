@@ -33,6 +33,8 @@ static const char *mode_desc(const struct bench_result *r, char *buf, size_t len
 {
 	if (r->concurrency)
 		snprintf(buf, len, "closed loop, concurrency %u", r->concurrency);
+	else if (o->replay)
+		snprintf(buf, len, "open loop, a trace's arrivals replayed (mean %g requests/s)", r->rate);
 	else if (o->arrivals == ARRIVALS_GAMMA)
 		snprintf(buf, len, "open loop, %g requests/s, gamma arrivals (burstiness %g)", r->rate, o->burstiness);
 	else
@@ -57,8 +59,14 @@ void report_table(FILE *f, const struct bench_opts *o, const struct bench_result
 		o->stream ? "streaming" : "not streaming", o->model ? o->model : "(server default)");
 	fprintf(f, "target:   http://%s:%u%s\n", o->host, o->port, o->path);
 	fprintf(f, "load:     %s\n", mode_desc(r, mode, sizeof(mode), o));
-	fprintf(f, "lengths:  input %s tokens, output %s tokens (sent as max_tokens%s)\n", o->input_len.desc,
-		o->output_len.desc, o->sim_headers ? " and x-sim-tokens" : "");
+	if (o->replay)
+		fprintf(f,
+			"lengths:  input and output from the trace, prompts from its hash ids (%u tokens each; output "
+			"sent as max_tokens%s)\n",
+			o->replay->block_tokens, o->sim_headers ? " and x-sim-tokens" : "");
+	else
+		fprintf(f, "lengths:  input %s tokens, output %s tokens (sent as max_tokens%s)\n", o->input_len.desc,
+			o->output_len.desc, o->sim_headers ? " and x-sim-tokens" : "");
 	fprintf(f, "run:      %llu requests measured", (unsigned long long)m->started);
 	if (o->warmup)
 		fprintf(f, ", %llu warm-up requests excluded", (unsigned long long)r->w.started);

@@ -156,6 +156,7 @@ struct run {
 	struct event *reaper, *deadline_ev, *arrival_ev, *progress_ev, *sigint_ev, *sigterm_ev;
 	struct rng arrival_rng;
 	uint64_t next_arrival_ns;
+	uint64_t narrivals;   /* arrivals made: with --replay, the trace's next one */
 	uint64_t arrival_now; /* clock of the arrival call running now; 0 outside it */
 	uint64_t *pending;    /* ring of arrival times waiting for a slot */
 	size_t pend_head, pend_n;
@@ -456,7 +457,10 @@ static void request_build(struct run *r, const struct breq *q)
 	case BAPI_OPENAI_COMPLETIONS:
 	case BAPI_OLLAMA_GENERATE: evbuffer_add_printf(b, "\"prompt\":\""); break;
 	}
-	prompt_text_add(b, q->in_len, o->seed, q->seq);
+	if (o->replay && q->seq < o->replay->n)
+		replay_prompt_add(b, o->replay, q->seq, o->seed);
+	else
+		prompt_text_add(b, q->in_len, o->seed, q->seq);
 	if (o->api == BAPI_OPENAI_CHAT || o->api == BAPI_ANTHROPIC || o->api == BAPI_OLLAMA_CHAT ||
 	    o->api == BAPI_OPENAI_RESPONSES)
 		evbuffer_add_printf(b, "\"}]");
@@ -563,8 +567,13 @@ static void conn_issue(struct conn *c)
 	q->warmup = seq < o->warmup;
 	q->rec.usage = USAGE_UNKNOWN;
 	q->rec.itl_keep = r->reqlog != NULL; /* the request log lists the gaps */
-	q->in_len = dist_draw(&o->input_len, o->seed ^ 0x1f2e3d4cu, seq, 1);
-	q->out_len = dist_draw(&o->output_len, o->seed ^ 0x5a6b7c8du, seq, 1);
+	if (o->replay && seq < o->replay->n) {
+		q->in_len = o->replay->e[seq].in_len;
+		q->out_len = o->replay->e[seq].out_len;
+	} else {
+		q->in_len = dist_draw(&o->input_len, o->seed ^ 0x1f2e3d4cu, seq, 1);
+		q->out_len = dist_draw(&o->output_len, o->seed ^ 0x5a6b7c8du, seq, 1);
+	}
 	snprintf(q->rec.id, sizeof(q->rec.id), "bench-%s-%llu", o->run_id, (unsigned long long)(r->id_base + seq));
 	r->inflight++;
 	stats_of(r, q)->started++;
@@ -946,8 +955,15 @@ static void on_arrival(evutil_socket_t fd, short what, void *arg)
 		r->arrival_now = now;
 		open_loop_dispatch(r);
 		r->arrival_now = 0;
-		double gap = arrival_gap_s(&r->arrival_rng, r->o->arrivals, r->o->rate, r->o->burstiness);
-		r->next_arrival_ns += (uint64_t)(gap * 1e9);
+		r->narrivals++;
+		if (r->o->replay) {
+			/* the trace's own times, from the run's start */
+			if (r->narrivals < r->o->replay->n)
+				r->next_arrival_ns = r->t_start + r->o->replay->e[r->narrivals].t_ns;
+		} else {
+			double gap = arrival_gap_s(&r->arrival_rng, r->o->arrivals, r->o->rate, r->o->burstiness);
+			r->next_arrival_ns += (uint64_t)(gap * 1e9);
+		}
 	}
 	if (!arrival_allowed(r, now))
 		r->arrivals_done = true;

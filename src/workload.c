@@ -1,0 +1,895 @@
+/*
+ * workload.c — the workload capture: a streaming scan of request bodies for
+ * their prompt text, the salted hash chain over it, and the writer thread
+ * that turns finished requests into trace lines (workload.h says what).
+ *
+ *   proxy.c body bytes ─▶ workload_feed ─▶ JSON scan ─prompt bytes─▶ chain (SHA-256 per block)
+ *   meter_finish ─▶ workload_record ─copy─▶ queue (bounded) ─▶ writer: ids, JSON line, rotation
+ *
+ * Invariants: the scan keeps a fixed amount of state per request (a depth
+ * stack, a short key buffer) and does constant work per byte plus one
+ * SHA-256 block step; the chain's result does not depend on how the body
+ * was split into reads; a worker takes the queue's lock only to push one
+ * pointer and never waits on the disk; the salt never leaves this file.
+ */
+#include "workload.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "classify.h"
+#include "log.h"
+#include "strutil.h"
+#include "timeline.h"
+
+/* ---- the scan of a request body ---- */
+
+#define SCAN_DEPTH 64
+#define KEY_MAX 24
+
+/* What a JSON value is to the capture, from the key it sits under. */
+enum wl_kind { WK_OTHER, WK_PROMPT, WK_MAXTOK, WK_SESSION };
+
+struct wl_req {
+	uint8_t salt[16];
+	size_t block_bytes;
+	/* the scan */
+	unsigned depth;		      /* containers open */
+	uint8_t is_obj[SCAN_DEPTH];   /* per depth: an object (else an array) */
+	uint8_t kind[SCAN_DEPTH];     /* per depth: an array's element kind, an object's current member kind */
+	bool want_key;		      /* in an object, the next string is a key */
+	bool in_str, esc, str_is_key; /* inside a string */
+	uint8_t str_kind;	      /* a value string's kind */
+	char key[KEY_MAX];	      /* the key being read (a longer one is no key of ours) */
+	unsigned key_len;
+	bool in_num;
+	int64_t max_tokens; /* -1: not asked */
+	/* the chain */
+	EVP_MD_CTX *block; /* the block being filled */
+	bool block_open;
+	size_t fill;	     /* bytes in it */
+	uint8_t prev[32];    /* the last closed block's digest */
+	uint64_t *hashes;    /* closed blocks, then (in wl_req_hashes) the partial one */
+	size_t nhashes, cap; /* nhashes counts closed blocks */
+	uint64_t partial;    /* the open block's hash, valid when partial_n */
+	bool partial_n;
+	uint64_t prompt_bytes;
+	/* the session key: the salted hash of `user` / `user_id` / `session_id` */
+	EVP_MD_CTX *session;
+	bool has_session;
+	uint64_t session_hash;
+};
+
+static uint64_t digest64(const uint8_t d[32])
+{
+	uint64_t v = 0;
+	for (int i = 0; i < 8; i++)
+		v = v << 8 | d[i];
+	return v;
+}
+
+struct wl_req *wl_req_new(const uint8_t salt[16], size_t block_bytes)
+{
+	struct wl_req *w = calloc(1, sizeof(*w));
+
+	if (!w)
+		return NULL;
+	memcpy(w->salt, salt, sizeof(w->salt));
+	w->block_bytes = block_bytes ? block_bytes : 1;
+	w->max_tokens = -1;
+	w->block = EVP_MD_CTX_new();
+	if (!w->block) {
+		free(w);
+		return NULL;
+	}
+	return w;
+}
+
+void workload_req_free(struct wl_req *w)
+{
+	if (!w)
+		return;
+	EVP_MD_CTX_free(w->block);
+	EVP_MD_CTX_free(w->session);
+	free(w->hashes);
+	free(w);
+}
+
+/* A block starts: the digest covers the salt and the previous block's
+ * digest (zeros for the first), so each hash stands for the whole prefix. */
+static void block_begin(struct wl_req *w)
+{
+	EVP_DigestInit_ex(w->block, EVP_sha256(), NULL);
+	EVP_DigestUpdate(w->block, w->salt, sizeof(w->salt));
+	EVP_DigestUpdate(w->block, w->prev, sizeof(w->prev));
+	w->block_open = true;
+	w->fill = 0;
+}
+
+static void block_close(struct wl_req *w)
+{
+	unsigned int n = 0;
+
+	EVP_DigestFinal_ex(w->block, w->prev, &n);
+	w->block_open = false;
+	if (w->nhashes == w->cap) {
+		size_t cap = w->cap ? w->cap * 2 : 16;
+		uint64_t *h = realloc(w->hashes, (cap + 1) * sizeof(*h));
+		if (!h)
+			return;
+		w->hashes = h;
+		w->cap = cap;
+	}
+	w->hashes[w->nhashes++] = digest64(w->prev);
+}
+
+/* Prompt bytes into the chain, block by block. */
+static void chain_feed(struct wl_req *w, const char *at, size_t len)
+{
+	w->prompt_bytes += len;
+	while (len && w->nhashes < WL_HASHES_MAX) {
+		if (!w->block_open)
+			block_begin(w);
+		size_t take = w->block_bytes - w->fill;
+		if (take > len)
+			take = len;
+		EVP_DigestUpdate(w->block, at, take);
+		w->fill += take;
+		at += take;
+		len -= take;
+		if (w->fill == w->block_bytes)
+			block_close(w);
+	}
+}
+
+static enum wl_kind key_kind(const char *k, unsigned len, unsigned depth)
+{
+	static const char *const prompt[] = { "content", "text", "prompt", "input", "system" };
+	static const char *const maxtok[] = { "max_tokens", "max_completion_tokens", "max_output_tokens" };
+
+	for (size_t i = 0; i < sizeof(prompt) / sizeof(prompt[0]); i++)
+		if (strlen(prompt[i]) == len && memcmp(prompt[i], k, len) == 0)
+			return WK_PROMPT;
+	if (depth == 1)
+		for (size_t i = 0; i < sizeof(maxtok) / sizeof(maxtok[0]); i++)
+			if (strlen(maxtok[i]) == len && memcmp(maxtok[i], k, len) == 0)
+				return WK_MAXTOK;
+	if ((depth == 1 && len == 4 && memcmp(k, "user", 4) == 0) ||
+	    (depth <= 2 && len == 7 && memcmp(k, "user_id", 7) == 0) ||
+	    (depth == 1 && len == 10 && memcmp(k, "session_id", 10) == 0))
+		return WK_SESSION;
+	return WK_OTHER;
+}
+
+/* The kind of a value starting here. */
+static uint8_t value_kind(const struct wl_req *w)
+{
+	if (w->depth == 0 || w->depth > SCAN_DEPTH)
+		return WK_OTHER;
+	return w->kind[w->depth - 1];
+}
+
+static void push(struct wl_req *w, bool obj)
+{
+	uint8_t k = value_kind(w);
+
+	if (w->depth < SCAN_DEPTH) {
+		w->is_obj[w->depth] = obj;
+		/* an array's elements are what it is; an object's members wait for their keys */
+		w->kind[w->depth] = obj ? WK_OTHER : (k == WK_PROMPT ? WK_PROMPT : WK_OTHER);
+	}
+	w->depth++;
+	w->want_key = obj;
+}
+
+static bool top_is_obj(const struct wl_req *w)
+{
+	return w->depth && w->depth <= SCAN_DEPTH && w->is_obj[w->depth - 1];
+}
+
+/* Inside a string: prompt text to the chain, a key to its buffer, a
+ * session value to its hash. Returns the bytes taken (up to the closing
+ * quote, excluded). */
+static size_t scan_string(struct wl_req *w, const char *at, size_t len)
+{
+	size_t i = 0;
+
+	while (i < len) {
+		char c = at[i];
+		if (w->esc)
+			w->esc = false;
+		else if (c == '\\')
+			w->esc = true;
+		else if (c == '"')
+			break;
+		i++;
+	}
+	if (w->str_is_key) {
+		/* past KEY_MAX the length still grows: a longer key matches none of ours */
+		for (size_t j = 0; j < i && w->key_len <= KEY_MAX; j++) {
+			if (w->key_len < KEY_MAX)
+				w->key[w->key_len] = at[j];
+			w->key_len++;
+		}
+	} else if (w->str_kind == WK_PROMPT) {
+		chain_feed(w, at, i);
+	} else if (w->str_kind == WK_SESSION && w->session) {
+		EVP_DigestUpdate(w->session, at, i);
+	}
+	return i;
+}
+
+static void string_begin(struct wl_req *w)
+{
+	w->in_str = true;
+	w->esc = false;
+	w->str_is_key = top_is_obj(w) && w->want_key;
+	w->key_len = 0;
+	w->str_kind = w->str_is_key ? WK_OTHER : value_kind(w);
+	if (w->str_kind == WK_SESSION && !w->has_session) {
+		if (!w->session)
+			w->session = EVP_MD_CTX_new();
+		if (w->session) {
+			EVP_DigestInit_ex(w->session, EVP_sha256(), NULL);
+			EVP_DigestUpdate(w->session, w->salt, sizeof(w->salt));
+			EVP_DigestUpdate(w->session, "session", 7);
+		}
+	} else if (w->str_kind == WK_SESSION) {
+		w->str_kind = WK_OTHER; /* the first one counts */
+	}
+}
+
+static void string_end(struct wl_req *w)
+{
+	w->in_str = false;
+	if (w->str_is_key) {
+		if (w->depth && w->depth <= SCAN_DEPTH)
+			w->kind[w->depth - 1] = (uint8_t)key_kind(w->key, w->key_len, w->depth);
+		w->want_key = false;
+	} else if (w->str_kind == WK_PROMPT) {
+		/* a separator: ["ab"] and ["a", "b"] are different prompts */
+		chain_feed(w, "\x1e", 1);
+	} else if (w->str_kind == WK_SESSION && w->session) {
+		uint8_t d[32];
+		unsigned int n = 0;
+		EVP_DigestFinal_ex(w->session, d, &n);
+		w->session_hash = digest64(d);
+		w->has_session = true;
+	}
+}
+
+void wl_req_feed(struct wl_req *w, const char *at, size_t len)
+{
+	size_t i = 0;
+
+	while (i < len) {
+		if (w->in_str) {
+			i += scan_string(w, at + i, len - i);
+			if (i < len) { /* the closing quote */
+				string_end(w);
+				i++;
+			}
+			continue;
+		}
+		char c = at[i++];
+		if (w->in_num && (c < '0' || c > '9'))
+			w->in_num = false;
+		switch (c) {
+		case '"': string_begin(w); break;
+		case '{': push(w, true); break;
+		case '[': push(w, false); break;
+		case '}':
+		case ']':
+			if (w->depth)
+				w->depth--;
+			w->want_key = false;
+			break;
+		case ',': w->want_key = top_is_obj(w); break;
+		case ':': w->want_key = false; break;
+		default:
+			if (c >= '0' && c <= '9' && value_kind(w) == WK_MAXTOK && top_is_obj(w)) {
+				if (!w->in_num) {
+					w->in_num = true;
+					w->max_tokens = 0;
+				}
+				if (w->max_tokens < (int64_t)1 << 40)
+					w->max_tokens = w->max_tokens * 10 + (c - '0');
+			}
+			break;
+		}
+	}
+}
+
+size_t wl_req_hashes(struct wl_req *w, const uint64_t **out)
+{
+	size_t n = w->nhashes;
+
+	if (w->block_open && w->fill && !w->hashes) {
+		w->hashes = malloc(17 * sizeof(*w->hashes));
+		if (w->hashes)
+			w->cap = 16;
+	}
+	/* the open block's digest from a copy, so the chain could go on; the
+	 * array always has one slot past cap for it */
+	if (w->block_open && w->fill && w->hashes) {
+		EVP_MD_CTX *c = EVP_MD_CTX_new();
+		uint8_t d[32];
+		unsigned int dn = 0;
+		if (c && EVP_MD_CTX_copy_ex(c, w->block) == 1 && EVP_DigestFinal_ex(c, d, &dn) == 1)
+			w->hashes[n++] = digest64(d);
+		EVP_MD_CTX_free(c);
+	}
+	*out = w->hashes;
+	return n;
+}
+
+int64_t wl_req_max_tokens(const struct wl_req *w)
+{
+	return w->max_tokens;
+}
+
+uint64_t wl_req_prompt_bytes(const struct wl_req *w)
+{
+	return w->prompt_bytes;
+}
+
+/* ---- hash → id ---- */
+
+/* Open addressing, doubled at half full. Past IDS_MAX entries new hashes
+ * still get new ids but are not remembered (a bound on memory). */
+#define IDS_MAX (1u << 24)
+
+struct wl_ids {
+	uint64_t *key, *val;
+	size_t cap, n;
+	uint64_t next;
+	bool *used;
+};
+
+struct wl_ids *wl_ids_new(void)
+{
+	struct wl_ids *t = calloc(1, sizeof(*t));
+
+	if (!t)
+		return NULL;
+	t->cap = 1024;
+	t->key = calloc(t->cap, sizeof(*t->key));
+	t->val = calloc(t->cap, sizeof(*t->val));
+	t->used = calloc(t->cap, sizeof(*t->used));
+	if (!t->key || !t->val || !t->used) {
+		wl_ids_free(t);
+		return NULL;
+	}
+	return t;
+}
+
+void wl_ids_free(struct wl_ids *t)
+{
+	if (!t)
+		return;
+	free(t->key);
+	free(t->val);
+	free(t->used);
+	free(t);
+}
+
+static size_t ids_slot(const struct wl_ids *t, uint64_t h)
+{
+	size_t i = (size_t)(h * 0x9e3779b97f4a7c15ull) & (t->cap - 1);
+	while (t->used[i] && t->key[i] != h)
+		i = (i + 1) & (t->cap - 1);
+	return i;
+}
+
+static void ids_grow(struct wl_ids *t)
+{
+	struct wl_ids n = { 0 };
+
+	n.cap = t->cap * 2;
+	n.key = calloc(n.cap, sizeof(*n.key));
+	n.val = calloc(n.cap, sizeof(*n.val));
+	n.used = calloc(n.cap, sizeof(*n.used));
+	if (!n.key || !n.val || !n.used) {
+		free(n.key);
+		free(n.val);
+		free(n.used);
+		return;
+	}
+	for (size_t i = 0; i < t->cap; i++)
+		if (t->used[i]) {
+			size_t j = ids_slot(&n, t->key[i]);
+			n.used[j] = true;
+			n.key[j] = t->key[i];
+			n.val[j] = t->val[i];
+		}
+	free(t->key);
+	free(t->val);
+	free(t->used);
+	t->key = n.key;
+	t->val = n.val;
+	t->used = n.used;
+	t->cap = n.cap;
+}
+
+uint64_t wl_ids_get(struct wl_ids *t, uint64_t hash)
+{
+	size_t i = ids_slot(t, hash);
+
+	if (t->used[i])
+		return t->val[i];
+	if (t->n >= IDS_MAX)
+		return t->next++;
+	uint64_t id = t->next++;
+	t->used[i] = true;
+	t->key[i] = hash;
+	t->val[i] = id;
+	t->n++;
+	if (t->n * 2 > t->cap)
+		ids_grow(t);
+	return id;
+}
+
+/* ---- the capture ---- */
+
+/* One finished request, as queued: copied, so the request may go. */
+struct wl_item {
+	uint64_t arrive_ns;
+	int64_t input_tokens, output_tokens, cached_tokens, max_tokens;
+	uint64_t prompt_bytes;
+	double ttft_ms, e2e_ms;
+	int status;
+	enum req_error error;
+	enum api_kind api;
+	int stream;
+	bool has_session;
+	uint64_t session;
+	char route[64], upstream[64], model[128];
+	size_t nh;
+	uint64_t hashes[]; /* nh */
+};
+
+struct workload {
+	struct workload_options o;
+	char *path;
+	uint8_t salt[16];
+	uint64_t start_ns; /* the capture's start: timestamps count from it */
+	pthread_t thread;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct wl_item *q[WL_QUEUE_MAX];
+	size_t qhead, qlen;
+	bool stop;
+	_Atomic uint64_t dropped_queue; /* records the queue had no room for */
+	/* the writer's own */
+	int fd;
+	uint64_t size;		/* of the file being written */
+	uint64_t dropped_write; /* records a failed open or write lost */
+	uint64_t reported;	/* drops already said */
+	uint64_t warn_at_ns;	/* the next warning not before */
+	uint64_t open_retry_ns; /* an open that failed is not retried before */
+	struct wl_ids *ids;
+	uint64_t written;
+	/* the summary behind GET /workload: written by the writer, read by
+	 * the admin thread, both under sum_mu */
+	pthread_mutex_t sum_mu;
+	struct wl_summary_ring {
+		uint64_t ts_ms;
+		uint32_t in, out;
+	} ring[WL_SUMMARY_WINDOW];
+	size_t ring_head, ring_n;
+	uint64_t sum_records, sum_blocks, sum_shared_blocks;
+};
+
+static struct workload *g_wl;
+
+bool workload_active(void)
+{
+	return g_wl != NULL;
+}
+
+void workload_feed(struct wl_req **slot, const char *at, size_t len)
+{
+	struct workload *wl = g_wl;
+
+	if (!wl)
+		return;
+	if (!*slot)
+		*slot = wl_req_new(wl->salt, (size_t)wl->o.block_tokens * WL_BYTES_PER_TOKEN);
+	if (*slot)
+		wl_req_feed(*slot, at, len);
+}
+
+void workload_record(const struct req_record *rec, struct wl_req *w, const char *route, const char *upstream)
+{
+	struct workload *wl = g_wl;
+	const uint64_t *h = NULL;
+	size_t nh;
+	double m[RM__COUNT];
+	struct wl_item *it;
+
+	if (!wl)
+		return;
+	nh = w ? wl_req_hashes(w, &h) : 0;
+	it = malloc(sizeof(*it) + nh * sizeof(uint64_t));
+	if (!it) {
+		atomic_fetch_add(&wl->dropped_queue, 1);
+		return;
+	}
+	record_derive(rec, m);
+	it->arrive_ns = rec->at[TL_ARRIVE];
+	it->input_tokens = rec->usage.input_tokens;
+	it->output_tokens = record_output_tokens(rec);
+	it->cached_tokens = rec->usage.cached_tokens;
+	it->max_tokens = w ? w->max_tokens : -1;
+	it->prompt_bytes = w ? w->prompt_bytes : 0;
+	it->ttft_ms = m[RM_TTFT];
+	it->e2e_ms = m[RM_E2E];
+	it->status = rec->status;
+	it->error = rec->error;
+	it->api = rec->api;
+	it->stream = rec->stream;
+	it->has_session = w && w->has_session;
+	it->session = w ? w->session_hash : 0;
+	copy_trunc(it->route, sizeof(it->route), route ? route : "", route ? strlen(route) : 0);
+	copy_trunc(it->upstream, sizeof(it->upstream), upstream ? upstream : "", upstream ? strlen(upstream) : 0);
+	copy_trunc(it->model, sizeof(it->model), rec->model, strlen(rec->model));
+	it->nh = nh;
+	if (nh)
+		memcpy(it->hashes, h, nh * sizeof(uint64_t));
+	pthread_mutex_lock(&wl->mu);
+	if (wl->qlen == WL_QUEUE_MAX) {
+		pthread_mutex_unlock(&wl->mu);
+		atomic_fetch_add(&wl->dropped_queue, 1);
+		free(it);
+		return;
+	}
+	wl->q[(wl->qhead + wl->qlen) % WL_QUEUE_MAX] = it;
+	wl->qlen++;
+	pthread_cond_signal(&wl->cv);
+	pthread_mutex_unlock(&wl->mu);
+}
+
+static json_t *ms_or_null(double ms)
+{
+	return isnan(ms) ? json_null() : json_real(round(ms * 1000.0) / 1000.0);
+}
+
+static json_t *str_or_null(const char *s)
+{
+	return *s ? json_string(s) : json_null();
+}
+
+/* The line of one record; the hash ids are numbered here, in file order. */
+static char *item_line(struct workload *wl, const struct wl_item *it)
+{
+	json_t *o = json_object(), *ids = json_array();
+	uint64_t ts = it->arrive_ns > wl->start_ns ? (it->arrive_ns - wl->start_ns) / 1000000u : 0;
+	bool estimated = it->input_tokens < 0;
+	int64_t in = estimated ? (int64_t)((it->prompt_bytes + WL_BYTES_PER_TOKEN - 1) / WL_BYTES_PER_TOKEN)
+			       : it->input_tokens;
+	char sess[17];
+	char *line;
+
+	uint64_t shared = 0;
+	for (size_t i = 0; i < it->nh; i++) {
+		uint64_t before = wl->ids->next, id = wl_ids_get(wl->ids, it->hashes[i]);
+		shared += id < before;
+		json_array_append_new(ids, json_integer((json_int_t)id));
+	}
+	pthread_mutex_lock(&wl->sum_mu);
+	wl->ring[(wl->ring_head + wl->ring_n) % WL_SUMMARY_WINDOW] =
+		(struct wl_summary_ring){ ts, (uint32_t)(in > UINT32_MAX ? UINT32_MAX : in),
+					  (uint32_t)(it->output_tokens < 0 ? 0 : it->output_tokens) };
+	if (wl->ring_n < WL_SUMMARY_WINDOW)
+		wl->ring_n++;
+	else
+		wl->ring_head = (wl->ring_head + 1) % WL_SUMMARY_WINDOW;
+	wl->sum_records++;
+	wl->sum_blocks += it->nh;
+	wl->sum_shared_blocks += shared;
+	pthread_mutex_unlock(&wl->sum_mu);
+	json_object_set_new(o, "timestamp", json_integer((json_int_t)ts));
+	json_object_set_new(o, "input_length", json_integer(in));
+	json_object_set_new(o, "output_length", json_integer(it->output_tokens < 0 ? 0 : it->output_tokens));
+	json_object_set_new(o, "hash_ids", ids);
+	if (estimated)
+		json_object_set_new(o, "input_length_estimated", json_true());
+	json_object_set_new(o, "route", str_or_null(it->route));
+	json_object_set_new(o, "upstream", str_or_null(it->upstream));
+	json_object_set_new(o, "model", str_or_null(it->model));
+	json_object_set_new(o, "api", json_string(classify_api_name(it->api)));
+	json_object_set_new(o, "stream", it->stream < 0 ? json_null() : json_boolean(it->stream));
+	json_object_set_new(o, "cached_tokens", it->cached_tokens < 0 ? json_null() : json_integer(it->cached_tokens));
+	json_object_set_new(o, "max_tokens", it->max_tokens < 0 ? json_null() : json_integer(it->max_tokens));
+	snprintf(sess, sizeof(sess), "%016llx", (unsigned long long)it->session);
+	json_object_set_new(o, "session", it->has_session ? json_string(sess) : json_null());
+	json_object_set_new(o, "ttft_ms", ms_or_null(it->ttft_ms));
+	json_object_set_new(o, "e2e_ms", ms_or_null(it->e2e_ms));
+	json_object_set_new(o, "status", json_integer(it->status));
+	json_object_set_new(o, "outcome", json_string(it->error == REQ_ERR_NONE ? "ok" : req_error_name(it->error)));
+	line = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(12));
+	json_decref(o);
+	return line;
+}
+
+/* The file is full: PATH.1 … PATH.(max_files-1) move up by one, the oldest
+ * goes, PATH becomes PATH.1. */
+static void rotate(struct workload *wl)
+{
+	size_t n = strlen(wl->path) + 16;
+	char *from = malloc(n), *to = malloc(n);
+
+	if (wl->fd != -1)
+		close(wl->fd);
+	wl->fd = -1;
+	if (from && to) {
+		if (wl->o.max_files <= 1) {
+			unlink(wl->path);
+		} else {
+			snprintf(to, n, "%s.%u", wl->path, wl->o.max_files - 1);
+			unlink(to);
+			for (unsigned k = wl->o.max_files - 1; k > 1; k--) {
+				snprintf(from, n, "%s.%u", wl->path, k - 1);
+				snprintf(to, n, "%s.%u", wl->path, k);
+				rename(from, to);
+			}
+			snprintf(to, n, "%s.1", wl->path);
+			rename(wl->path, to);
+		}
+	}
+	free(from);
+	free(to);
+}
+
+static void warn_drops(struct workload *wl, uint64_t now, const char *why)
+{
+	uint64_t total = atomic_load(&wl->dropped_queue) + wl->dropped_write;
+
+	if (total == wl->reported || now < wl->warn_at_ns)
+		return;
+	log_warn("workload capture: %llu records dropped so far (%s); forwarding is not affected",
+		 (unsigned long long)total, why);
+	wl->reported = total;
+	wl->warn_at_ns = now + 10ull * 1000000000u; /* at most one line per 10 s */
+}
+
+static void write_item(struct workload *wl, const struct wl_item *it)
+{
+	uint64_t now = clock_now_ns();
+	char *line = item_line(wl, it);
+	size_t len;
+
+	if (!line) {
+		wl->dropped_write++;
+		return;
+	}
+	len = strlen(line);
+	line[len++] = '\n'; /* json_dumps leaves room: the NUL becomes the newline */
+	if (wl->fd != -1 && wl->size && wl->size + len > wl->o.max_size)
+		rotate(wl);
+	if (wl->fd == -1 && now >= wl->open_retry_ns) {
+		wl->fd = open(wl->path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+		if (wl->fd == -1) {
+			log_warn("workload capture: %s: %s; records are dropped until it opens", wl->path,
+				 strerror(errno));
+			wl->open_retry_ns = now + 1000000000u;
+		} else {
+			off_t end = lseek(wl->fd, 0, SEEK_END);
+			wl->size = end > 0 ? (uint64_t)end : 0;
+		}
+	}
+	if (wl->fd == -1) {
+		wl->dropped_write++;
+		warn_drops(wl, now, "the file cannot be opened");
+	} else if (write(wl->fd, line, len) != (ssize_t)len) {
+		wl->dropped_write++;
+		warn_drops(wl, now, strerror(errno));
+	} else {
+		wl->size += len;
+		wl->written++;
+	}
+	free(line);
+}
+
+static void *writer_main(void *arg)
+{
+	struct workload *wl = arg;
+
+	pthread_mutex_lock(&wl->mu);
+	for (;;) {
+		while (!wl->qlen && !wl->stop)
+			pthread_cond_wait(&wl->cv, &wl->mu);
+		if (!wl->qlen && wl->stop)
+			break;
+		struct wl_item *it = wl->q[wl->qhead];
+		wl->qhead = (wl->qhead + 1) % WL_QUEUE_MAX;
+		wl->qlen--;
+		pthread_mutex_unlock(&wl->mu);
+		write_item(wl, it);
+		warn_drops(wl, clock_now_ns(), "the queue was full");
+		free(it);
+		pthread_mutex_lock(&wl->mu);
+	}
+	pthread_mutex_unlock(&wl->mu);
+	return NULL;
+}
+
+int workload_open(const struct workload_options *o, char *err, size_t errlen)
+{
+	struct workload *wl;
+
+	if (g_wl || !o->path)
+		return 0;
+	wl = calloc(1, sizeof(*wl));
+	if (!wl)
+		goto fail;
+	wl->o = *o;
+	if (!wl->o.block_tokens)
+		wl->o.block_tokens = 512;
+	if (!wl->o.max_files)
+		wl->o.max_files = 1;
+	wl->path = strdup(o->path);
+	wl->ids = wl_ids_new();
+	wl->fd = -1;
+	if (!wl->path || !wl->ids)
+		goto fail;
+	if (getrandom(wl->salt, sizeof(wl->salt), 0) != (ssize_t)sizeof(wl->salt))
+		goto fail;
+	wl->start_ns = clock_now_ns();
+	pthread_mutex_init(&wl->mu, NULL);
+	pthread_mutex_init(&wl->sum_mu, NULL);
+	pthread_cond_init(&wl->cv, NULL);
+	if (pthread_create(&wl->thread, NULL, writer_main, wl) != 0) {
+		pthread_mutex_destroy(&wl->mu);
+		pthread_mutex_destroy(&wl->sum_mu);
+		pthread_cond_destroy(&wl->cv);
+		goto fail;
+	}
+	g_wl = wl;
+	log_info("workload capture to %s (blocks of %u tokens ~ %u bytes)", wl->path, wl->o.block_tokens,
+		 wl->o.block_tokens * WL_BYTES_PER_TOKEN);
+	return 0;
+fail:
+	snprintf(err, errlen, "workload capture: cannot start: %s", strerror(errno ? errno : ENOMEM));
+	if (wl) {
+		wl_ids_free(wl->ids);
+		free(wl->path);
+		free(wl);
+	}
+	return -1;
+}
+
+void workload_close(void)
+{
+	struct workload *wl = g_wl;
+
+	if (!wl)
+		return;
+	pthread_mutex_lock(&wl->mu);
+	wl->stop = true;
+	pthread_cond_signal(&wl->cv);
+	pthread_mutex_unlock(&wl->mu);
+	pthread_join(wl->thread, NULL);
+	g_wl = NULL;
+	wl->warn_at_ns = 0;
+	warn_drops(wl, clock_now_ns(), "at exit");
+	if (wl->fd != -1)
+		close(wl->fd);
+	pthread_mutex_destroy(&wl->mu);
+	pthread_mutex_destroy(&wl->sum_mu);
+	pthread_cond_destroy(&wl->cv);
+	wl_ids_free(wl->ids);
+	memset(wl->salt, 0, sizeof(wl->salt));
+	free(wl->path);
+	free(wl);
+}
+
+/* ---- the summary ---- */
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* Nearest-rank quantiles of a sorted array, its mean and max. */
+static json_t *dist_json(const uint64_t *v, size_t n)
+{
+	json_t *o = json_object();
+	static const struct {
+		const char *key;
+		double q;
+	} qs[] = { { "p50", 0.5 }, { "p90", 0.9 }, { "p99", 0.99 } };
+	double sum = 0;
+
+	for (size_t i = 0; i < n; i++)
+		sum += (double)v[i];
+	json_object_set_new(o, "mean", n ? json_real(round(sum / (double)n * 1000.0) / 1000.0) : json_null());
+	for (size_t i = 0; i < sizeof(qs) / sizeof(qs[0]); i++) {
+		size_t rank = (size_t)ceil(qs[i].q * (double)n);
+		json_object_set_new(o, qs[i].key, n ? json_integer((json_int_t)v[rank ? rank - 1 : 0]) : json_null());
+	}
+	json_object_set_new(o, "max", n ? json_integer((json_int_t)v[n - 1]) : json_null());
+	return o;
+}
+
+char *workload_summary_json(void)
+{
+	struct workload *wl = g_wl;
+	json_t *o = json_object();
+	uint64_t *ts = NULL, *in = NULL, *out = NULL;
+	size_t n = 0;
+	char *text;
+
+	json_object_set_new(o, "capturing", json_boolean(wl != NULL));
+	if (!wl)
+		goto done;
+	ts = malloc(WL_SUMMARY_WINDOW * sizeof(*ts));
+	in = malloc(WL_SUMMARY_WINDOW * sizeof(*in));
+	out = malloc(WL_SUMMARY_WINDOW * sizeof(*out));
+	if (!ts || !in || !out) {
+		json_decref(o);
+		o = NULL;
+		goto done;
+	}
+	pthread_mutex_lock(&wl->sum_mu);
+	n = wl->ring_n;
+	for (size_t i = 0; i < n; i++) {
+		const struct wl_summary_ring *r = &wl->ring[(wl->ring_head + i) % WL_SUMMARY_WINDOW];
+		ts[i] = r->ts_ms;
+		in[i] = r->in;
+		out[i] = r->out;
+	}
+	uint64_t records = wl->sum_records, blocks = wl->sum_blocks, shared = wl->sum_shared_blocks;
+	pthread_mutex_unlock(&wl->sum_mu);
+	uint64_t dropped = atomic_load(&wl->dropped_queue);
+
+	json_object_set_new(o, "block_tokens", json_integer(wl->o.block_tokens));
+	json_object_set_new(o, "records", json_integer((json_int_t)records));
+	json_object_set_new(o, "dropped_queue_full", json_integer((json_int_t)dropped));
+	json_object_set_new(o, "window_records", json_integer((json_int_t)n));
+	/* arrivals: the window's records sorted by arrival (they are written
+	 * as they finish) */
+	qsort(ts, n, sizeof(*ts), cmp_u64);
+	qsort(in, n, sizeof(*in), cmp_u64);
+	qsort(out, n, sizeof(*out), cmp_u64);
+	double span_s = n > 1 ? (double)(ts[n - 1] - ts[0]) / 1000.0 : 0;
+	json_object_set_new(o, "span_s", json_real(span_s));
+	json_object_set_new(o, "arrival_rate",
+			    span_s > 0 ? json_real(round((double)(n - 1) / span_s * 1000.0) / 1000.0) : json_null());
+	double mean = 0, m2 = 0;
+	for (size_t i = 1; i < n; i++) { /* Welford over the gaps */
+		double g = (double)(ts[i] - ts[i - 1]), d = g - mean;
+		mean += d / (double)i;
+		m2 += d * (g - mean);
+	}
+	json_object_set_new(o, "interarrival_cv",
+			    n > 2 && mean > 0 ? json_real(round(sqrt(m2 / (double)(n - 1)) / mean * 1000.0) / 1000.0)
+					      : json_null());
+	json_object_set_new(o, "input_length", dist_json(in, n));
+	json_object_set_new(o, "output_length", dist_json(out, n));
+	json_object_set_new(o, "prefix_blocks", json_integer((json_int_t)blocks));
+	json_object_set_new(o, "prefix_shared_blocks", json_integer((json_int_t)shared));
+	json_object_set_new(o, "prefix_sharing_ratio",
+			    blocks ? json_real(round((double)shared / (double)blocks * 1000.0) / 1000.0) : json_null());
+done:
+	free(ts);
+	free(in);
+	free(out);
+	if (!o)
+		return NULL;
+	text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(12));
+	json_decref(o);
+	return text;
+}

@@ -1,0 +1,256 @@
+"""test_workload.py — the workload capture (--workload) and its replay
+(tokentap-bench --replay), over real sockets: tokentap-bench against the
+simulator through tokentap writes a trace whose count and lengths are the
+access log's exactly and whose arrival rate is the one sent; requests built
+with a shared system prompt share their first hash ids; no prompt word or
+session value reaches the file; an unwritable path is reported and requests
+are forwarded as ever. Replaying a captured trace against the simulator
+reproduces its arrival rate within 5 % and its lengths exactly; replaying a
+hand-written Mooncake trace through a capturing tokentap gives back the same
+prefix sharing, and the simulator's prefix cache reports as cached exactly
+the longest prefix each request shares with an earlier one."""
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import unittest
+
+import harness
+
+RATE_TOL = 0.05  # replayed arrival rate against the trace's
+BLOCK = 16  # tokens per hash block in these tests (64 bytes of prompt text)
+RUN_TIMEOUT_S = 60
+
+
+def read_jsonl(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def common_prefix(a, b):
+    n = 0
+    while n < len(a) and n < len(b) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def rate_of(times_ms):
+    times_ms = sorted(times_ms)
+    return (len(times_ms) - 1) / ((times_ms[-1] - times_ms[0]) / 1000.0)
+
+
+class WorkloadCase(harness.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="tokentap-workload-it-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+
+    def path(self, name):
+        return os.path.join(self.dir, name)
+
+    def bench(self, args):
+        p = subprocess.run([harness.bench_bin()] + [str(a) for a in args] + ["--no-progress"],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           timeout=RUN_TIMEOUT_S, text=True, start_new_session=True)
+        self.assertEqual(p.returncode, 0, "tokentap-bench %r exited %d: %s" % (args, p.returncode, p.stderr[-2000:]))
+        return p
+
+    def capturing(self, sim, *extra):
+        trace, alog = self.path("trace.jsonl"), self.path("access.jsonl")
+        tt = harness.start_tokentap(self, sim.url, "--workers", 1, "--data-dir", "off", "--workload", trace,
+                                    "--workload-block-tokens", BLOCK, "--access-log", alog, *extra)
+        return tt, trace, alog
+
+    def wait_lines(self, path, n):
+        harness.wait_until(lambda: len(read_jsonl(path)) >= n, timeout=10)
+        lines = read_jsonl(path)
+        self.assertEqual(len(lines), n, "%s: %d lines, expected %d" % (path, len(lines), n))
+        return lines
+
+
+class Capture(WorkloadCase):
+    def test_trace_matches_access_log_and_load(self):
+        sim = harness.start_sim(self, "--ttft-ms", 5, "--itl-ms", 2)
+        tt, trace, alog = self.capturing(sim, "--admin", "127.0.0.1:0")
+        n, rate = 40, 25.0
+        log = self.path("bench.jsonl")
+        self.bench(["--url", "http://127.0.0.1:%d" % tt.port, "--rate", rate, "--requests", n, "--input-len",
+                    "uniform:10:300", "--output-len", "uniform:1:12", "--sim-headers", "--requests-log", log])
+        recs = self.wait_lines(trace, n)
+        acc = self.wait_lines(alog, n)
+        sent = read_jsonl(log)
+        # one worker: both are written at the request's end, in the same order
+        self.assertEqual([(r["input_length"], r["output_length"]) for r in recs],
+                         [(a["input_tokens"], a["output_tokens"]) for a in acc])
+        self.assertEqual(sorted((r["input_length"], r["output_length"], r["max_tokens"]) for r in recs),
+                         sorted((s["input_len"], s["output_len"], s["output_len"]) for s in sent))
+        for r in recs:
+            self.assertEqual(r["outcome"], "ok", r)
+            self.assertEqual(r["api"], "openai-chat")
+            self.assertIs(r["stream"], True)
+            self.assertEqual(r["route"], "default")
+            self.assertIsNone(r["session"])
+            self.assertGreater(r["ttft_ms"], 0)
+            self.assertGreaterEqual(r["e2e_ms"], r["ttft_ms"])
+            # the prompt's JSON string and its separator, in blocks of 64 bytes
+            self.assertEqual(len(r["hash_ids"]), (r["input_length"] * 4 + 1 + BLOCK * 4 - 1) // (BLOCK * 4), r)
+        # every prompt differs from its first byte: no id is shared
+        ids = [i for r in recs for i in r["hash_ids"]]
+        self.assertEqual(len(ids), len(set(ids)))
+        self.assertEqual(sorted(ids), list(range(len(ids))), "ids numbered from 0 in order of first appearance")
+        # arrivals: the trace's rate is the one the client measured sending
+        # (both clocks: ms in the trace, µs in the client's log)
+        got, sent_rate = rate_of([r["timestamp"] for r in recs]), rate_of([s["start_ms"] for s in sent])
+        self.assertLess(abs(got - sent_rate) / sent_rate, RATE_TOL, (got, sent_rate))
+        # GET /workload: the same numbers from the capture's own counters
+        resp, _ = harness.exchange(harness.admin_port(tt), "GET", "/workload")
+        self.assertEqual(resp.status, 200)
+        s = resp.json()
+        self.assertEqual(s["records"], n)
+        self.assertAlmostEqual(s["arrival_rate"], got, delta=0.01 * got)
+        ins = sorted(r["input_length"] for r in recs)
+        self.assertEqual(s["input_length"]["p50"], ins[n // 2 - 1])  # nearest rank
+        self.assertEqual(s["input_length"]["max"], ins[-1])
+        self.assertEqual(s["output_length"]["max"], max(r["output_length"] for r in recs))
+        self.assertEqual(s["prefix_blocks"], len(ids))
+        self.assertEqual(s["prefix_sharing_ratio"], 0)
+        gaps = [b - a for a, b in zip(sorted(r["timestamp"] for r in recs), sorted(r["timestamp"] for r in recs)[1:])]
+        mean = sum(gaps) / len(gaps)
+        cv = (sum((g - mean) ** 2 for g in gaps) / len(gaps)) ** 0.5 / mean
+        self.assertAlmostEqual(s["interarrival_cv"], cv, delta=0.01)
+
+    def test_shared_prefix_and_no_prompt_text(self):
+        sim = harness.start_sim(self, "--ttft-ms", 1, "--itl-ms", 1)
+        tt, trace, _ = self.capturing(sim)
+        system = ("You are Quixotic Marmalade, an assistant for the Zanzibar lighthouse archive; answer "
+                  "briefly, cite the ledger page, and never speculate about the keepers' families.")
+        users = ["Which keeper logged the storm of eighteen ninety?",
+                 "Summarise the pelican incident in the western gallery.",
+                 "Who repaired the clockwork lens mechanism?"]
+        for u in users:
+            body = {"model": "m1", "stream": False, "max_tokens": 3, "user": "customer-walrus-42",
+                    "messages": [{"role": "system", "content": system}, {"role": "user", "content": u}]}
+            resp, _ = harness.exchange(tt.port, "POST", "/v1/chat/completions", body)
+            self.assertEqual(resp.status, 200)
+        recs = self.wait_lines(trace, 3)
+        shared = len(system) // (BLOCK * 4)  # whole blocks inside the system prompt
+        self.assertGreaterEqual(shared, 2)
+        for a in recs:
+            for b in recs:
+                if a is not b:
+                    self.assertEqual(common_prefix(a["hash_ids"], b["hash_ids"]), shared, (a, b))
+        self.assertEqual([r["max_tokens"] for r in recs], [3, 3, 3])
+        self.assertEqual(len({r["session"] for r in recs}), 1)
+        self.assertRegex(recs[0]["session"], r"^[0-9a-f]{16}$")
+        with open(trace) as f:
+            text = f.read().lower()
+        words = {w.strip(".,;?'").lower() for w in (system + " " + " ".join(users)).split()}
+        for w in sorted(words):
+            if len(w) >= 5:
+                self.assertNotIn(w, text, "a prompt word in the trace")
+        self.assertNotIn("walrus", text)
+
+    def test_unwritable_path_is_reported_and_forwarding_goes_on(self):
+        sim = harness.start_sim(self, "--ttft-ms", 1, "--itl-ms", 1)
+        bad = os.path.join(self.dir, "no-such-dir", "trace.jsonl")
+        tt = harness.start_tokentap(self, sim.url, "--data-dir", "off", "--workload", bad)
+        for _ in range(5):
+            body = {"stream": True, "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]}
+            resp, _ = harness.exchange(tt.port, "POST", "/v1/chat/completions", body)
+            self.assertEqual(resp.status, 200)
+            self.assertIn(b"[DONE]", resp.body)
+        self.assertTrue(harness.wait_until(lambda: "records are dropped" in tt.stderr_text(), timeout=5),
+                        tt.stderr_text())
+        self.assertTrue(tt.alive())
+        self.assertFalse(os.path.exists(bad))
+
+
+class Replay(WorkloadCase):
+    def test_captured_trace_replayed_against_the_simulator(self):
+        sim = harness.start_sim(self, "--ttft-ms", 5, "--itl-ms", 2)
+        tt, trace, _ = self.capturing(sim)
+        n = 40
+        self.bench(["--url", "http://127.0.0.1:%d" % tt.port, "--rate", 20, "--requests", n, "--input-len",
+                    "uniform:10:300", "--output-len", "uniform:1:12", "--sim-headers"])
+        recs = sorted(self.wait_lines(trace, n), key=lambda r: r["timestamp"])
+        target = harness.start_sim(self, "--ttft-ms", 5, "--itl-ms", 2)
+        log = self.path("replay.jsonl")
+        p = self.bench(["--url", target.url, "--replay", trace, "--block-tokens", BLOCK, "--sim-headers",
+                        "--requests-log", log])
+        self.assertIn("trace", p.stdout)
+        got = sorted(read_jsonl(log), key=lambda r: r["seq"])
+        self.assertEqual(len(got), n)
+        self.assertEqual(target.stats()["completed"], n)
+        # seq k is the trace's k-th arrival: the simulator's own counts
+        for r, g in zip(recs, got):
+            self.assertTrue(g["ok"], g)
+            self.assertEqual(g["input_tokens"], r["input_length"], (r, g))
+            self.assertEqual(g["output_tokens"], r["output_length"], (r, g))
+        want, have = rate_of([r["timestamp"] for r in recs]), rate_of([g["start_ms"] for g in got])
+        self.assertLess(abs(have - want) / want, RATE_TOL, (have, want))
+        # --speed 2 and --limit: the first 30, twice as fast (a span of
+        # about 0.75 s: a few ms of timer lateness stay well inside 5 %)
+        log2 = self.path("replay2.jsonl")
+        self.bench(["--url", target.url, "--replay", trace, "--block-tokens", BLOCK, "--sim-headers", "--speed", 2,
+                    "--limit", 30, "--requests-log", log2])
+        got2 = sorted(read_jsonl(log2), key=lambda r: r["seq"])
+        self.assertEqual(len(got2), 30)
+        want2, have2 = rate_of([r["timestamp"] for r in recs[:30]]) * 2, rate_of([g["start_ms"] for g in got2])
+        self.assertLess(abs(have2 - want2) / want2, RATE_TOL, (have2, want2))
+
+    def test_mooncake_trace_prefixes_come_back(self):
+        # a hand-written trace in Mooncake's shape: conversations that share
+        # a system prompt (ids 0-2) and grow turn by turn
+        trace = self.path("mooncake.jsonl")
+        rows, nxt, convs = [], 3, {}
+        for k in range(30):
+            c = k % 5
+            turn = convs.setdefault(c, [0, 1, 2])
+            turn += [nxt, nxt + 1]
+            nxt += 2
+            rows.append({"timestamp": 1000 + k * 40, "input_length": len(turn) * BLOCK,
+                         "output_length": 2 + k % 7, "hash_ids": list(turn)})
+        with open(trace, "w") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+        # the simulator's prefix cache remembers prompts in 16-token blocks,
+        # as BLOCK here: what it reports cached is the sharing replayed
+        sim = harness.start_sim(self, "--ttft-ms", 2, "--itl-ms", 1, "--prefix-cache")
+        tt, again, _ = self.capturing(sim)
+        self.bench(["--url", "http://127.0.0.1:%d" % tt.port, "--replay", trace, "--block-tokens", BLOCK,
+                    "--sim-headers"])
+        recs = sorted(self.wait_lines(again, len(rows)), key=lambda r: r["timestamp"])
+        for r, w in zip(recs, rows):
+            self.assertEqual(r["input_length"], w["input_length"])
+            self.assertEqual(r["output_length"], w["output_length"])
+            self.assertEqual(r["max_tokens"], w["output_length"])
+            # the prompt is the blocks' text and a separator byte: one more block
+            self.assertEqual(len(r["hash_ids"]), len(w["hash_ids"]) + 1)
+        for i, (r, w) in enumerate(zip(recs, rows)):
+            longest = max([common_prefix(w["hash_ids"], x["hash_ids"]) for x in rows[:i]] or [0])
+            self.assertEqual(r["cached_tokens"], longest * BLOCK, (i, r, w))
+        for i, (ra, wa) in enumerate(zip(recs, rows)):
+            for rb, wb in zip(recs[i + 1:], rows[i + 1:]):
+                self.assertEqual(common_prefix(ra["hash_ids"], rb["hash_ids"]),
+                                 common_prefix(wa["hash_ids"], wb["hash_ids"]), (wa, wb))
+        want, have = rate_of([w["timestamp"] for w in rows]), rate_of([r["timestamp"] for r in recs])
+        self.assertLess(abs(have - want) / want, RATE_TOL, (have, want))
+
+    def test_bad_trace_and_flags(self):
+        bad = self.path("bad.jsonl")
+        with open(bad, "w") as f:
+            f.write('{"timestamp": 0, "input_length": 5, "output_length": 2, "hash_ids": [0]}\n{"oops": 1}\n')
+        for args, flag in ((["--replay", bad], "line 2"), (["--replay", self.path("none")], "cannot open"),
+                           (["--replay", bad, "--rate", 3], "--replay"), (["--speed", 2], "--speed")):
+            p = subprocess.run([harness.bench_bin()] + [str(a) for a in args], stdin=subprocess.DEVNULL,
+                               capture_output=True, text=True, timeout=10)
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn(flag, p.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,401 @@
+/*
+ * test_workload.c — the workload capture's prefix hash chain over request
+ * bodies (shared prefixes, a changed byte, any split of the reads, what is
+ * and is not prompt text), the ids in order of first appearance, and the
+ * trace lines and rotation written by the capture's thread.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "timeline.h"
+#include "workload.h"
+
+static const uint8_t salt[16] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 };
+
+/* The hashes of `body` fed in pieces of `step` bytes (0: at once). */
+static size_t hashes_of(const char *body, size_t block, size_t step, uint64_t *out, size_t max)
+{
+	struct wl_req *w = wl_req_new(salt, block);
+	const uint64_t *h;
+	size_t len = strlen(body), n;
+
+	assert_non_null(w);
+	if (!step)
+		step = len;
+	for (size_t i = 0; i < len; i += step)
+		wl_req_feed(w, body + i, len - i < step ? len - i : step);
+	n = wl_req_hashes(w, &h);
+	assert_true(n <= max);
+	if (n)
+		memcpy(out, h, n * sizeof(*h));
+	workload_req_free(w);
+	return n;
+}
+
+#define SYS "You are a careful assistant who answers in full sentences and cites sources."
+
+static const char *chat(char *buf, size_t len, const char *user)
+{
+	snprintf(buf, len,
+		 "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"" SYS
+		 "\"},{\"role\":\"user\",\"content\":\"%s\"}],\"max_tokens\":77}",
+		 user);
+	return buf;
+}
+
+static void test_shared_prefix_shares_first_hashes(void **state)
+{
+	char a[1024], b[1024];
+	uint64_t ha[64], hb[64];
+	size_t na, nb, shared = strlen(SYS) / 16; /* whole blocks inside the system prompt */
+	(void)state;
+
+	na = hashes_of(chat(a, sizeof(a), "What is the capital of France, and why?"), 16, 0, ha, 64);
+	nb = hashes_of(chat(b, sizeof(b), "Tell me a story about a lighthouse keeper."), 16, 0, hb, 64);
+	assert_true(shared >= 4);
+	assert_true(na > shared && nb > shared);
+	for (size_t i = 0; i < shared; i++)
+		assert_true(ha[i] == hb[i]);
+	/* the block holding the end of the system prompt and the start of the
+	 * user's message, and every one after it, differ */
+	for (size_t i = shared + 1; i < na && i < nb; i++)
+		assert_true(ha[i] != hb[i]);
+	/* a prompt of 5 blocks and 3 bytes: 6 hashes, the last a partial block */
+	assert_int_equal(hashes_of("{\"prompt\":\"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+				   "0123456789abcdef012\"}",
+				   16, 0, ha, 64),
+			 6); /* 83 bytes and the separator: 84 */
+}
+
+static void test_changed_byte_changes_its_block_and_later(void **state)
+{
+	char a[1024], b[1024];
+	uint64_t ha[64], hb[64];
+	size_t na, nb;
+	(void)state;
+
+	chat(a, sizeof(a), "What is the capital of France, and why?");
+	strcpy(b, a);
+	char *p = strstr(b, "careful"); /* byte 15 of the prompt text: block 0 */
+	assert_non_null(p);
+	p[0] = 'C';
+	na = hashes_of(a, 16, 0, ha, 64);
+	nb = hashes_of(b, 16, 0, hb, 64);
+	assert_int_equal(na, nb);
+	for (size_t i = 0; i < na; i++)
+		assert_true(ha[i] != hb[i]);
+	/* a byte in the third block: the first two stay */
+	strcpy(b, a);
+	p = strstr(b, "answers");
+	p[1] = 'N';
+	nb = hashes_of(b, 16, 0, hb, 64);
+	size_t at = (size_t)(strstr(SYS, "answers") + 1 - SYS) / 16;
+	for (size_t i = 0; i < na; i++)
+		assert_true(i < at ? ha[i] == hb[i] : ha[i] != hb[i]);
+	/* another salt: no hash in common */
+	struct wl_req *w = wl_req_new((const uint8_t *)"another salt 16b", 16);
+	const uint64_t *h;
+	wl_req_feed(w, a, strlen(a));
+	assert_int_equal(wl_req_hashes(w, &h), na);
+	for (size_t i = 0; i < na; i++)
+		assert_true(h[i] != ha[i]);
+	workload_req_free(w);
+}
+
+static void test_any_split_same_hashes(void **state)
+{
+	char a[1024];
+	uint64_t whole[64], split[64];
+	(void)state;
+
+	chat(a, sizeof(a), "Quote \\\"this\\\" and a backslash \\\\ then more text to fill a block or two.");
+	size_t n = hashes_of(a, 16, 0, whole, 64);
+	assert_true(n > 4);
+	for (size_t step = 1; step <= 17; step++) {
+		assert_int_equal(hashes_of(a, 16, step, split, 64), n);
+		assert_memory_equal(whole, split, n * sizeof(*whole));
+	}
+	/* split at every byte boundary in two: the same */
+	for (size_t cut = 1; cut < strlen(a); cut++) {
+		struct wl_req *w = wl_req_new(salt, 16);
+		const uint64_t *h;
+		wl_req_feed(w, a, cut);
+		wl_req_feed(w, a + cut, strlen(a) - cut);
+		assert_int_equal(wl_req_hashes(w, &h), n);
+		assert_memory_equal(whole, h, n * sizeof(*h));
+		assert_int_equal(wl_req_max_tokens(w), 77);
+		workload_req_free(w);
+	}
+}
+
+/* Only prompt text is hashed: the model, roles, sampling fields and key
+ * order outside it change nothing; quotes inside a string do not end it. */
+static void test_only_prompt_text(void **state)
+{
+	uint64_t a[16], b[16];
+	size_t na, nb;
+	(void)state;
+
+	na = hashes_of(
+		"{\"model\":\"a\",\"temperature\":0.5,\"messages\":[{\"role\":\"user\",\"content\":\"hello "
+		"there, \\\"model\\\": friend\"}],\"max_tokens\":12}",
+		8, 0, a, 16);
+	nb = hashes_of(
+		"{\"messages\":[{\"content\":\"hello there, \\\"model\\\": friend\",\"role\":\"assistant\"}],"
+		"\"model\":\"bbbbbb\",\"stream\":true}",
+		8, 0, b, 16);
+	assert_true(na > 0);
+	assert_int_equal(na, nb);
+	assert_memory_equal(a, b, na * sizeof(*a));
+	/* content parts, Responses input and Anthropic's system: hashed too */
+	assert_int_not_equal(hashes_of("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":"
+				       "\"abc\"}]}]}",
+				       8, 0, a, 16),
+			     0);
+	assert_int_not_equal(hashes_of("{\"input\":[{\"role\":\"user\",\"content\":\"abc\"}]}", 8, 0, a, 16), 0);
+	assert_int_not_equal(hashes_of("{\"system\":\"abc\",\"messages\":[]}", 8, 0, a, 16), 0);
+	assert_int_equal(hashes_of("{\"model\":\"abcdefghijklmnop\",\"messages\":[]}", 8, 0, a, 16), 0);
+	/* a very long key matches no key of ours */
+	assert_int_equal(hashes_of("{\"contentcontentcontentcontentcontent\":\"abc\"}", 8, 0, a, 16), 0);
+}
+
+static void test_ids_in_order_of_first_appearance(void **state)
+{
+	struct wl_ids *t = wl_ids_new();
+	(void)state;
+
+	assert_non_null(t);
+	assert_int_equal(wl_ids_get(t, 900), 0);
+	assert_int_equal(wl_ids_get(t, 17), 1);
+	assert_int_equal(wl_ids_get(t, 900), 0);
+	for (uint64_t i = 0; i < 5000; i++) /* past several doublings */
+		assert_int_equal(wl_ids_get(t, 100000 + i * 7919), 2 + i);
+	assert_int_equal(wl_ids_get(t, 17), 1);
+	assert_int_equal(wl_ids_get(t, 100000 + 4999 * 7919), 5001);
+	wl_ids_free(t);
+}
+
+static json_t *load_lines(const char *path, size_t *n)
+{
+	json_t *arr = json_array();
+	FILE *f = fopen(path, "r");
+	char line[8192];
+
+	*n = 0;
+	if (!f)
+		return arr;
+	while (fgets(line, sizeof(line), f)) {
+		json_error_t e;
+		json_t *o = json_loads(line, 0, &e);
+		assert_non_null(o);
+		json_array_append_new(arr, o);
+		(*n)++;
+	}
+	fclose(f);
+	return arr;
+}
+
+static void record(uint64_t arrive, int64_t in, int64_t out, const char *body)
+{
+	struct req_record rec;
+	struct wl_req *w = NULL;
+
+	memset(&rec, 0, sizeof(rec));
+	rec.usage = USAGE_UNKNOWN;
+	rec.usage.input_tokens = in;
+	rec.usage.output_tokens = out;
+	rec.usage.cached_tokens = in >= 0 ? in / 2 : -1;
+	rec.stream = 1;
+	rec.status = 200;
+	rec.at[TL_ARRIVE] = arrive;
+	rec.at[TL_FIRST_TOKEN] = arrive + 5000000;
+	rec.at[TL_RESP_END] = arrive + 20000000;
+	strcpy(rec.model, "m1");
+	if (body)
+		workload_feed(&w, body, strlen(body));
+	workload_record(&rec, w, "chat", "up1");
+	workload_req_free(w);
+}
+
+/* The capture's lines: Mooncake's fields and the extras, ids shared in
+ * order of first appearance; then rotation keeps max_files files, each
+ * under max_size. */
+static void test_capture_lines_and_rotation(void **state)
+{
+	char dir[] = "/tmp/test_workload_XXXXXX", path[256], p1[300], p2[300], body[1024];
+	struct workload_options o = { path, 4096, 2, 4 }; /* blocks of 16 bytes */
+	char err[256];
+	size_t n, n1;
+	struct stat st;
+	(void)state;
+
+	assert_non_null(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/w.jsonl", dir);
+	snprintf(p1, sizeof(p1), "%s.1", path);
+	snprintf(p2, sizeof(p2), "%s.2", path);
+	assert_int_equal(workload_open(&o, err, sizeof(err)), 0);
+	assert_true(workload_active());
+	uint64_t t0 = clock_now_ns();
+	record(t0 + 1500000000ull, 30, 12, chat(body, sizeof(body), "first question here"));
+	record(t0 + 2500000000ull, 31, 7, chat(body, sizeof(body), "second question here"));
+	record(t0 + 3000000000ull, -1, 5, "{\"prompt\":\"0123456789\",\"user\":\"alice\",\"max_tokens\":9}");
+	record(t0 + 3100000000ull, -1, 5, "{\"prompt\":\"0123456789\",\"user\":\"alice\",\"max_tokens\":9}");
+	workload_close();
+	assert_false(workload_active());
+
+	json_t *l = load_lines(path, &n);
+	assert_int_equal(n, 4);
+	json_t *a = json_array_get(l, 0), *b = json_array_get(l, 1), *c = json_array_get(l, 2),
+	       *d = json_array_get(l, 3);
+	json_int_t ts = json_integer_value(json_object_get(a, "timestamp"));
+	/* the capture began before t0, by a thread's start (ms under ASan) */
+	assert_true(ts >= 1500 && ts < 1600);
+	assert_int_equal(json_integer_value(json_object_get(b, "timestamp")) - ts, 1000);
+	assert_int_equal(json_integer_value(json_object_get(a, "input_length")), 30);
+	assert_int_equal(json_integer_value(json_object_get(a, "output_length")), 12);
+	assert_string_equal(json_string_value(json_object_get(a, "route")), "chat");
+	assert_string_equal(json_string_value(json_object_get(a, "upstream")), "up1");
+	assert_string_equal(json_string_value(json_object_get(a, "model")), "m1");
+	assert_true(json_is_true(json_object_get(a, "stream")));
+	assert_int_equal(json_integer_value(json_object_get(a, "max_tokens")), 77);
+	assert_int_equal(json_integer_value(json_object_get(a, "cached_tokens")), 15);
+	assert_true(json_is_null(json_object_get(a, "session")));
+	assert_true(json_real_value(json_object_get(a, "ttft_ms")) == 5.0);
+	assert_true(json_real_value(json_object_get(a, "e2e_ms")) == 20.0);
+	assert_string_equal(json_string_value(json_object_get(a, "outcome")), "ok");
+	/* ids from 0 in order of first appearance; the shared system prompt's */
+	json_t *ia = json_object_get(a, "hash_ids"), *ib = json_object_get(b, "hash_ids");
+	size_t shared = strlen(SYS) / 16;
+	for (size_t i = 0; i < json_array_size(ia); i++)
+		assert_int_equal(json_integer_value(json_array_get(ia, i)), i);
+	for (size_t i = 0; i < shared; i++)
+		assert_int_equal(json_integer_value(json_array_get(ib, i)), i);
+	assert_int_equal(json_integer_value(json_array_get(ib, shared + 1)), json_array_size(ia) + 1);
+	/* no usage: the length from the prompt's bytes, said so; the session
+	 * hash is the same for the same user, and no text of it is written */
+	assert_int_equal(json_integer_value(json_object_get(c, "input_length")), 3); /* 11 bytes / 4 */
+	assert_true(json_is_true(json_object_get(c, "input_length_estimated")));
+	assert_true(json_is_null(json_object_get(c, "cached_tokens")));
+	assert_int_equal(json_integer_value(json_object_get(c, "max_tokens")), 9);
+	assert_string_equal(json_string_value(json_object_get(c, "session")),
+			    json_string_value(json_object_get(d, "session")));
+	assert_true(json_equal(json_object_get(c, "hash_ids"), json_object_get(d, "hash_ids")));
+	json_decref(l);
+	FILE *f = fopen(path, "r");
+	char all[8192];
+	size_t got = fread(all, 1, sizeof(all) - 1, f);
+	all[got] = 0;
+	fclose(f);
+	assert_null(strstr(all, "question"));
+	assert_null(strstr(all, "alice"));
+	assert_null(strstr(all, "careful"));
+
+	/* rotation: 4 KiB files, 2 kept */
+	assert_int_equal(workload_open(&o, err, sizeof(err)), 0);
+	for (int i = 0; i < 200; i++)
+		record(clock_now_ns(), 10, 10, chat(body, sizeof(body), "a rotation filler question"));
+	workload_close();
+	l = load_lines(path, &n);
+	json_decref(l);
+	l = load_lines(p1, &n1);
+	json_decref(l);
+	assert_true(n > 0 && n1 > 0);
+	assert_int_equal(stat(path, &st), 0);
+	assert_true(st.st_size <= 4096);
+	assert_int_equal(stat(p1, &st), 0);
+	assert_true(st.st_size <= 4096 && st.st_size > 2048);
+	assert_int_equal(stat(p2, &st), -1); /* the oldest went */
+	unlink(path);
+	unlink(p1);
+	rmdir(dir);
+}
+
+/* An unwritable path: the capture runs, the records are dropped, the
+ * caller is never held. */
+static void test_unwritable_path_drops(void **state)
+{
+	struct workload_options o = { "/nonexistent-dir/w.jsonl", 1 << 20, 2, 4 };
+	char err[256];
+	(void)state;
+
+	assert_int_equal(workload_open(&o, err, sizeof(err)), 0);
+	for (int i = 0; i < 10; i++)
+		record(clock_now_ns(), 1, 1, "{\"prompt\":\"x\"}");
+	workload_close();
+	assert_int_equal(access("/nonexistent-dir/w.jsonl", F_OK), -1);
+}
+
+/* GET /workload's summary: the arrival rate and the gaps' CV over the
+ * window, sorted by arrival though written as requests finish; length
+ * quantiles; the share of prefix blocks seen before. */
+static void test_summary(void **state)
+{
+	char dir[] = "/tmp/test_workload_XXXXXX", path[256];
+	struct workload_options o = { path, 1 << 20, 2, 4 };
+	char err[256], *text;
+	json_t *s = NULL;
+	(void)state;
+
+	text = workload_summary_json();
+	assert_string_equal(text, "{\n  \"capturing\": false\n}");
+	free(text);
+	assert_non_null(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/w.jsonl", dir);
+	assert_int_equal(workload_open(&o, err, sizeof(err)), 0);
+	uint64_t t0 = clock_now_ns();
+	/* 11 arrivals 100 ms apart, finishing out of order; every prompt the
+	 * same 32 bytes and a separator: 3 blocks, shared from the second on */
+	static const int order[] = { 3, 0, 1, 2, 7, 4, 5, 6, 10, 8, 9 };
+	for (int i = 0; i < 11; i++)
+		record(t0 + (uint64_t)order[i] * 100000000ull, 10 * (order[i] + 1), order[i] + 1,
+		       "{\"prompt\":\"0123456789abcdef0123456789abcdef\"}");
+	for (int tries = 0; tries < 500; tries++) {
+		text = workload_summary_json();
+		json_decref(s);
+		s = json_loads(text, 0, NULL);
+		free(text);
+		if (json_integer_value(json_object_get(s, "records")) == 11)
+			break;
+		usleep(2000);
+	}
+	workload_close();
+	assert_int_equal(json_integer_value(json_object_get(s, "records")), 11);
+	assert_true(json_is_true(json_object_get(s, "capturing")));
+	assert_true(fabs(json_real_value(json_object_get(s, "arrival_rate")) - 10.0) < 0.2);
+	assert_true(json_real_value(json_object_get(s, "interarrival_cv")) < 0.05);
+	json_t *in = json_object_get(s, "input_length"), *out = json_object_get(s, "output_length");
+	assert_int_equal(json_integer_value(json_object_get(in, "p50")), 60);
+	assert_int_equal(json_integer_value(json_object_get(in, "max")), 110);
+	assert_int_equal(json_integer_value(json_object_get(out, "p90")), 10);
+	assert_int_equal(json_integer_value(json_object_get(s, "prefix_blocks")), 33);
+	assert_int_equal(json_integer_value(json_object_get(s, "prefix_shared_blocks")), 30);
+	json_decref(s);
+	unlink(path);
+	rmdir(dir);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_shared_prefix_shares_first_hashes),
+		cmocka_unit_test(test_changed_byte_changes_its_block_and_later),
+		cmocka_unit_test(test_any_split_same_hashes),
+		cmocka_unit_test(test_only_prompt_text),
+		cmocka_unit_test(test_ids_in_order_of_first_appearance),
+		cmocka_unit_test(test_capture_lines_and_rotation),
+		cmocka_unit_test(test_unwritable_path_drops),
+		cmocka_unit_test(test_summary),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
