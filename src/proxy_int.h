@@ -291,4 +291,6 @@ void request_route(struct request *req);
 void request_flush_upstream(struct request *req);
 void request_check_sent(struct request *req);
 void on_exchange_timer(evutil_socket_t fd, short what, void *arg);
-void on_up_read(struct bufferevent *bev, void *arg);
+/* PAUSED: the client caught up; reading from the upstream goes on, from
+ * the bytes that arrived meanwhile. The request may have ended on return. */
+void exchange_resume(struct request *req);
