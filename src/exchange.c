@@ -818,7 +818,7 @@ static void request_release_upstream(struct request *req, bool past_end)
 {
 	if (past_end)
 		req->upstream_dirty = true;
-	request_drop_upstream(req, req->resp_keepalive && !req->upstream_dirty && !req->head.http10 && req->body_done &&
+	request_drop_upstream(req, req->rp.keep_alive && !req->upstream_dirty && !req->head.http10 && req->body_done &&
 					   req->rec.at[TL_REQ_SENT]);
 }
 
@@ -1033,7 +1033,6 @@ static void on_resp_complete(void *arg, bool keep_alive)
 	struct request *req = meter_request(arg);
 
 	meter_complete(&req->meter);
-	req->resp_keepalive = keep_alive;
 	/* The head went to the client as the upstream wrote it: a response
 	 * that its close delimits, or that says the connection ends with it,
 	 * ends the client's connection too (the client waits for that close).
