@@ -4,7 +4,9 @@
  * failover when a connection is refused before any byte reached the
  * upstream), writing the request, and reading the response: its bytes are
  * moved to the client as they arrive while the parser hands them to the
- * request's meter (meter.c), which measures them.
+ * request's meter (meter.c), which measures them. One function reads
+ * (exchange_read), whether the bytes are in the connection's input buffer
+ * or were read straight from its socket (upconn_set_direct).
  *
  * The exchange's states (EXCHANGE_STATES, proxy_int.h), the usual way:
  *
