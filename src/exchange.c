@@ -4,7 +4,9 @@
  * failover when a connection is refused before any byte reached the
  * upstream), writing the request, and reading the response: its bytes are
  * moved to the client as they arrive while the parser hands them to the
- * request's meter (meter.c), which measures them.
+ * request's meter (meter.c), which measures them. One function reads
+ * (exchange_read), whether the bytes are in the connection's input buffer
+ * or were read straight from its socket (upconn_set_direct).
  *
  * The exchange's states (EXCHANGE_STATES, proxy_int.h), the usual way:
  *
@@ -42,6 +44,21 @@ static bool request_failover(struct request *req);
 static void on_up_write(struct bufferevent *bev, void *arg);
 static void on_up_event(struct bufferevent *bev, short what, void *arg);
 static void request_upstream_closed(struct request *req, short what);
+static void on_up_read(struct bufferevent *bev, void *arg);
+/*
+ * The bytes of one read from the upstream: in the connection's input buffer
+ * (TLS, a head not yet parsed, bytes that came while the client was behind,
+ * the rest at a close), or in the per-thread scratch buffer of a direct
+ * read (upconn_set_direct: `mem`, `len`), which must be done with when
+ * exchange_read returns.
+ */
+struct xsrc {
+	struct evbuffer *buf; /* NULL for a direct read */
+	const char *mem;
+	size_t len;
+};
+static void exchange_read(struct request *req, const struct xsrc *src);
+static void exchange_end(struct request *req, const struct xsrc *last, size_t n, bool past_end);
 static const struct upconn_direct up_direct;
 
 /* ---- the exchange's states ---- */
@@ -756,7 +773,7 @@ static void request_upstream_closed(struct request *req, short what)
 	/* A response delimited by the close is complete now. */
 	if ((what & BEV_EVENT_EOF) && exchange_streaming(req)) {
 		uint64_t seq = req->seq;
-		on_up_read(bev, req); /* anything still buffered */
+		exchange_read(req, &(struct xsrc){ .buf = bufferevent_get_input(bev) }); /* anything still buffered */
 		if (!client_runs(cl, seq) || req->xstate == XS_DONE)
 			return;
 		if (respparse_needs_eof(&req->rp)) {
@@ -764,9 +781,7 @@ static void request_upstream_closed(struct request *req, short what)
 			respparse_finish(&req->rp);
 			req->upstream_dirty = true;
 			if (req->rp.done) {
-				request_drop_upstream(req, false);
-				if (evbuffer_get_length(bufferevent_get_output(cl->bev)) == 0)
-					request_finish(req);
+				exchange_end(req, NULL, 0, false); /* all was sent */
 				return;
 			}
 		}
@@ -805,7 +820,7 @@ static void request_release_upstream(struct request *req, bool past_end)
 {
 	if (past_end)
 		req->upstream_dirty = true;
-	request_drop_upstream(req, req->resp_keepalive && !req->upstream_dirty && !req->head.http10 && req->body_done &&
+	request_drop_upstream(req, req->rp.keep_alive && !req->upstream_dirty && !req->head.http10 && req->body_done &&
 					   req->rec.at[TL_REQ_SENT]);
 }
 
@@ -856,40 +871,85 @@ static void request_check_backlog(struct request *req)
 	}
 }
 
-void on_up_read(struct bufferevent *bev, void *arg)
+/* Feeds the parser what it has not seen of `src`. Returns false when the
+ * response is invalid (the request has failed). `*past_end`: bytes came
+ * after the response's end. */
+static bool exchange_feed(struct request *req, const struct xsrc *src, bool *past_end)
 {
-	struct request *req = arg;
+	enum respparse_status st = RESPPARSE_MORE;
+	size_t used = 0;
+
+	if (src->mem) {
+		st = respparse_feed(&req->rp, src->mem, src->len, &used);
+		*past_end = used < src->len;
+	} else {
+		while (!req->rp.done && evbuffer_get_length(src->buf) > req->rp.held) {
+			struct evbuffer_ptr pos;
+			struct evbuffer_iovec v;
+
+			if (evbuffer_ptr_set(src->buf, &pos, req->rp.held, EVBUFFER_PTR_SET) == -1 ||
+			    evbuffer_peek(src->buf, -1, &pos, &v, 1) < 1)
+				break;
+			st = respparse_feed(&req->rp, v.iov_base, v.iov_len, &used);
+			if (st != RESPPARSE_MORE)
+				break;
+		}
+		/* what is past the end is known once the taken bytes are out */
+		*past_end = false;
+	}
+	if (st == RESPPARSE_INVALID || st == RESPPARSE_SWITCHING) {
+		request_bad_response(req);
+		return false;
+	}
+	return true;
+}
+
+/* Sends the first `n` bytes of `src` on to the client. False: they could
+ * not be queued, the client is closed. */
+static bool exchange_forward(struct client *cl, const struct xsrc *src, size_t n)
+{
+	if (src->mem)
+		return client_forward_mem(cl, src->mem, n);
+	client_forward(cl, src->buf, n);
+	return true;
+}
+
+/* The response is complete: its last `n` bytes, parsed, are at the front
+ * of `last`. The upstream goes back before they go to the client
+ * (request_release_upstream says why). */
+static void exchange_end(struct request *req, const struct xsrc *last, size_t n, bool past_end)
+{
+	request_release_upstream(req, past_end);
+	if (!n || exchange_forward(req->cl, last, n))
+		request_response_sent(req);
+}
+
+/*
+ * One read from the upstream, whatever the transport: the clock and the
+ * idle timer, the parser (which hands the bytes to the meter), the read's
+ * ITL run and the first token's priority drop, then the parsed bytes go to
+ * the client. At the response's end the upstream is given back before its
+ * last bytes go (request_release_upstream says why). The request may have
+ * ended when this returns.
+ */
+static void exchange_read(struct request *req, const struct xsrc *src)
+{
 	struct client *cl = req->cl;
-	struct evbuffer *in = bufferevent_get_input(bev);
+	bool past_end;
+	size_t n;
 
 	if (cl->state == CL_CLOSED)
 		return;
 	CHECK(req->xstate == XS_SENDING || req->xstate == XS_AWAIT_HEAD || exchange_streaming(req));
+	CHECK(!src->mem || exchange_streaming(req));
 	meter_read_begin(&req->meter, clock_now_ns());
 	if (exchange_streaming(req))
 		req->idle_from = req->meter.now;
 	uint64_t first_before = req->rec.at[TL_FIRST_TOKEN];
-
-	while (!req->rp.done && evbuffer_get_length(in) > req->rp.held) {
-		struct evbuffer_ptr pos;
-		struct evbuffer_iovec v;
-		size_t used;
-
-		if (evbuffer_ptr_set(in, &pos, req->rp.held, EVBUFFER_PTR_SET) == -1 ||
-		    evbuffer_peek(in, -1, &pos, &v, 1) < 1)
-			break;
-		enum respparse_status st = respparse_feed(&req->rp, v.iov_base, v.iov_len, &used);
-		if (st == RESPPARSE_INVALID || st == RESPPARSE_SWITCHING) {
-			request_bad_response(req);
-			return;
-		}
-		if (st == RESPPARSE_DONE)
-			break;
-	}
-	if (cl->state == CL_CLOSED)
+	if (!exchange_feed(req, src, &past_end) || cl->state == CL_CLOSED)
 		return;
 	request_read_end(req, first_before);
-	size_t n;
+	/* a direct read's head is done: all that was used is taken */
 	if (respparse_take(&req->rp, &n) == RESPPARSE_HEAD_TOO_LARGE) {
 		char msg[160];
 		snprintf(msg, sizeof(msg), "upstream %s sent a response head over %u bytes", req->up->name,
@@ -900,18 +960,24 @@ void on_up_read(struct bufferevent *bev, void *arg)
 	}
 	request_count_out(req, n);
 	if (req->rp.done) {
-		struct evbuffer *tail = cl->px->tail;
-		/* a move: `in` belongs to the connection going back */
-		evbuffer_remove_buffer(in, tail, n);
-		request_release_upstream(req, evbuffer_get_length(in) != 0);
-		client_forward(cl, tail, evbuffer_get_length(tail));
-		request_response_sent(req);
+		struct xsrc last = *src;
+		if (src->buf) {
+			/* a move: the input buffer belongs to the connection going back */
+			last.buf = cl->px->tail;
+			evbuffer_remove_buffer(src->buf, last.buf, n);
+			past_end = evbuffer_get_length(src->buf) != 0;
+		}
+		exchange_end(req, &last, n, past_end);
 		return;
 	}
-	if (n) {
-		client_forward(cl, in, n);
+	if (n && exchange_forward(cl, src, n))
 		request_check_backlog(req);
-	}
+}
+
+/* bufferevent read callback: bytes are in the connection's input buffer */
+static void on_up_read(struct bufferevent *bev, void *arg)
+{
+	exchange_read(arg, &(struct xsrc){ .buf = bufferevent_get_input(bev) });
 }
 
 /* upconn_direct: a streamed body, read straight from the socket */
@@ -924,33 +990,22 @@ static bool up_direct_ready(void *arg)
 
 static void up_direct_data(void *arg, const char *buf, size_t len)
 {
-	struct request *req = arg;
-	struct client *cl = req->cl;
-	size_t used, n;
+	exchange_read(arg, &(struct xsrc){ .mem = buf, .len = len });
+}
 
-	CHECK(exchange_streaming(req));
-	meter_read_begin(&req->meter, clock_now_ns());
-	req->idle_from = req->meter.now;
-	uint64_t first_before = req->rec.at[TL_FIRST_TOKEN];
-	enum respparse_status st = respparse_feed(&req->rp, buf, len, &used);
-	if (st == RESPPARSE_INVALID || st == RESPPARSE_SWITCHING) {
-		request_bad_response(req);
-		return;
-	}
-	if (cl->state == CL_CLOSED)
-		return;
-	request_read_end(req, first_before);
-	/* the head is done: all that was used is taken */
-	bool done = respparse_take(&req->rp, &n) == RESPPARSE_DONE;
-	request_count_out(req, n);
-	if (done) {
-		request_release_upstream(req, used < len); /* `buf` is not the connection's */
-		if (client_forward_mem(cl, buf, n))
-			request_response_sent(req);
-		return;
-	}
-	if (n && client_forward_mem(cl, buf, n))
-		request_check_backlog(req);
+void exchange_resume(struct request *req)
+{
+	struct client *cl = req->cl;
+
+	CHECK(req->xstate == XS_PAUSED && req->uc);
+	exchange_set_state(req, XS_STREAMING); /* the idle clock runs on */
+	bufferevent_setwatermark(cl->bev, EV_WRITE, 0, 0);
+	upconn_reading(req->uc, true, 0);
+	req->idle_from = clock_now_ns();
+	/* bytes may have arrived while reading was off */
+	struct evbuffer *in = bufferevent_get_input(req->uc->bev);
+	if (evbuffer_get_length(in))
+		exchange_read(req, &(struct xsrc){ .buf = in });
 }
 
 static const struct upconn_direct up_direct = { .ready = up_direct_ready, .data = up_direct_data };
@@ -980,7 +1035,6 @@ static void on_resp_complete(void *arg, bool keep_alive)
 	struct request *req = meter_request(arg);
 
 	meter_complete(&req->meter);
-	req->resp_keepalive = keep_alive;
 	/* The head went to the client as the upstream wrote it: a response
 	 * that its close delimits, or that says the connection ends with it,
 	 * ends the client's connection too (the client waits for that close).

@@ -864,17 +864,10 @@ static void on_client_write(struct bufferevent *bev, void *arg)
 	if (!req)
 		return;
 	if (req->xstate == XS_PAUSED && req->uc) {
-		exchange_set_state(req, XS_STREAMING); /* the idle clock runs on */
-		bufferevent_setwatermark(bev, EV_WRITE, 0, 0);
-		upconn_reading(req->uc, true, 0);
-		req->idle_from = clock_now_ns();
-		/* bytes may have arrived while reading was off */
-		if (evbuffer_get_length(bufferevent_get_input(req->uc->bev))) {
-			uint64_t seq = req->seq;
-			on_up_read(req->uc->bev, req);
-			if (!client_runs(cl, seq))
-				return; /* it ended there: `req` is gone */
-		}
+		uint64_t seq = req->seq;
+		exchange_resume(req);
+		if (!client_runs(cl, seq))
+			return; /* it ended there: `req` is gone */
 	}
 	if (req->xstate == XS_DONE && evbuffer_get_length(out) == 0)
 		request_finish(req);

@@ -185,10 +185,10 @@ struct request {
 	 * and state changes arm no timer until it is; DONE drops it. */
 	short up_closed;
 	size_t paused_waiting; /* PAUSED: the fewest bytes seen waiting for the client */
-	struct respparse rp;   /* its response; rp.held: bytes at the front of the input parsed, not yet moved */
-	bool resp_keepalive;
-	bool upstream_dirty; /* bytes past the response end: never reuse */
-	struct meter meter;  /* measures the response into rec, and records it */
+	struct respparse rp;   /* its response; rp.held: bytes at the front of the input parsed, not yet moved;
+				* rp.keep_alive: the response's word on the connection */
+	bool upstream_dirty;   /* bytes past the response end: never reuse */
+	struct meter meter;    /* measures the response into rec, and records it */
 };
 
 /* One client connection. Owned by the proxy's client list. */
@@ -291,4 +291,6 @@ void request_route(struct request *req);
 void request_flush_upstream(struct request *req);
 void request_check_sent(struct request *req);
 void on_exchange_timer(evutil_socket_t fd, short what, void *arg);
-void on_up_read(struct bufferevent *bev, void *arg);
+/* PAUSED: the client caught up; reading from the upstream goes on, from
+ * the bytes that arrived meanwhile. The request may have ended on return. */
+void exchange_resume(struct request *req);

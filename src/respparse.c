@@ -125,7 +125,8 @@ static int on_message_complete(llhttp_t *p)
 		return 0;
 	}
 	rp->done = true;
-	rp->hooks->complete(rp->arg, llhttp_should_keep_alive(p));
+	rp->keep_alive = llhttp_should_keep_alive(p);
+	rp->hooks->complete(rp->arg, rp->keep_alive);
 	return HPE_PAUSED; /* whatever follows is not this response's */
 }
 

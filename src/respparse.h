@@ -60,6 +60,9 @@ struct respparse {
 	enum framer_kind kind; /* from Content-Type; FRAMER_NONE when content-encoded */
 	bool content_encoded;  /* a Content-Encoding other than identity */
 	bool head_done, done;
+	/* From the end (beside the complete hook): what the hook was told, the
+	 * connection may carry another exchange as far as the response says */
+	bool keep_alive;
 	/* parse state */
 	bool informational; /* inside a 1xx response */
 	int refused;	    /* a status refused in the head: 101, or below 100 */

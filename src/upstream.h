@@ -235,7 +235,8 @@ void upconn_reading(struct upconn *c, bool on, uint64_t timeout_ms);
  * buffer's chain: an allocation, its bookkeeping, and its free once the
  * bytes are written. EOF, errors and timeouts still go to the bufferevent's
  * event callback; over TLS, or with `d` NULL, everything goes through the
- * input buffer as before. upstream_release clears it.
+ * input buffer as before. upstream_release clears it. (exchange.c reads
+ * both through one function, exchange_read: only the bytes' place differs.)
  */
 struct upconn_direct {
 	bool (*ready)(void *arg);

@@ -11,7 +11,7 @@
  * sends; its end is the upstream closing the connection.
  *
  * Each read is appended to an input buffer; the unparsed part of it is fed
- * as exchange.c's on_up_read feeds it, then the bytes respparse_take hands
+ * as exchange.c's exchange_read feeds it, then the bytes respparse_take hands
  * over are moved from the buffer's front to an output buffer, as they would
  * go to the client. Checked: the output is the input's prefix the parser
  * consumed, byte for byte, and all of it once the head has parsed; nothing
@@ -176,7 +176,7 @@ static void run_stream(struct run *r, const uint8_t *data, size_t len, const uin
 		memcpy(in + have, data + off, piece); /* a read */
 		have += piece;
 		off += piece;
-		/* on_up_read */
+		/* exchange_read */
 		while (!rp.done && have > rp.held) {
 			size_t used = 0, held = rp.held;
 			enum respparse_status st = respparse_feed(&rp, in + held, have - held, &used);

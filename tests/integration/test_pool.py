@@ -185,13 +185,14 @@ class PastTheEndTest(harness.TestCase):
 
     EVENT = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
 
-    def test_stray_bytes_after_a_streamed_body(self):
+    STALE = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nstale"
+
+    def stray_then_ok(self, send_stray):
+        """A streamed answer with stray bytes after it (`send_stray` writes
+        it), then a plain request: it must reach a new connection."""
         def handler(sock, req, ctx):
             if req.header("x-behave") == "stray":
-                harness.send_sse_head(sock)
-                time.sleep(0.05)
-                sock.sendall(b"%x\r\n%s\r\n0\r\n\r\n" % (len(self.EVENT), self.EVENT)
-                             + b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nstale")
+                send_stray(sock)
             else:
                 body = b'{"ok":true}'
                 sock.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
@@ -210,6 +211,25 @@ class PastTheEndTest(harness.TestCase):
         self.assertEqual(resp.body, b'{"ok":true}')
         self.assertEqual(fu.accepted, 2, "the connection that sent stray bytes was used again")
         self.assertEqual(fu.errors, [])
+
+    def test_stray_bytes_after_a_streamed_body(self):
+        def send(sock):
+            harness.send_sse_head(sock)
+            time.sleep(0.05)
+            sock.sendall(b"%x\r\n%s\r\n0\r\n\r\n" % (len(self.EVENT), self.EVENT) + self.STALE)
+
+        self.stray_then_ok(send)
+
+    def test_stray_bytes_in_the_read_that_carried_the_head(self):
+        """Head, body and stray bytes in one write: they are read into the
+        connection's input buffer (the head is not parsed yet), the path that
+        finds the stray bytes left in that buffer after the response."""
+        def send(sock):
+            head = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                    b"transfer-encoding: chunked\r\n\r\n")
+            sock.sendall(head + b"%x\r\n%s\r\n0\r\n\r\n" % (len(self.EVENT), self.EVENT) + self.STALE)
+
+        self.stray_then_ok(send)
 
 
 if __name__ == "__main__":
