@@ -74,7 +74,7 @@ static struct usage body(enum api_kind api, const char *json)
 	return u;
 }
 
-#define MS(x) ((int64_t)((x) * 1000000.0 + 0.5))
+#define MS(x) ((int64_t)((x)*1000000.0 + 0.5))
 
 static void test_llamacpp(void **state)
 {
@@ -323,10 +323,11 @@ static struct server_timing parse_head(const char *resp, size_t step)
 static void test_tgi_headers(void **state)
 {
 	(void)state;
-	const char *resp = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-compute-type: gpu+optimized\r\n"
-			   "x-compute-time: 1.25\r\nX-Total-Time: 1250\r\nx-validation-time: 2\r\n"
-			   "x-queue-time: 17\r\nx-inference-time: 1231\r\nx-time-per-token: 38\r\n"
-			   "x-prompt-tokens: 9\r\nx-generated-tokens: 32\r\ncontent-length: 2\r\n\r\n{}";
+	const char *resp =
+		"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-compute-type: gpu+optimized\r\n"
+		"x-compute-time: 1.25\r\nX-Total-Time: 1250\r\nx-validation-time: 2\r\n"
+		"x-queue-time: 17\r\nx-inference-time: 1231\r\nx-time-per-token: 38\r\n"
+		"x-prompt-tokens: 9\r\nx-generated-tokens: 32\r\ncontent-length: 2\r\n\r\n{}";
 	struct server_timing whole = parse_head(resp, 0);
 	assert_int_equal(whole.source, SERVER_TGI);
 	assert_int_equal(whole.queue_ns, 17000000);
@@ -338,15 +339,17 @@ static void test_tgi_headers(void **state)
 		timing_eq(&whole, &part);
 	}
 	/* absent: a streamed head */
-	struct server_timing none = parse_head("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-					       "x-compute-type: gpu\r\ncontent-length: 0\r\n\r\n",
-					       0);
+	struct server_timing none = parse_head(
+		"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+		"x-compute-type: gpu\r\ncontent-length: 0\r\n\r\n",
+		0);
 	assert_int_equal(none.source, SERVER_NONE);
 	assert_int_equal(none.queue_ns, -1);
 	/* malformed: a fraction, a sign, empty, letters; blanks are fine */
-	struct server_timing bad = parse_head("HTTP/1.1 200 OK\r\nx-queue-time: 1.5\r\nx-inference-time: -3\r\n"
-					      "x-validation-time: \r\nX-Queue-Time: 1x\r\ncontent-length: 0\r\n\r\n",
-					      0);
+	struct server_timing bad = parse_head(
+		"HTTP/1.1 200 OK\r\nx-queue-time: 1.5\r\nx-inference-time: -3\r\n"
+		"x-validation-time: \r\nX-Queue-Time: 1x\r\ncontent-length: 0\r\n\r\n",
+		0);
 	assert_int_equal(bad.source, SERVER_NONE);
 	struct usage u = USAGE_UNKNOWN;
 	classify_header("X-QUEUE-TIME", 12, " 5 ", 3, &u.server);
@@ -414,9 +417,9 @@ static void test_decomposition(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_llamacpp),	    cmocka_unit_test(test_ollama),
-		cmocka_unit_test(test_vllm),		    cmocka_unit_test(test_split_at_every_byte),
-		cmocka_unit_test(test_tgi_headers),	    cmocka_unit_test(test_decomposition),
+		cmocka_unit_test(test_llamacpp),    cmocka_unit_test(test_ollama),
+		cmocka_unit_test(test_vllm),	    cmocka_unit_test(test_split_at_every_byte),
+		cmocka_unit_test(test_tgi_headers), cmocka_unit_test(test_decomposition),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
