@@ -12,6 +12,10 @@ the time went"), against tokentap-sim in its batching model
   chunk) and Ollama (/api/chat, durations in the final line) the same way,
   except that llama.cpp reports no queue, so the simulator's queue wait
   lands in the remainder there;
+- TGI (the simulator has no /generate: a scripted fake upstream that takes
+  a known time): the x-*-time headers of a non-streamed answer are logged
+  as they were sent, and the remainder is the rest of request-sent to the
+  response's end;
 - a response without timings is logged with tokentap's phases only:
   server_timing null, every server phase and the remainder null.
 """
@@ -21,6 +25,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 
 import harness
 
@@ -137,6 +142,49 @@ class LlamacppTimingTest(Base):
             self.assertIsNone(e["server_queue_ms"])
             # llama.cpp reports no queue: the simulator's lands in the remainder
             self.check_sum(e, small=False)
+
+
+TGI_SLEEP_S = 0.12  # the fake TGI's whole answer time: validation 3 + queue 40 + inference 70 ms fit in it
+
+
+def tgi_handler(sock, req, ctx):
+    time.sleep(TGI_SLEEP_S)
+    body = b'{"generated_text":" blue","details":{"finish_reason":"length","generated_tokens":2}}'
+    sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nx-compute-type: gpu+optimized\r\n"
+                 b"x-total-time: 113\r\nx-validation-time: 3\r\nx-queue-time: 40\r\nx-inference-time: 70\r\n"
+                 b"x-time-per-token: 35\r\nx-prompt-tokens: 9\r\nx-generated-tokens: 2\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    return True
+
+
+class TgiHeadersTest(harness.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="tokentap-timing-")
+        cls.addClassCleanup(shutil.rmtree, cls.dir, True)
+        cls.log = os.path.join(cls.dir, "access.log")
+        cls.up = harness.start_fake_upstream(cls, tgi_handler)
+        cls.tt = harness.start_tokentap(cls, cls.up.url, "--access-log", cls.log, "--data-dir",
+                                        os.path.join(cls.dir, "data"))
+
+    def test_generate_headers(self):
+        rid = "it-timing-tgi"
+        resp, _ = harness.exchange(self.tt.port, "POST", "/generate",
+                                   {"inputs": "Why is the sky", "parameters": {"max_new_tokens": 2}},
+                                   [("x-request-id", rid)])
+        self.assertEqual(resp.status, 200)
+        e = harness.wait_log_entry(self.log, lambda e: e.get("id") == rid)
+        self.assertIsNotNone(e)
+        self.assertEqual(e["api"], "tgi")
+        self.assertEqual(e["server_timing"], "tgi")
+        self.assertEqual(e["server_validation_ms"], 3.0)
+        self.assertEqual(e["server_queue_ms"], 40.0)
+        self.assertEqual(e["server_inference_ms"], 70.0)
+        self.assertIsNone(e["server_prefill_ms"])  # TGI does not split prefill from decode
+        self.assertIsNone(e["ttft_ms"])  # not streamed
+        tl = e["timeline_ms"]
+        self.assertTrue(near(e["unattributed_ms"], tl["resp_end"] - tl["req_sent"] - 113.0, 0.005), e)
+        self.assertGreaterEqual(e["unattributed_ms"], 0.0)
 
 
 class NoTimingTest(Base):
