@@ -959,6 +959,8 @@ static void resp_reason_item(struct sim_stream *s, struct evbuffer *b, bool done
 
 /* The Response object: in progress (no output, usage null) or completed
  * with its items and usage. */
+static void openai_timing(struct sim_stream *s, struct evbuffer *b);
+
 static void resp_object(struct sim_stream *s, struct evbuffer *b, bool done)
 {
 	uint64_t out = s->n_reason + s->n_out;
@@ -983,6 +985,9 @@ static void resp_object(struct sim_stream *s, struct evbuffer *b, bool done)
 				    s->n_in, s->n_cached, out, s->n_reason, s->n_in + out);
 	else
 		evbuffer_add(b, "null", 4);
+	/* vLLM reports in the finished Response (llama.cpp's has none) */
+	if (done && sim_cfg.server_timing == SIM_TIMING_VLLM)
+		openai_timing(s, b);
 	evbuffer_add(b, ",\"error\":null,\"incomplete_details\":null}", 40);
 }
 

@@ -60,7 +60,9 @@ class Base(harness.TestCase):
             rid = "it-timing-%s-%d" % (tag, i)
             body = harness.api_body(api, stream=True, include_usage=include_usage,
                                     prompt=("%d " % i) + "y" * 800)
-            if api.startswith("openai"):
+            if api == "openai-responses":
+                body["max_output_tokens"] = 6
+            elif api.startswith("openai"):
                 body["max_tokens"] = 6
             else:
                 body["options"] = {"num_predict": 6}
@@ -117,6 +119,17 @@ class VllmTimingTest(Base):
             self.check_sum(e)
             queued += m["queue_time_ms"] > 1.0
         self.assertGreaterEqual(queued, 2, "a batch of 2 under 6 streams makes requests queue")
+
+    def test_responses_completed(self):
+        for e, events in self.run_load("openai-responses", "vllm-resp", n=3):
+            done = [json.loads(ev.data)["response"] for ev in events if ev.name == "response.completed"]
+            self.assertEqual(len(done), 1)
+            m = done[0]["metrics"]
+            self.assertEqual(e["server_timing"], "vllm")
+            self.assertTrue(near(e["server_queue_ms"], m["queue_time_ms"]), (e, m))
+            self.assertTrue(near(e["server_prefill_ms"], m["time_to_first_token_ms"]), (e, m))
+            self.assertTrue(near(e["server_decode_ms"], m["generation_time_ms"]), (e, m))
+            self.check_sum(e)
 
     def test_ollama_durations(self):
         for e, events in self.run_load("ollama-chat", "ollama", n=3):
