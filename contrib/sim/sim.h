@@ -69,8 +69,8 @@ struct sim_config {
 
 /* What the batch scheduler did with one request, in ns, for --server-timing:
  * waiting in its queue (fully received to admitted into a step), prefill
- * (admitted to the end of the step that emitted the first token) and decode
- * (first token to last). */
+ * (admitted to the end of the step that emitted the first token, as it was
+ * processed) and decode (first token to last). */
 struct sim_timing {
 	bool known;
 	uint64_t queue_ns, prefill_ns, decode_ns;
@@ -184,7 +184,8 @@ struct sim_seq {
 	bool notify_pending;   /* on the notification list */
 	bool finished;	       /* all n_out generated; left the batch */
 	/* CLOCK_MONOTONIC ns: submitted, admitted into a step (never before
-	 * submitted), end of the step of the first and of the last token */
+	 * submitted), the moments the step ends of the first and of the last
+	 * token were processed (just before those tokens are written) */
 	uint64_t submit_ns, admit_ns, first_ns, last_ns;
 };
 

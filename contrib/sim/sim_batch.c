@@ -199,6 +199,11 @@ static void step_end(void)
 {
 	struct sim_seq *q, *next;
 	uint64_t end = B.step_end_ns, now;
+	/* what --server-timing reports as a token's moment: now, when its
+	 * connection is about to be told, not the nominal end (libevent's
+	 * timer counts from its cached loop time, so it can fire a little
+	 * before the nominal end) */
+	const uint64_t emitted = sim_now_ns();
 
 	B.steps++;
 	for (q = B.running.head; q != NULL; q = next) {
@@ -213,10 +218,10 @@ static void step_end(void)
 			q->generated++;
 			B.generated++;
 			if (q->generated == 1)
-				q->first_ns = end;
+				q->first_ns = emitted;
 		}
 		if (q->generated >= q->n_out) {
-			q->last_ns = end;
+			q->last_ns = emitted;
 			q->finished = true;
 			list_remove(&B.running, q);
 			q->where = SEQ_NONE;

@@ -7,7 +7,8 @@ the time went"), against tokentap-sim in its batching model
   requests queue: per request, the server queue, prefill and decode tokentap
   logs are exactly what the simulator reported (to the logged microsecond);
   tokentap's phases, the server's and the unattributed remainder add up to
-  the ttft, and the remainder is >= 0 and small on loopback;
+  the ttft, and the remainder is small on loopback and not below 0 by more
+  than tokentap's own lag in stamping req_sent (REMAINDER_MIN_MS);
 - llama.cpp-shaped (chat without include_usage: "timings" on the finish
   chunk) and Ollama (/api/chat, durations in the final line) the same way,
   except that llama.cpp reports no queue, so the simulator's queue wait
@@ -33,6 +34,10 @@ BATCH = ["--batching", "--step-base-ms", "5", "--step-per-seq-ms", "1", "--prefi
          "--max-batch", "2"]
 N = 6  # concurrent streams over a batch of 2: four of them queue
 REMAINDER_MAX_MS = 50.0  # network + front end on loopback, a loaded two-core machine included
+# tokentap stamps req_sent when its write callback finds the output drained,
+# a loop turn after the bytes left: by then the server's clock may already
+# run, so the remainder can dip below 0 by that much (docs/metrics.md)
+REMAINDER_MIN_MS = -1.0
 
 
 def near(a, b, tol=0.0015):
@@ -95,7 +100,7 @@ class Base(harness.TestCase):
         server = sum(e[k] or 0 for k in ("server_queue_ms", "server_load_ms", "server_validation_ms",
                                          "server_prefill_ms"))
         self.assertTrue(near(tl["req_sent"] + server + e["unattributed_ms"], e["ttft_ms"], 0.005), e)
-        self.assertGreaterEqual(e["unattributed_ms"], 0.0, e)
+        self.assertGreaterEqual(e["unattributed_ms"], REMAINDER_MIN_MS, e)
         if small:
             self.assertLess(e["unattributed_ms"], REMAINDER_MAX_MS, e)
 
@@ -197,7 +202,7 @@ class TgiHeadersTest(harness.TestCase):
         self.assertIsNone(e["ttft_ms"])  # not streamed
         tl = e["timeline_ms"]
         self.assertTrue(near(e["unattributed_ms"], tl["resp_end"] - tl["req_sent"] - 113.0, 0.005), e)
-        self.assertGreaterEqual(e["unattributed_ms"], 0.0)
+        self.assertGreaterEqual(e["unattributed_ms"], REMAINDER_MIN_MS)
 
 
 class NoTimingTest(Base):
