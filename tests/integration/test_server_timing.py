@@ -125,6 +125,27 @@ class VllmTimingTest(Base):
             queued += m["queue_time_ms"] > 1.0
         self.assertGreaterEqual(queued, 2, "a batch of 2 under 6 streams makes requests queue")
 
+    def test_chat_not_streamed(self):
+        rid = "it-timing-vllm-block"
+        body = harness.api_body("openai-chat", stream=False, prompt="z" * 800)
+        body["max_tokens"] = 4
+        resp, _ = harness.exchange(self.tt.port, "POST", harness.API_PATHS["openai-chat"], body,
+                                   [("x-request-id", rid)])
+        self.assertEqual(resp.status, 200)
+        m = resp.json()["metrics"]
+        e = harness.wait_log_entry(self.log, lambda e: e.get("id") == rid)
+        self.assertIsNotNone(e)
+        self.assertEqual(e["server_timing"], "vllm")
+        self.assertTrue(near(e["server_queue_ms"], m["queue_time_ms"]), (e, m))
+        self.assertTrue(near(e["server_prefill_ms"], m["time_to_first_token_ms"]), (e, m))
+        self.assertTrue(near(e["server_decode_ms"], m["generation_time_ms"]), (e, m))
+        # not streamed: the remainder is the rest of request-sent to the end
+        tl = e["timeline_ms"]
+        server = m["queue_time_ms"] + m["time_to_first_token_ms"] + m["generation_time_ms"]
+        self.assertTrue(near(e["unattributed_ms"], tl["resp_end"] - tl["req_sent"] - server, 0.005), (e, m))
+        self.assertGreaterEqual(e["unattributed_ms"], REMAINDER_MIN_MS)
+        self.assertLess(e["unattributed_ms"], REMAINDER_MAX_MS)
+
     def test_responses_completed(self):
         for e, events in self.run_load("openai-responses", "vllm-resp", n=3):
             done = [json.loads(ev.data)["response"] for ev in events if ev.name == "response.completed"]
