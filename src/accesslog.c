@@ -108,6 +108,7 @@ static json_t *record_to_json(const struct req_record *r)
 	json_object_set_new(o, "cached_tokens", int_or_null(r->usage.cached_tokens));
 	json_object_set_new(o, "cache_write_tokens", int_or_null(r->usage.cache_write_tokens));
 	json_object_set_new(o, "reasoning_tokens", int_or_null(r->usage.reasoning_tokens));
+	json_object_set_new(o, "server_timing", str_or_null(classify_server_name(r->usage.server.source)));
 	json_object_set_new(o, "events", json_integer((json_int_t)r->events));
 	json_object_set_new(o, "token_events", json_integer((json_int_t)r->token_events));
 	json_object_set_new(o, "reasoning_events", json_integer((json_int_t)r->reasoning_events));

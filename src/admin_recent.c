@@ -107,6 +107,7 @@ static json_t *entry_json(const struct recent_entry *e)
 	put(o, "cached_tokens", count_or_null(r->usage.cached_tokens));
 	put(o, "cache_write_tokens", count_or_null(r->usage.cache_write_tokens));
 	put(o, "reasoning_tokens", count_or_null(r->usage.reasoning_tokens));
+	put(o, "server_timing", str_or_null(classify_server_name(r->usage.server.source)));
 	put(o, "token_events", u64_json(r->token_events));
 	put(o, "reasoning_events", u64_json(r->reasoning_events));
 	put(o, "tool_call_events", u64_json(r->tool_call_events));

@@ -28,6 +28,12 @@
  * in one vector step instead of a search through the id, model and nesting
  * in front of it. Only the "usage" search still runs to each event's end.
  *
+ * The engines' own per-request timings ride in the same final events and
+ * bodies and are read the same way (struct server_timing). A chat or
+ * completions event is searched for "timings" when it carries no usage
+ * object (llama.cpp's finish chunk without include_usage): one more key
+ * search per event, some 5 ns on a 240-byte chunk (classify_bench).
+ *
  * The rules are documented for operators in docs/metrics.md; keep both in
  * step.
  */
@@ -420,6 +426,190 @@ static void take_count(const struct span *s, const char *obj, const char *qkey, 
 	*dst = n;
 }
 
+/* ---- server timings ------------------------------------------------------ */
+
+/* A JSON number of milliseconds at v, as nanoseconds (rounded to the
+ * nearest): digits, an optional fraction and exponent, no sign. Anything
+ * else (null, a string, a negative or too large value) is not a duration.
+ * Integer arithmetic only: the digits are kept as a mantissa (the first 18
+ * significant ones) and a power of ten. */
+static bool parse_ms_ns(const char *v, const char *end, int64_t *out)
+{
+	uint64_t mant = 0;
+	int digits = 0, exp10 = 6; /* ms to ns */
+	bool any = false;
+
+	for (; v < end && *v >= '0' && *v <= '9'; v++, any = true) {
+		if (digits < 18) {
+			mant = mant * 10 + (uint64_t)(*v - '0');
+			digits += mant != 0;
+		} else {
+			exp10++;
+		}
+	}
+	if (v < end && *v == '.') {
+		v++;
+		if (v >= end || *v < '0' || *v > '9')
+			return false;
+		for (; v < end && *v >= '0' && *v <= '9'; v++, any = true) {
+			if (digits < 18) {
+				mant = mant * 10 + (uint64_t)(*v - '0');
+				digits += mant != 0;
+				exp10--;
+			}
+		}
+	}
+	if (!any)
+		return false;
+	if (v < end && (*v == 'e' || *v == 'E')) {
+		bool neg = false;
+		int e = 0;
+		v++;
+		if (v < end && (*v == '+' || *v == '-'))
+			neg = *v++ == '-';
+		if (v >= end || *v < '0' || *v > '9')
+			return false;
+		for (; v < end && *v >= '0' && *v <= '9'; v++)
+			if (e < 1000)
+				e = e * 10 + (*v - '0');
+		exp10 += neg ? -e : e;
+	}
+	if (v < end && *v != ',' && *v != '}' && *v != ']' && !is_space(*v))
+		return false;
+	if (mant == 0) {
+		*out = 0;
+		return true;
+	}
+	for (; exp10 > 0; exp10--) {
+		if (mant > (uint64_t)INT64_MAX / 10)
+			return false;
+		mant *= 10;
+	}
+	for (; exp10 < 0 && mant > 0; exp10++)
+		mant = exp10 == -1 ? (mant + 5) / 10 : mant / 10;
+	if (mant > (uint64_t)INT64_MAX)
+		return false;
+	*out = (int64_t)mant;
+	return true;
+}
+
+/* Stores member `qkey` of obj, a number of milliseconds, into *dst as ns;
+ * true when it was one. */
+static bool take_ms(const struct span *s, const char *obj, const char *qkey, size_t qlen, int64_t *dst)
+{
+	const char *v = member(s, obj, qkey, qlen);
+	return v != NULL && parse_ms_ns(v, s->end, dst);
+}
+
+/* Stores member `qkey` of obj, an integer count of ns, into *dst; true when
+ * it was one. */
+static bool take_ns(const struct span *s, const char *obj, const char *qkey, size_t qlen, int64_t *dst)
+{
+	int64_t v = -1;
+	take_count(s, obj, qkey, qlen, &v);
+	if (v < 0)
+		return false;
+	*dst = v;
+	return true;
+}
+
+/* llama.cpp's "timings": prompt_ms is the prefill of the uncached part of
+ * the prompt (prompt_n tokens), predicted_ms the decode. No queue time:
+ * llama.cpp does not report one. */
+static void server_llamacpp(const struct span *s, const char *timings, struct server_timing *t)
+{
+	bool any = take_ms(s, timings, KEY("prompt_ms"), &t->prefill_ns);
+	any |= take_ms(s, timings, KEY("predicted_ms"), &t->decode_ns);
+	if (any)
+		t->source = SERVER_LLAMACPP;
+}
+
+/* vLLM's "metrics" (--enable-per-request-metrics): time_to_first_token_ms
+ * counts from when the request was scheduled, so it is the prefill, not a
+ * TTFT; any field may be null. */
+static void server_vllm(const struct span *s, const char *metrics, struct server_timing *t)
+{
+	bool any = take_ms(s, metrics, KEY("queue_time_ms"), &t->queue_ns);
+	any |= take_ms(s, metrics, KEY("time_to_first_token_ms"), &t->prefill_ns);
+	any |= take_ms(s, metrics, KEY("generation_time_ms"), &t->decode_ns);
+	if (any)
+		t->source = SERVER_VLLM;
+}
+
+/* Ollama's final object, integer ns. load_duration runs from the handler's
+ * entry to a runner being ready: its scheduler wait and the model load. */
+static void server_ollama(const struct span *s, const char *root, struct server_timing *t)
+{
+	bool any = take_ns(s, root, KEY("load_duration"), &t->load_ns);
+	any |= take_ns(s, root, KEY("prompt_eval_duration"), &t->prefill_ns);
+	any |= take_ns(s, root, KEY("eval_duration"), &t->decode_ns);
+	if (any)
+		t->source = SERVER_OLLAMA;
+}
+
+const char *classify_server_name(enum server_source src)
+{
+	switch (src) {
+	case SERVER_LLAMACPP: return "llamacpp";
+	case SERVER_OLLAMA: return "ollama";
+	case SERVER_VLLM: return "vllm";
+	case SERVER_TGI: return "tgi";
+	case SERVER_NONE: break;
+	}
+	return NULL;
+}
+
+static bool header_is(const char *name, size_t nlen, const char *lit)
+{
+	size_t n = strlen(lit);
+	if (nlen != n)
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		char c = name[i];
+		if (c >= 'A' && c <= 'Z')
+			c = (char)(c - 'A' + 'a');
+		if (c != lit[i])
+			return false;
+	}
+	return true;
+}
+
+/* TGI's values are integer milliseconds (as_millis()); surrounding blanks
+ * are allowed, nothing else. */
+static bool header_ms(const char *val, size_t vlen, int64_t *dst)
+{
+	const char *p = val, *end = val + vlen;
+	int64_t n = 0;
+	while (p < end && (*p == ' ' || *p == '\t'))
+		p++;
+	while (end > p && (end[-1] == ' ' || end[-1] == '\t'))
+		end--;
+	if (p == end)
+		return false;
+	for (; p < end; p++) {
+		if (*p < '0' || *p > '9' || n > (INT64_MAX / 1000000 - 9) / 10)
+			return false;
+		n = n * 10 + (*p - '0');
+	}
+	*dst = n * 1000000;
+	return true;
+}
+
+void classify_header(const char *name, size_t nlen, const char *val, size_t vlen, struct server_timing *t)
+{
+	int64_t *dst = NULL;
+	if (name == NULL || val == NULL || t == NULL || nlen < 8 || (name[0] != 'x' && name[0] != 'X'))
+		return;
+	if (header_is(name, nlen, "x-queue-time"))
+		dst = &t->queue_ns;
+	else if (header_is(name, nlen, "x-inference-time"))
+		dst = &t->inference_ns;
+	else if (header_is(name, nlen, "x-validation-time"))
+		dst = &t->validation_ns;
+	if (dst && header_ms(val, vlen, dst))
+		t->source = SERVER_TGI;
+}
+
 /* Where each API keeps its counts; `root` is the event's (or body's) top
  * object. */
 
@@ -441,6 +631,14 @@ static void usage_openai(const struct span *s, const char *root, struct usage *u
 		   &u->reasoning_tokens);
 }
 
+/* The server timings an OpenAI-shaped chunk or body may carry at its top:
+ * llama.cpp's "timings", vLLM's "metrics". */
+static void server_openai(const struct span *s, const char *root, struct usage *u)
+{
+	server_llamacpp(s, member(s, root, KEY("timings")), &u->server);
+	server_vllm(s, member(s, root, KEY("metrics")), &u->server);
+}
+
 static void usage_tgi(const struct span *s, const char *root, struct usage *u)
 {
 	const char *details = member(s, root, KEY("details"));
@@ -457,6 +655,7 @@ static void usage_llamacpp(const struct span *s, const char *root, struct usage 
 	 * the cache (cache_n): the whole prompt is their sum. */
 	const char *timings = member(s, root, KEY("timings"));
 	int64_t prefill = -1, cached = -1;
+	server_llamacpp(s, timings, &u->server);
 	take_count(s, timings, KEY("prompt_n"), &prefill);
 	take_count(s, timings, KEY("cache_n"), &cached);
 	if (cached >= 0)
@@ -470,6 +669,7 @@ static void usage_llamacpp(const struct span *s, const char *root, struct usage 
 
 static void usage_ollama(const struct span *s, const char *root, struct usage *u)
 {
+	server_ollama(s, root, &u->server);
 	take_count(s, root, KEY("prompt_eval_count"), &u->input_tokens);
 	take_count(s, root, KEY("eval_count"), &u->output_tokens);
 }
@@ -547,8 +747,12 @@ static enum token_kind classify_openai_chat(const struct span *s, struct usage *
 	/* "usage":null rides on every chunk with include_usage; only an
 	 * object carries counts (the final chunk, or every chunk with vLLM's
 	 * continuous usage stats). */
-	if (u && any_object(s, KEY("usage")))
+	if (u && any_object(s, KEY("usage"))) {
 		usage_openai(s, s->p, u);
+		server_openai(s, s->p, u);
+	} else if (u && keyscan_find(s->p, s->end, KEY("timings")) != NULL) {
+		server_openai(s, s->p, u);
+	}
 	return token;
 }
 
@@ -569,8 +773,12 @@ static enum token_kind classify_completions(const struct span *s, struct usage *
 	if (key_find(s, &from, KEY("choices")) == NULL && keyscan_find(s->p, s->end, KEY("content")))
 		return classify_llamacpp(s, u, h);
 	enum token_kind token = keys_kind(s, text_key, NKEYS(text_key), h);
-	if (u && any_object(s, KEY("usage")))
+	if (u && any_object(s, KEY("usage"))) {
 		usage_openai(s, s->p, u);
+		server_openai(s, s->p, u);
+	} else if (u && keyscan_find(s->p, s->end, KEY("timings")) != NULL) {
+		server_openai(s, s->p, u);
+	}
 	return token;
 }
 
@@ -746,6 +954,7 @@ static void usage_responses(const struct span *s, const char *resp, struct usage
 	take_count(s, in, KEY("cached_tokens"), &u->cached_tokens);
 	take_count(s, in, KEY("cache_write_tokens"), &u->cache_write_tokens);
 	take_count(s, member(s, usage, KEY("output_tokens_details")), KEY("reasoning_tokens"), &u->reasoning_tokens);
+	server_vllm(s, member(s, resp, KEY("metrics")), &u->server);
 	const char *status = member(s, resp, KEY("status"));
 	if (status && value_is_string(s, status, KEY("incomplete")))
 		outcome_worsen(u, OUTCOME_INCOMPLETE);
@@ -828,6 +1037,7 @@ void classify_body(enum api_kind api, const char *body, size_t len, struct usage
 			usage_llamacpp(&s, obj, usage); /* llama.cpp's native /completions */
 		else
 			usage_openai(&s, obj, usage);
+		server_openai(&s, obj, usage);
 		break;
 	case API_ANTHROPIC: usage_anthropic_delta(&s, obj, usage); break;
 	case API_TGI: usage_tgi(&s, obj, usage); break;

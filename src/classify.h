@@ -49,6 +49,37 @@ enum token_kind {
 	TOKEN_TOOL,	 /* a tool call: tool_calls, function_call_arguments, input_json_delta */
 };
 
+/* Which engine's own per-request report filled a struct server_timing. */
+enum server_source {
+	SERVER_NONE = 0, /* the server said nothing: tokentap's phases only */
+	SERVER_LLAMACPP, /* llama.cpp's "timings" object */
+	SERVER_OLLAMA,	 /* Ollama's final-object durations */
+	SERVER_VLLM,	 /* vLLM's "metrics" object (--enable-per-request-metrics) */
+	SERVER_TGI,	 /* TGI's x-*-time response headers (non-streamed) */
+};
+
+/* The server's own account of where a request's time went, in ns; -1 where
+ * it did not say. Read as the response passes, never asked for: which
+ * engine fills which field is in docs/metrics.md ("Server timings"). */
+struct server_timing {
+	int64_t queue_ns;      /* waiting in the engine's scheduler queue */
+	int64_t load_ns;       /* loading the model (Ollama: also its wait for a runner) */
+	int64_t validation_ns; /* tokenizing and validating before the queue (TGI) */
+	int64_t prefill_ns;    /* processing the prompt, to the first token */
+	int64_t decode_ns;     /* first token to last */
+	int64_t inference_ns;  /* prefill and decode together, where not split (TGI) */
+	enum server_source source;
+};
+
+#define SERVER_TIMING_UNKNOWN \
+	((struct server_timing){ .queue_ns = -1, \
+				 .load_ns = -1, \
+				 .validation_ns = -1, \
+				 .prefill_ns = -1, \
+				 .decode_ns = -1, \
+				 .inference_ns = -1, \
+				 .source = SERVER_NONE })
+
 /* Usage as reported by the server; -1 where not (yet) known, so "not
  * reported" stays distinct from 0. input_tokens is the whole prompt for
  * every API (Anthropic's own input_tokens, which leaves out cache reads and
@@ -62,6 +93,7 @@ struct usage {
 	int64_t cache_write_tokens; /* prompt tokens written to it (Anthropic, OpenAI's cache_write_tokens) */
 	int64_t reasoning_tokens;   /* output tokens spent reasoning */
 	enum resp_outcome outcome;
+	struct server_timing server; /* from the same final event or body */
 };
 
 #define USAGE_UNKNOWN \
@@ -70,7 +102,8 @@ struct usage {
 			 .cached_tokens = -1, \
 			 .cache_write_tokens = -1, \
 			 .reasoning_tokens = -1, \
-			 .outcome = OUTCOME_NONE })
+			 .outcome = OUTCOME_NONE, \
+			 .server = SERVER_TIMING_UNKNOWN })
 
 /* The API a request path (without query string) speaks. */
 enum api_kind classify_api(const char *path, size_t len);
@@ -89,6 +122,15 @@ struct classify_hint {
 	uint32_t at;  /* offset of the key that held the text */
 	uint8_t rule; /* 1 + index of that key in the API's token keys; 0: none yet */
 };
+
+/* Short stable name for logs: "llamacpp", "ollama", "vllm", "tgi"; NULL for
+ * SERVER_NONE. */
+const char *classify_server_name(enum server_source src);
+
+/* Reads one response header for the server timings it may carry (TGI's
+ * x-queue-time, x-inference-time, x-validation-time: integer ms). `name` is
+ * compared without regard to case; other headers leave `t` as it was. */
+void classify_header(const char *name, size_t nlen, const char *val, size_t vlen, struct server_timing *t);
 
 /* Classifies one streamed event: what it carries, TOKEN_NONE when it bears
  * no tokens. Updates `usage` when the event carries counts (later values

@@ -104,6 +104,8 @@ static void on_event(void *arg, const struct framer_event *ev)
 void meter_head(struct meter *m, const struct respparse *rp)
 {
 	m->rec->status = rp->status;
+	if (rp->server.source != SERVER_NONE)
+		m->rec->usage.server = rp->server; /* TGI's headers; a body's report may add to them */
 	timeline_mark(m->rec, TL_RESP_HEADERS, m->now);
 	if (rp->kind != FRAMER_NONE) {
 		m->rec->stream = 1;

@@ -74,6 +74,8 @@ static int on_header_value_complete(llhttp_t *p)
 		rp->kind = framer_kind_for_content_type(rp->val, rp->val_len);
 	else if (name_eq(rp->name, rp->name_len, "content-encoding"))
 		rp->content_encoded = !name_eq(rp->val, rp->val_len, "identity");
+	else
+		classify_header(rp->name, rp->name_len, rp->val, rp->val_len, &rp->server);
 	rp->name_len = rp->val_len = 0;
 	return 0;
 }
@@ -146,6 +148,7 @@ void respparse_init(struct respparse *rp, const struct respparse_hooks *hooks, v
 	rp->hooks = hooks;
 	rp->arg = arg;
 	rp->head_max = RESP_HEAD_MAX;
+	rp->server = SERVER_TIMING_UNKNOWN;
 	llhttp_init(&rp->parser, HTTP_RESPONSE, &respparse_settings);
 	rp->parser.data = rp;
 }

@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "classify.h"
 #include "framer.h"
 
 /* A response head is held until it parses whole; this bounds it (1xx
@@ -57,8 +58,9 @@ struct respparse {
 	size_t held;
 	/* The final response, as parsed */
 	int status;
-	enum framer_kind kind; /* from Content-Type; FRAMER_NONE when content-encoded */
-	bool content_encoded;  /* a Content-Encoding other than identity */
+	enum framer_kind kind;	     /* from Content-Type; FRAMER_NONE when content-encoded */
+	bool content_encoded;	     /* a Content-Encoding other than identity */
+	struct server_timing server; /* TGI's x-*-time headers (classify_header) */
 	bool head_done, done;
 	/* From the end (beside the complete hook): what the hook was told, the
 	 * connection may carry another exchange as far as the response says */

@@ -125,6 +125,44 @@ static double span_ms(const struct req_record *r, enum tl_event from, enum tl_ev
 	return (double)(r->at[to] - r->at[from]) / 1e6;
 }
 
+static double ns_ms(int64_t ns)
+{
+	return ns < 0 ? NAN : (double)ns / 1e6;
+}
+
+/*
+ * What neither side accounts for, when the server reported its timings:
+ * the time from the request sent to the first token (streamed) or to the
+ * response's end (non-streamed), less every server phase that falls in it.
+ * That is the network both ways and the server's front end (HTTP,
+ * tokenizing, detokenizing) where the engine does not time it. NaN when
+ * the server said nothing. It can come out below 0 only when the server's
+ * clock and tokentap's disagree (docs/metrics.md).
+ */
+static double unattributed_ms(const struct req_record *r)
+{
+	const struct server_timing *t = &r->usage.server;
+	double span, sum = 0;
+	bool whole;
+
+	if (t->source == SERVER_NONE)
+		return NAN;
+	whole = !r->at[TL_FIRST_TOKEN];
+	span = whole ? span_ms(r, TL_REQ_SENT, TL_RESP_END) : span_ms(r, TL_REQ_SENT, TL_FIRST_TOKEN);
+	if (isnan(span))
+		return NAN;
+	int64_t parts[] = { t->queue_ns,
+			    t->load_ns,
+			    t->validation_ns,
+			    t->prefill_ns,
+			    whole ? t->decode_ns : -1,
+			    whole ? t->inference_ns : -1 };
+	for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++)
+		if (parts[i] > 0)
+			sum += (double)parts[i] / 1e6;
+	return span - sum;
+}
+
 void record_derive(const struct req_record *r, double out[RM__COUNT])
 {
 	int64_t n = record_output_tokens(r);
@@ -138,6 +176,14 @@ void record_derive(const struct req_record *r, double out[RM__COUNT])
 	out[RM_E2E] = span_ms(r, TL_ARRIVE, TL_RESP_END);
 	out[RM_ANSWER_TTFT] = span_ms(r, TL_ARRIVE, TL_FIRST_ANSWER);
 	out[RM_REASONING] = span_ms(r, TL_FIRST_REASONING, TL_LAST_REASONING);
+	out[RM_UPLOAD] = span_ms(r, TL_UP_CONNECTED, TL_REQ_SENT);
+	out[RM_SERVER_QUEUE] = ns_ms(r->usage.server.queue_ns);
+	out[RM_SERVER_LOAD] = ns_ms(r->usage.server.load_ns);
+	out[RM_SERVER_VALIDATION] = ns_ms(r->usage.server.validation_ns);
+	out[RM_SERVER_PREFILL] = ns_ms(r->usage.server.prefill_ns);
+	out[RM_SERVER_DECODE] = ns_ms(r->usage.server.decode_ns);
+	out[RM_SERVER_INFERENCE] = ns_ms(r->usage.server.inference_ns);
+	out[RM_UNATTRIBUTED] = unattributed_ms(r);
 	out[RM_TPOT] = NAN;
 	out[RM_DECODE_RATE] = NAN;
 	if (n > 1 && !isnan(decode)) {

@@ -53,7 +53,15 @@ enum tl_event {
 	X(E2E, e2e_ms, "ms") \
 	X(DECODE_RATE, decode_tps, "tokens/s") \
 	X(ANSWER_TTFT, answer_ttft_ms, "ms") \
-	X(REASONING, reasoning_ms, "ms")
+	X(REASONING, reasoning_ms, "ms") \
+	X(UPLOAD, upload_ms, "ms") \
+	X(SERVER_QUEUE, server_queue_ms, "ms") \
+	X(SERVER_LOAD, server_load_ms, "ms") \
+	X(SERVER_VALIDATION, server_validation_ms, "ms") \
+	X(SERVER_PREFILL, server_prefill_ms, "ms") \
+	X(SERVER_DECODE, server_decode_ms, "ms") \
+	X(SERVER_INFERENCE, server_inference_ms, "ms") \
+	X(UNATTRIBUTED, unattributed_ms, "ms")
 
 enum req_metric {
 #define X(e, k, u) RM_##e,

@@ -100,6 +100,9 @@ static void usage(FILE *f)
 		"  --idle-ms N         no traffic this long makes the server cold (default 30000)\n"
 		"  --backlog-tokens N  unsent tokens of a stalled reader before it is dropped;\n"
 		"                      0 = never (default 4096)\n"
+		"  --server-timing E   batched responses report their real queue, prefill and\n"
+		"                      decode as engine E would: vllm (\"metrics\") or llamacpp\n"
+		"                      (\"timings\"); Ollama's routes as Ollama (default off)\n"
 		"  --help              this text\n"
 		"  --version           print the version\n"
 		"\n"
@@ -239,6 +242,7 @@ static bool known_flag(const char *flag)
 		"--think-ms",
 		"--cached-tokens",
 		"--cache-write-tokens",
+		"--server-timing",
 	};
 
 	for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) {
@@ -314,6 +318,15 @@ static void parse_args(int argc, char **argv, struct sockaddr_storage *ss, int *
 				sim_cfg.batching = false;
 			else
 				die_usage("--model-mode is 'fixed' or 'batch', got '%s'.", val);
+		} else if (strcmp(flag, "--server-timing") == 0) {
+			if (strcmp(val, "vllm") == 0)
+				sim_cfg.server_timing = SIM_TIMING_VLLM;
+			else if (strcmp(val, "llamacpp") == 0)
+				sim_cfg.server_timing = SIM_TIMING_LLAMACPP;
+			else if (strcmp(val, "off") == 0)
+				sim_cfg.server_timing = SIM_TIMING_OFF;
+			else
+				die_usage("--server-timing is 'vllm', 'llamacpp' or 'off', got '%s'.", val);
 		} else if (strcmp(flag, "--max-batch") == 0) {
 			sim_cfg.max_batch = parse_u64(flag, val);
 		} else if (strcmp(flag, "--kv-tokens") == 0) {

@@ -16,7 +16,8 @@
  * function of (--seed, request path, request body, x-sim-* overrides). No
  * wall clock, no address, no counter ever reaches a response body except in
  * GET /sim/stats, and, with --prefix-cache only, the cached counts in usage
- * (which depend on the prompts seen before).
+ * (which depend on the prompts seen before), and with --server-timing only,
+ * the engine-shaped report of the time a batched request really took.
  */
 #pragma once
 
@@ -59,6 +60,20 @@ struct sim_config {
 	uint64_t idle_ms;	  /* no traffic this long makes the server cold */
 	uint64_t backlog_tokens;  /* unsent tokens of a stalled reader before
 				   * its connection is dropped, 0 = never */
+
+	/* --server-timing: batched responses report the queue, prefill and
+	 * decode they really took, as the engine named would (Ollama's routes
+	 * always as Ollama). Off by default: the report depends on the clock. */
+	enum sim_server_timing { SIM_TIMING_OFF, SIM_TIMING_VLLM, SIM_TIMING_LLAMACPP } server_timing;
+};
+
+/* What the batch scheduler did with one request, in ns, for --server-timing:
+ * waiting in its queue (fully received to admitted into a step), prefill
+ * (admitted to the end of the step that emitted the first token, as it was
+ * processed) and decode (first token to last). */
+struct sim_timing {
+	bool known;
+	uint64_t queue_ns, prefill_ns, decode_ns;
 };
 
 /*
@@ -140,6 +155,10 @@ void sim_api_finish(struct sim_stream *s, struct evbuffer *out);
 /* Accepts NULL. */
 void sim_api_free(struct sim_stream *s);
 
+/* The scheduler's account of s, reported in its closing events when
+ * --server-timing is on; call before sim_api_finish(). */
+void sim_api_timing(struct sim_stream *s, const struct sim_timing *t);
+
 /* ---- sim_batch.c ---- */
 
 enum sim_seq_where { SEQ_NONE, SEQ_QUEUED, SEQ_RUNNING };
@@ -164,7 +183,14 @@ struct sim_seq {
 	bool step_emits;       /* the current step emits a token for it */
 	bool notify_pending;   /* on the notification list */
 	bool finished;	       /* all n_out generated; left the batch */
+	/* CLOCK_MONOTONIC ns: submitted, admitted into a step (never before
+	 * submitted), the moments the step ends of the first and of the last
+	 * token were processed (just before those tokens are written) */
+	uint64_t submit_ns, admit_ns, first_ns, last_ns;
 };
+
+/* What q's times say it took (known once it finished). */
+struct sim_timing sim_batch_timing(const struct sim_seq *q);
 
 /* Creates the step timers; call once before the loop runs. */
 int sim_batch_init(struct event_base *base);

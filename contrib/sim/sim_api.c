@@ -59,13 +59,14 @@ struct sim_stream {
 	uint64_t ttft_ns, itl_ns;
 	struct sim_prng prng; /* draws the words, in order */
 	char id[48];
-	char hex[33];		 /* 32 hex digits of the ids: item, call and tool ids reuse them */
-	char *model_json;	 /* model name, already a JSON string literal */
-	char *request_id;	 /* echoed header value, or NULL */
-	struct evbuffer *ev;	 /* scratch: the event being built */
-	struct evbuffer *text;	 /* the answer so far (text, or tool-call arguments) */
-	struct evbuffer *reason; /* the reasoning so far */
-	struct evbuffer *piece;	 /* scratch: the piece of text of one token */
+	char hex[33];		  /* 32 hex digits of the ids: item, call and tool ids reuse them */
+	char *model_json;	  /* model name, already a JSON string literal */
+	char *request_id;	  /* echoed header value, or NULL */
+	struct evbuffer *ev;	  /* scratch: the event being built */
+	struct evbuffer *text;	  /* the answer so far (text, or tool-call arguments) */
+	struct evbuffer *reason;  /* the reasoning so far */
+	struct evbuffer *piece;	  /* scratch: the piece of text of one token */
+	struct sim_timing timing; /* the scheduler's account, with --server-timing */
 };
 
 /* ---- HTTP framing ---- */
@@ -958,6 +959,8 @@ static void resp_reason_item(struct sim_stream *s, struct evbuffer *b, bool done
 
 /* The Response object: in progress (no output, usage null) or completed
  * with its items and usage. */
+static void openai_timing(struct sim_stream *s, struct evbuffer *b);
+
 static void resp_object(struct sim_stream *s, struct evbuffer *b, bool done)
 {
 	uint64_t out = s->n_reason + s->n_out;
@@ -982,6 +985,9 @@ static void resp_object(struct sim_stream *s, struct evbuffer *b, bool done)
 				    s->n_in, s->n_cached, out, s->n_reason, s->n_in + out);
 	else
 		evbuffer_add(b, "null", 4);
+	/* vLLM reports in the finished Response (llama.cpp's has none) */
+	if (done && sim_cfg.server_timing == SIM_TIMING_VLLM)
+		openai_timing(s, b);
 	evbuffer_add(b, ",\"error\":null,\"incomplete_details\":null}", 40);
 }
 
@@ -1324,16 +1330,72 @@ void sim_api_token(struct sim_stream *s, struct evbuffer *out)
 		close_reasoning(s, out);
 }
 
-/* Ollama's closing fields, shared by the last NDJSON line and the block. */
+/* Ollama's closing fields, shared by the last NDJSON line and the block.
+ * Nominal durations, unless the scheduler's account is reported: then its
+ * queue wait is the load_duration (Ollama's runs from the request to a
+ * runner being ready, its own scheduler's wait included). */
 static void ollama_tail(struct sim_stream *s, struct evbuffer *b)
 {
 	uint64_t n = s->n_reason + s->n_out, eval_ns = nominal_ns(s, n) - s->ttft_ns;
+	uint64_t load = 0, prompt = s->ttft_ns;
 
+	if (s->timing.known) {
+		load = s->timing.queue_ns;
+		prompt = s->timing.prefill_ns;
+		eval_ns = s->timing.decode_ns;
+	}
 	evbuffer_add_printf(b,
 			    "\"done_reason\":\"%s\",\"done\":true,\"total_duration\":%" PRIu64
-			    ",\"load_duration\":0,\"prompt_eval_count\":%" PRIu64 ",\"prompt_eval_duration\":%" PRIu64
-			    ",\"eval_count\":%" PRIu64 ",\"eval_duration\":%" PRIu64 "}",
-			    finish_reason(s), s->ttft_ns + eval_ns, s->n_in, s->ttft_ns, n, eval_ns);
+			    ",\"load_duration\":%" PRIu64 ",\"prompt_eval_count\":%" PRIu64
+			    ",\"prompt_eval_duration\":%" PRIu64 ",\"eval_count\":%" PRIu64
+			    ",\"eval_duration\":%" PRIu64 "}",
+			    finish_reason(s), load + prompt + eval_ns, load, s->n_in, prompt, n, eval_ns);
+}
+
+void sim_api_timing(struct sim_stream *s, const struct sim_timing *t)
+{
+	if (s != NULL && t != NULL && sim_cfg.server_timing != SIM_TIMING_OFF)
+		s->timing = *t;
+}
+
+/* ns as a JSON number of ms, exact (six decimals). */
+static void add_ms(struct evbuffer *b, const char *key, uint64_t ns)
+{
+	evbuffer_add_printf(b, "\"%s\":%" PRIu64 ".%06" PRIu64, key, ns / (uint64_t)1000000, ns % (uint64_t)1000000);
+}
+
+/* The OpenAI routes' report, with a leading comma: vLLM's "metrics" (on the
+ * usage chunk or body) or llama.cpp's "timings" (on the stream's last
+ * chunk or the body). Nothing when the account is not reported. */
+static void openai_timing(struct sim_stream *s, struct evbuffer *b)
+{
+	uint64_t out = s->n_reason + s->n_out;
+
+	if (!s->timing.known)
+		return;
+	if (sim_cfg.server_timing == SIM_TIMING_VLLM) {
+		evbuffer_add(b, ",\"metrics\":{", 12);
+		add_ms(b, "time_to_first_token_ms", s->timing.prefill_ns);
+		evbuffer_add(b, ",", 1);
+		add_ms(b, "generation_time_ms", s->timing.decode_ns);
+		evbuffer_add(b, ",", 1);
+		add_ms(b, "queue_time_ms", s->timing.queue_ns);
+		if (out > 1) {
+			evbuffer_add(b, ",", 1);
+			add_ms(b, "mean_itl_ms", s->timing.decode_ns / (out - 1));
+		} else {
+			evbuffer_add(b, ",\"mean_itl_ms\":null", 18);
+		}
+		evbuffer_add(b, "}", 1);
+	} else if (sim_cfg.server_timing == SIM_TIMING_LLAMACPP) {
+		uint64_t prompt_n = s->n_in > s->n_cached ? s->n_in - s->n_cached : 0;
+		evbuffer_add_printf(b, ",\"timings\":{\"cache_n\":%" PRIu64 ",\"prompt_n\":%" PRIu64 ",", s->n_cached,
+				    prompt_n);
+		add_ms(b, "prompt_ms", s->timing.prefill_ns);
+		evbuffer_add_printf(b, ",\"predicted_n\":%" PRIu64 ",", out);
+		add_ms(b, "predicted_ms", s->timing.decode_ns);
+		evbuffer_add(b, "}", 1);
+	}
 }
 
 static void finish_stream(struct sim_stream *s, struct evbuffer *out)
@@ -1347,14 +1409,20 @@ static void finish_stream(struct sim_stream *s, struct evbuffer *out)
 	case EP_COMPLETIONS:
 		evbuffer_add(s->ev, "data: ", 6);
 		openai_prefix(s, s->ev, openai_object(s, true));
-		evbuffer_add_printf(s->ev, "{\"index\":0,%s,\"logprobs\":null,\"finish_reason\":\"%s\"}]}\n\n",
+		evbuffer_add_printf(s->ev, "{\"index\":0,%s,\"logprobs\":null,\"finish_reason\":\"%s\"}]",
 				    s->ep == EP_CHAT ? "\"delta\":{}" : "\"text\":\"\"", finish_reason(s));
+		/* llama.cpp: timings on the burst's last chunk; vLLM: only
+		 * on the usage chunk */
+		if (!s->include_usage && sim_cfg.server_timing == SIM_TIMING_LLAMACPP)
+			openai_timing(s, s->ev);
+		evbuffer_add(s->ev, "}\n\n", 3);
 		emit_chunk(s, out);
 		if (s->include_usage) {
 			evbuffer_add(s->ev, "data: ", 6);
 			openai_prefix(s, s->ev, openai_object(s, true));
 			evbuffer_add(s->ev, "],", 2);
 			openai_usage(s, s->ev);
+			openai_timing(s, s->ev);
 			evbuffer_add(s->ev, "}\n\n", 3);
 			emit_chunk(s, out);
 		}
@@ -1431,6 +1499,7 @@ static void finish_block(struct sim_stream *s, struct evbuffer *out)
 		}
 		evbuffer_add_printf(b, ",\"logprobs\":null,\"finish_reason\":\"%s\"}],", finish_reason(s));
 		openai_usage(s, b);
+		openai_timing(s, b);
 		evbuffer_add(b, "}", 1);
 		break;
 	case EP_MESSAGES:

@@ -154,6 +154,7 @@ static void step_begin(uint64_t start_ns)
 		list_remove(&B.queue, q);
 		list_push(&B.running, q);
 		q->where = SEQ_RUNNING;
+		q->admit_ns = start_ns > q->submit_ns ? start_ns : q->submit_ns;
 		B.kv_used += q->kv;
 		B.admitted++;
 	}
@@ -198,6 +199,11 @@ static void step_end(void)
 {
 	struct sim_seq *q, *next;
 	uint64_t end = B.step_end_ns, now;
+	/* what --server-timing reports as a token's moment: now, when its
+	 * connection is about to be told, not the nominal end (libevent's
+	 * timer counts from its cached loop time, so it can fire a little
+	 * before the nominal end) */
+	const uint64_t emitted = sim_now_ns();
 
 	B.steps++;
 	for (q = B.running.head; q != NULL; q = next) {
@@ -211,8 +217,11 @@ static void step_end(void)
 		if (q->generated < q->n_out) {
 			q->generated++;
 			B.generated++;
+			if (q->generated == 1)
+				q->first_ns = emitted;
 		}
 		if (q->generated >= q->n_out) {
+			q->last_ns = emitted;
 			q->finished = true;
 			list_remove(&B.running, q);
 			q->where = SEQ_NONE;
@@ -306,6 +315,8 @@ void sim_batch_submit(struct sim_seq *q)
 	q->kv = q->n_in + q->n_out;
 	q->prefilled = q->step_prefill = q->generated = 0;
 	q->step_emits = q->notify_pending = q->finished = false;
+	q->submit_ns = sim_now_ns();
+	q->admit_ns = q->first_ns = q->last_ns = 0;
 	q->where = SEQ_QUEUED;
 	list_push(&B.queue, q);
 	/* Zero-delay, so requests arriving in the same loop turn share the
@@ -335,6 +346,19 @@ void sim_batch_cancel(struct sim_seq *q)
 		q->notify_next = NULL;
 		q->notify_pending = false;
 	}
+}
+
+struct sim_timing sim_batch_timing(const struct sim_seq *q)
+{
+	struct sim_timing t = { 0 };
+
+	if (!q->finished || q->admit_ns == 0 || q->first_ns < q->admit_ns || q->last_ns < q->first_ns)
+		return t;
+	t.known = true;
+	t.queue_ns = q->admit_ns - q->submit_ns;
+	t.prefill_ns = q->first_ns - q->admit_ns;
+	t.decode_ns = q->last_ns - q->first_ns;
+	return t;
 }
 
 void sim_batch_stats_json(struct evbuffer *out)

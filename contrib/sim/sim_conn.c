@@ -339,6 +339,8 @@ static void conn_pump_batched(struct sim_conn *c, struct sim_req *r)
 			continue;
 		}
 		if (r->seq.finished) {
+			struct sim_timing t = sim_batch_timing(&r->seq);
+			sim_api_timing(r->stream, &t);
 			sim_api_finish(r->stream, tmp);
 			out_add(c, r, tmp);
 			req_done(c, r); /* frees r */

@@ -51,7 +51,11 @@ static bool usage_eq(const struct usage *a, const struct usage *b)
 {
 	return a->input_tokens == b->input_tokens && a->output_tokens == b->output_tokens &&
 	       a->cached_tokens == b->cached_tokens && a->cache_write_tokens == b->cache_write_tokens &&
-	       a->reasoning_tokens == b->reasoning_tokens && a->outcome == b->outcome;
+	       a->reasoning_tokens == b->reasoning_tokens && a->outcome == b->outcome &&
+	       a->server.queue_ns == b->server.queue_ns && a->server.load_ns == b->server.load_ns &&
+	       a->server.validation_ns == b->server.validation_ns && a->server.prefill_ns == b->server.prefill_ns &&
+	       a->server.decode_ns == b->server.decode_ns && a->server.inference_ns == b->server.inference_ns &&
+	       a->server.source == b->server.source;
 }
 
 static void on_event(void *arg, const struct framer_event *ev)
@@ -84,6 +88,9 @@ static void on_event(void *arg, const struct framer_event *ev)
 		CHECK(r->usage[i].cached_tokens >= -1 && r->usage[i].cache_write_tokens >= -1 &&
 		      r->usage[i].reasoning_tokens >= -1);
 		CHECK(r->usage[i].outcome <= OUTCOME_FAILED);
+		CHECK(r->usage[i].server.queue_ns >= -1 && r->usage[i].server.load_ns >= -1 &&
+		      r->usage[i].server.prefill_ns >= -1 && r->usage[i].server.decode_ns >= -1 &&
+		      r->usage[i].server.source <= SERVER_TGI);
 		CHECK(classify_event(apis[i], ev, &r->usage_hinted[i], &r->hint[i]) == t);
 		CHECK(usage_eq(&r->usage[i], &r->usage_hinted[i]));
 	}

@@ -47,6 +47,13 @@ static const enum api_kind apis[] = { API_UNKNOWN,	   API_OPENAI_CHAT, API_OPENA
 enum end { END_MORE, END_DONE, END_DONE_EOF, END_INVALID, END_SWITCHING, END_HEAD_TOO_LARGE };
 
 /* What one run saw. */
+static bool timing_eq(const struct server_timing *a, const struct server_timing *b)
+{
+	return a->queue_ns == b->queue_ns && a->load_ns == b->load_ns && a->validation_ns == b->validation_ns &&
+	       a->prefill_ns == b->prefill_ns && a->decode_ns == b->decode_ns && a->inference_ns == b->inference_ns &&
+	       a->source == b->source;
+}
+
 struct run {
 	/* set by the caller */
 	bool head_request;
@@ -56,6 +63,7 @@ struct run {
 	int status;
 	enum framer_kind kind;
 	bool content_encoded, keep_alive;
+	struct server_timing hdr; /* TGI's headers, as the head left them */
 	size_t body_len;
 	uint64_t body_digest;
 	char *body; /* a non-streamed body, for classify_body */
@@ -101,6 +109,7 @@ static void on_head(void *arg, const struct respparse *rp)
 	r->status = rp->status;
 	r->kind = rp->kind;
 	r->content_encoded = rp->content_encoded;
+	r->hdr = rp->server;
 	if (rp->kind != FRAMER_NONE)
 		framer_init(&r->framer, rp->kind, r->max_event, on_event, r);
 }
@@ -154,6 +163,7 @@ static void run_stream(struct run *r, const uint8_t *data, size_t len, const uin
 	r->status = 0;
 	r->kind = FRAMER_NONE;
 	r->content_encoded = r->keep_alive = false;
+	r->hdr = SERVER_TIMING_UNKNOWN;
 	r->body_len = 0;
 	r->body_digest = FUZZ_FNV_SEED;
 	r->body = NULL;
@@ -285,7 +295,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		      whole.usage[i].cached_tokens == pieces.usage[i].cached_tokens &&
 		      whole.usage[i].cache_write_tokens == pieces.usage[i].cache_write_tokens &&
 		      whole.usage[i].reasoning_tokens == pieces.usage[i].reasoning_tokens &&
-		      whole.usage[i].outcome == pieces.usage[i].outcome);
+		      whole.usage[i].outcome == pieces.usage[i].outcome &&
+		      timing_eq(&whole.usage[i].server, &pieces.usage[i].server));
+	CHECK(timing_eq(&whole.hdr, &pieces.hdr));
 
 	/* Nothing past the end: the consumed prefix alone ends the same way. */
 	if (whole.end == END_DONE) {

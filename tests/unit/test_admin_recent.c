@@ -71,6 +71,14 @@ static void streamed_entry(struct recent_entry *e)
 	r->usage.cached_tokens = 8;
 	r->usage.cache_write_tokens = -1;
 	r->usage.reasoning_tokens = 2;
+	r->usage.server = SERVER_TIMING_UNKNOWN;
+	r->usage.server.source = SERVER_VLLM;
+	r->usage.server.queue_ns = 20 * (int64_t)MS;
+	r->usage.server.load_ns = 1 * (int64_t)MS;
+	r->usage.server.validation_ns = 2 * (int64_t)MS;
+	r->usage.server.prefill_ns = 67 * (int64_t)MS;
+	r->usage.server.decode_ns = 60 * (int64_t)MS;
+	r->usage.server.inference_ns = 127 * (int64_t)MS;
 	r->events = 7;
 	r->token_events = 4;
 	r->reasoning_events = 2;
@@ -193,6 +201,13 @@ static void test_render_entries(void **state)
 	assert_float_equal(real_of(a, "upstream_ttft_ms"), 98.0, 1e-9); /* first_token - req_sent */
 	assert_float_equal(real_of(a, "answer_ttft_ms"), 140.0, 1e-9);
 	assert_float_equal(real_of(a, "reasoning_ms"), 30.0, 1e-9);
+	/* the server's phases and what neither side accounts for: request
+	 * sent to first token (98) less queue, load, validation, prefill */
+	assert_string_equal(json_string_value(json_object_get(a, "server_timing")), "vllm");
+	assert_float_equal(real_of(a, "upload_ms"), 1.0, 1e-9);
+	assert_float_equal(real_of(a, "server_queue_ms"), 20.0, 1e-9);
+	assert_float_equal(real_of(a, "server_prefill_ms"), 67.0, 1e-9);
+	assert_float_equal(real_of(a, "unattributed_ms"), 8.0, 1e-9);
 	assert_int_equal(json_integer_value(json_object_get(a, "reasoning_events")), 2);
 	assert_int_equal(json_integer_value(json_object_get(a, "tool_call_events")), 1);
 	assert_int_equal(json_integer_value(json_object_get(a, "cached_tokens")), 8);
@@ -211,6 +226,8 @@ static void test_render_entries(void **state)
 	assert_true(json_is_null(json_object_get(b, "upstream")));
 	assert_true(json_is_null(json_object_get(b, "stream")));
 	assert_true(json_is_null(json_object_get(b, "input_tokens")));
+	assert_true(json_is_null(json_object_get(b, "server_timing"))); /* tokentap's phases only */
+	assert_true(json_is_null(json_object_get(b, "unattributed_ms")));
 	assert_true(json_is_null(json_object_get(b, "output_tokens")));
 	assert_true(json_is_null(json_object_get(b, "cached_tokens")));
 	assert_true(json_is_null(json_object_get(b, "reasoning_tokens")));

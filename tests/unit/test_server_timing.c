@@ -1,0 +1,425 @@
+/*
+ * test_server_timing.c — each engine's own per-request timings, read as the
+ * response passes: llama.cpp's "timings", Ollama's durations, vLLM's
+ * "metrics", TGI's headers. Present, absent, malformed, and cut at every
+ * byte (events through the framer, headers through the response parser);
+ * then the decomposition record_derive builds from them. JSON is written
+ * with single quotes; J() turns them into double quotes.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "classify.h"
+#include "framer.h"
+#include "respparse.h"
+#include "timeline.h"
+
+static const char *J(const char *s)
+{
+	static char bufs[4][8192];
+	static int next;
+	char *b = bufs[next++ % 4];
+	size_t n = strlen(s);
+	assert_true(n < sizeof(bufs[0]));
+	for (size_t i = 0; i <= n; i++)
+		b[i] = s[i] == '\'' ? '"' : s[i];
+	return b;
+}
+
+static void timing_eq(const struct server_timing *a, const struct server_timing *b)
+{
+	assert_int_equal(a->queue_ns, b->queue_ns);
+	assert_int_equal(a->load_ns, b->load_ns);
+	assert_int_equal(a->validation_ns, b->validation_ns);
+	assert_int_equal(a->prefill_ns, b->prefill_ns);
+	assert_int_equal(a->decode_ns, b->decode_ns);
+	assert_int_equal(a->inference_ns, b->inference_ns);
+	assert_int_equal(a->source, b->source);
+}
+
+/* One event on its own, with a hint and without (same answer), from an
+ * exact-size heap copy so ASan sees a read past its end. */
+static void event(enum api_kind api, const char *name, const char *data, struct usage *u)
+{
+	static struct classify_hint hint;
+	struct framer_event ev = { .name = name, .name_len = name ? strlen(name) : 0, .data_len = strlen(data) };
+	char *copy = malloc(ev.data_len ? ev.data_len : 1);
+	assert_non_null(copy);
+	memcpy(copy, data, ev.data_len);
+	ev.data = copy;
+	struct usage hinted = *u;
+	enum token_kind k = classify_event(api, &ev, u, NULL);
+	assert_int_equal(classify_event(api, &ev, &hinted, &hint), k);
+	timing_eq(&u->server, &hinted.server);
+	free(copy);
+}
+
+static struct usage body(enum api_kind api, const char *json)
+{
+	struct usage u = USAGE_UNKNOWN;
+	size_t n = strlen(json);
+	char *copy = malloc(n ? n : 1);
+	assert_non_null(copy);
+	memcpy(copy, json, n);
+	classify_body(api, copy, n, &u);
+	free(copy);
+	return u;
+}
+
+#define MS(x) ((int64_t)((x)*1000000.0 + 0.5))
+
+static void test_llamacpp(void **state)
+{
+	(void)state;
+	/* native /completion, final object */
+	struct usage u = USAGE_UNKNOWN;
+	event(API_LLAMACPP, NULL, J("{'content':'The','stop':false}"), &u);
+	assert_int_equal(u.server.source, SERVER_NONE);
+	event(API_LLAMACPP, NULL,
+	      J("{'content':'','stop':true,'tokens_predicted':25,'tokens_evaluated':68,'timings':{'cache_n':60,"
+		"'prompt_n':8,'prompt_ms':43.237,'prompt_per_token_ms':5.404625,'prompt_per_second':185.03,"
+		"'predicted_n':25,'predicted_ms':238.74,'predicted_per_token_ms':9.5496,"
+		"'predicted_per_second':104.72}}"),
+	      &u);
+	assert_int_equal(u.server.source, SERVER_LLAMACPP);
+	assert_int_equal(u.server.prefill_ns, 43237000);
+	assert_int_equal(u.server.decode_ns, 238740000);
+	assert_int_equal(u.server.queue_ns, -1); /* llama.cpp reports none */
+	assert_int_equal(u.server.load_ns, -1);
+
+	/* OpenAI chat streamed, no include_usage: timings on the finish chunk */
+	u = USAGE_UNKNOWN;
+	event(API_OPENAI_CHAT, NULL,
+	      J("{'choices':[{'finish_reason':'stop','index':0,'delta':{}}],'created':1,'id':'c','model':'m',"
+		"'object':'chat.completion.chunk','timings':{'prompt_n':5,'prompt_ms':1.5,'predicted_n':3,"
+		"'predicted_ms':2}}"),
+	      &u);
+	assert_int_equal(u.server.source, SERVER_LLAMACPP);
+	assert_int_equal(u.server.prefill_ns, 1500000);
+	assert_int_equal(u.server.decode_ns, 2000000);
+	/* ... and on the usage chunk with include_usage */
+	u = USAGE_UNKNOWN;
+	event(API_OPENAI_CHAT, NULL,
+	      J("{'choices':[],'usage':{'prompt_tokens':5,'completion_tokens':3},'timings':{'prompt_ms':1e1,"
+		"'predicted_ms':0.0005}}"),
+	      &u);
+	assert_int_equal(u.input_tokens, 5);
+	assert_int_equal(u.server.prefill_ns, 10000000); /* 1e1 ms */
+	assert_int_equal(u.server.decode_ns, 500);	 /* 0.0005 ms */
+
+	/* non-streamed chat body: timings next to usage */
+	u = body(API_OPENAI_CHAT, J("{'choices':[{'message':{'content':'x'}}],'usage':{'prompt_tokens':2,"
+				    "'completion_tokens':1},'timings':{'prompt_ms':7.25,'predicted_ms':0}}"));
+	assert_int_equal(u.server.source, SERVER_LLAMACPP);
+	assert_int_equal(u.server.prefill_ns, 7250000);
+	assert_int_equal(u.server.decode_ns, 0);
+
+	/* malformed: strings, negatives, null, a bare dot, an object; none
+	 * is a duration, so nothing is reported */
+	u = body(API_LLAMACPP, J("{'content':'','timings':{'prompt_ms':'43.2','predicted_ms':-1.5}}"));
+	assert_int_equal(u.server.source, SERVER_NONE);
+	assert_int_equal(u.server.prefill_ns, -1);
+	u = body(API_LLAMACPP, J("{'content':'','timings':{'prompt_ms':null,'predicted_ms':1.}}"));
+	assert_int_equal(u.server.source, SERVER_NONE);
+	u = body(API_LLAMACPP, J("{'content':'','timings':{'prompt_ms':{'a':1},'predicted_ms':1e}}"));
+	assert_int_equal(u.server.source, SERVER_NONE);
+	u = body(API_LLAMACPP, J("{'content':'','timings':{'prompt_ms':1e400,'predicted_ms':12x}}"));
+	assert_int_equal(u.server.source, SERVER_NONE);
+	/* a "timings" key inside a string, or nested deeper, is not the report */
+	u = body(API_LLAMACPP, J("{'content':'\\'timings\\':{\\'prompt_ms\\':1}','x':{'timings':{'prompt_ms':1}}}"));
+	assert_int_equal(u.server.source, SERVER_NONE);
+	/* absent */
+	u = body(API_LLAMACPP, J("{'content':'x','tokens_predicted':1}"));
+	assert_int_equal(u.server.source, SERVER_NONE);
+	assert_int_equal(u.server.decode_ns, -1);
+}
+
+static void test_ollama(void **state)
+{
+	(void)state;
+	struct usage u = USAGE_UNKNOWN;
+	event(API_OLLAMA_CHAT, NULL, J("{'model':'m','message':{'role':'assistant','content':'Hi'},'done':false}"), &u);
+	assert_int_equal(u.server.source, SERVER_NONE);
+	event(API_OLLAMA_CHAT, NULL,
+	      J("{'model':'m','message':{'role':'assistant','content':''},'done':true,'done_reason':'stop',"
+		"'total_duration':4883583458,'load_duration':1334875,'prompt_eval_count':26,"
+		"'prompt_eval_duration':342546000,'eval_count':282,'eval_duration':4535599000}"),
+	      &u);
+	assert_int_equal(u.server.source, SERVER_OLLAMA);
+	assert_int_equal(u.server.load_ns, 1334875);
+	assert_int_equal(u.server.prefill_ns, 342546000);
+	assert_int_equal(u.server.decode_ns, 4535599000);
+	assert_int_equal(u.server.queue_ns, -1);
+
+	u = body(API_OLLAMA_GENERATE, J("{'response':'x','done':true,'eval_count':1,'eval_duration':5}"));
+	assert_int_equal(u.server.source, SERVER_OLLAMA);
+	assert_int_equal(u.server.decode_ns, 5);
+	assert_int_equal(u.server.prefill_ns, -1); /* omitted: omitempty */
+	/* ns are integers: a fraction, a sign or a string is not one */
+	u = body(API_OLLAMA_GENERATE,
+		 J("{'response':'x','done':true,'eval_count':1,'eval_duration':5.5,'load_duration':-3,"
+		   "'prompt_eval_duration':'9'}"));
+	assert_int_equal(u.server.source, SERVER_NONE);
+}
+
+static void test_vllm(void **state)
+{
+	(void)state;
+	struct usage u = USAGE_UNKNOWN;
+	/* streamed chat: on the final usage chunk */
+	event(API_OPENAI_CHAT, NULL, J("{'choices':[{'index':0,'delta':{'content':'a'}}],'usage':null}"), &u);
+	assert_int_equal(u.server.source, SERVER_NONE);
+	event(API_OPENAI_CHAT, NULL,
+	      J("{'id':'c','choices':[],'usage':{'prompt_tokens':42,'completion_tokens':128,'total_tokens':170},"
+		"'metrics':{'time_to_first_token_ms':85.2,'generation_time_ms':1240.5,'queue_time_ms':12.3,"
+		"'mean_itl_ms':9.1,'tokens_per_second':103.2}}"),
+	      &u);
+	assert_int_equal(u.server.source, SERVER_VLLM);
+	assert_int_equal(u.server.queue_ns, 12300000);
+	assert_int_equal(u.server.prefill_ns, 85200000);
+	assert_int_equal(u.server.decode_ns, 1240500000);
+	assert_int_equal(u.server.load_ns, -1);
+
+	/* non-streamed completions body; a null field stays unknown */
+	u = body(API_OPENAI_COMPLETIONS,
+		 J("{'choices':[{'text':'x'}],'usage':{'prompt_tokens':1,'completion_tokens':1},'metrics':{"
+		   "'time_to_first_token_ms':3,'generation_time_ms':null,'queue_time_ms':0.001,'mean_itl_ms':null}}"));
+	assert_int_equal(u.server.source, SERVER_VLLM);
+	assert_int_equal(u.server.prefill_ns, 3000000);
+	assert_int_equal(u.server.decode_ns, -1);
+	assert_int_equal(u.server.queue_ns, 1000);
+	/* "metrics": null (n > 1) */
+	u = body(API_OPENAI_CHAT, J("{'choices':[],'usage':{'prompt_tokens':1},'metrics':null}"));
+	assert_int_equal(u.server.source, SERVER_NONE);
+
+	/* Responses: in the response of response.completed, and in a body */
+	u = USAGE_UNKNOWN;
+	event(API_OPENAI_RESPONSES, "response.completed",
+	      J("{'type':'response.completed','response':{'id':'r','status':'completed','usage':{'input_tokens':3,"
+		"'output_tokens':2},'metrics':{'queue_time_ms':4,'time_to_first_token_ms':5,"
+		"'generation_time_ms':6}}}"),
+	      &u);
+	assert_int_equal(u.server.source, SERVER_VLLM);
+	assert_int_equal(u.server.queue_ns, 4000000);
+	u = body(API_OPENAI_RESPONSES, J("{'id':'r','status':'completed','metrics':{'queue_time_ms':7.5}}"));
+	assert_int_equal(u.server.source, SERVER_VLLM);
+	assert_int_equal(u.server.queue_ns, 7500000);
+}
+
+/* Every event of `stream` fed through the framer cut at `cut` bytes (and
+ * whole): the server timings come out the same. */
+struct fed {
+	enum api_kind api;
+	struct usage u;
+};
+
+static void on_event(void *arg, const struct framer_event *ev)
+{
+	struct fed *f = arg;
+	classify_event(f->api, ev, &f->u, NULL);
+}
+
+static struct usage feed_split(enum api_kind api, enum framer_kind kind, const char *stream, size_t cut)
+{
+	struct framer fr;
+	struct fed f = { api, USAGE_UNKNOWN };
+	size_t n = strlen(stream);
+	framer_init(&fr, kind, 1 << 16, on_event, &f);
+	if (cut == 0) {
+		framer_feed(&fr, stream, n);
+	} else {
+		framer_feed(&fr, stream, cut);
+		framer_feed(&fr, stream + cut, n - cut);
+	}
+	framer_finish(&fr);
+	framer_free(&fr);
+	return f.u;
+}
+
+static void test_split_at_every_byte(void **state)
+{
+	(void)state;
+	static const struct {
+		enum api_kind api;
+		enum framer_kind kind;
+		const char *stream;
+		enum server_source src;
+	} cases[] = {
+		{ API_LLAMACPP, FRAMER_SSE,
+		  "data: {\"content\":\"a\",\"stop\":false}\n\n"
+		  "data: {\"content\":\"\",\"stop\":true,\"timings\":{\"prompt_n\":3,\"prompt_ms\":12.345,"
+		  "\"predicted_n\":2,\"predicted_ms\":6.5}}\n\n",
+		  SERVER_LLAMACPP },
+		{ API_OLLAMA_GENERATE, FRAMER_NDJSON,
+		  "{\"response\":\"a\",\"done\":false}\n"
+		  "{\"response\":\"\",\"done\":true,\"load_duration\":1000,\"prompt_eval_count\":2,"
+		  "\"prompt_eval_duration\":2000,\"eval_count\":1,\"eval_duration\":3000}\n",
+		  SERVER_OLLAMA },
+		{ API_OPENAI_CHAT, FRAMER_SSE,
+		  "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"
+		  "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1},\"metrics\":{\"queue_time_ms\":1.25,"
+		  "\"time_to_first_token_ms\":2.5,\"generation_time_ms\":3.75}}\n\ndata: [DONE]\n\n",
+		  SERVER_VLLM },
+	};
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		struct usage whole = feed_split(cases[c].api, cases[c].kind, cases[c].stream, 0);
+		assert_int_equal(whole.server.source, cases[c].src);
+		assert_true(whole.server.prefill_ns > 0);
+		for (size_t cut = 1; cut < strlen(cases[c].stream); cut++) {
+			struct usage part = feed_split(cases[c].api, cases[c].kind, cases[c].stream, cut);
+			timing_eq(&whole.server, &part.server);
+		}
+	}
+}
+
+/* ---- TGI headers, through the response parser ---------------------------- */
+
+static void on_head(void *arg, const struct respparse *rp)
+{
+	(void)arg;
+	(void)rp;
+}
+static void on_body(void *arg, const char *at, size_t len)
+{
+	(void)arg;
+	(void)at;
+	(void)len;
+}
+static void on_complete(void *arg, bool keep_alive)
+{
+	(void)arg;
+	(void)keep_alive;
+}
+static const struct respparse_hooks hooks = { on_head, on_body, on_complete };
+
+/* The response fed in pieces of `step` bytes; its parsed server timing. */
+static struct server_timing parse_head(const char *resp, size_t step)
+{
+	struct respparse rp;
+	size_t n = strlen(resp), off = 0;
+	respparse_init(&rp, &hooks, NULL);
+	while (off < n && !rp.done) {
+		size_t len = step && step < n - off ? step : n - off, used = 0;
+		enum respparse_status st = respparse_feed(&rp, resp + off, len, &used);
+		assert_true(st == RESPPARSE_MORE || st == RESPPARSE_DONE);
+		size_t taken = 0;
+		while (respparse_take(&rp, &taken) == RESPPARSE_MORE && taken)
+			;
+		off += len;
+	}
+	struct server_timing t = rp.server;
+	respparse_finish(&rp);
+	return t;
+}
+
+static void test_tgi_headers(void **state)
+{
+	(void)state;
+	const char *resp =
+		"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-compute-type: gpu+optimized\r\n"
+		"x-compute-time: 1.25\r\nX-Total-Time: 1250\r\nx-validation-time: 2\r\n"
+		"x-queue-time: 17\r\nx-inference-time: 1231\r\nx-time-per-token: 38\r\n"
+		"x-prompt-tokens: 9\r\nx-generated-tokens: 32\r\ncontent-length: 2\r\n\r\n{}";
+	struct server_timing whole = parse_head(resp, 0);
+	assert_int_equal(whole.source, SERVER_TGI);
+	assert_int_equal(whole.queue_ns, 17000000);
+	assert_int_equal(whole.validation_ns, 2000000);
+	assert_int_equal(whole.inference_ns, 1231000000);
+	assert_int_equal(whole.prefill_ns, -1); /* TGI does not split it from decode */
+	for (size_t step = 1; step < 40; step++) {
+		struct server_timing part = parse_head(resp, step);
+		timing_eq(&whole, &part);
+	}
+	/* absent: a streamed head */
+	struct server_timing none = parse_head(
+		"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+		"x-compute-type: gpu\r\ncontent-length: 0\r\n\r\n",
+		0);
+	assert_int_equal(none.source, SERVER_NONE);
+	assert_int_equal(none.queue_ns, -1);
+	/* malformed: a fraction, a sign, empty, letters; blanks are fine */
+	struct server_timing bad = parse_head(
+		"HTTP/1.1 200 OK\r\nx-queue-time: 1.5\r\nx-inference-time: -3\r\n"
+		"x-validation-time: \r\nX-Queue-Time: 1x\r\ncontent-length: 0\r\n\r\n",
+		0);
+	assert_int_equal(bad.source, SERVER_NONE);
+	struct usage u = USAGE_UNKNOWN;
+	classify_header("X-QUEUE-TIME", 12, " 5 ", 3, &u.server);
+	assert_int_equal(u.server.queue_ns, 5000000);
+	classify_header("x-queue-time", 12, "99999999999999999999", 20, &u.server);
+	assert_int_equal(u.server.queue_ns, 5000000); /* too large: left as it was */
+}
+
+/* ---- the decomposition ------------------------------------------------------ */
+
+static void test_decomposition(void **state)
+{
+	(void)state;
+	struct req_record r;
+	double m[RM__COUNT];
+	const uint64_t ms = 1000000;
+
+	memset(&r, 0, sizeof(r));
+	r.usage = USAGE_UNKNOWN;
+	r.at[TL_ARRIVE] = 1000 * ms;
+	r.at[TL_REQ_HEADERS] = 1001 * ms;
+	r.at[TL_DISPATCH] = 1003 * ms;
+	r.at[TL_UP_CONNECTED] = 1004 * ms;
+	r.at[TL_REQ_SENT] = 1006 * ms;
+	r.at[TL_RESP_HEADERS] = 1010 * ms;
+	r.at[TL_FIRST_TOKEN] = 1100 * ms;
+	r.at[TL_LAST_TOKEN] = 1200 * ms;
+	r.at[TL_RESP_END] = 1201 * ms;
+
+	/* the server said nothing: tokentap's phases only */
+	record_derive(&r, m);
+	assert_true(fabs(m[RM_QUEUE] - 2) < 1e-9);
+	assert_true(fabs(m[RM_CONNECT] - 1) < 1e-9);
+	assert_true(fabs(m[RM_UPLOAD] - 2) < 1e-9);
+	assert_true(isnan(m[RM_SERVER_QUEUE]) && isnan(m[RM_SERVER_PREFILL]) && isnan(m[RM_UNATTRIBUTED]));
+
+	/* streamed: the remainder is what is left of request-sent to first
+	 * token after the server's queue, load and prefill */
+	r.usage.server.source = SERVER_VLLM;
+	r.usage.server.queue_ns = 30 * (int64_t)ms;
+	r.usage.server.prefill_ns = 50 * (int64_t)ms;
+	r.usage.server.decode_ns = 99 * (int64_t)ms; /* after the first token: not in it */
+	record_derive(&r, m);
+	assert_true(fabs(m[RM_SERVER_QUEUE] - 30) < 1e-9);
+	assert_true(fabs(m[RM_SERVER_PREFILL] - 50) < 1e-9);
+	assert_true(fabs(m[RM_UNATTRIBUTED] - 14) < 1e-9);
+	/* the phases add up to the ttft */
+	double head = (double)(r.at[TL_REQ_HEADERS] - r.at[TL_ARRIVE]) / 1e6;
+	assert_true(fabs(head + m[RM_QUEUE] + m[RM_CONNECT] + m[RM_UPLOAD] + m[RM_SERVER_QUEUE] + m[RM_SERVER_PREFILL] +
+			 m[RM_UNATTRIBUTED] - m[RM_TTFT]) < 1e-9);
+
+	/* non-streamed (TGI): request sent to the response's end, less
+	 * validation, queue and inference */
+	r.at[TL_FIRST_TOKEN] = r.at[TL_LAST_TOKEN] = 0;
+	r.usage.server = SERVER_TIMING_UNKNOWN;
+	r.usage.server.source = SERVER_TGI;
+	r.usage.server.validation_ns = 2 * (int64_t)ms;
+	r.usage.server.queue_ns = 17 * (int64_t)ms;
+	r.usage.server.inference_ns = 170 * (int64_t)ms;
+	record_derive(&r, m);
+	assert_true(fabs(m[RM_SERVER_INFERENCE] - 170) < 1e-9);
+	assert_true(fabs(m[RM_UNATTRIBUTED] - (195 - 189)) < 1e-9);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_llamacpp),    cmocka_unit_test(test_ollama),
+		cmocka_unit_test(test_vllm),	    cmocka_unit_test(test_split_at_every_byte),
+		cmocka_unit_test(test_tgi_headers), cmocka_unit_test(test_decomposition),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
