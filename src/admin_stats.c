@@ -540,26 +540,10 @@ static int history_merge(struct store_result *dst, const struct store_result *sr
 {
 	for (size_t i = 0; i < src->n; i++) {
 		const struct store_series *from = &src->series[i];
-		struct store_series *to = NULL;
+		struct store_series *to = store_result_series(dst, from->key, from->keylen);
 
-		for (size_t j = 0; j < dst->n && !to; j++)
-			if (dst->series[j].keylen == from->keylen &&
-			    memcmp(dst->series[j].key, from->key, from->keylen) == 0)
-				to = &dst->series[j];
-		if (!to) {
-			if (dst->n == dst->cap) {
-				size_t cap = dst->cap ? dst->cap * 2 : 8;
-				struct store_series *p = realloc(dst->series, cap * sizeof(*p));
-				if (!p)
-					return -1;
-				dst->series = p;
-				dst->cap = cap;
-			}
-			to = &dst->series[dst->n++];
-			memset(to, 0, sizeof(*to));
-			memcpy(to->key, from->key, from->keylen);
-			to->keylen = from->keylen;
-		}
+		if (!to)
+			return -1;
 		for (unsigned c = 0; c < CT__COUNT; c++)
 			to->slice.counters[c] += from->slice.counters[c];
 		for (unsigned m = 0; m < HM__COUNT; m++) {

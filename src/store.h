@@ -94,6 +94,10 @@ void store_batch_free(struct store_batch *b);
 int store_query(struct store *st, enum store_window w, struct store_result *out, char *err, size_t errlen);
 void store_result_free(struct store_result *r);
 
+/* The series of `key` in `r`, added empty when new; NULL when out of memory
+ * or when the key is longer than SERIES_KEY_MAX. */
+struct store_series *store_result_series(struct store_result *r, const char *key, size_t keylen);
+
 /* Merged slices per series over the seconds [from, to] (unix time) of the
  * in-memory per-second ring, which holds about the last six minutes
  * (STORE_RING_SECONDS; older seconds give nothing): the live history the

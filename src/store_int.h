@@ -150,12 +150,6 @@ int store_commit_batches(struct store *st, struct store_batch *list);
  * Returns `rc`. */
 int store_check_rc(int rc, const char *what, char *err, size_t errlen);
 
-/* ---- store_query.c ---- */
-
-/* The series of `key` in `r`, added empty when new; NULL when out of memory
- * or when the key is SERIES_KEY_MAX bytes or longer. */
-struct store_series *store_result_series(struct store_result *r, const char *key, size_t keylen);
-
 /* ---- store_held.c ---- */
 
 /* Commits `list`, or holds it in memory while commits fail: a failed commit
