@@ -158,10 +158,13 @@ class ServeScriptTest(harness.TestCase):
         self.assertEqual(e["status"], 200)
         self.assertEqual(e["token_events"], 5)
         timeline = ["arrive", "req_headers", "dispatch", "up_connected", "req_sent", "resp_headers",
-                    "first_event", "first_token", "last_token", "resp_end", "client_done"]
-        self.assertEqual(sorted(e["timeline_ms"]), sorted(timeline))
+                    "first_event", "first_token", "first_answer", "last_token", "resp_end", "client_done"]
+        unreached = ["first_reasoning", "last_reasoning"]  # an answer-only stream
+        self.assertEqual(sorted(e["timeline_ms"]), sorted(timeline + unreached))
         for k in timeline:
             self.assertIsInstance(e["timeline_ms"][k], (int, float), "timeline_ms.%s not reached" % k)
+        for k in unreached:
+            self.assertIsNone(e["timeline_ms"][k], "timeline_ms.%s" % k)
 
     def test_simulator_port_taken(self):
         """When the simulator's address is taken the script stops with a
