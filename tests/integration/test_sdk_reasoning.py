@@ -147,10 +147,14 @@ class SdkReasoningTest(harness.TestCase):
         self.assertLessEqual(e["answer_ttft_ms"], via["first_answer_ms"] + ROUND_MS,
                              "tokentap's answer ttft %.3f ms later than the SDK's first answer token %.3f ms"
                              % (e["answer_ttft_ms"], via["first_answer_ms"]))
-        self.assertGreaterEqual(e["answer_ttft_ms"] - e["ttft_ms"], (self.R - 1) * ITL + THINK - 1)
+        # Nominally the answer comes (R - 1) * ITL + ITL + THINK after the
+        # first token and the span is (R - 1) * ITL; tokentap stamps events
+        # as it reads them, and a loaded machine (ASan) can hand it the first
+        # few in one read, so the lower bounds keep half the reasoning time.
+        self.assertGreaterEqual(e["answer_ttft_ms"] - e["ttft_ms"], (self.R - 1) * ITL / 2 + THINK)
         # the span ends at the last reasoning token, before the pause: had an
         # answer token been taken for reasoning, it would hold THINK too
-        self.assertGreaterEqual(e["reasoning_ms"], (self.R - 1) * ITL - 1)
+        self.assertGreaterEqual(e["reasoning_ms"], (self.R - 1) * ITL / 2)
         self.assertLess(e["reasoning_ms"], (self.R - 1) * ITL + THINK)
         self.assertEqual((e["reasoning_events"], e["tool_call_events"]), (self.R, 0))
         self.assertEqual((e["reasoning_tokens"], e["cached_tokens"], e["cache_write_tokens"]),
