@@ -26,7 +26,9 @@
  * The events of one stream look alike, so the caller may keep a hint (struct
  * classify_hint) of where the last one held its text: the key is then found
  * in one vector step instead of a search through the id, model and nesting
- * in front of it. Only the "usage" search still runs to each event's end.
+ * in front of it. Only the search for usage (and, for chat, timings and
+ * the keys that outrank a hinted reasoning key, in the same pass) still
+ * runs to each event's end.
  *
  * The engines' own per-request timings ride in the same final events and
  * bodies and are read the same way (struct server_timing). A chat or
@@ -335,15 +337,17 @@ static bool scan_once(const struct span *s, const struct token_key *keys, size_t
  * finds nothing, every key is searched from the event's start, exactly as
  * without a hint.
  *
- * The keys ranked before a confirmed reasoning or tool key (chat: content,
- * refusal, tool_calls) are looked for in one pass (any_key_holds_text):
- * its answer is only "none of them holds text", which is what the engines
- * send beside reasoning (the key alone in its delta, as vLLM does, or
- * beside null content and tool_calls, as SGLang does). When it finds one
- * that does, the keys are searched one by one as before, so the answer and
- * the hint come out exactly as without the pass. A hinted reasoning event
- * thus costs one search of the event more than an answer event, not one
- * per higher key (classify_bench: 74 ns against 21 before, docs/benchmarks.md).
+ * For chat and completions (`extra` not NULL) the keys ranked before a
+ * confirmed reasoning or tool key (chat: content, refusal, tool_calls) are
+ * looked for in the same pass as usage and timings (scan_once), which the
+ * event pays anyway. What is relied on: the engines send nothing of higher
+ * rank beside reasoning (the key alone in its delta, as vLLM does, or
+ * beside null content and tool_calls, as SGLang does), so the pass
+ * usually proves that none of them holds text. When it finds one that
+ * does, the keys are searched one by one as before, so the answer and the
+ * hint come out exactly as without the pass. The other APIs search the
+ * higher keys one by one, as before (not measured, so not changed).
+ * Figures: docs/benchmarks.md, classify_bench.
  */
 static enum token_kind keys_kind(const struct span *s, const struct token_key *keys, size_t n,
 				 struct classify_hint *hint, enum openai_extra *extra)
@@ -358,19 +362,17 @@ static enum token_kind keys_kind(const struct span *s, const struct token_key *k
 			while (before < n && kind_rank(keys[before].kind) < kind_rank(k->kind))
 				before++;
 			size_t at = (size_t)(from - s->p) - k->qlen;
-			bool higher = false;
-			if (before + 2 <= KEYSCAN_MAX_KEYS) {
-				higher = scan_once(s, keys, before, extra);
-			} else {
-				for (size_t i = 0; i < before && !higher; i++) {
-					const char *f = s->p;
-					higher = key_holds_text(s, &f, &keys[i]);
-				}
-				if (extra)
-					scan_once(s, keys, 0, extra);
+			if (extra && before + 2 <= KEYSCAN_MAX_KEYS) {
+				if (scan_once(s, keys, before, extra))
+					return first_key_holding_text(s, keys, before, hint);
+				hint_note(hint, hint->rule, at);
+				return k->kind;
 			}
-			if (higher)
-				return first_key_holding_text(s, keys, before, hint);
+			if (extra)
+				scan_once(s, keys, 0, extra);
+			enum token_kind better = first_key_holding_text(s, keys, before, hint);
+			if (better != TOKEN_NONE)
+				return better;
 			hint_note(hint, hint->rule, at);
 			return k->kind;
 		}
