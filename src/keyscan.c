@@ -394,6 +394,8 @@ const char *keyscan_find_any(const char *p, const char *end, const struct keysca
 			return hit;
 		c = stop + 1;
 	}
+	if (c > end - minlen)
+		return NULL; /* no start left: the steps covered them all */
 	return any_scalar(c, end - minlen, end, keys, n, which);
 }
 
