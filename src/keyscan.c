@@ -411,7 +411,10 @@ const char *keyscan_find(const char *p, const char *end, const char *q, size_t q
 const char *keyscan_find_any(const char *p, const char *end, const struct keyscan_key *keys, size_t n, size_t *which)
 {
 	if (n > KEYSCAN_MAX_KEYS)
-		return NULL;
+		return NULL; /* outside the contract, as on x86 */
+	for (size_t k = 0; k < n; k++)
+		if (keys[k].qlen < 3 || keys[k].q[0] != keys[0].q[0])
+			return NULL;
 	for (const char *c = p; c < end; c++) {
 		for (size_t k = 0; k < n; k++) {
 			if ((size_t)(end - c) >= keys[k].qlen && memcmp(c, keys[k].q, keys[k].qlen) == 0) {
