@@ -26,13 +26,15 @@
  * The events of one stream look alike, so the caller may keep a hint (struct
  * classify_hint) of where the last one held its text: the key is then found
  * in one vector step instead of a search through the id, model and nesting
- * in front of it. Only the "usage" search still runs to each event's end.
+ * in front of it. Only the search for usage (and, for chat, timings and
+ * the keys that outrank a hinted reasoning key, in the same pass) still
+ * runs to each event's end.
  *
  * The engines' own per-request timings ride in the same final events and
  * bodies and are read the same way (struct server_timing). A chat or
- * completions event is searched for "timings" when it carries no usage
- * object (llama.cpp's finish chunk without include_usage): one more key
- * search per event, some 5 ns on a 240-byte chunk (classify_bench).
+ * completions event is searched for "usage" and "timings" in one pass
+ * (keyscan_find_any), so a chunk without either (almost all of them) pays
+ * one key search for both.
  *
  * The rules are documented for operators in docs/metrics.md; keep both in
  * step.
@@ -121,6 +123,25 @@ static const char *skip_space(const char *p, const char *end)
 	return p;
 }
 
+/* The value of the key whose quoted name of length qlen starts at hit, or
+ * NULL when that occurrence is not a key: inside a string (an odd run of
+ * backslashes before it), not followed by ':', or with nothing after the
+ * ':'. Judged by the bytes around the hit alone (the file header says why
+ * that is enough). */
+static const char *key_value(const struct span *s, const char *hit, size_t qlen)
+{
+	size_t bs = 0;
+	while (hit - bs > s->p && hit[-(ptrdiff_t)bs - 1] == '\\')
+		bs++;
+	if (bs & 1)
+		return NULL;
+	const char *v = skip_space(hit + qlen, s->end);
+	if (v >= s->end || *v != ':')
+		return NULL; /* a string value, not a key */
+	v = skip_space(v + 1, s->end);
+	return v < s->end ? v : NULL;
+}
+
 /* Finds the next occurrence of the quoted key `qkey` (as made by KEY()) at or
  * after *from, and returns a pointer to its value (after ':' and blanks), or
  * NULL when there is none. *from is moved past the key, so a caller can loop
@@ -139,17 +160,9 @@ static const char *key_find(const struct span *s, const char **from, const char 
 		if (hit == NULL)
 			break;
 		p = hit + 1;
-		size_t bs = 0;
-		while (hit - bs > s->p && hit[-(ptrdiff_t)bs - 1] == '\\')
-			bs++;
-		if (bs & 1)
+		const char *v = key_value(s, hit, qlen);
+		if (v == NULL)
 			continue;
-		const char *v = skip_space(hit + qlen, s->end);
-		if (v >= s->end || *v != ':')
-			continue; /* a string value, not a key */
-		v = skip_space(v + 1, s->end);
-		if (v >= s->end)
-			break;
 		*from = hit + qlen;
 		return v;
 	}
@@ -226,6 +239,19 @@ static bool key_holds_text(const struct span *s, const char **from, const struct
 	return false;
 }
 
+/* Key k sits right at `at` and holds text: what key_holds_text() from
+ * `at` finds first when the stream's events share their head, checked
+ * without a search. key_value() judges the occurrence by the bytes around
+ * it, as key_find() does, so when this says yes the search would have
+ * stopped at the same place. */
+static bool key_sits_with_text(const struct span *s, const char *at, const struct token_key *k)
+{
+	if ((size_t)(s->end - at) < k->qlen || memcmp(at, k->qkey, k->qlen) != 0)
+		return false;
+	const char *v = key_value(s, at, k->qlen);
+	return v != NULL && value_holds_text(s, v, k);
+}
+
 /* Notes in the hint that key number `rule` (1-based) held text at offset
  * `at`; an offset past what the hint can hold is not noted. */
 static void hint_note(struct classify_hint *hint, size_t rule, size_t at)
@@ -252,6 +278,52 @@ static enum token_kind first_key_holding_text(const struct span *s, const struct
 	return TOKEN_NONE;
 }
 
+/* What an OpenAI-shaped chunk holds besides its text. "usage":null rides
+ * on every chunk with include_usage; only an object carries counts (the
+ * final chunk, or every chunk with vLLM's continuous usage stats). Without
+ * one, the chunk may still carry llama.cpp's "timings" (its finish chunk
+ * without include_usage, or every chunk with timings_per_token). */
+enum openai_extra { EXTRA_NONE, EXTRA_TIMINGS, EXTRA_USAGE };
+
+/*
+ * One pass over the event (keyscan_find_any) for two questions at once.
+ * Returns whether some occurrence of keys [0, n) holds text: what n calls
+ * of key_holds_text() from the event's start would say together, since
+ * the pass visits every occurrence of every key and key_value() judges
+ * each by the bytes around it alone, as key_find() does. When `extra` is
+ * not NULL, also sets it: EXTRA_USAGE when some "usage" key has an object
+ * value (what any_object() says), else EXTRA_TIMINGS when "timings"
+ * occurs at all (what keyscan_find() says), else EXTRA_NONE. n + 2 keys
+ * must fit in KEYSCAN_MAX_KEYS.
+ */
+static bool scan_once(const struct span *s, const struct token_key *keys, size_t n, enum openai_extra *extra)
+{
+	struct keyscan_key kk[KEYSCAN_MAX_KEYS];
+	size_t m = 0, which = 0;
+	bool text = false, usage = false, timings = false;
+	const char *p = s->p, *hit;
+
+	for (size_t i = 0; i < n; i++)
+		kk[m++] = (struct keyscan_key){ keys[i].qkey, keys[i].qlen };
+	if (extra) {
+		kk[m++] = (struct keyscan_key){ KEY("usage") };
+		kk[m++] = (struct keyscan_key){ KEY("timings") };
+	}
+	while (m > 0 && (!text || (extra && !usage)) && (hit = keyscan_find_any(p, s->end, kk, m, &which)) != NULL) {
+		const char *v = which <= n ? key_value(s, hit, kk[which].qlen) : NULL;
+		if (which < n)
+			text = text || (v != NULL && value_holds_text(s, v, &keys[which]));
+		else if (which == n)
+			usage = usage || (v != NULL && *v == '{');
+		else
+			timings = true;
+		p = hit + 1;
+	}
+	if (extra)
+		*extra = usage ? EXTRA_USAGE : timings ? EXTRA_TIMINGS : EXTRA_NONE;
+	return text;
+}
+
 /*
  * What the event carries: the kind of the first of the keys (listed by
  * kind_rank) that holds text. With a hint, the key that held it in the
@@ -261,27 +333,43 @@ static enum token_kind first_key_holding_text(const struct span *s, const struct
  * began, so a hit it accepts from any starting point is one the full search
  * visits too. A confirmed key is the answer unless a key of a kind that
  * ranks before it holds text too, so those (none for an answer key, the
- * common case) are still searched in full. When the probe finds nothing,
- * every key is searched from the event's start, exactly as without a hint.
+ * common case) are still looked for in the whole event. When the probe
+ * finds nothing, every key is searched from the event's start, exactly as
+ * without a hint.
  *
- * Cost: a hinted answer event costs what it did when only "bears tokens"
- * was asked; a hinted reasoning event also pays a search of the whole event
- * per answer and tool key (chat: three, some 50 ns on a 200-byte chunk),
- * the price of letting an answer in the same event win.
+ * For chat and completions (`extra` not NULL) the keys ranked before a
+ * confirmed reasoning or tool key (chat: content, refusal, tool_calls) are
+ * looked for in the same pass as usage and timings (scan_once), which the
+ * event pays anyway. What is relied on: the engines send nothing of higher
+ * rank beside reasoning (the key alone in its delta, as vLLM does, or
+ * beside null content and tool_calls, as SGLang does), so the pass
+ * usually proves that none of them holds text. When it finds one that
+ * does, the keys are searched one by one as before, so the answer and the
+ * hint come out exactly as without the pass. The other APIs search the
+ * higher keys one by one, as before (not measured, so not changed).
+ * Figures: docs/benchmarks.md, classify_bench.
  */
 static enum token_kind keys_kind(const struct span *s, const struct token_key *keys, size_t n,
-				 struct classify_hint *hint)
+				 struct classify_hint *hint, enum openai_extra *extra)
 {
 	size_t len = (size_t)(s->end - s->p);
 
 	if (hint && hint->rule > 0 && hint->rule <= n && hint->at < len) {
 		const struct token_key *k = &keys[hint->rule - 1];
 		const char *from = s->p + hint->at;
-		if (key_holds_text(s, &from, k)) {
+		if (key_sits_with_text(s, from, k) ? (from += k->qlen, true) : key_holds_text(s, &from, k)) {
 			size_t before = 0;
 			while (before < n && kind_rank(keys[before].kind) < kind_rank(k->kind))
 				before++;
 			size_t at = (size_t)(from - s->p) - k->qlen;
+			if (extra && before + 2 <= KEYSCAN_MAX_KEYS) {
+				if (scan_once(s, keys, before, extra))
+					return first_key_holding_text(s, keys, before, hint);
+				hint_note(hint, hint->rule, at);
+				return k->kind;
+			}
+			if (extra)
+				scan_once(s, keys, 0, extra);
 			enum token_kind better = first_key_holding_text(s, keys, before, hint);
 			if (better != TOKEN_NONE)
 				return better;
@@ -289,6 +377,8 @@ static enum token_kind keys_kind(const struct span *s, const struct token_key *k
 			return k->kind;
 		}
 	}
+	if (extra)
+		scan_once(s, keys, 0, extra);
 	return first_key_holding_text(s, keys, n, hint);
 }
 
@@ -741,24 +831,31 @@ static const struct token_key ollama_chat_keys[] = { { KEY("content"), false, TO
 						     { KEY("tool_calls"), true, TOKEN_TOOL },
 						     { KEY("thinking"), false, TOKEN_REASONING } };
 
-static enum token_kind classify_openai_chat(const struct span *s, struct usage *u, struct classify_hint *h)
+/* Reads what scan_once() found. */
+static void openai_read_extra(const struct span *s, enum openai_extra extra, struct usage *u)
 {
-	enum token_kind token = keys_kind(s, openai_chat_keys, NKEYS(openai_chat_keys), h);
-	/* "usage":null rides on every chunk with include_usage; only an
-	 * object carries counts (the final chunk, or every chunk with vLLM's
-	 * continuous usage stats). */
-	if (u && any_object(s, KEY("usage"))) {
+	switch (extra) {
+	case EXTRA_USAGE:
 		usage_openai(s, s->p, u);
 		server_openai(s, s->p, u);
-	} else if (u && keyscan_find(s->p, s->end, KEY("timings")) != NULL) {
-		server_openai(s, s->p, u);
+		break;
+	case EXTRA_TIMINGS: server_openai(s, s->p, u); break;
+	case EXTRA_NONE: break;
 	}
+}
+
+static enum token_kind classify_openai_chat(const struct span *s, struct usage *u, struct classify_hint *h)
+{
+	enum openai_extra extra;
+	enum token_kind token = keys_kind(s, openai_chat_keys, NKEYS(openai_chat_keys), h, &extra);
+	if (u)
+		openai_read_extra(s, extra, u);
 	return token;
 }
 
 static enum token_kind classify_llamacpp(const struct span *s, struct usage *u, struct classify_hint *h)
 {
-	enum token_kind token = keys_kind(s, content_key, NKEYS(content_key), h);
+	enum token_kind token = keys_kind(s, content_key, NKEYS(content_key), h, NULL);
 	if (u && (keyscan_find(s->p, s->end, KEY("tokens_predicted")) != NULL || any_object(s, KEY("timings"))))
 		usage_llamacpp(s, s->p, u);
 	return token;
@@ -772,13 +869,10 @@ static enum token_kind classify_completions(const struct span *s, struct usage *
 	const char *from = s->p;
 	if (key_find(s, &from, KEY("choices")) == NULL && keyscan_find(s->p, s->end, KEY("content")))
 		return classify_llamacpp(s, u, h);
-	enum token_kind token = keys_kind(s, text_key, NKEYS(text_key), h);
-	if (u && any_object(s, KEY("usage"))) {
-		usage_openai(s, s->p, u);
-		server_openai(s, s->p, u);
-	} else if (u && keyscan_find(s->p, s->end, KEY("timings")) != NULL) {
-		server_openai(s, s->p, u);
-	}
+	enum openai_extra extra;
+	enum token_kind token = keys_kind(s, text_key, NKEYS(text_key), h, &extra);
+	if (u)
+		openai_read_extra(s, extra, u);
 	return token;
 }
 
@@ -809,7 +903,7 @@ static enum token_kind classify_anthropic(const struct framer_event *ev, const s
 		mdelta = !delta && !start && type_is(s, KEY("message_delta"));
 	}
 	if (delta)
-		token = keys_kind(s, anthropic_keys, NKEYS(anthropic_keys), h);
+		token = keys_kind(s, anthropic_keys, NKEYS(anthropic_keys), h, NULL);
 	if (u && start)
 		usage_anthropic_start(s, s->p, u);
 	else if (u && mdelta)
@@ -845,9 +939,9 @@ static enum token_kind classify_ollama(enum api_kind api, const struct span *s, 
 {
 	enum token_kind token;
 	if (api == API_OLLAMA_GENERATE)
-		token = keys_kind(s, ollama_generate_keys, NKEYS(ollama_generate_keys), h);
+		token = keys_kind(s, ollama_generate_keys, NKEYS(ollama_generate_keys), h, NULL);
 	else
-		token = keys_kind(s, ollama_chat_keys, NKEYS(ollama_chat_keys), h);
+		token = keys_kind(s, ollama_chat_keys, NKEYS(ollama_chat_keys), h, NULL);
 	if (u && (keyscan_find(s->p, s->end, KEY("eval_count")) != NULL ||
 		  keyscan_find(s->p, s->end, KEY("prompt_eval_count")) != NULL))
 		usage_ollama(s, s->p, u);
@@ -975,7 +1069,7 @@ static enum token_kind classify_responses(const struct framer_event *ev, const s
 		k = resp_kind_from_type(s, &carries);
 
 	switch (k) {
-	case RK_TOKEN: return keys_kind(s, delta_key, NKEYS(delta_key), h) != TOKEN_NONE ? carries : TOKEN_NONE;
+	case RK_TOKEN: return keys_kind(s, delta_key, NKEYS(delta_key), h, NULL) != TOKEN_NONE ? carries : TOKEN_NONE;
 	case RK_OTHER: return TOKEN_NONE;
 	case RK_COMPLETED:
 	case RK_INCOMPLETE:

@@ -10,8 +10,12 @@
  *     choices[0].delta.content, the obvious alternative.
  * Prints ns/event for both. Then the same classify_event() timing over an
  * OpenAI Responses stream (event: names, lifecycle events around the
- * output_text deltas, usage in response.completed). Not a test: run it by
- * hand.
+ * output_text deltas, usage in response.completed), and over three more
+ * chat streams of the same length: reasoning deltas as vLLM sends them
+ * ({"reasoning_content":..} alone in the delta), reasoning deltas as SGLang
+ * sends them (content and tool_calls null beside the reasoning), and answer
+ * text as llama.cpp sends it with timings_per_token (a "timings" object in
+ * every chunk). Not a test: run it by hand.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -179,6 +183,73 @@ static int bench_responses(int rounds)
 	return tokens == utokens && tokens / rounds == CONTENT_CHUNKS && u.output_tokens == 500 ? 0 : 1;
 }
 
+/* A chat stream of CONTENT_CHUNKS deltas, each `delta_fmt` (one %s, the
+ * text) inside the vLLM head; `tail` follows the choices array in every
+ * chunk (llama.cpp's timings), then a finish chunk and [DONE]. */
+static char *build_chat_stream(const char *delta_fmt, const char *tail, size_t *out_len)
+{
+	static const char *words[] = { " Let", " me", " think", " about", " this", ".", "\\n", " \\\"x\\\"" };
+	static const char head[] =
+		"data: {\"id\":\"chatcmpl-5b1c2f0e8a9d4e7fb0c1d2e3f4a5b6c7\",\"object\":\"chat.completion.chunk\","
+		"\"created\":1718000000,\"model\":\"Qwen/QwQ-32B\",\"choices\":[{\"index\":0,\"delta\":";
+	size_t cap = 1 << 20, n = 0;
+	char *s = malloc(cap), delta[256];
+	for (int i = 0; i < CONTENT_CHUNKS; i++) {
+		snprintf(delta, sizeof(delta), delta_fmt, words[i % (int)(sizeof(words) / sizeof(words[0]))]);
+		n += (size_t)snprintf(s + n, cap - n, "%s%s,\"logprobs\":null,\"finish_reason\":null}]%s}\n\n", head,
+				      delta, tail);
+	}
+	n += (size_t)snprintf(s + n, cap - n, "%s{},\"logprobs\":null,\"finish_reason\":\"stop\"}]%s}\n\n", head, tail);
+	n += (size_t)snprintf(s + n, cap - n, "data: [DONE]\n\n");
+	*out_len = n;
+	return s;
+}
+
+/* classify_event() over one chat stream, with and without a hint; the
+ * kinds must agree event by event. */
+static int bench_chat(const char *label, const char *delta_fmt, const char *tail, enum token_kind want, int rounds)
+{
+	size_t len;
+	char *stream = build_chat_stream(delta_fmt, tail, &len);
+	struct events ev = { 0 };
+	struct framer f;
+	struct usage u = USAGE_UNKNOWN;
+	long kinds = 0, ukinds = 0, tokens = 0;
+
+	framer_init(&f, FRAMER_SSE, 0, on_event, &ev);
+	framer_feed(&f, stream, len);
+	framer_finish(&f);
+	framer_free(&f);
+	double t0 = now_ns();
+	for (int r = 0; r < rounds; r++) {
+		struct classify_hint hint = { 0 };
+		for (int i = 0; i < ev.n; i++) {
+			struct framer_event fe = { NULL, 0, ev.data[i], ev.len[i] };
+			enum token_kind k = classify_event(API_OPENAI_CHAT, &fe, &u, &hint);
+			kinds += k;
+			tokens += k == want;
+		}
+	}
+	double hinted = (now_ns() - t0) / ((double)rounds * ev.n);
+	t0 = now_ns();
+	for (int r = 0; r < rounds; r++) {
+		for (int i = 0; i < ev.n; i++) {
+			struct framer_event fe = { NULL, 0, ev.data[i], ev.len[i] };
+			ukinds += classify_event(API_OPENAI_CHAT, &fe, &u, NULL);
+		}
+	}
+	double unhinted = (now_ns() - t0) / ((double)rounds * ev.n);
+	printf("%s: %zu bytes, %d events, %ld of the expected kind per round\n", label, len, ev.n, tokens / rounds);
+	printf("classify_event %s (hint):   %8.1f ns/event\n", label, hinted);
+	printf("classify_event %s (no hint):%8.1f ns/event\n", label, unhinted);
+	for (int i = 0; i < ev.n; i++) {
+		free(ev.data[i]);
+		free(ev.name[i]);
+	}
+	free(stream);
+	return kinds == ukinds && tokens / rounds == CONTENT_CHUNKS ? 0 : 1;
+}
+
 /* The alternative: parse every event and look the content up. */
 static int parse_is_token(const char *data, size_t len)
 {
@@ -259,5 +330,14 @@ int main(int argc, char **argv)
 	}
 	free(stream);
 	int bad = bench_responses(rounds);
+	bad |= bench_chat("reasoning", "{\"reasoning_content\":\"%s\"}", "", TOKEN_REASONING, rounds);
+	bad |= bench_chat("reasoning-sglang",
+			  "{\"role\":null,\"content\":null,\"reasoning_content\":\"%s\",\"tool_calls\":null}", "",
+			  TOKEN_REASONING, rounds);
+	bad |= bench_chat("timings", "{\"content\":\"%s\"}",
+			  ",\"timings\":{\"prompt_n\":412,\"prompt_ms\":38.51,\"prompt_per_token_ms\":0.093,"
+			  "\"prompt_per_second\":10698.5,\"predicted_n\":12,\"predicted_ms\":141.2,"
+			  "\"predicted_per_token_ms\":11.77,\"predicted_per_second\":84.98}",
+			  TOKEN_ANSWER, rounds);
 	return !bad && tokens == utokens && tokens / rounds == ptokens / rounds ? 0 : 1;
 }

@@ -61,6 +61,7 @@ static enum token_kind tok_named(enum api_kind api, const char *name, const char
 		assert_int_equal(hinted.cache_write_tokens, u->cache_write_tokens);
 		assert_int_equal(hinted.reasoning_tokens, u->reasoning_tokens);
 		assert_int_equal(hinted.outcome, u->outcome);
+		assert_memory_equal(&hinted.server, &u->server, sizeof(u->server));
 	}
 	free(copy);
 	return r;
@@ -1182,6 +1183,122 @@ static void test_usage_details_anthropic(void **state)
 	assert_details(&u, 3095, 503, 1000, 0, -1);
 }
 
+#define CHAT_DELTA(d) OAI_HEAD "'choices':[{'index':0,'delta':" d ",'logprobs':null,'finish_reason':null}]}"
+
+/* Puts the chat hint on a lone reasoning_content, as a reasoning stream
+ * leaves it, so that the next event takes the hinted path: the probe
+ * finds the reasoning key and one pass must prove that nothing ranked
+ * before it holds text. */
+static void prime_reasoning(void)
+{
+	struct classify_hint *h = &hints[API_OPENAI_CHAT];
+	*h = (struct classify_hint){ 0 };
+	assert_int_equal(tok(API_OPENAI_CHAT, J(CHAT_DELTA("{'reasoning_content':'Hm'}")), NULL), TOKEN_REASONING);
+	assert_int_equal(h->rule, 4);
+}
+
+/* Each event classified after prime_reasoning(); tok() checks it against
+ * the unhinted answer too. */
+static enum token_kind after_reasoning(const char *data, struct usage *u)
+{
+	prime_reasoning();
+	return tok(API_OPENAI_CHAT, data, u);
+}
+
+/* The hinted reasoning path: the one pass over the answer and tool keys
+ * (and usage, timings) must find any of them that holds text, wherever
+ * it sits, and nothing that only looks like one. */
+static void test_reasoning_fast_path(void **state)
+{
+	struct usage u = USAGE_UNKNOWN;
+
+	/* The shapes the engines send: vLLM's lone key, SGLang's nulls. */
+	assert_int_equal(after_reasoning(J(CHAT_DELTA("{'reasoning_content':'x'}")), &u), TOKEN_REASONING);
+	assert_int_equal(after_reasoning(J(CHAT_DELTA("{'role':null,'content':null,'reasoning_content':'x',"
+						      "'tool_calls':null}")),
+					 &u),
+			 TOKEN_REASONING);
+	assert_int_equal(after_reasoning(J(CHAT_DELTA("{'content':'','reasoning_content':'x','tool_calls':[]}")), &u),
+			 TOKEN_REASONING);
+	/* Reasoning then content in one delta, and content first (the
+	 * reasoning key then sits past the hint's offset). */
+	assert_int_equal(after_reasoning(J(CHAT_DELTA("{'reasoning_content':'x','content':'y'}")), &u), TOKEN_ANSWER);
+	assert_int_equal(after_reasoning(J(CHAT_DELTA("{'content':'y','reasoning_content':'x'}")), &u), TOKEN_ANSWER);
+	assert_int_equal(after_reasoning(J(CHAT_DELTA("{'reasoning_content':'x','content' :\n 'y'}")), &u),
+			 TOKEN_ANSWER);
+	assert_int_equal(after_reasoning(J(CHAT_DELTA("{'reasoning_content':'x','refusal':'no'}")), &u), TOKEN_ANSWER);
+	/* A tool call beside reasoning, after it and before it. */
+	assert_int_equal(after_reasoning(J(CHAT_DELTA("{'reasoning_content':'x','tool_calls':[{'index':0,"
+						      "'function':{'arguments':'{'}}]}")),
+					 &u),
+			 TOKEN_TOOL);
+	assert_int_equal(after_reasoning(J(CHAT_DELTA("{'tool_calls':[{'index':0}],'reasoning_content':'x'}")), &u),
+			 TOKEN_TOOL);
+	/* Text keys outside the delta count too: the pass covers the event. */
+	assert_int_equal(after_reasoning(J("{'content':'y','id':'chatcmpl-8f3a','object':'chat.completion.chunk',"
+					   "'created':1718000000,'model':'Qwen/Qwen2.5-7B-Instruct','choices':[{"
+					   "'index':0,'delta':{'reasoning_content':'x'}}]}"),
+					 &u),
+			 TOKEN_ANSWER);
+	assert_int_equal(after_reasoning(J(CHAT_DELTA("{'reasoning_content':'x'}") "   "), &u), TOKEN_REASONING);
+	/* Keys inside strings: quoted in the reasoning text, as a value, and
+	 * a key whose own text ends in \"content. */
+	assert_int_equal(after_reasoning(J(CHAT_DELTA("{'reasoning_content':'say \\'content\\':\\'y\\''}")), &u),
+			 TOKEN_REASONING);
+	assert_int_equal(after_reasoning(J(CHAT_DELTA("{'reasoning_content':'x','role':'content'}")), &u),
+			 TOKEN_REASONING);
+	assert_int_equal(after_reasoning(J(CHAT_DELTA("{'reasoning_content':'x','a\\'content':'y'}")), &u),
+			 TOKEN_REASONING);
+	/* ...and an escaped backslash before a real key's quote. */
+	assert_int_equal(after_reasoning(J(CHAT_DELTA("{'reasoning_content':'C:\\\\\\\\','content':'y'}")), &u),
+			 TOKEN_ANSWER);
+	/* logprobs.content is an array, not text. */
+	assert_int_equal(after_reasoning(J(OAI_HEAD "'choices':[{'index':0,'delta':{'reasoning_content':'x'},"
+						    "'logprobs':{'content':[{'token':'x','logprob':-0.1}]}}]}"),
+					 &u),
+			 TOKEN_REASONING);
+	assert_int_equal(u.input_tokens, -1);
+
+	/* Usage and timings found in the same pass, on a reasoning chunk. */
+	assert_int_equal(after_reasoning(J(OAI_HEAD "'choices':[{'index':0,'delta':{'reasoning_content':'x'}}],"
+						    "'usage':{'prompt_tokens':5,'completion_tokens':7}}"),
+					 &u),
+			 TOKEN_REASONING);
+	assert_int_equal(u.input_tokens, 5);
+	assert_int_equal(u.output_tokens, 7);
+	assert_int_equal(after_reasoning(J(OAI_HEAD "'choices':[{'index':0,'delta':{'reasoning_content':'x'}}],"
+						    "'usage':null,'timings':{'prompt_ms':12.5,'predicted_ms':40}}"),
+					 &u),
+			 TOKEN_REASONING);
+	assert_int_equal(u.server.source, SERVER_LLAMACPP);
+	assert_int_equal(u.server.prefill_ns, 12500000);
+	assert_int_equal(u.server.decode_ns, 40000000);
+	/* A "usage" key inside a string is no usage object. */
+	u = USAGE_UNKNOWN;
+	assert_int_equal(
+		after_reasoning(J(CHAT_DELTA("{'reasoning_content':'\\'usage\\':{\\'prompt_tokens\\':9}'}")), &u),
+		TOKEN_REASONING);
+	assert_int_equal(u.input_tokens, -1);
+	(void)state;
+}
+
+/* The hint's probe where the key sits right at the hinted offset but
+ * holds no text there: the search must go on past it, as without the
+ * shortcut. */
+static void test_hint_probe_in_place(void **state)
+{
+	struct classify_hint *h = &hints[API_OPENAI_CHAT];
+	const char *ev = J("{'content':'','x':1,'content':'late'}");
+	*h = (struct classify_hint){ 1, 1 };
+	assert_int_equal(tok(API_OPENAI_CHAT, ev, NULL), TOKEN_ANSWER);
+	assert_int_equal(h->at, strstr(ev + 2, "\"content\"") - ev);
+	/* In place, but inside a string (odd backslashes before it). */
+	ev = J("{'a':'\\'content\\':\\'x\\'','content':''}");
+	*h = (struct classify_hint){ (uint32_t)(strstr(ev, "\\\"content") - ev + 1), 1 };
+	assert_int_equal(tok(API_OPENAI_CHAT, ev, NULL), TOKEN_NONE);
+	(void)state;
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1210,6 +1327,8 @@ int main(void)
 		cmocka_unit_test(test_kinds_responses),
 		cmocka_unit_test(test_usage_details_openai),
 		cmocka_unit_test(test_usage_details_anthropic),
+		cmocka_unit_test(test_reasoning_fast_path),
+		cmocka_unit_test(test_hint_probe_in_place),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
