@@ -55,6 +55,8 @@ static void usage(FILE *f)
 		"  --ca FILE                  https: check the server's certificate against FILE\n"
 		"                             (default: the system store)\n"
 		"  --insecure                 https: do not check the server's certificate\n"
+		"  --tls-ciphersuites LIST    https: the TLS 1.3 suites offered (OpenSSL's syntax,\n"
+		"                             e.g. TLS_AES_128_GCM_SHA256; default OpenSSL's)\n"
 		"  --api NAME                 openai-chat (default), openai-completions, anthropic,\n"
 		"                             ollama-chat, ollama-generate, openai-responses\n"
 		"  --stream, --no-stream      stream the response (default: stream)\n"
@@ -291,6 +293,7 @@ enum {
 	OPT_BLOCK_TOKENS,
 	OPT_CA,
 	OPT_INSECURE,
+	OPT_TLS_CIPHERSUITES,
 };
 
 static void parse_args(int argc, char **argv, struct bench_opts *o)
@@ -331,6 +334,7 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 		{ "block-tokens", required_argument, NULL, OPT_BLOCK_TOKENS },
 		{ "ca", required_argument, NULL, OPT_CA },
 		{ "insecure", no_argument, NULL, OPT_INSECURE },
+		{ "tls-ciphersuites", required_argument, NULL, OPT_TLS_CIPHERSUITES },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
@@ -440,6 +444,7 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 			break;
 		case OPT_CA: o->tls_ca = optarg; break;
 		case OPT_INSECURE: o->tls_insecure = true; break;
+		case OPT_TLS_CIPHERSUITES: o->tls_ciphersuites = optarg; break;
 		case OPT_REPLAY: replay_path = optarg; break;
 		case OPT_SPEED: speed = parse_pos("--speed", optarg, 1e6); break;
 		case OPT_LIMIT: limit = parse_uint("--limit", optarg, 1, UINT64_MAX); break;
@@ -464,8 +469,11 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 		bad("command line", "unexpected argument '%s'", argv[optind]);
 
 	parse_url(o, url);
-	if (!o->tls && (o->tls_ca || o->tls_insecure))
-		bad(o->tls_ca ? "--ca" : "--insecure", "applies to an https:// --url only");
+	if (!o->tls && (o->tls_ca || o->tls_insecure || o->tls_ciphersuites))
+		bad(o->tls_ca	      ? "--ca"
+		    : o->tls_insecure ? "--insecure"
+				      : "--tls-ciphersuites",
+		    "applies to an https:// --url only");
 	if (o->tls_ca && o->tls_insecure)
 		bad("--insecure", "--ca names the CA to check the certificate against; --insecure checks none");
 	if (o->tls && kernel_ts_given)

@@ -124,11 +124,12 @@ enum bench_api {
 struct bench_opts {
 	char host[256];
 	unsigned port;
-	bool tls;	     /* https:// */
-	bool tls_insecure;   /* --insecure: the server's certificate is not checked */
-	const char *tls_ca;  /* --ca FILE; NULL: the system store */
-	void *tls_ctx;	     /* SSL_CTX * of the whole process (so that sessions outlive a sweep step) */
-	char base_path[256]; /* URL path prefix, no trailing slash; often "" */
+	bool tls;		      /* https:// */
+	bool tls_insecure;	      /* --insecure: the server's certificate is not checked */
+	const char *tls_ca;	      /* --ca FILE; NULL: the system store */
+	const char *tls_ciphersuites; /* --tls-ciphersuites: TLS 1.3 suites offered; NULL: OpenSSL's */
+	void *tls_ctx;		      /* SSL_CTX * of the whole process (so that sessions outlive a sweep step) */
+	char base_path[256];	      /* URL path prefix, no trailing slash; often "" */
 	const char *url;
 	enum bench_api api;
 	const char *api_name;

@@ -42,6 +42,11 @@ int bench_tls_setup(struct bench_opts *o, char *err, size_t errlen)
 	SSL_CTX *ctx = tls_client_ctx(!o->tls_insecure, o->tls_ca, err, errlen);
 	if (!ctx)
 		return -1;
+	if (o->tls_ciphersuites && SSL_CTX_set_ciphersuites(ctx, o->tls_ciphersuites) != 1) {
+		snprintf(err, errlen, "--tls-ciphersuites '%s': no TLS 1.3 suite OpenSSL knows", o->tls_ciphersuites);
+		tls_ctx_free(ctx);
+		return -1;
+	}
 	SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_CLIENT | SSL_SESS_CACHE_NO_INTERNAL_STORE);
 	SSL_CTX_sess_set_new_cb(ctx, on_new_session);
 	o->tls_ctx = ctx;

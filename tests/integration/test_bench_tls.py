@@ -68,7 +68,8 @@ class BenchTls(harness.TestCase):
         plain_tt = harness.start_tokentap(self, self.sim.url)
         tls_tt = self.terminator()
         plain, plain_res, _ = self.per_request("http://127.0.0.1:%d" % plain_tt.port)
-        tls, tls_res, out = self.per_request("https://localhost:%d" % tls_tt.port, "--ca", self.ca)
+        tls, tls_res, out = self.per_request("https://localhost:%d" % tls_tt.port, "--ca", self.ca,
+                                             "--tls-ciphersuites", SUITE)
         self.assertEqual(sorted(plain), list(range(10)))
         self.assertEqual(sorted(tls), sorted(plain))
         for seq, a in plain.items():
@@ -82,12 +83,12 @@ class BenchTls(harness.TestCase):
         self.assertIsNone(plain_res["tls"])
         t = tls_res["tls"]
         self.assertEqual(t["protocol"], "TLSv1.3", t)
-        self.assertTrue(t["cipher"].startswith("TLS_AES_"), t)
+        self.assertEqual(t["cipher"], SUITE, "tokentap prefers its own order, but only this one is offered")
         self.assertEqual(t["handshakes"], tls_res["connections"])
         self.assertTrue(t["verified"])
         self.assertEqual(tls_res["reads_kernel_stamped"], 0, "TLS reads are stamped in the read callback")
         self.assertRegex(out, r"(?m)^target: +https://localhost:%d/v1/chat/completions$" % tls_tt.port)
-        self.assertRegex(out, r"(?m)^tls: +TLSv1\.3 TLS_AES_\w+; 2 handshakes, \d+ of them resumed; "
+        self.assertRegex(out, r"(?m)^tls: +TLSv1\.3 TLS_AES_128_GCM_SHA256; 2 handshakes, \d+ of them resumed; "
                               r"certificate checked$")
 
     def test_later_connections_resume_the_session(self):
@@ -121,7 +122,8 @@ class BenchTls(harness.TestCase):
         for args, flag in ((["--url", "http://127.0.0.1:1", "--ca", self.ca], "--ca"),
                            (["--url", "http://127.0.0.1:1", "--insecure"], "--insecure"),
                            (["--url", "https://127.0.0.1:1", "--ca", self.ca, "--insecure"], "--insecure"),
-                           (["--url", "https://127.0.0.1:1", "--timestamps", "kernel"], "--timestamps")):
+                           (["--url", "https://127.0.0.1:1", "--timestamps", "kernel"], "--timestamps"),
+                           (["--url", "http://127.0.0.1:1", "--tls-ciphersuites", SUITE], "--tls-ciphersuites")):
             with self.subTest(args=args):
                 p = run_bench(args, 10)
                 self.assertEqual(p.returncode, 2, p.stderr)
