@@ -68,8 +68,13 @@ struct bufferevent *bench_tls_bev(struct event_base *base, const struct bench_op
 	struct bufferevent *bev = tls_bev_connect(base, o->tls_ctx, o->host, !o->tls_insecure);
 	if (!bev)
 		return NULL;
-	if (last_session)
-		(void)SSL_set_session(bufferevent_openssl_get_ssl(bev), last_session);
+	/* each connection its own copy: one closed without close_notify
+	 * retires the session object it holds, which must not be ours */
+	SSL_SESSION *copy = last_session ? SSL_SESSION_dup(last_session) : NULL;
+	if (copy) {
+		(void)SSL_set_session(bufferevent_openssl_get_ssl(bev), copy);
+		SSL_SESSION_free(copy); /* the connection holds its own reference */
+	}
 	/* a close without close_notify ends a response the close delimits */
 	bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
 	return bev;

@@ -98,13 +98,10 @@ class BenchTls(harness.TestCase):
                        3, "--output-len", 4, "--json", js, "--no-progress"])
         with open(js) as f:
             steps = [s["result"] for s in json.load(f)["steps"]]
-        got = [(s["tls"]["handshakes"], s["tls"]["resumed"]) for s in steps]
-        # the first handshake is full; the next step's three offer its session.
-        # Seen once in six runs on a loaded machine: 2 of the 3 resumed (the
-        # server's choice), so at least one must, not all three.
-        self.assertEqual(got[0], (1, 0), got)
-        self.assertEqual(got[1][0], 3, got)
-        self.assertGreaterEqual(got[1][1], 1, got)
+        # the first handshake is full; the next step's three each offer a copy
+        # of its session (one shared object was retired by the first of them
+        # to close, and the others then fell back to full handshakes)
+        self.assertEqual([(s["tls"]["handshakes"], s["tls"]["resumed"]) for s in steps], [(1, 0), (3, 3)])
 
     def test_certificate_is_checked_unless_insecure(self):
         tt = self.terminator()
