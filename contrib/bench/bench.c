@@ -50,7 +50,13 @@ static void usage(FILE *f)
 		"\n"
 		"Target:\n"
 		"  --url http://HOST:PORT     server or tokentap (default http://127.0.0.1:8080);\n"
-		"                             the path comes from --api\n"
+		"                             the path comes from --api; https://HOST:PORT speaks\n"
+		"                             TLS (SNI and certificate check from HOST)\n"
+		"  --ca FILE                  https: check the server's certificate against FILE\n"
+		"                             (default: the system store)\n"
+		"  --insecure                 https: do not check the server's certificate\n"
+		"  --tls-ciphersuites LIST    https: the TLS 1.3 suites offered (OpenSSL's syntax,\n"
+		"                             e.g. TLS_AES_128_GCM_SHA256; default OpenSSL's)\n"
 		"  --api NAME                 openai-chat (default), openai-completions, anthropic,\n"
 		"                             ollama-chat, ollama-generate, openai-responses\n"
 		"  --stream, --no-stream      stream the response (default: stream)\n"
@@ -61,7 +67,8 @@ static void usage(FILE *f)
 		"                             EOS (vLLM)\n"
 		"  --timeout DUR              a request fails when no byte comes for DUR (default 60s)\n"
 		"  --timestamps kernel|read   when response bytes arrived: the kernel's receive time\n"
-		"                             (default) or the clock in the read callback\n"
+		"                             (default) or the clock in the read callback (https:\n"
+		"                             always read)\n"
 		"\n"
 		"Load:\n"
 		"  --concurrency N            closed loop: N requests always in flight (default 1)\n"
@@ -139,11 +146,10 @@ static void parse_url(struct bench_opts *o, const char *url)
 	char *e;
 
 	o->url = url;
-	if (!strncmp(p, "https://", 8))
-		bad("--url", "https is not supported; point it at a plain-HTTP listener such as tokentap's");
-	if (strncmp(p, "http://", 7))
-		bad("--url", "expected http://HOST:PORT, got '%s'", url);
-	p += 7;
+	o->tls = !strncmp(p, "https://", 8);
+	if (!o->tls && strncmp(p, "http://", 7))
+		bad("--url", "expected http://HOST:PORT or https://HOST:PORT, got '%s'", url);
+	p += o->tls ? 8 : 7;
 	end = p + strcspn(p, "/?#");
 	if (*p == '[') {
 		const char *rb = memchr(p, ']', (size_t)(end - p));
@@ -162,7 +168,7 @@ static void parse_url(struct bench_opts *o, const char *url)
 		memcpy(o->host, p, hl);
 		o->host[hl] = '\0';
 	}
-	o->port = 80;
+	o->port = o->tls ? 443 : 80;
 	if (colon) {
 		errno = 0;
 		unsigned long v = strtoul(colon + 1, &e, 10);
@@ -285,6 +291,9 @@ enum {
 	OPT_SPEED,
 	OPT_LIMIT,
 	OPT_BLOCK_TOKENS,
+	OPT_CA,
+	OPT_INSECURE,
+	OPT_TLS_CIPHERSUITES,
 };
 
 static void parse_args(int argc, char **argv, struct bench_opts *o)
@@ -323,13 +332,16 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 		{ "speed", required_argument, NULL, OPT_SPEED },
 		{ "limit", required_argument, NULL, OPT_LIMIT },
 		{ "block-tokens", required_argument, NULL, OPT_BLOCK_TOKENS },
+		{ "ca", required_argument, NULL, OPT_CA },
+		{ "insecure", no_argument, NULL, OPT_INSECURE },
+		{ "tls-ciphersuites", required_argument, NULL, OPT_TLS_CIPHERSUITES },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *input_len = "fixed:128", *output_len = "fixed:128", *url = "http://127.0.0.1:8080";
 	const char *arrivals = NULL;
-	bool burst_given = false, conc_given = false, lens_given = false;
+	bool burst_given = false, conc_given = false, lens_given = false, kernel_ts_given = false;
 	const char *replay_path = NULL;
 	double speed = 1.0;
 	uint64_t limit = 0, block_tokens = 512;
@@ -428,7 +440,11 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 			if (strcmp(optarg, "kernel") && strcmp(optarg, "read"))
 				bad("--timestamps", "expected kernel or read, got '%s'", optarg);
 			o->kernel_ts = !strcmp(optarg, "kernel");
+			kernel_ts_given = o->kernel_ts;
 			break;
+		case OPT_CA: o->tls_ca = optarg; break;
+		case OPT_INSECURE: o->tls_insecure = true; break;
+		case OPT_TLS_CIPHERSUITES: o->tls_ciphersuites = optarg; break;
 		case OPT_REPLAY: replay_path = optarg; break;
 		case OPT_SPEED: speed = parse_pos("--speed", optarg, 1e6); break;
 		case OPT_LIMIT: limit = parse_uint("--limit", optarg, 1, UINT64_MAX); break;
@@ -453,6 +469,19 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 		bad("command line", "unexpected argument '%s'", argv[optind]);
 
 	parse_url(o, url);
+	if (!o->tls && (o->tls_ca || o->tls_insecure || o->tls_ciphersuites))
+		bad(o->tls_ca	      ? "--ca"
+		    : o->tls_insecure ? "--insecure"
+				      : "--tls-ciphersuites",
+		    "applies to an https:// --url only");
+	if (o->tls_ca && o->tls_insecure)
+		bad("--insecure", "--ca names the CA to check the certificate against; --insecure checks none");
+	if (o->tls && kernel_ts_given)
+		bad("--timestamps",
+		    "kernel receive times name TCP segments, not the TLS records in them: use read "
+		    "with https");
+	if (o->tls)
+		o->kernel_ts = false;
 	for (size_t i = 0; i < sizeof(apis) / sizeof(apis[0]); i++)
 		if (apis[i].api == o->api) {
 			static char path[sizeof(o->base_path) + 32];
@@ -527,6 +556,13 @@ int main(int argc, char **argv)
 
 	parse_args(argc, argv, &o);
 	signal(SIGPIPE, SIG_IGN);
+	if (o.tls) {
+		char err[512];
+		if (bench_tls_setup(&o, err, sizeof(err)) == -1) {
+			fprintf(stderr, BENCH_NAME ": --url %s: %s\n", o.url, err);
+			goto out;
+		}
+	}
 	if (o.requests_log_path) {
 		reqlog = strcmp(o.requests_log_path, "-") ? fopen(o.requests_log_path, "w") : stdout;
 		if (!reqlog) {
@@ -586,6 +622,7 @@ out:
 	}
 	fflush(stdout);
 	free(res);
+	bench_tls_free(&o);
 	dist_free(&o.input_len);
 	dist_free(&o.output_len);
 	replay_free(o.replay);

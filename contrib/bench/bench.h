@@ -8,7 +8,8 @@
  * bench_report.c (table, JSON, per-request log, progress line),
  * bench_sweep.c (the concurrency sweep's JSON and SVG chart),
  * bench_admin.c (--compare-admin: tokentap's /stats beside the client's),
- * bench_replay.c (--replay: a trace's arrivals, lengths and prompts).
+ * bench_replay.c (--replay: a trace's arrivals, lengths and prompts),
+ * bench_tls.c (https: the client context, sessions resumed).
  *
  * One definition of a token event: responses are split by tokentap's own
  * framer (src/framer.h) and each event is judged by its classifier
@@ -123,7 +124,12 @@ enum bench_api {
 struct bench_opts {
 	char host[256];
 	unsigned port;
-	char base_path[256]; /* URL path prefix, no trailing slash; often "" */
+	bool tls;		      /* https:// */
+	bool tls_insecure;	      /* --insecure: the server's certificate is not checked */
+	const char *tls_ca;	      /* --ca FILE; NULL: the system store */
+	const char *tls_ciphersuites; /* --tls-ciphersuites: TLS 1.3 suites offered; NULL: OpenSSL's */
+	void *tls_ctx;		      /* SSL_CTX * of the whole process (so that sessions outlive a sweep step) */
+	char base_path[256];	      /* URL path prefix, no trailing slash; often "" */
 	const char *url;
 	enum bench_api api;
 	const char *api_name;
@@ -230,6 +236,10 @@ struct bench_result {
 	uint64_t max_lag_us;		/* open loop: worst wait of an arrival */
 	uint64_t reads, kernel_stamped; /* socket reads; those stamped by the kernel */
 	uint64_t max_timer_late_us;	/* open loop: worst lateness of the arrival timer */
+	uint64_t tls_handshakes;	/* TLS: handshakes completed */
+	uint64_t tls_resumed;		/* TLS: of those, sessions resumed (no full handshake) */
+	char tls_protocol[24];		/* TLS: as negotiated on the last handshake, e.g. TLSv1.3 */
+	char tls_cipher[64];		/* e.g. TLS_AES_128_GCM_SHA256 */
 };
 
 /* Runs one load phase: closed loop with `concurrency` > 0, else open loop at
@@ -240,6 +250,21 @@ struct bench_result {
  * Returns 0, or -1 when the loop could not be set up (message printed). */
 int bench_run(const struct bench_opts *o, unsigned concurrency, uint64_t id_base, FILE *reqlog,
 	      struct bench_result *res);
+
+/* ---- TLS (bench_tls.c) ---- */
+
+struct bufferevent;
+struct event_base;
+/* The process's client context into o->tls_ctx. 0, or -1 with a sentence. */
+int bench_tls_setup(struct bench_opts *o, char *err, size_t errlen);
+void bench_tls_free(struct bench_opts *o);
+/* A connecting TLS bufferevent (fd -1: bufferevent_socket_connect follows)
+ * offering the newest session; NULL when out of memory. */
+struct bufferevent *bench_tls_bev(struct event_base *base, const struct bench_opts *o);
+/* Counts a completed handshake and what it negotiated into res. */
+void bench_tls_connected(struct bufferevent *bev, struct bench_result *res);
+/* Why the TLS layer of bev failed ("" when it did not). */
+const char *bench_tls_error(struct bufferevent *bev, char *buf, size_t len);
 
 /* ---- reports (bench_report.c) ---- */
 

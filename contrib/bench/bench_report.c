@@ -57,7 +57,12 @@ void report_table(FILE *f, const struct bench_opts *o, const struct bench_result
 
 	fprintf(f, "\n%s %s — %s, %s, model %s\n", BENCH_NAME, TOKENTAP_VERSION, o->api_name,
 		o->stream ? "streaming" : "not streaming", o->model ? o->model : "(server default)");
-	fprintf(f, "target:   http://%s:%u%s\n", o->host, o->port, o->path);
+	fprintf(f, "target:   %s://%s:%u%s\n", o->tls ? "https" : "http", o->host, o->port, o->path);
+	if (o->tls)
+		fprintf(f, "tls:      %s %s; %llu handshakes, %llu of them resumed; certificate %s\n",
+			r->tls_protocol[0] ? r->tls_protocol : "(no handshake)", r->tls_cipher,
+			(unsigned long long)r->tls_handshakes, (unsigned long long)r->tls_resumed,
+			o->tls_insecure ? "not checked (--insecure)" : "checked");
 	fprintf(f, "load:     %s\n", mode_desc(r, mode, sizeof(mode), o));
 	if (o->replay)
 		fprintf(f,
@@ -195,6 +200,17 @@ void *report_result_json(const struct bench_opts *o, const struct bench_result *
 	json_object_set_new(j, "reads", json_integer((json_int_t)r->reads));
 	json_object_set_new(j, "reads_kernel_stamped", json_integer((json_int_t)r->kernel_stamped));
 	json_object_set_new(j, "stopped_early", r->fatal ? json_string(r->fatal_msg) : json_null());
+	if (o->tls) {
+		json_t *t = json_object();
+		json_object_set_new(t, "protocol", r->tls_protocol[0] ? json_string(r->tls_protocol) : json_null());
+		json_object_set_new(t, "cipher", r->tls_cipher[0] ? json_string(r->tls_cipher) : json_null());
+		json_object_set_new(t, "handshakes", json_integer((json_int_t)r->tls_handshakes));
+		json_object_set_new(t, "resumed", json_integer((json_int_t)r->tls_resumed));
+		json_object_set_new(t, "verified", json_boolean(!o->tls_insecure));
+		json_object_set_new(j, "tls", t);
+	} else {
+		json_object_set_new(j, "tls", json_null());
+	}
 	if (!r->concurrency) {
 		json_object_set_new(j, "delayed_arrivals", json_integer((json_int_t)r->delayed));
 		json_object_set_new(j, "max_arrival_lag_ms", json_real((double)r->max_lag_us / 1000.0));
@@ -208,6 +224,7 @@ void *report_config_json(const struct bench_opts *o)
 {
 	json_t *c = json_object();
 	json_object_set_new(c, "url", json_string(o->url));
+	json_object_set_new(c, "tls", json_boolean(o->tls));
 	json_object_set_new(c, "path", json_string(o->path));
 	json_object_set_new(c, "api", json_string(o->api_name));
 	json_object_set_new(c, "stream", json_boolean(o->stream));

@@ -27,6 +27,13 @@
  * included), and a plain read event on the same socket calls recvmsg() and
  * feeds llhttp straight from the received bytes.
  *
+ * Over TLS (https://, bench_tls.c) the bytes must be decrypted first, so an
+ * OpenSSL bufferevent does everything: its read callback stamps the clock at
+ * its top and feeds llhttp what it decrypted; its read timeout is the request
+ * timeout; the connect counts as done when the handshake is. The stamp is
+ * then the read callback's clock (kernel stamps name TCP segments, not the
+ * records decrypted from them).
+ *
  * Invariants: a connection (struct conn, owned by the run's list) carries at
  * most one request; it is never freed inside its own callback — conn_close()
  * frees the bufferevent (libevent defers that safely) and moves the struct to
@@ -369,6 +376,7 @@ static void req_cancel(struct conn *c)
 }
 
 static void on_readable(evutil_socket_t fd, short what, void *arg);
+static void on_tls_read(struct bufferevent *bev, void *arg);
 static void on_event(struct bufferevent *bev, short what, void *arg);
 
 /* (Re)arms the read event: with the request timeout while a request runs,
@@ -379,6 +387,8 @@ static void conn_arm_read(struct conn *c, bool busy)
 	struct timeval tv = { (time_t)(o->timeout_ms / 1000), (suseconds_t)(o->timeout_ms % 1000) * 1000 };
 	if (c->rev)
 		event_add(c->rev, busy ? &tv : NULL);
+	else if (o->tls && c->bev)
+		bufferevent_set_timeouts(c->bev, busy ? &tv : NULL, &tv);
 }
 
 static struct conn *conn_new(struct run *r)
@@ -389,12 +399,12 @@ static struct conn *conn_new(struct run *r)
 	if (!c)
 		return NULL;
 	c->run = r;
-	c->bev = bufferevent_socket_new(r->base, -1, BEV_OPT_CLOSE_ON_FREE);
+	c->bev = r->o->tls ? bench_tls_bev(r->base, r->o) : bufferevent_socket_new(r->base, -1, BEV_OPT_CLOSE_ON_FREE);
 	if (!c->bev) {
 		free(c);
 		return NULL;
 	}
-	bufferevent_setcb(c->bev, NULL, NULL, on_event, c);
+	bufferevent_setcb(c->bev, r->o->tls ? on_tls_read : NULL, NULL, on_event, c);
 	c->state = CS_CONNECTING;
 	c->next = r->conns;
 	if (r->conns)
@@ -416,13 +426,15 @@ static struct conn *conn_new(struct run *r)
 		(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 		if (r->o->kernel_ts)
 			(void)rxstamp_enable(fd);
-		c->rev = event_new(r->base, fd, EV_READ | EV_PERSIST, on_readable, c);
+		if (!r->o->tls)
+			c->rev = event_new(r->base, fd, EV_READ | EV_PERSIST, on_readable, c);
 	}
-	if (!c->rev) {
+	if (!c->rev && !r->o->tls) {
 		conn_close(c);
 		return NULL;
 	}
-	bufferevent_enable(c->bev, EV_WRITE); /* reading is on_readable's */
+	/* plain: reading is on_readable's; TLS: the bufferevent's */
+	bufferevent_enable(c->bev, r->o->tls ? EV_READ | EV_WRITE : EV_WRITE);
 	return c;
 }
 
@@ -524,7 +536,7 @@ static void req_send(struct conn *c)
 	q->rec.at[TL_ARRIVE] = clock_now_ns();
 	if (!st->first_send_ns)
 		st->first_send_ns = q->rec.at[TL_ARRIVE];
-	if (fd >= 0 && evbuffer_get_length(out) == 0)
+	if (fd >= 0 && !r->o->tls && evbuffer_get_length(out) == 0)
 		(void)evbuffer_write(r->scratch_req, fd);
 	if (evbuffer_get_length(r->scratch_req))
 		bufferevent_write_buffer(c->bev, r->scratch_req);
@@ -831,6 +843,21 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 	conn_after_request(c, false);
 }
 
+/* TLS: what the bufferevent decrypted, all stamped with this call's clock. */
+static void on_tls_read(struct bufferevent *bev, void *arg)
+{
+	uint64_t now = clock_now_ns(); /* first: the bytes arrived just now */
+	struct conn *c = arg;
+	struct run *r = c->run;
+	int n;
+
+	r->res->reads++;
+	/* a finished request may close the connection (c->bev then NULL) */
+	while (c->state != CS_CLOSED && c->bev &&
+	       (n = evbuffer_remove(bufferevent_get_input(c->bev), r->rbuf, READ_BUF)) > 0)
+		conn_parse(c, r->rbuf, (size_t)n, now);
+}
+
 static void on_event(struct bufferevent *bev, short what, void *arg)
 {
 	uint64_t now = clock_now_ns();
@@ -839,6 +866,8 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 	struct breq *q = &c->req;
 
 	if (what & BEV_EVENT_CONNECTED) {
+		if (r->o->tls)
+			bench_tls_connected(bev, r->res);
 		c->connected_once = true;
 		r->connected_any = true;
 		r->connect_fail_streak = 0;
@@ -856,7 +885,12 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 	}
 	if (c->state == CS_CONNECTING && !c->connected_once) {
 		int e = EVUTIL_SOCKET_ERROR();
+		char tls_why[256] = "";
 		const char *why = what & BEV_EVENT_TIMEOUT ? "timed out" : evutil_socket_error_to_string(e);
+		if (r->o->tls && !(what & BEV_EVENT_TIMEOUT) && *bench_tls_error(bev, tls_why, sizeof(tls_why)))
+			why = tls_why;
+		else if (r->o->tls && !(what & BEV_EVENT_TIMEOUT) && !e)
+			why = "TLS handshake failed";
 		r->connect_fail_streak++;
 		req_finish(c, what & BEV_EVENT_TIMEOUT ? BERR_TIMEOUT : BERR_CONNECT, now);
 		if (!r->connected_any || r->connect_fail_streak >= CONNECT_FAIL_MAX) {
@@ -874,7 +908,21 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 		conn_after_request(c, false);
 		return;
 	}
-	/* writing failed or timed out; reading is on_readable's */
+	if (r->o->tls && (what & BEV_EVENT_EOF) && !(what & BEV_EVENT_TIMEOUT)) {
+		/* as on_readable's EOF: a body delimited by the close ends here */
+		enum bench_error err = BERR_CLOSED;
+		if (q->active && q->sent) {
+			q->now = now;
+			if (llhttp_finish(&c->parser) == HPE_OK && q->done)
+				err = BERR_NONE;
+		}
+		if (q->active)
+			req_finish(c, err, now);
+		conn_after_request(c, false);
+		return;
+	}
+	/* writing failed or timed out (and, over TLS, reading too); plain
+	 * reading is on_readable's */
 	if (q->active)
 		req_finish(c, what & BEV_EVENT_TIMEOUT ? BERR_TIMEOUT : BERR_CLOSED, now);
 	conn_after_request(c, false);

@@ -27,6 +27,30 @@ and x-sim-itl-ms headers, so one simulator serves them all):
      flush) and one with --data-dir off, 64 streams at itl 10 ms, 512
      tokens, 20 s per run, alternating with direct; reports itl p99.9 too,
      so that a stall while the store commits would show
+  f  (a) with the client side over TLS: tokentap-bench speaks https to each
+     proxy, which forwards plain HTTP to the simulator; direct is the bench
+     over https to a second simulator that speaks TLS itself
+  g  (c) with the client side over TLS, as (f)
+  h  (a) with the upstream side over TLS: the bench speaks plain HTTP to
+     each proxy, which forwards over https to the TLS simulator (certificate
+     verified, SNI localhost); direct is the bench to the plain simulator,
+     so the added latency includes the simulator's encryption, as with any
+     https upstream
+  i  (c) with the upstream side over TLS, as (h)
+
+TLS (f-i): one ECDSA P-256 key and certificate (for localhost and
+127.0.0.1, signed by a CA made for the run with the openssl command) for
+every TLS server; TLS 1.3 with TLS_AES_128_GCM_SHA256 only, for every
+handshake: the bench offers only that suite (--tls-ciphersuites), nginx and
+HAProxy accept only it, and the TLS simulator accepts only it. Record size
+limit 16 KiB everywhere (TLS's maximum and OpenSSL's default, so no proxy
+cuts a burst of events into more records than it must): nginx ssl_buffer_size
+16k, HAProxy tune.ssl.maxrecord 16384, tokentap's defaults; none waits to
+fill a record (nginx: proxy_buffering off flushes each upstream read;
+HAProxy: option http-no-delay). Sessions: the bench resumes across its
+connections; to the upstream nginx keeps proxy_ssl_session_reuse on (its
+default) with keep-alive connections, HAProxy its default server-side session
+reuse with http-reuse always, tokentap its pooled connections.
 
 What is measured, per target and scenario:
 
@@ -126,6 +150,15 @@ SCENARIOS = {
     "e": dict(title="the store's flush: tokentap with the store (1 s flush) vs --data-dir off", concurrency=64,
               ttft_ms=5, itl_ms=10, tokens=512, duration="20s", warmup=64, quick=dict(duration="8s")),
 }
+# f-i: (a) and (c) with TLS on one side: "client" (bench -> proxy) or
+# "upstream" (proxy -> simulator).
+for _k, _base, _side in (("f", "a", "client"), ("g", "c", "client"), ("h", "a", "upstream"), ("i", "c", "upstream")):
+    SCENARIOS[_k] = dict(SCENARIOS[_base], tls=_side,
+                         title="%s, TLS %s" % (SCENARIOS[_base]["title"],
+                                               "client -> proxy (proxy -> sim plain)" if _side == "client"
+                                               else "proxy -> sim (client -> proxy plain)"))
+LATENCY_KEYS = "abcfghi"
+TLS_SUITE = "TLS_AES_128_GCM_SHA256"
 STORE_TARGETS = ("direct", "tokentap", "tokentap-nostore")
 
 
@@ -394,19 +427,56 @@ def machine_info(bins):
 
 # ---------------------------------------------------------------- the four servers
 
-def start_sim(bins, work):
-    p = Proc("tokentap-sim", [bins["sim"], "--listen", LOOPBACK + ":0"], os.path.join(work, "sim.log"))
+def start_sim(bins, work, pki=None):
+    """The simulator; with `pki`, speaking TLS (TLS_SUITE only)."""
+    argv = [bins["sim"], "--listen", LOOPBACK + ":0"]
+    if pki:
+        argv += ["--tls-cert", pki["cert"], "--tls-key", pki["key"], "--tls-ciphersuites", TLS_SUITE]
+    p = Proc("tokentap-sim", argv, os.path.join(work, "sim-tls.log" if pki else "sim.log"))
     port = int(p.wait_line(r"^tokentap-sim listening on 127\.0\.0\.1:(\d+)$").group(1))
     return p, port
+
+
+def make_pki(work):
+    """A CA and an ECDSA P-256 server certificate for localhost and
+    127.0.0.1, made with the openssl command; files readable by the
+    unprivileged proxies. {"ca", "cert", "key", "pem" (cert + key, for
+    HAProxy)}."""
+    d = os.path.join(work, "pki")
+    os.makedirs(d, exist_ok=True)
+    os.chmod(d, 0o755)
+
+    def openssl(*a):
+        r = subprocess.run(["openssl"] + list(a), cwd=d, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           timeout=60)
+        if r.returncode != 0:
+            raise Failure("openssl %s failed: %s" % (a[0], r.stderr.strip()))
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=proxies-ca")
+    with open(os.path.join(d, "ext.cnf"), "w") as f:
+        f.write("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    openssl("req", *ec, "-keyout", "srv.key", "-out", "srv.csr", "-subj", "/CN=localhost")
+    openssl("x509", "-req", "-in", "srv.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out",
+            "srv.pem", "-days", "2", "-extfile", "ext.cnf")
+    with open(os.path.join(d, "srv.pem")) as a, open(os.path.join(d, "srv.key")) as b, \
+            open(os.path.join(d, "haproxy.pem"), "w") as out:
+        out.write(a.read() + b.read())
+    for n in os.listdir(d):
+        os.chmod(os.path.join(d, n), 0o644)
+    return {"ca": os.path.join(d, "ca.pem"), "cert": os.path.join(d, "srv.pem"), "key": os.path.join(d, "srv.key"),
+            "pem": os.path.join(d, "haproxy.pem")}
 
 
 class Target:
     """One thing the bench is pointed at. pids() are the processes whose CPU
     counts; rss_pids() those whose VmRSS counts (nginx: its workers)."""
 
-    def __init__(self, name, port, proc=None, workers="-"):
+    def __init__(self, name, port, proc=None, workers="-", https=False):
         self.name, self.port, self.proc, self.workers = name, port, proc, workers
-        self.url = "http://%s:%d" % (LOOPBACK, port)
+        # https: the certificate names 127.0.0.1 too, and is checked against it
+        self.url = "%s://%s:%d" % ("https" if https else "http", LOOPBACK, port)
+        self.https = https
 
     def pids(self):
         if self.proc is None:
@@ -450,11 +520,19 @@ def tokentap_has_workers(bins):
     return "--workers" in h
 
 
-def start_tokentap(bins, work, sim_port, max_connections, workers, tag, store=True):
+def start_tokentap(bins, work, sim_port, max_connections, workers, tag, store=True, tls=None):
+    """tls: None, ("client", pki) for a TLS listener, or ("upstream", pki)
+    for an https upstream at sim_port."""
     d = private_dir(work, "tokentap" + tag)
     conf = os.path.join(d, "tokentap.yaml")
+    side, pki = tls or (None, None)
     with open(conf, "w") as f:
-        f.write(TOKENTAP_CONF.format(sim_port=sim_port, max_connections=max_connections))
+        f.write(TOKENTAP_CONF.format(sim_port=sim_port, max_connections=max_connections,
+                                     scheme="https://localhost" if side == "upstream" else "http://127.0.0.1"))
+        if side == "upstream":
+            f.write("    tls: {ca_file: %s}\n" % pki["ca"])
+        if side == "client":
+            f.write("tls:\n  cert: %s\n  key: %s\n" % (pki["cert"], pki["key"]))
     argv = [bins["tokentap"], "-c", conf, "--listen", LOOPBACK + ":0",
             "--admin", LOOPBACK + ":0", "--data-dir", os.path.join(d, "data") if store else "off"]
     if tokentap_has_workers(bins):
@@ -462,9 +540,10 @@ def start_tokentap(bins, work, sim_port, max_connections, workers, tag, store=Tr
     else:
         workers = 1
     p = Proc("tokentap", argv, os.path.join(d, "tokentap.log"), cwd=d, unprivileged=True)
-    port = int(p.wait_line(r"listening on 127\.0\.0\.1:(\d+), ").group(1))
+    port = int(p.wait_line(r"listening on 127\.0\.0\.1:(\d+)(?: \(tls\))?, ").group(1))
     admin = int(p.wait_line(r"admin listening on 127\.0\.0\.1:(\d+)").group(1))
-    t = Target("tokentap" if store else "tokentap-nostore", port, p, "%d loop%s" % (workers, "s" if workers > 1 else ""))
+    t = Target("tokentap" if store else "tokentap-nostore", port, p, "%d loop%s" % (workers, "s" if workers > 1 else ""),
+               https=side == "client")
     t.admin_port = admin
     return t
 
@@ -482,13 +561,21 @@ def nginx_temp_paths(d):
     return out
 
 
-def start_nginx(work, sim_port, workers, fds, tag):
+def start_nginx(work, sim_port, workers, fds, tag, tls=None):
     d = private_dir(work, "nginx" + tag)
     port = free_port()
     conf = os.path.join(d, "nginx.conf")
+    side, pki = tls or (None, None)
+    listen_tls = upstream_tls = ""
+    if side == "client":
+        listen_tls = NGINX_LISTEN_TLS.format(cert=pki["cert"], key=pki["key"], suite=TLS_SUITE)
+    if side == "upstream":
+        upstream_tls = NGINX_UPSTREAM_TLS.format(ca=pki["ca"], suite=TLS_SUITE)
     with open(conf, "w") as f:
         f.write(NGINX_CONF.format(dir=d, port=port, sim_port=sim_port, workers=workers, fds=fds,
-                                  conns=fds - 100, temp_paths=nginx_temp_paths(d)))
+                                  conns=fds - 100, temp_paths=nginx_temp_paths(d),
+                                  ssl=" ssl" if side == "client" else "", listen_tls=listen_tls,
+                                  scheme="https" if side == "upstream" else "http", upstream_tls=upstream_tls))
     argv = ["nginx", "-p", d + "/", "-c", conf, "-e", os.path.join(d, "error.log")]
     p = Proc("nginx", argv, os.path.join(d, "stderr.log"), cwd=d, unprivileged=True)
     p.wait_port(port)
@@ -498,28 +585,32 @@ def start_nginx(work, sim_port, workers, fds, tag):
     if len(p.remember_children()) != workers:
         raise Failure("nginx: expected %d worker processes, found %d; log %s"
                       % (workers, len(p.children), p.log_path))
-    return Target("nginx", port, p, "%d worker%s" % (workers, "s" if workers > 1 else ""))
+    return Target("nginx", port, p, "%d worker%s" % (workers, "s" if workers > 1 else ""), https=side == "client")
 
 
-def start_haproxy(work, sim_port, workers, fds, tag):
+def start_haproxy(work, sim_port, workers, fds, tag, tls=None):
     d = private_dir(work, "haproxy" + tag)
     port = free_port()
     conf = os.path.join(d, "haproxy.cfg")
+    side, pki = tls or (None, None)
     with open(conf, "w") as f:
-        f.write(HAPROXY_CONF.format(dir=d, port=port, sim_port=sim_port, workers=workers,
-                                    conns=(fds - 100) // 2))
+        f.write(HAPROXY_CONF.format(
+            dir=d, port=port, sim_port=sim_port, workers=workers, conns=(fds - 100) // 2,
+            global_tls=HAPROXY_GLOBAL_TLS.format(suite=TLS_SUITE) if side else "",
+            bind_tls=" ssl crt %s" % pki["pem"] if side == "client" else "",
+            server_tls=" ssl verify required ca-file %s sni str(localhost)" % pki["ca"] if side == "upstream" else ""))
     argv = ["haproxy", "-db", "-f", conf]
     p = Proc("haproxy", argv, os.path.join(d, "haproxy.log"), cwd=d, unprivileged=True)
     p.wait_port(port)
-    return Target("haproxy", port, p, "%d thread%s" % (workers, "s" if workers > 1 else ""))
+    return Target("haproxy", port, p, "%d thread%s" % (workers, "s" if workers > 1 else ""), https=side == "client")
 
 
-def start_proxy(name, bins, work, sim_port, args, tag=""):
+def start_proxy(name, bins, work, sim_port, args, tag="", tls=None):
     if name == "tokentap":
-        return start_tokentap(bins, work, sim_port, max(10000, 2 * args.streams + 1000), args.workers, tag)
+        return start_tokentap(bins, work, sim_port, max(10000, 2 * args.streams + 1000), args.workers, tag, tls=tls)
     if name == "nginx":
-        return start_nginx(work, sim_port, args.workers, args.fds, tag)
-    return start_haproxy(work, sim_port, args.workers, args.fds, tag)
+        return start_nginx(work, sim_port, args.workers, args.fds, tag, tls=tls)
+    return start_haproxy(work, sim_port, args.workers, args.fds, tag, tls=tls)
 
 
 # tokentap: the upstream and the connection cap from a file; listen, admin and
@@ -530,7 +621,7 @@ limits:
   max_connections: {max_connections}
 upstreams:
   - name: sim
-    url: http://127.0.0.1:{sim_port}
+    url: {scheme}:{sim_port}
 """
 
 # nginx: the one location proxies everything to the simulator without
@@ -564,9 +655,10 @@ http {{
     }}
 
     server {{
-        listen 127.0.0.1:{port} backlog=1024;
-        location / {{
-            proxy_pass http://sim;
+        listen 127.0.0.1:{port}{ssl} backlog=1024;
+{listen_tls}        location / {{
+            proxy_pass {scheme}://sim;
+{upstream_tls}
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_buffering off;
@@ -576,6 +668,41 @@ http {{
         }}
     }}
 }}
+"""
+
+# nginx over TLS, client side (scenarios f, g): one suite, 16 KiB records
+# (each upstream read is flushed: proxy_buffering off), a shared session
+# cache and tickets for the bench's resumption.
+NGINX_LISTEN_TLS = """\
+        ssl_certificate {cert};
+        ssl_certificate_key {key};
+        ssl_protocols TLSv1.3;
+        ssl_conf_command Ciphersuites {suite};
+        ssl_buffer_size 16k;
+        ssl_session_cache shared:tls:10m;
+        ssl_session_tickets on;
+"""
+
+# nginx over TLS, upstream side (h, i): verified, SNI localhost, sessions
+# reused across its keep-alive upstream connections.
+NGINX_UPSTREAM_TLS = """\
+            proxy_ssl_protocols TLSv1.3;
+            proxy_ssl_conf_command Ciphersuites {suite};
+            proxy_ssl_verify on;
+            proxy_ssl_trusted_certificate {ca};
+            proxy_ssl_name localhost;
+            proxy_ssl_server_name on;
+            proxy_ssl_session_reuse on;
+"""
+
+# HAProxy over TLS (f-i): one suite both ways, records up to 16 KiB. Server
+# side sessions are reused by default (no no-ssl-reuse).
+HAPROXY_GLOBAL_TLS = """\
+    ssl-default-bind-options ssl-min-ver TLSv1.3
+    ssl-default-bind-ciphersuites {suite}
+    ssl-default-server-options ssl-min-ver TLSv1.3
+    ssl-default-server-ciphersuites {suite}
+    tune.ssl.maxrecord 16384
 """
 
 # HAProxy: HTTP mode; http-no-delay so that small events are sent at once
@@ -588,7 +715,7 @@ global
     pidfile {dir}/haproxy.pid
     nbthread {workers}
     maxconn {conns}
-
+{global_tls}
 defaults
     mode http
     option http-no-delay
@@ -601,18 +728,18 @@ defaults
     maxconn {conns}
 
 frontend fe
-    bind 127.0.0.1:{port}
+    bind 127.0.0.1:{port}{bind_tls}
     backlog 1024
     default_backend sim
 
 backend sim
-    server sim 127.0.0.1:{sim_port}
+    server sim 127.0.0.1:{sim_port}{server_tls}
 """
 
 
 # ---------------------------------------------------------------- bench runs
 
-def bench_argv(bins, url, sc, json_path, seed, concurrency=None, quick=False, log_path=None):
+def bench_argv(bins, url, sc, json_path, seed, concurrency=None, quick=False, log_path=None, ca=None):
     p = dict(sc)
     if quick:
         p.update(sc.get("quick", {}))
@@ -622,6 +749,8 @@ def bench_argv(bins, url, sc, json_path, seed, concurrency=None, quick=False, lo
             "--seed", str(seed), "--json", json_path]
     if log_path:
         argv += ["--requests-log", log_path]
+    if url.startswith("https://"):
+        argv += ["--ca", ca, "--tls-ciphersuites", TLS_SUITE]
     for k in ("requests", "warmup", "duration"):
         if k in p:
             argv += ["--" + k, str(p[k])]
@@ -686,7 +815,7 @@ def summarize_bench(path, log_path):
                        "itl_p50": m["itl"]["p50_ms"], "itl_p99": m["itl"]["p99_ms"]},
         "events": events, "events_forwarded": forwarded, "elapsed_s": elapsed,
         "events_per_s": events / elapsed if elapsed else None,
-        "ok": res["requests"]["ok"], "errors": errs,
+        "ok": res["requests"]["ok"], "errors": errs, "tls": res.get("tls"),
         "error_kinds": {k: v for k, v in res["errors"].items() if v},
     })
     return out
@@ -708,7 +837,8 @@ def run_latency_scenario(key, targets, bins, args, work):
         for t in targets:
             jpath = os.path.join(work, "bench-%s-%s-%d.json" % (key, t.name, r))
             lpath = os.path.join(work, "requests-%s-%s-%d.jsonl" % (key, t.name, r))
-            argv = bench_argv(bins, t.url, sc, jpath, seed=r, quick=args.quick, log_path=lpath)
+            argv = bench_argv(bins, t.url, sc, jpath, seed=r, quick=args.quick, log_path=lpath,
+                              ca=getattr(args, "pki", {}).get("ca"))
             c0 = t.cpu_ticks()
             t0 = time.monotonic()
             try:
@@ -723,6 +853,8 @@ def run_latency_scenario(key, targets, bins, args, work):
                 raise Failure("tokentap-bench against %s exited %d in scenario (%s); see %s"
                               % (t.name, rc, key, os.path.join(work, "bench.log")))
             s = summarize_bench(jpath, lpath)
+            if t.https and not (s["tls"] and s["tls"]["cipher"] == TLS_SUITE):
+                raise Failure("tokentap-bench against %s negotiated %r, not %s" % (t.name, s["tls"], TLS_SUITE))
             os.unlink(lpath)  # large in (b) and (c); the percentiles are kept
             s["cpu_s"] = ticks / CLK_TCK if t.proc else None
             s["wall_s"] = round(wall, 2)
@@ -921,7 +1053,7 @@ def render_table(report):
                     fmt(e["itl_p99"]), fmt(e["added_itl_p99"], signed=True),
                     fmt(e["events_per_s"], 0), fmt(e["cpu_s_per_m_events"], None), e["errors"]))
         lines.append("")
-    if set(report["scenarios"]) & set("abc"):
+    if set(report["scenarios"]) & set(LATENCY_KEYS):
         lines.append("latencies in ms: medians over rounds of each run's percentile; +direct = target minus direct;")
         lines.append("events/s: token events the client counted per second (median); cpu s/M ev: the proxy's user+system")
         lines.append("CPU seconds per million token events forwarded, pooled over rounds.")
@@ -1007,7 +1139,8 @@ def parse_args(argv):
                     help="event loops of every proxy: tokentap --workers, nginx worker processes, HAProxy threads "
                     "(default 1)")
     ap.add_argument("--streams", type=int, default=5000, help="concurrent streams in scenario d (default 5000)")
-    ap.add_argument("--scenarios", default="abcde", help="which of a, b, c, d, e to run (default abcde)")
+    ap.add_argument("--scenarios", default="abcde",
+                    help="which of a-i to run (default abcde; f-i are (a) and (c) over TLS, see above)")
     ap.add_argument("--json", metavar="PATH", help="write the whole report as JSON")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (configs, logs, bench JSON)")
     ap.add_argument("--no-install", action="store_true", help="never run apt-get; fail if nginx or haproxy is missing")
@@ -1020,8 +1153,8 @@ def parse_args(argv):
         ap.error("--rounds and --memory-rounds take 1 to 20")
     if not 1 <= a.streams <= 9000:
         ap.error("--streams takes 1 to 9000 (tokentap-bench runs at most 10,000 connections)")
-    if not a.scenarios or set(a.scenarios) - set("abcde"):
-        ap.error("--scenarios takes letters from abcde, e.g. --scenarios ab")
+    if not a.scenarios or set(a.scenarios) - set("abcdefghi"):
+        ap.error("--scenarios takes letters from abcdefghi, e.g. --scenarios ab")
     return a
 
 
@@ -1085,6 +1218,30 @@ def main(argv):
                   % (sim_port, targets[1].port, targets[1].admin_port, targets[2].port, targets[3].port),
                   file=sys.stderr)
             for key in latency:
+                print("proxies: scenario (%s) %s" % (key, SCENARIOS[key]["title"]), file=sys.stderr)
+                report["scenarios"][key] = run_latency_scenario(key, targets, bins, args, work)
+            for t in targets[1:]:
+                t.stop()
+                _started.remove(t.proc)
+        for side, keys in (("client", "fg"), ("upstream", "hi")):
+            keys = [k for k in keys if k in args.scenarios]
+            if not keys:
+                continue
+            if not getattr(args, "pki", None):
+                args.pki = make_pki(work)
+                _, args.tls_sim_port = start_sim(bins, work, args.pki)
+            tls = (side, args.pki)
+            if side == "client":
+                targets = [Target("direct", args.tls_sim_port, https=True)]
+                up_port = sim_port
+            else:
+                targets = [Target("direct", sim_port)]
+                up_port = args.tls_sim_port
+            for name in PROXIES:
+                targets.append(start_proxy(name, bins, work, up_port, args, tag="-tls-" + side, tls=tls))
+            print("proxies: TLS %s side: direct %s, tokentap %s, nginx %s, haproxy %s"
+                  % (side, targets[0].url, targets[1].url, targets[2].url, targets[3].url), file=sys.stderr)
+            for key in keys:
                 print("proxies: scenario (%s) %s" % (key, SCENARIOS[key]["title"]), file=sys.stderr)
                 report["scenarios"][key] = run_latency_scenario(key, targets, bins, args, work)
             for t in targets[1:]:

@@ -14,6 +14,8 @@
 #include <event2/event.h>
 #include <event2/listener.h>
 #include <event2/util.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -52,6 +54,35 @@ struct sim_config sim_cfg = {
 };
 
 struct sim_stats sim_stats;
+
+void *sim_tls_ctx;
+
+/* The listener's TLS context from --tls-cert/--tls-key, or NULL with the
+ * reason printed. */
+static SSL_CTX *tls_ctx_new(void)
+{
+	SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
+	char why[256] = "unknown error";
+
+	if (ctx == NULL)
+		goto fail;
+	SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+	SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION);
+	if (SSL_CTX_use_certificate_chain_file(ctx, sim_cfg.tls_cert) != 1 ||
+	    SSL_CTX_use_PrivateKey_file(ctx, sim_cfg.tls_key, SSL_FILETYPE_PEM) != 1 ||
+	    SSL_CTX_check_private_key(ctx) != 1)
+		goto fail;
+	if (sim_cfg.tls_ciphersuites != NULL && SSL_CTX_set_ciphersuites(ctx, sim_cfg.tls_ciphersuites) != 1)
+		goto fail;
+	return ctx;
+fail:
+	ERR_error_string_n(ERR_get_error(), why, sizeof(why));
+	fprintf(stderr, "tokentap-sim: TLS (--tls-cert %s, --tls-key %s%s%s): %s\n", sim_cfg.tls_cert, sim_cfg.tls_key,
+		sim_cfg.tls_ciphersuites ? ", --tls-ciphersuites " : "",
+		sim_cfg.tls_ciphersuites ? sim_cfg.tls_ciphersuites : "", why);
+	SSL_CTX_free(ctx);
+	return NULL;
+}
 
 uint64_t sim_now_ns(void)
 {
@@ -103,6 +134,9 @@ static void usage(FILE *f)
 		"  --server-timing E   batched responses report their real queue, prefill and\n"
 		"                      decode as engine E would: vllm (\"metrics\") or llamacpp\n"
 		"                      (\"timings\"); Ollama's routes as Ollama (default off)\n"
+		"  --tls-cert FILE     speak TLS (1.2 at least) with this certificate chain (PEM)\n"
+		"  --tls-key FILE      and this private key (PEM); default plain HTTP\n"
+		"  --tls-ciphersuites L  TLS 1.3 suites offered, e.g. TLS_AES_128_GCM_SHA256\n"
 		"  --help              this text\n"
 		"  --version           print the version\n"
 		"\n"
@@ -243,6 +277,9 @@ static bool known_flag(const char *flag)
 		"--cached-tokens",
 		"--cache-write-tokens",
 		"--server-timing",
+		"--tls-cert",
+		"--tls-key",
+		"--tls-ciphersuites",
 	};
 
 	for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) {
@@ -318,6 +355,12 @@ static void parse_args(int argc, char **argv, struct sockaddr_storage *ss, int *
 				sim_cfg.batching = false;
 			else
 				die_usage("--model-mode is 'fixed' or 'batch', got '%s'.", val);
+		} else if (strcmp(flag, "--tls-cert") == 0) {
+			sim_cfg.tls_cert = val;
+		} else if (strcmp(flag, "--tls-key") == 0) {
+			sim_cfg.tls_key = val;
+		} else if (strcmp(flag, "--tls-ciphersuites") == 0) {
+			sim_cfg.tls_ciphersuites = val;
 		} else if (strcmp(flag, "--server-timing") == 0) {
 			if (strcmp(val, "vllm") == 0)
 				sim_cfg.server_timing = SIM_TIMING_VLLM;
@@ -361,6 +404,10 @@ static void parse_args(int argc, char **argv, struct sockaddr_storage *ss, int *
 	}
 	if (!have_listen)
 		parse_listen("127.0.0.1:8000", ss, sslen);
+	if ((sim_cfg.tls_cert == NULL) != (sim_cfg.tls_key == NULL))
+		die_usage("--tls-cert and --tls-key go together.");
+	if (sim_cfg.tls_ciphersuites != NULL && sim_cfg.tls_cert == NULL)
+		die_usage("--tls-ciphersuites needs --tls-cert and --tls-key.");
 	/* Keep the nanosecond arithmetic of pacing far from overflow. */
 	if (sim_cfg.ttft_ms > 86400000ULL || sim_cfg.itl_ms > 86400000ULL || sim_cfg.think_ms > 86400000ULL)
 		die_usage("--ttft-ms, --itl-ms and --think-ms must be at most one day (86400000).");
@@ -407,6 +454,8 @@ int main(int argc, char **argv)
 
 	parse_args(argc, argv, &ss, &sslen);
 	signal(SIGPIPE, SIG_IGN);
+	if (sim_cfg.tls_cert != NULL && (sim_tls_ctx = tls_ctx_new()) == NULL)
+		goto out;
 
 	/* Precise timers: without this flag libevent uses the coarse
 	 * monotonic clock (4 ms ticks) and token gaps would jitter by that. */
@@ -475,5 +524,6 @@ out:
 	if (cfg != NULL)
 		event_config_free(cfg);
 	free(sim_stats.last_request_id);
+	SSL_CTX_free(sim_tls_ctx);
 	return rc;
 }

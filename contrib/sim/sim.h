@@ -65,6 +65,11 @@ struct sim_config {
 	 * decode they really took, as the engine named would (Ollama's routes
 	 * always as Ollama). Off by default: the report depends on the clock. */
 	enum sim_server_timing { SIM_TIMING_OFF, SIM_TIMING_VLLM, SIM_TIMING_LLAMACPP } server_timing;
+
+	/* --tls-cert/--tls-key: the listener speaks TLS (an https upstream
+	 * for the proxy benchmarks); --tls-ciphersuites narrows TLS 1.3's
+	 * suites so that every proxy negotiates the same one. */
+	const char *tls_cert, *tls_key, *tls_ciphersuites;
 };
 
 /* What the batch scheduler did with one request, in ns, for --server-timing:
@@ -102,6 +107,9 @@ uint64_t sim_now_ns(void);
 
 /* Takes ownership of an accepted socket. Returns 0, or -1 (fd closed). */
 int sim_conn_accept(struct event_base *base, int fd);
+/* The listener's TLS context (an SSL_CTX *), NULL for plain HTTP; sim.c
+ * sets it before the loop runs. */
+extern void *sim_tls_ctx;
 
 /* ---- sim_api.c ---- */
 

@@ -30,8 +30,10 @@
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
 #include <llhttp.h>
+#include <openssl/ssl.h>
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -795,7 +797,18 @@ int sim_conn_accept(struct event_base *base, int fd)
 	if (c == NULL)
 		goto fail_close;
 	c->base = base;
-	c->bev = bufferevent_socket_new(base, fd, BEV_OPT_CLOSE_ON_FREE);
+	if (sim_tls_ctx != NULL) {
+		SSL *ssl = SSL_new(sim_tls_ctx);
+		c->bev = ssl == NULL ? NULL
+				     : bufferevent_openssl_socket_new(base, fd, ssl, BUFFEREVENT_SSL_ACCEPTING,
+								      BEV_OPT_CLOSE_ON_FREE);
+		if (c->bev == NULL)
+			SSL_free(ssl);
+		else /* a client gone without close_notify is gone, as over TCP */
+			bufferevent_openssl_set_allow_dirty_shutdown(c->bev, 1);
+	} else {
+		c->bev = bufferevent_socket_new(base, fd, BEV_OPT_CLOSE_ON_FREE);
+	}
 	if (c->bev == NULL)
 		goto fail_free;
 	c->tick = evtimer_new(base, on_tick, c);
