@@ -166,6 +166,19 @@ def le_interval(v, edges):
     return lower, math.inf
 
 
+def start_instance(test, root, name):
+    """One fleet member under root/name: a simulator and a tokentap in front
+    of it (its own store, 200 ms flushes, admin API, access log). Returns
+    (tokentap, admin port, access-log path)."""
+    d = os.path.join(root, name)
+    os.makedirs(d)
+    sim = harness.start_sim(test)
+    log = os.path.join(d, "access.log")
+    tt = harness.start_tokentap(test, sim.url, "--data-dir", os.path.join(d, "data"), "--flush-interval",
+                                "200ms", "--admin", "127.0.0.1:0", "--access-log", log)
+    return tt, admin_port(tt), log
+
+
 def start_prometheus(test, root, targets, flags=(), interval="1s", name="prometheus"):
     """Starts Prometheus scraping the admin ports `targets` every `interval`
     with extra command-line `flags`, its config and storage under
@@ -206,15 +219,6 @@ def start_prometheus(test, root, targets, flags=(), interval="1s", name="prometh
 
 
 class PrometheusFleetTest(harness.TestCase):
-    def start_instance(self, root, name):
-        d = os.path.join(root, name)
-        os.makedirs(d)
-        sim = harness.start_sim(self)
-        log = os.path.join(d, "access.log")
-        tt = harness.start_tokentap(self, sim.url, "--data-dir", os.path.join(d, "data"), "--flush-interval",
-                                    "200ms", "--admin", "127.0.0.1:0", "--access-log", log)
-        return tt, admin_port(tt), log
-
     def start_prometheus(self, root, targets):
         return start_prometheus(self, root, targets)
 
@@ -222,8 +226,8 @@ class PrometheusFleetTest(harness.TestCase):
         prometheus_bin()
         root = tempfile.mkdtemp(prefix="tokentap-prom-")
         self.addCleanup(shutil.rmtree, root, True)
-        tt_a, admin_a, log_a = self.start_instance(root, "a")
-        tt_b, admin_b, log_b = self.start_instance(root, "b")
+        tt_a, admin_a, log_a = start_instance(self, root, "a")
+        tt_b, admin_b, log_b = start_instance(self, root, "b")
 
         errors = []
 

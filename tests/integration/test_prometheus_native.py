@@ -62,7 +62,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import harness
 from test_admin import admin_get, admin_port, parse_exposition, rank_quantile
-from test_prometheus import prom_query, prom_result, prometheus_bin, start_prometheus
+from test_prometheus import prom_query, prom_result, prometheus_bin, start_instance, start_prometheus
 
 PATH = "/v1/chat/completions"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -91,20 +91,11 @@ def send_one(port, ttft, itl, rid):
 
 
 class PrometheusNativeFleetTest(harness.TestCase):
-    def start_instance(self, root, name):
-        d = os.path.join(root, name)
-        os.makedirs(d)
-        sim = harness.start_sim(self)
-        log = os.path.join(d, "access.log")
-        tt = harness.start_tokentap(self, sim.url, "--data-dir", os.path.join(d, "data"), "--flush-interval",
-                                    "200ms", "--admin", "127.0.0.1:0", "--access-log", log)
-        return tt, admin_port(tt), log
-
     def test_fleet_native_quantiles_within_one_percent(self):
         prometheus_bin()
         root = tempfile.mkdtemp(prefix="tokentap-native-")
         self.addCleanup(shutil.rmtree, root, True)
-        inst = [self.start_instance(root, "n%d" % i) for i in range(3)]
+        inst = [start_instance(self, root, "n%d" % i) for i in range(3)]
         admins = [a for _, a, _ in inst]
 
         def ttft_counts():
@@ -234,7 +225,7 @@ class PrometheusNativeFleetTest(harness.TestCase):
         and text to everything else, with Vary: Accept."""
         root = tempfile.mkdtemp(prefix="tokentap-native-")
         self.addCleanup(shutil.rmtree, root, True)
-        tt, admin, _ = self.start_instance(root, "one")
+        tt, admin, _ = start_instance(self, root, "one")
         send_one(tt.port, 5, 5, "neg-1")
         self.assertTrue(harness.wait_until(lambda: b"tokentap_ttft_seconds_count" in admin_get(admin, "/metrics").body,
                                            8.0, 0.1))
