@@ -248,14 +248,11 @@ static void test_native_huge(void **state)
 
 static void add_series(struct store_result *r, const char *route, const char *up, const char *model, bool cold)
 {
-	struct store_series *s;
+	char key[SERIES_KEY_MAX];
+	size_t len = series_key_build(key, route, up, model, cold);
 
-	r->series = realloc(r->series, (r->n + 1) * sizeof(*r->series));
-	assert_non_null(r->series);
-	s = &r->series[r->n++];
-	memset(s, 0, sizeof(*s));
-	s->keylen = series_key_build(s->key, route, up, model, cold);
-	assert_true(s->keylen > 0);
+	assert_true(len > 0);
+	assert_non_null(store_result_series(r, key, len));
 }
 
 static void build_result(struct store_result *r)
