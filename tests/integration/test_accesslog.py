@@ -60,9 +60,7 @@ class LogChecks(harness.TestCase):
 
     def entry(self, rid, log=None):
         log = log or self.log
-        e = harness.wait_log_entry(log, lambda e: e.get("id") == rid)
-        if e is None:
-            self.fail("no access log line with id %r; log: %s" % (rid, harness.read_access_log(log)[-5:]))
+        e = self.log_entry(log, rid)
         for k in REQUIRED_KEYS:
             self.assertIn(k, e, "access log line lacks %r: %r" % (k, e))
         for k in TIMELINE:
