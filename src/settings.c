@@ -296,3 +296,144 @@ unsigned settings_warn_fixed(const struct config *boot, const struct config *nex
 	}
 	return warned;
 }
+
+/* Writes `text` for a Markdown table cell: a '|' would end the cell. */
+static void doc_cell_text(FILE *out, const char *text)
+{
+	for (const char *p = text; *p; p++) {
+		if (*p == '|')
+			fputc('\\', out);
+		fputc(*p, out);
+	}
+}
+
+/* A duration in ms as the docs write it: 1s, 24h, 300ms. */
+static void duration_text(uint64_t ms, char *out, size_t len)
+{
+	if (ms && ms % 3600000 == 0)
+		snprintf(out, len, "%lluh", (unsigned long long)(ms / 3600000));
+	else if (ms && ms % 60000 == 0)
+		snprintf(out, len, "%llum", (unsigned long long)(ms / 60000));
+	else if (ms && ms % 1000 == 0)
+		snprintf(out, len, "%llus", (unsigned long long)(ms / 1000));
+	else
+		snprintf(out, len, "%llums", (unsigned long long)ms);
+}
+
+static const char *doc_type(enum setting_type t)
+{
+	switch (t) {
+	case ST_SIZE: return "size";
+	case ST_DURATION: return "duration";
+	case ST_DURATION_S: return "duration (kept in seconds)";
+	case ST_UINT: return "count";
+	case ST_BOOL: return "bool";
+	case ST_STRING: return "string";
+	case ST_STRING_OFF: return "string or `off`";
+	case ST_FILE: return "file";
+	case ST_LISTEN: return "address";
+	case ST_URL: return "URL";
+	case ST_LOGLEVEL: return "level";
+	case ST_WORKERS: return "count or `auto`";
+	case ST_FLAG: return "flag";
+	}
+	return "?";
+}
+
+/* The range cell: what min and max (or the type itself) allow. */
+static void doc_range(FILE *out, const struct setting *s)
+{
+	char lo[32], hi[32];
+
+	switch (s->type) {
+	case ST_SIZE:
+		settings_size_text(s->min, lo, sizeof(lo));
+		settings_size_text(s->max, hi, sizeof(hi));
+		break;
+	case ST_DURATION:
+	case ST_DURATION_S:
+		duration_text(s->min, lo, sizeof(lo));
+		duration_text(s->max, hi, sizeof(hi));
+		if (s->min == 1 && !s->max) { /* the usual "> 0" */
+			fputs("over 0", out);
+			return;
+		}
+		break;
+	case ST_UINT:
+		snprintf(lo, sizeof(lo), "%llu", (unsigned long long)s->min);
+		snprintf(hi, sizeof(hi), "%llu", (unsigned long long)s->max);
+		break;
+	case ST_WORKERS: fprintf(out, "`auto` or 1 to %d", WORKERS_MAX); return;
+	case ST_LOGLEVEL: fputs("`error`, `warn`, `info`, `debug`", out); return;
+	case ST_LISTEN: fputs("numeric `ADDR:PORT`", out); return;
+	case ST_URL: fputs("`http://` or `https://` `HOST[:PORT]`", out); return;
+	case ST_FILE: fputs("a readable file", out); return;
+	case ST_BOOL:
+	case ST_FLAG:
+	case ST_STRING:
+	case ST_STRING_OFF: fputs("—", out); return;
+	}
+	if (s->min && s->max)
+		fprintf(out, "`%s` to `%s`", lo, hi);
+	else if (s->min)
+		fprintf(out, "at least `%s`", lo);
+	else if (s->max)
+		fprintf(out, "up to `%s`", hi);
+	else
+		fputs("any", out);
+}
+
+static const char *doc_reload(enum setting_reload r)
+{
+	switch (r) {
+	case SR_LIVE: return "live";
+	case SR_RESTART: return "restart";
+	case SR_RESTART_LISTENER: return "restart (listener set)";
+	case SR_NONE: return "— (command line)";
+	}
+	return "?";
+}
+
+void settings_doc_table(FILE *out)
+{
+	fputs(SETTINGS_DOC_BEGIN, out);
+	fputs("| key | flag | type | default | range | reload | meaning |\n", out);
+	fputs("|---|---|---|---|---|---|---|\n", out);
+	for (size_t i = 0; i < S__COUNT; i++) {
+		const struct setting *s = &settings[i];
+
+		if (!s->yaml && !s->flag)
+			continue; /* a fixed value, not a setting */
+		if (s->yaml)
+			fprintf(out, "| `%s` | ", s->yaml);
+		else
+			fputs("| — | ", out);
+		if (s->flag) {
+			if (s->short_flag)
+				fprintf(out, "`-%c`, ", s->short_flag);
+			fprintf(out, "`--%s", s->flag);
+			if (s->metavar) {
+				fputc(' ', out);
+				doc_cell_text(out, s->metavar);
+			}
+			fputs("` | ", out);
+		} else {
+			fputs("— | ", out);
+		}
+		fprintf(out, "%s | ", doc_type(s->type));
+		if (s->def)
+			fprintf(out, "`%s`", s->def);
+		else if (s->type == ST_BOOL || s->type == ST_FLAG)
+			fputs("`false`", out);
+		else if (s->type == ST_STRING || s->type == ST_URL)
+			fputs("none", out);
+		else
+			fputs("off", out);
+		fputs(" | ", out);
+		doc_range(out, s);
+		fprintf(out, " | %s | ", doc_reload(s->reload));
+		doc_cell_text(out, s->help);
+		fputs(" |\n", out);
+	}
+	fputs(SETTINGS_DOC_END, out);
+}

@@ -5,9 +5,10 @@
  * command-line flag), what it holds (a type with one parser and one
  * "expected ..." text), its default as the user would write it, its range,
  * whether a reload applies it, and its line of --help. The defaults
- * (config_defaults), the getopt table, flag application and --help are made
- * from it; tests/unit/test_settings.c checks that every default parses and
- * lies in its range.
+ * (config_defaults), the getopt table, flag application, --help and
+ * docs/config.md's settings reference are made from it;
+ * tests/unit/test_settings.c checks that every default parses and lies in
+ * its range, and that the docs say what the table says.
  *
  * Columns: (ID, YAML path, long flag, short flag, TYPE, field, default, min,
  * max, RELOAD, metavar, help). A NULL YAML path: command line only; a NULL
@@ -193,6 +194,13 @@ int settings_apply_flag(const struct setting *s, const char *value, struct confi
 
 /* One --help line per flag row, in table order. */
 void settings_usage(FILE *out);
+
+/* docs/config.md's settings reference: a Markdown table with one line per
+ * row that has a YAML key or a flag (key, flag, type, default, range,
+ * reload, help), between SETTINGS_DOC_BEGIN and SETTINGS_DOC_END. */
+#define SETTINGS_DOC_BEGIN "<!-- settings reference: made from SETTINGS(X) in src/settings.h; do not edit by hand -->\n"
+#define SETTINGS_DOC_END "<!-- end of settings reference -->\n"
+void settings_doc_table(FILE *out);
 
 /* A size as the table writes it: 1g, 64k, 256. */
 void settings_size_text(uint64_t v, char *out, size_t len);

@@ -359,8 +359,131 @@ static void test_doc_matches_table(void **state)
 	free(doc);
 }
 
-int main(void)
+static char *generated_table(void)
 {
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+	assert_non_null(f);
+	settings_doc_table(f);
+	fclose(f);
+	return text;
+}
+
+/* docs/config.md's settings reference is exactly what settings_doc_table
+ * makes from the table: every key, flag, type, default, range, reload rule
+ * and help line. On a mismatch the first line that differs is shown;
+ * `test_settings --write-doc` rewrites the block in place. */
+static void test_doc_reference_is_generated(void **state)
+{
+	char *doc = read_doc("docs/config.md"), *want = generated_table();
+	(void)state;
+	const char *begin = strstr(doc, SETTINGS_DOC_BEGIN);
+	if (!begin)
+		fail_msg(
+			"docs/config.md has no settings reference (%s); run test_settings --write-doc after adding "
+			"the two marker lines",
+			SETTINGS_DOC_BEGIN);
+	const char *end = strstr(begin, SETTINGS_DOC_END);
+	assert_non_null(end);
+	end += strlen(SETTINGS_DOC_END);
+	size_t have = (size_t)(end - begin);
+	if (have != strlen(want) || memcmp(begin, want, have) != 0) {
+		const char *a = begin, *b = want;
+		while (*a == *b && a < end) { /* to the first difference, then back to its line */
+			a++;
+			b++;
+		}
+		while (a > begin && a[-1] != '\n') {
+			a--;
+			b--;
+		}
+		fail_msg(
+			"docs/config.md's settings reference differs from SETTINGS(X) (run "
+			"build/tests/unit/test_settings --write-doc)\n  doc:   %.*s\n  table: %.*s",
+			(int)strcspn(a, "\n"), a, (int)strcspn(b, "\n"), b);
+	}
+	free(want);
+	free(doc);
+}
+
+/* The Signals section's two lists say the table's reload rules: every key
+ * the start-up-only list names is a RESTART row (or the listener set), and
+ * every key the live list names is a LIVE row or a section of them. */
+static void test_doc_signals_match_reload(void **state)
+{
+	char *doc = read_doc("docs/config.md");
+	(void)state;
+	const char *fixed = strstr(doc, "Read at start-up only, so that a reload");
+	assert_non_null(fixed);
+	const char *live = strstr(fixed, "Everything else takes effect");
+	assert_non_null(live);
+	const char *live_end = strstr(live, "- **SIGTERM**");
+	assert_non_null(live_end);
+	for (const char *p = fixed; (p = strchr(p, '`')) && p < live_end; p++) {
+		const char *q = strchr(p + 1, '`');
+		char key[80];
+		assert_non_null(q);
+		snprintf(key, sizeof(key), "%.*s", (int)(q - p - 1), p + 1);
+		p = q;
+		bool in_fixed = q < live;
+		const struct setting *s = settings_by_yaml(key);
+		if (in_fixed) {
+			if (strcmp(key, "listeners") == 0)
+				continue;
+			if (!s || (s->reload != SR_RESTART && s->reload != SR_RESTART_LISTENER))
+				fail_msg(
+					"docs/config.md, Signals: `%s` is listed as start-up only, but the table says "
+					"%s",
+					key, s ? "it is live" : "no such key");
+			continue;
+		}
+		/* the live list: a row, a leaf of the timeouts section, or a section */
+		if (!s) {
+			char path[96];
+			snprintf(path, sizeof(path), "timeouts.%s", key);
+			s = settings_by_yaml(path);
+		}
+		if (s && s->reload != SR_LIVE)
+			fail_msg("docs/config.md, Signals: `%s` is listed as live, but a reload does not apply it",
+				 key);
+		if (!s && strcmp(key, "upstreams") && strcmp(key, "routes") && strcmp(key, "limits") &&
+		    strcmp(key, "timeouts"))
+			fail_msg("docs/config.md, Signals: `%s` in the live list is not a setting", key);
+	}
+	free(doc);
+}
+
+/* `test_settings --write-doc`: replaces docs/config.md's settings reference
+ * with the one the table makes, and exits. */
+static int write_doc(void)
+{
+	char path[512];
+	snprintf(path, sizeof(path), "%s/docs/config.md", TOKENTAP_SOURCE_DIR);
+	char *doc = read_doc("docs/config.md"), *want = generated_table();
+	char *begin = strstr(doc, SETTINGS_DOC_BEGIN), *end = begin ? strstr(begin, SETTINGS_DOC_END) : NULL;
+	if (!end) {
+		fprintf(stderr, "%s: no lines %s and %s to write between\n", path, SETTINGS_DOC_BEGIN,
+			SETTINGS_DOC_END);
+		return 1;
+	}
+	end += strlen(SETTINGS_DOC_END);
+	FILE *f = fopen(path, "wb");
+	if (!f || fwrite(doc, 1, (size_t)(begin - doc), f) != (size_t)(begin - doc) || fputs(want, f) == EOF ||
+	    fputs(end, f) == EOF || fclose(f) != 0) {
+		perror(path);
+		return 1;
+	}
+	printf("%s: settings reference written\n", path);
+	free(want);
+	free(doc);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 2 && strcmp(argv[1], "--write-doc") == 0)
+		return write_doc();
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_every_default_parses_in_range),
 		cmocka_unit_test(test_defaults_are_todays),
@@ -370,6 +493,8 @@ int main(void)
 		cmocka_unit_test(test_warn_fixed),
 		cmocka_unit_test(test_file_reads_every_default),
 		cmocka_unit_test(test_doc_matches_table),
+		cmocka_unit_test(test_doc_reference_is_generated),
+		cmocka_unit_test(test_doc_signals_match_reload),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
