@@ -210,10 +210,6 @@ bad : {
 
 int settings_apply_flag(const struct setting *s, const char *value, struct config *c, char *why, size_t whylen)
 {
-	if (s->id == S_ACCESS_LOG) { /* a flag has always taken "off" as a file name (plan 5.4) */
-		c->access_log = value;
-		return 0;
-	}
 	if (setting_parse(s, value, c, why, whylen) == -1)
 		return -1;
 	if (s->id == S_LISTEN)

@@ -41,7 +41,7 @@
 	  "the listener's certificate (PEM); with --tls-key it speaks TLS") \
 	X(TLS_KEY, "tls.key", "tls-key", 0, FILE, tls_key, NULL, 0, 0, RESTART_LISTENER, "FILE", \
 	  "the listener's private key (PEM)") \
-	X(ACCESS_LOG, "access_log", "access-log", 0, STRING_OFF, access_log, NULL, 0, 0, RESTART, "PATH|-", \
+	X(ACCESS_LOG, "access_log", "access-log", 0, STRING_OFF, access_log, NULL, 0, 0, RESTART, "PATH|-|off", \
 	  "one JSON line per request; '-' for stdout") \
 	X(WORKLOAD, "workload.path", "workload", 0, STRING_OFF, workload_path, NULL, 0, 0, RESTART, "PATH", \
 	  "capture each finished request as a trace line (docs/workload.md)") \
@@ -188,8 +188,8 @@ void setting_expected(const struct setting *s, char *out, size_t len);
 
 /* A flag's value from the command line: setting_parse plus what a flag does
  * besides (--listen replaces the file's `listeners:`, --admin marks the
- * address as chosen) and today's flag-only differences (a --tls-* file is not
- * opened here; --access-log takes "off" as a path). 0 or -1 with `why`. */
+ * address as chosen) and today's flag-only difference (a --tls-* file is not
+ * opened here). 0 or -1 with `why`. */
 int settings_apply_flag(const struct setting *s, const char *value, struct config *c, char *why, size_t whylen);
 
 /* One --help line per flag row, in table order. */

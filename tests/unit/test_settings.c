@@ -159,8 +159,6 @@ static void test_ranges_hold(void **state)
 	assert_int_equal(setting_parse(&settings[S_MINUTE_RETENTION], "500ms", &c, why, sizeof(why)), 0);
 	assert_int_equal(c.minute_retention_s, 0);
 	assert_int_equal(setting_parse(&settings[S_MAX_MODELS], "0", &c, why, sizeof(why)), 0);
-	assert_int_equal(settings_apply_flag(&settings[S_ACCESS_LOG], "off", &c, why, sizeof(why)), 0);
-	assert_string_equal(c.access_log, "off");
 	config_free(&c);
 }
 
@@ -176,6 +174,12 @@ static void test_flag_side_effects(void **state)
 	assert_int_equal(settings_apply_flag(&settings[S_ADMIN_LISTEN], "off", &c, why, sizeof(why)), 0);
 	assert_null(c.admin_listen);
 	assert_true(c.admin_listen_explicit);
+	/* --access-log off is no log, as in the file (not a file named "off") */
+	c.access_log = "a.log";
+	assert_int_equal(settings_apply_flag(&settings[S_ACCESS_LOG], "off", &c, why, sizeof(why)), 0);
+	assert_null(c.access_log);
+	assert_int_equal(settings_apply_flag(&settings[S_ACCESS_LOG], "-", &c, why, sizeof(why)), 0);
+	assert_string_equal(c.access_log, "-");
 	assert_int_equal(settings_apply_flag(&settings[S_CHECK_DATA], NULL, &c, why, sizeof(why)), 0);
 	assert_true(c.check_data);
 	config_free(&c);
