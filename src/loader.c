@@ -226,7 +226,6 @@ static void f_row(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	const struct setting *s = settings_by_yaml(key);
 	const char *text = scalar(l, v, key);
-	size_t event_size = CFG(o)->max_event_size;
 	char why[400];
 
 	if (s && s->id == S_LISTEN)
@@ -239,8 +238,6 @@ static void f_row(struct load *l, yaml_node_t *v, const char *key, void *o)
 	}
 	if (s->id == S_ADMIN_LISTEN)
 		CFG(o)->admin_listen_explicit = true; /* a busy port is then an error, not a warning */
-	else if (s->id == S_MAX_EVENT_SIZE && CFG(o)->max_event_size == 0)
-		CFG(o)->max_event_size = event_size; /* 0 keeps the value (plan 5.4) */
 }
 
 #define SECTION_KEYS_MAX 32

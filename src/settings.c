@@ -90,10 +90,12 @@ void setting_expected(const struct setting *s, char *out, size_t len)
 
 	switch (s->type) {
 	case ST_SIZE:
-		if (s->min || s->max) {
-			settings_size_text(s->min, lo, sizeof(lo));
-			settings_size_text(s->max, hi, sizeof(hi));
+		settings_size_text(s->min, lo, sizeof(lo));
+		settings_size_text(s->max, hi, sizeof(hi));
+		if (s->max) {
 			snprintf(out, len, "a size from %s to %s, such as %s", lo, hi, s->def ? s->def : "32m");
+		} else if (s->min) {
+			snprintf(out, len, "a size of at least %s, such as %s", lo, s->def ? s->def : "32m");
 		} else {
 			snprintf(out, len, "a size such as %s", s->def ? s->def : "32m");
 		}

@@ -141,6 +141,8 @@ static void test_ranges_hold(void **state)
 	expect_bad(S_STORE_MAX_SIZE, "32k", "from 64k to 64g");
 	expect_bad(S_STORE_MAX_SIZE, "65g", "from 64k to 64g");
 	expect_bad(S_MAX_HEADERS, "0", "at least 1");
+	expect_bad(S_MAX_EVENT_SIZE, "0", "expected a size of at least 1, such as 1m");
+	expect_bad(S_WORKLOAD_MAX_SIZE, "4095", "expected a size of at least 4k, such as 256m");
 	expect_bad(S_MAX_CONNECTIONS, "1000000001", "whole number");
 	expect_bad(S_OVERRIDE_ANY_UPSTREAM, "maybe", "true or false");
 	expect_bad(S_UPSTREAM, "ftp://127.0.0.1:21", "expected a URL like http://127.0.0.1:8000");
