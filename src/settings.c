@@ -84,6 +84,8 @@ void settings_size_text(uint64_t v, char *out, size_t len)
 	snprintf(out, len, "%llu", (unsigned long long)v);
 }
 
+static void duration_text(uint64_t ms, char *out, size_t len);
+
 void setting_expected(const struct setting *s, char *out, size_t len)
 {
 	char lo[32], hi[32];
@@ -101,7 +103,14 @@ void setting_expected(const struct setting *s, char *out, size_t len)
 		}
 		break;
 	case ST_DURATION:
-	case ST_DURATION_S: snprintf(out, len, "a %sduration such as 300ms or 5s", s->min ? "positive " : ""); break;
+	case ST_DURATION_S:
+		if (s->min > 1) {
+			duration_text(s->min, lo, sizeof(lo));
+			snprintf(out, len, "a duration of at least %s, such as %s", lo, s->def ? s->def : "5s");
+		} else {
+			snprintf(out, len, "a %sduration such as 300ms or 5s", s->min ? "positive " : "");
+		}
+		break;
 	case ST_UINT:
 		if (s->min)
 			snprintf(out, len, "a whole number of at least %llu", (unsigned long long)s->min);
@@ -157,7 +166,7 @@ int setting_parse(const struct setting *s, const char *text, struct config *c, c
 			goto bad;
 		*(uint64_t *)field = u64;
 		return 0;
-	case ST_DURATION_S: /* the range is on the milliseconds: under 1s stores 0 (plan 5.4) */
+	case ST_DURATION_S: /* the range is on the milliseconds, before they are divided */
 		if (config_parse_duration_ms(text, &u64) == -1 || !in_range(s, u64))
 			goto bad;
 		*(uint64_t *)field = u64 / 1000;

@@ -16,7 +16,7 @@
  * beside its user). The default is text parsed by TYPE's parser; NULL is zero
  * / off. min and max are in TYPE's unit (bytes, ms, a count), 0 = unbounded;
  * DURATION_S (a duration stored in seconds) checks them on the milliseconds
- * before they are divided. Today's quirks are kept as they are
+ * before they are divided (so its rows say 1000: at least 1s). Today's quirks are kept as they are
  * (docs/dev/pipeline-plan.md 5.4): a row states the range the code enforces.
  *
  * Lists (`listeners:`, `upstreams:`, `routes:`) are not rows.
@@ -83,9 +83,9 @@
 	  "where percentile state persists") \
 	X(FLUSH_INTERVAL, "store.flush_interval", "flush-interval", 0, DURATION, flush_ms, "1s", 1, 0, RESTART, "DUR", \
 	  "how often stats reach the store") \
-	X(MINUTE_RETENTION, "store.minute_retention", NULL, 0, DURATION_S, minute_retention_s, "24h", 1, 0, RESTART, \
+	X(MINUTE_RETENTION, "store.minute_retention", NULL, 0, DURATION_S, minute_retention_s, "24h", 1000, 0, RESTART, \
 	  NULL, "how long per-minute slices are kept") \
-	X(HOUR_RETENTION, "store.hour_retention", NULL, 0, DURATION_S, hour_retention_s, "720h", 1, 0, RESTART, NULL, \
+	X(HOUR_RETENTION, "store.hour_retention", NULL, 0, DURATION_S, hour_retention_s, "720h", 1000, 0, RESTART, NULL, \
 	  "how long per-hour slices are kept") \
 	X(STORE_MAX_SIZE, "store.max_size", NULL, 0, SIZE, store_max_size, "64g", STORE_MAX_SIZE_MIN, \
 	  STORE_MAX_SIZE_MAX, RESTART, NULL, "the LMDB map grows up to this") \

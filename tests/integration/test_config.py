@@ -271,6 +271,8 @@ class BrokenFileTest(Broken, harness.TestCase):
         cases = [
             ("  max_body_size: 1m\n", "  max_body_size: 1m\n  max_event_size: 0\n", "max_event_size",
              "limits.max_event_size", "at least 1"),
+            ("store: {dir: \"off\"}\n", "store: {dir: \"off\", minute_retention: 500ms}\n", "minute_retention",
+             "store.minute_retention", "at least 1s"),
         ]
         for old, new, marker, path, says in cases:
             with self.subTest(path=path):
