@@ -23,6 +23,7 @@ enum { CT_U64, CT_UNSIGNED, CT_INT, CT_BOOL, CT_STR, CT_OTHER };
 #define CT_OF_SIZE CT_U64
 #define CT_OF_DURATION CT_U64
 #define CT_OF_DURATION_S CT_U64
+#define CT_OF_DURATION_OFF CT_U64
 #define CT_OF_UINT CT_UNSIGNED
 #define CT_OF_BOOL CT_BOOL
 #define CT_OF_STRING CT_STR
@@ -111,6 +112,7 @@ void setting_expected(const struct setting *s, char *out, size_t len)
 			snprintf(out, len, "a %sduration such as 300ms or 5s", s->min ? "positive " : "");
 		}
 		break;
+	case ST_DURATION_OFF: snprintf(out, len, "a positive duration such as 300ms or 5s, or off"); break;
 	case ST_UINT:
 		if (s->min)
 			snprintf(out, len, "a whole number of at least %llu", (unsigned long long)s->min);
@@ -162,6 +164,15 @@ int setting_parse(const struct setting *s, const char *text, struct config *c, c
 		*(uint64_t *)field = u64;
 		return 0;
 	case ST_DURATION:
+		if (config_parse_duration_ms(text, &u64) == -1 || !in_range(s, u64))
+			goto bad;
+		*(uint64_t *)field = u64;
+		return 0;
+	case ST_DURATION_OFF:
+		if (strcmp(text, "off") == 0) {
+			*(uint64_t *)field = 0;
+			return 0;
+		}
 		if (config_parse_duration_ms(text, &u64) == -1 || !in_range(s, u64))
 			goto bad;
 		*(uint64_t *)field = u64;
@@ -259,7 +270,8 @@ static bool same_value(const struct setting *s, const struct config *a, const st
 	switch (s->type) {
 	case ST_SIZE:
 	case ST_DURATION:
-	case ST_DURATION_S: return *(const uint64_t *)fa == *(const uint64_t *)fb;
+	case ST_DURATION_S:
+	case ST_DURATION_OFF: return *(const uint64_t *)fa == *(const uint64_t *)fb;
 	case ST_UINT:
 	case ST_WORKERS: return *(const unsigned *)fa == *(const unsigned *)fb;
 	case ST_LOGLEVEL: return *(const int *)fa == *(const int *)fb;
@@ -333,6 +345,7 @@ static const char *doc_type(enum setting_type t)
 	case ST_SIZE: return "size";
 	case ST_DURATION: return "duration";
 	case ST_DURATION_S: return "duration (kept in seconds)";
+	case ST_DURATION_OFF: return "duration or `off`";
 	case ST_UINT: return "count";
 	case ST_BOOL: return "bool";
 	case ST_STRING: return "string";
@@ -359,6 +372,7 @@ static void doc_range(FILE *out, const struct setting *s)
 		break;
 	case ST_DURATION:
 	case ST_DURATION_S:
+	case ST_DURATION_OFF:
 		duration_text(s->min, lo, sizeof(lo));
 		duration_text(s->max, hi, sizeof(hi));
 		if (s->min == 1 && !s->max) { /* the usual "> 0" */

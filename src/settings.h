@@ -99,7 +99,7 @@
 	  "goodput: time to first token at most") \
 	X(SLO_TPOT, "slo.tpot", "slo-tpot", 0, DURATION, slo_tpot_ms, "100ms", 1, 0, RESTART, "DUR", \
 	  "goodput: time per output token at most") \
-	X(SLO_ITL, "slo.itl", "slo-itl", 0, DURATION, slo_itl_ms, NULL, 1, 0, RESTART, "DUR", \
+	X(SLO_ITL, "slo.itl", "slo-itl", 0, DURATION_OFF, slo_itl_ms, NULL, 1, 0, RESTART, "DUR|off", \
 	  "goodput: longest gap between tokens at most (not checked unless given)") \
 	X(LOG_LEVEL, "log_level", "log-level", 0, LOGLEVEL, log_level, "info", 0, 0, LIVE, "LEVEL", \
 	  "error, warn, info or debug") \
@@ -130,19 +130,20 @@ enum setting_id {
 
 /* What a value is and how it is written. Each has one parser. */
 enum setting_type {
-	ST_SIZE,       /* "32m", "4096": bytes, uint64_t (size_t fields are the same type) */
-	ST_DURATION,   /* "300ms", "5s", bare seconds: uint64_t milliseconds */
-	ST_DURATION_S, /* a duration stored in whole seconds (uint64_t) */
-	ST_UINT,       /* a whole number up to 1e9: unsigned */
-	ST_BOOL,       /* true/yes/on, false/no/off */
-	ST_STRING,     /* kept as given */
-	ST_STRING_OFF, /* "off" means none (NULL) */
-	ST_FILE,       /* a path; the loader checks the file, a flag keeps it as given */
-	ST_LISTEN,     /* a numeric ADDR:PORT (config_parse_listen) */
-	ST_URL,	       /* an upstream URL (config_parse_url) */
-	ST_LOGLEVEL,   /* error, warn, info, debug: int */
-	ST_WORKERS,    /* auto or 1..WORKERS_MAX: unsigned */
-	ST_FLAG,       /* no value: present means true */
+	ST_SIZE,	 /* "32m", "4096": bytes, uint64_t (size_t fields are the same type) */
+	ST_DURATION,	 /* "300ms", "5s", bare seconds: uint64_t milliseconds */
+	ST_DURATION_S,	 /* a duration stored in whole seconds (uint64_t) */
+	ST_DURATION_OFF, /* a duration, or "off" for 0 (not checked) */
+	ST_UINT,	 /* a whole number up to 1e9: unsigned */
+	ST_BOOL,	 /* true/yes/on, false/no/off */
+	ST_STRING,	 /* kept as given */
+	ST_STRING_OFF,	 /* "off" means none (NULL) */
+	ST_FILE,	 /* a path; the loader checks the file, a flag keeps it as given */
+	ST_LISTEN,	 /* a numeric ADDR:PORT (config_parse_listen) */
+	ST_URL,		 /* an upstream URL (config_parse_url) */
+	ST_LOGLEVEL,	 /* error, warn, info, debug: int */
+	ST_WORKERS,	 /* auto or 1..WORKERS_MAX: unsigned */
+	ST_FLAG,	 /* no value: present means true */
 };
 
 /* When a changed value takes effect on SIGHUP. */
