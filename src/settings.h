@@ -89,7 +89,7 @@
 	  "how long per-hour slices are kept") \
 	X(STORE_MAX_SIZE, "store.max_size", NULL, 0, SIZE, store_max_size, "64g", STORE_MAX_SIZE_MIN, \
 	  STORE_MAX_SIZE_MAX, RESTART, NULL, "the LMDB map grows up to this") \
-	X(MAX_MODELS, "store.max_models", NULL, 0, UINT, max_models, "32", 0, 0, RESTART, NULL, \
+	X(MAX_MODELS, "store.max_models", NULL, 0, UINT, max_models, "32", 1, 0, RESTART, NULL, \
 	  "distinct models per route and upstream") \
 	X(MODEL_IDLE, "store.model_idle", NULL, 0, DURATION, model_idle_ms, "24h", 1, 0, RESTART, NULL, \
 	  "a model unused this long may lose its slot") \

@@ -273,6 +273,8 @@ class BrokenFileTest(Broken, harness.TestCase):
              "limits.max_event_size", "at least 1"),
             ("store: {dir: \"off\"}\n", "store: {dir: \"off\", minute_retention: 500ms}\n", "minute_retention",
              "store.minute_retention", "at least 1s"),
+            ("store: {dir: \"off\"}\n", "store: {dir: \"off\", max_models: 0}\n", "max_models",
+             "store.max_models", "at least 1"),
         ]
         for old, new, marker, path, says in cases:
             with self.subTest(path=path):
