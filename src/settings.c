@@ -30,6 +30,7 @@ enum { CT_U64, CT_UNSIGNED, CT_INT, CT_BOOL, CT_STR, CT_OTHER };
 #define CT_OF_STRING_OFF CT_STR
 #define CT_OF_FILE CT_STR
 #define CT_OF_LISTEN CT_STR
+#define CT_OF_ADMIN_LISTEN CT_STR
 #define CT_OF_URL CT_STR
 #define CT_OF_LOGLEVEL CT_INT
 #define CT_OF_WORKERS CT_UNSIGNED
@@ -122,6 +123,10 @@ void setting_expected(const struct setting *s, char *out, size_t len)
 	case ST_BOOL: snprintf(out, len, "true or false"); break;
 	case ST_LISTEN: snprintf(out, len, "a numeric ADDR:PORT such as 127.0.0.1:8080 or [::1]:8080"); break;
 	case ST_URL: snprintf(out, len, "a URL such as http://127.0.0.1:8000"); break;
+	case ST_ADMIN_LISTEN:
+		snprintf(out, len,
+			 "ADDR:PORT with an IP address or localhost, such as 127.0.0.1:9901 or [::1]:9901, or off");
+		break;
 	case ST_LOGLEVEL: snprintf(out, len, "error, warn, info or debug"); break;
 	case ST_WORKERS: snprintf(out, len, "auto or a number of threads from 1 to %d", WORKERS_MAX); break;
 	case ST_STRING:
@@ -204,6 +209,18 @@ int setting_parse(const struct setting *s, const char *text, struct config *c, c
 			goto bad;
 		*(const char **)field = text;
 		return 0;
+	case ST_ADMIN_LISTEN: {
+		char host[64];
+		int port, family;
+		if (strcmp(text, "off") == 0) {
+			*(const char **)field = NULL;
+			return 0;
+		}
+		if (config_parse_admin_listen(text, host, sizeof(host), &port, &family) == -1)
+			goto bad;
+		*(const char **)field = text;
+		return 0;
+	}
 	case ST_URL: {
 		struct url_parts parts;
 		if (config_parse_url(text, &parts, why, whylen) == -1)
@@ -281,6 +298,7 @@ static bool same_value(const struct setting *s, const struct config *a, const st
 	case ST_STRING_OFF:
 	case ST_FILE:
 	case ST_LISTEN:
+	case ST_ADMIN_LISTEN:
 	case ST_URL: {
 		const char *sa = *(const char *const *)fa, *sb = *(const char *const *)fb;
 		return sa == sb || (sa && sb && strcmp(sa, sb) == 0);
@@ -352,6 +370,7 @@ static const char *doc_type(enum setting_type t)
 	case ST_STRING_OFF: return "string or `off`";
 	case ST_FILE: return "file";
 	case ST_LISTEN: return "address";
+	case ST_ADMIN_LISTEN: return "address or `off`";
 	case ST_URL: return "URL";
 	case ST_LOGLEVEL: return "level";
 	case ST_WORKERS: return "count or `auto`";
@@ -387,6 +406,7 @@ static void doc_range(FILE *out, const struct setting *s)
 	case ST_WORKERS: fprintf(out, "`auto` or 1 to %d", WORKERS_MAX); return;
 	case ST_LOGLEVEL: fputs("`error`, `warn`, `info`, `debug`", out); return;
 	case ST_LISTEN: fputs("numeric `ADDR:PORT`", out); return;
+	case ST_ADMIN_LISTEN: fputs("`ADDR:PORT` or `localhost:PORT`", out); return;
 	case ST_URL: fputs("`http://` or `https://` `HOST[:PORT]`", out); return;
 	case ST_FILE: fputs("a readable file", out); return;
 	case ST_BOOL:

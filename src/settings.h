@@ -105,7 +105,7 @@
 	  "error, warn, info or debug") \
 	X(CHECK_DATA, NULL, "check-data", 0, FLAG, check_data, NULL, 0, 0, NONE, NULL, \
 	  "read every record in --data-dir, report, and exit") \
-	X(ADMIN_LISTEN, "admin.listen", "admin", 0, STRING_OFF, admin_listen, "127.0.0.1:9901", 0, 0, RESTART, \
+	X(ADMIN_LISTEN, "admin.listen", "admin", 0, ADMIN_LISTEN, admin_listen, "127.0.0.1:9901", 0, 0, RESTART, \
 	  "ADDR:PORT|off", "admin API: stats, /metrics, reset") \
 	X(ADMIN_TOKEN_FILE, "admin.token_file", "admin-token-file", 0, STRING, admin_token_file, NULL, 0, 0, RESTART, \
 	  "PATH", "bearer token for admin writes (or env TOKENTAP_ADMIN_TOKEN)") \
@@ -140,6 +140,7 @@ enum setting_type {
 	ST_STRING_OFF,	 /* "off" means none (NULL) */
 	ST_FILE,	 /* a path; the loader checks the file, a flag keeps it as given */
 	ST_LISTEN,	 /* a numeric ADDR:PORT (config_parse_listen) */
+	ST_ADMIN_LISTEN, /* ADDR:PORT or localhost:PORT (config_parse_admin_listen), or "off" */
 	ST_URL,		 /* an upstream URL (config_parse_url) */
 	ST_LOGLEVEL,	 /* error, warn, info, debug: int */
 	ST_WORKERS,	 /* auto or 1..WORKERS_MAX: unsigned */

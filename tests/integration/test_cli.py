@@ -62,6 +62,14 @@ class CliTest(harness.TestCase):
             with self.subTest(addr=addr):
                 self._rejected_early(["--upstream", "http://127.0.0.1:9", "--listen", addr], "--listen", addr)
 
+    def test_bad_admin_address(self):
+        """--admin is parsed with the flags, by the parser the admin API binds
+        with (localhost allowed), not only when the admin API starts."""
+        for addr in ("nonsense", "admin.example:9901", "127.0.0.1:70000", "[::1]9901"):
+            with self.subTest(addr=addr):
+                self._rejected_early(["--upstream", "http://127.0.0.1:9", "--listen", "127.0.0.1:0", "--admin", addr],
+                                     "--admin", addr)
+
     def _rejected_early(self, args, flag, value):
         """A bad value is refused with exit 2 and one message that names the
         flag and the value, before anything is created: no access log file,

@@ -286,6 +286,8 @@ class BrokenFileTest(Broken, harness.TestCase):
             ("listen: 127.0.0.1:0\n", "listen: localhost:http\n", "listen: localhost", "listen"),
             ("store: {dir: \"off\"}\n", "store: {dir: \"off\"}\nlog_level: loud\n", "log_level: loud",
              "log_level"),
+            ("admin: {listen: \"off\"}\n", "admin: {listen: \"admin.example:9901\"}\n", "admin:",
+             "admin.listen"),
             ("      - upstream: b\n        weight: 1\n", "      - upstream: b\n        weight: -1\n",
              "weight: -1", "routes[0].split[1].weight"),
             ("      - upstream: b\n        weight: 1\n", "      - upstream: b\n        weight: half\n",

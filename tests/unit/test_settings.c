@@ -144,6 +144,10 @@ static void test_ranges_hold(void **state)
 	expect_bad(S_MAX_HEADERS, "0", "at least 1");
 	expect_bad(S_MAX_EVENT_SIZE, "0", "expected a size of at least 1, such as 1m");
 	expect_bad(S_MAX_MODELS, "0", "expected a whole number of at least 1");
+	/* admin.listen is parsed where it is read, as the admin API does when it starts */
+	expect_bad(S_ADMIN_LISTEN, "nonsense", "expected ADDR:PORT with an IP address or localhost");
+	expect_bad(S_ADMIN_LISTEN, "127.0.0.1:70000", "such as 127.0.0.1:9901");
+	expect_bad(S_ADMIN_LISTEN, "admin.example:9901", "or off");
 	expect_bad(S_MINUTE_RETENTION, "500ms", "expected a duration of at least 1s, such as 24h");
 	expect_bad(S_HOUR_RETENTION, "0", "expected a duration of at least 1s, such as 720h");
 	expect_bad(S_WORKLOAD_MAX_SIZE, "4095", "expected a size of at least 4k, such as 256m");
@@ -164,6 +168,9 @@ static void test_ranges_hold(void **state)
 	assert_int_equal(c.slo_itl_ms, 250);
 	assert_int_equal(setting_parse(&settings[S_SLO_ITL], "off", &c, why, sizeof(why)), 0);
 	assert_int_equal(c.slo_itl_ms, 0);
+	assert_int_equal(setting_parse(&settings[S_ADMIN_LISTEN], "localhost:9901", &c, why, sizeof(why)), 0);
+	assert_string_equal(c.admin_listen, "localhost:9901");
+	assert_int_equal(setting_parse(&settings[S_ADMIN_LISTEN], "[::1]:0", &c, why, sizeof(why)), 0);
 	assert_int_equal(setting_parse(&settings[S_DATA_DIR], "off", &c, why, sizeof(why)), 0);
 	assert_null(c.data_dir);
 	assert_int_equal(setting_parse(&settings[S_MINUTE_RETENTION], "1500ms", &c, why, sizeof(why)), 0);
@@ -312,6 +319,7 @@ static void test_file_reads_every_default(void **state)
 		switch (s->type) {
 		case ST_STRING:
 		case ST_STRING_OFF:
+		case ST_ADMIN_LISTEN:
 		case ST_LISTEN: assert_string_equal(*(const char *const *)a, *(const char *const *)b); break;
 		case ST_LOGLEVEL: assert_int_equal(*(const int *)a, *(const int *)b); break;
 		default:
