@@ -138,7 +138,7 @@ enum setting_type {
 	ST_BOOL,	 /* true/yes/on, false/no/off */
 	ST_STRING,	 /* kept as given */
 	ST_STRING_OFF,	 /* "off" means none (NULL) */
-	ST_FILE,	 /* a path; the loader checks the file, a flag keeps it as given */
+	ST_FILE,	 /* a path; checked as a readable file by the loader, and by cli.c for a flag */
 	ST_LISTEN,	 /* a numeric ADDR:PORT (config_parse_listen) */
 	ST_ADMIN_LISTEN, /* ADDR:PORT or localhost:PORT (config_parse_admin_listen), or "off" */
 	ST_URL,		 /* an upstream URL (config_parse_url) */
@@ -190,8 +190,8 @@ void setting_expected(const struct setting *s, char *out, size_t len);
 
 /* A flag's value from the command line: setting_parse plus what a flag does
  * besides (--listen replaces the file's `listeners:`, --admin marks the
- * address as chosen) and today's flag-only difference (a --tls-* file is not
- * opened here). 0 or -1 with `why`. */
+ * address as chosen). A --tls-* file is not opened here: cli.c checks the
+ * pair once every flag is read. 0 or -1 with `why`. */
 int settings_apply_flag(const struct setting *s, const char *value, struct config *c, char *why, size_t whylen);
 
 /* One --help line per flag row, in table order. */
