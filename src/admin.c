@@ -836,53 +836,6 @@ static void on_request(struct evhttp_request *req, void *arg)
 
 /* ---- set-up ---- */
 
-/* Parses "HOST:PORT" ("[v6]:PORT", "localhost:PORT") into a literal to bind
- * and a port. */
-static int listen_parse(const char *spec, char *host, size_t hostcap, int *port, int *family, char *err, size_t errlen)
-{
-	const char *colon, *h = spec, *hend;
-	unsigned char buf[16];
-	char *end;
-	long p;
-
-	if (spec[0] == '[') {
-		hend = strchr(spec, ']');
-		if (!hend || hend[1] != ':')
-			goto bad;
-		h = spec + 1;
-		colon = hend + 1;
-	} else {
-		colon = strrchr(spec, ':');
-		if (!colon || memchr(spec, ':', (size_t)(colon - spec)))
-			goto bad;
-		hend = colon;
-	}
-	if ((size_t)(hend - h) >= hostcap || hend == h)
-		goto bad;
-	memcpy(host, h, (size_t)(hend - h));
-	host[hend - h] = '\0';
-	errno = 0;
-	p = strtol(colon + 1, &end, 10);
-	if (errno || end == colon + 1 || *end || p < 0 || p > 65535)
-		goto bad;
-	*port = (int)p;
-	if (strcasecmp(host, "localhost") == 0)
-		snprintf(host, hostcap, "127.0.0.1");
-	if (inet_pton(AF_INET, host, buf) == 1)
-		*family = AF_INET;
-	else if (inet_pton(AF_INET6, host, buf) == 1)
-		*family = AF_INET6;
-	else
-		goto bad;
-	return 0;
-bad:
-	snprintf(err, errlen,
-		 "admin: cannot use '%s' as the admin address: expected ADDR:PORT with an IP address, such as "
-		 "127.0.0.1:9901 or [::1]:9901 (or 'off')",
-		 spec);
-	return -1;
-}
-
 static bool is_loopback(int family, const char *host)
 {
 	unsigned char b[16];
@@ -969,8 +922,13 @@ struct admin *admin_start(const struct admin_options *o, struct store *store, co
 		snprintf(err, errlen, "admin: no listen address");
 		return NULL;
 	}
-	if (listen_parse(o->listen, host, sizeof(host), &port, &family, err, errlen) == -1)
+	if (config_parse_admin_listen(o->listen, host, sizeof(host), &port, &family) == -1) {
+		snprintf(err, errlen,
+			 "admin: cannot use '%s' as the admin address: expected ADDR:PORT with an IP address, such as "
+			 "127.0.0.1:9901 or [::1]:9901 (or 'off')",
+			 o->listen);
 		return NULL;
+	}
 	if (!is_loopback(family, host) && !(o->token && *o->token)) {
 		snprintf(err, errlen,
 			 "admin: refusing to listen on %s without a token: the admin API would be reachable beyond "

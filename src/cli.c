@@ -219,8 +219,21 @@ static int build(int argc, char **argv, struct config *cfg, const char *file, st
 			fputs(errs, stderr);
 		return -1;
 	}
+	const char *cert = cfg->tls_cert, *key = cfg->tls_key;
 	if (apply_flags(argc, argv, cfg, o) == -1)
 		return -1;
+	if (cfg->tls_cert != cert || cfg->tls_key != key) { /* a flag named them: checked as the file's are */
+		char err[600];
+		int bad;
+		if (loader_check_tls_files(cfg->tls_cert, cfg->tls_key, &bad, err, sizeof(err)) == -1) {
+			if (bad == 2)
+				say(o, "--tls-cert and --tls-key: %s", err);
+			else
+				say(o, "invalid value '%s' for %s: %s", bad ? cfg->tls_key : cfg->tls_cert,
+				    bad ? "--tls-key" : "--tls-cert", err);
+			return -1;
+		}
+	}
 	if (cfg->check_data) {
 		if (!cfg->data_dir) {
 			say(o, "--check-data needs a --data-dir");

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -357,6 +358,47 @@ int config_parse_listen(const char *s, struct sockaddr_storage *ss, unsigned *le
 		return 0;
 	}
 	return -1;
+}
+
+int config_parse_admin_listen(const char *spec, char *host, size_t hostcap, int *port, int *family)
+{
+	const char *colon, *h = spec, *hend;
+	unsigned char buf[16];
+	char *end;
+	long p;
+
+	if (!spec)
+		return -1;
+	if (spec[0] == '[') {
+		hend = strchr(spec, ']');
+		if (!hend || hend[1] != ':')
+			return -1;
+		h = spec + 1;
+		colon = hend + 1;
+	} else {
+		colon = strrchr(spec, ':');
+		if (!colon || memchr(spec, ':', (size_t)(colon - spec)))
+			return -1;
+		hend = colon;
+	}
+	if ((size_t)(hend - h) >= hostcap || hend == h)
+		return -1;
+	memcpy(host, h, (size_t)(hend - h));
+	host[hend - h] = '\0';
+	errno = 0;
+	p = strtol(colon + 1, &end, 10);
+	if (errno || end == colon + 1 || *end || p < 0 || p > 65535)
+		return -1;
+	*port = (int)p;
+	if (strcasecmp(host, "localhost") == 0)
+		snprintf(host, hostcap, "127.0.0.1");
+	if (inet_pton(AF_INET, host, buf) == 1)
+		*family = AF_INET;
+	else if (inet_pton(AF_INET6, host, buf) == 1)
+		*family = AF_INET6;
+	else
+		return -1;
+	return 0;
 }
 
 int config_parse_url(const char *url, struct url_parts *out, char *err, size_t errlen)

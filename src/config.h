@@ -200,3 +200,10 @@ struct sockaddr_storage;
 /* A numeric listen address: "127.0.0.1:8080", "[::1]:8080"; port 0 asks
  * the kernel for a free one. Returns 0 or -1. */
 int config_parse_listen(const char *s, struct sockaddr_storage *ss, unsigned *len);
+
+/* The admin API's address: "HOST:PORT" with an IP address ("[v6]:PORT") or
+ * "localhost" (read as 127.0.0.1); port 0 asks for a free one. Fills `host`
+ * with the literal to bind, `port` and `family` (AF_INET or AF_INET6).
+ * Returns 0 or -1. The loader checks admin.listen with it, and admin_start
+ * binds what it gives. */
+int config_parse_admin_listen(const char *spec, char *host, size_t hostcap, int *port, int *family);

@@ -117,22 +117,33 @@ static void get_bool(struct load *l, yaml_node_t *n, const char *key, bool *out)
  * the server can read as it will be started: relative to the working
  * directory. Opened without blocking, so that a FIFO or a device named by
  * mistake is reported rather than waited on. */
+static int readable_file(const char *path, char *err, size_t errlen)
+{
+	struct stat st;
+	int fd, rc = 0;
+
+	if ((fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC)) == -1) {
+		snprintf(err, errlen, "cannot read %s: %s", path, strerror(errno));
+		return -1;
+	}
+	if (fstat(fd, &st) == -1 || !S_ISREG(st.st_mode)) {
+		snprintf(err, errlen, "%s is not a regular file", path);
+		rc = -1;
+	}
+	close(fd);
+	return rc;
+}
+
 static void get_readable_file(struct load *l, yaml_node_t *n, const char *key, const char **out)
 {
 	const char *s = scalar(l, n, key);
-	struct stat st;
-	int fd;
+	char err[600];
 
 	if (!s)
 		return;
 	*out = s;
-	if ((fd = open(s, O_RDONLY | O_NONBLOCK | O_CLOEXEC)) == -1) {
-		problem(l, n, "%s: cannot read %s: %s", key, s, strerror(errno));
-		return;
-	}
-	if (fstat(fd, &st) == -1 || !S_ISREG(st.st_mode))
-		problem(l, n, "%s: %s is not a regular file", key, s);
-	close(fd);
+	if (readable_file(s, err, sizeof(err)) == -1)
+		problem(l, n, "%s: %s", key, err);
 }
 
 /* With both files readable, the listener's context is built and freed
@@ -149,6 +160,28 @@ static void check_server_tls(struct load *l, yaml_node_t *n, const char *key, co
 	if (!(ctx = tls_server_ctx(cert, pkey, err, sizeof(err))))
 		problem(l, n, "%s: %s", key, err);
 	tls_ctx_free(ctx);
+}
+
+int loader_check_tls_files(const char *cert, const char *key, int *bad, char *err, size_t errlen)
+{
+	SSL_CTX *ctx;
+
+	if (cert && readable_file(cert, err, errlen) == -1) {
+		*bad = 0;
+		return -1;
+	}
+	if (key && readable_file(key, err, errlen) == -1) {
+		*bad = 1;
+		return -1;
+	}
+	if (!cert || !key)
+		return 0;
+	if (!(ctx = tls_server_ctx(cert, key, err, errlen))) {
+		*bad = 2;
+		return -1;
+	}
+	tls_ctx_free(ctx);
+	return 0;
 }
 
 typedef void (*field_fn)(struct load *l, yaml_node_t *value, const char *key, void *obj);
@@ -226,7 +259,6 @@ static void f_row(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	const struct setting *s = settings_by_yaml(key);
 	const char *text = scalar(l, v, key);
-	size_t event_size = CFG(o)->max_event_size;
 	char why[400];
 
 	if (s && s->id == S_LISTEN)
@@ -239,8 +271,6 @@ static void f_row(struct load *l, yaml_node_t *v, const char *key, void *o)
 	}
 	if (s->id == S_ADMIN_LISTEN)
 		CFG(o)->admin_listen_explicit = true; /* a busy port is then an error, not a warning */
-	else if (s->id == S_MAX_EVENT_SIZE && CFG(o)->max_event_size == 0)
-		CFG(o)->max_event_size = event_size; /* 0 keeps the value (plan 5.4) */
 }
 
 #define SECTION_KEYS_MAX 32

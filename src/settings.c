@@ -23,12 +23,14 @@ enum { CT_U64, CT_UNSIGNED, CT_INT, CT_BOOL, CT_STR, CT_OTHER };
 #define CT_OF_SIZE CT_U64
 #define CT_OF_DURATION CT_U64
 #define CT_OF_DURATION_S CT_U64
+#define CT_OF_DURATION_OFF CT_U64
 #define CT_OF_UINT CT_UNSIGNED
 #define CT_OF_BOOL CT_BOOL
 #define CT_OF_STRING CT_STR
 #define CT_OF_STRING_OFF CT_STR
 #define CT_OF_FILE CT_STR
 #define CT_OF_LISTEN CT_STR
+#define CT_OF_ADMIN_LISTEN CT_STR
 #define CT_OF_URL CT_STR
 #define CT_OF_LOGLEVEL CT_INT
 #define CT_OF_WORKERS CT_UNSIGNED
@@ -84,22 +86,34 @@ void settings_size_text(uint64_t v, char *out, size_t len)
 	snprintf(out, len, "%llu", (unsigned long long)v);
 }
 
+static void duration_text(uint64_t ms, char *out, size_t len);
+
 void setting_expected(const struct setting *s, char *out, size_t len)
 {
 	char lo[32], hi[32];
 
 	switch (s->type) {
 	case ST_SIZE:
-		if (s->min || s->max) {
-			settings_size_text(s->min, lo, sizeof(lo));
-			settings_size_text(s->max, hi, sizeof(hi));
+		settings_size_text(s->min, lo, sizeof(lo));
+		settings_size_text(s->max, hi, sizeof(hi));
+		if (s->max) {
 			snprintf(out, len, "a size from %s to %s, such as %s", lo, hi, s->def ? s->def : "32m");
+		} else if (s->min) {
+			snprintf(out, len, "a size of at least %s, such as %s", lo, s->def ? s->def : "32m");
 		} else {
 			snprintf(out, len, "a size such as %s", s->def ? s->def : "32m");
 		}
 		break;
 	case ST_DURATION:
-	case ST_DURATION_S: snprintf(out, len, "a %sduration such as 300ms or 5s", s->min ? "positive " : ""); break;
+	case ST_DURATION_S:
+		if (s->min > 1) {
+			duration_text(s->min, lo, sizeof(lo));
+			snprintf(out, len, "a duration of at least %s, such as %s", lo, s->def ? s->def : "5s");
+		} else {
+			snprintf(out, len, "a %sduration such as 300ms or 5s", s->min ? "positive " : "");
+		}
+		break;
+	case ST_DURATION_OFF: snprintf(out, len, "a positive duration such as 300ms or 5s, or off"); break;
 	case ST_UINT:
 		if (s->min)
 			snprintf(out, len, "a whole number of at least %llu", (unsigned long long)s->min);
@@ -109,6 +123,10 @@ void setting_expected(const struct setting *s, char *out, size_t len)
 	case ST_BOOL: snprintf(out, len, "true or false"); break;
 	case ST_LISTEN: snprintf(out, len, "a numeric ADDR:PORT such as 127.0.0.1:8080 or [::1]:8080"); break;
 	case ST_URL: snprintf(out, len, "a URL such as http://127.0.0.1:8000"); break;
+	case ST_ADMIN_LISTEN:
+		snprintf(out, len,
+			 "ADDR:PORT with an IP address or localhost, such as 127.0.0.1:9901 or [::1]:9901, or off");
+		break;
 	case ST_LOGLEVEL: snprintf(out, len, "error, warn, info or debug"); break;
 	case ST_WORKERS: snprintf(out, len, "auto or a number of threads from 1 to %d", WORKERS_MAX); break;
 	case ST_STRING:
@@ -155,7 +173,16 @@ int setting_parse(const struct setting *s, const char *text, struct config *c, c
 			goto bad;
 		*(uint64_t *)field = u64;
 		return 0;
-	case ST_DURATION_S: /* the range is on the milliseconds: under 1s stores 0 (plan 5.4) */
+	case ST_DURATION_OFF:
+		if (strcmp(text, "off") == 0) {
+			*(uint64_t *)field = 0;
+			return 0;
+		}
+		if (config_parse_duration_ms(text, &u64) == -1 || !in_range(s, u64))
+			goto bad;
+		*(uint64_t *)field = u64;
+		return 0;
+	case ST_DURATION_S: /* the range is on the milliseconds, before they are divided */
 		if (config_parse_duration_ms(text, &u64) == -1 || !in_range(s, u64))
 			goto bad;
 		*(uint64_t *)field = u64 / 1000;
@@ -182,6 +209,18 @@ int setting_parse(const struct setting *s, const char *text, struct config *c, c
 			goto bad;
 		*(const char **)field = text;
 		return 0;
+	case ST_ADMIN_LISTEN: {
+		char host[64];
+		int port, family;
+		if (strcmp(text, "off") == 0) {
+			*(const char **)field = NULL;
+			return 0;
+		}
+		if (config_parse_admin_listen(text, host, sizeof(host), &port, &family) == -1)
+			goto bad;
+		*(const char **)field = text;
+		return 0;
+	}
 	case ST_URL: {
 		struct url_parts parts;
 		if (config_parse_url(text, &parts, why, whylen) == -1)
@@ -210,10 +249,6 @@ bad : {
 
 int settings_apply_flag(const struct setting *s, const char *value, struct config *c, char *why, size_t whylen)
 {
-	if (s->id == S_ACCESS_LOG) { /* a flag has always taken "off" as a file name (plan 5.4) */
-		c->access_log = value;
-		return 0;
-	}
 	if (setting_parse(s, value, c, why, whylen) == -1)
 		return -1;
 	if (s->id == S_LISTEN)
@@ -252,7 +287,8 @@ static bool same_value(const struct setting *s, const struct config *a, const st
 	switch (s->type) {
 	case ST_SIZE:
 	case ST_DURATION:
-	case ST_DURATION_S: return *(const uint64_t *)fa == *(const uint64_t *)fb;
+	case ST_DURATION_S:
+	case ST_DURATION_OFF: return *(const uint64_t *)fa == *(const uint64_t *)fb;
 	case ST_UINT:
 	case ST_WORKERS: return *(const unsigned *)fa == *(const unsigned *)fb;
 	case ST_LOGLEVEL: return *(const int *)fa == *(const int *)fb;
@@ -262,6 +298,7 @@ static bool same_value(const struct setting *s, const struct config *a, const st
 	case ST_STRING_OFF:
 	case ST_FILE:
 	case ST_LISTEN:
+	case ST_ADMIN_LISTEN:
 	case ST_URL: {
 		const char *sa = *(const char *const *)fa, *sb = *(const char *const *)fb;
 		return sa == sb || (sa && sb && strcmp(sa, sb) == 0);
@@ -295,4 +332,149 @@ unsigned settings_warn_fixed(const struct config *boot, const struct config *nex
 		}
 	}
 	return warned;
+}
+
+/* Writes `text` for a Markdown table cell: a '|' would end the cell. */
+static void doc_cell_text(FILE *out, const char *text)
+{
+	for (const char *p = text; *p; p++) {
+		if (*p == '|')
+			fputc('\\', out);
+		fputc(*p, out);
+	}
+}
+
+/* A duration in ms as the docs write it: 1s, 24h, 300ms. */
+static void duration_text(uint64_t ms, char *out, size_t len)
+{
+	if (ms && ms % 3600000 == 0)
+		snprintf(out, len, "%lluh", (unsigned long long)(ms / 3600000));
+	else if (ms && ms % 60000 == 0)
+		snprintf(out, len, "%llum", (unsigned long long)(ms / 60000));
+	else if (ms && ms % 1000 == 0)
+		snprintf(out, len, "%llus", (unsigned long long)(ms / 1000));
+	else
+		snprintf(out, len, "%llums", (unsigned long long)ms);
+}
+
+static const char *doc_type(enum setting_type t)
+{
+	switch (t) {
+	case ST_SIZE: return "size";
+	case ST_DURATION: return "duration";
+	case ST_DURATION_S: return "duration (kept in seconds)";
+	case ST_DURATION_OFF: return "duration or `off`";
+	case ST_UINT: return "count";
+	case ST_BOOL: return "bool";
+	case ST_STRING: return "string";
+	case ST_STRING_OFF: return "string or `off`";
+	case ST_FILE: return "file";
+	case ST_LISTEN: return "address";
+	case ST_ADMIN_LISTEN: return "address or `off`";
+	case ST_URL: return "URL";
+	case ST_LOGLEVEL: return "level";
+	case ST_WORKERS: return "count or `auto`";
+	case ST_FLAG: return "flag";
+	}
+	return "?";
+}
+
+/* The range cell: what min and max (or the type itself) allow. */
+static void doc_range(FILE *out, const struct setting *s)
+{
+	char lo[32], hi[32];
+
+	switch (s->type) {
+	case ST_SIZE:
+		settings_size_text(s->min, lo, sizeof(lo));
+		settings_size_text(s->max, hi, sizeof(hi));
+		break;
+	case ST_DURATION:
+	case ST_DURATION_S:
+	case ST_DURATION_OFF:
+		duration_text(s->min, lo, sizeof(lo));
+		duration_text(s->max, hi, sizeof(hi));
+		if (s->min == 1 && !s->max) { /* the usual "> 0" */
+			fputs("over 0", out);
+			return;
+		}
+		break;
+	case ST_UINT:
+		snprintf(lo, sizeof(lo), "%llu", (unsigned long long)s->min);
+		snprintf(hi, sizeof(hi), "%llu", (unsigned long long)s->max);
+		break;
+	case ST_WORKERS: fprintf(out, "`auto` or 1 to %d", WORKERS_MAX); return;
+	case ST_LOGLEVEL: fputs("`error`, `warn`, `info`, `debug`", out); return;
+	case ST_LISTEN: fputs("numeric `ADDR:PORT`", out); return;
+	case ST_ADMIN_LISTEN: fputs("`ADDR:PORT` or `localhost:PORT`", out); return;
+	case ST_URL: fputs("`http://` or `https://` `HOST[:PORT]`", out); return;
+	case ST_FILE: fputs("a readable file", out); return;
+	case ST_BOOL:
+	case ST_FLAG:
+	case ST_STRING:
+	case ST_STRING_OFF: fputs("—", out); return;
+	}
+	if (s->min && s->max)
+		fprintf(out, "`%s` to `%s`", lo, hi);
+	else if (s->min)
+		fprintf(out, "at least `%s`", lo);
+	else if (s->max)
+		fprintf(out, "up to `%s`", hi);
+	else
+		fputs("any", out);
+}
+
+static const char *doc_reload(enum setting_reload r)
+{
+	switch (r) {
+	case SR_LIVE: return "live";
+	case SR_RESTART: return "restart";
+	case SR_RESTART_LISTENER: return "restart (listener set)";
+	case SR_NONE: return "— (command line)";
+	}
+	return "?";
+}
+
+void settings_doc_table(FILE *out)
+{
+	fputs(SETTINGS_DOC_BEGIN, out);
+	fputs("| key | flag | type | default | range | reload | meaning |\n", out);
+	fputs("|---|---|---|---|---|---|---|\n", out);
+	for (size_t i = 0; i < S__COUNT; i++) {
+		const struct setting *s = &settings[i];
+
+		if (!s->yaml && !s->flag)
+			continue; /* a fixed value, not a setting */
+		if (s->yaml)
+			fprintf(out, "| `%s` | ", s->yaml);
+		else
+			fputs("| — | ", out);
+		if (s->flag) {
+			if (s->short_flag)
+				fprintf(out, "`-%c`, ", s->short_flag);
+			fprintf(out, "`--%s", s->flag);
+			if (s->metavar) {
+				fputc(' ', out);
+				doc_cell_text(out, s->metavar);
+			}
+			fputs("` | ", out);
+		} else {
+			fputs("— | ", out);
+		}
+		fprintf(out, "%s | ", doc_type(s->type));
+		if (s->def)
+			fprintf(out, "`%s`", s->def);
+		else if (s->type == ST_BOOL || s->type == ST_FLAG)
+			fputs("`false`", out);
+		else if (s->type == ST_STRING || s->type == ST_URL)
+			fputs("none", out);
+		else
+			fputs("off", out);
+		fputs(" | ", out);
+		doc_range(out, s);
+		fprintf(out, " | %s | ", doc_reload(s->reload));
+		doc_cell_text(out, s->help);
+		fputs(" |\n", out);
+	}
+	fputs(SETTINGS_DOC_END, out);
 }

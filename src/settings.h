@@ -5,9 +5,10 @@
  * command-line flag), what it holds (a type with one parser and one
  * "expected ..." text), its default as the user would write it, its range,
  * whether a reload applies it, and its line of --help. The defaults
- * (config_defaults), the getopt table, flag application and --help are made
- * from it; tests/unit/test_settings.c checks that every default parses and
- * lies in its range.
+ * (config_defaults), the getopt table, flag application, --help and
+ * docs/config.md's settings reference are made from it;
+ * tests/unit/test_settings.c checks that every default parses and lies in
+ * its range, and that the docs say what the table says.
  *
  * Columns: (ID, YAML path, long flag, short flag, TYPE, field, default, min,
  * max, RELOAD, metavar, help). A NULL YAML path: command line only; a NULL
@@ -15,7 +16,7 @@
  * beside its user). The default is text parsed by TYPE's parser; NULL is zero
  * / off. min and max are in TYPE's unit (bytes, ms, a count), 0 = unbounded;
  * DURATION_S (a duration stored in seconds) checks them on the milliseconds
- * before they are divided. Today's quirks are kept as they are
+ * before they are divided (so its rows say 1000: at least 1s). Today's quirks are kept as they are
  * (docs/dev/pipeline-plan.md 5.4): a row states the range the code enforces.
  *
  * Lists (`listeners:`, `upstreams:`, `routes:`) are not rows.
@@ -40,7 +41,7 @@
 	  "the listener's certificate (PEM); with --tls-key it speaks TLS") \
 	X(TLS_KEY, "tls.key", "tls-key", 0, FILE, tls_key, NULL, 0, 0, RESTART_LISTENER, "FILE", \
 	  "the listener's private key (PEM)") \
-	X(ACCESS_LOG, "access_log", "access-log", 0, STRING_OFF, access_log, NULL, 0, 0, RESTART, "PATH|-", \
+	X(ACCESS_LOG, "access_log", "access-log", 0, STRING_OFF, access_log, NULL, 0, 0, RESTART, "PATH|-|off", \
 	  "one JSON line per request; '-' for stdout") \
 	X(WORKLOAD, "workload.path", "workload", 0, STRING_OFF, workload_path, NULL, 0, 0, RESTART, "PATH", \
 	  "capture each finished request as a trace line (docs/workload.md)") \
@@ -60,7 +61,7 @@
 	  "header lines in one request") \
 	X(MAX_CONNECTIONS, "limits.max_connections", NULL, 0, UINT, max_connections, "10000", 1, 0, LIVE, NULL, \
 	  "client connections at once; past it, 503") \
-	X(MAX_EVENT_SIZE, "limits.max_event_size", NULL, 0, SIZE, max_event_size, "1m", 0, 0, LIVE, NULL, \
+	X(MAX_EVENT_SIZE, "limits.max_event_size", NULL, 0, SIZE, max_event_size, "1m", 1, 0, LIVE, NULL, \
 	  "largest SSE event or NDJSON line measured") \
 	X(HEADER_TIMEOUT, "timeouts.header", "header-timeout", 0, DURATION, header_timeout_ms, "30s", 1, 0, LIVE, "DUR", \
 	  "whole request head must arrive within") \
@@ -82,13 +83,13 @@
 	  "where percentile state persists") \
 	X(FLUSH_INTERVAL, "store.flush_interval", "flush-interval", 0, DURATION, flush_ms, "1s", 1, 0, RESTART, "DUR", \
 	  "how often stats reach the store") \
-	X(MINUTE_RETENTION, "store.minute_retention", NULL, 0, DURATION_S, minute_retention_s, "24h", 1, 0, RESTART, \
+	X(MINUTE_RETENTION, "store.minute_retention", NULL, 0, DURATION_S, minute_retention_s, "24h", 1000, 0, RESTART, \
 	  NULL, "how long per-minute slices are kept") \
-	X(HOUR_RETENTION, "store.hour_retention", NULL, 0, DURATION_S, hour_retention_s, "720h", 1, 0, RESTART, NULL, \
+	X(HOUR_RETENTION, "store.hour_retention", NULL, 0, DURATION_S, hour_retention_s, "720h", 1000, 0, RESTART, NULL, \
 	  "how long per-hour slices are kept") \
 	X(STORE_MAX_SIZE, "store.max_size", NULL, 0, SIZE, store_max_size, "64g", STORE_MAX_SIZE_MIN, \
 	  STORE_MAX_SIZE_MAX, RESTART, NULL, "the LMDB map grows up to this") \
-	X(MAX_MODELS, "store.max_models", NULL, 0, UINT, max_models, "32", 0, 0, RESTART, NULL, \
+	X(MAX_MODELS, "store.max_models", NULL, 0, UINT, max_models, "32", 1, 0, RESTART, NULL, \
 	  "distinct models per route and upstream") \
 	X(MODEL_IDLE, "store.model_idle", NULL, 0, DURATION, model_idle_ms, "24h", 1, 0, RESTART, NULL, \
 	  "a model unused this long may lose its slot") \
@@ -98,13 +99,13 @@
 	  "goodput: time to first token at most") \
 	X(SLO_TPOT, "slo.tpot", "slo-tpot", 0, DURATION, slo_tpot_ms, "100ms", 1, 0, RESTART, "DUR", \
 	  "goodput: time per output token at most") \
-	X(SLO_ITL, "slo.itl", "slo-itl", 0, DURATION, slo_itl_ms, NULL, 1, 0, RESTART, "DUR", \
+	X(SLO_ITL, "slo.itl", "slo-itl", 0, DURATION_OFF, slo_itl_ms, NULL, 1, 0, RESTART, "DUR|off", \
 	  "goodput: longest gap between tokens at most (not checked unless given)") \
 	X(LOG_LEVEL, "log_level", "log-level", 0, LOGLEVEL, log_level, "info", 0, 0, LIVE, "LEVEL", \
 	  "error, warn, info or debug") \
 	X(CHECK_DATA, NULL, "check-data", 0, FLAG, check_data, NULL, 0, 0, NONE, NULL, \
 	  "read every record in --data-dir, report, and exit") \
-	X(ADMIN_LISTEN, "admin.listen", "admin", 0, STRING_OFF, admin_listen, "127.0.0.1:9901", 0, 0, RESTART, \
+	X(ADMIN_LISTEN, "admin.listen", "admin", 0, ADMIN_LISTEN, admin_listen, "127.0.0.1:9901", 0, 0, RESTART, \
 	  "ADDR:PORT|off", "admin API: stats, /metrics, reset") \
 	X(ADMIN_TOKEN_FILE, "admin.token_file", "admin-token-file", 0, STRING, admin_token_file, NULL, 0, 0, RESTART, \
 	  "PATH", "bearer token for admin writes (or env TOKENTAP_ADMIN_TOKEN)") \
@@ -129,19 +130,21 @@ enum setting_id {
 
 /* What a value is and how it is written. Each has one parser. */
 enum setting_type {
-	ST_SIZE,       /* "32m", "4096": bytes, uint64_t (size_t fields are the same type) */
-	ST_DURATION,   /* "300ms", "5s", bare seconds: uint64_t milliseconds */
-	ST_DURATION_S, /* a duration stored in whole seconds (uint64_t) */
-	ST_UINT,       /* a whole number up to 1e9: unsigned */
-	ST_BOOL,       /* true/yes/on, false/no/off */
-	ST_STRING,     /* kept as given */
-	ST_STRING_OFF, /* "off" means none (NULL) */
-	ST_FILE,       /* a path; the loader checks the file, a flag keeps it as given */
-	ST_LISTEN,     /* a numeric ADDR:PORT (config_parse_listen) */
-	ST_URL,	       /* an upstream URL (config_parse_url) */
-	ST_LOGLEVEL,   /* error, warn, info, debug: int */
-	ST_WORKERS,    /* auto or 1..WORKERS_MAX: unsigned */
-	ST_FLAG,       /* no value: present means true */
+	ST_SIZE,	 /* "32m", "4096": bytes, uint64_t (size_t fields are the same type) */
+	ST_DURATION,	 /* "300ms", "5s", bare seconds: uint64_t milliseconds */
+	ST_DURATION_S,	 /* a duration stored in whole seconds (uint64_t) */
+	ST_DURATION_OFF, /* a duration, or "off" for 0 (not checked) */
+	ST_UINT,	 /* a whole number up to 1e9: unsigned */
+	ST_BOOL,	 /* true/yes/on, false/no/off */
+	ST_STRING,	 /* kept as given */
+	ST_STRING_OFF,	 /* "off" means none (NULL) */
+	ST_FILE,	 /* a path; checked as a readable file by the loader, and by cli.c for a flag */
+	ST_LISTEN,	 /* a numeric ADDR:PORT (config_parse_listen) */
+	ST_ADMIN_LISTEN, /* ADDR:PORT or localhost:PORT (config_parse_admin_listen), or "off" */
+	ST_URL,		 /* an upstream URL (config_parse_url) */
+	ST_LOGLEVEL,	 /* error, warn, info, debug: int */
+	ST_WORKERS,	 /* auto or 1..WORKERS_MAX: unsigned */
+	ST_FLAG,	 /* no value: present means true */
 };
 
 /* When a changed value takes effect on SIGHUP. */
@@ -187,12 +190,19 @@ void setting_expected(const struct setting *s, char *out, size_t len);
 
 /* A flag's value from the command line: setting_parse plus what a flag does
  * besides (--listen replaces the file's `listeners:`, --admin marks the
- * address as chosen) and today's flag-only differences (a --tls-* file is not
- * opened here; --access-log takes "off" as a path). 0 or -1 with `why`. */
+ * address as chosen). A --tls-* file is not opened here: cli.c checks the
+ * pair once every flag is read. 0 or -1 with `why`. */
 int settings_apply_flag(const struct setting *s, const char *value, struct config *c, char *why, size_t whylen);
 
 /* One --help line per flag row, in table order. */
 void settings_usage(FILE *out);
+
+/* docs/config.md's settings reference: a Markdown table with one line per
+ * row that has a YAML key or a flag (key, flag, type, default, range,
+ * reload, help), between SETTINGS_DOC_BEGIN and SETTINGS_DOC_END. */
+#define SETTINGS_DOC_BEGIN "<!-- settings reference: made from SETTINGS(X) in src/settings.h; do not edit by hand -->\n"
+#define SETTINGS_DOC_END "<!-- end of settings reference -->\n"
+void settings_doc_table(FILE *out);
 
 /* A size as the table writes it: 1g, 64k, 256. */
 void settings_size_text(uint64_t v, char *out, size_t len);

@@ -32,11 +32,22 @@ from harness_proc import *  # noqa: F401,F403
 from harness_proc import _add_cleanup, _stop_and_check  # noqa: F401 (tests use them; * skips _names)
 from harness_proc import fd_diff, fd_targets, wait_fds  # TestCase below
 from harness_events import *  # noqa: F401,F403
+from harness_events import read_access_log, wait_log_entry  # TestCase below
 from harness_upstream import *  # noqa: F401,F403
 
 
 class TestCase(unittest.TestCase):
     """Adds a few assertion helpers shared by the suites."""
+
+    def log_entry(self, path, rid, timeout=5.0):
+        """The access log line of request `rid` once tokentap has written it
+        (polled for up to `timeout` s); fails naming the id and the log's
+        last lines when none comes."""
+        e = wait_log_entry(path, lambda e: e.get("id") == rid, timeout)
+        if e is None:
+            self.fail("no access log line with id %r within %.1f s; last lines: %r"
+                      % (rid, timeout, read_access_log(path)[-3:]))
+        return e
 
     def assertJsonError(self, resp, status):
         """`status` with a JSON body {"error": {"message": "...", ...}}."""

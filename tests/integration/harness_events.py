@@ -56,6 +56,21 @@ def _ts_at(pieces):
 _LINE = re.compile(rb"([^\r\n]*)(\r\n|\r|\n)")
 
 
+def read_ends(resp):
+    """{arrival ns: body offset just past the last byte of that read}. The
+    pieces of one read share its stamp, which is the kernel's receive time of
+    the newest segment it returned: only an event ending where its read ends
+    is stamped with its own arrival; one followed in the same read by more
+    bytes (segments that queued while this process was not running, merged
+    by the kernel) arrived at or before its stamp."""
+    ends = {}
+    total = 0
+    for ts, p in resp.pieces:
+        total += len(p)
+        ends[ts] = total
+    return ends
+
+
 def sse_events(resp):
     """SSE events in order, per the WHATWG framing (a blank line dispatches;
     an event with no data lines is not dispatched)."""

@@ -2,6 +2,7 @@
 flags and values with exit status 2 and a message naming the flag."""
 
 import os
+import subprocess
 import tempfile
 import unittest
 
@@ -61,6 +62,38 @@ class CliTest(harness.TestCase):
         for addr in ("localhost:8080", "127.0.0.1", "127.0.0.1:70000", "127.0.0.1:", "[::1]8080", "nonsense"):
             with self.subTest(addr=addr):
                 self._rejected_early(["--upstream", "http://127.0.0.1:9", "--listen", addr], "--listen", addr)
+
+    def test_bad_admin_address(self):
+        """--admin is parsed with the flags, by the parser the admin API binds
+        with (localhost allowed), not only when the admin API starts."""
+        for addr in ("nonsense", "admin.example:9901", "127.0.0.1:70000", "[::1]9901"):
+            with self.subTest(addr=addr):
+                self._rejected_early(["--upstream", "http://127.0.0.1:9", "--listen", "127.0.0.1:0", "--admin", addr],
+                                     "--admin", addr)
+
+    def test_bad_tls_files(self):
+        """--tls-cert and --tls-key are checked as the file's tls.cert and
+        tls.key are (a readable regular file), with the flags, exit 2."""
+        with tempfile.TemporaryDirectory(prefix="tokentap-it-") as d:
+            missing = os.path.join(d, "missing.pem")
+            for flag, value in (("--tls-cert", missing), ("--tls-key", missing), ("--tls-cert", d)):
+                with self.subTest(flag=flag, value=value):
+                    self._rejected_early(["--upstream", "http://127.0.0.1:9", "--listen", "127.0.0.1:0",
+                                          flag, value], flag, value)
+
+    def test_tls_key_of_another_certificate(self):
+        """A key that does not match the certificate is refused with the
+        flags (exit 2), as tokentap -t refuses it in the file."""
+        with tempfile.TemporaryDirectory(prefix="tokentap-it-") as d:
+            for name in ("a", "b"):
+                subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", name + ".key",
+                                "-out", name + ".pem", "-days", "2", "-subj", "/CN=localhost"],
+                               cwd=d, check=True, capture_output=True, timeout=60)
+            r = harness.run_cli(["--upstream", "http://127.0.0.1:9", "--listen", "127.0.0.1:0", "--data-dir", "off",
+                                 "--tls-cert", os.path.join(d, "a.pem"), "--tls-key", os.path.join(d, "b.key")],
+                                timeout=5)
+        self.assertEqual(r.returncode, 2, "stdout=%r stderr=%r" % (r.stdout, r.stderr))
+        self.assertTrue(r.stderr.startswith("tokentap: --tls-cert and --tls-key: "), r.stderr)
 
     def _rejected_early(self, args, flag, value):
         """A bad value is refused with exit 2 and one message that names the

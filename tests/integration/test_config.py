@@ -265,11 +265,29 @@ class BrokenFileTest(Broken, harness.TestCase):
                                                  "store:\n  dir: \"off\"\n  max_size: %s\n" % good))
                 self.assertEqual(res.returncode, 0, res.stderr)
 
+    def test_values_under_a_minimum(self):
+        """Values under their row's minimum in the settings table are errors
+        naming the range, not silently kept or rounded."""
+        cases = [
+            ("  max_body_size: 1m\n", "  max_body_size: 1m\n  max_event_size: 0\n", "max_event_size",
+             "limits.max_event_size", "at least 1"),
+            ("store: {dir: \"off\"}\n", "store: {dir: \"off\", minute_retention: 500ms}\n", "minute_retention",
+             "store.minute_retention", "at least 1s"),
+            ("store: {dir: \"off\"}\n", "store: {dir: \"off\", max_models: 0}\n", "max_models",
+             "store.max_models", "at least 1"),
+        ]
+        for old, new, marker, path, says in cases:
+            with self.subTest(path=path):
+                t = edit(old, new)
+                self.broken(t, [(rh.line_of(t, marker), [path, says])])
+
     def test_values_that_do_not_parse(self):
         cases = [
             ("listen: 127.0.0.1:0\n", "listen: localhost:http\n", "listen: localhost", "listen"),
             ("store: {dir: \"off\"}\n", "store: {dir: \"off\"}\nlog_level: loud\n", "log_level: loud",
              "log_level"),
+            ("admin: {listen: \"off\"}\n", "admin: {listen: \"admin.example:9901\"}\n", "admin:",
+             "admin.listen"),
             ("      - upstream: b\n        weight: 1\n", "      - upstream: b\n        weight: -1\n",
              "weight: -1", "routes[0].split[1].weight"),
             ("      - upstream: b\n        weight: 1\n", "      - upstream: b\n        weight: half\n",

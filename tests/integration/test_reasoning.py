@@ -228,8 +228,7 @@ class ReasoningTest(harness.TestCase):
         resp, _ = harness.exchange(self.tt.port, "POST", path, body, [("x-request-id", rid), ("x-api", api)])
         self.assertEqual(resp.status, 200)
         self.assertEqual(resp.body, b"".join(d for _, d in script()), "bytes forwarded unchanged")
-        e = harness.wait_log_entry(self.log, lambda e: e.get("id") == rid)
-        self.assertIsNotNone(e, "no access log line for %s" % rid)
+        e = self.log_entry(self.log, rid)
         return e, model, usage, SENT.get(rid)
 
     def check_line(self, api, e, usage, sent):
@@ -351,8 +350,7 @@ class ReasoningTest(harness.TestCase):
                 resp, _ = harness.exchange(self.tt.port, "POST", path, harness.api_body(api, stream=False),
                                            [("x-request-id", rid), ("x-api", api), ("x-body", "1")])
                 self.assertEqual(resp.status, 200)
-                e = harness.wait_log_entry(self.log, lambda e: e.get("id") == rid)
-                self.assertIsNotNone(e, rid)
+                e = self.log_entry(self.log, rid)
                 self.assertIs(e["stream"], False)
                 got = (e["input_tokens"], e["output_tokens"], e["cached_tokens"], e["cache_write_tokens"],
                        e["reasoning_tokens"])

@@ -111,9 +111,7 @@ class ResponsesTest(harness.TestCase):
         cls.tt = harness.start_tokentap(cls, cls.sim.url, "--access-log", cls.log)
 
     def entry(self, rid):
-        e = harness.wait_log_entry(self.log, lambda e: e.get("id") == rid)
-        self.assertIsNotNone(e, "no access log line with id %r" % rid)
-        return e
+        return self.log_entry(self.log, rid)
 
     def test_not_streamed(self):
         rid = "it-resp-block"
@@ -168,8 +166,7 @@ class EndingsTest(harness.TestCase):
                                            [("x-request-id", rid), ("x-ending", ending)])
                 self.assertEqual(resp.status, 200)
                 self.assertEqual(resp.body, b"".join(fake_stream(ending)), "bytes forwarded unchanged")
-                e = harness.wait_log_entry(self.log, lambda e: e.get("id") == rid)
-                self.assertIsNotNone(e, rid)
+                e = self.log_entry(self.log, rid)
                 self.assertEqual(e["api"], API)
                 self.assertEqual(e["error"], kind)
                 self.assertEqual(e["status"], 200)
@@ -286,8 +283,7 @@ class OpenAISdkTest(harness.TestCase):
                               "response.output_item.done", "response.completed"])
             self.assertEqual(list(range(len(types))), [ev["sequence_number"] for ev in via["events"]])
             usage = via["events"][-1]["response"]["usage"]
-            e = harness.wait_log_entry(self.log, lambda e: e.get("id") == rid)
-            self.assertIsNotNone(e, rid)
+            e = self.log_entry(self.log, rid)
             self.assertEqual(e["api"], API)
             self.assertIsNone(e["error"])
             self.assertEqual(e["token_events"], tokens)

@@ -85,8 +85,7 @@ class Base(harness.TestCase):
             self.assertIn(i, results, "request %d did not finish" % i)
             rid, resp = results[i]
             self.assertEqual(resp.status, 200)
-            e = harness.wait_log_entry(self.log, lambda e, rid=rid: e.get("id") == rid)
-            self.assertIsNotNone(e, "no access log line for %s" % rid)
+            e = self.log_entry(self.log, rid)
             out.append((e, harness.events_of(resp)))
         return out
 
@@ -133,8 +132,7 @@ class VllmTimingTest(Base):
                                    [("x-request-id", rid)])
         self.assertEqual(resp.status, 200)
         m = resp.json()["metrics"]
-        e = harness.wait_log_entry(self.log, lambda e: e.get("id") == rid)
-        self.assertIsNotNone(e)
+        e = self.log_entry(self.log, rid)
         self.assertEqual(e["server_timing"], "vllm")
         self.assertTrue(near(e["server_queue_ms"], m["queue_time_ms"]), (e, m))
         self.assertTrue(near(e["server_prefill_ms"], m["time_to_first_token_ms"]), (e, m))
@@ -212,8 +210,7 @@ class TgiHeadersTest(harness.TestCase):
                                    {"inputs": "Why is the sky", "parameters": {"max_new_tokens": 2}},
                                    [("x-request-id", rid)])
         self.assertEqual(resp.status, 200)
-        e = harness.wait_log_entry(self.log, lambda e: e.get("id") == rid)
-        self.assertIsNotNone(e)
+        e = self.log_entry(self.log, rid)
         self.assertEqual(e["api"], "tgi")
         self.assertEqual(e["server_timing"], "tgi")
         self.assertEqual(e["server_validation_ms"], 3.0)

@@ -27,7 +27,8 @@ static uint64_t numeric(const struct setting *s, const struct config *c)
 	switch (s->type) {
 	case ST_SIZE:
 	case ST_DURATION:
-	case ST_DURATION_S: return *(const uint64_t *)f;
+	case ST_DURATION_S:
+	case ST_DURATION_OFF: return *(const uint64_t *)f;
 	case ST_UINT:
 	case ST_WORKERS: return *(const unsigned *)f;
 	default: return 0;
@@ -132,7 +133,7 @@ static void test_ranges_hold(void **state)
 	expect_bad(S_MAX_HEADER_SIZE, "1025m", "from 256 to 1g");
 	expect_bad(S_MAX_BODY_SIZE, "12q", "expected a size such as 32m");
 	expect_bad(S_HEADER_TIMEOUT, "0s", "expected a positive duration such as 300ms or 5s");
-	expect_bad(S_SLO_ITL, "0", "positive duration");
+	expect_bad(S_SLO_ITL, "0", "expected a positive duration such as 300ms or 5s, or off");
 	expect_bad(S_BODY_TIMEOUT, "-3s", "positive duration");
 	expect_bad(S_WORKERS, "65", "auto or a number of threads from 1 to 64");
 	expect_bad(S_WORKERS, "0", "from 1 to 64");
@@ -141,6 +142,15 @@ static void test_ranges_hold(void **state)
 	expect_bad(S_STORE_MAX_SIZE, "32k", "from 64k to 64g");
 	expect_bad(S_STORE_MAX_SIZE, "65g", "from 64k to 64g");
 	expect_bad(S_MAX_HEADERS, "0", "at least 1");
+	expect_bad(S_MAX_EVENT_SIZE, "0", "expected a size of at least 1, such as 1m");
+	expect_bad(S_MAX_MODELS, "0", "expected a whole number of at least 1");
+	/* admin.listen is parsed where it is read, as the admin API does when it starts */
+	expect_bad(S_ADMIN_LISTEN, "nonsense", "expected ADDR:PORT with an IP address or localhost");
+	expect_bad(S_ADMIN_LISTEN, "127.0.0.1:70000", "such as 127.0.0.1:9901");
+	expect_bad(S_ADMIN_LISTEN, "admin.example:9901", "or off");
+	expect_bad(S_MINUTE_RETENTION, "500ms", "expected a duration of at least 1s, such as 24h");
+	expect_bad(S_HOUR_RETENTION, "0", "expected a duration of at least 1s, such as 720h");
+	expect_bad(S_WORKLOAD_MAX_SIZE, "4095", "expected a size of at least 4k, such as 256m");
 	expect_bad(S_MAX_CONNECTIONS, "1000000001", "whole number");
 	expect_bad(S_OVERRIDE_ANY_UPSTREAM, "maybe", "true or false");
 	expect_bad(S_UPSTREAM, "ftp://127.0.0.1:21", "expected a URL like http://127.0.0.1:8000");
@@ -153,14 +163,18 @@ static void test_ranges_hold(void **state)
 	assert_int_equal(setting_parse(&settings[S_MAX_HEADER_SIZE], "256", &c, why, sizeof(why)), 0);
 	assert_int_equal(setting_parse(&settings[S_WORKERS], "auto", &c, why, sizeof(why)), 0);
 	assert_int_equal(c.workers, 0);
+	/* slo.itl can be set back to "not checked", its default */
+	assert_int_equal(setting_parse(&settings[S_SLO_ITL], "250ms", &c, why, sizeof(why)), 0);
+	assert_int_equal(c.slo_itl_ms, 250);
+	assert_int_equal(setting_parse(&settings[S_SLO_ITL], "off", &c, why, sizeof(why)), 0);
+	assert_int_equal(c.slo_itl_ms, 0);
+	assert_int_equal(setting_parse(&settings[S_ADMIN_LISTEN], "localhost:9901", &c, why, sizeof(why)), 0);
+	assert_string_equal(c.admin_listen, "localhost:9901");
+	assert_int_equal(setting_parse(&settings[S_ADMIN_LISTEN], "[::1]:0", &c, why, sizeof(why)), 0);
 	assert_int_equal(setting_parse(&settings[S_DATA_DIR], "off", &c, why, sizeof(why)), 0);
 	assert_null(c.data_dir);
-	/* today's quirks, kept until each is fixed on its own (plan 5.4) */
-	assert_int_equal(setting_parse(&settings[S_MINUTE_RETENTION], "500ms", &c, why, sizeof(why)), 0);
-	assert_int_equal(c.minute_retention_s, 0);
-	assert_int_equal(setting_parse(&settings[S_MAX_MODELS], "0", &c, why, sizeof(why)), 0);
-	assert_int_equal(settings_apply_flag(&settings[S_ACCESS_LOG], "off", &c, why, sizeof(why)), 0);
-	assert_string_equal(c.access_log, "off");
+	assert_int_equal(setting_parse(&settings[S_MINUTE_RETENTION], "1500ms", &c, why, sizeof(why)), 0);
+	assert_int_equal(c.minute_retention_s, 1);
 	config_free(&c);
 }
 
@@ -176,6 +190,12 @@ static void test_flag_side_effects(void **state)
 	assert_int_equal(settings_apply_flag(&settings[S_ADMIN_LISTEN], "off", &c, why, sizeof(why)), 0);
 	assert_null(c.admin_listen);
 	assert_true(c.admin_listen_explicit);
+	/* --access-log off is no log, as in the file (not a file named "off") */
+	c.access_log = "a.log";
+	assert_int_equal(settings_apply_flag(&settings[S_ACCESS_LOG], "off", &c, why, sizeof(why)), 0);
+	assert_null(c.access_log);
+	assert_int_equal(settings_apply_flag(&settings[S_ACCESS_LOG], "-", &c, why, sizeof(why)), 0);
+	assert_string_equal(c.access_log, "-");
 	assert_int_equal(settings_apply_flag(&settings[S_CHECK_DATA], NULL, &c, why, sizeof(why)), 0);
 	assert_true(c.check_data);
 	config_free(&c);
@@ -299,6 +319,7 @@ static void test_file_reads_every_default(void **state)
 		switch (s->type) {
 		case ST_STRING:
 		case ST_STRING_OFF:
+		case ST_ADMIN_LISTEN:
 		case ST_LISTEN: assert_string_equal(*(const char *const *)a, *(const char *const *)b); break;
 		case ST_LOGLEVEL: assert_int_equal(*(const int *)a, *(const int *)b); break;
 		default:
@@ -359,8 +380,131 @@ static void test_doc_matches_table(void **state)
 	free(doc);
 }
 
-int main(void)
+static char *generated_table(void)
 {
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+	assert_non_null(f);
+	settings_doc_table(f);
+	fclose(f);
+	return text;
+}
+
+/* docs/config.md's settings reference is exactly what settings_doc_table
+ * makes from the table: every key, flag, type, default, range, reload rule
+ * and help line. On a mismatch the first line that differs is shown;
+ * `test_settings --write-doc` rewrites the block in place. */
+static void test_doc_reference_is_generated(void **state)
+{
+	char *doc = read_doc("docs/config.md"), *want = generated_table();
+	(void)state;
+	const char *begin = strstr(doc, SETTINGS_DOC_BEGIN);
+	if (!begin)
+		fail_msg(
+			"docs/config.md has no settings reference (%s); run test_settings --write-doc after adding "
+			"the two marker lines",
+			SETTINGS_DOC_BEGIN);
+	const char *end = strstr(begin, SETTINGS_DOC_END);
+	assert_non_null(end);
+	end += strlen(SETTINGS_DOC_END);
+	size_t have = (size_t)(end - begin);
+	if (have != strlen(want) || memcmp(begin, want, have) != 0) {
+		const char *a = begin, *b = want;
+		while (*a == *b && a < end) { /* to the first difference, then back to its line */
+			a++;
+			b++;
+		}
+		while (a > begin && a[-1] != '\n') {
+			a--;
+			b--;
+		}
+		fail_msg(
+			"docs/config.md's settings reference differs from SETTINGS(X) (run "
+			"build/tests/unit/test_settings --write-doc)\n  doc:   %.*s\n  table: %.*s",
+			(int)strcspn(a, "\n"), a, (int)strcspn(b, "\n"), b);
+	}
+	free(want);
+	free(doc);
+}
+
+/* The Signals section's two lists say the table's reload rules: every key
+ * the start-up-only list names is a RESTART row (or the listener set), and
+ * every key the live list names is a LIVE row or a section of them. */
+static void test_doc_signals_match_reload(void **state)
+{
+	char *doc = read_doc("docs/config.md");
+	(void)state;
+	const char *fixed = strstr(doc, "Read at start-up only, so that a reload");
+	assert_non_null(fixed);
+	const char *live = strstr(fixed, "Everything else takes effect");
+	assert_non_null(live);
+	const char *live_end = strstr(live, "- **SIGTERM**");
+	assert_non_null(live_end);
+	for (const char *p = fixed; (p = strchr(p, '`')) && p < live_end; p++) {
+		const char *q = strchr(p + 1, '`');
+		char key[80];
+		assert_non_null(q);
+		snprintf(key, sizeof(key), "%.*s", (int)(q - p - 1), p + 1);
+		p = q;
+		bool in_fixed = q < live;
+		const struct setting *s = settings_by_yaml(key);
+		if (in_fixed) {
+			if (strcmp(key, "listeners") == 0)
+				continue;
+			if (!s || (s->reload != SR_RESTART && s->reload != SR_RESTART_LISTENER))
+				fail_msg(
+					"docs/config.md, Signals: `%s` is listed as start-up only, but the table says "
+					"%s",
+					key, s ? "it is live" : "no such key");
+			continue;
+		}
+		/* the live list: a row, a leaf of the timeouts section, or a section */
+		if (!s) {
+			char path[96];
+			snprintf(path, sizeof(path), "timeouts.%s", key);
+			s = settings_by_yaml(path);
+		}
+		if (s && s->reload != SR_LIVE)
+			fail_msg("docs/config.md, Signals: `%s` is listed as live, but a reload does not apply it",
+				 key);
+		if (!s && strcmp(key, "upstreams") && strcmp(key, "routes") && strcmp(key, "limits") &&
+		    strcmp(key, "timeouts"))
+			fail_msg("docs/config.md, Signals: `%s` in the live list is not a setting", key);
+	}
+	free(doc);
+}
+
+/* `test_settings --write-doc`: replaces docs/config.md's settings reference
+ * with the one the table makes, and exits. */
+static int write_doc(void)
+{
+	char path[512];
+	snprintf(path, sizeof(path), "%s/docs/config.md", TOKENTAP_SOURCE_DIR);
+	char *doc = read_doc("docs/config.md"), *want = generated_table();
+	char *begin = strstr(doc, SETTINGS_DOC_BEGIN), *end = begin ? strstr(begin, SETTINGS_DOC_END) : NULL;
+	if (!end) {
+		fprintf(stderr, "%s: no lines %s and %s to write between\n", path, SETTINGS_DOC_BEGIN,
+			SETTINGS_DOC_END);
+		return 1;
+	}
+	end += strlen(SETTINGS_DOC_END);
+	FILE *f = fopen(path, "wb");
+	if (!f || fwrite(doc, 1, (size_t)(begin - doc), f) != (size_t)(begin - doc) || fputs(want, f) == EOF ||
+	    fputs(end, f) == EOF || fclose(f) != 0) {
+		perror(path);
+		return 1;
+	}
+	printf("%s: settings reference written\n", path);
+	free(want);
+	free(doc);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 2 && strcmp(argv[1], "--write-doc") == 0)
+		return write_doc();
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_every_default_parses_in_range),
 		cmocka_unit_test(test_defaults_are_todays),
@@ -370,6 +514,8 @@ int main(void)
 		cmocka_unit_test(test_warn_fixed),
 		cmocka_unit_test(test_file_reads_every_default),
 		cmocka_unit_test(test_doc_matches_table),
+		cmocka_unit_test(test_doc_reference_is_generated),
+		cmocka_unit_test(test_doc_signals_match_reload),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
