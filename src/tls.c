@@ -8,6 +8,7 @@
  */
 #include "tls.h"
 
+#include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
@@ -41,7 +42,9 @@ SSL_CTX *tls_server_ctx(const char *cert, const char *key, char *err, size_t err
 	}
 	SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
 	SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE);
-	SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
+	/* moving: a record tls_bev_write could not finish is written again
+	 * by the bufferevent from its output buffer (same bytes, new place) */
+	SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
 	snprintf(what, sizeof(what), "TLS certificate %s", cert);
 	if (SSL_CTX_use_certificate_chain_file(ctx, cert) != 1) {
 		last_error(err, errlen, what);
@@ -296,4 +299,43 @@ ssize_t tls_recv(void *reader, char *buf, size_t len)
 	ERR_clear_error();
 	errno = saved;
 	return -1;
+}
+
+/* ---- writing to a TLS client now ---- */
+
+#define TLS_WRITE_PIECE 16384 /* a record; at most what the bufferevent retries with */
+
+size_t tls_bev_write(struct bufferevent *bev, const char *p, size_t n)
+{
+	SSL *ssl = bufferevent_openssl_get_ssl(bev);
+	struct evbuffer *out = bufferevent_get_output(bev);
+	size_t done = 0;
+
+	if (!ssl || !SSL_is_init_finished(ssl) || evbuffer_get_length(out) != 0)
+		return 0;
+	while (done < n) {
+		size_t piece = n - done < TLS_WRITE_PIECE ? n - done : TLS_WRITE_PIECE, w = 0;
+		ERR_clear_error();
+		if (SSL_write_ex(ssl, p + done, piece, &w) == 1) {
+			done += w;
+			continue;
+		}
+		int err = SSL_get_error(ssl, 0);
+		ERR_clear_error();
+		if (err != SSL_ERROR_WANT_WRITE)
+			break; /* the bufferevent's own write meets the failure */
+		/* The socket is full mid-record: OpenSSL must be called again
+		 * with this piece (its start, at least as long), which the
+		 * bufferevent does from the front of its output: so the piece
+		 * goes there first, in one piece. */
+		struct evbuffer_iovec v;
+		if (evbuffer_reserve_space(out, (ev_ssize_t)piece, &v, 1) != 1)
+			break;
+		memcpy(v.iov_base, p + done, piece);
+		v.iov_len = piece;
+		if (evbuffer_commit_space(out, &v, 1) == 0)
+			done += piece;
+		break;
+	}
+	return done;
 }

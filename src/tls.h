@@ -94,3 +94,14 @@ struct tls_reader {
  * IGNORE_UNEXPECTED_EOF), -1 with errno EAGAIN when no whole record is
  * there, another errno when the connection failed. */
 ssize_t tls_recv(void *reader, char *buf, size_t len);
+
+/*
+ * Writing to a TLS client now, as the plain path does with send(): where
+ * the bufferevent would copy the bytes into its output buffer and write
+ * them at the next loop turn (an epoll_ctl each way and a wake-up), the
+ * bytes of one upstream read leave at once, one record per 16 KiB. Only
+ * when the output buffer is empty and the handshake done; returns how many
+ * bytes of `p` it took (written, or queued in the output when the socket
+ * filled mid-record); the caller queues the rest.
+ */
+size_t tls_bev_write(struct bufferevent *bev, const char *p, size_t n);
