@@ -7,7 +7,8 @@ once (more than one read takes) arrives whole and in a few reads, not one
 per record; an upstream that sends close_notify mid-response has the
 response cut (client connection closed, upstream_reset), and one that ends
 a close-delimited stream with close_notify has it complete; and a second
-connection to the same upstream resumes the first one's TLS session.
+connection to the same upstream resumes the first one's TLS session, but
+not across a reload, which makes the upstream a new TLS context.
 
 And the client side, where tokentap writes each upstream read to a TLS
 client at once (SSL_write in the read's own call): a client that stops
@@ -218,6 +219,27 @@ class TlsUpstreamTest(harness.TestCase):
             self.assertEqual(resp.status, 200)
         self.assertEqual(fu.accepted, 3)
         self.assertEqual(fu.reused, [False, True, True])
+
+    def test_reload_drops_the_session(self):
+        """A reload gives the upstream a new TLS context (its CA file may
+        have changed): a session of the old one is not offered, and the
+        next connection's handshake is a full one, checked again."""
+        fu, tt = self.front(reused)
+        conf = tt.body
+
+        def one():
+            conn = self.post(tt)
+            try:
+                self.assertEqual(conn.read_response("POST").status, 200)
+            finally:
+                conn.close()
+
+        one()
+        one()
+        self.assertTrue(tt.reload(conf))
+        one()
+        one()
+        self.assertEqual(fu.reused, [False, True, False, True])
 
 
 def big_writes(sock, req, fu):
