@@ -35,3 +35,21 @@ ssize_t bevio_recv(struct bufferevent *bev, int fd, size_t want, struct msghdr *
 	evbuffer_freeze(in, 0);
 	return n;
 }
+
+ssize_t bevio_read(struct bufferevent *bev, size_t want, ssize_t (*rd)(void *arg, char *buf, size_t len), void *arg)
+{
+	struct evbuffer *in = bufferevent_get_input(bev);
+	struct evbuffer_iovec v;
+	ssize_t n;
+
+	evbuffer_unfreeze(in, 0);
+	if (evbuffer_reserve_space(in, (ev_ssize_t)want, &v, 1) != 1) {
+		evbuffer_freeze(in, 0);
+		return BEVIO_NOMEM;
+	}
+	n = rd(arg, v.iov_base, v.iov_len < want ? v.iov_len : want);
+	v.iov_len = n > 0 ? (size_t)n : 0;
+	evbuffer_commit_space(in, &v, n > 0 ? 1 : 0);
+	evbuffer_freeze(in, 0);
+	return n;
+}

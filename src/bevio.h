@@ -4,7 +4,8 @@
  * tokentap reads plain client and upstream sockets itself rather than
  * through the bufferevent (proxy.c: the kernel's receive stamp needs
  * recvmsg; upstream.c: one read instead of ioctl(FIONREAD) plus a 4 KiB
- * readv), and leaves the rest (writing, TLS, callbacks) to the bufferevent.
+ * readv; over TLS too, once connected: tls_recv), and leaves the rest
+ * (writing, the handshake, callbacks) to the bufferevent.
  */
 #pragma once
 
@@ -18,3 +19,9 @@
  * set, or BEVIO_NOMEM when no room could be reserved. */
 #define BEVIO_NOMEM (-2)
 ssize_t bevio_recv(struct bufferevent *bev, int fd, size_t want, struct msghdr *msg);
+
+/* The same with a reader of one's own: `rd(arg, buf, len)` fills at most
+ * `len` contiguous bytes reserved at the end of `bev`'s input buffer and
+ * returns as recv() does (tls_recv). Returns what `rd` returned, or
+ * BEVIO_NOMEM. */
+ssize_t bevio_read(struct bufferevent *bev, size_t want, ssize_t (*rd)(void *arg, char *buf, size_t len), void *arg);

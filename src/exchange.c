@@ -547,7 +547,7 @@ static void upstream_send(struct upconn *uc, struct evbuffer *src)
 {
 	struct evbuffer *out = bufferevent_get_output(uc->bev);
 
-	if (uc->rev && evbuffer_get_length(out) == 0)
+	if (uc->rev && !uc->ssl && evbuffer_get_length(out) == 0)
 		(void)evbuffer_write(src, bufferevent_getfd(uc->bev));
 	if (evbuffer_get_length(src))
 		evbuffer_add_buffer(out, src);

@@ -778,6 +778,10 @@ bool client_forward_mem(struct client *cl, const char *p, size_t n)
 			p += w;
 			n -= (size_t)w;
 		}
+	} else if (!cl->rev) {
+		size_t w = tls_bev_write(cl->bev, p, n); /* TLS: now too */
+		p += w;
+		n -= w;
 	}
 	if (n && evbuffer_add(out, p, n) == -1) {
 		client_close(cl, "no memory for the response's bytes");

@@ -8,6 +8,7 @@
  */
 #include "tls.h"
 
+#include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
@@ -15,6 +16,8 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
+#include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -39,7 +42,9 @@ SSL_CTX *tls_server_ctx(const char *cert, const char *key, char *err, size_t err
 	}
 	SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
 	SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE);
-	SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
+	/* moving: a record tls_bev_write could not finish is written again
+	 * by the bufferevent from its output buffer (same bytes, new place) */
+	SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
 	snprintf(what, sizeof(what), "TLS certificate %s", cert);
 	if (SSL_CTX_use_certificate_chain_file(ctx, cert) != 1) {
 		last_error(err, errlen, what);
@@ -60,6 +65,68 @@ fail:
 	return NULL;
 }
 
+/* ---- upstream sessions, resumed across pooled connections ---- */
+
+static int resume_idx = -1; /* SSL ex_data: the struct tls_resume a connection feeds */
+static pthread_once_t resume_once = PTHREAD_ONCE_INIT;
+
+static void resume_index(void)
+{
+	resume_idx = SSL_get_ex_new_index(0, NULL, NULL, NULL, NULL);
+}
+
+/* A session (TLS 1.3: a ticket, which comes after the handshake) for the
+ * connection's upstream. A private copy is kept: the connection's own
+ * object is marked unresumable when it is freed without close_notify, as
+ * pooled connections are. A connection of a context the upstream has
+ * since replaced (a reload: another CA file, another verification) offers
+ * nothing: its session would resume past the new context's checks. */
+static int on_new_session(SSL *ssl, SSL_SESSION *sess)
+{
+	struct tls_resume *r = resume_idx >= 0 ? SSL_get_ex_data(ssl, resume_idx) : NULL;
+
+	if (r && r->ctx == SSL_get_SSL_CTX(ssl) && SSL_SESSION_is_resumable(sess)) {
+		SSL_SESSION *copy = SSL_SESSION_dup(sess);
+		if (copy) {
+			SSL_SESSION_free(r->sess);
+			r->sess = copy;
+			r->stored++;
+		}
+	}
+	return 0; /* the connection keeps its reference; ours is the copy */
+}
+
+void tls_resume_reset(struct tls_resume *r, SSL_CTX *ctx)
+{
+	SSL_SESSION_free(r->sess);
+	r->sess = NULL;
+	r->ctx = ctx;
+}
+
+void tls_bev_resume(struct bufferevent *bev, struct tls_resume *r)
+{
+	SSL *ssl = bufferevent_openssl_get_ssl(bev);
+
+	if (!ssl || resume_idx < 0 || r->ctx != SSL_get_SSL_CTX(ssl))
+		return;
+	SSL_set_ex_data(ssl, resume_idx, r);
+	if (r->sess) {
+		/* each connection its own copy, for the same reason */
+		SSL_SESSION *copy = SSL_SESSION_dup(r->sess);
+		if (copy) {
+			SSL_set_session(ssl, copy);
+			SSL_SESSION_free(copy); /* the connection holds its own reference */
+		}
+	}
+}
+
+bool tls_bev_resumed(struct bufferevent *bev)
+{
+	SSL *ssl = bufferevent_openssl_get_ssl(bev);
+
+	return ssl && SSL_session_reused(ssl);
+}
+
 SSL_CTX *tls_client_ctx(bool verify, const char *ca_file, char *err, size_t errlen)
 {
 	SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
@@ -71,6 +138,9 @@ SSL_CTX *tls_client_ctx(bool verify, const char *ca_file, char *err, size_t errl
 	}
 	SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
 	SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
+	pthread_once(&resume_once, resume_index);
+	SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_CLIENT | SSL_SESS_CACHE_NO_INTERNAL_STORE);
+	SSL_CTX_sess_set_new_cb(ctx, on_new_session);
 #ifdef SSL_OP_IGNORE_UNEXPECTED_EOF
 	/* An upstream that closes without close_notify ends its stream
 	 * (BEV_EVENT_EOF) rather than failing it (OpenSSL 3 makes it an error):
@@ -167,4 +237,105 @@ const char *tls_bev_error(struct bufferevent *bev, char *buf, size_t len)
 bool tls_bev_is_tls(struct bufferevent *bev)
 {
 	return bev && bufferevent_openssl_get_ssl(bev) != NULL;
+}
+
+/* ---- reading a TLS upstream ourselves ---- */
+
+SSL *tls_bev_ssl(struct bufferevent *bev)
+{
+	return bev ? bufferevent_openssl_get_ssl(bev) : NULL;
+}
+
+void tls_read_ahead(SSL *ssl)
+{
+	SSL_set_read_ahead(ssl, 1);
+}
+
+bool tls_pending(SSL *ssl)
+{
+	return SSL_has_pending(ssl) == 1;
+}
+
+ssize_t tls_recv(void *reader, char *buf, size_t len)
+{
+	struct tls_reader *rd = reader;
+	size_t got = 0, n;
+	int err = SSL_ERROR_NONE;
+
+	rd->more = false;
+	ERR_clear_error(); /* SSL_get_error reads the queue: ours only */
+	while (got < len) {
+		if (SSL_read_ex(rd->ssl, buf + got, len - got, &n) == 1) {
+			got += n;
+			rd->reads++;
+			continue;
+		}
+		err = SSL_get_error(rd->ssl, 0);
+		/* The close, however it came: once it is seen, OpenSSL 3.0 answers
+		 * every later SSL_read with 0 and no read, which SSL_get_error
+		 * does not always call ZERO_RETURN (a spin on a socket at EOF). */
+		if (SSL_get_shutdown(rd->ssl) & SSL_RECEIVED_SHUTDOWN)
+			err = SSL_ERROR_ZERO_RETURN;
+		break;
+	}
+	if (got) {
+		/* Full, or stopped at the close or an error: what is left (bytes
+		 * in OpenSSL's buffer, the close itself) may not wake the socket
+		 * again. */
+		rd->more = err != SSL_ERROR_WANT_READ;
+		ERR_clear_error();
+		return (ssize_t)got;
+	}
+	switch (err) {
+	case SSL_ERROR_WANT_READ: /* a partial record, or a ticket and no data */ errno = EAGAIN; return -1;
+	case SSL_ERROR_ZERO_RETURN: /* close_notify, or a close without it (SSL_OP_IGNORE_UNEXPECTED_EOF) */ return 0;
+	case SSL_ERROR_SYSCALL:
+		if (!errno)
+			errno = ECONNRESET;
+		break;
+	default: /* a bad record, or a read that needs a write (not met in TLS 1.3 streams) */ errno = EPROTO; break;
+	}
+	int saved = errno;
+	ERR_clear_error();
+	errno = saved;
+	return -1;
+}
+
+/* ---- writing to a TLS client now ---- */
+
+#define TLS_WRITE_PIECE 16384 /* a record; at most what the bufferevent retries with */
+
+size_t tls_bev_write(struct bufferevent *bev, const char *p, size_t n)
+{
+	SSL *ssl = bufferevent_openssl_get_ssl(bev);
+	struct evbuffer *out = bufferevent_get_output(bev);
+	size_t done = 0;
+
+	if (!ssl || !SSL_is_init_finished(ssl) || evbuffer_get_length(out) != 0)
+		return 0;
+	while (done < n) {
+		size_t piece = n - done < TLS_WRITE_PIECE ? n - done : TLS_WRITE_PIECE, w = 0;
+		ERR_clear_error();
+		if (SSL_write_ex(ssl, p + done, piece, &w) == 1) {
+			done += w;
+			continue;
+		}
+		int err = SSL_get_error(ssl, 0);
+		ERR_clear_error();
+		if (err != SSL_ERROR_WANT_WRITE)
+			break; /* the bufferevent's own write meets the failure */
+		/* The socket is full mid-record: OpenSSL must be called again
+		 * with this piece (its start, at least as long), which the
+		 * bufferevent does from the front of its output: so the piece
+		 * goes there first, in one piece. */
+		struct evbuffer_iovec v;
+		if (evbuffer_reserve_space(out, (ev_ssize_t)piece, &v, 1) != 1)
+			break;
+		memcpy(v.iov_base, p + done, piece);
+		v.iov_len = piece;
+		if (evbuffer_commit_space(out, &v, 1) == 0)
+			done += piece;
+		break;
+	}
+	return done;
 }

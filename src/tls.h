@@ -11,15 +11,20 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
 
 typedef struct ssl_ctx_st SSL_CTX;
+typedef struct ssl_st SSL;
+typedef struct ssl_session_st SSL_SESSION;
 struct bufferevent;
 struct event_base;
 
 /* The listener's context from PEM files. NULL with `err`. */
 SSL_CTX *tls_server_ctx(const char *cert, const char *key, char *err, size_t errlen);
 
-/* A context for connecting to an upstream. */
+/* A context for connecting to an upstream; its connections' sessions are
+ * kept for resumption (struct tls_resume). */
 SSL_CTX *tls_client_ctx(bool verify, const char *ca_file, char *err, size_t errlen);
 
 void tls_ctx_free(SSL_CTX *ctx);
@@ -36,3 +41,67 @@ const char *tls_bev_error(struct bufferevent *bev, char *buf, size_t len);
 
 /* Whether `bev` is a TLS bufferevent. */
 bool tls_bev_is_tls(struct bufferevent *bev);
+
+/*
+ * Sessions resumed across an upstream's connections: the newest session
+ * (ticket) any of its connections received, offered by the next one it
+ * opens, so that a pool that opens connections as load comes spends a full
+ * handshake only on its first. One per upstream object (worker-local), for
+ * connections of `ctx` only: tls_resume_reset when the upstream takes a new
+ * context (a reload), which also drops the session.
+ */
+struct tls_resume {
+	SSL_CTX *ctx;
+	SSL_SESSION *sess;
+	uint64_t stored; /* sessions received */
+};
+void tls_resume_reset(struct tls_resume *r, SSL_CTX *ctx);
+
+/* Offers `r`'s session on a connecting `bev` (before its handshake) and
+ * keeps what the connection receives in `r`, which must outlive it. */
+void tls_bev_resume(struct bufferevent *bev, struct tls_resume *r);
+
+/* Whether `bev`'s handshake resumed a session. */
+bool tls_bev_resumed(struct bufferevent *bev);
+
+/*
+ * Reading a connected TLS upstream without the bufferevent (upstream.c):
+ * OpenSSL's read-ahead takes what the socket holds in one read, and
+ * tls_recv decrypts every whole record of it into one buffer, where the
+ * bufferevent would go through its input buffer a record at a time.
+ */
+SSL *tls_bev_ssl(struct bufferevent *bev); /* NULL: not TLS */
+
+/* Read-ahead on, for a connection that only tls_recv reads from now on:
+ * one read() takes every record the socket holds (up to the record buffer,
+ * about 17 KiB) instead of two per record (its header, then its body). Not
+ * for a bufferevent's reads: it would not know of the records read ahead. */
+void tls_read_ahead(SSL *ssl);
+
+/* Whether OpenSSL holds bytes already read from the socket (a record, or
+ * part of one): the socket will not say so. */
+bool tls_pending(SSL *ssl);
+
+struct tls_reader {
+	SSL *ssl;
+	bool more;	/* out: stopped with more to come without the socket's say (full, or at the close) */
+	uint64_t reads; /* SSL_read calls that returned bytes, summed */
+};
+
+/* Up to `len` decrypted bytes into `buf`, as many records as are there
+ * (`reader` is a struct tls_reader; the signature is bevio_read's). The
+ * bytes (> 0), 0 at the close (close_notify, or the TCP close: SSL_OP_
+ * IGNORE_UNEXPECTED_EOF), -1 with errno EAGAIN when no whole record is
+ * there, another errno when the connection failed. */
+ssize_t tls_recv(void *reader, char *buf, size_t len);
+
+/*
+ * Writing to a TLS client now, as the plain path does with send(): where
+ * the bufferevent would copy the bytes into its output buffer and write
+ * them at the next loop turn (an epoll_ctl each way and a wake-up), the
+ * bytes of one upstream read leave at once, one record per 16 KiB. Only
+ * when the output buffer is empty and the handshake done; returns how many
+ * bytes of `p` it took (written, or queued in the output when the socket
+ * filled mid-record); the caller queues the rest.
+ */
+size_t tls_bev_write(struct bufferevent *bev, const char *p, size_t n);

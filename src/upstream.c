@@ -336,6 +336,7 @@ struct upstream *upstream_adopt(struct upstream *up, const struct config *cfg, s
 	if (p->tls_ctx) {
 		tls_ctx_free(up->tls_ctx);
 		up->tls_ctx = p->tls_ctx;
+		tls_resume_reset(&up->tls_resume, up->tls_ctx); /* no session of the old context */
 	}
 	conf_release(&up->conf);
 	up->conf = p->conf;
@@ -412,6 +413,10 @@ void upstream_cancel(struct upstream *up, struct up_waiter *w)
 
 static void upconn_close(struct upconn *c)
 {
+	if (c->ssl && c->tls_wakeups)
+		log_debug("upstream %s: u%llu closed; TLS: %llu bytes in %llu records, %llu reads", c->up->name,
+			  (unsigned long long)c->id, (unsigned long long)c->tls_bytes,
+			  (unsigned long long)c->tls_records, (unsigned long long)c->tls_wakeups);
 	if (c->rev)
 		event_free(c->rev); /* safe inside its own callback: libevent does not touch it after */
 	if (c->bev)
@@ -431,11 +436,34 @@ void upconn_set_direct(struct upconn *c, const struct upconn_direct *d, void *ar
 	c->direct_arg = arg;
 }
 
+/* One read of `c`'s socket into `buf` (TLS: every whole record there). */
+static ssize_t upconn_recv(struct upconn *c, evutil_socket_t fd, char *buf, size_t len, bool *more)
+{
+	if (!c->ssl)
+		return recv(fd, buf, len, MSG_DONTWAIT);
+	struct tls_reader rd = { .ssl = c->ssl };
+	ssize_t n = tls_recv(&rd, buf, len);
+	*more = rd.more;
+	if (n > 0) {
+		c->tls_wakeups++;
+		c->tls_bytes += (uint64_t)n;
+		c->tls_records += rd.reads;
+	}
+	return n;
+}
+
+static ssize_t tls_recv_upconn(void *arg, char *buf, size_t len)
+{
+	void **a = arg; /* the connection, and where `more` goes */
+	return upconn_recv(a[0], -1, buf, len, a[1]);
+}
+
 static void on_upconn_readable(evutil_socket_t fd, short what, void *arg)
 {
 	struct upconn *c = arg;
 	struct bufferevent *bev = c->bev;
 	struct msghdr msg = { 0 };
+	bool more = false;
 	ssize_t n;
 
 	if (what & EV_TIMEOUT) {
@@ -443,26 +471,63 @@ static void on_upconn_readable(evutil_socket_t fd, short what, void *arg)
 		return; /* c may be gone */
 	}
 	if (c->direct && evbuffer_get_length(bufferevent_get_input(bev)) == 0 && c->direct->ready(c->direct_arg)) {
-		n = recv(fd, direct_buf, sizeof(direct_buf), MSG_DONTWAIT);
+		n = upconn_recv(c, fd, direct_buf, sizeof(direct_buf), &more);
 		if (n > 0) {
+			/* TLS: the rest at the next turn (freed with c if it goes) */
+			if (more)
+				event_active(c->rev, EV_READ, 1);
 			c->direct->data(c->direct_arg, direct_buf, (size_t)n); /* c may be gone after */
 			return;
 		}
+	} else if (c->ssl) {
+		n = bevio_read(bev, UPCONN_READ_MAX, tls_recv_upconn, (void *[]){ c, &more });
 	} else {
 		n = bevio_recv(bev, fd, UPCONN_READ_MAX, &msg);
 	}
-	if (n == BEVIO_NOMEM)
+	if (c->ssl && (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))) {
+		/* The end: the bufferevent's own TLS reading stops there, and the
+		 * exchange acts on a TLS close at the next turn (on_up_event),
+		 * which a socket at EOF, still readable, must not hold off. */
+		upconn_reading(c, false, 0);
+	}
+	if (n == BEVIO_NOMEM) {
 		bufferevent_trigger_event(bev, BEV_EVENT_ERROR | BEV_EVENT_READING, 0);
-	else if (n > 0)
+	} else if (n > 0) {
+		if (more)
+			event_active(c->rev, EV_READ, 1);
 		bufferevent_trigger(bev, EV_READ, 0); /* the read callback, now; c may be gone after */
-	else if (n == 0)
+	} else if (n == 0) {
 		bufferevent_trigger_event(bev, BEV_EVENT_EOF | BEV_EVENT_READING, 0);
-	else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+	} else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
 		bufferevent_trigger_event(bev, BEV_EVENT_ERROR | BEV_EVENT_READING, 0);
+	}
+}
+
+/* A TLS connection's handshake is done: from here tokentap reads it
+ * (on_upconn_readable), the bufferevent only writes. Left to the
+ * bufferevent when no event can be made. */
+static void upconn_tls_own(struct upconn *c)
+{
+	struct upstream *up = c->up;
+	evutil_socket_t fd = bufferevent_getfd(c->bev);
+	SSL *ssl = tls_bev_ssl(c->bev);
+
+	if (!ssl || fd < 0 || !(c->rev = event_new(up->base, fd, EV_READ | EV_PERSIST, on_upconn_readable, c)))
+		return;
+	bufferevent_disable(c->bev, EV_READ);
+	bufferevent_set_timeouts(c->bev, NULL, NULL);
+	tls_read_ahead(ssl);
+	c->ssl = ssl;
+	if (tls_bev_resumed(c->bev)) {
+		up->tls_resumed++;
+		log_debug("upstream %s: u%llu resumed a TLS session", up->name, (unsigned long long)c->id);
+	}
 }
 
 void upconn_reading(struct upconn *c, bool on, uint64_t timeout_ms)
 {
+	if (!c->rev && c->connected && c->up->tls)
+		upconn_tls_own(c);
 	if (!c->rev) {
 		struct timeval tv = loop_tv(timeout_ms);
 		bufferevent_set_timeouts(c->bev, on && timeout_ms ? &tv : NULL, NULL);
@@ -483,6 +548,9 @@ void upconn_reading(struct upconn *c, bool on, uint64_t timeout_ms)
 	} else {
 		event_add(c->rev, NULL);
 	}
+	/* records read ahead while reading was off, or with the handshake */
+	if (c->ssl && tls_pending(c->ssl))
+		event_active(c->rev, EV_READ, 1);
 }
 
 void upconn_writing(struct upconn *c)
@@ -515,6 +583,7 @@ void upstream_free(struct upstream *up)
 	if (up->kick_fd != -1)
 		close(up->kick_fd);
 	conf_release(&up->conf);
+	tls_resume_reset(&up->tls_resume, NULL);
 	tls_ctx_free(up->tls_ctx);
 	free(up->name);
 	free(up->url);
@@ -584,6 +653,8 @@ struct upconn *upstream_connect_new(struct upstream *up)
 		free(c);
 		return NULL;
 	}
+	if (up->tls)
+		tls_bev_resume(c->bev, &up->tls_resume);
 	/* Errors, refused connections included, arrive on the caller's event
 	 * callback; a -1 here means not even a socket could be made. */
 	if (bufferevent_socket_connect(c->bev, (struct sockaddr *)&up->addr, (int)up->addrlen) == -1) {
@@ -636,7 +707,7 @@ void upstream_release(struct upconn *c, bool reusable)
 	up = c->up;
 	up->conns_out--;
 	if (!reusable || !c->connected || up->n_idle >= up->pool_max_idle ||
-	    evbuffer_get_length(bufferevent_get_input(c->bev)) != 0 ||
+	    evbuffer_get_length(bufferevent_get_input(c->bev)) != 0 || (c->ssl && tls_pending(c->ssl)) ||
 	    evbuffer_get_length(bufferevent_get_output(c->bev)) != 0) {
 		upconn_close(c);
 		return;

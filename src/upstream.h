@@ -33,6 +33,7 @@
 
 #include "config.h"
 #include "timeline.h"
+#include "tls.h"
 
 struct event_base;
 struct bufferevent;
@@ -54,7 +55,8 @@ enum admit { ADMIT_NOW, ADMIT_QUEUED, ADMIT_FULL };
 struct upconn {
 	struct upstream *up;
 	struct bufferevent *bev;
-	struct event *rev; /* plain TCP: the read event (upconn_reading); NULL over TLS */
+	struct event *rev; /* the read event (upconn_reading); over TLS from the handshake's end */
+	SSL *ssl;	   /* TLS, once rev reads it (tls_recv); NULL before and for plain TCP */
 	bool reading;
 	/* While a request streams a body from it: see upconn_set_direct */
 	const struct upconn_direct *direct;
@@ -63,6 +65,9 @@ struct upconn {
 	uint64_t id;
 	unsigned served; /* requests completed on this connection */
 	bool connected;
+	/* TLS reads: wake-ups that brought bytes, the bytes, and the records
+	 * (SSL_read calls) they came in; logged at debug level at the close */
+	uint64_t tls_wakeups, tls_bytes, tls_records;
 };
 
 struct up_share;
@@ -76,7 +81,9 @@ struct upstream {
 	char host[256]; /* from the URL: SNI and the verified name by default */
 	bool tls;	/* https:// */
 	struct ssl_ctx_st *tls_ctx;
-	char *name; /* the configured name (host:port from the command line); labels its stats */
+	struct tls_resume tls_resume; /* the session its next connection offers */
+	uint64_t tls_resumed;	      /* handshakes that resumed one */
+	char *name;		      /* the configured name (host:port from the command line); labels its stats */
 	/* Its own copy of its settings: generations come and go around it. */
 	struct upstream_conf conf;
 	uint64_t pool_idle_timeout_ms, cold_idle_ms;
@@ -207,8 +214,8 @@ _Static_assert(LOOP_PRIO_NORMAL == LOOP_PRIO__COUNT / 2, "new events must start 
  * connect through the pool, and most requests go out in one direct write. */
 void upconn_writing(struct upconn *c);
 
-/* Sets the priority of the connection's reads (plain TCP; a TLS connection
- * keeps LOOP_PRIO_NORMAL). */
+/* Sets the priority of the connection's reads (over TLS from its
+ * handshake's end; before, LOOP_PRIO_NORMAL). */
 void upconn_priority(struct upconn *c, enum loop_prio prio);
 
 /*
@@ -218,7 +225,11 @@ void upconn_priority(struct upconn *c, enum loop_prio prio);
  * exchange's, a mirror's, the pool's), and EOF or an error to its event
  * callback. libevent's own read asks ioctl(FIONREAD) first and takes at
  * most 4 KiB: two system calls where one does, and a busy stream cut in
- * 4 KiB pieces. Over TLS the bufferevent reads (and decrypts). Use this,
+ * 4 KiB pieces. Over TLS the bufferevent does the handshake; from the
+ * first call after it (c->connected) tokentap reads the same way, with
+ * tls_recv: one read() takes every record waiting (OpenSSL's read-ahead)
+ * and all of them are decrypted into one buffer, where the bufferevent took
+ * two read()s per record and a pass through its input buffer. Use this,
  * never bufferevent_enable/disable(EV_READ), on an upstream connection.
  * `timeout_ms` (0: none) reports BEV_EVENT_TIMEOUT | BEV_EVENT_READING
  * after that long without a byte.
@@ -234,8 +245,8 @@ void upconn_reading(struct upconn *c, bool on, uint64_t timeout_ms);
  * (written to the client, or copied). This spares each read the input
  * buffer's chain: an allocation, its bookkeeping, and its free once the
  * bytes are written. EOF, errors and timeouts still go to the bufferevent's
- * event callback; over TLS, or with `d` NULL, everything goes through the
- * input buffer as before. upstream_release clears it. (exchange.c reads
+ * event callback; with `d` NULL, everything goes through the input buffer
+ * as before. Over TLS the same, once the handshake is done (tls_recv). upstream_release clears it. (exchange.c reads
  * both through one function, exchange_read: only the bytes' place differs.)
  */
 struct upconn_direct {
