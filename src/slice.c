@@ -150,6 +150,11 @@ void slice_record_request(struct slice *s, const struct req_record *r, unsigned 
 	if (load && (h = slice_hist(s, HM_INFLIGHT)))
 		hist_record(h, load);
 
+	/* What neither side accounts for comes out a little below 0 when the
+	 * clocks disagree: kept as 0, so that every request whose server
+	 * reported timings counts. */
+	if (m[RM_UNATTRIBUTED] < 0)
+		m[RM_UNATTRIBUTED] = 0;
 	for (unsigned i = 0; i < HM__COUNT; i++)
 		if (metric_sources[i] != RM_NONE)
 			record_milli(s, i, m[metric_sources[i]]);

@@ -47,7 +47,21 @@ enum metric_unit { UNIT_US, UNIT_MILLI, UNIT_COUNT };
 	  "Requests on or queued for the upstream when the request was routed, itself included") \
 	X(ANSWER_TTFT, answer_ttft, UNIT_US, RM_ANSWER_TTFT, \
 	  "Time to the first answer token (text or tool call, not reasoning), from the request's arrival") \
-	X(REASONING, reasoning, UNIT_US, RM_REASONING, "Reasoning span: from the first reasoning token to the last")
+	X(REASONING, reasoning, UNIT_US, RM_REASONING, "Reasoning span: from the first reasoning token to the last") \
+	X(UPLOAD, upload, UNIT_US, RM_UPLOAD, "Writing the request to the upstream, from connected to sent") \
+	X(SERVER_QUEUE, server_queue, UNIT_US, RM_SERVER_QUEUE, \
+	  "The engine's own queue wait, as it reported it (requests whose server reported one)") \
+	X(SERVER_LOAD, server_load, UNIT_US, RM_SERVER_LOAD, \
+	  "The engine's model load and runner wait, as it reported it (Ollama's load_duration)") \
+	X(SERVER_PREFILL, server_prefill, UNIT_US, RM_SERVER_PREFILL, \
+	  "The engine's prompt processing, as it reported it") \
+	X(SERVER_DECODE, server_decode, UNIT_US, RM_SERVER_DECODE, \
+	  "The engine's first output token to last, as it reported it") \
+	X(SERVER_INFERENCE, server_inference, UNIT_US, RM_SERVER_INFERENCE, \
+	  "The engine's prefill and decode together, where it does not split them (TGI)") \
+	X(UNATTRIBUTED, unattributed, UNIT_US, RM_UNATTRIBUTED, \
+	  "What neither tokentap nor the server accounts for (network, server front end), from 0; " \
+	  "requests whose server reported timings")
 
 enum hist_metric {
 #define X(e, n, u, src, help) HM_##e,

@@ -420,6 +420,63 @@ static void test_slice_records_reasoning_and_cache(void **state)
 	slice_release(&sl);
 }
 
+/* The TTFT decomposition per series: upload for every request, the server
+ * phases and the remainder only for requests whose server reported them;
+ * a remainder below 0 (clocks disagreeing) is kept as 0, so that every
+ * reporting request counts. */
+static void test_slice_records_decomposition(void **state)
+{
+	struct slice sl;
+	struct req_record r;
+	(void)state;
+
+	memset(&sl, 0, sizeof(sl));
+	fake_request(&r, 50000, 4, 1000); /* ttft 50 ms; request sent 2 µs in */
+	r.usage.server.source = SERVER_VLLM;
+	r.usage.server.queue_ns = 20000000;
+	r.usage.server.prefill_ns = 25000000;
+	r.usage.server.decode_ns = 3000000;
+	slice_record_request(&sl, &r, 1, &test_slo);
+	record_release(&r);
+	assert_int_equal(sl.slot[HM_UPLOAD]->count, 1);
+	assert_int_equal(sl.slot[HM_UPLOAD]->max, 1);
+	assert_int_equal(sl.slot[HM_SERVER_QUEUE]->max, 20000);
+	assert_int_equal(sl.slot[HM_SERVER_PREFILL]->max, 25000);
+	assert_int_equal(sl.slot[HM_SERVER_DECODE]->max, 3000);
+	assert_int_equal(sl.slot[HM_UNATTRIBUTED]->max, 50000 - 2 - 45000);
+	assert_null(sl.slot[HM_SERVER_LOAD]);
+	assert_null(sl.slot[HM_SERVER_INFERENCE]);
+
+	/* the server said nothing: tokentap's phases only */
+	fake_request(&r, 40000, 4, 1000);
+	slice_record_request(&sl, &r, 1, &test_slo);
+	record_release(&r);
+	assert_int_equal(sl.slot[HM_UPLOAD]->count, 2);
+	assert_int_equal(sl.slot[HM_SERVER_QUEUE]->count, 1);
+	assert_int_equal(sl.slot[HM_UNATTRIBUTED]->count, 1);
+
+	/* Ollama's load and TGI's inference; a remainder below 0 is 0 */
+	fake_request(&r, 10000, 4, 1000);
+	r.usage.server.source = SERVER_OLLAMA;
+	r.usage.server.load_ns = 7000000;
+	r.usage.server.prefill_ns = 4000000;
+	slice_record_request(&sl, &r, 1, &test_slo);
+	record_release(&r);
+	assert_int_equal(sl.slot[HM_SERVER_LOAD]->max, 7000);
+	assert_int_equal(sl.slot[HM_UNATTRIBUTED]->count, 2);
+	assert_int_equal(sl.slot[HM_UNATTRIBUTED]->min, 0);
+	fake_request(&r, 10000, 0, 0);
+	r.usage.server.source = SERVER_TGI;
+	r.usage.server.inference_ns = 6000000;
+	slice_record_request(&sl, &r, 1, &test_slo);
+	record_release(&r);
+	assert_int_equal(sl.slot[HM_SERVER_INFERENCE]->max, 6000);
+	assert_int_equal(sl.slot[HM_SERVER_QUEUE]->count, 1);
+	assert_string_equal(hist_metric_name(HM_SERVER_QUEUE), "server_queue");
+	assert_string_equal(hist_metric_name(HM_UNATTRIBUTED), "unattributed");
+	slice_release(&sl);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -430,6 +487,7 @@ int main(void)
 		cmocka_unit_test(test_slice_decodes_version_1),
 		cmocka_unit_test(test_slice_decodes_version_2),
 		cmocka_unit_test(test_slice_layout_appends),
+		cmocka_unit_test(test_slice_records_decomposition),
 		cmocka_unit_test(test_slice_records_reasoning_and_cache),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
