@@ -1,0 +1,230 @@
+"""test_decomposition.py — the TTFT decomposition as histograms per series
+(docs/metrics.md, "Where the time went" and "Attributing a difference"),
+through tokentap to tokentap-sim in its batching model, whose server timings
+are its own scheduler's truth.
+
+- For each engine shape the simulator reports in (vLLM's "metrics" on the
+  chat usage chunk, Ollama's durations, llama.cpp's "timings" on the finish
+  chunk, and a server that reports nothing), under enough load that requests
+  queue: /stats's per-phase histograms (upload, server_queue, server_load,
+  server_prefill, server_decode, server_inference, unattributed) hold
+  exactly as many samples as the access log has values for that phase
+  (none for the phases the shape does not report), their p50 and p90 within
+  the histogram's bound of the log's (test_stats_accuracy.py explains it),
+  and /metrics exports the same counts.
+- /compare between a fast simulator and a queue-bound one (a batch of one
+  under the same concurrency), both vLLM-shaped, names the engine's
+  queueing as the cause of the slower TTFT, with the counts behind it.
+"""
+
+import concurrent.futures
+import os
+import shutil
+import tempfile
+import threading
+
+import harness
+import routing_helpers as rh
+from test_admin import admin_get, admin_port, rank_quantile
+
+BATCH = ["--batching", "--step-base-ms", "5", "--step-per-seq-ms", "1", "--prefill-tps", "20000"]
+PHASES = ("upload", "server_queue", "server_load", "server_prefill", "server_decode", "server_inference",
+          "unattributed")
+ROUNDS, N = 2, 6  # two rounds of 6 concurrent streams over a batch of 2: most queue
+US_MS = 0.001
+
+
+def stream(port, api, model, tag, include_usage=True, prompt_bytes=800, tokens=6):
+    """One streamed request; returns its id once answered 200."""
+    body = harness.api_body(api, stream=True, include_usage=include_usage, model=model,
+                            prompt=("%s " % tag) + "y" * prompt_bytes)
+    if api.startswith("openai"):
+        body["max_tokens"] = tokens
+    else:
+        body["options"] = {"num_predict": tokens}
+    resp, _ = harness.exchange(port, "POST", harness.API_PATHS[api], body, [("x-request-id", tag)])
+    assert resp is not None and resp.status == 200, (tag, resp and resp.status)
+    return tag
+
+
+def concurrently(fn, args, workers):
+    with concurrent.futures.ThreadPoolExecutor(workers) as ex:
+        return list(ex.map(fn, args))
+
+
+class HistogramsTest(harness.TestCase):
+    MODE = None  # the simulator's --server-timing
+    SHAPES = ()  # (api, model, include_usage, the server_timing the log must say)
+
+    @classmethod
+    def setUpClass(cls):
+        if cls.MODE is None and not cls.SHAPES:
+            return
+        cls.dir = tempfile.mkdtemp(prefix="tokentap-decomp-")
+        cls.addClassCleanup(shutil.rmtree, cls.dir, True)
+        cls.log = os.path.join(cls.dir, "access.log")
+        args = BATCH + ["--max-batch", "2"] + (["--server-timing", cls.MODE] if cls.MODE else [])
+        cls.sim = harness.start_sim(cls, *args)
+        cls.tt = harness.start_tokentap(cls, cls.sim.url, "--access-log", cls.log, "--data-dir",
+                                        os.path.join(cls.dir, "data"), "--flush-interval", "200ms", "--admin",
+                                        "127.0.0.1:0")
+        cls.admin = admin_port(cls.tt)
+
+    def entries(self, model, n):
+        got = []
+
+        def logged():
+            got[:] = [e for e in harness.read_access_log(self.log) if e.get("model") == model]
+            return len(got) >= n
+
+        self.assertTrue(harness.wait_until(logged, 10.0, 0.05), "%s: %d of %d log lines" % (model, len(got), n))
+        self.assertEqual(len(got), n)
+        return got
+
+    def series(self, model, n):
+        last = []
+
+        def seen():
+            r = admin_get(self.admin, "/stats?window=5m&model=%s" % model)
+            if r is None or r.status != 200:
+                return False
+            last[:] = [s for s in r.json()["series"] if s["model"] == model]
+            return len(last) == 1 and last[0]["requests"] >= n
+
+        self.assertTrue(harness.wait_until(seen, 10.0, 0.1), "%s: /stats shows all %d" % (model, n))
+        return last[0]
+
+    def check_shape(self, api, model, include_usage, source):
+        tags = ["it-decomp-%s-%d-%d" % (model, r, i) for r in range(ROUNDS) for i in range(N)]
+        for r in range(ROUNDS):
+            concurrently(lambda t: stream(self.tt.port, api, model, t, include_usage), tags[r * N:(r + 1) * N], N)
+        log = self.entries(model, len(tags))
+        s = self.series(model, len(tags))
+        self.assertEqual(s["requests"], len(tags))
+        reported = {}
+        for phase in PHASES:
+            vals = [e[phase + "_ms"] for e in log if e[phase + "_ms"] is not None]
+            if phase == "unattributed":  # kept as 0 below 0 (docs/metrics.md)
+                vals = [max(0.0, v) for v in vals]
+            m = s["metrics"][phase]
+            what = "%s %s" % (model, phase)
+            self.assertEqual(m["count"], len(vals), what)
+            reported[phase] = len(vals)
+            for q, key in ((0.5, "p50_ms"), (0.9, "p90_ms")):
+                if not vals:
+                    self.assertIsNone(m[key], what)
+                    continue
+                want = rank_quantile(vals, q)
+                self.assertLessEqual(abs(m[key] - want), 0.01 * want + 2 * US_MS,
+                                     "%s %s: stats %r, access log %r" % (what, key, m[key], want))
+        for e in log:
+            self.assertEqual(e["server_timing"], source, e)
+        # every request has tokentap's upload; the server rows only where it spoke
+        self.assertEqual(reported["upload"], len(tags))
+        # /metrics: the same counts, in seconds-named families
+        r = admin_get(self.admin, "/metrics")
+        self.assertEqual(r.status, 200)
+        text = r.body.decode()
+        for phase in PHASES:
+            family = "tokentap_%s_seconds" % phase
+            self.assertIn("# TYPE %s histogram" % family, text)
+            counts = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                      if line.startswith(family + "_count{") and 'model="%s"' % model in line]
+            self.assertEqual(sum(counts), reported[phase], "%s %s: %r" % (model, family, counts))
+        return reported
+
+
+class VllmShapesTest(HistogramsTest):
+    MODE = "vllm"
+
+    def test_vllm_chat(self):
+        n = self.check_shape("openai-chat", "vllm-shape", True, "vllm")
+        for phase in ("server_queue", "server_prefill", "server_decode", "unattributed"):
+            self.assertEqual(n[phase], ROUNDS * N, phase)
+        for phase in ("server_load", "server_inference"):
+            self.assertEqual(n[phase], 0, phase)
+
+    def test_ollama_chat(self):
+        n = self.check_shape("ollama-chat", "ollama-shape", True, "ollama")
+        for phase in ("server_load", "server_prefill", "server_decode", "unattributed"):
+            self.assertEqual(n[phase], ROUNDS * N, phase)
+        self.assertEqual(n["server_queue"], 0)
+
+
+class LlamacppShapeTest(HistogramsTest):
+    MODE = "llamacpp"
+
+    def test_llamacpp_chat(self):
+        n = self.check_shape("openai-chat", "llamacpp-shape", False, "llamacpp")
+        for phase in ("server_prefill", "server_decode", "unattributed"):
+            self.assertEqual(n[phase], ROUNDS * N, phase)
+        self.assertEqual(n["server_queue"], 0)  # llama.cpp reports none
+
+
+class SilentServerTest(HistogramsTest):
+    MODE = "off"
+
+    def test_no_timings(self):
+        n = self.check_shape("openai-chat", "silent-shape", True, None)
+        for phase in PHASES[1:]:
+            self.assertEqual(n[phase], 0, phase)
+
+
+class CompareAttributionTest(harness.TestCase):
+    def test_queue_bound_upstream_is_blamed_on_queueing(self):
+        datadir = tempfile.mkdtemp(prefix="tokentap-decomp-cmp-")
+        self.addCleanup(shutil.rmtree, datadir, True)
+        sims = {
+            "fast": harness.start_sim(self, *BATCH, "--max-batch", "16", "--server-timing", "vllm"),
+            "queued": harness.start_sim(self, *BATCH, "--max-batch", "1", "--server-timing", "vllm"),
+        }
+        body = rh.upstreams_yaml({k: v.url for k, v in sims.items()}) + (
+            "routes:\n  - name: chat\n    split:\n"
+            "      - {upstream: fast, weight: 2}\n      - {upstream: queued, weight: 1}\n")
+        tt = rh.start_conf(self, body, "--admin", "127.0.0.1:0", "--data-dir", datadir, "--flush-interval",
+                           "200ms", *rh.ONE_WORKER)
+        admin = admin_port(tt)
+        total = 60
+        lock = threading.Lock()
+        done = []
+
+        def one(i):
+            tag = stream(tt.port, "openai-chat", "cmp-model", "it-decomp-cmp-%d" % i, prompt_bytes=400, tokens=12)
+            with lock:
+                done.append(tag)
+
+        # 12 at a time: about 4 on the queue-bound one, each ~80 ms of decode
+        concurrently(one, range(total), 12)
+        self.assertEqual(len(done), total)
+        doc = []
+
+        def flushed():
+            r, _ = harness.exchange(admin, "GET", "/compare?route=chat&window=5m&cold=include")
+            if r is None or r.status != 200:
+                return False
+            doc[:] = [r.json()]
+            return sum(u["requests"] for u in doc[0]["upstreams"]) >= total
+
+        self.assertTrue(harness.wait_until(flushed, 10.0, 0.1), "compare shows every request")
+        doc = doc[0]
+        self.assertEqual(doc["baseline"], "fast")
+        ups = {u["upstream"]: u for u in doc["upstreams"]}
+        self.assertEqual(ups["queued"]["requests"], total // 3)
+        self.assertEqual(ups["queued"]["metrics"]["server_queue"]["count"], total // 3)
+        (diff,) = doc["differences"]
+        self.assertEqual(diff["upstream"], "queued")
+        self.assertEqual(diff["metrics"]["ttft"]["verdict"], "slower", diff["metrics"]["ttft"])
+        a = diff["ttft_attribution"]
+        self.assertTrue(a["slower"], a)
+        self.assertEqual(a["cause"], "server_queue", a)
+        self.assertEqual(a["cause_label"], "queueing (server)")
+        top = a["phases"][0]
+        self.assertEqual(top["phase"], "server_queue")
+        self.assertEqual(top["count"], total // 3)
+        self.assertEqual(top["baseline_count"], total - total // 3)
+        self.assertGreater(top["p50_diff_ms"], 0.5 * a["ttft_p50_diff_ms"], a)
+        self.assertEqual(len(a["phases"]), 7)
+        # the phases the fast one has no queue in still come with both counts
+        names = [p["phase"] for p in a["phases"]]
+        self.assertEqual(sorted(names), sorted(("queue", "connect", "upload", "server_queue", "server_load",
+                                                "server_prefill", "unattributed")))
