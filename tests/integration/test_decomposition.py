@@ -228,3 +228,81 @@ class CompareAttributionTest(harness.TestCase):
         names = [p["phase"] for p in a["phases"]]
         self.assertEqual(sorted(names), sorted(("queue", "connect", "upload", "server_queue", "server_load",
                                                 "server_prefill", "unattributed")))
+
+
+class DashboardPhasesTest(harness.TestCase):
+    """The dashboard (headless Chromium, as test_dashboard.py runs it): in
+    the recent-requests table, a stacked bar per request whose segments are
+    /requests/recent's phases, in order, adding up to the ttft; a request
+    whose server reported nothing shows tokentap's phases and the upstream's
+    share whole, marked; the upstreams table has the per-phase rows /stats
+    has."""
+
+    def test_stacked_bars(self):
+        from test_dashboard import Dom, check_no_page_errors, chromium_bin, run_chromium
+
+        chromium_bin()
+        datadir = tempfile.mkdtemp(prefix="tokentap-decomp-dash-")
+        self.addCleanup(shutil.rmtree, datadir, True)
+        sim = harness.start_sim(self, *BATCH, "--max-batch", "2", "--server-timing", "vllm")
+        tt = harness.start_tokentap(self, sim.url, "--data-dir", datadir, "--flush-interval", "200ms", "--admin",
+                                    "127.0.0.1:0")
+        admin = admin_port(tt)
+        # vLLM reports only on the usage chunk: without include_usage, nothing
+        spoke = ["it-dash-vllm-%d" % i for i in range(4)]
+        silent = ["it-dash-silent-%d" % i for i in range(2)]
+        concurrently(lambda t: stream(tt.port, "openai-chat", "dash-model", t), spoke, 4)
+        concurrently(lambda t: stream(tt.port, "openai-chat", "dash-model", t, include_usage=False), silent, 2)
+        self.assertTrue(harness.wait_until(
+            lambda: sum(s["requests"] for s in admin_get(admin, "/stats?window=1m").json()["series"]) >= 6, 8.0, 0.1))
+        recent = {r["id"]: r for r in admin_get(admin, "/requests/recent?n=15").json()["requests"]}
+        stats = admin_get(admin, "/stats?window=1m").json()["series"][0]
+
+        out, err = run_chromium(self, "http://127.0.0.1:%d/" % admin, "--dump-dom")
+        dom = Dom(out)
+        check_no_page_errors(self, dom, err)
+        rows = {e["attrs"]["data-id"]: e for e in dom.inside("recent", "tr") if "data-id" in e["attrs"]}
+        self.assertEqual(sorted(rows), sorted(spoke + silent))
+        widths = []
+        for rid, tr in rows.items():
+            r = recent[rid]
+            (svg,) = dom.inside(tr, "svg", "phases")
+            rects = dom.inside(svg, "rect", "phase")
+            got = [(e["attrs"]["data-phase"], float(e["attrs"]["data-ms"])) for e in rects]
+            tl = r["timeline_ms"]
+            if rid in silent:
+                self.assertIsNone(r["server_timing"])
+                self.assertEqual(svg["attrs"]["data-server"], "none")
+                want = [("head", tl["req_headers"]), ("queue", r["queue_ms"]), ("connect", r["connect_ms"]),
+                        ("upload", r["upload_ms"]), ("upstream", tl["first_token"] - tl["req_sent"])]
+                marks = [e for e in dom.inside(tr, "span") if e["attrs"].get("data-marked") == "no-server-timings"]
+                self.assertEqual(len(marks), 1, rid)
+            else:
+                self.assertEqual(r["server_timing"], "vllm")
+                self.assertEqual(svg["attrs"]["data-server"], "vllm")
+                want = [("head", tl["req_headers"]), ("queue", r["queue_ms"]), ("connect", r["connect_ms"]),
+                        ("upload", r["upload_ms"]), ("server_queue", r["server_queue_ms"]),
+                        ("server_prefill", r["server_prefill_ms"]), ("unattributed", max(0.0, r["unattributed_ms"]))]
+                self.assertEqual([e for e in dom.inside(tr, "span") if "data-marked" in e["attrs"]], [], rid)
+            self.assertEqual([k for k, _ in got], [k for k, _ in want], rid)
+            for (k, v), (_, w) in zip(got, want):
+                self.assertAlmostEqual(v, w, delta=1e-9 + 1e-9 * abs(w), msg="%s %s" % (rid, k))
+            total = sum(v for _, v in got)
+            self.assertAlmostEqual(total, r["ttft_ms"], delta=0.005 + max(0.0, -(r["unattributed_ms"] or 0.0)),
+                                   msg=rid)
+            widths.append((total, sum(float(e["attrs"]["width"]) for e in rects)))
+        # one scale for every bar: the longest is the full width
+        longest = max(widths)
+        self.assertAlmostEqual(longest[1], 240.0, delta=0.01)
+        for total, w in widths:
+            self.assertAlmostEqual(w, 240.0 * total / longest[0], delta=0.01)
+        # the upstreams table: the phase rows /stats has
+        for label, key in (("upload p50, ms", "upload"), ("server queue p50, ms", "server_queue"),
+                           ("server prefill p50, ms", "server_prefill"), ("unattributed p50, ms", "unattributed")):
+            row = [e for e in dom.inside("upstreams", "tr") if e["attrs"].get("data-row") == label]
+            self.assertEqual(len(row), 1, label)
+            (td,) = dom.inside(row[0], "td")[1:]
+            self.assertAlmostEqual(float(td["attrs"]["data-value"]), stats["metrics"][key]["p50_ms"], delta=1e-9)
+        # no model load nor inference anywhere in this traffic: no row
+        self.assertEqual([e for e in dom.inside("upstreams", "tr")
+                          if e["attrs"].get("data-row") in ("model load p50, ms", "server inference p50, ms")], [])
