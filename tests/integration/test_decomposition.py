@@ -18,6 +18,7 @@ are its own scheduler's truth.
 """
 
 import concurrent.futures
+import json
 import os
 import shutil
 import tempfile
@@ -99,8 +100,16 @@ class HistogramsTest(harness.TestCase):
         for r in range(ROUNDS):
             concurrently(lambda t: stream(self.tt.port, api, model, t, include_usage), tags[r * N:(r + 1) * N], N)
         log = self.entries(model, len(tags))
-        s = self.series(model, len(tags))
-        self.assertEqual(s["requests"], len(tags))
+        reported = self.check_histograms(model, log)
+        for e in log:
+            self.assertEqual(e["server_timing"], source, e)
+        return reported
+
+    def check_histograms(self, model, log):
+        """/stats's and /metrics's per-phase histograms of `model` against
+        its access log lines; returns the sample count of each phase."""
+        s = self.series(model, len(log))
+        self.assertEqual(s["requests"], len(log))
         reported = {}
         for phase in PHASES:
             vals = [e[phase + "_ms"] for e in log if e[phase + "_ms"] is not None]
@@ -117,10 +126,8 @@ class HistogramsTest(harness.TestCase):
                 want = rank_quantile(vals, q)
                 self.assertLessEqual(abs(m[key] - want), 0.01 * want + 2 * US_MS,
                                      "%s %s: stats %r, access log %r" % (what, key, m[key], want))
-        for e in log:
-            self.assertEqual(e["server_timing"], source, e)
         # every request has tokentap's upload; the server rows only where it spoke
-        self.assertEqual(reported["upload"], len(tags))
+        self.assertEqual(reported["upload"], len(log))
         # /metrics: the same counts, in seconds-named families
         r = admin_get(self.admin, "/metrics")
         self.assertEqual(r.status, 200)
@@ -168,6 +175,86 @@ class SilentServerTest(HistogramsTest):
         n = self.check_shape("openai-chat", "silent-shape", True, None)
         for phase in PHASES[1:]:
             self.assertEqual(n[phase], 0, phase)
+
+
+class NativeRoutesTest(HistogramsTest):
+    """llama.cpp's native /completion and TGI's /generate and
+    /generate_stream, as the simulator answers them: tokentap counts their
+    tokens and reads their timings as the simulator reported them."""
+
+    MODE = "llamacpp"
+
+    def native(self, path, body, tag):
+        resp, _ = harness.exchange(self.tt.port, "POST", path, body, [("x-request-id", tag)])
+        self.assertEqual(resp.status, 200, tag)
+        return resp
+
+    def test_llamacpp_completion(self):
+        model, n = "native-llamacpp", 5
+        tags = ["it-native-llamacpp-%d" % i for i in range(N)]
+
+        def one(i):
+            body = {"model": model, "prompt": ("%d " % i) + "y" * 800, "n_predict": n, "stream": i % 2 == 0}
+            return self.native("/completion", body, tags[i])
+
+        resps = concurrently(one, range(N), N)
+        log = {e["id"]: e for e in self.entries(model, N)}
+        for i, resp in enumerate(resps):
+            e = log[tags[i]]
+            if i % 2 == 0:
+                events = harness.events_of(resp)
+                final = json.loads(events[-1].data)
+                self.assertTrue(final["stop"])
+                self.assertEqual(e["token_events"], n, e)
+                self.assertTrue(e["stream"])
+            else:
+                final = resp.json()
+                self.assertFalse(e["stream"])
+            t = final["timings"]
+            self.assertEqual(e["api"], "llamacpp")
+            self.assertEqual(e["server_timing"], "llamacpp")
+            self.assertEqual(e["output_tokens"], n, e)
+            self.assertEqual(e["input_tokens"], t["prompt_n"] + t["cache_n"], e)
+            self.assertAlmostEqual(e["server_prefill_ms"], t["prompt_ms"], delta=0.0015)
+            self.assertAlmostEqual(e["server_decode_ms"], t["predicted_ms"], delta=0.0015)
+        counts = self.check_histograms(model, list(log.values()))
+        self.assertEqual(counts["server_prefill"], N)
+        self.assertEqual(counts["server_queue"], 0)  # llama.cpp reports none
+
+    def test_tgi_generate(self):
+        model, n = "native-tgi", 4
+        tags = ["it-native-tgi-%d" % i for i in range(N)]
+
+        def one(i):
+            body = {"model": model, "inputs": ("%d " % i) + "y" * 800,
+                    "parameters": {"max_new_tokens": n, "details": True}}
+            return self.native("/generate" if i % 2 else "/generate_stream", body, tags[i])
+
+        resps = concurrently(one, range(N), N)
+        log = {e["id"]: e for e in self.entries(model, N)}
+        queued = 0
+        for i, resp in enumerate(resps):
+            e = log[tags[i]]
+            self.assertEqual(e["api"], "tgi")
+            self.assertEqual(e["output_tokens"], n, e)
+            if i % 2 == 0:  # streamed: tokens, no timings (TGI sends none)
+                self.assertEqual(e["token_events"], n, e)
+                self.assertIsNone(e["server_timing"], e)
+                self.assertEqual(json.loads(harness.events_of(resp)[-1].data)["details"]["input_length"],
+                                 e["input_tokens"])
+                continue
+            self.assertEqual(resp.json()["details"]["generated_tokens"], n)
+            self.assertEqual(e["server_timing"], "tgi")
+            self.assertEqual(e["server_queue_ms"], float(resp.header("x-queue-time")), e)
+            self.assertEqual(e["server_inference_ms"], float(resp.header("x-inference-time")), e)
+            self.assertEqual(e["server_validation_ms"], 0.0, e)
+            self.assertGreater(e["server_inference_ms"], 0.0)
+            queued += e["server_queue_ms"] > 0
+        counts = self.check_histograms(model, list(log.values()))
+        self.assertEqual(counts["server_queue"], N // 2)
+        self.assertEqual(counts["server_inference"], N // 2)
+        self.assertEqual(counts["unattributed"], N // 2)
+        self.assertGreaterEqual(queued, 1, "a batch of 2 under 6 requests makes some queue")
 
 
 class CompareAttributionTest(harness.TestCase):
