@@ -237,6 +237,8 @@ class NativeRoutesTest(HistogramsTest):
             e = log[tags[i]]
             self.assertEqual(e["api"], "tgi")
             self.assertEqual(e["output_tokens"], n, e)
+            # the route says whether it streams, not the body
+            self.assertEqual(e["stream"], i % 2 == 0, e)
             if i % 2 == 0:  # streamed: tokens, no timings (TGI sends none)
                 self.assertEqual(e["token_events"], n, e)
                 self.assertIsNone(e["server_timing"], e)
