@@ -115,7 +115,7 @@ static json_t *entry_json(const struct recent_entry *e)
 	put(o, "bytes_in", u64_json(r->bytes_in));
 	put(o, "bytes_out", u64_json(r->bytes_out));
 	put(o, "cold", json_boolean(e->cold));
-	put(o, "inflight", json_integer((json_int_t)e->inflight));
+	put(o, "inflight", json_integer((json_int_t)e->load));
 
 	tl = json_object();
 	for (int i = 0; i < TL__COUNT && tl; i++) {

@@ -108,6 +108,26 @@ static uint64_t errors_of(const struct slice *s)
 
 static const unsigned compared[] = { HM_TTFT, HM_ITL, HM_TPOT, HM_E2E, HM_ANSWER_TTFT, HM_REASONING };
 
+/* The phases a ttft splits into (docs/metrics.md, "Where the time went"),
+ * each with the words /compare names it by. The time before the request's
+ * head is whole (req_headers - arrive) has no histogram: it is the client's
+ * upload to tokentap, not a difference between upstreams. */
+static const struct {
+	unsigned metric;
+	const char *label;
+} phases[] = {
+	{ HM_QUEUE, "queueing (tokentap)" },	     { HM_CONNECT, "connect" },	       { HM_UPLOAD, "upload" },
+	{ HM_SERVER_QUEUE, "queueing (server)" },    { HM_SERVER_LOAD, "model load" }, { HM_SERVER_PREFILL, "prefill" },
+	{ HM_UNATTRIBUTED, "network/unattributed" },
+};
+#define PHASES (sizeof(phases) / sizeof(phases[0]))
+
+/* The rest of the decomposition, shown per upstream beside the phases. */
+static const unsigned shown_too[] = { HM_SERVER_DECODE, HM_SERVER_INFERENCE };
+
+/* A phase's share of the ttft difference, at least, to be named its cause. */
+#define CAUSE_SHARE_MIN 0.25
+
 static json_t *upstream_json(const struct up_group *g, uint64_t elapsed, json_t *labels)
 {
 	const struct slice *s = &g->slice;
@@ -130,7 +150,89 @@ static json_t *upstream_json(const struct up_group *g, uint64_t elapsed, json_t 
 		ratio((double)s->counters[CT_CACHED_TOKENS], (double)s->counters[CT_CACHE_REPORTED_INPUT_TOKENS]));
 	for (size_t i = 0; i < sizeof(compared) / sizeof(compared[0]); i++)
 		json_object_set_new(m, hist_metric_name(compared[i]), stats_hist_json(s->slot[compared[i]], UNIT_US));
+	for (size_t i = 0; i < PHASES; i++)
+		json_object_set_new(m, hist_metric_name(phases[i].metric),
+				    stats_hist_json(s->slot[phases[i].metric], UNIT_US));
+	for (size_t i = 0; i < sizeof(shown_too) / sizeof(shown_too[0]); i++)
+		json_object_set_new(m, hist_metric_name(shown_too[i]), stats_hist_json(s->slot[shown_too[i]], UNIT_US));
 	json_object_set_new(o, "metrics", m);
+	return o;
+}
+
+static uint64_t count_of(const struct hist *h)
+{
+	return h ? h->count : 0;
+}
+
+/* Quantile q of x less that of the baseline, in ms. */
+static double quantile_diff_ms(const struct hist *x, const struct hist *b, double q)
+{
+	return ((double)hist_quantile(x, q) - (double)hist_quantile(b, q)) / 1000;
+}
+
+/* Which phases account for a worse ttft here than on the baseline: each
+ * phase's p50 and p90 differences, largest p50 difference first (phases
+ * without a sample on either side last, their differences null), with the
+ * counts behind them; `cause`, when this ttft is significantly slower, the
+ * phase with the largest p50 difference if that is at least a quarter of
+ * the ttft's. The quantiles of the parts need not add up to the quantile of
+ * the whole: each difference is that phase's own. */
+static json_t *attribution_json(const struct slice *x, const struct slice *base, bool slower)
+{
+	const struct hist *tx = x->slot[HM_TTFT], *tb = base->slot[HM_TTFT];
+	json_t *o = json_object(), *arr = json_array();
+	struct {
+		size_t i;
+		bool have;
+		double p50, p90;
+	} row[PHASES], tmp;
+	double ttft50 = NAN;
+
+	if (count_of(tx) && count_of(tb)) {
+		ttft50 = quantile_diff_ms(tx, tb, 0.5);
+		json_object_set_new(o, "ttft_p50_diff_ms", json_real(ttft50));
+		json_object_set_new(o, "ttft_p90_diff_ms", json_real(quantile_diff_ms(tx, tb, 0.9)));
+	} else {
+		json_object_set_new(o, "ttft_p50_diff_ms", json_null());
+		json_object_set_new(o, "ttft_p90_diff_ms", json_null());
+	}
+	json_object_set_new(o, "slower", json_boolean(slower));
+	for (size_t i = 0; i < PHASES; i++) {
+		const struct hist *hx = x->slot[phases[i].metric], *hb = base->slot[phases[i].metric];
+		row[i].i = i;
+		row[i].have = count_of(hx) && count_of(hb);
+		row[i].p50 = row[i].have ? quantile_diff_ms(hx, hb, 0.5) : NAN;
+		row[i].p90 = row[i].have ? quantile_diff_ms(hx, hb, 0.9) : NAN;
+	}
+	/* insertion sort, stable: the list's order among equals */
+	for (size_t i = 1; i < PHASES; i++) {
+		size_t j = i;
+		tmp = row[i];
+		while (j > 0 && tmp.have &&
+		       (!row[j - 1].have || tmp.p50 > row[j - 1].p50 ||
+			(tmp.p50 == row[j - 1].p50 && tmp.p90 > row[j - 1].p90))) {
+			row[j] = row[j - 1];
+			j--;
+		}
+		row[j] = tmp;
+	}
+	for (size_t k = 0; k < PHASES; k++) {
+		unsigned m = phases[row[k].i].metric;
+		json_t *e = json_object();
+		json_object_set_new(e, "phase", json_string(hist_metric_name(m)));
+		json_object_set_new(e, "label", json_string(phases[row[k].i].label));
+		json_object_set_new(e, "p50_diff_ms", row[k].have ? json_real(row[k].p50) : json_null());
+		json_object_set_new(e, "p90_diff_ms", row[k].have ? json_real(row[k].p90) : json_null());
+		json_object_set_new(e, "share",
+				    row[k].have && ttft50 > 0 ? json_real(row[k].p50 / ttft50) : json_null());
+		json_object_set_new(e, "count", u64(count_of(x->slot[m])));
+		json_object_set_new(e, "baseline_count", u64(count_of(base->slot[m])));
+		json_array_append_new(arr, e);
+	}
+	bool named = slower && ttft50 > 0 && row[0].have && row[0].p50 > 0 && row[0].p50 >= CAUSE_SHARE_MIN * ttft50;
+	json_object_set_new(o, "cause", named ? json_string(hist_metric_name(phases[row[0].i].metric)) : json_null());
+	json_object_set_new(o, "cause_label", named ? json_string(phases[row[0].i].label) : json_null());
+	json_object_set_new(o, "phases", arr);
 	return o;
 }
 
@@ -169,6 +271,8 @@ static json_t *difference_json(const struct up_group *x, const struct up_group *
 	uint64_t rx = x->slice.counters[CT_REQUESTS], rb = base->slice.counters[CT_REQUESTS];
 	const uint64_t *cx = x->slice.counters, *cb = base->slice.counters;
 
+	bool ttft_slower = false;
+
 	json_object_set_new(o, "upstream", json_string(x->upstream));
 	json_object_set_new(o, "baseline", json_string(base->upstream));
 	for (size_t i = 0; i < sizeof(compared) / sizeof(compared[0]); i++) {
@@ -190,6 +294,8 @@ static json_t *difference_json(const struct up_group *x, const struct up_group *
 			json_object_set_new(e, "p_value", json_real(rt.p));
 			json_object_set_new(e, "prob_slower", json_real(rt.prob_a_greater));
 			json_object_set_new(e, "significant", json_boolean(sig));
+			if (compared[i] == HM_TTFT)
+				ttft_slower = sig && rt.z > 0;
 			json_object_set_new(e, "verdict",
 					    json_string(!sig	   ? "no difference"
 							: rt.z > 0 ? "slower"
@@ -201,6 +307,7 @@ static json_t *difference_json(const struct up_group *x, const struct up_group *
 		json_object_set_new(m, hist_metric_name(compared[i]), e);
 	}
 	json_object_set_new(o, "metrics", m);
+	json_object_set_new(o, "ttft_attribution", attribution_json(&x->slice, &base->slice, ttft_slower));
 	json_object_set_new(o, "error_rate_diff",
 			    rx && rb ? json_real((double)errors_of(&x->slice) / (double)rx -
 						 (double)errors_of(&base->slice) / (double)rb)

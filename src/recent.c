@@ -41,7 +41,7 @@ void recent_free(struct recent *rc)
 	free(rc);
 }
 
-void recent_push(struct recent *rc, const struct req_record *r, unsigned inflight, bool cold)
+void recent_push(struct recent *rc, const struct req_record *r, unsigned load, bool cold)
 {
 	struct recent_entry e;
 	struct timeval tv;
@@ -55,7 +55,7 @@ void recent_push(struct recent *rc, const struct req_record *r, unsigned infligh
 	e.itl_max_ms = r->itl_total ? (double)r->itl_max / 1e6 : NAN;
 	gettimeofday(&tv, NULL);
 	e.unix_ms = (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
-	e.inflight = inflight;
+	e.load = load;
 	e.cold = cold;
 
 	pthread_mutex_lock(&rc->lock);

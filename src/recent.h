@@ -17,7 +17,7 @@
 struct recent_entry {
 	struct req_record rec; /* itl_ns is always NULL here */
 	uint64_t unix_ms;      /* wall clock when it finished */
-	unsigned inflight;
+	unsigned load;	       /* requests on or queued for its upstream when it was routed, itself included */
 	bool cold;
 	double itl_mean_ms, itl_max_ms; /* over the gaps the record kept; NaN when none */
 };
@@ -28,7 +28,7 @@ struct recent;
 struct recent *recent_new(size_t capacity);
 void recent_free(struct recent *rc);
 
-void recent_push(struct recent *rc, const struct req_record *r, unsigned inflight, bool cold);
+void recent_push(struct recent *rc, const struct req_record *r, unsigned load, bool cold);
 
 /* The ring's size, fixed at recent_new; 0 for NULL. */
 size_t recent_capacity(const struct recent *rc);

@@ -1,17 +1,24 @@
 /*
  * slice.c — recording into, merging and encoding series slices.
  *
- * Encoded form (version 2): byte 2; varint number of counters, then each
- * counter; varint number of histograms, then for each: varint slot, varint
- * byte length, and the histogram's own sparse encoding (hist_encode). Counts
- * of counters and slots are written, so a reader with fewer of either
- * rejects nothing it understands and a newer layout bumps the version byte.
+ * Encoded form (version 3): byte 3; varint number of counters, then each
+ * counter; the writer's layout of histograms, a count per kind: varint
+ * number of kinds, then the number of metrics (HIST_METRICS rows), of load
+ * curves (INFLIGHT_BUCKETS slots each) and of prompt curves
+ * (PROMPT_BUCKETS slots each); varint number of histograms, then for each:
+ * varint slot in that layout, varint byte length, and the histogram's own
+ * sparse encoding (hist_encode). Counters and rows are appended, never
+ * moved: a reader maps each slot through the writer's layout, reads rows it
+ * lacks as empty and skips rows it does not know, so a new counter, metric
+ * or curve needs no new version.
  *
- * Version 1 (before #15) had 11 counters before the error kinds and 12
- * histogram metrics before the load curves, and one prompt curve keyed on
- * the prompt as reported. It is still read: its counters and slots are
- * moved to today's positions, and its prompt curve, kept before any
- * caching was reported, fills both of today's (by prefill and raw).
+ * Version 2 (#15) wrote no layout: its slots were today's positions with 14
+ * metrics, 3 load curves and 2 prompt curves. Version 1 (before #15) had 11
+ * counters before the error kinds and 12 histogram metrics before the load
+ * curves, and one prompt curve keyed on the prompt as reported. Both are
+ * still read: their slots go through their frozen layout like a version-3
+ * one's, and version 1's prompt curve, kept before any caching was
+ * reported, fills both of today's (by prefill and raw).
  */
 #include "slice.h"
 
@@ -21,14 +28,22 @@
 
 #include "varint.h"
 
-#define SLICE_ENCODING_VERSION 2
+#define SLICE_ENCODING_VERSION 3
 
-/* Version 1's layout, frozen. */
+/* A histogram layout: how many of each kind of row, in slot order. */
+enum layout_kind { LK_METRICS, LK_CURVES, LK_PROMPTS, LK__COUNT };
+static const unsigned kind_width[LK__COUNT] = { 1, INFLIGHT_BUCKETS, PROMPT_BUCKETS };
+/* A layout's rows, at most (a bound on the input, far above any writer). */
+#define LAYOUT_ROWS_MAX 1024
+
+/* Today's layout, and the frozen ones of versions 1 and 2. */
+static const uint64_t layout_now[LK__COUNT] = { HM__COUNT, CURVE__COUNT, PROMPT_CURVES };
+static const uint64_t layout_v2[LK__COUNT] = { 14, 3, 2 };
+static const uint64_t layout_v1[LK__COUNT] = { 12, 3, 1 };
 #define V1_COUNTERS 11 /* REQUESTS .. SLO_MISSED; the error kinds follow */
-#define V1_METRICS 12  /* TTFT .. INFLIGHT; the curves follow */
-#define V1_SLOTS (V1_METRICS + CURVE__COUNT * INFLIGHT_BUCKETS + PROMPT_BUCKETS)
-_Static_assert(CT_SLO_MISSED + 1 == V1_COUNTERS && HM_INFLIGHT + 1 == V1_METRICS,
-	       "version 1's counters and metrics keep their positions");
+_Static_assert(CT_SLO_MISSED + 1 == V1_COUNTERS && HM_INFLIGHT + 1 == 12 && HM_REASONING + 1 == 14 &&
+		       CURVE__COUNT == 3 && PROMPT_CURVES == 2,
+	       "the rows of versions 1 and 2 keep their positions");
 
 static const char *const metric_names[] = {
 #define X(e, n, u, src, help) #n,
@@ -135,6 +150,11 @@ void slice_record_request(struct slice *s, const struct req_record *r, unsigned 
 	if (load && (h = slice_hist(s, HM_INFLIGHT)))
 		hist_record(h, load);
 
+	/* What neither side accounts for comes out a little below 0 when the
+	 * clocks disagree: kept as 0, so that every request whose server
+	 * reported timings counts. */
+	if (m[RM_UNATTRIBUTED] < 0)
+		m[RM_UNATTRIBUTED] = 0;
 	for (unsigned i = 0; i < HM__COUNT; i++)
 		if (metric_sources[i] != RM_NONE)
 			record_milli(s, i, m[metric_sources[i]]);
@@ -223,7 +243,7 @@ void slice_drop_curves(struct slice *s)
 
 size_t slice_encode(const struct slice *s, uint8_t **out)
 {
-	size_t cap = 1 + VARINT_MAX * (CT__COUNT + 2), n = 0, nh = 0;
+	size_t cap = 1 + VARINT_MAX * (CT__COUNT + LK__COUNT + 3), n = 0, nh = 0;
 	uint8_t *buf;
 
 	for (unsigned i = 0; i < SLICE_SLOTS; i++) {
@@ -239,6 +259,9 @@ size_t slice_encode(const struct slice *s, uint8_t **out)
 	n += varint_put(buf + n, CT__COUNT);
 	for (unsigned i = 0; i < CT__COUNT; i++)
 		n += varint_put(buf + n, s->counters[i]);
+	n += varint_put(buf + n, LK__COUNT);
+	for (unsigned k = 0; k < LK__COUNT; k++)
+		n += varint_put(buf + n, layout_now[k]);
 	n += varint_put(buf + n, nh);
 	for (unsigned i = 0; i < SLICE_SLOTS; i++) {
 		if (!s->slot[i] || !s->slot[i]->count)
@@ -271,54 +294,98 @@ static uint64_t v1_counter(uint64_t i)
 	return i < V1_COUNTERS ? i : i - V1_COUNTERS + CT_ERR_BASE;
 }
 
-/* Where slot i of a version-1 slice is today (its prompt curve: the one by
- * prefill; the raw one is filled from it once decoded). */
-static uint64_t v1_slot(uint64_t i)
+/* The writer's slots in all, under its layout. */
+static uint64_t layout_slots(const uint64_t layout[LK__COUNT])
 {
-	return i < V1_METRICS ? i : i - V1_METRICS + HM__COUNT;
+	uint64_t n = 0;
+	for (unsigned k = 0; k < LK__COUNT; k++)
+		n += layout[k] * kind_width[k];
+	return n;
+}
+
+/* Where slot `slot` of the writer's layout is today: SLICE_SLOTS for a row
+ * this reader does not have (skipped), -1 past the layout (malformed). */
+static int64_t layout_map(const uint64_t layout[LK__COUNT], uint64_t slot)
+{
+	uint64_t base = 0;
+	for (unsigned k = 0; k < LK__COUNT; k++) {
+		uint64_t n = layout[k] * kind_width[k];
+		if (slot < n) {
+			uint64_t row = slot / kind_width[k], b = slot % kind_width[k];
+			if (row >= layout_now[k])
+				return SLICE_SLOTS;
+			return (int64_t)(base + row * kind_width[k] + b);
+		}
+		slot -= n;
+		base += layout_now[k] * kind_width[k];
+	}
+	return -1;
 }
 
 int slice_decode_merge(struct slice *dst, const uint8_t *in, size_t len)
 {
 	const uint8_t *p = in, *end = in + len;
 	struct slice tmp;
-	uint64_t nc, nh, v;
+	uint64_t nc, nh, v, layout[LK__COUNT];
+	bool more_kinds = false;
 	int rc = -1;
 
 	memset(&tmp, 0, sizeof(tmp));
-	if (len < 1 || (*p != SLICE_ENCODING_VERSION && *p != 1))
+	if (len < 1 || *p < 1 || *p > SLICE_ENCODING_VERSION)
 		return -1;
-	const bool v1 = *p++ == 1;
-	const uint64_t slots = v1 ? V1_SLOTS : SLICE_SLOTS;
+	const unsigned version = *p++;
 	if (varint_get(&p, end, &nc) == -1 || nc > 4096)
 		return -1;
 	for (uint64_t i = 0; i < nc; i++) {
 		if (varint_get(&p, end, &v) == -1)
 			goto out;
-		uint64_t at = v1 ? v1_counter(i) : i;
+		uint64_t at = version == 1 ? v1_counter(i) : i;
 		if (at < CT__COUNT)
 			tmp.counters[at] = v; /* counters a newer writer added are skipped */
 	}
-	if (varint_get(&p, end, &nh) == -1 || nh > slots)
+	if (version >= 3) {
+		uint64_t nk;
+		if (varint_get(&p, end, &nk) == -1 || nk < LK__COUNT || nk > 64)
+			goto out;
+		for (uint64_t k = 0; k < nk; k++) {
+			if (varint_get(&p, end, &v) == -1 || v > LAYOUT_ROWS_MAX)
+				goto out;
+			/* kinds a newer writer added after ours: their slots
+			 * follow all of ours and are skipped */
+			if (k < LK__COUNT)
+				layout[k] = v;
+			else if (v)
+				more_kinds = true;
+		}
+	} else {
+		memcpy(layout, version == 1 ? layout_v1 : layout_v2, sizeof(layout));
+	}
+	const uint64_t slots = layout_slots(layout);
+	if (varint_get(&p, end, &nh) == -1 || nh > (more_kinds ? (uint64_t)(end - p) : slots))
 		goto out;
 	for (uint64_t i = 0; i < nh; i++) {
 		uint64_t slot, hlen;
+		int64_t at;
 		size_t used;
 		struct hist *h;
-		if (varint_get(&p, end, &slot) == -1 || slot >= slots || varint_get(&p, end, &hlen) == -1 ||
-		    hlen > (uint64_t)(end - p))
+		if (varint_get(&p, end, &slot) == -1 || varint_get(&p, end, &hlen) == -1 || hlen > (uint64_t)(end - p))
 			goto out;
-		if (v1)
-			slot = v1_slot(slot);
-		if (!(h = slice_hist(&tmp, (unsigned)slot)))
-			goto out;
-		if (hist_decode_merge(h, p, (size_t)hlen, &used) == -1 || used != hlen)
-			goto out;
+		if ((at = layout_map(layout, slot)) < 0) {
+			if (!more_kinds)
+				goto out;
+			at = SLICE_SLOTS;
+		}
+		if (at < SLICE_SLOTS) {
+			if (!(h = slice_hist(&tmp, (unsigned)at)))
+				goto out;
+			if (hist_decode_merge(h, p, (size_t)hlen, &used) == -1 || used != hlen)
+				goto out;
+		}
 		p += hlen;
 	}
 	if (p != end)
 		goto out;
-	for (unsigned b = 0; v1 && b < PROMPT_BUCKETS; b++) {
+	for (unsigned b = 0; version == 1 && b < PROMPT_BUCKETS; b++) {
 		const struct hist *h = tmp.slot[SLOT_PROMPT(b)];
 		struct hist *raw;
 		if (h && h->count) {

@@ -27,9 +27,9 @@ enum metric_unit { UNIT_US, UNIT_MILLI, UNIT_COUNT };
  * slice_record_request records it from, RM_NONE for the ones their own code
  * records (gaps, token counts, load). `help`: what one sample is, for the
  * Prometheus # HELP line of the time metrics (prom.c; docs/metrics.md has
- * the definitions). Stored slices index their histograms by position
- * (HM_*, then the curve slots): the rows do not move, new ones go at the
- * end, and slice.c's decoder maps an older layout's slots onto today's. */
+ * the definitions). Rows do not move and new ones go at the end: a stored
+ * slice carries its layout (a count of rows per kind, slice.c), so an
+ * older one reads with the new rows empty, with no new encoding version. */
 #define HIST_METRICS(X) \
 	X(TTFT, ttft, UNIT_US, RM_TTFT, "Time to first token at the proxy, from the request's arrival") \
 	X(UPSTREAM_TTFT, upstream_ttft, UNIT_US, RM_UPSTREAM_TTFT, \
@@ -47,7 +47,21 @@ enum metric_unit { UNIT_US, UNIT_MILLI, UNIT_COUNT };
 	  "Requests on or queued for the upstream when the request was routed, itself included") \
 	X(ANSWER_TTFT, answer_ttft, UNIT_US, RM_ANSWER_TTFT, \
 	  "Time to the first answer token (text or tool call, not reasoning), from the request's arrival") \
-	X(REASONING, reasoning, UNIT_US, RM_REASONING, "Reasoning span: from the first reasoning token to the last")
+	X(REASONING, reasoning, UNIT_US, RM_REASONING, "Reasoning span: from the first reasoning token to the last") \
+	X(UPLOAD, upload, UNIT_US, RM_UPLOAD, "Writing the request to the upstream, from connected to sent") \
+	X(SERVER_QUEUE, server_queue, UNIT_US, RM_SERVER_QUEUE, \
+	  "The engine's own queue wait, as it reported it (requests whose server reported one)") \
+	X(SERVER_LOAD, server_load, UNIT_US, RM_SERVER_LOAD, \
+	  "The engine's model load and runner wait, as it reported it (Ollama's load_duration)") \
+	X(SERVER_PREFILL, server_prefill, UNIT_US, RM_SERVER_PREFILL, \
+	  "The engine's prompt processing, as it reported it") \
+	X(SERVER_DECODE, server_decode, UNIT_US, RM_SERVER_DECODE, \
+	  "The engine's first output token to last, as it reported it") \
+	X(SERVER_INFERENCE, server_inference, UNIT_US, RM_SERVER_INFERENCE, \
+	  "The engine's prefill and decode together, where it does not split them (TGI)") \
+	X(UNATTRIBUTED, unattributed, UNIT_US, RM_UNATTRIBUTED, \
+	  "What neither tokentap nor the server accounts for (network, server front end), from 0; " \
+	  "requests whose server reported timings")
 
 enum hist_metric {
 #define X(e, n, u, src, help) HM_##e,
@@ -98,11 +112,13 @@ enum slice_counter {
 #define INFLIGHT_BUCKETS 12
 #define PROMPT_BUCKETS 22
 enum curve_metric { CURVE_TTFT, CURVE_ITL, CURVE_E2E, CURVE__COUNT };
+#define PROMPT_CURVES 2 /* by prefill, raw */
 
 #define SLOT_CURVE(c, b) (HM__COUNT + (c)*INFLIGHT_BUCKETS + (b))
-#define SLOT_PROMPT(b) (HM__COUNT + CURVE__COUNT * INFLIGHT_BUCKETS + (b))
-#define SLOT_PROMPT_RAW(b) (HM__COUNT + CURVE__COUNT * INFLIGHT_BUCKETS + PROMPT_BUCKETS + (b))
-#define SLICE_SLOTS (HM__COUNT + CURVE__COUNT * INFLIGHT_BUCKETS + 2 * PROMPT_BUCKETS)
+#define SLOT_PROMPT_CURVE(p, b) (HM__COUNT + CURVE__COUNT * INFLIGHT_BUCKETS + (p)*PROMPT_BUCKETS + (b))
+#define SLOT_PROMPT(b) SLOT_PROMPT_CURVE(0, b)
+#define SLOT_PROMPT_RAW(b) SLOT_PROMPT_CURVE(1, b)
+#define SLICE_SLOTS (HM__COUNT + CURVE__COUNT * INFLIGHT_BUCKETS + PROMPT_CURVES * PROMPT_BUCKETS)
 
 struct slice {
 	uint64_t counters[CT__COUNT];

@@ -2,7 +2,9 @@
  * sim_api.c — the endpoints of tokentap-sim and the exact bytes of every
  * response: OpenAI chat and completions (shaped like vLLM), OpenAI
  * Responses (shaped like the hosted API), Anthropic messages, Ollama chat
- * and generate, the model list, errors and the simulator's own /sim/stats.
+ * and generate, llama.cpp's native /completion, TGI's /generate and
+ * /generate_stream, the model list, errors and the simulator's own
+ * /sim/stats.
  *
  * This file decides *what* is sent; sim_conn.c decides *when*. A
  * generating response is a struct sim_stream: sim_conn calls
@@ -30,6 +32,9 @@ enum sim_endpoint {
 	EP_OLLAMA_CHAT,	    /* POST /api/chat */
 	EP_OLLAMA_GENERATE, /* POST /api/generate */
 	EP_RESPONSES,	    /* POST /v1/responses (OpenAI Responses API) */
+	EP_LLAMACPP,	    /* POST /completion (llama.cpp native) */
+	EP_TGI,		    /* POST /generate (TGI, never streamed) */
+	EP_TGI_STREAM,	    /* POST /generate_stream (TGI, always streamed) */
 };
 
 /* Which error body a path answers with, so each client sees its own shape. */
@@ -41,6 +46,7 @@ struct sim_stream {
 	bool include_usage; /* OpenAI stream_options.include_usage */
 	bool hit_limit;	    /* stopped by max_tokens: "length" */
 	bool keep_alive;
+	bool details;			  /* TGI: parameters.details, the body's "details" */
 	uint64_t n_in;			  /* prompt tokens, ceil(text bytes / 4) >= 1 */
 	uint64_t n_out;			  /* answer tokens to produce (text or tool call) */
 	uint64_t n_reason;		  /* reasoning tokens before the answer */
@@ -82,9 +88,10 @@ static const char *status_reason(int status)
 	}
 }
 
-/* content_length < 0 selects chunked transfer encoding. */
-static void write_head(struct evbuffer *out, int status, const char *ctype, int64_t content_length,
-		       const char *request_id, bool keep_alive)
+/* content_length < 0 selects chunked transfer encoding; `extra`: more
+ * header lines, each ending in CRLF, or NULL. */
+static void write_head_with(struct evbuffer *out, int status, const char *ctype, int64_t content_length,
+			    const char *request_id, bool keep_alive, const char *extra)
 {
 	evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\nserver: tokentap-sim\r\n", status, status_reason(status));
 	if (ctype != NULL)
@@ -97,15 +104,29 @@ static void write_head(struct evbuffer *out, int status, const char *ctype, int6
 		evbuffer_add_printf(out, "x-request-id: %s\r\n", request_id);
 	if (!keep_alive)
 		evbuffer_add_printf(out, "connection: close\r\n");
+	if (extra != NULL)
+		evbuffer_add(out, extra, strlen(extra));
 	evbuffer_add(out, "\r\n", 2);
 }
 
+static void write_head(struct evbuffer *out, int status, const char *ctype, int64_t content_length,
+		       const char *request_id, bool keep_alive)
+{
+	write_head_with(out, status, ctype, content_length, request_id, keep_alive, NULL);
+}
+
 /* A complete response whose body is the contents of body (drained). */
+static void write_whole_with(struct evbuffer *out, int status, const char *ctype, struct evbuffer *body,
+			     const char *request_id, bool keep_alive, const char *extra)
+{
+	write_head_with(out, status, ctype, (int64_t)evbuffer_get_length(body), request_id, keep_alive, extra);
+	evbuffer_add_buffer(out, body);
+}
+
 static void write_whole(struct evbuffer *out, int status, const char *ctype, struct evbuffer *body,
 			const char *request_id, bool keep_alive)
 {
-	write_head(out, status, ctype, (int64_t)evbuffer_get_length(body), request_id, keep_alive);
-	evbuffer_add_buffer(out, body);
+	write_whole_with(out, status, ctype, body, request_id, keep_alive, NULL);
 }
 
 /* Moves the scratch event into out as exactly one HTTP chunk. */
@@ -260,6 +281,9 @@ static void prompt_text(enum sim_endpoint ep, const json_t *req, struct evbuffer
 		content_text(json_object_get(req, "system"), text);
 		content_text(json_object_get(req, "prompt"), text);
 		break;
+	case EP_LLAMACPP: content_text(json_object_get(req, "prompt"), text); break;
+	case EP_TGI:
+	case EP_TGI_STREAM: content_text(json_object_get(req, "inputs"), text); break;
 	}
 }
 
@@ -288,6 +312,14 @@ static int output_limit(enum sim_endpoint ep, const json_t *req, int64_t *limit,
 		if (json_is_integer(v) && json_integer_value(v) < 0)
 			return 0;
 		break;
+	case EP_LLAMACPP:
+		v = json_object_get(req, "n_predict");
+		/* llama.cpp: -1 is "no limit" */
+		if (json_is_integer(v) && json_integer_value(v) < 0)
+			return 0;
+		break;
+	case EP_TGI:
+	case EP_TGI_STREAM: v = json_object_get(json_object_get(req, "parameters"), "max_new_tokens"); break;
 	}
 	if (v == NULL || json_is_null(v))
 		return 0;
@@ -360,7 +392,10 @@ static int64_t request_reasoning(enum sim_endpoint ep, const json_t *req)
 	}
 	case EP_OLLAMA_CHAT:
 	case EP_OLLAMA_GENERATE: return effort_tokens(json_object_get(req, "think"));
-	case EP_COMPLETIONS: return 0; /* no field carries reasoning */
+	case EP_COMPLETIONS:
+	case EP_LLAMACPP:
+	case EP_TGI:
+	case EP_TGI_STREAM: return 0; /* no field carries reasoning */
 	}
 	return -1;
 }
@@ -431,7 +466,10 @@ static void set_id(struct sim_stream *s)
 	}
 	case EP_OLLAMA_CHAT:
 	case EP_OLLAMA_GENERATE:
-		s->id[0] = '\0'; /* Ollama answers carry no id */
+	case EP_LLAMACPP:
+	case EP_TGI:
+	case EP_TGI_STREAM:
+		s->id[0] = '\0'; /* Ollama, llama.cpp's and TGI's answers carry no id */
 		break;
 	}
 }
@@ -459,10 +497,16 @@ static bool endpoint_of(const char *path, enum sim_endpoint *ep)
 		const char *path;
 		enum sim_endpoint ep;
 	} map[] = {
-		{ "/v1/chat/completions", EP_CHAT },	 { "/v1/completions", EP_COMPLETIONS },
-		{ "/v1/messages", EP_MESSAGES },	 { "/api/chat", EP_OLLAMA_CHAT },
-		{ "/api/generate", EP_OLLAMA_GENERATE }, { "/v1/responses", EP_RESPONSES },
+		{ "/v1/chat/completions", EP_CHAT },
+		{ "/v1/completions", EP_COMPLETIONS },
+		{ "/v1/messages", EP_MESSAGES },
+		{ "/api/chat", EP_OLLAMA_CHAT },
+		{ "/api/generate", EP_OLLAMA_GENERATE },
+		{ "/v1/responses", EP_RESPONSES },
 		{ "/responses", EP_RESPONSES },
+		{ "/completion", EP_LLAMACPP },
+		{ "/generate", EP_TGI },
+		{ "/generate_stream", EP_TGI_STREAM },
 	};
 
 	for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++) {
@@ -537,8 +581,11 @@ static struct sim_stream *begin_generation(enum sim_endpoint ep, const struct si
 	stream = json_object_get(req, "stream");
 	if (fam == FAM_OLLAMA)
 		s->streaming = !json_is_false(stream); /* Ollama streams by default */
+	else if (ep == EP_TGI || ep == EP_TGI_STREAM)
+		s->streaming = ep == EP_TGI_STREAM; /* the route decides, not the body */
 	else
 		s->streaming = json_is_true(stream);
+	s->details = json_is_true(json_object_get(json_object_get(req, "parameters"), "details"));
 	s->include_usage = json_is_true(json_object_get(json_object_get(req, "stream_options"), "include_usage"));
 
 	if (rq->tokens >= 0)
@@ -558,8 +605,8 @@ static struct sim_stream *begin_generation(enum sim_endpoint ep, const struct si
 	{
 		int64_t asked = request_reasoning(ep, req);
 
-		if (ep == EP_COMPLETIONS)
-			s->n_reason = 0;
+		if (ep == EP_COMPLETIONS || ep == EP_LLAMACPP || ep == EP_TGI || ep == EP_TGI_STREAM)
+			s->n_reason = 0; /* the APIs without a reasoning field */
 		else if (rq->reasoning_tokens >= 0)
 			s->n_reason = (uint64_t)rq->reasoning_tokens;
 		else if (asked == 0)
@@ -1168,8 +1215,42 @@ static void write_preamble(struct sim_stream *s, struct evbuffer *out)
 	case EP_RESPONSES: resp_preamble(s, out); break;
 	case EP_COMPLETIONS:
 	case EP_OLLAMA_CHAT:
-	case EP_OLLAMA_GENERATE: break;
+	case EP_OLLAMA_GENERATE:
+	case EP_LLAMACPP:
+	case EP_TGI:
+	case EP_TGI_STREAM: break;
 	}
+}
+
+/* TGI's details: why it stopped, the tokens, the prompt's length on the
+ * stream (input_length), the seed. */
+static void tgi_details(struct sim_stream *s, struct evbuffer *b, bool stream)
+{
+	evbuffer_add_printf(b, "{\"finish_reason\":\"%s\",\"generated_tokens\":%" PRIu64 ",\"seed\":null",
+			    s->hit_limit ? "length" : "eos_token", s->n_out);
+	if (stream)
+		evbuffer_add_printf(b, ",\"input_length\":%" PRIu64, s->n_in);
+	evbuffer_add(b, "}", 1);
+}
+
+/* One /generate_stream event: the token, and on the last one the whole
+ * text and the details (TGI sends them with its last token). */
+static void tgi_token(struct sim_stream *s, uint64_t k, const char *p, size_t plen, bool last)
+{
+	evbuffer_add_printf(s->ev, "data:{\"index\":%" PRIu64 ",\"token\":{\"id\":%" PRIu64 ",\"text\":", k + 1,
+			    1000 + (k * 7919) % 30000);
+	sim_json_str(s->ev, p, plen);
+	evbuffer_add_printf(s->ev, ",\"logprob\":-0.25,\"special\":false},\"generated_text\":");
+	if (last) {
+		size_t tlen;
+		const char *t = buf_text(s->text, &tlen);
+		sim_json_str(s->ev, t, tlen);
+		evbuffer_add_printf(s->ev, ",\"details\":");
+		tgi_details(s, s->ev, true);
+	} else {
+		evbuffer_add_printf(s->ev, "null,\"details\":null");
+	}
+	evbuffer_add_printf(s->ev, "}\n\n");
 }
 
 /* The first block (Anthropic) or item (Responses) opens with a ping. */
@@ -1323,6 +1404,16 @@ void sim_api_token(struct sim_stream *s, struct evbuffer *out)
 		evbuffer_add_printf(s->ev, "%s,\"done\":false}\n", s->ep == EP_OLLAMA_CHAT ? "}" : "");
 		break;
 	case EP_RESPONSES: resp_delta(s, out, reasoning, p, plen); break;
+	case EP_LLAMACPP:
+		evbuffer_add_printf(s->ev, "data: {\"index\":0,\"content\":");
+		sim_json_str(s->ev, p, plen);
+		evbuffer_add_printf(s->ev,
+				    ",\"tokens\":[],\"stop\":false,\"id_slot\":0,\"tokens_predicted\":%" PRIu64
+				    ",\"tokens_evaluated\":%" PRIu64 "}\n\n",
+				    k + 1, s->n_in);
+		break;
+	case EP_TGI_STREAM: tgi_token(s, k, p, plen, last); break;
+	case EP_TGI: break; /* never streamed */
 	}
 	emit_chunk(s, out);
 	s->emitted++;
@@ -1398,6 +1489,53 @@ static void openai_timing(struct sim_stream *s, struct evbuffer *b)
 	}
 }
 
+/* llama.cpp's closing fields of /completion (the streamed last object and
+ * the body), after its "content": its counts, why it stopped and its
+ * timings, always sent: the scheduler's account when reported, else the
+ * nominal times. */
+static void llamacpp_tail(struct sim_stream *s, struct evbuffer *b)
+{
+	uint64_t n = s->n_out, prompt_n = s->n_in > s->n_cached ? s->n_in - s->n_cached : 0;
+	uint64_t prompt_ns = s->ttft_ns, decode_ns = nominal_ns(s, n) - s->ttft_ns;
+
+	if (s->timing.known) {
+		prompt_ns = s->timing.prefill_ns;
+		decode_ns = s->timing.decode_ns;
+	}
+	evbuffer_add_printf(b,
+			    ",\"tokens\":[],\"id_slot\":0,\"stop\":true,\"model\":%s,\"tokens_predicted\":%" PRIu64
+			    ",\"tokens_evaluated\":%" PRIu64
+			    ",\"prompt\":\"\",\"has_new_line\":false,\"truncated\":false,"
+			    "\"stop_type\":\"%s\",\"stopping_word\":\"\",\"tokens_cached\":%" PRIu64 ",\"timings\":{",
+			    s->model_json, n, s->n_in, s->hit_limit ? "limit" : "eos", s->n_in + n);
+	evbuffer_add_printf(b, "\"cache_n\":%" PRIu64 ",\"prompt_n\":%" PRIu64 ",", s->n_cached, prompt_n);
+	add_ms(b, "prompt_ms", prompt_ns);
+	evbuffer_add_printf(b, ",\"predicted_n\":%" PRIu64 ",", n);
+	add_ms(b, "predicted_ms", decode_ns);
+	evbuffer_add_printf(b, "}}");
+}
+
+/* TGI's x-* headers on /generate, integer ms truncated as TGI's
+ * as_millis(): the scheduler's queue and its prefill + decode as the
+ * inference when reported, else none queued and the nominal times; no
+ * validation is simulated (0). */
+static void tgi_headers(struct sim_stream *s, char *buf, size_t size)
+{
+	uint64_t queue_ns = 0, infer_ns = nominal_ns(s, s->n_out);
+
+	if (s->timing.known) {
+		queue_ns = s->timing.queue_ns;
+		infer_ns = s->timing.prefill_ns + s->timing.decode_ns;
+	}
+	uint64_t q = queue_ns / 1000000, inf = infer_ns / 1000000;
+	snprintf(buf, size,
+		 "x-compute-type: gpu+optimized\r\nx-total-time: %" PRIu64
+		 "\r\nx-validation-time: 0\r\n"
+		 "x-queue-time: %" PRIu64 "\r\nx-inference-time: %" PRIu64 "\r\nx-time-per-token: %" PRIu64
+		 "\r\nx-prompt-tokens: %" PRIu64 "\r\nx-generated-tokens: %" PRIu64 "\r\n",
+		 (queue_ns + infer_ns) / 1000000, q, inf, s->n_out ? inf / s->n_out : 0, s->n_in, s->n_out);
+}
+
 static void finish_stream(struct sim_stream *s, struct evbuffer *out)
 {
 	if (s->emitted == 0)
@@ -1456,6 +1594,23 @@ static void finish_stream(struct sim_stream *s, struct evbuffer *out)
 		evbuffer_add(s->ev, "\n", 1);
 		emit_chunk(s, out);
 		break;
+	case EP_LLAMACPP:
+		evbuffer_add_printf(s->ev, "data: {\"index\":0,\"content\":\"\"");
+		llamacpp_tail(s, s->ev);
+		evbuffer_add_printf(s->ev, "\n\n");
+		emit_chunk(s, out);
+		break;
+	case EP_TGI_STREAM:
+		if (s->emitted == 0) { /* no token: the closing event alone */
+			evbuffer_add_printf(s->ev,
+					    "data:{\"index\":1,\"token\":{\"id\":0,\"text\":\"\",\"logprob\":0.0,"
+					    "\"special\":true},\"generated_text\":\"\",\"details\":");
+			tgi_details(s, s->ev, true);
+			evbuffer_add_printf(s->ev, "}\n\n");
+			emit_chunk(s, out);
+		}
+		break;
+	case EP_TGI: break; /* never streamed */
 	}
 	evbuffer_add(out, "0\r\n\r\n", 5);
 }
@@ -1556,6 +1711,28 @@ static void finish_block(struct sim_stream *s, struct evbuffer *out)
 		ollama_tail(s, b);
 		break;
 	case EP_RESPONSES: resp_object(s, b, true); break;
+	case EP_LLAMACPP:
+		evbuffer_add_printf(b, "{\"index\":0,\"content\":");
+		sim_json_str(b, t, tlen);
+		llamacpp_tail(s, b);
+		break;
+	case EP_TGI:
+	case EP_TGI_STREAM:
+		evbuffer_add_printf(b, "{\"generated_text\":");
+		sim_json_str(b, t, tlen);
+		if (s->details) {
+			evbuffer_add_printf(b, ",\"details\":");
+			tgi_details(s, b, false);
+		}
+		evbuffer_add_printf(b, "}");
+		break;
+	}
+	if (s->ep == EP_TGI) {
+		char extra[512];
+		tgi_headers(s, extra, sizeof(extra));
+		write_whole_with(out, 200, "application/json", b, s->request_id, s->keep_alive, extra);
+		evbuffer_free(b);
+		return;
 	}
 	write_whole(out, 200, "application/json", b, s->request_id, s->keep_alive);
 	evbuffer_free(b);

@@ -102,7 +102,7 @@ static void streamed_entry(struct recent_entry *e)
 	r->itl_n = 3;
 	r->itl_total = 3;
 	e->unix_ms = 1796000000123ull; /* 2026-11-30T00:53:20.123Z */
-	e->inflight = 3;
+	e->load = 3;
 	e->cold = true;
 	e->itl_mean_ms = 20.0;
 	e->itl_max_ms = 30.0;
@@ -126,7 +126,7 @@ static void failed_entry(struct recent_entry *e)
 	r->at[TL_ARRIVE] = 7 * MS;
 	r->at[TL_REQ_HEADERS] = 7 * MS + 1000;
 	e->unix_ms = 1796000000999ull;
-	e->inflight = 1;
+	e->load = 1;
 	e->itl_mean_ms = NAN;
 	e->itl_max_ms = NAN;
 }
@@ -296,7 +296,7 @@ static void test_ring_snapshot(void **state)
 	assert_string_equal(out[1].rec.id, "r3");
 	assert_string_equal(out[2].rec.id, "r2");
 	assert_true(out[0].cold);
-	assert_int_equal(out[0].inflight, 5);
+	assert_int_equal(out[0].load, 5);
 	assert_null(out[0].rec.itl_ns); /* never a pointer into a finished request */
 	assert_float_equal(out[0].itl_mean_ms, 20.0, 1e-9);
 	assert_float_equal(out[0].itl_max_ms, 30.0, 1e-9);

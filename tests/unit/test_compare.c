@@ -12,7 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "compare.h"
+#include "series_key.h"
+#include "slice.h"
+#include "store.h"
 
 static struct hist *hnew(void)
 {
@@ -145,12 +150,107 @@ static void test_prop_test(void **state)
 	assert_true(pt.p > 0.5);
 }
 
+/* One upstream's requests on route "chat": `n` of them, each phase's
+ * histogram at the given value (µs; 0: the phase not recorded), the ttft
+ * their sum. */
+static void add_upstream(struct store_result *r, const char *up, uint64_t n, uint64_t server_queue_us,
+			 uint64_t prefill_us, uint64_t unattributed_us)
+{
+	char key[SERIES_KEY_MAX];
+	size_t len = series_key_build(key, "chat", up, "m", false);
+	struct store_series *se = store_result_series(r, key, len);
+	assert_non_null(se);
+	struct slice *s = &se->slice;
+	s->counters[CT_REQUESTS] = n;
+	s->counters[CT_STATUS_2XX] = n;
+	hist_record_n(slice_hist(s, HM_QUEUE), 20, n);
+	hist_record_n(slice_hist(s, HM_CONNECT), 300, n);
+	hist_record_n(slice_hist(s, HM_UPLOAD), 40, n);
+	if (server_queue_us)
+		hist_record_n(slice_hist(s, HM_SERVER_QUEUE), server_queue_us, n);
+	hist_record_n(slice_hist(s, HM_SERVER_PREFILL), prefill_us, n);
+	hist_record_n(slice_hist(s, HM_UNATTRIBUTED), unattributed_us, n);
+	hist_record_n(slice_hist(s, HM_TTFT), 360 + server_queue_us + prefill_us + unattributed_us, n);
+}
+
+static json_t *compare_json(const struct store_result *r)
+{
+	json_error_t e;
+	char *text = compare_render(r, "chat", WIN_5M, 1, 0, NULL);
+	assert_non_null(text);
+	json_t *doc = json_loads(text, 0, &e);
+	free(text);
+	assert_non_null(doc);
+	return doc;
+}
+
+/* B's ttft is worse than A's because its requests wait in the engine's
+ * queue: /compare says so, phase by phase, largest difference first, with
+ * the counts behind each; a phase one side has no sample of comes last,
+ * without a difference. */
+static void test_attribution(void **state)
+{
+	struct store_result r;
+	(void)state;
+
+	memset(&r, 0, sizeof(r));
+	r.start_sec = 1000;
+	r.end_sec = 1099;
+	add_upstream(&r, "fast", 100, 1000, 40000, 5000);
+	add_upstream(&r, "slow", 60, 200000, 41000, 5000);
+	json_t *doc = compare_json(&r);
+	assert_string_equal(json_string_value(json_object_get(doc, "baseline")), "fast");
+	json_t *slow = json_array_get(json_object_get(doc, "upstreams"), 1);
+	json_t *sq = json_object_get(json_object_get(slow, "metrics"), "server_queue");
+	assert_int_equal(json_integer_value(json_object_get(sq, "count")), 60);
+	json_t *d = json_array_get(json_object_get(doc, "differences"), 0);
+	json_t *a = json_object_get(d, "ttft_attribution");
+	assert_non_null(a);
+	assert_true(json_is_true(json_object_get(a, "slower")));
+	assert_string_equal(json_string_value(json_object_get(a, "cause")), "server_queue");
+	assert_string_equal(json_string_value(json_object_get(a, "cause_label")), "queueing (server)");
+	assert_true(fabs(json_real_value(json_object_get(a, "ttft_p50_diff_ms")) - 200.0) < 3.0);
+	json_t *ph = json_object_get(a, "phases");
+	assert_int_equal(json_array_size(ph), 7);
+	json_t *p0 = json_array_get(ph, 0), *p1 = json_array_get(ph, 1);
+	assert_string_equal(json_string_value(json_object_get(p0, "phase")), "server_queue");
+	assert_true(fabs(json_real_value(json_object_get(p0, "p50_diff_ms")) - 199.0) < 2.5);
+	assert_true(fabs(json_real_value(json_object_get(p0, "p90_diff_ms")) - 199.0) < 2.5);
+	assert_int_equal(json_integer_value(json_object_get(p0, "count")), 60);
+	assert_int_equal(json_integer_value(json_object_get(p0, "baseline_count")), 100);
+	assert_true(json_real_value(json_object_get(p0, "share")) > 0.95);
+	assert_string_equal(json_string_value(json_object_get(p1, "phase")), "server_prefill");
+	assert_true(fabs(json_real_value(json_object_get(p1, "p50_diff_ms")) - 1.0) < 0.5);
+	/* the phases neither side lacks are all listed; server_load has no
+	 * sample on either side and comes last, its differences null */
+	json_t *last = json_array_get(ph, 6);
+	assert_string_equal(json_string_value(json_object_get(last, "phase")), "server_load");
+	assert_true(json_is_null(json_object_get(last, "p50_diff_ms")));
+	assert_int_equal(json_integer_value(json_object_get(last, "count")), 0);
+	json_decref(doc);
+	store_result_free(&r);
+
+	/* the other way round (the queue-bound upstream is the baseline): the
+	 * faster one is not slower, and no cause is named */
+	memset(&r, 0, sizeof(r));
+	r.start_sec = 1000;
+	r.end_sec = 1099;
+	add_upstream(&r, "fast", 60, 1000, 40000, 5000);
+	add_upstream(&r, "slow", 100, 200000, 41000, 5000);
+	doc = compare_json(&r);
+	a = json_object_get(json_array_get(json_object_get(doc, "differences"), 0), "ttft_attribution");
+	assert_true(json_is_false(json_object_get(a, "slower")));
+	assert_true(json_is_null(json_object_get(a, "cause")));
+	json_decref(doc);
+	store_result_free(&r);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_hand_worked),    cmocka_unit_test(test_same_distribution_not_rejected),
 		cmocka_unit_test(test_shift_detected), cmocka_unit_test(test_ks_critical),
-		cmocka_unit_test(test_prop_test),
+		cmocka_unit_test(test_prop_test),      cmocka_unit_test(test_attribution),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -227,6 +227,91 @@ static void on_event(void *arg, const struct framer_event *ev)
 	classify_event(f->api, ev, &f->u, NULL);
 }
 
+/* Token events and usage of `stream`, cut at `cut` (0: whole). */
+struct counted {
+	enum api_kind api;
+	struct usage u;
+	unsigned tokens;
+};
+
+static void on_counted(void *arg, const struct framer_event *ev)
+{
+	struct counted *c = arg;
+	c->tokens += classify_event(c->api, ev, &c->u, NULL) != TOKEN_NONE;
+}
+
+static struct counted count_split(enum api_kind api, const char *stream, size_t cut)
+{
+	struct framer fr;
+	struct counted c = { api, USAGE_UNKNOWN, 0 };
+	size_t n = strlen(stream);
+	framer_init(&fr, FRAMER_SSE, 1 << 16, on_counted, &c);
+	framer_feed(&fr, stream, cut ? cut : n);
+	if (cut)
+		framer_feed(&fr, stream + cut, n - cut);
+	framer_finish(&fr);
+	framer_free(&fr);
+	return c;
+}
+
+/* llama.cpp's native /completion and TGI's /generate_stream as
+ * tokentap-sim writes them (the engines' shapes: TGI's "data:" without a
+ * space, its details on the last token's event; llama.cpp's closing object
+ * with "stop":true and timings), cut at every byte: the same token events,
+ * token counts and timings. */
+static void test_native_streams_split(void **state)
+{
+	(void)state;
+	static const struct {
+		enum api_kind api;
+		const char *stream;
+		unsigned tokens;
+		int64_t in, out;
+	} cases[] = {
+		{ API_TGI,
+		  "data:{\"index\":1,\"token\":{\"id\":1000,\"text\":\"forty-two\",\"logprob\":-0.25,\"special\":false}"
+		  ","
+		  "\"generated_text\":null,\"details\":null}\n\n"
+		  "data:{\"index\":2,\"token\":{\"id\":8919,\"text\":\" seven\",\"logprob\":-0.25,\"special\":false},"
+		  "\"generated_text\":null,\"details\":null}\n\n"
+		  "data:{\"index\":3,\"token\":{\"id\":16838,\"text\":\" with\",\"logprob\":-0.25,\"special\":false},"
+		  "\"generated_text\":\"forty-two seven with\",\"details\":{\"finish_reason\":\"length\","
+		  "\"generated_tokens\":3,\"seed\":null,\"input_length\":3}}\n\n",
+		  3, 3, 3 },
+		{ API_LLAMACPP,
+		  "data: {\"index\":0,\"content\":\"prompt\",\"tokens\":[],\"stop\":false,\"id_slot\":0,"
+		  "\"tokens_predicted\":1,\"tokens_evaluated\":5}\n\n"
+		  "data: {\"index\":0,\"content\":\" chunk\",\"tokens\":[],\"stop\":false,\"id_slot\":0,"
+		  "\"tokens_predicted\":2,\"tokens_evaluated\":5}\n\n"
+		  "data: {\"index\":0,\"content\":\"\",\"tokens\":[],\"id_slot\":0,\"stop\":true,\"model\":\"m\","
+		  "\"tokens_predicted\":2,\"tokens_evaluated\":5,\"prompt\":\"\",\"has_new_line\":false,"
+		  "\"truncated\":false,\"stop_type\":\"limit\",\"stopping_word\":\"\",\"tokens_cached\":7,"
+		  "\"timings\":{\"cache_n\":0,\"prompt_n\":5,\"prompt_ms\":9.008536,\"predicted_n\":2,"
+		  "\"predicted_ms\":18.383409}}\n\n",
+		  2, 5, 2 },
+	};
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		struct counted whole = count_split(cases[c].api, cases[c].stream, 0);
+		assert_int_equal(whole.tokens, cases[c].tokens);
+		assert_int_equal(whole.u.input_tokens, cases[c].in);
+		assert_int_equal(whole.u.output_tokens, cases[c].out);
+		if (cases[c].api == API_LLAMACPP) {
+			assert_int_equal(whole.u.server.source, SERVER_LLAMACPP);
+			assert_int_equal(whole.u.server.prefill_ns, 9008536);
+			assert_int_equal(whole.u.server.decode_ns, 18383409);
+		} else {
+			assert_int_equal(whole.u.server.source, SERVER_NONE);
+		}
+		for (size_t cut = 1; cut < strlen(cases[c].stream); cut++) {
+			struct counted part = count_split(cases[c].api, cases[c].stream, cut);
+			assert_int_equal(part.tokens, whole.tokens);
+			assert_int_equal(part.u.input_tokens, whole.u.input_tokens);
+			assert_int_equal(part.u.output_tokens, whole.u.output_tokens);
+			timing_eq(&part.u.server, &whole.u.server);
+		}
+	}
+}
+
 static struct usage feed_split(enum api_kind api, enum framer_kind kind, const char *stream, size_t cut)
 {
 	struct framer fr;
@@ -417,9 +502,13 @@ static void test_decomposition(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_llamacpp),    cmocka_unit_test(test_ollama),
-		cmocka_unit_test(test_vllm),	    cmocka_unit_test(test_split_at_every_byte),
-		cmocka_unit_test(test_tgi_headers), cmocka_unit_test(test_decomposition),
+		cmocka_unit_test(test_llamacpp),
+		cmocka_unit_test(test_ollama),
+		cmocka_unit_test(test_vllm),
+		cmocka_unit_test(test_split_at_every_byte),
+		cmocka_unit_test(test_native_streams_split),
+		cmocka_unit_test(test_tgi_headers),
+		cmocka_unit_test(test_decomposition),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

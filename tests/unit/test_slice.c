@@ -16,6 +16,7 @@
 #include "slice.h"
 #include "stats.h"
 #include "store_fixture.h"
+#include "varint.h"
 
 static void test_slice_encode_roundtrip(void **state)
 {
@@ -183,6 +184,141 @@ static void assert_v1_fixture_values(const struct slice *b)
 	assert_true(!b->slot[HM_ANSWER_TTFT] || !b->slot[HM_ANSWER_TTFT]->count);
 }
 
+/* A slice as main's encoder wrote it after #15 (version 2: 25 counters,
+ * slots at fixed positions, 14 metrics then 3 load curves then 2 prompt
+ * curves): counters 100 + i at every position; ttft 3 x 50 ms; inflight 4;
+ * answer_ttft 2 x 30 ms; reasoning 20 ms; the ITL load curve's bucket 2,
+ * 7 x 1.5 ms; the prefill prompt curve's bucket 9, 2 x 80 ms; the raw one's
+ * bucket 10, 120 ms, and its last, 130 ms. */
+static const uint8_t slice_v2_fixture[] = {
+	0x02, 0x19, 0x64, 0x65, 0x66, 0x67, 0x68, 0x69, 0x6a, 0x6b, 0x6c, 0x6d, 0x6e, 0x6f, 0x70, 0x71, 0x72,
+	0x73, 0x74, 0x75, 0x76, 0x77, 0x78, 0x79, 0x7a, 0x7b, 0x7c, 0x08, 0x00, 0x0e, 0x03, 0xf0, 0x93, 0x09,
+	0xd0, 0x86, 0x03, 0xd0, 0x86, 0x03, 0x02, 0x89, 0x04, 0x03, 0x0b, 0x07, 0x01, 0x04, 0x04, 0x04, 0x02,
+	0x04, 0x01, 0x0c, 0x0e, 0x02, 0xe0, 0xd4, 0x03, 0xb0, 0xea, 0x01, 0xb0, 0xea, 0x01, 0x02, 0xef, 0x03,
+	0x02, 0x0d, 0x0e, 0x01, 0xa0, 0x9c, 0x01, 0xa0, 0x9c, 0x01, 0xa0, 0x9c, 0x01, 0x02, 0xda, 0x03, 0x01,
+	0x1c, 0x0b, 0x07, 0x84, 0x52, 0xdc, 0x0b, 0xdc, 0x0b, 0x02, 0xd3, 0x02, 0x07, 0x3b, 0x0e, 0x02, 0x80,
+	0xe2, 0x09, 0x80, 0xf1, 0x04, 0x80, 0xf1, 0x04, 0x02, 0xa2, 0x04, 0x02, 0x52, 0x0e, 0x01, 0xc0, 0xa9,
+	0x07, 0xc0, 0xa9, 0x07, 0xc0, 0xa9, 0x07, 0x02, 0xb7, 0x04, 0x01, 0x5d, 0x0e, 0x01, 0xd0, 0xf7, 0x07,
+	0xd0, 0xf7, 0x07, 0xd0, 0xf7, 0x07, 0x02, 0xbb, 0x04, 0x01,
+};
+
+static void assert_v2_fixture_values(const struct slice *b)
+{
+	for (unsigned c = 0; c < CT__COUNT; c++)
+		assert_int_equal(b->counters[c], 100 + c);
+	assert_int_equal(b->slot[HM_TTFT]->count, 3);
+	assert_int_equal(b->slot[HM_TTFT]->min, 50000);
+	assert_int_equal(b->slot[HM_INFLIGHT]->max, 4);
+	assert_int_equal(b->slot[HM_ANSWER_TTFT]->count, 2);
+	assert_int_equal(b->slot[HM_ANSWER_TTFT]->min, 30000);
+	assert_int_equal(b->slot[HM_REASONING]->count, 1);
+	assert_int_equal(b->slot[HM_REASONING]->max, 20000);
+	assert_int_equal(b->slot[SLOT_CURVE(CURVE_ITL, 2)]->count, 7);
+	assert_int_equal(b->slot[SLOT_CURVE(CURVE_ITL, 2)]->sum, 7 * 1500);
+	assert_int_equal(b->slot[SLOT_PROMPT(9)]->count, 2);
+	assert_int_equal(b->slot[SLOT_PROMPT(9)]->min, 80000);
+	assert_int_equal(b->slot[SLOT_PROMPT_RAW(10)]->max, 120000);
+	assert_int_equal(b->slot[SLOT_PROMPT_RAW(PROMPT_BUCKETS - 1)]->max, 130000);
+	unsigned used = 0;
+	for (unsigned i = 0; i < SLICE_SLOTS; i++)
+		used += b->slot[i] && b->slot[i]->count;
+	assert_int_equal(used, 8);
+}
+
+/* Version 2 reads back the same, and is written again in today's layout. */
+static void test_slice_decodes_version_2(void **state)
+{
+	struct slice b, c;
+	uint8_t *blob = NULL;
+	(void)state;
+
+	memset(&b, 0, sizeof(b));
+	memset(&c, 0, sizeof(c));
+	assert_int_equal(slice_decode_merge(&b, slice_v2_fixture, sizeof(slice_v2_fixture)), 0);
+	assert_v2_fixture_values(&b);
+	size_t len = slice_encode(&b, &blob);
+	assert_true(len > 0);
+	assert_int_equal(blob[0], 3);
+	/* the layout costs 4 bytes: a count of kinds and a count per kind */
+	assert_int_equal(len, sizeof(slice_v2_fixture) + 4);
+	assert_int_equal(slice_decode_merge(&c, blob, len), 0);
+	assert_v2_fixture_values(&c);
+	free(blob);
+	slice_release(&b);
+	slice_release(&c);
+}
+
+/* Appends `n` bytes to a blob being built. */
+static size_t put(uint8_t *buf, size_t at, const uint8_t *src, size_t n)
+{
+	memcpy(buf + at, src, n);
+	return at + n;
+}
+
+/* A version-3 slice carries its layout: one from a writer with fewer rows
+ * (12 metrics, as before answer_ttft) reads with the rows it lacks empty and
+ * its curves where they are today; one from a writer with more (another
+ * metric, a fourth load curve, a third prompt curve, a fourth kind) reads
+ * with the rows this reader lacks skipped; slots past the layout are
+ * refused. The histogram in each is the v2 fixture's ttft (3 x 50 ms). */
+static void test_slice_layout_appends(void **state)
+{
+	const uint8_t *ttft = slice_v2_fixture + 30; /* 14 bytes */
+	uint8_t buf[256];
+	struct slice b;
+	size_t n = 0;
+	(void)state;
+
+	/* older: 1 counter; layout 12 metrics, 3 curves, 1 prompt curve; the
+	 * ttft at slot 0 and at slot 12, the first load curve's bucket 0 */
+	const uint8_t head_old[] = { 3, 1, 9, 3, 12, 3, 1, 2 };
+	n = put(buf, n, head_old, sizeof(head_old));
+	n = put(buf, n, (const uint8_t[]){ 0, 14 }, 2);
+	n = put(buf, n, ttft, 14);
+	n = put(buf, n, (const uint8_t[]){ 12, 14 }, 2);
+	n = put(buf, n, ttft, 14);
+	memset(&b, 0, sizeof(b));
+	assert_int_equal(slice_decode_merge(&b, buf, n), 0);
+	assert_int_equal(b.counters[0], 9);
+	assert_int_equal(b.slot[HM_TTFT]->count, 3);
+	assert_int_equal(b.slot[SLOT_CURVE(CURVE_TTFT, 0)]->count, 3);
+	assert_int_equal(b.slot[SLOT_CURVE(CURVE_TTFT, 0)]->min, 50000);
+	assert_null(b.slot[HM_ANSWER_TTFT]);
+	/* slot 12 + 3 x 12 + 22 = 70 is past that layout */
+	buf[sizeof(head_old) + 16] = 70;
+	assert_int_equal(slice_decode_merge(&b, buf, n), -1);
+	buf[sizeof(head_old) + 16] = 69; /* the last prompt bucket */
+	assert_int_equal(slice_decode_merge(&b, buf, n), 0);
+	assert_int_equal(b.slot[SLOT_PROMPT(PROMPT_BUCKETS - 1)]->count, 3);
+	assert_null(b.slot[SLOT_PROMPT_RAW(PROMPT_BUCKETS - 1)]);
+	slice_release(&b);
+
+	/* newer: layout HM__COUNT + 1 metrics, 4 curves, 3 prompt curves and
+	 * a fourth kind with 2 rows; histograms at the unknown metric, at the
+	 * fourth curve, at the third prompt curve and past all of them (the
+	 * fourth kind), all skipped; and at the second prompt curve's bucket
+	 * 5, kept */
+	const unsigned m = HM__COUNT + 1, cv = m + 4 * INFLIGHT_BUCKETS;
+	const unsigned slots[] = { HM__COUNT, m + 3 * INFLIGHT_BUCKETS, cv + 2 * PROMPT_BUCKETS + 1,
+				   cv + 3 * PROMPT_BUCKETS + 5, cv + PROMPT_BUCKETS + 5 };
+	n = 0;
+	const uint8_t head_new[] = { 3, 0, 4, (uint8_t)m, 4, 3, 2, 5 };
+	n = put(buf, n, head_new, sizeof(head_new));
+	for (unsigned i = 0; i < 5; i++) {
+		n += varint_put(buf + n, slots[i]);
+		buf[n++] = 14;
+		n = put(buf, n, ttft, 14);
+	}
+	memset(&b, 0, sizeof(b));
+	assert_int_equal(slice_decode_merge(&b, buf, n), 0);
+	unsigned used = 0;
+	for (unsigned i = 0; i < SLICE_SLOTS; i++)
+		used += b.slot[i] && b.slot[i]->count;
+	assert_int_equal(used, 1);
+	assert_int_equal(b.slot[SLOT_PROMPT_RAW(5)]->count, 3);
+	slice_release(&b);
+}
+
 /* Stored data written before the layout grew reads back the same. */
 static void test_slice_decodes_version_1(void **state)
 {
@@ -284,6 +420,63 @@ static void test_slice_records_reasoning_and_cache(void **state)
 	slice_release(&sl);
 }
 
+/* The TTFT decomposition per series: upload for every request, the server
+ * phases and the remainder only for requests whose server reported them;
+ * a remainder below 0 (clocks disagreeing) is kept as 0, so that every
+ * reporting request counts. */
+static void test_slice_records_decomposition(void **state)
+{
+	struct slice sl;
+	struct req_record r;
+	(void)state;
+
+	memset(&sl, 0, sizeof(sl));
+	fake_request(&r, 50000, 4, 1000); /* ttft 50 ms; request sent 2 µs in */
+	r.usage.server.source = SERVER_VLLM;
+	r.usage.server.queue_ns = 20000000;
+	r.usage.server.prefill_ns = 25000000;
+	r.usage.server.decode_ns = 3000000;
+	slice_record_request(&sl, &r, 1, &test_slo);
+	record_release(&r);
+	assert_int_equal(sl.slot[HM_UPLOAD]->count, 1);
+	assert_int_equal(sl.slot[HM_UPLOAD]->max, 1);
+	assert_int_equal(sl.slot[HM_SERVER_QUEUE]->max, 20000);
+	assert_int_equal(sl.slot[HM_SERVER_PREFILL]->max, 25000);
+	assert_int_equal(sl.slot[HM_SERVER_DECODE]->max, 3000);
+	assert_int_equal(sl.slot[HM_UNATTRIBUTED]->max, 50000 - 2 - 45000);
+	assert_null(sl.slot[HM_SERVER_LOAD]);
+	assert_null(sl.slot[HM_SERVER_INFERENCE]);
+
+	/* the server said nothing: tokentap's phases only */
+	fake_request(&r, 40000, 4, 1000);
+	slice_record_request(&sl, &r, 1, &test_slo);
+	record_release(&r);
+	assert_int_equal(sl.slot[HM_UPLOAD]->count, 2);
+	assert_int_equal(sl.slot[HM_SERVER_QUEUE]->count, 1);
+	assert_int_equal(sl.slot[HM_UNATTRIBUTED]->count, 1);
+
+	/* Ollama's load and TGI's inference; a remainder below 0 is 0 */
+	fake_request(&r, 10000, 4, 1000);
+	r.usage.server.source = SERVER_OLLAMA;
+	r.usage.server.load_ns = 7000000;
+	r.usage.server.prefill_ns = 4000000;
+	slice_record_request(&sl, &r, 1, &test_slo);
+	record_release(&r);
+	assert_int_equal(sl.slot[HM_SERVER_LOAD]->max, 7000);
+	assert_int_equal(sl.slot[HM_UNATTRIBUTED]->count, 2);
+	assert_int_equal(sl.slot[HM_UNATTRIBUTED]->min, 0);
+	fake_request(&r, 10000, 0, 0);
+	r.usage.server.source = SERVER_TGI;
+	r.usage.server.inference_ns = 6000000;
+	slice_record_request(&sl, &r, 1, &test_slo);
+	record_release(&r);
+	assert_int_equal(sl.slot[HM_SERVER_INFERENCE]->max, 6000);
+	assert_int_equal(sl.slot[HM_SERVER_QUEUE]->count, 1);
+	assert_string_equal(hist_metric_name(HM_SERVER_QUEUE), "server_queue");
+	assert_string_equal(hist_metric_name(HM_UNATTRIBUTED), "unattributed");
+	slice_release(&sl);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -292,6 +485,9 @@ int main(void)
 		cmocka_unit_test(test_itl_rounds_to_nearest),
 		cmocka_unit_test(test_model_cap),
 		cmocka_unit_test(test_slice_decodes_version_1),
+		cmocka_unit_test(test_slice_decodes_version_2),
+		cmocka_unit_test(test_slice_layout_appends),
+		cmocka_unit_test(test_slice_records_decomposition),
 		cmocka_unit_test(test_slice_records_reasoning_and_cache),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,397 @@
+"""test_decomposition.py — the TTFT decomposition as histograms per series
+(docs/metrics.md, "Where the time went" and "Attributing a difference"),
+through tokentap to tokentap-sim in its batching model, whose server timings
+are its own scheduler's truth.
+
+- For each engine shape the simulator reports in (vLLM's "metrics" on the
+  chat usage chunk, Ollama's durations, llama.cpp's "timings" on the finish
+  chunk, and a server that reports nothing), under enough load that requests
+  queue: /stats's per-phase histograms (upload, server_queue, server_load,
+  server_prefill, server_decode, server_inference, unattributed) hold
+  exactly as many samples as the access log has values for that phase
+  (none for the phases the shape does not report), their p50 and p90 within
+  the histogram's bound of the log's (test_stats_accuracy.py explains it),
+  and /metrics exports the same counts.
+- /compare between a fast simulator and a queue-bound one (a batch of one
+  under the same concurrency), both vLLM-shaped, names the engine's
+  queueing as the cause of the slower TTFT, with the counts behind it.
+"""
+
+import concurrent.futures
+import json
+import os
+import shutil
+import tempfile
+import threading
+
+import harness
+import routing_helpers as rh
+from test_admin import admin_get, admin_port, rank_quantile
+
+BATCH = ["--batching", "--step-base-ms", "5", "--step-per-seq-ms", "1", "--prefill-tps", "20000"]
+PHASES = ("upload", "server_queue", "server_load", "server_prefill", "server_decode", "server_inference",
+          "unattributed")
+ROUNDS, N = 2, 6  # two rounds of 6 concurrent streams over a batch of 2: most queue
+US_MS = 0.001
+
+
+def stream(port, api, model, tag, include_usage=True, prompt_bytes=800, tokens=6):
+    """One streamed request; returns its id once answered 200."""
+    body = harness.api_body(api, stream=True, include_usage=include_usage, model=model,
+                            prompt=("%s " % tag) + "y" * prompt_bytes)
+    if api.startswith("openai"):
+        body["max_tokens"] = tokens
+    else:
+        body["options"] = {"num_predict": tokens}
+    resp, _ = harness.exchange(port, "POST", harness.API_PATHS[api], body, [("x-request-id", tag)])
+    assert resp is not None and resp.status == 200, (tag, resp and resp.status)
+    return tag
+
+
+def concurrently(fn, args, workers):
+    with concurrent.futures.ThreadPoolExecutor(workers) as ex:
+        return list(ex.map(fn, args))
+
+
+class HistogramsTest(harness.TestCase):
+    MODE = None  # the simulator's --server-timing
+    SHAPES = ()  # (api, model, include_usage, the server_timing the log must say)
+
+    @classmethod
+    def setUpClass(cls):
+        if cls.MODE is None and not cls.SHAPES:
+            return
+        cls.dir = tempfile.mkdtemp(prefix="tokentap-decomp-")
+        cls.addClassCleanup(shutil.rmtree, cls.dir, True)
+        cls.log = os.path.join(cls.dir, "access.log")
+        args = BATCH + ["--max-batch", "2"] + (["--server-timing", cls.MODE] if cls.MODE else [])
+        cls.sim = harness.start_sim(cls, *args)
+        cls.tt = harness.start_tokentap(cls, cls.sim.url, "--access-log", cls.log, "--data-dir",
+                                        os.path.join(cls.dir, "data"), "--flush-interval", "200ms", "--admin",
+                                        "127.0.0.1:0")
+        cls.admin = admin_port(cls.tt)
+
+    def entries(self, model, n):
+        got = []
+
+        def logged():
+            got[:] = [e for e in harness.read_access_log(self.log) if e.get("model") == model]
+            return len(got) >= n
+
+        self.assertTrue(harness.wait_until(logged, 10.0, 0.05), "%s: %d of %d log lines" % (model, len(got), n))
+        self.assertEqual(len(got), n)
+        return got
+
+    def series(self, model, n):
+        last = []
+
+        def seen():
+            r = admin_get(self.admin, "/stats?window=5m&model=%s" % model)
+            if r is None or r.status != 200:
+                return False
+            last[:] = [s for s in r.json()["series"] if s["model"] == model]
+            return len(last) == 1 and last[0]["requests"] >= n
+
+        self.assertTrue(harness.wait_until(seen, 10.0, 0.1), "%s: /stats shows all %d" % (model, n))
+        return last[0]
+
+    def check_shape(self, api, model, include_usage, source):
+        tags = ["it-decomp-%s-%d-%d" % (model, r, i) for r in range(ROUNDS) for i in range(N)]
+        for r in range(ROUNDS):
+            concurrently(lambda t: stream(self.tt.port, api, model, t, include_usage), tags[r * N:(r + 1) * N], N)
+        log = self.entries(model, len(tags))
+        reported = self.check_histograms(model, log)
+        for e in log:
+            self.assertEqual(e["server_timing"], source, e)
+        return reported
+
+    def check_histograms(self, model, log):
+        """/stats's and /metrics's per-phase histograms of `model` against
+        its access log lines; returns the sample count of each phase."""
+        s = self.series(model, len(log))
+        self.assertEqual(s["requests"], len(log))
+        reported = {}
+        for phase in PHASES:
+            vals = [e[phase + "_ms"] for e in log if e[phase + "_ms"] is not None]
+            if phase == "unattributed":  # kept as 0 below 0 (docs/metrics.md)
+                vals = [max(0.0, v) for v in vals]
+            m = s["metrics"][phase]
+            what = "%s %s" % (model, phase)
+            self.assertEqual(m["count"], len(vals), what)
+            reported[phase] = len(vals)
+            for q, key in ((0.5, "p50_ms"), (0.9, "p90_ms")):
+                if not vals:
+                    self.assertIsNone(m[key], what)
+                    continue
+                want = rank_quantile(vals, q)
+                self.assertLessEqual(abs(m[key] - want), 0.01 * want + 2 * US_MS,
+                                     "%s %s: stats %r, access log %r" % (what, key, m[key], want))
+        # every request has tokentap's upload; the server rows only where it spoke
+        self.assertEqual(reported["upload"], len(log))
+        # /metrics: the same counts, in seconds-named families
+        r = admin_get(self.admin, "/metrics")
+        self.assertEqual(r.status, 200)
+        text = r.body.decode()
+        for phase in PHASES:
+            family = "tokentap_%s_seconds" % phase
+            self.assertIn("# TYPE %s histogram" % family, text)
+            counts = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                      if line.startswith(family + "_count{") and 'model="%s"' % model in line]
+            self.assertEqual(sum(counts), reported[phase], "%s %s: %r" % (model, family, counts))
+        return reported
+
+
+class VllmShapesTest(HistogramsTest):
+    MODE = "vllm"
+
+    def test_vllm_chat(self):
+        n = self.check_shape("openai-chat", "vllm-shape", True, "vllm")
+        for phase in ("server_queue", "server_prefill", "server_decode", "unattributed"):
+            self.assertEqual(n[phase], ROUNDS * N, phase)
+        for phase in ("server_load", "server_inference"):
+            self.assertEqual(n[phase], 0, phase)
+
+    def test_ollama_chat(self):
+        n = self.check_shape("ollama-chat", "ollama-shape", True, "ollama")
+        for phase in ("server_load", "server_prefill", "server_decode", "unattributed"):
+            self.assertEqual(n[phase], ROUNDS * N, phase)
+        self.assertEqual(n["server_queue"], 0)
+
+
+class LlamacppShapeTest(HistogramsTest):
+    MODE = "llamacpp"
+
+    def test_llamacpp_chat(self):
+        n = self.check_shape("openai-chat", "llamacpp-shape", False, "llamacpp")
+        for phase in ("server_prefill", "server_decode", "unattributed"):
+            self.assertEqual(n[phase], ROUNDS * N, phase)
+        self.assertEqual(n["server_queue"], 0)  # llama.cpp reports none
+
+
+class SilentServerTest(HistogramsTest):
+    MODE = "off"
+
+    def test_no_timings(self):
+        n = self.check_shape("openai-chat", "silent-shape", True, None)
+        for phase in PHASES[1:]:
+            self.assertEqual(n[phase], 0, phase)
+
+
+class NativeRoutesTest(HistogramsTest):
+    """llama.cpp's native /completion and TGI's /generate and
+    /generate_stream, as the simulator answers them: tokentap counts their
+    tokens and reads their timings as the simulator reported them."""
+
+    MODE = "llamacpp"
+
+    def native(self, path, body, tag):
+        resp, _ = harness.exchange(self.tt.port, "POST", path, body, [("x-request-id", tag)])
+        self.assertEqual(resp.status, 200, tag)
+        return resp
+
+    def test_llamacpp_completion(self):
+        model, n = "native-llamacpp", 5
+        tags = ["it-native-llamacpp-%d" % i for i in range(N)]
+
+        def one(i):
+            body = {"model": model, "prompt": ("%d " % i) + "y" * 800, "n_predict": n, "stream": i % 2 == 0}
+            return self.native("/completion", body, tags[i])
+
+        resps = concurrently(one, range(N), N)
+        log = {e["id"]: e for e in self.entries(model, N)}
+        for i, resp in enumerate(resps):
+            e = log[tags[i]]
+            if i % 2 == 0:
+                events = harness.events_of(resp)
+                final = json.loads(events[-1].data)
+                self.assertTrue(final["stop"])
+                self.assertEqual(e["token_events"], n, e)
+                self.assertTrue(e["stream"])
+            else:
+                final = resp.json()
+                self.assertFalse(e["stream"])
+            t = final["timings"]
+            self.assertEqual(e["api"], "llamacpp")
+            self.assertEqual(e["server_timing"], "llamacpp")
+            self.assertEqual(e["output_tokens"], n, e)
+            self.assertEqual(e["input_tokens"], t["prompt_n"] + t["cache_n"], e)
+            self.assertAlmostEqual(e["server_prefill_ms"], t["prompt_ms"], delta=0.0015)
+            self.assertAlmostEqual(e["server_decode_ms"], t["predicted_ms"], delta=0.0015)
+        counts = self.check_histograms(model, list(log.values()))
+        self.assertEqual(counts["server_prefill"], N)
+        self.assertEqual(counts["server_queue"], 0)  # llama.cpp reports none
+
+    def test_tgi_generate(self):
+        model, n = "native-tgi", 4
+        tags = ["it-native-tgi-%d" % i for i in range(N)]
+
+        def one(i):
+            body = {"model": model, "inputs": ("%d " % i) + "y" * 800,
+                    "parameters": {"max_new_tokens": n, "details": True}}
+            return self.native("/generate" if i % 2 else "/generate_stream", body, tags[i])
+
+        resps = concurrently(one, range(N), N)
+        log = {e["id"]: e for e in self.entries(model, N)}
+        queued = 0
+        for i, resp in enumerate(resps):
+            e = log[tags[i]]
+            self.assertEqual(e["api"], "tgi")
+            self.assertEqual(e["output_tokens"], n, e)
+            # the route says whether it streams, not the body
+            self.assertEqual(e["stream"], i % 2 == 0, e)
+            if i % 2 == 0:  # streamed: tokens, no timings (TGI sends none)
+                self.assertEqual(e["token_events"], n, e)
+                self.assertIsNone(e["server_timing"], e)
+                self.assertEqual(json.loads(harness.events_of(resp)[-1].data)["details"]["input_length"],
+                                 e["input_tokens"])
+                continue
+            self.assertEqual(resp.json()["details"]["generated_tokens"], n)
+            self.assertEqual(e["server_timing"], "tgi")
+            self.assertEqual(e["server_queue_ms"], float(resp.header("x-queue-time")), e)
+            self.assertEqual(e["server_inference_ms"], float(resp.header("x-inference-time")), e)
+            self.assertEqual(e["server_validation_ms"], 0.0, e)
+            self.assertGreater(e["server_inference_ms"], 0.0)
+            queued += e["server_queue_ms"] > 0
+        counts = self.check_histograms(model, list(log.values()))
+        self.assertEqual(counts["server_queue"], N // 2)
+        self.assertEqual(counts["server_inference"], N // 2)
+        self.assertEqual(counts["unattributed"], N // 2)
+        self.assertGreaterEqual(queued, 1, "a batch of 2 under 6 requests makes some queue")
+
+
+class CompareAttributionTest(harness.TestCase):
+    def test_queue_bound_upstream_is_blamed_on_queueing(self):
+        datadir = tempfile.mkdtemp(prefix="tokentap-decomp-cmp-")
+        self.addCleanup(shutil.rmtree, datadir, True)
+        sims = {
+            "fast": harness.start_sim(self, *BATCH, "--max-batch", "16", "--server-timing", "vllm"),
+            "queued": harness.start_sim(self, *BATCH, "--max-batch", "1", "--server-timing", "vllm"),
+        }
+        body = rh.upstreams_yaml({k: v.url for k, v in sims.items()}) + (
+            "routes:\n  - name: chat\n    split:\n"
+            "      - {upstream: fast, weight: 2}\n      - {upstream: queued, weight: 1}\n")
+        tt = rh.start_conf(self, body, "--admin", "127.0.0.1:0", "--data-dir", datadir, "--flush-interval",
+                           "200ms", *rh.ONE_WORKER)
+        admin = admin_port(tt)
+        total = 60
+        lock = threading.Lock()
+        done = []
+
+        def one(i):
+            tag = stream(tt.port, "openai-chat", "cmp-model", "it-decomp-cmp-%d" % i, prompt_bytes=400, tokens=12)
+            with lock:
+                done.append(tag)
+
+        # 12 at a time: about 4 on the queue-bound one, each ~80 ms of decode
+        concurrently(one, range(total), 12)
+        self.assertEqual(len(done), total)
+        doc = []
+
+        def flushed():
+            r, _ = harness.exchange(admin, "GET", "/compare?route=chat&window=5m&cold=include")
+            if r is None or r.status != 200:
+                return False
+            doc[:] = [r.json()]
+            return sum(u["requests"] for u in doc[0]["upstreams"]) >= total
+
+        self.assertTrue(harness.wait_until(flushed, 10.0, 0.1), "compare shows every request")
+        doc = doc[0]
+        self.assertEqual(doc["baseline"], "fast")
+        ups = {u["upstream"]: u for u in doc["upstreams"]}
+        self.assertEqual(ups["queued"]["requests"], total // 3)
+        self.assertEqual(ups["queued"]["metrics"]["server_queue"]["count"], total // 3)
+        (diff,) = doc["differences"]
+        self.assertEqual(diff["upstream"], "queued")
+        self.assertEqual(diff["metrics"]["ttft"]["verdict"], "slower", diff["metrics"]["ttft"])
+        a = diff["ttft_attribution"]
+        self.assertTrue(a["slower"], a)
+        self.assertEqual(a["cause"], "server_queue", a)
+        self.assertEqual(a["cause_label"], "queueing (server)")
+        top = a["phases"][0]
+        self.assertEqual(top["phase"], "server_queue")
+        self.assertEqual(top["count"], total // 3)
+        self.assertEqual(top["baseline_count"], total - total // 3)
+        self.assertGreater(top["p50_diff_ms"], 0.5 * a["ttft_p50_diff_ms"], a)
+        self.assertEqual(len(a["phases"]), 7)
+        # the phases the fast one has no queue in still come with both counts
+        names = [p["phase"] for p in a["phases"]]
+        self.assertEqual(sorted(names), sorted(("queue", "connect", "upload", "server_queue", "server_load",
+                                                "server_prefill", "unattributed")))
+
+
+class DashboardPhasesTest(harness.TestCase):
+    """The dashboard (headless Chromium, as test_dashboard.py runs it): in
+    the recent-requests table, a stacked bar per request whose segments are
+    /requests/recent's phases, in order, adding up to the ttft; a request
+    whose server reported nothing shows tokentap's phases and the upstream's
+    share whole, marked; the upstreams table has the per-phase rows /stats
+    has."""
+
+    def test_stacked_bars(self):
+        from test_dashboard import Dom, check_no_page_errors, chromium_bin, run_chromium
+
+        chromium_bin()
+        datadir = tempfile.mkdtemp(prefix="tokentap-decomp-dash-")
+        self.addCleanup(shutil.rmtree, datadir, True)
+        sim = harness.start_sim(self, *BATCH, "--max-batch", "2", "--server-timing", "vllm")
+        tt = harness.start_tokentap(self, sim.url, "--data-dir", datadir, "--flush-interval", "200ms", "--admin",
+                                    "127.0.0.1:0")
+        admin = admin_port(tt)
+        # vLLM reports only on the usage chunk: without include_usage, nothing
+        spoke = ["it-dash-vllm-%d" % i for i in range(4)]
+        silent = ["it-dash-silent-%d" % i for i in range(2)]
+        concurrently(lambda t: stream(tt.port, "openai-chat", "dash-model", t), spoke, 4)
+        concurrently(lambda t: stream(tt.port, "openai-chat", "dash-model", t, include_usage=False), silent, 2)
+        self.assertTrue(harness.wait_until(
+            lambda: sum(s["requests"] for s in admin_get(admin, "/stats?window=1m").json()["series"]) >= 6, 8.0, 0.1))
+        recent = {r["id"]: r for r in admin_get(admin, "/requests/recent?n=15").json()["requests"]}
+        stats = admin_get(admin, "/stats?window=1m").json()["series"][0]
+
+        out, err = run_chromium(self, "http://127.0.0.1:%d/" % admin, "--dump-dom")
+        dom = Dom(out)
+        check_no_page_errors(self, dom, err)
+        rows = {e["attrs"]["data-id"]: e for e in dom.inside("recent", "tr") if "data-id" in e["attrs"]}
+        self.assertEqual(sorted(rows), sorted(spoke + silent))
+        widths = []
+        for rid, tr in rows.items():
+            r = recent[rid]
+            (svg,) = dom.inside(tr, "svg", "phases")
+            rects = dom.inside(svg, "rect", "phase")
+            got = [(e["attrs"]["data-phase"], float(e["attrs"]["data-ms"])) for e in rects]
+            tl = r["timeline_ms"]
+            if rid in silent:
+                self.assertIsNone(r["server_timing"])
+                self.assertEqual(svg["attrs"]["data-server"], "none")
+                want = [("head", tl["req_headers"]), ("queue", r["queue_ms"]), ("connect", r["connect_ms"]),
+                        ("upload", r["upload_ms"]), ("upstream", tl["first_token"] - tl["req_sent"])]
+                marks = [e for e in dom.inside(tr, "span") if e["attrs"].get("data-marked") == "no-server-timings"]
+                self.assertEqual(len(marks), 1, rid)
+            else:
+                self.assertEqual(r["server_timing"], "vllm")
+                self.assertEqual(svg["attrs"]["data-server"], "vllm")
+                want = [("head", tl["req_headers"]), ("queue", r["queue_ms"]), ("connect", r["connect_ms"]),
+                        ("upload", r["upload_ms"]), ("server_queue", r["server_queue_ms"]),
+                        ("server_prefill", r["server_prefill_ms"]), ("unattributed", max(0.0, r["unattributed_ms"]))]
+                self.assertEqual([e for e in dom.inside(tr, "span") if "data-marked" in e["attrs"]], [], rid)
+            self.assertEqual([k for k, _ in got], [k for k, _ in want], rid)
+            for (k, v), (_, w) in zip(got, want):
+                self.assertAlmostEqual(v, w, delta=1e-9 + 1e-9 * abs(w), msg="%s %s" % (rid, k))
+            total = sum(v for _, v in got)
+            self.assertAlmostEqual(total, r["ttft_ms"], delta=0.005 + max(0.0, -(r["unattributed_ms"] or 0.0)),
+                                   msg=rid)
+            widths.append((total, sum(float(e["attrs"]["width"]) for e in rects)))
+        # one scale for every bar: the longest is the full width
+        longest = max(widths)
+        self.assertAlmostEqual(longest[1], 240.0, delta=0.01)
+        for total, w in widths:
+            self.assertAlmostEqual(w, 240.0 * total / longest[0], delta=0.01)
+        # the upstreams table: the phase rows /stats has
+        for label, key in (("upload p50, ms", "upload"), ("server queue p50, ms", "server_queue"),
+                           ("server prefill p50, ms", "server_prefill"), ("unattributed p50, ms", "unattributed")):
+            row = [e for e in dom.inside("upstreams", "tr") if e["attrs"].get("data-row") == label]
+            self.assertEqual(len(row), 1, label)
+            (td,) = dom.inside(row[0], "td")[1:]
+            self.assertAlmostEqual(float(td["attrs"]["data-value"]), stats["metrics"][key]["p50_ms"], delta=1e-9)
+        # no model load nor inference anywhere in this traffic: no row
+        self.assertEqual([e for e in dom.inside("upstreams", "tr")
+                          if e["attrs"].get("data-row") in ("model load p50, ms", "server inference p50, ms")], [])
