@@ -432,6 +432,10 @@ static void on_metrics(struct admin *a, struct evhttp_request *req, struct evkey
 		rc = prom_render(out, &res);
 		if (rc == 0)
 			rc = prom_render_gauges(out, g, n);
+		char *wl = rc == 0 ? workload_metrics_text() : NULL; /* NULL: no capture */
+		if (wl && evbuffer_add(out, wl, strlen(wl)) == -1)
+			rc = -1;
+		free(wl);
 	}
 	upstream_gauges_free(g, n);
 	store_result_free(&res);
@@ -675,7 +679,7 @@ static void on_compare(struct admin *a, struct evhttp_request *req, struct evkey
 /* The workload capture's summary (workload.c keeps it; docs/workload.md). */
 static void on_workload(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)
 {
-	char *text = workload_summary_json();
+	char *text = workload_summary_json(evhttp_find_header(p, "route"), evhttp_find_header(p, "model"));
 
 	if (!text) {
 		reply_error(req, 500, NULL, "out of memory");

@@ -15,10 +15,12 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 import unittest
 
 import harness
+import routing_helpers as rh
 
 RATE_TOL = 0.05  # replayed arrival rate against the trace's
 BLOCK = 16  # tokens per hash block in these tests (64 bytes of prompt text)
@@ -167,6 +169,119 @@ class Capture(WorkloadCase):
                         tt.stderr_text())
         self.assertTrue(tt.alive())
         self.assertFalse(os.path.exists(bad))
+
+
+def get_json(port, path):
+    resp, _ = harness.exchange(port, "GET", path)
+    assert resp.status == 200, (path, resp.status, resp.body)
+    return resp.json()
+
+
+def nearest_rank(values, q):
+    v = sorted(values)
+    k = -(-int(q * 100) * len(v) // 100)  # ceil(q n), exact for q in hundredths
+    return v[max(k, 1) - 1]
+
+
+class Summary(WorkloadCase):
+    """GET /workload per route and model: two routes (by Host), two models,
+    streamed and not, sequential and concurrent requests; each selection's
+    numbers against the trace file itself."""
+
+    def start(self, sim):
+        trace = self.path("trace.jsonl")
+        body = (rh.upstreams_yaml({"sim": sim.url}) +
+                "routes:\n"
+                "  - {name: r1, match: {host: r1.test}, upstream: sim}\n"
+                "  - {name: r2, match: {host: r2.test}, upstream: sim}\n"
+                "admin: {listen: 127.0.0.1:0}\n"
+                "workload: {path: %s, block_tokens: %d}\n" % (trace, BLOCK))
+        tt = rh.ConfTokentap(body, "--workers", 1)
+        self.addCleanup(lambda: harness._stop_and_check(tt))
+        return tt, trace, harness.admin_port(tt)
+
+    def send(self, tt, host, model, stream, words):
+        body = {"model": model, "stream": stream, "max_tokens": 2 + words % 5,
+                "messages": [{"role": "user", "content": " ".join("w%d" % i for i in range(words))}]}
+        resp, _ = harness.exchange(tt.port, "POST", "/v1/chat/completions", body, headers={"Host": host})
+        self.assertEqual(resp.status, 200, resp.body)
+
+    def check_selection(self, s, recs):
+        """A selection's summary against its records from the file."""
+        self.assertEqual(s["records"], len(recs))
+        self.assertEqual(s["window_records"], len(recs))
+        self.assertAlmostEqual(s["stream_share"], sum(r["stream"] for r in recs) / len(recs), places=9)
+        ins, outs = [r["input_length"] for r in recs], [r["output_length"] for r in recs]
+        for key, vals in (("input_length", ins), ("output_length", outs)):
+            d = s[key]
+            self.assertEqual(d["max"], max(vals), key)
+            self.assertEqual(d["p50"], nearest_rank(vals, 0.5), key)
+            self.assertEqual(d["p90"], nearest_rank(vals, 0.9), key)
+            self.assertEqual(sum(b["count"] for b in d["histogram"]), len(vals))
+            for b in d["histogram"]:
+                self.assertEqual(b["count"], sum(1 for v in vals if b["le"] // 2 < v <= b["le"]
+                                                 or (b["le"] == 1 and v <= 1)), (key, b))
+        self.assertEqual(sum(s["arrivals"]["counts"]), len(recs))
+        ts = sorted(r["timestamp"] for r in recs)
+        if len(ts) > 2:
+            self.assertAlmostEqual(s["arrival_rate"], rate_of(ts), delta=0.02 * rate_of(ts))
+        ids = [i for r in recs for i in r["hash_ids"]]
+        self.assertEqual(s["prefix_blocks"], len(ids))
+
+    def test_by_route_and_model(self):
+        sim = harness.start_sim(self, "--ttft-ms", 2, "--itl-ms", 1)
+        tt, trace, port = self.start(sim)
+        plan = [("r1.test", "m-a", True)] * 6 + [("r1.test", "m-b", False)] * 4 + [("r2.test", "m-a", True)] * 3
+        for i, (host, model, stream) in enumerate(plan):
+            self.send(tt, host, model, stream, 20 + 37 * i)
+        recs = self.wait_lines(trace, len(plan))
+        self.assertEqual(sorted({(r["route"], r["model"]) for r in recs}),
+                         [("r1", "m-a"), ("r1", "m-b"), ("r2", "m-a")])
+        every = get_json(port, "/workload")
+        self.check_selection(every, recs)
+        self.assertEqual({e["route"]: e["records"] for e in every["by_route"]}, {"r1": 10, "r2": 3})
+        self.assertEqual({e["model"]: e["records"] for e in every["by_model"]}, {"m-a": 9, "m-b": 4})
+        for q, pick in (("route=r1", lambda r: r["route"] == "r1"), ("model=m-a", lambda r: r["model"] == "m-a"),
+                        ("route=r1&model=m-b", lambda r: r["route"] == "r1" and r["model"] == "m-b")):
+            s = get_json(port, "/workload?" + q)
+            self.check_selection(s, [r for r in recs if pick(r)])
+            # one request at a time: each arrival found only itself in flight
+            self.assertEqual(s["concurrency"]["max"], 1, q)
+        for e in every["by_route"] + every["by_model"]:
+            key = "route" if "route" in e else "model"
+            self.check_selection(e, [r for r in recs if r[key] == e[key]])
+        s = get_json(port, "/workload?route=r1&model=m-b")
+        self.assertEqual(s["stream_share"], 0)
+        self.assertEqual(s["filter"], {"route": "r1", "model": "m-b"})
+        s = get_json(port, "/workload?route=nope")
+        self.assertEqual((s["records"], s["by_route"], s["arrival_rate"]), (0, [], None))
+        resp, _ = harness.exchange(port, "GET", "/workload?rout=r1")
+        self.assertJsonError(resp, 400)
+        # the capture's counters in /metrics
+        resp, _ = harness.exchange(port, "GET", "/metrics")
+        self.assertIn("tokentap_workload_written_total %d\n" % len(plan), resp.body.decode())
+        self.assertIn('tokentap_workload_dropped_total{reason="no_space"} 0\n', resp.body.decode())
+
+    def test_concurrency_at_arrival(self):
+        # eight requests at once to a simulator that answers after 300 ms:
+        # the k-th arrival finds k in flight, itself included
+        sim = harness.start_sim(self, "--ttft-ms", 300, "--itl-ms", 1)
+        tt, trace, port = self.start(sim)
+        threads = [threading.Thread(target=self.send, args=(tt, "r1.test", "m-a", True, 30)) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=20)
+        recs = self.wait_lines(trace, 8)
+        ts = sorted(r["timestamp"] for r in recs)
+        self.assertLess(ts[-1] - ts[0], 250, "the arrivals did not overlap: %r" % ts)
+        c = get_json(port, "/workload?route=r1")["concurrency"]
+        self.assertEqual(c["max"], 8, c)
+        self.assertEqual(c["p50"], 4, c)
+        self.assertEqual(c["mean"], 4.5, c)
+        self.assertEqual([(b["le"], b["count"]) for b in c["histogram"]], [(1, 1), (2, 1), (4, 2), (8, 4)])
+        # none on the other route
+        self.assertIsNone(get_json(port, "/workload?route=r2")["concurrency"]["max"])
 
 
 class Replay(WorkloadCase):
