@@ -479,6 +479,7 @@ struct workload {
 	uint64_t reported;	/* drops already said */
 	uint64_t warn_at_ns;	/* the next warning not before */
 	uint64_t open_retry_ns; /* an open that failed is not retried before */
+	uint64_t free_retry_ns; /* no rotated file to delete: not looked for before */
 	struct wl_ids *ids;
 	/* the summary behind GET /workload: written by the writer, read by
 	 * the admin thread, both under sum_mu */
@@ -499,7 +500,8 @@ struct workload {
 		size_t ngroups;
 		unsigned step_idx; /* into series_steps */
 		uint64_t written, no_space, write_error, open_error;
-		char last_error[96]; /* "" while writing works */
+		uint64_t freed_files; /* rotated files deleted to make room on a full disk */
+		char last_error[96];  /* "" while writing works */
 	} sum;
 };
 
@@ -773,6 +775,50 @@ static void write_ok(struct workload *wl)
 			 (unsigned long long)(atomic_load(&wl->dropped_queue) + wl->dropped_write));
 }
 
+/* One line appended whole: 0, or the errno of the write that failed. A
+ * full disk may take part of a line: that part is cut off again, so the
+ * file stays whole lines (O_APPEND: the next write lands at the cut). */
+static int write_line(struct workload *wl, const char *line, size_t len)
+{
+	size_t done = 0;
+	ssize_t n = 0;
+
+	while (done < len && (n = write(wl->fd, line + done, len - done)) > 0)
+		done += (size_t)n;
+	if (done == len)
+		return 0;
+	int e = n == 0 ? EIO : errno;
+	if (done && ftruncate(wl->fd, (off_t)wl->size) == -1)
+		log_warn("workload capture: %s: cannot cut a partial line: %s", wl->path, strerror(errno));
+	return e;
+}
+
+/* The oldest rotated file (PATH.k, the highest k there is) deleted to make
+ * room: true when one was. Without any, not looked for again for a second
+ * (up to max_files - 1 unlink calls a look). */
+static bool free_oldest(struct workload *wl, uint64_t now)
+{
+	size_t n = strlen(wl->path) + 16;
+	char *p;
+
+	if (wl->o.max_files <= 1 || now < wl->free_retry_ns || !(p = malloc(n)))
+		return false;
+	for (unsigned k = wl->o.max_files - 1; k >= 1; k--) {
+		snprintf(p, n, "%s.%u", wl->path, k);
+		if (unlink(p) == 0) {
+			log_warn("workload capture: the disk is full: deleted %s, the oldest file, to go on", p);
+			free(p);
+			pthread_mutex_lock(&wl->sum_mu);
+			wl->sum.freed_files++;
+			pthread_mutex_unlock(&wl->sum_mu);
+			return true;
+		}
+	}
+	free(p);
+	wl->free_retry_ns = now + 1000000000u;
+	return false;
+}
+
 static void write_item(struct workload *wl, const struct wl_item *it)
 {
 	uint64_t now = clock_now_ns();
@@ -801,20 +847,15 @@ static void write_item(struct workload *wl, const struct wl_item *it)
 	if (wl->fd == -1) {
 		write_failed(wl, now, &wl->sum.open_error, "the file cannot be opened");
 	} else {
-		size_t done = 0;
-		ssize_t n = 0;
-		while (done < len && (n = write(wl->fd, line + done, len - done)) > 0)
-			done += (size_t)n;
-		if (done == len) {
+		int e = write_line(wl, line, len);
+		/* a full disk: the capture's own oldest file goes first, as
+		 * rotation would have let it go, and the line is tried again */
+		if ((e == ENOSPC || e == EDQUOT) && free_oldest(wl, now))
+			e = write_line(wl, line, len);
+		if (!e) {
 			wl->size += len;
 			write_ok(wl);
 		} else {
-			int e = n == 0 ? EIO : errno;
-			/* a full disk takes part of a line: cut it off, so that
-			 * the file stays whole lines (O_APPEND writes at the end) */
-			if (done && ftruncate(wl->fd, (off_t)wl->size) == -1)
-				log_warn("workload capture: %s: cannot cut a partial line: %s", wl->path,
-					 strerror(errno));
 			write_failed(wl, now, e == ENOSPC || e == EDQUOT ? &wl->sum.no_space : &wl->sum.write_error,
 				     strerror(e));
 		}
@@ -1143,6 +1184,7 @@ char *workload_summary_json(const char *route, const char *model)
 	json_object_set_new(d, "open_error", json_integer((json_int_t)s->open_error));
 	json_object_set_new(o, "dropped", d);
 	json_object_set_new(o, "last_error", s->last_error[0] ? json_string(s->last_error) : json_null());
+	json_object_set_new(o, "freed_files", json_integer((json_int_t)s->freed_files));
 	json_t *f = json_object();
 	json_object_set_new(f, "route", str_or_json_null(route));
 	json_object_set_new(f, "model", str_or_json_null(model));
