@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "timeline.h"
@@ -563,6 +564,68 @@ static void test_summary_by_route_and_model(void **state)
 	rmdir(dir);
 }
 
+/* The summary's bounds: 5000 records over 100 (route, model) pairs and 83
+ * hours: the window keeps the last 4096, pairs past the 63rd are counted
+ * as "(other)", the arrival series' step grows to an hour (240 slots), and
+ * the worst-case answer (129 selections of 4096 records) is timed. */
+static void test_summary_bounds(void **state)
+{
+	char dir[] = "/tmp/test_workload_XXXXXX", path[256], route[16], model[16];
+	struct workload_options o = { path, 64 << 20, 2, 4 };
+	char err[256];
+	const int n = 5000, pairs = 100;
+	(void)state;
+
+	assert_non_null(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/w.jsonl", dir);
+	assert_int_equal(workload_open(&o, err, sizeof(err)), 0);
+	uint64_t t0 = clock_now_ns();
+	for (int i = 0; i < n; i++) {
+		snprintf(route, sizeof(route), "r%d", i % pairs);
+		snprintf(model, sizeof(model), "m%d", i % pairs);
+		record_of(t0 + (uint64_t)i * 60 * 1000000000ull, 10 + i % 50, 5, "{\"prompt\":\"x\"}", route, model, 1,
+			  -1, 20);
+		if (i % 1000 == 999)
+			wait_records(i + 1); /* the queue holds 4096 */
+	}
+	wait_records(n);
+	struct timespec a, b;
+	clock_gettime(CLOCK_MONOTONIC, &a);
+	char *text = workload_summary_json(NULL, NULL);
+	clock_gettime(CLOCK_MONOTONIC, &b);
+	assert_non_null(text);
+	print_message("summary of 5000 records, 64 groups: %.1f ms, %zu bytes\n",
+		      (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6, strlen(text));
+	json_t *s = json_loads(text, 0, NULL);
+	free(text);
+	assert_non_null(s);
+	assert_int_equal(num(s, "records"), n);
+	assert_int_equal(num(s, "window_records"), WL_SUMMARY_WINDOW);
+	assert_int_equal(json_array_size(json_object_get(s, "by_route")), WL_GROUPS_MAX);
+	assert_int_equal(json_array_size(json_object_get(s, "by_model")), WL_GROUPS_MAX);
+	json_t *other = entry(s, "by_route", "route", "(other)");
+	assert_int_equal(num(other, "records"), n / pairs * (pairs - (WL_GROUPS_MAX - 1)));
+	assert_int_equal(num(entry(s, "by_model", "model", "m62"), "records"), n / pairs);
+	/* 83 h of arrivals: hour slots, every record in one */
+	json_t *arr = json_object_get(s, "arrivals"), *c;
+	size_t i;
+	json_int_t sum = 0;
+	assert_int_equal(num(arr, "step_s"), 3600);
+	assert_true(json_array_size(json_object_get(arr, "counts")) <= WL_SERIES_SLOTS);
+	json_array_foreach (json_object_get(arr, "counts"), i, c)
+		sum += json_integer_value(c);
+	assert_int_equal(sum, n);
+	assert_int_equal(json_integer_value(json_array_get(json_object_get(arr, "counts"), 1)), 60);
+	/* a filter on a pair past the bound finds nothing of its own */
+	json_decref(s);
+	s = summary_of("r99", NULL);
+	assert_int_equal(num(s, "records"), 0);
+	json_decref(s);
+	workload_close();
+	unlink(path);
+	rmdir(dir);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -575,6 +638,7 @@ int main(void)
 		cmocka_unit_test(test_unwritable_path_drops),
 		cmocka_unit_test(test_summary),
 		cmocka_unit_test(test_summary_by_route_and_model),
+		cmocka_unit_test(test_summary_bounds),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
