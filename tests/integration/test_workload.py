@@ -23,6 +23,10 @@ import harness
 import routing_helpers as rh
 
 RATE_TOL = 0.05  # replayed arrival rate against the trace's
+# Under ASan, tokentap-bench's own timers run late by tens of ms on a busy
+# 2-core machine (seen: 5.3 % and 15 % off at a load of 15, in 2 of 5 runs
+# of the 0.75 s --speed 2 replay); the normal build keeps the 5 %.
+REPLAY_TOL = 0.25 if harness.is_sanitized() else RATE_TOL
 BLOCK = 16  # tokens per hash block in these tests (64 bytes of prompt text)
 RUN_TIMEOUT_S = 60
 
@@ -306,7 +310,7 @@ class Replay(WorkloadCase):
             self.assertEqual(g["input_tokens"], r["input_length"], (r, g))
             self.assertEqual(g["output_tokens"], r["output_length"], (r, g))
         want, have = rate_of([r["timestamp"] for r in recs]), rate_of([g["start_ms"] for g in got])
-        self.assertLess(abs(have - want) / want, RATE_TOL, (have, want))
+        self.assertLess(abs(have - want) / want, REPLAY_TOL, (have, want))
         # --speed 2 and --limit: the first 30, twice as fast (a span of
         # about 0.75 s: a few ms of timer lateness stay well inside 5 %)
         log2 = self.path("replay2.jsonl")
@@ -315,7 +319,7 @@ class Replay(WorkloadCase):
         got2 = sorted(read_jsonl(log2), key=lambda r: r["seq"])
         self.assertEqual(len(got2), 30)
         want2, have2 = rate_of([r["timestamp"] for r in recs[:30]]) * 2, rate_of([g["start_ms"] for g in got2])
-        self.assertLess(abs(have2 - want2) / want2, RATE_TOL, (have2, want2))
+        self.assertLess(abs(have2 - want2) / want2, REPLAY_TOL, (have2, want2))
 
     def test_mooncake_trace_prefixes_come_back(self):
         # a hand-written trace in Mooncake's shape: conversations that share
