@@ -410,6 +410,23 @@ out:
 	reply_rendered(req, text);
 }
 
+/* The workload capture's counters, when one runs, after the rest. */
+static int workload_metrics(struct evbuffer *out, bool proto)
+{
+	struct workload_counts c;
+
+	if (!workload_counts(&c))
+		return 0;
+	const struct prom_counter_family f[2] = {
+		{ "tokentap_workload_written_total", "Records written to the workload capture's file.", NULL, 1, NULL,
+		  &c.written },
+		{ "tokentap_workload_dropped_total",
+		  "Workload capture records lost, by reason (queue_full, no_space, write_error, open_error).", "reason",
+		  WL_DROP__COUNT, workload_drop_reasons, c.dropped },
+	};
+	return proto ? prom_render_proto_counters(out, f, 2) : prom_render_counters(out, f, 2);
+}
+
 static void on_metrics(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)
 {
 	struct store_result res;
@@ -432,11 +449,9 @@ static void on_metrics(struct admin *a, struct evhttp_request *req, struct evkey
 		rc = prom_render(out, &res);
 		if (rc == 0)
 			rc = prom_render_gauges(out, g, n);
-		char *wl = rc == 0 ? workload_metrics_text() : NULL; /* NULL: no capture */
-		if (wl && evbuffer_add(out, wl, strlen(wl)) == -1)
-			rc = -1;
-		free(wl);
 	}
+	if (rc == 0)
+		rc = workload_metrics(out, proto);
 	upstream_gauges_free(g, n);
 	store_result_free(&res);
 	if (rc == -1) {

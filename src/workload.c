@@ -12,7 +12,6 @@
  * was split into reads; a worker takes the queue's lock only to push one
  * pointer and never waits on the disk; the salt never leaves this file.
  */
-#define _GNU_SOURCE /* asprintf */
 #include "workload.h"
 
 #include <errno.h>
@@ -1206,34 +1205,20 @@ done:
 	return text;
 }
 
-char *workload_metrics_text(void)
+const char *const workload_drop_reasons[WL_DROP__COUNT] = { "queue_full", "no_space", "write_error", "open_error" };
+
+bool workload_counts(struct workload_counts *c)
 {
 	struct workload *wl = g_wl;
-	uint64_t written, no_space, write_error, open_error, queue;
-	char *text = NULL;
 
 	if (!wl)
-		return NULL;
+		return false;
 	pthread_mutex_lock(&wl->sum_mu);
-	written = wl->sum.written;
-	no_space = wl->sum.no_space;
-	write_error = wl->sum.write_error;
-	open_error = wl->sum.open_error;
+	c->written = wl->sum.written;
+	c->dropped[WL_DROP_NO_SPACE] = wl->sum.no_space;
+	c->dropped[WL_DROP_WRITE_ERROR] = wl->sum.write_error;
+	c->dropped[WL_DROP_OPEN_ERROR] = wl->sum.open_error;
 	pthread_mutex_unlock(&wl->sum_mu);
-	queue = atomic_load(&wl->dropped_queue);
-	if (asprintf(&text,
-		     "# HELP tokentap_workload_written_total Records written to the workload capture's file.\n"
-		     "# TYPE tokentap_workload_written_total counter\n"
-		     "tokentap_workload_written_total %llu\n"
-		     "# HELP tokentap_workload_dropped_total Workload capture records lost, by reason "
-		     "(queue_full, no_space, write_error, open_error).\n"
-		     "# TYPE tokentap_workload_dropped_total counter\n"
-		     "tokentap_workload_dropped_total{reason=\"queue_full\"} %llu\n"
-		     "tokentap_workload_dropped_total{reason=\"no_space\"} %llu\n"
-		     "tokentap_workload_dropped_total{reason=\"write_error\"} %llu\n"
-		     "tokentap_workload_dropped_total{reason=\"open_error\"} %llu\n",
-		     (unsigned long long)written, (unsigned long long)queue, (unsigned long long)no_space,
-		     (unsigned long long)write_error, (unsigned long long)open_error) == -1)
-		return NULL;
-	return text;
+	c->dropped[WL_DROP_QUEUE_FULL] = atomic_load(&wl->dropped_queue);
+	return true;
 }

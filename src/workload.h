@@ -67,9 +67,16 @@ bool workload_active(void);
  * bounded work: O(WL_SUMMARY_WINDOW log) per route and model listed. */
 char *workload_summary_json(const char *route, const char *model);
 
-/* The capture's counters in Prometheus' text format (free() it), or NULL
- * without a capture or memory. */
-char *workload_metrics_text(void);
+/* The capture's counters for /metrics: lines written and records lost by
+ * reason (tokentap_workload_written_total, tokentap_workload_dropped_total).
+ * False without a capture. Any thread. */
+enum wl_drop { WL_DROP_QUEUE_FULL, WL_DROP_NO_SPACE, WL_DROP_WRITE_ERROR, WL_DROP_OPEN_ERROR, WL_DROP__COUNT };
+struct workload_counts {
+	uint64_t written;
+	uint64_t dropped[WL_DROP__COUNT];
+};
+extern const char *const workload_drop_reasons[WL_DROP__COUNT]; /* "queue_full", … */
+bool workload_counts(struct workload_counts *c);
 
 /* ---- per request ---- */
 
