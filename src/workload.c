@@ -5,12 +5,17 @@
  *
  *   proxy.c body bytes ─▶ workload_feed ─▶ JSON scan ─prompt bytes─▶ chain (SHA-256 per block)
  *   meter_finish ─▶ workload_record ─copy─▶ queue (bounded) ─▶ writer: ids, JSON line, rotation
+ *                                                               └─▶ summary (ring, groups) ─▶ GET /workload
  *
  * Invariants: the scan keeps a fixed amount of state per request (a depth
  * stack, a short key buffer) and does constant work per byte plus one
  * SHA-256 block step; the chain's result does not depend on how the body
  * was split into reads; a worker takes the queue's lock only to push one
- * pointer and never waits on the disk; the salt never leaves this file.
+ * pointer and never waits on the disk; the salt never leaves this file;
+ * every file holds whole lines (a write a full disk cut short is cut off);
+ * the summary's state is fixed at start (WL_SUMMARY_WINDOW records,
+ * WL_GROUPS_MAX groups of WL_SERIES_SLOTS slots), and the admin thread
+ * holds its lock only for a copy.
  */
 #include "workload.h"
 
