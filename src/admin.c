@@ -410,6 +410,23 @@ out:
 	reply_rendered(req, text);
 }
 
+/* The workload capture's counters, when one runs, after the rest. */
+static int workload_metrics(struct evbuffer *out, bool proto)
+{
+	struct workload_counts c;
+
+	if (!workload_counts(&c))
+		return 0;
+	const struct prom_counter_family f[2] = {
+		{ "tokentap_workload_written_total", "Records written to the workload capture's file.", NULL, 1, NULL,
+		  &c.written },
+		{ "tokentap_workload_dropped_total",
+		  "Workload capture records lost, by reason (queue_full, no_space, write_error, open_error).", "reason",
+		  WL_DROP__COUNT, workload_drop_reasons, c.dropped },
+	};
+	return proto ? prom_render_proto_counters(out, f, 2) : prom_render_counters(out, f, 2);
+}
+
 static void on_metrics(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)
 {
 	struct store_result res;
@@ -433,6 +450,8 @@ static void on_metrics(struct admin *a, struct evhttp_request *req, struct evkey
 		if (rc == 0)
 			rc = prom_render_gauges(out, g, n);
 	}
+	if (rc == 0)
+		rc = workload_metrics(out, proto);
 	upstream_gauges_free(g, n);
 	store_result_free(&res);
 	if (rc == -1) {
@@ -675,7 +694,7 @@ static void on_compare(struct admin *a, struct evhttp_request *req, struct evkey
 /* The workload capture's summary (workload.c keeps it; docs/workload.md). */
 static void on_workload(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)
 {
-	char *text = workload_summary_json();
+	char *text = workload_summary_json(evhttp_find_header(p, "route"), evhttp_find_header(p, "model"));
 
 	if (!text) {
 		reply_error(req, 500, NULL, "out of memory");

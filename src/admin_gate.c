@@ -21,6 +21,7 @@ static const char *const admin_prompt_params[] = { "window", "route", "upstream"
 static const char *const admin_recent_params[] = { "n", NULL };
 static const char *const admin_history_params[] = { "step", "route", "upstream", "model", "cold", NULL };
 static const char *const admin_compare_params[] = { "route", "window", "cold", NULL };
+static const char *const admin_workload_params[] = { "route", "model", NULL };
 
 const struct admin_route admin_routes[ADMIN_R__COUNT] = {
 #define X(e, path, methods, allow, write, params, fn) [ADMIN_R_##e] = { path, methods, allow, write, params },

@@ -36,7 +36,7 @@ struct evkeyvalq;
 	X(COMPARE, "/compare", ADMIN_GET_LIKE, "GET, HEAD", false, admin_compare_params, on_compare) \
 	X(UPSTREAMS, "/upstreams", ADMIN_GET_LIKE, "GET, HEAD", false, admin_no_params, on_upstreams) \
 	X(WEIGHTS, "/routes/weights", EVHTTP_REQ_POST, "POST", true, admin_no_params, on_weights) \
-	X(WORKLOAD, "/workload", ADMIN_GET_LIKE, "GET, HEAD", false, admin_no_params, on_workload)
+	X(WORKLOAD, "/workload", ADMIN_GET_LIKE, "GET, HEAD", false, admin_workload_params, on_workload)
 
 enum admin_route_id {
 #define X(e, path, methods, allow, write, params, fn) ADMIN_R_##e,

@@ -276,3 +276,19 @@ int prom_render_gauges(struct evbuffer *out, const struct upstream_gauge *g, siz
 	free(sorted);
 	return w.failed ? -1 : 0;
 }
+
+int prom_render_counters(struct evbuffer *out, const struct prom_counter_family *f, size_t nf)
+{
+	struct writer w = { out, 0 };
+
+	for (size_t i = 0; i < nf; i++) {
+		emit(&w, "# HELP %s %s\n# TYPE %s counter\n", f[i].name, f[i].help, f[i].name);
+		for (size_t k = 0; k < f[i].n; k++)
+			if (f[i].label)
+				emit(&w, "%s{%s=\"%s\"} %llu\n", f[i].name, f[i].label, f[i].values[k],
+				     (unsigned long long)f[i].counts[k]);
+			else
+				emit(&w, "%s %llu\n", f[i].name, (unsigned long long)f[i].counts[k]);
+	}
+	return w.failed ? -1 : 0;
+}

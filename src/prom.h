@@ -38,6 +38,20 @@ int prom_render(struct evbuffer *out, const struct store_result *r) __attribute_
 int prom_render_gauges(struct evbuffer *out, const struct upstream_gauge *g, size_t n)
 	__attribute__((warn_unused_result));
 
+/* A counter family from outside the store (the workload capture's): one
+ * metric per value of `label`, or one without labels when `label` is NULL
+ * (n = 1). Label values are plain names: they are not escaped. */
+struct prom_counter_family {
+	const char *name, *help, *label;
+	size_t n;
+	const char *const *values; /* n, or NULL without a label */
+	const uint64_t *counts;	   /* n */
+};
+
+/* Appends `nf` such families in the text format. 0, or -1 when out of memory. */
+int prom_render_counters(struct evbuffer *out, const struct prom_counter_family *f, size_t nf)
+	__attribute__((warn_unused_result));
+
 /* Number of finite `le` bounds and bound i, in seconds as printed, and in
  * µs (UINT64_MAX past the last). */
 size_t prom_le_count(void);

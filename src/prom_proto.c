@@ -599,3 +599,41 @@ int prom_render_proto(struct evbuffer *out, const struct store_result *res, cons
 	stats_groups_free(&gs);
 	return r.failed ? -1 : 0;
 }
+
+int prom_render_proto_counters(struct evbuffer *out, const struct prom_counter_family *fams, size_t nf)
+{
+	struct render r = { .out = out };
+
+	for (size_t i = 0; !r.failed && i < nf; i++) {
+		const struct prom_counter_family *cf = &fams[i];
+		pb_family *f = family_new(&r, cf->name, cf->help, IO__PROMETHEUS__CLIENT__METRIC_TYPE__COUNTER, cf->n);
+		for (size_t k = 0; f && k < cf->n; k++) {
+			pb_metric *m = arena_alloc(&r.arena, 1, sizeof(*m));
+			pb_counter *c = arena_alloc(&r.arena, 1, sizeof(*c));
+			pb_label *l = arena_alloc(&r.arena, 1, sizeof(*l));
+			pb_label **lp = arena_alloc(&r.arena, 1, sizeof(*lp));
+			if (!m || !c || !l || !lp)
+				break;
+			io__prometheus__client__metric__init(m);
+			io__prometheus__client__counter__init(c);
+			c->has_value = true;
+			c->value = (double)cf->counts[k];
+			m->counter = c;
+			if (cf->label) {
+				io__prometheus__client__label_pair__init(l);
+				l->name = (char *)cf->label;
+				l->value = (char *)cf->values[k];
+				lp[0] = l;
+				m->label = lp;
+				m->n_label = 1;
+			}
+			f->metric[f->n_metric++] = m;
+		}
+		if (!f)
+			r.arena.failed = true;
+		family_flush(&r, f);
+	}
+	arena_clear(&r.arena);
+	free(r.arena.p);
+	return r.failed ? -1 : 0;
+}

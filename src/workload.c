@@ -5,12 +5,17 @@
  *
  *   proxy.c body bytes ─▶ workload_feed ─▶ JSON scan ─prompt bytes─▶ chain (SHA-256 per block)
  *   meter_finish ─▶ workload_record ─copy─▶ queue (bounded) ─▶ writer: ids, JSON line, rotation
+ *                                                               └─▶ summary (ring, groups) ─▶ GET /workload
  *
  * Invariants: the scan keeps a fixed amount of state per request (a depth
  * stack, a short key buffer) and does constant work per byte plus one
  * SHA-256 block step; the chain's result does not depend on how the body
  * was split into reads; a worker takes the queue's lock only to push one
- * pointer and never waits on the disk; the salt never leaves this file.
+ * pointer and never waits on the disk; the salt never leaves this file;
+ * every file holds whole lines (a write a full disk cut short is cut off);
+ * the summary's state is fixed at start (WL_SUMMARY_WINDOW records,
+ * WL_GROUPS_MAX groups of WL_SERIES_SLOTS slots), and the admin thread
+ * holds its lock only for a copy.
  */
 #include "workload.h"
 
@@ -478,18 +483,37 @@ struct workload {
 	uint64_t reported;	/* drops already said */
 	uint64_t warn_at_ns;	/* the next warning not before */
 	uint64_t open_retry_ns; /* an open that failed is not retried before */
+	uint64_t free_retry_ns; /* no rotated file to delete: not looked for before */
 	struct wl_ids *ids;
-	uint64_t written;
 	/* the summary behind GET /workload: written by the writer, read by
 	 * the admin thread, both under sum_mu */
 	pthread_mutex_t sum_mu;
-	struct wl_summary_ring {
-		uint64_t ts_ms;
-		uint32_t in, out;
-	} ring[WL_SUMMARY_WINDOW];
-	size_t ring_head, ring_n;
-	uint64_t sum_records, sum_blocks, sum_shared_blocks;
+	struct wl_summary {
+		struct wl_ring {
+			uint64_t ts_us, end_us; /* arrival and end, µs since the capture's start */
+			uint32_t in, out;
+			uint16_t group;
+		} ring[WL_SUMMARY_WINDOW];
+		size_t ring_head, ring_n;
+		struct wl_group {
+			char route[64], model[128];
+			uint64_t records, streamed, cached_records, cached_tokens, cached_input;
+			uint64_t blocks, shared_blocks;
+			uint32_t series[WL_SERIES_SLOTS];
+		} groups[WL_GROUPS_MAX];
+		size_t ngroups;
+		unsigned step_idx; /* into series_steps */
+		uint64_t written, no_space, write_error, open_error;
+		uint64_t freed_files; /* rotated files deleted to make room on a full disk */
+		char last_error[96];  /* "" while writing works */
+	} sum;
 };
+
+/* The arrival series' steps, in seconds, each a multiple of the one before
+ * (a slot of the old step falls in one slot of the new): 240 slots of the
+ * last cover 240 days. */
+static const uint32_t series_steps[] = { 1, 2, 10, 20, 60, 120, 600, 1200, 3600, 7200, 21600, 43200, 86400 };
+#define SERIES_STEPS (sizeof(series_steps) / sizeof(series_steps[0]))
 
 static struct workload *g_wl;
 
@@ -570,6 +594,81 @@ static json_t *str_or_null(const char *s)
 	return *s ? json_string(s) : json_null();
 }
 
+/* The group of a (route, model) pair: found, added, or past
+ * WL_GROUPS_MAX - 1 the last one, "(other)". Under sum_mu. */
+static struct wl_group *group_of(struct wl_summary *s, const char *route, const char *model)
+{
+	for (size_t i = 0; i < s->ngroups; i++)
+		if (strcmp(s->groups[i].route, route) == 0 && strcmp(s->groups[i].model, model) == 0)
+			return &s->groups[i];
+	struct wl_group *g = &s->groups[s->ngroups < WL_GROUPS_MAX ? s->ngroups : WL_GROUPS_MAX - 1];
+	if (s->ngroups == WL_GROUPS_MAX - 1) {
+		route = model = "(other)";
+	} else if (s->ngroups == WL_GROUPS_MAX) {
+		return g;
+	}
+	s->ngroups++;
+	copy_trunc(g->route, sizeof(g->route), route, strlen(route));
+	copy_trunc(g->model, sizeof(g->model), model, strlen(model));
+	return g;
+}
+
+/* One arrival into its group's series: the step grows (every group's
+ * slots merged) until the arrival's slot fits. */
+static void series_add(struct wl_summary *s, struct wl_group *g, uint64_t ts_ms)
+{
+	uint64_t sec = ts_ms / 1000;
+
+	while (sec / series_steps[s->step_idx] >= WL_SERIES_SLOTS && s->step_idx + 1 < SERIES_STEPS) {
+		uint32_t from = series_steps[s->step_idx], to = series_steps[s->step_idx + 1];
+		for (size_t k = 0; k < s->ngroups; k++) {
+			uint32_t *v = s->groups[k].series;
+			for (size_t i = 0; i < WL_SERIES_SLOTS; i++) {
+				uint32_t c = v[i];
+				v[i] = 0;
+				v[i * from / to] += c;
+			}
+		}
+		s->step_idx++;
+	}
+	uint64_t slot = sec / series_steps[s->step_idx];
+	g->series[slot < WL_SERIES_SLOTS ? slot : WL_SERIES_SLOTS - 1]++;
+}
+
+/* A record into the summary: its group's counts and the window's ring. */
+static void summary_add(struct workload *wl, const struct wl_item *it, uint64_t ts_ms, int64_t in, uint64_t shared)
+{
+	struct wl_summary *s = &wl->sum;
+	uint64_t ts_us = it->arrive_ns > wl->start_ns ? (it->arrive_ns - wl->start_ns) / 1000u : 0;
+	/* an unknown e2e (no response end) counts the request in flight only
+	 * at its own arrival */
+	uint64_t dur_us = isnan(it->e2e_ms) || it->e2e_ms < 0 ? 0 : (uint64_t)(it->e2e_ms * 1000.0);
+
+	pthread_mutex_lock(&wl->sum_mu);
+	struct wl_group *g = group_of(s, it->route, it->model);
+	g->records++;
+	g->streamed += it->stream == 1;
+	if (it->cached_tokens >= 0 && in > 0) {
+		g->cached_records++;
+		g->cached_tokens += (uint64_t)it->cached_tokens;
+		g->cached_input += (uint64_t)in;
+	}
+	g->blocks += it->nh;
+	g->shared_blocks += shared;
+	series_add(s, g, ts_ms);
+	s->ring[(s->ring_head + s->ring_n) % WL_SUMMARY_WINDOW] =
+		(struct wl_ring){ ts_us, ts_us + (dur_us ? dur_us : 1), (uint32_t)(in > UINT32_MAX ? UINT32_MAX : in),
+				  (uint32_t)(it->output_tokens < 0	      ? 0
+					     : it->output_tokens > UINT32_MAX ? UINT32_MAX
+									      : it->output_tokens),
+				  (uint16_t)(g - s->groups) };
+	if (s->ring_n < WL_SUMMARY_WINDOW)
+		s->ring_n++;
+	else
+		s->ring_head = (s->ring_head + 1) % WL_SUMMARY_WINDOW;
+	pthread_mutex_unlock(&wl->sum_mu);
+}
+
 /* The line of one record; the hash ids are numbered here, in file order. */
 static char *item_line(struct workload *wl, const struct wl_item *it)
 {
@@ -587,18 +686,7 @@ static char *item_line(struct workload *wl, const struct wl_item *it)
 		shared += id < before;
 		json_array_append_new(ids, json_integer((json_int_t)id));
 	}
-	pthread_mutex_lock(&wl->sum_mu);
-	wl->ring[(wl->ring_head + wl->ring_n) % WL_SUMMARY_WINDOW] =
-		(struct wl_summary_ring){ ts, (uint32_t)(in > UINT32_MAX ? UINT32_MAX : in),
-					  (uint32_t)(it->output_tokens < 0 ? 0 : it->output_tokens) };
-	if (wl->ring_n < WL_SUMMARY_WINDOW)
-		wl->ring_n++;
-	else
-		wl->ring_head = (wl->ring_head + 1) % WL_SUMMARY_WINDOW;
-	wl->sum_records++;
-	wl->sum_blocks += it->nh;
-	wl->sum_shared_blocks += shared;
-	pthread_mutex_unlock(&wl->sum_mu);
+	summary_add(wl, it, ts, in, shared);
 	json_object_set_new(o, "timestamp", json_integer((json_int_t)ts));
 	json_object_set_new(o, "input_length", json_integer(in));
 	json_object_set_new(o, "output_length", json_integer(it->output_tokens < 0 ? 0 : it->output_tokens));
@@ -664,6 +752,77 @@ static void warn_drops(struct workload *wl, uint64_t now, const char *why)
 	wl->warn_at_ns = now + 10ull * 1000000000u; /* at most one line per 10 s */
 }
 
+/* A record lost at the writer: counted by reason (`counter`, in sum), said
+ * (rate-limited), and the error kept for GET /workload. */
+static void write_failed(struct workload *wl, uint64_t now, uint64_t *counter, const char *why)
+{
+	wl->dropped_write++;
+	pthread_mutex_lock(&wl->sum_mu);
+	(*counter)++;
+	copy_trunc(wl->sum.last_error, sizeof(wl->sum.last_error), why, strlen(why));
+	pthread_mutex_unlock(&wl->sum_mu);
+	warn_drops(wl, now, why);
+}
+
+/* A line written; after failures, said once: the capture resumed. */
+static void write_ok(struct workload *wl)
+{
+	bool resumed;
+
+	pthread_mutex_lock(&wl->sum_mu);
+	wl->sum.written++;
+	resumed = wl->sum.last_error[0] != 0;
+	wl->sum.last_error[0] = 0;
+	pthread_mutex_unlock(&wl->sum_mu);
+	if (resumed)
+		log_info("workload capture: writing %s again (%llu records dropped so far)", wl->path,
+			 (unsigned long long)(atomic_load(&wl->dropped_queue) + wl->dropped_write));
+}
+
+/* One line appended whole: 0, or the errno of the write that failed. A
+ * full disk may take part of a line: that part is cut off again, so the
+ * file stays whole lines (O_APPEND: the next write lands at the cut). */
+static int write_line(struct workload *wl, const char *line, size_t len)
+{
+	size_t done = 0;
+	ssize_t n = 0;
+
+	while (done < len && (n = write(wl->fd, line + done, len - done)) > 0)
+		done += (size_t)n;
+	if (done == len)
+		return 0;
+	int e = n == 0 ? EIO : errno;
+	if (done && ftruncate(wl->fd, (off_t)wl->size) == -1)
+		log_warn("workload capture: %s: cannot cut a partial line: %s", wl->path, strerror(errno));
+	return e;
+}
+
+/* The oldest rotated file (PATH.k, the highest k there is) deleted to make
+ * room: true when one was. Without any, not looked for again for a second
+ * (up to max_files - 1 unlink calls a look). */
+static bool free_oldest(struct workload *wl, uint64_t now)
+{
+	size_t n = strlen(wl->path) + 16;
+	char *p;
+
+	if (wl->o.max_files <= 1 || now < wl->free_retry_ns || !(p = malloc(n)))
+		return false;
+	for (unsigned k = wl->o.max_files - 1; k >= 1; k--) {
+		snprintf(p, n, "%s.%u", wl->path, k);
+		if (unlink(p) == 0) {
+			log_warn("workload capture: the disk is full: deleted %s, the oldest file, to go on", p);
+			free(p);
+			pthread_mutex_lock(&wl->sum_mu);
+			wl->sum.freed_files++;
+			pthread_mutex_unlock(&wl->sum_mu);
+			return true;
+		}
+	}
+	free(p);
+	wl->free_retry_ns = now + 1000000000u;
+	return false;
+}
+
 static void write_item(struct workload *wl, const struct wl_item *it)
 {
 	uint64_t now = clock_now_ns();
@@ -671,7 +830,7 @@ static void write_item(struct workload *wl, const struct wl_item *it)
 	size_t len;
 
 	if (!line) {
-		wl->dropped_write++;
+		write_failed(wl, now, &wl->sum.write_error, "out of memory");
 		return;
 	}
 	len = strlen(line);
@@ -690,14 +849,20 @@ static void write_item(struct workload *wl, const struct wl_item *it)
 		}
 	}
 	if (wl->fd == -1) {
-		wl->dropped_write++;
-		warn_drops(wl, now, "the file cannot be opened");
-	} else if (write(wl->fd, line, len) != (ssize_t)len) {
-		wl->dropped_write++;
-		warn_drops(wl, now, strerror(errno));
+		write_failed(wl, now, &wl->sum.open_error, "the file cannot be opened");
 	} else {
-		wl->size += len;
-		wl->written++;
+		int e = write_line(wl, line, len);
+		/* a full disk: the capture's own oldest file goes first, as
+		 * rotation would have let it go, and the line is tried again */
+		if ((e == ENOSPC || e == EDQUOT) && free_oldest(wl, now))
+			e = write_line(wl, line, len);
+		if (!e) {
+			wl->size += len;
+			write_ok(wl);
+		} else {
+			write_failed(wl, now, e == ENOSPC || e == EDQUOT ? &wl->sum.no_space : &wl->sum.write_error,
+				     strerror(e));
+		}
 	}
 	free(line);
 }
@@ -803,10 +968,26 @@ static int cmp_u64(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-/* Nearest-rank quantiles of a sorted array, its mean and max. */
+static double round3(double v)
+{
+	return round(v * 1000.0) / 1000.0;
+}
+
+/* Powers of two as histogram bounds: the smallest 2^k >= v (1 for 0). */
+static unsigned pow2_bucket(uint64_t v)
+{
+	unsigned b = 0;
+	while (b < 63 && ((uint64_t)1 << b) < v)
+		b++;
+	return b;
+}
+
+/* Nearest-rank quantiles of a sorted array, its mean and max, and its
+ * histogram: counts per power-of-two upper bound `le`, from the smallest
+ * value's bucket to the largest's. */
 static json_t *dist_json(const uint64_t *v, size_t n)
 {
-	json_t *o = json_object();
+	json_t *o = json_object(), *h = json_array();
 	static const struct {
 		const char *key;
 		double q;
@@ -815,81 +996,234 @@ static json_t *dist_json(const uint64_t *v, size_t n)
 
 	for (size_t i = 0; i < n; i++)
 		sum += (double)v[i];
-	json_object_set_new(o, "mean", n ? json_real(round(sum / (double)n * 1000.0) / 1000.0) : json_null());
+	json_object_set_new(o, "mean", n ? json_real(round3(sum / (double)n)) : json_null());
 	for (size_t i = 0; i < sizeof(qs) / sizeof(qs[0]); i++) {
 		size_t rank = (size_t)ceil(qs[i].q * (double)n);
 		json_object_set_new(o, qs[i].key, n ? json_integer((json_int_t)v[rank ? rank - 1 : 0]) : json_null());
 	}
 	json_object_set_new(o, "max", n ? json_integer((json_int_t)v[n - 1]) : json_null());
+	if (n) {
+		size_t i = 0;
+		for (unsigned b = pow2_bucket(v[0]); b <= pow2_bucket(v[n - 1]); b++) {
+			uint64_t le = (uint64_t)1 << b, c = 0;
+			for (; i < n && v[i] <= le; i++)
+				c++;
+			json_t *e = json_object();
+			json_object_set_new(e, "le", json_integer((json_int_t)le));
+			json_object_set_new(e, "count", json_integer((json_int_t)c));
+			json_array_append_new(h, e);
+		}
+	}
+	json_object_set_new(o, "histogram", h);
 	return o;
 }
 
-char *workload_summary_json(void)
+/* Scratch for one selection's window: arrays of WL_SUMMARY_WINDOW. */
+struct sel_scratch {
+	uint64_t *ts, *end, *in, *out, *conc;
+};
+
+static bool group_matches(const struct wl_group *g, const char *route, const char *model)
+{
+	return (!route || strcmp(g->route, route) == 0) && (!model || strcmp(g->model, model) == 0);
+}
+
+static json_t *share(uint64_t part, uint64_t whole)
+{
+	return whole ? json_real((double)part / (double)whole) : json_null();
+}
+
+/* The summary of the records of `route` and `model` (NULL: any), from a
+ * snapshot; adds its fields to `o`. */
+static void selection_json(json_t *o, const struct wl_summary *s, const char *route, const char *model,
+			   struct sel_scratch *x)
+{
+	bool match[WL_GROUPS_MAX];
+	uint64_t records = 0, streamed = 0, cached_records = 0, cached = 0, cached_input = 0, blocks = 0, shared = 0;
+	uint64_t series[WL_SERIES_SLOTS] = { 0 };
+	size_t n = 0, last = 0;
+
+	for (size_t g = 0; g < s->ngroups; g++) {
+		const struct wl_group *gr = &s->groups[g];
+		match[g] = group_matches(gr, route, model);
+		if (!match[g])
+			continue;
+		records += gr->records;
+		streamed += gr->streamed;
+		cached_records += gr->cached_records;
+		cached += gr->cached_tokens;
+		cached_input += gr->cached_input;
+		blocks += gr->blocks;
+		shared += gr->shared_blocks;
+		for (size_t i = 0; i < WL_SERIES_SLOTS; i++) {
+			series[i] += gr->series[i];
+			if (gr->series[i] && i + 1 > last)
+				last = i + 1;
+		}
+	}
+	for (size_t i = 0; i < s->ring_n; i++) {
+		const struct wl_ring *r = &s->ring[(s->ring_head + i) % WL_SUMMARY_WINDOW];
+		if (r->group >= s->ngroups || !match[r->group])
+			continue;
+		x->ts[n] = r->ts_us;
+		x->end[n] = r->end_us;
+		x->in[n] = r->in;
+		x->out[n] = r->out;
+		n++;
+	}
+	json_object_set_new(o, "records", json_integer((json_int_t)records));
+	json_object_set_new(o, "stream_share", share(streamed, records));
+	json_object_set_new(o, "cached_token_share", share(cached, cached_input));
+	json_object_set_new(o, "cached_reported_records", json_integer((json_int_t)cached_records));
+	json_object_set_new(o, "prefix_blocks", json_integer((json_int_t)blocks));
+	json_object_set_new(o, "prefix_shared_blocks", json_integer((json_int_t)shared));
+	json_object_set_new(o, "prefix_sharing_ratio",
+			    blocks ? json_real(round3((double)shared / (double)blocks)) : json_null());
+	json_t *arr = json_object(), *counts = json_array();
+	json_object_set_new(arr, "step_s", json_integer(series_steps[s->step_idx]));
+	for (size_t i = 0; i < last; i++)
+		json_array_append_new(counts, json_integer(series[i]));
+	json_object_set_new(arr, "counts", counts);
+	json_object_set_new(o, "arrivals", arr);
+
+	/* the window: sorted by arrival (records are written as they finish) */
+	json_object_set_new(o, "window_records", json_integer((json_int_t)n));
+	qsort(x->ts, n, sizeof(*x->ts), cmp_u64);
+	qsort(x->end, n, sizeof(*x->end), cmp_u64);
+	qsort(x->in, n, sizeof(*x->in), cmp_u64);
+	qsort(x->out, n, sizeof(*x->out), cmp_u64);
+	double span_s = n > 1 ? (double)(x->ts[n - 1] - x->ts[0]) / 1e6 : 0;
+	json_object_set_new(o, "span_s", json_real(round3(span_s)));
+	json_object_set_new(o, "arrival_rate", span_s > 0 ? json_real(round3((double)(n - 1) / span_s)) : json_null());
+	double mean = 0, m2 = 0;
+	for (size_t i = 1; i < n; i++) { /* Welford over the gaps */
+		double g = (double)(x->ts[i] - x->ts[i - 1]), d = g - mean;
+		mean += d / (double)i;
+		m2 += d * (g - mean);
+	}
+	json_object_set_new(o, "interarrival_cv",
+			    n > 2 && mean > 0 ? json_real(round3(sqrt(m2 / (double)(n - 1)) / mean)) : json_null());
+	json_object_set_new(o, "input_length", dist_json(x->in, n));
+	json_object_set_new(o, "output_length", dist_json(x->out, n));
+	/* concurrency at each arrival: the selection's requests with arrival
+	 * <= t < end, itself included (arrivals tied at t all count) */
+	size_t started = 0, ended = 0;
+	for (size_t i = 0; i < n; i++) {
+		while (started < n && x->ts[started] <= x->ts[i])
+			started++;
+		while (ended < n && x->end[ended] <= x->ts[i])
+			ended++;
+		x->conc[i] = started - ended;
+	}
+	qsort(x->conc, n, sizeof(*x->conc), cmp_u64);
+	json_object_set_new(o, "concurrency", dist_json(x->conc, n));
+}
+
+/* by_route / by_model: one entry per distinct name among the groups the
+ * filters select, each the summary of that name and the other filter. */
+static json_t *breakdown(const struct wl_summary *s, bool by_route, const char *route, const char *model,
+			 struct sel_scratch *x)
+{
+	json_t *a = json_array();
+
+	for (size_t g = 0; g < s->ngroups; g++) {
+		const struct wl_group *gr = &s->groups[g];
+		const char *name = by_route ? gr->route : gr->model;
+		bool seen = false;
+		if (!group_matches(gr, route, model))
+			continue;
+		for (size_t k = 0; k < g && !seen; k++)
+			seen = group_matches(&s->groups[k], route, model) &&
+			       strcmp(by_route ? s->groups[k].route : s->groups[k].model, name) == 0;
+		if (seen)
+			continue;
+		json_t *e = json_object();
+		json_object_set_new(e, by_route ? "route" : "model", json_string(name));
+		selection_json(e, s, by_route ? name : route, by_route ? model : name, x);
+		json_array_append_new(a, e);
+	}
+	return a;
+}
+
+static json_t *str_or_json_null(const char *v)
+{
+	return v ? json_string(v) : json_null();
+}
+
+char *workload_summary_json(const char *route, const char *model)
 {
 	struct workload *wl = g_wl;
 	json_t *o = json_object();
-	uint64_t *ts = NULL, *in = NULL, *out = NULL;
-	size_t n = 0;
+	struct wl_summary *s = NULL;
+	struct sel_scratch x = { 0 };
 	char *text;
 
 	json_object_set_new(o, "capturing", json_boolean(wl != NULL));
 	if (!wl)
 		goto done;
-	ts = malloc(WL_SUMMARY_WINDOW * sizeof(*ts));
-	in = malloc(WL_SUMMARY_WINDOW * sizeof(*in));
-	out = malloc(WL_SUMMARY_WINDOW * sizeof(*out));
-	if (!ts || !in || !out) {
+	s = malloc(sizeof(*s));
+	x.ts = malloc(WL_SUMMARY_WINDOW * sizeof(uint64_t));
+	x.end = malloc(WL_SUMMARY_WINDOW * sizeof(uint64_t));
+	x.in = malloc(WL_SUMMARY_WINDOW * sizeof(uint64_t));
+	x.out = malloc(WL_SUMMARY_WINDOW * sizeof(uint64_t));
+	x.conc = malloc(WL_SUMMARY_WINDOW * sizeof(uint64_t));
+	if (!s || !x.ts || !x.end || !x.in || !x.out || !x.conc) {
 		json_decref(o);
 		o = NULL;
 		goto done;
 	}
+	/* a copy, so the writer waits only for a memcpy */
 	pthread_mutex_lock(&wl->sum_mu);
-	n = wl->ring_n;
-	for (size_t i = 0; i < n; i++) {
-		const struct wl_summary_ring *r = &wl->ring[(wl->ring_head + i) % WL_SUMMARY_WINDOW];
-		ts[i] = r->ts_ms;
-		in[i] = r->in;
-		out[i] = r->out;
-	}
-	uint64_t records = wl->sum_records, blocks = wl->sum_blocks, shared = wl->sum_shared_blocks;
+	memcpy(s, &wl->sum, sizeof(*s));
 	pthread_mutex_unlock(&wl->sum_mu);
 	uint64_t dropped = atomic_load(&wl->dropped_queue);
 
 	json_object_set_new(o, "block_tokens", json_integer(wl->o.block_tokens));
-	json_object_set_new(o, "records", json_integer((json_int_t)records));
+	json_object_set_new(o, "written", json_integer((json_int_t)s->written));
 	json_object_set_new(o, "dropped_queue_full", json_integer((json_int_t)dropped));
-	json_object_set_new(o, "window_records", json_integer((json_int_t)n));
-	/* arrivals: the window's records sorted by arrival (they are written
-	 * as they finish) */
-	qsort(ts, n, sizeof(*ts), cmp_u64);
-	qsort(in, n, sizeof(*in), cmp_u64);
-	qsort(out, n, sizeof(*out), cmp_u64);
-	double span_s = n > 1 ? (double)(ts[n - 1] - ts[0]) / 1000.0 : 0;
-	json_object_set_new(o, "span_s", json_real(span_s));
-	json_object_set_new(o, "arrival_rate",
-			    span_s > 0 ? json_real(round((double)(n - 1) / span_s * 1000.0) / 1000.0) : json_null());
-	double mean = 0, m2 = 0;
-	for (size_t i = 1; i < n; i++) { /* Welford over the gaps */
-		double g = (double)(ts[i] - ts[i - 1]), d = g - mean;
-		mean += d / (double)i;
-		m2 += d * (g - mean);
-	}
-	json_object_set_new(o, "interarrival_cv",
-			    n > 2 && mean > 0 ? json_real(round(sqrt(m2 / (double)(n - 1)) / mean * 1000.0) / 1000.0)
-					      : json_null());
-	json_object_set_new(o, "input_length", dist_json(in, n));
-	json_object_set_new(o, "output_length", dist_json(out, n));
-	json_object_set_new(o, "prefix_blocks", json_integer((json_int_t)blocks));
-	json_object_set_new(o, "prefix_shared_blocks", json_integer((json_int_t)shared));
-	json_object_set_new(o, "prefix_sharing_ratio",
-			    blocks ? json_real(round((double)shared / (double)blocks * 1000.0) / 1000.0) : json_null());
+	json_t *d = json_object();
+	json_object_set_new(d, "queue_full", json_integer((json_int_t)dropped));
+	json_object_set_new(d, "no_space", json_integer((json_int_t)s->no_space));
+	json_object_set_new(d, "write_error", json_integer((json_int_t)s->write_error));
+	json_object_set_new(d, "open_error", json_integer((json_int_t)s->open_error));
+	json_object_set_new(o, "dropped", d);
+	json_object_set_new(o, "last_error", s->last_error[0] ? json_string(s->last_error) : json_null());
+	json_object_set_new(o, "freed_files", json_integer((json_int_t)s->freed_files));
+	json_t *f = json_object();
+	json_object_set_new(f, "route", str_or_json_null(route));
+	json_object_set_new(f, "model", str_or_json_null(model));
+	json_object_set_new(o, "filter", f);
+	selection_json(o, s, route, model, &x);
+	json_object_set_new(o, "by_route", breakdown(s, true, route, model, &x));
+	json_object_set_new(o, "by_model", breakdown(s, false, route, model, &x));
 done:
-	free(ts);
-	free(in);
-	free(out);
+	free(s);
+	free(x.ts);
+	free(x.end);
+	free(x.in);
+	free(x.out);
+	free(x.conc);
 	if (!o)
 		return NULL;
 	text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(12));
 	json_decref(o);
 	return text;
+}
+
+const char *const workload_drop_reasons[WL_DROP__COUNT] = { "queue_full", "no_space", "write_error", "open_error" };
+
+bool workload_counts(struct workload_counts *c)
+{
+	struct workload *wl = g_wl;
+
+	if (!wl)
+		return false;
+	pthread_mutex_lock(&wl->sum_mu);
+	c->written = wl->sum.written;
+	c->dropped[WL_DROP_NO_SPACE] = wl->sum.no_space;
+	c->dropped[WL_DROP_WRITE_ERROR] = wl->sum.write_error;
+	c->dropped[WL_DROP_OPEN_ERROR] = wl->sum.open_error;
+	pthread_mutex_unlock(&wl->sum_mu);
+	c->dropped[WL_DROP_QUEUE_FULL] = atomic_load(&wl->dropped_queue);
+	return true;
 }

@@ -33,6 +33,8 @@ struct req_record;
 #define WL_HASHES_MAX 16384    /* blocks hashed per request; the rest of a longer prompt is not */
 #define WL_QUEUE_MAX 4096      /* records waiting for the writer */
 #define WL_SUMMARY_WINDOW 4096 /* records the summary's distributions are over */
+#define WL_GROUPS_MAX 64       /* (route, model) pairs the summary tells apart; later ones are "(other)" */
+#define WL_SERIES_SLOTS 240    /* the arrival series' slots: its step grows as the capture ages */
 
 struct workload_options {
 	const char *path;
@@ -53,12 +55,28 @@ void workload_close(void);
 bool workload_active(void);
 
 /* The summary GET /workload answers, as JSON text (free() it; NULL: out of
- * memory): {"capturing": false} without a capture; else lifetime counts
- * (records, prefix blocks and those shared with an earlier request) and,
- * over the last WL_SUMMARY_WINDOW records written, the arrival rate, the
- * coefficient of variation of inter-arrival gaps and the prompt / output
- * length distributions. Any thread. */
-char *workload_summary_json(void);
+ * memory): {"capturing": false} without a capture; else the capture's
+ * counters (records, drops by reason, the last write error) and, for the
+ * records of `route` and `model` (NULL: any), lifetime counts (records,
+ * stream and cached-token shares, prefix blocks shared with an earlier
+ * request, arrivals per step since the capture began) and, over the last
+ * WL_SUMMARY_WINDOW records written, the arrival rate, the coefficient of
+ * variation of inter-arrival gaps, the prompt / output length and
+ * concurrency-at-arrival distributions; then the same per route and per
+ * model (by_route, by_model). docs/workload.md has the fields. Any thread;
+ * bounded work: O(WL_SUMMARY_WINDOW log) per route and model listed. */
+char *workload_summary_json(const char *route, const char *model);
+
+/* The capture's counters for /metrics: lines written and records lost by
+ * reason (tokentap_workload_written_total, tokentap_workload_dropped_total).
+ * False without a capture. Any thread. */
+enum wl_drop { WL_DROP_QUEUE_FULL, WL_DROP_NO_SPACE, WL_DROP_WRITE_ERROR, WL_DROP_OPEN_ERROR, WL_DROP__COUNT };
+struct workload_counts {
+	uint64_t written;
+	uint64_t dropped[WL_DROP__COUNT];
+};
+extern const char *const workload_drop_reasons[WL_DROP__COUNT]; /* "queue_full", … */
+bool workload_counts(struct workload_counts *c);
 
 /* ---- per request ---- */
 

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "timeline.h"
@@ -206,7 +207,10 @@ static json_t *load_lines(const char *path, size_t *n)
 	return arr;
 }
 
-static void record(uint64_t arrive, int64_t in, int64_t out, const char *body)
+/* One finished request of a given route and model, stream flag, cached
+ * tokens (-1: not said) and e2e. */
+static void record_of(uint64_t arrive, int64_t in, int64_t out, const char *body, const char *route, const char *model,
+		      int stream, int64_t cached, uint64_t e2e_ms)
 {
 	struct req_record rec;
 	struct wl_req *w = NULL;
@@ -215,17 +219,22 @@ static void record(uint64_t arrive, int64_t in, int64_t out, const char *body)
 	rec.usage = USAGE_UNKNOWN;
 	rec.usage.input_tokens = in;
 	rec.usage.output_tokens = out;
-	rec.usage.cached_tokens = in >= 0 ? in / 2 : -1;
-	rec.stream = 1;
+	rec.usage.cached_tokens = cached;
+	rec.stream = stream;
 	rec.status = 200;
 	rec.at[TL_ARRIVE] = arrive;
 	rec.at[TL_FIRST_TOKEN] = arrive + 5000000;
-	rec.at[TL_RESP_END] = arrive + 20000000;
-	strcpy(rec.model, "m1");
+	rec.at[TL_RESP_END] = arrive + e2e_ms * 1000000u;
+	strcpy(rec.model, model);
 	if (body)
 		workload_feed(&w, body, strlen(body));
-	workload_record(&rec, w, "chat", "up1");
+	workload_record(&rec, w, route, "up1");
 	workload_req_free(w);
+}
+
+static void record(uint64_t arrive, int64_t in, int64_t out, const char *body)
+{
+	record_of(arrive, in, out, body, "chat", "m1", 1, in >= 0 ? in / 2 : -1, 20);
 }
 
 /* The capture's lines: Mooncake's fields and the extras, ids shared in
@@ -347,7 +356,7 @@ static void test_summary(void **state)
 	json_t *s = NULL;
 	(void)state;
 
-	text = workload_summary_json();
+	text = workload_summary_json(NULL, NULL);
 	assert_string_equal(text, "{\n  \"capturing\": false\n}");
 	free(text);
 	assert_non_null(mkdtemp(dir));
@@ -361,7 +370,7 @@ static void test_summary(void **state)
 		record(t0 + (uint64_t)order[i] * 100000000ull, 10 * (order[i] + 1), order[i] + 1,
 		       "{\"prompt\":\"0123456789abcdef0123456789abcdef\"}");
 	for (int tries = 0; tries < 500; tries++) {
-		text = workload_summary_json();
+		text = workload_summary_json(NULL, NULL);
 		json_decref(s);
 		s = json_loads(text, 0, NULL);
 		free(text);
@@ -385,6 +394,238 @@ static void test_summary(void **state)
 	rmdir(dir);
 }
 
+/* The summary of a selection, parsed; waits until `records` are written. */
+static json_t *summary_of(const char *route, const char *model)
+{
+	char *text = workload_summary_json(route, model);
+	json_t *s;
+
+	assert_non_null(text);
+	s = json_loads(text, 0, NULL);
+	free(text);
+	assert_non_null(s);
+	return s;
+}
+
+static void wait_records(json_int_t n)
+{
+	for (int tries = 0; tries < 1000; tries++) {
+		json_t *s = summary_of(NULL, NULL);
+		json_int_t got = json_integer_value(json_object_get(s, "records"));
+		json_decref(s);
+		if (got >= n)
+			return;
+		usleep(2000);
+	}
+	fail_msg("the writer did not reach %lld records", (long long)n);
+}
+
+static double num(json_t *o, const char *key)
+{
+	json_t *v = json_object_get(o, key);
+	assert_true(json_is_number(v));
+	return json_number_value(v);
+}
+
+/* The count of the histogram bucket whose upper bound is `le` (0: none). */
+static json_int_t bucket(json_t *dist, json_int_t le)
+{
+	json_t *h = json_object_get(dist, "histogram"), *b;
+	size_t i;
+
+	assert_true(json_is_array(h));
+	json_array_foreach (h, i, b)
+		if (json_integer_value(json_object_get(b, "le")) == le)
+			return json_integer_value(json_object_get(b, "count"));
+	return 0;
+}
+
+/* The entry of by_route / by_model named `name`. */
+static json_t *entry(json_t *s, const char *list, const char *key, const char *name)
+{
+	json_t *a = json_object_get(s, list), *e;
+	size_t i;
+
+	json_array_foreach (a, i, e)
+		if (strcmp(json_string_value(json_object_get(e, key)), name) == 0)
+			return e;
+	fail_msg("%s has no %s", list, name);
+	return NULL;
+}
+
+/* Per route and model: three (route, model) pairs with known arrivals,
+ * durations, lengths, stream flags and cached counts; the summary of each
+ * selection (route=, model=, both, an unknown one), its concurrency at
+ * arrival, length histograms, the arrival series from the capture's start,
+ * stream and cached-token shares, and the by_route / by_model lists. */
+static void test_summary_by_route_and_model(void **state)
+{
+	char dir[] = "/tmp/test_workload_XXXXXX", path[256];
+	struct workload_options o = { path, 1 << 20, 2, 4 };
+	char err[256];
+	json_t *s;
+	(void)state;
+
+	assert_non_null(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/w.jsonl", dir);
+	assert_int_equal(workload_open(&o, err, sizeof(err)), 0);
+	uint64_t t0 = clock_now_ns(), ms = 1000000u;
+	/* A: chat/m1, 10 streamed arrivals 100 ms apart, 250 ms each, 100
+	 * prompt tokens of which 50 cached: up to three in flight */
+	for (int k = 0; k < 10; k++)
+		record_of(t0 + (uint64_t)k * 100 * ms, 100, 10, "{\"prompt\":\"a\"}", "chat", "m1", 1, 50, 250);
+	/* B: chat/m2, 5 unstreamed arrivals at 50, 250, … 850 ms, 10 ms each,
+	 * 1000 prompt tokens, no cached count said */
+	for (int k = 0; k < 5; k++)
+		record_of(t0 + (uint64_t)(50 + 200 * k) * ms, 1000, 7, "{\"prompt\":\"b\"}", "chat", "m2", 0, -1, 10);
+	/* C: batch/m1, one at 2 s */
+	record_of(t0 + 2000 * ms, 40, 1, "{\"prompt\":\"c\"}", "batch", "m1", 1, 0, 5);
+	wait_records(16);
+
+	/* everything */
+	s = summary_of(NULL, NULL);
+	assert_int_equal(num(s, "records"), 16);
+	assert_int_equal(num(s, "window_records"), 16);
+	assert_int_equal(num(entry(s, "by_route", "route", "chat"), "records"), 15);
+	assert_int_equal(num(entry(s, "by_route", "route", "batch"), "records"), 1);
+	assert_int_equal(num(entry(s, "by_model", "model", "m1"), "records"), 11);
+	assert_int_equal(num(entry(s, "by_model", "model", "m2"), "records"), 5);
+	/* arrivals per second from the capture's start (a thread's start
+	 * before t0): 15 in the first second, C in the third */
+	json_t *arr = json_object_get(s, "arrivals");
+	assert_int_equal(num(arr, "step_s"), 1);
+	json_t *counts = json_object_get(arr, "counts");
+	assert_int_equal(json_array_size(counts), 3);
+	assert_int_equal(json_integer_value(json_array_get(counts, 0)), 15);
+	assert_int_equal(json_integer_value(json_array_get(counts, 1)), 0);
+	assert_int_equal(json_integer_value(json_array_get(counts, 2)), 1);
+	/* 11 of 16 streamed; cached tokens over the prompts of the records
+	 * that said: (10 × 50 + 0) / (10 × 100 + 40) */
+	assert_true(fabs(num(s, "stream_share") - 11.0 / 16.0) < 1e-9);
+	assert_true(fabs(num(s, "cached_token_share") - 500.0 / 1040.0) < 1e-3);
+	/* concurrency at each arrival, counting itself: A 1, 2, then 3 (two
+	 * before it still running); B 2, 3, 3, 3, 3 (A's); C 1 */
+	json_t *c = json_object_get(s, "concurrency");
+	assert_int_equal(num(c, "max"), 3);
+	assert_int_equal(num(c, "p50"), 3);
+	assert_int_equal(bucket(c, 1), 2);
+	assert_int_equal(bucket(c, 2), 2);
+	assert_int_equal(bucket(c, 4), 12);
+	json_decref(s);
+
+	/* one pair: A alone */
+	s = summary_of("chat", "m1");
+	assert_int_equal(num(s, "records"), 10);
+	assert_true(fabs(num(s, "arrival_rate") - 10.0) < 0.05);
+	assert_true(num(s, "interarrival_cv") < 0.05);
+	assert_true(fabs(num(s, "stream_share") - 1.0) < 1e-9);
+	assert_true(fabs(num(s, "cached_token_share") - 0.5) < 1e-9);
+	c = json_object_get(s, "concurrency");
+	assert_int_equal(num(c, "max"), 3);
+	assert_true(fabs(num(c, "mean") - 2.7) < 1e-9);
+	assert_int_equal(bucket(c, 1), 1);
+	assert_int_equal(bucket(c, 2), 1);
+	assert_int_equal(bucket(c, 4), 8);
+	assert_int_equal(bucket(json_object_get(s, "input_length"), 128), 10);
+	assert_int_equal(json_array_size(json_object_get(json_object_get(s, "input_length"), "histogram")), 1);
+	assert_string_equal(json_string_value(json_object_get(json_object_get(s, "filter"), "route")), "chat");
+	assert_int_equal(json_array_size(json_object_get(s, "by_model")), 1);
+	json_decref(s);
+
+	/* model=m2: B, unstreamed, no cached count, only its own in flight */
+	s = summary_of(NULL, "m2");
+	assert_int_equal(num(s, "records"), 5);
+	assert_true(fabs(num(s, "stream_share")) < 1e-9);
+	assert_true(json_is_null(json_object_get(s, "cached_token_share")));
+	assert_int_equal(num(json_object_get(s, "input_length"), "p50"), 1000);
+	assert_int_equal(bucket(json_object_get(s, "input_length"), 1024), 5);
+	assert_int_equal(num(json_object_get(s, "concurrency"), "max"), 1);
+	assert_int_equal(num(entry(s, "by_route", "route", "chat"), "records"), 5);
+	json_decref(s);
+
+	/* route=chat: A and B, 15 */
+	s = summary_of("chat", NULL);
+	assert_int_equal(num(s, "records"), 15);
+	assert_int_equal(num(json_object_get(s, "output_length"), "max"), 10);
+	assert_int_equal(bucket(json_object_get(s, "output_length"), 8), 5);
+	assert_int_equal(bucket(json_object_get(s, "output_length"), 16), 10);
+	json_decref(s);
+
+	/* nothing matches: zero records, no distributions */
+	s = summary_of("nosuch", NULL);
+	assert_int_equal(num(s, "records"), 0);
+	assert_true(json_is_null(json_object_get(s, "arrival_rate")));
+	assert_true(json_is_null(json_object_get(json_object_get(s, "input_length"), "p50")));
+	assert_int_equal(json_array_size(json_object_get(s, "by_route")), 0);
+	json_decref(s);
+
+	workload_close();
+	unlink(path);
+	rmdir(dir);
+}
+
+/* The summary's bounds: 5000 records over 100 (route, model) pairs and 83
+ * hours: the window keeps the last 4096, pairs past the 63rd are counted
+ * as "(other)", the arrival series' step grows to an hour (240 slots), and
+ * the worst-case answer (129 selections of 4096 records) is timed. */
+static void test_summary_bounds(void **state)
+{
+	char dir[] = "/tmp/test_workload_XXXXXX", path[256], route[16], model[16];
+	struct workload_options o = { path, 64 << 20, 2, 4 };
+	char err[256];
+	const int n = 5000, pairs = 100;
+	(void)state;
+
+	assert_non_null(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/w.jsonl", dir);
+	assert_int_equal(workload_open(&o, err, sizeof(err)), 0);
+	uint64_t t0 = clock_now_ns();
+	for (int i = 0; i < n; i++) {
+		snprintf(route, sizeof(route), "r%d", i % pairs);
+		snprintf(model, sizeof(model), "m%d", i % pairs);
+		record_of(t0 + (uint64_t)i * 60 * 1000000000ull, 10 + i % 50, 5, "{\"prompt\":\"x\"}", route, model, 1,
+			  -1, 20);
+		if (i % 1000 == 999)
+			wait_records(i + 1); /* the queue holds 4096 */
+	}
+	wait_records(n);
+	struct timespec a, b;
+	clock_gettime(CLOCK_MONOTONIC, &a);
+	char *text = workload_summary_json(NULL, NULL);
+	clock_gettime(CLOCK_MONOTONIC, &b);
+	assert_non_null(text);
+	print_message("summary of 5000 records, 64 groups: %.1f ms, %zu bytes\n",
+		      (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6, strlen(text));
+	json_t *s = json_loads(text, 0, NULL);
+	free(text);
+	assert_non_null(s);
+	assert_int_equal(num(s, "records"), n);
+	assert_int_equal(num(s, "window_records"), WL_SUMMARY_WINDOW);
+	assert_int_equal(json_array_size(json_object_get(s, "by_route")), WL_GROUPS_MAX);
+	assert_int_equal(json_array_size(json_object_get(s, "by_model")), WL_GROUPS_MAX);
+	json_t *other = entry(s, "by_route", "route", "(other)");
+	assert_int_equal(num(other, "records"), n / pairs * (pairs - (WL_GROUPS_MAX - 1)));
+	assert_int_equal(num(entry(s, "by_model", "model", "m62"), "records"), n / pairs);
+	/* 83 h of arrivals: hour slots, every record in one */
+	json_t *arr = json_object_get(s, "arrivals"), *c;
+	size_t i;
+	json_int_t sum = 0;
+	assert_int_equal(num(arr, "step_s"), 3600);
+	assert_true(json_array_size(json_object_get(arr, "counts")) <= WL_SERIES_SLOTS);
+	json_array_foreach (json_object_get(arr, "counts"), i, c)
+		sum += json_integer_value(c);
+	assert_int_equal(sum, n);
+	assert_int_equal(json_integer_value(json_array_get(json_object_get(arr, "counts"), 1)), 60);
+	/* a filter on a pair past the bound finds nothing of its own */
+	json_decref(s);
+	s = summary_of("r99", NULL);
+	assert_int_equal(num(s, "records"), 0);
+	json_decref(s);
+	workload_close();
+	unlink(path);
+	rmdir(dir);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -396,6 +637,8 @@ int main(void)
 		cmocka_unit_test(test_capture_lines_and_rotation),
 		cmocka_unit_test(test_unwritable_path_drops),
 		cmocka_unit_test(test_summary),
+		cmocka_unit_test(test_summary_by_route_and_model),
+		cmocka_unit_test(test_summary_bounds),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
