@@ -509,15 +509,23 @@ static bool request_failover(struct exchange *x)
  * queued before it, written to the socket here and now (a bufferevent would
  * write on the next loop turn, after every other ready event: in a burst of
  * arrivals that is the whole burst); the rest, and everything over TLS,
- * into the bufferevent's output, which also reports a failed write. */
-static void upstream_send(struct upconn *uc, struct evbuffer *src)
+ * into the bufferevent's output, which also reports a failed write.
+ * Returns the clock read just before the write that took all of `src`, 0
+ * when some of it was left to the bufferevent. */
+static uint64_t upstream_send(struct upconn *uc, struct evbuffer *src)
 {
 	struct evbuffer *out = bufferevent_get_output(uc->bev);
+	uint64_t at = 0;
 
-	if (uc->rev && evbuffer_get_length(out) == 0)
+	if (uc->rev && evbuffer_get_length(out) == 0) {
+		at = clock_now_ns();
 		(void)evbuffer_write(src, bufferevent_getfd(uc->bev));
-	if (evbuffer_get_length(src))
+	}
+	if (evbuffer_get_length(src)) {
 		evbuffer_add_buffer(out, src);
+		at = 0;
+	}
+	return at;
 }
 
 void exchange_flush(struct exchange *x)
@@ -540,7 +548,7 @@ void exchange_flush(struct exchange *x)
 			}
 		}
 		if (queued)
-			upstream_send(x->uc, x->up_pending);
+			x->wrote_at = upstream_send(x->uc, x->up_pending);
 		queued = evbuffer_get_length(out);
 	}
 	if (queued > xcfg(x)->stream_buffer)
@@ -557,7 +565,11 @@ void exchange_check_sent(struct exchange *x)
 		return;
 	if (evbuffer_get_length(x->up_pending) || evbuffer_get_length(bufferevent_get_output(x->uc->bev)))
 		return;
-	timeline_mark(x->rec, TL_REQ_SENT, clock_now_ns());
+	/* When the last bytes went out in a write of ours, the request was
+	 * sent as that write began: the server may be reading it (and starting
+	 * its own clocks) before the write returns, on a busy host long before.
+	 * Bytes the bufferevent wrote are seen here just after its write. */
+	timeline_mark(x->rec, TL_REQ_SENT, x->wrote_at ? x->wrote_at : clock_now_ns());
 	if (x->xstate == XS_SENDING) /* else the response began already: STREAMING or PAUSED */
 		exchange_set_state(x, XS_AWAIT_HEAD);
 }
@@ -653,6 +665,7 @@ static bool request_replay(struct exchange *x, char *why, size_t whylen)
 	x->replay = NULL;
 	x->rec->at[TL_UP_CONNECTED] = 0;
 	x->rec->at[TL_REQ_SENT] = 0;
+	x->wrote_at = 0;
 	request_bind(x, fresh);
 	exchange_set_state(x, XS_CONNECTING); /* the slot stays: the same upstream */
 	return true;

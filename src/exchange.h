@@ -205,6 +205,7 @@ struct exchange {
 	unsigned inflight;
 	bool cold;
 	struct evbuffer *up_pending; /* request bytes waiting for the connection */
+	uint64_t wrote_at;	     /* the last request bytes went out in a write begun then; 0: by the bufferevent */
 	enum xstate xstate;	     /* EXCHANGE_STATES; changed only by exchange_set_state */
 	struct event *timer;	     /* the state's timer (exchange_set_state), or a pending upstream close */
 	uint64_t idle_from;	     /* XT_IDLE: silence is counted from here */
