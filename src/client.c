@@ -165,15 +165,21 @@ static void client_fail(struct client *cl, int status, enum req_error kind, cons
 	json_decref(body);
 	size_t tlen = text ? strlen(text) : 0;
 	struct evbuffer *out = bufferevent_get_output(cl->bev);
-	evbuffer_add_printf(out,
-			    "HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %zu\r\n"
-			    "connection: close\r\n",
-			    status, status_reason(status), tlen);
+	bool bad = false; /* an add failed: out of memory, no answer rather than a truncated one */
+	bad |= evbuffer_add_printf(out,
+				   "HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %zu\r\n"
+				   "connection: close\r\n",
+				   status, status_reason(status), tlen) < 0;
 	if (req && req->rec.id[0])
-		evbuffer_add_printf(out, "x-request-id: %s\r\n", req->rec.id);
-	evbuffer_add(out, "\r\n", 2);
-	evbuffer_add(out, text ? text : "", tlen);
+		bad |= evbuffer_add_printf(out, "x-request-id: %s\r\n", req->rec.id) < 0;
+	bad |= evbuffer_add(out, "\r\n", 2) == -1;
+	bad |= evbuffer_add(out, text ? text : "", tlen) == -1;
 	free(text);
+	if (bad) {
+		log_conn(LOG_WARN, cl->id, "%d %s: no memory for the error answer; closing", status, msg);
+		client_close(cl, "no memory for the error answer");
+		return;
+	}
 	log_conn(status >= 500 ? LOG_WARN : LOG_INFO, cl->id, "%d %s%s%s", status, msg, req ? " request " : "",
 		 req ? req->rec.id : "");
 	if (req)
@@ -269,8 +275,10 @@ static int on_req_head(void *arg, struct reqhead *h)
 
 	evtimer_del(cl->timer);
 	request_note_head(req);
-	if (h->send_continue)
-		bufferevent_write(cl->bev, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+	if (h->send_continue && bufferevent_write(cl->bev, "HTTP/1.1 100 Continue\r\n\r\n", 25) == -1) {
+		client_close(cl, "out of memory for 100 Continue");
+		return -1;
+	}
 	if (!h->keep_alive)
 		cl->close_after = true;
 
@@ -322,7 +330,8 @@ static void on_req_body(void *arg, const char *at, size_t len)
 		if (!req->body_prefix || req->body_prefix_len == cfg->body_inspect_max)
 			request_learn_body(req, false);
 	}
-	request_body_bytes(req, at, len);
+	if (request_body_bytes(req, at, len) == -1)
+		client_fail(cl, 503, REQ_ERR_NO_MEMORY, "overloaded", "out of memory for the request body");
 }
 
 static void on_req_complete(void *arg)
@@ -330,7 +339,8 @@ static void on_req_complete(void *arg)
 	struct client *cl = arg;
 	struct request *req = cl->req;
 
-	request_body_end(req);
+	if (request_body_end(req) == -1)
+		client_fail(cl, 503, REQ_ERR_NO_MEMORY, "overloaded", "out of memory for the request body");
 	/* Routing on the body may have refused it: the answer is going out
 	 * (LINGER), and the linger timer runs. */
 	if (client_ending(cl))
@@ -485,7 +495,7 @@ static void client_parse(struct client *cl)
 		if (cl->req)
 			cl->req->rec.bytes_in += used;
 		if (cl->req)
-			exchange_flush(&cl->req->x);
+			(void)exchange_flush(&cl->req->x); /* a failure answers: the loop ends */
 		if (rs == REQPARSE_PAUSED)
 			break;
 		if (cl->reading_blocked)

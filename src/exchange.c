@@ -281,15 +281,16 @@ static void on_exchange_timer(evutil_socket_t fd, short what, void *arg)
  * HTTP/1.1 framing of tokentap's choosing, and exactly one x-request-id,
  * the request's own (the client's when usable, else a generated one), so
  * the upstream and the access log always name a request alike. */
-void exchange_head_write(const struct reqhead *head, const struct req_record *rec, const struct upstream *up,
-			 struct evbuffer *out)
+int exchange_head_write(const struct reqhead *head, const struct req_record *rec, const struct upstream *up,
+			struct evbuffer *out)
 {
 	bool has_host = false;
+	bool bad = false; /* an add failed: out of memory */
 
-	evbuffer_add_printf(out, "%s ", rec->method);
-	evbuffer_add(out, head->buf + head->url_off, head->url_len);
-	evbuffer_add_printf(out, " HTTP/1.%d\r\n", head->http10 ? 0 : 1);
-	for (unsigned i = 0; i < head->nhdr; i++) {
+	bad |= evbuffer_add_printf(out, "%s ", rec->method) < 0;
+	bad |= evbuffer_add(out, head->buf + head->url_off, head->url_len) == -1;
+	bad |= evbuffer_add_printf(out, " HTTP/1.%d\r\n", head->http10 ? 0 : 1) < 0;
+	for (unsigned i = 0; i < head->nhdr && !bad; i++) {
 		const struct hdr *h = &head->hdrs[i];
 		const char *name = head->buf + h->name_off;
 		if (reqhead_hop_by_hop(head, name, h->name_len))
@@ -298,33 +299,38 @@ void exchange_head_write(const struct reqhead *head, const struct req_record *re
 			continue; /* written once below: the id the log has */
 		if (name_eq(name, h->name_len, "host"))
 			has_host = true;
-		evbuffer_add(out, name, h->name_len);
-		evbuffer_add(out, ": ", 2);
-		evbuffer_add(out, head->buf + h->val_off, h->val_len);
-		evbuffer_add(out, "\r\n", 2);
+		bad |= evbuffer_add(out, name, h->name_len) == -1;
+		bad |= evbuffer_add(out, ": ", 2) == -1;
+		bad |= evbuffer_add(out, head->buf + h->val_off, h->val_len) == -1;
+		bad |= evbuffer_add(out, "\r\n", 2) == -1;
 	}
 	if (!has_host)
-		evbuffer_add_printf(out, "host: %s\r\n", up->name);
-	evbuffer_add_printf(out, "x-request-id: %s\r\n", rec->id);
+		bad |= evbuffer_add_printf(out, "host: %s\r\n", up->name) < 0;
+	bad |= evbuffer_add_printf(out, "x-request-id: %s\r\n", rec->id) < 0;
 	if (head->chunked)
-		evbuffer_add_printf(out, "transfer-encoding: chunked\r\n");
+		bad |= evbuffer_add_printf(out, "transfer-encoding: chunked\r\n") < 0;
 	if (head->http10)
-		evbuffer_add_printf(out, "connection: close\r\n");
-	evbuffer_add(out, "\r\n", 2);
+		bad |= evbuffer_add_printf(out, "connection: close\r\n") < 0;
+	bad |= evbuffer_add(out, "\r\n", 2) == -1;
+	return bad ? -1 : 0;
 }
 
 /* The primary's head goes in front of whatever body bytes already wait in
- * up_pending, once the upstream is chosen (a failover writes it again). */
-static void request_write_head(struct exchange *x)
+ * up_pending, once the upstream is chosen (a failover writes it again).
+ * -1: out of memory (up_pending unchanged). */
+static int request_write_head(struct exchange *x)
 {
 	struct evbuffer *out = evbuffer_new();
+	int r = -1;
 
 	if (!out)
-		return;
-	exchange_head_write(x->head, x->rec, x->up, out);
-	x->head_len = evbuffer_get_length(out);
-	evbuffer_prepend_buffer(x->up_pending, out);
+		return -1;
+	if (exchange_head_write(x->head, x->rec, x->up, out) == 0) {
+		x->head_len = evbuffer_get_length(out);
+		r = evbuffer_prepend_buffer(x->up_pending, out);
+	}
 	evbuffer_free(out);
+	return r;
 }
 
 /* `uc`'s reads, writes and events are the request's from now on. */
@@ -349,7 +355,10 @@ static enum xr request_connect(struct exchange *x)
 	x->rec->at[TL_UP_CONNECTED] = 0;
 	x->rec->upstream = x->up->name;
 	x->rp.head_request = x->head->method == HTTP_HEAD;
-	request_write_head(x);
+	if (request_write_head(x) == -1) {
+		snprintf(msg, sizeof(msg), "out of memory writing the request head for upstream %s", x->up->name);
+		return exchange_fail(x, XF_NO_MEMORY, msg);
+	}
 	x->uc = upstream_acquire(x->up, &reused);
 	if (!x->uc) {
 		snprintf(msg, sizeof(msg), "cannot open a connection to upstream %s: %s", x->up->name, strerror(errno));
@@ -372,7 +381,7 @@ static enum xr request_connect(struct exchange *x)
 		 * head (usually the whole body) go out with it once the pass ends:
 		 * one write. */
 		if (!x->corked)
-			exchange_flush(x);
+			return exchange_flush(x);
 	}
 	return XR_OK;
 }
@@ -511,7 +520,8 @@ static bool request_failover(struct exchange *x)
  * arrivals that is the whole burst); the rest, and everything over TLS,
  * into the bufferevent's output, which also reports a failed write.
  * Returns the clock read just before the write that took all of `src`, 0
- * when some of it was left to the bufferevent. */
+ * when some of it was left to the bufferevent; UINT64_MAX when that could
+ * not be queued (out of memory). */
 static uint64_t upstream_send(struct upconn *uc, struct evbuffer *src)
 {
 	struct evbuffer *out = bufferevent_get_output(uc->bev);
@@ -522,13 +532,14 @@ static uint64_t upstream_send(struct upconn *uc, struct evbuffer *src)
 		(void)evbuffer_write(src, bufferevent_getfd(uc->bev));
 	}
 	if (evbuffer_get_length(src)) {
-		evbuffer_add_buffer(out, src);
+		if (evbuffer_add_buffer(out, src) == -1)
+			return UINT64_MAX;
 		at = 0;
 	}
 	return at;
 }
 
-void exchange_flush(struct exchange *x)
+enum xr exchange_flush(struct exchange *x)
 {
 	size_t queued = evbuffer_get_length(x->up_pending);
 
@@ -549,12 +560,17 @@ void exchange_flush(struct exchange *x)
 		}
 		if (queued)
 			x->wrote_at = upstream_send(x->uc, x->up_pending);
+		if (x->wrote_at == UINT64_MAX) {
+			x->wrote_at = 0;
+			return exchange_fail(x, XF_NO_MEMORY, "out of memory queueing the request for its upstream");
+		}
 		queued = evbuffer_get_length(out);
 	}
 	if (queued > xcfg(x)->stream_buffer)
 		(void)x->hooks->upload(x->owner, false); /* stopping ends nothing */
 	/* all of it may be out already: no write callback will say so */
 	exchange_check_sent(x);
+	return XR_OK;
 }
 
 /* The whole request is on the wire once the body is complete and nothing
@@ -682,7 +698,7 @@ static void on_up_event(struct bufferevent *bev, short what, void *arg)
 		exchange_set_state(x, XS_SENDING);
 		bufferevent_enable(bev, EV_WRITE);
 		upconn_reading(x->uc, true, 0);
-		exchange_flush(x);
+		(void)exchange_flush(x);
 		return;
 	}
 	if (!x->uc->connected) {

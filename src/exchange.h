@@ -91,7 +91,8 @@ enum { XS__COUNT = 0 EXCHANGE_STATES(X) };
 	X(CLIENT_STALLED, 504, CLIENT_ABORTED, "client_timeout", CLIENT_ABORTED) \
 	X(RESET, 502, UPSTREAM_RESET, "upstream_reset", UPSTREAM_RESET) \
 	X(BAD_RESPONSE, 502, UPSTREAM_PROTOCOL, "upstream_protocol", UPSTREAM_PROTOCOL) \
-	X(HEAD_TOO_LARGE, 502, UPSTREAM_PROTOCOL, "upstream_protocol", UPSTREAM_PROTOCOL)
+	X(HEAD_TOO_LARGE, 502, UPSTREAM_PROTOCOL, "upstream_protocol", UPSTREAM_PROTOCOL) \
+	X(NO_MEMORY, 503, NO_MEMORY, "overloaded", NO_MEMORY)
 
 enum xfail {
 #define X(e, status, kind, type, shadow) XF_##e,
@@ -270,12 +271,13 @@ enum xr exchange_admit(struct exchange *x);
  * load): before anything the meter does may resolve the series. */
 void exchange_meter_label(struct exchange *x);
 /* The head an upstream gets for `head` (the request's id and method from
- * `rec`), written to `out`. */
-void exchange_head_write(const struct reqhead *head, const struct req_record *rec, const struct upstream *up,
-			 struct evbuffer *out);
+ * `rec`), written to `out`. -1: out of memory, `out` holds part of it. */
+__attribute__((warn_unused_result)) int exchange_head_write(const struct reqhead *head, const struct req_record *rec,
+							    const struct upstream *up, struct evbuffer *out);
 /* Moves pending request bytes to the upstream, and tells the owner to stop
- * uploading past the stream buffer (the upload hook). */
-void exchange_flush(struct exchange *x);
+ * uploading past the stream buffer (the upload hook). XR_ENDED: out of
+ * memory, the exchange failed. */
+enum xr exchange_flush(struct exchange *x);
 /* Stamps TL_REQ_SENT (and enters AWAIT_HEAD) once the whole request is on
  * the wire. */
 void exchange_check_sent(struct exchange *x);

@@ -166,17 +166,20 @@ void request_learn_body(struct request *req, bool complete)
 
 /* Body bytes for the upstream (and the mirror, if any), re-framed when the
  * client sent them chunked: chunk boundaries are tokentap's own. */
-void request_body_bytes(struct request *req, const char *at, size_t len)
+int request_body_bytes(struct request *req, const char *at, size_t len)
 {
 	char size_line[24] = "";
 	int n = 0;
+	bool bad = false; /* an add failed: out of memory */
 
 	if (req->head.chunked)
 		n = snprintf(size_line, sizeof(size_line), "%zx\r\n", len);
-	evbuffer_add(req->x.up_pending, size_line, (size_t)n);
-	evbuffer_add(req->x.up_pending, at, len);
+	bad |= evbuffer_add(req->x.up_pending, size_line, (size_t)n) == -1;
+	bad |= evbuffer_add(req->x.up_pending, at, len) == -1;
 	if (req->head.chunked)
-		evbuffer_add(req->x.up_pending, "\r\n", 2);
+		bad |= evbuffer_add(req->x.up_pending, "\r\n", 2) == -1;
+	if (bad)
+		return -1;
 	if (req->mirror && n)
 		mirror_feed(req->mirror, size_line, (size_t)n);
 	if (req->mirror)
@@ -184,12 +187,14 @@ void request_body_bytes(struct request *req, const char *at, size_t len)
 	if (req->mirror && req->head.chunked)
 		mirror_feed(req->mirror, "\r\n", 2);
 	workload_feed(&req->rec.wl, at, len);
+	return 0;
 }
 
-void request_body_end(struct request *req)
+int request_body_end(struct request *req)
 {
 	if (req->head.chunked) {
-		evbuffer_add(req->x.up_pending, "0\r\n\r\n", 5);
+		if (evbuffer_add(req->x.up_pending, "0\r\n\r\n", 5) == -1)
+			return -1;
 		if (req->mirror)
 			mirror_feed(req->mirror, "0\r\n\r\n", 5);
 	}
@@ -197,6 +202,7 @@ void request_body_end(struct request *req)
 	if (req->mirror)
 		mirror_body_done(req->mirror);
 	request_learn_body(req, true);
+	return 0;
 }
 
 /* Starts the shadow copy: its own head, the body bytes so far, and from
@@ -210,7 +216,10 @@ static void request_mirror(struct request *req)
 
 	if (!bytes)
 		return;
-	exchange_head_write(&req->head, &req->rec, req->x.route->mirror, bytes);
+	if (exchange_head_write(&req->head, &req->rec, req->x.route->mirror, bytes) == -1) {
+		evbuffer_free(bytes); /* out of memory: no shadow */
+		return;
+	}
 	/* up_pending holds body bytes only here: the primary's head comes later */
 	size_t n = evbuffer_get_length(req->x.up_pending);
 	if (n) {

@@ -62,10 +62,12 @@ void request_note_head(struct request *req);
 /* Reads the model, stream flag and sticky field from the body prefix;
  * routes when routing waited for them. */
 void request_learn_body(struct request *req, bool complete);
-/* Body bytes for the upstream and the shadow, re-framed when chunked. */
-void request_body_bytes(struct request *req, const char *at, size_t len);
-/* The body is complete: its last chunk, the shadow told, the prefix read. */
-void request_body_end(struct request *req);
+/* Body bytes for the upstream and the shadow, re-framed when chunked. -1:
+ * out of memory, the upstream's copy lost bytes (the request must fail). */
+__attribute__((warn_unused_result)) int request_body_bytes(struct request *req, const char *at, size_t len);
+/* The body is complete: its last chunk, the shadow told, the prefix read
+ * (which may route it). -1: out of memory for the last chunk. */
+__attribute__((warn_unused_result)) int request_body_end(struct request *req);
 /* Picks the route and the upstream, starts the shadow when the route
  * mirrors this one, asks for an admission slot. */
 void request_route(struct request *req);
