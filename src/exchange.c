@@ -8,7 +8,12 @@
  * (exchange_read), whether the bytes are in the connection's input buffer
  * or were read straight from its socket (upconn_set_direct).
  *
- * The exchange's states (EXCHANGE_STATES, proxy_int.h), the usual way:
+ * The exchange reaches its owner (the request's client, client.c) only
+ * through struct exchange_hooks (exchange.h): bytes forwarded, backlog,
+ * upload flow, and the two terminal hooks, fail and done, after which it
+ * returns at once (XR_ENDED).
+ *
+ * The exchange's states (EXCHANGE_STATES, exchange.h), the usual way:
  *
  *   NEW ─▶ [AWAIT_BODY | AWAIT_CHUNK] ─▶ ROUTING ─▶ [QUEUED] ─▶ CONNECTING ─▶ SENDING
  *          ─▶ AWAIT_HEAD ─▶ STREAMING ⇄ PAUSED ─▶ DONE
@@ -21,45 +26,53 @@
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
-#include <linux/sockios.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
+
+#include "exchange.h"
 
 #include "check.h"
+#include "config.h"
 #include "log.h"
 #include "loop.h"
 #include "meter.h"
-#include "mirror.h"
-#include "proxy.h"
-#include "proxy_int.h"
 #include "respparse.h"
+#include "router.h"
 #include "strutil.h"
 #include "tls.h"
 
-static bool request_failover(struct request *req);
+static bool request_failover(struct exchange *x);
 static void on_up_write(struct bufferevent *bev, void *arg);
 static void on_up_event(struct bufferevent *bev, short what, void *arg);
-static void request_upstream_closed(struct request *req, short what);
+static enum xr request_upstream_closed(struct exchange *x, short what);
 static void on_up_read(struct bufferevent *bev, void *arg);
-/*
- * The bytes of one read from the upstream: in the connection's input buffer
- * (TLS, a head not yet parsed, bytes that came while the client was behind,
- * the rest at a close), or in the per-thread scratch buffer of a direct
- * read (upconn_set_direct: `mem`, `len`), which must be done with when
- * exchange_read returns.
- */
-struct xsrc {
-	struct evbuffer *buf; /* NULL for a direct read */
-	const char *mem;
-	size_t len;
-};
-static void exchange_read(struct request *req, const struct xsrc *src);
-static void exchange_end(struct request *req, const struct xsrc *last, size_t n, bool past_end);
+static enum xr exchange_read(struct exchange *x, const struct xsrc *src);
+static enum xr exchange_end(struct exchange *x, const struct xsrc *last, size_t n, bool past_end);
+static void on_exchange_timer(evutil_socket_t fd, short what, void *arg);
 static const struct upconn_direct up_direct;
+
+const struct xfail_info exchange_fails[XF__COUNT] = {
+#define X(e, status, kind, type, shadow) [XF_##e] = { status, REQ_ERR_##kind, type, REQ_ERR_##shadow },
+	EXCHANGE_FAILS(X)
+#undef X
+};
+
+/* The proxy's current configuration (not the request's generation: the
+ * split kept what each setting was read from). */
+static const struct config *xcfg(const struct exchange *x)
+{
+	return &(*x->env->current)->cfg;
+}
+
+/* The exchange failed: the owner's fail hook, last. */
+static enum xr exchange_fail(struct exchange *x, enum xfail why, const char *msg)
+{
+	x->hooks->fail(x->owner, why, msg);
+	return XR_ENDED;
+}
 
 /* ---- the exchange's states ---- */
 
@@ -115,83 +128,69 @@ const char *exchange_state_name(enum xstate s)
 	return (unsigned)s < XS__COUNT ? xstate_names[s] : "?";
 }
 
-static uint64_t xtimer_ms(const struct request *req, enum xtimer t)
+static uint64_t xtimer_ms(const struct exchange *x, enum xtimer t)
 {
 	switch (t) {
-	case XT_QUEUE: return req->up->conf.queue_timeout_ms;
-	case XT_CONNECT: return req->up->connect_timeout_ms;
-	case XT_FIRST_BYTE: return req->up->first_byte_timeout_ms;
-	case XT_IDLE: return req->up->idle_timeout_ms;
+	case XT_QUEUE: return x->up->conf.queue_timeout_ms;
+	case XT_CONNECT: return x->up->connect_timeout_ms;
+	case XT_FIRST_BYTE: return x->up->first_byte_timeout_ms;
+	case XT_IDLE: return x->up->idle_timeout_ms;
 	case XT_NONE: break;
 	}
 	return 0;
 }
 
-void exchange_set_state(struct request *req, enum xstate to)
+void exchange_set_state(struct exchange *x, enum xstate to)
 {
-	enum xstate from = req->xstate;
+	enum xstate from = x->xstate;
 
 	if (from == to)
 		return;
 	if (log_enabled(LOG_DEBUG))
-		log_conn(LOG_DEBUG, req->cl->id, "exchange %s -> %s", exchange_state_name(from),
-			 exchange_state_name(to));
+		log_conn(LOG_DEBUG, x->log_id, "exchange %s -> %s", exchange_state_name(from), exchange_state_name(to));
 	CHECK(exchange_transition_legal(from, to));
-	req->xstate = to;
-	bool close_pending = req->up_closed != 0;
+	x->xstate = to;
+	bool close_pending = x->up_closed != 0;
 	if (to == XS_DONE)
-		req->up_closed = 0; /* a pending close has nothing left to decide */
-	if (req->up_closed)
+		x->up_closed = 0; /* a pending close has nothing left to decide */
+	if (x->up_closed)
 		return; /* it holds the timer until on_exchange_timer acts on it */
 	enum xtimer t = xstate_timer[to];
 	if (t == xstate_timer[from] && !close_pending)
 		return; /* STREAMING <-> PAUSED: the idle clock runs on (request_idle_rearm) */
 	if (t == XT_NONE)
-		evtimer_del(req->timer);
+		evtimer_del(x->timer);
 	else
-		loop_timer_arm(req->timer, xtimer_ms(req, t));
+		loop_timer_arm(x->timer, xtimer_ms(x, t));
 }
 
 /* Leaves the upstream: a queued waiter cancelled, the connection back, the
  * state `next` (ROUTING for a failover, DONE otherwise), then the slot an
  * admitted state held given back. */
-static void exchange_release(struct request *req, bool reusable, enum xstate next)
+static void exchange_leave(struct exchange *x, bool reusable, enum xstate next)
 {
-	bool held = exchange_admitted(req->xstate);
+	bool held = exchange_admitted(x->xstate);
 
-	if (req->xstate == XS_QUEUED)
-		upstream_cancel(req->up, &req->waiter);
-	if (req->uc) {
-		upstream_release(req->uc, reusable);
-		req->uc = NULL;
+	if (x->xstate == XS_QUEUED)
+		upstream_cancel(x->up, &x->waiter);
+	if (x->uc) {
+		upstream_release(x->uc, reusable);
+		x->uc = NULL;
 	}
-	exchange_set_state(req, next);
+	exchange_set_state(x, next);
 	if (held)
-		upstream_leave(req->up); /* may admit a waiter: nothing after this touches it */
+		upstream_leave(x->up); /* may admit a waiter: nothing after this touches it */
 }
 
-void request_drop_upstream(struct request *req, bool reusable)
+void exchange_release(struct exchange *x, bool reusable)
 {
-	exchange_release(req, reusable, XS_DONE);
+	exchange_leave(x, reusable, XS_DONE);
 }
 
 /* ---- upstream exchange ---- */
 
-/* Bytes on their way to the client: its output buffer, and the socket's send
- * queue, which a large send buffer lets hold seconds of a slow reader's
- * stream while the output buffer does not move. */
-static size_t client_backlog(struct client *cl)
-{
-	size_t n = evbuffer_get_length(bufferevent_get_output(cl->bev));
-	int queued = 0;
-
-	if (ioctl(bufferevent_getfd(cl->bev), SIOCOUTQ, &queued) == 0 && queued > 0)
-		n += (size_t)queued;
-	return n;
-}
-
 /*
- * The idle timeout of STREAMING and PAUSED runs from req->idle_from.
+ * The idle timeout of STREAMING and PAUSED runs from x->idle_from.
  * Streaming reads come at the token rate, so the timer is not moved on each
  * one: a read only notes its time, and a timer that fires before the
  * upstream has been silent for the whole timeout is armed again for what is
@@ -204,186 +203,197 @@ static size_t client_backlog(struct client *cl)
  * it shrink (a reader too slow to reach the low watermark within the timeout
  * is still reading, and is not cut).
  */
-static bool request_idle_rearm(struct request *req)
+static bool request_idle_rearm(struct exchange *x)
 {
-	uint64_t now = clock_now_ns(), limit = req->up->idle_timeout_ms * 1000000ull;
+	uint64_t now = clock_now_ns(), limit = x->up->idle_timeout_ms * 1000000ull;
 
-	if (req->xstate == XS_PAUSED) {
-		size_t waiting = client_backlog(req->cl);
-		if (waiting < req->paused_waiting) {
-			req->paused_waiting = waiting;
-			req->idle_from = now;
+	if (x->xstate == XS_PAUSED) {
+		size_t waiting = x->hooks->backlog(x->owner, true);
+		if (waiting < x->paused_waiting) {
+			x->paused_waiting = waiting;
+			x->idle_from = now;
 		}
 	}
-	uint64_t silent = now - req->idle_from;
+	uint64_t silent = now - x->idle_from;
 	if (silent >= limit)
 		return false;
-	loop_timer_arm(req->timer, (limit - silent + 999999) / 1000000);
+	loop_timer_arm(x->timer, (limit - silent + 999999) / 1000000);
 	return true;
 }
 
 /* The state's timer fired (exchange_set_state armed it), or a TLS
  * upstream's close waits to be acted on. */
-void on_exchange_timer(evutil_socket_t fd, short what, void *arg)
+static void on_exchange_timer(evutil_socket_t fd, short what, void *arg)
 {
-	struct request *req = arg;
-	struct client *cl = req->cl;
+	struct exchange *x = arg;
+	enum xfail why;
 	char msg[200];
 
-	if (req->up_closed) {
-		short how = req->up_closed;
-		req->up_closed = 0; /* from here the states' timers run again */
-		request_upstream_closed(req, how);
+	if (x->up_closed) {
+		short how = x->up_closed;
+		x->up_closed = 0; /* from here the states' timers run again */
+		(void)request_upstream_closed(x, how);
 		return;
 	}
-	CHECK(xstate_timer[req->xstate] != XT_NONE); /* a state without a timer deleted it */
-	switch (req->xstate) {
+	CHECK(xstate_timer[x->xstate] != XT_NONE); /* a state without a timer deleted it */
+	switch (x->xstate) {
 	case XS_QUEUED:
 		snprintf(msg, sizeof(msg), "upstream %s is at its concurrency limit and no slot freed within %llu ms",
-			 req->up->name, (unsigned long long)req->up->conf.queue_timeout_ms);
-		req->up->rejected++;
-		client_fail(cl, 503, REQ_ERR_TIMEOUT, "upstream_busy", msg);
+			 x->up->name, (unsigned long long)x->up->conf.queue_timeout_ms);
+		x->up->rejected++;
+		exchange_fail(x, XF_QUEUE_TIMEOUT, msg);
 		return;
 	case XS_CONNECTING:
-		snprintf(msg, sizeof(msg), "upstream %s did not accept the connection within %llu ms", req->up->name,
-			 (unsigned long long)req->up->connect_timeout_ms);
-		upstream_note_result(req->up, false, clock_now_ns());
-		if (request_failover(req)) /* nothing reached it: safe to send elsewhere */
+		snprintf(msg, sizeof(msg), "upstream %s did not accept the connection within %llu ms", x->up->name,
+			 (unsigned long long)x->up->connect_timeout_ms);
+		upstream_note_result(x->up, false, clock_now_ns());
+		if (request_failover(x)) /* nothing reached it: safe to send elsewhere */
 			return;
+		why = XF_CONNECT_TIMEOUT;
 		break;
 	case XS_AWAIT_HEAD:
-		snprintf(msg, sizeof(msg), "upstream %s sent no response headers within %llu ms", req->up->name,
-			 (unsigned long long)req->up->first_byte_timeout_ms);
+		snprintf(msg, sizeof(msg), "upstream %s sent no response headers within %llu ms", x->up->name,
+			 (unsigned long long)x->up->first_byte_timeout_ms);
+		why = XF_FIRST_BYTE;
 		break;
 	case XS_STREAMING:
 	case XS_PAUSED:
-		if (request_idle_rearm(req))
+		if (request_idle_rearm(x))
 			return;
-		if (req->xstate == XS_PAUSED) {
+		if (x->xstate == XS_PAUSED) {
 			/* The client's stall, not the upstream's: counted as the
 			 * client's, and the upstream's slot is freed. */
 			snprintf(msg, sizeof(msg), "client read none of %zu waiting bytes for %llu ms",
-				 req->paused_waiting, (unsigned long long)req->up->idle_timeout_ms);
-			client_fail(cl, 504, REQ_ERR_CLIENT_ABORTED, "client_timeout", msg);
+				 x->paused_waiting, (unsigned long long)x->up->idle_timeout_ms);
+			exchange_fail(x, XF_CLIENT_STALLED, msg);
 			return;
 		}
-		snprintf(msg, sizeof(msg), "upstream %s went silent for %llu ms", req->up->name,
-			 (unsigned long long)req->up->idle_timeout_ms);
+		snprintf(msg, sizeof(msg), "upstream %s went silent for %llu ms", x->up->name,
+			 (unsigned long long)x->up->idle_timeout_ms);
+		why = XF_IDLE;
 		break;
 	default: return;
 	}
-	client_fail(cl, 504, REQ_ERR_TIMEOUT, "upstream_timeout", msg);
+	exchange_fail(x, why, msg);
 }
 
 /* The head an upstream gets: same method, target and end-to-end headers,
  * HTTP/1.1 framing of tokentap's choosing, and exactly one x-request-id,
  * the request's own (the client's when usable, else a generated one), so
  * the upstream and the access log always name a request alike. */
-static void head_write(const struct request *req, const struct upstream *up, struct evbuffer *out)
+int exchange_head_write(const struct reqhead *head, const struct req_record *rec, const struct upstream *up,
+			struct evbuffer *out)
 {
 	bool has_host = false;
+	bool bad = false; /* an add failed: out of memory */
 
-	evbuffer_add_printf(out, "%s ", req->rec.method);
-	evbuffer_add(out, req->head.buf + req->head.url_off, req->head.url_len);
-	evbuffer_add_printf(out, " HTTP/1.%d\r\n", req->head.http10 ? 0 : 1);
-	for (unsigned i = 0; i < req->head.nhdr; i++) {
-		const struct hdr *h = &req->head.hdrs[i];
-		const char *name = req->head.buf + h->name_off;
-		if (reqhead_hop_by_hop(&req->head, name, h->name_len))
+	bad |= evbuffer_add_printf(out, "%s ", rec->method) < 0;
+	bad |= evbuffer_add(out, head->buf + head->url_off, head->url_len) == -1;
+	bad |= evbuffer_add_printf(out, " HTTP/1.%d\r\n", head->http10 ? 0 : 1) < 0;
+	for (unsigned i = 0; i < head->nhdr && !bad; i++) {
+		const struct hdr *h = &head->hdrs[i];
+		const char *name = head->buf + h->name_off;
+		if (reqhead_hop_by_hop(head, name, h->name_len))
 			continue;
 		if (name_eq(name, h->name_len, "x-request-id"))
 			continue; /* written once below: the id the log has */
 		if (name_eq(name, h->name_len, "host"))
 			has_host = true;
-		evbuffer_add(out, name, h->name_len);
-		evbuffer_add(out, ": ", 2);
-		evbuffer_add(out, req->head.buf + h->val_off, h->val_len);
-		evbuffer_add(out, "\r\n", 2);
+		bad |= evbuffer_add(out, name, h->name_len) == -1;
+		bad |= evbuffer_add(out, ": ", 2) == -1;
+		bad |= evbuffer_add(out, head->buf + h->val_off, h->val_len) == -1;
+		bad |= evbuffer_add(out, "\r\n", 2) == -1;
 	}
 	if (!has_host)
-		evbuffer_add_printf(out, "host: %s\r\n", up->name);
-	evbuffer_add_printf(out, "x-request-id: %s\r\n", req->rec.id);
-	if (req->head.chunked)
-		evbuffer_add_printf(out, "transfer-encoding: chunked\r\n");
-	if (req->head.http10)
-		evbuffer_add_printf(out, "connection: close\r\n");
-	evbuffer_add(out, "\r\n", 2);
+		bad |= evbuffer_add_printf(out, "host: %s\r\n", up->name) < 0;
+	bad |= evbuffer_add_printf(out, "x-request-id: %s\r\n", rec->id) < 0;
+	if (head->chunked)
+		bad |= evbuffer_add_printf(out, "transfer-encoding: chunked\r\n") < 0;
+	if (head->http10)
+		bad |= evbuffer_add_printf(out, "connection: close\r\n") < 0;
+	bad |= evbuffer_add(out, "\r\n", 2) == -1;
+	return bad ? -1 : 0;
 }
 
 /* The primary's head goes in front of whatever body bytes already wait in
- * up_pending, once the upstream is chosen (a failover writes it again). */
-static void request_write_head(struct request *req)
+ * up_pending, once the upstream is chosen (a failover writes it again).
+ * -1: out of memory (up_pending unchanged). */
+static int request_write_head(struct exchange *x)
 {
 	struct evbuffer *out = evbuffer_new();
+	int r = -1;
 
 	if (!out)
-		return;
-	head_write(req, req->up, out);
-	req->head_len = evbuffer_get_length(out);
-	evbuffer_prepend_buffer(req->up_pending, out);
+		return -1;
+	if (exchange_head_write(x->head, x->rec, x->up, out) == 0) {
+		x->head_len = evbuffer_get_length(out);
+		r = evbuffer_prepend_buffer(x->up_pending, out);
+	}
 	evbuffer_free(out);
+	return r;
 }
 
 /* `uc`'s reads, writes and events are the request's from now on. */
-static void request_bind(struct request *req, struct upconn *uc)
+static void request_bind(struct exchange *x, struct upconn *uc)
 {
-	bufferevent_setcb(uc->bev, on_up_read, on_up_write, on_up_event, req);
-	upconn_set_direct(uc, &up_direct, req);
+	bufferevent_setcb(uc->bev, on_up_read, on_up_write, on_up_event, x);
+	upconn_set_direct(uc, &up_direct, x);
 	bufferevent_setwatermark(uc->bev, EV_WRITE, 0, 0);
 }
 
-/* A slot on req->up is ours: take a connection and send. CONNECTING is
+/* A slot on x->up is ours: take a connection and send. CONNECTING is
  * entered first, so that the slot is given back should the connection not
  * open. */
-static void request_connect(struct request *req)
+static enum xr request_connect(struct exchange *x)
 {
-	struct client *cl = req->cl;
 	bool reused = false;
 	char msg[200];
 
-	exchange_set_state(req, XS_CONNECTING);
+	exchange_set_state(x, XS_CONNECTING);
 	uint64_t now = clock_now_ns();
-	req->rec.at[TL_DISPATCH] = now; /* again after a failover: queue ends at the last dispatch */
-	req->rec.at[TL_UP_CONNECTED] = 0;
-	req->rec.upstream = req->up->name;
-	req->rp.head_request = req->head.method == HTTP_HEAD;
-	request_write_head(req);
-	req->uc = upstream_acquire(req->up, &reused);
-	if (!req->uc) {
-		snprintf(msg, sizeof(msg), "cannot open a connection to upstream %s: %s", req->up->name,
-			 strerror(errno));
-		client_fail(cl, 502, REQ_ERR_CONNECT_FAILED, "upstream_unreachable", msg);
-		return;
+	x->rec->at[TL_DISPATCH] = now; /* again after a failover: queue ends at the last dispatch */
+	x->rec->at[TL_UP_CONNECTED] = 0;
+	x->rec->upstream = x->up->name;
+	x->rp.head_request = x->head->method == HTTP_HEAD;
+	if (request_write_head(x) == -1) {
+		snprintf(msg, sizeof(msg), "out of memory writing the request head for upstream %s", x->up->name);
+		return exchange_fail(x, XF_NO_MEMORY, msg);
 	}
-	req->cold = upstream_dispatch_cold(req->up, reused, now);
-	request_bind(req, req->uc);
-	req->reused = reused;
+	x->uc = upstream_acquire(x->up, &reused);
+	if (!x->uc) {
+		snprintf(msg, sizeof(msg), "cannot open a connection to upstream %s: %s", x->up->name, strerror(errno));
+		return exchange_fail(x, XF_NO_SOCKET, msg);
+	}
+	x->cold = upstream_dispatch_cold(x->up, reused, now);
+	request_bind(x, x->uc);
+	x->reused = reused;
 	if (reused) {
-		exchange_set_state(req, XS_SENDING); /* connected already: the connect timer off again */
+		exchange_set_state(x, XS_SENDING); /* connected already: the connect timer off again */
 		/* A pooled connection may have been closed by the server a moment
 		 * ago (its keep-alive timeout racing this request): keep a copy to
 		 * replay, when the whole request is here and small. */
-		if (!req->retried)
-			req->replay = evbuffer_new(); /* filled as bytes go out: request_flush_upstream */
-		req->rec.at[TL_UP_CONNECTED] = now;
-		upconn_writing(req->uc);
-		upconn_reading(req->uc, true, 0);
-		/* Inside client_parse, the bytes parsed after this head (usually the
-		 * whole body) go out with it once the parse pass ends: one write. */
-		if (!req->cl->parsing)
-			request_flush_upstream(req);
+		if (!x->retried)
+			x->replay = evbuffer_new(); /* filled as bytes go out: exchange_flush */
+		x->rec->at[TL_UP_CONNECTED] = now;
+		upconn_writing(x->uc);
+		upconn_reading(x->uc, true, 0);
+		/* Inside the owner's parse pass (corked), the bytes parsed after this
+		 * head (usually the whole body) go out with it once the pass ends:
+		 * one write. */
+		if (!x->corked)
+			return exchange_flush(x);
 	}
+	return XR_OK;
 }
 
 static void on_admitted(struct up_waiter *w)
 {
-	struct request *req = (struct request *)((char *)w - offsetof(struct request, waiter));
+	struct exchange *x = (struct exchange *)((char *)w - offsetof(struct exchange, waiter));
 
-	request_connect(req);
+	(void)request_connect(x);
 }
 
-/* Asks req->up for a slot: now, after a wait in its queue, or 503. */
-static void request_admit(struct request *req)
+enum xr exchange_admit(struct exchange *x)
 {
 	char msg[200];
 
@@ -391,150 +401,116 @@ static void request_admit(struct request *req)
 	 * wait: those running on the upstream and those queued for it, and
 	 * itself. Sampled after the queue instead, every queued request would
 	 * see max_concurrency at most. */
-	req->inflight = upstream_inflight(req->up) + upstream_waiting(req->up) + 1;
-	req->waiter.ready = on_admitted;
-	switch (upstream_admit(req->up, &req->waiter)) {
-	case ADMIT_NOW: request_connect(req); break;
-	case ADMIT_QUEUED: exchange_set_state(req, XS_QUEUED); break;
+	x->inflight = upstream_inflight(x->up) + upstream_waiting(x->up) + 1;
+	x->waiter.ready = on_admitted;
+	switch (upstream_admit(x->up, &x->waiter)) {
+	case ADMIT_NOW: return request_connect(x);
+	case ADMIT_QUEUED: exchange_set_state(x, XS_QUEUED); break;
 	case ADMIT_FULL:
 		snprintf(msg, sizeof(msg), "upstream %s is at its concurrency limit and its queue is full",
-			 req->up->name);
-		client_fail(req->cl, 503, REQ_ERR_QUEUE_FULL, "upstream_busy", msg);
-		break;
+			 x->up->name);
+		return exchange_fail(x, XF_QUEUE_FULL, msg);
 	}
+	return XR_OK;
 }
 
 /* The sticky value of this request, when its route has one. */
-static const char *request_sticky_key(struct request *req, size_t *len)
+static const char *request_sticky_key(struct exchange *x, size_t *len)
 {
-	const struct route_conf *rc = req->route->conf;
+	const struct route_conf *rc = x->route->conf;
 
 	if (rc->sticky == STICKY_HEADER) {
-		const struct hdr *h = reqhead_header(&req->head, rc->sticky_key);
+		const struct hdr *h = reqhead_header(x->head, rc->sticky_key);
 		if (h && h->val_len) {
 			*len = h->val_len;
-			return req->head.buf + h->val_off;
+			return x->head->buf + h->val_off;
 		}
-	} else if (rc->sticky == STICKY_JSON_FIELD && req->sticky_value[0]) {
-		*len = strlen(req->sticky_value);
-		return req->sticky_value;
+	} else if (rc->sticky == STICKY_JSON_FIELD && x->sticky_value[0]) {
+		*len = strlen(x->sticky_value);
+		return x->sticky_value;
 	}
 	return NULL;
 }
 
-/* Starts the shadow copy: its own head, the body bytes so far, and from
- * now on every body byte the primary gets (see on_req_body). */
-static void request_mirror(struct request *req)
+struct route *exchange_match(const struct exchange *x)
 {
-	struct proxy *px = req->cl->px;
-	struct evbuffer *bytes = evbuffer_new();
-	struct mirror_env env = { px->base, px->stats, px->alog, pcfg(px)->max_event_size, &px->mirrors };
+	const struct hdr *host = reqhead_header(x->head, "host");
 
-	if (!bytes)
-		return;
-	head_write(req, req->route->mirror, bytes);
-	/* up_pending holds body bytes only here: the primary's head comes later */
-	size_t n = evbuffer_get_length(req->up_pending);
-	if (n) {
-		void *copy = malloc(n);
-		if (copy) {
-			evbuffer_copyout(req->up_pending, copy, n);
-			evbuffer_add(bytes, copy, n);
-			free(copy);
-		}
-	}
-	req->mirror = mirror_start(&env, req->route->mirror, req->route->name, req->route->conf->mirror_max_in_flight,
-				   &req->rec, bytes, &req->mirror);
-	evbuffer_free(bytes);
-	if (req->mirror && req->body_done)
-		mirror_body_done(req->mirror);
+	return router_match(x->rt, x->rec->method, x->rec->path, strlen(x->rec->path),
+			    host ? x->head->buf + host->val_off : NULL, host ? host->val_len : 0,
+			    x->rec->model[0] ? x->rec->model : NULL);
 }
 
-/* Picks the route and the upstream, then asks it for a slot. Called once
- * the head is parsed, or once the body prefix is, when routing needs it. */
-struct route *request_match(const struct request *req)
+/* Picks the route and the upstream. Called once the head is parsed, or
+ * once the body prefix is, when routing needs it. */
+enum xr exchange_pick(struct exchange *x, bool *pinned)
 {
-	const struct hdr *host = reqhead_header(&req->head, "host");
-
-	return router_match(req->rt, req->rec.method, req->rec.path, strlen(req->rec.path),
-			    host ? req->head.buf + host->val_off : NULL, host ? host->val_len : 0,
-			    req->rec.model[0] ? req->rec.model : NULL);
-}
-
-void request_route(struct request *req)
-{
-	struct client *cl = req->cl;
-	const struct config *cfg = &req->rt->cfg;
-	const char *method = req->rec.method;
+	const struct config *cfg = &x->rt->cfg;
+	const char *method = x->rec->method;
 	char msg[300];
 	unsigned idx;
 
-	exchange_set_state(req, XS_ROUTING);
-	req->route = request_match(req);
-	if (!req->route) {
-		snprintf(msg, sizeof(msg), "no route matches %s %s", method, req->rec.path);
-		client_fail(cl, 404, REQ_ERR_BAD_REQUEST, "no_route", msg);
-		return;
+	*pinned = false;
+	exchange_set_state(x, XS_ROUTING);
+	x->route = exchange_match(x);
+	if (!x->route) {
+		snprintf(msg, sizeof(msg), "no route matches %s %s", method, x->rec->path);
+		return exchange_fail(x, XF_NO_ROUTE, msg);
 	}
 	if (cfg->override_header) {
-		const struct hdr *h = reqhead_header(&req->head, cfg->override_header);
+		const struct hdr *h = reqhead_header(x->head, cfg->override_header);
 		if (h) {
-			req->up = router_upstream(req->rt, req->head.buf + h->val_off, h->val_len);
-			if (!req->up) {
+			x->up = router_upstream(x->rt, x->head->buf + h->val_off, h->val_len);
+			if (!x->up) {
 				snprintf(msg, sizeof(msg), "%s names no configured upstream", cfg->override_header);
-				client_fail(cl, 400, REQ_ERR_BAD_REQUEST, "invalid_request", msg);
-				return;
+				return exchange_fail(x, XF_BAD_OVERRIDE, msg);
 			}
-			int i = route_target_index(req->route, req->up);
+			int i = route_target_index(x->route, x->up);
 			/* the route's own upstreams only: a shadow or a staging upstream
 			 * is not for any client to reach, unless configured so */
 			if (i < 0 && !cfg->override_any_upstream) {
 				snprintf(msg, sizeof(msg), "%s names %s, not an upstream of route %s",
-					 cfg->override_header, req->up->name, req->route->name);
-				req->up = NULL;
-				client_fail(cl, 400, REQ_ERR_BAD_REQUEST, "invalid_request", msg);
-				return;
+					 cfg->override_header, x->up->name, x->route->name);
+				x->up = NULL;
+				return exchange_fail(x, XF_BAD_OVERRIDE, msg);
 			}
-			req->tried = i >= 0 ? ~(uint32_t)0 & ~(1u << i) : ~(uint32_t)0; /* pinned: no failover */
-			request_admit(req);
-			return;
+			x->tried = i >= 0 ? ~(uint32_t)0 & ~(1u << i) : ~(uint32_t)0; /* pinned: no failover */
+			*pinned = true;
+			return XR_OK;
 		}
 	}
 	size_t klen = 0;
-	const char *key = request_sticky_key(req, &klen);
-	req->up = route_pick(req->route, key, klen, req->tried, &idx);
-	if (!req->up) {
-		snprintf(msg, sizeof(msg), "route %s has no upstream with a weight above 0", req->route->name);
-		client_fail(cl, 503, REQ_ERR_CONNECT_FAILED, "upstream_unavailable", msg);
-		return;
+	const char *key = request_sticky_key(x, &klen);
+	x->up = route_pick(x->route, key, klen, x->tried, &idx);
+	if (!x->up) {
+		snprintf(msg, sizeof(msg), "route %s has no upstream with a weight above 0", x->route->name);
+		return exchange_fail(x, XF_NO_TARGET, msg);
 	}
-	if (route_mirror_pick(req->route))
-		request_mirror(req);
-	request_admit(req);
+	return XR_OK;
 }
 
 /* The chosen upstream refused the connection before any byte reached it:
  * another target of the route gets the request, when the route allows. */
-static bool request_failover(struct request *req)
+static bool request_failover(struct exchange *x)
 {
 	unsigned idx;
-	int cur = route_target_index(req->route, req->up);
+	int cur = route_target_index(x->route, x->up);
 
-	if (!req->route->conf->failover || cur < 0)
+	if (!x->route->conf->failover || cur < 0)
 		return false;
-	req->tried |= 1u << cur;
+	x->tried |= 1u << cur;
 	size_t klen = 0;
-	const char *key = request_sticky_key(req, &klen);
-	struct upstream *next = route_pick(req->route, key, klen, req->tried, &idx);
+	const char *key = request_sticky_key(x, &klen);
+	struct upstream *next = route_pick(x->route, key, klen, x->tried, &idx);
 	if (!next)
 		return false;
-	log_conn(LOG_WARN, req->cl->id, "request %s: upstream %s refused; failing over to %s", req->rec.id,
-		 req->up->name, next->name);
-	exchange_release(req, false, XS_ROUTING);
-	evbuffer_drain(req->up_pending, req->head_len); /* the head is rewritten for the next one */
-	req->head_len = 0;
-	req->up = next;
-	request_admit(req);
+	log_conn(LOG_WARN, x->log_id, "request %s: upstream %s refused; failing over to %s", x->rec->id, x->up->name,
+		 next->name);
+	exchange_leave(x, false, XS_ROUTING);
+	evbuffer_drain(x->up_pending, x->head_len); /* the head is rewritten for the next one */
+	x->head_len = 0;
+	x->up = next;
+	(void)exchange_admit(x); /* its failure is the owner's: either way the exchange is no longer ours */
 	return true;
 }
 
@@ -542,78 +518,88 @@ static bool request_failover(struct request *req)
  * queued before it, written to the socket here and now (a bufferevent would
  * write on the next loop turn, after every other ready event: in a burst of
  * arrivals that is the whole burst); the rest, and everything over TLS,
- * into the bufferevent's output, which also reports a failed write. */
-static void upstream_send(struct upconn *uc, struct evbuffer *src)
+ * into the bufferevent's output, which also reports a failed write.
+ * Returns the clock read just before the write that took all of `src`, 0
+ * when some of it was left to the bufferevent; UINT64_MAX when that could
+ * not be queued (out of memory). */
+static uint64_t upstream_send(struct upconn *uc, struct evbuffer *src)
 {
 	struct evbuffer *out = bufferevent_get_output(uc->bev);
+	uint64_t at = 0;
 
-	if (uc->rev && !uc->ssl && evbuffer_get_length(out) == 0)
+	if (uc->rev && !uc->ssl && evbuffer_get_length(out) == 0) {
+		at = clock_now_ns();
 		(void)evbuffer_write(src, bufferevent_getfd(uc->bev));
-	if (evbuffer_get_length(src))
-		evbuffer_add_buffer(out, src);
+	}
+	if (evbuffer_get_length(src)) {
+		if (evbuffer_add_buffer(out, src) == -1)
+			return UINT64_MAX;
+		at = 0;
+	}
+	return at;
 }
 
-/* Moves pending request bytes to the upstream, and applies upload
- * backpressure to the client. */
-void request_flush_upstream(struct request *req)
+enum xr exchange_flush(struct exchange *x)
 {
-	struct client *cl = req->cl;
-	size_t queued = evbuffer_get_length(req->up_pending);
+	size_t queued = evbuffer_get_length(x->up_pending);
 
-	if (req->uc && req->uc->connected) {
-		struct evbuffer *out = bufferevent_get_output(req->uc->bev);
-		if (req->replay && queued) {
+	if (x->uc && x->uc->connected) {
+		struct evbuffer *out = bufferevent_get_output(x->uc->bev);
+		if (x->replay && queued) {
 			/* keep what goes out, while the request stays small */
-			size_t have = evbuffer_get_length(req->replay);
+			size_t have = evbuffer_get_length(x->replay);
 			char *copy = have + queued <= REPLAY_MAX ? malloc(queued) : NULL;
 			if (copy) {
-				evbuffer_copyout(req->up_pending, copy, queued);
-				evbuffer_add(req->replay, copy, queued);
+				evbuffer_copyout(x->up_pending, copy, queued);
+				evbuffer_add(x->replay, copy, queued);
 				free(copy);
 			} else {
-				evbuffer_free(req->replay);
-				req->replay = NULL;
+				evbuffer_free(x->replay);
+				x->replay = NULL;
 			}
 		}
 		if (queued)
-			upstream_send(req->uc, req->up_pending);
+			x->wrote_at = upstream_send(x->uc, x->up_pending);
+		if (x->wrote_at == UINT64_MAX) {
+			x->wrote_at = 0;
+			return exchange_fail(x, XF_NO_MEMORY, "out of memory queueing the request for its upstream");
+		}
 		queued = evbuffer_get_length(out);
 	}
-	if (queued > pcfg(cl->px)->stream_buffer && !cl->reading_blocked)
-		client_upload_blocked(cl, true);
+	if (queued > xcfg(x)->stream_buffer)
+		(void)x->hooks->upload(x->owner, false); /* stopping ends nothing */
 	/* all of it may be out already: no write callback will say so */
-	request_check_sent(req);
+	exchange_check_sent(x);
+	return XR_OK;
 }
 
 /* The whole request is on the wire once the body is complete and nothing
  * waits in either buffer; from then the first-byte clock runs. */
-void request_check_sent(struct request *req)
+void exchange_check_sent(struct exchange *x)
 {
-	if (!req->body_done || !req->uc || !req->uc->connected || req->rec.at[TL_REQ_SENT])
+	if (!x->body_done || !x->uc || !x->uc->connected || x->rec->at[TL_REQ_SENT])
 		return;
-	if (evbuffer_get_length(req->up_pending) || evbuffer_get_length(bufferevent_get_output(req->uc->bev)))
+	if (evbuffer_get_length(x->up_pending) || evbuffer_get_length(bufferevent_get_output(x->uc->bev)))
 		return;
-	timeline_mark(&req->rec, TL_REQ_SENT, clock_now_ns());
-	if (req->xstate == XS_SENDING) /* else the response began already: STREAMING or PAUSED */
-		exchange_set_state(req, XS_AWAIT_HEAD);
+	/* When the last bytes went out in a write of ours, the request was
+	 * sent as that write began: the server may be reading it (and starting
+	 * its own clocks) before the write returns, on a busy host long before.
+	 * Bytes the bufferevent wrote are seen here just after its write. */
+	timeline_mark(x->rec, TL_REQ_SENT, x->wrote_at ? x->wrote_at : clock_now_ns());
+	if (x->xstate == XS_SENDING) /* else the response began already: STREAMING or PAUSED */
+		exchange_set_state(x, XS_AWAIT_HEAD);
 }
 
 static void on_up_write(struct bufferevent *bev, void *arg)
 {
-	struct request *req = arg;
-	struct client *cl = req->cl;
+	struct exchange *x = arg;
 
-	if (cl->state == CL_CLOSED)
+	/* under half the stream buffer: the owner reads its client again, if
+	 * it had stopped */
+	if (evbuffer_get_length(bufferevent_get_output(bev)) <= xcfg(x)->stream_buffer / 2 &&
+	    x->hooks->upload(x->owner, true) == XR_ENDED)
 		return;
-	if (cl->reading_blocked &&
-	    evbuffer_get_length(bufferevent_get_output(bev)) <= pcfg(cl->px)->stream_buffer / 2) {
-		uint64_t seq = req->seq;
-		client_upload_blocked(cl, false);
-		client_parse(cl);
-		if (!client_runs(cl, seq))
-			return;
-	}
-	request_check_sent(req);
+	exchange_check_sent(x);
 }
 
 /* RFC 9110 section 9.2.2: a request whose method is idempotent has the
@@ -664,76 +650,74 @@ static uint64_t replay_window_ns(const struct upconn *uc)
  * under way; otherwise `why` says why a replay that was possible was not
  * made, or is left empty.
  */
-static bool request_replay(struct request *req, char *why, size_t whylen)
+static bool request_replay(struct exchange *x, char *why, size_t whylen)
 {
 	struct upconn *fresh;
-	uint64_t sent = req->rec.at[TL_REQ_SENT], after = sent ? clock_now_ns() - sent : 0;
+	uint64_t sent = x->rec->at[TL_REQ_SENT], after = sent ? clock_now_ns() - sent : 0;
 	char when[64] = "while the request was being written";
 
-	if (!req->reused || req->retried || !req->replay || !req->body_done || req->rp.held || req->rp.head_done)
+	if (!x->reused || x->retried || !x->replay || !x->body_done || x->rp.held || x->rp.head_done)
 		return false;
 	if (sent)
 		snprintf(when, sizeof(when), "%llu us after the request was written",
 			 (unsigned long long)(after / 1000u));
-	if (sent && !method_idempotent(req->head.method) && after > replay_window_ns(req->uc)) {
-		snprintf(why, whylen, " (%s): not sent again, %s is not idempotent", when, req->rec.method);
+	if (sent && !method_idempotent(x->head->method) && after > replay_window_ns(x->uc)) {
+		snprintf(why, whylen, " (%s): not sent again, %s is not idempotent", when, x->rec->method);
 		return false;
 	}
-	fresh = upstream_connect_new(req->up);
+	fresh = upstream_connect_new(x->up);
 	if (!fresh)
 		return false;
-	log_conn(LOG_INFO, req->cl->id,
-		 "request %s: pooled connection to %s was closed by the server (%s); sending again", req->rec.id,
-		 req->up->name, when);
-	req->retried = true;
-	upstream_release(req->uc, false);
-	req->uc = fresh;
-	req->reused = false;
-	evbuffer_drain(req->up_pending, evbuffer_get_length(req->up_pending));
-	evbuffer_add_buffer(req->up_pending, req->replay);
-	evbuffer_free(req->replay);
-	req->replay = NULL;
-	req->rec.at[TL_UP_CONNECTED] = 0;
-	req->rec.at[TL_REQ_SENT] = 0;
-	request_bind(req, fresh);
-	exchange_set_state(req, XS_CONNECTING); /* the slot stays: the same upstream */
+	log_conn(LOG_INFO, x->log_id,
+		 "request %s: pooled connection to %s was closed by the server (%s); sending again", x->rec->id,
+		 x->up->name, when);
+	x->retried = true;
+	upstream_release(x->uc, false);
+	x->uc = fresh;
+	x->reused = false;
+	evbuffer_drain(x->up_pending, evbuffer_get_length(x->up_pending));
+	evbuffer_add_buffer(x->up_pending, x->replay);
+	evbuffer_free(x->replay);
+	x->replay = NULL;
+	x->rec->at[TL_UP_CONNECTED] = 0;
+	x->rec->at[TL_REQ_SENT] = 0;
+	x->wrote_at = 0;
+	request_bind(x, fresh);
+	exchange_set_state(x, XS_CONNECTING); /* the slot stays: the same upstream */
 	return true;
 }
 
 static void on_up_event(struct bufferevent *bev, short what, void *arg)
 {
-	struct request *req = arg;
-	struct client *cl = req->cl;
+	struct exchange *x = arg;
 	char msg[600];
 
-	if (cl->state == CL_CLOSED)
-		return;
 	if (what & BEV_EVENT_CONNECTED) {
-		req->uc->connected = true;
-		timeline_mark(&req->rec, TL_UP_CONNECTED, clock_now_ns());
-		exchange_set_state(req, XS_SENDING);
+		x->uc->connected = true;
+		timeline_mark(x->rec, TL_UP_CONNECTED, clock_now_ns());
+		exchange_set_state(x, XS_SENDING);
 		bufferevent_enable(bev, EV_WRITE);
-		upconn_reading(req->uc, true, 0);
-		request_flush_upstream(req);
+		upconn_reading(x->uc, true, 0);
+		(void)exchange_flush(x);
 		return;
 	}
-	if (!req->uc->connected) {
+	if (!x->uc->connected) {
 		int err = EVUTIL_SOCKET_ERROR();
 		char tlserr[256];
-		upstream_note_result(req->up, false, clock_now_ns());
+		upstream_note_result(x->up, false, clock_now_ns());
 		if (*tls_bev_error(bev, tlserr, sizeof(tlserr))) {
 			/* a certificate that does not verify is a hard error: no
 			 * retry elsewhere that would hide it */
-			snprintf(msg, sizeof(msg), "TLS with upstream %s failed: %s", req->up->name, tlserr);
-			log_conn(LOG_WARN, cl->id, "request %s: %s", req->rec.id, msg);
-			client_fail(cl, 502, REQ_ERR_CONNECT_FAILED, "upstream_tls", msg);
+			snprintf(msg, sizeof(msg), "TLS with upstream %s failed: %s", x->up->name, tlserr);
+			log_conn(LOG_WARN, x->log_id, "request %s: %s", x->rec->id, msg);
+			exchange_fail(x, XF_TLS, msg);
 			return;
 		}
-		snprintf(msg, sizeof(msg), "upstream %s is unreachable: %s", req->up->name,
+		snprintf(msg, sizeof(msg), "upstream %s is unreachable: %s", x->up->name,
 			 err ? evutil_socket_error_to_string(err) : "connection failed");
-		if (request_failover(req))
+		if (request_failover(x))
 			return;
-		client_fail(cl, 502, REQ_ERR_CONNECT_FAILED, "upstream_unreachable", msg);
+		exchange_fail(x, XF_UNREACHABLE, msg);
 		return;
 	}
 	/*
@@ -746,12 +730,12 @@ static void on_up_event(struct bufferevent *bev, short what, void *arg)
 	 * next turn every byte that came before the close has been read.
 	 */
 	if (tls_bev_is_tls(bev)) {
-		req->upstream_dirty = true; /* never back to the pool */
-		req->up_closed = what;	    /* not 0: BEV_EVENT_EOF or _ERROR is in it */
-		loop_timer_arm(req->timer, 0);
+		x->upstream_dirty = true; /* never back to the pool */
+		x->up_closed = what;	  /* not 0: BEV_EVENT_EOF or _ERROR is in it */
+		loop_timer_arm(x->timer, 0);
 		return;
 	}
-	request_upstream_closed(req, what);
+	(void)request_upstream_closed(x, what);
 }
 
 /*
@@ -761,51 +745,48 @@ static void on_up_event(struct bufferevent *bev, short what, void *arg)
  * yet complete was cut short: 502 before the head, the client's connection
  * closed after it (client_fail), unless a pooled connection can be replayed.
  */
-static void request_upstream_closed(struct request *req, short what)
+static enum xr request_upstream_closed(struct exchange *x, short what)
 {
-	struct client *cl = req->cl;
 	char msg[600];
 
-	if (!req->uc)
-		return; /* dropped meanwhile (DONE also stops the timer) */
-	struct bufferevent *bev = req->uc->bev;
+	if (!x->uc)
+		return XR_OK; /* dropped meanwhile (DONE also stops the timer) */
+	struct bufferevent *bev = x->uc->bev;
 
 	/* A response delimited by the close is complete now. */
-	if ((what & BEV_EVENT_EOF) && exchange_streaming(req)) {
-		uint64_t seq = req->seq;
-		exchange_read(req, &(struct xsrc){ .buf = bufferevent_get_input(bev) }); /* anything still buffered */
-		if (!client_runs(cl, seq) || req->xstate == XS_DONE)
-			return;
-		if (respparse_needs_eof(&req->rp)) {
-			meter_read_begin(&req->meter, clock_now_ns());
-			respparse_finish(&req->rp);
-			req->upstream_dirty = true;
-			if (req->rp.done) {
-				exchange_end(req, NULL, 0, false); /* all was sent */
-				return;
-			}
+	if ((what & BEV_EVENT_EOF) && exchange_streaming(x)) {
+		/* anything still buffered */
+		if (exchange_read(x, &(struct xsrc){ .buf = bufferevent_get_input(bev) }) == XR_ENDED ||
+		    x->xstate == XS_DONE)
+			return XR_ENDED;
+		if (respparse_needs_eof(&x->rp)) {
+			meter_read_begin(&x->meter, clock_now_ns());
+			respparse_finish(&x->rp);
+			x->upstream_dirty = true;
+			if (x->rp.done)
+				return exchange_end(x, NULL, 0, false); /* all was sent */
 		}
 	}
-	if (req->xstate == XS_DONE)
-		return;
+	if (x->xstate == XS_DONE)
+		return XR_OK;
 	char why[160] = "";
-	if (request_replay(req, why, sizeof(why)))
-		return;
-	snprintf(msg, sizeof(msg), "upstream %s %s %s%s", req->up->name,
+	if (request_replay(x, why, sizeof(why)))
+		return XR_OK;
+	snprintf(msg, sizeof(msg), "upstream %s %s %s%s", x->up->name,
 		 (what & BEV_EVENT_EOF) ? "closed the connection" : "connection failed",
-		 req->rec.bytes_out ? "mid-response" : "before responding", why);
-	client_fail(cl, 502, REQ_ERR_UPSTREAM_RESET, "upstream_reset", msg);
+		 x->rec->bytes_out ? "mid-response" : "before responding", why);
+	return exchange_fail(x, XF_RESET, msg);
 }
 
 /* A read from the upstream is parsed: its ITL run goes to the series, and
  * when it carried the first token (`first_before`: the first token's stamp
  * before the read) the connection drops to the streams' priority, on the
  * read that carried it. */
-static void request_read_end(struct request *req, uint64_t first_before)
+static void request_read_end(struct exchange *x, uint64_t first_before)
 {
-	meter_read_end(&req->meter);
-	if (!first_before && req->rec.at[TL_FIRST_TOKEN] && req->uc)
-		upconn_priority(req->uc, LOOP_PRIO_STREAM); /* the first token is out */
+	meter_read_end(&x->meter);
+	if (!first_before && x->rec->at[TL_FIRST_TOKEN] && x->uc)
+		upconn_priority(x->uc, LOOP_PRIO_STREAM); /* the first token is out */
 }
 
 /*
@@ -816,81 +797,74 @@ static void request_read_end(struct request *req, uint64_t first_before)
  * one still counted in flight. `past_end`: the upstream sent bytes after
  * the response, so its connection is not reused.
  */
-static void request_release_upstream(struct request *req, bool past_end)
+static void request_release_upstream(struct exchange *x, bool past_end)
 {
 	if (past_end)
-		req->upstream_dirty = true;
-	request_drop_upstream(req, req->rp.keep_alive && !req->upstream_dirty && !req->head.http10 && req->body_done &&
-					   req->rec.at[TL_REQ_SENT]);
+		x->upstream_dirty = true;
+	exchange_release(x, x->rp.keep_alive && !x->upstream_dirty && !x->head->http10 && x->body_done &&
+				    x->rec->at[TL_REQ_SENT]);
 }
 
-/* ... and once those bytes are on their way to the client. */
-static void request_response_sent(struct request *req)
+/* ... and once those bytes are on their way to the client: the owner's
+ * done hook (the client finishes the request once they are written). */
+static enum xr request_response_sent(struct exchange *x)
 {
-	struct client *cl = req->cl;
-
-	/* The upstream answered before the client finished its body: the rest
-	 * of that body cannot be told from a next request. */
-	if (!req->body_done)
-		cl->close_after = true;
-	if (evbuffer_get_length(bufferevent_get_output(cl->bev)) == 0)
-		request_finish(req);
+	x->hooks->done(x->owner);
+	return XR_ENDED;
 }
 
-static void request_bad_response(struct request *req)
+static enum xr request_bad_response(struct exchange *x)
 {
 	char msg[200];
 
-	snprintf(msg, sizeof(msg), "upstream %s sent an invalid response: %s", req->up->name,
-		 respparse_error(&req->rp));
-	req->upstream_dirty = true;
-	client_fail(req->cl, 502, REQ_ERR_UPSTREAM_PROTOCOL, "upstream_protocol", msg);
+	snprintf(msg, sizeof(msg), "upstream %s sent an invalid response: %s", x->up->name, respparse_error(&x->rp));
+	x->upstream_dirty = true;
+	return exchange_fail(x, XF_BAD_RESPONSE, msg);
 }
 
 /* `n` response bytes are the client's: counted; from the first, the
  * response has begun (client_fail then can only cut it). */
-static void request_count_out(struct request *req, size_t n)
+static void request_count_out(struct exchange *x, size_t n)
 {
-	req->rec.bytes_out += n;
+	x->rec->bytes_out += n;
 }
 
 /* Response bytes are on their way: past the stream buffer, the upstream
  * waits for the client. */
-static void request_check_backlog(struct request *req)
+static void request_check_backlog(struct exchange *x)
 {
-	struct client *cl = req->cl;
-	const struct config *cfg = pcfg(cl->px);
+	size_t sb = xcfg(x)->stream_buffer;
 
-	if (evbuffer_get_length(bufferevent_get_output(cl->bev)) > cfg->stream_buffer) {
+	if (x->hooks->backlog(x->owner, false) > sb) {
 		/* From here the idle clock, set at this read, times the client
 		 * (on_exchange_timer). */
-		exchange_set_state(req, XS_PAUSED);
-		req->paused_waiting = client_backlog(cl);
-		upconn_reading(req->uc, false, 0);
-		bufferevent_setwatermark(cl->bev, EV_WRITE, cfg->stream_buffer / 2, 0);
+		exchange_set_state(x, XS_PAUSED);
+		x->paused_waiting = x->hooks->backlog(x->owner, true);
+		upconn_reading(x->uc, false, 0);
+		x->hooks->want_drain(x->owner, sb / 2);
 	}
 }
 
 /* Feeds the parser what it has not seen of `src`. Returns false when the
  * response is invalid (the request has failed). `*past_end`: bytes came
  * after the response's end. */
-static bool exchange_feed(struct request *req, const struct xsrc *src, bool *past_end)
+static bool exchange_feed(struct exchange *x, const struct xsrc *src, bool *past_end)
 {
 	enum respparse_status st = RESPPARSE_MORE;
 	size_t used = 0;
 
 	if (src->mem) {
-		st = respparse_feed(&req->rp, src->mem, src->len, &used);
+		st = respparse_feed(&x->rp, src->mem, src->len, &used);
 		*past_end = used < src->len;
 	} else {
-		while (!req->rp.done && evbuffer_get_length(src->buf) > req->rp.held) {
+		while (!x->rp.done && evbuffer_get_length(src->buf) > x->rp.held) {
 			struct evbuffer_ptr pos;
 			struct evbuffer_iovec v;
 
-			if (evbuffer_ptr_set(src->buf, &pos, req->rp.held, EVBUFFER_PTR_SET) == -1 ||
+			if (evbuffer_ptr_set(src->buf, &pos, x->rp.held, EVBUFFER_PTR_SET) == -1 ||
 			    evbuffer_peek(src->buf, -1, &pos, &v, 1) < 1)
 				break;
-			st = respparse_feed(&req->rp, v.iov_base, v.iov_len, &used);
+			st = respparse_feed(&x->rp, v.iov_base, v.iov_len, &used);
 			if (st != RESPPARSE_MORE)
 				break;
 		}
@@ -898,30 +872,28 @@ static bool exchange_feed(struct request *req, const struct xsrc *src, bool *pas
 		*past_end = false;
 	}
 	if (st == RESPPARSE_INVALID || st == RESPPARSE_SWITCHING) {
-		request_bad_response(req);
+		(void)request_bad_response(x);
 		return false;
 	}
 	return true;
 }
 
-/* Sends the first `n` bytes of `src` on to the client. False: they could
- * not be queued, the client is closed. */
-static bool exchange_forward(struct client *cl, const struct xsrc *src, size_t n)
+/* Sends the first `n` bytes of `src` on to the client (the forward hook).
+ * XR_ENDED: they could not be queued, the client is closed. */
+static enum xr exchange_forward(struct exchange *x, const struct xsrc *src, size_t n)
 {
-	if (src->mem)
-		return client_forward_mem(cl, src->mem, n);
-	client_forward(cl, src->buf, n);
-	return true;
+	return x->hooks->forward(x->owner, src, n);
 }
 
 /* The response is complete: its last `n` bytes, parsed, are at the front
  * of `last`. The upstream goes back before they go to the client
  * (request_release_upstream says why). */
-static void exchange_end(struct request *req, const struct xsrc *last, size_t n, bool past_end)
+static enum xr exchange_end(struct exchange *x, const struct xsrc *last, size_t n, bool past_end)
 {
-	request_release_upstream(req, past_end);
-	if (!n || exchange_forward(req->cl, last, n))
-		request_response_sent(req);
+	request_release_upstream(x, past_end);
+	if (n && exchange_forward(x, last, n) == XR_ENDED)
+		return XR_ENDED;
+	return request_response_sent(x);
 }
 
 /*
@@ -929,83 +901,81 @@ static void exchange_end(struct request *req, const struct xsrc *last, size_t n,
  * idle timer, the parser (which hands the bytes to the meter), the read's
  * ITL run and the first token's priority drop, then the parsed bytes go to
  * the client. At the response's end the upstream is given back before its
- * last bytes go (request_release_upstream says why). The request may have
- * ended when this returns.
+ * last bytes go (request_release_upstream says why). XR_ENDED: the
+ * exchange ended there (and may be freed).
  */
-static void exchange_read(struct request *req, const struct xsrc *src)
+static enum xr exchange_read(struct exchange *x, const struct xsrc *src)
 {
-	struct client *cl = req->cl;
 	bool past_end;
 	size_t n;
 
-	if (cl->state == CL_CLOSED)
-		return;
-	CHECK(req->xstate == XS_SENDING || req->xstate == XS_AWAIT_HEAD || exchange_streaming(req));
-	CHECK(!src->mem || exchange_streaming(req));
-	meter_read_begin(&req->meter, clock_now_ns());
-	if (exchange_streaming(req))
-		req->idle_from = req->meter.now;
-	uint64_t first_before = req->rec.at[TL_FIRST_TOKEN];
-	if (!exchange_feed(req, src, &past_end) || cl->state == CL_CLOSED)
-		return;
-	request_read_end(req, first_before);
+	CHECK(x->xstate == XS_SENDING || x->xstate == XS_AWAIT_HEAD || exchange_streaming(x));
+	CHECK(!src->mem || exchange_streaming(x));
+	meter_read_begin(&x->meter, clock_now_ns());
+	if (exchange_streaming(x))
+		x->idle_from = x->meter.now;
+	uint64_t first_before = x->rec->at[TL_FIRST_TOKEN];
+	if (!exchange_feed(x, src, &past_end))
+		return XR_ENDED;
+	request_read_end(x, first_before);
 	/* a direct read's head is done: all that was used is taken */
-	if (respparse_take(&req->rp, &n) == RESPPARSE_HEAD_TOO_LARGE) {
+	if (respparse_take(&x->rp, &n) == RESPPARSE_HEAD_TOO_LARGE) {
 		char msg[160];
-		snprintf(msg, sizeof(msg), "upstream %s sent a response head over %u bytes", req->up->name,
+		snprintf(msg, sizeof(msg), "upstream %s sent a response head over %u bytes", x->up->name,
 			 RESP_HEAD_MAX);
-		req->upstream_dirty = true;
-		client_fail(cl, 502, REQ_ERR_UPSTREAM_PROTOCOL, "upstream_protocol", msg);
-		return;
+		x->upstream_dirty = true;
+		return exchange_fail(x, XF_HEAD_TOO_LARGE, msg);
 	}
-	request_count_out(req, n);
-	if (req->rp.done) {
+	request_count_out(x, n);
+	if (x->rp.done) {
 		struct xsrc last = *src;
 		if (src->buf) {
 			/* a move: the input buffer belongs to the connection going back */
-			last.buf = cl->px->tail;
+			last.buf = x->env->tail;
 			evbuffer_remove_buffer(src->buf, last.buf, n);
 			past_end = evbuffer_get_length(src->buf) != 0;
 		}
-		exchange_end(req, &last, n, past_end);
-		return;
+		return exchange_end(x, &last, n, past_end);
 	}
-	if (n && exchange_forward(cl, src, n))
-		request_check_backlog(req);
+	if (n) {
+		if (exchange_forward(x, src, n) == XR_ENDED)
+			return XR_ENDED;
+		request_check_backlog(x);
+	}
+	return XR_OK;
 }
 
 /* bufferevent read callback: bytes are in the connection's input buffer */
 static void on_up_read(struct bufferevent *bev, void *arg)
 {
-	exchange_read(arg, &(struct xsrc){ .buf = bufferevent_get_input(bev) });
+	(void)exchange_read(arg, &(struct xsrc){ .buf = bufferevent_get_input(bev) });
 }
 
 /* upconn_direct: a streamed body, read straight from the socket */
 static bool up_direct_ready(void *arg)
 {
-	const struct request *req = arg;
+	const struct exchange *x = arg;
 
-	return exchange_streaming(req) && !req->rp.held && req->cl->state != CL_CLOSED;
+	return exchange_streaming(x) && !x->rp.held;
 }
 
 static void up_direct_data(void *arg, const char *buf, size_t len)
 {
-	exchange_read(arg, &(struct xsrc){ .mem = buf, .len = len });
+	(void)exchange_read(arg, &(struct xsrc){ .mem = buf, .len = len });
 }
 
-void exchange_resume(struct request *req)
+enum xr exchange_resume(struct exchange *x)
 {
-	struct client *cl = req->cl;
-
-	CHECK(req->xstate == XS_PAUSED && req->uc);
-	exchange_set_state(req, XS_STREAMING); /* the idle clock runs on */
-	bufferevent_setwatermark(cl->bev, EV_WRITE, 0, 0);
-	upconn_reading(req->uc, true, 0);
-	req->idle_from = clock_now_ns();
+	CHECK(x->xstate == XS_PAUSED && x->uc);
+	exchange_set_state(x, XS_STREAMING); /* the idle clock runs on */
+	x->hooks->want_drain(x->owner, 0);
+	upconn_reading(x->uc, true, 0);
+	x->idle_from = clock_now_ns();
 	/* bytes may have arrived while reading was off */
-	struct evbuffer *in = bufferevent_get_input(req->uc->bev);
+	struct evbuffer *in = bufferevent_get_input(x->uc->bev);
 	if (evbuffer_get_length(in))
-		exchange_read(req, &(struct xsrc){ .buf = in });
+		return exchange_read(x, &(struct xsrc){ .buf = in });
+	return XR_OK;
 }
 
 static const struct upconn_direct up_direct = { .ready = up_direct_ready, .data = up_direct_data };
@@ -1013,37 +983,38 @@ static const struct upconn_direct up_direct = { .ready = up_direct_ready, .data 
 /* ---- response parser hooks (respparse.h): the meter's, then ours ---- */
 
 /* The hooks' `arg` is the request's meter. */
-static struct request *meter_request(void *meter)
+static struct exchange *meter_request(void *meter)
 {
-	return (struct request *)((char *)meter - offsetof(struct request, meter));
+	return (struct exchange *)((char *)meter - offsetof(struct exchange, meter));
 }
 
 static void on_resp_head(void *arg, const struct respparse *rp)
 {
-	struct request *req = meter_request(arg);
+	struct exchange *x = meter_request(arg);
 
 	/* the framer's bound: the proxy's generation now, as before */
-	req->meter.max_event_size = pcfg(req->cl->px)->max_event_size;
-	request_meter_label(req); /* routed: the series may resolve from here on */
-	meter_head(&req->meter, rp);
-	req->idle_from = req->meter.now;
-	exchange_set_state(req, XS_STREAMING);
+	x->meter.max_event_size = xcfg(x)->max_event_size;
+	exchange_meter_label(x); /* routed: the series may resolve from here on */
+	meter_head(&x->meter, rp);
+	x->idle_from = x->meter.now;
+	exchange_set_state(x, XS_STREAMING);
 }
 
 static void on_resp_complete(void *arg, bool keep_alive)
 {
-	struct request *req = meter_request(arg);
+	struct exchange *x = meter_request(arg);
 
-	meter_complete(&req->meter);
+	meter_complete(&x->meter);
 	/* The head went to the client as the upstream wrote it: a response
 	 * that its close delimits, or that says the connection ends with it,
 	 * ends the client's connection too (the client waits for that close).
 	 * So does any answer to an HTTP/1.0 client: tokentap never adds the
 	 * `Connection: keep-alive` that such a client needs to keep going, and
-	 * asks the upstream to close besides (head_write). */
-	if (!keep_alive || req->head.http10)
-		req->cl->close_after = true;
-	upstream_note_result(req->up, true, req->meter.now);
+	 * asks the upstream to close besides (exchange_head_write). The owner
+	 * reads resp_close when the response is done. */
+	if (!keep_alive || x->head->http10)
+		x->resp_close = true;
+	upstream_note_result(x->up, true, x->meter.now);
 	/* rp.done is set: the read path gives the upstream back, DONE, before
 	 * the last bytes go to the client (request_release_upstream) */
 }
@@ -1054,17 +1025,42 @@ static const struct respparse_hooks resp_hooks = {
 	.complete = on_resp_complete,
 };
 
-void exchange_request_init(struct request *req)
+int exchange_init(struct exchange *x, const struct exchange_env *env, const struct exchange_hooks *hooks, void *owner,
+		  struct req_record *rec, const struct reqhead *head, struct router *rt, uint64_t log_id)
 {
-	struct proxy *px = req->cl->px;
-	const struct meter_env env = { px->stats, px->alog, px->recent };
-
-	respparse_init(&req->rp, &resp_hooks, &req->meter);
-	meter_init(&req->meter, &env, &req->rec, &req->rp, pcfg(px)->max_event_size, false);
+	x->env = env;
+	x->hooks = hooks;
+	x->owner = owner;
+	x->rec = rec;
+	x->head = head;
+	x->rt = rt;
+	x->log_id = log_id;
+	x->corked = true; /* made inside its owner's parse pass */
+	x->up_pending = evbuffer_new();
+	x->timer = evtimer_new(env->base, on_exchange_timer, x);
+	if (!x->up_pending || !x->timer)
+		return -1;
+	respparse_init(&x->rp, &resp_hooks, &x->meter);
+	meter_init(&x->meter, &env->meter, rec, &x->rp, xcfg(x)->max_event_size, false);
+	return 0;
 }
 
-void request_meter_label(struct request *req)
+void exchange_free(struct exchange *x)
 {
-	meter_label(&req->meter, req->route ? req->route->name : NULL, req->up ? req->up->name : NULL, req->cold,
-		    req->inflight);
+	if (x->up_pending || x->timer)
+		exchange_release(x, false);
+	meter_free(&x->meter);
+	if (x->up_pending)
+		evbuffer_free(x->up_pending);
+	if (x->replay)
+		evbuffer_free(x->replay);
+	if (x->timer)
+		event_free(x->timer);
+	x->up_pending = x->replay = NULL;
+	x->timer = NULL;
+}
+
+void exchange_meter_label(struct exchange *x)
+{
+	meter_label(&x->meter, x->route ? x->route->name : NULL, x->up ? x->up->name : NULL, x->cold, x->inflight);
 }

@@ -86,7 +86,8 @@ enum req_metric {
 	X(CLIENT_ABORTED, "client_aborted") \
 	X(QUEUE_FULL, "queue_full") \
 	X(RESPONSE_FAILED, "response_failed") \
-	X(RESPONSE_INCOMPLETE, "response_incomplete")
+	X(RESPONSE_INCOMPLETE, "response_incomplete") \
+	X(NO_MEMORY, "no_memory")
 
 enum req_error {
 #define X(e, n) REQ_ERR_##e,

@@ -1,9 +1,9 @@
 /*
  * test_exchange_fsm.c — the two state machines of a client connection:
- * the exchange's (exchange.c, EXCHANGE_STATES) and the client's (proxy.c,
+ * the exchange's (exchange.c, EXCHANGE_STATES) and the client's (client.c,
  * CLIENT_STATES). Each legal transition of docs/dev/pipeline-plan.md 3.2 and
  * 3.5 is accepted and every other pair refused, each state runs the timer
- * the plan gives it, exchange_set_state arms and deletes req->timer by that
+ * the plan gives it, exchange_set_state arms and deletes x->timer by that
  * rule (the idle clock left alone between STREAMING and PAUSED, nothing
  * armed while an upstream's close is pending), and an illegal transition
  * aborts the process (CHECK) instead of carrying on.
@@ -26,7 +26,8 @@
 #include <event2/event.h>
 #include <fcntl.h>
 
-#include "proxy_int.h"
+#include "client.h"
+#include "exchange.h"
 
 #define B(s) (1u << XS_##s)
 #define ALL_BUT_DONE \
@@ -96,13 +97,12 @@ static void test_exchange_timers(void **state)
 	assert_string_equal(exchange_state_name(XS_DONE), "DONE");
 }
 
-/* A request with what exchange_set_state touches: its client (for the log
- * line), its upstream (the timeouts) and its timer. */
+/* An exchange with what exchange_set_state touches: its log id, its
+ * upstream (the timeouts) and its timer. */
 struct fixture {
 	struct event_base *base;
-	struct client cl;
 	struct upstream up;
-	struct request req;
+	struct exchange x;
 };
 
 #define QUEUE_MS 100000u
@@ -120,21 +120,20 @@ static void fixture_init(struct fixture *f)
 	memset(f, 0, sizeof(*f));
 	f->base = event_base_new();
 	assert_non_null(f->base);
-	f->cl.id = 1;
+	f->x.log_id = 1;
 	f->up.name = "up";
 	f->up.conf.queue_timeout_ms = QUEUE_MS;
 	f->up.connect_timeout_ms = CONNECT_MS;
 	f->up.first_byte_timeout_ms = FIRST_BYTE_MS;
 	f->up.idle_timeout_ms = IDLE_MS;
-	f->req.cl = &f->cl;
-	f->req.up = &f->up;
-	f->req.timer = evtimer_new(f->base, noop_timer, NULL);
-	assert_non_null(f->req.timer);
+	f->x.up = &f->up;
+	f->x.timer = evtimer_new(f->base, noop_timer, NULL);
+	assert_non_null(f->x.timer);
 }
 
 static void fixture_free(struct fixture *f)
 {
-	event_free(f->req.timer);
+	event_free(f->x.timer);
 	event_base_free(f->base);
 }
 
@@ -143,7 +142,7 @@ static uint64_t expiry_us(struct fixture *f)
 {
 	struct timeval tv;
 
-	if (!evtimer_pending(f->req.timer, &tv))
+	if (!evtimer_pending(f->x.timer, &tv))
 		return 0;
 	return (uint64_t)tv.tv_sec * 1000000u + (uint64_t)tv.tv_usec;
 }
@@ -172,38 +171,38 @@ static void test_setter_follows_timer_rule(void **state)
 
 	(void)state;
 	fixture_init(&f);
-	assert_int_equal(f.req.xstate, XS_NEW); /* a zeroed request is NEW */
-	exchange_set_state(&f.req, XS_AWAIT_BODY);
+	assert_int_equal(f.x.xstate, XS_NEW); /* a zeroed request is NEW */
+	exchange_set_state(&f.x, XS_AWAIT_BODY);
 	assert_int_equal(expiry_us(&f), 0);
-	exchange_set_state(&f.req, XS_ROUTING);
+	exchange_set_state(&f.x, XS_ROUTING);
 	assert_int_equal(expiry_us(&f), 0);
-	exchange_set_state(&f.req, XS_QUEUED);
+	exchange_set_state(&f.x, XS_QUEUED);
 	assert_armed_for(&f, QUEUE_MS);
-	exchange_set_state(&f.req, XS_CONNECTING);
+	exchange_set_state(&f.x, XS_CONNECTING);
 	assert_armed_for(&f, CONNECT_MS);
-	exchange_set_state(&f.req, XS_SENDING);
+	exchange_set_state(&f.x, XS_SENDING);
 	assert_int_equal(expiry_us(&f), 0);
-	exchange_set_state(&f.req, XS_AWAIT_HEAD);
+	exchange_set_state(&f.x, XS_AWAIT_HEAD);
 	assert_armed_for(&f, FIRST_BYTE_MS);
-	exchange_set_state(&f.req, XS_STREAMING);
+	exchange_set_state(&f.x, XS_STREAMING);
 	assert_armed_for(&f, IDLE_MS);
 
 	/* STREAMING <-> PAUSED: the idle clock runs on, not re-armed */
 	uint64_t idle_at = expiry_us(&f);
 	usleep(2000);
-	exchange_set_state(&f.req, XS_PAUSED);
+	exchange_set_state(&f.x, XS_PAUSED);
 	assert_int_equal(expiry_us(&f), idle_at);
-	exchange_set_state(&f.req, XS_STREAMING);
+	exchange_set_state(&f.x, XS_STREAMING);
 	assert_int_equal(expiry_us(&f), idle_at);
-	exchange_set_state(&f.req, XS_STREAMING); /* the same state: a no-op */
-	assert_int_equal(f.req.xstate, XS_STREAMING);
+	exchange_set_state(&f.x, XS_STREAMING); /* the same state: a no-op */
+	assert_int_equal(f.x.xstate, XS_STREAMING);
 	assert_int_equal(expiry_us(&f), idle_at);
 
-	exchange_set_state(&f.req, XS_DONE);
-	assert_int_equal(f.req.xstate, XS_DONE);
+	exchange_set_state(&f.x, XS_DONE);
+	assert_int_equal(f.x.xstate, XS_DONE);
 	assert_int_equal(expiry_us(&f), 0);
-	exchange_set_state(&f.req, XS_DONE); /* DONE again: a no-op, no abort */
-	assert_int_equal(f.req.xstate, XS_DONE);
+	exchange_set_state(&f.x, XS_DONE); /* DONE again: a no-op, no abort */
+	assert_int_equal(f.x.xstate, XS_DONE);
 	fixture_free(&f);
 }
 
@@ -215,17 +214,17 @@ static void test_setter_failover_and_replay(void **state)
 
 	(void)state;
 	fixture_init(&f);
-	exchange_set_state(&f.req, XS_ROUTING);
-	exchange_set_state(&f.req, XS_CONNECTING);
+	exchange_set_state(&f.x, XS_ROUTING);
+	exchange_set_state(&f.x, XS_CONNECTING);
 	assert_armed_for(&f, CONNECT_MS);
-	exchange_set_state(&f.req, XS_ROUTING);
+	exchange_set_state(&f.x, XS_ROUTING);
 	assert_int_equal(expiry_us(&f), 0);
-	exchange_set_state(&f.req, XS_QUEUED);
+	exchange_set_state(&f.x, XS_QUEUED);
 	assert_armed_for(&f, QUEUE_MS);
-	exchange_set_state(&f.req, XS_CONNECTING);
-	exchange_set_state(&f.req, XS_SENDING);
-	exchange_set_state(&f.req, XS_AWAIT_HEAD);
-	exchange_set_state(&f.req, XS_CONNECTING);
+	exchange_set_state(&f.x, XS_CONNECTING);
+	exchange_set_state(&f.x, XS_SENDING);
+	exchange_set_state(&f.x, XS_AWAIT_HEAD);
+	exchange_set_state(&f.x, XS_CONNECTING);
 	assert_armed_for(&f, CONNECT_MS);
 	fixture_free(&f);
 }
@@ -239,29 +238,29 @@ static void test_pending_close_holds_the_timer(void **state)
 
 	(void)state;
 	fixture_init(&f);
-	f.req.xstate = XS_SENDING;
-	f.req.up_closed = 0x11; /* BEV_EVENT_READING | BEV_EVENT_EOF */
-	evtimer_add(f.req.timer, &zero);
+	f.x.xstate = XS_SENDING;
+	f.x.up_closed = 0x11; /* BEV_EVENT_READING | BEV_EVENT_EOF */
+	evtimer_add(f.x.timer, &zero);
 	uint64_t at = expiry_us(&f);
 	assert_int_not_equal(at, 0);
-	exchange_set_state(&f.req, XS_AWAIT_HEAD);
+	exchange_set_state(&f.x, XS_AWAIT_HEAD);
 	assert_int_equal(expiry_us(&f), at);
-	exchange_set_state(&f.req, XS_STREAMING);
+	exchange_set_state(&f.x, XS_STREAMING);
 	assert_int_equal(expiry_us(&f), at);
-	exchange_set_state(&f.req, XS_DONE);
+	exchange_set_state(&f.x, XS_DONE);
 	assert_int_equal(expiry_us(&f), 0);
-	assert_int_equal(f.req.up_closed, 0);
+	assert_int_equal(f.x.up_closed, 0);
 	fixture_free(&f);
 
 	/* from a state without a timer of its own too (SENDING and DONE both
 	 * run none, yet the close's 0 ms goes) */
 	fixture_init(&f);
-	f.req.xstate = XS_SENDING;
-	f.req.up_closed = 0x11;
-	evtimer_add(f.req.timer, &zero);
-	exchange_set_state(&f.req, XS_DONE);
+	f.x.xstate = XS_SENDING;
+	f.x.up_closed = 0x11;
+	evtimer_add(f.x.timer, &zero);
+	exchange_set_state(&f.x, XS_DONE);
 	assert_int_equal(expiry_us(&f), 0);
-	assert_int_equal(f.req.up_closed, 0);
+	assert_int_equal(f.x.up_closed, 0);
 	fixture_free(&f);
 }
 
@@ -278,9 +277,9 @@ static int set_in_child(enum xstate from, enum xstate to)
 		if (devnull >= 0)
 			dup2(devnull, STDERR_FILENO); /* the CHECK's log line */
 		fixture_init(&f);
-		f.req.xstate = from;
-		exchange_set_state(&f.req, to);
-		_exit(f.req.xstate == to ? 0 : 3);
+		f.x.xstate = from;
+		exchange_set_state(&f.x, to);
+		_exit(f.x.xstate == to ? 0 : 3);
 	}
 	assert_int_equal(waitpid(pid, &status, 0), pid);
 	return status;

@@ -1,0 +1,73 @@
+/*
+ * request.h — one request: its head as parsed, its id, what its body tells
+ * the router (model, stream flag, sticky field), the body framed for the
+ * upstream (and its shadow), and the outcome, recorded once. Its exchange
+ * with the upstream (exchange.h) is embedded; the request's owner (the
+ * client connection, client.c) gives the exchange its hooks.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "exchange.h"
+#include "mirror.h"
+#include "reqparse.h"
+#include "timeline.h"
+
+struct router;
+
+/* Request ids: a random seed and a counter (request_id_generate). */
+struct request_ids {
+	uint64_t seed, counter;
+};
+
+/* What the requests of one proxy share. */
+struct request_env {
+	struct router *router;	    /* the current generation; one reference held (by the proxy) */
+	struct exchange_env x;	    /* x.current points at `router` */
+	struct mirror_list mirrors; /* shadow exchanges in flight */
+	struct request_ids ids;
+};
+
+/* One request and its exchange with the upstream. Owned by its client. */
+struct request {
+	struct request_env *env;
+	uint64_t seq; /* its number on its client connection (client.c, client_runs) */
+	struct req_record rec;
+
+	struct reqhead head; /* as parsed: URL, headers, framing (reqparse.h) */
+	char *body_prefix;   /* the first cfg->body_inspect_max bytes, for the model */
+	size_t body_prefix_len;
+	bool reqinfo_done;
+	struct mirror
+		*mirror;   /* its shadow copy, while the body still flows; cleared by the mirror when it ends first */
+	struct exchange x; /* x.body_done: the whole body has been read */
+};
+
+/* A request arriving at `arrive_ns`, whose exchange reaches `owner` through
+ * `hooks`; `log_id` names its connection in the log. NULL: out of memory. */
+struct request *request_new(struct request_env *env, const struct exchange_hooks *hooks, void *owner,
+			    uint64_t arrive_ns, uint64_t log_id);
+/* Ends its exchange (unrecorded), detaches its shadow, frees it. NULL is
+ * fine. */
+void request_free(struct request *req);
+/* The outcome is known: logged and counted, once (meter_finish). */
+void request_record(struct request *req);
+void request_id_generate(struct request_ids *ids, char *out, size_t len);
+/* What the record takes from a parsed head: method, path, API, id and the
+ * default stream flag. Once per request. */
+void request_note_head(struct request *req);
+/* Reads the model, stream flag and sticky field from the body prefix;
+ * routes when routing waited for them. */
+void request_learn_body(struct request *req, bool complete);
+/* Body bytes for the upstream and the shadow, re-framed when chunked. -1:
+ * out of memory, the upstream's copy lost bytes (the request must fail). */
+__attribute__((warn_unused_result)) int request_body_bytes(struct request *req, const char *at, size_t len);
+/* The body is complete: its last chunk, the shadow told, the prefix read
+ * (which may route it). -1: out of memory for the last chunk. */
+__attribute__((warn_unused_result)) int request_body_end(struct request *req);
+/* Picks the route and the upstream, starts the shadow when the route
+ * mirrors this one, asks for an admission slot. */
+void request_route(struct request *req);

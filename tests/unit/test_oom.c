@@ -1,0 +1,200 @@
+/*
+ * test_oom.c — out of memory while a request is written for its upstream
+ * (docs/dev/pipeline-plan.md 6.6): libevent's allocator is replaced by one
+ * that fails after a given number of allocations, and every write the
+ * request path makes into an evbuffer either completes or reports -1,
+ * never carrying on with a head or body that lost bytes.
+ *
+ * - exchange_head_write: for every point at which allocation starts to
+ *   fail, it returns -1, or 0 with the whole head (the same bytes as with
+ *   memory to spare);
+ * - request_body_bytes, a chunked body re-framed: -1 when its bytes cannot
+ *   all be added, else all of them, framed;
+ * - the error kind the exchange fails with, no_memory: 503 "overloaded",
+ *   the last of REQUEST_ERRORS (stored slices read counters by position).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <event2/buffer.h>
+#include <event2/event.h>
+
+#include "exchange.h"
+#include "reqparse.h"
+#include "request.h"
+#include "timeline.h"
+#include "upstream.h"
+
+/* Allocations left before they fail; negative: never fail. */
+static long allow = -1;
+
+static void *oom_malloc(size_t n)
+{
+	if (allow == 0)
+		return NULL;
+	if (allow > 0)
+		allow--;
+	return malloc(n);
+}
+
+static void *oom_realloc(void *p, size_t n)
+{
+	if (allow == 0)
+		return NULL;
+	if (allow > 0)
+		allow--;
+	return realloc(p, n);
+}
+
+static void oom_free(void *p)
+{
+	free(p);
+}
+
+static struct reqhead *on_begin(void *arg)
+{
+	return arg;
+}
+
+static int on_head(void *arg, struct reqhead *h)
+{
+	(void)arg, (void)h;
+	return 0;
+}
+
+static int on_chunk(void *arg)
+{
+	(void)arg;
+	return 0;
+}
+
+static void on_body(void *arg, const char *at, size_t len)
+{
+	(void)arg, (void)at, (void)len;
+}
+
+static void on_complete(void *arg)
+{
+	(void)arg;
+}
+
+static const struct reqparse_hooks hooks = { on_begin, on_head, on_chunk, on_body, on_complete };
+
+/* A head with enough headers that writing it takes several chains. */
+static void parse_head(struct reqhead *head)
+{
+	const struct reqparse_limits lim = { 32 << 10, 100, 1 << 20 };
+	char raw[8192];
+	size_t len = 0, used = 0;
+	struct reqparse rp;
+
+	len += (size_t)snprintf(raw + len, sizeof(raw) - len, "POST /v1/chat/completions HTTP/1.1\r\nhost: h\r\n");
+	for (int i = 0; i < 40; i++)
+		len += (size_t)snprintf(raw + len, sizeof(raw) - len, "x-header-%02d: %0120d\r\n", i, i);
+	len += (size_t)snprintf(raw + len, sizeof(raw) - len, "content-length: 2\r\n\r\n{}");
+	assert_int_equal(reqhead_init(head, &lim), 0);
+	reqparse_init(&rp, &hooks, head);
+	assert_int_not_equal(reqparse_feed(&rp, raw, len, &used), REQPARSE_REFUSED);
+	assert_true(head->parsed);
+}
+
+static void test_head_write(void **state)
+{
+	struct reqhead head;
+	struct req_record rec;
+	struct upstream up;
+	unsigned failed = 0, whole = 0;
+
+	(void)state;
+	memset(&rec, 0, sizeof(rec));
+	memset(&up, 0, sizeof(up));
+	strcpy(rec.method, "POST");
+	strcpy(rec.id, "oom-1");
+	up.name = "up";
+	parse_head(&head);
+
+	struct evbuffer *want = evbuffer_new();
+	assert_non_null(want);
+	assert_int_equal(exchange_head_write(&head, &rec, &up, want), 0);
+	size_t want_len = evbuffer_get_length(want);
+	assert_true(want_len > 4096); /* several chains */
+
+	for (long k = 0; k < 64; k++) {
+		struct evbuffer *out = evbuffer_new();
+		assert_non_null(out);
+		allow = k;
+		int r = exchange_head_write(&head, &rec, &up, out);
+		allow = -1;
+		if (r == -1) {
+			failed++;
+		} else {
+			assert_int_equal(r, 0);
+			assert_int_equal(evbuffer_get_length(out), want_len);
+			assert_memory_equal(evbuffer_pullup(out, -1), evbuffer_pullup(want, -1), want_len);
+			whole++;
+		}
+		evbuffer_free(out);
+	}
+	assert_true(failed > 1); /* not only the first add can fail */
+	assert_true(whole > 0);
+	evbuffer_free(want);
+	reqhead_free(&head);
+}
+
+static void test_body_bytes(void **state)
+{
+	struct request *req = calloc(1, sizeof(*req));
+	char body[3000];
+	unsigned failed = 0;
+
+	(void)state;
+	assert_non_null(req);
+	memset(body, 'b', sizeof(body));
+	req->head.chunked = true;
+	for (long k = 0; k < 16; k++) {
+		req->x.up_pending = evbuffer_new();
+		assert_non_null(req->x.up_pending);
+		/* a first small piece fills a chain's start, so that the big one
+		 * needs a chain of its own */
+		assert_int_equal(request_body_bytes(req, "{}", 2), 0);
+		size_t before = evbuffer_get_length(req->x.up_pending);
+		allow = k;
+		int r = request_body_bytes(req, body, sizeof(body));
+		allow = -1;
+		if (r == -1)
+			failed++;
+		else
+			assert_int_equal(evbuffer_get_length(req->x.up_pending) - before, 5 + sizeof(body) + 2);
+		evbuffer_free(req->x.up_pending);
+	}
+	assert_true(failed > 0);
+	free(req);
+}
+
+static void test_no_memory_kind(void **state)
+{
+	(void)state;
+	assert_int_equal(REQ_ERR_NO_MEMORY, REQ_ERR__COUNT - 1);
+	assert_string_equal(req_error_name(REQ_ERR_NO_MEMORY), "no_memory");
+	assert_int_equal(exchange_fails[XF_NO_MEMORY].status, 503);
+	assert_string_equal(exchange_fails[XF_NO_MEMORY].type, "overloaded");
+	assert_int_equal(exchange_fails[XF_NO_MEMORY].kind, REQ_ERR_NO_MEMORY);
+}
+
+int main(void)
+{
+	/* before any other libevent call: everything it allocates goes
+	 * through these */
+	event_set_mem_functions(oom_malloc, oom_realloc, oom_free);
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_head_write),
+		cmocka_unit_test(test_body_bytes),
+		cmocka_unit_test(test_no_memory_kind),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
