@@ -270,6 +270,7 @@ static void conf_release(struct upstream_conf *c)
 	free((char *)c->url);
 	free((char *)c->tls_ca_file);
 	free((char *)c->tls_server_name);
+	free((char *)c->metrics_url);
 	for (unsigned i = 0; i < c->nlabels; i++) {
 		free((char *)c->labels[i].key);
 		free((char *)c->labels[i].value);
@@ -285,12 +286,13 @@ static int conf_copy(struct upstream_conf *dst, const struct upstream_conf *src)
 	dst->url = strdup(src->url);
 	dst->tls_ca_file = src->tls_ca_file ? strdup(src->tls_ca_file) : NULL;
 	dst->tls_server_name = src->tls_server_name ? strdup(src->tls_server_name) : NULL;
+	dst->metrics_url = src->metrics_url ? strdup(src->metrics_url) : NULL;
 	for (unsigned i = 0; i < src->nlabels; i++) {
 		dst->labels[i].key = strdup(src->labels[i].key);
 		dst->labels[i].value = strdup(src->labels[i].value);
 	}
 	bool ok = dst->name && dst->url && (!src->tls_ca_file || dst->tls_ca_file) &&
-		  (!src->tls_server_name || dst->tls_server_name);
+		  (!src->tls_server_name || dst->tls_server_name) && (!src->metrics_url || dst->metrics_url);
 	for (unsigned i = 0; i < src->nlabels; i++)
 		ok = ok && dst->labels[i].key && dst->labels[i].value;
 	if (!ok) {
