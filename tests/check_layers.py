@@ -38,7 +38,7 @@ LAYERS = [
     (1, "upstream router stats store store_held store_query store_check accesslog workload recent "
      "loader tls control fdlimit"),
     (0, "reqparse respparse framer classify keyscan reqinfo timeline hist slice series_key "
-     "knee config log bevio rxstamp varint strutil loop check version"),
+     "knee config log bevio rxstamp varint strutil loop check version promtext"),
 ]
 
 # Files that belong to another module than their name says.
