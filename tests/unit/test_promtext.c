@@ -93,14 +93,15 @@ static void test_sglang_and_llamacpp(void **state)
 {
 	(void)state;
 	struct seen z;
-	struct promtext_result r = parse_fenced("sglang:num_running_reqs{model_name=\"q\"} 2\n"
-						"sglang:num_queue_reqs{model_name=\"q\"} 7\n"
-						"sglang:token_usage{model_name=\"q\"} 0.28\n"
-						"sglang:cache_hit_rate{model_name=\"q\"} 0.0075\n"
-						"llamacpp:requests_processing 1\n"
-						"llamacpp:requests_deferred 4\n"
-						"llamacpp:kv_cache_usage_ratio 0.5",
-						&z); /* no final newline */
+	struct promtext_result r = parse_fenced(
+		"sglang:num_running_reqs{model_name=\"q\"} 2\n"
+		"sglang:num_queue_reqs{model_name=\"q\"} 7\n"
+		"sglang:token_usage{model_name=\"q\"} 0.28\n"
+		"sglang:cache_hit_rate{model_name=\"q\"} 0.0075\n"
+		"llamacpp:requests_processing 1\n"
+		"llamacpp:requests_deferred 4\n"
+		"llamacpp:kv_cache_usage_ratio 0.5",
+		&z); /* no final newline */
 	assert_int_equal(r.samples, 7);
 	assert_int_equal(r.skipped, 0);
 	assert_string_equal(z.name[6], "llamacpp:kv_cache_usage_ratio");
@@ -113,13 +114,14 @@ static void test_escapes_spaces_timestamps(void **state)
 {
 	(void)state;
 	struct seen z;
-	struct promtext_result r = parse_fenced("a{path=\"C:\\\\dir\\\\f\",q=\"say \\\"hi\\\"\",nl=\"x\\ny\"} 1\n"
-						"  b { x = \"1\" , y=\"2\", } \t 2.5 1700000000000\r\n"
-						"c{} NaN\n"
-						"d +Inf\n"
-						"e -Inf\n"
-						"f{x=\"{}\\\" 9\"} -0.5\n",
-						&z);
+	struct promtext_result r = parse_fenced(
+		"a{path=\"C:\\\\dir\\\\f\",q=\"say \\\"hi\\\"\",nl=\"x\\ny\"} 1\n"
+		"  b { x = \"1\" , y=\"2\", } \t 2.5 1700000000000\r\n"
+		"c{} NaN\n"
+		"d +Inf\n"
+		"e -Inf\n"
+		"f{x=\"{}\\\" 9\"} -0.5\n",
+		&z);
 	assert_int_equal(r.skipped, 0);
 	assert_int_equal(r.samples, 6);
 	assert_string_equal(z.labels[0], "path=C:\\dir\\f;q=say \"hi\";nl=x\ny");
@@ -137,24 +139,25 @@ static void test_broken_lines_are_skipped(void **state)
 {
 	(void)state;
 	struct seen z;
-	struct promtext_result r = parse_fenced("good 1\n"
-						"9bad 1\n"		 /* name starts with a digit */
-						"noval\n"		 /* no value */
-						"x{a=\"1\" 2\n"		 /* unclosed braces */
-						"x{a=\"1} 2\n"		 /* unclosed quote to the end */
-						"x{a=1} 2\n"		 /* unquoted value */
-						"x{a=\"\\q\"} 2\n"	 /* unknown escape */
-						"x 1 2 3\n"		 /* trailing junk */
-						"x 12abc\n"		 /* not a number */
-						"x 1 17e\n"		 /* not a timestamp */
-						"x{=\"1\"} 2\n"		 /* empty label name */
-						"x{a=\"1\"b=\"2\"} 2\n" /* no comma */
-						"\n"
-						"# a comment {\"\n"
-						"#\n"
-						"also_good{l=\"v\"} 2\n"
-						"x{a=\"1\"",
-						&z);
+	struct promtext_result r = parse_fenced(
+		"good 1\n"
+		"9bad 1\n"		/* name starts with a digit */
+		"noval\n"		/* no value */
+		"x{a=\"1\" 2\n"		/* unclosed braces */
+		"x{a=\"1} 2\n"		/* unclosed quote to the end */
+		"x{a=1} 2\n"		/* unquoted value */
+		"x{a=\"\\q\"} 2\n"	/* unknown escape */
+		"x 1 2 3\n"		/* trailing junk */
+		"x 12abc\n"		/* not a number */
+		"x 1 17e\n"		/* not a timestamp */
+		"x{=\"1\"} 2\n"		/* empty label name */
+		"x{a=\"1\"b=\"2\"} 2\n" /* no comma */
+		"\n"
+		"# a comment {\"\n"
+		"#\n"
+		"also_good{l=\"v\"} 2\n"
+		"x{a=\"1\"",
+		&z);
 	assert_int_equal(r.samples, 2);
 	assert_int_equal(r.skipped, 12);
 	assert_string_equal(z.name[0], "good");
