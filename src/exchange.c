@@ -346,6 +346,7 @@ static void request_connect(struct request *req)
 	req->rec.at[TL_DISPATCH] = now; /* again after a failover: queue ends at the last dispatch */
 	req->rec.at[TL_UP_CONNECTED] = 0;
 	req->rec.upstream = req->up->name;
+	upstream_engine_note(req->up, &req->rec.engine, now); /* the engine's queue as last scraped (scrape.h) */
 	req->rp.head_request = req->head.method == HTTP_HEAD;
 	request_write_head(req);
 	req->uc = upstream_acquire(req->up, &reused);
