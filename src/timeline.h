@@ -103,10 +103,6 @@ enum req_error {
 /* At most this many ITL gaps are kept per request for the access log. */
 #define ITL_SAMPLES_MAX 4096
 
-/*
- * What is measured of one request. Owned by the request it describes;
- * handed read-only to the access log (and, later, the stats recorder).
- */
 /* The engine's own view of the upstream (its /metrics, scraped: scrape.h)
  * as last scraped when the request was dispatched to it. */
 struct engine_seen {
@@ -116,6 +112,10 @@ struct engine_seen {
 	uint64_t age_ms;	  /* how old the scrape was */
 };
 
+/*
+ * What is measured of one request. Owned by the request it describes;
+ * handed read-only to the access log (and, later, the stats recorder).
+ */
 struct req_record {
 	char id[REQUEST_ID_MAX + 1];
 	char method[16];
