@@ -35,6 +35,7 @@ void config_upstream_defaults(struct upstream_conf *u)
 	memset(u, 0, sizeof(*u));
 	u->queue_timeout_ms = 30000;
 	u->tls_verify = true; /* never bypassed silently */
+	u->metrics_interval_ms = METRICS_INTERVAL_DEFAULT;
 }
 
 void config_route_defaults(struct route_conf *r)
@@ -467,4 +468,73 @@ int config_parse_duration_ms(const char *s, uint64_t *out)
 	static const char *const units[] = { "ms", "s", "m", "h" };
 	static const uint64_t scale[] = { 1, 1000, 60000, 3600000 };
 	return parse_scaled(s, out, units, scale, 4, 1000);
+}
+
+int config_parse_metrics_url(const char *url, struct metrics_url_parts *out, char *err, size_t errlen)
+{
+	const char *p, *hend, *rest;
+	size_t n;
+
+	if (strncmp(url, "http://", 7) != 0) {
+		snprintf(err, errlen, "expected a URL like http://127.0.0.1:8000/metrics (plain http://), got '%s'",
+			 url);
+		return -1;
+	}
+	p = url + 7;
+	if (*p == '[') {
+		if (!(hend = strchr(p, ']'))) {
+			snprintf(err, errlen, "unterminated IPv6 address in '%s'", url);
+			return -1;
+		}
+		p++;
+		rest = hend + 1;
+	} else {
+		hend = p + strcspn(p, ":/?");
+		rest = hend;
+	}
+	if (hend == p) {
+		snprintf(err, errlen, "no host in '%s'; expected http://HOST[:PORT]/PATH", url);
+		return -1;
+	}
+	if ((size_t)(hend - p) >= sizeof(out->host)) {
+		snprintf(err, errlen, "the host name in '%.64s...' is longer than %zu characters", url,
+			 sizeof(out->host) - 1);
+		return -1;
+	}
+	memcpy(out->host, p, (size_t)(hend - p));
+	out->host[hend - p] = '\0';
+	out->port = 80;
+	if (*rest == ':') {
+		n = strspn(rest + 1, "0123456789");
+		unsigned long port = n && n < 6 ? strtoul(rest + 1, NULL, 10) : 0;
+		if (port < 1 || port > 65535 || (rest[1 + n] && rest[1 + n] != '/' && rest[1 + n] != '?')) {
+			snprintf(err, errlen, "expected a port from 1 to 65535 in '%s'", url);
+			return -1;
+		}
+		out->port = (unsigned)port;
+		rest += 1 + n;
+	}
+	if (*rest && *rest != '/' && *rest != '?') {
+		snprintf(err, errlen, "unexpected '%c' after the host in '%s'", *rest, url);
+		return -1;
+	}
+	if (strlen(rest) + 2 > sizeof(out->path)) {
+		snprintf(err, errlen, "the path of '%.64s...' is longer than %zu characters", url,
+			 sizeof(out->path) - 2);
+		return -1;
+	}
+	if (strcspn(rest, " \t\r\n") != strlen(rest)) {
+		snprintf(err, errlen, "white space in '%s'", url);
+		return -1;
+	}
+	if (*rest == '/') {
+		memcpy(out->path, rest, strlen(rest) + 1);
+	} else if (strlen(rest) + 9 > sizeof(out->path)) {
+		snprintf(err, errlen, "the query of '%.64s...' is too long", url);
+		return -1;
+	} else {
+		memcpy(out->path, "/metrics", 8);
+		memcpy(out->path + 8, rest, strlen(rest) + 1);
+	}
+	return 0;
 }

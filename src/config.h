@@ -34,6 +34,15 @@ struct label {
 	const char *key, *value;
 };
 
+/* Whose names an upstream's /metrics uses (scrape.h); AUTO: told by the
+ * names it finds. */
+enum engine_kind { ENGINE_AUTO, ENGINE_VLLM, ENGINE_SGLANG, ENGINE_LLAMACPP };
+
+/* metrics_interval's bounds and default, in ms */
+#define METRICS_INTERVAL_MIN 100
+#define METRICS_INTERVAL_MAX 300000
+#define METRICS_INTERVAL_DEFAULT 5000
+
 /* One upstream server as configured. */
 struct upstream_conf {
 	const char *name; /* unique; the `upstream` label of its stats */
@@ -50,6 +59,12 @@ struct upstream_conf {
 	const char *tls_ca_file;     /* NULL: the system CA store */
 	const char *tls_server_name; /* SNI and the name checked; default the URL's host */
 	int tls_line;		     /* of its `tls:` settings; 0: none given */
+	/* the engine's own Prometheus endpoint, scraped off the forwarding path */
+	const char *metrics_url; /* http://HOST[:PORT]/PATH; NULL: off */
+	uint64_t metrics_interval_ms;
+	enum engine_kind engine;
+	int metrics_line;	 /* of metrics_interval or engine, for "needs metrics_url" */
+	const char *metrics_key; /* which of the two; static text */
 };
 
 struct route_target {
@@ -190,6 +205,17 @@ struct url_parts {
 	char port[8]; /* the default for the scheme when not given */
 	bool tls;     /* https:// */
 };
+
+/* A metrics URL: http://HOST[:PORT][/PATH[?QUERY]], the path "/metrics"
+ * when none is given; plain HTTP only. */
+struct metrics_url_parts {
+	char host[256];
+	unsigned port;
+	char path[1024]; /* with its query */
+};
+
+/* 0, or -1 with `err` saying what is wrong. */
+int config_parse_metrics_url(const char *url, struct metrics_url_parts *out, char *err, size_t errlen);
 
 /* Parses an upstream URL the one way the server does, for the server and
  * for checking a file (tokentap -t). 0, or -1 with `err` saying what is

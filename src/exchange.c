@@ -354,6 +354,7 @@ static enum xr request_connect(struct exchange *x)
 	x->rec->at[TL_DISPATCH] = now; /* again after a failover: queue ends at the last dispatch */
 	x->rec->at[TL_UP_CONNECTED] = 0;
 	x->rec->upstream = x->up->name;
+	upstream_engine_note(x->up, &x->rec->engine, now); /* the engine's queue as last scraped (scrape.h) */
 	x->rp.head_request = x->head->method == HTTP_HEAD;
 	if (request_write_head(x) == -1) {
 		snprintf(msg, sizeof(msg), "out of memory writing the request head for upstream %s", x->up->name);

@@ -9,7 +9,64 @@
 
 #include "proxy.h"
 #include "router.h"
+#include "scrape.h"
+#include "timeline.h"
 #include "upstream.h"
+
+static json_t *count_or_null(int64_t v)
+{
+	return v < 0 ? json_null() : json_integer((json_int_t)v);
+}
+
+static json_t *frac_or_null(double v)
+{
+	return v != v ? json_null() : json_real(v);
+}
+
+/* The engine's own view (its /metrics, scrape.h) beside tokentap's: what
+ * it runs and queues against what tokentap had in flight to it at the same
+ * moment. More at the engine than tokentap sent means other traffic
+ * reaches it around the proxy. */
+static json_t *engine_json(const struct upstream *u)
+{
+	struct engine_state st;
+	char note[200];
+
+	if (!u->conf.metrics_url)
+		return json_null();
+	upstream_engine_state(u, &st);
+	json_t *o = json_object();
+	json_object_set_new(o, "metrics_url", json_string(u->conf.metrics_url));
+	json_object_set_new(o, "engine", st.scraped ? json_string(scrape_engine_name(st.engine)) : json_null());
+	json_object_set_new(o, "scraped", json_boolean(st.scraped));
+	json_object_set_new(o, "failing", json_boolean(st.failing));
+	json_object_set_new(o, "failures", json_integer((json_int_t)st.failures));
+	json_object_set_new(o, "error", st.failing ? json_string(st.error) : json_null());
+	if (!st.scraped)
+		return o;
+	uint64_t now = clock_now_ns();
+	int64_t engine_total = (st.running < 0 ? 0 : st.running) + (st.waiting < 0 ? 0 : st.waiting);
+	int64_t beyond = engine_total - (int64_t)st.in_flight_at;
+	json_object_set_new(o, "running", count_or_null(st.running));
+	json_object_set_new(o, "waiting", count_or_null(st.waiting));
+	json_object_set_new(o, "kv_use", frac_or_null(st.kv_use));
+	json_object_set_new(o, "prefix_hit", frac_or_null(st.prefix_hit));
+	json_object_set_new(o, "scraped_at_unix_ms", json_integer((json_int_t)st.at_unix_ms));
+	json_object_set_new(o, "age_ms", json_integer((json_int_t)(now > st.at_ns ? (now - st.at_ns) / 1000000 : 0)));
+	json_object_set_new(o, "tokentap_in_flight", json_integer(st.in_flight_at));
+	json_object_set_new(o, "beyond_proxy", json_integer(beyond > 0 ? beyond : 0));
+	if (beyond > 0) {
+		snprintf(
+			note, sizeof(note),
+			"the engine reported %lld more requests (running + waiting) than tokentap had in flight to it: "
+			"traffic reaches it around the proxy",
+			(long long)beyond);
+		json_object_set_new(o, "note", json_string(note));
+	} else {
+		json_object_set_new(o, "note", json_null());
+	}
+	return o;
+}
 
 static char *dump(json_t *o, int status, int *out_status)
 {
@@ -116,6 +173,7 @@ char *live_upstreams(void *proxy, const char *in, int *status)
 								   "unix", (json_int_t)u->last_error_unix)
 						       : json_null());
 		json_object_set_new(o, "reachable", json_boolean(!u->failing));
+		json_object_set_new(o, "engine", engine_json(u));
 		json_object_set_new(o, "pool",
 				    json_pack("{s:i,s:I,s:I}", "idle", (int)u->n_idle, "opened", (json_int_t)u->opened,
 					      "reused", (json_int_t)u->reused));

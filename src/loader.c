@@ -39,22 +39,39 @@ struct load {
 
 static void problem(struct load *l, const yaml_node_t *node, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
+static void problem_line(struct load *l, unsigned long line, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
 
-static void problem(struct load *l, const yaml_node_t *node, const char *fmt, ...)
+static void problem_va(struct load *l, unsigned long line, const char *fmt, va_list ap)
 {
-	va_list ap;
 	size_t room;
 
 	l->problems++;
 	room = l->n < l->errlen ? l->errlen - l->n : 0;
-	l->n += (size_t)snprintf(l->errs + l->n, room, "%s:%lu: ", l->c->path,
-				 node ? (unsigned long)node->start_mark.line + 1 : 1ul);
+	l->n += (size_t)snprintf(l->errs + l->n, room, "%s:%lu: ", l->c->path, line);
 	room = l->n < l->errlen ? l->errlen - l->n : 0;
-	va_start(ap, fmt);
 	l->n += (size_t)vsnprintf(l->errs + l->n, room, fmt, ap);
-	va_end(ap);
 	room = l->n < l->errlen ? l->errlen - l->n : 0;
 	l->n += (size_t)snprintf(l->errs + l->n, room, "\n");
+}
+
+static void problem(struct load *l, const yaml_node_t *node, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	problem_va(l, node ? (unsigned long)node->start_mark.line + 1 : 1ul, fmt, ap);
+	va_end(ap);
+}
+
+/* For a problem found after the walk, at a line the walk noted. */
+static void problem_line(struct load *l, unsigned long line, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	problem_va(l, line, fmt, ap);
+	va_end(ap);
 }
 
 static yaml_node_t *node(struct load *l, int id)
@@ -439,6 +456,49 @@ static void u_labels(struct load *l, yaml_node_t *v, const char *key, void *o)
 	}
 }
 
+static void u_metrics_url(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	struct metrics_url_parts parts;
+	char err[400];
+	get_string(l, v, key, &UP(o)->metrics_url);
+	if (UP(o)->metrics_url && config_parse_metrics_url(UP(o)->metrics_url, &parts, err, sizeof(err)) == -1)
+		problem(l, v, "%s: %s", key, err);
+}
+static void u_metrics_interval(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	const char *s = scalar(l, v, key);
+	uint64_t ms;
+
+	UP(o)->metrics_line = (int)v->start_mark.line + 1;
+	UP(o)->metrics_key = "metrics_interval";
+	if (!s)
+		return;
+	if (config_parse_duration_ms(s, &ms) == -1 || ms < METRICS_INTERVAL_MIN || ms > METRICS_INTERVAL_MAX)
+		problem(l, v, "%s: expected a duration from %dms to %dm such as 5s, got '%s'", key,
+			METRICS_INTERVAL_MIN, METRICS_INTERVAL_MAX / 60000, s);
+	else
+		UP(o)->metrics_interval_ms = ms;
+}
+static void u_engine(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	static const char *const names[] = { [ENGINE_AUTO] = "auto",
+					     [ENGINE_VLLM] = "vllm",
+					     [ENGINE_SGLANG] = "sglang",
+					     [ENGINE_LLAMACPP] = "llamacpp" };
+	const char *s = scalar(l, v, key);
+
+	UP(o)->metrics_line = (int)v->start_mark.line + 1;
+	UP(o)->metrics_key = "engine";
+	if (!s)
+		return;
+	for (unsigned i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		if (strcmp(s, names[i]) == 0) {
+			UP(o)->engine = (enum engine_kind)i;
+			return;
+		}
+	problem(l, v, "%s: expected auto, vllm, sglang or llamacpp, got '%s'", key, s);
+}
+
 static void f_upstreams(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	static const struct field fields[] = {
@@ -449,6 +509,9 @@ static void f_upstreams(struct load *l, yaml_node_t *v, const char *key, void *o
 		{ "timeouts", u_timeouts },
 		{ "labels", u_labels },
 		{ "tls", u_tls },
+		{ "metrics_url", u_metrics_url },
+		{ "metrics_interval", u_metrics_interval },
+		{ "engine", u_engine },
 		{ NULL, NULL },
 	};
 	struct config *c = CFG(o);
@@ -468,6 +531,9 @@ static void f_upstreams(struct load *l, yaml_node_t *v, const char *key, void *o
 		u->line = (int)item->start_mark.line + 1;
 		snprintf(path, sizeof(path), "upstreams[%zu]", i);
 		walk(l, item, path, fields, u);
+		if (u->metrics_line && !u->metrics_url) /* metrics_interval or engine alone */
+			problem_line(l, (unsigned long)u->metrics_line, "%s.%s: needs metrics_url", path,
+				     u->metrics_key);
 	}
 }
 

@@ -23,6 +23,7 @@
 #include "proxy.h"
 #include "recent.h"
 #include "router.h"
+#include "scrape.h"
 #include "settings.h"
 #include "stats.h"
 #include "store.h"
@@ -71,6 +72,7 @@ struct app {
 	unsigned nworkers;
 	const struct config *boot; /* settings that a reload does not change */
 	struct admin *admin;	   /* NULL: off; told of each reload's upstream labels */
+	struct scrape *scrape;	   /* the engines' /metrics (scrape.h); told of each reload */
 	uint64_t generation;
 	bool stopping;
 	int drained_fd;	   /* eventfd: a worker finished draining */
@@ -150,6 +152,7 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
 	(void)fdlimit_check(&next[0], app->nworkers);
 	/* taken now: a worker that takes the configuration empties next[] */
 	struct admin_labels *labels = admin_labels_of(&next[0]);
+	struct scrape_list *scrapes = scrape_list_of(&next[0]);
 	int log_level = next[0].log_level;
 	for (unsigned i = 0; i < app->nworkers; i++) {
 		if (worker_reload(app->workers[i], &next[i], app->generation + 1, err, sizeof(err)) == -1) {
@@ -160,9 +163,11 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
 	}
 	if (failed == app->nworkers) {
 		admin_labels_use(NULL, labels);
+		scrape_use(NULL, scrapes);
 		return;
 	}
 	admin_labels_use(app->admin, labels);
+	scrape_use(app->scrape, scrapes);
 	log_set_level((enum log_level)log_level); /* only a generation that took effect */
 	app->generation++;
 	const struct router *rt = proxy_router(worker_proxy(app->workers[0]));
@@ -192,7 +197,7 @@ int main(int argc, char **argv)
 {
 	struct config boot, gen;
 	struct worker *workers[WORKERS_MAX] = { NULL };
-	struct app app = { argc, argv, NULL, workers, 0, &boot, NULL, 1, false, -1, 0 };
+	struct app app = { argc, argv, NULL, workers, 0, &boot, NULL, NULL, 1, false, -1, 0 };
 	struct event_base *base = NULL;
 	struct accesslog *alog = NULL;
 	struct store *store = NULL;
@@ -297,6 +302,11 @@ int main(int argc, char **argv)
 			log_error("%s", err);
 			goto out;
 		}
+	/* after the workers: a scrape publishes into the upstreams they hold */
+	if (!(app.scrape = scrape_start(&boot, err, sizeof(err)))) {
+		log_error("%s", err);
+		goto out;
+	}
 	sigint = evsignal_new(base, SIGINT, on_stop, &app);
 	sigterm = evsignal_new(base, SIGTERM, on_stop, &app);
 	sighup = evsignal_new(base, SIGHUP, on_reload, &app);
@@ -335,6 +345,7 @@ int main(int argc, char **argv)
 	rc = 0;
 out:
 	admin_stop(admin); /* before the workers it calls and the store it reads */
+	scrape_stop(app.scrape);
 	free(admin_token);
 	if (sigint)
 		event_free(sigint);

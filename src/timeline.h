@@ -104,6 +104,15 @@ enum req_error {
 /* At most this many ITL gaps are kept per request for the access log. */
 #define ITL_SAMPLES_MAX 4096
 
+/* The engine's own view of the upstream (its /metrics, scraped: scrape.h)
+ * as last scraped when the request was dispatched to it. */
+struct engine_seen {
+	bool known;		  /* a scrape had succeeded; else nothing below */
+	int64_t running, waiting; /* -1: the engine does not report it */
+	double kv_use;		  /* 0..1; NaN: not reported */
+	uint64_t age_ms;	  /* how old the scrape was */
+};
+
 /*
  * What is measured of one request. Owned by the request it describes;
  * handed read-only to the access log (and, later, the stats recorder).
@@ -133,6 +142,7 @@ struct req_record {
 	uint64_t itl_sum, itl_max; /* of all gaps, in ns */
 	bool mirror;		   /* a shadow copy: measured, its response dropped */
 	struct wl_req *wl;	   /* the workload capture's scan of the body (workload.h); the request owns it */
+	struct engine_seen engine; /* at the last dispatch */
 };
 
 static inline uint64_t clock_now_ns(void)

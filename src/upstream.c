@@ -41,6 +41,15 @@ struct up_share {
 	struct upstream *members[WORKERS_MAX * 4]; /* under shares_lock: whom to wake */
 	unsigned nmembers;
 	LIST_ENTRY(up_share) link;
+	/* The engine's view (scrape.c): all of it under shares_lock, and the
+	 * numbers a request records again in a seqlock, odd while written
+	 * (the one writer holds shares_lock), for workers that take no lock. */
+	struct engine_state engine;
+	_Atomic uint64_t eng_seq;
+	_Atomic bool eng_known;
+	_Atomic int64_t eng_running, eng_waiting;
+	_Atomic uint64_t eng_kv_bits; /* the double's bits */
+	_Atomic uint64_t eng_at_ns;
 };
 
 /* Taken when an upstream object is made or freed and to wake other workers,
@@ -167,6 +176,86 @@ unsigned upstream_waiting(const struct upstream *up)
 	return atomic_load(&up->share->queued);
 }
 
+static uint64_t double_bits(double d)
+{
+	uint64_t u;
+	memcpy(&u, &d, sizeof(u));
+	return u;
+}
+
+static double bits_double(uint64_t u)
+{
+	double d;
+	memcpy(&d, &u, sizeof(d));
+	return d;
+}
+
+void upstream_engine_publish(const char *name, const char *url, const struct engine_state *st)
+{
+	size_t nl = strlen(name), ul = strlen(url);
+	struct up_share *s;
+
+	pthread_mutex_lock(&shares_lock);
+	LIST_FOREACH (s, &shares, link) {
+		if (s->keylen != nl + 1 + ul || memcmp(s->key, name, nl + 1) != 0 ||
+		    memcmp(s->key + nl + 1, url, ul) != 0)
+			continue;
+		struct engine_state keep = s->engine;
+		s->engine = *st;
+		if (st->failing && keep.scraped) { /* the last good values stay */
+			s->engine.scraped = true;
+			s->engine.engine = keep.engine;
+			s->engine.running = keep.running;
+			s->engine.waiting = keep.waiting;
+			s->engine.kv_use = keep.kv_use;
+			s->engine.prefix_hit = keep.prefix_hit;
+			s->engine.at_unix_ms = keep.at_unix_ms;
+			s->engine.at_ns = keep.at_ns;
+			s->engine.in_flight_at = keep.in_flight_at;
+		}
+		if (!st->failing) {
+			s->engine.in_flight_at = atomic_load(&s->active);
+			uint64_t seq = atomic_load_explicit(&s->eng_seq, memory_order_relaxed);
+			atomic_store_explicit(&s->eng_seq, seq + 1, memory_order_relaxed);
+			atomic_thread_fence(memory_order_release);
+			atomic_store_explicit(&s->eng_running, st->running, memory_order_relaxed);
+			atomic_store_explicit(&s->eng_waiting, st->waiting, memory_order_relaxed);
+			atomic_store_explicit(&s->eng_kv_bits, double_bits(st->kv_use), memory_order_relaxed);
+			atomic_store_explicit(&s->eng_at_ns, st->at_ns, memory_order_relaxed);
+			atomic_store_explicit(&s->eng_known, true, memory_order_relaxed);
+			atomic_store_explicit(&s->eng_seq, seq + 2, memory_order_release);
+		}
+		break;
+	}
+	pthread_mutex_unlock(&shares_lock);
+}
+
+void upstream_engine_note(const struct upstream *up, struct engine_seen *out, uint64_t now_ns)
+{
+	struct up_share *s = up->share;
+	uint64_t seq, at_ns;
+
+	for (;;) {
+		seq = atomic_load_explicit(&s->eng_seq, memory_order_acquire);
+		out->known = atomic_load_explicit(&s->eng_known, memory_order_relaxed);
+		out->running = atomic_load_explicit(&s->eng_running, memory_order_relaxed);
+		out->waiting = atomic_load_explicit(&s->eng_waiting, memory_order_relaxed);
+		out->kv_use = bits_double(atomic_load_explicit(&s->eng_kv_bits, memory_order_relaxed));
+		at_ns = atomic_load_explicit(&s->eng_at_ns, memory_order_relaxed);
+		atomic_thread_fence(memory_order_acquire);
+		if (!(seq & 1) && atomic_load_explicit(&s->eng_seq, memory_order_relaxed) == seq)
+			break;
+	}
+	out->age_ms = now_ns > at_ns ? (now_ns - at_ns) / 1000000 : 0;
+}
+
+void upstream_engine_state(const struct upstream *up, struct engine_state *out)
+{
+	pthread_mutex_lock(&shares_lock);
+	*out = up->share->engine;
+	pthread_mutex_unlock(&shares_lock);
+}
+
 int upstream_gauges(struct upstream_gauge **out, size_t *n)
 {
 	struct upstream_gauge *g = NULL;
@@ -270,6 +359,7 @@ static void conf_release(struct upstream_conf *c)
 	free((char *)c->url);
 	free((char *)c->tls_ca_file);
 	free((char *)c->tls_server_name);
+	free((char *)c->metrics_url);
 	for (unsigned i = 0; i < c->nlabels; i++) {
 		free((char *)c->labels[i].key);
 		free((char *)c->labels[i].value);
@@ -285,12 +375,13 @@ static int conf_copy(struct upstream_conf *dst, const struct upstream_conf *src)
 	dst->url = strdup(src->url);
 	dst->tls_ca_file = src->tls_ca_file ? strdup(src->tls_ca_file) : NULL;
 	dst->tls_server_name = src->tls_server_name ? strdup(src->tls_server_name) : NULL;
+	dst->metrics_url = src->metrics_url ? strdup(src->metrics_url) : NULL;
 	for (unsigned i = 0; i < src->nlabels; i++) {
 		dst->labels[i].key = strdup(src->labels[i].key);
 		dst->labels[i].value = strdup(src->labels[i].value);
 	}
 	bool ok = dst->name && dst->url && (!src->tls_ca_file || dst->tls_ca_file) &&
-		  (!src->tls_server_name || dst->tls_server_name);
+		  (!src->tls_server_name || dst->tls_server_name) && (!src->metrics_url || dst->metrics_url);
 	for (unsigned i = 0; i < src->nlabels; i++)
 		ok = ok && dst->labels[i].key && dst->labels[i].value;
 	if (!ok) {

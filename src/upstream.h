@@ -141,6 +141,34 @@ struct upstream_gauge {
 int upstream_gauges(struct upstream_gauge **out, size_t *n) __attribute__((warn_unused_result));
 void upstream_gauges_free(struct upstream_gauge *g, size_t n);
 
+/* What the scraper (scrape.c) last learned of an upstream's engine from its
+ * /metrics. Kept in what the workers' copies share, so one scrape serves
+ * every worker. */
+struct engine_state {
+	bool scraped;		    /* a scrape has succeeded: the values below are its */
+	enum engine_kind engine;    /* whose names were read */
+	int64_t running, waiting;   /* -1: not reported */
+	double kv_use, prefix_hit;  /* 0..1; NaN: not reported */
+	uint64_t at_unix_ms, at_ns; /* when (wall clock, CLOCK_MONOTONIC) */
+	unsigned in_flight_at;	    /* tokentap's in flight to it then */
+	bool failing;		    /* the latest attempt failed */
+	uint64_t failures;	    /* attempts that failed, since start */
+	char error[160];	    /* the latest failure, "" none */
+};
+
+/* From the scraper's thread: the state of upstream (name, url) now; a
+ * failure (st->failing) keeps the last good values. Nothing happens when
+ * no worker holds that upstream. */
+void upstream_engine_publish(const char *name, const char *url, const struct engine_state *st);
+
+/* On the forwarding path: the last good values, without a lock (a
+ * seqlock over atomics). */
+void upstream_engine_note(const struct upstream *up, struct engine_seen *out, uint64_t now_ns);
+
+/* The whole state, under the lock the upstream objects' creation takes:
+ * for /upstreams. */
+void upstream_engine_state(const struct upstream *up, struct engine_state *out);
+
 /* A queued request gives up (timeout, client gone). */
 void upstream_cancel(struct upstream *up, struct up_waiter *w);
 

@@ -134,6 +134,8 @@ static void usage(FILE *f)
 		"  --server-timing E   batched responses report their real queue, prefill and\n"
 		"                      decode as engine E would: vllm (\"metrics\") or llamacpp\n"
 		"                      (\"timings\"); Ollama's routes as Ollama (default off)\n"
+		"  --metrics-style S   GET /metrics in the names of S: vllm (default), sglang,\n"
+		"                      llamacpp, or all three\n"
 		"  --tls-cert FILE     speak TLS (1.2 at least) with this certificate chain (PEM)\n"
 		"  --tls-key FILE      and this private key (PEM); default plain HTTP\n"
 		"  --tls-ciphersuites L  TLS 1.3 suites offered, e.g. TLS_AES_128_GCM_SHA256\n"
@@ -141,8 +143,8 @@ static void usage(FILE *f)
 		"  --version           print the version\n"
 		"\n"
 		"Endpoints: POST /v1/chat/completions /v1/completions /v1/messages /api/chat\n"
-		"/api/generate /v1/responses; GET /v1/models /health /sim/stats. Per-request\n"
-		"headers x-sim-ttft-ms, x-sim-itl-ms, x-sim-tokens, x-sim-reasoning-tokens,\n"
+		"/api/generate /v1/responses; GET /v1/models /health /metrics /sim/stats.\n"
+		"Per-request headers x-sim-ttft-ms, x-sim-itl-ms, x-sim-tokens, x-sim-reasoning-tokens,\n"
 		"x-sim-think-ms, x-sim-cached-tokens, x-sim-cache-write-tokens,\n"
 		"x-sim-tool-call and x-sim-reasoning-hidden (0 or 1) override the flags.\n"
 		"See docs/simulator.md.\n");
@@ -277,6 +279,7 @@ static bool known_flag(const char *flag)
 		"--cached-tokens",
 		"--cache-write-tokens",
 		"--server-timing",
+		"--metrics-style",
 		"--tls-cert",
 		"--tls-key",
 		"--tls-ciphersuites",
@@ -370,6 +373,17 @@ static void parse_args(int argc, char **argv, struct sockaddr_storage *ss, int *
 				sim_cfg.server_timing = SIM_TIMING_OFF;
 			else
 				die_usage("--server-timing is 'vllm', 'llamacpp' or 'off', got '%s'.", val);
+		} else if (strcmp(flag, "--metrics-style") == 0) {
+			if (strcmp(val, "vllm") == 0)
+				sim_cfg.metrics_style = SIM_METRICS_VLLM;
+			else if (strcmp(val, "sglang") == 0)
+				sim_cfg.metrics_style = SIM_METRICS_SGLANG;
+			else if (strcmp(val, "llamacpp") == 0)
+				sim_cfg.metrics_style = SIM_METRICS_LLAMACPP;
+			else if (strcmp(val, "all") == 0)
+				sim_cfg.metrics_style = SIM_METRICS_ALL;
+			else
+				die_usage("--metrics-style is 'vllm', 'sglang', 'llamacpp' or 'all', got '%s'.", val);
 		} else if (strcmp(flag, "--max-batch") == 0) {
 			sim_cfg.max_batch = parse_u64(flag, val);
 		} else if (strcmp(flag, "--kv-tokens") == 0) {

@@ -11,6 +11,7 @@
  *   sim_batch.c the optional continuous-batching model (--batching): one
  *               step scheduler shared by all connections
  *   sim_cache.c the optional prefix-cache model (--prefix-cache)
+ *   sim_metrics.c GET /metrics in vLLM's, SGLang's or llama.cpp's names
  *
  * Invariant kept across all files: the bytes of a response body are a pure
  * function of (--seed, request path, request body, x-sim-* overrides). No
@@ -65,6 +66,14 @@ struct sim_config {
 	 * decode they really took, as the engine named would (Ollama's routes
 	 * always as Ollama). Off by default: the report depends on the clock. */
 	enum sim_server_timing { SIM_TIMING_OFF, SIM_TIMING_VLLM, SIM_TIMING_LLAMACPP } server_timing;
+
+	/* --metrics-style: whose names GET /metrics uses (sim_metrics.c) */
+	enum sim_metrics_style {
+		SIM_METRICS_VLLM,
+		SIM_METRICS_SGLANG,
+		SIM_METRICS_LLAMACPP,
+		SIM_METRICS_ALL
+	} metrics_style;
 
 	/* --tls-cert/--tls-key: the listener speaks TLS (an https upstream
 	 * for the proxy benchmarks); --tls-ciphersuites narrows TLS 1.3's
@@ -217,6 +226,13 @@ uint64_t sim_batch_nominal_itl_ns(void);
 
 /* The scheduler's counters, as a JSON object, for /sim/stats. */
 void sim_batch_stats_json(struct evbuffer *out);
+/* The batch's sequences, the queue's, and the KV tokens they hold. */
+void sim_batch_gauges(uint64_t *running, uint64_t *queued, uint64_t *kv_used);
+
+/* ---- sim_metrics.c ---- */
+
+/* GET /metrics: the load in an engine's Prometheus names. */
+void sim_metrics_write(struct evbuffer *out);
 
 /* sim_conn.c: q advanced (a token, or the end of its generation). */
 void sim_conn_seq_progress(struct sim_seq *q);

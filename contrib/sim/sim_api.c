@@ -194,6 +194,15 @@ static void write_models(struct evbuffer *out, const struct sim_api_request *rq)
 	evbuffer_free(b);
 }
 
+static void write_metrics(struct evbuffer *out, const struct sim_api_request *rq)
+{
+	struct evbuffer *b = evbuffer_new();
+
+	sim_metrics_write(b);
+	write_whole(out, 200, "text/plain; version=0.0.4; charset=utf-8", b, rq->request_id, rq->keep_alive);
+	evbuffer_free(b);
+}
+
 static void write_stats(struct evbuffer *out, const struct sim_api_request *rq)
 {
 	struct evbuffer *b = evbuffer_new();
@@ -718,6 +727,10 @@ struct sim_stream *sim_api_begin(const struct sim_api_request *rq, struct evbuff
 	char msg[320];
 
 	memset(plan, 0, sizeof(*plan));
+	if (strcmp(rq->path, "/metrics") == 0 && strcmp(rq->method, "GET") == 0) {
+		write_metrics(out, rq);
+		return NULL;
+	}
 	if (strcmp(rq->path, "/sim/stats") == 0 || strcmp(rq->path, "/v1/models") == 0 ||
 	    strcmp(rq->path, "/health") == 0) {
 		if (strcmp(rq->method, "GET") != 0) {

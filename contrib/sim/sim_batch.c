@@ -370,3 +370,10 @@ void sim_batch_stats_json(struct evbuffer *out)
 			    B.running.n, B.queue.n, B.kv_used, B.steps, B.admitted, B.generated, B.prefilled,
 			    B.cold_starts, sim_stats.dropped);
 }
+
+void sim_batch_gauges(uint64_t *running, uint64_t *queued, uint64_t *kv_used)
+{
+	*running = B.running.n;
+	*queued = B.queue.n;
+	*kv_used = B.kv_used;
+}

@@ -605,7 +605,9 @@ static int on_headers_complete(llhttp_t *p)
 	if (r->url == NULL && on_url(p, "/", 1) != 0)
 		return -1;
 	path_len = strcspn(r->url, "?");
-	r->is_stats = path_len == 10 && memcmp(r->url, "/sim/stats", 10) == 0;
+	/* /metrics too: a scraper's GETs are not the load it measures */
+	r->is_stats = (path_len == 10 && memcmp(r->url, "/sim/stats", 10) == 0) ||
+		      (path_len == 8 && memcmp(r->url, "/metrics", 8) == 0);
 	if (!r->is_stats) {
 		r->counted = true;
 		sim_stats.requests++;
