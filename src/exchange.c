@@ -444,7 +444,7 @@ static void request_mirror(struct request *req)
 		}
 	}
 	req->mirror = mirror_start(&env, req->route->mirror, req->route->name, req->route->conf->mirror_max_in_flight,
-				   &req->rec, bytes, &req->mirror);
+				   &req->meter, bytes, &req->mirror);
 	evbuffer_free(bytes);
 	if (req->mirror && req->body_done)
 		mirror_body_done(req->mirror);
