@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "admin_stats.h"
+#include "paired.h"
 #include "slice.h"
 
 void rank_test_hist(const struct hist *a, const struct hist *b, struct rank_test *out)
@@ -327,6 +328,84 @@ static json_t *difference_json(const struct up_group *x, const struct up_group *
 	return o;
 }
 
+/* ---- paired: mirrored requests against their primaries ---- */
+
+static json_t *num(double v)
+{
+	return isnan(v) || isinf(v) ? json_null() : json_real(v);
+}
+
+/* The sequential verdict in words: b is the shadow, a the primary. */
+
+static json_t *paired_metric_json(const struct paired_metric_view *mv, enum paired_metric m)
+{
+	double d[PAIRED_WINDOW];
+	struct signrank sr;
+	json_t *o = json_object();
+
+	for (size_t i = 0; i < mv->n; i++)
+		d[i] = mv->b[i] - mv->a[i];
+	if (signrank_test(d, mv->n, COMPARE_CONFIDENCE, &sr) == -1) {
+		json_decref(o);
+		return json_null();
+	}
+	double a_median = signrank_median(mv->a, mv->n);
+	bool sig = sr.nonzero && sr.p < 1 - COMPARE_CONFIDENCE && !isnan(a_median) &&
+		   fabs(sr.hl) > fmax(SEQSIGN_BAND * fabs(a_median), paired_floor(m));
+	json_object_set_new(o, "n", u64(mv->n));
+	json_object_set_new(o, "nonzero", u64(sr.nonzero));
+	json_object_set_new(o, "a_median", num(a_median));
+	json_object_set_new(o, "median_diff", num(sr.median));
+	json_object_set_new(o, "hl_shift", num(sr.hl));
+	json_object_set_new(o, "hl_ci", json_pack("[o,o]", num(sr.hl_lo), num(sr.hl_hi)));
+	json_object_set_new(o, "ci_level", num(sr.ci_level));
+	json_object_set_new(o, "relative_shift", a_median > 0 ? num(sr.hl / a_median) : json_null());
+	json_object_set_new(o, "w_plus", json_real(sr.w_plus));
+	json_object_set_new(o, "p_value", json_real(sr.p));
+	json_object_set_new(o, "exact", json_boolean(sr.exact));
+	json_object_set_new(o, "significant", json_boolean(sig));
+	int verdict = paired_verdict(&mv->seq, sr.hl, a_median, m);
+	json_object_set_new(o, "verdict", json_string(paired_verdict_name(verdict, m)));
+	json_object_set_new(o, "since_pairs", verdict ? u64(mv->seq.since) : json_null());
+	json_object_set_new(o, "sequential",
+			    json_pack("{s:o,s:o,s:o,s:s,s:o,s:o,s:f}", "pairs", u64(mv->seq.pairs), "b_greater",
+				      u64(mv->seq.b_greater), "a_greater", u64(mv->seq.a_greater), "called",
+				      paired_verdict_name(mv->seq.verdict, m), "called_at",
+				      mv->seq.verdict ? u64(mv->seq.since) : json_null(), "log_evidence",
+				      num(seqsign_log_evidence(&mv->seq)), "log_threshold", -log(PAIRED_ALPHA)));
+	return o;
+}
+
+/* The `paired` section: every (primary, shadow) series of the route, kept
+ * in memory since start (paired.h); NULL when out of memory. */
+static json_t *paired_json(const char *route)
+{
+	struct paired_view *v;
+	size_t n;
+	json_t *arr;
+
+	if (paired_snapshot(route, &v, &n) == -1 || !(arr = json_array())) {
+		free(v);
+		return NULL;
+	}
+	for (size_t i = 0; i < n; i++) {
+		json_t *o = json_object(), *m = json_object();
+		json_object_set_new(o, "a", json_string(v[i].primary));
+		json_object_set_new(o, "b", json_string(v[i].shadow));
+		json_object_set_new(o, "model", json_string(v[i].model));
+		json_object_set_new(o, "pairs", u64(v[i].pairs));
+		json_object_set_new(o, "errors",
+				    json_pack("{s:o,s:o,s:o}", "a", u64(v[i].errors_primary), "b",
+					      u64(v[i].errors_shadow), "both", u64(v[i].both_errors)));
+		for (unsigned k = 0; k < PM__COUNT; k++)
+			json_object_set_new(m, paired_metric_name(k), paired_metric_json(&v[i].metric[k], k));
+		json_object_set_new(o, "metrics", m);
+		json_array_append_new(arr, o);
+	}
+	free(v);
+	return arr;
+}
+
 char *compare_render(const struct store_result *r, const char *route, enum store_window window, int cold_mode,
 		     uint64_t since_sec, json_t *labels)
 {
@@ -389,6 +468,16 @@ char *compare_render(const struct store_result *r, const char *route, enum store
 		if (k != base)
 			json_array_append_new(diffs, difference_json(&ups[k], &ups[base], elapsed));
 	json_object_set_new(root, "differences", diffs);
+	json_object_set_new(root, "paired_test",
+			    json_string("mirrored requests paired with their primaries (a: primary, b: shadow; "
+					"difference b - a over the last 512 pairs): two-sided Wilcoxon signed-rank "
+					"(zeros dropped, mid-ranks; exact up to 50 non-zero differences, else normal "
+					"with tie correction), Hodges-Lehmann shift with its interval; significant "
+					"when p < 0.01 and the shift exceeds 1 % of a's median and 1 ms; verdict: "
+					"sequential sign test (Beta(1,1) mixture, differences within 1 % or 1 ms "
+					"are ties), called when the evidence reaches 1/0.01 (valid however often it "
+					"is looked at) and shown while the HL shift exceeds 1 % and 1 ms too"));
+	json_object_set_new(root, "paired", paired_json(route));
 	text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
 	json_decref(root);
 	for (size_t k = 0; k < nups; k++)

@@ -17,6 +17,7 @@
 
 #include "accesslog.h"
 #include "classify.h"
+#include "paired.h"
 #include "recent.h"
 #include "respparse.h"
 #include "stats.h"
@@ -45,6 +46,7 @@ void meter_init(struct meter *m, const struct meter_env *env, struct req_record 
 void meter_free(struct meter *m)
 {
 	framer_free(&m->framer);
+	paired_link_drop(&m->pair);
 	if (m->body)
 		evbuffer_free(m->body);
 	m->body = NULL;
@@ -170,10 +172,18 @@ void meter_finish(struct meter *m, struct upstream *up)
 			}
 		}
 	}
+	paired_link_finish(&m->pair, rec, m->shadow, m->route, m->upstream);
 	if (!m->shadow) {
 		recent_push(m->env.recent, rec, m->load, m->cold);
 		workload_record(rec, rec->wl, m->route, m->upstream);
 	}
+}
+
+void meter_pair(struct meter *primary, struct meter *shadow)
+{
+	if (primary->pair || shadow->pair || !(shadow->pair = paired_link_new()))
+		return;
+	primary->pair = shadow->pair;
 }
 
 void meter_record_shadow(struct req_record *dst, const struct req_record *primary)

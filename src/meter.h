@@ -50,6 +50,8 @@ struct upstream;
 #define RESP_BODY_MAX (1u << 20)
 
 /* Where records go; each may be NULL (not kept). */
+struct paired_link;
+
 struct meter_env {
 	struct stats_shard *stats;
 	struct accesslog *alog;
@@ -71,8 +73,9 @@ struct meter {
 	struct series *series;	      /* resolved once, at the first record */
 	const char *route, *upstream; /* labels; "none" until set */
 	bool cold;
-	unsigned load; /* requests on or queued for the upstream when routed, this one included */
-	bool recorded; /* meter_finish ran */
+	unsigned load;		  /* requests on or queued for the upstream when routed, this one included */
+	bool recorded;		  /* meter_finish ran */
+	struct paired_link *pair; /* a mirrored request's link to its other half (paired.h); NULL: none */
 };
 
 /* `rec` and `resp` belong to the owner and outlive the meter. */
@@ -110,6 +113,10 @@ void meter_resp_body(void *meter, const char *at, size_t len);
  * nothing) — the access log, the last ITL run, the stats series, `up`'s
  * counters (NULL: never routed) and, for a primary, the recent ring. */
 void meter_finish(struct meter *m, struct upstream *up);
+
+/* Links a primary's meter and its shadow's, so that the two records are
+ * compared as a pair once both have finished (paired.h). */
+void meter_pair(struct meter *primary, struct meter *shadow);
 
 /* A shadow's record, from its primary's: the same id, method, path, model,
  * API, stream flag and arrival, marked as a mirror, usage unknown. */

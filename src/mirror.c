@@ -180,7 +180,7 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 }
 
 struct mirror *mirror_start(const struct mirror_env *env, struct upstream *up, const char *route,
-			    unsigned max_in_flight, const struct req_record *primary, struct evbuffer *bytes,
+			    unsigned max_in_flight, struct meter *primary, struct evbuffer *bytes,
 			    struct mirror **owner)
 {
 	struct up_waiter w = { 0 };
@@ -220,13 +220,14 @@ struct mirror *mirror_start(const struct mirror_env *env, struct upstream *up, c
 	m->up = up;
 	snprintf(m->route, sizeof(m->route), "%s", route);
 	m->owner = owner;
-	meter_record_shadow(&m->rec, primary);
+	meter_record_shadow(&m->rec, primary->rec);
 	m->rec.upstream = up->name;
 	m->rec.itl_keep = m->env.alog != NULL;
 	m->rec.at[TL_DISPATCH] = clock_now_ns();
 	respparse_init(&m->rp, &resp_hooks, &m->meter);
 	const struct meter_env menv = { env->stats, env->alog, NULL };
 	meter_init(&m->meter, &menv, &m->rec, &m->rp, env->max_event_size, true);
+	meter_pair(primary, &m->meter);
 	meter_label(&m->meter, m->route, up->name, false, load);
 	m->rp.head_request = strcmp(m->rec.method, "HEAD") == 0;
 	evbuffer_add_buffer(m->pending, bytes); /* the caller built it for us: moved */

@@ -26,7 +26,7 @@ struct evbuffer;
 struct upstream;
 struct stats_shard;
 struct accesslog;
-struct req_record;
+struct meter;
 
 #define MIRROR_PENDING_MAX (1u << 20)
 
@@ -49,14 +49,14 @@ struct mirror_env {
 /* Ends every mirror still in flight, unrecorded (shutdown). */
 void mirror_abort_all(struct mirror_list *list);
 
-/* Starts a shadow exchange of the request described by `primary` (its id,
- * method, path, API and model) on `up`, with `bytes` (head and body so far;
+/* Starts a shadow exchange of the request `primary` measures (its id,
+ * method, path, API and model; the two meters are paired, paired.h) on `up`, with `bytes` (head and body so far;
  * their contents are moved). NULL when the shadow is skipped: no free slot,
  * `max_in_flight` requests already running on `up` (every worker's), no
  * connection. A skip for want of room counts in up->rejected. `*owner` is
  * cleared when the mirror ends before the primary detaches. */
 struct mirror *mirror_start(const struct mirror_env *env, struct upstream *up, const char *route,
-			    unsigned max_in_flight, const struct req_record *primary, struct evbuffer *bytes,
+			    unsigned max_in_flight, struct meter *primary, struct evbuffer *bytes,
 			    struct mirror **owner);
 
 /* More request bytes, exactly as the primary sends them. May end the

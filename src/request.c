@@ -231,7 +231,7 @@ static void request_mirror(struct request *req)
 		}
 	}
 	req->mirror = mirror_start(&env, req->x.route->mirror, req->x.route->name,
-				   req->x.route->conf->mirror_max_in_flight, &req->rec, bytes, &req->mirror);
+				   req->x.route->conf->mirror_max_in_flight, &req->x.meter, bytes, &req->mirror);
 	evbuffer_free(bytes);
 	if (req->mirror && req->x.body_done)
 		mirror_body_done(req->mirror);

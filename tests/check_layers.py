@@ -35,10 +35,10 @@ LAYERS = [
     (2, "meter"),
     # control includes nothing of ours, and worker (7) includes control.h: it
     # belongs low, not with the admin API.
-    (1, "upstream scrape router stats store store_held store_query store_check accesslog workload recent "
+    (1, "upstream scrape router stats store paired store_held store_query store_check accesslog workload recent "
      "loader tls control fdlimit"),
     (0, "reqparse respparse framer classify keyscan reqinfo timeline hist slice series_key "
-     "knee config log bevio rxstamp varint strutil loop check version promtext"),
+     "knee config log bevio rxstamp varint strutil loop check version promtext signrank"),
 ]
 
 # Files that belong to another module than their name says.

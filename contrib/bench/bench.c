@@ -91,6 +91,11 @@ static void usage(FILE *f)
 		"  --speed X                  with --replay: arrivals X times as fast (default 1)\n"
 		"  --limit N                  with --replay: the first N requests only\n"
 		"  --block-tokens N           with --replay: tokens per hash id (default 512)\n"
+		"  --compare URL_A URL_B      with --replay: the trace against both at once, each\n"
+		"                             request sent to A and B at its arrival (which goes\n"
+		"                             first alternates); prints the paired differences\n"
+		"                             (Wilcoxon signed-rank, Hodges-Lehmann, sequential\n"
+		"                             verdict: docs/workload.md); replaces --url\n"
 		"\n"
 		"Output:\n"
 		"  --json PATH                results (or the sweep curve) as JSON\n"
@@ -291,6 +296,7 @@ enum {
 	OPT_SPEED,
 	OPT_LIMIT,
 	OPT_BLOCK_TOKENS,
+	OPT_PAIRED,
 	OPT_CA,
 	OPT_INSECURE,
 	OPT_TLS_CIPHERSUITES,
@@ -300,6 +306,7 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 {
 	static const struct option longopts[] = {
 		{ "url", required_argument, NULL, OPT_URL },
+		{ "compare", required_argument, NULL, OPT_PAIRED },
 		{ "api", required_argument, NULL, OPT_API },
 		{ "stream", no_argument, NULL, OPT_STREAM },
 		{ "no-stream", no_argument, NULL, OPT_NO_STREAM },
@@ -340,6 +347,7 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *input_len = "fixed:128", *output_len = "fixed:128", *url = "http://127.0.0.1:8080";
+	bool url_given = false;
 	const char *arrivals = NULL;
 	bool burst_given = false, conc_given = false, lens_given = false, kernel_ts_given = false;
 	const char *replay_path = NULL;
@@ -369,7 +377,17 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 		case 'h': usage(stdout); exit(0);
 		case 'V': printf(BENCH_NAME " %s\n", TOKENTAP_VERSION); exit(0);
 		case 'H': parse_header(o, optarg); break;
-		case OPT_URL: url = optarg; break;
+		case OPT_URL:
+			url = optarg;
+			url_given = true;
+			break;
+		case OPT_PAIRED:
+			/* two values: URL_A here, URL_B the next argument */
+			if (optind >= argc || argv[optind][0] == '-')
+				bad("--compare", "expected two URLs: --compare URL_A URL_B");
+			o->compare_url[0] = optarg;
+			o->compare_url[1] = argv[optind++];
+			break;
 		case OPT_API: {
 			size_t i;
 			for (i = 0; i < sizeof(apis) / sizeof(apis[0]); i++)
@@ -468,6 +486,20 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 	if (optind < argc)
 		bad("command line", "unexpected argument '%s'", argv[optind]);
 
+	if (o->compare_url[0]) {
+		if (url_given)
+			bad("--compare", "names both targets: drop --url");
+		if (!replay_path)
+			bad("--compare", "replays one trace against both: give --replay FILE");
+		if (o->nsweep || o->compare_admin || o->svg_path)
+			bad("--compare", "does not combine with --sweep, --compare-admin or --svg");
+		if (!strncmp(o->compare_url[0], "https://", 8) != !strncmp(o->compare_url[1], "https://", 8))
+			bad("--compare", "both URLs http:// or both https://");
+		url = o->compare_url[0];
+		static struct bench_opts b;
+		parse_url(&b, o->compare_url[1]);
+		o->compare_b = &b;
+	}
 	parse_url(o, url);
 	if (!o->tls && (o->tls_ca || o->tls_insecure || o->tls_ciphersuites))
 		bad(o->tls_ca	      ? "--ca"
@@ -577,6 +609,10 @@ int main(int argc, char **argv)
 	res = calloc(o.nsweep ? o.nsweep : 1, sizeof(*res));
 	if (!res) {
 		fprintf(stderr, BENCH_NAME ": out of memory\n");
+		goto out;
+	}
+	if (o.compare_url[0]) {
+		rc = bench_compare(tab, &o) == -1 ? 1 : 0;
 		goto out;
 	}
 	if (o.nsweep) {

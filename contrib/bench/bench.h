@@ -161,6 +161,14 @@ struct bench_opts {
 	uint64_t seed;
 	char run_id[40];
 	struct replay *replay; /* --replay: arrivals, lengths and prompts from a trace; NULL: none */
+	/* --compare URL_A URL_B (bench_compare.c): this struct is A's;
+	 * compare_b holds B's host, port, scheme and path */
+	const char *compare_url[2];
+	const struct bench_opts *compare_b;
+	/* set by bench_compare for each of its two runs: */
+	uint64_t start_ns; /* the run's clock starts here (both runs alike); 0: now */
+	unsigned stagger;  /* 0: none; 1: odd requests go BENCH_STAGGER_NS late; 2: even ones */
+	bool no_signals;   /* the run leaves SIGINT/SIGTERM alone (two loops cannot share them) */
 };
 
 /* ---- measurement (bench_run.c) ---- */
@@ -284,6 +292,15 @@ double report_quantile_ms(const struct hist *h, double q);
 
 int sweep_write(const struct bench_opts *o, const struct bench_result *steps, unsigned n);
 void sweep_table(FILE *f, const struct bench_opts *o, const struct bench_result *steps, unsigned n);
+
+/* ---- --compare URL_A URL_B (bench_compare.c) ---- */
+
+/* Within a pair, the second request leaves this much after the first. */
+#define BENCH_STAGGER_NS 20000u
+
+/* Runs the trace against both targets at once and prints the paired
+ * differences to `f` (and into --json). 0, or -1 with a message. */
+int bench_compare(FILE *f, const struct bench_opts *o);
 
 /* ---- --compare-admin (bench_admin.c) ---- */
 

@@ -972,6 +972,17 @@ static bool arrival_allowed(struct run *r, uint64_t now)
 	return true;
 }
 
+/* A replayed request's arrival: the trace's time from the run's start; under
+ * --compare, every other request a little later, so that which of the two
+ * targets gets a request first alternates. */
+static uint64_t arrival_at(const struct run *r, uint64_t n)
+{
+	uint64_t t = r->t_start + (r->o->replay ? r->o->replay->e[n].t_ns : 0);
+	if (r->o->stagger && (n & 1) == (r->o->stagger == 1))
+		t += BENCH_STAGGER_NS;
+	return t;
+}
+
 static void on_arrival(evutil_socket_t fd, short what, void *arg)
 {
 	struct run *r = arg;
@@ -1007,7 +1018,7 @@ static void on_arrival(evutil_socket_t fd, short what, void *arg)
 		if (r->o->replay) {
 			/* the trace's own times, from the run's start */
 			if (r->narrivals < r->o->replay->n)
-				r->next_arrival_ns = r->t_start + r->o->replay->e[r->narrivals].t_ns;
+				r->next_arrival_ns = arrival_at(r, r->narrivals);
 		} else {
 			double gap = arrival_gap_s(&r->arrival_rng, r->o->arrivals, r->o->rate, r->o->burstiness);
 			r->next_arrival_ns += (uint64_t)(gap * 1e9);
@@ -1140,7 +1151,8 @@ int bench_run(const struct bench_opts *o, unsigned concurrency, uint64_t id_base
 	r.sigint_ev = evsignal_new(r.base, SIGINT, on_signal, &r);
 	r.sigterm_ev = evsignal_new(r.base, SIGTERM, on_signal, &r);
 	if (!r.scratch_body || !r.scratch_req || !r.rbuf || !r.reaper || !r.deadline_ev || !r.sigint_ev ||
-	    !r.sigterm_ev || evsignal_add(r.sigint_ev, NULL) == -1 || evsignal_add(r.sigterm_ev, NULL) == -1)
+	    !r.sigterm_ev ||
+	    (!o->no_signals && (evsignal_add(r.sigint_ev, NULL) == -1 || evsignal_add(r.sigterm_ev, NULL) == -1)))
 		goto out;
 	if (o->progress == 1 || (o->progress == -1 && r.progress_tty)) {
 		struct timeval one = { 1, 0 };
@@ -1149,7 +1161,7 @@ int bench_run(const struct bench_opts *o, unsigned concurrency, uint64_t id_base
 			goto out;
 	}
 
-	r.t_start = clock_now_ns();
+	r.t_start = o->start_ns ? o->start_ns : clock_now_ns();
 	if (concurrency) {
 		closed_loop_refill(&r);
 	} else {
@@ -1158,7 +1170,7 @@ int bench_run(const struct bench_opts *o, unsigned concurrency, uint64_t id_base
 		if (!r.pending || !r.arrival_ev)
 			goto out;
 		rng_seed(&r.arrival_rng, o->seed ^ 0xa5a5a5a5a5a5a5a5ull ^ id_base);
-		r.next_arrival_ns = r.t_start; /* the first request goes out at once */
+		r.next_arrival_ns = arrival_at(&r, 0); /* the first request goes out at once */
 		event_active(r.arrival_ev, EV_TIMEOUT, 1);
 	}
 	run_check_done(&r);

@@ -558,6 +558,13 @@ class DashboardCompareTest(harness.TestCase):
         self.assertEqual(dom.by_id("compare")["attrs"].get("data-routes"), "1")
         rows = {e["attrs"]["data-upstream"] for e in dom.inside("compare", "tr") if "data-upstream" in e["attrs"]}
         self.assertEqual(rows, {"primary", "shadow"})
+        # the paired verdict beside the unpaired one: the shadow 22 ms slower
+        # on each of the 20 same requests, called after 11 pairs at most
+        paired = [e for e in dom.inside("compare", "p") if e["attrs"].get("data-paired") == "primary>shadow"]
+        self.assertEqual(len(paired), 1)
+        spans = {e["attrs"]["data-metric"]: e["attrs"]["data-verdict"] for e in dom.inside("compare", "span")
+                 if "data-metric" in e["attrs"]}
+        self.assertEqual(spans["ttft_ms"], "A faster")
 
 
 if __name__ == "__main__":
