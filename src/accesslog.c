@@ -82,9 +82,7 @@ static void iso_time(char *buf, size_t len)
 	snprintf(buf + n, len - n, ".%06ldZ", (long)tv.tv_usec);
 }
 
-/* The engine's queue and KV use as last scraped at dispatch (scrape.h);
- * null without a scrape. */
-static json_t *engine_seen_json(const struct engine_seen *e)
+json_t *accesslog_engine_json(const struct engine_seen *e)
 {
 	if (!e->known)
 		return json_null();
@@ -120,7 +118,7 @@ static json_t *record_to_json(const struct req_record *r)
 	json_object_set_new(o, "cache_write_tokens", int_or_null(r->usage.cache_write_tokens));
 	json_object_set_new(o, "reasoning_tokens", int_or_null(r->usage.reasoning_tokens));
 	json_object_set_new(o, "server_timing", str_or_null(classify_server_name(r->usage.server.source)));
-	json_object_set_new(o, "engine", engine_seen_json(&r->engine));
+	json_object_set_new(o, "engine", accesslog_engine_json(&r->engine));
 	json_object_set_new(o, "events", json_integer((json_int_t)r->events));
 	json_object_set_new(o, "token_events", json_integer((json_int_t)r->token_events));
 	json_object_set_new(o, "reasoning_events", json_integer((json_int_t)r->reasoning_events));

@@ -8,6 +8,8 @@
  */
 #pragma once
 
+#include <jansson.h>
+
 #include "timeline.h"
 
 struct accesslog;
@@ -20,3 +22,7 @@ void accesslog_write(struct accesslog *log, const struct req_record *r);
 
 /* Accepts NULL. */
 void accesslog_close(struct accesslog *log);
+
+/* The engine's queue and KV use as last scraped at dispatch (scrape.h), as
+ * the access log and /requests/recent show it; null without a scrape. */
+json_t *accesslog_engine_json(const struct engine_seen *e);

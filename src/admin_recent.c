@@ -19,6 +19,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "accesslog.h"
 #include "classify.h"
 #include "timeline.h"
 
@@ -82,17 +83,6 @@ static void put(json_t *o, const char *key, json_t *v)
 	json_object_set_new(o, key, v ? v : json_null());
 }
 
-/* The engine's queue and KV use as last scraped at dispatch (scrape.h);
- * null without a scrape. */
-static json_t *engine_seen_json(const struct engine_seen *e)
-{
-	if (!e->known)
-		return json_null();
-	return json_pack("{s:o,s:o,s:o,s:I}", "running", e->running < 0 ? json_null() : json_integer(e->running),
-			 "waiting", e->waiting < 0 ? json_null() : json_integer(e->waiting), "kv_use",
-			 e->kv_use != e->kv_use ? json_null() : json_real(e->kv_use), "age_ms", (json_int_t)e->age_ms);
-}
-
 static json_t *entry_json(const struct recent_entry *e)
 {
 	const struct req_record *r = &e->rec;
@@ -119,7 +109,7 @@ static json_t *entry_json(const struct recent_entry *e)
 	put(o, "cache_write_tokens", count_or_null(r->usage.cache_write_tokens));
 	put(o, "reasoning_tokens", count_or_null(r->usage.reasoning_tokens));
 	put(o, "server_timing", str_or_null(classify_server_name(r->usage.server.source)));
-	put(o, "engine", engine_seen_json(&r->engine));
+	put(o, "engine", accesslog_engine_json(&r->engine));
 	put(o, "token_events", u64_json(r->token_events));
 	put(o, "reasoning_events", u64_json(r->reasoning_events));
 	put(o, "tool_call_events", u64_json(r->tool_call_events));

@@ -402,9 +402,57 @@ int config_parse_admin_listen(const char *spec, char *host, size_t hostcap, int 
 	return 0;
 }
 
+/* The authority of a URL after its scheme (`p`): an IP address in brackets
+ * or a host name, up to ':' or one of `ends`, then an optional ":PORT" (0
+ * in `port` when none) that one of `ends` or the string's end follows.
+ * `rest` is left after it. `expect` says what the URL should look like. */
+static int url_authority(const char *url, const char *p, const char *ends, const char *expect, char *host,
+			 size_t hostcap, unsigned *port, const char **rest, char *err, size_t errlen)
+{
+	const char *hend;
+
+	if (*p == '[') { /* [v6]:port */
+		if (!(hend = strchr(p, ']'))) {
+			snprintf(err, errlen, "unterminated IPv6 address in '%s'", url);
+			return -1;
+		}
+		p++;
+		*rest = hend + 1;
+	} else {
+		hend = p;
+		while (*hend && *hend != ':' && !strchr(ends, *hend))
+			hend++;
+		*rest = hend;
+	}
+	if (hend == p) {
+		snprintf(err, errlen, "no host in '%s'; expected %s", url, expect);
+		return -1;
+	}
+	if ((size_t)(hend - p) >= hostcap) {
+		snprintf(err, errlen, "the host name in '%.64s...' is longer than %zu characters", url, hostcap - 1);
+		return -1;
+	}
+	memcpy(host, p, (size_t)(hend - p));
+	host[hend - p] = '\0';
+	*port = 0;
+	if (**rest == ':') {
+		const char *d = *rest + 1;
+		size_t n = strspn(d, "0123456789");
+		unsigned long v = n && n < 8 ? strtoul(d, NULL, 10) : 0;
+		if (v < 1 || v > 65535 || (d[n] && !strchr(ends, d[n]))) {
+			snprintf(err, errlen, "expected a port from 1 to 65535 in '%s'", url);
+			return -1;
+		}
+		*port = (unsigned)v;
+		*rest = d + n;
+	}
+	return 0;
+}
+
 int config_parse_url(const char *url, struct url_parts *out, char *err, size_t errlen)
 {
-	const char *p, *hend, *pstart = NULL, *rest;
+	const char *p, *rest;
+	unsigned port;
 
 	if (strncmp(url, "http://", 7) == 0) {
 		out->tls = false;
@@ -416,43 +464,13 @@ int config_parse_url(const char *url, struct url_parts *out, char *err, size_t e
 		snprintf(err, errlen, "expected a URL like http://127.0.0.1:8000 or https://HOST, got '%s'", url);
 		return -1;
 	}
-	if (*p == '[') { /* [v6]:port */
-		hend = strchr(p, ']');
-		if (!hend) {
-			snprintf(err, errlen, "unterminated IPv6 address in '%s'", url);
-			return -1;
-		}
-		p++;
-		rest = hend + 1;
-	} else {
-		hend = p + strcspn(p, ":/");
-		rest = hend;
-	}
-	if (hend == p) {
-		snprintf(err, errlen, "no host in '%s'; expected http://HOST[:PORT]", url);
+	if (url_authority(url, p, "/", "http://HOST[:PORT]", out->host, sizeof(out->host), &port, &rest, err, errlen) ==
+	    -1)
 		return -1;
-	}
-	if ((size_t)(hend - p) >= sizeof(out->host)) {
-		snprintf(err, errlen, "the host name in '%.64s...' is longer than %zu characters", url,
-			 sizeof(out->host) - 1);
-		return -1;
-	}
-	memcpy(out->host, p, (size_t)(hend - p));
-	out->host[hend - p] = '\0';
-	if (*rest == ':') {
-		pstart = rest + 1;
-		size_t n = strspn(pstart, "0123456789");
-		unsigned long port = n && n < sizeof(out->port) ? strtoul(pstart, NULL, 10) : 0;
-		if (port < 1 || port > 65535 || (pstart[n] && pstart[n] != '/')) {
-			snprintf(err, errlen, "expected a port from 1 to 65535 in '%s'", url);
-			return -1;
-		}
-		memcpy(out->port, pstart, n);
-		out->port[n] = '\0';
-		rest = pstart + n;
-	} else {
+	if (port)
+		snprintf(out->port, sizeof(out->port), "%u", (unsigned)(uint16_t)port); /* checked: 1..65535 */
+	else
 		snprintf(out->port, sizeof(out->port), "%s", out->tls ? "443" : "80");
-	}
 	if (*rest && strcmp(rest, "/") != 0) {
 		snprintf(err, errlen,
 			 "'%s': a path after the address is not supported; give only http[s]://HOST[:PORT] "
@@ -472,48 +490,18 @@ int config_parse_duration_ms(const char *s, uint64_t *out)
 
 int config_parse_metrics_url(const char *url, struct metrics_url_parts *out, char *err, size_t errlen)
 {
-	const char *p, *hend, *rest;
-	size_t n;
+	const char *rest;
+	unsigned port;
 
 	if (strncmp(url, "http://", 7) != 0) {
 		snprintf(err, errlen, "expected a URL like http://127.0.0.1:8000/metrics (plain http://), got '%s'",
 			 url);
 		return -1;
 	}
-	p = url + 7;
-	if (*p == '[') {
-		if (!(hend = strchr(p, ']'))) {
-			snprintf(err, errlen, "unterminated IPv6 address in '%s'", url);
-			return -1;
-		}
-		p++;
-		rest = hend + 1;
-	} else {
-		hend = p + strcspn(p, ":/?");
-		rest = hend;
-	}
-	if (hend == p) {
-		snprintf(err, errlen, "no host in '%s'; expected http://HOST[:PORT]/PATH", url);
+	if (url_authority(url, url + 7, "/?", "http://HOST[:PORT]/PATH", out->host, sizeof(out->host), &port, &rest,
+			  err, errlen) == -1)
 		return -1;
-	}
-	if ((size_t)(hend - p) >= sizeof(out->host)) {
-		snprintf(err, errlen, "the host name in '%.64s...' is longer than %zu characters", url,
-			 sizeof(out->host) - 1);
-		return -1;
-	}
-	memcpy(out->host, p, (size_t)(hend - p));
-	out->host[hend - p] = '\0';
-	out->port = 80;
-	if (*rest == ':') {
-		n = strspn(rest + 1, "0123456789");
-		unsigned long port = n && n < 6 ? strtoul(rest + 1, NULL, 10) : 0;
-		if (port < 1 || port > 65535 || (rest[1 + n] && rest[1 + n] != '/' && rest[1 + n] != '?')) {
-			snprintf(err, errlen, "expected a port from 1 to 65535 in '%s'", url);
-			return -1;
-		}
-		out->port = (unsigned)port;
-		rest += 1 + n;
-	}
+	out->port = port ? port : 80;
 	if (*rest && *rest != '/' && *rest != '?') {
 		snprintf(err, errlen, "unexpected '%c' after the host in '%s'", *rest, url);
 		return -1;
