@@ -378,7 +378,7 @@ class TlsRecordTimingTest(harness.TestCase):
         srv = RecordServer(ctx, cut_records)
         self.addCleanup(srv.stop)
         tt = rh.start_conf(self, "upstreams:\n  - name: secure\n    url: https://localhost:%d\n"
-                           "    tls: {ca_file: %s}\n" % (srv.port, self.ca), *rh.ONE_WORKER)
+                           "    tls: {ca_file: %s}\n" % (srv.port, self.ca), *rh.ONE_WORKER, "--log-level", "debug")
         conn = harness.HttpConn(tt.port, timeout=PROMPT_S + 5)
         try:
             conn.send(harness.request_bytes("POST", rh.CHAT, rh.chat(stream=True), None, tt.port))
@@ -400,6 +400,12 @@ class TlsRecordTimingTest(harness.TestCase):
             self.assertGreaterEqual(late, -1_000_000, "event %d before its last byte was sent?" % i)
             self.assertLess(late, ON_TIME_NS, "event %d reached the client %.1f ms after its last byte left the "
                             "upstream (the next write came %.0f ms after)" % (i, late / 1e6, PAUSE_S * 1e3))
+        # the two cut records were each waited for once (logged at the close)
+        srv.stop()
+        rx = re.compile(r"u1 closed; TLS: \d+ bytes in \d+ records, \d+ reads, (\d+) partial")
+        self.assertTrue(harness.wait_until(lambda: tt.count_lines(rx) > 0, PROMPT_S, 0.02), tt.stderr_text())
+        m = [rx.search(x) for x in tt.lines if rx.search(x)][0]
+        self.assertGreaterEqual(int(m.group(1)), 2, m.group(0))
 
 
 def big_writes(sock, req, fu):
