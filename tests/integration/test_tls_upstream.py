@@ -134,14 +134,27 @@ class TlsUpstreamTest(harness.TestCase):
         cls.cert, cls.key = make_pki(cls.dir)
         cls.ca = os.path.join(cls.dir, "ca.pem")
 
-    def front(self, handler, *args):
+    def server_ctx(self):
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(self.cert, self.key)
-        fu = harness.start_fake_upstream(self, handler, tls=ctx)
+        return ctx
+
+    def tokentap(self, port, *args):
+        """tokentap with one https upstream at `port` (certificate checked)."""
+        return rh.start_conf(self, "upstreams:\n  - name: secure\n    url: https://localhost:%d\n"
+                             "    tls: {ca_file: %s}\n" % (port, self.ca), *rh.ONE_WORKER, *args)
+
+    def tls_close_line(self, tt):
+        """The first upstream connection's TLS read counts, logged at its
+        close (--log-level debug): bytes, records, reads, partial."""
+        rx = re.compile(r"u1 closed; TLS: (\d+) bytes in (\d+) records, (\d+) reads, (\d+) partial")
+        self.assertTrue(harness.wait_until(lambda: tt.count_lines(rx) > 0, PROMPT_S, 0.02), tt.stderr_text())
+        return [rx.search(x) for x in tt.lines if rx.search(x)][0]
+
+    def front(self, handler, *args):
+        fu = harness.start_fake_upstream(self, handler, tls=self.server_ctx())
         fu.reused = []
-        tt = rh.start_conf(self, "upstreams:\n  - name: secure\n    url: https://localhost:%d\n"
-                           "    tls: {ca_file: %s}\n" % (fu.port, self.ca), *rh.ONE_WORKER, *args)
-        return fu, tt
+        return fu, self.tokentap(fu.port, *args)
 
     def post(self, tt):
         conn = harness.HttpConn(tt.port, timeout=PROMPT_S + 3)
@@ -175,10 +188,8 @@ class TlsUpstreamTest(harness.TestCase):
         self.assertEqual(tt.wait_log_count(1)[0]["token_events"], 2000)
         # the connection's read counts, logged when it closes
         fu.stop()
-        rx = re.compile(r"u1 closed; TLS: (\d+) bytes in (\d+) records, (\d+) reads")
-        self.assertTrue(harness.wait_until(lambda: tt.count_lines(rx) > 0, PROMPT_S, 0.02), tt.stderr_text())
-        m = [rx.search(x) for x in tt.lines if rx.search(x)][0]
-        nbytes, records, reads = (int(g) for g in m.groups())
+        m = self.tls_close_line(tt)
+        nbytes, records, reads, _ = (int(g) for g in m.groups())
         self.assertGreaterEqual(nbytes, len(sse_body(2000)))
         self.assertGreaterEqual(records, fu.records)
         # 130 KiB in 64 KiB reads: 3 at least; a read per record would be
@@ -245,6 +256,41 @@ class TlsUpstreamTest(harness.TestCase):
         one()
         self.assertEqual(fu.reused, [False, True, False, True])
 
+    def test_each_event_arrives_with_its_records_last_byte(self):
+        """Each event reaches the client when its record's last byte reaches
+        tokentap, wherever the records fall in TCP segments: a record cut
+        over two segments waits for the second only, and records read ahead
+        with another (two in one segment, or one whole beside the start of
+        the next) are not left in OpenSSL's buffer until the upstream's next
+        write."""
+        srv = RecordServer(self.server_ctx(), cut_records)
+        self.addCleanup(srv.stop)
+        tt = self.tokentap(srv.port, "--log-level", "debug")
+        conn = harness.HttpConn(tt.port, timeout=PROMPT_S + 5)
+        try:
+            conn.send(harness.request_bytes("POST", rh.CHAT, rh.chat(stream=True), None, tt.port))
+            resp = conn.read_response("POST")
+        finally:
+            conn.close()
+        self.assertEqual(srv.errors, [])
+        self.assertEqual(resp.status, 200)
+        self.assertEqual(resp.body, sse_body(6))
+        # when each event's last byte reached the client
+        arrived, got = [], 0
+        ends = [m.end() for m in re.finditer(rb"\n\n", resp.body)]
+        for ts, piece in resp.pieces:
+            got += len(piece)
+            while len(arrived) < len(ends) and ends[len(arrived)] <= got:
+                arrived.append(ts)
+        for i in range(7):
+            late = arrived[i] - srv.marks["e%d" % i]
+            self.assertGreaterEqual(late, -1_000_000, "event %d before its last byte was sent?" % i)
+            self.assertLess(late, ON_TIME_NS, "event %d reached the client %.1f ms after its last byte left the "
+                            "upstream (the next write came %.0f ms after)" % (i, late / 1e6, PAUSE_S * 1e3))
+        # the two cut records were each waited for once (logged at the close)
+        srv.stop()
+        m = self.tls_close_line(tt)
+        self.assertGreaterEqual(int(m.group(4)), 2, m.group(0))
 
 
 class RecordServer:
@@ -356,56 +402,6 @@ def cut_records(srv):
     srv.send(r5[12:], "e5")
     time.sleep(PAUSE_S)
     srv.send(srv.record(ev[6]), "e6")
-
-
-class TlsRecordTimingTest(harness.TestCase):
-    """Each event reaches the client when its record's last byte reaches
-    tokentap, wherever the records fall in TCP segments: a record cut over
-    two segments waits for the second only, and records read ahead with
-    another (two in one segment, or one whole beside the start of the next)
-    are not left in OpenSSL's buffer until the upstream's next write."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="tokentap-tlsrec-")
-        cls.addClassCleanup(shutil.rmtree, cls.dir, True)
-        cls.cert, cls.key = make_pki(cls.dir)
-        cls.ca = os.path.join(cls.dir, "ca.pem")
-
-    def test_each_event_arrives_with_its_records_last_byte(self):
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(self.cert, self.key)
-        srv = RecordServer(ctx, cut_records)
-        self.addCleanup(srv.stop)
-        tt = rh.start_conf(self, "upstreams:\n  - name: secure\n    url: https://localhost:%d\n"
-                           "    tls: {ca_file: %s}\n" % (srv.port, self.ca), *rh.ONE_WORKER, "--log-level", "debug")
-        conn = harness.HttpConn(tt.port, timeout=PROMPT_S + 5)
-        try:
-            conn.send(harness.request_bytes("POST", rh.CHAT, rh.chat(stream=True), None, tt.port))
-            resp = conn.read_response("POST")
-        finally:
-            conn.close()
-        self.assertEqual(srv.errors, [])
-        self.assertEqual(resp.status, 200)
-        self.assertEqual(resp.body, sse_body(6))
-        # when each event's last byte reached the client
-        arrived, got = [], 0
-        ends = [m.end() for m in re.finditer(rb"\n\n", resp.body)]
-        for ts, piece in resp.pieces:
-            got += len(piece)
-            while len(arrived) < len(ends) and ends[len(arrived)] <= got:
-                arrived.append(ts)
-        for i in range(7):
-            late = arrived[i] - srv.marks["e%d" % i]
-            self.assertGreaterEqual(late, -1_000_000, "event %d before its last byte was sent?" % i)
-            self.assertLess(late, ON_TIME_NS, "event %d reached the client %.1f ms after its last byte left the "
-                            "upstream (the next write came %.0f ms after)" % (i, late / 1e6, PAUSE_S * 1e3))
-        # the two cut records were each waited for once (logged at the close)
-        srv.stop()
-        rx = re.compile(r"u1 closed; TLS: \d+ bytes in \d+ records, \d+ reads, (\d+) partial")
-        self.assertTrue(harness.wait_until(lambda: tt.count_lines(rx) > 0, PROMPT_S, 0.02), tt.stderr_text())
-        m = [rx.search(x) for x in tt.lines if rx.search(x)][0]
-        self.assertGreaterEqual(int(m.group(1)), 2, m.group(0))
 
 
 def big_writes(sock, req, fu):
