@@ -505,9 +505,10 @@ void upstream_cancel(struct upstream *up, struct up_waiter *w)
 static void upconn_close(struct upconn *c)
 {
 	if (c->ssl && c->tls_wakeups)
-		log_debug("upstream %s: u%llu closed; TLS: %llu bytes in %llu records, %llu reads", c->up->name,
-			  (unsigned long long)c->id, (unsigned long long)c->tls_bytes,
-			  (unsigned long long)c->tls_records, (unsigned long long)c->tls_wakeups);
+		log_debug("upstream %s: u%llu closed; TLS: %llu bytes in %llu records, %llu reads, %llu partial",
+			  c->up->name, (unsigned long long)c->id, (unsigned long long)c->tls_bytes,
+			  (unsigned long long)c->tls_records, (unsigned long long)c->tls_wakeups,
+			  (unsigned long long)c->tls_partial);
 	if (c->rev)
 		event_free(c->rev); /* safe inside its own callback: libevent does not touch it after */
 	if (c->bev)
@@ -540,6 +541,9 @@ static ssize_t upconn_recv(struct upconn *c, evutil_socket_t fd, char *buf, size
 		c->tls_bytes += (uint64_t)n;
 		c->tls_records += rd.reads;
 	}
+	/* stopped to wait for the socket with part of a record held */
+	if ((n > 0 ? !rd.more : n < 0 && errno == EAGAIN) && tls_pending(c->ssl))
+		c->tls_partial++;
 	return n;
 }
 

@@ -66,8 +66,10 @@ struct upconn {
 	unsigned served; /* requests completed on this connection */
 	bool connected;
 	/* TLS reads: wake-ups that brought bytes, the bytes, and the records
-	 * (SSL_read calls) they came in; logged at debug level at the close */
-	uint64_t tls_wakeups, tls_bytes, tls_records;
+	 * (SSL_read calls) they came in; reads that stopped holding part of a
+	 * record (its rest in a later segment: the socket says when it comes);
+	 * logged at debug level at the close */
+	uint64_t tls_wakeups, tls_bytes, tls_records, tls_partial;
 };
 
 struct up_share;

@@ -65,6 +65,11 @@ What is measured, per target and scenario:
                        is measured here. "+direct" is the median over rounds
                        for the target minus the same for direct: the latency
                        the proxy adds. Warm-up requests are left out.
+  late gaps per 1,000  (a, b, f, h: each round's line and the JSON,
+                       itl_late_per_k) gaps longer than the simulator's
+                       itl + 2 ms: at one stream the p99 of 1,000 gaps is
+                       the 10th longest, so it moves by a whole delay when
+                       ten gaps are late and not at all when nine are.
   events/s             token events the client received (ttft count + itl
                        count: one per token event) over the bench's
                        measured window.
@@ -131,6 +136,7 @@ LOOPBACK = "127.0.0.1"
 READY_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 10.0
 SETTLE_S = 1.0  # after each bench run: tokentap's stats flush interval
+LATE_MS = 2.0  # a gap this much over the simulator's itl is late (itl_late_per_k)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 NOBODY_UID, NOBODY_GID = 65534, 65534
 FD_LIMIT = 65536
@@ -774,11 +780,15 @@ def nearest_rank(sorted_xs, p):
     return sorted_xs[int(k) - 1]
 
 
-def exact_percentiles(log_path):
+def exact_percentiles(log_path, late_after_ms=None):
     """ttft and itl p50/p99 from the requests log's per-request values
     (microsecond precision) of the measured ok requests; the bench's
     histograms round to about 1 %, a quarter of a millisecond at 20 ms,
-    which is the size of what is being measured here."""
+    which is the size of what is being measured here. With `late_after_ms`,
+    also the gaps longer than that per 1,000 (itl_late_per_k): at one
+    stream the p99 of 1,000 gaps is the 10th longest, so it jumps by the
+    whole delay when ten gaps are late and not when nine are; the count
+    does not."""
     ttft, itl, truncated = [], [], 0
     with open(log_path) as f:
         for line in f:
@@ -796,10 +806,12 @@ def exact_percentiles(log_path):
     return {"ttft_p50": nearest_rank(ttft, 50), "ttft_p99": nearest_rank(ttft, 99),
             "itl_p50": nearest_rank(itl, 50), "itl_p99": nearest_rank(itl, 99), "itl_p99_9": nearest_rank(itl, 99.9),
             "itl_max": itl[-1] if itl else None,
+            "itl_late_per_k": (1000.0 * sum(1 for g in itl if g > late_after_ms) / len(itl)
+                               if itl and late_after_ms is not None else None),
             "ttft_samples": len(ttft), "itl_samples": len(itl), "itl_truncated_requests": truncated}
 
 
-def summarize_bench(path, log_path):
+def summarize_bench(path, log_path, late_after_ms=None):
     with open(path) as f:
         res = json.load(f)["result"]
     m = res["metrics"]
@@ -809,7 +821,7 @@ def summarize_bench(path, log_path):
     forwarded = events + (wm.get("ttft") or {}).get("count", 0) + (wm.get("itl") or {}).get("count", 0)
     elapsed = res["throughput"]["elapsed_s"] or 0
     errs = sum(res["errors"].values()) + sum((w.get("errors") or {}).values())
-    out = exact_percentiles(log_path)
+    out = exact_percentiles(log_path, late_after_ms)
     out.update({
         "bench_hist": {"ttft_p50": m["ttft"]["p50_ms"], "ttft_p99": m["ttft"]["p99_ms"],
                        "itl_p50": m["itl"]["p50_ms"], "itl_p99": m["itl"]["p99_ms"]},
@@ -852,7 +864,7 @@ def run_latency_scenario(key, targets, bins, args, work):
             if rc != 0 or not os.path.exists(jpath):
                 raise Failure("tokentap-bench against %s exited %d in scenario (%s); see %s"
                               % (t.name, rc, key, os.path.join(work, "bench.log")))
-            s = summarize_bench(jpath, lpath)
+            s = summarize_bench(jpath, lpath, sc["itl_ms"] + LATE_MS if sc["itl_ms"] else None)
             if t.https and not (s["tls"] and s["tls"]["cipher"] == TLS_SUITE):
                 raise Failure("tokentap-bench against %s negotiated %r, not %s" % (t.name, s["tls"], TLS_SUITE))
             os.unlink(lpath)  # large in (b) and (c); the percentiles are kept
@@ -861,9 +873,11 @@ def run_latency_scenario(key, targets, bins, args, work):
             runs[t.name].append(s)
             cpu[t.name] += ticks
             per_m = (ticks / CLK_TCK) / s["events_forwarded"] * 1e6 if t.proc and s["events_forwarded"] else None
-            print("  (%s) round %d/%d %-8s ttft p50 %7.3f p99 %7.3f  itl p50 %7.3f p99 %7.3f  %9.0f events/s%s%s"
+            print("  (%s) round %d/%d %-8s ttft p50 %7.3f p99 %7.3f  itl p50 %7.3f p99 %7.3f%s  %9.0f events/s%s%s"
                   % (key, r + 1, rounds, t.name, s["ttft_p50"] or 0, s["ttft_p99"] or 0, s["itl_p50"] or 0,
-                     s["itl_p99"] or 0, s["events_per_s"] or 0,
+                     s["itl_p99"] or 0,
+                     "  late/k %5.1f" % s["itl_late_per_k"] if s["itl_late_per_k"] is not None else "",
+                     s["events_per_s"] or 0,
                      "  %.3g cpu s/M ev" % per_m if per_m is not None else "",
                      "  ERRORS %s" % s["error_kinds"] if s["errors"] else ""), file=sys.stderr)
     out = {}
@@ -871,7 +885,8 @@ def run_latency_scenario(key, targets, bins, args, work):
         rs = runs[t.name]
         fw = sum(x["events_forwarded"] for x in rs)
         e = {k: median([x[k] for x in rs])
-             for k in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "itl_p99_9", "itl_max", "events_per_s")}
+             for k in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "itl_p99_9", "itl_max", "itl_late_per_k",
+                       "events_per_s")}
         e["workers"] = t.workers
         e["errors"] = sum(x["errors"] for x in rs)
         e["events_forwarded"] = fw
