@@ -383,6 +383,22 @@ class HttpConn:
         return False
 
 
+def answer_on_connect(port, timeout=3.0):
+    """Connects and, sending nothing, reads what the server says until it
+    closes (at most 100 reads): the bytes, e.g. an over-the-cap 503."""
+    s = socket.create_connection((LOOPBACK, port), timeout=timeout)
+    data = b""
+    try:
+        for _ in range(100):
+            d = s.recv(4096)
+            if not d:
+                break
+            data += d
+    finally:
+        s.close()
+    return data
+
+
 def request_bytes(method, path, body=None, headers=None, port=None, chunked=None):
     """Serialises one request. `chunked` is a list of chunk sizes to split the
     body into (Transfer-Encoding: chunked); otherwise Content-Length is used
