@@ -19,7 +19,6 @@ are its own scheduler's truth.
 
 import concurrent.futures
 import json
-import os
 import shutil
 import tempfile
 import threading
@@ -61,15 +60,9 @@ class HistogramsTest(harness.TestCase):
     def setUpClass(cls):
         if cls.MODE is None and not cls.SHAPES:
             return
-        cls.dir = tempfile.mkdtemp(prefix="tokentap-decomp-")
-        cls.addClassCleanup(shutil.rmtree, cls.dir, True)
-        cls.log = os.path.join(cls.dir, "access.log")
         args = BATCH + ["--max-batch", "2"] + (["--server-timing", cls.MODE] if cls.MODE else [])
         cls.sim = harness.start_sim(cls, *args)
-        cls.tt = harness.start_tokentap(cls, cls.sim.url, "--access-log", cls.log, "--data-dir",
-                                        os.path.join(cls.dir, "data"), "--flush-interval", "200ms", "--admin",
-                                        "127.0.0.1:0")
-        cls.admin = admin_port(cls.tt)
+        cls.start_logged(cls.sim.url, "tokentap-decomp-", admin=True)
 
     def entries(self, model, n):
         got = []
