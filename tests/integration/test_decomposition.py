@@ -19,7 +19,6 @@ are its own scheduler's truth.
 
 import concurrent.futures
 import json
-import os
 import shutil
 import tempfile
 import threading
@@ -61,15 +60,9 @@ class HistogramsTest(harness.TestCase):
     def setUpClass(cls):
         if cls.MODE is None and not cls.SHAPES:
             return
-        cls.dir = tempfile.mkdtemp(prefix="tokentap-decomp-")
-        cls.addClassCleanup(shutil.rmtree, cls.dir, True)
-        cls.log = os.path.join(cls.dir, "access.log")
         args = BATCH + ["--max-batch", "2"] + (["--server-timing", cls.MODE] if cls.MODE else [])
         cls.sim = harness.start_sim(cls, *args)
-        cls.tt = harness.start_tokentap(cls, cls.sim.url, "--access-log", cls.log, "--data-dir",
-                                        os.path.join(cls.dir, "data"), "--flush-interval", "200ms", "--admin",
-                                        "127.0.0.1:0")
-        cls.admin = admin_port(cls.tt)
+        cls.start_logged(cls.sim.url, "tokentap-decomp-", admin=True)
 
     def entries(self, model, n):
         got = []
@@ -261,18 +254,11 @@ class NativeRoutesTest(HistogramsTest):
 
 class CompareAttributionTest(harness.TestCase):
     def test_queue_bound_upstream_is_blamed_on_queueing(self):
-        datadir = tempfile.mkdtemp(prefix="tokentap-decomp-cmp-")
-        self.addCleanup(shutil.rmtree, datadir, True)
         sims = {
             "fast": harness.start_sim(self, *BATCH, "--max-batch", "16", "--server-timing", "vllm"),
             "queued": harness.start_sim(self, *BATCH, "--max-batch", "1", "--server-timing", "vllm"),
         }
-        body = rh.upstreams_yaml({k: v.url for k, v in sims.items()}) + (
-            "routes:\n  - name: chat\n    split:\n"
-            "      - {upstream: fast, weight: 2}\n      - {upstream: queued, weight: 1}\n")
-        tt = rh.start_conf(self, body, "--admin", "127.0.0.1:0", "--data-dir", datadir, "--flush-interval",
-                           "200ms", *rh.ONE_WORKER)
-        admin = admin_port(tt)
+        tt, admin = rh.start_split(self, {k: v.url for k, v in sims.items()}, {"fast": 2, "queued": 1})
         total = 60
         lock = threading.Lock()
         done = []
@@ -285,17 +271,7 @@ class CompareAttributionTest(harness.TestCase):
         # 12 at a time: about 4 on the queue-bound one, each ~80 ms of decode
         concurrently(one, range(total), 12)
         self.assertEqual(len(done), total)
-        doc = []
-
-        def flushed():
-            r, _ = harness.exchange(admin, "GET", "/compare?route=chat&window=5m&cold=include")
-            if r is None or r.status != 200:
-                return False
-            doc[:] = [r.json()]
-            return sum(u["requests"] for u in doc[0]["upstreams"]) >= total
-
-        self.assertTrue(harness.wait_until(flushed, 10.0, 0.1), "compare shows every request")
-        doc = doc[0]
+        doc = rh.compare_flushed(self, admin, total, timeout=10.0)
         self.assertEqual(doc["baseline"], "fast")
         ups = {u["upstream"]: u for u in doc["upstreams"]}
         self.assertEqual(ups["queued"]["requests"], total // 3)
