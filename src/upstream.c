@@ -247,6 +247,10 @@ void upstream_engine_note(const struct upstream *up, struct engine_seen *out, ui
 			break;
 	}
 	out->age_ms = now_ns > at_ns ? (now_ns - at_ns) / 1000000 : 0;
+	/* A scrape succeeds at least once an interval (its deadline is 9/10 of
+	 * one) while the endpoint answers: older than two, the last one failed. */
+	uint64_t every = up->conf.metrics_interval_ms ? up->conf.metrics_interval_ms : METRICS_INTERVAL_DEFAULT;
+	out->fresh = out->known && out->age_ms <= 2 * every;
 }
 
 void upstream_engine_state(const struct upstream *up, struct engine_state *out)

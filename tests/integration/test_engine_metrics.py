@@ -10,7 +10,11 @@ scraped per upstream (docs/metrics.md "The engine's view").
   value logged for a request must lie between the smallest and the largest
   queue polled from one interval (+ slack) before the request was sent to
   just after it. TTFT grows with the engine's queue: the mean ttft of
-  requests that saw a longer queue (coarse buckets) is never lower.
+  requests that saw a longer queue (coarse buckets) is never lower. The
+  stored curve, `/stats/curve?by=engine_queue` read after a restart from
+  LMDB, counts per bucket of `waiting` exactly the logged requests whose
+  scrape was fresh (at most two intervals old), and its TTFT p50 does not
+  fall from one bucket to the next where the queue grew.
   `/requests/recent` has the same values with the scrape's age; `/upstreams`
   shows the engine's running + waiting beside tokentap's in flight, with no
   note while all traffic goes through tokentap, and says so once requests
@@ -26,6 +30,8 @@ scraped per upstream (docs/metrics.md "The engine's view").
 
 import os
 import re
+import shutil
+import tempfile
 import threading
 import time
 import unittest
@@ -138,9 +144,12 @@ class EngineViewTest(harness.TestCase):
     def test_requests_record_the_engines_queue(self):
         sim = harness.start_sim(self, "--batching", "--max-batch", "2", "--step-base-ms", "4",
                                 "--step-per-seq-ms", "0", "--prefill-tps", "50000", "--metrics-style", "vllm")
-        tt = rh.start_conf(self, rh.upstreams_yaml({"sim": sim.url}, {"sim": [
-            "metrics_url: %s/metrics" % sim.url, "metrics_interval: %dms" % INTERVAL_MS]}),
-            "--admin", "127.0.0.1:0")
+        data = tempfile.mkdtemp(prefix="tokentap-engine-curve-")
+        self.addCleanup(shutil.rmtree, data, True)
+        conf = rh.upstreams_yaml({"sim": sim.url}, {"sim": [
+            "metrics_url: %s/metrics" % sim.url, "metrics_interval: %dms" % INTERVAL_MS]})
+        args = ("--admin", "127.0.0.1:0", "--data-dir", os.path.join(data, "d"), "--flush-interval", "200ms")
+        tt = rh.start_conf(self, conf, *args)
         aport = harness.admin_port(tt)
         # the first scrape is in before the load starts
         self.assertTrue(harness.wait_until(lambda: (upstream_view(aport, "sim")["engine"] or {}).get("scraped"),
@@ -212,6 +221,34 @@ class EngineViewTest(harness.TestCase):
         self.assertGreater(eng["running"] + eng["waiting"], 0, eng)
         self.assertIn("tokentap_in_flight", eng)
         self.assertIn("in_flight", views[0])
+
+        # The stored curve: after a restart, read from LMDB
+        live = admin_get(aport, "/stats/curve?by=engine_queue").json()
+        tt.stop()
+        tt2 = rh.start_conf(self, conf, *args)
+        aport2 = harness.admin_port(tt2)
+        curve = admin_get(aport2, "/stats/curve?by=engine_queue").json()
+        self.assertEqual(curve["basis"], "engine_queue")
+        self.assertEqual(admin_get(aport2, "/stats/curve").json()["basis"], "inflight")
+        self.assertEqual(len(curve["series"]), 1, curve)
+        buckets = curve["series"][0]["buckets"]
+        self.assertEqual(buckets, live["series"][0]["buckets"])
+        fresh = [(e["engine"]["waiting"], e["ttft_ms"]) for e in entries.values()
+                 if e["id"].startswith("eng-") and e["engine"]["age_ms"] <= 2 * INTERVAL_MS]
+        self.assertGreaterEqual(len(fresh), 30, "too many stale scrapes on this machine")
+        for b in buckets:
+            hi = b["waiting_high"] if b["waiting_high"] is not None else 10 ** 9
+            in_b = [t for q, t in fresh if b["waiting_low"] <= q <= hi]
+            self.assertEqual(b["requests"], len(in_b), b)
+            self.assertEqual(b["ttft"]["count"], len(in_b), b)
+            self.assertNotIn("itl", b)
+        self.assertEqual(sum(b["requests"] for b in buckets), len(fresh))
+        grown = [b for b in buckets if b["requests"] >= 2]
+        self.assertGreaterEqual(len(grown), 3, "the queue did not grow enough: %r" % buckets)
+        p50s = [(b["waiting_low"], b["ttft"]["p50_ms"]) for b in grown]
+        for a, b in zip(p50s, p50s[1:]):
+            self.assertLessEqual(a[1], b[1], "stored ttft p50 by engine queue: %r" % p50s)
+        self.assertEqual(admin_get(aport2, "/stats/curve?by=engine").status, 400)
 
     def test_traffic_around_the_proxy(self):
         sim = harness.start_sim(self, "--batching", "--max-batch", "2", "--metrics-style", "vllm")
