@@ -51,6 +51,7 @@ struct target {
 	bool req_failed;
 	unsigned streak;   /* failures in a row */
 	uint64_t failures; /* since start */
+	uint64_t successes;
 	struct engine_state last;
 };
 
@@ -294,6 +295,7 @@ static void scrape_ok(struct target *t, const char *body, size_t len)
 	st.at_unix_ms = unix_ms_now();
 	st.at_ns = clock_now_ns();
 	st.failures = t->failures;
+	st.successes = ++t->successes;
 	t->last = st;
 	publish(t);
 }

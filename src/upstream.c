@@ -278,6 +278,7 @@ int upstream_gauges(struct upstream_gauge **out, size_t *n)
 			goto fail;
 		g[i].in_flight = atomic_load(&s->active);
 		g[i].queued = atomic_load(&s->queued);
+		g[i].engine = s->engine;
 		i++;
 	}
 	pthread_mutex_unlock(&shares_lock);
