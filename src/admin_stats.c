@@ -338,16 +338,29 @@ static json_t *summary_json(const struct stats_group *g, const struct stats_quer
 
 /* ---- /stats/prompt ---- */
 
-static json_t *prompt_json(const struct stats_group *g, const struct stats_query *q)
+/* A series of a bucketed answer (/stats/prompt, /stats/curve): an object
+ * with the series' labels, and in *arr the empty array of its buckets;
+ * NULL (nothing to free) when out of memory. */
+static json_t *bucketed_open(const struct stats_group *g, const struct stats_query *q, json_t **arr)
 {
-	json_t *o = json_object(), *arr = json_array();
+	json_t *o = json_object();
 
-	if (!o || !arr) {
+	*arr = json_array();
+	if (!o || !*arr) {
 		json_decref(o);
-		json_decref(arr);
+		json_decref(*arr);
 		return NULL;
 	}
 	put_labels(o, g, q);
+	return o;
+}
+
+static json_t *prompt_json(const struct stats_group *g, const struct stats_query *q)
+{
+	json_t *arr, *o = bucketed_open(g, q, &arr);
+
+	if (!o)
+		return NULL;
 	put(o, "by", json_string(q->prompt_raw ? "prompt" : "prefill"));
 	for (unsigned b = 0; b < PROMPT_BUCKETS; b++) {
 		const struct hist *h = slot(&g->slice, q->prompt_raw ? SLOT_PROMPT_RAW(b) : SLOT_PROMPT(b));
@@ -385,14 +398,10 @@ static double inflight_load(unsigned b)
  * Little's law needs. */
 static json_t *queue_curve_json(const struct stats_group *g, const struct stats_query *q, uint64_t elapsed_s)
 {
-	json_t *o = json_object(), *arr = json_array();
+	json_t *arr, *o = bucketed_open(g, q, &arr);
 
-	if (!o || !arr) {
-		json_decref(o);
-		json_decref(arr);
+	if (!o)
 		return NULL;
-	}
-	put_labels(o, g, q);
 	for (unsigned b = 0; b < ENGINE_QUEUE_BUCKETS; b++) {
 		const struct hist *ttft = slot(&g->slice, SLOT_CURVE(CURVE_QUEUE_TTFT, b));
 		const struct hist *e2e = slot(&g->slice, SLOT_CURVE(CURVE_QUEUE_E2E, b));
@@ -422,14 +431,10 @@ static json_t *curve_json(const struct stats_group *g, const struct stats_query 
 	json_t *entries[INFLIGHT_BUCKETS];
 	size_t n = 0;
 	bool use_ttft = true;
-	json_t *o = json_object(), *arr = json_array();
+	json_t *arr, *o = bucketed_open(g, q, &arr);
 
-	if (!o || !arr) {
-		json_decref(o);
-		json_decref(arr);
+	if (!o)
 		return NULL;
-	}
-	put_labels(o, g, q);
 
 	/* The knee's latency is p50 TTFT; traffic without TTFT (not streamed)
 	 * falls back to p50 E2E, for the whole curve so points compare. */

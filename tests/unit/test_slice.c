@@ -258,6 +258,15 @@ static size_t put(uint8_t *buf, size_t at, const uint8_t *src, size_t n)
 	return at + n;
 }
 
+/* Appends a histogram at `slot`: the v2 fixture's ttft (3 x 50 ms, 14
+ * bytes), as a version-3 slice lists it. */
+static size_t put_ttft(uint8_t *buf, size_t at, unsigned slot)
+{
+	at += varint_put(buf + at, slot);
+	buf[at++] = 14;
+	return put(buf, at, slice_v2_fixture + 30, 14);
+}
+
 /* A version-3 slice carries its layout: one from a writer with fewer rows
  * (12 metrics, as before answer_ttft) reads with the rows it lacks empty and
  * its curves where they are today; one from a writer with more (another
@@ -266,7 +275,6 @@ static size_t put(uint8_t *buf, size_t at, const uint8_t *src, size_t n)
  * refused. The histogram in each is the v2 fixture's ttft (3 x 50 ms). */
 static void test_slice_layout_appends(void **state)
 {
-	const uint8_t *ttft = slice_v2_fixture + 30; /* 14 bytes */
 	uint8_t buf[256];
 	struct slice b;
 	size_t n = 0;
@@ -276,10 +284,8 @@ static void test_slice_layout_appends(void **state)
 	 * ttft at slot 0 and at slot 12, the first load curve's bucket 0 */
 	const uint8_t head_old[] = { 3, 1, 9, 3, 12, 3, 1, 2 };
 	n = put(buf, n, head_old, sizeof(head_old));
-	n = put(buf, n, (const uint8_t[]){ 0, 14 }, 2);
-	n = put(buf, n, ttft, 14);
-	n = put(buf, n, (const uint8_t[]){ 12, 14 }, 2);
-	n = put(buf, n, ttft, 14);
+	n = put_ttft(buf, n, 0);
+	n = put_ttft(buf, n, 12);
 	memset(&b, 0, sizeof(b));
 	assert_int_equal(slice_decode_merge(&b, buf, n), 0);
 	assert_int_equal(b.counters[0], 9);
@@ -307,11 +313,8 @@ static void test_slice_layout_appends(void **state)
 	n = 0;
 	const uint8_t head_new[] = { 3, 0, 4, (uint8_t)m, CURVE__COUNT + 1, 3, 2, 5 };
 	n = put(buf, n, head_new, sizeof(head_new));
-	for (unsigned i = 0; i < 5; i++) {
-		n += varint_put(buf + n, slots[i]);
-		buf[n++] = 14;
-		n = put(buf, n, ttft, 14);
-	}
+	for (unsigned i = 0; i < 5; i++)
+		n = put_ttft(buf, n, slots[i]);
 	memset(&b, 0, sizeof(b));
 	assert_int_equal(slice_decode_merge(&b, buf, n), 0);
 	unsigned used = 0;
@@ -562,7 +565,6 @@ static void test_slice_records_engine_queue(void **state)
  * at the raw prompt curve's bucket 5. */
 static void test_slice_decodes_before_engine_queue(void **state)
 {
-	const uint8_t *ttft = slice_v2_fixture + 30; /* 14 bytes */
 	uint8_t buf[256];
 	struct slice b;
 	size_t n = 0;
@@ -570,12 +572,8 @@ static void test_slice_decodes_before_engine_queue(void **state)
 
 	const uint8_t head[] = { 3, 1, 7, 3, 21, 3, 2, 2 };
 	n = put(buf, n, head, sizeof(head));
-	n += varint_put(buf + n, 21 + 2);
-	buf[n++] = 14;
-	n = put(buf, n, ttft, 14);
-	n += varint_put(buf + n, 21 + 3 * INFLIGHT_BUCKETS + PROMPT_BUCKETS + 5);
-	buf[n++] = 14;
-	n = put(buf, n, ttft, 14);
+	n = put_ttft(buf, n, 21 + 2);
+	n = put_ttft(buf, n, 21 + 3 * INFLIGHT_BUCKETS + PROMPT_BUCKETS + 5);
 	memset(&b, 0, sizeof(b));
 	assert_int_equal(slice_decode_merge(&b, buf, n), 0);
 	assert_int_equal(b.counters[0], 7);
