@@ -320,7 +320,8 @@ int prom_engine_families(const struct upstream_gauge *g, size_t n, uint64_t now_
 		else if (e->at_ns > pick[j]->engine.at_ns)
 			pick[j] = &g[i];
 	}
-	qsort(pick, np, sizeof(*pick), gauge_ptr_by_name);
+	if (np)
+		qsort(pick, np, sizeof(*pick), gauge_ptr_by_name);
 	for (size_t j = 0; j < np; j++) {
 		const struct engine_state *e = &pick[j]->engine;
 		const char *u = pick[j]->name;
