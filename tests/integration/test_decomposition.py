@@ -324,8 +324,9 @@ class DashboardPhasesTest(harness.TestCase):
     the recent-requests table, a stacked bar per request whose segments are
     /requests/recent's phases, in order, adding up to the ttft; a request
     whose server reported nothing shows tokentap's phases and the upstream's
-    share whole, marked; the upstreams table has the per-phase rows /stats
-    has."""
+    share whole, marked; vLLM-shaped (queue, prefill) and Ollama-shaped
+    (model load, prefill) requests each show their own server phases; the
+    upstreams table has the per-phase rows /stats has."""
 
     def test_stacked_bars(self):
         from test_dashboard import Dom, check_no_page_errors, chromium_bin, run_chromium
@@ -340,10 +341,12 @@ class DashboardPhasesTest(harness.TestCase):
         # vLLM reports only on the usage chunk: without include_usage, nothing
         spoke = ["it-dash-vllm-%d" % i for i in range(4)]
         silent = ["it-dash-silent-%d" % i for i in range(2)]
+        ollama = ["it-dash-ollama-%d" % i for i in range(2)]
         concurrently(lambda t: stream(tt.port, "openai-chat", "dash-model", t), spoke, 4)
         concurrently(lambda t: stream(tt.port, "openai-chat", "dash-model", t, include_usage=False), silent, 2)
+        concurrently(lambda t: stream(tt.port, "ollama-chat", "dash-model", t), ollama, 2)
         self.assertTrue(harness.wait_until(
-            lambda: sum(s["requests"] for s in admin_get(admin, "/stats?window=1m").json()["series"]) >= 6, 8.0, 0.1))
+            lambda: sum(s["requests"] for s in admin_get(admin, "/stats?window=1m").json()["series"]) >= 8, 8.0, 0.1))
         recent = {r["id"]: r for r in admin_get(admin, "/requests/recent?n=15").json()["requests"]}
         stats = admin_get(admin, "/stats?window=1m").json()["series"][0]
 
@@ -351,7 +354,7 @@ class DashboardPhasesTest(harness.TestCase):
         dom = Dom(out)
         check_no_page_errors(self, dom, err)
         rows = {e["attrs"]["data-id"]: e for e in dom.inside("recent", "tr") if "data-id" in e["attrs"]}
-        self.assertEqual(sorted(rows), sorted(spoke + silent))
+        self.assertEqual(sorted(rows), sorted(spoke + silent + ollama))
         widths = []
         for rid, tr in rows.items():
             r = recent[rid]
@@ -366,6 +369,12 @@ class DashboardPhasesTest(harness.TestCase):
                         ("upload", r["upload_ms"]), ("upstream", tl["first_token"] - tl["req_sent"])]
                 marks = [e for e in dom.inside(tr, "span") if e["attrs"].get("data-marked") == "no-server-timings"]
                 self.assertEqual(len(marks), 1, rid)
+            elif rid in ollama:
+                self.assertEqual(r["server_timing"], "ollama")
+                self.assertEqual(svg["attrs"]["data-server"], "ollama")
+                want = [("head", tl["req_headers"]), ("queue", r["queue_ms"]), ("connect", r["connect_ms"]),
+                        ("upload", r["upload_ms"]), ("server_load", r["server_load_ms"]),
+                        ("server_prefill", r["server_prefill_ms"]), ("unattributed", max(0.0, r["unattributed_ms"]))]
             else:
                 self.assertEqual(r["server_timing"], "vllm")
                 self.assertEqual(svg["attrs"]["data-server"], "vllm")
@@ -387,14 +396,15 @@ class DashboardPhasesTest(harness.TestCase):
             self.assertAlmostEqual(w, 240.0 * total / longest[0], delta=0.01)
         # the upstreams table: the phase rows /stats has
         for label, key in (("upload p50, ms", "upload"), ("server queue p50, ms", "server_queue"),
-                           ("server prefill p50, ms", "server_prefill"), ("unattributed p50, ms", "unattributed")):
+                           ("model load p50, ms", "server_load"), ("server prefill p50, ms", "server_prefill"),
+                           ("unattributed p50, ms", "unattributed")):
             row = [e for e in dom.inside("upstreams", "tr") if e["attrs"].get("data-row") == label]
             self.assertEqual(len(row), 1, label)
             (td,) = dom.inside(row[0], "td")[1:]
             self.assertAlmostEqual(float(td["attrs"]["data-value"]), stats["metrics"][key]["p50_ms"], delta=1e-9)
-        # no model load nor inference anywhere in this traffic: no row
+        # no inference anywhere in this traffic: no row
         self.assertEqual([e for e in dom.inside("upstreams", "tr")
-                          if e["attrs"].get("data-row") in ("model load p50, ms", "server inference p50, ms")], [])
+                          if e["attrs"].get("data-row") == "server inference p50, ms"], [])
 
 
 class DashboardEngineTest(harness.TestCase):
