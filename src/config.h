@@ -60,7 +60,7 @@ struct upstream_conf {
 	const char *tls_server_name; /* SNI and the name checked; default the URL's host */
 	int tls_line;		     /* of its `tls:` settings; 0: none given */
 	/* the engine's own Prometheus endpoint, scraped off the forwarding path */
-	const char *metrics_url; /* http://HOST[:PORT]/PATH; NULL: off */
+	const char *metrics_url; /* http[s]://HOST[:PORT]/PATH; NULL: off */
 	uint64_t metrics_interval_ms;
 	enum engine_kind engine;
 	int metrics_line;	 /* of metrics_interval or engine, for "needs metrics_url" */
@@ -206,12 +206,13 @@ struct url_parts {
 	bool tls;     /* https:// */
 };
 
-/* A metrics URL: http://HOST[:PORT][/PATH[?QUERY]], the path "/metrics"
- * when none is given; plain HTTP only. */
+/* A metrics URL: http[s]://HOST[:PORT][/PATH[?QUERY]], the path "/metrics"
+ * when none is given, the port 80 or 443. */
 struct metrics_url_parts {
 	char host[256];
 	unsigned port;
 	char path[1024]; /* with its query */
+	bool tls;	 /* https:// */
 };
 
 /* 0, or -1 with `err` saying what is wrong. */

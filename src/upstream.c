@@ -247,6 +247,10 @@ void upstream_engine_note(const struct upstream *up, struct engine_seen *out, ui
 			break;
 	}
 	out->age_ms = now_ns > at_ns ? (now_ns - at_ns) / 1000000 : 0;
+	/* A scrape succeeds at least once an interval (its deadline is 9/10 of
+	 * one) while the endpoint answers: older than two, the last one failed. */
+	uint64_t every = up->conf.metrics_interval_ms ? up->conf.metrics_interval_ms : METRICS_INTERVAL_DEFAULT;
+	out->fresh = out->known && out->age_ms <= 2 * every;
 }
 
 void upstream_engine_state(const struct upstream *up, struct engine_state *out)
@@ -274,6 +278,7 @@ int upstream_gauges(struct upstream_gauge **out, size_t *n)
 			goto fail;
 		g[i].in_flight = atomic_load(&s->active);
 		g[i].queued = atomic_load(&s->queued);
+		g[i].engine = s->engine;
 		i++;
 	}
 	pthread_mutex_unlock(&shares_lock);

@@ -129,20 +129,6 @@ void upstream_leave(struct upstream *up);
 unsigned upstream_inflight(const struct upstream *up);
 unsigned upstream_waiting(const struct upstream *up);
 
-/* In flight and queued per upstream, read on any thread without asking a
- * worker: the counts every worker's copies share (struct up_share), one
- * entry per (name, url) that some worker holds, so a name twice while a
- * reload drains an old url. */
-struct upstream_gauge {
-	char *name; /* malloc'd */
-	unsigned in_flight, queued;
-};
-
-/* A malloc'd array in *out and its length in *n (0 and NULL when there is
- * none); free it with upstream_gauges_free. 0, or -1 when out of memory. */
-int upstream_gauges(struct upstream_gauge **out, size_t *n) __attribute__((warn_unused_result));
-void upstream_gauges_free(struct upstream_gauge *g, size_t n);
-
 /* What the scraper (scrape.c) last learned of an upstream's engine from its
  * /metrics. Kept in what the workers' copies share, so one scrape serves
  * every worker. */
@@ -155,8 +141,24 @@ struct engine_state {
 	unsigned in_flight_at;	    /* tokentap's in flight to it then */
 	bool failing;		    /* the latest attempt failed */
 	uint64_t failures;	    /* attempts that failed, since start */
+	uint64_t successes;	    /* attempts that succeeded, since start */
 	char error[160];	    /* the latest failure, "" none */
 };
+
+/* In flight and queued per upstream, read on any thread without asking a
+ * worker: the counts every worker's copies share (struct up_share), one
+ * entry per (name, url) that some worker holds, so a name twice while a
+ * reload drains an old url; with the engine's view where it is scraped. */
+struct upstream_gauge {
+	char *name; /* malloc'd */
+	unsigned in_flight, queued;
+	struct engine_state engine; /* its scrape (scrape.h); all zero when not scraped */
+};
+
+/* A malloc'd array in *out and its length in *n (0 and NULL when there is
+ * none); free it with upstream_gauges_free. 0, or -1 when out of memory. */
+int upstream_gauges(struct upstream_gauge **out, size_t *n) __attribute__((warn_unused_result));
+void upstream_gauges_free(struct upstream_gauge *g, size_t n);
 
 /* From the scraper's thread: the state of upstream (name, url) now; a
  * failure (st->failing) keeps the last good values. Nothing happens when
