@@ -256,6 +256,7 @@ static struct request *client_request_new(struct client *cl)
 static struct reqhead *on_req_begin(void *arg)
 {
 	struct client *cl = arg;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 
 	if (!cl->req) {
 		cl->req = client_request_new(cl);
@@ -270,6 +271,7 @@ static struct reqhead *on_req_begin(void *arg)
 static int on_req_head(void *arg, struct reqhead *h)
 {
 	struct client *cl = arg;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 	struct request *req = cl->req;
 	const struct config *cfg = client_cfg(cl);
 
@@ -305,6 +307,7 @@ static int on_req_head(void *arg, struct reqhead *h)
 static int on_req_chunk(void *arg)
 {
 	struct client *cl = arg;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 	struct request *req = cl->req;
 
 	if (req->x.xstate == XS_AWAIT_CHUNK)
@@ -315,6 +318,7 @@ static int on_req_chunk(void *arg)
 static void on_req_body(void *arg, const char *at, size_t len)
 {
 	struct client *cl = arg;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 	struct request *req = cl->req;
 	const struct config *cfg = client_cfg(cl);
 
@@ -337,6 +341,7 @@ static void on_req_body(void *arg, const char *at, size_t len)
 static void on_req_complete(void *arg)
 {
 	struct client *cl = arg;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 	struct request *req = cl->req;
 
 	if (request_body_end(req) == -1)
@@ -374,6 +379,7 @@ static void client_free(struct client *cl)
 		bufferevent_free(cl->bev);
 	if (cl->timer)
 		event_free(cl->timer);
+	OBJ_MAGIC_CLEAR(cl);
 	free(cl);
 	if (set->draining && LIST_EMPTY(&set->clients) && set->drained) {
 		void (*done)(void *) = set->drained;
@@ -384,6 +390,7 @@ static void client_free(struct client *cl)
 
 static void on_deferred_free(evutil_socket_t fd, short what, void *arg)
 {
+	CHECK_OBJ((struct client *)arg, CLIENT_MAGIC);
 	client_free(arg);
 }
 
@@ -637,6 +644,7 @@ static void on_client_readable(evutil_socket_t fd, short what, void *arg)
 {
 	uint64_t now = clock_now_ns(); /* first: the fallback stamp */
 	struct client *cl = arg;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 	size_t have = evbuffer_get_length(bufferevent_get_input(cl->bev));
 	union rxstamp_ctl ctl;
 	struct msghdr msg = { 0 };
@@ -669,6 +677,7 @@ static void on_client_readable(evutil_socket_t fd, short what, void *arg)
 static void on_client_read(struct bufferevent *bev, void *arg)
 {
 	struct client *cl = arg;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 
 	(void)bev;
 	cl->last_read_ns = clock_now_ns();
@@ -678,6 +687,7 @@ static void on_client_read(struct bufferevent *bev, void *arg)
 static void on_client_write(struct bufferevent *bev, void *arg)
 {
 	struct client *cl = arg;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 	struct request *req = cl->req;
 	struct evbuffer *out = bufferevent_get_output(bev);
 
@@ -704,6 +714,7 @@ static void on_client_write(struct bufferevent *bev, void *arg)
 static void on_client_event(struct bufferevent *bev, short what, void *arg)
 {
 	struct client *cl = arg;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 
 	if (what & BEV_EVENT_CONNECTED)
 		return; /* a TLS handshake finished: nothing to do */
@@ -718,6 +729,7 @@ static void on_client_event(struct bufferevent *bev, short what, void *arg)
 static void on_client_timer(evutil_socket_t fd, short what, void *arg)
 {
 	struct client *cl = arg;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 	char msg[120];
 
 	switch (cl->state) {
@@ -753,6 +765,7 @@ void client_new(struct client_set *set, int fd, const char *peer, struct ssl_ctx
 		atomic_fetch_sub(set->clients_all, 1);
 		return;
 	}
+	OBJ_MAGIC_SET(cl, CLIENT_MAGIC);
 	cl->set = set;
 	cl->id = ++set->next_client_id;
 	cl->bev =
@@ -832,6 +845,7 @@ unsigned client_set_cut(struct client_set *set)
 static enum xr xh_forward(void *owner, const struct xsrc *src, size_t n)
 {
 	struct client *cl = owner;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 
 	if (src->mem)
 		return client_forward_mem(cl, src->mem, n) ? XR_OK : XR_ENDED;
@@ -845,6 +859,7 @@ static enum xr xh_forward(void *owner, const struct xsrc *src, size_t n)
 static size_t xh_backlog(void *owner, bool deep)
 {
 	struct client *cl = owner;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 	size_t n = evbuffer_get_length(bufferevent_get_output(cl->bev));
 	int queued = 0;
 
@@ -858,6 +873,7 @@ static size_t xh_backlog(void *owner, bool deep)
 static void xh_want_drain(void *owner, size_t low)
 {
 	struct client *cl = owner;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 
 	bufferevent_setwatermark(cl->bev, EV_WRITE, low, 0);
 }
@@ -865,6 +881,7 @@ static void xh_want_drain(void *owner, size_t low)
 static enum xr xh_upload(void *owner, bool on)
 {
 	struct client *cl = owner;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 
 	if (!on) {
 		if (!cl->reading_blocked)
@@ -883,6 +900,7 @@ static void xh_fail(void *owner, enum xfail why, const char *msg)
 {
 	const struct xfail_info *f = &exchange_fails[why];
 
+	CHECK_OBJ((struct client *)owner, CLIENT_MAGIC);
 	client_fail(owner, f->status, f->kind, f->type, msg);
 }
 
@@ -891,6 +909,7 @@ static void xh_fail(void *owner, enum xfail why, const char *msg)
 static void xh_done(void *owner)
 {
 	struct client *cl = owner;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 	struct request *req = cl->req;
 
 	/* The upstream answered before the client finished its body: the rest

@@ -25,6 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "check.h"
 #include "meter.h"
 #include "reqparse.h"
 #include "respparse.h"
@@ -177,7 +178,9 @@ struct exchange_env {
 };
 
 /* One exchange with the upstream, embedded in its owner's request. */
+#define EXCHANGE_MAGIC 0x58434847u /* "XCHG" */
 struct exchange {
+	OBJ_MAGIC_FIELD
 	const struct exchange_hooks *hooks;
 	void *owner;
 	const struct exchange_env *env;

@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "check.h"
 #include "exchange.h"
 #include "mirror.h"
 #include "reqparse.h"
@@ -32,7 +33,9 @@ struct request_env {
 };
 
 /* One request and its exchange with the upstream. Owned by its client. */
+#define REQUEST_MAGIC 0x52455155u /* "REQU" */
 struct request {
+	OBJ_MAGIC_FIELD
 	struct request_env *env;
 	uint64_t seq; /* its number on its client connection (client.c, client_runs) */
 	struct req_record rec;

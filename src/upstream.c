@@ -512,6 +512,7 @@ static void upconn_close(struct upconn *c)
 		event_free(c->rev); /* safe inside its own callback: libevent does not touch it after */
 	if (c->bev)
 		bufferevent_free(c->bev);
+	OBJ_MAGIC_CLEAR(c);
 	free(c);
 }
 
@@ -552,6 +553,7 @@ static ssize_t tls_recv_upconn(void *arg, char *buf, size_t len)
 static void on_upconn_readable(evutil_socket_t fd, short what, void *arg)
 {
 	struct upconn *c = arg;
+	CHECK_OBJ(c, UPCONN_MAGIC);
 	struct bufferevent *bev = c->bev;
 	struct msghdr msg = { 0 };
 	bool more = false;
@@ -692,6 +694,7 @@ static void pool_remove(struct upconn *c)
 static void on_idle_read(struct bufferevent *bev, void *arg)
 {
 	struct upconn *c = arg;
+	CHECK_OBJ(c, UPCONN_MAGIC);
 	log_debug("upstream %s: idle connection u%llu sent unexpected data; closing", c->up->name,
 		  (unsigned long long)c->id);
 	pool_remove(c);
@@ -701,6 +704,7 @@ static void on_idle_read(struct bufferevent *bev, void *arg)
 static void on_idle_event(struct bufferevent *bev, short what, void *arg)
 {
 	struct upconn *c = arg;
+	CHECK_OBJ(c, UPCONN_MAGIC);
 	pool_remove(c);
 	upconn_close(c);
 }
@@ -734,6 +738,7 @@ struct upconn *upstream_connect_new(struct upstream *up)
 	struct upconn *c = calloc(1, sizeof(*c));
 	if (!c)
 		return NULL;
+	OBJ_MAGIC_SET(c, UPCONN_MAGIC);
 	c->up = up;
 	c->id = ++up->opened;
 	c->bev = up->tls ? tls_bev_connect(up->base, up->tls_ctx,

@@ -31,6 +31,7 @@
 #include <sys/queue.h>
 #include <sys/socket.h>
 
+#include "check.h"
 #include "config.h"
 #include "timeline.h"
 #include "tls.h"
@@ -52,7 +53,9 @@ enum admit { ADMIT_NOW, ADMIT_QUEUED, ADMIT_FULL };
 
 /* One connection to an upstream. Owned by the request using it, or by the
  * pool while idle. */
+#define UPCONN_MAGIC 0x5550434eu /* "UPCN" */
 struct upconn {
+	OBJ_MAGIC_FIELD
 	struct upstream *up;
 	struct bufferevent *bev;
 	struct event *rev; /* the read event (upconn_reading); over TLS from the handshake's end */
