@@ -34,7 +34,7 @@
  * exchange.h, exchange.c).
  *
  * Backpressure follows libevent's le-proxy: when the destination's output
- * passes cfg->stream_buffer the source stops reading, and the destination's
+ * passes STREAM_BUFFER (exchange.h) the source stops reading, and the destination's
  * write callback (low watermark at half) resumes it. Memory per stream stays
  * bounded by a few buffers whatever the speeds of either side.
  *
@@ -320,18 +320,17 @@ static void on_req_body(void *arg, const char *at, size_t len)
 	struct client *cl = arg;
 	CHECK_OBJ(cl, CLIENT_MAGIC);
 	struct request *req = cl->req;
-	const struct config *cfg = client_cfg(cl);
 
 	if (!req->reqinfo_done) {
-		size_t room = cfg->body_inspect_max - req->body_prefix_len;
+		size_t room = BODY_INSPECT_MAX - req->body_prefix_len;
 		size_t take = len < room ? len : room;
 		if (!req->body_prefix)
-			req->body_prefix = malloc(cfg->body_inspect_max);
+			req->body_prefix = malloc(BODY_INSPECT_MAX);
 		if (req->body_prefix) {
 			memcpy(req->body_prefix + req->body_prefix_len, at, take);
 			req->body_prefix_len += take;
 		}
-		if (!req->body_prefix || req->body_prefix_len == cfg->body_inspect_max)
+		if (!req->body_prefix || req->body_prefix_len == BODY_INSPECT_MAX)
 			request_learn_body(req, false);
 	}
 	if (request_body_bytes(req, at, len) == -1)
@@ -553,7 +552,7 @@ static void on_client_event(struct bufferevent *bev, short what, void *arg);
  * into the free end of its last chain, not by moving `src`'s chains: an
  * upstream read reserves 64 KiB, which libevent allocates as a 128 KiB
  * chain, and a moved chain keeps its whole allocation, so a stream that
- * arrives an event per read would hold stream_buffer's worth of bytes in
+ * arrives an event per read would hold STREAM_BUFFER's worth of bytes in
  * over a hundred times that much memory while its client is slow. What
  * cannot be copied (more pieces than `v` holds, no memory) is moved.
  */

@@ -569,7 +569,7 @@ enum xr exchange_flush(struct exchange *x)
 		}
 		queued = evbuffer_get_length(out);
 	}
-	if (queued > xcfg(x)->stream_buffer)
+	if (queued > STREAM_BUFFER)
 		(void)x->hooks->upload(x->owner, false); /* stopping ends nothing */
 	/* all of it may be out already: no write callback will say so */
 	exchange_check_sent(x);
@@ -600,7 +600,7 @@ static void on_up_write(struct bufferevent *bev, void *arg)
 
 	/* under half the stream buffer: the owner reads its client again, if
 	 * it had stopped */
-	if (evbuffer_get_length(bufferevent_get_output(bev)) <= xcfg(x)->stream_buffer / 2 &&
+	if (evbuffer_get_length(bufferevent_get_output(bev)) <= STREAM_BUFFER / 2 &&
 	    x->hooks->upload(x->owner, true) == XR_ENDED)
 		return;
 	exchange_check_sent(x);
@@ -838,7 +838,7 @@ static void request_count_out(struct exchange *x, size_t n)
  * waits for the client. */
 static void request_check_backlog(struct exchange *x)
 {
-	size_t sb = xcfg(x)->stream_buffer;
+	size_t sb = STREAM_BUFFER;
 
 	if (x->hooks->backlog(x->owner, false) > sb) {
 		/* From here the idle clock, set at this read, times the client

@@ -120,6 +120,10 @@ enum xr {
  * pooled connection, to be sent again should that connection turn out to
  * have been closed by the server. */
 #define REPLAY_MAX (64u << 10)
+/* Bytes queued in one direction before its source stops reading (the
+ * request bytes for the upstream, the response bytes for the client): the
+ * high watermark; the low one is half of it. */
+#define STREAM_BUFFER (256u << 10)
 /* A request that is not idempotent is sent again only when its pooled
  * connection failed before it was all written, or within this long (plus
  * two of the connection's round trips) after: the server closed the
@@ -172,8 +176,8 @@ struct exchange_env {
 	struct event_base *base;
 	struct meter_env meter;
 	struct evbuffer *tail; /* a response's last bytes between its upstream and its client */
-	/* the proxy's current generation: stream_buffer and max_event_size are
-	 * read from it as they were before the split */
+	/* the proxy's current generation: max_event_size is read from it as it
+	 * was before the split */
 	struct router *const *current;
 };
 

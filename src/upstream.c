@@ -435,7 +435,6 @@ struct upstream *upstream_adopt(struct upstream *up, const struct config *cfg, s
 	uc = &up->conf;
 	up->refs++;
 	up->pool_idle_timeout_ms = cfg->pool_idle_timeout_ms;
-	up->pool_max_idle = cfg->pool_max_idle;
 	up->cold_idle_ms = cfg->cold_idle_ms;
 	up->connect_timeout_ms = uc->connect_timeout_ms ? uc->connect_timeout_ms : cfg->connect_timeout_ms;
 	up->first_byte_timeout_ms = uc->first_byte_timeout_ms ? uc->first_byte_timeout_ms : cfg->first_byte_timeout_ms;
@@ -802,7 +801,7 @@ void upstream_release(struct upconn *c, bool reusable)
 		return;
 	up = c->up;
 	up->conns_out--;
-	if (!reusable || !c->connected || up->n_idle >= up->pool_max_idle ||
+	if (!reusable || !c->connected || up->n_idle >= POOL_MAX_IDLE ||
 	    evbuffer_get_length(bufferevent_get_input(c->bev)) != 0 || (c->ssl && tls_pending(c->ssl)) ||
 	    evbuffer_get_length(bufferevent_get_output(c->bev)) != 0) {
 		upconn_close(c);
