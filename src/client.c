@@ -422,7 +422,13 @@ static void client_close(struct client *cl, const char *why)
 	}
 	evtimer_del(cl->timer);
 	struct timeval zero = { 0, 0 };
-	event_base_once(cl->set->base, -1, EV_TIMEOUT, on_deferred_free, cl, &zero);
+	if (event_base_once(cl->set->base, -1, EV_TIMEOUT, on_deferred_free, cl, &zero) == -1) {
+		/* no memory even for that (a close for want of memory): the
+		 * client's own timer frees it, which allocates nothing; freeing
+		 * a timer in its own callback is safe */
+		event_assign(cl->timer, cl->set->base, -1, 0, on_deferred_free, cl);
+		event_active(cl->timer, EV_TIMEOUT, 1);
+	}
 }
 
 /* The response is fully written: log it, then either close or take the next

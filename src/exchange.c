@@ -34,6 +34,7 @@
 
 #include "exchange.h"
 
+#include "bevio.h"
 #include "check.h"
 #include "config.h"
 #include "log.h"
@@ -551,13 +552,8 @@ enum xr exchange_flush(struct exchange *x)
 		if (x->replay && queued) {
 			/* keep what goes out, while the request stays small */
 			size_t have = evbuffer_get_length(x->replay);
-			char *copy = have + queued <= REPLAY_MAX ? malloc(queued) : NULL;
-			if (copy) {
-				evbuffer_copyout(x->up_pending, copy, queued);
-				evbuffer_add(x->replay, copy, queued);
-				free(copy);
-			} else {
-				evbuffer_free(x->replay);
+			if (have + queued > REPLAY_MAX || bevio_copy(x->replay, x->up_pending) == -1) {
+				evbuffer_free(x->replay); /* too big, or out of memory: no replay */
 				x->replay = NULL;
 			}
 		}
