@@ -34,7 +34,7 @@
  * exchange.h, exchange.c).
  *
  * Backpressure follows libevent's le-proxy: when the destination's output
- * passes cfg->stream_buffer the source stops reading, and the destination's
+ * passes STREAM_BUFFER (exchange.h) the source stops reading, and the destination's
  * write callback (low watermark at half) resumes it. Memory per stream stays
  * bounded by a few buffers whatever the speeds of either side.
  *
@@ -256,6 +256,7 @@ static struct request *client_request_new(struct client *cl)
 static struct reqhead *on_req_begin(void *arg)
 {
 	struct client *cl = arg;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 
 	if (!cl->req) {
 		cl->req = client_request_new(cl);
@@ -270,6 +271,7 @@ static struct reqhead *on_req_begin(void *arg)
 static int on_req_head(void *arg, struct reqhead *h)
 {
 	struct client *cl = arg;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 	struct request *req = cl->req;
 	const struct config *cfg = client_cfg(cl);
 
@@ -305,6 +307,7 @@ static int on_req_head(void *arg, struct reqhead *h)
 static int on_req_chunk(void *arg)
 {
 	struct client *cl = arg;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 	struct request *req = cl->req;
 
 	if (req->x.xstate == XS_AWAIT_CHUNK)
@@ -315,19 +318,19 @@ static int on_req_chunk(void *arg)
 static void on_req_body(void *arg, const char *at, size_t len)
 {
 	struct client *cl = arg;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 	struct request *req = cl->req;
-	const struct config *cfg = client_cfg(cl);
 
 	if (!req->reqinfo_done) {
-		size_t room = cfg->body_inspect_max - req->body_prefix_len;
+		size_t room = BODY_INSPECT_MAX - req->body_prefix_len;
 		size_t take = len < room ? len : room;
 		if (!req->body_prefix)
-			req->body_prefix = malloc(cfg->body_inspect_max);
+			req->body_prefix = malloc(BODY_INSPECT_MAX);
 		if (req->body_prefix) {
 			memcpy(req->body_prefix + req->body_prefix_len, at, take);
 			req->body_prefix_len += take;
 		}
-		if (!req->body_prefix || req->body_prefix_len == cfg->body_inspect_max)
+		if (!req->body_prefix || req->body_prefix_len == BODY_INSPECT_MAX)
 			request_learn_body(req, false);
 	}
 	if (request_body_bytes(req, at, len) == -1)
@@ -337,6 +340,7 @@ static void on_req_body(void *arg, const char *at, size_t len)
 static void on_req_complete(void *arg)
 {
 	struct client *cl = arg;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 	struct request *req = cl->req;
 
 	if (request_body_end(req) == -1)
@@ -374,6 +378,7 @@ static void client_free(struct client *cl)
 		bufferevent_free(cl->bev);
 	if (cl->timer)
 		event_free(cl->timer);
+	OBJ_MAGIC_CLEAR(cl);
 	free(cl);
 	if (set->draining && LIST_EMPTY(&set->clients) && set->drained) {
 		void (*done)(void *) = set->drained;
@@ -384,6 +389,7 @@ static void client_free(struct client *cl)
 
 static void on_deferred_free(evutil_socket_t fd, short what, void *arg)
 {
+	CHECK_OBJ((struct client *)arg, CLIENT_MAGIC);
 	client_free(arg);
 }
 
@@ -416,7 +422,13 @@ static void client_close(struct client *cl, const char *why)
 	}
 	evtimer_del(cl->timer);
 	struct timeval zero = { 0, 0 };
-	event_base_once(cl->set->base, -1, EV_TIMEOUT, on_deferred_free, cl, &zero);
+	if (event_base_once(cl->set->base, -1, EV_TIMEOUT, on_deferred_free, cl, &zero) == -1) {
+		/* no memory even for that (a close for want of memory): the
+		 * client's own timer frees it, which allocates nothing; freeing
+		 * a timer in its own callback is safe */
+		event_assign(cl->timer, cl->set->base, -1, 0, on_deferred_free, cl);
+		event_active(cl->timer, EV_TIMEOUT, 1);
+	}
 }
 
 /* The response is fully written: log it, then either close or take the next
@@ -546,7 +558,7 @@ static void on_client_event(struct bufferevent *bev, short what, void *arg);
  * into the free end of its last chain, not by moving `src`'s chains: an
  * upstream read reserves 64 KiB, which libevent allocates as a 128 KiB
  * chain, and a moved chain keeps its whole allocation, so a stream that
- * arrives an event per read would hold stream_buffer's worth of bytes in
+ * arrives an event per read would hold STREAM_BUFFER's worth of bytes in
  * over a hundred times that much memory while its client is slow. What
  * cannot be copied (more pieces than `v` holds, no memory) is moved.
  */
@@ -637,6 +649,7 @@ static void on_client_readable(evutil_socket_t fd, short what, void *arg)
 {
 	uint64_t now = clock_now_ns(); /* first: the fallback stamp */
 	struct client *cl = arg;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 	size_t have = evbuffer_get_length(bufferevent_get_input(cl->bev));
 	union rxstamp_ctl ctl;
 	struct msghdr msg = { 0 };
@@ -669,6 +682,7 @@ static void on_client_readable(evutil_socket_t fd, short what, void *arg)
 static void on_client_read(struct bufferevent *bev, void *arg)
 {
 	struct client *cl = arg;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 
 	(void)bev;
 	cl->last_read_ns = clock_now_ns();
@@ -678,6 +692,7 @@ static void on_client_read(struct bufferevent *bev, void *arg)
 static void on_client_write(struct bufferevent *bev, void *arg)
 {
 	struct client *cl = arg;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 	struct request *req = cl->req;
 	struct evbuffer *out = bufferevent_get_output(bev);
 
@@ -704,6 +719,7 @@ static void on_client_write(struct bufferevent *bev, void *arg)
 static void on_client_event(struct bufferevent *bev, short what, void *arg)
 {
 	struct client *cl = arg;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 
 	if (what & BEV_EVENT_CONNECTED)
 		return; /* a TLS handshake finished: nothing to do */
@@ -718,6 +734,7 @@ static void on_client_event(struct bufferevent *bev, short what, void *arg)
 static void on_client_timer(evutil_socket_t fd, short what, void *arg)
 {
 	struct client *cl = arg;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 	char msg[120];
 
 	switch (cl->state) {
@@ -753,6 +770,7 @@ void client_new(struct client_set *set, int fd, const char *peer, struct ssl_ctx
 		atomic_fetch_sub(set->clients_all, 1);
 		return;
 	}
+	OBJ_MAGIC_SET(cl, CLIENT_MAGIC);
 	cl->set = set;
 	cl->id = ++set->next_client_id;
 	cl->bev =
@@ -832,6 +850,7 @@ unsigned client_set_cut(struct client_set *set)
 static enum xr xh_forward(void *owner, const struct xsrc *src, size_t n)
 {
 	struct client *cl = owner;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 
 	if (src->mem)
 		return client_forward_mem(cl, src->mem, n) ? XR_OK : XR_ENDED;
@@ -845,6 +864,7 @@ static enum xr xh_forward(void *owner, const struct xsrc *src, size_t n)
 static size_t xh_backlog(void *owner, bool deep)
 {
 	struct client *cl = owner;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 	size_t n = evbuffer_get_length(bufferevent_get_output(cl->bev));
 	int queued = 0;
 
@@ -858,6 +878,7 @@ static size_t xh_backlog(void *owner, bool deep)
 static void xh_want_drain(void *owner, size_t low)
 {
 	struct client *cl = owner;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 
 	bufferevent_setwatermark(cl->bev, EV_WRITE, low, 0);
 }
@@ -865,6 +886,7 @@ static void xh_want_drain(void *owner, size_t low)
 static enum xr xh_upload(void *owner, bool on)
 {
 	struct client *cl = owner;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 
 	if (!on) {
 		if (!cl->reading_blocked)
@@ -883,6 +905,7 @@ static void xh_fail(void *owner, enum xfail why, const char *msg)
 {
 	const struct xfail_info *f = &exchange_fails[why];
 
+	CHECK_OBJ((struct client *)owner, CLIENT_MAGIC);
 	client_fail(owner, f->status, f->kind, f->type, msg);
 }
 
@@ -891,6 +914,7 @@ static void xh_fail(void *owner, enum xfail why, const char *msg)
 static void xh_done(void *owner)
 {
 	struct client *cl = owner;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 	struct request *req = cl->req;
 
 	/* The upstream answered before the client finished its body: the rest

@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <sys/queue.h>
 
+#include "check.h"
 #include "reqparse.h"
 #include "request.h"
 #include "rxstamp.h"
@@ -71,7 +72,9 @@ struct client_set {
 };
 
 /* One client connection. Owned by its set's client list. */
+#define CLIENT_MAGIC 0x434c4e54u /* "CLNT" */
 struct client {
+	OBJ_MAGIC_FIELD
 	struct client_set *set;
 	uint64_t id;
 	struct bufferevent *bev;

@@ -120,10 +120,7 @@ struct config {
 	uint64_t first_byte_timeout_ms; /* request sent → response headers */
 	uint64_t idle_timeout_ms;	/* no byte either way on a running exchange */
 	uint64_t pool_idle_timeout_ms;	/* idle pooled upstream connection */
-	unsigned pool_max_idle;		/* idle connections kept per upstream */
-	size_t stream_buffer;		/* per-direction high watermark */
 	size_t max_event_size;		/* framer bound on one SSE event / NDJSON line */
-	size_t body_inspect_max;	/* request body prefix kept to learn the model */
 
 	const char *data_dir;	/* LMDB stats directory; NULL: memory only */
 	uint64_t flush_ms;	/* worker deltas to the store */

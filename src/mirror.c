@@ -19,7 +19,9 @@
 
 enum mirror_timer { MT_CONNECT, MT_FIRST_BYTE, MT_IDLE };
 
+#define MIRROR_MAGIC 0x4d495252u /* "MIRR" */
 struct mirror {
+	OBJ_MAGIC_FIELD
 	struct mirror_env env;
 	struct mirror *next, *prev; /* in env.list */
 	struct upstream *up;
@@ -66,6 +68,7 @@ static void mirror_end(struct mirror *m, enum req_error err, bool record)
 	record_release(&m->rec);
 	evbuffer_free(m->pending);
 	event_free(m->timer);
+	OBJ_MAGIC_CLEAR(m);
 	free(m);
 }
 
@@ -208,6 +211,7 @@ struct mirror *mirror_start(const struct mirror_env *env, struct upstream *up, c
 		upstream_leave(up);
 		return NULL;
 	}
+	OBJ_MAGIC_SET(m, MIRROR_MAGIC);
 	m->env = *env;
 	unsigned load = upstream_inflight(up); /* a shadow never queues: admitted on arrival */
 	upstream_ref(up);

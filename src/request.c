@@ -65,6 +65,7 @@ struct request *request_new(struct request_env *env, const struct exchange_hooks
 
 	if (!req)
 		return NULL;
+	OBJ_MAGIC_SET(req, REQUEST_MAGIC);
 	req->env = env;
 	req->x.rt = env->router;
 	router_ref(req->x.rt);
@@ -84,6 +85,7 @@ void request_free(struct request *req)
 {
 	if (!req)
 		return;
+	CHECK_OBJ(req, REQUEST_MAGIC);
 	exchange_release(&req->x, false);
 	if (req->mirror)
 		mirror_detach(req->mirror, req->x.body_done);
@@ -93,6 +95,7 @@ void request_free(struct request *req)
 	reqhead_free(&req->head);
 	free(req->body_prefix);
 	router_unref(req->x.rt);
+	OBJ_MAGIC_CLEAR(req);
 	free(req);
 }
 
@@ -100,6 +103,7 @@ void request_free(struct request *req)
  * (meter_finish). */
 void request_record(struct request *req)
 {
+	CHECK_OBJ(req, REQUEST_MAGIC);
 	exchange_meter_label(&req->x);
 	meter_finish(&req->x.meter, req->x.up);
 }

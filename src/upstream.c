@@ -440,7 +440,6 @@ struct upstream *upstream_adopt(struct upstream *up, const struct config *cfg, s
 	uc = &up->conf;
 	up->refs++;
 	up->pool_idle_timeout_ms = cfg->pool_idle_timeout_ms;
-	up->pool_max_idle = cfg->pool_max_idle;
 	up->cold_idle_ms = cfg->cold_idle_ms;
 	up->connect_timeout_ms = uc->connect_timeout_ms ? uc->connect_timeout_ms : cfg->connect_timeout_ms;
 	up->first_byte_timeout_ms = uc->first_byte_timeout_ms ? uc->first_byte_timeout_ms : cfg->first_byte_timeout_ms;
@@ -518,6 +517,7 @@ static void upconn_close(struct upconn *c)
 		event_free(c->rev); /* safe inside its own callback: libevent does not touch it after */
 	if (c->bev)
 		bufferevent_free(c->bev);
+	OBJ_MAGIC_CLEAR(c);
 	free(c);
 }
 
@@ -561,6 +561,7 @@ static ssize_t tls_recv_upconn(void *arg, char *buf, size_t len)
 static void on_upconn_readable(evutil_socket_t fd, short what, void *arg)
 {
 	struct upconn *c = arg;
+	CHECK_OBJ(c, UPCONN_MAGIC);
 	struct bufferevent *bev = c->bev;
 	struct msghdr msg = { 0 };
 	bool more = false;
@@ -701,6 +702,7 @@ static void pool_remove(struct upconn *c)
 static void on_idle_read(struct bufferevent *bev, void *arg)
 {
 	struct upconn *c = arg;
+	CHECK_OBJ(c, UPCONN_MAGIC);
 	log_debug("upstream %s: idle connection u%llu sent unexpected data; closing", c->up->name,
 		  (unsigned long long)c->id);
 	pool_remove(c);
@@ -710,6 +712,7 @@ static void on_idle_read(struct bufferevent *bev, void *arg)
 static void on_idle_event(struct bufferevent *bev, short what, void *arg)
 {
 	struct upconn *c = arg;
+	CHECK_OBJ(c, UPCONN_MAGIC);
 	pool_remove(c);
 	upconn_close(c);
 }
@@ -743,6 +746,7 @@ struct upconn *upstream_connect_new(struct upstream *up)
 	struct upconn *c = calloc(1, sizeof(*c));
 	if (!c)
 		return NULL;
+	OBJ_MAGIC_SET(c, UPCONN_MAGIC);
 	c->up = up;
 	c->id = ++up->opened;
 	c->bev = up->tls ? tls_bev_connect(up->base, up->tls_ctx,
@@ -806,7 +810,7 @@ void upstream_release(struct upconn *c, bool reusable)
 		return;
 	up = c->up;
 	up->conns_out--;
-	if (!reusable || !c->connected || up->n_idle >= up->pool_max_idle ||
+	if (!reusable || !c->connected || up->n_idle >= POOL_MAX_IDLE ||
 	    evbuffer_get_length(bufferevent_get_input(c->bev)) != 0 || (c->ssl && tls_pending(c->ssl)) ||
 	    evbuffer_get_length(bufferevent_get_output(c->bev)) != 0) {
 		upconn_close(c);

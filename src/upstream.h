@@ -31,6 +31,7 @@
 #include <sys/queue.h>
 #include <sys/socket.h>
 
+#include "check.h"
 #include "config.h"
 #include "timeline.h"
 #include "tls.h"
@@ -50,9 +51,15 @@ struct up_waiter {
 
 enum admit { ADMIT_NOW, ADMIT_QUEUED, ADMIT_FULL };
 
+/* Idle connections an upstream's pool keeps, per worker; one more
+ * released is closed. fdlimit_need counts them. */
+#define POOL_MAX_IDLE 256u
+
 /* One connection to an upstream. Owned by the request using it, or by the
  * pool while idle. */
+#define UPCONN_MAGIC 0x5550434eu /* "UPCN" */
 struct upconn {
+	OBJ_MAGIC_FIELD
 	struct upstream *up;
 	struct bufferevent *bev;
 	struct event *rev; /* the read event (upconn_reading); over TLS from the handshake's end */
@@ -89,7 +96,6 @@ struct upstream {
 	/* Its own copy of its settings: generations come and go around it. */
 	struct upstream_conf conf;
 	uint64_t pool_idle_timeout_ms, cold_idle_ms;
-	unsigned pool_max_idle;
 	uint64_t connect_timeout_ms, first_byte_timeout_ms, idle_timeout_ms;
 	unsigned active;	      /* admitted requests of this worker not yet done */
 	unsigned queued;	      /* waiting in this worker */
