@@ -33,4 +33,29 @@ struct keyscan_key {
  * the order they start. */
 const char *keyscan_find_any(const char *p, const char *end, const struct keyscan_key *keys, size_t n, size_t *which);
 
+/* Keys checked once for keyscan_find_set(), which then skips the checks
+ * keyscan_find_any() makes on every call: for a search repeated on every
+ * event. Made by keyscan_set_init(), or as a constant by KEYSCAN_SET2() for
+ * two keys within the contract above (quoted keys, as classify.c's KEY()
+ * makes: KEYSCAN_SET2(KEY("usage"), KEY("timings"))). */
+struct keyscan_set {
+	struct keyscan_key keys[KEYSCAN_MAX_KEYS];
+	size_t n;	       /* 0: outside the contract, finds nothing */
+	size_t minlen, maxlen; /* of the keys' lengths */
+};
+
+#define KEYSCAN_SET2(a, b) KEYSCAN_SET2_(a, b)
+#define KEYSCAN_SET2_(q0, l0, q1, l1) \
+	{ \
+		.keys = { { q0, l0 }, { q1, l1 } }, .n = 2, .minlen = (l0) < (l1) ? (l0) : (l1), \
+		.maxlen = (l0) > (l1) ? (l0) : (l1), \
+	}
+
+/* Fills `set` with keys[0 .. n); returns 0, or -1 (and a set that finds
+ * nothing) when keyscan_find_any() would refuse them. */
+int keyscan_set_init(struct keyscan_set *set, const struct keyscan_key *keys, size_t n);
+
+/* keyscan_find_any(p, end, set->keys, set->n, which), without its checks. */
+const char *keyscan_find_set(const char *p, const char *end, const struct keyscan_set *set, size_t *which);
+
 #endif
