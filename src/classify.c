@@ -246,7 +246,7 @@ static bool key_holds_text(const struct span *s, const char **from, const struct
  * stopped at the same place. */
 static bool key_sits_with_text(const struct span *s, const char *at, const struct token_key *k)
 {
-	if ((size_t)(s->end - at) < k->qlen || memcmp(at, k->qkey, k->qlen) != 0)
+	if ((size_t)(s->end - at) < k->qlen || !keyscan_same(at, k->qkey, k->qlen))
 		return false;
 	const char *v = key_value(s, at, k->qlen);
 	return v != NULL && value_holds_text(s, v, k);

@@ -43,46 +43,10 @@ static int check_keys(const struct keyscan_key *keys, size_t n, size_t *minlen, 
 #if defined(__x86_64__) && defined(__SSE2__)
 #include <immintrin.h>
 
-/* a[0, n) equals b[0, n). Keys are short: two (four past 16 bytes)
- * overlapping word loads per side compare them without a call to
- * memcmp(), which every event's hit would otherwise pay. */
-static inline int same(const char *a, const char *b, size_t n)
-{
-	if (n > 16 && n <= 32) {
-		uint64_t a0, a1, a2, a3, b0, b1, b2, b3;
-		memcpy(&a0, a, 8);
-		memcpy(&a1, a + 8, 8);
-		memcpy(&a2, a + n - 16, 8);
-		memcpy(&a3, a + n - 8, 8);
-		memcpy(&b0, b, 8);
-		memcpy(&b1, b + 8, 8);
-		memcpy(&b2, b + n - 16, 8);
-		memcpy(&b3, b + n - 8, 8);
-		return ((a0 ^ b0) | (a1 ^ b1) | (a2 ^ b2) | (a3 ^ b3)) == 0;
-	}
-	if (n >= 8 && n <= 16) {
-		uint64_t a0, a1, b0, b1;
-		memcpy(&a0, a, 8);
-		memcpy(&a1, a + n - 8, 8);
-		memcpy(&b0, b, 8);
-		memcpy(&b1, b + n - 8, 8);
-		return a0 == b0 && a1 == b1;
-	}
-	if (n >= 4 && n < 8) {
-		uint32_t a0, a1, b0, b1;
-		memcpy(&a0, a, 4);
-		memcpy(&a1, a + n - 4, 4);
-		memcpy(&b0, b, 4);
-		memcpy(&b1, b + n - 4, 4);
-		return a0 == b0 && a1 == b1;
-	}
-	return memcmp(a, b, n) == 0;
-}
-
 static const char *find_scalar(const char *c, const char *stop, const char *q, size_t qlen)
 {
 	for (; c <= stop; c++)
-		if (c[1] == q[1] && same(c, q, qlen))
+		if (c[1] == q[1] && keyscan_same(c, q, qlen))
 			return c;
 	return NULL;
 }
@@ -92,7 +56,7 @@ static inline const char *check(const char *c, unsigned mask, const char *q, siz
 {
 	while (mask != 0) {
 		unsigned i = (unsigned)__builtin_ctz(mask);
-		if (same(c + i, q, qlen))
+		if (keyscan_same(c + i, q, qlen))
 			return c + i;
 		mask &= mask - 1;
 	}
@@ -216,7 +180,8 @@ static inline const char *any_at(const char *c, const char *end, const struct ke
 				 size_t *which)
 {
 	for (size_t k = 0; k < n; k++) {
-		if (c[1] == keys[k].q[1] && (size_t)(end - c) >= keys[k].qlen && same(c, keys[k].q, keys[k].qlen)) {
+		if (c[1] == keys[k].q[1] && (size_t)(end - c) >= keys[k].qlen &&
+		    keyscan_same(c, keys[k].q, keys[k].qlen)) {
 			*which = k;
 			return c;
 		}

@@ -10,6 +10,8 @@
 #define TOKENTAP_KEYSCAN_H
 
 #include <stddef.h>
+#include <stdint.h>
+#include <string.h>
 
 /* The first occurrence of q[0 .. qlen) in [p, end), or NULL. qlen >= 3: the
  * search keys on q's second and second-to-last bytes (the first and last
@@ -21,6 +23,43 @@ struct keyscan_key {
 	const char *q;
 	size_t qlen;
 };
+
+/* a[0, n) equals b[0, n). Keys are short: two (four past 16 bytes)
+ * overlapping word loads per side compare them without a call to
+ * memcmp(), which every event's hit (and classify.c's probe of the key a
+ * stream's last event held) would otherwise pay. */
+static inline int keyscan_same(const char *a, const char *b, size_t n)
+{
+	if (n > 16 && n <= 32) {
+		uint64_t a0, a1, a2, a3, b0, b1, b2, b3;
+		memcpy(&a0, a, 8);
+		memcpy(&a1, a + 8, 8);
+		memcpy(&a2, a + n - 16, 8);
+		memcpy(&a3, a + n - 8, 8);
+		memcpy(&b0, b, 8);
+		memcpy(&b1, b + 8, 8);
+		memcpy(&b2, b + n - 16, 8);
+		memcpy(&b3, b + n - 8, 8);
+		return ((a0 ^ b0) | (a1 ^ b1) | (a2 ^ b2) | (a3 ^ b3)) == 0;
+	}
+	if (n >= 8 && n <= 16) {
+		uint64_t a0, a1, b0, b1;
+		memcpy(&a0, a, 8);
+		memcpy(&a1, a + n - 8, 8);
+		memcpy(&b0, b, 8);
+		memcpy(&b1, b + n - 8, 8);
+		return a0 == b0 && a1 == b1;
+	}
+	if (n >= 4 && n < 8) {
+		uint32_t a0, a1, b0, b1;
+		memcpy(&a0, a, 4);
+		memcpy(&a1, a + n - 4, 4);
+		memcpy(&b0, b, 4);
+		memcpy(&b1, b + n - 4, 4);
+		return a0 == b0 && a1 == b1;
+	}
+	return memcmp(a, b, n) == 0;
+}
 
 #define KEYSCAN_MAX_KEYS 5
 

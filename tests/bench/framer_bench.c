@@ -7,7 +7,8 @@
  * with LF line ends and with CRLF. Prints ns per event for each (wall
  * clock: compare builds on a quiet machine, or run it under
  * `valgrind --tool=callgrind` for instruction counts, which load does not
- * move; `framer_bench ROUNDS K` runs only the K-th of the four, 0-3). Not a test: run it by hand; exits 1 if an event is lost.
+ * move; `framer_bench ROUNDS K` runs only the K-th of the four, 0-3). Not a test: run it by hand; exits 1 if an event
+ * is lost.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,11 +39,12 @@ static char *build(const char *eol, size_t *off)
 	char *s = malloc(cap);
 	for (int i = 0; i < EVENTS; i++) {
 		off[i] = n;
-		n += (size_t)snprintf(s + n, cap - n,
-				      "data: {\"id\":\"chatcmpl-8c5a1e0f2b3d4e5f\",\"object\":\"chat.completion.chunk\","
-				      "\"created\":1751642570,\"model\":\"sim-model\",\"choices\":[{\"index\":0,"
-				      "\"delta\":{\"content\":\"%s\"},\"logprobs\":null,\"finish_reason\":null}]}%s%s",
-				      i % 3 ? " word" : " longer-word", eol, eol);
+		n += (size_t)snprintf(
+			s + n, cap - n,
+			"data: {\"id\":\"chatcmpl-8c5a1e0f2b3d4e5f\",\"object\":\"chat.completion.chunk\","
+			"\"created\":1751642570,\"model\":\"sim-model\",\"choices\":[{\"index\":0,"
+			"\"delta\":{\"content\":\"%s\"},\"logprobs\":null,\"finish_reason\":null}]}%s%s",
+			i % 3 ? " word" : " longer-word", eol, eol);
 	}
 	off[EVENTS] = n;
 	return s;
