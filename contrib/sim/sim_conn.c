@@ -16,6 +16,10 @@
  *   SIM_HIGH_WATER bytes; a stalled stream resumes from the write callback.
  *   A slow reader therefore stalls generation and memory stays bounded.
  * - Only the head request has a pacing timer; responses leave in order.
+ * - --events-per-write N > 1: a fixed-pace stream's token events are held
+ *   in its `held` buffer and handed to the output N at a time (the last
+ *   group with the closing events); at itl 0 the loop is yielded to after
+ *   each group, so that one write carries one group while the client keeps up.
  * - With --batching, the head request is paced by the shared scheduler
  *   (sim_batch.c) instead of its timer: the scheduler counts the tokens
  *   generated and calls back; the connection writes them while its output
