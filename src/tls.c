@@ -313,9 +313,16 @@ size_t tls_bev_write(struct bufferevent *bev, const char *p, size_t n)
 
 	if (!ssl || !SSL_is_init_finished(ssl) || evbuffer_get_length(out) != 0)
 		return 0;
+	/* SSL_get_error needs an empty error queue. Looking costs a quarter
+	 * of clearing, which walks all 16 slots (about 850 instructions with
+	 * OpenSSL 3.0, three times the rest of this function for a one-event
+	 * write), and a write that succeeds leaves nothing there; were one to,
+	 * a later WANT_WRITE would read as a failure, and the bytes would go
+	 * to the bufferevent, which clears and writes them itself. */
+	if (ERR_peek_error())
+		ERR_clear_error();
 	while (done < n) {
 		size_t piece = n - done < TLS_WRITE_PIECE ? n - done : TLS_WRITE_PIECE, w = 0;
-		ERR_clear_error();
 		if (SSL_write_ex(ssl, p + done, piece, &w) == 1) {
 			done += w;
 			continue;
