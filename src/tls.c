@@ -346,3 +346,17 @@ size_t tls_bev_write(struct bufferevent *bev, const char *p, size_t n)
 	}
 	return done;
 }
+
+void tls_bev_keep_buffers(struct bufferevent *bev, bool keep)
+{
+	SSL *ssl = bufferevent_openssl_get_ssl(bev);
+
+	if (!ssl)
+		return;
+	if (keep) {
+		SSL_clear_mode(ssl, SSL_MODE_RELEASE_BUFFERS);
+	} else {
+		SSL_set_mode(ssl, SSL_MODE_RELEASE_BUFFERS);
+		(void)SSL_free_buffers(ssl); /* refused while bytes are in them: they go after the next write */
+	}
+}
