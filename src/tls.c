@@ -4,7 +4,9 @@
  * Both kinds of context release a connection's record buffers (about 17 KiB
  * each way) whenever they are empty: an idle keep-alive connection, client
  * or pooled upstream, then costs little more than a plain one, and a busy
- * one takes them again from the allocator, which keeps them at hand.
+ * one takes them again from the allocator, which keeps them at hand. A TLS
+ * client keeps them while its response streams (tls_bev_keep_buffers):
+ * there a free and an allocation per record would be a tenth of its cost.
  */
 #include "tls.h"
 
