@@ -425,6 +425,80 @@ def paced(sock, req, fu):
     return True
 
 
+def head_and_events_then_paced(sock, req, fu):
+    """The head and three events in one write (one upstream read, before
+    the head is parsed), then three events 50 ms apart."""
+    body = sse_body(6)
+    events = [e + b"\n\n" for e in body.split(b"\n\n")[:-1]]
+    sock.sendall(sse_head(len(body)) + b"".join(events[:3]))
+    for e in events[3:]:
+        time.sleep(0.05)
+        sock.sendall(e)
+    return True
+
+
+def whole_in_one_write(sock, req, fu):
+    """Head and an 8 MiB body in one write: the first read (64 KiB, head
+    included) goes the way a read before the head's end goes, and the
+    rest is more than the sockets hold."""
+    body = sse_body(120000)
+    sock.sendall(sse_head(len(body)) + body)
+    return True
+
+
+class RecordClient:
+    """A TLS client over a raw socket (ssl.MemoryBIO) that sees the server's
+    records: read_records() decrypts one record at a time and keeps, for
+    each that carries data, the bytes it carried."""
+
+    def __init__(self, port, cafile, timeout=10.0):
+        self.sock = socket.create_connection((harness.LOOPBACK, port), timeout=timeout)
+        self.inc, self.out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.tls = ssl.create_default_context(cafile=cafile).wrap_bio(self.inc, self.out,
+                                                                      server_hostname="localhost")
+        self.raw = b""
+        while True:
+            try:
+                self.tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                self.sock.sendall(self.out.read())
+                data = self.sock.recv(65536)
+                if not data:
+                    raise ConnectionError("closed during the handshake")
+                self.inc.write(data)
+        self.sock.sendall(self.out.read())
+
+    def send(self, data):
+        self.tls.write(data)
+        self.sock.sendall(self.out.read())
+
+    def read_records(self, nbytes, deadline_s=PROMPT_S):
+        """The data records until `nbytes` of plaintext have come."""
+        got, records = 0, []
+        deadline = time.monotonic() + deadline_s
+        while got < nbytes and time.monotonic() < deadline:
+            while len(self.raw) >= 5 and len(self.raw) >= 5 + int.from_bytes(self.raw[3:5], "big"):
+                n = 5 + int.from_bytes(self.raw[3:5], "big")
+                self.inc.write(self.raw[:n])
+                self.raw = self.raw[n:]
+                try:
+                    data = self.tls.read(1 << 17)
+                except ssl.SSLWantReadError:
+                    continue  # a session ticket: no data
+                records.append(data)
+                got += len(data)
+            if got < nbytes:
+                chunk = self.sock.recv(1 << 17)
+                if not chunk:
+                    break
+                self.raw += chunk
+        return records
+
+    def close(self):
+        self.sock.close()
+
+
 class TlsClientWriteTest(harness.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -433,11 +507,60 @@ class TlsClientWriteTest(harness.TestCase):
         cls.cert, cls.key = make_pki(cls.dir)
         cls.ca = os.path.join(cls.dir, "ca.pem")
 
-    def front(self, handler):
+    def front(self, handler, *args):
         fu = harness.start_fake_upstream(self, handler)
         tt = rh.start_conf(self, rh.upstreams_yaml({"up": fu.url}) + "tls:\n  cert: %s\n  key: %s\n"
-                           % (self.cert, self.key), *rh.ONE_WORKER)
+                           % (self.cert, self.key), *rh.ONE_WORKER, *args)
         return fu, tt
+
+    def tls_counts(self, tt):
+        """The client connection's TLS write counts, logged at its close:
+        bytes written in the upstream read's call, bytes queued."""
+        rx = re.compile(r"TLS: (\d+) response bytes written in the upstream read's call, (\d+) queued")
+        self.assertTrue(harness.wait_until(lambda: tt.count_lines(rx) > 0, PROMPT_S, 0.02), tt.stderr_text())
+        m = [rx.search(x) for x in tt.lines if rx.search(x)][0]
+        return int(m.group(1)), int(m.group(2))
+
+    def test_each_upstream_read_is_one_record_written_at_once(self):
+        """The head and the events of the first read leave in one record,
+        each later event in its own; none waits in the output buffer for the
+        next loop turn (the first read, before the head is parsed, did)."""
+        fu, tt = self.front(head_and_events_then_paced, "--log-level", "debug")
+        rc = RecordClient(tt.port, self.ca)
+        try:
+            rc.send(harness.request_bytes("POST", rh.CHAT, rh.chat(stream=True), None, tt.port))
+            body = sse_body(6)
+            whole = len(sse_head(len(body))) + len(body)
+            records = rc.read_records(whole)
+        finally:
+            rc.close()
+        self.assertEqual(b"".join(records), sse_head(len(body)) + body)
+        events = [e + b"\n\n" for e in body.split(b"\n\n")[:-1]]
+        self.assertEqual(records[0], sse_head(len(body)) + b"".join(events[:3]), [len(r) for r in records])
+        self.assertEqual(records[1:], events[3:], [len(r) for r in records])
+        self.assertEqual(self.tls_counts(tt), (whole, 0))
+
+    def test_first_read_to_a_stalled_tls_client_keeps_order(self):
+        """A whole response in one upstream write to a client that is not
+        reading: the first read (head and 64 KiB) is written in the read's
+        call, later ones until the socket fills, the unfinished record goes
+        on from the output buffer, the rest queues behind it, and every
+        byte arrives in order."""
+        fu, tt = self.front(whole_in_one_write, "--log-level", "debug")
+        conn = tls_conn(tt.port, self.ca, timeout=30)
+        try:
+            conn.send(harness.request_bytes("POST", rh.CHAT, rh.chat(stream=True), None, tt.port))
+            time.sleep(1.5)  # not reading
+            resp = conn.read_response("POST")
+        finally:
+            conn.close()
+        self.assertEqual(resp.status, 200)
+        self.assertTrue(resp.body == sse_body(120000), "the stream differs from what the upstream sent")
+        self.assertEqual(tt.wait_log_count(1)[0]["token_events"], 120000)
+        now, queued = self.tls_counts(tt)
+        self.assertEqual(now + queued, len(sse_head(len(sse_body(120000)))) + len(sse_body(120000)))
+        self.assertGreater(now, 0)
+        self.assertGreater(queued, 0)  # the socket filled: the slow path was taken
 
     def test_stalled_tls_client_gets_every_byte_in_order(self):
         fu, tt = self.front(big_writes)
