@@ -19,10 +19,8 @@
  * (meter_label) before either can happen.
  *
  * A shadow (`shadow` at meter_init) is measured as a primary is, but for
- * four differences kept from before the two were one (docs/dev/
- * pipeline-plan.md 1.3, to be decided in its step P5): a non-streamed 2xx
- * response leaves `stream` as the request said, its non-streamed body is
- * not kept (no usage from it), and its outcome sets no `last_error` on the
+ * the differences kept from before the two were one (docs/dev/
+ * pipeline-plan.md 1.3 and 8.2): its outcome sets no `last_error` on the
  * upstream and goes to no recent-requests ring.
  *
  * Owner: embedded in the request or the mirror whose record it fills;

@@ -216,6 +216,35 @@ class MirrorTest(harness.TestCase):
         if "ASAN_OPTIONS" not in os.environ:
             self.assertLess(tt.rss_kib(), 64 * 1024)
 
+    def shadow_entries(self, tt, n):
+        """The access log's first `n` shadow entries, once there are `n`."""
+        found = []
+
+        def have():
+            found[:] = [e for e in tt.access_log() if e.get("mirror")]
+            return len(found) >= n
+        self.assertTrue(harness.wait_until(have, 5.0), found)
+        return found[:n]
+
+    def test_shadow_non_streamed_usage_is_counted(self):
+        # plan 8.2 item 1: a non-streamed 2xx answer's usage is counted for
+        # the shadow as for the primary, and its stream flag is false even
+        # when the request asked for a stream
+        answer = b'{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":3,"completion_tokens":7}}'
+
+        def handler(sock, req, ctx):
+            sock.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                         % (len(answer), answer))
+            return True
+        shadow = harness.start_fake_upstream(self, handler)
+        tt, _ = self.start(shadow.url, 100)
+        self.assertEqual(rh.send(tt.port, rh.chat(stream=True)).status, 200)
+        (e,) = self.shadow_entries(tt, 1)
+        self.assertEqual(e["status"], 200)
+        self.assertEqual(e["output_tokens"], 7)
+        self.assertEqual(e["input_tokens"], 3)
+        self.assertIs(e["stream"], False)
+
 
 if __name__ == "__main__":
     unittest.main()
