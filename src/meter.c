@@ -164,10 +164,8 @@ void meter_finish(struct meter *m, struct upstream *up)
 		up->requests++;
 		if (rec->error != REQ_ERR_NONE) {
 			up->errors[rec->error]++;
-			if (!m->shadow) {
-				up->last_error = rec->error;
-				up->last_error_unix = (uint64_t)time(NULL);
-			}
+			up->last_error = rec->error;
+			up->last_error_unix = (uint64_t)time(NULL);
 		}
 	}
 	paired_link_finish(&m->pair, rec, m->shadow, m->route, m->upstream);

@@ -20,8 +20,8 @@
  *
  * A shadow (`shadow` at meter_init) is measured as a primary is, but for
  * the differences kept from before the two were one (docs/dev/
- * pipeline-plan.md 1.3 and 8.2): its outcome sets no `last_error` on the
- * upstream and goes to no recent-requests ring.
+ * pipeline-plan.md 1.3 and 8.2): its outcome goes to no recent-requests
+ * ring.
  *
  * Owner: embedded in the request or the mirror whose record it fills;
  * meter_free with it.

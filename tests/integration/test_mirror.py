@@ -245,6 +245,18 @@ class MirrorTest(harness.TestCase):
         self.assertEqual(e["input_tokens"], 3)
         self.assertIs(e["stream"], False)
 
+    def test_shadow_failure_sets_last_error(self):
+        # plan 8.2 item 3: /upstreams names the shadow's last failure
+        tt, admin = self.start("http://127.0.0.1:%d" % harness.free_port(), 100)
+        self.assertEqual(rh.send(tt.port, rh.chat()).status, 200)
+        self.assertTrue(harness.wait_until(
+            lambda: self.upstream(admin, "shadow")["errors"].get("connect_failed", 0) == 1, 3.0))
+        last = self.upstream(admin, "shadow")["last_error"]
+        self.assertIsNotNone(last)
+        self.assertEqual(last["kind"], "connect_failed")
+        self.assertGreater(last["unix"], 0)
+        self.assertIsNone(self.upstream(admin, "primary")["last_error"])
+
 
 if __name__ == "__main__":
     unittest.main()
