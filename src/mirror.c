@@ -120,7 +120,6 @@ static void on_read(struct bufferevent *bev, void *arg)
 			mirror_end(m, REQ_ERR_UPSTREAM_PROTOCOL, true);
 			return;
 		}
-		m->rec.bytes_out += used;
 		evbuffer_drain(in, used); /* measured, then dropped */
 		if (rs == RESPPARSE_DONE)
 			break;
@@ -131,6 +130,7 @@ static void on_read(struct bufferevent *bev, void *arg)
 		mirror_end(m, REQ_ERR_UPSTREAM_PROTOCOL, true);
 		return;
 	}
+	m->rec.bytes_out += n; /* what a primary would have handed its client */
 	if (m->rp.done) {
 		if (evbuffer_get_length(in))
 			m->keepalive = false;

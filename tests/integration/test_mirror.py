@@ -257,6 +257,19 @@ class MirrorTest(harness.TestCase):
         self.assertGreater(last["unix"], 0)
         self.assertIsNone(self.upstream(admin, "primary")["last_error"])
 
+    def test_shadow_bytes_out_counts_response_bytes_taken(self):
+        # plan 8.2 item 4: a head that never completed gave the client
+        # nothing; the shadow counts it as the primary would, 0 bytes
+        def handler(sock, req, ctx):
+            sock.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-half")
+            return False
+        shadow = harness.start_fake_upstream(self, handler)
+        tt, _ = self.start(shadow.url, 100)
+        self.assertEqual(rh.send(tt.port, rh.chat()).status, 200)
+        (e,) = self.shadow_entries(tt, 1)
+        self.assertEqual(e["error"], "upstream_reset")
+        self.assertEqual(e["bytes_out"], 0)
+
 
 if __name__ == "__main__":
     unittest.main()
