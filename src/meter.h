@@ -1,6 +1,6 @@
 /*
- * meter.h — measuring one response as it passes: written once, used by a
- * primary request (exchange.c) and by a shadow (mirror.c).
+ * meter.h — measuring one response as it passes: written once, used by
+ * every exchange (exchange.c), a primary request's and a shadow's alike.
  *
  * The owner's response parser (respparse) hands the meter the head, the body
  * bytes and the end (meter_head, meter_body, meter_complete); the meter
@@ -23,8 +23,8 @@
  * pipeline-plan.md 1.3 and 8.2): its outcome goes to no recent-requests
  * ring.
  *
- * Owner: embedded in the request or the mirror whose record it fills;
- * meter_free with it.
+ * Owner: embedded in the exchange (a request's or a mirror's) whose record
+ * it fills; meter_free with it.
  */
 #pragma once
 

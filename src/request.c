@@ -73,7 +73,7 @@ struct request *request_new(struct request_env *env, const struct exchange_hooks
 	req->rec.itl_keep = env->x.meter.alog != NULL;
 	req->rec.at[TL_ARRIVE] = arrive_ns;
 	if (reqhead_init(&req->head, &lim) == -1 ||
-	    exchange_init(&req->x, &env->x, hooks, owner, &req->rec, &req->head, env->router, log_id) == -1) {
+	    exchange_init(&req->x, &env->x, hooks, owner, &req->rec, &req->head, env->router, log_id, false) == -1) {
 		request_free(req);
 		return NULL;
 	}
@@ -186,6 +186,8 @@ int request_body_bytes(struct request *req, const char *at, size_t len)
 		mirror_feed(req->mirror, at, len);
 	if (req->mirror && req->head.chunked)
 		mirror_feed(req->mirror, "\r\n", 2);
+	if (req->mirror)
+		mirror_flush(req->mirror);
 	workload_feed(&req->rec.wl, at, len);
 	return 0;
 }
@@ -197,6 +199,8 @@ int request_body_end(struct request *req)
 			return -1;
 		if (req->mirror)
 			mirror_feed(req->mirror, "0\r\n\r\n", 5);
+		if (req->mirror)
+			mirror_flush(req->mirror);
 	}
 	req->x.body_done = true;
 	if (req->mirror)
@@ -211,8 +215,7 @@ static void request_mirror(struct request *req)
 {
 	struct request_env *renv = req->env;
 	struct evbuffer *bytes = evbuffer_new();
-	struct mirror_env env = { renv->x.base, renv->x.meter.stats, renv->x.meter.alog,
-				  renv->router->cfg.max_event_size, &renv->mirrors };
+	const struct mirror_env env = { &renv->x, &renv->mirrors, req->x.log_id };
 
 	if (!bytes)
 		return;
@@ -230,8 +233,9 @@ static void request_mirror(struct request *req)
 			free(copy);
 		}
 	}
-	req->mirror = mirror_start(&env, req->x.route->mirror, req->x.route->name,
-				   req->x.route->conf->mirror_max_in_flight, &req->x.meter, bytes, &req->mirror);
+	req->mirror =
+		mirror_start(&env, req->x.route->mirror, req->x.route->name, req->x.route->conf->mirror_max_in_flight,
+			     &req->x.meter, &req->head, bytes, &req->mirror);
 	evbuffer_free(bytes);
 	if (req->mirror && req->x.body_done)
 		mirror_body_done(req->mirror);
