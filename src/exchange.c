@@ -387,7 +387,7 @@ static enum xr request_connect(struct exchange *x)
 		/* A pooled connection may have been closed by the server a moment
 		 * ago (its keep-alive timeout racing this request): keep a copy to
 		 * replay, when the whole request is here and small. */
-		if (!x->retried && !x->shadow)
+		if (!x->retried)
 			x->replay = evbuffer_new(); /* filled as bytes go out: exchange_flush */
 		x->rec->at[TL_UP_CONNECTED] = now;
 		upconn_writing(x->uc);

@@ -12,6 +12,7 @@ import unittest
 import harness
 import routing_helpers as rh
 from test_admin import admin_port
+from test_pool import ClosingOnReuse
 
 TOKEN = "mirror-test"
 
@@ -244,6 +245,20 @@ class MirrorTest(harness.TestCase):
         self.assertEqual(e["output_tokens"], 7)
         self.assertEqual(e["input_tokens"], 3)
         self.assertIs(e["stream"], False)
+
+    def test_shadow_on_a_pooled_connection_closed_is_replayed(self):
+        # plan 8.2 item 2: the server closes the pooled connection as the
+        # shadow reuses it; the shadow goes again once on a new one
+        shadow = ClosingOnReuse(self)
+        tt, admin = self.start(shadow.url, 100)
+        for i in range(3):
+            self.assertEqual(rh.send(tt.port, rh.chat()).status, 200)
+            entries = self.shadow_entries(tt, i + 1)
+        self.assertEqual([e["status"] for e in entries], [200, 200, 200], entries)
+        self.assertEqual([e["error"] for e in entries], [None, None, None])
+        self.assertEqual(shadow.connections, 3)
+        self.assertEqual(shadow.requests, 5)
+        self.assertEqual(self.upstream(admin, "shadow")["errors"], {})
 
     def test_shadow_failure_sets_last_error(self):
         # plan 8.2 item 3: /upstreams names the shadow's last failure
