@@ -209,8 +209,35 @@ int request_body_end(struct request *req)
 	return 0;
 }
 
+/* Copies every byte of `src` onto the end of `dst`, segment by segment
+ * (src unchanged). -1: out of memory, `dst` holds part of them. */
+static int evbuffer_copy_add(struct evbuffer *dst, struct evbuffer *src)
+{
+	struct evbuffer_ptr pos;
+	struct evbuffer_iovec v;
+
+	if (evbuffer_ptr_set(src, &pos, 0, EVBUFFER_PTR_SET) == -1)
+		return 0; /* empty */
+	while (evbuffer_peek(src, -1, &pos, &v, 1) == 1 && v.iov_len) {
+		if (evbuffer_add(dst, v.iov_base, v.iov_len) == -1)
+			return -1;
+		if (evbuffer_ptr_set(src, &pos, v.iov_len, EVBUFFER_PTR_ADD) == -1)
+			break;
+	}
+	return 0;
+}
+
+int request_mirror_copy(const struct request *req, const struct upstream *shadow, struct evbuffer *out)
+{
+	if (exchange_head_write(&req->head, &req->rec, shadow, out) == -1)
+		return -1;
+	/* up_pending holds body bytes only here: the primary's head comes later */
+	return evbuffer_copy_add(out, req->x.up_pending);
+}
+
 /* Starts the shadow copy: its own head, the body bytes so far, and from
- * now on every body byte the primary gets (see on_req_body). */
+ * now on every body byte the primary gets (request_body_bytes). Out of
+ * memory for the copy: no shadow. */
 static void request_mirror(struct request *req)
 {
 	struct request_env *renv = req->env;
@@ -219,19 +246,9 @@ static void request_mirror(struct request *req)
 
 	if (!bytes)
 		return;
-	if (exchange_head_write(&req->head, &req->rec, req->x.route->mirror, bytes) == -1) {
-		evbuffer_free(bytes); /* out of memory: no shadow */
+	if (request_mirror_copy(req, req->x.route->mirror, bytes) == -1) {
+		evbuffer_free(bytes);
 		return;
-	}
-	/* up_pending holds body bytes only here: the primary's head comes later */
-	size_t n = evbuffer_get_length(req->x.up_pending);
-	if (n) {
-		void *copy = malloc(n);
-		if (copy) {
-			evbuffer_copyout(req->x.up_pending, copy, n);
-			evbuffer_add(bytes, copy, n);
-			free(copy);
-		}
 	}
 	req->mirror =
 		mirror_start(&env, req->x.route->mirror, req->x.route->name, req->x.route->conf->mirror_max_in_flight,
