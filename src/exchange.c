@@ -549,15 +549,16 @@ static bool request_failover(struct exchange *x)
  * write on the next loop turn, after every other ready event: in a burst of
  * arrivals that is the whole burst); the rest, and everything over TLS,
  * into the bufferevent's output, which also reports a failed write.
- * Returns the clock read just before the write that took all of `src`, 0
- * when some of it was left to the bufferevent; UINT64_MAX when that could
- * not be queued (out of memory). */
-static uint64_t upstream_send(struct upconn *uc, struct evbuffer *src)
+ * `now` false (a shadow's bytes, which never go before a primary's): all
+ * of it to the bufferevent. Returns the clock read just before the write
+ * that took all of `src`, 0 when some of it was left to the bufferevent;
+ * UINT64_MAX when that could not be queued (out of memory). */
+static uint64_t upstream_send(struct upconn *uc, struct evbuffer *src, bool now)
 {
 	struct evbuffer *out = bufferevent_get_output(uc->bev);
 	uint64_t at = 0;
 
-	if (uc->rev && !uc->ssl && evbuffer_get_length(out) == 0) {
+	if (now && uc->rev && !uc->ssl && evbuffer_get_length(out) == 0) {
 		at = clock_now_ns();
 		(void)evbuffer_write(src, bufferevent_getfd(uc->bev));
 	}
@@ -589,7 +590,7 @@ enum xr exchange_flush(struct exchange *x)
 			}
 		}
 		if (queued)
-			x->wrote_at = upstream_send(x->uc, x->up_pending);
+			x->wrote_at = upstream_send(x->uc, x->up_pending, !x->shadow);
 		if (x->wrote_at == UINT64_MAX) {
 			x->wrote_at = 0;
 			return exchange_fail(x, XF_NO_MEMORY, "out of memory queueing the request for its upstream");
