@@ -10,7 +10,8 @@
  * 8.2) is routed by its owner, which hands it an upstream whose slot it took
  * and the whole request head in `up_pending`: no queueing, no failover, no cold
  * tracking (upstream_note_result), the streams' loop priority from the start
- * (a shadow never goes before a primary), a connect timeout counted as the
+ * and its bytes written by the bufferevent, never in the primary's turn (a
+ * shadow never goes before a primary), a connect timeout counted as the
  * failure to connect (EXCHANGE_FAILS' shadow column).
  *
  * Lifetime rules:
