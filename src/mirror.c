@@ -126,9 +126,11 @@ struct mirror *mirror_start(const struct mirror_env *env, struct upstream *up, c
 	m = calloc(1, sizeof(*m));
 	if (!m)
 		return NULL;
-	if (exchange_init(&m->x, env->x, &mirror_xhooks, m, &m->rec, NULL, NULL, env->log_id, true) == -1 ||
-	    evbuffer_add_buffer(m->x.up_pending, bytes) == -1 /* the caller built it for us: moved */ ||
-	    !upstream_try_admit(up)) {
+	bool made = exchange_init(&m->x, env->x, &mirror_xhooks, m, &m->rec, NULL, NULL, env->log_id, true) == 0 &&
+		    evbuffer_add_buffer(m->x.up_pending, bytes) == 0; /* the caller built it for us: moved */
+	if (!made || !upstream_try_admit(up)) {
+		if (made)
+			up->rejected++; /* no slot free at once: others wait for one */
 		exchange_free(&m->x);
 		free(m);
 		return NULL;
