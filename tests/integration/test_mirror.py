@@ -285,6 +285,26 @@ class MirrorTest(harness.TestCase):
         self.assertEqual(e["error"], "upstream_reset")
         self.assertEqual(e["bytes_out"], 0)
 
+    def test_shadow_connect_timeout_counts_connect_failed(self):
+        # plan 8.2 item 6, kept: a shadow that cannot connect in time is
+        # counted connect_failed (a primary's would be a timeout), and the
+        # primary is answered as if there were no shadow
+        bh = harness.Blackhole()
+        self.addCleanup(bh.stop)
+        self.ups = {"primary": self.primary.url, "shadow": bh.url}
+        os.environ["TOKENTAP_ADMIN_TOKEN"] = TOKEN
+        try:
+            tt = rh.start_conf(self, rh.upstreams_yaml(self.ups) + route_yaml(100), "--admin", "127.0.0.1:0",
+                               "--connect-timeout", "300ms", *rh.ONE_WORKER)
+        finally:
+            del os.environ["TOKENTAP_ADMIN_TOKEN"]
+        admin = admin_port(tt)
+        self.assertEqual(rh.send(tt.port, rh.chat()).status, 200)
+        (e,) = self.shadow_entries(tt, 1)
+        self.assertEqual(e["error"], "connect_failed")
+        self.assertEqual(self.upstream(admin, "shadow")["errors"], {"connect_failed": 1})
+        self.assertEqual(self.upstream(admin, "primary")["errors"], {})
+
 
 if __name__ == "__main__":
     unittest.main()
