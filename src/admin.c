@@ -307,6 +307,13 @@ static void on_stats_view(struct admin *a, struct evhttp_request *req, struct ev
 		}
 		q.prompt_raw = strcmp(by, "prompt") == 0;
 	}
+	if (view == VIEW_CURVE && (by = evhttp_find_header(p, "by")) != NULL) {
+		if (strcmp(by, "inflight") != 0 && strcmp(by, "engine_queue") != 0) {
+			reply_error(req, 400, "by", "bad value '%.64s' for by; one of inflight, engine_queue", by);
+			return;
+		}
+		q.engine_queue = strcmp(by, "engine_queue") == 0;
+	}
 	q.route = evhttp_find_header(p, "route");
 	q.upstream = evhttp_find_header(p, "upstream");
 	q.model = evhttp_find_header(p, "model");

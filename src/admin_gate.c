@@ -17,6 +17,7 @@
 
 static const char *const admin_no_params[] = { NULL };
 static const char *const admin_stats_params[] = { "window", "route", "upstream", "model", "cold", NULL };
+/* /stats/prompt and /stats/curve: what /stats takes, and what keys the curve */
 static const char *const admin_prompt_params[] = { "window", "route", "upstream", "model", "cold", "by", NULL };
 static const char *const admin_recent_params[] = { "n", NULL };
 static const char *const admin_history_params[] = { "step", "route", "upstream", "model", "cold", NULL };

@@ -27,7 +27,7 @@ struct evkeyvalq;
 	X(READYZ, "/readyz", ADMIN_GET_LIKE, "GET, HEAD", false, admin_no_params, on_readyz) \
 	X(STATS, "/stats", ADMIN_GET_LIKE, "GET, HEAD", false, admin_stats_params, on_stats) \
 	X(STATS_PROMPT, "/stats/prompt", ADMIN_GET_LIKE, "GET, HEAD", false, admin_prompt_params, on_stats_prompt) \
-	X(STATS_CURVE, "/stats/curve", ADMIN_GET_LIKE, "GET, HEAD", false, admin_stats_params, on_stats_curve) \
+	X(STATS_CURVE, "/stats/curve", ADMIN_GET_LIKE, "GET, HEAD", false, admin_prompt_params, on_stats_curve) \
 	X(STATS_HISTORY, "/stats/history", ADMIN_GET_LIKE, "GET, HEAD", false, admin_history_params, on_stats_history) \
 	X(METRICS, "/metrics", ADMIN_GET_LIKE, "GET, HEAD", false, admin_no_params, on_metrics) \
 	X(RECENT, "/requests/recent", ADMIN_GET_LIKE, "GET, HEAD", false, admin_recent_params, on_requests_recent) \

@@ -338,16 +338,29 @@ static json_t *summary_json(const struct stats_group *g, const struct stats_quer
 
 /* ---- /stats/prompt ---- */
 
-static json_t *prompt_json(const struct stats_group *g, const struct stats_query *q)
+/* A series of a bucketed answer (/stats/prompt, /stats/curve): an object
+ * with the series' labels, and in *arr the empty array of its buckets;
+ * NULL (nothing to free) when out of memory. */
+static json_t *bucketed_open(const struct stats_group *g, const struct stats_query *q, json_t **arr)
 {
-	json_t *o = json_object(), *arr = json_array();
+	json_t *o = json_object();
 
-	if (!o || !arr) {
+	*arr = json_array();
+	if (!o || !*arr) {
 		json_decref(o);
-		json_decref(arr);
+		json_decref(*arr);
 		return NULL;
 	}
 	put_labels(o, g, q);
+	return o;
+}
+
+static json_t *prompt_json(const struct stats_group *g, const struct stats_query *q)
+{
+	json_t *arr, *o = bucketed_open(g, q, &arr);
+
+	if (!o)
+		return NULL;
 	put(o, "by", json_string(q->prompt_raw ? "prompt" : "prefill"));
 	for (unsigned b = 0; b < PROMPT_BUCKETS; b++) {
 		const struct hist *h = slot(&g->slice, q->prompt_raw ? SLOT_PROMPT_RAW(b) : SLOT_PROMPT(b));
@@ -379,6 +392,38 @@ static double inflight_load(unsigned b)
 	return ((double)lo + (double)hi) / 2.0;
 }
 
+/* The TTFT and e2e curve by the engine's queue when each request was
+ * dispatched (by=engine_queue): no knee and no throughput estimate, since
+ * the engine's waiting requests are not the requests in flight that
+ * Little's law needs. */
+static json_t *queue_curve_json(const struct stats_group *g, const struct stats_query *q, uint64_t elapsed_s)
+{
+	json_t *arr, *o = bucketed_open(g, q, &arr);
+
+	if (!o)
+		return NULL;
+	for (unsigned b = 0; b < ENGINE_QUEUE_BUCKETS; b++) {
+		const struct hist *ttft = slot(&g->slice, SLOT_CURVE(CURVE_QUEUE_TTFT, b));
+		const struct hist *e2e = slot(&g->slice, SLOT_CURVE(CURVE_QUEUE_E2E, b));
+		uint64_t reqs = e2e ? e2e->count : 0;
+		json_t *e;
+
+		if (!reqs && (!ttft || !ttft->count))
+			continue;
+		if (!(e = json_object()))
+			continue;
+		put(e, "waiting_low", json_u64(engine_queue_low(b)));
+		put(e, "waiting_high", json_bound(engine_queue_high(b)));
+		put(e, "requests", json_u64(reqs));
+		put(e, "requests_per_s", json_real((double)reqs / (double)elapsed_s));
+		put(e, "ttft", stats_hist_json(ttft, UNIT_US));
+		put(e, "e2e", stats_hist_json(e2e, UNIT_US));
+		json_array_append_new(arr, e);
+	}
+	put(o, "buckets", arr);
+	return o;
+}
+
 static json_t *curve_json(const struct stats_group *g, const struct stats_query *q, uint64_t elapsed_s)
 {
 	struct knee_point pts[INFLIGHT_BUCKETS];
@@ -386,14 +431,10 @@ static json_t *curve_json(const struct stats_group *g, const struct stats_query 
 	json_t *entries[INFLIGHT_BUCKETS];
 	size_t n = 0;
 	bool use_ttft = true;
-	json_t *o = json_object(), *arr = json_array();
+	json_t *arr, *o = bucketed_open(g, q, &arr);
 
-	if (!o || !arr) {
-		json_decref(o);
-		json_decref(arr);
+	if (!o)
 		return NULL;
-	}
-	put_labels(o, g, q);
 
 	/* The knee's latency is p50 TTFT; traffic without TTFT (not streamed)
 	 * falls back to p50 E2E, for the whole curve so points compare. */
@@ -500,10 +541,13 @@ static json_t *render_doc(const struct store_result *r, const struct stats_query
 	put(root, "elapsed_from", json_string(ts));
 	put(root, "elapsed_s", json_u64(elapsed_s));
 	put(root, "cold", json_string(cold_filter_name(q->cold)));
+	if (view == VIEW_CURVE)
+		put(root, "basis", json_string(q->engine_queue ? "engine_queue" : "inflight"));
 	for (size_t i = 0; i < gs.n; i++) {
-		json_t *s = view == VIEW_PROMPT	 ? prompt_json(&gs.g[i], q)
-			    : view == VIEW_CURVE ? curve_json(&gs.g[i], q, elapsed_s)
-						 : summary_json(&gs.g[i], q, elapsed_s);
+		json_t *s = view == VIEW_PROMPT			    ? prompt_json(&gs.g[i], q)
+			    : view == VIEW_CURVE && q->engine_queue ? queue_curve_json(&gs.g[i], q, elapsed_s)
+			    : view == VIEW_CURVE		    ? curve_json(&gs.g[i], q, elapsed_s)
+								    : summary_json(&gs.g[i], q, elapsed_s);
 		if (!s)
 			goto fail;
 		json_array_append_new(arr, s);

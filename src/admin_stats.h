@@ -33,6 +33,9 @@ struct stats_query {
 	/* /stats/prompt keyed on the prompt as reported (by=prompt), not on
 	 * the tokens the server had to prefill */
 	bool prompt_raw;
+	/* /stats/curve keyed on the engine's queue at dispatch (by=engine_queue),
+	 * not on tokentap's requests in flight */
+	bool engine_queue;
 };
 
 struct stats_group {

@@ -53,3 +53,27 @@ ssize_t bevio_read(struct bufferevent *bev, size_t want, ssize_t (*rd)(void *arg
 	evbuffer_freeze(in, 0);
 	return n;
 }
+
+int bevio_copy(struct evbuffer *dst, struct evbuffer *src)
+{
+	struct evbuffer_iovec v[16];
+	struct evbuffer_ptr at;
+	size_t len = evbuffer_get_length(src), done = 0;
+
+	while (done < len) {
+		if (evbuffer_ptr_set(src, &at, done, EVBUFFER_PTR_SET) == -1)
+			return -1;
+		int n = evbuffer_peek(src, (ev_ssize_t)(len - done), &at, v, 16);
+		if (n > 16)
+			n = 16;
+		for (int i = 0; i < n && done < len; i++) {
+			size_t take = v[i].iov_len < len - done ? v[i].iov_len : len - done;
+			if (evbuffer_add(dst, v[i].iov_base, take) == -1)
+				return -1;
+			done += take;
+		}
+		if (n < 1)
+			return -1; /* cannot happen while bytes are left */
+	}
+	return 0;
+}

@@ -1,5 +1,6 @@
 /*
- * bevio.h — reading a socket into a bufferevent's input buffer ourselves.
+ * bevio.h — reading a socket into a bufferevent's input buffer ourselves;
+ * copying an evbuffer without a buffer of one's own (bevio_copy).
  *
  * tokentap reads plain client and upstream sockets itself rather than
  * through the bufferevent (proxy.c: the kernel's receive stamp needs
@@ -9,6 +10,7 @@
  */
 #pragma once
 
+#include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <sys/socket.h>
 #include <sys/types.h>
@@ -25,3 +27,9 @@ ssize_t bevio_recv(struct bufferevent *bev, int fd, size_t want, struct msghdr *
  * returns as recv() does (tls_recv). Returns what `rd` returned, or
  * BEVIO_NOMEM. */
 ssize_t bevio_read(struct bufferevent *bev, size_t want, ssize_t (*rd)(void *arg, char *buf, size_t len), void *arg);
+
+/* Appends a copy of all of `src`'s bytes to `dst`, chain by chain
+ * (evbuffer_peek, then evbuffer_add per piece), `src` unchanged; no
+ * buffer of its own is allocated. 0, or -1 when an add failed: `dst` may
+ * then hold part of the copy, and the caller discards it. */
+int bevio_copy(struct evbuffer *dst, struct evbuffer *src) __attribute__((warn_unused_result));

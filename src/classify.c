@@ -246,7 +246,7 @@ static bool key_holds_text(const struct span *s, const char **from, const struct
  * stopped at the same place. */
 static bool key_sits_with_text(const struct span *s, const char *at, const struct token_key *k)
 {
-	if ((size_t)(s->end - at) < k->qlen || memcmp(at, k->qkey, k->qlen) != 0)
+	if ((size_t)(s->end - at) < k->qlen || !keyscan_same(at, k->qkey, k->qlen))
 		return false;
 	const char *v = key_value(s, at, k->qlen);
 	return v != NULL && value_holds_text(s, v, k);
@@ -298,19 +298,29 @@ enum openai_extra { EXTRA_NONE, EXTRA_TIMINGS, EXTRA_USAGE };
  */
 static bool scan_once(const struct span *s, const struct token_key *keys, size_t n, enum openai_extra *extra)
 {
-	struct keyscan_key kk[KEYSCAN_MAX_KEYS];
-	size_t m = 0, which = 0;
+	/* The usual call, every chat event's (n 0: usage and timings only),
+	 * takes a key set checked at compile time. */
+	static const struct keyscan_set usage_timings = KEYSCAN_SET2(KEY("usage"), KEY("timings"));
+	struct keyscan_set local;
+	const struct keyscan_set *set = &usage_timings;
+	size_t which = 0;
 	bool text = false, usage = false, timings = false;
 	const char *p = s->p, *hit;
 
-	for (size_t i = 0; i < n; i++)
-		kk[m++] = (struct keyscan_key){ keys[i].qkey, keys[i].qlen };
-	if (extra) {
-		kk[m++] = (struct keyscan_key){ KEY("usage") };
-		kk[m++] = (struct keyscan_key){ KEY("timings") };
+	if (n > 0 || !extra) {
+		struct keyscan_key kk[KEYSCAN_MAX_KEYS];
+		size_t m = 0;
+		for (size_t i = 0; i < n; i++)
+			kk[m++] = (struct keyscan_key){ keys[i].qkey, keys[i].qlen };
+		if (extra) {
+			kk[m++] = (struct keyscan_key){ KEY("usage") };
+			kk[m++] = (struct keyscan_key){ KEY("timings") };
+		}
+		keyscan_set_init(&local, kk, m); /* m 0 or outside the contract: finds nothing */
+		set = &local;
 	}
-	while (m > 0 && (!text || (extra && !usage)) && (hit = keyscan_find_any(p, s->end, kk, m, &which)) != NULL) {
-		const char *v = which <= n ? key_value(s, hit, kk[which].qlen) : NULL;
+	while ((!text || (extra && !usage)) && (hit = keyscan_find_set(p, s->end, set, &which)) != NULL) {
+		const char *v = which <= n ? key_value(s, hit, set->keys[which].qlen) : NULL;
 		if (which < n)
 			text = text || (v != NULL && value_holds_text(s, v, &keys[which]));
 		else if (which == n)

@@ -17,8 +17,8 @@
  * added); the request body is streamed as it arrives. The response is never
  * rewritten: once its head has parsed, every byte read from the upstream is
  * written to the client in the same callback (client_forward: straight to
- * the socket, or moved, not copied, into the output buffer when the socket
- * is behind).
+ * the socket, over TLS through SSL_write, or into the output buffer when
+ * the socket is behind).
  * Parsing it only stamps the timeline and feeds the event framer.
  *
  * Client states (client_set_state is the one place they change; the table
@@ -34,7 +34,7 @@
  * exchange.h, exchange.c).
  *
  * Backpressure follows libevent's le-proxy: when the destination's output
- * passes cfg->stream_buffer the source stops reading, and the destination's
+ * passes STREAM_BUFFER (exchange.h) the source stops reading, and the destination's
  * write callback (low watermark at half) resumes it. Memory per stream stays
  * bounded by a few buffers whatever the speeds of either side.
  *
@@ -136,6 +136,13 @@ static void client_set_state(struct client *cl, enum client_state st)
 	if (log_enabled(LOG_DEBUG))
 		log_conn(LOG_DEBUG, cl->id, "%s -> %s", client_state_names[cl->state], client_state_names[st]);
 	CHECK(client_transition_legal(cl->state, st));
+	/* TLS: OpenSSL's record buffers are let go whenever empty (tls.c), so
+	 * that an idle keep-alive client holds none; while a response streams
+	 * that would be a free and an allocation per record (about 690
+	 * instructions of the 7,750 a one-event record costs), so they stay
+	 * from the end of the request to the end of its answer. */
+	if (!cl->rev && cl->bev && (st == CL_WAIT || cl->state == CL_WAIT))
+		tls_bev_keep_buffers(cl->bev, st == CL_WAIT);
 	cl->state = st;
 }
 
@@ -256,6 +263,7 @@ static struct request *client_request_new(struct client *cl)
 static struct reqhead *on_req_begin(void *arg)
 {
 	struct client *cl = arg;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 
 	if (!cl->req) {
 		cl->req = client_request_new(cl);
@@ -270,6 +278,7 @@ static struct reqhead *on_req_begin(void *arg)
 static int on_req_head(void *arg, struct reqhead *h)
 {
 	struct client *cl = arg;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 	struct request *req = cl->req;
 	const struct config *cfg = client_cfg(cl);
 
@@ -305,6 +314,7 @@ static int on_req_head(void *arg, struct reqhead *h)
 static int on_req_chunk(void *arg)
 {
 	struct client *cl = arg;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 	struct request *req = cl->req;
 
 	if (req->x.xstate == XS_AWAIT_CHUNK)
@@ -315,19 +325,19 @@ static int on_req_chunk(void *arg)
 static void on_req_body(void *arg, const char *at, size_t len)
 {
 	struct client *cl = arg;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 	struct request *req = cl->req;
-	const struct config *cfg = client_cfg(cl);
 
 	if (!req->reqinfo_done) {
-		size_t room = cfg->body_inspect_max - req->body_prefix_len;
+		size_t room = BODY_INSPECT_MAX - req->body_prefix_len;
 		size_t take = len < room ? len : room;
 		if (!req->body_prefix)
-			req->body_prefix = malloc(cfg->body_inspect_max);
+			req->body_prefix = malloc(BODY_INSPECT_MAX);
 		if (req->body_prefix) {
 			memcpy(req->body_prefix + req->body_prefix_len, at, take);
 			req->body_prefix_len += take;
 		}
-		if (!req->body_prefix || req->body_prefix_len == cfg->body_inspect_max)
+		if (!req->body_prefix || req->body_prefix_len == BODY_INSPECT_MAX)
 			request_learn_body(req, false);
 	}
 	if (request_body_bytes(req, at, len) == -1)
@@ -337,6 +347,7 @@ static void on_req_body(void *arg, const char *at, size_t len)
 static void on_req_complete(void *arg)
 {
 	struct client *cl = arg;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 	struct request *req = cl->req;
 
 	if (request_body_end(req) == -1)
@@ -374,6 +385,7 @@ static void client_free(struct client *cl)
 		bufferevent_free(cl->bev);
 	if (cl->timer)
 		event_free(cl->timer);
+	OBJ_MAGIC_CLEAR(cl);
 	free(cl);
 	if (set->draining && LIST_EMPTY(&set->clients) && set->drained) {
 		void (*done)(void *) = set->drained;
@@ -384,6 +396,7 @@ static void client_free(struct client *cl)
 
 static void on_deferred_free(evutil_socket_t fd, short what, void *arg)
 {
+	CHECK_OBJ((struct client *)arg, CLIENT_MAGIC);
 	client_free(arg);
 }
 
@@ -408,6 +421,9 @@ static void client_close(struct client *cl, const char *why)
 		cl->req = NULL;
 	}
 	log_conn(LOG_DEBUG, cl->id, "closed: %s", why);
+	if (cl->tls_now || cl->tls_queued)
+		log_conn(LOG_DEBUG, cl->id, "TLS: %llu response bytes written in the upstream read's call, %llu queued",
+			 (unsigned long long)cl->tls_now, (unsigned long long)cl->tls_queued);
 	if (cl->rev)
 		event_del(cl->rev); /* freed with the client: this may be its callback */
 	if (cl->bev) {
@@ -416,7 +432,13 @@ static void client_close(struct client *cl, const char *why)
 	}
 	evtimer_del(cl->timer);
 	struct timeval zero = { 0, 0 };
-	event_base_once(cl->set->base, -1, EV_TIMEOUT, on_deferred_free, cl, &zero);
+	if (event_base_once(cl->set->base, -1, EV_TIMEOUT, on_deferred_free, cl, &zero) == -1) {
+		/* no memory even for that (a close for want of memory): the
+		 * client's own timer frees it, which allocates nothing; freeing
+		 * a timer in its own callback is safe */
+		event_assign(cl->timer, cl->set->base, -1, 0, on_deferred_free, cl);
+		event_active(cl->timer, EV_TIMEOUT, 1);
+	}
 }
 
 /* The response is fully written: log it, then either close or take the next
@@ -546,7 +568,7 @@ static void on_client_event(struct bufferevent *bev, short what, void *arg);
  * into the free end of its last chain, not by moving `src`'s chains: an
  * upstream read reserves 64 KiB, which libevent allocates as a 128 KiB
  * chain, and a moved chain keeps its whole allocation, so a stream that
- * arrives an event per read would hold stream_buffer's worth of bytes in
+ * arrives an event per read would hold STREAM_BUFFER's worth of bytes in
  * over a hundred times that much memory while its client is slow. What
  * cannot be copied (more pieces than `v` holds, no memory) is moved.
  */
@@ -568,14 +590,17 @@ static void client_queue(struct evbuffer *out, struct evbuffer *src, size_t n)
 }
 
 /*
- * Sends the first n bytes of `src` to the client. Over plain TCP, when
- * nothing is queued before them, they are written to the socket here and
- * now: a bufferevent would only arm its write event and write on the next
- * loop turn (two epoll_ctl calls and a wake-up per chunk, and the token that
- * much later). Whatever the socket does not take, and everything over TLS,
- * is queued (client_queue) on the bufferevent's output, which writes it as
- * the socket drains and reports errors. A failed write leaves the bytes for
- * the bufferevent too, so errors have one path.
+ * Sends the first n bytes of `src` to the client. When nothing is queued
+ * before them, they are written to the socket here and now: over plain TCP
+ * with one writev, over TLS with SSL_write from `src`'s own chains
+ * (tls_bev_write, a record per chain piece of up to 16 KiB). A bufferevent
+ * would copy them into its output and write on the next loop turn (two
+ * epoll_ctl calls and a wake-up per chunk, and the token that much later):
+ * over TLS that was every response's first read (its head and the events
+ * that came with it) and a last read that ended it. Whatever the socket does
+ * not take is queued (client_queue) on the bufferevent's output, which
+ * writes it as the socket drains and reports errors. A failed write leaves
+ * the bytes for the bufferevent too, so errors have one path.
  */
 static void client_forward(struct client *cl, struct evbuffer *src, size_t n)
 {
@@ -585,6 +610,21 @@ static void client_forward(struct client *cl, struct evbuffer *src, size_t n)
 		int w = evbuffer_write_atmost(src, bufferevent_getfd(cl->bev), (ev_ssize_t)n);
 		if (w > 0)
 			n -= (size_t)w;
+	} else if (!cl->rev) { /* tls_bev_write takes nothing while bytes wait in `out` */
+		struct evbuffer_iovec v[4];
+		int nv = evbuffer_peek(src, (ev_ssize_t)n, NULL, v, 4);
+		size_t done = 0;
+		for (int i = 0; i < nv && i < 4 && done < n; i++) {
+			size_t len = v[i].iov_len < n - done ? v[i].iov_len : n - done;
+			size_t w = tls_bev_write(cl->bev, v[i].iov_base, len);
+			done += w;
+			if (w < len)
+				break; /* the socket is full (or failed): the rest queues behind */
+		}
+		evbuffer_drain(src, done);
+		n -= done;
+		cl->tls_now += done;
+		cl->tls_queued += n;
 	}
 	if (n)
 		client_queue(out, src, n);
@@ -608,6 +648,8 @@ static bool client_forward_mem(struct client *cl, const char *p, size_t n)
 		size_t w = tls_bev_write(cl->bev, p, n); /* TLS: now too */
 		p += w;
 		n -= w;
+		cl->tls_now += w;
+		cl->tls_queued += n;
 	}
 	if (n && evbuffer_add(out, p, n) == -1) {
 		client_close(cl, "no memory for the response's bytes");
@@ -637,6 +679,7 @@ static void on_client_readable(evutil_socket_t fd, short what, void *arg)
 {
 	uint64_t now = clock_now_ns(); /* first: the fallback stamp */
 	struct client *cl = arg;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 	size_t have = evbuffer_get_length(bufferevent_get_input(cl->bev));
 	union rxstamp_ctl ctl;
 	struct msghdr msg = { 0 };
@@ -669,6 +712,7 @@ static void on_client_readable(evutil_socket_t fd, short what, void *arg)
 static void on_client_read(struct bufferevent *bev, void *arg)
 {
 	struct client *cl = arg;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 
 	(void)bev;
 	cl->last_read_ns = clock_now_ns();
@@ -678,6 +722,7 @@ static void on_client_read(struct bufferevent *bev, void *arg)
 static void on_client_write(struct bufferevent *bev, void *arg)
 {
 	struct client *cl = arg;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 	struct request *req = cl->req;
 	struct evbuffer *out = bufferevent_get_output(bev);
 
@@ -704,6 +749,7 @@ static void on_client_write(struct bufferevent *bev, void *arg)
 static void on_client_event(struct bufferevent *bev, short what, void *arg)
 {
 	struct client *cl = arg;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 
 	if (what & BEV_EVENT_CONNECTED)
 		return; /* a TLS handshake finished: nothing to do */
@@ -718,6 +764,7 @@ static void on_client_event(struct bufferevent *bev, short what, void *arg)
 static void on_client_timer(evutil_socket_t fd, short what, void *arg)
 {
 	struct client *cl = arg;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 	char msg[120];
 
 	switch (cl->state) {
@@ -753,6 +800,7 @@ void client_new(struct client_set *set, int fd, const char *peer, struct ssl_ctx
 		atomic_fetch_sub(set->clients_all, 1);
 		return;
 	}
+	OBJ_MAGIC_SET(cl, CLIENT_MAGIC);
 	cl->set = set;
 	cl->id = ++set->next_client_id;
 	cl->bev =
@@ -832,6 +880,7 @@ unsigned client_set_cut(struct client_set *set)
 static enum xr xh_forward(void *owner, const struct xsrc *src, size_t n)
 {
 	struct client *cl = owner;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 
 	if (src->mem)
 		return client_forward_mem(cl, src->mem, n) ? XR_OK : XR_ENDED;
@@ -845,6 +894,7 @@ static enum xr xh_forward(void *owner, const struct xsrc *src, size_t n)
 static size_t xh_backlog(void *owner, bool deep)
 {
 	struct client *cl = owner;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 	size_t n = evbuffer_get_length(bufferevent_get_output(cl->bev));
 	int queued = 0;
 
@@ -858,6 +908,7 @@ static size_t xh_backlog(void *owner, bool deep)
 static void xh_want_drain(void *owner, size_t low)
 {
 	struct client *cl = owner;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 
 	bufferevent_setwatermark(cl->bev, EV_WRITE, low, 0);
 }
@@ -865,6 +916,7 @@ static void xh_want_drain(void *owner, size_t low)
 static enum xr xh_upload(void *owner, bool on)
 {
 	struct client *cl = owner;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 
 	if (!on) {
 		if (!cl->reading_blocked)
@@ -883,6 +935,7 @@ static void xh_fail(void *owner, enum xfail why, const char *msg)
 {
 	const struct xfail_info *f = &exchange_fails[why];
 
+	CHECK_OBJ((struct client *)owner, CLIENT_MAGIC);
 	client_fail(owner, f->status, f->kind, f->type, msg);
 }
 
@@ -891,6 +944,7 @@ static void xh_fail(void *owner, enum xfail why, const char *msg)
 static void xh_done(void *owner)
 {
 	struct client *cl = owner;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
 	struct request *req = cl->req;
 
 	/* The upstream answered before the client finished its body: the rest

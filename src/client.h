@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <sys/queue.h>
 
+#include "check.h"
 #include "reqparse.h"
 #include "request.h"
 #include "rxstamp.h"
@@ -71,7 +72,9 @@ struct client_set {
 };
 
 /* One client connection. Owned by its set's client list. */
+#define CLIENT_MAGIC 0x434c4e54u /* "CLNT" */
 struct client {
+	OBJ_MAGIC_FIELD
 	struct client_set *set;
 	uint64_t id;
 	struct bufferevent *bev;
@@ -92,6 +95,10 @@ struct client {
 	uint64_t body_deadline_ns, blocked_since_ns;
 	uint64_t body_timeout_ms; /* the setting the deadline was set with */
 	bool body_timer_deadline; /* the timer is armed for the deadline, not the idle stall */
+	/* TLS: response bytes SSL_written in the upstream read's own call, and
+	 * those left to the output buffer (the socket full, or bytes before them
+	 * still there); in the debug log at the close */
+	uint64_t tls_now, tls_queued;
 	LIST_ENTRY(client) link;
 };
 

@@ -330,50 +330,20 @@ static json_t *difference_json(const struct up_group *x, const struct up_group *
 
 /* ---- paired: mirrored requests against their primaries ---- */
 
-static json_t *num(double v)
-{
-	return isnan(v) || isinf(v) ? json_null() : json_real(v);
-}
-
 /* The sequential verdict in words: b is the shadow, a the primary. */
 
-static json_t *paired_metric_json(const struct paired_metric_view *mv, enum paired_metric m)
+/* One metric's pairs in the window: the statistics paired.c writes. */
+static json_t *paired_window_json(const struct paired_metric_view *mv, enum paired_metric m)
 {
 	double d[PAIRED_WINDOW];
 	struct signrank sr;
-	json_t *o = json_object();
 
 	for (size_t i = 0; i < mv->n; i++)
 		d[i] = mv->b[i] - mv->a[i];
-	if (signrank_test(d, mv->n, COMPARE_CONFIDENCE, &sr) == -1) {
-		json_decref(o);
+	if (signrank_test(d, mv->n, COMPARE_CONFIDENCE, &sr) == -1)
 		return json_null();
-	}
-	double a_median = signrank_median(mv->a, mv->n);
-	bool sig = sr.nonzero && sr.p < 1 - COMPARE_CONFIDENCE && !isnan(a_median) &&
-		   fabs(sr.hl) > fmax(SEQSIGN_BAND * fabs(a_median), paired_floor(m));
-	json_object_set_new(o, "n", u64(mv->n));
-	json_object_set_new(o, "nonzero", u64(sr.nonzero));
-	json_object_set_new(o, "a_median", num(a_median));
-	json_object_set_new(o, "median_diff", num(sr.median));
-	json_object_set_new(o, "hl_shift", num(sr.hl));
-	json_object_set_new(o, "hl_ci", json_pack("[o,o]", num(sr.hl_lo), num(sr.hl_hi)));
-	json_object_set_new(o, "ci_level", num(sr.ci_level));
-	json_object_set_new(o, "relative_shift", a_median > 0 ? num(sr.hl / a_median) : json_null());
-	json_object_set_new(o, "w_plus", json_real(sr.w_plus));
-	json_object_set_new(o, "p_value", json_real(sr.p));
-	json_object_set_new(o, "exact", json_boolean(sr.exact));
-	json_object_set_new(o, "significant", json_boolean(sig));
-	int verdict = paired_verdict(&mv->seq, sr.hl, a_median, m);
-	json_object_set_new(o, "verdict", json_string(paired_verdict_name(verdict, m)));
-	json_object_set_new(o, "since_pairs", verdict ? u64(mv->seq.since) : json_null());
-	json_object_set_new(o, "sequential",
-			    json_pack("{s:o,s:o,s:o,s:s,s:o,s:o,s:f}", "pairs", u64(mv->seq.pairs), "b_greater",
-				      u64(mv->seq.b_greater), "a_greater", u64(mv->seq.a_greater), "called",
-				      paired_verdict_name(mv->seq.verdict, m), "called_at",
-				      mv->seq.verdict ? u64(mv->seq.since) : json_null(), "log_evidence",
-				      num(seqsign_log_evidence(&mv->seq)), "log_threshold", -log(PAIRED_ALPHA)));
-	return o;
+	json_t *o = paired_metric_json(&sr, signrank_median(mv->a, mv->n), &mv->seq, m);
+	return o ? o : json_null();
 }
 
 /* The `paired` section: every (primary, shadow) series of the route, kept
@@ -398,7 +368,7 @@ static json_t *paired_json(const char *route)
 				    json_pack("{s:o,s:o,s:o}", "a", u64(v[i].errors_primary), "b",
 					      u64(v[i].errors_shadow), "both", u64(v[i].both_errors)));
 		for (unsigned k = 0; k < PM__COUNT; k++)
-			json_object_set_new(m, paired_metric_name(k), paired_metric_json(&v[i].metric[k], k));
+			json_object_set_new(m, paired_metric_name(k), paired_window_json(&v[i].metric[k], k));
 		json_object_set_new(o, "metrics", m);
 		json_array_append_new(arr, o);
 	}

@@ -492,16 +492,23 @@ int config_parse_metrics_url(const char *url, struct metrics_url_parts *out, cha
 {
 	const char *rest;
 	unsigned port;
+	size_t skip;
 
-	if (strncmp(url, "http://", 7) != 0) {
-		snprintf(err, errlen, "expected a URL like http://127.0.0.1:8000/metrics (plain http://), got '%s'",
-			 url);
+	if (strncmp(url, "http://", 7) == 0) {
+		out->tls = false;
+		skip = 7;
+	} else if (strncmp(url, "https://", 8) == 0) {
+		out->tls = true;
+		skip = 8;
+	} else {
+		snprintf(err, errlen,
+			 "expected a URL like http://127.0.0.1:8000/metrics (http:// or https://), got '%s'", url);
 		return -1;
 	}
-	if (url_authority(url, url + 7, "/?", "http://HOST[:PORT]/PATH", out->host, sizeof(out->host), &port, &rest,
-			  err, errlen) == -1)
+	if (url_authority(url, url + skip, "/?", "http[s]://HOST[:PORT]/PATH", out->host, sizeof(out->host), &port,
+			  &rest, err, errlen) == -1)
 		return -1;
-	out->port = port ? port : 80;
+	out->port = port ? port : out->tls ? 443 : 80;
 	if (*rest && *rest != '/' && *rest != '?') {
 		snprintf(err, errlen, "unexpected '%c' after the host in '%s'", *rest, url);
 		return -1;

@@ -60,7 +60,7 @@ struct upstream_conf {
 	const char *tls_server_name; /* SNI and the name checked; default the URL's host */
 	int tls_line;		     /* of its `tls:` settings; 0: none given */
 	/* the engine's own Prometheus endpoint, scraped off the forwarding path */
-	const char *metrics_url; /* http://HOST[:PORT]/PATH; NULL: off */
+	const char *metrics_url; /* http[s]://HOST[:PORT]/PATH; NULL: off */
 	uint64_t metrics_interval_ms;
 	enum engine_kind engine;
 	int metrics_line;	 /* of metrics_interval or engine, for "needs metrics_url" */
@@ -120,10 +120,7 @@ struct config {
 	uint64_t first_byte_timeout_ms; /* request sent → response headers */
 	uint64_t idle_timeout_ms;	/* no byte either way on a running exchange */
 	uint64_t pool_idle_timeout_ms;	/* idle pooled upstream connection */
-	unsigned pool_max_idle;		/* idle connections kept per upstream */
-	size_t stream_buffer;		/* per-direction high watermark */
 	size_t max_event_size;		/* framer bound on one SSE event / NDJSON line */
-	size_t body_inspect_max;	/* request body prefix kept to learn the model */
 
 	const char *data_dir;	/* LMDB stats directory; NULL: memory only */
 	uint64_t flush_ms;	/* worker deltas to the store */
@@ -206,12 +203,13 @@ struct url_parts {
 	bool tls;     /* https:// */
 };
 
-/* A metrics URL: http://HOST[:PORT][/PATH[?QUERY]], the path "/metrics"
- * when none is given; plain HTTP only. */
+/* A metrics URL: http[s]://HOST[:PORT][/PATH[?QUERY]], the path "/metrics"
+ * when none is given, the port 80 or 443. */
 struct metrics_url_parts {
 	char host[256];
 	unsigned port;
 	char path[1024]; /* with its query */
+	bool tls;	 /* https:// */
 };
 
 /* 0, or -1 with `err` saying what is wrong. */

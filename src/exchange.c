@@ -36,6 +36,7 @@
 
 #include "exchange.h"
 
+#include "bevio.h"
 #include "check.h"
 #include "config.h"
 #include "log.h"
@@ -236,6 +237,7 @@ static bool request_idle_rearm(struct exchange *x)
 static void on_exchange_timer(evutil_socket_t fd, short what, void *arg)
 {
 	struct exchange *x = arg;
+	CHECK_OBJ(x, EXCHANGE_MAGIC);
 	enum xfail why;
 	char msg[200];
 
@@ -404,6 +406,7 @@ static enum xr request_connect(struct exchange *x)
 static void on_admitted(struct up_waiter *w)
 {
 	struct exchange *x = (struct exchange *)((char *)w - offsetof(struct exchange, waiter));
+	CHECK_OBJ(x, EXCHANGE_MAGIC);
 
 	(void)request_connect(x);
 }
@@ -579,13 +582,8 @@ enum xr exchange_flush(struct exchange *x)
 		if (x->replay && queued) {
 			/* keep what goes out, while the request stays small */
 			size_t have = evbuffer_get_length(x->replay);
-			char *copy = have + queued <= REPLAY_MAX ? malloc(queued) : NULL;
-			if (copy) {
-				evbuffer_copyout(x->up_pending, copy, queued);
-				evbuffer_add(x->replay, copy, queued);
-				free(copy);
-			} else {
-				evbuffer_free(x->replay);
+			if (have + queued > REPLAY_MAX || bevio_copy(x->replay, x->up_pending) == -1) {
+				evbuffer_free(x->replay); /* too big, or out of memory: no replay */
 				x->replay = NULL;
 			}
 		}
@@ -597,7 +595,7 @@ enum xr exchange_flush(struct exchange *x)
 		}
 		queued = evbuffer_get_length(out);
 	}
-	if (queued > xcfg(x)->stream_buffer)
+	if (queued > STREAM_BUFFER)
 		(void)x->hooks->upload(x->owner, false); /* stopping ends nothing */
 	/* all of it may be out already: no write callback will say so */
 	exchange_check_sent(x);
@@ -631,10 +629,11 @@ void exchange_check_sent(struct exchange *x)
 static void on_up_write(struct bufferevent *bev, void *arg)
 {
 	struct exchange *x = arg;
+	CHECK_OBJ(x, EXCHANGE_MAGIC);
 
 	/* under half the stream buffer: the owner reads its client again, if
 	 * it had stopped */
-	if (evbuffer_get_length(bufferevent_get_output(bev)) <= xcfg(x)->stream_buffer / 2 &&
+	if (evbuffer_get_length(bufferevent_get_output(bev)) <= STREAM_BUFFER / 2 &&
 	    x->hooks->upload(x->owner, true) == XR_ENDED)
 		return;
 	exchange_check_sent(x);
@@ -728,6 +727,7 @@ static bool request_replay(struct exchange *x, char *why, size_t whylen)
 static void on_up_event(struct bufferevent *bev, short what, void *arg)
 {
 	struct exchange *x = arg;
+	CHECK_OBJ(x, EXCHANGE_MAGIC);
 	char msg[600];
 
 	if (what & BEV_EVENT_CONNECTED) {
@@ -871,7 +871,7 @@ static void request_count_out(struct exchange *x, size_t n)
  * waits for the client. */
 static void request_check_backlog(struct exchange *x)
 {
-	size_t sb = xcfg(x)->stream_buffer;
+	size_t sb = STREAM_BUFFER;
 
 	if (x->hooks->backlog(x->owner, false) > sb) {
 		/* From here the idle clock, set at this read, times the client
@@ -986,6 +986,7 @@ static enum xr exchange_read(struct exchange *x, const struct xsrc *src)
 /* bufferevent read callback: bytes are in the connection's input buffer */
 static void on_up_read(struct bufferevent *bev, void *arg)
 {
+	CHECK_OBJ((struct exchange *)arg, EXCHANGE_MAGIC);
 	(void)exchange_read(arg, &(struct xsrc){ .buf = bufferevent_get_input(bev) });
 }
 
@@ -994,11 +995,13 @@ static bool up_direct_ready(void *arg)
 {
 	const struct exchange *x = arg;
 
+	CHECK_OBJ(x, EXCHANGE_MAGIC);
 	return exchange_streaming(x) && !x->rp.held;
 }
 
 static void up_direct_data(void *arg, const char *buf, size_t len)
 {
+	CHECK_OBJ((struct exchange *)arg, EXCHANGE_MAGIC);
 	(void)exchange_read(arg, &(struct xsrc){ .mem = buf, .len = len });
 }
 
@@ -1029,6 +1032,7 @@ static struct exchange *meter_request(void *meter)
 static void on_resp_head(void *arg, const struct respparse *rp)
 {
 	struct exchange *x = meter_request(arg);
+	CHECK_OBJ(x, EXCHANGE_MAGIC);
 
 	/* the framer's bound: the proxy's generation now, as before */
 	x->meter.max_event_size = xcfg(x)->max_event_size;
@@ -1042,6 +1046,7 @@ static void on_resp_head(void *arg, const struct respparse *rp)
 static void on_resp_complete(void *arg, bool keep_alive)
 {
 	struct exchange *x = meter_request(arg);
+	CHECK_OBJ(x, EXCHANGE_MAGIC);
 
 	meter_complete(&x->meter);
 	/* The head went to the client as the upstream wrote it: a response
@@ -1067,6 +1072,7 @@ static const struct respparse_hooks resp_hooks = {
 int exchange_init(struct exchange *x, const struct exchange_env *env, const struct exchange_hooks *hooks, void *owner,
 		  struct req_record *rec, const struct reqhead *head, struct router *rt, uint64_t log_id, bool shadow)
 {
+	OBJ_MAGIC_SET(x, EXCHANGE_MAGIC);
 	x->env = env;
 	x->hooks = hooks;
 	x->owner = owner;
@@ -1098,6 +1104,7 @@ void exchange_free(struct exchange *x)
 		event_free(x->timer);
 	x->up_pending = x->replay = NULL;
 	x->timer = NULL;
+	OBJ_MAGIC_CLEAR(x);
 }
 
 void exchange_meter_label(struct exchange *x)

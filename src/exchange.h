@@ -34,6 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "check.h"
 #include "meter.h"
 #include "reqparse.h"
 #include "respparse.h"
@@ -128,6 +129,10 @@ enum xr {
  * pooled connection, to be sent again should that connection turn out to
  * have been closed by the server. */
 #define REPLAY_MAX (64u << 10)
+/* Bytes queued in one direction before its source stops reading (the
+ * request bytes for the upstream, the response bytes for the client): the
+ * high watermark; the low one is half of it. */
+#define STREAM_BUFFER (256u << 10)
 /* A request that is not idempotent is sent again only when its pooled
  * connection failed before it was all written, or within this long (plus
  * two of the connection's round trips) after: the server closed the
@@ -180,13 +185,15 @@ struct exchange_env {
 	struct event_base *base;
 	struct meter_env meter;
 	struct evbuffer *tail; /* a response's last bytes between its upstream and its client */
-	/* the proxy's current generation: stream_buffer and max_event_size are
-	 * read from it as they were before the split */
+	/* the proxy's current generation: max_event_size is read from it as it
+	 * was before the split */
 	struct router *const *current;
 };
 
 /* One exchange with the upstream, embedded in its owner's request. */
+#define EXCHANGE_MAGIC 0x58434847u /* "XCHG" */
 struct exchange {
+	OBJ_MAGIC_FIELD
 	const struct exchange_hooks *hooks;
 	void *owner;
 	const struct exchange_env *env;

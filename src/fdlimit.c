@@ -22,6 +22,7 @@
 #include "config.h"
 #include "log.h"
 #include "timeline.h"
+#include "upstream.h"
 
 /* stdin/out/err, the main loop (epoll, signals, the drain eventfd), the
  * admin thread's loop, wake-up pipe and listener, the store's lock file,
@@ -40,7 +41,7 @@ uint64_t fdlimit_need(const struct config *c, unsigned nworkers)
 	struct listener_conf ls[LISTENERS_MAX];
 	uint64_t per_worker = FDS_PER_WORKER + config_listeners(c, ls);
 
-	per_worker += (uint64_t)c->nupstreams * c->pool_max_idle;
+	per_worker += (uint64_t)c->nupstreams * POOL_MAX_IDLE;
 	for (unsigned i = 0; i < c->nroutes; i++)
 		if (c->routes[i].mirror_upstream)
 			per_worker += c->routes[i].mirror_max_in_flight;

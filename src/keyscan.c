@@ -22,49 +22,31 @@
 #include <stdint.h>
 #include <string.h>
 
+/* keyscan_find_any()'s contract: 1 to KEYSCAN_MAX_KEYS keys of at least 3
+ * bytes, all starting with the same byte. Their shortest and longest
+ * lengths, or -1. */
+static int check_keys(const struct keyscan_key *keys, size_t n, size_t *minlen, size_t *maxlen)
+{
+	*minlen = SIZE_MAX;
+	*maxlen = 0;
+	if (n == 0 || n > KEYSCAN_MAX_KEYS)
+		return -1;
+	for (size_t k = 0; k < n; k++) {
+		if (keys[k].qlen < 3 || keys[k].q[0] != keys[0].q[0])
+			return -1;
+		*minlen = keys[k].qlen < *minlen ? keys[k].qlen : *minlen;
+		*maxlen = keys[k].qlen > *maxlen ? keys[k].qlen : *maxlen;
+	}
+	return 0;
+}
+
 #if defined(__x86_64__) && defined(__SSE2__)
 #include <immintrin.h>
-
-/* a[0, n) equals b[0, n). Keys are short: two (four past 16 bytes)
- * overlapping word loads per side compare them without a call to
- * memcmp(), which every event's hit would otherwise pay. */
-static inline int same(const char *a, const char *b, size_t n)
-{
-	if (n > 16 && n <= 32) {
-		uint64_t a0, a1, a2, a3, b0, b1, b2, b3;
-		memcpy(&a0, a, 8);
-		memcpy(&a1, a + 8, 8);
-		memcpy(&a2, a + n - 16, 8);
-		memcpy(&a3, a + n - 8, 8);
-		memcpy(&b0, b, 8);
-		memcpy(&b1, b + 8, 8);
-		memcpy(&b2, b + n - 16, 8);
-		memcpy(&b3, b + n - 8, 8);
-		return ((a0 ^ b0) | (a1 ^ b1) | (a2 ^ b2) | (a3 ^ b3)) == 0;
-	}
-	if (n >= 8 && n <= 16) {
-		uint64_t a0, a1, b0, b1;
-		memcpy(&a0, a, 8);
-		memcpy(&a1, a + n - 8, 8);
-		memcpy(&b0, b, 8);
-		memcpy(&b1, b + n - 8, 8);
-		return a0 == b0 && a1 == b1;
-	}
-	if (n >= 4 && n < 8) {
-		uint32_t a0, a1, b0, b1;
-		memcpy(&a0, a, 4);
-		memcpy(&a1, a + n - 4, 4);
-		memcpy(&b0, b, 4);
-		memcpy(&b1, b + n - 4, 4);
-		return a0 == b0 && a1 == b1;
-	}
-	return memcmp(a, b, n) == 0;
-}
 
 static const char *find_scalar(const char *c, const char *stop, const char *q, size_t qlen)
 {
 	for (; c <= stop; c++)
-		if (c[1] == q[1] && same(c, q, qlen))
+		if (c[1] == q[1] && keyscan_same(c, q, qlen))
 			return c;
 	return NULL;
 }
@@ -74,7 +56,7 @@ static inline const char *check(const char *c, unsigned mask, const char *q, siz
 {
 	while (mask != 0) {
 		unsigned i = (unsigned)__builtin_ctz(mask);
-		if (same(c + i, q, qlen))
+		if (keyscan_same(c + i, q, qlen))
 			return c + i;
 		mask &= mask - 1;
 	}
@@ -198,7 +180,8 @@ static inline const char *any_at(const char *c, const char *end, const struct ke
 				 size_t *which)
 {
 	for (size_t k = 0; k < n; k++) {
-		if (c[1] == keys[k].q[1] && (size_t)(end - c) >= keys[k].qlen && same(c, keys[k].q, keys[k].qlen)) {
+		if (c[1] == keys[k].q[1] && (size_t)(end - c) >= keys[k].qlen &&
+		    keyscan_same(c, keys[k].q, keys[k].qlen)) {
 			*which = k;
 			return c;
 		}
@@ -365,17 +348,10 @@ __attribute__((target("avx2"))) static const char *any_avx2(const char *c, const
 	return any_steps(c, stop - 31, end, keys, n, which, step, 32);
 }
 
-const char *keyscan_find_any(const char *p, const char *end, const struct keyscan_key *keys, size_t n, size_t *which)
+/* The search of keyscan_find_any(), its keys already checked. */
+static const char *find_any_checked(const char *p, const char *end, const struct keyscan_key *keys, size_t n,
+				    size_t minlen, size_t maxlen, size_t *which)
 {
-	size_t minlen = SIZE_MAX, maxlen = 0;
-	if (n > KEYSCAN_MAX_KEYS)
-		return NULL; /* outside the contract */
-	for (size_t k = 0; k < n; k++) {
-		if (keys[k].qlen < 3 || keys[k].q[0] != keys[0].q[0])
-			return NULL; /* outside the contract */
-		minlen = keys[k].qlen < minlen ? keys[k].qlen : minlen;
-		maxlen = keys[k].qlen > maxlen ? keys[k].qlen : maxlen;
-	}
 	if (n == 0 || end - p < (ptrdiff_t)minlen)
 		return NULL;
 	if (n == 1) {
@@ -399,6 +375,19 @@ const char *keyscan_find_any(const char *p, const char *end, const struct keysca
 	return any_scalar(c, end - minlen, end, keys, n, which);
 }
 
+const char *keyscan_find_any(const char *p, const char *end, const struct keyscan_key *keys, size_t n, size_t *which)
+{
+	size_t minlen, maxlen;
+	if (check_keys(keys, n, &minlen, &maxlen) == -1)
+		return NULL; /* outside the contract */
+	return find_any_checked(p, end, keys, n, minlen, maxlen, which);
+}
+
+const char *keyscan_find_set(const char *p, const char *end, const struct keyscan_set *set, size_t *which)
+{
+	return find_any_checked(p, end, set->keys, set->n, set->minlen, set->maxlen, which);
+}
+
 #else
 
 const char *keyscan_find(const char *p, const char *end, const char *q, size_t qlen)
@@ -410,11 +399,16 @@ const char *keyscan_find(const char *p, const char *end, const char *q, size_t q
 
 const char *keyscan_find_any(const char *p, const char *end, const struct keyscan_key *keys, size_t n, size_t *which)
 {
-	if (n > KEYSCAN_MAX_KEYS)
+	struct keyscan_set set;
+	if (keyscan_set_init(&set, keys, n) == -1)
 		return NULL; /* outside the contract, as on x86 */
-	for (size_t k = 0; k < n; k++)
-		if (keys[k].qlen < 3 || keys[k].q[0] != keys[0].q[0])
-			return NULL;
+	return keyscan_find_set(p, end, &set, which);
+}
+
+const char *keyscan_find_set(const char *p, const char *end, const struct keyscan_set *set, size_t *which)
+{
+	const struct keyscan_key *keys = set->keys;
+	size_t n = set->n;
 	for (const char *c = p; c < end; c++) {
 		for (size_t k = 0; k < n; k++) {
 			if ((size_t)(end - c) >= keys[k].qlen && memcmp(c, keys[k].q, keys[k].qlen) == 0) {
@@ -427,3 +421,14 @@ const char *keyscan_find_any(const char *p, const char *end, const struct keysca
 }
 
 #endif
+
+int keyscan_set_init(struct keyscan_set *set, const struct keyscan_key *keys, size_t n)
+{
+	set->n = 0;
+	if (check_keys(keys, n, &set->minlen, &set->maxlen) == -1)
+		return -1;
+	for (size_t k = 0; k < n; k++)
+		set->keys[k] = keys[k];
+	set->n = n;
+	return 0;
+}

@@ -13,13 +13,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "exchange.h"
 #include "log.h"
 #include "meter.h"
 #include "timeline.h"
 #include "upstream.h"
 
+#define MIRROR_MAGIC 0x4d495252u /* "MIRR" */
 struct mirror {
+	OBJ_MAGIC_FIELD
 	struct mirror_list *list;
 	struct mirror *next, *prev; /* in list */
 	struct upstream *up;	    /* one reference of the mirror's own */
@@ -49,6 +52,7 @@ static void mirror_end(struct mirror *m, enum req_error err, bool record)
 	if (m->next)
 		m->next->prev = m->prev;
 	record_release(&m->rec);
+	OBJ_MAGIC_CLEAR(m);
 	free(m);
 }
 
@@ -88,6 +92,7 @@ static void mh_fail(void *owner, enum xfail why, const char *msg)
 {
 	struct mirror *m = owner;
 
+	CHECK_OBJ(m, MIRROR_MAGIC);
 	log_debug("mirror %s to %s: %s", m->rec.id, m->up->name, msg);
 	mirror_end(m, exchange_fails[why].shadow_kind, true);
 }
@@ -96,6 +101,7 @@ static void mh_done(void *owner)
 {
 	struct mirror *m = owner;
 
+	CHECK_OBJ(m, MIRROR_MAGIC);
 	timeline_mark(&m->rec, TL_CLIENT_DONE, m->x.meter.now); /* nothing to deliver */
 	mirror_end(m, REQ_ERR_NONE, true);
 }
@@ -126,12 +132,14 @@ struct mirror *mirror_start(const struct mirror_env *env, struct upstream *up, c
 	m = calloc(1, sizeof(*m));
 	if (!m)
 		return NULL;
+	OBJ_MAGIC_SET(m, MIRROR_MAGIC);
 	bool made = exchange_init(&m->x, env->x, &mirror_xhooks, m, &m->rec, NULL, NULL, env->log_id, true) == 0 &&
 		    evbuffer_add_buffer(m->x.up_pending, bytes) == 0; /* the caller built it for us: moved */
 	if (!made || !upstream_try_admit(up)) {
 		if (made)
 			up->rejected++; /* no slot free at once: others wait for one */
 		exchange_free(&m->x);
+		OBJ_MAGIC_CLEAR(m);
 		free(m);
 		return NULL;
 	}

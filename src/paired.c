@@ -12,6 +12,7 @@
  */
 #include "paired.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -51,6 +52,52 @@ const char *paired_verdict_name(int verdict, unsigned metric)
 	if (metric == PM_OUTPUT_TOKENS)
 		return verdict > 0 ? "B more" : "A more";
 	return verdict > 0 ? "A faster" : "B faster";
+}
+
+bool paired_significant(const struct signrank *sr, double a_median, unsigned metric)
+{
+	return sr->nonzero && sr->p < PAIRED_ALPHA && !isnan(a_median) &&
+	       fabs(sr->hl) > fmax(SEQSIGN_BAND * fabs(a_median), paired_floor(metric));
+}
+
+static json_t *num(double v)
+{
+	return isnan(v) || isinf(v) ? json_null() : json_real(v);
+}
+
+static json_t *u64(uint64_t v)
+{
+	return json_integer(v > (uint64_t)INT64_MAX ? INT64_MAX : (json_int_t)v);
+}
+
+json_t *paired_metric_json(const struct signrank *sr, double a_median, const struct seqsign *seq, unsigned metric)
+{
+	int verdict = paired_verdict(seq, sr->hl, a_median, metric);
+	json_t *o = json_object();
+
+	if (!o)
+		return NULL;
+	json_object_set_new(o, "n", u64(sr->n));
+	json_object_set_new(o, "nonzero", u64(sr->nonzero));
+	json_object_set_new(o, "a_median", num(a_median));
+	json_object_set_new(o, "median_diff", num(sr->median));
+	json_object_set_new(o, "hl_shift", num(sr->hl));
+	json_object_set_new(o, "hl_ci", json_pack("[o,o]", num(sr->hl_lo), num(sr->hl_hi)));
+	json_object_set_new(o, "ci_level", num(sr->ci_level));
+	json_object_set_new(o, "relative_shift", a_median > 0 ? num(sr->hl / a_median) : json_null());
+	json_object_set_new(o, "w_plus", json_real(sr->w_plus));
+	json_object_set_new(o, "p_value", json_real(sr->p));
+	json_object_set_new(o, "exact", json_boolean(sr->exact));
+	json_object_set_new(o, "significant", json_boolean(paired_significant(sr, a_median, metric)));
+	json_object_set_new(o, "verdict", json_string(paired_verdict_name(verdict, metric)));
+	json_object_set_new(o, "since_pairs", verdict ? u64(seq->since) : json_null());
+	json_object_set_new(o, "sequential",
+			    json_pack("{s:o,s:o,s:o,s:s,s:o,s:o,s:f}", "pairs", u64(seq->pairs), "b_greater",
+				      u64(seq->b_greater), "a_greater", u64(seq->a_greater), "called",
+				      paired_verdict_name(seq->verdict, metric), "called_at",
+				      seq->verdict ? u64(seq->since) : json_null(), "log_evidence",
+				      num(seqsign_log_evidence(seq)), "log_threshold", -log(PAIRED_ALPHA)));
+	return o;
 }
 
 void paired_values(const struct req_record *rec, double out[PM__COUNT])

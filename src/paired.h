@@ -58,6 +58,19 @@ int paired_verdict(const struct seqsign *s, double hl, double a_median, unsigned
  * output tokens), "undecided". */
 const char *paired_verdict_name(int verdict, unsigned metric);
 
+/* The signed-rank result `sr` of the differences B - A is significant: p
+ * below PAIRED_ALPHA and the Hodges-Lehmann shift beyond max(SEQSIGN_BAND *
+ * a_median, floor), `a_median` A's median. */
+bool paired_significant(const struct signrank *sr, double a_median, unsigned metric);
+
+/* One metric's statistics as JSON, the same keys in /compare's `paired`
+ * section and in tokentap-bench --compare (docs/workload.md): `sr` the
+ * signed-rank test of the differences B - A, `a_median` A's median, `seq`
+ * the sequential rule since the first pair. NULL when out of memory. */
+struct json_t;
+struct json_t *paired_metric_json(const struct signrank *sr, double a_median, const struct seqsign *seq,
+				  unsigned metric);
+
 #define PAIRED_METRICS(X) \
 	X(TTFT, ttft_ms) \
 	X(ANSWER_TTFT, answer_ttft_ms) \

@@ -8,7 +8,8 @@
  * SLICE_COUNTERS' exported rows). Every family lists every (route,
  * upstream, model) group, warm and cold requests merged, so a series never
  * appears in one family and not in its neighbour. Then the gauges of what
- * runs and waits now, by upstream (prom_render_gauges).
+ * runs and waits now, by upstream, and of the engines of scraped upstreams
+ * (prom_render_gauges, prom_engine_families).
  */
 #include "prom.h"
 
@@ -236,6 +237,143 @@ static int gauge_by_name(const void *a, const void *b)
 	return strcmp(((const struct upstream_gauge *)a)->name, ((const struct upstream_gauge *)b)->name);
 }
 
+static int gauge_ptr_by_name(const void *a, const void *b)
+{
+	return gauge_by_name(*(const struct upstream_gauge *const *)a, *(const struct upstream_gauge *const *)b);
+}
+
+enum { EF_RUNNING, EF_WAITING, EF_KV, EF_PREFIX, EF_AGE, EF_SCRAPES };
+_Static_assert(EF_SCRAPES + 1 == PROM_ENGINE_FAMILIES, "one row per engine family");
+
+void prom_engine_families_free(struct prom_engine_family f[PROM_ENGINE_FAMILIES])
+{
+	for (unsigned k = 0; k < PROM_ENGINE_FAMILIES; k++) {
+		free(f[k].s);
+		f[k].s = NULL;
+		f[k].n = 0;
+	}
+}
+
+static void engine_sample(struct prom_engine_family *f, const char *upstream, const char *label_value, double v)
+{
+	struct prom_sample *s = &f->s[f->n++];
+	s->upstream = upstream;
+	s->label_value = label_value;
+	s->value = v;
+}
+
+int prom_engine_families(const struct upstream_gauge *g, size_t n, uint64_t now_ns,
+			 struct prom_engine_family f[PROM_ENGINE_FAMILIES])
+{
+	static const struct {
+		const char *name, *help, *label;
+		bool counter;
+	} rows[PROM_ENGINE_FAMILIES] = {
+		[EF_RUNNING] = { "tokentap_engine_requests_running",
+				 "Requests the upstream's engine reports running, as last scraped from its "
+				 "metrics_url.",
+				 NULL, false },
+		[EF_WAITING] = { "tokentap_engine_requests_waiting",
+				 "Requests waiting in the upstream's engine queue, as last scraped from its "
+				 "metrics_url.",
+				 NULL, false },
+		[EF_KV] = { "tokentap_engine_kv_cache_usage_ratio",
+			    "The upstream's engine KV-cache use (0..1), as last scraped from its metrics_url.", NULL,
+			    false },
+		[EF_PREFIX] = { "tokentap_engine_prefix_cache_hit_ratio",
+				"The upstream's engine prefix-cache hit ratio since it started (0..1), as last "
+				"scraped.",
+				NULL, false },
+		[EF_AGE] = { "tokentap_engine_scrape_age_seconds",
+			     "Seconds since the last successful scrape of the upstream's engine metrics.", NULL,
+			     false },
+		[EF_SCRAPES] = { "tokentap_engine_scrapes_total",
+				 "Scrapes of the upstream's engine metrics (metrics_url), by result.", "result", true },
+	};
+	const struct upstream_gauge **pick = n ? calloc(n, sizeof(*pick)) : NULL;
+	size_t np = 0;
+
+	memset(f, 0, PROM_ENGINE_FAMILIES * sizeof(*f));
+	if (n && !pick)
+		return -1;
+	for (unsigned k = 0; k < PROM_ENGINE_FAMILIES; k++) {
+		f[k].name = rows[k].name;
+		f[k].help = rows[k].help;
+		f[k].label = rows[k].label;
+		f[k].counter = rows[k].counter;
+		if (n && !(f[k].s = calloc(2 * n, sizeof(*f[k].s)))) {
+			free(pick);
+			prom_engine_families_free(f);
+			return -1;
+		}
+	}
+	/* of one name, the entry scraped last */
+	for (size_t i = 0; i < n; i++) {
+		const struct engine_state *e = &g[i].engine;
+		size_t j = 0;
+		if (!e->successes && !e->failures)
+			continue;
+		while (j < np && strcmp(pick[j]->name, g[i].name) != 0)
+			j++;
+		if (j == np)
+			pick[np++] = &g[i];
+		else if (e->at_ns > pick[j]->engine.at_ns)
+			pick[j] = &g[i];
+	}
+	if (np)
+		qsort(pick, np, sizeof(*pick), gauge_ptr_by_name);
+	for (size_t j = 0; j < np; j++) {
+		const struct engine_state *e = &pick[j]->engine;
+		const char *u = pick[j]->name;
+		if (e->scraped) {
+			if (e->running >= 0)
+				engine_sample(&f[EF_RUNNING], u, NULL, (double)e->running);
+			if (e->waiting >= 0)
+				engine_sample(&f[EF_WAITING], u, NULL, (double)e->waiting);
+			if (e->kv_use == e->kv_use)
+				engine_sample(&f[EF_KV], u, NULL, e->kv_use);
+			if (e->prefix_hit == e->prefix_hit)
+				engine_sample(&f[EF_PREFIX], u, NULL, e->prefix_hit);
+			engine_sample(&f[EF_AGE], u, NULL, now_ns > e->at_ns ? (double)(now_ns - e->at_ns) / 1e9 : 0.0);
+		}
+		engine_sample(&f[EF_SCRAPES], u, "ok", (double)e->successes);
+		engine_sample(&f[EF_SCRAPES], u, "failed", (double)e->failures);
+	}
+	free(pick);
+	return 0;
+}
+
+static int engine_text(struct writer *w, const struct upstream_gauge *g, size_t n)
+{
+	struct prom_engine_family f[PROM_ENGINE_FAMILIES];
+
+	if (prom_engine_families(g, n, clock_now_ns(), f) == -1)
+		return -1;
+	for (unsigned k = 0; k < PROM_ENGINE_FAMILIES; k++) {
+		if (!f[k].n)
+			continue;
+		emit(w, "# HELP %s %s\n# TYPE %s %s\n", f[k].name, f[k].help, f[k].name,
+		     f[k].counter ? "counter" : "gauge");
+		for (size_t i = 0; i < f[k].n; i++) {
+			size_t len = prom_label_escape(NULL, 0, f[k].s[i].upstream);
+			char *label = malloc(len + 1);
+			if (!label) {
+				w->failed = 1;
+				break;
+			}
+			prom_label_escape(label, len + 1, f[k].s[i].upstream);
+			if (f[k].label)
+				emit(w, "%s{upstream=\"%s\",%s=\"%s\"} %.15g\n", f[k].name, label, f[k].label,
+				     f[k].s[i].label_value, f[k].s[i].value);
+			else
+				emit(w, "%s{upstream=\"%s\"} %.15g\n", f[k].name, label, f[k].s[i].value);
+			free(label);
+		}
+	}
+	prom_engine_families_free(f);
+	return 0;
+}
+
 int prom_render_gauges(struct evbuffer *out, const struct upstream_gauge *g, size_t n)
 {
 	static const struct {
@@ -274,6 +412,8 @@ int prom_render_gauges(struct evbuffer *out, const struct upstream_gauge *g, siz
 		}
 	}
 	free(sorted);
+	if (!w.failed && engine_text(&w, g, n) == -1)
+		w.failed = 1;
 	return w.failed ? -1 : 0;
 }
 

@@ -34,9 +34,36 @@ int prom_render(struct evbuffer *out, const struct store_result *r) __attribute_
 
 /* Appends the gauges tokentap_in_flight and tokentap_queued, labelled by
  * upstream, from `g` (upstream_gauges: entries of one name are added up,
- * names sorted). 0, or -1 when out of memory. */
+ * names sorted), then the engine families (prom_engine_families). 0, or -1
+ * when out of memory. */
 int prom_render_gauges(struct evbuffer *out, const struct upstream_gauge *g, size_t n)
 	__attribute__((warn_unused_result));
+
+/*
+ * The engine's own view per scraped upstream (scrape.h), from `g`
+ * (upstream_gauges): its running and waiting requests, KV-cache use and
+ * prefix-cache hit ratio as last scraped, the scrape's age, and scrapes by
+ * result. One upstream name is one engine: of entries of one name (a
+ * reload draining an old url) the one scraped last. A value the engine
+ * does not report, and an upstream never scraped yet, have no sample; a
+ * family with no sample is left out of both expositions. `label` is NULL,
+ * or the name of the label that `label_value` gives (scrapes: "result").
+ */
+#define PROM_ENGINE_FAMILIES 6
+struct prom_sample {
+	const char *upstream; /* borrowed from `g` */
+	const char *label_value;
+	double value;
+};
+struct prom_engine_family {
+	const char *name, *help, *label;
+	bool counter;
+	size_t n;
+	struct prom_sample *s; /* malloc'd */
+};
+int prom_engine_families(const struct upstream_gauge *g, size_t n, uint64_t now_ns,
+			 struct prom_engine_family f[PROM_ENGINE_FAMILIES]) __attribute__((warn_unused_result));
+void prom_engine_families_free(struct prom_engine_family f[PROM_ENGINE_FAMILIES]);
 
 /* A counter family from outside the store (the workload capture's): one
  * metric per value of `label`, or one without labels when `label` is NULL

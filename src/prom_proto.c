@@ -514,6 +514,64 @@ static int gauge_by_name(const void *a, const void *b)
 	return strcmp(((const struct upstream_gauge *)a)->name, ((const struct upstream_gauge *)b)->name);
 }
 
+/* The engine's view per scraped upstream (prom_engine_families), as the
+ * text exposition writes it. */
+static void engine_families(struct render *r, const struct upstream_gauge *g, size_t n)
+{
+	struct prom_engine_family ef[PROM_ENGINE_FAMILIES];
+
+	if (prom_engine_families(g, n, clock_now_ns(), ef) == -1) {
+		r->failed = true;
+		return;
+	}
+	for (unsigned k = 0; !r->failed && k < PROM_ENGINE_FAMILIES; k++) {
+		if (!ef[k].n)
+			continue;
+		pb_family *f = family_new(r, ef[k].name, ef[k].help,
+					  ef[k].counter ? IO__PROMETHEUS__CLIENT__METRIC_TYPE__COUNTER
+							: IO__PROMETHEUS__CLIENT__METRIC_TYPE__GAUGE,
+					  ef[k].n);
+		for (size_t i = 0; f && i < ef[k].n; i++) {
+			pb_metric *m = arena_alloc(&r->arena, 1, sizeof(*m));
+			pb_label *l = arena_alloc(&r->arena, 2, sizeof(*l));
+			pb_label **lp = arena_alloc(&r->arena, 2, sizeof(*lp));
+			pb_gauge *ga = arena_alloc(&r->arena, 1, sizeof(*ga));
+			pb_counter *c = arena_alloc(&r->arena, 1, sizeof(*c));
+			if (!m || !l || !lp || !ga || !c) {
+				r->arena.failed = true;
+				break;
+			}
+			io__prometheus__client__metric__init(m);
+			for (unsigned j = 0; j < 2; j++) {
+				io__prometheus__client__label_pair__init(&l[j]);
+				lp[j] = &l[j];
+			}
+			l[0].name = "upstream";
+			l[0].value = (char *)ef[k].s[i].upstream;
+			l[1].name = (char *)ef[k].label;
+			l[1].value = (char *)ef[k].s[i].label_value;
+			m->label = lp;
+			m->n_label = ef[k].label ? 2 : 1;
+			if (ef[k].counter) {
+				io__prometheus__client__counter__init(c);
+				c->has_value = true;
+				c->value = ef[k].s[i].value;
+				m->counter = c;
+			} else {
+				io__prometheus__client__gauge__init(ga);
+				ga->has_value = true;
+				ga->value = ef[k].s[i].value;
+				m->gauge = ga;
+			}
+			f->metric[f->n_metric++] = m;
+		}
+		if (!f)
+			r->arena.failed = true;
+		family_flush(r, f);
+	}
+	prom_engine_families_free(ef);
+}
+
 /* tokentap_in_flight and tokentap_queued by upstream, as prom_render_gauges
  * writes them: entries of one name added up, names sorted. */
 static void gauge_families(struct render *r, const struct upstream_gauge *g, size_t n)
@@ -567,6 +625,7 @@ static void gauge_families(struct render *r, const struct upstream_gauge *g, siz
 		family_flush(r, f);
 	}
 	free(sorted);
+	engine_families(r, g, n);
 }
 
 int prom_render_proto(struct evbuffer *out, const struct store_result *res, const struct upstream_gauge *g, size_t n)

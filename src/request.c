@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bevio.h"
 #include "classify.h"
 #include "config.h"
 #include "exchange.h"
@@ -65,6 +66,7 @@ struct request *request_new(struct request_env *env, const struct exchange_hooks
 
 	if (!req)
 		return NULL;
+	OBJ_MAGIC_SET(req, REQUEST_MAGIC);
 	req->env = env;
 	req->x.rt = env->router;
 	router_ref(req->x.rt);
@@ -84,6 +86,7 @@ void request_free(struct request *req)
 {
 	if (!req)
 		return;
+	CHECK_OBJ(req, REQUEST_MAGIC);
 	exchange_release(&req->x, false);
 	if (req->mirror)
 		mirror_detach(req->mirror, req->x.body_done);
@@ -93,6 +96,7 @@ void request_free(struct request *req)
 	reqhead_free(&req->head);
 	free(req->body_prefix);
 	router_unref(req->x.rt);
+	OBJ_MAGIC_CLEAR(req);
 	free(req);
 }
 
@@ -100,6 +104,7 @@ void request_free(struct request *req)
  * (meter_finish). */
 void request_record(struct request *req)
 {
+	CHECK_OBJ(req, REQUEST_MAGIC);
 	exchange_meter_label(&req->x);
 	meter_finish(&req->x.meter, req->x.up);
 }
@@ -209,30 +214,12 @@ int request_body_end(struct request *req)
 	return 0;
 }
 
-/* Copies every byte of `src` onto the end of `dst`, segment by segment
- * (src unchanged). -1: out of memory, `dst` holds part of them. */
-static int evbuffer_copy_add(struct evbuffer *dst, struct evbuffer *src)
-{
-	struct evbuffer_ptr pos;
-	struct evbuffer_iovec v;
-
-	if (evbuffer_ptr_set(src, &pos, 0, EVBUFFER_PTR_SET) == -1)
-		return 0; /* empty */
-	while (evbuffer_peek(src, -1, &pos, &v, 1) == 1 && v.iov_len) {
-		if (evbuffer_add(dst, v.iov_base, v.iov_len) == -1)
-			return -1;
-		if (evbuffer_ptr_set(src, &pos, v.iov_len, EVBUFFER_PTR_ADD) == -1)
-			break;
-	}
-	return 0;
-}
-
 int request_mirror_copy(const struct request *req, const struct upstream *shadow, struct evbuffer *out)
 {
 	if (exchange_head_write(&req->head, &req->rec, shadow, out) == -1)
 		return -1;
 	/* up_pending holds body bytes only here: the primary's head comes later */
-	return evbuffer_copy_add(out, req->x.up_pending);
+	return bevio_copy(out, req->x.up_pending);
 }
 
 /* Starts the shadow copy: its own head, the body bytes so far, and from

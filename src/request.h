@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "check.h"
 #include "exchange.h"
 #include "mirror.h"
 #include "reqparse.h"
@@ -32,13 +33,19 @@ struct request_env {
 };
 
 /* One request and its exchange with the upstream. Owned by its client. */
+/* The request body's first bytes kept to learn the model, the stream flag
+ * and the sticky field (reqinfo.c reads a prefix cut anywhere). */
+#define BODY_INSPECT_MAX (64u << 10)
+
+#define REQUEST_MAGIC 0x52455155u /* "REQU" */
 struct request {
+	OBJ_MAGIC_FIELD
 	struct request_env *env;
 	uint64_t seq; /* its number on its client connection (client.c, client_runs) */
 	struct req_record rec;
 
 	struct reqhead head; /* as parsed: URL, headers, framing (reqparse.h) */
-	char *body_prefix;   /* the first cfg->body_inspect_max bytes, for the model */
+	char *body_prefix;   /* the first BODY_INSPECT_MAX bytes, for the model */
 	size_t body_prefix_len;
 	bool reqinfo_done;
 	struct mirror

@@ -14,6 +14,7 @@
 #include "scrape.h"
 
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <math.h>
@@ -30,13 +31,18 @@
 #include "log.h"
 #include "promtext.h"
 #include "timeline.h"
+#include "tls.h"
 
-/* What one target scrapes; also the form a reload hands over. */
+/* What one target scrapes; also the form a reload hands over. An https
+ * metrics_url is verified as the upstream's own url is: its tls.verify and
+ * tls.ca_file, and the name tls.server_name or else the metrics host. */
 struct target_spec {
 	char *name, *url, *metrics_url;
 	struct metrics_url_parts parts;
 	uint64_t interval_ms;
 	enum engine_kind engine;
+	bool tls_verify;
+	char *tls_ca_file, *tls_name; /* NULL: the system store; the metrics host */
 };
 
 struct target {
@@ -47,10 +53,12 @@ struct target {
 	struct evhttp_connection *conn;
 	struct evhttp_request *req; /* in flight, NULL none */
 	bool drop_conn;		    /* free conn before the next scrape */
+	SSL_CTX *tls_ctx;	    /* an https metrics_url's, made at its first scrape */
 	enum evhttp_request_error req_error;
 	bool req_failed;
 	unsigned streak;   /* failures in a row */
 	uint64_t failures; /* since start */
+	uint64_t successes;
 	struct engine_state last;
 };
 
@@ -200,6 +208,8 @@ static void spec_free(struct target_spec *t)
 	free(t->name);
 	free(t->url);
 	free(t->metrics_url);
+	free(t->tls_ca_file);
+	free(t->tls_name);
 	memset(t, 0, sizeof(*t));
 }
 
@@ -233,8 +243,12 @@ static int specs_of(const struct config *cfg, struct target_spec **out, size_t *
 		ts->metrics_url = strdup(uc->metrics_url);
 		ts->interval_ms = uc->metrics_interval_ms ? uc->metrics_interval_ms : METRICS_INTERVAL_DEFAULT;
 		ts->engine = uc->engine;
+		ts->tls_verify = uc->tls_verify;
+		ts->tls_ca_file = uc->tls_ca_file ? strdup(uc->tls_ca_file) : NULL;
+		ts->tls_name = uc->tls_server_name ? strdup(uc->tls_server_name) : NULL;
 		k++;
-		if (!ts->name || !ts->url || !ts->metrics_url) {
+		if (!ts->name || !ts->url || !ts->metrics_url || (uc->tls_ca_file && !ts->tls_ca_file) ||
+		    (uc->tls_server_name && !ts->tls_name)) {
 			specs_free(t, k);
 			return -1;
 		}
@@ -294,6 +308,7 @@ static void scrape_ok(struct target *t, const char *body, size_t len)
 	st.at_unix_ms = unix_ms_now();
 	st.at_ns = clock_now_ns();
 	st.failures = t->failures;
+	st.successes = ++t->successes;
 	t->last = st;
 	publish(t);
 }
@@ -327,7 +342,14 @@ static void on_response(struct evhttp_request *req, void *arg)
 	t->req = NULL;
 	evtimer_del(t->deadline);
 	int code = req ? evhttp_request_get_response_code(req) : 0;
-	if (t->req_failed || code == 0) {
+	char tls_why[160];
+	const char *tls_err = t->spec.parts.tls && t->conn ? tls_bev_error(evhttp_connection_get_bufferevent(t->conn),
+									   tls_why, sizeof(tls_why))
+							   : "";
+	if ((t->req_failed || code == 0) && *tls_err) {
+		snprintf(why, sizeof(why), "TLS: %s", tls_err);
+		scrape_failed(t, why);
+	} else if (t->req_failed || code == 0) {
 		scrape_failed(t, t->req_failed ? request_error_text(t->req_error) : "cannot connect");
 	} else if (code != 200) {
 		snprintf(why, sizeof(why), "HTTP %d", code);
@@ -364,7 +386,25 @@ static void start_get(struct target *t)
 	}
 	t->drop_conn = false;
 	if (!t->conn) {
-		if (!(t->conn = evhttp_connection_base_new(t->s->base, NULL, p->host, (unsigned short)p->port))) {
+		if (p->tls && !t->tls_ctx) {
+			char err[200];
+			if (!(t->tls_ctx = tls_client_ctx(t->spec.tls_verify, t->spec.tls_ca_file, err, sizeof(err)))) {
+				scrape_failed(t, err);
+				return;
+			}
+		}
+		struct bufferevent *bev = NULL;
+		if (p->tls &&
+		    !(bev = tls_bev_connect(t->s->base, t->tls_ctx, t->spec.tls_name ? t->spec.tls_name : p->host,
+					    t->spec.tls_verify))) {
+			scrape_failed(t, "cannot create a TLS connection");
+			return;
+		}
+		/* with a bufferevent of ours, the connection owns it */
+		if (!(t->conn = evhttp_connection_base_bufferevent_new(t->s->base, NULL, bev, p->host,
+								       (unsigned short)p->port))) {
+			if (bev)
+				bufferevent_free(bev);
 			scrape_failed(t, "cannot create a connection");
 			return;
 		}
@@ -418,6 +458,7 @@ static void target_free(struct target *t)
 		event_free(t->tick);
 	if (t->deadline)
 		event_free(t->deadline);
+	tls_ctx_free(t->tls_ctx);
 	spec_free(&t->spec);
 	free(t);
 }
@@ -446,8 +487,11 @@ static struct target *target_new(struct scrape *s, struct target_spec *spec)
 
 static bool same_target(const struct target *t, const struct target_spec *sp)
 {
-	return strcmp(t->spec.name, sp->name) == 0 && strcmp(t->spec.url, sp->url) == 0 &&
-	       strcmp(t->spec.metrics_url, sp->metrics_url) == 0;
+	const struct target_spec *a = &t->spec;
+	return strcmp(a->name, sp->name) == 0 && strcmp(a->url, sp->url) == 0 &&
+	       strcmp(a->metrics_url, sp->metrics_url) == 0 && a->tls_verify == sp->tls_verify &&
+	       strcmp(a->tls_ca_file ? a->tls_ca_file : "", sp->tls_ca_file ? sp->tls_ca_file : "") == 0 &&
+	       strcmp(a->tls_name ? a->tls_name : "", sp->tls_name ? sp->tls_name : "") == 0;
 }
 
 /* On the scraper's thread: the new list replaces the old one. */

@@ -15,7 +15,7 @@
 
 #include "log.h"
 
-/* size_t fields (stream_buffer, max_event_size...) are written as uint64_t. */
+/* size_t fields (max_event_size...) are written as uint64_t. */
 _Static_assert(sizeof(size_t) == sizeof(uint64_t), "settings: SIZE rows need a 64-bit size_t");
 
 /* The C type each setting type writes, for the compile-time check. */

@@ -112,13 +112,7 @@
 	X(OVERRIDE_HEADER, "override_header", NULL, 0, STRING_OFF, override_header, NULL, 0, 0, LIVE, NULL, \
 	  "a request header that pins a request to a named upstream") \
 	X(OVERRIDE_ANY_UPSTREAM, "override_any_upstream", NULL, 0, BOOL, override_any_upstream, NULL, 0, 0, LIVE, \
-	  NULL, "the override header may name an upstream outside the matched route") \
-	X(POOL_MAX_IDLE, NULL, NULL, 0, UINT, pool_max_idle, "256", 0, 0, NONE, NULL, \
-	  "idle connections kept per upstream") \
-	X(STREAM_BUFFER, NULL, NULL, 0, SIZE, stream_buffer, "256k", 0, 0, NONE, NULL, \
-	  "per-direction high watermark") \
-	X(BODY_INSPECT_MAX, NULL, NULL, 0, SIZE, body_inspect_max, "64k", 0, 0, NONE, NULL, \
-	  "request body prefix kept to learn the model")
+	  NULL, "the override header may name an upstream outside the matched route")
 /* clang-format on */
 
 enum setting_id {

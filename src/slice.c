@@ -42,8 +42,9 @@ static const uint64_t layout_v2[LK__COUNT] = { 14, 3, 2 };
 static const uint64_t layout_v1[LK__COUNT] = { 12, 3, 1 };
 #define V1_COUNTERS 11 /* REQUESTS .. SLO_MISSED; the error kinds follow */
 _Static_assert(CT_SLO_MISSED + 1 == V1_COUNTERS && HM_INFLIGHT + 1 == 12 && HM_REASONING + 1 == 14 &&
-		       CURVE__COUNT == 3 && PROMPT_CURVES == 2,
+		       CURVE_E2E + 1 == 3 && PROMPT_CURVES == 2,
 	       "the rows of versions 1 and 2 keep their positions");
+_Static_assert(ENGINE_QUEUE_BUCKETS == INFLIGHT_BUCKETS, "the engine-queue rows are load-curve rows");
 
 static const char *const metric_names[] = {
 #define X(e, n, u, src, help) #n,
@@ -101,6 +102,22 @@ uint64_t log2_bucket_low(unsigned b)
 uint64_t log2_bucket_high(unsigned b, unsigned n)
 {
 	return b + 1 >= n ? UINT64_MAX : (uint64_t)1 << b;
+}
+
+unsigned engine_queue_bucket(uint64_t waiting)
+{
+	return log2_bucket(waiting < UINT64_MAX ? waiting + 1 : waiting, ENGINE_QUEUE_BUCKETS);
+}
+
+uint64_t engine_queue_low(unsigned b)
+{
+	return b == 0 ? 0 : log2_bucket_low(b) - 1;
+}
+
+uint64_t engine_queue_high(unsigned b)
+{
+	uint64_t hi = log2_bucket_high(b, ENGINE_QUEUE_BUCKETS);
+	return hi == UINT64_MAX ? hi : hi - 1;
 }
 
 struct hist *slice_hist(struct slice *s, unsigned slot)
@@ -161,6 +178,11 @@ void slice_record_request(struct slice *s, const struct req_record *r, unsigned 
 	if (load) {
 		record_milli(s, SLOT_CURVE(CURVE_TTFT, ib), m[RM_TTFT]);
 		record_milli(s, SLOT_CURVE(CURVE_E2E, ib), m[RM_E2E]);
+	}
+	if (r->engine.known && r->engine.fresh && r->engine.waiting >= 0) {
+		unsigned qb = engine_queue_bucket((uint64_t)r->engine.waiting);
+		record_milli(s, SLOT_CURVE(CURVE_QUEUE_TTFT, qb), m[RM_TTFT]);
+		record_milli(s, SLOT_CURVE(CURVE_QUEUE_E2E, qb), m[RM_E2E]);
 	}
 	/* Cached tokens count only with the input they are part of, so that
 	 * the hit ratio (cached / cache_reported_input) stays within 1. */

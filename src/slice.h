@@ -108,10 +108,17 @@ enum slice_counter {
  * when the request arrived (1, 2, 3-4, 5-8, ... log2 buckets), and ttft by
  * prompt length (0-1, 2, 3-4, ... log2 buckets): SLOT_PROMPT by the tokens
  * the server had to prefill (input minus cached, when it reported caching;
- * else the input), SLOT_PROMPT_RAW by the input tokens as they are. */
+ * else the input), SLOT_PROMPT_RAW by the input tokens as they are.
+ *
+ * The engine-queue curve is two more rows of the same width (appended: the
+ * rows before keep their places): ttft and e2e by the engine's `waiting`
+ * as last scraped when the request was dispatched (0, 1, 2-3, 4-7, ...
+ * log2 buckets of waiting + 1: engine_queue_bucket), counting only requests
+ * with a fresh engine view (engine_seen.fresh). */
 #define INFLIGHT_BUCKETS 12
 #define PROMPT_BUCKETS 22
-enum curve_metric { CURVE_TTFT, CURVE_ITL, CURVE_E2E, CURVE__COUNT };
+enum curve_metric { CURVE_TTFT, CURVE_ITL, CURVE_E2E, CURVE_QUEUE_TTFT, CURVE_QUEUE_E2E, CURVE__COUNT };
+#define ENGINE_QUEUE_BUCKETS INFLIGHT_BUCKETS
 #define PROMPT_CURVES 2 /* by prefill, raw */
 
 #define SLOT_CURVE(c, b) (HM__COUNT + (c)*INFLIGHT_BUCKETS + (b))
@@ -142,6 +149,12 @@ unsigned log2_bucket(uint64_t v, unsigned n);
 uint64_t log2_bucket_low(unsigned b);
 uint64_t log2_bucket_high(unsigned b, unsigned n);
 
+/* The engine-queue curve's bucket of `waiting` requests, and its inclusive
+ * bounds (the last bucket's high is UINT64_MAX). */
+unsigned engine_queue_bucket(uint64_t waiting);
+uint64_t engine_queue_low(unsigned b);
+uint64_t engine_queue_high(unsigned b);
+
 /* The histogram in `slot`, allocated on first use; NULL if out of memory
  * (the sample is then dropped, never the request). */
 struct hist *slice_hist(struct slice *s, unsigned slot);
@@ -149,7 +162,8 @@ struct hist *slice_hist(struct slice *s, unsigned slot);
 /* Records one finished request. `load` is how many requests were on or
  * queued for the upstream when it was routed, itself included (0: not
  * known); it is stored as the "inflight" histogram and picks the curve
- * bucket. */
+ * bucket. The engine's queue at dispatch (r->engine, when fresh) picks the
+ * engine-queue curve's bucket. */
 void slice_record_request(struct slice *s, const struct req_record *r, unsigned load, const struct slo *slo);
 
 /* Records `n` ITL gaps of the same length, in µs rounded to nearest as

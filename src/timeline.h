@@ -111,6 +111,7 @@ struct engine_seen {
 	int64_t running, waiting; /* -1: the engine does not report it */
 	double kv_use;		  /* 0..1; NaN: not reported */
 	uint64_t age_ms;	  /* how old the scrape was */
+	bool fresh;		  /* age_ms within two metrics_intervals: the last scrape did not fail */
 };
 
 /*

@@ -105,3 +105,9 @@ ssize_t tls_recv(void *reader, char *buf, size_t len);
  * filled mid-record); the caller queues the rest.
  */
 size_t tls_bev_write(struct bufferevent *bev, const char *p, size_t n);
+
+/* While `keep`, `bev`'s record buffers stay between writes (a streaming
+ * response: no free and allocation per record); when not, they are let go
+ * now if empty, and after each read and write from then on, as the
+ * contexts ask (an idle connection holds none). */
+void tls_bev_keep_buffers(struct bufferevent *bev, bool keep);

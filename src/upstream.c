@@ -247,6 +247,10 @@ void upstream_engine_note(const struct upstream *up, struct engine_seen *out, ui
 			break;
 	}
 	out->age_ms = now_ns > at_ns ? (now_ns - at_ns) / 1000000 : 0;
+	/* A scrape succeeds at least once an interval (its deadline is 9/10 of
+	 * one) while the endpoint answers: older than two, the last one failed. */
+	uint64_t every = up->conf.metrics_interval_ms ? up->conf.metrics_interval_ms : METRICS_INTERVAL_DEFAULT;
+	out->fresh = out->known && out->age_ms <= 2 * every;
 }
 
 void upstream_engine_state(const struct upstream *up, struct engine_state *out)
@@ -274,6 +278,7 @@ int upstream_gauges(struct upstream_gauge **out, size_t *n)
 			goto fail;
 		g[i].in_flight = atomic_load(&s->active);
 		g[i].queued = atomic_load(&s->queued);
+		g[i].engine = s->engine;
 		i++;
 	}
 	pthread_mutex_unlock(&shares_lock);
@@ -435,7 +440,6 @@ struct upstream *upstream_adopt(struct upstream *up, const struct config *cfg, s
 	uc = &up->conf;
 	up->refs++;
 	up->pool_idle_timeout_ms = cfg->pool_idle_timeout_ms;
-	up->pool_max_idle = cfg->pool_max_idle;
 	up->cold_idle_ms = cfg->cold_idle_ms;
 	up->connect_timeout_ms = uc->connect_timeout_ms ? uc->connect_timeout_ms : cfg->connect_timeout_ms;
 	up->first_byte_timeout_ms = uc->first_byte_timeout_ms ? uc->first_byte_timeout_ms : cfg->first_byte_timeout_ms;
@@ -511,13 +515,15 @@ void upstream_cancel(struct upstream *up, struct up_waiter *w)
 static void upconn_close(struct upconn *c)
 {
 	if (c->ssl && c->tls_wakeups)
-		log_debug("upstream %s: u%llu closed; TLS: %llu bytes in %llu records, %llu reads", c->up->name,
-			  (unsigned long long)c->id, (unsigned long long)c->tls_bytes,
-			  (unsigned long long)c->tls_records, (unsigned long long)c->tls_wakeups);
+		log_debug("upstream %s: u%llu closed; TLS: %llu bytes in %llu records, %llu reads, %llu partial",
+			  c->up->name, (unsigned long long)c->id, (unsigned long long)c->tls_bytes,
+			  (unsigned long long)c->tls_records, (unsigned long long)c->tls_wakeups,
+			  (unsigned long long)c->tls_partial);
 	if (c->rev)
 		event_free(c->rev); /* safe inside its own callback: libevent does not touch it after */
 	if (c->bev)
 		bufferevent_free(c->bev);
+	OBJ_MAGIC_CLEAR(c);
 	free(c);
 }
 
@@ -546,6 +552,9 @@ static ssize_t upconn_recv(struct upconn *c, evutil_socket_t fd, char *buf, size
 		c->tls_bytes += (uint64_t)n;
 		c->tls_records += rd.reads;
 	}
+	/* stopped to wait for the socket with part of a record held */
+	if ((n > 0 ? !rd.more : n < 0 && errno == EAGAIN) && tls_pending(c->ssl))
+		c->tls_partial++;
 	return n;
 }
 
@@ -558,6 +567,7 @@ static ssize_t tls_recv_upconn(void *arg, char *buf, size_t len)
 static void on_upconn_readable(evutil_socket_t fd, short what, void *arg)
 {
 	struct upconn *c = arg;
+	CHECK_OBJ(c, UPCONN_MAGIC);
 	struct bufferevent *bev = c->bev;
 	struct msghdr msg = { 0 };
 	bool more = false;
@@ -698,6 +708,7 @@ static void pool_remove(struct upconn *c)
 static void on_idle_read(struct bufferevent *bev, void *arg)
 {
 	struct upconn *c = arg;
+	CHECK_OBJ(c, UPCONN_MAGIC);
 	log_debug("upstream %s: idle connection u%llu sent unexpected data; closing", c->up->name,
 		  (unsigned long long)c->id);
 	pool_remove(c);
@@ -707,6 +718,7 @@ static void on_idle_read(struct bufferevent *bev, void *arg)
 static void on_idle_event(struct bufferevent *bev, short what, void *arg)
 {
 	struct upconn *c = arg;
+	CHECK_OBJ(c, UPCONN_MAGIC);
 	pool_remove(c);
 	upconn_close(c);
 }
@@ -740,6 +752,7 @@ struct upconn *upstream_connect_new(struct upstream *up)
 	struct upconn *c = calloc(1, sizeof(*c));
 	if (!c)
 		return NULL;
+	OBJ_MAGIC_SET(c, UPCONN_MAGIC);
 	c->up = up;
 	c->id = ++up->opened;
 	c->bev = up->tls ? tls_bev_connect(up->base, up->tls_ctx,
@@ -803,7 +816,7 @@ void upstream_release(struct upconn *c, bool reusable)
 		return;
 	up = c->up;
 	up->conns_out--;
-	if (!reusable || !c->connected || up->n_idle >= up->pool_max_idle ||
+	if (!reusable || !c->connected || up->n_idle >= POOL_MAX_IDLE ||
 	    evbuffer_get_length(bufferevent_get_input(c->bev)) != 0 || (c->ssl && tls_pending(c->ssl)) ||
 	    evbuffer_get_length(bufferevent_get_output(c->bev)) != 0) {
 		upconn_close(c);

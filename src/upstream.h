@@ -31,6 +31,7 @@
 #include <sys/queue.h>
 #include <sys/socket.h>
 
+#include "check.h"
 #include "config.h"
 #include "timeline.h"
 #include "tls.h"
@@ -50,9 +51,15 @@ struct up_waiter {
 
 enum admit { ADMIT_NOW, ADMIT_QUEUED, ADMIT_FULL };
 
+/* Idle connections an upstream's pool keeps, per worker; one more
+ * released is closed. fdlimit_need counts them. */
+#define POOL_MAX_IDLE 256u
+
 /* One connection to an upstream. Owned by the request using it, or by the
  * pool while idle. */
+#define UPCONN_MAGIC 0x5550434eu /* "UPCN" */
 struct upconn {
+	OBJ_MAGIC_FIELD
 	struct upstream *up;
 	struct bufferevent *bev;
 	struct event *rev; /* the read event (upconn_reading); over TLS from the handshake's end */
@@ -66,8 +73,10 @@ struct upconn {
 	unsigned served; /* requests completed on this connection */
 	bool connected;
 	/* TLS reads: wake-ups that brought bytes, the bytes, and the records
-	 * (SSL_read calls) they came in; logged at debug level at the close */
-	uint64_t tls_wakeups, tls_bytes, tls_records;
+	 * (SSL_read calls) they came in; reads that stopped holding part of a
+	 * record (its rest in a later segment: the socket says when it comes);
+	 * logged at debug level at the close */
+	uint64_t tls_wakeups, tls_bytes, tls_records, tls_partial;
 };
 
 struct up_share;
@@ -87,7 +96,6 @@ struct upstream {
 	/* Its own copy of its settings: generations come and go around it. */
 	struct upstream_conf conf;
 	uint64_t pool_idle_timeout_ms, cold_idle_ms;
-	unsigned pool_max_idle;
 	uint64_t connect_timeout_ms, first_byte_timeout_ms, idle_timeout_ms;
 	unsigned active;	      /* admitted requests of this worker not yet done */
 	unsigned queued;	      /* waiting in this worker */
@@ -130,20 +138,6 @@ void upstream_leave(struct upstream *up);
 unsigned upstream_inflight(const struct upstream *up);
 unsigned upstream_waiting(const struct upstream *up);
 
-/* In flight and queued per upstream, read on any thread without asking a
- * worker: the counts every worker's copies share (struct up_share), one
- * entry per (name, url) that some worker holds, so a name twice while a
- * reload drains an old url. */
-struct upstream_gauge {
-	char *name; /* malloc'd */
-	unsigned in_flight, queued;
-};
-
-/* A malloc'd array in *out and its length in *n (0 and NULL when there is
- * none); free it with upstream_gauges_free. 0, or -1 when out of memory. */
-int upstream_gauges(struct upstream_gauge **out, size_t *n) __attribute__((warn_unused_result));
-void upstream_gauges_free(struct upstream_gauge *g, size_t n);
-
 /* What the scraper (scrape.c) last learned of an upstream's engine from its
  * /metrics. Kept in what the workers' copies share, so one scrape serves
  * every worker. */
@@ -156,8 +150,24 @@ struct engine_state {
 	unsigned in_flight_at;	    /* tokentap's in flight to it then */
 	bool failing;		    /* the latest attempt failed */
 	uint64_t failures;	    /* attempts that failed, since start */
+	uint64_t successes;	    /* attempts that succeeded, since start */
 	char error[160];	    /* the latest failure, "" none */
 };
+
+/* In flight and queued per upstream, read on any thread without asking a
+ * worker: the counts every worker's copies share (struct up_share), one
+ * entry per (name, url) that some worker holds, so a name twice while a
+ * reload drains an old url; with the engine's view where it is scraped. */
+struct upstream_gauge {
+	char *name; /* malloc'd */
+	unsigned in_flight, queued;
+	struct engine_state engine; /* its scrape (scrape.h); all zero when not scraped */
+};
+
+/* A malloc'd array in *out and its length in *n (0 and NULL when there is
+ * none); free it with upstream_gauges_free. 0, or -1 when out of memory. */
+int upstream_gauges(struct upstream_gauge **out, size_t *n) __attribute__((warn_unused_result));
+void upstream_gauges_free(struct upstream_gauge *g, size_t n);
 
 /* From the scraper's thread: the state of upstream (name, url) now; a
  * failure (st->failing) keeps the last good values. Nothing happens when

@@ -35,13 +35,13 @@ def parse_args(argv):
     ap.add_argument("--build", metavar="DIR", default=os.path.join(px.ROOT, "build"),
                     help="build directory of the new tokentap, the simulator and tokentap-bench (default build/)")
     ap.add_argument("--rounds", type=int, default=5, help="rounds per scenario (default 5)")
-    ap.add_argument("--scenarios", default="c", help="which of proxies.py's a, b, c, f, g, h, i to run (default c)")
+    ap.add_argument("--scenarios", default="c", help="which of proxies.py's a, b, c, f, g, h, i, j to run (default c)")
     ap.add_argument("--haproxy", action="store_true", help="HAProxy in the same rounds, as a yardstick")
     a = ap.parse_args(argv)
     if not 1 <= a.rounds <= 20:
         ap.error("--rounds takes 1 to 20")
-    if not a.scenarios or set(a.scenarios) - set("abcfghi"):
-        ap.error("--scenarios takes letters from abcfghi")
+    if not a.scenarios or set(a.scenarios) - set("abcfghij"):
+        ap.error("--scenarios takes letters from abcfghij")
     if not os.access(a.old, os.X_OK):
         ap.error("%s is not an executable" % a.old)
     if a.haproxy and not (shutil.which("haproxy") or os.access("/usr/sbin/haproxy", os.X_OK)):

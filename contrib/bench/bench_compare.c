@@ -84,11 +84,6 @@ static int read_log(FILE *f, struct outcome *out, size_t n)
 	return ferror(f) ? -1 : 0;
 }
 
-static json_t *num(double v)
-{
-	return isnan(v) || isinf(v) ? json_null() : json_real(v);
-}
-
 /* The statistics of one metric over the pairs where both sides have it. */
 static json_t *metric_report(FILE *f, unsigned m, const struct outcome *a, const struct outcome *b, size_t n)
 {
@@ -113,33 +108,14 @@ static json_t *metric_report(FILE *f, unsigned m, const struct outcome *a, const
 	if (signrank_test(d, k, 1 - PAIRED_ALPHA, &sr) == -1)
 		goto out;
 	double a_median = signrank_median(av, k);
-	bool sig = sr.nonzero && sr.p < PAIRED_ALPHA && !isnan(a_median) &&
-		   fabs(sr.hl) > fmax(SEQSIGN_BAND * fabs(a_median), paired_floor(m));
 	int verdict = paired_verdict(&seq, sr.hl, a_median, m);
 	fprintf(f, "%-14s %6zu %10.3f %10.3f %10.3f [%9.3f, %9.3f] %9.2g %-3s %s", paired_metric_name(m), k, a_median,
-		sr.median, sr.hl, sr.hl_lo, sr.hl_hi, sr.p, sig ? "yes" : "no", paired_verdict_name(verdict, m));
+		sr.median, sr.hl, sr.hl_lo, sr.hl_hi, sr.p, paired_significant(&sr, a_median, m) ? "yes" : "no",
+		paired_verdict_name(verdict, m));
 	if (verdict)
 		fprintf(f, " (after %llu pairs)", (unsigned long long)seq.since);
 	fputc('\n', f);
-	o = json_object();
-	json_object_set_new(o, "n", json_integer((json_int_t)k));
-	json_object_set_new(o, "a_median", num(a_median));
-	json_object_set_new(o, "median_diff", num(sr.median));
-	json_object_set_new(o, "hl_shift", num(sr.hl));
-	json_object_set_new(o, "hl_ci", json_pack("[o,o]", num(sr.hl_lo), num(sr.hl_hi)));
-	json_object_set_new(o, "ci_level", num(sr.ci_level));
-	json_object_set_new(o, "relative_shift", a_median > 0 ? num(sr.hl / a_median) : json_null());
-	json_object_set_new(o, "p_value", json_real(sr.p));
-	json_object_set_new(o, "exact", json_boolean(sr.exact));
-	json_object_set_new(o, "significant", json_boolean(sig));
-	json_object_set_new(o, "verdict", json_string(paired_verdict_name(verdict, m)));
-	json_object_set_new(o, "since_pairs", verdict ? json_integer((json_int_t)seq.since) : json_null());
-	json_object_set_new(o, "sequential",
-			    json_pack("{s:I,s:I,s:I,s:s,s:o,s:o,s:f}", "pairs", (json_int_t)seq.pairs, "b_greater",
-				      (json_int_t)seq.b_greater, "a_greater", (json_int_t)seq.a_greater, "called",
-				      paired_verdict_name(seq.verdict, m), "called_at",
-				      seq.verdict ? json_integer((json_int_t)seq.since) : json_null(), "log_evidence",
-				      num(seqsign_log_evidence(&seq)), "log_threshold", -log(PAIRED_ALPHA)));
+	o = paired_metric_json(&sr, a_median, &seq, m);
 out:
 	free(d);
 	free(av);

@@ -801,6 +801,24 @@ static bool conn_parse(struct conn *c, const char *buf, size_t len, uint64_t sta
 	return false;
 }
 
+/* The server closed the connection (`eof`) or reading it failed: a body
+ * delimited by the close ends here (after an orderly close only); any
+ * other request in flight failed. */
+static void conn_end_at_close(struct conn *c, bool eof, uint64_t now)
+{
+	struct breq *q = &c->req;
+	enum bench_error err = BERR_CLOSED;
+
+	if (eof && q->active && q->sent) {
+		q->now = now;
+		if (llhttp_finish(&c->parser) == HPE_OK && q->done)
+			err = BERR_NONE;
+	}
+	if (q->active)
+		req_finish(c, err, now);
+	conn_after_request(c, false);
+}
+
 static void on_readable(evutil_socket_t fd, short what, void *arg)
 {
 	uint64_t now = clock_now_ns(); /* first: the bytes arrived just now */
@@ -831,16 +849,7 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 		conn_parse(c, r->rbuf, (size_t)n, stamp);
 		return;
 	}
-	/* EOF or an error: a body delimited by the close ends here */
-	enum bench_error err = BERR_CLOSED;
-	if (n == 0 && q->active && q->sent) {
-		q->now = now;
-		if (llhttp_finish(&c->parser) == HPE_OK && q->done)
-			err = BERR_NONE;
-	}
-	if (q->active)
-		req_finish(c, err, now);
-	conn_after_request(c, false);
+	conn_end_at_close(c, n == 0, now);
 }
 
 /* TLS: what the bufferevent decrypted, all stamped with this call's clock. */
@@ -909,16 +918,7 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 		return;
 	}
 	if (r->o->tls && (what & BEV_EVENT_EOF) && !(what & BEV_EVENT_TIMEOUT)) {
-		/* as on_readable's EOF: a body delimited by the close ends here */
-		enum bench_error err = BERR_CLOSED;
-		if (q->active && q->sent) {
-			q->now = now;
-			if (llhttp_finish(&c->parser) == HPE_OK && q->done)
-				err = BERR_NONE;
-		}
-		if (q->active)
-			req_finish(c, err, now);
-		conn_after_request(c, false);
+		conn_end_at_close(c, true, now);
 		return;
 	}
 	/* writing failed or timed out (and, over TLS, reading too); plain

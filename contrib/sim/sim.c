@@ -32,6 +32,7 @@
 struct sim_config sim_cfg = {
 	.ttft_ms = 50,
 	.itl_ms = 20,
+	.events_per_write = 1,
 	.tokens = 64,
 	.seed = 0,
 	.model = "sim-model",
@@ -101,6 +102,9 @@ static void usage(FILE *f)
 		"  --listen ADDR:PORT  where to listen (default 127.0.0.1:8000; port 0 picks one)\n"
 		"  --ttft-ms N         request received -> first token (default 50)\n"
 		"  --itl-ms N          gap between tokens; 0 = as fast as the client reads (default 20)\n"
+		"  --events-per-write N  token events gathered into one write: held until N are\n"
+		"                      due (or the stream ends), then written together; with\n"
+		"                      --itl-ms 0, one group per loop turn (default 1)\n"
 		"  --tokens N          output tokens when the request sets no max_tokens (default 64)\n"
 		"  --seed N            seed of ids, timestamps and token text (default 0)\n"
 		"  --model NAME        model name when the request names none (default sim-model)\n"
@@ -145,7 +149,7 @@ static void usage(FILE *f)
 		"Endpoints: POST /v1/chat/completions /v1/completions /v1/messages /api/chat\n"
 		"/api/generate /v1/responses; GET /v1/models /health /metrics /sim/stats.\n"
 		"Per-request headers x-sim-ttft-ms, x-sim-itl-ms, x-sim-tokens, x-sim-reasoning-tokens,\n"
-		"x-sim-think-ms, x-sim-cached-tokens, x-sim-cache-write-tokens,\n"
+		"x-sim-events-per-write, x-sim-think-ms, x-sim-cached-tokens, x-sim-cache-write-tokens,\n"
 		"x-sim-tool-call and x-sim-reasoning-hidden (0 or 1) override the flags.\n"
 		"See docs/simulator.md.\n");
 }
@@ -261,6 +265,7 @@ static bool known_flag(const char *flag)
 		"--listen",
 		"--ttft-ms",
 		"--itl-ms",
+		"--events-per-write",
 		"--tokens",
 		"--seed",
 		"--model",
@@ -347,6 +352,8 @@ static void parse_args(int argc, char **argv, struct sockaddr_storage *ss, int *
 			sim_cfg.ttft_ms = parse_u64(flag, val);
 		} else if (strcmp(flag, "--itl-ms") == 0) {
 			sim_cfg.itl_ms = parse_u64(flag, val);
+		} else if (strcmp(flag, "--events-per-write") == 0) {
+			sim_cfg.events_per_write = parse_u64(flag, val);
 		} else if (strcmp(flag, "--tokens") == 0) {
 			sim_cfg.tokens = parse_u64(flag, val);
 		} else if (strcmp(flag, "--seed") == 0) {
@@ -428,6 +435,8 @@ static void parse_args(int argc, char **argv, struct sockaddr_storage *ss, int *
 	if (sim_cfg.reasoning_tokens > (1ULL << 40) || sim_cfg.cached_tokens > (1LL << 40) ||
 	    sim_cfg.cache_write_tokens > (1ULL << 40))
 		die_usage("--reasoning-tokens, --cached-tokens and --cache-write-tokens must be at most 2^40.");
+	if (sim_cfg.events_per_write < 1 || sim_cfg.events_per_write > SIM_MAX_EVENTS_PER_WRITE)
+		die_usage("--events-per-write must be from 1 to %d.", SIM_MAX_EVENTS_PER_WRITE);
 	if (sim_cfg.max_batch < 1 || sim_cfg.max_batch > 1000000)
 		die_usage("--max-batch must be from 1 to 1000000.");
 	if (sim_cfg.kv_tokens < 1 || sim_cfg.kv_tokens > (1ULL << 40))

@@ -29,13 +29,17 @@
 struct evbuffer;
 struct event_base;
 
+/* Largest --events-per-write / x-sim-events-per-write. */
+#define SIM_MAX_EVENTS_PER_WRITE 4096
+
 /* Command line settings; owned by main, read-only once the loop runs. */
 struct sim_config {
-	uint64_t ttft_ms;  /* request fully received -> first token event */
-	uint64_t itl_ms;   /* gap between token events */
-	uint64_t tokens;   /* output length when the request sets none */
-	uint64_t seed;	   /* folded into every PRNG stream and id */
-	const char *model; /* model name when the request names none */
+	uint64_t ttft_ms;	   /* request fully received -> first token event */
+	uint64_t itl_ms;	   /* gap between token events */
+	uint64_t events_per_write; /* token events gathered into one write (1: each as due) */
+	uint64_t tokens;	   /* output length when the request sets none */
+	uint64_t seed;		   /* folded into every PRNG stream and id */
+	const char *model;	   /* model name when the request names none */
 
 	/* Reasoning, prompt caching and tool calls (docs/simulator.md,
 	 * "Reasoning, caching, tool calls"); x-sim-* headers override. */

@@ -16,6 +16,10 @@
  *   SIM_HIGH_WATER bytes; a stalled stream resumes from the write callback.
  *   A slow reader therefore stalls generation and memory stays bounded.
  * - Only the head request has a pacing timer; responses leave in order.
+ * - --events-per-write N > 1: a fixed-pace stream's token events are held
+ *   in its `held` buffer and handed to the output N at a time (the last
+ *   group with the closing events); at itl 0 the loop is yielded to after
+ *   each group, so that one write carries one group while the client keeps up.
  * - With --batching, the head request is paced by the shared scheduler
  *   (sim_batch.c) instead of its timer: the scheduler counts the tokens
  *   generated and calls back; the connection writes them while its output
@@ -71,6 +75,7 @@ struct sim_req {
 	struct evbuffer *body;
 	char *request_id;		 /* x-request-id, NULL if absent */
 	int64_t ttft_ms, itl_ms, tokens; /* x-sim-* overrides, -1 absent */
+	int64_t events_per_write;	 /* x-sim-events-per-write, -1 absent */
 	int64_t reasoning_tokens, think_ms, cached_tokens, cache_write_tokens, tool_call, reasoning_hidden;
 	const char *header_error;
 	const char *parse_error; /* answer 400 with this and close */
@@ -83,10 +88,12 @@ struct sim_req {
 	/* generation, valid from REQ_WAITING on */
 	struct sim_stream *stream;
 	struct sim_plan plan;
-	uint64_t sent;	      /* token events written */
-	uint64_t deadline_ns; /* when the next event is due */
-	bool stalled;	      /* waiting for the output to drain */
-	struct sim_seq seq;   /* --batching: its place in the scheduler */
+	uint64_t sent;	       /* token events written */
+	uint64_t group;	       /* token events gathered into one write */
+	struct evbuffer *held; /* events generated, not yet written (group > 1) */
+	uint64_t deadline_ns;  /* when the next event is due */
+	bool stalled;	       /* waiting for the output to drain */
+	struct sim_seq seq;    /* --batching: its place in the scheduler */
 };
 
 /* One client connection; owned by the event loop through its callbacks. */
@@ -127,6 +134,8 @@ static void req_free(struct sim_req *r)
 		return;
 	sim_batch_cancel(&r->seq);
 	sim_api_free(r->stream);
+	if (r->held != NULL)
+		evbuffer_free(r->held);
 	if (r->body != NULL)
 		evbuffer_free(r->body);
 	free(r->url);
@@ -291,6 +300,11 @@ static void req_start(struct sim_conn *c, struct sim_req *r)
 		sim_batch_submit(&r->seq);
 		return;
 	}
+	/* --events-per-write: the fixed-pace streams only (a batch's steps
+	 * already decide what leaves together). */
+	r->group = r->events_per_write > 0 ? (uint64_t)r->events_per_write : sim_cfg.events_per_write;
+	if (r->group > 1 && r->plan.streaming && (r->held = evbuffer_new()) == NULL)
+		r->group = 1;
 	/* The first event is due ttft after the request arrived in full; a
 	 * block answer after ttft + tokens * itl, as a server would finish. */
 	r->deadline_ns = r->received_ns + r->plan.ttft_ns;
@@ -403,6 +417,8 @@ static void conn_pump(struct sim_conn *c)
 			break;
 		}
 		if (!r->plan.streaming || r->sent == r->plan.tokens) {
+			if (r->held != NULL)
+				out_add(c, r, r->held); /* the last group, short or not */
 			sim_api_finish(r->stream, tmp);
 			out_add(c, r, tmp);
 			req_done(c, r);
@@ -410,8 +426,16 @@ static void conn_pump(struct sim_conn *c)
 		}
 		r->state = REQ_STREAMING;
 		sim_api_token(r->stream, tmp);
-		out_add(c, r, tmp);
 		r->sent++;
+		if (r->held == NULL) {
+			out_add(c, r, tmp);
+		} else {
+			/* Gathered: held until the group is whole; the last
+			 * token's group leaves with the closing events. */
+			evbuffer_add_buffer(r->held, tmp);
+			if (r->sent % r->group == 0)
+				out_add(c, r, r->held);
+		}
 		/* Next event one itl after this one was due, so timer latency
 		 * does not accumulate; but never catch up in a burst after a
 		 * stall: when over one itl late, restart the beat from now. */
@@ -424,9 +448,10 @@ static void conn_pump(struct sim_conn *c)
 			r->deadline_ns += r->plan.think_ns;
 		if (r->sent == r->plan.tokens || r->deadline_ns > now)
 			continue; /* to close, or to set the timer */
-		if (++burst >= SIM_BURST) {
+		if (r->held != NULL ? r->sent % r->group == 0 : ++burst >= SIM_BURST) {
 			/* itl 0: yield to the loop so other clients, and this
-			 * client's EOF, are served between bursts. */
+			 * client's EOF, are served between bursts; gathered,
+			 * after each group, so that one write carries one. */
 			tick_in(c, 0);
 			break;
 		}
@@ -456,7 +481,7 @@ static int on_message_begin(llhttp_t *p)
 		free(r);
 		return -1;
 	}
-	r->ttft_ms = r->itl_ms = r->tokens = -1;
+	r->ttft_ms = r->itl_ms = r->tokens = r->events_per_write = -1;
 	r->reasoning_tokens = r->think_ms = r->cached_tokens = r->cache_write_tokens = r->tool_call = -1;
 	r->reasoning_hidden = -1;
 	r->state = REQ_RECEIVING;
@@ -558,6 +583,9 @@ static int on_header_value_complete(llhttp_t *p)
 	} else if (strcasecmp(c->field, "x-sim-itl-ms") == 0) {
 		ov = &r->itl_ms;
 		which = "x-sim-itl-ms must be a non-negative integer of milliseconds";
+	} else if (strcasecmp(c->field, "x-sim-events-per-write") == 0) {
+		ov = &r->events_per_write;
+		which = "x-sim-events-per-write must be an integer from 1 to 4096";
 	} else if (strcasecmp(c->field, "x-sim-tokens") == 0) {
 		ov = &r->tokens;
 		which = "x-sim-tokens must be a non-negative integer";
@@ -582,7 +610,8 @@ static int on_header_value_complete(llhttp_t *p)
 	}
 	if (ov != NULL) {
 		*ov = c->value_overflow ? -1 : parse_count(v);
-		if (*ov < 0 || ((ov == &r->tool_call || ov == &r->reasoning_hidden) && *ov > 1))
+		if (*ov < 0 || ((ov == &r->tool_call || ov == &r->reasoning_hidden) && *ov > 1) ||
+		    (ov == &r->events_per_write && (*ov < 1 || *ov > SIM_MAX_EVENTS_PER_WRITE)))
 			r->header_error = which;
 	}
 	c->field_len = 0;

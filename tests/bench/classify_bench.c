@@ -63,6 +63,55 @@ static double now_ns(void)
 	return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
+/* Every event of `stream`, framed in one piece. */
+static void frame_all(const char *stream, size_t len, struct events *ev)
+{
+	struct framer f;
+
+	framer_init(&f, FRAMER_SSE, 0, on_event, ev);
+	framer_feed(&f, stream, len);
+	framer_finish(&f);
+	framer_free(&f);
+}
+
+static void events_free(struct events *ev)
+{
+	for (int i = 0; i < ev->n; i++) {
+		free(ev->data[i]);
+		free(ev->name[i]);
+	}
+}
+
+/* classify_event() over every event of one stream, `rounds` times: with a
+ * per-stream hint (a fresh one each round, as the proxy has per response)
+ * and then without one. */
+struct timing {
+	double ns[2];	/* per event: [0] with the hint, [1] without */
+	long kinds[2];	/* the kinds returned, summed: equal when both agree event by event */
+	long tokens[2]; /* events of any token kind */
+	long want;	/* with the hint, events of the kind `want` */
+};
+
+static void time_classify(enum api_kind api, const struct events *ev, enum token_kind want, int rounds, struct usage *u,
+			  struct timing *t)
+{
+	*t = (struct timing){ 0 };
+	for (int h = 0; h < 2; h++) {
+		double t0 = now_ns();
+		for (int r = 0; r < rounds; r++) {
+			struct classify_hint hint = { 0 };
+			for (int i = 0; i < ev->n; i++) {
+				struct framer_event fe = { ev->name[i], ev->name_len[i], ev->data[i], ev->len[i] };
+				enum token_kind k = classify_event(api, &fe, u, h ? NULL : &hint);
+				t->kinds[h] += k;
+				t->tokens[h] += k != TOKEN_NONE;
+				t->want += !h && k == want;
+			}
+		}
+		t->ns[h] = (now_ns() - t0) / ((double)rounds * ev->n);
+	}
+}
+
 static char *build_stream(size_t *out_len)
 {
 	static const char *words[] = { " The", " quick", " brown",	  " fox",     " jumps", " over",
@@ -146,41 +195,18 @@ static int bench_responses(int rounds)
 	size_t len;
 	char *stream = build_responses_stream(&len);
 	struct events ev = { 0 };
-	struct framer f;
 	struct usage u = USAGE_UNKNOWN;
-	long tokens = 0, utokens = 0;
+	struct timing t;
 
-	framer_init(&f, FRAMER_SSE, 0, on_event, &ev);
-	framer_feed(&f, stream, len);
-	framer_finish(&f);
-	framer_free(&f);
-	double t0 = now_ns();
-	for (int r = 0; r < rounds; r++) {
-		struct classify_hint hint = { 0 };
-		for (int i = 0; i < ev.n; i++) {
-			struct framer_event fe = { ev.name[i], ev.name_len[i], ev.data[i], ev.len[i] };
-			tokens += classify_event(API_OPENAI_RESPONSES, &fe, &u, &hint) != TOKEN_NONE;
-		}
-	}
-	double hinted = (now_ns() - t0) / ((double)rounds * ev.n);
-	t0 = now_ns();
-	for (int r = 0; r < rounds; r++) {
-		for (int i = 0; i < ev.n; i++) {
-			struct framer_event fe = { ev.name[i], ev.name_len[i], ev.data[i], ev.len[i] };
-			utokens += classify_event(API_OPENAI_RESPONSES, &fe, &u, NULL) != TOKEN_NONE;
-		}
-	}
-	double unhinted = (now_ns() - t0) / ((double)rounds * ev.n);
+	frame_all(stream, len, &ev);
+	time_classify(API_OPENAI_RESPONSES, &ev, TOKEN_ANSWER, rounds, &u, &t);
 	printf("responses stream: %zu bytes, %d events, tokens per round %ld, usage in=%lld out=%lld\n", len, ev.n,
-	       tokens / rounds, (long long)u.input_tokens, (long long)u.output_tokens);
-	printf("classify_event responses (hint):   %8.1f ns/event\n", hinted);
-	printf("classify_event responses (no hint):%8.1f ns/event\n", unhinted);
-	for (int i = 0; i < ev.n; i++) {
-		free(ev.data[i]);
-		free(ev.name[i]);
-	}
+	       t.tokens[0] / rounds, (long long)u.input_tokens, (long long)u.output_tokens);
+	printf("classify_event responses (hint):   %8.1f ns/event\n", t.ns[0]);
+	printf("classify_event responses (no hint):%8.1f ns/event\n", t.ns[1]);
+	events_free(&ev);
 	free(stream);
-	return tokens == utokens && tokens / rounds == CONTENT_CHUNKS && u.output_tokens == 500 ? 0 : 1;
+	return t.tokens[0] == t.tokens[1] && t.tokens[0] / rounds == CONTENT_CHUNKS && u.output_tokens == 500 ? 0 : 1;
 }
 
 /* A chat stream of CONTENT_CHUNKS deltas, each `delta_fmt` (one %s, the
@@ -212,42 +238,17 @@ static int bench_chat(const char *label, const char *delta_fmt, const char *tail
 	size_t len;
 	char *stream = build_chat_stream(delta_fmt, tail, &len);
 	struct events ev = { 0 };
-	struct framer f;
 	struct usage u = USAGE_UNKNOWN;
-	long kinds = 0, ukinds = 0, tokens = 0;
+	struct timing t;
 
-	framer_init(&f, FRAMER_SSE, 0, on_event, &ev);
-	framer_feed(&f, stream, len);
-	framer_finish(&f);
-	framer_free(&f);
-	double t0 = now_ns();
-	for (int r = 0; r < rounds; r++) {
-		struct classify_hint hint = { 0 };
-		for (int i = 0; i < ev.n; i++) {
-			struct framer_event fe = { NULL, 0, ev.data[i], ev.len[i] };
-			enum token_kind k = classify_event(API_OPENAI_CHAT, &fe, &u, &hint);
-			kinds += k;
-			tokens += k == want;
-		}
-	}
-	double hinted = (now_ns() - t0) / ((double)rounds * ev.n);
-	t0 = now_ns();
-	for (int r = 0; r < rounds; r++) {
-		for (int i = 0; i < ev.n; i++) {
-			struct framer_event fe = { NULL, 0, ev.data[i], ev.len[i] };
-			ukinds += classify_event(API_OPENAI_CHAT, &fe, &u, NULL);
-		}
-	}
-	double unhinted = (now_ns() - t0) / ((double)rounds * ev.n);
-	printf("%s: %zu bytes, %d events, %ld of the expected kind per round\n", label, len, ev.n, tokens / rounds);
-	printf("classify_event %s (hint):   %8.1f ns/event\n", label, hinted);
-	printf("classify_event %s (no hint):%8.1f ns/event\n", label, unhinted);
-	for (int i = 0; i < ev.n; i++) {
-		free(ev.data[i]);
-		free(ev.name[i]);
-	}
+	frame_all(stream, len, &ev);
+	time_classify(API_OPENAI_CHAT, &ev, want, rounds, &u, &t);
+	printf("%s: %zu bytes, %d events, %ld of the expected kind per round\n", label, len, ev.n, t.want / rounds);
+	printf("classify_event %s (hint):   %8.1f ns/event\n", label, t.ns[0]);
+	printf("classify_event %s (no hint):%8.1f ns/event\n", label, t.ns[1]);
+	events_free(&ev);
 	free(stream);
-	return kinds == ukinds && tokens / rounds == CONTENT_CHUNKS ? 0 : 1;
+	return t.kinds[0] == t.kinds[1] && t.want / rounds == CONTENT_CHUNKS ? 0 : 1;
 }
 
 /* The alternative: parse every event and look the content up. */
@@ -287,26 +288,10 @@ int main(int argc, char **argv)
 	}
 	double frame_ns = (now_ns() - t0) / ((double)rounds * ev.n);
 
-	long tokens = 0, utokens = 0;
 	struct usage u = USAGE_UNKNOWN;
-	t0 = now_ns();
-	for (int r = 0; r < rounds; r++) {
-		struct classify_hint hint = { 0 };
-		for (int i = 0; i < ev.n; i++) {
-			struct framer_event fe = { NULL, 0, ev.data[i], ev.len[i] };
-			tokens += classify_event(API_OPENAI_CHAT, &fe, &u, &hint) != TOKEN_NONE;
-		}
-	}
-	double scan_ns = (now_ns() - t0) / ((double)rounds * ev.n);
-
-	t0 = now_ns();
-	for (int r = 0; r < rounds; r++) {
-		for (int i = 0; i < ev.n; i++) {
-			struct framer_event fe = { NULL, 0, ev.data[i], ev.len[i] };
-			utokens += classify_event(API_OPENAI_CHAT, &fe, &u, NULL) != TOKEN_NONE;
-		}
-	}
-	double unhinted_ns = (now_ns() - t0) / ((double)rounds * ev.n);
+	struct timing t;
+	time_classify(API_OPENAI_CHAT, &ev, TOKEN_ANSWER, rounds, &u, &t);
+	long tokens = t.tokens[0];
 
 	long ptokens = 0;
 	t0 = now_ns();
@@ -319,15 +304,12 @@ int main(int argc, char **argv)
 	printf("tokens per round: scan %ld, parse %ld; usage in=%lld out=%lld\n", tokens / rounds, ptokens / rounds,
 	       (long long)u.input_tokens, (long long)u.output_tokens);
 	printf("framer (incl. copying events out): %8.1f ns/event\n", frame_ns);
-	printf("classify_event (byte scan, hint):  %8.1f ns/event\n", scan_ns);
-	printf("classify_event (no hint):          %8.1f ns/event\n", unhinted_ns);
+	printf("classify_event (byte scan, hint):  %8.1f ns/event\n", t.ns[0]);
+	printf("classify_event (no hint):          %8.1f ns/event\n", t.ns[1]);
 	printf("jansson parse + lookup:            %8.1f ns/event\n", parse_ns);
-	printf("speed-up: %.1fx\n", parse_ns / scan_ns);
+	printf("speed-up: %.1fx\n", parse_ns / t.ns[0]);
 
-	for (int i = 0; i < ev.n; i++) {
-		free(ev.data[i]);
-		free(ev.name[i]);
-	}
+	events_free(&ev);
 	free(stream);
 	int bad = bench_responses(rounds);
 	bad |= bench_chat("reasoning", "{\"reasoning_content\":\"%s\"}", "", TOKEN_REASONING, rounds);
@@ -339,5 +321,5 @@ int main(int argc, char **argv)
 			  "\"prompt_per_second\":10698.5,\"predicted_n\":12,\"predicted_ms\":141.2,"
 			  "\"predicted_per_token_ms\":11.77,\"predicted_per_second\":84.98}",
 			  TOKEN_ANSWER, rounds);
-	return !bad && tokens == utokens && tokens / rounds == ptokens / rounds ? 0 : 1;
+	return !bad && tokens == t.tokens[1] && tokens / rounds == ptokens / rounds ? 0 : 1;
 }

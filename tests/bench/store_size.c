@@ -29,22 +29,7 @@
 
 #include "slice.h"
 #include "store.h"
-
-static uint64_t rng = 88172645463325252ull;
-
-static double uniform(void)
-{
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return ((double)(rng >> 11) + 0.5) / 9007199254740992.0;
-}
-
-static double lognormal(double median, double sigma)
-{
-	double z = sqrt(-2.0 * log(uniform())) * cos(2.0 * M_PI * uniform());
-	return median * exp(sigma * z);
-}
+#include "../unit/testrand.h"
 
 static void minute_traffic(struct slice *sl, unsigned requests, unsigned tokens)
 {
@@ -333,6 +318,7 @@ static void writer_time(const struct slice pool[POOL])
 
 int main(int argc, char **argv)
 {
+	testrand_state = 88172645463325252ull;
 	unsigned per_min = argc > 1 ? (unsigned)atoi(argv[1]) : 600;
 	unsigned tokens = argc > 2 ? (unsigned)atoi(argv[2]) : 256;
 	static struct slice minutes[POOL];

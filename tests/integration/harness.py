@@ -24,6 +24,9 @@ Binaries come from TOKENTAP_BIN and TOKENTAP_SIM_BIN (set by ctest).
 #   harness_events.py    SSE / NDJSON framing, API bodies, token events, access log
 #   harness_upstream.py  fake upstreams and their request reader
 
+import os
+import shutil
+import tempfile
 import time  # noqa: F401 (tests call harness.time)
 import unittest
 
@@ -38,6 +41,24 @@ from harness_upstream import *  # noqa: F401,F403
 
 class TestCase(unittest.TestCase):
     """Adds a few assertion helpers shared by the suites."""
+
+    @classmethod
+    def start_logged(cls, upstream_url, prefix, data=False, admin=False):
+        """The class's tokentap in front of upstream_url, its access log
+        cls.log in a fresh directory cls.dir (removed after the class), with
+        `data` its store there, with `admin` also flushed every 200 ms and
+        the admin API on an ephemeral port (cls.admin). Sets cls.tt."""
+        cls.dir = tempfile.mkdtemp(prefix=prefix)
+        cls.addClassCleanup(shutil.rmtree, cls.dir, True)
+        cls.log = os.path.join(cls.dir, "access.log")
+        args = ["--access-log", cls.log]
+        if data or admin:
+            args += ["--data-dir", os.path.join(cls.dir, "data")]
+        if admin:
+            args += ["--flush-interval", "200ms", "--admin", "127.0.0.1:0"]
+        cls.tt = start_tokentap(cls, upstream_url, *args)
+        if admin:
+            cls.admin = admin_port(cls.tt)
 
     def log_entry(self, path, rid, timeout=5.0):
         """The access log line of request `rid` once tokentap has written it

@@ -17,6 +17,7 @@ import json
 import re
 import socket
 import struct
+import threading
 import time
 
 LOOPBACK = "127.0.0.1"
@@ -143,6 +144,32 @@ class HttpConn:
         except (BrokenPipeError, ConnectionResetError):
             pass
         return t
+
+    def send_until_answered(self, pieces, pause, wait_s):
+        """Reads the response on a thread while sending `pieces` (bytes
+        each, with try_send) `pause` seconds apart, stopping at the first
+        piece after the answer came. Returns (the Response, or the exception
+        reading it raised, or None when none came within wait_s of the last
+        piece; the bytes this call sent)."""
+        got = [None]
+
+        def reader():
+            try:
+                got[0] = self.read_response()
+            except Exception as e:  # the caller reports it
+                got[0] = e
+
+        t = threading.Thread(target=reader, daemon=True)
+        t.start()
+        sent = 0
+        for piece in pieces:
+            if not t.is_alive():
+                break
+            self.try_send(piece)
+            sent += len(piece)
+            time.sleep(pause)
+        t.join(wait_s)
+        return (None if t.is_alive() else got[0]), sent
 
     def _fill(self):
         """Reads once. Returns False at EOF/reset."""
@@ -354,6 +381,22 @@ class HttpConn:
                 return True
             self.extra += data
         return False
+
+
+def answer_on_connect(port, timeout=3.0):
+    """Connects and, sending nothing, reads what the server says until it
+    closes (at most 100 reads): the bytes, e.g. an over-the-cap 503."""
+    s = socket.create_connection((LOOPBACK, port), timeout=timeout)
+    data = b""
+    try:
+        for _ in range(100):
+            d = s.recv(4096)
+            if not d:
+                break
+            data += d
+    finally:
+        s.close()
+    return data
 
 
 def request_bytes(method, path, body=None, headers=None, port=None, chunked=None):

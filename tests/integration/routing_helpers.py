@@ -192,6 +192,39 @@ def start_conf(test, body, *args, access_log=True):
     return tt
 
 
+def start_split(test, urls, weights, extra=None, route_opts=()):
+    """tokentap with one route, `chat`, splitting between the upstreams
+    `urls` ({name: url}; `extra` as upstreams_yaml's) by `weights` ({name:
+    weight}; `route_opts`: more YAML lines of the route), its store in a
+    fresh directory flushed every 200 ms, the admin API on an ephemeral
+    port, one worker (the split sequence is per worker). Returns (tokentap,
+    admin port)."""
+    datadir = tempfile.mkdtemp(prefix="tokentap-split-")
+    test.addCleanup(shutil.rmtree, datadir, True)
+    body = upstreams_yaml(urls, extra) + "routes:\n  - name: chat\n" + "".join(
+        "    %s\n" % line for line in route_opts) + "    split:\n" + "".join(
+        "      - {upstream: %s, weight: %d}\n" % (name, w) for name, w in weights.items())
+    tt = start_conf(test, body, "--admin", "127.0.0.1:0", "--data-dir", datadir, "--flush-interval", "200ms",
+                    *ONE_WORKER)
+    return tt, harness.admin_port(tt)
+
+
+def compare_flushed(test, admin, n, timeout=8.0):
+    """GET /compare of the route `chat` once its upstreams have n requests
+    between them (the store flushed): the document."""
+    doc = []
+
+    def flushed():
+        r, _ = harness.exchange(admin, "GET", "/compare?route=chat&window=5m&cold=include")
+        if r is None or r.status != 200:
+            return False
+        doc[:] = [r.json()]
+        return sum(u["requests"] for u in doc[0]["upstreams"]) >= n
+
+    test.assertTrue(harness.wait_until(flushed, timeout, 0.1), "compare shows every request")
+    return doc[0]
+
+
 def sim_requests(sims):
     """{name: requests seen} for a {name: Sim} mapping."""
     return {name: s.stats()["requests"] for name, s in sims.items()}

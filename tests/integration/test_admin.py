@@ -132,14 +132,8 @@ def parse_exposition(test, text):
 class AdminStatsTest(harness.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="tokentap-admin-")
-        cls.addClassCleanup(shutil.rmtree, cls.dir, True)
-        cls.log = os.path.join(cls.dir, "access.log")
         cls.sim = harness.start_sim(cls)
-        cls.tt = harness.start_tokentap(
-            cls, cls.sim.url, "--data-dir", os.path.join(cls.dir, "data"), "--flush-interval", "200ms",
-            "--admin", "127.0.0.1:0", "--access-log", cls.log)
-        cls.admin = admin_port(cls.tt)
+        cls.start_logged(cls.sim.url, "tokentap-admin-", admin=True)
         cls.tokens = send_requests(cls.tt.port, N)
 
     def log_entries(self):

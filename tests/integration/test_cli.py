@@ -16,6 +16,22 @@ class CliTest(harness.TestCase):
         self.assertIn("--upstream", r.stdout)
         self.assertIn("--listen", r.stdout)
 
+    def test_readme_copies_help(self):
+        """README's "Command line" block is `tokentap --help`, verbatim
+        (the help is generated from the settings table; the copy is not)."""
+        readme = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "README.md")
+        with open(readme, encoding="utf-8") as f:
+            text = f.read()
+        section = text.split("\n## Command line\n", 1)
+        self.assertEqual(len(section), 2, "README has no '## Command line' section")
+        block = section[1].split("```\n", 2)
+        self.assertGreaterEqual(len(block), 3, "no ``` block in README's Command line section")
+        r = harness.run_cli(["--help"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.maxDiff = None
+        self.assertEqual(block[1], r.stdout, "README's Command line block differs from tokentap --help: paste "
+                         "the help there")
+
     def test_version(self):
         r = harness.run_cli(["--version"])
         self.assertEqual(r.returncode, 0, r.stderr)

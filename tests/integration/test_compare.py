@@ -4,14 +4,10 @@ a 50/50 split between two identical simulators as not different, and the
 answer carries each upstream's labels and the traffic-comparability check."""
 
 import concurrent.futures
-import os
-import shutil
-import tempfile
 import unittest
 
 import harness
 import routing_helpers as rh
-from test_admin import admin_port
 
 REQUESTS = 2000
 
@@ -31,30 +27,10 @@ def drive(port, n, workers=4):
 
 class CompareTest(harness.TestCase):
     def start(self, sims, weights):
-        self.datadir = tempfile.mkdtemp(prefix="tokentap-compare-")
-        self.addCleanup(shutil.rmtree, self.datadir, True)
-        urls = {k: v.url for k, v in sims.items()}
-        extra = {name: ["labels: {runtime: %s-runtime}" % name] for name in sims}
-        body = rh.upstreams_yaml(urls, extra) + "routes:\n  - name: chat\n    split:\n" + "".join(
-            "      - {upstream: %s, weight: %d}\n" % (name, w) for name, w in weights.items())
         # one worker: the exact 9:1 counts below are one split sequence's
         # (each worker keeps its own, docs/config.md "Workers")
-        tt = rh.start_conf(self, body, "--admin", "127.0.0.1:0", "--data-dir", self.datadir, "--flush-interval",
-                           "200ms", *rh.ONE_WORKER)
-        return tt, admin_port(tt)
-
-    def compare(self, admin, n):
-        doc = []
-
-        def flushed():
-            r, _ = harness.exchange(admin, "GET", "/compare?route=chat&window=5m&cold=include")
-            if r is None or r.status != 200:
-                return False
-            doc[:] = [r.json()]
-            return sum(u["requests"] for u in doc[0]["upstreams"]) >= n
-
-        self.assertTrue(harness.wait_until(flushed, 8.0, 0.1), "compare shows every request")
-        return doc[0]
+        extra = {name: ["labels: {runtime: %s-runtime}" % name] for name in sims}
+        return rh.start_split(self, {k: v.url for k, v in sims.items()}, weights, extra)
 
     def test_slower_upstream_is_reported_slower(self):
         sims = {
@@ -64,7 +40,7 @@ class CompareTest(harness.TestCase):
         tt, admin = self.start(sims, {"fast": 9, "slow": 1})
         statuses = drive(tt.port, REQUESTS)
         self.assertEqual(statuses.count(200), REQUESTS)
-        doc = self.compare(admin, REQUESTS)
+        doc = rh.compare_flushed(self, admin, REQUESTS)
         ups = {u["upstream"]: u for u in doc["upstreams"]}
         self.assertEqual(ups["fast"]["requests"], REQUESTS * 9 // 10)
         self.assertEqual(ups["slow"]["requests"], REQUESTS // 10)
@@ -105,7 +81,7 @@ class CompareTest(harness.TestCase):
         }
         tt, admin = self.start(sims, {"one": 1, "two": 1})
         drive(tt.port, 600, workers=12)
-        doc = self.compare(admin, 600)
+        doc = rh.compare_flushed(self, admin, 600)
         (diff,) = doc["differences"]
         for metric in ("ttft", "tpot", "e2e"):
             m = diff["metrics"][metric]
@@ -121,17 +97,12 @@ class CompareTest(harness.TestCase):
         """Half the requests go to an upstream that refuses connections,
         on a route without failover: each is an error and misses the SLO,
         and the two-proportion tests call both differences significant."""
-        self.datadir = tempfile.mkdtemp(prefix="tokentap-compare-")
-        self.addCleanup(shutil.rmtree, self.datadir, True)
         live = harness.start_sim(self, "--ttft-ms", "2", "--itl-ms", "1")
         urls = {"live": live.url, "dead": "http://127.0.0.1:%d" % harness.free_port()}
-        body = rh.upstreams_yaml(urls) + ("routes:\n  - name: chat\n    failover: false\n    split:\n"
-                                          "      - {upstream: live, weight: 1}\n      - {upstream: dead, weight: 1}\n")
-        tt = rh.start_conf(self, body, "--admin", "127.0.0.1:0", "--data-dir", self.datadir, "--flush-interval",
-                           "200ms", *rh.ONE_WORKER)
+        tt, admin = rh.start_split(self, urls, {"live": 1, "dead": 1}, route_opts=["failover: false"])
         statuses = drive(tt.port, 200)
         self.assertEqual(statuses.count(200), 100)
-        doc = self.compare(admin_port(tt), 200)
+        doc = rh.compare_flushed(self, admin, 200)
         (diff,) = doc["differences"]
         dead_is_base = doc["baseline"] == "dead"
         er, gp = diff["error_rate"], diff["goodput_ratio"]

@@ -220,6 +220,15 @@ class BrokenFileTest(Broken, harness.TestCase):
         t = edit("upstreams:\n", "bogus_key: 1\nupstreams:\n")
         self.broken(t, [(rh.line_of(t, "bogus_key"), ["bogus_key"])])
 
+    def test_fixed_sizes_are_not_keys(self):
+        # pool_max_idle, stream_buffer and body_inspect_max are constants
+        # (POOL_MAX_IDLE, STREAM_BUFFER, BODY_INSPECT_MAX): never settable,
+        # so a file naming one is refused like any unknown key, not ignored.
+        for key in ("pool_max_idle", "stream_buffer", "body_inspect_max"):
+            with self.subTest(key=key):
+                t = edit("upstreams:\n", "%s: 1\n" % key + "upstreams:\n")
+                self.broken(t, [(rh.line_of(t, key), [key, "unknown key"])])
+
     def test_unknown_nested_key(self):
         t = edit("    url: http://127.0.0.1:9\n", "    url: http://127.0.0.1:9\n    bogus: 2\n")
         self.broken(t, [(rh.line_of(t, "bogus: 2"), ["upstreams[0].bogus"])])

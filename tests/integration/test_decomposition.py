@@ -19,7 +19,6 @@ are its own scheduler's truth.
 
 import concurrent.futures
 import json
-import os
 import shutil
 import tempfile
 import threading
@@ -61,15 +60,9 @@ class HistogramsTest(harness.TestCase):
     def setUpClass(cls):
         if cls.MODE is None and not cls.SHAPES:
             return
-        cls.dir = tempfile.mkdtemp(prefix="tokentap-decomp-")
-        cls.addClassCleanup(shutil.rmtree, cls.dir, True)
-        cls.log = os.path.join(cls.dir, "access.log")
         args = BATCH + ["--max-batch", "2"] + (["--server-timing", cls.MODE] if cls.MODE else [])
         cls.sim = harness.start_sim(cls, *args)
-        cls.tt = harness.start_tokentap(cls, cls.sim.url, "--access-log", cls.log, "--data-dir",
-                                        os.path.join(cls.dir, "data"), "--flush-interval", "200ms", "--admin",
-                                        "127.0.0.1:0")
-        cls.admin = admin_port(cls.tt)
+        cls.start_logged(cls.sim.url, "tokentap-decomp-", admin=True)
 
     def entries(self, model, n):
         got = []
@@ -261,18 +254,11 @@ class NativeRoutesTest(HistogramsTest):
 
 class CompareAttributionTest(harness.TestCase):
     def test_queue_bound_upstream_is_blamed_on_queueing(self):
-        datadir = tempfile.mkdtemp(prefix="tokentap-decomp-cmp-")
-        self.addCleanup(shutil.rmtree, datadir, True)
         sims = {
             "fast": harness.start_sim(self, *BATCH, "--max-batch", "16", "--server-timing", "vllm"),
             "queued": harness.start_sim(self, *BATCH, "--max-batch", "1", "--server-timing", "vllm"),
         }
-        body = rh.upstreams_yaml({k: v.url for k, v in sims.items()}) + (
-            "routes:\n  - name: chat\n    split:\n"
-            "      - {upstream: fast, weight: 2}\n      - {upstream: queued, weight: 1}\n")
-        tt = rh.start_conf(self, body, "--admin", "127.0.0.1:0", "--data-dir", datadir, "--flush-interval",
-                           "200ms", *rh.ONE_WORKER)
-        admin = admin_port(tt)
+        tt, admin = rh.start_split(self, {k: v.url for k, v in sims.items()}, {"fast": 2, "queued": 1})
         total = 60
         lock = threading.Lock()
         done = []
@@ -285,17 +271,7 @@ class CompareAttributionTest(harness.TestCase):
         # 12 at a time: about 4 on the queue-bound one, each ~80 ms of decode
         concurrently(one, range(total), 12)
         self.assertEqual(len(done), total)
-        doc = []
-
-        def flushed():
-            r, _ = harness.exchange(admin, "GET", "/compare?route=chat&window=5m&cold=include")
-            if r is None or r.status != 200:
-                return False
-            doc[:] = [r.json()]
-            return sum(u["requests"] for u in doc[0]["upstreams"]) >= total
-
-        self.assertTrue(harness.wait_until(flushed, 10.0, 0.1), "compare shows every request")
-        doc = doc[0]
+        doc = rh.compare_flushed(self, admin, total, timeout=10.0)
         self.assertEqual(doc["baseline"], "fast")
         ups = {u["upstream"]: u for u in doc["upstreams"]}
         self.assertEqual(ups["queued"]["requests"], total // 3)
@@ -324,8 +300,9 @@ class DashboardPhasesTest(harness.TestCase):
     the recent-requests table, a stacked bar per request whose segments are
     /requests/recent's phases, in order, adding up to the ttft; a request
     whose server reported nothing shows tokentap's phases and the upstream's
-    share whole, marked; the upstreams table has the per-phase rows /stats
-    has."""
+    share whole, marked; vLLM-shaped (queue, prefill) and Ollama-shaped
+    (model load, prefill) requests each show their own server phases; the
+    upstreams table has the per-phase rows /stats has."""
 
     def test_stacked_bars(self):
         from test_dashboard import Dom, check_no_page_errors, chromium_bin, run_chromium
@@ -340,10 +317,12 @@ class DashboardPhasesTest(harness.TestCase):
         # vLLM reports only on the usage chunk: without include_usage, nothing
         spoke = ["it-dash-vllm-%d" % i for i in range(4)]
         silent = ["it-dash-silent-%d" % i for i in range(2)]
+        ollama = ["it-dash-ollama-%d" % i for i in range(2)]
         concurrently(lambda t: stream(tt.port, "openai-chat", "dash-model", t), spoke, 4)
         concurrently(lambda t: stream(tt.port, "openai-chat", "dash-model", t, include_usage=False), silent, 2)
+        concurrently(lambda t: stream(tt.port, "ollama-chat", "dash-model", t), ollama, 2)
         self.assertTrue(harness.wait_until(
-            lambda: sum(s["requests"] for s in admin_get(admin, "/stats?window=1m").json()["series"]) >= 6, 8.0, 0.1))
+            lambda: sum(s["requests"] for s in admin_get(admin, "/stats?window=1m").json()["series"]) >= 8, 8.0, 0.1))
         recent = {r["id"]: r for r in admin_get(admin, "/requests/recent?n=15").json()["requests"]}
         stats = admin_get(admin, "/stats?window=1m").json()["series"][0]
 
@@ -351,7 +330,7 @@ class DashboardPhasesTest(harness.TestCase):
         dom = Dom(out)
         check_no_page_errors(self, dom, err)
         rows = {e["attrs"]["data-id"]: e for e in dom.inside("recent", "tr") if "data-id" in e["attrs"]}
-        self.assertEqual(sorted(rows), sorted(spoke + silent))
+        self.assertEqual(sorted(rows), sorted(spoke + silent + ollama))
         widths = []
         for rid, tr in rows.items():
             r = recent[rid]
@@ -366,6 +345,12 @@ class DashboardPhasesTest(harness.TestCase):
                         ("upload", r["upload_ms"]), ("upstream", tl["first_token"] - tl["req_sent"])]
                 marks = [e for e in dom.inside(tr, "span") if e["attrs"].get("data-marked") == "no-server-timings"]
                 self.assertEqual(len(marks), 1, rid)
+            elif rid in ollama:
+                self.assertEqual(r["server_timing"], "ollama")
+                self.assertEqual(svg["attrs"]["data-server"], "ollama")
+                want = [("head", tl["req_headers"]), ("queue", r["queue_ms"]), ("connect", r["connect_ms"]),
+                        ("upload", r["upload_ms"]), ("server_load", r["server_load_ms"]),
+                        ("server_prefill", r["server_prefill_ms"]), ("unattributed", max(0.0, r["unattributed_ms"]))]
             else:
                 self.assertEqual(r["server_timing"], "vllm")
                 self.assertEqual(svg["attrs"]["data-server"], "vllm")
@@ -387,11 +372,100 @@ class DashboardPhasesTest(harness.TestCase):
             self.assertAlmostEqual(w, 240.0 * total / longest[0], delta=0.01)
         # the upstreams table: the phase rows /stats has
         for label, key in (("upload p50, ms", "upload"), ("server queue p50, ms", "server_queue"),
-                           ("server prefill p50, ms", "server_prefill"), ("unattributed p50, ms", "unattributed")):
+                           ("model load p50, ms", "server_load"), ("server prefill p50, ms", "server_prefill"),
+                           ("unattributed p50, ms", "unattributed")):
             row = [e for e in dom.inside("upstreams", "tr") if e["attrs"].get("data-row") == label]
             self.assertEqual(len(row), 1, label)
             (td,) = dom.inside(row[0], "td")[1:]
             self.assertAlmostEqual(float(td["attrs"]["data-value"]), stats["metrics"][key]["p50_ms"], delta=1e-9)
-        # no model load nor inference anywhere in this traffic: no row
+        # no inference anywhere in this traffic: no row
         self.assertEqual([e for e in dom.inside("upstreams", "tr")
-                          if e["attrs"].get("data-row") in ("model load p50, ms", "server inference p50, ms")], [])
+                          if e["attrs"].get("data-row") == "server inference p50, ms"], [])
+
+
+class DashboardEngineTest(harness.TestCase):
+    """The dashboard's engine view (headless Chromium, as test_dashboard.py
+    runs it) against two scraped simulators behind one route, the fast one
+    and a queue-bound one: the Engines table shows each engine's running,
+    waiting and KV-cache use as /upstreams has them, beside tokentap's in
+    flight, with the "beside tokentap" words; the TTFT-by-engine-queue
+    chart draws the selected series' buckets of /stats/curve?by=engine_queue
+    (counts and p50s); the Compare panel says in words that the queue-bound
+    upstream is slower because of the engine's queueing, as /compare's
+    ttft_attribution names it."""
+
+    def test_engine_view(self):
+        from test_dashboard import Dom, check_no_page_errors, chromium_bin, run_chromium
+
+        chromium_bin()
+        datadir = tempfile.mkdtemp(prefix="tokentap-decomp-engine-")
+        self.addCleanup(shutil.rmtree, datadir, True)
+        sims = {
+            "fast": harness.start_sim(self, *BATCH, "--max-batch", "16", "--server-timing", "vllm"),
+            "queued": harness.start_sim(self, *BATCH, "--max-batch", "1", "--server-timing", "vllm"),
+        }
+        scrape = {k: ["metrics_url: %s/metrics" % v.url, "metrics_interval: 100ms"] for k, v in sims.items()}
+        body = rh.upstreams_yaml({k: v.url for k, v in sims.items()}, scrape) + (
+            "routes:\n  - name: chat\n    split:\n"
+            "      - {upstream: fast, weight: 2}\n      - {upstream: queued, weight: 1}\n")
+        tt = rh.start_conf(self, body, "--admin", "127.0.0.1:0", "--data-dir", datadir, "--flush-interval",
+                           "200ms", *rh.ONE_WORKER)
+        admin = admin_port(tt)
+        self.assertTrue(harness.wait_until(
+            lambda: all((u["engine"] or {}).get("scraped") for u in admin_get(admin, "/upstreams").json()["upstreams"]),
+            5.0, 0.05), "first scrapes")
+        total = 60
+        concurrently(lambda i: stream(tt.port, "openai-chat", "eng-model", "it-decomp-eng-%d" % i, prompt_bytes=400,
+                                      tokens=12), range(total), 12)
+        compare = []
+
+        def settled():
+            doc = admin_get(admin, "/compare?route=chat&window=1m").json()
+            curve = admin_get(admin, "/stats/curve?window=1h&by=engine_queue").json()
+            compare[:] = [doc, curve]
+            return (sum(u["requests"] for u in admin_get(admin, "/stats?window=1m").json()["series"]) >= total
+                    and len(doc["differences"]) == 1 and doc["differences"][0]["ttft_attribution"]["cause"]
+                    and sum(b["requests"] for s in curve["series"] for b in s["buckets"]) >= total - 6)
+
+        self.assertTrue(harness.wait_until(settled, 10.0, 0.2), "compare and curve: %r" % compare)
+        doc, curve = compare
+        why = doc["differences"][0]
+        self.assertEqual(why["upstream"], "queued")
+        self.assertEqual(why["ttft_attribution"]["cause"], "server_queue", why["ttft_attribution"])
+        # the engines are idle now: what /upstreams says stays true while the page loads
+        self.assertTrue(harness.wait_until(lambda: all(
+            u["engine"]["running"] == 0 and u["engine"]["waiting"] == 0
+            for u in admin_get(admin, "/upstreams").json()["upstreams"]), 5.0, 0.05))
+        ups = {u["name"]: u for u in admin_get(admin, "/upstreams").json()["upstreams"]}
+        stats = admin_get(admin, "/stats?window=1m").json()["series"]
+        shown = max(stats, key=lambda s: s["requests"])  # the page's default series
+
+        out, err = run_chromium(self, "http://127.0.0.1:%d/" % admin, "--dump-dom")
+        dom = Dom(out)
+        check_no_page_errors(self, dom, err)
+        # the Engines table
+        self.assertEqual(dom.by_id("engines")["attrs"].get("data-engines"), "2")
+        rows = {e["attrs"]["data-upstream"]: e for e in dom.inside("engines", "tr") if "data-upstream" in e["attrs"]}
+        self.assertEqual(sorted(rows), ["fast", "queued"])
+        for name, tr in rows.items():
+            cells = {td["attrs"]["data-key"]: td for td in dom.inside(tr, "td")}
+            eng = ups[name]["engine"]
+            self.assertEqual(cells["engine"]["text"], "vllm")
+            self.assertEqual(cells["in_flight"]["attrs"]["data-value"], str(ups[name]["in_flight"]))
+            for key in ("running", "waiting", "beyond_proxy"):
+                self.assertEqual(int(cells[key]["attrs"]["data-value"]), eng[key], (name, key))
+            self.assertAlmostEqual(float(cells["kv_use"]["attrs"]["data-value"]), eng["kv_use"], delta=1e-12)
+            self.assertIn("s ago", cells["age_ms"]["text"])
+            self.assertIn("all of its work came through tokentap", cells["beyond_proxy"]["text"])
+        # TTFT by the engine's queue: the selected series' buckets
+        (series,) = [s for s in curve["series"]
+                     if (s["route"], s["upstream"], s["model"]) == (shown["route"], shown["upstream"], shown["model"])]
+        bars = [(int(e["attrs"]["data-low"]), int(e["attrs"]["data-count"]), float(e["attrs"]["data-p50-ms"]))
+                for e in dom.inside("chart-engine-curve", "rect", "queue-bar")]
+        want = [(b["waiting_low"], b["ttft"]["count"], b["ttft"]["p50_ms"]) for b in series["buckets"]]
+        self.assertEqual(bars, want)
+        self.assertGreater(sum(c for _, c, _ in bars), 0)
+        # Compare: the cause in words
+        (cell,) = [td for td in dom.inside("compare", "td") if td["attrs"].get("data-cause") == "server_queue"]
+        self.assertEqual(cell["parent"]["attrs"].get("data-upstream"), "queued")
+        self.assertIn("because of queueing (server)", cell["text"])

@@ -10,7 +10,11 @@ scraped per upstream (docs/metrics.md "The engine's view").
   value logged for a request must lie between the smallest and the largest
   queue polled from one interval (+ slack) before the request was sent to
   just after it. TTFT grows with the engine's queue: the mean ttft of
-  requests that saw a longer queue (coarse buckets) is never lower.
+  requests that saw a longer queue (coarse buckets) is never lower. The
+  stored curve, `/stats/curve?by=engine_queue` read after a restart from
+  LMDB, counts per bucket of `waiting` exactly the logged requests whose
+  scrape was fresh (at most two intervals old), and its TTFT p50 does not
+  fall from one bucket to the next where the queue grew.
   `/requests/recent` has the same values with the scrape's age; `/upstreams`
   shows the engine's running + waiting beside tokentap's in flight, with no
   note while all traffic goes through tokentap, and says so once requests
@@ -22,10 +26,15 @@ scraped per upstream (docs/metrics.md "The engine's view").
   test); each upstream's failure is logged once; `/upstreams` says the
   scrape fails and why. A reload that drops a metrics_url stops its scrapes;
   the shutdown with a scrape hanging is clean and prompt.
+- An https metrics_url (the simulator speaking TLS, --tls-cert) is scraped
+  verified with the upstream's tls.ca_file; without the CA the scrape fails
+  with the TLS reason in `/upstreams`, and forwarding is not involved.
 """
 
 import os
 import re
+import shutil
+import tempfile
 import threading
 import time
 import unittest
@@ -73,6 +82,8 @@ class ConfigTest(harness.TestCase):
         for extra in ("    metrics_url: http://127.0.0.1:9/metrics\n",
                       "    metrics_url: http://[::1]:9/metrics\n    metrics_interval: 250ms\n    engine: vllm\n",
                       "    metrics_url: http://localhost:9/m?x=1\n    engine: auto\n",
+                      "    metrics_url: https://127.0.0.1:9/metrics\n",
+                      "    metrics_url: https://localhost\n",
                       "    metrics_url: http://127.0.0.1:9/metrics\n    engine: sglang\n",
                       "    metrics_url: http://127.0.0.1:9/metrics\n    engine: llamacpp\n"):
             with self.subTest(extra=extra):
@@ -83,7 +94,7 @@ class ConfigTest(harness.TestCase):
     def test_bad_keys(self):
         cases = [
             ("    metrics_url: ftp://127.0.0.1:9/metrics\n", "metrics_url", "upstreams[0].metrics_url"),
-            ("    metrics_url: https://127.0.0.1:9/metrics\n", "metrics_url", "http://"),
+            ("    metrics_url: httpx://127.0.0.1:9/metrics\n", "metrics_url", "http:// or https://"),
             ("    metrics_url: http://127.0.0.1:99999/metrics\n", "metrics_url", "port"),
             ("    metrics_url: http:///metrics\n", "metrics_url", "host"),
             ("    metrics_url: http://127.0.0.1:9/metrics\n    metrics_interval: 5 parsecs\n",
@@ -138,9 +149,12 @@ class EngineViewTest(harness.TestCase):
     def test_requests_record_the_engines_queue(self):
         sim = harness.start_sim(self, "--batching", "--max-batch", "2", "--step-base-ms", "4",
                                 "--step-per-seq-ms", "0", "--prefill-tps", "50000", "--metrics-style", "vllm")
-        tt = rh.start_conf(self, rh.upstreams_yaml({"sim": sim.url}, {"sim": [
-            "metrics_url: %s/metrics" % sim.url, "metrics_interval: %dms" % INTERVAL_MS]}),
-            "--admin", "127.0.0.1:0")
+        data = tempfile.mkdtemp(prefix="tokentap-engine-curve-")
+        self.addCleanup(shutil.rmtree, data, True)
+        conf = rh.upstreams_yaml({"sim": sim.url}, {"sim": [
+            "metrics_url: %s/metrics" % sim.url, "metrics_interval: %dms" % INTERVAL_MS]})
+        args = ("--admin", "127.0.0.1:0", "--data-dir", os.path.join(data, "d"), "--flush-interval", "200ms")
+        tt = rh.start_conf(self, conf, *args)
         aport = harness.admin_port(tt)
         # the first scrape is in before the load starts
         self.assertTrue(harness.wait_until(lambda: (upstream_view(aport, "sim")["engine"] or {}).get("scraped"),
@@ -212,6 +226,34 @@ class EngineViewTest(harness.TestCase):
         self.assertGreater(eng["running"] + eng["waiting"], 0, eng)
         self.assertIn("tokentap_in_flight", eng)
         self.assertIn("in_flight", views[0])
+
+        # The stored curve: after a restart, read from LMDB
+        tt.stop()
+        tt2 = rh.start_conf(self, conf, *args)
+        aport2 = harness.admin_port(tt2)
+        curve = admin_get(aport2, "/stats/curve?by=engine_queue").json()
+        self.assertEqual(curve["basis"], "engine_queue")
+        self.assertEqual(admin_get(aport2, "/stats/curve").json()["basis"], "inflight")
+        self.assertEqual(len(curve["series"]), 1, curve)
+        buckets = curve["series"][0]["buckets"]
+        fresh = [(e["engine"]["waiting"], e["ttft_ms"]) for e in entries.values()
+                 if e["id"].startswith("eng-") and e["engine"]["age_ms"] <= 2 * INTERVAL_MS]
+        self.assertGreaterEqual(len(fresh), 30, "too many stale scrapes on this machine")
+        for b in buckets:
+            hi = b["waiting_high"] if b["waiting_high"] is not None else 10 ** 9
+            in_b = [t for q, t in fresh if b["waiting_low"] <= q <= hi]
+            self.assertEqual(b["requests"], len(in_b), b)
+            self.assertEqual(b["ttft"]["count"], len(in_b), b)
+            self.assertNotIn("itl", b)
+        self.assertEqual(sum(b["requests"] for b in buckets), len(fresh))
+        grown = [b for b in buckets if b["requests"] >= 2]
+        # log2 buckets are coarser than the ones above: two at least (three
+        # on a quiet machine; under ASan the queue jumps 1 -> 4-7)
+        self.assertGreaterEqual(len(grown), 2, "the queue did not grow enough: %r" % buckets)
+        p50s = [(b["waiting_low"], b["ttft"]["p50_ms"]) for b in grown]
+        for a, b in zip(p50s, p50s[1:]):
+            self.assertLessEqual(a[1], b[1], "stored ttft p50 by engine queue: %r" % p50s)
+        self.assertEqual(admin_get(aport2, "/stats/curve?by=engine").status, 400)
 
     def test_traffic_around_the_proxy(self):
         sim = harness.start_sim(self, "--batching", "--max-batch", "2", "--metrics-style", "vllm")
@@ -289,6 +331,47 @@ def garbage(sock, req, ctx):
     except OSError:
         pass
     return False
+
+
+class TlsScrapeTest(harness.TestCase):
+    def test_https_metrics_url(self):
+        from test_tls import make_pki
+
+        d = tempfile.mkdtemp(prefix="tokentap-scrape-tls-")
+        self.addCleanup(shutil.rmtree, d, True)
+        cert, key = make_pki(d)
+        ca = os.path.join(d, "ca.pem")
+        sim = harness.start_sim(self, "--tls-cert", cert, "--tls-key", key, "--metrics-style", "sglang")
+        url = "https://localhost:%d" % sim.port
+        conf = ("upstreams:\n"
+                "  - name: trusted\n    url: %s\n    tls: {ca_file: %s}\n    metrics_url: %s/metrics\n"
+                "    metrics_interval: 1s\n"
+                "  - name: untrusted\n    url: %s\n    metrics_url: %s/metrics\n    metrics_interval: 1s\n"
+                "routes:\n  - name: all\n    match: {path_prefix: /}\n    upstream: trusted\n"
+                % (url, ca, url, url, url))
+        tt = rh.start_conf(self, conf, "--admin", "127.0.0.1:0")
+        aport = harness.admin_port(tt)
+        views = {}  # a scrape every second: the first one's handshake has 900 ms on a loaded machine
+
+        def seen():
+            views.update({n: upstream_view(aport, n)["engine"] for n in ("trusted", "untrusted")})
+            return views["trusted"]["scraped"] and views["untrusted"]["failures"] >= 2
+
+        self.assertTrue(harness.wait_until(seen, 15.0, 0.05), views)
+        good, bad = views["trusted"], views["untrusted"]
+        self.assertEqual(good["engine"], "sglang")
+        self.assertFalse(good["failing"], good)
+        # the very first scrape may miss its deadline on a slow build (seen
+        # under ASan: both first handshakes took > 900 ms, the next ones not)
+        self.assertLessEqual(good["failures"], 1, (good, tt.stderr_text()[-2000:]))
+        self.assertEqual((good["running"], good["waiting"]), (0, 0))
+        self.assertTrue(bad["failing"], bad)
+        self.assertFalse(bad["scraped"], bad)
+        self.assertIn("TLS", bad["error"])
+        self.assertIn("certificate", bad["error"])
+        # one warning per streak of failures: the untrusted one's never ends
+        self.assertEqual(tt.count_lines(re.compile(r"upstream untrusted: scraping https://\S+ failed")), 1)
+        self.assertEqual(tt.count_lines(re.compile(r"upstream trusted: scraping https://\S+ failed")), good["failures"])
 
 
 class BrokenEndpointTest(harness.TestCase):

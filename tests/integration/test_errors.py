@@ -187,28 +187,11 @@ class RequestErrorsTest(harness.TestCase):
         conn = harness.HttpConn(self.small.port)
         self.addCleanup(conn.close)
         conn.send(raw[:head_end])
-        got = [None]
-
-        def reader():
-            try:
-                got[0] = conn.read_response()
-            except Exception as e:  # reported below
-                got[0] = e
-
-        t = threading.Thread(target=reader, daemon=True)
-        t.start()
         rest = raw[head_end:]
-        sent = 0
-        for i in range(0, len(rest), 205):
-            if not t.is_alive():
-                break
-            conn.try_send(rest[i:i + 205])
-            sent = i + 205
-            time.sleep(0.05)
-        t.join(5)
-        self.assertFalse(t.is_alive(), "no response to an oversized chunked body")
-        self.assertIsInstance(got[0], harness.Response, repr(got[0]))
-        self.assertProxyError(got[0], 413)
+        got, sent = conn.send_until_answered((rest[i:i + 205] for i in range(0, len(rest), 205)), 0.05, 5)
+        self.assertIsNotNone(got, "no response to an oversized chunked body")
+        self.assertIsInstance(got, harness.Response, repr(got))
+        self.assertProxyError(got, 413)
         self.assertLess(sent, len(rest), "413 only came after the whole body was sent")
         self._fds_back(conn, self.small.port, "after a 413 on a trickled chunked body")
 

@@ -157,29 +157,14 @@ class HostileRequestsTest(harness.TestCase):
         conn = harness.HttpConn(self.tt.port, timeout=3)
         self.addCleanup(conn.close)
         conn.send(head + b"5;ext=" + b"e" * 16384)
-        sent = 16384
-        got = [None]
-
-        def reader():
-            try:
-                got[0] = conn.read_response()
-            except Exception as e:  # reported below
-                got[0] = e
-
-        t = threading.Thread(target=reader, daemon=True)
-        t.start()
-        for _ in range(64):  # up to 1 MiB more of extension
-            if not t.is_alive():
-                break
-            conn.try_send(b"e" * 16384)
-            sent += 16384
-            time.sleep(0.01)
-        t.join(3)
+        # up to 1 MiB more of extension, until the answer
+        got, sent = conn.send_until_answered([b"e" * 16384] * 64, 0.01, 3)
+        sent += 16384
         reached = harness.wait_until(lambda: self._seen() != before, timeout=0.3)
-        self.assertFalse(t.is_alive(), "no answer after %d bytes of chunk extension" % sent)
-        self.assertIsInstance(got[0], harness.Response, "no answer: %r (upstream reached: %s)"
-                              % (got[0], bool(reached)))
-        self.assertProxyError(got[0], 400)
+        self.assertIsNotNone(got, "no answer after %d bytes of chunk extension" % sent)
+        self.assertIsInstance(got, harness.Response, "no answer: %r (upstream reached: %s)"
+                              % (got, bool(reached)))
+        self.assertProxyError(got, 400)
         self.assertLess(sent, 1 << 20, "the whole 1 MiB of chunk extension was read")
         self.assertTrue(conn.wait_closed(2.0), "connection left open after 400")
         self.assertFalse(reached, "a request with an oversized chunk extension reached the upstream")
@@ -273,26 +258,9 @@ class HostileRequestsTest(harness.TestCase):
         conn = harness.HttpConn(self.small.port, timeout=3)
         self.addCleanup(conn.close)
         conn.send(b"GET /v1/models HTTP/1.1\r\n" + HOST + b"X-Big: ")
-        got = [None]
-
-        def reader():
-            try:
-                got[0] = conn.read_response()
-            except Exception as e:  # reported below
-                got[0] = e
-
-        t = threading.Thread(target=reader, daemon=True)
-        t.start()
-        sent = 0
-        for _ in range(256):
-            if not t.is_alive():
-                break
-            conn.try_send(b"a" * 1024)
-            sent += 1024
-            time.sleep(0.005)
-        t.join(3)
-        self.assertIsInstance(got[0], harness.Response, repr(got[0]))
-        self.assertProxyError(got[0], 431)
+        got, sent = conn.send_until_answered([b"a" * 1024] * 256, 0.005, 3)
+        self.assertIsInstance(got, harness.Response, repr(got))
+        self.assertProxyError(got, 431)
         self.assertLess(sent, 64 * 1024, "431 only after %d bytes of a 4k-limited head" % sent)
         self.assertEqual(self._seen(), before)
 

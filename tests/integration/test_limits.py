@@ -26,14 +26,7 @@ class ConnectionCapTest(harness.TestCase):
         t.start()
         idle = [socket.create_connection((harness.LOOPBACK, tt.port)) for _ in range(2)]
         time.sleep(0.2)  # all three accepted
-        over = socket.create_connection((harness.LOOPBACK, tt.port), timeout=3)
-        data = b""
-        for _ in range(100):
-            d = over.recv(4096)
-            if not d:
-                break
-            data += d
-        over.close()
+        data = harness.answer_on_connect(tt.port)
         self.assertTrue(data.startswith(b"HTTP/1.1 503 "), data[:80])
         head, _, body = data.partition(b"\r\n\r\n")
         self.assertIn(b"too many connections", body)

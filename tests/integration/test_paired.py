@@ -27,6 +27,11 @@ FAST = ("--batching", "--prefill-tps", "20000", "--step-base-ms", "2", "--step-p
 SLOW = ("--batching", "--prefill-tps", "18182", "--step-base-ms", "2.2", "--step-per-seq-ms", "0.275")
 # after these many requests the unpaired view is read (flushed first)
 CHECKPOINTS = (25, 50, 100, 200, 400, 700, 1000)
+# the keys of one metric's statistics, the same in /compare's `paired` and
+# in tokentap-bench --compare's JSON (one function writes both)
+METRIC_KEYS = {"n", "nonzero", "a_median", "median_diff", "hl_shift", "hl_ci", "ci_level", "relative_shift",
+               "w_plus", "p_value", "exact", "significant", "verdict", "since_pairs", "sequential"}
+SEQUENTIAL_KEYS = {"pairs", "b_greater", "a_greater", "called", "called_at", "log_evidence", "log_threshold"}
 
 
 class PairedTest(harness.TestCase):
@@ -155,6 +160,7 @@ class PairedTest(harness.TestCase):
         doc = self.compare(admin, n)
         p = doc["paired"][0]
         self.assertEqual(p["pairs"], n)
+        self.check_keys(p["metrics"])
         for name in ("ttft_ms", "e2e_ms", "output_tokens"):
             m = p["metrics"][name]
             self.assertEqual(m["n"], n, name)
@@ -165,6 +171,11 @@ class PairedTest(harness.TestCase):
                p["metrics"]["ttft_ms"]["hl_ci"][0], p["metrics"]["ttft_ms"]["hl_ci"][1],
                p["metrics"]["ttft_ms"]["p_value"], p["metrics"]["ttft_ms"]["sequential"]["log_evidence"],
                p["metrics"]["ttft_ms"]["sequential"]["log_threshold"]))
+
+    def check_keys(self, metrics):
+        for name, m in metrics.items():
+            self.assertEqual(set(m), METRIC_KEYS, name)
+            self.assertEqual(set(m["sequential"]), SEQUENTIAL_KEYS, name)
 
     def test_identical_batching_not_called(self):
         """One request at a time: each simulator's ttft is a function of
@@ -201,6 +212,7 @@ class PairedTest(harness.TestCase):
         for a, b, want in ((fast, slow, "A faster"), (slow, fast, "B faster")):
             out, doc = self.bench_compare(a.url, b.url, trace, os.path.join(tmp, "c.json"))
             self.assertEqual((doc["requests"], doc["pairs"]), (REQS, REQS), out)
+            self.check_keys(doc["metrics"])
             m = doc["metrics"]["ttft_ms"]
             self.assertEqual(m["verdict"], want, out)
             self.assertLessEqual(m["since_pairs"], 60, out)

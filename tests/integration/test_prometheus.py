@@ -41,7 +41,10 @@ instances' /stats ttft counts and the number of requests sent, and both
 targets are up; every query of contrib/grafana/tokentap-dashboard.json
 evaluates in this Prometheus to a non-empty result while the traffic is in
 its range (a misspelt metric would answer "success" with nothing), and
-promtool accepts contrib/prometheus/prometheus.yml. Prometheus is stopped by
+promtool accepts contrib/prometheus/prometheus.yml. Each tokentap scrapes
+its simulator's engine /metrics (#17): Prometheus reads the engine gauges
+and scrape counters of both, per upstream (one series each, values within
+their ranges, successful scrapes counted, none failed). Prometheus is stopped by
 its PID (SIGTERM, bounded wait, then SIGKILL). Missing `prometheus` is a
 failure, not a skip: contrib/setup.sh installs it.
 """
@@ -59,6 +62,7 @@ import unittest
 import urllib.parse
 
 import harness
+import routing_helpers as rh
 from test_admin import admin_get, admin_port, parse_exposition, rank_quantile
 
 PATH = "/v1/chat/completions"
@@ -168,14 +172,18 @@ def le_interval(v, edges):
 
 def start_instance(test, root, name):
     """One fleet member under root/name: a simulator and a tokentap in front
-    of it (its own store, 200 ms flushes, admin API, access log). Returns
-    (tokentap, admin port, access-log path)."""
+    of it (its own store, 200 ms flushes, admin API, access log), the
+    upstream named sim-NAME and its engine /metrics scraped every 200 ms.
+    Returns (tokentap, admin port, access-log path)."""
     d = os.path.join(root, name)
     os.makedirs(d)
     sim = harness.start_sim(test)
     log = os.path.join(d, "access.log")
-    tt = harness.start_tokentap(test, sim.url, "--data-dir", os.path.join(d, "data"), "--flush-interval",
-                                "200ms", "--admin", "127.0.0.1:0", "--access-log", log)
+    up = "sim-" + name
+    tt = rh.start_conf(test, rh.upstreams_yaml({up: sim.url}, {up: [
+        "metrics_url: %s/metrics" % sim.url, "metrics_interval: 200ms"]}),
+        "--data-dir", os.path.join(d, "data"), "--flush-interval", "200ms", "--admin", "127.0.0.1:0",
+        "--access-log", log, access_log=False)
     return tt, admin_port(tt), log
 
 
@@ -353,6 +361,19 @@ class PrometheusFleetTest(harness.TestCase):
                 e = e.replace("$" + var, ".*")
             self.assertNotIn("$", e, expr)
             self.assertNotEqual(prom_result(port, e), [], "%s: empty result" % expr)
+
+        # the engines' view, per upstream, as Prometheus read it
+        for fam in ("tokentap_engine_requests_running", "tokentap_engine_requests_waiting",
+                    "tokentap_engine_kv_cache_usage_ratio", "tokentap_engine_scrape_age_seconds"):
+            res = prom_result(port, fam)
+            self.assertEqual(sorted(r["metric"]["upstream"] for r in res), ["sim-a", "sim-b"], fam)
+            for r in res:
+                v = float(r["value"][1])
+                self.assertTrue(0 <= v <= (1 if "ratio" in fam else 5 if "age" in fam else 100), (fam, r))
+        ok = prom_result(port, 'tokentap_engine_scrapes_total{result="ok"}')
+        self.assertEqual(len(ok), 2, ok)
+        self.assertTrue(all(float(r["value"][1]) >= 2 for r in ok), ok)
+        self.assertEqual(prom_query(port, 'sum(tokentap_engine_scrapes_total{result="failed"})'), 0)
 
     def test_contrib_scrape_config_is_valid(self):
         promtool = shutil.which("promtool")

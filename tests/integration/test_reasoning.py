@@ -20,9 +20,7 @@ For each API:
 
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 import threading
 import time
 
@@ -211,14 +209,8 @@ def handler(sock, req, ctx):
 class ReasoningTest(harness.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="tokentap-reasoning-")
-        cls.addClassCleanup(shutil.rmtree, cls.dir, True)
-        cls.log = os.path.join(cls.dir, "access.log")
         cls.up = harness.start_fake_upstream(cls, handler)
-        cls.tt = harness.start_tokentap(cls, cls.up.url, "--access-log", cls.log, "--data-dir",
-                                        os.path.join(cls.dir, "data"), "--flush-interval", "200ms", "--admin",
-                                        "127.0.0.1:0")
-        cls.admin = harness.admin_port(cls.tt)
+        cls.start_logged(cls.up.url, "tokentap-reasoning-", admin=True)
 
     def run_api(self, api):
         path, script, _, usage = CASES[api]

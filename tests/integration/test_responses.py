@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 
 import harness
@@ -104,11 +103,8 @@ def fake_handler(sock, req, ctx):
 class ResponsesTest(harness.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="tokentap-responses-")
-        cls.addClassCleanup(shutil.rmtree, cls.dir, True)
-        cls.log = os.path.join(cls.dir, "access.log")
         cls.sim = harness.start_sim(cls, "--seed", "5")
-        cls.tt = harness.start_tokentap(cls, cls.sim.url, "--access-log", cls.log)
+        cls.start_logged(cls.sim.url, "tokentap-responses-")
 
     def entry(self, rid):
         return self.log_entry(self.log, rid)
@@ -146,15 +142,9 @@ class EndingsTest(harness.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="tokentap-responses-end-")
-        cls.addClassCleanup(shutil.rmtree, cls.dir, True)
-        cls.log = os.path.join(cls.dir, "access.log")
         cls.up = harness.FakeUpstream(fake_handler)
         cls.addClassCleanup(cls.up.stop)
-        cls.tt = harness.start_tokentap(cls, cls.up.url, "--access-log", cls.log, "--data-dir",
-                                        os.path.join(cls.dir, "data"), "--flush-interval", "200ms", "--admin",
-                                        "127.0.0.1:0")
-        cls.admin = harness.admin_port(cls.tt)
+        cls.start_logged(cls.up.url, "tokentap-responses-end-", admin=True)
 
     def test_endings(self):
         for model, (ending, (kind, inp, out)) in zip(("m-ok", "m-vllm-len", "m-inc", "m-fail", "m-err"),
@@ -253,11 +243,8 @@ class OpenAISdkTest(harness.TestCase):
     @classmethod
     def setUpClass(cls):
         npm_install_sdk()
-        cls.dir = tempfile.mkdtemp(prefix="tokentap-responses-sdk-")
-        cls.addClassCleanup(shutil.rmtree, cls.dir, True)
-        cls.log = os.path.join(cls.dir, "access.log")
         cls.sim = harness.start_sim(cls, "--seed", "9")
-        cls.tt = harness.start_tokentap(cls, cls.sim.url, "--access-log", cls.log)
+        cls.start_logged(cls.sim.url, "tokentap-responses-sdk-")
 
     def test_sdk_stream_through_tokentap(self):
         tokens = 12

@@ -30,7 +30,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 
 import harness
 
@@ -109,11 +108,8 @@ class SdkReasoningTest(harness.TestCase):
     def setUpClass(cls):
         for package in SDKS:
             npm_install(package)
-        cls.dir = tempfile.mkdtemp(prefix="tokentap-sdk-reasoning-")
-        cls.addClassCleanup(shutil.rmtree, cls.dir, True)
-        cls.log = os.path.join(cls.dir, "access.log")
         cls.sim = harness.start_sim(cls, "--seed", "11")
-        cls.tt = harness.start_tokentap(cls, cls.sim.url, "--access-log", cls.log)
+        cls.start_logged(cls.sim.url, "tokentap-sdk-reasoning-")
 
     def both(self, mode, package, path, rid, headers, body):
         """The SDK straight at the simulator and through tokentap; checks

@@ -22,9 +22,6 @@ the time went"), against tokentap-sim in its batching model
 """
 
 import json
-import os
-import shutil
-import tempfile
 import threading
 import time
 
@@ -50,13 +47,9 @@ class Base(harness.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="tokentap-timing-")
-        cls.addClassCleanup(shutil.rmtree, cls.dir, True)
-        cls.log = os.path.join(cls.dir, "access.log")
         args = list(BATCH) + (["--server-timing", cls.MODE] if cls.MODE else [])
         cls.sim = harness.start_sim(cls, *args)
-        cls.tt = harness.start_tokentap(cls, cls.sim.url, "--access-log", cls.log, "--data-dir",
-                                        os.path.join(cls.dir, "data"))
+        cls.start_logged(cls.sim.url, "tokentap-timing-", data=True)
 
     def run_load(self, api, tag, include_usage=True, n=N):
         """n concurrent streams; returns [(log entry, client events)]."""
@@ -198,12 +191,8 @@ def tgi_handler(sock, req, ctx):
 class TgiHeadersTest(harness.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="tokentap-timing-")
-        cls.addClassCleanup(shutil.rmtree, cls.dir, True)
-        cls.log = os.path.join(cls.dir, "access.log")
         cls.up = harness.start_fake_upstream(cls, tgi_handler)
-        cls.tt = harness.start_tokentap(cls, cls.up.url, "--access-log", cls.log, "--data-dir",
-                                        os.path.join(cls.dir, "data"))
+        cls.start_logged(cls.up.url, "tokentap-timing-", data=True)
 
     def test_generate_headers(self):
         rid = "it-timing-tgi"

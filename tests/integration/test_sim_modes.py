@@ -19,6 +19,7 @@ checked straight against tokentap-sim over loopback, no proxy between:
 """
 
 import json
+import subprocess
 
 import harness
 
@@ -398,3 +399,66 @@ if __name__ == "__main__":
     import unittest
 
     unittest.main()
+
+
+class SimEventsPerWriteTest(harness.TestCase):
+    """--events-per-write / x-sim-events-per-write: token events leave in
+    groups of N, each group in one write (one read here: one arrival stamp),
+    the last group with the closing events; at itl 0 every event still
+    arrives. The flag sets the default, the header wins."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.sim = harness.start_sim(cls)
+        cls.sim4 = harness.start_sim(cls, "--events-per-write", "4")
+
+    def token_stamps(self, port, headers):
+        resp, _ = harness.exchange(port, "POST", "/v1/chat/completions",
+                                   harness.api_body("openai-chat", include_usage=True), headers)
+        self.assertEqual(resp.status, 200, resp.body[:300])
+        evs = harness.events_of(resp)
+        self.assertEqual(evs[-1].data, "[DONE]")
+        return evs, [e.ts for e in evs if harness.is_token_event("openai-chat", e)]
+
+    def reads(self, stamps):
+        """Where one read's token events end (token counts 1..n-1): a
+        group written at once always arrives in one read, but a client
+        that falls behind (a loaded machine) may get several in one."""
+        return [i for i in range(1, len(stamps)) if stamps[i] != stamps[i - 1]]
+
+    def test_groups_at_the_beat(self):
+        # 10 tokens 25 ms apart, 4 per write: writes at 75, 175 and 225 ms,
+        # the last two tokens with the closing events
+        evs, stamps = self.token_stamps(self.sim.port, harness.sim_headers(
+            ttft=0, itl=25, tokens=10, extra=[("x-sim-events-per-write", "4")]))
+        self.assertEqual(len(stamps), 10)
+        self.assertLessEqual(set(self.reads(stamps)), {4, 8}, "a group is never split")
+        self.assertEqual(evs[-1].ts, stamps[-1], "the closing events leave with the last group")
+        if 4 in self.reads(stamps):
+            # stamps are the kernel's receive times: exact whenever the
+            # writes came in separate reads
+            self.assertGreater((stamps[4] - stamps[3]) / 1e6, 75.0, "four beats between the first two writes")
+        # the flag: the same from the second simulator without the header
+        _, stamps = self.token_stamps(self.sim4.port, harness.sim_headers(ttft=0, itl=25, tokens=10))
+        self.assertLessEqual(set(self.reads(stamps)), {4, 8})
+        # one per write by default: events arrive apart, not in fours
+        _, stamps = self.token_stamps(self.sim.port, harness.sim_headers(ttft=0, itl=40, tokens=8))
+        self.assertTrue(set(self.reads(stamps)) - {4}, self.reads(stamps))
+
+    def test_max_rate_all_arrive(self):
+        for n in ("16", "1000"):
+            with self.subTest(events_per_write=n):
+                evs, stamps = self.token_stamps(self.sim.port, harness.sim_headers(
+                    ttft=0, itl=0, tokens=300, extra=[("x-sim-events-per-write", n)]))
+                self.assertEqual(len(stamps), 300)
+                self.assertEqual(harness.stream_usage("openai-chat", evs)[1], 300)
+
+    def test_bad_values(self):
+        for value in ("0", "4097", "x", "-1"):
+            with self.subTest(value=value):
+                resp, _ = harness.exchange(self.sim.port, "POST", "/v1/chat/completions",
+                                           harness.api_body("openai-chat"), [("x-sim-events-per-write", value)])
+                self.assertJsonError(resp, 400)
+        r = subprocess.run([harness.sim_bin(), "--events-per-write", "0"], stdin=subprocess.DEVNULL,
+                           capture_output=True, timeout=10)
+        self.assertEqual(r.returncode, 2, r.stderr)

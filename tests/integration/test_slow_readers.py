@@ -15,7 +15,7 @@ buffer megabytes per stream: the clients use a small receive buffer and an
 Internet-sized segment (TCP_MAXSEG 536, so tokentap's send buffer to them
 autotunes to tens of KiB, not 4 MiB), and each of the 2,000 streams is
 about 480 KiB long: enough to fill the client's socket and tokentap's
-stream_buffer, with the rest waiting in tokentap's receive queue from the
+STREAM_BUFFER, with the rest waiting in tokentap's receive queue from the
 simulator. The test prints what it saw: RSS per stream, the kernel's TCP
 memory (/proc/net/sockstat) and the machine's MemAvailable before and during
 (about 1.5 GB at the peak for 2,000 streams).
@@ -55,7 +55,7 @@ MSS = 536  # the clients' TCP_MAXSEG: IPv4's default segment
 
 # docs/security.md, "Memory per slow reader": one streaming exchange whose
 # client reads slower than its upstream writes costs tokentap at most this
-# much: stream_buffer (256 KiB) + the upstream read that crosses it (64 KiB)
+# much: STREAM_BUFFER (256 KiB) + the upstream read that crosses it (64 KiB)
 # + the output's last, partly filled chain and the connections' own state
 # (64 KiB over plain TCP; 256 KiB over TLS, which adds OpenSSL's state).
 STREAM_BOUND_KIB = {False: 384, True: 576}

@@ -8,7 +8,10 @@ per record; an upstream that sends close_notify mid-response has the
 response cut (client connection closed, upstream_reset), and one that ends
 a close-delimited stream with close_notify has it complete; and a second
 connection to the same upstream resumes the first one's TLS session, but
-not across a reload, which makes the upstream a new TLS context.
+not across a reload, which makes the upstream a new TLS context. And
+each event reaches the client when its record's last byte reaches tokentap,
+wherever records fall in TCP segments (one cut over two segments, two in
+one, one beside the start of the next), not at the upstream's next write.
 
 And the client side, where tokentap writes each upstream read to a TLS
 client at once (SSL_write in the read's own call): a client that stops
@@ -23,6 +26,7 @@ import shutil
 import socket
 import ssl
 import tempfile
+import threading
 import time
 
 import harness
@@ -130,14 +134,27 @@ class TlsUpstreamTest(harness.TestCase):
         cls.cert, cls.key = make_pki(cls.dir)
         cls.ca = os.path.join(cls.dir, "ca.pem")
 
-    def front(self, handler, *args):
+    def server_ctx(self):
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(self.cert, self.key)
-        fu = harness.start_fake_upstream(self, handler, tls=ctx)
+        return ctx
+
+    def tokentap(self, port, *args):
+        """tokentap with one https upstream at `port` (certificate checked)."""
+        return rh.start_conf(self, "upstreams:\n  - name: secure\n    url: https://localhost:%d\n"
+                             "    tls: {ca_file: %s}\n" % (port, self.ca), *rh.ONE_WORKER, *args)
+
+    def tls_close_line(self, tt):
+        """The first upstream connection's TLS read counts, logged at its
+        close (--log-level debug): bytes, records, reads, partial."""
+        rx = re.compile(r"u1 closed; TLS: (\d+) bytes in (\d+) records, (\d+) reads, (\d+) partial")
+        self.assertTrue(harness.wait_until(lambda: tt.count_lines(rx) > 0, PROMPT_S, 0.02), tt.stderr_text())
+        return [rx.search(x) for x in tt.lines if rx.search(x)][0]
+
+    def front(self, handler, *args):
+        fu = harness.start_fake_upstream(self, handler, tls=self.server_ctx())
         fu.reused = []
-        tt = rh.start_conf(self, "upstreams:\n  - name: secure\n    url: https://localhost:%d\n"
-                           "    tls: {ca_file: %s}\n" % (fu.port, self.ca), *rh.ONE_WORKER, *args)
-        return fu, tt
+        return fu, self.tokentap(fu.port, *args)
 
     def post(self, tt):
         conn = harness.HttpConn(tt.port, timeout=PROMPT_S + 3)
@@ -171,10 +188,8 @@ class TlsUpstreamTest(harness.TestCase):
         self.assertEqual(tt.wait_log_count(1)[0]["token_events"], 2000)
         # the connection's read counts, logged when it closes
         fu.stop()
-        rx = re.compile(r"u1 closed; TLS: (\d+) bytes in (\d+) records, (\d+) reads")
-        self.assertTrue(harness.wait_until(lambda: tt.count_lines(rx) > 0, PROMPT_S, 0.02), tt.stderr_text())
-        m = [rx.search(x) for x in tt.lines if rx.search(x)][0]
-        nbytes, records, reads = (int(g) for g in m.groups())
+        m = self.tls_close_line(tt)
+        nbytes, records, reads, _ = (int(g) for g in m.groups())
         self.assertGreaterEqual(nbytes, len(sse_body(2000)))
         self.assertGreaterEqual(records, fu.records)
         # 130 KiB in 64 KiB reads: 3 at least; a read per record would be
@@ -241,6 +256,153 @@ class TlsUpstreamTest(harness.TestCase):
         one()
         self.assertEqual(fu.reused, [False, True, False, True])
 
+    def test_each_event_arrives_with_its_records_last_byte(self):
+        """Each event reaches the client when its record's last byte reaches
+        tokentap, wherever the records fall in TCP segments: a record cut
+        over two segments waits for the second only, and records read ahead
+        with another (two in one segment, or one whole beside the start of
+        the next) are not left in OpenSSL's buffer until the upstream's next
+        write."""
+        srv = RecordServer(self.server_ctx(), cut_records)
+        self.addCleanup(srv.stop)
+        tt = self.tokentap(srv.port, "--log-level", "debug")
+        conn = harness.HttpConn(tt.port, timeout=PROMPT_S + 5)
+        try:
+            conn.send(harness.request_bytes("POST", rh.CHAT, rh.chat(stream=True), None, tt.port))
+            resp = conn.read_response("POST")
+        finally:
+            conn.close()
+        self.assertEqual(srv.errors, [])
+        self.assertEqual(resp.status, 200)
+        self.assertEqual(resp.body, sse_body(6))
+        # when each event's last byte reached the client
+        arrived, got = [], 0
+        ends = [m.end() for m in re.finditer(rb"\n\n", resp.body)]
+        for ts, piece in resp.pieces:
+            got += len(piece)
+            while len(arrived) < len(ends) and ends[len(arrived)] <= got:
+                arrived.append(ts)
+        for i in range(7):
+            late = arrived[i] - srv.marks["e%d" % i]
+            self.assertGreaterEqual(late, -1_000_000, "event %d before its last byte was sent?" % i)
+            self.assertLess(late, ON_TIME_NS, "event %d reached the client %.1f ms after its last byte left the "
+                            "upstream (the next write came %.0f ms after)" % (i, late / 1e6, PAUSE_S * 1e3))
+        # the two cut records were each waited for once (logged at the close)
+        srv.stop()
+        m = self.tls_close_line(tt)
+        self.assertGreaterEqual(int(m.group(4)), 2, m.group(0))
+
+
+class RecordServer:
+    """A one-connection TLS server that decides where its records fall on
+    the wire: ssl.SSLObject over memory BIOs, its bytes sent on the TCP
+    socket by hand, so a record can be cut across two segments or two
+    records share one. `script(srv)` writes the response with srv.record()
+    (a record's bytes) and srv.send() (raw bytes, stamped). Bounded: every
+    socket wait times out, the thread ends after one request."""
+
+    def __init__(self, ctx, script):
+        self.ctx, self.script = ctx, script
+        self.lsock = socket.create_server((harness.LOOPBACK, 0))
+        self.lsock.settimeout(PROMPT_S)
+        self.port = self.lsock.getsockname()[1]
+        self.marks = {}
+        self.errors = []
+        self.raw = None
+        self.thread = threading.Thread(target=self._run, name="record-server", daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        for s in (self.raw, self.lsock):
+            if s is not None:
+                s.close()
+        self.thread.join(PROMPT_S)
+
+    def _flush(self):
+        out = self.out.read()
+        if out:
+            self.raw.sendall(out)
+
+    def _pull(self):
+        self._flush()
+        data = self.raw.recv(65536)
+        if not data:
+            raise EOFError("the client closed")
+        self.inc.write(data)
+
+    def record(self, data):
+        """`data` as one TLS record, not yet sent."""
+        self.obj.write(data)
+        return self.out.read()
+
+    def send(self, data, mark=None):
+        if mark:
+            self.marks[mark] = time.monotonic_ns()
+        self.raw.sendall(data)
+
+    def _run(self):
+        try:
+            self.raw, _ = self.lsock.accept()
+            self.raw.settimeout(PROMPT_S)
+            self.raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.inc, self.out = ssl.MemoryBIO(), ssl.MemoryBIO()
+            self.obj = self.ctx.wrap_bio(self.inc, self.out, server_side=True)
+            while True:
+                try:
+                    self.obj.do_handshake()
+                    break
+                except ssl.SSLWantReadError:
+                    self._pull()
+            self._flush()  # the handshake's end, session tickets
+            req = b""
+            while not request_complete(req):
+                try:
+                    req += self.obj.read(65536)
+                except ssl.SSLWantReadError:
+                    self._pull()
+            self.script(self)
+            time.sleep(0.2)  # tokentap pools the connection; then the close
+        except Exception as e:  # surfaced by the test through .errors
+            self.errors.append(repr(e))
+
+
+def request_complete(req):
+    head, sep, body = req.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    m = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+    return len(body) >= (int(m.group(1)) if m else 0)
+
+
+PAUSE_S = 0.4  # before the next write: an event that waited for it is that late
+ON_TIME_NS = 150_000_000  # an event on time arrives well within this of its last byte
+
+
+def cut_records(srv):
+    """The event records of three kinds, each followed by a pause: (1) one
+    record cut across two segments 60 ms apart; (2) two whole records in one
+    segment; (3) a whole record and the start of the next in one segment,
+    that record's rest 60 ms later. Every event's last byte is stamped."""
+    body = sse_body(6)
+    ev = [e + b"\n\n" for e in body.split(b"\n\n")[:-1]]  # 6 events and [DONE]
+    srv.send(srv.record(sse_head(len(body))))
+    srv.send(srv.record(ev[0]), "e0")
+    time.sleep(PAUSE_S)
+    r = srv.record(ev[1])
+    srv.send(r[:12])
+    time.sleep(0.06)
+    srv.send(r[12:], "e1")
+    time.sleep(PAUSE_S)
+    srv.send(srv.record(ev[2]) + srv.record(ev[3]), "e3")
+    srv.marks["e2"] = srv.marks["e3"]
+    time.sleep(PAUSE_S)
+    r4, r5 = srv.record(ev[4]), srv.record(ev[5])
+    srv.send(r4 + r5[:12], "e4")
+    time.sleep(0.06)
+    srv.send(r5[12:], "e5")
+    time.sleep(PAUSE_S)
+    srv.send(srv.record(ev[6]), "e6")
+
 
 def big_writes(sock, req, fu):
     """8 MiB of events in writes of 256 KiB (each write one upstream read
@@ -263,6 +425,80 @@ def paced(sock, req, fu):
     return True
 
 
+def head_and_events_then_paced(sock, req, fu):
+    """The head and three events in one write (one upstream read, before
+    the head is parsed), then three events 50 ms apart."""
+    body = sse_body(6)
+    events = [e + b"\n\n" for e in body.split(b"\n\n")[:-1]]
+    sock.sendall(sse_head(len(body)) + b"".join(events[:3]))
+    for e in events[3:]:
+        time.sleep(0.05)
+        sock.sendall(e)
+    return True
+
+
+def whole_in_one_write(sock, req, fu):
+    """Head and an 8 MiB body in one write: the first read (64 KiB, head
+    included) goes the way a read before the head's end goes, and the
+    rest is more than the sockets hold."""
+    body = sse_body(120000)
+    sock.sendall(sse_head(len(body)) + body)
+    return True
+
+
+class RecordClient:
+    """A TLS client over a raw socket (ssl.MemoryBIO) that sees the server's
+    records: read_records() decrypts one record at a time and keeps, for
+    each that carries data, the bytes it carried."""
+
+    def __init__(self, port, cafile, timeout=10.0):
+        self.sock = socket.create_connection((harness.LOOPBACK, port), timeout=timeout)
+        self.inc, self.out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.tls = ssl.create_default_context(cafile=cafile).wrap_bio(self.inc, self.out,
+                                                                      server_hostname="localhost")
+        self.raw = b""
+        while True:
+            try:
+                self.tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                self.sock.sendall(self.out.read())
+                data = self.sock.recv(65536)
+                if not data:
+                    raise ConnectionError("closed during the handshake")
+                self.inc.write(data)
+        self.sock.sendall(self.out.read())
+
+    def send(self, data):
+        self.tls.write(data)
+        self.sock.sendall(self.out.read())
+
+    def read_records(self, nbytes, deadline_s=PROMPT_S):
+        """The data records until `nbytes` of plaintext have come."""
+        got, records = 0, []
+        deadline = time.monotonic() + deadline_s
+        while got < nbytes and time.monotonic() < deadline:
+            while len(self.raw) >= 5 and len(self.raw) >= 5 + int.from_bytes(self.raw[3:5], "big"):
+                n = 5 + int.from_bytes(self.raw[3:5], "big")
+                self.inc.write(self.raw[:n])
+                self.raw = self.raw[n:]
+                try:
+                    data = self.tls.read(1 << 17)
+                except ssl.SSLWantReadError:
+                    continue  # a session ticket: no data
+                records.append(data)
+                got += len(data)
+            if got < nbytes:
+                chunk = self.sock.recv(1 << 17)
+                if not chunk:
+                    break
+                self.raw += chunk
+        return records
+
+    def close(self):
+        self.sock.close()
+
+
 class TlsClientWriteTest(harness.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -271,11 +507,60 @@ class TlsClientWriteTest(harness.TestCase):
         cls.cert, cls.key = make_pki(cls.dir)
         cls.ca = os.path.join(cls.dir, "ca.pem")
 
-    def front(self, handler):
+    def front(self, handler, *args):
         fu = harness.start_fake_upstream(self, handler)
         tt = rh.start_conf(self, rh.upstreams_yaml({"up": fu.url}) + "tls:\n  cert: %s\n  key: %s\n"
-                           % (self.cert, self.key), *rh.ONE_WORKER)
+                           % (self.cert, self.key), *rh.ONE_WORKER, *args)
         return fu, tt
+
+    def tls_counts(self, tt):
+        """The client connection's TLS write counts, logged at its close:
+        bytes written in the upstream read's call, bytes queued."""
+        rx = re.compile(r"TLS: (\d+) response bytes written in the upstream read's call, (\d+) queued")
+        self.assertTrue(harness.wait_until(lambda: tt.count_lines(rx) > 0, PROMPT_S, 0.02), tt.stderr_text())
+        m = [rx.search(x) for x in tt.lines if rx.search(x)][0]
+        return int(m.group(1)), int(m.group(2))
+
+    def test_each_upstream_read_is_one_record_written_at_once(self):
+        """The head and the events of the first read leave in one record,
+        each later event in its own; none waits in the output buffer for the
+        next loop turn (the first read, before the head is parsed, did)."""
+        fu, tt = self.front(head_and_events_then_paced, "--log-level", "debug")
+        rc = RecordClient(tt.port, self.ca)
+        try:
+            rc.send(harness.request_bytes("POST", rh.CHAT, rh.chat(stream=True), None, tt.port))
+            body = sse_body(6)
+            whole = len(sse_head(len(body))) + len(body)
+            records = rc.read_records(whole)
+        finally:
+            rc.close()
+        self.assertEqual(b"".join(records), sse_head(len(body)) + body)
+        events = [e + b"\n\n" for e in body.split(b"\n\n")[:-1]]
+        self.assertEqual(records[0], sse_head(len(body)) + b"".join(events[:3]), [len(r) for r in records])
+        self.assertEqual(records[1:], events[3:], [len(r) for r in records])
+        self.assertEqual(self.tls_counts(tt), (whole, 0))
+
+    def test_first_read_to_a_stalled_tls_client_keeps_order(self):
+        """A whole response in one upstream write to a client that is not
+        reading: the first read (head and 64 KiB) is written in the read's
+        call, later ones until the socket fills, the unfinished record goes
+        on from the output buffer, the rest queues behind it, and every
+        byte arrives in order."""
+        fu, tt = self.front(whole_in_one_write, "--log-level", "debug")
+        conn = tls_conn(tt.port, self.ca, timeout=30)
+        try:
+            conn.send(harness.request_bytes("POST", rh.CHAT, rh.chat(stream=True), None, tt.port))
+            time.sleep(1.5)  # not reading
+            resp = conn.read_response("POST")
+        finally:
+            conn.close()
+        self.assertEqual(resp.status, 200)
+        self.assertTrue(resp.body == sse_body(120000), "the stream differs from what the upstream sent")
+        self.assertEqual(tt.wait_log_count(1)[0]["token_events"], 120000)
+        now, queued = self.tls_counts(tt)
+        self.assertEqual(now + queued, len(sse_head(len(sse_body(120000)))) + len(sse_body(120000)))
+        self.assertGreater(now, 0)
+        self.assertGreater(queued, 0)  # the socket filled: the slow path was taken
 
     def test_stalled_tls_client_gets_every_byte_in_order(self):
         fu, tt = self.front(big_writes)

@@ -119,14 +119,7 @@ class WorkersTest(harness.TestCase):
         idle = [socket.create_connection((harness.LOOPBACK, tt.port)) for _ in range(4)]
         try:
             time.sleep(0.2)  # all four accepted, by whichever worker
-            over = socket.create_connection((harness.LOOPBACK, tt.port), timeout=3)
-            data = b""
-            for _ in range(100):
-                d = over.recv(4096)
-                if not d:
-                    break
-                data += d
-            over.close()
+            data = harness.answer_on_connect(tt.port)
             self.assertTrue(data.startswith(b"HTTP/1.1 503 "), data[:80])
         finally:
             for s in idle:

@@ -14,20 +14,7 @@
 #include <cmocka.h>
 
 #include "classify.h"
-
-/* Returns `s` with every ' replaced by ". Four rotating buffers, so a
- * test can hold a few at once. */
-static const char *J(const char *s)
-{
-	static char bufs[4][8192];
-	static int next;
-	char *b = bufs[next++ % 4];
-	size_t n = strlen(s);
-	assert_true(n < sizeof(bufs[0]));
-	for (size_t i = 0; i <= n; i++)
-		b[i] = s[i] == '\'' ? '"' : s[i];
-	return b;
-}
+#include "quotes.h"
 
 /* One hint per API, carried across every event of every test in this file:
  * whatever shape the last token event had, a hint must never change an

@@ -18,6 +18,7 @@
 #include "series_key.h"
 #include "slice.h"
 #include "store.h"
+#include "testrand.h"
 
 static struct hist *hnew(void)
 {
@@ -25,21 +26,6 @@ static struct hist *hnew(void)
 	assert_non_null(h);
 	hist_init(h);
 	return h;
-}
-
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static double uniform(void)
-{
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return ((double)(rng >> 11) + 0.5) / 9007199254740992.0;
-}
-
-static double lognormal(double median, double sigma)
-{
-	double z = sqrt(-2.0 * log(uniform())) * cos(2.0 * M_PI * uniform());
-	return median * exp(sigma * z);
 }
 
 static void test_hand_worked(void **state)

@@ -13,6 +13,7 @@
 
 #include "config.h"
 #include "fdlimit.h"
+#include "upstream.h"
 
 /* 32 fixed + the admin API's 64 */
 #define FIXED (32 + ADMIN_MAX_CONNECTIONS)
@@ -27,11 +28,11 @@ static void test_defaults_one_upstream(void **state)
 	c.upstreams = &up;
 	c.nupstreams = 1;
 	/* one listener; per worker: 4 + 1 listener + 256 pooled */
+	assert_int_equal(POOL_MAX_IDLE, 256);
 	assert_int_equal(fdlimit_need(&c, 1), FIXED + 2 * 10000 + 261);
 	assert_int_equal(fdlimit_need(&c, 2), FIXED + 2 * 10000 + 2 * 261);
 	c.max_connections = 100;
-	c.pool_max_idle = 0;
-	assert_int_equal(fdlimit_need(&c, 1), FIXED + 200 + 5);
+	assert_int_equal(fdlimit_need(&c, 1), FIXED + 200 + 261);
 	config_free(&c);
 }
 
@@ -49,9 +50,8 @@ static void test_mirrors_and_upstreams_count_per_worker(void **state)
 	c.routes = routes;
 	c.nroutes = 2;
 	c.max_connections = 50;
-	c.pool_max_idle = 8;
-	/* per worker: 4 + 1 listener + 3 × 8 pooled + 10 mirrored */
-	assert_int_equal(fdlimit_need(&c, 3), FIXED + 100 + 3 * (5 + 24 + 10));
+	/* per worker: 4 + 1 listener + 3 × 256 pooled + 10 mirrored */
+	assert_int_equal(fdlimit_need(&c, 3), FIXED + 100 + 3 * (5 + 3 * 256 + 10));
 	config_free(&c);
 }
 

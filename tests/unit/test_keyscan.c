@@ -148,6 +148,14 @@ static void expect_first_of(const char *hay, size_t len, const struct keyscan_ke
 	if (want != got || (got && got_k != want_k))
 		fail_msg("len %zu, %zu keys: memmem at %td (key %zu), keyscan_find_any at %td (key %zu)", len, n,
 			 want ? want - hay : (ptrdiff_t)-1, want_k, got ? got - hay : (ptrdiff_t)-1, got_k);
+	/* the same keys checked once, as a set */
+	struct keyscan_set set;
+	assert_int_equal(keyscan_set_init(&set, keys, n), 0);
+	got_k = SIZE_MAX;
+	got = keyscan_find_set(hay, hay + len, &set, &got_k);
+	if (want != got || (got && got_k != want_k))
+		fail_msg("len %zu, %zu keys: memmem at %td (key %zu), keyscan_find_set at %td (key %zu)", len, n,
+			 want ? want - hay : (ptrdiff_t)-1, want_k, got ? got - hay : (ptrdiff_t)-1, got_k);
 }
 
 /* The key sets classify.c passes, each key at every position of every
@@ -242,6 +250,35 @@ static void test_any_contract(void **state)
 	assert_int_equal(which, 1);
 }
 
+/* keyscan_set_init refuses what keyscan_find_any refuses (the set then
+ * finds nothing); KEYSCAN_SET2 makes the set keyscan_set_init would. */
+static void test_set_contract(void **state)
+{
+	const char hay[] = "{\"usage\":{},\"timings\":{}}";
+	const struct keyscan_key mixed[] = { { "\"usage\"", 7 }, { "'timings'", 9 } };
+	const struct keyscan_key shortk[] = { { "\"usage\"", 7 }, { "\"u", 2 } };
+	const struct keyscan_key both[] = { { "\"timings\"", 9 }, { "\"usage\"", 7 } };
+	struct keyscan_set set;
+	size_t which = 9;
+	assert_int_equal(keyscan_set_init(&set, mixed, 2), -1);
+	assert_null(keyscan_find_set(hay, hay + sizeof(hay) - 1, &set, &which));
+	assert_int_equal(keyscan_set_init(&set, shortk, 2), -1);
+	assert_null(keyscan_find_set(hay, hay + sizeof(hay) - 1, &set, &which));
+	assert_int_equal(keyscan_set_init(&set, both, 0), -1);
+	assert_int_equal(keyscan_set_init(&set, both, KEYSCAN_MAX_KEYS + 1), -1);
+	assert_int_equal(keyscan_set_init(&set, both, 2), 0);
+#define QKEY(k) ("\"" k "\""), (sizeof("\"" k "\"") - 1)
+	const struct keyscan_set made = KEYSCAN_SET2(QKEY("timings"), QKEY("usage"));
+#undef QKEY
+	assert_int_equal(made.n, set.n);
+	assert_int_equal(made.minlen, set.minlen);
+	assert_int_equal(made.maxlen, set.maxlen);
+	assert_ptr_equal(keyscan_find_set(hay, hay + sizeof(hay) - 1, &made, &which), hay + 1);
+	assert_int_equal(which, 1);
+	assert_ptr_equal(keyscan_find_set(hay + 2, hay + sizeof(hay) - 1, &set, &which), hay + 12);
+	assert_int_equal(which, 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -251,6 +288,7 @@ int main(void)
 		cmocka_unit_test(test_any_every_position),
 		cmocka_unit_test(test_any_random),
 		cmocka_unit_test(test_any_contract),
+		cmocka_unit_test(test_set_contract),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -13,7 +13,14 @@
  * - request_mirror_copy, the shadow's head and body so far: -1, or all of
  *   it, whether the head's adds or the body's ran out;
  * - the error kind the exchange fails with, no_memory: 503 "overloaded",
- *   the last of REQUEST_ERRORS (stored slices read counters by position).
+ *   the last of REQUEST_ERRORS (stored slices read counters by position);
+ * - bevio_copy (the replay copy): -1, or all of the bytes in order, the
+ *   source unchanged;
+ * - client_fail, the error answer, on a client over a socket pair (client.c
+ *   is included, to call it): the peer reads the whole answer, the same
+ *   bytes as with memory to spare, or nothing and the end of the stream —
+ *   never part of it; the client is freed on the loop's next turn either
+ *   way (its deferred free allocates nothing).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -21,14 +28,20 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <event2/buffer.h>
 #include <event2/event.h>
 
+#include "../../src/client.c"
+#include "bevio.h"
 #include "exchange.h"
 #include "reqparse.h"
 #include "request.h"
+#include "router.h"
 #include "timeline.h"
 #include "upstream.h"
 
@@ -256,16 +269,154 @@ static void test_no_memory_kind(void **state)
 	assert_int_equal(exchange_fails[XF_NO_MEMORY].kind, REQ_ERR_NO_MEMORY);
 }
 
+/* Many chains, each its own bytes: copied whole or not at all. */
+static void test_copy(void **state)
+{
+	static char data[40][1000];
+	struct evbuffer *src = evbuffer_new();
+	unsigned failed = 0, whole = 0;
+
+	(void)state;
+	assert_non_null(src);
+	for (int i = 0; i < 40; i++) {
+		memset(data[i], 'a' + i % 26, sizeof(data[i]));
+		data[i][0] = (char)i;
+		assert_int_equal(evbuffer_add_reference(src, data[i], sizeof(data[i]), NULL, NULL), 0);
+	}
+	size_t len = evbuffer_get_length(src);
+	for (long k = 0; k < 48; k++) {
+		struct evbuffer *dst = evbuffer_new();
+		assert_non_null(dst);
+		assert_int_equal(evbuffer_add(dst, "head", 4), 0);
+		allow = k;
+		int r = bevio_copy(dst, src);
+		allow = -1;
+		assert_int_equal(evbuffer_get_length(src), len);
+		if (r == -1) {
+			failed++;
+		} else {
+			assert_int_equal(r, 0);
+			assert_int_equal(evbuffer_get_length(dst), 4 + len);
+			const char *d = (const char *)evbuffer_pullup(dst, -1);
+			assert_memory_equal(d, "head", 4);
+			for (int i = 0; i < 40; i++)
+				assert_memory_equal(d + 4 + i * 1000, data[i], 1000);
+			whole++;
+		}
+		evbuffer_free(dst);
+	}
+	assert_true(failed > 1);
+	assert_true(whole > 0);
+	evbuffer_free(src);
+}
+
+/* One client on a socket pair in `set`; its peer's end in *peer. */
+static struct client *pair_client(struct client_set *set, int *peer)
+{
+	int sv[2];
+
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
+	atomic_fetch_add(set->clients_all, 1);
+	client_new(set, sv[0], "pair", NULL);
+	assert_int_equal(set->nclients, 1);
+	*peer = sv[1];
+	return LIST_FIRST(&set->clients);
+}
+
+/* What the peer reads until the answer is whole (its content-length met)
+ * or the stream ends, the loop running meanwhile; *eof: it ended. */
+static size_t read_answer(struct event_base *base, int fd, char *buf, size_t cap, bool *eof)
+{
+	size_t got = 0;
+
+	*eof = false;
+	for (int turn = 0; turn < 2000; turn++) {
+		event_base_loop(base, EVLOOP_NONBLOCK);
+		ssize_t n = recv(fd, buf + got, cap - 1 - got, MSG_DONTWAIT);
+		if (n == 0) {
+			*eof = true;
+			break;
+		}
+		if (n > 0)
+			got += (size_t)n;
+		buf[got] = 0;
+		const char *end = strstr(buf, "\r\n\r\n"), *cl = strstr(buf, "content-length: ");
+		if (end && cl && got - (size_t)(end + 4 - buf) >= strtoull(cl + 16, NULL, 10))
+			break;
+		if (n < 0)
+			nanosleep(&(struct timespec){ 0, 1000000 }, NULL);
+	}
+	return got;
+}
+
+static void test_client_fail_whole_or_closed(void **state)
+{
+	struct event_base *base = event_base_new();
+	struct router rt;
+	_Atomic unsigned all = 0;
+	struct client_set set = { .base = base, .clients_all = &all };
+	/* a message long enough that the answer's body needs a chain of its
+	 * own after its head's: an add can fail between them */
+	char msg[3000], want[8192], got[8192];
+	unsigned failed = 0, whole = 0;
+	bool eof;
+	int peer;
+
+	(void)state;
+	assert_non_null(base);
+	memset(&rt, 0, sizeof(rt));
+	config_defaults(&rt.cfg);
+	set.renv.router = &rt;
+	LIST_INIT(&set.clients);
+	memset(msg, 'm', sizeof(msg) - 1);
+	msg[sizeof(msg) - 1] = 0;
+
+	struct client *cl = pair_client(&set, &peer);
+	client_fail(cl, 503, REQ_ERR_NO_MEMORY, "overloaded", msg);
+	size_t want_len = read_answer(base, peer, want, sizeof(want), &eof);
+	assert_false(eof);
+	assert_true(want_len > sizeof(msg));
+	assert_memory_equal(want, "HTTP/1.1 503 ", 13);
+	client_set_free_all(&set);
+	close(peer);
+
+	for (long k = 0; k < 12; k++) {
+		cl = pair_client(&set, &peer);
+		allow = k;
+		client_fail(cl, 503, REQ_ERR_NO_MEMORY, "overloaded", msg);
+		allow = -1;
+		size_t n = read_answer(base, peer, got, sizeof(got), &eof);
+		if (n == 0) {
+			assert_true(eof); /* closed, nothing said */
+			failed++;
+			/* freed on the loop's next turn, as any closed client */
+			for (int turn = 0; turn < 10 && set.nclients; turn++)
+				event_base_loop(base, EVLOOP_NONBLOCK);
+			assert_int_equal(set.nclients, 0);
+		} else {
+			assert_int_equal(n, want_len); /* never part of it */
+			assert_memory_equal(got, want, want_len);
+			whole++;
+		}
+		client_set_free_all(&set);
+		close(peer);
+	}
+	assert_true(failed > 1); /* not only the first add failed */
+	assert_true(whole > 0);
+	assert_int_equal(all, 0);
+	config_free(&rt.cfg);
+	event_base_free(base);
+}
+
 int main(void)
 {
 	/* before any other libevent call: everything it allocates goes
 	 * through these */
 	event_set_mem_functions(oom_malloc, oom_realloc, oom_free);
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_head_write),
-		cmocka_unit_test(test_body_bytes),
-		cmocka_unit_test(test_mirror_copy),
-		cmocka_unit_test(test_no_memory_kind),
+		cmocka_unit_test(test_head_write),  cmocka_unit_test(test_body_bytes),
+		cmocka_unit_test(test_mirror_copy), cmocka_unit_test(test_no_memory_kind),
+		cmocka_unit_test(test_copy),	    cmocka_unit_test(test_client_fail_whole_or_closed),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

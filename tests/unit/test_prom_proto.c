@@ -356,10 +356,49 @@ static void key_of(char *out, size_t cap, const char *name, const Io__Prometheus
 	snprintf(out + n, cap - n, "}");
 }
 
+/* Both expositions carry the same families and values, the engine's view
+ * included: up-b is scraped twice (a reload draining its old url: the
+ * newer scrape is exported), up-a's engine reports no KV-cache use and no
+ * prefix hits (no sample), up-c failed every scrape (scrapes only). The
+ * scrapes are stamped in the future, so that both see the age 0. */
 static void test_proto_matches_text(void **state)
 {
 	struct store_result r;
-	struct upstream_gauge g[3] = { { "up-b", 1, 0 }, { "up-a", 2, 5 }, { "up-b", 3, 1 } };
+	const uint64_t later = clock_now_ns() + 3600 * 1000000000ull;
+	struct upstream_gauge g[4] = {
+		{ .name = "up-b",
+		  .in_flight = 1,
+		  .engine = { .scraped = true,
+			      .running = 9,
+			      .waiting = 9,
+			      .kv_use = 0.9,
+			      .prefix_hit = 0.1,
+			      .at_ns = later - 1,
+			      .successes = 1 } },
+		{ .name = "up-a",
+		  .in_flight = 2,
+		  .queued = 5,
+		  .engine = { .scraped = true,
+			      .running = 4,
+			      .waiting = 0,
+			      .kv_use = NAN,
+			      .prefix_hit = NAN,
+			      .at_ns = later,
+			      .successes = 12,
+			      .failures = 2 } },
+		{ .name = "up-b",
+		  .in_flight = 3,
+		  .queued = 1,
+		  .engine = { .scraped = true,
+			      .running = 2,
+			      .waiting = 7,
+			      .kv_use = 0.25,
+			      .prefix_hit = 0.5,
+			      .at_ns = later,
+			      .successes = 40,
+			      .failures = 1 } },
+		{ .name = "up-c", .engine = { .failing = true, .failures = 3 } },
+	};
 	struct evbuffer *tb = evbuffer_new(), *pb = evbuffer_new();
 	struct samples text;
 	size_t tlen, plen, families = 0, native_series = 0;
@@ -367,10 +406,36 @@ static void test_proto_matches_text(void **state)
 	(void)state;
 	build_result(&r);
 	assert_int_equal(prom_render(tb, &r), 0);
-	assert_int_equal(prom_render_gauges(tb, g, 3), 0);
-	assert_int_equal(prom_render_proto(pb, &r, g, 3), 0);
+	assert_int_equal(prom_render_gauges(tb, g, 4), 0);
+	assert_int_equal(prom_render_proto(pb, &r, g, 4), 0);
 	char *t = drain(tb, &tlen);
 	uint8_t *p = (uint8_t *)drain(pb, &plen);
+	static const char *const engine_lines[] = {
+		"# TYPE tokentap_engine_requests_running gauge\n"
+		"tokentap_engine_requests_running{upstream=\"up-a\"} 4\n"
+		"tokentap_engine_requests_running{upstream=\"up-b\"} 2\n",
+		"tokentap_engine_requests_waiting{upstream=\"up-a\"} 0\n"
+		"tokentap_engine_requests_waiting{upstream=\"up-b\"} 7\n",
+		"# TYPE tokentap_engine_kv_cache_usage_ratio gauge\n"
+		"tokentap_engine_kv_cache_usage_ratio{upstream=\"up-b\"} 0.25\n# HELP",
+		"tokentap_engine_prefix_cache_hit_ratio{upstream=\"up-b\"} 0.5\n# HELP",
+		"tokentap_engine_scrape_age_seconds{upstream=\"up-a\"} 0\n"
+		"tokentap_engine_scrape_age_seconds{upstream=\"up-b\"} 0\n# HELP",
+		"# TYPE tokentap_engine_scrapes_total counter\n"
+		"tokentap_engine_scrapes_total{upstream=\"up-a\",result=\"ok\"} 12\n"
+		"tokentap_engine_scrapes_total{upstream=\"up-a\",result=\"failed\"} 2\n"
+		"tokentap_engine_scrapes_total{upstream=\"up-b\",result=\"ok\"} 40\n"
+		"tokentap_engine_scrapes_total{upstream=\"up-b\",result=\"failed\"} 1\n"
+		"tokentap_engine_scrapes_total{upstream=\"up-c\",result=\"ok\"} 0\n"
+		"tokentap_engine_scrapes_total{upstream=\"up-c\",result=\"failed\"} 3\n",
+	};
+	for (size_t i = 0; i < sizeof(engine_lines) / sizeof(engine_lines[0]); i++)
+		if (!strstr(t, engine_lines[i]))
+			fail_msg("not in the text exposition:\n%s\n---\n%s", engine_lines[i], t);
+	/* never scraped: no gauge; the older scrape of up-b not at all */
+	assert_null(strstr(t, "tokentap_engine_requests_waiting{upstream=\"up-c\""));
+	assert_null(strstr(t, "tokentap_engine_scrape_age_seconds{upstream=\"up-c\""));
+	assert_null(strstr(t, "} 0.9\n"));
 	/* every family of the text has one # TYPE line */
 	size_t text_families = 0;
 	for (char *q = t; (q = strstr(q, "# TYPE ")); q++)

@@ -21,18 +21,7 @@
 #include "framer.h"
 #include "respparse.h"
 #include "timeline.h"
-
-static const char *J(const char *s)
-{
-	static char bufs[4][8192];
-	static int next;
-	char *b = bufs[next++ % 4];
-	size_t n = strlen(s);
-	assert_true(n < sizeof(bufs[0]));
-	for (size_t i = 0; i <= n; i++)
-		b[i] = s[i] == '\'' ? '"' : s[i];
-	return b;
-}
+#include "quotes.h"
 
 static void timing_eq(const struct server_timing *a, const struct server_timing *b)
 {

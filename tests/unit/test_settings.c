@@ -81,10 +81,7 @@ static void test_defaults_are_todays(void **state)
 	assert_int_equal(c.first_byte_timeout_ms, 300000);
 	assert_int_equal(c.idle_timeout_ms, 300000);
 	assert_int_equal(c.pool_idle_timeout_ms, 60000);
-	assert_int_equal(c.pool_max_idle, 256);
-	assert_int_equal(c.stream_buffer, 256u << 10);
 	assert_int_equal(c.max_event_size, 1u << 20);
-	assert_int_equal(c.body_inspect_max, 64u << 10);
 	assert_string_equal(c.data_dir, "tokentap-data");
 	assert_int_equal(c.flush_ms, 1000);
 	assert_int_equal(c.max_models, 32);

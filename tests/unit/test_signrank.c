@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "signrank.h"
+#include "testrand.h"
 
 /* cmocka's float comparison is in single precision: this one is not */
 #define assert_near(a, b, eps) near_at((a), (b), (eps), __FILE__, __LINE__)
@@ -25,19 +26,6 @@ static void near_at(double a, double b, double eps, const char *file, int line)
 		print_error("%.17g is not %.17g (within %g)\n", a, b, eps);
 		_fail(file, line);
 	}
-}
-
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static double uniform(void)
-{
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return ((double)(rng >> 11) + 0.5) / 9007199254740992.0;
-}
-static double normal(void)
-{
-	return sqrt(-2 * log(uniform())) * cos(2 * M_PI * uniform());
 }
 
 /* The null distribution of W for n = 10, ranks 1..10: the tables' two-sided

@@ -258,6 +258,15 @@ static size_t put(uint8_t *buf, size_t at, const uint8_t *src, size_t n)
 	return at + n;
 }
 
+/* Appends a histogram at `slot`: the v2 fixture's ttft (3 x 50 ms, 14
+ * bytes), as a version-3 slice lists it. */
+static size_t put_ttft(uint8_t *buf, size_t at, unsigned slot)
+{
+	at += varint_put(buf + at, slot);
+	buf[at++] = 14;
+	return put(buf, at, slice_v2_fixture + 30, 14);
+}
+
 /* A version-3 slice carries its layout: one from a writer with fewer rows
  * (12 metrics, as before answer_ttft) reads with the rows it lacks empty and
  * its curves where they are today; one from a writer with more (another
@@ -266,7 +275,6 @@ static size_t put(uint8_t *buf, size_t at, const uint8_t *src, size_t n)
  * refused. The histogram in each is the v2 fixture's ttft (3 x 50 ms). */
 static void test_slice_layout_appends(void **state)
 {
-	const uint8_t *ttft = slice_v2_fixture + 30; /* 14 bytes */
 	uint8_t buf[256];
 	struct slice b;
 	size_t n = 0;
@@ -276,10 +284,8 @@ static void test_slice_layout_appends(void **state)
 	 * ttft at slot 0 and at slot 12, the first load curve's bucket 0 */
 	const uint8_t head_old[] = { 3, 1, 9, 3, 12, 3, 1, 2 };
 	n = put(buf, n, head_old, sizeof(head_old));
-	n = put(buf, n, (const uint8_t[]){ 0, 14 }, 2);
-	n = put(buf, n, ttft, 14);
-	n = put(buf, n, (const uint8_t[]){ 12, 14 }, 2);
-	n = put(buf, n, ttft, 14);
+	n = put_ttft(buf, n, 0);
+	n = put_ttft(buf, n, 12);
 	memset(&b, 0, sizeof(b));
 	assert_int_equal(slice_decode_merge(&b, buf, n), 0);
 	assert_int_equal(b.counters[0], 9);
@@ -296,22 +302,19 @@ static void test_slice_layout_appends(void **state)
 	assert_null(b.slot[SLOT_PROMPT_RAW(PROMPT_BUCKETS - 1)]);
 	slice_release(&b);
 
-	/* newer: layout HM__COUNT + 1 metrics, 4 curves, 3 prompt curves and
-	 * a fourth kind with 2 rows; histograms at the unknown metric, at the
-	 * fourth curve, at the third prompt curve and past all of them (the
-	 * fourth kind), all skipped; and at the second prompt curve's bucket
-	 * 5, kept */
-	const unsigned m = HM__COUNT + 1, cv = m + 4 * INFLIGHT_BUCKETS;
-	const unsigned slots[] = { HM__COUNT, m + 3 * INFLIGHT_BUCKETS, cv + 2 * PROMPT_BUCKETS + 1,
+	/* newer: layout HM__COUNT + 1 metrics, one load curve more than
+	 * ours, 3 prompt curves and a fourth kind with 2 rows; histograms at
+	 * the unknown metric, at the unknown curve, at the third prompt curve
+	 * and past all of them (the fourth kind), all skipped; and at the
+	 * second prompt curve's bucket 5, kept */
+	const unsigned m = HM__COUNT + 1, cv = m + (CURVE__COUNT + 1) * INFLIGHT_BUCKETS;
+	const unsigned slots[] = { HM__COUNT, m + CURVE__COUNT * INFLIGHT_BUCKETS, cv + 2 * PROMPT_BUCKETS + 1,
 				   cv + 3 * PROMPT_BUCKETS + 5, cv + PROMPT_BUCKETS + 5 };
 	n = 0;
-	const uint8_t head_new[] = { 3, 0, 4, (uint8_t)m, 4, 3, 2, 5 };
+	const uint8_t head_new[] = { 3, 0, 4, (uint8_t)m, CURVE__COUNT + 1, 3, 2, 5 };
 	n = put(buf, n, head_new, sizeof(head_new));
-	for (unsigned i = 0; i < 5; i++) {
-		n += varint_put(buf + n, slots[i]);
-		buf[n++] = 14;
-		n = put(buf, n, ttft, 14);
-	}
+	for (unsigned i = 0; i < 5; i++)
+		n = put_ttft(buf, n, slots[i]);
 	memset(&b, 0, sizeof(b));
 	assert_int_equal(slice_decode_merge(&b, buf, n), 0);
 	unsigned used = 0;
@@ -480,6 +483,114 @@ static void test_slice_records_decomposition(void **state)
 	slice_release(&sl);
 }
 
+/* The engine-queue curve: ttft and e2e by the engine's waiting at dispatch
+ * (0, 1, 2-3, 4-7, ... buckets), only for a fresh engine view that reports
+ * waiting; beside the in-flight curve, which counts every request. */
+static void test_slice_records_engine_queue(void **state)
+{
+	struct slice sl, back;
+	struct req_record r;
+	uint8_t *blob = NULL;
+	(void)state;
+
+	assert_int_equal(engine_queue_bucket(0), 0);
+	assert_int_equal(engine_queue_bucket(1), 1);
+	assert_int_equal(engine_queue_bucket(2), 2);
+	assert_int_equal(engine_queue_bucket(3), 2);
+	assert_int_equal(engine_queue_bucket(4), 3);
+	assert_int_equal(engine_queue_bucket(7), 3);
+	assert_int_equal(engine_queue_bucket(8), 4);
+	assert_int_equal(engine_queue_bucket(UINT64_MAX), ENGINE_QUEUE_BUCKETS - 1);
+	for (unsigned b = 0; b < ENGINE_QUEUE_BUCKETS; b++) {
+		assert_int_equal(engine_queue_bucket(engine_queue_low(b)), b);
+		if (b + 1 < ENGINE_QUEUE_BUCKETS) {
+			assert_int_equal(engine_queue_bucket(engine_queue_high(b)), b);
+			assert_int_equal(engine_queue_low(b + 1), engine_queue_high(b) + 1);
+		}
+	}
+	assert_int_equal(engine_queue_high(ENGINE_QUEUE_BUCKETS - 1), UINT64_MAX);
+
+	memset(&sl, 0, sizeof(sl));
+	const struct {
+		bool known, fresh;
+		int64_t waiting;
+		uint64_t ttft_us;
+	} reqs[] = {
+		{ true, true, 0, 10000 },   { true, true, 5, 30000 },
+		{ true, true, 6, 40000 },   { true, false, 6, 90000 }, /* stale: the last scrape failed */
+		{ false, false, 0, 80000 },			       /* never scraped */
+		{ true, true, -1, 70000 },			       /* the engine reports no queue */
+	};
+	for (unsigned i = 0; i < sizeof(reqs) / sizeof(reqs[0]); i++) {
+		fake_request(&r, reqs[i].ttft_us, 4, 1000);
+		r.engine.known = reqs[i].known;
+		r.engine.fresh = reqs[i].fresh;
+		r.engine.waiting = reqs[i].waiting;
+		r.engine.running = 2;
+		slice_record_request(&sl, &r, 3, &test_slo);
+		record_release(&r);
+	}
+	assert_int_equal(sl.slot[SLOT_CURVE(CURVE_TTFT, log2_bucket(3, INFLIGHT_BUCKETS))]->count, 6);
+	assert_int_equal(sl.slot[SLOT_CURVE(CURVE_QUEUE_TTFT, 0)]->count, 1);
+	assert_int_equal(sl.slot[SLOT_CURVE(CURVE_QUEUE_TTFT, 0)]->max, 10000);
+	assert_int_equal(sl.slot[SLOT_CURVE(CURVE_QUEUE_TTFT, 3)]->count, 2);
+	assert_int_equal(sl.slot[SLOT_CURVE(CURVE_QUEUE_TTFT, 3)]->min, 30000);
+	assert_int_equal(sl.slot[SLOT_CURVE(CURVE_QUEUE_TTFT, 3)]->max, 40000);
+	assert_int_equal(sl.slot[SLOT_CURVE(CURVE_QUEUE_E2E, 3)]->count, 2);
+	unsigned used = 0;
+	for (unsigned b = 0; b < ENGINE_QUEUE_BUCKETS; b++)
+		used += sl.slot[SLOT_CURVE(CURVE_QUEUE_TTFT, b)] != NULL;
+	assert_int_equal(used, 2);
+
+	/* stored and read back in today's layout */
+	size_t len = slice_encode(&sl, &blob);
+	assert_true(len > 0);
+	memset(&back, 0, sizeof(back));
+	assert_int_equal(slice_decode_merge(&back, blob, len), 0);
+	assert_int_equal(back.slot[SLOT_CURVE(CURVE_QUEUE_TTFT, 3)]->count, 2);
+	assert_int_equal(back.slot[SLOT_CURVE(CURVE_QUEUE_E2E, 0)]->count, 1);
+	free(blob);
+	slice_release(&back);
+	/* dropped with the other curves (minute slices keep none) */
+	slice_drop_curves(&sl);
+	assert_null(sl.slot[SLOT_CURVE(CURVE_QUEUE_TTFT, 3)]);
+	slice_release(&sl);
+}
+
+/* A slice stored before the engine-queue curve (version 3 with 21 metrics,
+ * 3 load curves and 2 prompt curves, as session 10 wrote it) reads with that
+ * curve empty and its prompt curves where they are today, though today's
+ * prompt curves moved two load-curve rows up. The histogram is the v2
+ * fixture's ttft (3 x 50 ms): at the in-flight ttft curve's bucket 2 and
+ * at the raw prompt curve's bucket 5. */
+static void test_slice_decodes_before_engine_queue(void **state)
+{
+	uint8_t buf[256];
+	struct slice b;
+	size_t n = 0;
+	(void)state;
+
+	const uint8_t head[] = { 3, 1, 7, 3, 21, 3, 2, 2 };
+	n = put(buf, n, head, sizeof(head));
+	n = put_ttft(buf, n, 21 + 2);
+	n = put_ttft(buf, n, 21 + 3 * INFLIGHT_BUCKETS + PROMPT_BUCKETS + 5);
+	memset(&b, 0, sizeof(b));
+	assert_int_equal(slice_decode_merge(&b, buf, n), 0);
+	assert_int_equal(b.counters[0], 7);
+	assert_int_equal(b.slot[SLOT_CURVE(CURVE_TTFT, 2)]->count, 3);
+	assert_int_equal(b.slot[SLOT_PROMPT_RAW(5)]->count, 3);
+	assert_int_equal(b.slot[SLOT_PROMPT_RAW(5)]->min, 50000);
+	unsigned used = 0;
+	for (unsigned i = 0; i < SLICE_SLOTS; i++)
+		used += b.slot[i] && b.slot[i]->count;
+	assert_int_equal(used, 2);
+	for (unsigned q = 0; q < ENGINE_QUEUE_BUCKETS; q++) {
+		assert_null(b.slot[SLOT_CURVE(CURVE_QUEUE_TTFT, q)]);
+		assert_null(b.slot[SLOT_CURVE(CURVE_QUEUE_E2E, q)]);
+	}
+	slice_release(&b);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -492,6 +603,8 @@ int main(void)
 		cmocka_unit_test(test_slice_layout_appends),
 		cmocka_unit_test(test_slice_records_decomposition),
 		cmocka_unit_test(test_slice_records_reasoning_and_cache),
+		cmocka_unit_test(test_slice_records_engine_queue),
+		cmocka_unit_test(test_slice_decodes_before_engine_queue),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
