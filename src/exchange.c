@@ -8,10 +8,12 @@
  * (exchange_read), whether the bytes are in the connection's input buffer
  * or were read straight from its socket (upconn_set_direct).
  *
- * The exchange reaches its owner (the request's client, client.c) only
- * through struct exchange_hooks (exchange.h): bytes forwarded, backlog,
- * upload flow, and the two terminal hooks, fail and done, after which it
- * returns at once (XR_ENDED).
+ * The exchange reaches its owner (the request's client, client.c, or a
+ * shadow copy's mirror, mirror.c) only through struct exchange_hooks
+ * (exchange.h): bytes forwarded, backlog, upload flow, and the two terminal
+ * hooks, fail and done, after which it returns at once (XR_ENDED). A
+ * shadow runs the same states from ROUTING on, without a queue or failover
+ * (exchange_shadow_start).
  *
  * The exchange's states (EXCHANGE_STATES, exchange.h), the usual way:
  *
@@ -73,6 +75,14 @@ static enum xr exchange_fail(struct exchange *x, enum xfail why, const char *msg
 {
 	x->hooks->fail(x->owner, why, msg);
 	return XR_ENDED;
+}
+
+/* How the exchange with x->up went, for cold tracking (a primary's only:
+ * a shadow's traffic is not the upstream's own, exchange.h). */
+static void exchange_note_result(struct exchange *x, bool responded, uint64_t now)
+{
+	if (!x->shadow)
+		upstream_note_result(x->up, responded, now);
 }
 
 /* ---- the exchange's states ---- */
@@ -248,7 +258,7 @@ static void on_exchange_timer(evutil_socket_t fd, short what, void *arg)
 	case XS_CONNECTING:
 		snprintf(msg, sizeof(msg), "upstream %s did not accept the connection within %llu ms", x->up->name,
 			 (unsigned long long)x->up->connect_timeout_ms);
-		upstream_note_result(x->up, false, clock_now_ns());
+		exchange_note_result(x, false, clock_now_ns());
 		if (request_failover(x)) /* nothing reached it: safe to send elsewhere */
 			return;
 		why = XF_CONNECT_TIMEOUT;
@@ -341,6 +351,8 @@ static void request_bind(struct exchange *x, struct upconn *uc)
 	bufferevent_setcb(uc->bev, on_up_read, on_up_write, on_up_event, x);
 	upconn_set_direct(uc, &up_direct, x);
 	bufferevent_setwatermark(uc->bev, EV_WRITE, 0, 0);
+	if (x->shadow)
+		upconn_priority(uc, LOOP_PRIO_STREAM); /* a shadow never goes before the primaries */
 }
 
 /* A slot on x->up is ours: take a connection and send. CONNECTING is
@@ -356,9 +368,11 @@ static enum xr request_connect(struct exchange *x)
 	x->rec->at[TL_DISPATCH] = now; /* again after a failover: queue ends at the last dispatch */
 	x->rec->at[TL_UP_CONNECTED] = 0;
 	x->rec->upstream = x->up->name;
-	upstream_engine_note(x->up, &x->rec->engine, now); /* the engine's queue as last scraped (scrape.h) */
-	x->rp.head_request = x->head->method == HTTP_HEAD;
-	if (request_write_head(x) == -1) {
+	if (!x->shadow) /* the engine's queue as last scraped (scrape.h) */
+		upstream_engine_note(x->up, &x->rec->engine, now);
+	x->rp.head_request = x->method == HTTP_HEAD;
+	/* a shadow's head came with its bytes (exchange_shadow_start) */
+	if (!x->shadow && request_write_head(x) == -1) {
 		snprintf(msg, sizeof(msg), "out of memory writing the request head for upstream %s", x->up->name);
 		return exchange_fail(x, XF_NO_MEMORY, msg);
 	}
@@ -367,7 +381,7 @@ static enum xr request_connect(struct exchange *x)
 		snprintf(msg, sizeof(msg), "cannot open a connection to upstream %s: %s", x->up->name, strerror(errno));
 		return exchange_fail(x, XF_NO_SOCKET, msg);
 	}
-	x->cold = upstream_dispatch_cold(x->up, reused, now);
+	x->cold = !x->shadow && upstream_dispatch_cold(x->up, reused, now);
 	request_bind(x, x->uc);
 	x->reused = reused;
 	if (reused) {
@@ -418,6 +432,17 @@ enum xr exchange_admit(struct exchange *x)
 	return XR_OK;
 }
 
+enum xr exchange_shadow_start(struct exchange *x, struct upstream *up, enum llhttp_method method, bool http10)
+{
+	CHECK(x->shadow && x->xstate == XS_NEW);
+	x->up = up;
+	x->method = method;
+	x->http10 = http10;
+	x->inflight = upstream_inflight(up); /* admitted on arrival: this one included */
+	exchange_set_state(x, XS_ROUTING);   /* routed by its owner */
+	return request_connect(x);
+}
+
 /* The sticky value of this request, when its route has one. */
 static const char *request_sticky_key(struct exchange *x, size_t *len)
 {
@@ -455,6 +480,8 @@ enum xr exchange_pick(struct exchange *x, bool *pinned)
 	unsigned idx;
 
 	*pinned = false;
+	x->method = x->head->method;
+	x->http10 = x->head->http10;
 	exchange_set_state(x, XS_ROUTING);
 	x->route = exchange_match(x);
 	if (!x->route) {
@@ -498,8 +525,10 @@ enum xr exchange_pick(struct exchange *x, bool *pinned)
 static bool request_failover(struct exchange *x)
 {
 	unsigned idx;
-	int cur = route_target_index(x->route, x->up);
 
+	if (x->shadow)
+		return false;
+	int cur = route_target_index(x->route, x->up);
 	if (!x->route->conf->failover || cur < 0)
 		return false;
 	x->tried |= 1u << cur;
@@ -523,15 +552,16 @@ static bool request_failover(struct exchange *x)
  * write on the next loop turn, after every other ready event: in a burst of
  * arrivals that is the whole burst); the rest, and everything over TLS,
  * into the bufferevent's output, which also reports a failed write.
- * Returns the clock read just before the write that took all of `src`, 0
- * when some of it was left to the bufferevent; UINT64_MAX when that could
- * not be queued (out of memory). */
-static uint64_t upstream_send(struct upconn *uc, struct evbuffer *src)
+ * `now` false (a shadow's bytes, which never go before a primary's): all
+ * of it to the bufferevent. Returns the clock read just before the write
+ * that took all of `src`, 0 when some of it was left to the bufferevent;
+ * UINT64_MAX when that could not be queued (out of memory). */
+static uint64_t upstream_send(struct upconn *uc, struct evbuffer *src, bool now)
 {
 	struct evbuffer *out = bufferevent_get_output(uc->bev);
 	uint64_t at = 0;
 
-	if (uc->rev && !uc->ssl && evbuffer_get_length(out) == 0) {
+	if (now && uc->rev && !uc->ssl && evbuffer_get_length(out) == 0) {
 		at = clock_now_ns();
 		(void)evbuffer_write(src, bufferevent_getfd(uc->bev));
 	}
@@ -558,7 +588,7 @@ enum xr exchange_flush(struct exchange *x)
 			}
 		}
 		if (queued)
-			x->wrote_at = upstream_send(x->uc, x->up_pending);
+			x->wrote_at = upstream_send(x->uc, x->up_pending, !x->shadow);
 		if (x->wrote_at == UINT64_MAX) {
 			x->wrote_at = 0;
 			return exchange_fail(x, XF_NO_MEMORY, "out of memory queueing the request for its upstream");
@@ -570,6 +600,13 @@ enum xr exchange_flush(struct exchange *x)
 	/* all of it may be out already: no write callback will say so */
 	exchange_check_sent(x);
 	return XR_OK;
+}
+
+size_t exchange_upload_waiting(const struct exchange *x)
+{
+	size_t n = evbuffer_get_length(x->up_pending);
+
+	return x->uc ? n + evbuffer_get_length(bufferevent_get_output(x->uc->bev)) : n;
 }
 
 /* The whole request is on the wire once the body is complete and nothing
@@ -661,7 +698,7 @@ static bool request_replay(struct exchange *x, char *why, size_t whylen)
 	if (sent)
 		snprintf(when, sizeof(when), "%llu us after the request was written",
 			 (unsigned long long)(after / 1000u));
-	if (sent && !method_idempotent(x->head->method) && after > replay_window_ns(x->uc)) {
+	if (sent && !method_idempotent(x->method) && after > replay_window_ns(x->uc)) {
 		snprintf(why, whylen, " (%s): not sent again, %s is not idempotent", when, x->rec->method);
 		return false;
 	}
@@ -705,7 +742,7 @@ static void on_up_event(struct bufferevent *bev, short what, void *arg)
 	if (!x->uc->connected) {
 		int err = EVUTIL_SOCKET_ERROR();
 		char tlserr[256];
-		upstream_note_result(x->up, false, clock_now_ns());
+		exchange_note_result(x, false, clock_now_ns());
 		if (*tls_bev_error(bev, tlserr, sizeof(tlserr))) {
 			/* a certificate that does not verify is a hard error: no
 			 * retry elsewhere that would hide it */
@@ -802,7 +839,7 @@ static void request_release_upstream(struct exchange *x, bool past_end)
 {
 	if (past_end)
 		x->upstream_dirty = true;
-	exchange_release(x, x->rp.keep_alive && !x->upstream_dirty && !x->head->http10 && x->body_done &&
+	exchange_release(x, x->rp.keep_alive && !x->upstream_dirty && !x->http10 && x->body_done &&
 				    x->rec->at[TL_REQ_SENT]);
 }
 
@@ -999,7 +1036,8 @@ static void on_resp_head(void *arg, const struct respparse *rp)
 
 	/* the framer's bound: the proxy's generation now, as before */
 	x->meter.max_event_size = xcfg(x)->max_event_size;
-	exchange_meter_label(x); /* routed: the series may resolve from here on */
+	if (!x->shadow)			 /* a shadow's owner labelled it when it began */
+		exchange_meter_label(x); /* routed: the series may resolve from here on */
 	meter_head(&x->meter, rp);
 	x->idle_from = x->meter.now;
 	exchange_set_state(x, XS_STREAMING);
@@ -1018,9 +1056,9 @@ static void on_resp_complete(void *arg, bool keep_alive)
 	 * `Connection: keep-alive` that such a client needs to keep going, and
 	 * asks the upstream to close besides (exchange_head_write). The owner
 	 * reads resp_close when the response is done. */
-	if (!keep_alive || x->head->http10)
+	if (!keep_alive || x->http10)
 		x->resp_close = true;
-	upstream_note_result(x->up, true, x->meter.now);
+	exchange_note_result(x, true, x->meter.now);
 	/* rp.done is set: the read path gives the upstream back, DONE, before
 	 * the last bytes go to the client (request_release_upstream) */
 }
@@ -1032,7 +1070,7 @@ static const struct respparse_hooks resp_hooks = {
 };
 
 int exchange_init(struct exchange *x, const struct exchange_env *env, const struct exchange_hooks *hooks, void *owner,
-		  struct req_record *rec, const struct reqhead *head, struct router *rt, uint64_t log_id)
+		  struct req_record *rec, const struct reqhead *head, struct router *rt, uint64_t log_id, bool shadow)
 {
 	OBJ_MAGIC_SET(x, EXCHANGE_MAGIC);
 	x->env = env;
@@ -1042,13 +1080,14 @@ int exchange_init(struct exchange *x, const struct exchange_env *env, const stru
 	x->head = head;
 	x->rt = rt;
 	x->log_id = log_id;
-	x->corked = true; /* made inside its owner's parse pass */
+	x->shadow = shadow;
+	x->corked = !shadow; /* a primary is made inside its owner's parse pass */
 	x->up_pending = evbuffer_new();
 	x->timer = evtimer_new(env->base, on_exchange_timer, x);
 	if (!x->up_pending || !x->timer)
 		return -1;
 	respparse_init(&x->rp, &resp_hooks, &x->meter);
-	meter_init(&x->meter, &env->meter, rec, &x->rp, xcfg(x)->max_event_size, false);
+	meter_init(&x->meter, &env->meter, rec, &x->rp, xcfg(x)->max_event_size, shadow);
 	return 0;
 }
 

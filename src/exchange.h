@@ -2,8 +2,17 @@
  * exchange.h — one exchange with an upstream: routing, admission,
  * connecting (with failover and replay), sending the request and reading
  * the response through the meter. The exchange reaches whoever owns it (the
- * client's request, client.c) only through the hooks table below: it
- * includes nothing above it and reads no field of its owner.
+ * client's request, client.c; a shadow copy's mirror, mirror.c) only
+ * through the hooks table below: it includes nothing above it and reads no
+ * field of its owner.
+ *
+ * A shadow exchange (`shadow` at exchange_init; docs/dev/pipeline-plan.md
+ * 8.2) is routed by its owner, which hands it an upstream whose slot it took
+ * and the whole request head in `up_pending`: no queueing, no failover, no cold
+ * tracking (upstream_note_result), the streams' loop priority from the start
+ * and its bytes written by the bufferevent, never in the primary's turn (a
+ * shadow never goes before a primary), a connect timeout counted as the
+ * failure to connect (EXCHANGE_FAILS' shadow column).
  *
  * Lifetime rules:
  *
@@ -190,7 +199,10 @@ struct exchange {
 	const struct exchange_env *env;
 	uint64_t log_id;	    /* the client connection's id, for log_conn */
 	struct req_record *rec;	    /* the owner's record */
-	const struct reqhead *head; /* the owner's parsed request head */
+	const struct reqhead *head; /* the owner's parsed request head; NULL for a shadow */
+	bool shadow;		    /* a shadow copy's exchange (exchange.h's top comment) */
+	enum llhttp_method method;  /* the request's, from head once routed (a shadow's: its primary's) */
+	bool http10;		    /* likewise: the client spoke HTTP/1.0 */
 	bool body_done;		    /* the whole request body is in up_pending (or gone out) */
 	bool corked;		    /* the owner is inside a parse pass: it flushes after each (exchange_flush) */
 	bool resp_close;	    /* the response ends the client's connection (on_resp_complete) */
@@ -231,9 +243,10 @@ struct exchange {
 };
 
 /* Makes the exchange of a request (its pending buffer, timer, response
- * parser and meter). -1: out of memory (exchange_free cleans up). */
+ * parser and meter); `shadow`: a shadow copy's (head and rt NULL). -1: out
+ * of memory (exchange_free cleans up). */
 int exchange_init(struct exchange *x, const struct exchange_env *env, const struct exchange_hooks *hooks, void *owner,
-		  struct req_record *rec, const struct reqhead *head, struct router *rt, uint64_t log_id);
+		  struct req_record *rec, const struct reqhead *head, struct router *rt, uint64_t log_id, bool shadow);
 /* Releases the upstream (unpooled) and frees what exchange_init made.
  * Accepts a zeroed exchange; safe twice. */
 void exchange_free(struct exchange *x);
@@ -275,6 +288,11 @@ enum xr exchange_pick(struct exchange *x, bool *pinned);
 /* Asks x->up for a slot: now (and connects), after a wait in its queue,
  * or the fail hook. */
 enum xr exchange_admit(struct exchange *x);
+/* A shadow's exchange begins on `up`, whose slot its owner took
+ * (upstream_try_admit): it connects and sends what `up_pending` holds (the
+ * head and the body so far). `method` and `http10` are its primary's.
+ * XR_ENDED: it failed at once (the fail hook ran). */
+enum xr exchange_shadow_start(struct exchange *x, struct upstream *up, enum llhttp_method method, bool http10);
 /* The meter's labels from the routing as it stands (route, upstream, cold,
  * load): before anything the meter does may resolve the series. */
 void exchange_meter_label(struct exchange *x);
@@ -282,6 +300,9 @@ void exchange_meter_label(struct exchange *x);
  * `rec`), written to `out`. -1: out of memory, `out` holds part of it. */
 __attribute__((warn_unused_result)) int exchange_head_write(const struct reqhead *head, const struct req_record *rec,
 							    const struct upstream *up, struct evbuffer *out);
+/* Request bytes not yet on the wire: in `up_pending`, and in the connection's
+ * output buffer. */
+size_t exchange_upload_waiting(const struct exchange *x);
 /* Moves pending request bytes to the upstream, and tells the owner to stop
  * uploading past the stream buffer (the upload hook). XR_ENDED: out of
  * memory, the exchange failed. */

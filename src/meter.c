@@ -112,7 +112,7 @@ void meter_head(struct meter *m, const struct respparse *rp)
 	if (rp->kind != FRAMER_NONE) {
 		m->rec->stream = 1;
 		framer_init(&m->framer, rp->kind, m->max_event_size, on_event, m);
-	} else if (!m->shadow && status_ok(rp->status)) {
+	} else if (status_ok(rp->status)) {
 		m->rec->stream = 0;
 	}
 }
@@ -125,8 +125,6 @@ void meter_body(struct meter *m, const char *at, size_t len)
 		framer_feed(&m->framer, at, len);
 		return;
 	}
-	if (m->shadow)
-		return;
 	if (!m->body)
 		m->body = evbuffer_new();
 	if (m->body && evbuffer_get_length(m->body) + len <= RESP_BODY_MAX)
@@ -166,10 +164,8 @@ void meter_finish(struct meter *m, struct upstream *up)
 		up->requests++;
 		if (rec->error != REQ_ERR_NONE) {
 			up->errors[rec->error]++;
-			if (!m->shadow) {
-				up->last_error = rec->error;
-				up->last_error_unix = (uint64_t)time(NULL);
-			}
+			up->last_error = rec->error;
+			up->last_error_unix = (uint64_t)time(NULL);
 		}
 	}
 	paired_link_finish(&m->pair, rec, m->shadow, m->route, m->upstream);

@@ -1,6 +1,6 @@
 /*
- * meter.h — measuring one response as it passes: written once, used by a
- * primary request (exchange.c) and by a shadow (mirror.c).
+ * meter.h — measuring one response as it passes: written once, used by
+ * every exchange (exchange.c), a primary request's and a shadow's alike.
  *
  * The owner's response parser (respparse) hands the meter the head, the body
  * bytes and the end (meter_head, meter_body, meter_complete); the meter
@@ -19,14 +19,12 @@
  * (meter_label) before either can happen.
  *
  * A shadow (`shadow` at meter_init) is measured as a primary is, but for
- * four differences kept from before the two were one (docs/dev/
- * pipeline-plan.md 1.3, to be decided in its step P5): a non-streamed 2xx
- * response leaves `stream` as the request said, its non-streamed body is
- * not kept (no usage from it), and its outcome sets no `last_error` on the
- * upstream and goes to no recent-requests ring.
+ * the differences kept from before the two were one (docs/dev/
+ * pipeline-plan.md 1.3 and 8.2): its outcome goes to no recent-requests
+ * ring.
  *
- * Owner: embedded in the request or the mirror whose record it fills;
- * meter_free with it.
+ * Owner: embedded in the exchange (a request's or a mirror's) whose record
+ * it fills; meter_free with it.
  */
 #pragma once
 

@@ -1,194 +1,125 @@
 /*
- * mirror.c — one shadow exchange: send the copied request, read and measure
- * the response, drop its bytes.
+ * mirror.c — the owner of one shadow exchange: the copy of the request as
+ * it arrives, the slot rule (never queued, at most max_in_flight), the
+ * detachment from its primary, the abandonment of a shadow that falls
+ * behind, and the record at its end. Connecting, sending, reading and
+ * measuring the response are the exchange's (exchange.c, `shadow`), whose
+ * hooks here count the response's bytes and drop them.
  */
 #include "mirror.h"
 
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
-#include <event2/event.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
+#include "exchange.h"
 #include "log.h"
-#include "loop.h"
 #include "meter.h"
-#include "respparse.h"
 #include "timeline.h"
 #include "upstream.h"
-
-enum mirror_timer { MT_CONNECT, MT_FIRST_BYTE, MT_IDLE };
 
 #define MIRROR_MAGIC 0x4d495252u /* "MIRR" */
 struct mirror {
 	OBJ_MAGIC_FIELD
-	struct mirror_env env;
-	struct mirror *next, *prev; /* in env.list */
-	struct upstream *up;
+	struct mirror_list *list;
+	struct mirror *next, *prev; /* in list */
+	struct upstream *up;	    /* one reference of the mirror's own */
 	char route[128];
-	struct upconn *uc;
 	struct req_record rec;
-	struct evbuffer *pending; /* request bytes until connected */
-	struct respparse rp;	  /* the same parser and rules as a primary's */
-	struct meter meter;	  /* and the same measuring */
-	bool keepalive;
-	struct event *timer;
-	enum mirror_timer timer_kind;
+	struct exchange x; /* the shadow exchange: rec measured through x.meter */
 	struct mirror **owner;
-	bool detached, body_complete;
+	bool detached;
 };
 
-static void timer_set(struct mirror *m, enum mirror_timer kind, uint64_t ms)
-{
-	m->timer_kind = kind;
-	loop_timer_arm(m->timer, ms);
-}
-
-/* Ends the shadow exchange: recorded (unless skipped), then freed. An
- * unrecorded end comes between reads, with no ITL run left unrecorded. */
+/* Ends the shadow: recorded (unless abandoned or shut down), then freed.
+ * An unrecorded end comes between reads, with no ITL run left unrecorded. */
 static void mirror_end(struct mirror *m, enum req_error err, bool record)
 {
 	if (err != REQ_ERR_NONE && m->rec.error == REQ_ERR_NONE)
 		m->rec.error = err;
 	if (record)
-		meter_finish(&m->meter, m->up);
-	if (m->uc)
-		upstream_release(m->uc, m->rp.done && m->keepalive && m->body_complete && err == REQ_ERR_NONE);
-	upstream_leave(m->up);
-	upstream_free(m->up); /* the mirror's own reference */
+		meter_finish(&m->x.meter, m->up);
+	exchange_free(&m->x); /* the connection and the slot go back */
+	upstream_free(m->up);
 	if (m->owner && !m->detached)
 		*m->owner = NULL;
 	if (m->prev)
 		m->prev->next = m->next;
-	else if (m->env.list && m->env.list->head == m)
-		m->env.list->head = m->next;
+	else if (m->list && m->list->head == m)
+		m->list->head = m->next;
 	if (m->next)
 		m->next->prev = m->prev;
-	meter_free(&m->meter);
 	record_release(&m->rec);
-	evbuffer_free(m->pending);
-	event_free(m->timer);
 	OBJ_MAGIC_CLEAR(m);
 	free(m);
 }
 
-static void on_timer(evutil_socket_t fd, short what, void *arg)
+/* ---- the shadow exchange's hooks (exchange.h): measured, then dropped ---- */
+
+static enum xr mh_forward(void *owner, const struct xsrc *src, size_t n)
 {
-	struct mirror *m = arg;
-	log_debug("mirror %s to %s: timed out", m->rec.id, m->up->name);
-	mirror_end(m, m->timer_kind == MT_CONNECT ? REQ_ERR_CONNECT_FAILED : REQ_ERR_TIMEOUT, true);
+	(void)owner;
+	if (src->buf)
+		evbuffer_drain(src->buf, n); /* counted in bytes_out by the exchange */
+	return XR_OK;
 }
 
-/* ---- the response, through respparse's hooks: the meter's, then ours ---- */
-
-/* The hooks' `arg` is the mirror's meter. */
-static struct mirror *meter_mirror(void *meter)
+static size_t mh_backlog(void *owner, bool deep)
 {
-	return (struct mirror *)((char *)meter - offsetof(struct mirror, meter));
+	(void)owner;
+	(void)deep;
+	return 0; /* nobody to wait for: the exchange never pauses */
 }
 
-static void on_resp_head(void *arg, const struct respparse *rp)
+static void mh_want_drain(void *owner, size_t low)
 {
-	struct mirror *m = meter_mirror(arg);
-
-	meter_head(&m->meter, rp);
-	timer_set(m, MT_IDLE, m->up->idle_timeout_ms);
+	(void)owner;
+	(void)low;
 }
 
-static void on_resp_complete(void *arg, bool keep_alive)
+/* The copy's bound is MIRROR_PENDING_MAX (mirror_feed), not the upload
+ * pause: the primary's client is never held back for its shadow. */
+static enum xr mh_upload(void *owner, bool on)
 {
-	struct mirror *m = meter_mirror(arg);
-
-	meter_complete(&m->meter);
-	timeline_mark(&m->rec, TL_CLIENT_DONE, m->meter.now); /* nothing to deliver */
-	m->keepalive = keep_alive;
+	(void)owner;
+	(void)on;
+	return XR_OK;
 }
 
-static const struct respparse_hooks resp_hooks = { on_resp_head, meter_resp_body, on_resp_complete };
-
-static void on_read(struct bufferevent *bev, void *arg)
+static void mh_fail(void *owner, enum xfail why, const char *msg)
 {
-	struct mirror *m = arg;
-	struct evbuffer *in = bufferevent_get_input(bev);
-	struct evbuffer_iovec v;
-	size_t n;
+	struct mirror *m = owner;
 
-	meter_read_begin(&m->meter, clock_now_ns());
-	if (m->rp.head_done)
-		timer_set(m, MT_IDLE, m->up->idle_timeout_ms);
-	while (!m->rp.done && evbuffer_peek(in, -1, NULL, &v, 1) == 1) {
-		size_t used;
-		enum respparse_status rs = respparse_feed(&m->rp, v.iov_base, v.iov_len, &used);
-		if (rs == RESPPARSE_INVALID || rs == RESPPARSE_SWITCHING) {
-			mirror_end(m, REQ_ERR_UPSTREAM_PROTOCOL, true);
-			return;
-		}
-		m->rec.bytes_out += used;
-		evbuffer_drain(in, used); /* measured, then dropped */
-		if (rs == RESPPARSE_DONE)
-			break;
-	}
-	meter_read_end(&m->meter);
-	/* the bytes are dropped, not forwarded: take only bounds the head */
-	if (respparse_take(&m->rp, &n) == RESPPARSE_HEAD_TOO_LARGE) {
-		mirror_end(m, REQ_ERR_UPSTREAM_PROTOCOL, true);
-		return;
-	}
-	if (m->rp.done) {
-		if (evbuffer_get_length(in))
-			m->keepalive = false;
-		mirror_end(m, REQ_ERR_NONE, true);
-	}
+	CHECK_OBJ(m, MIRROR_MAGIC);
+	log_debug("mirror %s to %s: %s", m->rec.id, m->up->name, msg);
+	mirror_end(m, exchange_fails[why].shadow_kind, true);
 }
 
-static void check_sent(struct mirror *m)
+static void mh_done(void *owner)
 {
-	if (m->body_complete && m->uc && m->uc->connected && !m->rec.at[TL_REQ_SENT] &&
-	    !evbuffer_get_length(m->pending) && !evbuffer_get_length(bufferevent_get_output(m->uc->bev))) {
-		timeline_mark(&m->rec, TL_REQ_SENT, clock_now_ns());
-		if (!m->rp.head_done)
-			timer_set(m, MT_FIRST_BYTE, m->up->first_byte_timeout_ms);
-	}
+	struct mirror *m = owner;
+
+	CHECK_OBJ(m, MIRROR_MAGIC);
+	timeline_mark(&m->rec, TL_CLIENT_DONE, m->x.meter.now); /* nothing to deliver */
+	mirror_end(m, REQ_ERR_NONE, true);
 }
 
-static void on_write(struct bufferevent *bev, void *arg)
-{
-	check_sent(arg);
-}
-
-static void on_event(struct bufferevent *bev, short what, void *arg)
-{
-	struct mirror *m = arg;
-
-	if (what & BEV_EVENT_CONNECTED) {
-		m->uc->connected = true;
-		timeline_mark(&m->rec, TL_UP_CONNECTED, clock_now_ns());
-		evtimer_del(m->timer);
-		bufferevent_enable(bev, EV_WRITE);
-		upconn_reading(m->uc, true, 0);
-		evbuffer_add_buffer(bufferevent_get_output(bev), m->pending);
-		check_sent(m);
-		return;
-	}
-	if ((what & BEV_EVENT_EOF) && m->rp.head_done && !m->rp.done && respparse_needs_eof(&m->rp)) {
-		meter_read_begin(&m->meter, clock_now_ns());
-		respparse_finish(&m->rp);
-		if (m->rp.done) {
-			m->keepalive = false;
-			mirror_end(m, REQ_ERR_NONE, true);
-			return;
-		}
-	}
-	mirror_end(m, m->uc->connected ? REQ_ERR_UPSTREAM_RESET : REQ_ERR_CONNECT_FAILED, true);
-}
+static const struct exchange_hooks mirror_xhooks = {
+	.forward = mh_forward,
+	.backlog = mh_backlog,
+	.want_drain = mh_want_drain,
+	.upload = mh_upload,
+	.fail = mh_fail,
+	.done = mh_done,
+};
 
 struct mirror *mirror_start(const struct mirror_env *env, struct upstream *up, const char *route,
-			    unsigned max_in_flight, struct meter *primary, struct evbuffer *bytes,
-			    struct mirror **owner)
+			    unsigned max_in_flight, struct meter *primary, const struct reqhead *head,
+			    struct evbuffer *bytes, struct mirror **owner)
 {
-	struct up_waiter w = { 0 };
 	struct mirror *m;
-	bool reused = false;
 	unsigned running = upstream_inflight(up);
 
 	/* a shadow never waits: a full upstream skips it, and so does one
@@ -198,77 +129,67 @@ struct mirror *mirror_start(const struct mirror_env *env, struct upstream *up, c
 		up->rejected++;
 		return NULL;
 	}
-	switch (upstream_admit(up, &w)) {
-	case ADMIT_NOW: break;
-	case ADMIT_QUEUED: upstream_cancel(up, &w); return NULL; /* w lives on this stack */
-	case ADMIT_FULL: return NULL;
-	}
 	m = calloc(1, sizeof(*m));
-	if (!m || !(m->pending = evbuffer_new()) || !(m->timer = evtimer_new(env->base, on_timer, m))) {
-		if (m)
-			evbuffer_free(m->pending);
+	if (!m)
+		return NULL;
+	OBJ_MAGIC_SET(m, MIRROR_MAGIC);
+	bool made = exchange_init(&m->x, env->x, &mirror_xhooks, m, &m->rec, NULL, NULL, env->log_id, true) == 0 &&
+		    evbuffer_add_buffer(m->x.up_pending, bytes) == 0; /* the caller built it for us: moved */
+	if (!made || !upstream_try_admit(up)) {
+		if (made)
+			up->rejected++; /* no slot free at once: others wait for one */
+		exchange_free(&m->x);
+		OBJ_MAGIC_CLEAR(m);
 		free(m);
-		upstream_leave(up);
 		return NULL;
 	}
-	OBJ_MAGIC_SET(m, MIRROR_MAGIC);
-	m->env = *env;
-	unsigned load = upstream_inflight(up); /* a shadow never queues: admitted on arrival */
 	upstream_ref(up);
-	if (env->list) {
-		m->next = env->list->head;
+	m->up = up;
+	m->list = env->list;
+	if (m->list) {
+		m->next = m->list->head;
 		if (m->next)
 			m->next->prev = m;
-		env->list->head = m;
+		m->list->head = m;
 	}
-	m->up = up;
 	snprintf(m->route, sizeof(m->route), "%s", route);
 	m->owner = owner;
 	meter_record_shadow(&m->rec, primary->rec);
-	m->rec.upstream = up->name;
-	m->rec.itl_keep = m->env.alog != NULL;
-	m->rec.at[TL_DISPATCH] = clock_now_ns();
-	respparse_init(&m->rp, &resp_hooks, &m->meter);
-	const struct meter_env menv = { env->stats, env->alog, NULL };
-	meter_init(&m->meter, &menv, &m->rec, &m->rp, env->max_event_size, true);
-	meter_pair(primary, &m->meter);
-	meter_label(&m->meter, m->route, up->name, false, load);
-	m->rp.head_request = strcmp(m->rec.method, "HEAD") == 0;
-	evbuffer_add_buffer(m->pending, bytes); /* the caller built it for us: moved */
-	m->rec.bytes_in = evbuffer_get_length(m->pending);
-
-	m->uc = upstream_acquire(up, &reused);
-	if (!m->uc) {
-		mirror_end(m, REQ_ERR_CONNECT_FAILED, true);
+	m->rec.itl_keep = env->x->meter.alog != NULL;
+	m->rec.bytes_in = evbuffer_get_length(m->x.up_pending);
+	meter_pair(primary, &m->x.meter);
+	meter_label(&m->x.meter, m->route, up->name, false, upstream_inflight(up));
+	/* a failure here ran mh_fail: the mirror is gone */
+	if (exchange_shadow_start(&m->x, up, head->method, head->http10) == XR_ENDED)
 		return NULL;
-	}
-	bufferevent_setcb(m->uc->bev, on_read, on_write, on_event, m);
-	bufferevent_setwatermark(m->uc->bev, EV_WRITE, 0, 0);
-	upconn_priority(m->uc, LOOP_PRIO_STREAM); /* a shadow never goes before the primaries */
-	if (reused) {
-		m->rec.at[TL_UP_CONNECTED] = m->rec.at[TL_DISPATCH];
-		upconn_writing(m->uc);
-		upconn_reading(m->uc, true, 0);
-		evbuffer_add_buffer(bufferevent_get_output(m->uc->bev), m->pending);
-	} else {
-		timer_set(m, MT_CONNECT, up->connect_timeout_ms);
-	}
 	return m;
+}
+
+/* Lets the shadow go, unrecorded: it fell behind, or a copy failed. */
+static void mirror_abandon(struct mirror *m, const char *why)
+{
+	log_debug("mirror %s to %s: %s; abandoned", m->rec.id, m->up->name, why);
+	mirror_end(m, REQ_ERR_CLIENT_ABORTED, false);
 }
 
 void mirror_feed(struct mirror *m, const void *data, size_t len)
 {
-	struct evbuffer *out = m->uc && m->uc->connected ? bufferevent_get_output(m->uc->bev) : m->pending;
-
-	if (evbuffer_get_length(out) + len > MIRROR_PENDING_MAX) {
+	if (exchange_upload_waiting(&m->x) + len > MIRROR_PENDING_MAX) {
 		/* behind by a megabyte: let it go rather than buffer more */
-		log_debug("mirror %s to %s: fell behind; abandoned", m->rec.id, m->up->name);
 		m->up->rejected++;
-		mirror_end(m, REQ_ERR_CLIENT_ABORTED, false);
+		mirror_abandon(m, "fell behind");
 		return;
 	}
-	evbuffer_add(out, data, len);
+	if (evbuffer_add(m->x.up_pending, data, len) == -1) {
+		mirror_abandon(m, "out of memory copying the request");
+		return;
+	}
 	m->rec.bytes_in += len;
+}
+
+void mirror_flush(struct mirror *m)
+{
+	(void)exchange_flush(&m->x); /* may end it: out of memory, the fail hook */
 }
 
 void mirror_abort_all(struct mirror_list *list)
@@ -279,17 +200,17 @@ void mirror_abort_all(struct mirror_list *list)
 
 void mirror_body_done(struct mirror *m)
 {
-	m->body_complete = true;
-	check_sent(m);
+	m->x.body_done = true;
+	exchange_check_sent(&m->x);
 }
 
 void mirror_detach(struct mirror *m, bool complete)
 {
 	m->detached = true;
-	m->body_complete = complete;
 	if (!complete) {
 		mirror_end(m, REQ_ERR_CLIENT_ABORTED, true);
 		return;
 	}
-	check_sent(m);
+	m->x.body_done = true;
+	exchange_check_sent(&m->x);
 }

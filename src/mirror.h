@@ -12,6 +12,9 @@
  * MIRROR_PENDING_MAX bytes of request it is abandoned, never buffered
  * without bound. Its failures count against its own series only.
  *
+ * The shadow is an exchange (exchange.h, `shadow`) whose owner is the
+ * mirror: the same connect, send, read path and meter as a primary's.
+ *
  * Ownership: the mirror owns itself and frees itself when its exchange
  * ends. The primary request holds a pointer that the mirror clears (through
  * `owner`) when it goes first; the primary detaches when it is done.
@@ -21,12 +24,13 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-struct event_base;
+#include <stdint.h>
+
 struct evbuffer;
-struct upstream;
-struct stats_shard;
-struct accesslog;
+struct exchange_env;
 struct meter;
+struct reqhead;
+struct upstream;
 
 #define MIRROR_PENDING_MAX (1u << 20)
 
@@ -39,29 +43,34 @@ struct mirror_list {
 };
 
 struct mirror_env {
-	struct event_base *base;
-	struct stats_shard *stats;
-	struct accesslog *alog;
-	size_t max_event_size;
+	const struct exchange_env *x; /* the primaries' (the proxy's) */
 	struct mirror_list *list;
+	uint64_t log_id; /* the primary's connection, for the log */
 };
 
 /* Ends every mirror still in flight, unrecorded (shutdown). */
 void mirror_abort_all(struct mirror_list *list);
 
 /* Starts a shadow exchange of the request `primary` measures (its id,
- * method, path, API and model; the two meters are paired, paired.h) on `up`, with `bytes` (head and body so far;
- * their contents are moved). NULL when the shadow is skipped: no free slot,
- * `max_in_flight` requests already running on `up` (every worker's), no
- * connection. A skip for want of room counts in up->rejected. `*owner` is
- * cleared when the mirror ends before the primary detaches. */
+ * method, path, API and model; the two meters are paired, paired.h) and
+ * whose parsed head is `head` (its method and version, read at once) on
+ * `up`, with `bytes` (head and body so far; their contents are moved). NULL
+ * when the shadow is skipped: no free slot, `max_in_flight` requests
+ * already running on `up` (every worker's), out of memory, no connection. A
+ * skip for want of room counts in up->rejected. `*owner` is cleared when the
+ * mirror ends before the primary detaches. */
 struct mirror *mirror_start(const struct mirror_env *env, struct upstream *up, const char *route,
-			    unsigned max_in_flight, struct meter *primary, struct evbuffer *bytes,
-			    struct mirror **owner);
+			    unsigned max_in_flight, struct meter *primary, const struct reqhead *head,
+			    struct evbuffer *bytes, struct mirror **owner);
 
-/* More request bytes, exactly as the primary sends them. May end the
- * mirror (it fell behind): the owner's pointer is then cleared. */
+/* More request bytes, exactly as the primary sends them; they go out at
+ * the next mirror_flush. May end the mirror, unrecorded (it fell behind,
+ * or the copy failed for want of memory): the owner's pointer is then
+ * cleared. */
 void mirror_feed(struct mirror *m, const void *data, size_t len);
+/* Sends what mirror_feed gave. May end the mirror (the owner's pointer is
+ * then cleared). */
+void mirror_flush(struct mirror *m);
 
 /* The request body is complete: the shadow's first-byte clock may start. */
 void mirror_body_done(struct mirror *m);

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bevio.h"
 #include "classify.h"
 #include "config.h"
 #include "exchange.h"
@@ -74,7 +75,7 @@ struct request *request_new(struct request_env *env, const struct exchange_hooks
 	req->rec.itl_keep = env->x.meter.alog != NULL;
 	req->rec.at[TL_ARRIVE] = arrive_ns;
 	if (reqhead_init(&req->head, &lim) == -1 ||
-	    exchange_init(&req->x, &env->x, hooks, owner, &req->rec, &req->head, env->router, log_id) == -1) {
+	    exchange_init(&req->x, &env->x, hooks, owner, &req->rec, &req->head, env->router, log_id, false) == -1) {
 		request_free(req);
 		return NULL;
 	}
@@ -190,6 +191,8 @@ int request_body_bytes(struct request *req, const char *at, size_t len)
 		mirror_feed(req->mirror, at, len);
 	if (req->mirror && req->head.chunked)
 		mirror_feed(req->mirror, "\r\n", 2);
+	if (req->mirror)
+		mirror_flush(req->mirror);
 	workload_feed(&req->rec.wl, at, len);
 	return 0;
 }
@@ -201,6 +204,8 @@ int request_body_end(struct request *req)
 			return -1;
 		if (req->mirror)
 			mirror_feed(req->mirror, "0\r\n\r\n", 5);
+		if (req->mirror)
+			mirror_flush(req->mirror);
 	}
 	req->x.body_done = true;
 	if (req->mirror)
@@ -209,33 +214,32 @@ int request_body_end(struct request *req)
 	return 0;
 }
 
+int request_mirror_copy(const struct request *req, const struct upstream *shadow, struct evbuffer *out)
+{
+	if (exchange_head_write(&req->head, &req->rec, shadow, out) == -1)
+		return -1;
+	/* up_pending holds body bytes only here: the primary's head comes later */
+	return bevio_copy(out, req->x.up_pending);
+}
+
 /* Starts the shadow copy: its own head, the body bytes so far, and from
- * now on every body byte the primary gets (see on_req_body). */
+ * now on every body byte the primary gets (request_body_bytes). Out of
+ * memory for the copy: no shadow. */
 static void request_mirror(struct request *req)
 {
 	struct request_env *renv = req->env;
 	struct evbuffer *bytes = evbuffer_new();
-	struct mirror_env env = { renv->x.base, renv->x.meter.stats, renv->x.meter.alog,
-				  renv->router->cfg.max_event_size, &renv->mirrors };
+	const struct mirror_env env = { &renv->x, &renv->mirrors, req->x.log_id };
 
 	if (!bytes)
 		return;
-	if (exchange_head_write(&req->head, &req->rec, req->x.route->mirror, bytes) == -1) {
-		evbuffer_free(bytes); /* out of memory: no shadow */
+	if (request_mirror_copy(req, req->x.route->mirror, bytes) == -1) {
+		evbuffer_free(bytes);
 		return;
 	}
-	/* up_pending holds body bytes only here: the primary's head comes later */
-	size_t n = evbuffer_get_length(req->x.up_pending);
-	if (n) {
-		void *copy = malloc(n);
-		if (copy) {
-			evbuffer_copyout(req->x.up_pending, copy, n);
-			evbuffer_add(bytes, copy, n);
-			free(copy);
-		}
-	}
-	req->mirror = mirror_start(&env, req->x.route->mirror, req->x.route->name,
-				   req->x.route->conf->mirror_max_in_flight, &req->x.meter, bytes, &req->mirror);
+	req->mirror =
+		mirror_start(&env, req->x.route->mirror, req->x.route->name, req->x.route->conf->mirror_max_in_flight,
+			     &req->x.meter, &req->head, bytes, &req->mirror);
 	evbuffer_free(bytes);
 	if (req->mirror && req->x.body_done)
 		mirror_body_done(req->mirror);

@@ -75,6 +75,11 @@ __attribute__((warn_unused_result)) int request_body_bytes(struct request *req, 
 /* The body is complete: its last chunk, the shadow told, the prefix read
  * (which may route it). -1: out of memory for the last chunk. */
 __attribute__((warn_unused_result)) int request_body_end(struct request *req);
+/* The shadow's request so far, onto `out`: its head for `shadow`, then a
+ * copy of the body bytes read (the request's own are left). -1: out of
+ * memory (`out` holds part of it: no shadow). */
+__attribute__((warn_unused_result)) int request_mirror_copy(const struct request *req, const struct upstream *shadow,
+							    struct evbuffer *out);
 /* Picks the route and the upstream, starts the shadow when the route
  * mirrors this one, asks for an admission slot. */
 void request_route(struct request *req);

@@ -457,14 +457,20 @@ bool upstream_same(const struct upstream *up, const struct upstream_conf *uc)
 	return strcmp(up->name, uc->name) == 0 && strcmp(up->url, uc->url) == 0;
 }
 
+bool upstream_try_admit(struct upstream *up)
+{
+	if (!TAILQ_EMPTY(&up->waiting) || !slot_take(up))
+		return false;
+	up->active++;
+	return true;
+}
+
 enum admit upstream_admit(struct upstream *up, struct up_waiter *w)
 {
 	uint64_t one = 1;
 
-	if (TAILQ_EMPTY(&up->waiting) && slot_take(up)) {
-		up->active++;
+	if (upstream_try_admit(up))
 		return ADMIT_NOW;
-	}
 	/* the queue bound is the server's, across workers */
 	if (atomic_fetch_add(&up->share->queued, 1) >= up->conf.queue_max) {
 		atomic_fetch_sub(&up->share->queued, 1);

@@ -125,6 +125,9 @@ struct upstream *upstream_new(struct event_base *base, const struct config *cfg,
 /* Asks for a slot: ADMIT_NOW (taken), ADMIT_QUEUED (w->ready is called when
  * one frees up), or ADMIT_FULL (the queue is full: answer 503). */
 enum admit upstream_admit(struct upstream *up, struct up_waiter *w);
+/* Takes a slot only when one is free now and nobody waits for one (a shadow
+ * never queues). */
+bool upstream_try_admit(struct upstream *up);
 
 /* A request admitted earlier is done with the upstream: its slot goes to the
  * first waiter, if any. */

@@ -12,6 +12,7 @@ import unittest
 import harness
 import routing_helpers as rh
 from test_admin import admin_port
+from test_pool import ClosingOnReuse
 
 TOKEN = "mirror-test"
 
@@ -215,6 +216,94 @@ class MirrorTest(harness.TestCase):
         # the normal build checks that the 12 MiB did not pile up
         if "ASAN_OPTIONS" not in os.environ:
             self.assertLess(tt.rss_kib(), 64 * 1024)
+
+    def shadow_entries(self, tt, n):
+        """The access log's first `n` shadow entries, once there are `n`."""
+        found = []
+
+        def have():
+            found[:] = [e for e in tt.access_log() if e.get("mirror")]
+            return len(found) >= n
+        self.assertTrue(harness.wait_until(have, 5.0), found)
+        return found[:n]
+
+    def test_shadow_non_streamed_usage_is_counted(self):
+        # plan 8.2 item 1: a non-streamed 2xx answer's usage is counted for
+        # the shadow as for the primary, and its stream flag is false even
+        # when the request asked for a stream
+        answer = b'{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":3,"completion_tokens":7}}'
+
+        def handler(sock, req, ctx):
+            sock.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                         % (len(answer), answer))
+            return True
+        shadow = harness.start_fake_upstream(self, handler)
+        tt, _ = self.start(shadow.url, 100)
+        self.assertEqual(rh.send(tt.port, rh.chat(stream=True)).status, 200)
+        (e,) = self.shadow_entries(tt, 1)
+        self.assertEqual(e["status"], 200)
+        self.assertEqual(e["output_tokens"], 7)
+        self.assertEqual(e["input_tokens"], 3)
+        self.assertIs(e["stream"], False)
+
+    def test_shadow_on_a_pooled_connection_closed_is_replayed(self):
+        # plan 8.2 item 2: the server closes the pooled connection as the
+        # shadow reuses it; the shadow goes again once on a new one
+        shadow = ClosingOnReuse(self)
+        tt, admin = self.start(shadow.url, 100)
+        for i in range(3):
+            self.assertEqual(rh.send(tt.port, rh.chat()).status, 200)
+            entries = self.shadow_entries(tt, i + 1)
+        self.assertEqual([e["status"] for e in entries], [200, 200, 200], entries)
+        self.assertEqual([e["error"] for e in entries], [None, None, None])
+        self.assertEqual(shadow.connections, 3)
+        self.assertEqual(shadow.requests, 5)
+        self.assertEqual(self.upstream(admin, "shadow")["errors"], {})
+
+    def test_shadow_failure_sets_last_error(self):
+        # plan 8.2 item 3: /upstreams names the shadow's last failure
+        tt, admin = self.start("http://127.0.0.1:%d" % harness.free_port(), 100)
+        self.assertEqual(rh.send(tt.port, rh.chat()).status, 200)
+        self.assertTrue(harness.wait_until(
+            lambda: self.upstream(admin, "shadow")["errors"].get("connect_failed", 0) == 1, 3.0))
+        last = self.upstream(admin, "shadow")["last_error"]
+        self.assertIsNotNone(last)
+        self.assertEqual(last["kind"], "connect_failed")
+        self.assertGreater(last["unix"], 0)
+        self.assertIsNone(self.upstream(admin, "primary")["last_error"])
+
+    def test_shadow_bytes_out_counts_response_bytes_taken(self):
+        # plan 8.2 item 4: a head that never completed gave the client
+        # nothing; the shadow counts it as the primary would, 0 bytes
+        def handler(sock, req, ctx):
+            sock.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-half")
+            return False
+        shadow = harness.start_fake_upstream(self, handler)
+        tt, _ = self.start(shadow.url, 100)
+        self.assertEqual(rh.send(tt.port, rh.chat()).status, 200)
+        (e,) = self.shadow_entries(tt, 1)
+        self.assertEqual(e["error"], "upstream_reset")
+        self.assertEqual(e["bytes_out"], 0)
+
+    def test_shadow_connect_timeout_counts_connect_failed(self):
+        # plan 8.2 item 6, kept: a shadow that cannot connect in time is
+        # counted connect_failed (a primary's would be a timeout), and the
+        # primary is answered as if there were no shadow
+        bh = harness.Blackhole()
+        self.addCleanup(bh.stop)
+        self.ups = {"primary": self.primary.url, "shadow": bh.url}
+        os.environ["TOKENTAP_ADMIN_TOKEN"] = TOKEN
+        try:
+            tt = rh.start_conf(self, rh.upstreams_yaml(self.ups) + route_yaml(100), "--admin", "127.0.0.1:0",
+                               "--connect-timeout", "300ms", *rh.ONE_WORKER)
+        finally:
+            del os.environ["TOKENTAP_ADMIN_TOKEN"]
+        admin = admin_port(tt)
+        self.assertEqual(rh.send(tt.port, rh.chat()).status, 200)
+        (e,) = self.shadow_entries(tt, 1)
+        self.assertEqual(e["error"], "connect_failed")
+        self.assertEqual(self.upstream(admin, "shadow")["errors"], {"connect_failed": 1})
+        self.assertEqual(self.upstream(admin, "primary")["errors"], {})
 
 
 if __name__ == "__main__":

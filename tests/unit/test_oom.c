@@ -10,6 +10,8 @@
  *   memory to spare);
  * - request_body_bytes, a chunked body re-framed: -1 when its bytes cannot
  *   all be added, else all of them, framed;
+ * - request_mirror_copy, the shadow's head and body so far: -1, or all of
+ *   it, whether the head's adds or the body's ran out;
  * - the error kind the exchange fails with, no_memory: 503 "overloaded",
  *   the last of REQUEST_ERRORS (stored slices read counters by position);
  * - bevio_copy (the replay copy): -1, or all of the bytes in order, the
@@ -116,6 +118,15 @@ static void parse_head(struct reqhead *head)
 	assert_true(head->parsed);
 }
 
+/* `out` holds exactly the bytes of `want`. */
+static void assert_same_bytes(struct evbuffer *out, struct evbuffer *want)
+{
+	size_t n = evbuffer_get_length(want);
+
+	assert_int_equal(evbuffer_get_length(out), n);
+	assert_memory_equal(evbuffer_pullup(out, -1), evbuffer_pullup(want, -1), n);
+}
+
 static void test_head_write(void **state)
 {
 	struct reqhead head;
@@ -134,8 +145,7 @@ static void test_head_write(void **state)
 	struct evbuffer *want = evbuffer_new();
 	assert_non_null(want);
 	assert_int_equal(exchange_head_write(&head, &rec, &up, want), 0);
-	size_t want_len = evbuffer_get_length(want);
-	assert_true(want_len > 4096); /* several chains */
+	assert_true(evbuffer_get_length(want) > 4096); /* several chains */
 
 	for (long k = 0; k < 64; k++) {
 		struct evbuffer *out = evbuffer_new();
@@ -147,8 +157,7 @@ static void test_head_write(void **state)
 			failed++;
 		} else {
 			assert_int_equal(r, 0);
-			assert_int_equal(evbuffer_get_length(out), want_len);
-			assert_memory_equal(evbuffer_pullup(out, -1), evbuffer_pullup(want, -1), want_len);
+			assert_same_bytes(out, want);
 			whole++;
 		}
 		evbuffer_free(out);
@@ -186,6 +195,67 @@ static void test_body_bytes(void **state)
 		evbuffer_free(req->x.up_pending);
 	}
 	assert_true(failed > 0);
+	free(req);
+}
+
+/* The shadow's copy of a request (request_mirror_copy): its head, then the
+ * body bytes read so far, copied segment by segment. Either all of it
+ * (the same bytes as with memory to spare) or -1, whichever add fails:
+ * the head's or the body's. */
+static void test_mirror_copy(void **state)
+{
+	struct request *req = calloc(1, sizeof(*req));
+	struct upstream shadow;
+	char body[3000];
+	unsigned failed_in_body = 0, whole = 0;
+
+	(void)state;
+	assert_non_null(req);
+	memset(&shadow, 0, sizeof(shadow));
+	shadow.name = "shadow";
+	strcpy(req->rec.method, "POST");
+	strcpy(req->rec.id, "oom-2");
+	parse_head(&req->head);
+	req->x.up_pending = evbuffer_new();
+	assert_non_null(req->x.up_pending);
+	memset(body, 'b', sizeof(body));
+	assert_int_equal(evbuffer_add(req->x.up_pending, "{", 1), 0);
+	for (int i = 0; i < 4; i++) /* several chains */
+		assert_int_equal(evbuffer_add(req->x.up_pending, body, sizeof(body)), 0);
+	size_t body_len = evbuffer_get_length(req->x.up_pending);
+
+	struct evbuffer *want = evbuffer_new();
+	assert_non_null(want);
+	assert_int_equal(request_mirror_copy(req, &shadow, want), 0);
+	assert_true(evbuffer_get_length(want) > body_len);
+
+	for (long k = 0; k < 64; k++) {
+		struct evbuffer *out = evbuffer_new(), *head_only = evbuffer_new();
+		assert_non_null(out);
+		assert_non_null(head_only);
+		allow = k;
+		int h = exchange_head_write(&req->head, &req->rec, &shadow, head_only);
+		allow = -1;
+		allow = k;
+		int r = request_mirror_copy(req, &shadow, out);
+		allow = -1;
+		if (r == -1) {
+			if (h == 0)
+				failed_in_body++;
+		} else {
+			assert_int_equal(r, 0);
+			assert_same_bytes(out, want);
+			whole++;
+		}
+		evbuffer_free(out);
+		evbuffer_free(head_only);
+	}
+	assert_true(failed_in_body > 0); /* the body's adds are checked too */
+	assert_true(whole > 0);
+	assert_int_equal(evbuffer_get_length(req->x.up_pending), body_len); /* the request's own are left */
+	evbuffer_free(want);
+	evbuffer_free(req->x.up_pending);
+	reqhead_free(&req->head);
 	free(req);
 }
 
@@ -344,11 +414,9 @@ int main(void)
 	 * through these */
 	event_set_mem_functions(oom_malloc, oom_realloc, oom_free);
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_head_write),
-		cmocka_unit_test(test_body_bytes),
-		cmocka_unit_test(test_no_memory_kind),
-		cmocka_unit_test(test_copy),
-		cmocka_unit_test(test_client_fail_whole_or_closed),
+		cmocka_unit_test(test_head_write),  cmocka_unit_test(test_body_bytes),
+		cmocka_unit_test(test_mirror_copy), cmocka_unit_test(test_no_memory_kind),
+		cmocka_unit_test(test_copy),	    cmocka_unit_test(test_client_fail_whole_or_closed),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
