@@ -299,7 +299,7 @@ static int on_req_head(void *arg, struct reqhead *h)
 	}
 	client_body_timer(cl);
 	/* Routing on the model or a body field waits for the body's first
-	 * bytes (or its end); they wait in up_pending meanwhile. A chunked body
+	 * bytes (or its end); they wait in pending meanwhile. A chunked body
 	 * waits at least for its first chunk line to parse, so a request whose
 	 * framing is broken reaches no upstream. */
 	if (req->x.rt->needs_body && (h->chunked || h->content_length > 0))
@@ -459,7 +459,7 @@ static void client_request_done(struct client *cl)
 		return;
 	}
 	client_set_state(cl, CL_IDLE);
-	reqparse_resume(&cl->rp);
+	reqparse_resume(&cl->parser);
 	bufferevent_setwatermark(cl->bev, EV_WRITE, 0, 0);
 	client_reading(cl, true);
 	loop_timer_arm(cl->timer, client_cfg(cl)->keepalive_timeout_ms);
@@ -481,7 +481,7 @@ static void client_reject(struct client *cl)
 			return;
 		}
 	}
-	status = reqparse_refusal(&cl->rp, msg, sizeof(msg));
+	status = reqparse_refusal(&cl->parser, msg, sizeof(msg));
 	if (req->head.parsed)
 		request_note_head(req);
 	if (!req->rec.id[0])
@@ -504,7 +504,7 @@ static void client_parse(struct client *cl)
 			break;
 		if (cl->req)
 			cl->req->x.corked = true; /* inside a parse pass: flushed after it */
-		enum reqparse_status rs = reqparse_feed(&cl->rp, v.iov_base, v.iov_len, &used);
+		enum reqparse_status rs = reqparse_feed(&cl->parser, v.iov_base, v.iov_len, &used);
 		if (cl->req)
 			cl->req->x.corked = false;
 		if (client_ending(cl))
@@ -824,7 +824,7 @@ void client_new(struct client_set *set, int fd, const char *peer, struct ssl_ctx
 		return;
 	}
 	snprintf(cl->peer, sizeof(cl->peer), "%s", peer);
-	reqparse_init(&cl->rp, &client_hooks, cl);
+	reqparse_init(&cl->parser, &client_hooks, cl);
 	LIST_INSERT_HEAD(&set->clients, cl, link);
 	set->nclients++;
 	bufferevent_setcb(cl->bev, on_client_read, on_client_write, on_client_event, cl);

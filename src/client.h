@@ -78,8 +78,8 @@ struct client {
 	struct client_set *set;
 	uint64_t id;
 	struct bufferevent *bev;
-	struct event *rev;  /* plain TCP: the read event (see client_reading); NULL over TLS */
-	struct reqparse rp; /* its requests, one at a time */
+	struct event *rev;	/* plain TCP: the read event (see client_reading); NULL over TLS */
+	struct reqparse parser; /* its requests, one at a time */
 	enum client_state state;
 	struct event *timer; /* keep-alive idle, header deadline, upload idle or deadline, linger */
 	struct request *req;

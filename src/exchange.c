@@ -328,8 +328,8 @@ int exchange_head_write(const struct reqhead *head, const struct req_record *rec
 }
 
 /* The primary's head goes in front of whatever body bytes already wait in
- * up_pending, once the upstream is chosen (a failover writes it again).
- * -1: out of memory (up_pending unchanged). */
+ * pending, once the upstream is chosen (a failover writes it again).
+ * -1: out of memory (pending unchanged). */
 static int request_write_head(struct exchange *x)
 {
 	struct evbuffer *out = evbuffer_new();
@@ -339,7 +339,7 @@ static int request_write_head(struct exchange *x)
 		return -1;
 	if (exchange_head_write(x->head, x->rec, x->up, out) == 0) {
 		x->head_len = evbuffer_get_length(out);
-		r = evbuffer_prepend_buffer(x->up_pending, out);
+		r = evbuffer_prepend_buffer(x->pending, out);
 	}
 	evbuffer_free(out);
 	return r;
@@ -370,7 +370,7 @@ static enum xr request_connect(struct exchange *x)
 	x->rec->upstream = x->up->name;
 	if (!x->shadow) /* the engine's queue as last scraped (scrape.h) */
 		upstream_engine_note(x->up, &x->rec->engine, now);
-	x->rp.head_request = x->method == HTTP_HEAD;
+	x->resp.head_request = x->method == HTTP_HEAD;
 	/* a shadow's head came with its bytes (exchange_shadow_start) */
 	if (!x->shadow && request_write_head(x) == -1) {
 		snprintf(msg, sizeof(msg), "out of memory writing the request head for upstream %s", x->up->name);
@@ -419,7 +419,7 @@ enum xr exchange_admit(struct exchange *x)
 	 * wait: those running on the upstream and those queued for it, and
 	 * itself. Sampled after the queue instead, every queued request would
 	 * see max_concurrency at most. */
-	x->inflight = upstream_inflight(x->up) + upstream_waiting(x->up) + 1;
+	x->load = upstream_inflight(x->up) + upstream_waiting(x->up) + 1;
 	x->waiter.ready = on_admitted;
 	switch (upstream_admit(x->up, &x->waiter)) {
 	case ADMIT_NOW: return request_connect(x);
@@ -438,8 +438,8 @@ enum xr exchange_shadow_start(struct exchange *x, struct upstream *up, enum llht
 	x->up = up;
 	x->method = method;
 	x->http10 = http10;
-	x->inflight = upstream_inflight(up); /* admitted on arrival: this one included */
-	exchange_set_state(x, XS_ROUTING);   /* routed by its owner */
+	x->load = upstream_inflight(up);   /* admitted on arrival: this one included */
+	exchange_set_state(x, XS_ROUTING); /* routed by its owner */
 	return request_connect(x);
 }
 
@@ -540,7 +540,7 @@ static bool request_failover(struct exchange *x)
 	log_conn(LOG_WARN, x->log_id, "request %s: upstream %s refused; failing over to %s", x->rec->id, x->up->name,
 		 next->name);
 	exchange_leave(x, false, XS_ROUTING);
-	evbuffer_drain(x->up_pending, x->head_len); /* the head is rewritten for the next one */
+	evbuffer_drain(x->pending, x->head_len); /* the head is rewritten for the next one */
 	x->head_len = 0;
 	x->up = next;
 	(void)exchange_admit(x); /* its failure is the owner's: either way the exchange is no longer ours */
@@ -575,20 +575,20 @@ static uint64_t upstream_send(struct upconn *uc, struct evbuffer *src, bool now)
 
 enum xr exchange_flush(struct exchange *x)
 {
-	size_t queued = evbuffer_get_length(x->up_pending);
+	size_t queued = evbuffer_get_length(x->pending);
 
 	if (x->uc && x->uc->connected) {
 		struct evbuffer *out = bufferevent_get_output(x->uc->bev);
 		if (x->replay && queued) {
 			/* keep what goes out, while the request stays small */
 			size_t have = evbuffer_get_length(x->replay);
-			if (have + queued > REPLAY_MAX || bevio_copy(x->replay, x->up_pending) == -1) {
+			if (have + queued > REPLAY_MAX || bevio_copy(x->replay, x->pending) == -1) {
 				evbuffer_free(x->replay); /* too big, or out of memory: no replay */
 				x->replay = NULL;
 			}
 		}
 		if (queued)
-			x->wrote_at = upstream_send(x->uc, x->up_pending, !x->shadow);
+			x->wrote_at = upstream_send(x->uc, x->pending, !x->shadow);
 		if (x->wrote_at == UINT64_MAX) {
 			x->wrote_at = 0;
 			return exchange_fail(x, XF_NO_MEMORY, "out of memory queueing the request for its upstream");
@@ -604,7 +604,7 @@ enum xr exchange_flush(struct exchange *x)
 
 size_t exchange_upload_waiting(const struct exchange *x)
 {
-	size_t n = evbuffer_get_length(x->up_pending);
+	size_t n = evbuffer_get_length(x->pending);
 
 	return x->uc ? n + evbuffer_get_length(bufferevent_get_output(x->uc->bev)) : n;
 }
@@ -615,7 +615,7 @@ void exchange_check_sent(struct exchange *x)
 {
 	if (!x->body_done || !x->uc || !x->uc->connected || x->rec->at[TL_REQ_SENT])
 		return;
-	if (evbuffer_get_length(x->up_pending) || evbuffer_get_length(bufferevent_get_output(x->uc->bev)))
+	if (evbuffer_get_length(x->pending) || evbuffer_get_length(bufferevent_get_output(x->uc->bev)))
 		return;
 	/* When the last bytes went out in a write of ours, the request was
 	 * sent as that write began: the server may be reading it (and starting
@@ -693,7 +693,7 @@ static bool request_replay(struct exchange *x, char *why, size_t whylen)
 	uint64_t sent = x->rec->at[TL_REQ_SENT], after = sent ? clock_now_ns() - sent : 0;
 	char when[64] = "while the request was being written";
 
-	if (!x->reused || x->retried || !x->replay || !x->body_done || x->rp.held || x->rp.head_done)
+	if (!x->reused || x->retried || !x->replay || !x->body_done || x->resp.held || x->resp.head_done)
 		return false;
 	if (sent)
 		snprintf(when, sizeof(when), "%llu us after the request was written",
@@ -712,8 +712,8 @@ static bool request_replay(struct exchange *x, char *why, size_t whylen)
 	upstream_release(x->uc, false);
 	x->uc = fresh;
 	x->reused = false;
-	evbuffer_drain(x->up_pending, evbuffer_get_length(x->up_pending));
-	evbuffer_add_buffer(x->up_pending, x->replay);
+	evbuffer_drain(x->pending, evbuffer_get_length(x->pending));
+	evbuffer_add_buffer(x->pending, x->replay);
 	evbuffer_free(x->replay);
 	x->replay = NULL;
 	x->rec->at[TL_UP_CONNECTED] = 0;
@@ -797,11 +797,11 @@ static enum xr request_upstream_closed(struct exchange *x, short what)
 		if (exchange_read(x, &(struct xsrc){ .buf = bufferevent_get_input(bev) }) == XR_ENDED ||
 		    x->xstate == XS_DONE)
 			return XR_ENDED;
-		if (respparse_needs_eof(&x->rp)) {
+		if (respparse_needs_eof(&x->resp)) {
 			meter_read_begin(&x->meter, clock_now_ns());
-			respparse_finish(&x->rp);
+			respparse_finish(&x->resp);
 			x->upstream_dirty = true;
-			if (x->rp.done)
+			if (x->resp.done)
 				return exchange_end(x, NULL, 0, false); /* all was sent */
 		}
 	}
@@ -839,7 +839,7 @@ static void request_release_upstream(struct exchange *x, bool past_end)
 {
 	if (past_end)
 		x->upstream_dirty = true;
-	exchange_release(x, x->rp.keep_alive && !x->upstream_dirty && !x->http10 && x->body_done &&
+	exchange_release(x, x->resp.keep_alive && !x->upstream_dirty && !x->http10 && x->body_done &&
 				    x->rec->at[TL_REQ_SENT]);
 }
 
@@ -855,7 +855,7 @@ static enum xr request_bad_response(struct exchange *x)
 {
 	char msg[200];
 
-	snprintf(msg, sizeof(msg), "upstream %s sent an invalid response: %s", x->up->name, respparse_error(&x->rp));
+	snprintf(msg, sizeof(msg), "upstream %s sent an invalid response: %s", x->up->name, respparse_error(&x->resp));
 	x->upstream_dirty = true;
 	return exchange_fail(x, XF_BAD_RESPONSE, msg);
 }
@@ -892,17 +892,17 @@ static bool exchange_feed(struct exchange *x, const struct xsrc *src, bool *past
 	size_t used = 0;
 
 	if (src->mem) {
-		st = respparse_feed(&x->rp, src->mem, src->len, &used);
+		st = respparse_feed(&x->resp, src->mem, src->len, &used);
 		*past_end = used < src->len;
 	} else {
-		while (!x->rp.done && evbuffer_get_length(src->buf) > x->rp.held) {
+		while (!x->resp.done && evbuffer_get_length(src->buf) > x->resp.held) {
 			struct evbuffer_ptr pos;
 			struct evbuffer_iovec v;
 
-			if (evbuffer_ptr_set(src->buf, &pos, x->rp.held, EVBUFFER_PTR_SET) == -1 ||
+			if (evbuffer_ptr_set(src->buf, &pos, x->resp.held, EVBUFFER_PTR_SET) == -1 ||
 			    evbuffer_peek(src->buf, -1, &pos, &v, 1) < 1)
 				break;
-			st = respparse_feed(&x->rp, v.iov_base, v.iov_len, &used);
+			st = respparse_feed(&x->resp, v.iov_base, v.iov_len, &used);
 			if (st != RESPPARSE_MORE)
 				break;
 		}
@@ -957,7 +957,7 @@ static enum xr exchange_read(struct exchange *x, const struct xsrc *src)
 		return XR_ENDED;
 	request_read_end(x, first_before);
 	/* a direct read's head is done: all that was used is taken */
-	if (respparse_take(&x->rp, &n) == RESPPARSE_HEAD_TOO_LARGE) {
+	if (respparse_take(&x->resp, &n) == RESPPARSE_HEAD_TOO_LARGE) {
 		char msg[160];
 		snprintf(msg, sizeof(msg), "upstream %s sent a response head over %u bytes", x->up->name,
 			 RESP_HEAD_MAX);
@@ -965,7 +965,7 @@ static enum xr exchange_read(struct exchange *x, const struct xsrc *src)
 		return exchange_fail(x, XF_HEAD_TOO_LARGE, msg);
 	}
 	request_count_out(x, n);
-	if (x->rp.done) {
+	if (x->resp.done) {
 		struct xsrc last = *src;
 		if (src->buf) {
 			/* a move: the input buffer belongs to the connection going back */
@@ -996,7 +996,7 @@ static bool up_direct_ready(void *arg)
 	const struct exchange *x = arg;
 
 	CHECK_OBJ(x, EXCHANGE_MAGIC);
-	return exchange_streaming(x) && !x->rp.held;
+	return exchange_streaming(x) && !x->resp.held;
 }
 
 static void up_direct_data(void *arg, const char *buf, size_t len)
@@ -1059,7 +1059,7 @@ static void on_resp_complete(void *arg, bool keep_alive)
 	if (!keep_alive || x->http10)
 		x->resp_close = true;
 	exchange_note_result(x, true, x->meter.now);
-	/* rp.done is set: the read path gives the upstream back, DONE, before
+	/* resp.done is set: the read path gives the upstream back, DONE, before
 	 * the last bytes go to the client (request_release_upstream) */
 }
 
@@ -1082,32 +1082,32 @@ int exchange_init(struct exchange *x, const struct exchange_env *env, const stru
 	x->log_id = log_id;
 	x->shadow = shadow;
 	x->corked = !shadow; /* a primary is made inside its owner's parse pass */
-	x->up_pending = evbuffer_new();
+	x->pending = evbuffer_new();
 	x->timer = evtimer_new(env->base, on_exchange_timer, x);
-	if (!x->up_pending || !x->timer)
+	if (!x->pending || !x->timer)
 		return -1;
-	respparse_init(&x->rp, &resp_hooks, &x->meter);
-	meter_init(&x->meter, &env->meter, rec, &x->rp, xcfg(x)->max_event_size, shadow);
+	respparse_init(&x->resp, &resp_hooks, &x->meter);
+	meter_init(&x->meter, &env->meter, rec, &x->resp, xcfg(x)->max_event_size, shadow);
 	return 0;
 }
 
 void exchange_free(struct exchange *x)
 {
-	if (x->up_pending || x->timer)
+	if (x->pending || x->timer)
 		exchange_release(x, false);
 	meter_free(&x->meter);
-	if (x->up_pending)
-		evbuffer_free(x->up_pending);
+	if (x->pending)
+		evbuffer_free(x->pending);
 	if (x->replay)
 		evbuffer_free(x->replay);
 	if (x->timer)
 		event_free(x->timer);
-	x->up_pending = x->replay = NULL;
+	x->pending = x->replay = NULL;
 	x->timer = NULL;
 	OBJ_MAGIC_CLEAR(x);
 }
 
 void exchange_meter_label(struct exchange *x)
 {
-	meter_label(&x->meter, x->route ? x->route->name : NULL, x->up ? x->up->name : NULL, x->cold, x->inflight);
+	meter_label(&x->meter, x->route ? x->route->name : NULL, x->up ? x->up->name : NULL, x->cold, x->load);
 }

@@ -8,7 +8,7 @@
  *
  * A shadow exchange (`shadow` at exchange_init; docs/dev/pipeline-plan.md
  * 8.2) is routed by its owner, which hands it an upstream whose slot it took
- * and the whole request head in `up_pending`: no queueing, no failover, no cold
+ * and the whole request head in `pending`: no queueing, no failover, no cold
  * tracking (upstream_note_result), the streams' loop priority from the start
  * and its bytes written by the bufferevent, never in the primary's turn (a
  * shadow never goes before a primary), a connect timeout counted as the
@@ -203,7 +203,7 @@ struct exchange {
 	bool shadow;		    /* a shadow copy's exchange (exchange.h's top comment) */
 	enum llhttp_method method;  /* the request's, from head once routed (a shadow's: its primary's) */
 	bool http10;		    /* likewise: the client spoke HTTP/1.0 */
-	bool body_done;		    /* the whole request body is in up_pending (or gone out) */
+	bool body_done;		    /* the whole request body is in pending (or gone out) */
 	bool corked;		    /* the owner is inside a parse pass: it flushes after each (exchange_flush) */
 	bool resp_close;	    /* the response ends the client's connection (on_resp_complete) */
 	char sticky_value[128];	    /* the route's sticky JSON field, from the body */
@@ -214,7 +214,7 @@ struct exchange {
 	struct upstream *up; /* chosen upstream, NULL before routing */
 	struct up_waiter waiter;
 	uint32_t tried;	 /* route targets that refused a connection */
-	size_t head_len; /* bytes of the head at the front of up_pending */
+	size_t head_len; /* bytes of the head at the front of pending */
 
 	/* upstream side */
 	struct upconn *uc;
@@ -223,21 +223,21 @@ struct exchange {
 	struct evbuffer *replay; /* the whole request, kept while a pooled connection may turn out dead */
 	/* requests running on or queued for the upstream when it was routed
 	 * there, this one included */
-	unsigned inflight;
+	unsigned load;
 	bool cold;
-	struct evbuffer *up_pending; /* request bytes waiting for the connection */
-	uint64_t wrote_at;	     /* the last request bytes went out in a write begun then; 0: by the bufferevent */
-	enum xstate xstate;	     /* EXCHANGE_STATES; changed only by exchange_set_state */
-	struct event *timer;	     /* the state's timer (exchange_set_state), or a pending upstream close */
-	uint64_t idle_from;	     /* XT_IDLE: silence is counted from here */
+	struct evbuffer *pending; /* request bytes waiting for the connection */
+	uint64_t wrote_at;	  /* the last request bytes went out in a write begun then; 0: by the bufferevent */
+	enum xstate xstate;	  /* EXCHANGE_STATES; changed only by exchange_set_state */
+	struct event *timer;	  /* the state's timer (exchange_set_state), or a pending upstream close */
+	uint64_t idle_from;	  /* XT_IDLE: silence is counted from here */
 	/* A TLS upstream's close, acted on at the next loop turn (on_up_event
 	 * says why): its BEV_EVENT_* flags, never 0, while it waits. It holds
 	 * x->timer (armed for 0 ms) meanwhile: the close is decided first,
 	 * and state changes arm no timer until it is; DONE drops it. */
 	short up_closed;
 	size_t paused_waiting; /* PAUSED: the fewest bytes seen waiting for the client */
-	struct respparse rp;   /* its response; rp.held: bytes at the front of the input parsed, not yet moved;
-				* rp.keep_alive: the response's word on the connection */
+	struct respparse resp; /* its response; resp.held: bytes at the front of the input parsed, not yet moved;
+				* resp.keep_alive: the response's word on the connection */
 	bool upstream_dirty;   /* bytes past the response end: never reuse */
 	struct meter meter;    /* measures the response into rec, and records it */
 };
@@ -289,7 +289,7 @@ enum xr exchange_pick(struct exchange *x, bool *pinned);
  * or the fail hook. */
 enum xr exchange_admit(struct exchange *x);
 /* A shadow's exchange begins on `up`, whose slot its owner took
- * (upstream_try_admit): it connects and sends what `up_pending` holds (the
+ * (upstream_try_admit): it connects and sends what `pending` holds (the
  * head and the body so far). `method` and `http10` are its primary's.
  * XR_ENDED: it failed at once (the fail hook ran). */
 enum xr exchange_shadow_start(struct exchange *x, struct upstream *up, enum llhttp_method method, bool http10);
@@ -300,7 +300,7 @@ void exchange_meter_label(struct exchange *x);
  * `rec`), written to `out`. -1: out of memory, `out` holds part of it. */
 __attribute__((warn_unused_result)) int exchange_head_write(const struct reqhead *head, const struct req_record *rec,
 							    const struct upstream *up, struct evbuffer *out);
-/* Request bytes not yet on the wire: in `up_pending`, and in the connection's
+/* Request bytes not yet on the wire: in `pending`, and in the connection's
  * output buffer. */
 size_t exchange_upload_waiting(const struct exchange *x);
 /* Moves pending request bytes to the upstream, and tells the owner to stop

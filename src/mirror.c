@@ -134,7 +134,7 @@ struct mirror *mirror_start(const struct mirror_env *env, struct upstream *up, c
 		return NULL;
 	OBJ_MAGIC_SET(m, MIRROR_MAGIC);
 	bool made = exchange_init(&m->x, env->x, &mirror_xhooks, m, &m->rec, NULL, NULL, env->log_id, true) == 0 &&
-		    evbuffer_add_buffer(m->x.up_pending, bytes) == 0; /* the caller built it for us: moved */
+		    evbuffer_add_buffer(m->x.pending, bytes) == 0; /* the caller built it for us: moved */
 	if (!made || !upstream_try_admit(up)) {
 		if (made)
 			up->rejected++; /* no slot free at once: others wait for one */
@@ -156,7 +156,7 @@ struct mirror *mirror_start(const struct mirror_env *env, struct upstream *up, c
 	m->owner = owner;
 	meter_record_shadow(&m->rec, primary->rec);
 	m->rec.itl_keep = env->x->meter.alog != NULL;
-	m->rec.bytes_in = evbuffer_get_length(m->x.up_pending);
+	m->rec.bytes_in = evbuffer_get_length(m->x.pending);
 	meter_pair(primary, &m->x.meter);
 	meter_label(&m->x.meter, m->route, up->name, false, upstream_inflight(up));
 	/* a failure here ran mh_fail: the mirror is gone */
@@ -180,7 +180,7 @@ void mirror_feed(struct mirror *m, const void *data, size_t len)
 		mirror_abandon(m, "fell behind");
 		return;
 	}
-	if (evbuffer_add(m->x.up_pending, data, len) == -1) {
+	if (evbuffer_add(m->x.pending, data, len) == -1) {
 		mirror_abandon(m, "out of memory copying the request");
 		return;
 	}

@@ -179,10 +179,10 @@ int request_body_bytes(struct request *req, const char *at, size_t len)
 
 	if (req->head.chunked)
 		n = snprintf(size_line, sizeof(size_line), "%zx\r\n", len);
-	bad |= evbuffer_add(req->x.up_pending, size_line, (size_t)n) == -1;
-	bad |= evbuffer_add(req->x.up_pending, at, len) == -1;
+	bad |= evbuffer_add(req->x.pending, size_line, (size_t)n) == -1;
+	bad |= evbuffer_add(req->x.pending, at, len) == -1;
 	if (req->head.chunked)
-		bad |= evbuffer_add(req->x.up_pending, "\r\n", 2) == -1;
+		bad |= evbuffer_add(req->x.pending, "\r\n", 2) == -1;
 	if (bad)
 		return -1;
 	if (req->mirror && n)
@@ -200,7 +200,7 @@ int request_body_bytes(struct request *req, const char *at, size_t len)
 int request_body_end(struct request *req)
 {
 	if (req->head.chunked) {
-		if (evbuffer_add(req->x.up_pending, "0\r\n\r\n", 5) == -1)
+		if (evbuffer_add(req->x.pending, "0\r\n\r\n", 5) == -1)
 			return -1;
 		if (req->mirror)
 			mirror_feed(req->mirror, "0\r\n\r\n", 5);
@@ -218,8 +218,8 @@ int request_mirror_copy(const struct request *req, const struct upstream *shadow
 {
 	if (exchange_head_write(&req->head, &req->rec, shadow, out) == -1)
 		return -1;
-	/* up_pending holds body bytes only here: the primary's head comes later */
-	return bevio_copy(out, req->x.up_pending);
+	/* pending holds body bytes only here: the primary's head comes later */
+	return bevio_copy(out, req->x.pending);
 }
 
 /* Starts the shadow copy: its own head, the body bytes so far, and from

@@ -179,20 +179,20 @@ static void test_body_bytes(void **state)
 	memset(body, 'b', sizeof(body));
 	req->head.chunked = true;
 	for (long k = 0; k < 16; k++) {
-		req->x.up_pending = evbuffer_new();
-		assert_non_null(req->x.up_pending);
+		req->x.pending = evbuffer_new();
+		assert_non_null(req->x.pending);
 		/* a first small piece fills a chain's start, so that the big one
 		 * needs a chain of its own */
 		assert_int_equal(request_body_bytes(req, "{}", 2), 0);
-		size_t before = evbuffer_get_length(req->x.up_pending);
+		size_t before = evbuffer_get_length(req->x.pending);
 		allow = k;
 		int r = request_body_bytes(req, body, sizeof(body));
 		allow = -1;
 		if (r == -1)
 			failed++;
 		else
-			assert_int_equal(evbuffer_get_length(req->x.up_pending) - before, 5 + sizeof(body) + 2);
-		evbuffer_free(req->x.up_pending);
+			assert_int_equal(evbuffer_get_length(req->x.pending) - before, 5 + sizeof(body) + 2);
+		evbuffer_free(req->x.pending);
 	}
 	assert_true(failed > 0);
 	free(req);
@@ -216,13 +216,13 @@ static void test_mirror_copy(void **state)
 	strcpy(req->rec.method, "POST");
 	strcpy(req->rec.id, "oom-2");
 	parse_head(&req->head);
-	req->x.up_pending = evbuffer_new();
-	assert_non_null(req->x.up_pending);
+	req->x.pending = evbuffer_new();
+	assert_non_null(req->x.pending);
 	memset(body, 'b', sizeof(body));
-	assert_int_equal(evbuffer_add(req->x.up_pending, "{", 1), 0);
+	assert_int_equal(evbuffer_add(req->x.pending, "{", 1), 0);
 	for (int i = 0; i < 4; i++) /* several chains */
-		assert_int_equal(evbuffer_add(req->x.up_pending, body, sizeof(body)), 0);
-	size_t body_len = evbuffer_get_length(req->x.up_pending);
+		assert_int_equal(evbuffer_add(req->x.pending, body, sizeof(body)), 0);
+	size_t body_len = evbuffer_get_length(req->x.pending);
 
 	struct evbuffer *want = evbuffer_new();
 	assert_non_null(want);
@@ -252,9 +252,9 @@ static void test_mirror_copy(void **state)
 	}
 	assert_true(failed_in_body > 0); /* the body's adds are checked too */
 	assert_true(whole > 0);
-	assert_int_equal(evbuffer_get_length(req->x.up_pending), body_len); /* the request's own are left */
+	assert_int_equal(evbuffer_get_length(req->x.pending), body_len); /* the request's own are left */
 	evbuffer_free(want);
-	evbuffer_free(req->x.up_pending);
+	evbuffer_free(req->x.pending);
 	reqhead_free(&req->head);
 	free(req);
 }
