@@ -300,9 +300,13 @@ class DashboardPhasesTest(harness.TestCase):
     the recent-requests table, a stacked bar per request whose segments are
     /requests/recent's phases, in order, adding up to the ttft; a request
     whose server reported nothing shows tokentap's phases and the upstream's
-    share whole, marked; vLLM-shaped (queue, prefill) and Ollama-shaped
-    (model load, prefill) requests each show their own server phases; the
-    upstreams table has the per-phase rows /stats has."""
+    share whole, marked; vLLM-shaped (queue, prefill), Ollama-shaped
+    (model load, prefill), llama.cpp-shaped (a second simulator with
+    --server-timing llamacpp, routed by model: prefill only, its queue in
+    the remainder) and TGI-shaped (/generate, not streamed: the x-*-time
+    headers' queue, validation and inference, the bar the whole response)
+    requests each show their own server phases; the upstreams table has,
+    per series, the per-phase rows /stats has."""
 
     def test_stacked_bars(self):
         from test_dashboard import Dom, check_no_page_errors, chromium_bin, run_chromium
@@ -311,26 +315,42 @@ class DashboardPhasesTest(harness.TestCase):
         datadir = tempfile.mkdtemp(prefix="tokentap-decomp-dash-")
         self.addCleanup(shutil.rmtree, datadir, True)
         sim = harness.start_sim(self, *BATCH, "--max-batch", "2", "--server-timing", "vllm")
-        tt = harness.start_tokentap(self, sim.url, "--data-dir", datadir, "--flush-interval", "200ms", "--admin",
-                                    "127.0.0.1:0")
+        lsim = harness.start_sim(self, *BATCH, "--max-batch", "2", "--server-timing", "llamacpp")
+        tt = rh.start_conf(self, rh.upstreams_yaml({"sim": sim.url, "llama": lsim.url}) + (
+            "routes:\n  - name: llama\n    match: {model: dash-llama}\n    upstream: llama\n"
+            "  - name: rest\n    upstream: sim\n"), "--data-dir", datadir, "--flush-interval", "200ms", "--admin",
+            "127.0.0.1:0")
         admin = admin_port(tt)
         # vLLM reports only on the usage chunk: without include_usage, nothing
         spoke = ["it-dash-vllm-%d" % i for i in range(4)]
         silent = ["it-dash-silent-%d" % i for i in range(2)]
         ollama = ["it-dash-ollama-%d" % i for i in range(2)]
+        # llama.cpp reports on the finish chunk when there is no usage chunk
+        llama = ["it-dash-llamacpp-%d" % i for i in range(2)]
+        tgi = ["it-dash-tgi-%d" % i for i in range(2)]
+
+        def generate(tag):
+            body = {"model": "dash-tgi", "inputs": "%s " % tag + "y" * 800, "parameters": {"max_new_tokens": 6}}
+            resp, _ = harness.exchange(tt.port, "POST", "/generate", body, [("x-request-id", tag)])
+            self.assertEqual(resp.status, 200, tag)
+            self.assertIsNotNone(resp.header("x-queue-time"), tag)
+
         concurrently(lambda t: stream(tt.port, "openai-chat", "dash-model", t), spoke, 4)
         concurrently(lambda t: stream(tt.port, "openai-chat", "dash-model", t, include_usage=False), silent, 2)
         concurrently(lambda t: stream(tt.port, "ollama-chat", "dash-model", t), ollama, 2)
+        concurrently(lambda t: stream(tt.port, "openai-chat", "dash-llama", t, include_usage=False), llama, 2)
+        concurrently(generate, tgi, 2)
         self.assertTrue(harness.wait_until(
-            lambda: sum(s["requests"] for s in admin_get(admin, "/stats?window=1m").json()["series"]) >= 8, 8.0, 0.1))
+            lambda: sum(s["requests"] for s in admin_get(admin, "/stats?window=1m").json()["series"]) >= 12, 8.0, 0.1))
         recent = {r["id"]: r for r in admin_get(admin, "/requests/recent?n=15").json()["requests"]}
-        stats = admin_get(admin, "/stats?window=1m").json()["series"][0]
+        series = admin_get(admin, "/stats?window=1m").json()["series"]
+        self.assertEqual(len(series), 3, series)  # dash-model, dash-llama and dash-tgi
 
         out, err = run_chromium(self, "http://127.0.0.1:%d/" % admin, "--dump-dom")
         dom = Dom(out)
         check_no_page_errors(self, dom, err)
         rows = {e["attrs"]["data-id"]: e for e in dom.inside("recent", "tr") if "data-id" in e["attrs"]}
-        self.assertEqual(sorted(rows), sorted(spoke + silent + ollama))
+        self.assertEqual(sorted(rows), sorted(spoke + silent + ollama + llama + tgi))
         widths = []
         for rid, tr in rows.items():
             r = recent[rid]
@@ -338,6 +358,7 @@ class DashboardPhasesTest(harness.TestCase):
             rects = dom.inside(svg, "rect", "phase")
             got = [(e["attrs"]["data-phase"], float(e["attrs"]["data-ms"])) for e in rects]
             tl = r["timeline_ms"]
+            end = r["ttft_ms"]
             if rid in silent:
                 self.assertIsNone(r["server_timing"])
                 self.assertEqual(svg["attrs"]["data-server"], "none")
@@ -351,36 +372,65 @@ class DashboardPhasesTest(harness.TestCase):
                 want = [("head", tl["req_headers"]), ("queue", r["queue_ms"]), ("connect", r["connect_ms"]),
                         ("upload", r["upload_ms"]), ("server_load", r["server_load_ms"]),
                         ("server_prefill", r["server_prefill_ms"]), ("unattributed", max(0.0, r["unattributed_ms"]))]
+            elif rid in llama:
+                # no queue reported: the simulator's queue wait is in the remainder
+                self.assertEqual(r["server_timing"], "llamacpp")
+                self.assertEqual(svg["attrs"]["data-server"], "llamacpp")
+                self.assertIsNone(r["server_queue_ms"])
+                want = [("head", tl["req_headers"]), ("queue", r["queue_ms"]), ("connect", r["connect_ms"]),
+                        ("upload", r["upload_ms"]), ("server_prefill", r["server_prefill_ms"]),
+                        ("unattributed", max(0.0, r["unattributed_ms"]))]
+            elif rid in tgi:
+                # not streamed: no ttft, the bar is the whole response, its
+                # server part the headers' (validation 0: a zero-width segment)
+                self.assertEqual(r["server_timing"], "tgi")
+                self.assertEqual(svg["attrs"]["data-server"], "tgi")
+                self.assertIsNone(r["ttft_ms"])
+                end = tl["resp_end"]
+                want = [("head", tl["req_headers"]), ("queue", r["queue_ms"]), ("connect", r["connect_ms"]),
+                        ("upload", r["upload_ms"]), ("server_queue", r["server_queue_ms"]),
+                        ("server_validation", r["server_validation_ms"]),
+                        ("server_inference", r["server_inference_ms"]),
+                        ("unattributed", max(0.0, r["unattributed_ms"]))]
             else:
                 self.assertEqual(r["server_timing"], "vllm")
                 self.assertEqual(svg["attrs"]["data-server"], "vllm")
                 want = [("head", tl["req_headers"]), ("queue", r["queue_ms"]), ("connect", r["connect_ms"]),
                         ("upload", r["upload_ms"]), ("server_queue", r["server_queue_ms"]),
                         ("server_prefill", r["server_prefill_ms"]), ("unattributed", max(0.0, r["unattributed_ms"]))]
+            if rid not in silent:
                 self.assertEqual([e for e in dom.inside(tr, "span") if "data-marked" in e["attrs"]], [], rid)
             self.assertEqual([k for k, _ in got], [k for k, _ in want], rid)
             for (k, v), (_, w) in zip(got, want):
                 self.assertAlmostEqual(v, w, delta=1e-9 + 1e-9 * abs(w), msg="%s %s" % (rid, k))
             total = sum(v for _, v in got)
-            self.assertAlmostEqual(total, r["ttft_ms"], delta=0.005 + max(0.0, -(r["unattributed_ms"] or 0.0)),
-                                   msg=rid)
+            self.assertAlmostEqual(total, end, delta=0.005 + max(0.0, -(r["unattributed_ms"] or 0.0)), msg=rid)
             widths.append((total, sum(float(e["attrs"]["width"]) for e in rects)))
         # one scale for every bar: the longest is the full width
         longest = max(widths)
         self.assertAlmostEqual(longest[1], 240.0, delta=0.01)
         for total, w in widths:
             self.assertAlmostEqual(w, 240.0 * total / longest[0], delta=0.01)
-        # the upstreams table: the phase rows /stats has
+        # the upstreams table: the phase rows /stats has, a column per
+        # series (by upstream, route, model); a phase no request of a
+        # series reported is empty there (inference: TGI's only)
+        series.sort(key=lambda s: (s["upstream"], s["route"], s["model"]))
         for label, key in (("upload p50, ms", "upload"), ("server queue p50, ms", "server_queue"),
                            ("model load p50, ms", "server_load"), ("server prefill p50, ms", "server_prefill"),
-                           ("unattributed p50, ms", "unattributed")):
+                           ("server decode p50, ms", "server_decode"),
+                           ("server inference p50, ms", "server_inference"), ("unattributed p50, ms", "unattributed")):
             row = [e for e in dom.inside("upstreams", "tr") if e["attrs"].get("data-row") == label]
             self.assertEqual(len(row), 1, label)
-            (td,) = dom.inside(row[0], "td")[1:]
-            self.assertAlmostEqual(float(td["attrs"]["data-value"]), stats["metrics"][key]["p50_ms"], delta=1e-9)
-        # no inference anywhere in this traffic: no row
-        self.assertEqual([e for e in dom.inside("upstreams", "tr")
-                          if e["attrs"].get("data-row") == "server inference p50, ms"], [])
+            tds = dom.inside(row[0], "td")[1:]
+            self.assertEqual(len(tds), len(series), label)
+            for td, s in zip(tds, series):
+                want = s["metrics"][key]["p50_ms"]
+                if want is None:
+                    self.assertEqual(td["attrs"]["data-value"], "", (label, s["model"]))
+                else:
+                    self.assertAlmostEqual(float(td["attrs"]["data-value"]), want, delta=1e-9, msg=(label, s["model"]))
+        inference = {s["model"]: s["metrics"]["server_inference"]["count"] for s in series}
+        self.assertEqual(inference, {"dash-model": 0, "dash-llama": 0, "dash-tgi": 2})
 
 
 class DashboardEngineTest(harness.TestCase):

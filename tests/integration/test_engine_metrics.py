@@ -4,7 +4,13 @@ scraped per upstream (docs/metrics.md "The engine's view").
 - Config: `metrics_url`, `metrics_interval` and `engine` on an upstream entry
   are checked by `tokentap -t` with FILE:LINE messages.
 - Under load, against tokentap-sim --batching (its /metrics in vLLM's names,
-  scraped every 100 ms): each request's logged `engine.waiting` is a value
+  scraped every 100 ms; --server-timing vllm, so that each response carries
+  the scheduler's own account of it): per request, the server queue and
+  prefill tokentap logs are what the simulator reported (to the logged
+  microsecond; most requests queue, by up to ~300 ms), and tokentap's
+  phases, the server's and the unattributed remainder add up to the ttft
+  (test_server_timing's check, the remainder small and not below 0).
+  Each request's logged `engine.waiting` is a value
   the simulator's queue really had within the scrape's staleness. How: a
   thread polls the simulator's /sim/stats (`batch.queued`) every 5 ms; the
   value logged for a request must lie between the smallest and the largest
@@ -31,6 +37,7 @@ scraped per upstream (docs/metrics.md "The engine's view").
   with the TLS reason in `/upstreams`, and forwarding is not involved.
 """
 
+import json
 import os
 import re
 import shutil
@@ -41,6 +48,7 @@ import unittest
 
 import harness
 import routing_helpers as rh
+import test_server_timing as st
 
 PATH = "/v1/chat/completions"
 INTERVAL_MS = 100
@@ -148,7 +156,8 @@ class QueuePoller:
 class EngineViewTest(harness.TestCase):
     def test_requests_record_the_engines_queue(self):
         sim = harness.start_sim(self, "--batching", "--max-batch", "2", "--step-base-ms", "4",
-                                "--step-per-seq-ms", "0", "--prefill-tps", "50000", "--metrics-style", "vllm")
+                                "--step-per-seq-ms", "0", "--prefill-tps", "50000", "--metrics-style", "vllm",
+                                "--server-timing", "vllm")
         data = tempfile.mkdtemp(prefix="tokentap-engine-curve-")
         self.addCleanup(shutil.rmtree, data, True)
         conf = rh.upstreams_yaml({"sim": sim.url}, {"sim": [
@@ -160,15 +169,18 @@ class EngineViewTest(harness.TestCase):
         self.assertTrue(harness.wait_until(lambda: (upstream_view(aport, "sim")["engine"] or {}).get("scraped"),
                                            5.0, 0.02))
         poller = QueuePoller(sim)
-        sent, results, views = {}, {}, []
+        sent, results, reports, views = {}, {}, {}, []
 
         def one(i):
             rid = "eng-%d" % i
-            body = harness.api_body("openai-chat", stream=True)
+            # with the usage chunk: the simulator's own account of the request on it
+            body = harness.api_body("openai-chat", stream=True, include_usage=True)
             body["max_tokens"] = 12
             resp, t0 = harness.exchange(tt.port, "POST", PATH, body, [("x-request-id", rid)])
             sent[rid] = t0
             results[rid] = resp.status
+            reports[rid] = [json.loads(ev.data)["metrics"] for ev in harness.events_of(resp)
+                            if ev.data.startswith("{") and "metrics" in json.loads(ev.data)]
 
         # 36 requests 15 ms apart over a batch of 2 that serves one in ~50 ms:
         # the queue grows most of the way, and the scrapes see it at every size
@@ -189,7 +201,7 @@ class EngineViewTest(harness.TestCase):
         for e in tt.access_log():
             entries[e["id"]] = e
         slack_ns = 60 * 1000000
-        by_queue = []
+        by_queue, queued = [], 0
         for rid, t0 in sent.items():
             e = entries[rid]
             eng = e["engine"]
@@ -203,6 +215,17 @@ class EngineViewTest(harness.TestCase):
             self.assertIn(eng["running"], (0, 1, 2), e)
             self.assertIsNotNone(eng["kv_use"], e)
             by_queue.append((eng["waiting"], e["ttft_ms"]))
+            # the server's phases: what the simulator's scheduler did with
+            # this request (its report, to the logged microsecond), and
+            # tokentap's phases, the server's and the remainder make the ttft
+            self.assertEqual(len(reports[rid]), 1, "%s: the simulator reports once, on the usage chunk" % rid)
+            m = reports[rid][0]
+            self.assertEqual(e["server_timing"], "vllm", e)
+            self.assertTrue(st.near(e["server_queue_ms"], m["queue_time_ms"]), (e, m))
+            self.assertTrue(st.near(e["server_prefill_ms"], m["time_to_first_token_ms"]), (e, m))
+            st.check_sum(self, e)
+            queued += m["queue_time_ms"] > 10.0
+        self.assertGreaterEqual(queued, 18, "most requests wait in the simulator's queue")
         # TTFT against the engine's queue: coarse buckets, means never lower
         buckets = [(0, 0), (1, 4), (5, 9), (10, 10 ** 6)]
         means = []

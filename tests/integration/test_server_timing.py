@@ -42,6 +42,23 @@ def near(a, b, tol=0.0015):
     return a is not None and b is not None and abs(a - b) <= tol
 
 
+def check_sum(tc, e, small=True):
+    """tokentap's phases up to the request sent, the server's up to the
+    first token and the remainder make the ttft of log entry `e` (asserted
+    on the TestCase `tc`; test_engine_metrics uses it too). `small`: the
+    server reports its queue, so the remainder is only network and front
+    end."""
+    tl = e["timeline_ms"]
+    tc.assertIsNotNone(e["ttft_ms"])
+    tc.assertTrue(near(e["upload_ms"], tl["req_sent"] - tl["up_connected"], 0.002), e)
+    server = sum(e[k] or 0 for k in ("server_queue_ms", "server_load_ms", "server_validation_ms",
+                                     "server_prefill_ms"))
+    tc.assertTrue(near(tl["req_sent"] + server + e["unattributed_ms"], e["ttft_ms"], 0.005), e)
+    tc.assertGreaterEqual(e["unattributed_ms"], REMAINDER_MIN_MS, e)
+    if small:
+        tc.assertLess(e["unattributed_ms"], REMAINDER_MAX_MS, e)
+
+
 class Base(harness.TestCase):
     MODE = None
 
@@ -84,18 +101,7 @@ class Base(harness.TestCase):
         return out
 
     def check_sum(self, e, small=True):
-        """tokentap's phases up to the request sent, the server's up to the
-        first token and the remainder make the ttft. `small`: the server
-        reports its queue, so the remainder is only network and front end."""
-        tl = e["timeline_ms"]
-        self.assertIsNotNone(e["ttft_ms"])
-        self.assertTrue(near(e["upload_ms"], tl["req_sent"] - tl["up_connected"], 0.002), e)
-        server = sum(e[k] or 0 for k in ("server_queue_ms", "server_load_ms", "server_validation_ms",
-                                         "server_prefill_ms"))
-        self.assertTrue(near(tl["req_sent"] + server + e["unattributed_ms"], e["ttft_ms"], 0.005), e)
-        self.assertGreaterEqual(e["unattributed_ms"], REMAINDER_MIN_MS, e)
-        if small:
-            self.assertLess(e["unattributed_ms"], REMAINDER_MAX_MS, e)
+        check_sum(self, e, small)
 
 
 class VllmTimingTest(Base):
