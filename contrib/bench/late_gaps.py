@@ -20,6 +20,12 @@ one stream takes a few per cent of a CPU):
 
   chrt -f 10 contrib/bench/late_gaps.py --build build --rounds 5 --workers 2
 
+On a quiet machine some rounds go bad with the chain spread over both
+vCPUs: the forwarding thread's kernel time up by 2-3x with the same system
+calls (the sends that wake a peer cost more). `--cpus 0` runs the whole
+chain on one vCPU to compare against, and each thread's CPU ticks are
+printed as user+sys to show which part grew.
+
 Targets: direct, tokentap, nostore (tokentap with --data-dir off), haproxy.
 Loopback only; every wait bounded; the processes started here are stopped by
 PID on exit. See docs/benchmarks.md, "The (h) itl tail".
@@ -40,7 +46,7 @@ LATE_MS = 12.0  # the scenario's itl (10 ms) + P.LATE_MS
 
 
 def thread_counts(pid):
-    """{tid: (name, voluntary, involuntary, utime + stime ticks)}"""
+    """{tid: (name, voluntary, involuntary, (utime, stime) ticks)}"""
     out = {}
     try:
         tids = os.listdir("/proc/%d/task" % pid)
@@ -58,7 +64,7 @@ def thread_counts(pid):
         except OSError:
             continue
         out[tid] = (comm, int(st["voluntary_ctxt_switches"]), int(st["nonvoluntary_ctxt_switches"]),
-                    int(fields[11]) + int(fields[12]))
+                    (int(fields[11]), int(fields[12])))
     return out
 
 
@@ -88,10 +94,13 @@ def main(argv):
     ap.add_argument("--targets", default="direct,tokentap,haproxy",
                     help="comma-separated from direct, tokentap, nostore, haproxy")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, requests logs)")
+    ap.add_argument("--cpus", help="run the whole chain on these CPUs (e.g. 0: one vCPU, no wake-ups across vCPUs)")
     a = ap.parse_args(argv)
     names = a.targets.split(",")
     if set(names) - {"direct", "tokentap", "nostore", "haproxy"} or not 1 <= a.rounds <= 20:
         ap.error("--targets takes direct, tokentap, nostore, haproxy; --rounds 1 to 20")
+    if a.cpus:
+        os.sched_setaffinity(0, {int(c) for c in a.cpus.split(",")})
     build = os.path.abspath(a.build)
     bins = {"tokentap": os.path.join(build, "tokentap"), "sim": os.path.join(build, "contrib/sim/tokentap-sim"),
             "bench": os.path.join(build, "contrib/bench/tokentap-bench")}
@@ -137,10 +146,10 @@ def main(argv):
                 print("round %d %-8s %4d gaps, late per 1,000 %5.1f, p99 %.2f, max %.2f ms"
                       % (r + 1, name, len(gaps), k, P.nearest_rank(gaps, 99) or 0, gaps[-1] if gaps else 0))
                 print("   late (gap ms, arrival ms mod 1 s):", sorted(late, key=lambda x: x[1]))
-                busy = [(c1[x][0], c1[x][1] - c0[x][1], c1[x][2] - c0[x][2], c1[x][3] - c0[x][3])
+                busy = [(c1[x][0], c1[x][1] - c0[x][1], c1[x][2] - c0[x][2], "%d+%d" % (c1[x][3][0] - c0[x][3][0], c1[x][3][1] - c0[x][3][1]))
                         for x in c1 if x in c0 and c1[x][1] != c0[x][1]]
                 if busy:
-                    print("   threads woken (name, voluntary, involuntary, cpu ticks):", sorted(busy))
+                    print("   threads woken (name, voluntary, involuntary, cpu ticks user+sys):", sorted(busy))
         print("late gaps per 1,000, rounds (median):")
         for name in names:
             print("  %-8s %s (%.1f)" % (name, " ".join("%.0f" % x for x in per_k[name]),
