@@ -280,14 +280,13 @@ ssize_t tls_recv(void *reader, char *buf, size_t len)
 		if (SSL_read_ex(rd->ssl, buf + got, len - got, &n) == 1) {
 			got += n;
 			rd->reads++;
-			/* Nothing left in OpenSSL's buffer: another SSL_read would
-			 * go to the socket, which read-ahead has just emptied, for
-			 * an EAGAIN (a system call per wake-up, one per event at a
-			 * stream's pace). The socket says when there is more. */
-			if (!SSL_has_pending(rd->ssl)) {
-				err = SSL_ERROR_WANT_READ;
-				break;
-			}
+			/* On to the socket's EAGAIN, even with OpenSSL's buffer
+			 * empty: records that came while these were decrypted go
+			 * in the same call. At a stream's pace that last read is
+			 * one EAGAIN per wake-up; under load it finds more, and
+			 * stopping at the buffer's end doubled the wake-ups and
+			 * client writes and lost 15 % of the events/s in scenario
+			 * (i) (docs/benchmarks.md, "The TLS path"). */
 			continue;
 		}
 		err = SSL_get_error(rd->ssl, 0);

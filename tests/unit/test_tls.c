@@ -5,8 +5,9 @@
  * checked is how often tls_recv goes to the socket, not only what it
  * returns:
  *
- * - records already in the socket come out in one call, with one read
- *   (read-ahead) and no second read that can only say EAGAIN;
+ * - records already in the socket come out in one call (read-ahead: one
+ *   read takes them all), and the call reads on to the socket's EAGAIN,
+ *   so a record that arrives meanwhile comes out in the same call;
  * - a record cut in two by the socket: the first part gives EAGAIN and
  *   nothing, the second the whole record;
  * - data and close_notify in one read: the data, with `more` set (the
@@ -37,7 +38,8 @@
 /* ---- a BIO on a socket that counts its reads ---- */
 
 static int counted_reads;
-static int read_eof; /* the counted socket's read returned 0 (as a socket BIO, for BIO_eof) */
+static void (*after_read)(void); /* called once after the next read that returns bytes */
+static int read_eof;		 /* the counted socket's read returned 0 (as a socket BIO, for BIO_eof) */
 
 static int cbio_read(BIO *b, char *buf, int len)
 {
@@ -48,6 +50,11 @@ static int cbio_read(BIO *b, char *buf, int len)
 		BIO_set_retry_read(b);
 	if (n == 0)
 		read_eof = 1;
+	if (n > 0 && after_read) {
+		void (*f)(void) = after_read;
+		after_read = NULL;
+		f();
+	}
 	return (int)n;
 }
 
@@ -107,8 +114,8 @@ static void make_cert(SSL_CTX *ctx)
 	X509_gmtime_adj(X509_getm_notBefore(x), 0);
 	X509_gmtime_adj(X509_getm_notAfter(x), 3600);
 	X509_set_pubkey(x, key);
-	X509_NAME_add_entry_by_txt(X509_get_subject_name(x), "CN", MBSTRING_ASC, (const unsigned char *)"localhost",
-				   -1, -1, 0);
+	X509_NAME_add_entry_by_txt(X509_get_subject_name(x), "CN", MBSTRING_ASC, (const unsigned char *)"localhost", -1,
+				   -1, 0);
 	X509_set_issuer_name(x, X509_get_subject_name(x));
 	assert_true(X509_sign(x, key, EVP_sha256()) > 0);
 	assert_int_equal(SSL_CTX_use_certificate(ctx, x), 1);
@@ -169,6 +176,13 @@ static void send_record(struct conn *c, const char *s)
 #define EV1 "data: {\"choices\":[{\"delta\":{\"content\":\"one\"}}]}\n\n"
 #define EV2 "data: {\"choices\":[{\"delta\":{\"content\":\"two\"}}]}\n\n"
 
+static struct conn *late_conn;
+
+static void send_late_record(void)
+{
+	send_record(late_conn, EV2);
+}
+
 static void test_records_in_one_read(void **state)
 {
 	(void)state;
@@ -177,23 +191,14 @@ static void test_records_in_one_read(void **state)
 	conn_open(&c);
 
 	send_record(&c, EV1);
+	send_record(&c, EV2);
 	struct tls_reader rd = { .ssl = c.cli };
 	ssize_t n = tls_recv(&rd, buf, sizeof(buf));
-	assert_int_equal(n, strlen(EV1));
-	assert_memory_equal(buf, EV1, strlen(EV1));
-	assert_false(rd.more);
-	assert_int_equal(rd.reads, 1);
-	assert_int_equal(counted_reads, 1); /* no read that can only say EAGAIN */
-
-	send_record(&c, EV1);
-	send_record(&c, EV2);
-	counted_reads = 0;
-	rd = (struct tls_reader){ .ssl = c.cli };
-	n = tls_recv(&rd, buf, sizeof(buf));
 	assert_int_equal(n, strlen(EV1) + strlen(EV2));
 	assert_memory_equal(buf, EV1 EV2, (size_t)n);
+	assert_false(rd.more);
 	assert_int_equal(rd.reads, 2);
-	assert_int_equal(counted_reads, 1);
+	assert_int_equal(counted_reads, 2); /* both records in one read, then EAGAIN */
 	assert_false(tls_pending(c.cli));
 
 	/* nothing there: one read, EAGAIN */
@@ -202,6 +207,28 @@ static void test_records_in_one_read(void **state)
 	assert_int_equal(n, -1);
 	assert_int_equal(errno, EAGAIN);
 	assert_int_equal(counted_reads, 1);
+	conn_close(&c);
+}
+
+static void test_record_arriving_meanwhile(void **state)
+{
+	(void)state;
+	struct conn c;
+	char buf[65536];
+	conn_open(&c);
+
+	/* EV2 reaches the socket just after the read that took EV1: the
+	 * call takes it too, rather than leaving it to the next wake-up */
+	send_record(&c, EV1);
+	late_conn = &c;
+	after_read = send_late_record;
+	struct tls_reader rd = { .ssl = c.cli };
+	ssize_t n = tls_recv(&rd, buf, sizeof(buf));
+	assert_null(after_read);
+	assert_int_equal(n, strlen(EV1) + strlen(EV2));
+	assert_memory_equal(buf, EV1 EV2, (size_t)n);
+	assert_int_equal(rd.reads, 2);
+	assert_int_equal(counted_reads, 3);
 	conn_close(&c);
 }
 
@@ -276,9 +303,8 @@ static void test_data_then_tcp_close(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_records_in_one_read),
-		cmocka_unit_test(test_record_cut_in_two),
-		cmocka_unit_test(test_data_then_close_notify),
+		cmocka_unit_test(test_records_in_one_read), cmocka_unit_test(test_record_arriving_meanwhile),
+		cmocka_unit_test(test_record_cut_in_two),   cmocka_unit_test(test_data_then_close_notify),
 		cmocka_unit_test(test_data_then_tcp_close),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
