@@ -626,7 +626,7 @@ void exchange_check_sent(struct exchange *x)
 {
 	if (!x->body_done || !x->uc || !x->uc->connected || x->rec->at[TL_REQ_SENT])
 		return;
-	if (evbuffer_get_length(x->pending) || evbuffer_get_length(bufferevent_get_output(x->uc->bev)))
+	if (exchange_upload_waiting(x))
 		return;
 	/* When the last bytes went out in a write of ours, the request was
 	 * sent as that write began: the server may be reading it (and starting

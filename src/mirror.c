@@ -211,6 +211,5 @@ void mirror_detach(struct mirror *m, bool complete)
 		mirror_end(m, REQ_ERR_CLIENT_ABORTED, true);
 		return;
 	}
-	m->x.body_done = true;
-	exchange_check_sent(&m->x);
+	mirror_body_done(m);
 }

@@ -285,7 +285,7 @@ ssize_t tls_recv(void *reader, char *buf, size_t len)
 			 * in the same call. At a stream's pace that last read is
 			 * one EAGAIN per wake-up; under load it finds more, and
 			 * stopping at the buffer's end doubled the wake-ups and
-			 * client writes and lost 15 % of the events/s in scenario
+			 * client writes and lost 17 % of the events/s in scenario
 			 * (i) (docs/benchmarks.md, "The TLS path"). */
 			continue;
 		}
