@@ -514,14 +514,11 @@ void upstream_cancel(struct upstream *up, struct up_waiter *w)
 
 static void upconn_close(struct upconn *c)
 {
-	if (c->ssl && (c->tls_wakeups || c->tls_sent_now || c->tls_sent_queued))
-		log_debug(
-			"upstream %s: u%llu closed; TLS: %llu bytes in %llu records, %llu reads, %llu partial; "
-			"request bytes: %llu written in the call, %llu queued",
-			c->up->name, (unsigned long long)c->id, (unsigned long long)c->tls_bytes,
-			(unsigned long long)c->tls_records, (unsigned long long)c->tls_wakeups,
-			(unsigned long long)c->tls_partial, (unsigned long long)c->tls_sent_now,
-			(unsigned long long)c->tls_sent_queued);
+	if (c->ssl && c->tls_wakeups)
+		log_debug("upstream %s: u%llu closed; TLS: %llu bytes in %llu records, %llu reads, %llu partial",
+			  c->up->name, (unsigned long long)c->id, (unsigned long long)c->tls_bytes,
+			  (unsigned long long)c->tls_records, (unsigned long long)c->tls_wakeups,
+			  (unsigned long long)c->tls_partial);
 	if (c->rev)
 		event_free(c->rev); /* safe inside its own callback: libevent does not touch it after */
 	if (c->bev)

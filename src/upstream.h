@@ -77,9 +77,6 @@ struct upconn {
 	 * record (its rest in a later segment: the socket says when it comes);
 	 * logged at debug level at the close */
 	uint64_t tls_wakeups, tls_bytes, tls_records, tls_partial;
-	/* TLS request bytes written in the call that had them (exchange.c
-	 * upstream_send), and those left to the bufferevent; logged with them */
-	uint64_t tls_sent_now, tls_sent_queued;
 };
 
 struct up_share;
