@@ -1,0 +1,277 @@
+"""test_deadline.py — a route's first-token deadline (`ttft_deadline`,
+docs/config.md): the response head held until the first token, an upstream
+with no token in time cancelled and the request answered by another, the
+client getting one clean stream; the deadline met, no other upstream left,
+a request too large to send again; `-t` on bad values.
+
+Upstreams: `stall` never produces a first token within a test (60 s ttft;
+its head goes out at once, as a streaming server's does), `live` answers
+at once, `slow` takes 400 ms to its first token, `late` 1.2 s.
+"""
+
+import json
+import re
+import time
+import unittest
+
+import harness
+import routing_helpers as rh
+
+DEADLINE_MS = 300
+LIVE_TTFT_MS = 30
+SLOW_TTFT_MS = 400
+LATE_TTFT_MS = 1200
+# what a loaded 2-core machine adds to a loopback exchange, at most
+SLACK_MS = 500
+
+
+def body(stream=True, prompt="hi", tokens=None):
+    b = {"messages": [{"role": "user", "content": prompt}], "stream": stream}
+    if tokens is not None:
+        b["max_tokens"] = tokens
+    return json.dumps(b, separators=(",", ":")).encode()
+
+
+def request(port, data, rid, host=None, timeout=10.0):
+    """One request on a fresh connection: (Response, ms from the send to the
+    head, ms from the send to the first body byte)."""
+    headers = [("x-request-id", rid)]
+    if host:
+        headers.append(("Host", host))
+    conn = harness.HttpConn(port, timeout=timeout)
+    try:
+        t0 = conn.send(harness.request_bytes("POST", rh.CHAT, data, headers, port))
+        resp = conn.read_response("POST")
+    finally:
+        conn.close()
+    head_ms = (resp.head_ns - t0) / 1e6
+    first_ms = (resp.pieces[0][0] - t0) / 1e6 if resp.pieces else None
+    return resp, head_ms, first_ms
+
+
+def head_of(resp):
+    """What a client reads of the head, without the headers each answer
+    makes afresh."""
+    return resp.status, resp.header("content-type"), resp.header("transfer-encoding"), resp.header("content-length")
+
+
+class TestTtftDeadline(harness.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.stall = harness.start_sim(cls, "--ttft-ms", "60000", "--model", "stall")
+        cls.live = harness.start_sim(cls, "--ttft-ms", LIVE_TTFT_MS, "--itl-ms", "5", "--tokens", "8", "--model",
+                                     "live")
+        cls.slow = harness.start_sim(cls, "--ttft-ms", SLOW_TTFT_MS, "--itl-ms", "5", "--tokens", "8", "--model",
+                                     "slow")
+        cls.late = harness.start_sim(cls, "--ttft-ms", LATE_TTFT_MS, "--itl-ms", "5", "--tokens", "8", "--model",
+                                     "late")
+        ups = rh.upstreams_yaml({"stall": cls.stall.url, "live": cls.live.url, "slow": cls.slow.url,
+                                 "late": cls.late.url})
+        # Smooth weighted round robin over one worker: 1000 to 1 sends the
+        # first few hundred requests of a route to its first upstream.
+        cls.tt = rh.start_conf(cls, ups + """routes:
+  - name: fo
+    match: {host: fo.test}
+    ttft_deadline: %dms
+    split:
+      - {upstream: stall, weight: 1000}
+      - {upstream: live, weight: 1}
+  - name: big
+    match: {host: big.test}
+    ttft_deadline: %dms
+    split:
+      - {upstream: late, weight: 1000}
+      - {upstream: live, weight: 1}
+  - name: alone
+    match: {host: alone.test}
+    ttft_deadline: %dms
+    upstream: late
+  - name: met
+    match: {host: met.test}
+    ttft_deadline: 3s
+    upstream: slow
+  - name: plain
+    match: {host: plain.test}
+    upstream: slow
+""" % (DEADLINE_MS, DEADLINE_MS, DEADLINE_MS), "--admin", "127.0.0.1:0", *rh.ONE_WORKER)
+        cls.admin = harness.admin_port(cls.tt)
+
+    def log_entry(self, rid):
+        got = []
+
+        def find():
+            got[:] = [e for e in self.tt.access_log() if e.get("id") == rid]
+            return bool(got)
+
+        self.assertTrue(harness.wait_until(find, 5.0, 0.02), "no access log line for %s" % rid)
+        return got[0]
+
+    def upstreams(self):
+        resp, _ = harness.exchange(self.admin, "GET", "/upstreams")
+        self.assertEqual(resp.status, 200)
+        return {u["name"]: u for u in resp.json()["upstreams"]}
+
+    def wait_aborted(self, sim, want):
+        ok = harness.wait_until(lambda: sim.stats()["aborted"] >= want, 5.0, 0.02)
+        self.assertTrue(ok, "the simulator saw %d aborted, wanted %d" % (sim.stats()["aborted"], want))
+
+    def assert_failed_over(self, stream):
+        rid = "dl-fo-%s" % ("s" if stream else "n")
+        stall0 = self.stall.stats()
+        missed0 = self.upstreams()["stall"]["deadline_missed"]
+        resp, head_ms, first_ms = request(self.tt.port, body(stream), rid, host="fo.test")
+        self.assertEqual(resp.status, 200, resp.body[:300])
+        self.assertTrue(resp.complete)
+        # the answer of `live` alone, byte for byte: what it sends the same
+        # request directly (the simulator's ids and stamps follow its seed
+        # and the request, whose x-request-id is the same)
+        direct, dhead_ms, _ = request(self.live.port, body(stream), rid)
+        self.assertEqual(resp.body, direct.body)
+        self.assertEqual(head_of(resp), head_of(direct))
+        self.assertNotIn(b"stall", resp.body)
+        # within the deadline and live's own time to its first token
+        self.assertGreaterEqual(head_ms, DEADLINE_MS)
+        self.assertLess(first_ms, DEADLINE_MS + LIVE_TTFT_MS + SLACK_MS)
+        # the stalled upstream had the request, and saw its connection
+        # closed: the generation was cancelled, nothing of it finished
+        self.assertEqual(self.stall.stats()["requests"] - stall0["requests"], 1)
+        self.wait_aborted(self.stall, stall0["aborted"] + 1)
+        self.assertEqual(self.stall.stats()["completed"], stall0["completed"])
+        e = self.log_entry(rid)
+        self.assertEqual(e["upstream"], "live")
+        self.assertEqual(e["status"], 200)
+        self.assertIsNone(e["error"])
+        self.assertEqual(e["deadline_missed"], 1)
+        self.assertEqual(e["deadline_failovers"], 1)
+        self.assertEqual(e["bytes_out"] > 0, True)
+        ups = self.upstreams()
+        self.assertEqual(ups["stall"]["deadline_missed"], missed0 + 1)
+        return e
+
+    def test_stalled_upstream_is_left_for_another_streamed(self):
+        e = self.assert_failed_over(True)
+        self.assertEqual(e["stream"], True)
+        self.assertEqual(e["token_events"], 8)
+        # tokentap's own ttft is the client's: from arrival, over both
+        self.assertGreaterEqual(e["ttft_ms"], DEADLINE_MS)
+        self.assertLess(e["upstream_ttft_ms"], LIVE_TTFT_MS + SLACK_MS)
+
+    def test_stalled_upstream_is_left_for_another_not_streamed(self):
+        e = self.assert_failed_over(False)
+        self.assertEqual(e["stream"], False)
+
+    def test_deadline_met_holds_the_head_until_the_first_token(self):
+        rid = "dl-met"
+        slow0 = self.slow.stats()
+        resp, head_ms, first_ms = request(self.tt.port, body(True), rid, host="met.test")
+        self.assertEqual(resp.status, 200)
+        self.assertTrue(resp.complete)
+        direct, dhead_ms, dfirst_ms = request(self.slow.port, body(True), rid)
+        self.assertEqual(resp.body, direct.body)
+        self.assertEqual(head_of(resp), head_of(direct))
+        # directly, the head comes at once and the first token 400 ms
+        # later; through the route, the head comes with the first token
+        self.assertLess(dhead_ms, SLOW_TTFT_MS / 2)
+        self.assertGreaterEqual(dfirst_ms, SLOW_TTFT_MS)
+        self.assertGreaterEqual(head_ms, SLOW_TTFT_MS)
+        self.assertLess(first_ms - head_ms, 50)
+        e = self.log_entry(rid)
+        self.assertEqual(e["upstream"], "slow")
+        self.assertEqual(e["deadline_missed"], 0)
+        self.assertEqual(e["deadline_failovers"], 0)
+        self.assertEqual(self.slow.stats()["requests"] - slow0["requests"], 2)  # this and the direct one
+        self.assertEqual(self.slow.stats()["aborted"], slow0["aborted"])
+        # tokentap's measures are the upstream's as before: its head came
+        # at once, though the client got it with the first token
+        self.assertLess(e["timeline_ms"]["resp_headers"], SLOW_TTFT_MS / 2)
+
+    def test_route_without_deadline_sends_the_head_at_once(self):
+        rid = "dl-plain"
+        resp, head_ms, first_ms = request(self.tt.port, body(True), rid, host="plain.test")
+        self.assertEqual(resp.status, 200)
+        self.assertLess(head_ms, SLOW_TTFT_MS / 2)
+        self.assertGreaterEqual(first_ms, SLOW_TTFT_MS)
+        e = self.log_entry(rid)
+        self.assertNotIn("deadline_missed", e)
+        self.assertNotIn("deadline_failovers", e)
+
+    def test_no_other_upstream_left_it_answers_late(self):
+        rid = "dl-alone"
+        late0 = self.late.stats()
+        missed0 = self.upstreams()["late"]["deadline_missed"]
+        resp, head_ms, first_ms = request(self.tt.port, body(True), rid, host="alone.test")
+        self.assertEqual(resp.status, 200)
+        self.assertTrue(resp.complete)
+        self.assertIn(b'"model":"late"', resp.body)
+        # the hold ends at the deadline: the head then, the tokens when
+        # they come
+        self.assertGreaterEqual(head_ms, DEADLINE_MS)
+        self.assertLess(head_ms, LATE_TTFT_MS - 200)
+        self.assertGreaterEqual(first_ms, LATE_TTFT_MS)
+        e = self.log_entry(rid)
+        self.assertEqual(e["upstream"], "late")
+        self.assertEqual((e["deadline_missed"], e["deadline_failovers"]), (1, 0))
+        self.assertEqual(self.late.stats()["requests"] - late0["requests"], 1)
+        self.assertEqual(self.late.stats()["aborted"], late0["aborted"])
+        self.assertEqual(self.upstreams()["late"]["deadline_missed"], missed0 + 1)
+
+    def test_request_too_large_to_keep_is_not_sent_again(self):
+        # over the 64 KiB kept for a resend: the deadline only records
+        rid = "dl-big"
+        late0, live0 = self.late.stats(), self.live.stats()
+        resp, head_ms, first_ms = request(self.tt.port, body(True, prompt="x" * (80 << 10)), rid, host="big.test")
+        self.assertEqual(resp.status, 200)
+        self.assertTrue(resp.complete)
+        self.assertIn(b'"model":"late"', resp.body)
+        self.assertGreaterEqual(first_ms, LATE_TTFT_MS)
+        e = self.log_entry(rid)
+        self.assertEqual(e["upstream"], "late")
+        self.assertEqual((e["deadline_missed"], e["deadline_failovers"]), (1, 0))
+        self.assertEqual(self.late.stats()["aborted"], late0["aborted"])
+        self.assertEqual(self.live.stats()["requests"], live0["requests"])
+
+    def test_metrics_and_routes_show_it(self):
+        # one failover first, so that the counter is not 0
+        self.assert_failed_over(True)
+        want = self.upstreams()["stall"]["deadline_missed"]
+        resp, _ = harness.exchange(self.admin, "GET", "/metrics")
+        self.assertEqual(resp.status, 200)
+        text = resp.body.decode()
+        self.assertIn("# TYPE tokentap_upstream_deadline_missed_total counter", text)
+        m = re.search(r'^tokentap_upstream_deadline_missed_total\{upstream="stall"\} (\d+)$', text, re.M)
+        self.assertIsNotNone(m, text[-2000:])
+        self.assertEqual(int(m.group(1)), want)
+        self.assertRegex(text, r'(?m)^tokentap_upstream_deadline_missed_total\{upstream="live"\} 0$')
+        resp, _ = harness.exchange(self.admin, "GET", "/routes")
+        routes = {r["name"]: r for r in resp.json()["routes"]}
+        self.assertEqual(routes["fo"]["ttft_deadline_ms"], DEADLINE_MS)
+        self.assertIsNone(routes["plain"]["ttft_deadline_ms"])
+
+
+class TestTtftDeadlineConfig(unittest.TestCase):
+    BASE = """listen: 127.0.0.1:0
+upstreams:
+  - name: a
+    url: http://127.0.0.1:9
+routes:
+  - name: r
+    upstream: a
+    ttft_deadline: %s
+"""
+
+    def test_bad_values_are_refused(self):
+        for value in ("soon", "0", "-5s", "[1]"):
+            res, fname = rh.check_config(self.BASE % value)
+            self.assertNotEqual(res.returncode, 0, value)
+            lines = rh.problem_lines(res, fname)
+            self.assertEqual(len(lines), 1, (value, res.stderr))
+            self.assertEqual(lines[0][0], 8, (value, lines))
+            self.assertIn("routes[0].ttft_deadline", lines[0][1])
+
+    def test_good_value_passes(self):
+        res, _ = rh.check_config(self.BASE % "2500ms")
+        self.assertEqual(res.returncode, 0, res.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
