@@ -419,6 +419,10 @@ static void request_deadline_arm(struct exchange *x)
 	x->resp.hold = true;
 	if (!x->replay)
 		x->replay = evbuffer_new(); /* filled as bytes go out (exchange_flush); NULL: no resend */
+	/* From now, not from the loop turn's cached clock, which may be some
+	 * milliseconds old on a busy worker: the upstream gets the whole
+	 * deadline. */
+	event_base_update_cache_time(x->env->base);
 	loop_timer_arm(x->deadline, ms);
 }
 

@@ -11,6 +11,7 @@ at once, `slow` takes 400 ms to its first token, `late` 1.2 s.
 
 import json
 import re
+import struct
 import time
 import unittest
 
@@ -47,6 +48,65 @@ def request(port, data, rid, host=None, timeout=10.0):
     head_ms = (resp.head_ns - t0) / 1e6
     first_ms = (resp.pieces[0][0] - t0) / 1e6 if resp.pieces else None
     return resp, head_ms, first_ms
+
+
+def _varint(buf, i):
+    v = shift = 0
+    while True:
+        b = buf[i]
+        i += 1
+        v |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return v, i
+
+
+def _fields(buf):
+    """(field number, wire type, value) of one protobuf message: varints
+    as ints, 64-bit fields as 8 bytes, length-delimited ones as bytes."""
+    i, out = 0, []
+    while i < len(buf):
+        key, i = _varint(buf, i)
+        num, wt = key >> 3, key & 7
+        if wt == 0:
+            v, i = _varint(buf, i)
+        elif wt == 1:
+            v, i = buf[i:i + 8], i + 8
+        elif wt == 2:
+            n, i = _varint(buf, i)
+            v, i = buf[i:i + n], i + n
+        elif wt == 5:
+            v, i = buf[i:i + 4], i + 4
+        else:
+            raise ValueError("wire type %d" % wt)
+        out.append((num, wt, v))
+    return out
+
+
+def proto_counters(body, family):
+    """{upstream: value} of counter `family` in a delimited stream of
+    io.prometheus.client.MetricFamily messages (name 1, type 3, metric 4;
+    a Metric's label 1 {name 1, value 2} and counter 3 {value 1})."""
+    i = 0
+    while i < len(body):
+        n, i = _varint(body, i)
+        fam, i = _fields(body[i:i + n]), i + n
+        if dict((f, v) for f, _, v in fam if f == 1).get(1) != family.encode():
+            continue
+        got = {"type": [v for f, _, v in fam if f == 3]}
+        for f, _, metric in fam:
+            if f != 4:
+                continue
+            labels, value = {}, None
+            for mf, _, mv in _fields(metric):
+                if mf == 1:
+                    lp = dict((lf, lv) for lf, _, lv in _fields(mv))
+                    labels[lp.get(1, b"").decode()] = lp.get(2, b"").decode()
+                elif mf == 3:
+                    value = struct.unpack("<d", dict((cf, cv) for cf, _, cv in _fields(mv))[1])[0]
+            got[labels.get("upstream")] = value
+        return got
+    return None
 
 
 def head_of(resp):
@@ -242,6 +302,13 @@ class TestTtftDeadline(harness.TestCase):
         self.assertIsNotNone(m, text[-2000:])
         self.assertEqual(int(m.group(1)), want)
         self.assertRegex(text, r'(?m)^tokentap_upstream_deadline_missed_total\{upstream="live"\} 0$')
+        proto = "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited"
+        resp, _ = harness.exchange(self.admin, "GET", "/metrics", headers=[("Accept", proto)])
+        self.assertTrue(resp.header("content-type").startswith("application/vnd.google.protobuf"))
+        fam = proto_counters(resp.body, "tokentap_upstream_deadline_missed_total")
+        self.assertIsNotNone(fam)
+        self.assertEqual(fam["type"], [0])  # COUNTER (0 is also the default, left out)
+        self.assertEqual((fam["stall"], fam["live"]), (float(want), 0.0))
         resp, _ = harness.exchange(self.admin, "GET", "/routes")
         routes = {r["name"]: r for r in resp.json()["routes"]}
         self.assertEqual(routes["fo"]["ttft_deadline_ms"], DEADLINE_MS)
