@@ -129,7 +129,7 @@ class TestTtftDeadline(harness.TestCase):
                                  "late": cls.late.url})
         # Smooth weighted round robin over one worker: 1000 to 1 sends the
         # first few hundred requests of a route to its first upstream.
-        cls.tt = rh.start_conf(cls, ups + """routes:
+        cls.tt = rh.start_conf(cls, "override_header: x-tt-upstream\n" + ups + """routes:
   - name: fo
     match: {host: fo.test}
     ttft_deadline: %dms
@@ -206,6 +206,8 @@ class TestTtftDeadline(harness.TestCase):
         self.assertEqual(e["bytes_out"] > 0, True)
         ups = self.upstreams()
         self.assertEqual(ups["stall"]["deadline_missed"], missed0 + 1)
+        self.assertEqual(ups["stall"]["pool"]["idle"], 0)  # closed, never pooled
+        self.assertEqual(ups["stall"]["in_flight"], 0)
         return e
 
     def test_stalled_upstream_is_left_for_another_streamed(self):
@@ -288,6 +290,43 @@ class TestTtftDeadline(harness.TestCase):
         self.assertEqual(e["upstream"], "late")
         self.assertEqual((e["deadline_missed"], e["deadline_failovers"]), (1, 0))
         self.assertEqual(self.late.stats()["aborted"], late0["aborted"])
+        self.assertEqual(self.live.stats()["requests"], live0["requests"])
+
+    def test_many_at_once_each_gets_one_answer(self):
+        n = 8
+        stall0, live0 = self.stall.stats(), self.live.stats()
+        results = [None] * n
+
+        def one(i):
+            results[i] = request(self.tt.port, body(True, prompt="p%d" % i), "dl-many-%d" % i, host="fo.test")
+
+        bg = rh.Background()
+        for i in range(n):
+            bg.start(one, i)
+        for i, r in enumerate(bg.join(20.0)):
+            self.assertEqual(r[0], "ok", (i, r))
+        for i in range(n):
+            resp, head_ms, first_ms = results[i]
+            self.assertEqual(resp.status, 200)
+            self.assertTrue(resp.complete)
+            direct, _, _ = request(self.live.port, body(True, prompt="p%d" % i), "dl-many-%d" % i)
+            self.assertEqual(resp.body, direct.body, i)
+            e = self.log_entry("dl-many-%d" % i)
+            self.assertEqual((e["upstream"], e["deadline_missed"], e["deadline_failovers"]), ("live", 1, 1))
+        self.assertEqual(self.stall.stats()["requests"] - stall0["requests"], n)
+        self.wait_aborted(self.stall, stall0["aborted"] + n)
+        self.assertEqual(self.live.stats()["requests"] - live0["requests"], 2 * n)
+        self.assertTrue(harness.wait_until(lambda: self.upstreams()["stall"]["in_flight"] == 0, 5.0, 0.05))
+
+    def test_pinned_request_is_not_sent_elsewhere(self):
+        rid = "dl-pinned"
+        live0 = self.live.stats()
+        headers = [("x-request-id", rid), ("Host", "big.test"), ("x-tt-upstream", "late")]
+        resp, _ = harness.exchange(self.tt.port, "POST", rh.CHAT, body(True), headers)
+        self.assertEqual(resp.status, 200)
+        self.assertIn(b'"model":"late"', resp.body)
+        e = self.log_entry(rid)
+        self.assertEqual((e["upstream"], e["deadline_missed"], e["deadline_failovers"]), ("late", 1, 0))
         self.assertEqual(self.live.stats()["requests"], live0["requests"])
 
     def test_metrics_and_routes_show_it(self):
