@@ -431,7 +431,8 @@ static void request_deadline_arm(struct exchange *x)
  * or its first body byte (one not streamed, which comes whole), or more
  * is held than one stream buffer (an upstream sending that much before any
  * token is not stalled; the deadline is given up rather than the memory
- * spent). The deadline stops there. */
+ * spent). The deadline stops there, and the copy of the request kept for
+ * it is dropped. */
 static void request_hold_check(struct exchange *x)
 {
 	const struct respparse *rp = &x->resp;
@@ -442,6 +443,12 @@ static void request_hold_check(struct exchange *x)
 	    (rp->kind != FRAMER_NONE ? x->rec->at[TL_FIRST_TOKEN] != 0 : x->body_seen) || rp->held > STREAM_BUFFER) {
 		x->resp.hold = false;
 		evtimer_del(x->deadline);
+		/* the response has begun: neither this nor a replay on a pooled
+		 * connection (request_replay) sends the request again */
+		if (x->replay) {
+			evbuffer_free(x->replay);
+			x->replay = NULL;
+		}
 	}
 }
 

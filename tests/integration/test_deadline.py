@@ -329,6 +329,18 @@ class TestTtftDeadline(harness.TestCase):
         self.assertEqual((e["upstream"], e["deadline_missed"], e["deadline_failovers"]), ("late", 1, 0))
         self.assertEqual(self.live.stats()["requests"], live0["requests"])
 
+    def test_error_answer_is_not_held(self):
+        # the stalled simulator answers an unknown path with a 404 at once:
+        # nothing to wait for, forwarded as it comes, no miss
+        rid = "dl-404"
+        headers = [("x-request-id", rid), ("Host", "fo.test")]
+        t0 = time.monotonic()
+        resp, _ = harness.exchange(self.tt.port, "POST", "/v1/nothing-here", body(False), headers)
+        self.assertEqual(resp.status, 404)
+        self.assertLess((time.monotonic() - t0) * 1000, DEADLINE_MS)
+        e = self.log_entry(rid)
+        self.assertEqual((e["upstream"], e["deadline_missed"], e["deadline_failovers"]), ("stall", 0, 0))
+
     def test_metrics_and_routes_show_it(self):
         # one failover first, so that the counter is not 0
         self.assert_failed_over(True)
