@@ -109,6 +109,26 @@ def proto_counters(body, family):
     return None
 
 
+CHATTY_BYTES = 300 << 10  # more than the 256 KiB a hold keeps
+CHATTY_PAUSE_S = 1.0
+EMPTY_DELTA = b'data: {"choices":[{"index":0,"delta":{"content":""},"finish_reason":null}]}\n\n'
+
+
+def chatty(sock, req, ctx):
+    """An upstream that streams CHATTY_BYTES of events carrying no token,
+    pauses, then one token and the end."""
+    harness.send_sse_head(sock)
+    sent = 0
+    for _ in range(CHATTY_BYTES // len(EMPTY_DELTA) + 1):
+        harness.send_chunk(sock, EMPTY_DELTA)
+        sent += len(EMPTY_DELTA)
+    ctx.stop_event.wait(CHATTY_PAUSE_S)
+    harness.send_chunk(sock, b'data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}\n\n')
+    harness.send_chunk(sock, b"data: [DONE]\n\n")
+    sock.sendall(b"0\r\n\r\n")
+    return True
+
+
 def head_of(resp):
     """What a client reads of the head, without the headers each answer
     makes afresh."""
@@ -125,8 +145,9 @@ class TestTtftDeadline(harness.TestCase):
                                      "slow")
         cls.late = harness.start_sim(cls, "--ttft-ms", LATE_TTFT_MS, "--itl-ms", "5", "--tokens", "8", "--model",
                                      "late")
+        cls.chatty = harness.start_fake_upstream(cls, chatty)
         ups = rh.upstreams_yaml({"stall": cls.stall.url, "live": cls.live.url, "slow": cls.slow.url,
-                                 "late": cls.late.url})
+                                 "late": cls.late.url, "chatty": cls.chatty.url})
         # Smooth weighted round robin over one worker: 1000 to 1 sends the
         # first few hundred requests of a route to its first upstream.
         cls.tt = rh.start_conf(cls, "override_header: x-tt-upstream\n" + ups + """routes:
@@ -150,6 +171,10 @@ class TestTtftDeadline(harness.TestCase):
     match: {host: met.test}
     ttft_deadline: 3s
     upstream: slow
+  - name: chatty
+    match: {host: chatty.test}
+    ttft_deadline: 5s
+    upstream: chatty
   - name: plain
     match: {host: plain.test}
     upstream: slow
@@ -328,6 +353,21 @@ class TestTtftDeadline(harness.TestCase):
         e = self.log_entry(rid)
         self.assertEqual((e["upstream"], e["deadline_missed"], e["deadline_failovers"]), ("late", 1, 0))
         self.assertEqual(self.live.stats()["requests"], live0["requests"])
+
+    def test_hold_gives_up_past_the_stream_buffer(self):
+        # 300 KiB before any token: forwarded once past the 256 KiB a hold
+        # keeps, well before the token, with no miss counted at 5 s
+        rid = "dl-chatty"
+        resp, head_ms, first_ms = request(self.tt.port, body(True), rid, host="chatty.test")
+        self.assertEqual(resp.status, 200)
+        self.assertTrue(resp.complete)
+        self.assertGreater(len(resp.body), CHATTY_BYTES)
+        self.assertTrue(resp.body.endswith(b"data: [DONE]\n\n"))
+        self.assertLess(head_ms, CHATTY_PAUSE_S * 1000 / 2)
+        e = self.log_entry(rid)
+        self.assertEqual((e["deadline_missed"], e["deadline_failovers"]), (0, 0))
+        self.assertEqual(e["token_events"], 1)
+        self.assertGreaterEqual(e["timeline_ms"]["first_token"], CHATTY_PAUSE_S * 1000)
 
     def test_error_answer_is_not_held(self):
         # the stalled simulator answers an unknown path with a 404 at once:
