@@ -119,6 +119,10 @@ static json_t *record_to_json(const struct req_record *r)
 	json_object_set_new(o, "reasoning_tokens", int_or_null(r->usage.reasoning_tokens));
 	json_object_set_new(o, "server_timing", str_or_null(classify_server_name(r->usage.server.source)));
 	json_object_set_new(o, "engine", accesslog_engine_json(&r->engine));
+	if (r->deadline_ms) {
+		json_object_set_new(o, "deadline_missed", json_integer(r->deadline_missed));
+		json_object_set_new(o, "deadline_failovers", json_integer(r->deadline_failovers));
+	}
 	json_object_set_new(o, "events", json_integer((json_int_t)r->events));
 	json_object_set_new(o, "token_events", json_integer((json_int_t)r->token_events));
 	json_object_set_new(o, "reasoning_events", json_integer((json_int_t)r->reasoning_events));

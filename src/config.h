@@ -85,7 +85,11 @@ struct route_conf {
 	enum sticky_kind sticky;
 	const char *sticky_key; /* header name or top-level JSON field */
 	bool failover;		/* a refused connection tries another target */
-	bool split;		/* targets came from `split:` (else `upstream:`) */
+	/* 0: none. Else the response head is held until the first token, and
+	 * an upstream with none this long after its dispatch is left for
+	 * another target (exchange.c, on_deadline) */
+	uint64_t ttft_deadline_ms;
+	bool split; /* targets came from `split:` (else `upstream:`) */
 	int line, split_line;
 	const char *mirror_upstream;   /* shadow copies go here; NULL: none */
 	unsigned mirror_percent;       /* of the route's requests, 0..100 */

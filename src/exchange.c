@@ -20,7 +20,8 @@
  *   NEW ─▶ [AWAIT_BODY | AWAIT_CHUNK] ─▶ ROUTING ─▶ [QUEUED] ─▶ CONNECTING ─▶ SENDING
  *          ─▶ AWAIT_HEAD ─▶ STREAMING ⇄ PAUSED ─▶ DONE
  *
- * and back: CONNECTING ─▶ ROUTING on failover, SENDING or AWAIT_HEAD ─▶
+ * and back: CONNECTING ─▶ ROUTING on failover (and SENDING, AWAIT_HEAD or
+ * STREAMING ─▶ ROUTING on a missed ttft_deadline), SENDING or AWAIT_HEAD ─▶
  * CONNECTING on a replay; any state ─▶ DONE on an error or abort. The state
  * decides the timer (exchange_set_state) and what on_exchange_timer does.
  */
@@ -47,7 +48,12 @@
 #include "strutil.h"
 #include "tls.h"
 
-static bool request_failover(struct exchange *x);
+/* Why a request leaves its upstream for another target of its route. */
+enum failover_why {
+	FO_REFUSED,  /* the connection was refused or not accepted in time: nothing reached it */
+	FO_DEADLINE, /* no token within the route's ttft_deadline: cancelled (on_deadline) */
+};
+static bool request_failover(struct exchange *x, enum failover_why why);
 static void on_up_write(struct bufferevent *bev, void *arg);
 static void on_up_event(struct bufferevent *bev, short what, void *arg);
 static enum xr request_upstream_closed(struct exchange *x, short what);
@@ -55,7 +61,9 @@ static void on_up_read(struct bufferevent *bev, void *arg);
 static enum xr exchange_read(struct exchange *x, const struct xsrc *src);
 static enum xr exchange_end(struct exchange *x, const struct xsrc *last, size_t n, bool past_end);
 static void on_exchange_timer(evutil_socket_t fd, short what, void *arg);
+static void on_deadline(evutil_socket_t fd, short what, void *arg);
 static const struct upconn_direct up_direct;
+static const struct respparse_hooks resp_hooks;
 
 const struct xfail_info exchange_fails[XF__COUNT] = {
 #define X(e, status, kind, type, shadow) [XF_##e] = { status, REQ_ERR_##kind, type, REQ_ERR_##shadow },
@@ -103,7 +111,9 @@ static const enum xtimer xstate_timer[XS__COUNT] = {
 /*
  * For each state, the states it may change to (docs/dev/pipeline-plan.md
  * 3.2). CONNECTING -> ROUTING is a failover (the upstream refused or did not
- * accept in time); SENDING or AWAIT_HEAD -> CONNECTING a replay on a fresh
+ * accept in time), and so are SENDING, AWAIT_HEAD and STREAMING -> ROUTING
+ * (no token within the route's ttft_deadline, the response held from the
+ * client: on_deadline); SENDING or AWAIT_HEAD -> CONNECTING a replay on a fresh
  * connection (request_replay); SENDING -> STREAMING an upstream that answers
  * before the request is all written. Every state but DONE may end in DONE.
  */
@@ -114,9 +124,9 @@ static const uint16_t xstate_legal[XS__COUNT] = {
 	[XS_ROUTING] = XS_BIT(QUEUED) | XS_BIT(CONNECTING) | XS_BIT(DONE),
 	[XS_QUEUED] = XS_BIT(CONNECTING) | XS_BIT(DONE),
 	[XS_CONNECTING] = XS_BIT(SENDING) | XS_BIT(ROUTING) | XS_BIT(DONE),
-	[XS_SENDING] = XS_BIT(AWAIT_HEAD) | XS_BIT(STREAMING) | XS_BIT(CONNECTING) | XS_BIT(DONE),
-	[XS_AWAIT_HEAD] = XS_BIT(STREAMING) | XS_BIT(CONNECTING) | XS_BIT(DONE),
-	[XS_STREAMING] = XS_BIT(PAUSED) | XS_BIT(DONE),
+	[XS_SENDING] = XS_BIT(AWAIT_HEAD) | XS_BIT(STREAMING) | XS_BIT(CONNECTING) | XS_BIT(ROUTING) | XS_BIT(DONE),
+	[XS_AWAIT_HEAD] = XS_BIT(STREAMING) | XS_BIT(CONNECTING) | XS_BIT(ROUTING) | XS_BIT(DONE),
+	[XS_STREAMING] = XS_BIT(PAUSED) | XS_BIT(ROUTING) | XS_BIT(DONE),
 	[XS_PAUSED] = XS_BIT(STREAMING) | XS_BIT(DONE),
 	[XS_DONE] = 0,
 };
@@ -188,6 +198,8 @@ static void exchange_leave(struct exchange *x, bool reusable, enum xstate next)
 		upstream_release(x->uc, reusable);
 		x->uc = NULL;
 	}
+	if (x->deadline)
+		evtimer_del(x->deadline); /* armed again at the next dispatch */
 	exchange_set_state(x, next);
 	if (held)
 		upstream_leave(x->up); /* may admit a waiter: nothing after this touches it */
@@ -259,7 +271,7 @@ static void on_exchange_timer(evutil_socket_t fd, short what, void *arg)
 		snprintf(msg, sizeof(msg), "upstream %s did not accept the connection within %llu ms", x->up->name,
 			 (unsigned long long)x->up->connect_timeout_ms);
 		exchange_note_result(x, false, clock_now_ns());
-		if (request_failover(x)) /* nothing reached it: safe to send elsewhere */
+		if (request_failover(x, FO_REFUSED)) /* nothing reached it: safe to send elsewhere */
 			return;
 		why = XF_CONNECT_TIMEOUT;
 		break;
@@ -287,6 +299,36 @@ static void on_exchange_timer(evutil_socket_t fd, short what, void *arg)
 	default: return;
 	}
 	exchange_fail(x, why, msg);
+}
+
+/*
+ * The route's ttft_deadline passed with no token from x->up (the response
+ * still held: request_hold_check stops the timer when one comes). Counted
+ * against the upstream; the request goes to another target of the route
+ * when one is left and every byte sent was kept (request_failover), and
+ * the client, which has seen nothing, gets that one's answer alone.
+ * Otherwise this upstream answers, late: the hold ends here and what it
+ * sent so far goes to the client (the deadline has only been recorded),
+ * its first-byte and idle timeouts still bounding it.
+ */
+static void on_deadline(evutil_socket_t fd, short what, void *arg)
+{
+	struct exchange *x = arg;
+	CHECK_OBJ(x, EXCHANGE_MAGIC);
+
+	if (!x->resp.hold || !exchange_admitted(x->xstate))
+		return;
+	upstream_count(x->up, UPC_DEADLINE_MISSED);
+	x->rec->deadline_missed++;
+	if (request_failover(x, FO_DEADLINE))
+		return; /* the exchange may be gone (request_failover) */
+	log_conn(LOG_INFO, x->log_id,
+		 "request %s: upstream %s produced no token within the route's ttft_deadline of %llu ms; %s",
+		 x->rec->id, x->up->name, (unsigned long long)x->rec->deadline_ms,
+		 x->replay ? "no other upstream is left, it answers" : "not kept whole to send again, it answers");
+	x->resp.hold = false;
+	if (x->uc && exchange_streaming(x))
+		(void)exchange_read(x, &(struct xsrc){ .buf = bufferevent_get_input(x->uc->bev) });
 }
 
 /* The head an upstream gets: same method, target and end-to-end headers,
@@ -355,6 +397,61 @@ static void request_bind(struct exchange *x, struct upconn *uc)
 		upconn_priority(uc, LOOP_PRIO_STREAM); /* a shadow never goes before the primaries */
 }
 
+/*
+ * The route's ttft_deadline, from each dispatch: the upstream's response is
+ * held from the client (resp.hold) until its first token, and every byte
+ * of the request that goes out is kept (x->replay, up to REPLAY_MAX) so
+ * that another upstream can be sent it should this one have produced no
+ * token in time (on_deadline). Counted from the dispatch, so each upstream
+ * tried gets the whole deadline, and a wait in an admission queue is not
+ * counted against the upstream that ends it. No timer (out of memory): no
+ * hold, the request runs as on a route without a deadline.
+ */
+static void request_deadline_arm(struct exchange *x)
+{
+	uint64_t ms = x->shadow ? 0 : x->route->conf->ttft_deadline_ms;
+
+	x->rec->deadline_ms = ms;
+	if (!ms)
+		return;
+	if (!x->deadline && !(x->deadline = evtimer_new(x->env->base, on_deadline, x)))
+		return;
+	x->resp.hold = true;
+	if (!x->replay)
+		x->replay = evbuffer_new(); /* filled as bytes go out (exchange_flush); NULL: no resend */
+	/* From now, not from the loop turn's cached clock, which may be some
+	 * milliseconds old on a busy worker: the upstream gets the whole
+	 * deadline. */
+	event_base_update_cache_time(x->env->base);
+	loop_timer_arm(x->deadline, ms);
+}
+
+/* The held response may go to its client: it is over, or not a success
+ * (nothing to wait for), or its first token has parsed (a streamed one),
+ * or its first body byte (one not streamed, which comes whole), or more
+ * is held than one stream buffer (an upstream sending that much before any
+ * token is not stalled; the deadline is given up rather than the memory
+ * spent). The deadline stops there, and the copy of the request kept for
+ * it is dropped. */
+static void request_hold_check(struct exchange *x)
+{
+	const struct respparse *rp = &x->resp;
+
+	if (!rp->head_done)
+		return;
+	if (rp->done || rp->status < 200 || rp->status >= 300 ||
+	    (rp->kind != FRAMER_NONE ? x->rec->at[TL_FIRST_TOKEN] != 0 : x->body_seen) || rp->held > STREAM_BUFFER) {
+		x->resp.hold = false;
+		evtimer_del(x->deadline);
+		/* the response has begun: neither this nor a replay on a pooled
+		 * connection (request_replay) sends the request again */
+		if (x->replay) {
+			evbuffer_free(x->replay);
+			x->replay = NULL;
+		}
+	}
+}
+
 /* A slot on x->up is ours: take a connection and send. CONNECTING is
  * entered first, so that the slot is given back should the connection not
  * open. */
@@ -384,12 +481,13 @@ static enum xr request_connect(struct exchange *x)
 	x->cold = !x->shadow && upstream_dispatch_cold(x->up, reused, now);
 	request_bind(x, x->uc);
 	x->reused = reused;
+	request_deadline_arm(x);
 	if (reused) {
 		exchange_set_state(x, XS_SENDING); /* connected already: the connect timer off again */
 		/* A pooled connection may have been closed by the server a moment
 		 * ago (its keep-alive timeout racing this request): keep a copy to
 		 * replay, when the whole request is here and small. */
-		if (!x->retried)
+		if (!x->retried && !x->replay)
 			x->replay = evbuffer_new(); /* filled as bytes go out: exchange_flush */
 		x->rec->at[TL_UP_CONNECTED] = now;
 		upconn_writing(x->uc);
@@ -520,16 +618,47 @@ enum xr exchange_pick(struct exchange *x, bool *pinned)
 	return XR_OK;
 }
 
-/* The chosen upstream refused the connection before any byte reached it:
- * another target of the route gets the request, when the route allows. */
-static bool request_failover(struct exchange *x)
+/*
+ * The request is sent to another upstream, the response this one began
+ * forgotten (it was held: the client saw none of it). `pending` gets every
+ * byte that left it for this upstream (the replay copy, the head for this
+ * upstream at its front as in pending before), then those still waiting.
+ * -1: they could not be put back (nothing changed).
+ */
+static int request_rewind(struct exchange *x)
+{
+	CHECK(x->replay && x->rec->bytes_out == 0);
+	if (evbuffer_prepend_buffer(x->pending, x->replay) == -1)
+		return -1;
+	evbuffer_free(x->replay);
+	x->replay = NULL; /* made again at the next dispatch */
+	x->wrote_at = 0;
+	x->reused = x->retried = false;
+	x->upstream_dirty = x->resp_close = x->body_seen = false;
+	x->up_closed = 0; /* the connection it was about is closed with the rest */
+	respparse_init(&x->resp, &resp_hooks, &x->meter);
+	meter_restart(&x->meter);
+	return 0;
+}
+
+/*
+ * Another target of the route gets the request, when the route allows:
+ * FO_REFUSED, the chosen upstream refused the connection before any byte
+ * reached it (the route's `failover`); FO_DEADLINE, it produced no token
+ * within the route's ttft_deadline and every byte sent to it was kept
+ * (request_deadline_arm). Its connection is closed, never pooled, so that
+ * the engine stops generating for a request nobody will read. False: no
+ * other target is left, or the request cannot be sent again; nothing
+ * changed.
+ */
+static bool request_failover(struct exchange *x, enum failover_why why)
 {
 	unsigned idx;
 
 	if (x->shadow)
 		return false;
 	int cur = route_target_index(x->route, x->up);
-	if (!x->route->conf->failover || cur < 0)
+	if (cur < 0 || (why == FO_REFUSED ? !x->route->conf->failover : !x->replay))
 		return false;
 	x->tried |= 1u << cur;
 	size_t klen = 0;
@@ -537,8 +666,12 @@ static bool request_failover(struct exchange *x)
 	struct upstream *next = route_pick(x->route, key, klen, x->tried, &idx);
 	if (!next)
 		return false;
-	log_conn(LOG_WARN, x->log_id, "request %s: upstream %s refused; failing over to %s", x->rec->id, x->up->name,
-		 next->name);
+	if (why == FO_DEADLINE && request_rewind(x) == -1)
+		return false;
+	log_conn(LOG_WARN, x->log_id, "request %s: upstream %s %s; failing over to %s", x->rec->id, x->up->name,
+		 why == FO_REFUSED ? "refused" : "produced no token within the route's ttft_deadline", next->name);
+	if (why == FO_DEADLINE)
+		x->rec->deadline_failovers++;
 	exchange_leave(x, false, XS_ROUTING);
 	evbuffer_drain(x->pending, x->head_len); /* the head is rewritten for the next one */
 	x->head_len = 0;
@@ -715,7 +848,8 @@ static bool request_replay(struct exchange *x, char *why, size_t whylen)
 	evbuffer_drain(x->pending, evbuffer_get_length(x->pending));
 	evbuffer_add_buffer(x->pending, x->replay);
 	evbuffer_free(x->replay);
-	x->replay = NULL;
+	/* a route's ttft_deadline keeps what goes out again, for another upstream */
+	x->replay = x->resp.hold ? evbuffer_new() : NULL;
 	x->rec->at[TL_UP_CONNECTED] = 0;
 	x->rec->at[TL_REQ_SENT] = 0;
 	x->wrote_at = 0;
@@ -753,7 +887,7 @@ static void on_up_event(struct bufferevent *bev, short what, void *arg)
 		}
 		snprintf(msg, sizeof(msg), "upstream %s is unreachable: %s", x->up->name,
 			 err ? evutil_socket_error_to_string(err) : "connection failed");
-		if (request_failover(x))
+		if (request_failover(x, FO_REFUSED))
 			return;
 		exchange_fail(x, XF_UNREACHABLE, msg);
 		return;
@@ -956,6 +1090,8 @@ static enum xr exchange_read(struct exchange *x, const struct xsrc *src)
 	if (!exchange_feed(x, src, &past_end))
 		return XR_ENDED;
 	request_read_end(x, first_before);
+	if (x->resp.hold)
+		request_hold_check(x);
 	/* a direct read's head is done: all that was used is taken */
 	if (respparse_take(&x->resp, &n) == RESPPARSE_HEAD_TOO_LARGE) {
 		char msg[160];
@@ -1043,6 +1179,15 @@ static void on_resp_head(void *arg, const struct respparse *rp)
 	exchange_set_state(x, XS_STREAMING);
 }
 
+static void on_resp_body(void *arg, const char *at, size_t len)
+{
+	struct exchange *x = meter_request(arg);
+	CHECK_OBJ(x, EXCHANGE_MAGIC);
+
+	meter_body(&x->meter, at, len);
+	x->body_seen = true;
+}
+
 static void on_resp_complete(void *arg, bool keep_alive)
 {
 	struct exchange *x = meter_request(arg);
@@ -1065,7 +1210,7 @@ static void on_resp_complete(void *arg, bool keep_alive)
 
 static const struct respparse_hooks resp_hooks = {
 	.head = on_resp_head,
-	.body = meter_resp_body,
+	.body = on_resp_body,
 	.complete = on_resp_complete,
 };
 
@@ -1102,8 +1247,10 @@ void exchange_free(struct exchange *x)
 		evbuffer_free(x->replay);
 	if (x->timer)
 		event_free(x->timer);
+	if (x->deadline)
+		event_free(x->deadline);
 	x->pending = x->replay = NULL;
-	x->timer = NULL;
+	x->timer = x->deadline = NULL;
 	OBJ_MAGIC_CLEAR(x);
 }
 

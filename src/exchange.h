@@ -240,6 +240,11 @@ struct exchange {
 				* resp.keep_alive: the response's word on the connection */
 	bool upstream_dirty;   /* bytes past the response end: never reuse */
 	struct meter meter;    /* measures the response into rec, and records it */
+	/* The route's ttft_deadline, armed at each dispatch (request_connect)
+	 * while resp.hold keeps the response from the client; NULL until a
+	 * route with one is dispatched to */
+	struct event *deadline;
+	bool body_seen; /* a body byte of the response has parsed */
 };
 
 /* Makes the exchange of a request (its pending buffer, timer, response

@@ -124,6 +124,8 @@ static json_t *route_json(const struct route *r)
 			? json_null()
 			: json_pack("{s:s}", c->sticky == STICKY_HEADER ? "header" : "json_field", c->sticky_key));
 	json_object_set_new(o, "failover", json_boolean(c->failover));
+	json_object_set_new(o, "ttft_deadline_ms",
+			    c->ttft_deadline_ms ? json_integer((json_int_t)c->ttft_deadline_ms) : json_null());
 	json_object_set_new(o, "mirror",
 			    r->mirror ? json_pack("{s:s,s:I,s:I,s:o}", "upstream", r->mirror->name, "percent",
 						  (json_int_t)c->mirror_percent, "max_in_flight",
@@ -167,6 +169,10 @@ char *live_upstreams(void *proxy, const char *in, int *status)
 		json_object_set_new(o, "queue_max", json_integer(u->conf.queue_max));
 		json_object_set_new(o, "requests", json_integer((json_int_t)u->requests));
 		json_object_set_new(o, "rejected", json_integer((json_int_t)u->rejected));
+		/* the server's, every worker's together: not added up again */
+		for (unsigned c = 0; c < UPC__COUNT; c++)
+			json_object_set_new(o, upstream_counter_keys[c],
+					    json_integer((json_int_t)upstream_counter(u, (enum upstream_counter)c)));
 		json_object_set_new(o, "errors", errors);
 		json_object_set_new(o, "last_error",
 				    u->last_error_unix ? json_pack("{s:s,s:I}", "kind", req_error_name(u->last_error),

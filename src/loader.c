@@ -689,11 +689,23 @@ static void r_failover(struct load *l, yaml_node_t *v, const char *key, void *o)
 	get_bool(l, v, key, &RT(o)->failover);
 }
 
+static void r_ttft_deadline(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_duration(l, v, key, &RT(o)->ttft_deadline_ms);
+}
+
 static void f_routes(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	static const struct field fields[] = {
-		{ "name", r_name },	{ "match", r_match },	    { "upstream", r_upstream }, { "split", r_split },
-		{ "sticky", r_sticky }, { "failover", r_failover }, { "mirror", r_mirror },	{ NULL, NULL },
+		{ "name", r_name },
+		{ "match", r_match },
+		{ "upstream", r_upstream },
+		{ "split", r_split },
+		{ "sticky", r_sticky },
+		{ "failover", r_failover },
+		{ "mirror", r_mirror },
+		{ "ttft_deadline", r_ttft_deadline },
+		{ NULL, NULL },
 	};
 	struct config *c = CFG(o);
 	char path[64];

@@ -52,6 +52,24 @@ void meter_free(struct meter *m)
 	m->body = NULL;
 }
 
+void meter_restart(struct meter *m)
+{
+	struct req_record *rec = m->rec;
+
+	framer_free(&m->framer);
+	memset(&m->framer, 0, sizeof(m->framer));
+	if (m->body)
+		evbuffer_free(m->body);
+	m->body = NULL;
+	m->itl_run_gap = m->itl_run_n = 0;
+	rec->status = 0;
+	rec->usage = USAGE_UNKNOWN;
+	memset(&rec->hint, 0, sizeof(rec->hint));
+	rec->events = rec->token_events = rec->reasoning_events = rec->tool_call_events = 0;
+	for (int e = TL_UP_CONNECTED; e <= TL_RESP_END; e++)
+		rec->at[e] = 0;
+}
+
 void meter_label(struct meter *m, const char *route, const char *upstream, bool cold, unsigned load)
 {
 	m->route = route;

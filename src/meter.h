@@ -82,6 +82,14 @@ void meter_init(struct meter *m, const struct meter_env *env, struct req_record 
 /* Accepts a zeroed meter; safe twice. */
 void meter_free(struct meter *m);
 
+/* The response measured so far is dropped: the request goes to another
+ * upstream before any byte of it reached the client (exchange.c). The
+ * framer, the body kept, and what the record took from the response (its
+ * status, usage, events, the timeline from the connection on) are reset;
+ * the labels, the pairing and the series (resolved only by a token gap or
+ * by meter_finish, neither of which came) are kept. */
+void meter_restart(struct meter *m);
+
 /* The series' labels and the load, as the owner knows them now; NULL names
  * read "none". Strings are borrowed: they must last until the series is
  * resolved (the first ITL record or meter_finish). Once resolved, a new

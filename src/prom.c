@@ -411,6 +411,27 @@ int prom_render_gauges(struct evbuffer *out, const struct upstream_gauge *g, siz
 			i = j;
 		}
 	}
+	for (unsigned c = 0; c < UPC__COUNT && !w.failed; c++) {
+		emit(&w, "# HELP tokentap_upstream_%s_total %s\n", upstream_counter_keys[c], upstream_counter_help[c]);
+		emit(&w, "# TYPE tokentap_upstream_%s_total counter\n", upstream_counter_keys[c]);
+		for (size_t i = 0; i < n;) {
+			unsigned long long v = 0;
+			size_t j = i;
+			for (; j < n && strcmp(sorted[j].name, sorted[i].name) == 0; j++)
+				v += sorted[j].counters[c];
+			size_t len = prom_label_escape(NULL, 0, sorted[i].name);
+			char *label = malloc(len + 1);
+			if (!label) {
+				w.failed = 1;
+				break;
+			}
+			prom_label_escape(label, len + 1, sorted[i].name);
+			emit(&w, "tokentap_upstream_%s_total{upstream=\"%s\"} %llu\n", upstream_counter_keys[c], label,
+			     v);
+			free(label);
+			i = j;
+		}
+	}
 	free(sorted);
 	if (!w.failed && engine_text(&w, g, n) == -1)
 		w.failed = 1;

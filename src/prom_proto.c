@@ -624,6 +624,41 @@ static void gauge_families(struct render *r, const struct upstream_gauge *g, siz
 			r->arena.failed = true;
 		family_flush(r, f);
 	}
+	/* the upstreams' own counters (UPSTREAM_COUNTERS), as prom.c names them */
+	for (unsigned c = 0; c < UPC__COUNT; c++) {
+		char name[96];
+		snprintf(name, sizeof(name), "tokentap_upstream_%s_total", upstream_counter_keys[c]);
+		pb_family *f =
+			family_new(r, name, upstream_counter_help[c], IO__PROMETHEUS__CLIENT__METRIC_TYPE__COUNTER, n);
+		for (size_t i = 0; f && i < n;) {
+			uint64_t v = 0;
+			size_t j = i;
+			for (; j < n && strcmp(sorted[j].name, sorted[i].name) == 0; j++)
+				v += sorted[j].counters[c];
+			pb_metric *m = arena_alloc(&r->arena, 1, sizeof(*m));
+			pb_label *l = arena_alloc(&r->arena, 1, sizeof(*l));
+			pb_label **lp = arena_alloc(&r->arena, 1, sizeof(*lp));
+			pb_counter *co = arena_alloc(&r->arena, 1, sizeof(*co));
+			if (!m || !l || !lp || !co)
+				break;
+			io__prometheus__client__metric__init(m);
+			io__prometheus__client__label_pair__init(l);
+			io__prometheus__client__counter__init(co);
+			l->name = "upstream";
+			l->value = sorted[i].name;
+			lp[0] = l;
+			m->label = lp;
+			m->n_label = 1;
+			co->has_value = true;
+			co->value = (double)v;
+			m->counter = co;
+			f->metric[f->n_metric++] = m;
+			i = j;
+		}
+		if (!f)
+			r->arena.failed = true;
+		family_flush(r, f);
+	}
 	free(sorted);
 	engine_families(r, g, n);
 }

@@ -176,7 +176,7 @@ enum respparse_status respparse_take(struct respparse *rp, size_t *n)
 	*n = 0;
 	if (!rp->head_done && rp->held > rp->head_max)
 		return RESPPARSE_HEAD_TOO_LARGE;
-	if (rp->head_done) {
+	if (rp->head_done && !rp->hold) {
 		*n = rp->held;
 		rp->held = 0;
 	}

@@ -54,6 +54,10 @@ struct respparse {
 	/* Bytes a head may take, 1xx responses before it included: RESP_HEAD_MAX
 	 * (the fuzz target lowers it to reach the bound with small inputs). */
 	size_t head_max;
+	/* Set by the caller while it wants the response kept from its client
+	 * past the head (exchange.c holds a route's answer for its first
+	 * token): respparse_take hands out nothing, the bytes stay held. */
+	bool hold;
 	/* Bytes fed and parsed but not yet taken (respparse_take). */
 	size_t held;
 	/* The final response, as parsed */
@@ -87,7 +91,7 @@ enum respparse_status respparse_feed(struct respparse *rp, const char *buf, size
 /*
  * Once the bytes at hand are fed: *n of the held bytes are the caller's to
  * forward now, all of them once the final head has parsed (1xx responses
- * and the head go out with it), none before. Returns DONE when the response
+ * and the head go out with it), none before, nor while rp->hold is set. Returns DONE when the response
  * has ended, HEAD_TOO_LARGE when more than rp->head_max bytes are held
  * with no final head (*n is 0), else MORE.
  */

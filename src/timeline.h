@@ -144,6 +144,11 @@ struct req_record {
 	bool mirror;		   /* a shadow copy: measured, its response dropped */
 	struct wl_req *wl;	   /* the workload capture's scan of the body (workload.h); the request owns it */
 	struct engine_seen engine; /* at the last dispatch */
+	/* The route's ttft_deadline (0: none) and the upstreams that had no
+	 * token within it: the ones left for another (failovers) and, when
+	 * none could take it, the one that answered late */
+	uint64_t deadline_ms;
+	unsigned deadline_missed, deadline_failovers;
 };
 
 static inline uint64_t clock_now_ns(void)

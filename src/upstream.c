@@ -38,6 +38,7 @@ struct up_share {
 	_Atomic uint64_t completed;		   /* exchanges that got a response */
 	_Atomic uint64_t last_done_ns;		   /* when the last one ended */
 	_Atomic bool failing;			   /* the last connect attempt failed */
+	_Atomic uint64_t counters[UPC__COUNT];	   /* UPSTREAM_COUNTERS */
 	struct upstream *members[WORKERS_MAX * 4]; /* under shares_lock: whom to wake */
 	unsigned nmembers;
 	LIST_ENTRY(up_share) link;
@@ -260,6 +261,28 @@ void upstream_engine_state(const struct upstream *up, struct engine_state *out)
 	pthread_mutex_unlock(&shares_lock);
 }
 
+const char *const upstream_counter_keys[UPC__COUNT] = {
+#define X(e, key, help) #key,
+	UPSTREAM_COUNTERS(X)
+#undef X
+};
+const char *const upstream_counter_help[UPC__COUNT] = {
+#define X(e, key, help) help,
+	UPSTREAM_COUNTERS(X)
+#undef X
+};
+
+void upstream_count(struct upstream *up, enum upstream_counter c)
+{
+	if (up->share)
+		atomic_fetch_add_explicit(&up->share->counters[c], 1, memory_order_relaxed);
+}
+
+uint64_t upstream_counter(const struct upstream *up, enum upstream_counter c)
+{
+	return up->share ? atomic_load_explicit(&up->share->counters[c], memory_order_relaxed) : 0;
+}
+
 int upstream_gauges(struct upstream_gauge **out, size_t *n)
 {
 	struct upstream_gauge *g = NULL;
@@ -278,6 +301,8 @@ int upstream_gauges(struct upstream_gauge **out, size_t *n)
 			goto fail;
 		g[i].in_flight = atomic_load(&s->active);
 		g[i].queued = atomic_load(&s->queued);
+		for (unsigned c = 0; c < UPC__COUNT; c++)
+			g[i].counters[c] = atomic_load_explicit(&s->counters[c], memory_order_relaxed);
 		g[i].engine = s->engine;
 		i++;
 	}

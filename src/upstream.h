@@ -154,6 +154,30 @@ struct engine_state {
 	char error[160];	    /* the latest failure, "" none */
 };
 
+/*
+ * Counters of an upstream that every worker's copies add to (struct
+ * up_share, so one number per name and url since it was configured), as
+ * (ENUM, key, help): /upstreams shows each under its key, /metrics as
+ * tokentap_upstream_<key>_total{upstream} with `help` as its # HELP.
+ */
+#define UPSTREAM_COUNTERS(X) \
+	X(DEADLINE_MISSED, deadline_missed, \
+	  "Requests that had no token from the upstream within their route's ttft_deadline of their dispatch to it.")
+
+enum upstream_counter {
+#define X(e, key, help) UPC_##e,
+	UPSTREAM_COUNTERS(X)
+#undef X
+		UPC__COUNT
+};
+extern const char *const upstream_counter_keys[UPC__COUNT];
+extern const char *const upstream_counter_help[UPC__COUNT];
+
+/* Adds one to `c` of `up`'s server (all workers). */
+void upstream_count(struct upstream *up, enum upstream_counter c);
+/* Its value now, every worker's together. */
+uint64_t upstream_counter(const struct upstream *up, enum upstream_counter c);
+
 /* In flight and queued per upstream, read on any thread without asking a
  * worker: the counts every worker's copies share (struct up_share), one
  * entry per (name, url) that some worker holds, so a name twice while a
@@ -161,7 +185,8 @@ struct engine_state {
 struct upstream_gauge {
 	char *name; /* malloc'd */
 	unsigned in_flight, queued;
-	struct engine_state engine; /* its scrape (scrape.h); all zero when not scraped */
+	uint64_t counters[UPC__COUNT]; /* UPSTREAM_COUNTERS */
+	struct engine_state engine;    /* its scrape (scrape.h); all zero when not scraped */
 };
 
 /* A malloc'd array in *out and its length in *n (0 and NULL when there is

@@ -2,7 +2,8 @@
  * test_respparse.c — the response parser's keep-alive answer: the field
  * rp.keep_alive, set at the response's end beside the complete hook, says
  * what the hook is told, whatever the version and Connection header say,
- * and a 1xx before the final response leaves it alone.
+ * and a 1xx before the final response leaves it alone; and the caller's
+ * hold on a parsed head.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -103,13 +104,42 @@ static void test_not_set_before_the_end(void **state)
 	assert_false(rp.done);
 }
 
+/* While the caller holds the response (rp.hold), take hands out nothing,
+ * head or body, and the bytes stay held; once it lets go, all of them at
+ * once. */
+static void test_hold_keeps_the_head(void **state)
+{
+	static const char head[] = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
+	static const char chunk[] = "2\r\nok\r\n";
+	struct respparse rp;
+	struct seen s;
+	size_t used, n;
+
+	(void)state;
+	memset(&s, 0, sizeof(s));
+	s.rp = &rp;
+	respparse_init(&rp, &hooks, &s);
+	rp.hold = true;
+	assert_int_equal(respparse_feed(&rp, head, strlen(head), &used), RESPPARSE_MORE);
+	assert_true(rp.head_done);
+	assert_int_equal(respparse_take(&rp, &n), RESPPARSE_MORE);
+	assert_int_equal(n, 0);
+	assert_int_equal(respparse_feed(&rp, chunk, strlen(chunk), &used), RESPPARSE_MORE);
+	assert_int_equal(respparse_take(&rp, &n), RESPPARSE_MORE);
+	assert_int_equal(n, 0);
+	assert_int_equal(rp.held, strlen(head) + strlen(chunk));
+	rp.hold = false;
+	assert_int_equal(respparse_take(&rp, &n), RESPPARSE_MORE);
+	assert_int_equal(n, strlen(head) + strlen(chunk));
+	assert_int_equal(rp.held, 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_http11_keeps_alive),
-		cmocka_unit_test(test_connection_close_ends_it),
-		cmocka_unit_test(test_http10_ends_it_unless_asked),
-		cmocka_unit_test(test_not_set_before_the_end),
+		cmocka_unit_test(test_http11_keeps_alive),	    cmocka_unit_test(test_connection_close_ends_it),
+		cmocka_unit_test(test_http10_ends_it_unless_asked), cmocka_unit_test(test_not_set_before_the_end),
+		cmocka_unit_test(test_hold_keeps_the_head),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
