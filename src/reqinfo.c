@@ -354,6 +354,8 @@ static enum scan_status scan_top(struct scan *s, struct reqinfo *out)
 				out->stream = -1;
 			else if (key_is(key, key_end, "model"))
 				out->model[0] = '\0';
+			if (s->field && key_is(key, key_end, s->field))
+				out->field_value[0] = '\0';
 			st = scan_skip_value(s);
 			if (st != SCAN_OK)
 				return st;

@@ -185,6 +185,9 @@ static void test_escaped_keys(void **state)
 	const char *b = "{\"user\":\"decoy\",\"us\\u0065r\":\"alice\"}";
 	assert_int_equal(reqinfo_parse_field(b, strlen(b), true, "user", &ri), 0);
 	assert_string_equal(ri.field_value, "alice");
+	b = "{\"user\":\"alice\",\"user\":7}";
+	assert_int_equal(reqinfo_parse_field(b, strlen(b), true, "user", &ri), 0);
+	assert_string_equal(ri.field_value, ""); /* the last one counts, even when it is no string */
 	/* every prefix: the first name until the second is read whole */
 	b = "{\"model\":\"junk\",\"mod\\u0065l\":\"real\"}";
 	for (size_t len = 1; len < strlen(b); len++) {
