@@ -14,11 +14,15 @@
  *    count). In a body said to be complete it means the body is not JSON.
  *  - It checks structure (strings, brackets, separators), not every scalar:
  *    it is not a validator.
+ *  - The strings it hands out are text, whatever the body held: valid
+ *    UTF-8 without control characters (string_char says how).
  */
 #include "reqinfo.h"
 
 #include <stdint.h>
 #include <string.h>
+
+#include "strutil.h"
 
 #define REQINFO_DEPTH_MAX 512
 
@@ -171,39 +175,73 @@ static int read_hex4(const char *p, const char *end, unsigned *out)
 	return 0;
 }
 
-/* Appends code point `cp` as UTF-8 if it fits whole; a sequence that does
- * not fit is left out rather than cut, so the model name stays valid UTF-8. */
-static void put_utf8(char *dst, size_t cap, size_t *n, unsigned cp)
+/* One character of a JSON string's text at *pp (before its closing quote):
+ * its code point in *cp, *pp moved past it. The text is kept as text
+ * (strutil.h): a byte that is not well-formed UTF-8, a control character
+ * (raw or escaped, \u0000 included) and an unpaired surrogate escape, which
+ * Python's json lets through, all become U+FFFD. SCAN_SHORT when the bytes
+ * end inside the character, SCAN_BAD for an escape JSON does not have. */
+static enum scan_status string_char(const char **pp, const char *end, uint32_t *cp)
 {
-	char tmp[4];
-	size_t k;
-	if (cp < 0x80) {
-		tmp[0] = (char)cp;
-		k = 1;
-	} else if (cp < 0x800) {
-		tmp[0] = (char)(0xC0 | cp >> 6);
-		tmp[1] = (char)(0x80 | (cp & 0x3F));
-		k = 2;
-	} else if (cp < 0x10000) {
-		tmp[0] = (char)(0xE0 | cp >> 12);
-		tmp[1] = (char)(0x80 | (cp >> 6 & 0x3F));
-		tmp[2] = (char)(0x80 | (cp & 0x3F));
-		k = 3;
-	} else {
-		tmp[0] = (char)(0xF0 | cp >> 18);
-		tmp[1] = (char)(0x80 | (cp >> 12 & 0x3F));
-		tmp[2] = (char)(0x80 | (cp >> 6 & 0x3F));
-		tmp[3] = (char)(0x80 | (cp & 0x3F));
-		k = 4;
+	const char *p = *pp;
+	if (*p != '\\') {
+		size_t k;
+		int32_t c = utf8_decode(p, end, &k);
+		if (c == -2)
+			return SCAN_SHORT;
+		*cp = c < 0 || utf8_is_control((uint32_t)c) ? UTF8_REPLACEMENT : (uint32_t)c;
+		*pp = p + k;
+		return SCAN_OK;
 	}
-	if (*n + k >= cap)
-		return;
-	memcpy(dst + *n, tmp, k);
-	*n += k;
+	if (end - p < 2)
+		return SCAN_SHORT;
+	char e = p[1];
+	unsigned u;
+	p += 2;
+	switch (e) {
+	case '"':
+	case '\\':
+	case '/': *cp = (unsigned char)e; break;
+	case 'b':
+	case 'f':
+	case 'n':
+	case 'r':
+	case 't': *cp = UTF8_REPLACEMENT; break; /* control characters */
+	case 'u':
+		if (end - p < 4)
+			return SCAN_SHORT;
+		if (read_hex4(p, end, &u) == -1)
+			return SCAN_BAD;
+		p += 4;
+		*cp = utf8_is_control(u) ? UTF8_REPLACEMENT : u;
+		if (u >= 0xDC00 && u <= 0xDFFF) {
+			*cp = UTF8_REPLACEMENT; /* a low surrogate alone */
+		} else if (u >= 0xD800 && u < 0xDC00) {
+			unsigned lo;
+			*cp = UTF8_REPLACEMENT; /* unless a low surrogate follows */
+			if (p < end && *p != '\\')
+				break;
+			if (end - p >= 2 && p[1] != 'u')
+				break;
+			if (end - p < 6)
+				return SCAN_SHORT;
+			if (read_hex4(p + 2, end, &lo) == -1)
+				return SCAN_BAD;
+			if (lo >= 0xDC00 && lo <= 0xDFFF) {
+				p += 6;
+				*cp = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
+			}
+		}
+		break;
+	default: return SCAN_BAD;
+	}
+	*pp = p;
+	return SCAN_OK;
 }
 
 /* Decodes the string at s->p into dst (cap bytes, always NUL-terminated,
- * cut at a character boundary when too long) and moves past it. */
+ * cut at a character boundary when too long) and moves past it. What dst
+ * holds is text by strutil.h's rule, whatever the body held. */
 static enum scan_status scan_read_string(struct scan *s, char *dst, size_t cap)
 {
 	size_t n = 0;
@@ -211,61 +249,12 @@ static enum scan_status scan_read_string(struct scan *s, char *dst, size_t cap)
 	const char *p = s->p + 1;
 	dst[0] = '\0';
 	while (p < s->end && *p != '"') {
-		unsigned char c = (unsigned char)*p;
-		if (c != '\\') {
-			/* Raw UTF-8: copy a whole sequence or stop copying. */
-			size_t k = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-			if ((size_t)(s->end - p) < k)
-				return SCAN_SHORT;
-			if (!full && n + k < cap) {
-				memcpy(dst + n, p, k);
-				n += k;
-			} else {
-				full = 1;
-			}
-			p += k;
-			continue;
-		}
-		if (s->end - p < 2)
-			return SCAN_SHORT;
-		char e = p[1];
-		unsigned cp;
-		p += 2;
-		switch (e) {
-		case '"':
-		case '\\':
-		case '/': cp = (unsigned char)e; break;
-		case 'b': cp = '\b'; break;
-		case 'f': cp = '\f'; break;
-		case 'n': cp = '\n'; break;
-		case 'r': cp = '\r'; break;
-		case 't': cp = '\t'; break;
-		case 'u':
-			if (s->end - p < 4)
-				return SCAN_SHORT;
-			if (read_hex4(p, s->end, &cp) == -1)
-				return SCAN_BAD;
-			p += 4;
-			if (cp >= 0xD800 && cp < 0xDC00) {
-				unsigned lo;
-				if (s->end - p < 6)
-					return SCAN_SHORT;
-				if (p[0] != '\\' || p[1] != 'u' || read_hex4(p + 2, s->end, &lo) == -1 || lo < 0xDC00 ||
-				    lo > 0xDFFF)
-					return SCAN_BAD;
-				p += 6;
-				cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-			} else if (cp >= 0xDC00 && cp <= 0xDFFF) {
-				return SCAN_BAD;
-			}
-			break;
-		default: return SCAN_BAD;
-		}
-		if (!full) {
-			size_t before = n;
-			put_utf8(dst, cap, &n, cp);
-			full = n == before;
-		}
+		uint32_t cp;
+		enum scan_status st = string_char(&p, s->end, &cp);
+		if (st != SCAN_OK)
+			return st;
+		if (!full)
+			full = !utf8_put(dst, cap, &n, cp);
 	}
 	if (p >= s->end)
 		return SCAN_SHORT;
@@ -274,14 +263,30 @@ static enum scan_status scan_read_string(struct scan *s, char *dst, size_t cap)
 	return SCAN_OK;
 }
 
+/* Whether the key [key_start, key_end) (a string's text, quotes excluded)
+ * is `want` once its escapes are decoded: upstreams decode them before
+ * they look a key up, so "mod\u0065l" is their "model" and must be ours. */
 static int key_is(const char *key_start, const char *key_end, const char *want)
 {
 	size_t n = strlen(want);
-	return (size_t)(key_end - key_start) == n && memcmp(key_start, want, n) == 0;
+	if (memchr(key_start, '\\', (size_t)(key_end - key_start)) == NULL)
+		return (size_t)(key_end - key_start) == n && memcmp(key_start, want, n) == 0;
+	char buf[REQINFO_MODEL_MAX + 1];
+	size_t got = 0;
+	if (n >= sizeof(buf) - 1)
+		return 0;
+	for (const char *p = key_start; p < key_end;) {
+		uint32_t cp;
+		if (string_char(&p, key_end, &cp) != SCAN_OK || !utf8_put(buf, n + 2, &got, cp))
+			return 0; /* cannot be valid here (scan_skip_string passed it), or longer than want */
+	}
+	return got == n && memcmp(buf, want, n) == 0;
 }
 
-/* Walks the top-level object. Keys are compared raw: a request that spells
- * "model" with \u escapes is not worth the code. */
+/* Walks the top-level object. Keys are compared once decoded (key_is), and
+ * of a key given twice the last one counts, as in the upstreams' parsers
+ * (Python's json, nlohmann::json, Go's encoding/json): tokentap reads the
+ * value the upstream serves. */
 static enum scan_status scan_top(struct scan *s, struct reqinfo *out)
 {
 	scan_space(s);
@@ -349,6 +354,8 @@ static enum scan_status scan_top(struct scan *s, struct reqinfo *out)
 				out->stream = -1;
 			else if (key_is(key, key_end, "model"))
 				out->model[0] = '\0';
+			if (s->field && key_is(key, key_end, s->field))
+				out->field_value[0] = '\0';
 			st = scan_skip_value(s);
 			if (st != SCAN_OK)
 				return st;

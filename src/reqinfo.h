@@ -14,7 +14,7 @@
 #define REQINFO_MODEL_MAX 128
 
 struct reqinfo {
-	char model[REQINFO_MODEL_MAX];	     /* "" when absent; truncated to fit, NUL-terminated */
+	char model[REQINFO_MODEL_MAX];	     /* "" when absent; truncated to fit, NUL-terminated; text (strutil.h) */
 	int stream;			     /* 1 true, 0 false, -1 absent */
 	char field_value[REQINFO_MODEL_MAX]; /* reqinfo_parse_field: "" when absent or not a string */
 };

@@ -7,6 +7,7 @@
 
 #include "config.h"
 #include "reqinfo.h"
+#include "strutil.h"
 
 /* Every route, upstream and model the configuration and the request parser
  * allow make a key that fits. */
@@ -43,6 +44,14 @@ int series_key_parse(const char *key, size_t len, const char **route, const char
 	*route = parts[0];
 	*upstream = parts[1];
 	*model = parts[2];
+	/* Names are text when they are built (reqinfo.c, config.c); a store
+	 * written before model names were kept as text may hold one that is
+	 * not, which would make /metrics unparseable for every scraper. */
+	for (int i = 0; i < 3; i++) {
+		const char **name = i == 0 ? route : i == 1 ? upstream : model;
+		if (!utf8_is_clean(*name, strlen(*name)))
+			*name = SERIES_NAME_NOT_TEXT;
+	}
 	*cold = *p == '1';
 	return 0;
 }

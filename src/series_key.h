@@ -18,11 +18,15 @@
 #define SERIES_KEY_MAX 511
 #define SERIES_MODEL_OTHER "other"
 #define SERIES_MODEL_UNKNOWN "unknown"
+/* What series_key_parse() gives for a name in a key that is not text
+ * (strutil.h): U+FFFD. */
+#define SERIES_NAME_NOT_TEXT "\xef\xbf\xbd"
 
 /* Writes the key of these labels into `out` (SERIES_KEY_MAX bytes); returns
  * its length, or 0 when it would not fit. */
 size_t series_key_build(char *out, const char *route, const char *upstream, const char *model, bool cold);
 
-/* Splits a serialized key; returns 0 or -1 when it is malformed. */
+/* Splits a serialized key; returns 0 or -1 when it is malformed. A name in
+ * it that is not text comes out as SERIES_NAME_NOT_TEXT. */
 int series_key_parse(const char *key, size_t len, const char **route, const char **upstream, const char **model,
 		     bool *cold);

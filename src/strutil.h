@@ -1,13 +1,14 @@
 /*
  * strutil.h — small string helpers shared by the parsers and the proxy.
  *
- * Header only, no state. Neither helper reads past the lengths it is given;
+ * Header only, no state. No helper reads past the lengths it is given;
  * copy_trunc always leaves dst terminated.
  */
 #pragma once
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 #include <strings.h>
 
@@ -27,4 +28,113 @@ static inline void copy_trunc(char *dst, size_t dstlen, const char *src, size_t 
 		len = dstlen - 1;
 	memcpy(dst, src, len);
 	dst[len] = '\0';
+}
+
+/* ---- text a client sends (docs/security.md, "Names that are not text") ----
+ *
+ * A string a client chooses (the model name) ends up in Prometheus label
+ * values, which must be UTF-8, and in JSON, which jansson refuses to write
+ * unless it is UTF-8. So such a string is kept as text: every byte that
+ * does not belong to a well-formed UTF-8 sequence, and every control
+ * character, becomes U+FFFD. */
+
+#define UTF8_REPLACEMENT 0xFFFDu
+
+/* The code point of the well-formed UTF-8 sequence at p (p < end) and its
+ * length in *len. A byte that does not start one gives -1 with *len = 1:
+ * overlong forms, surrogates, code points past U+10FFFF, stray continuation
+ * bytes, and a sequence broken off by a byte that does not continue it. A
+ * sequence that is well formed so far but cut off by `end` gives -2 (more
+ * bytes may follow). */
+static inline int32_t utf8_decode(const char *p, const char *end, size_t *len)
+{
+	const unsigned char *s = (const unsigned char *)p;
+	size_t have = (size_t)(end - p), k;
+	unsigned char lo = 0x80, hi = 0xBF; /* the range of the second byte */
+	uint32_t cp;
+
+	*len = 1;
+	if (s[0] < 0x80)
+		return s[0];
+	if (s[0] >= 0xC2 && s[0] <= 0xDF) {
+		k = 2;
+		cp = s[0] & 0x1Fu;
+	} else if (s[0] >= 0xE0 && s[0] <= 0xEF) {
+		k = 3;
+		cp = s[0] & 0x0Fu;
+		lo = s[0] == 0xE0 ? 0xA0 : 0x80; /* overlong below U+0800 */
+		hi = s[0] == 0xED ? 0x9F : 0xBF; /* surrogates D800-DFFF */
+	} else if (s[0] >= 0xF0 && s[0] <= 0xF4) {
+		k = 4;
+		cp = s[0] & 0x07u;
+		lo = s[0] == 0xF0 ? 0x90 : 0x80; /* overlong below U+10000 */
+		hi = s[0] == 0xF4 ? 0x8F : 0xBF; /* past U+10FFFF */
+	} else {
+		return -1; /* C0, C1, F5-FF, or a continuation byte */
+	}
+	for (size_t i = 1; i < k; i++) {
+		if (i >= have)
+			return -2;
+		if (s[i] < (i == 1 ? lo : 0x80) || s[i] > (i == 1 ? hi : 0xBF))
+			return -1;
+		cp = cp << 6 | (s[i] & 0x3Fu);
+	}
+	*len = k;
+	return (int32_t)cp;
+}
+
+/* A control character (C0, DEL, C1): kept out of names, as it would let a
+ * client write line breaks and terminal escapes into whatever shows them. */
+static inline bool utf8_is_control(uint32_t cp)
+{
+	return cp < 0x20 || (cp >= 0x7F && cp <= 0x9F);
+}
+
+/* Appends code point cp (< 0x110000, no surrogate) to dst[*n ..] as UTF-8
+ * when it fits whole before dst[cap - 1]; returns whether it did. */
+static inline bool utf8_put(char *dst, size_t cap, size_t *n, uint32_t cp)
+{
+	char tmp[4];
+	size_t k;
+
+	if (cp < 0x80) {
+		tmp[0] = (char)cp;
+		k = 1;
+	} else if (cp < 0x800) {
+		tmp[0] = (char)(0xC0 | cp >> 6);
+		tmp[1] = (char)(0x80 | (cp & 0x3F));
+		k = 2;
+	} else if (cp < 0x10000) {
+		tmp[0] = (char)(0xE0 | cp >> 12);
+		tmp[1] = (char)(0x80 | (cp >> 6 & 0x3F));
+		tmp[2] = (char)(0x80 | (cp & 0x3F));
+		k = 3;
+	} else {
+		tmp[0] = (char)(0xF0 | cp >> 18);
+		tmp[1] = (char)(0x80 | (cp >> 12 & 0x3F));
+		tmp[2] = (char)(0x80 | (cp >> 6 & 0x3F));
+		tmp[3] = (char)(0x80 | (cp & 0x3F));
+		k = 4;
+	}
+	if (*n + k >= cap)
+		return false;
+	memcpy(dst + *n, tmp, k);
+	*n += k;
+	return true;
+}
+
+/* Whether s[0 .. len) is UTF-8 text as the rule above keeps it: well
+ * formed, no control character. */
+static inline bool utf8_is_clean(const char *s, size_t len)
+{
+	const char *p = s, *end = s + len;
+
+	while (p < end) {
+		size_t k;
+		int32_t cp = utf8_decode(p, end, &k);
+		if (cp < 0 || utf8_is_control((uint32_t)cp))
+			return false;
+		p += k;
+	}
+	return true;
 }

@@ -56,8 +56,11 @@ struct wl_req {
 	bool want_key;		      /* in an object, the next string is a key */
 	bool in_str, esc, str_is_key; /* inside a string */
 	uint8_t str_kind;	      /* a value string's kind */
-	char key[KEY_MAX];	      /* the key being read (a longer one is no key of ours) */
+	char key[KEY_MAX];	      /* the key being read, decoded (a longer one is no key of ours) */
 	unsigned key_len;
+	bool key_esc;	 /* the key's last byte was a backslash */
+	uint8_t key_hex; /* hex digits of a \u escape still to come */
+	uint32_t key_cp; /* the \u escape's value so far */
 	bool in_num;
 	int64_t max_tokens; /* -1: not asked */
 	/* the chain */
@@ -203,6 +206,50 @@ static bool top_is_obj(const struct wl_req *w)
 	return w->depth && w->depth <= SCAN_DEPTH && w->is_obj[w->depth - 1];
 }
 
+/* One decoded character of a key into w->key; past KEY_MAX the length
+ * still grows: a longer key matches none of ours. */
+static void key_put(struct wl_req *w, char c)
+{
+	if (w->key_len < KEY_MAX)
+		w->key[w->key_len] = c;
+	if (w->key_len <= KEY_MAX)
+		w->key_len++;
+}
+
+/* One byte of a key's JSON text. Escapes are decoded, as an upstream
+ * decodes them before it looks the key up ("cont\u0065nt" is its
+ * "content"); a character past ASCII, which none of our keys has, is kept
+ * as a byte that matches none. */
+static void key_byte(struct wl_req *w, char c)
+{
+	if (w->key_hex) {
+		int h = c >= '0' && c <= '9'			 ? c - '0'
+			: (c | 0x20) >= 'a' && (c | 0x20) <= 'f' ? (c | 0x20) - 'a' + 10
+								 : -1;
+		w->key_cp = h < 0 ? 0x80 : (w->key_cp << 4 | (uint32_t)h) & 0xFFFF;
+		if (h < 0)
+			w->key_hex = 1; /* not JSON: the key matches none */
+		if (--w->key_hex == 0)
+			key_put(w, w->key_cp < 0x80 ? (char)w->key_cp : (char)0x80);
+		return;
+	}
+	if (w->key_esc) {
+		w->key_esc = false;
+		if (c == 'u') {
+			w->key_hex = 4;
+			w->key_cp = 0;
+			return;
+		}
+		/* \" \\ \/ are themselves; \n and the others, controls, match none */
+		key_put(w, c == '"' || c == '\\' || c == '/' ? c : '\x01');
+		return;
+	}
+	if (c == '\\')
+		w->key_esc = true;
+	else
+		key_put(w, c);
+}
+
 /* Inside a string: prompt text to the chain, a key to its buffer, a
  * session value to its hash. Returns the bytes taken (up to the closing
  * quote, excluded). */
@@ -221,12 +268,8 @@ static size_t scan_string(struct wl_req *w, const char *at, size_t len)
 		i++;
 	}
 	if (w->str_is_key) {
-		/* past KEY_MAX the length still grows: a longer key matches none of ours */
-		for (size_t j = 0; j < i && w->key_len <= KEY_MAX; j++) {
-			if (w->key_len < KEY_MAX)
-				w->key[w->key_len] = at[j];
-			w->key_len++;
-		}
+		for (size_t j = 0; j < i; j++)
+			key_byte(w, at[j]);
 	} else if (w->str_kind == WK_PROMPT) {
 		chain_feed(w, at, i);
 	} else if (w->str_kind == WK_SESSION && w->session) {
@@ -241,6 +284,8 @@ static void string_begin(struct wl_req *w)
 	w->esc = false;
 	w->str_is_key = top_is_obj(w) && w->want_key;
 	w->key_len = 0;
+	w->key_esc = false;
+	w->key_hex = 0;
 	w->str_kind = w->str_is_key ? WK_OTHER : value_kind(w);
 	if (w->str_kind == WK_SESSION && !w->has_session) {
 		if (!w->session)

@@ -3,8 +3,9 @@
 simulator through tokentap writes a trace whose count and lengths are the
 access log's exactly and whose arrival rate is the one sent; requests built
 with a shared system prompt share their first hash ids; no prompt word or
-session value reaches the file; an unwritable path is reported and requests
-are forwarded as ever. Replaying a captured trace against the simulator
+session value reaches the file, in any spelling, and two starts of tokentap
+share no session hash (a fresh salt each start); an unwritable path is
+reported and requests are forwarded as ever. Replaying a captured trace against the simulator
 reproduces its arrival rate within 5 % and its lengths exactly; replaying a
 hand-written Mooncake trace through a capturing tokentap gives back the same
 prefix sharing, and the simulator's prefix cache reports as cached exactly
@@ -159,6 +160,56 @@ class Capture(WorkloadCase):
             if len(w) >= 5:
                 self.assertNotIn(w, text, "a prompt word in the trace")
         self.assertNotIn("walrus", text)
+
+    def test_fresh_salt_per_start_and_no_encoding_of_the_prompt(self):
+        # the same traffic captured by two starts of tokentap: the session
+        # hashes cannot be joined (a salt drawn at each start, never a fixed
+        # one), and the file holds the prompt in no spelling: not as sent,
+        # not upper case, not as the JSON escapes a client may send, not in
+        # hex or base64
+        import base64
+        import hashlib
+        system = "Marzipan Orchestra Lighthouse Keeper Protocol, revision eleven, for the harbour"
+        user = "customer-walrus-42"
+        escaped = "".join("\\u%04x" % ord(c) for c in "Quixotic pelican")
+        bodies = [
+            '{"model":"m1","max_tokens":2,"user":"%s","messages":[{"role":"system","content":"%s"},'
+            '{"role":"user","content":"turn %d of the talk"}]}' % (user, system, k) for k in range(3)]
+        bodies.append('{"model":"m1","max_tokens":2,"user":"%s","messages":[{"role":"user","content":"%s"}]}'
+                      % (user, escaped))
+        sessions, texts = [], []
+        for run in range(2):
+            sim = harness.start_sim(self, "--ttft-ms", 1, "--itl-ms", 1)
+            trace = self.path("trace-%d.jsonl" % run)
+            tt = harness.start_tokentap(self, sim.url, "--workers", 1, "--data-dir", "off", "--workload", trace,
+                                        "--workload-block-tokens", BLOCK)
+            for b in bodies:
+                resp, _ = harness.exchange(tt.port, "POST", "/v1/chat/completions", b)
+                self.assertEqual(resp.status, 200)
+            recs = self.wait_lines(trace, len(bodies))
+            tt.stop()
+            got = {r["session"] for r in recs}
+            self.assertEqual(len(got), 1, recs)  # one user, one hash within a capture
+            sessions.append(got.pop())
+            with open(trace, "rb") as f:
+                texts.append(f.read())
+        self.assertNotEqual(sessions[0], sessions[1], "two captures share a session hash: the salt is not fresh")
+        # nor is it a hash anyone could compute: no salt, or a salt of zeros
+        for salt in (b"", b"\0" * 16):
+            for tag in (b"session", b""):
+                guess = hashlib.sha256(salt + tag + user.encode()).hexdigest()[:16]
+                self.assertNotIn(guess, sessions)
+        words = [w for w in (system + " Quixotic pelican turn talk " + user).replace(",", " ").split() if len(w) >= 5]
+        for text in texts:
+            spellings = []
+            for w in words:
+                spellings += [w, w.lower(), w.upper(), w.encode().hex(),
+                              base64.b64encode(w.encode()).decode().rstrip("="),
+                              "".join("\\u%04x" % ord(c) for c in w)]
+            spellings.append(escaped)
+            for sp in spellings:
+                self.assertNotIn(sp.encode(), text, "%r in the trace" % sp)
+                self.assertNotIn(sp.lower().encode(), text.lower(), "%r in the trace" % sp)
 
     def test_unwritable_path_is_reported_and_forwarding_goes_on(self):
         sim = harness.start_sim(self, "--ttft-ms", 1, "--itl-ms", 1)

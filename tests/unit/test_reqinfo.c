@@ -100,8 +100,103 @@ static void test_string_escapes(void **state)
 	struct reqinfo ri;
 	assert_int_equal(parse_str("{\"model\":\"a\\\"b\\\\c\\/d\\u00e9\\ud83d\\ude00\"}", true, &ri), 0);
 	assert_string_equal(ri.model, "a\"b\\c/d\xc3\xa9\xf0\x9f\x98\x80");
-	assert_int_equal(parse_str("{\"model\":\"\\ud83d\"}", true, &ri), -1); /* lone surrogate */
 	assert_int_equal(parse_str("{\"model\":\"\\x\"}", true, &ri), -1);
+}
+
+#define FFFD "\xef\xbf\xbd"
+
+/* A model name that is not text comes out as text: every byte outside a
+ * well-formed UTF-8 sequence and every control character is U+FFFD, and
+ * the rest of the body is read as ever. */
+static void test_model_not_text(void **state)
+{
+	static const struct {
+		const char *body, *model;
+	} cases[] = {
+		{ "{\"model\":\"bad\xff\xfemodel\",\"stream\":true}", "bad" FFFD FFFD "model" },
+		{ "{\"model\":\"ctl\x01model\",\"stream\":true}", "ctl" FFFD "model" },
+		{ "{\"model\":\"del\x7f\",\"stream\":true}", "del" FFFD },
+		{ "{\"model\":\"c1\xc2\x85\",\"stream\":true}", "c1" FFFD },
+		{ "{\"model\":\"esc\\u0001\\n\\u001b[31m\",\"stream\":true}", "esc" FFFD FFFD FFFD "[31m" },
+		{ "{\"model\":\"nul\\u0000cut\",\"stream\":true}", "nul" FFFD "cut" },
+		{ "{\"model\":\"over\xc0\xafmodel\",\"stream\":true}", "over" FFFD FFFD "model" },
+		{ "{\"model\":\"over3\xe0\x80\xaf\",\"stream\":true}", "over3" FFFD FFFD FFFD },
+		{ "{\"model\":\"sur\xed\xa0\x80model\",\"stream\":true}", "sur" FFFD FFFD FFFD "model" },
+		{ "{\"model\":\"big\xf4\x90\x80\x80\",\"stream\":true}", "big" FFFD FFFD FFFD FFFD },
+		/* cut short by the closing quote, which still closes the string */
+		{ "{\"model\":\"trunc\xe2\x82\",\"stream\":true}", "trunc" FFFD FFFD },
+		{ "{\"model\":\"trunc4\xf0\x9f\x98\",\"stream\":true}", "trunc4" FFFD FFFD FFFD },
+		/* unpaired surrogate escapes, which Python's json accepts */
+		{ "{\"model\":\"\\ud83d\",\"stream\":true}", FFFD },
+		{ "{\"model\":\"\\ude00x\",\"stream\":true}", FFFD "x" },
+		{ "{\"model\":\"\\ud83d\\u0041\",\"stream\":true}", FFFD "A" },
+		{ "{\"model\":\"\\ud83d\\n\",\"stream\":true}", FFFD FFFD },
+		/* text stays as it was */
+		{ "{\"model\":\"caf\xc3\xa9-\xf0\x9f\x98\x80\",\"stream\":true}", "caf\xc3\xa9-\xf0\x9f\x98\x80" },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct reqinfo ri;
+		if (parse_str(cases[i].body, true, &ri) != 0)
+			fail_msg("case %zu: body rejected", i);
+		assert_string_equal(ri.model, cases[i].model);
+		assert_int_equal(ri.stream, 1);
+		/* every prefix: nothing but a prefix of the answer */
+		for (size_t len = 1; len < strlen(cases[i].body); len++) {
+			assert_int_equal(parse(cases[i].body, len, false, &ri), 0);
+			if (ri.model[0] && strcmp(ri.model, cases[i].model) != 0)
+				fail_msg("case %zu, prefix %zu: model \"%s\"", i, len, ri.model);
+		}
+	}
+	/* U+FFFD takes three bytes: a long name of bad bytes is cut whole */
+	char body[600] = "{\"model\":\"";
+	size_t n = strlen(body);
+	for (int i = 0; i < 200; i++)
+		body[n++] = '\xff';
+	strcpy(body + n, "\"}");
+	struct reqinfo ri;
+	assert_int_equal(parse_str(body, true, &ri), 0);
+	assert_int_equal(strlen(ri.model), 126);
+}
+
+/* Keys are read as the upstream reads them: escapes decoded, the last of
+ * a duplicate key counts. */
+static void test_escaped_keys(void **state)
+{
+	struct reqinfo ri;
+	assert_int_equal(parse_str("{\"model\":\"junk-1\",\"mod\\u0065l\":\"real\"}", true, &ri), 0);
+	assert_string_equal(ri.model, "real");
+	assert_int_equal(parse_str("{\"mod\\u0065l\":\"real\",\"model\":\"junk-1\"}", true, &ri), 0);
+	assert_string_equal(ri.model, "junk-1");
+	assert_int_equal(parse_str("{\"\\u006d\\u006F\\u0064\\u0065\\u006c\":\"all\"}", true, &ri), 0);
+	assert_string_equal(ri.model, "all");
+	assert_int_equal(parse_str("{\"model\":\"re\\u0061l\"}", true, &ri), 0);
+	assert_string_equal(ri.model, "real");
+	assert_int_equal(parse_str("{\"model\":\"a\",\"mod\\u0065l\":null}", true, &ri), 0);
+	assert_string_equal(ri.model, "");
+	assert_int_equal(parse_str("{\"stream\":false,\"str\\u0065am\":true}", true, &ri), 0);
+	assert_int_equal(ri.stream, 1);
+	/* not "model": one character more, an escaped quote, another letter */
+	assert_int_equal(parse_str("{\"model\":\"m\",\"model\\u0000\":\"x\",\"mode\\\"\":\"y\","
+				   "\"mod\\u0066l\":\"z\",\"m\\u00f6del\":\"w\"}",
+				   true, &ri),
+			 0);
+	assert_string_equal(ri.model, "m");
+	/* the sticky field too */
+	const char *b = "{\"user\":\"decoy\",\"us\\u0065r\":\"alice\"}";
+	assert_int_equal(reqinfo_parse_field(b, strlen(b), true, "user", &ri), 0);
+	assert_string_equal(ri.field_value, "alice");
+	b = "{\"user\":\"alice\",\"user\":7}";
+	assert_int_equal(reqinfo_parse_field(b, strlen(b), true, "user", &ri), 0);
+	assert_string_equal(ri.field_value, ""); /* the last one counts, even when it is no string */
+	/* every prefix: the first name until the second is read whole */
+	b = "{\"model\":\"junk\",\"mod\\u0065l\":\"real\"}";
+	for (size_t len = 1; len < strlen(b); len++) {
+		assert_int_equal(parse(b, len, false, &ri), 0);
+		if (len >= strlen(b) - 1)
+			assert_string_equal(ri.model, "real");
+		else if (ri.model[0])
+			assert_string_equal(ri.model, "junk");
+	}
 }
 
 static void test_long_model_truncated(void **state)
@@ -235,6 +330,8 @@ int main(void)
 		cmocka_unit_test(test_simple_bodies),
 		cmocka_unit_test(test_nested_keys_ignored),
 		cmocka_unit_test(test_string_escapes),
+		cmocka_unit_test(test_model_not_text),
+		cmocka_unit_test(test_escaped_keys),
 		cmocka_unit_test(test_long_model_truncated),
 		cmocka_unit_test(test_every_prefix),
 		cmocka_unit_test(test_truncated_inside_messages),

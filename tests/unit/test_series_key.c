@@ -66,6 +66,28 @@ static void test_bound(void **state)
 	assert_int_equal(series_key_build(key, "r", "u", model, false), 0);
 }
 
+/* A key from an older store whose model is not text: the name comes out
+ * as U+FFFD, so that no output built from the store is refused. */
+static void test_name_not_text(void **state)
+{
+	char key[SERIES_KEY_MAX];
+	const char *r, *u, *m;
+	bool cold;
+	size_t len;
+
+	(void)state;
+	len = series_key_build(key, "chat", "gpu-a", "bad\xff\xfemodel", false);
+	assert_int_equal(series_key_parse(key, len, &r, &u, &m, &cold), 0);
+	assert_string_equal(r, "chat");
+	assert_string_equal(u, "gpu-a");
+	assert_string_equal(m, SERIES_NAME_NOT_TEXT);
+	len = series_key_build(key, "chat", "gpu\x1b[2J", "caf\xc3\xa9", true);
+	assert_int_equal(series_key_parse(key, len, &r, &u, &m, &cold), 0);
+	assert_string_equal(u, SERIES_NAME_NOT_TEXT);
+	assert_string_equal(m, "caf\xc3\xa9");
+	assert_true(cold);
+}
+
 static void test_malformed(void **state)
 {
 	const char *r, *u, *m;
@@ -96,6 +118,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_round_trip),
 		cmocka_unit_test(test_bound),
+		cmocka_unit_test(test_name_not_text),
 		cmocka_unit_test(test_malformed),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -171,6 +171,47 @@ static void test_only_prompt_text(void **state)
 	assert_int_equal(hashes_of("{\"contentcontentcontentcontentcontent\":\"abc\"}", 8, 0, a, 16), 0);
 }
 
+/* Keys are read as the upstream reads them, escapes decoded, however the
+ * body is split: "cont\u0065nt" is prompt text, "max_t\u006fkens" the
+ * output budget; a key that decodes to something else is neither. */
+static void test_escaped_keys(void **state)
+{
+	const char *plain =
+		"{\"messages\":[{\"role\":\"user\",\"content\":\"hello there, friend of mine\"}],"
+		"\"max_tokens\":12}";
+	const char *esc =
+		"{\"messages\":[{\"role\":\"user\",\"cont\\u0065nt\":\"hello there, friend of mine\"}],"
+		"\"max_t\\u006Fkens\":12}";
+	uint64_t a[16], b[16];
+	(void)state;
+
+	size_t na = hashes_of(plain, 8, 0, a, 16);
+	assert_true(na > 0);
+	for (size_t step = 1; step <= 7; step++) {
+		assert_int_equal(hashes_of(esc, 8, step, b, 16), na);
+		assert_memory_equal(a, b, na * sizeof(*a));
+	}
+	for (size_t cut = 1; cut < strlen(esc); cut++) {
+		struct wl_req *w = wl_req_new(salt, 8);
+		const uint64_t *h;
+		wl_req_feed(w, esc, cut);
+		wl_req_feed(w, esc + cut, strlen(esc) - cut);
+		assert_int_equal(wl_req_hashes(w, &h), na);
+		assert_memory_equal(a, h, na * sizeof(*h));
+		assert_int_equal(wl_req_max_tokens(w), 12);
+		workload_req_free(w);
+	}
+	/* escapes that decode to other keys, or to nothing JSON has */
+	assert_int_equal(hashes_of("{\"cont\\u0066nt\":\"abc\",\"content\\n\":\"abc\",\"cont\\u00e9nt\":\"abc\","
+				   "\"cont\\u0x65nt\":\"abc\"}",
+				   8, 0, a, 16),
+			 0);
+	assert_int_not_equal(hashes_of("{\"\\u0063\\u006f\\u006e\\u0074\\u0065\\u006e\\u0074\":\"abc\"}", 8, 0, a, 16),
+			     0);
+	assert_int_equal(hashes_of("{\"te\\/xt\":\"abc\"}", 8, 0, a, 16), 0); /* "te/xt" */
+	assert_int_not_equal(hashes_of("{\"\\u0073ystem\":\"abc\"}", 8, 0, a, 16), 0);
+}
+
 static void test_ids_in_order_of_first_appearance(void **state)
 {
 	struct wl_ids *t = wl_ids_new();
@@ -633,6 +674,7 @@ int main(void)
 		cmocka_unit_test(test_changed_byte_changes_its_block_and_later),
 		cmocka_unit_test(test_any_split_same_hashes),
 		cmocka_unit_test(test_only_prompt_text),
+		cmocka_unit_test(test_escaped_keys),
 		cmocka_unit_test(test_ids_in_order_of_first_appearance),
 		cmocka_unit_test(test_capture_lines_and_rotation),
 		cmocka_unit_test(test_unwritable_path_drops),
