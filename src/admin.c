@@ -424,14 +424,17 @@ static int workload_metrics(struct evbuffer *out, bool proto)
 
 	if (!workload_counts(&c))
 		return 0;
-	const struct prom_counter_family f[2] = {
+	const struct prom_counter_family f[3] = {
 		{ "tokentap_workload_written_total", "Records written to the workload capture's file.", NULL, 1, NULL,
 		  &c.written },
 		{ "tokentap_workload_dropped_total",
 		  "Workload capture records lost, by reason (queue_full, no_space, write_error, open_error).", "reason",
 		  WL_DROP__COUNT, workload_drop_reasons, c.dropped },
+		{ "tokentap_workload_hash_ids_forgotten_total",
+		  "Block ids the workload capture gave past workload.max_hash_ids, without remembering the block.",
+		  NULL, 1, NULL, &c.hash_ids_forgotten },
 	};
-	return proto ? prom_render_proto_counters(out, f, 2) : prom_render_counters(out, f, 2);
+	return proto ? prom_render_proto_counters(out, f, 3) : prom_render_counters(out, f, 3);
 }
 
 static void on_metrics(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)

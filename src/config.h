@@ -107,6 +107,7 @@ struct config {
 	uint64_t workload_max_size;	/* bytes per file before rotation */
 	unsigned workload_max_files;	/* files kept */
 	unsigned workload_block_tokens; /* prefix hash block size in tokens */
+	unsigned workload_max_hash_ids; /* block hashes the capture remembers for their ids */
 	uint64_t max_body_size;
 	uint64_t max_header_size;
 	unsigned max_headers;

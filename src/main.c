@@ -251,8 +251,12 @@ int main(int argc, char **argv)
 		}
 	}
 	if (boot.workload_path) {
-		struct workload_options wo = { boot.workload_path, boot.workload_max_size, boot.workload_max_files,
-					       boot.workload_block_tokens };
+		struct workload_options wo = { .path = boot.workload_path,
+					       .max_size = boot.workload_max_size,
+					       .max_files = boot.workload_max_files,
+					       .block_tokens = boot.workload_block_tokens,
+					       .group_idle_ms = boot.model_idle_ms,
+					       .max_hash_ids = boot.workload_max_hash_ids };
 		if (workload_open(&wo, err, sizeof(err)) == -1) {
 			log_error("%s", err);
 			goto out;
