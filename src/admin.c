@@ -428,8 +428,9 @@ static int workload_metrics(struct evbuffer *out, bool proto)
 		{ "tokentap_workload_written_total", "Records written to the workload capture's file.", NULL, 1, NULL,
 		  &c.written },
 		{ "tokentap_workload_dropped_total",
-		  "Workload capture records lost, by reason (queue_full, no_space, write_error, open_error).", "reason",
-		  WL_DROP__COUNT, workload_drop_reasons, c.dropped },
+		  "Workload capture records lost, by reason (queue_full, no_space, write_error, open_error, "
+		  "too_large).",
+		  "reason", WL_DROP__COUNT, workload_drop_reasons, c.dropped },
 		{ "tokentap_workload_hash_ids_forgotten_total",
 		  "Block ids the workload capture gave past workload.max_hash_ids, without remembering the block.",
 		  NULL, 1, NULL, &c.hash_ids_forgotten },

@@ -613,7 +613,7 @@ struct workload {
 		size_t ngroups;
 		size_t other;	   /* the "(other)" group's index; WL_GROUPS_MAX: none yet */
 		unsigned step_idx; /* into series_steps */
-		uint64_t written, no_space, write_error, open_error;
+		uint64_t written, no_space, write_error, open_error, too_large;
 		uint64_t freed_files;		  /* rotated files deleted to make room on a full disk */
 		uint64_t ids_kept, ids_forgotten; /* the hash → id table's, as of the last record */
 		char last_error[96];		  /* "" while writing works */
@@ -1000,6 +1000,22 @@ static bool free_oldest(struct workload *wl, uint64_t now)
 	return false;
 }
 
+/* The file opened for appending, if it is not and may be tried now; its
+ * size is what it holds. */
+static void open_file(struct workload *wl, uint64_t now)
+{
+	if (wl->fd != -1 || now < wl->open_retry_ns)
+		return;
+	wl->fd = open(wl->path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+	if (wl->fd == -1) {
+		log_warn("workload capture: %s: %s; records are dropped until it opens", wl->path, strerror(errno));
+		wl->open_retry_ns = now + 1000000000u;
+	} else {
+		off_t end = lseek(wl->fd, 0, SEEK_END);
+		wl->size = end > 0 ? (uint64_t)end : 0;
+	}
+}
+
 static void write_item(struct workload *wl, const struct wl_item *it)
 {
 	uint64_t now = clock_now_ns();
@@ -1012,18 +1028,18 @@ static void write_item(struct workload *wl, const struct wl_item *it)
 	}
 	len = strlen(line);
 	line[len++] = '\n'; /* json_dumps leaves room: the NUL becomes the newline */
-	if (wl->fd != -1 && wl->size && wl->size + len > wl->o.max_size)
+	/* no file grows past max_size: a line that would not fit even in an
+	 * empty file is dropped, counted; one that does not fit in this file
+	 * goes to a new one (the file found at start counts with what it holds) */
+	if (len > wl->o.max_size) {
+		write_failed(wl, now, &wl->sum.too_large, "a record longer than workload.max_size");
+		free(line);
+		return;
+	}
+	open_file(wl, now);
+	if (wl->fd != -1 && wl->size && wl->size + len > wl->o.max_size) {
 		rotate(wl);
-	if (wl->fd == -1 && now >= wl->open_retry_ns) {
-		wl->fd = open(wl->path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
-		if (wl->fd == -1) {
-			log_warn("workload capture: %s: %s; records are dropped until it opens", wl->path,
-				 strerror(errno));
-			wl->open_retry_ns = now + 1000000000u;
-		} else {
-			off_t end = lseek(wl->fd, 0, SEEK_END);
-			wl->size = end > 0 ? (uint64_t)end : 0;
-		}
+		open_file(wl, now);
 	}
 	if (wl->fd == -1) {
 		write_failed(wl, now, &wl->sum.open_error, "the file cannot be opened");
@@ -1364,6 +1380,7 @@ char *workload_summary_json(const char *route, const char *model)
 	json_object_set_new(d, "no_space", json_integer((json_int_t)s->no_space));
 	json_object_set_new(d, "write_error", json_integer((json_int_t)s->write_error));
 	json_object_set_new(d, "open_error", json_integer((json_int_t)s->open_error));
+	json_object_set_new(d, "too_large", json_integer((json_int_t)s->too_large));
 	json_object_set_new(o, "dropped", d);
 	json_object_set_new(o, "last_error", s->last_error[0] ? json_string(s->last_error) : json_null());
 	json_object_set_new(o, "freed_files", json_integer((json_int_t)s->freed_files));
@@ -1392,7 +1409,8 @@ done:
 	return text;
 }
 
-const char *const workload_drop_reasons[WL_DROP__COUNT] = { "queue_full", "no_space", "write_error", "open_error" };
+const char *const workload_drop_reasons[WL_DROP__COUNT] = { "queue_full", "no_space", "write_error", "open_error",
+							    "too_large" };
 
 bool workload_counts(struct workload_counts *c)
 {
@@ -1405,6 +1423,7 @@ bool workload_counts(struct workload_counts *c)
 	c->dropped[WL_DROP_NO_SPACE] = wl->sum.no_space;
 	c->dropped[WL_DROP_WRITE_ERROR] = wl->sum.write_error;
 	c->dropped[WL_DROP_OPEN_ERROR] = wl->sum.open_error;
+	c->dropped[WL_DROP_TOO_LARGE] = wl->sum.too_large;
 	c->hash_ids_forgotten = wl->sum.ids_forgotten;
 	pthread_mutex_unlock(&wl->sum_mu);
 	c->dropped[WL_DROP_QUEUE_FULL] = atomic_load(&wl->dropped_queue);

@@ -78,7 +78,14 @@ char *workload_summary_json(const char *route, const char *model);
  * reason and block ids not remembered (tokentap_workload_written_total,
  * tokentap_workload_dropped_total, tokentap_workload_hash_ids_forgotten_total).
  * False without a capture. Any thread. */
-enum wl_drop { WL_DROP_QUEUE_FULL, WL_DROP_NO_SPACE, WL_DROP_WRITE_ERROR, WL_DROP_OPEN_ERROR, WL_DROP__COUNT };
+enum wl_drop {
+	WL_DROP_QUEUE_FULL,
+	WL_DROP_NO_SPACE,
+	WL_DROP_WRITE_ERROR,
+	WL_DROP_OPEN_ERROR,
+	WL_DROP_TOO_LARGE, /* a line longer than max_size: no file may hold it */
+	WL_DROP__COUNT
+};
 struct workload_counts {
 	uint64_t written;
 	uint64_t dropped[WL_DROP__COUNT];

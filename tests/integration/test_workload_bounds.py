@@ -4,8 +4,9 @@ the upstream answered 2xx, so 63 junk names refused with 404 leave the real
 model its own group; max_tokens is read as a JSON number (an integral value
 in range recorded, anything else null); the hash → id table stops at
 workload.max_hash_ids, a block met past it gets a new id each time, counted
-in /workload and /metrics; no trace file grows past workload.max_size, a
-line that would not fit in an empty file dropped and counted."""
+in /workload and /metrics; no trace file grows past workload.max_size (a
+file found at start counts with what it holds), a line that would not fit
+in an empty file dropped and counted."""
 
 import json
 import os
@@ -129,6 +130,40 @@ class HashIdBound(BoundsCase):
                 self.assertEqual(res.returncode == 0, ok, res.stderr)
                 if not ok:
                     self.assertIn("workload.max_hash_ids", res.stderr)
+
+
+class FileSize(BoundsCase):
+    def test_no_file_exceeds_max_size(self):
+        up = model_upstream(self, {"m"})
+        # a file a previous run left 4000 bytes into its 4096
+        with open(self.trace, "w") as f:
+            for _ in range(40):
+                f.write(json.dumps({"timestamp": 0, "pad": "x" * 72}) + "\n")
+        self.assertEqual(os.path.getsize(self.trace), 4000)
+        tt, admin = self.start(up, "  max_size: 4k\n  max_files: 3\n  block_tokens: 1\n")
+        sent = ["short"] * 3 + ["y" * 4000] + ["short %d" % i for i in range(30)]
+        for p in sent:
+            self.assertEqual(rh.send(tt.port, rh.chat(model="m", prompt=p)).status, 200)
+        self.wait_lines(admin, len(sent))
+        files = [self.trace] + ["%s.%d" % (self.trace, k) for k in (1, 2)]
+        sizes = {f: os.path.getsize(f) for f in files if os.path.exists(f)}
+        self.assertEqual(len(sizes), 3, sizes)
+        for f, n in sizes.items():
+            self.assertLessEqual(n, 4096, sizes)
+            with open(f) as fh:
+                for line in fh:
+                    json.loads(line)  # whole lines only
+        harness.wait_until(lambda: get_json(admin, "/workload")["written"] >= len(sent) - 1, 5.0, 0.02)
+        s = get_json(admin, "/workload")
+        self.assertEqual(s["dropped"]["too_large"], 1, s["dropped"])
+        self.assertEqual(s["written"], len(sent) - 1)
+        self.assertTrue(harness.wait_until(
+            lambda: "workload capture: 1 records dropped so far (a record longer than workload.max_size)"
+            in tt.stderr_text(), 5.0, 0.02), tt.stderr_text())
+        resp, _ = harness.exchange(admin, "GET", "/metrics")
+        self.assertIn(b'tokentap_workload_dropped_total{reason="too_large"} 1\n', resp.body)
+        # every record still counts in the summary: it describes the traffic
+        self.assertEqual(s["records"], len(sent))
 
 
 if __name__ == "__main__":
