@@ -424,14 +424,18 @@ static int workload_metrics(struct evbuffer *out, bool proto)
 
 	if (!workload_counts(&c))
 		return 0;
-	const struct prom_counter_family f[2] = {
+	const struct prom_counter_family f[3] = {
 		{ "tokentap_workload_written_total", "Records written to the workload capture's file.", NULL, 1, NULL,
 		  &c.written },
 		{ "tokentap_workload_dropped_total",
-		  "Workload capture records lost, by reason (queue_full, no_space, write_error, open_error).", "reason",
-		  WL_DROP__COUNT, workload_drop_reasons, c.dropped },
+		  "Workload capture records lost, by reason (queue_full, no_space, write_error, open_error, "
+		  "too_large).",
+		  "reason", WL_DROP__COUNT, workload_drop_reasons, c.dropped },
+		{ "tokentap_workload_hash_ids_forgotten_total",
+		  "Block ids the workload capture gave past workload.max_hash_ids, without remembering the block.",
+		  NULL, 1, NULL, &c.hash_ids_forgotten },
 	};
-	return proto ? prom_render_proto_counters(out, f, 2) : prom_render_counters(out, f, 2);
+	return proto ? prom_render_proto_counters(out, f, 3) : prom_render_counters(out, f, 3);
 }
 
 static void on_metrics(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)
@@ -1118,6 +1122,49 @@ void admin_stop(struct admin *a)
 	free(a);
 }
 
+/* What any admin token must be, from a file or the environment: one line
+ * of ADMIN_TOKEN_MIN to TOKEN_MAX bytes without spaces or control
+ * characters. A shorter one could be guessed by whoever reaches the port. */
+static int token_check(const char *tok, size_t n, const char *where, char *err, size_t errlen)
+{
+	if (n > TOKEN_MAX) {
+		snprintf(err, errlen, "%s: the token is longer than %d bytes", where, TOKEN_MAX);
+		return -1;
+	}
+	for (size_t i = 0; i < n; i++) {
+		unsigned char c = (unsigned char)tok[i];
+		if (c <= ' ' || c == 0x7f) {
+			snprintf(err, errlen, "%s: the token must be one line without spaces or control characters",
+				 where);
+			return -1;
+		}
+	}
+	if (n < ADMIN_TOKEN_MIN) {
+		snprintf(err, errlen,
+			 "%s: the token is %zu bytes; it needs at least %d (a long random string, such as the "
+			 "output of: openssl rand -hex 32)",
+			 where, n, ADMIN_TOKEN_MIN);
+		return -1;
+	}
+	return 0;
+}
+
+int admin_token_env(char **out, char *err, size_t errlen)
+{
+	const char *v = getenv("TOKENTAP_ADMIN_TOKEN");
+
+	*out = NULL;
+	if (!v || !*v)
+		return 0;
+	if (token_check(v, strlen(v), "TOKENTAP_ADMIN_TOKEN", err, errlen) == -1)
+		return -1;
+	if (!(*out = strdup(v))) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	return 0;
+}
+
 int admin_token_load(const char *path, char **out, char *err, size_t errlen)
 {
 	char buf[TOKEN_MAX + 2];
@@ -1142,15 +1189,11 @@ int admin_token_load(const char *path, char **out, char *err, size_t errlen)
 		snprintf(err, errlen, "admin token file %s is empty: put a long random string in it", path);
 		return -1;
 	}
-	for (size_t i = 0; i < n; i++) {
-		unsigned char c = (unsigned char)buf[i];
-		if (c <= ' ' || c == 0x7f) {
-			snprintf(err, errlen,
-				 "admin token file %s: the token must be one line without spaces or control characters",
-				 path);
-			explicit_bzero(buf, sizeof(buf));
-			return -1;
-		}
+	char where[300];
+	snprintf(where, sizeof(where), "admin token file %s", path);
+	if (token_check(buf, n, where, err, errlen) == -1) {
+		explicit_bzero(buf, sizeof(buf));
+		return -1;
 	}
 	*out = strdup(buf);
 	explicit_bzero(buf, sizeof(buf));

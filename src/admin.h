@@ -70,11 +70,19 @@ const char *admin_listen_addr(const struct admin *a);
 /* Stops the loop, joins the thread, closes the listener. NULL ok. */
 void admin_stop(struct admin *a);
 
+#define ADMIN_TOKEN_MIN 16 /* bytes: the shortest admin token accepted */
+
 /*
  * Reads a token from a file (trailing whitespace and newline dropped) into a
- * malloc'd string. Refuses an empty token or one with spaces or control
- * characters inside. 0, or -1 with `err`.
+ * malloc'd string. Refuses an empty token, one shorter than
+ * ADMIN_TOKEN_MIN, or one with spaces or control characters inside. 0, or
+ * -1 with `err`.
  */
 int admin_token_load(const char *path, char **out, char *err, size_t errlen) __attribute__((warn_unused_result));
+
+/* The token of the TOKENTAP_ADMIN_TOKEN environment variable, checked as a
+ * file's is, in a malloc'd string; *out NULL when it is unset or empty. 0,
+ * or -1 with `err`. */
+int admin_token_env(char **out, char *err, size_t errlen) __attribute__((warn_unused_result));
 
 /* admin_host_allowed, the Host / Origin check, is in admin_gate.h. */

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "admin.h"
 #include "loader.h"
 #include "log.h"
 #include "settings.h"
@@ -285,6 +286,19 @@ enum cli_result cli_config(int argc, char **argv, struct config *cfg)
 	if (build(argc, argv, cfg, file, &o, &file_bad) == -1)
 		return file_bad ? CLI_EXIT_CONFIG : CLI_EXIT_USAGE;
 	if (test) {
+		/* the token the server would start with, checked as it would be */
+		char err[512], *tok = NULL;
+		int rc = !cfg->admin_listen	 ? 0
+			 : cfg->admin_token_file ? admin_token_load(cfg->admin_token_file, &tok, err, sizeof(err))
+						 : admin_token_env(&tok, err, sizeof(err));
+		if (tok) {
+			explicit_bzero(tok, strlen(tok));
+			free(tok);
+		}
+		if (rc == -1) {
+			say(&o, "%s", err);
+			return CLI_EXIT_CONFIG;
+		}
 		printf("%s: configuration ok (%u upstream(s), %u route(s))\n", file, cfg->nupstreams, cfg->nroutes);
 		return CLI_EXIT_OK;
 	}

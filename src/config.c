@@ -485,7 +485,11 @@ int config_parse_duration_ms(const char *s, uint64_t *out)
 {
 	static const char *const units[] = { "ms", "s", "m", "h" };
 	static const uint64_t scale[] = { 1, 1000, 60000, 3600000 };
-	return parse_scaled(s, out, units, scale, 4, 1000);
+	uint64_t ms;
+	if (parse_scaled(s, &ms, units, scale, 4, 1000) == -1 || ms > DURATION_MAX_MS)
+		return -1;
+	*out = ms;
+	return 0;
 }
 
 int config_parse_metrics_url(const char *url, struct metrics_url_parts *out, char *err, size_t errlen)

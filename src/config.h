@@ -111,6 +111,7 @@ struct config {
 	uint64_t workload_max_size;	/* bytes per file before rotation */
 	unsigned workload_max_files;	/* files kept */
 	unsigned workload_block_tokens; /* prefix hash block size in tokens */
+	unsigned workload_max_hash_ids; /* block hashes the capture remembers for their ids */
 	uint64_t max_body_size;
 	uint64_t max_header_size;
 	unsigned max_headers;
@@ -197,7 +198,13 @@ unsigned config_workers(const struct config *c);
 /* "32m", "16k", "1g", "4096" (1024-based). Returns 0 or -1. */
 int config_parse_size(const char *s, uint64_t *out);
 
-/* "300ms", "5s", "2m", bare numbers are seconds. Returns 0 or -1. */
+/* The longest duration any setting takes: 10 years, so that every
+ * duration still fits 64 bits once made nanoseconds. */
+#define DURATION_MAX_MS (87600ull * 3600000)
+#define DURATION_MAX_TEXT "87600h"
+
+/* "300ms", "5s", "2m", bare numbers are seconds, at most DURATION_MAX_MS.
+ * Returns 0 or -1. */
 int config_parse_duration_ms(const char *s, uint64_t *out);
 
 /* An upstream URL: http[s]://HOST[:PORT][/], nothing more. */

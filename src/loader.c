@@ -100,7 +100,10 @@ static void get_duration(struct load *l, yaml_node_t *n, const char *key, uint64
 {
 	const char *s = scalar(l, n, key);
 	if (s && (config_parse_duration_ms(s, out) == -1 || *out == 0))
-		problem(l, n, "%s: expected a positive duration such as 300ms or 5s, got '%s'", key, s);
+		problem(l, n,
+			"%s: expected a positive duration such as 300ms or 5s (at most " DURATION_MAX_TEXT
+			"), got '%s'",
+			key, s);
 }
 
 static void get_uint(struct load *l, yaml_node_t *n, const char *key, unsigned *out)

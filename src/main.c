@@ -231,6 +231,12 @@ int main(int argc, char **argv)
 		config_free(&boot);
 		return 2;
 	}
+	/* the environment's token is used only without a file, and checked alike */
+	if (!boot.admin_token_file && boot.admin_listen && admin_token_env(&admin_token, err, sizeof(err)) == -1) {
+		fprintf(stderr, "tokentap: %s\n", err);
+		config_free(&boot);
+		return 2;
+	}
 	signal(SIGPIPE, SIG_IGN);
 	malloc_settle();
 	nworkers = config_workers(&boot);
@@ -251,8 +257,12 @@ int main(int argc, char **argv)
 		}
 	}
 	if (boot.workload_path) {
-		struct workload_options wo = { boot.workload_path, boot.workload_max_size, boot.workload_max_files,
-					       boot.workload_block_tokens };
+		struct workload_options wo = { .path = boot.workload_path,
+					       .max_size = boot.workload_max_size,
+					       .max_files = boot.workload_max_files,
+					       .block_tokens = boot.workload_block_tokens,
+					       .group_idle_ms = boot.model_idle_ms,
+					       .max_hash_ids = boot.workload_max_hash_ids };
 		if (workload_open(&wo, err, sizeof(err)) == -1) {
 			log_error("%s", err);
 			goto out;
@@ -323,9 +333,8 @@ int main(int argc, char **argv)
 			 proxy_listen_addr(worker_proxy(workers[0])), rt->nups, rt->nroutes, nworkers);
 	}
 	if (boot.admin_listen) {
-		const char *env_token = getenv("TOKENTAP_ADMIN_TOKEN");
 		ao.listen = boot.admin_listen;
-		ao.token = admin_token ? admin_token : env_token && *env_token ? env_token : NULL;
+		ao.token = admin_token;
 		for (unsigned i = 0; i < nworkers; i++) {
 			ao.controls[i] = worker_control(workers[i]);
 			ao.proxies[i] = worker_proxy(workers[i]);

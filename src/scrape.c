@@ -151,9 +151,17 @@ static void on_sample(void *arg, const struct promtext_sample *s)
 		take_max(&l->kv, &l->has_kv, x);
 }
 
+/* A request count as tokentap keeps it: rounded, from 0 to
+ * ENGINE_COUNT_MAX. The sum of an engine's samples may be any double
+ * (+inf once finite ones overflow): bounded before it becomes an integer,
+ * so that the conversion is defined and sums of counts cannot overflow. */
 static int64_t count_of(double v, bool has)
 {
-	return has ? (int64_t)llround(v < 0 ? 0 : v) : -1;
+	if (!has)
+		return -1;
+	if (!(v > 0)) /* negative, or NaN */
+		return 0;
+	return v >= (double)ENGINE_COUNT_MAX ? ENGINE_COUNT_MAX : (int64_t)llround(v);
 }
 
 static double frac_of(double v, bool has)

@@ -108,12 +108,16 @@ void setting_expected(const struct setting *s, char *out, size_t len)
 	case ST_DURATION_S:
 		if (s->min > 1) {
 			duration_text(s->min, lo, sizeof(lo));
-			snprintf(out, len, "a duration of at least %s, such as %s", lo, s->def ? s->def : "5s");
+			snprintf(out, len, "a duration of at least %s, such as %s; at most " DURATION_MAX_TEXT, lo,
+				 s->def ? s->def : "5s");
 		} else {
-			snprintf(out, len, "a %sduration such as 300ms or 5s", s->min ? "positive " : "");
+			snprintf(out, len, "a %sduration such as 300ms or 5s; at most " DURATION_MAX_TEXT,
+				 s->min ? "positive " : "");
 		}
 		break;
-	case ST_DURATION_OFF: snprintf(out, len, "a positive duration such as 300ms or 5s, or off"); break;
+	case ST_DURATION_OFF:
+		snprintf(out, len, "a positive duration such as 300ms or 5s, or off; at most " DURATION_MAX_TEXT);
+		break;
 	case ST_UINT:
 		if (s->min)
 			snprintf(out, len, "a whole number of at least %llu", (unsigned long long)s->min);

@@ -51,6 +51,8 @@
 	  "workload files kept, the one written included") \
 	X(WORKLOAD_BLOCK_TOKENS, "workload.block_tokens", "workload-block-tokens", 0, UINT, workload_block_tokens, "512", \
 	  1, 65536, RESTART, "N", "prefix hash block, in tokens of ~4 bytes of prompt text") \
+	X(WORKLOAD_MAX_HASH_IDS, "workload.max_hash_ids", NULL, 0, UINT, workload_max_hash_ids, "1048576", 1024, \
+	  16777216, RESTART, NULL, "block hashes remembered for their ids (~34 bytes each); past it, new ones are not") \
 	X(WORKERS, "workers", "workers", 0, WORKERS, workers, "auto", 0, 0, RESTART, "N|auto", \
 	  "event loops, one thread each; auto: one per core") \
 	X(MAX_BODY_SIZE, "limits.max_body_size", "max-body-size", 0, SIZE, max_body_size, "32m", 0, 0, LIVE, "SIZE", \

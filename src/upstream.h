@@ -141,10 +141,12 @@ unsigned upstream_waiting(const struct upstream *up);
 /* What the scraper (scrape.c) last learned of an upstream's engine from its
  * /metrics. Kept in what the workers' copies share, so one scrape serves
  * every worker. */
+#define ENGINE_COUNT_MAX 1000000000 /* running, waiting: a larger count scraped reads as this */
+
 struct engine_state {
 	bool scraped;		    /* a scrape has succeeded: the values below are its */
 	enum engine_kind engine;    /* whose names were read */
-	int64_t running, waiting;   /* -1: not reported */
+	int64_t running, waiting;   /* -1: not reported; else 0 to ENGINE_COUNT_MAX */
 	double kv_use, prefix_hit;  /* 0..1; NaN: not reported */
 	uint64_t at_unix_ms, at_ns; /* when (wall clock, CLOCK_MONOTONIC) */
 	unsigned in_flight_at;	    /* tokentap's in flight to it then */

@@ -42,6 +42,7 @@
 
 #define SCAN_DEPTH 64
 #define KEY_MAX 24
+#define NUM_MAX 64 /* a max_tokens number written longer is no number of ours */
 
 /* What a JSON value is to the capture, from the key it sits under. */
 enum wl_kind { WK_OTHER, WK_PROMPT, WK_MAXTOK, WK_SESSION };
@@ -58,11 +59,13 @@ struct wl_req {
 	uint8_t str_kind;	      /* a value string's kind */
 	char key[KEY_MAX];	      /* the key being read, decoded (a longer one is no key of ours) */
 	unsigned key_len;
-	bool key_esc;	 /* the key's last byte was a backslash */
-	uint8_t key_hex; /* hex digits of a \u escape still to come */
-	uint32_t key_cp; /* the \u escape's value so far */
-	bool in_num;
-	int64_t max_tokens; /* -1: not asked */
+	bool key_esc;	    /* the key's last byte was a backslash */
+	uint8_t key_hex;    /* hex digits of a \u escape still to come */
+	uint32_t key_cp;    /* the \u escape's value so far */
+	bool in_num;	    /* inside a max_tokens number */
+	char num[NUM_MAX];  /* its text (a longer one is absent) */
+	unsigned num_len;   /* past NUM_MAX it still grows */
+	int64_t max_tokens; /* -1: not asked, or not a count */
 	/* the chain */
 	EVP_MD_CTX *block; /* the block being filled */
 	bool block_open;
@@ -287,6 +290,8 @@ static void string_begin(struct wl_req *w)
 	w->key_esc = false;
 	w->key_hex = 0;
 	w->str_kind = w->str_is_key ? WK_OTHER : value_kind(w);
+	if (w->str_kind == WK_MAXTOK)
+		w->max_tokens = -1; /* a string is no count */
 	if (w->str_kind == WK_SESSION && !w->has_session) {
 		if (!w->session)
 			w->session = EVP_MD_CTX_new();
@@ -319,6 +324,83 @@ static void string_end(struct wl_req *w)
 	}
 }
 
+static bool is_digit(char c)
+{
+	return c >= '0' && c <= '9';
+}
+
+static bool num_char(char c)
+{
+	return is_digit(c) || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E';
+}
+
+/*
+ * The value of a JSON number's text when it is a whole number from 0 to
+ * WL_MAX_TOKENS_MAX (256.0, 1e3 and 2500e-1 are), else -1: a fraction, a
+ * negative, a larger value, or text that is not a JSON number. Exact: read
+ * as decimal digits and a power of ten, never through a double.
+ */
+static int64_t num_value(const char *p, size_t n)
+{
+	const char *end = p + n;
+	char dig[NUM_MAX];
+	size_t nd = 0;
+	int64_t e10 = 0, v = 0;
+
+	bool neg = p < end && *p == '-'; /* only -0 can be in range: checked below */
+
+	if (neg)
+		p++;
+	if (p == end || !is_digit(*p) || (*p == '0' && p + 1 < end && is_digit(p[1])))
+		return -1;
+	for (; p < end && is_digit(*p); p++)
+		dig[nd++] = *p;
+	if (p < end && *p == '.') {
+		if (++p == end || !is_digit(*p))
+			return -1;
+		for (; p < end && is_digit(*p); p++, e10--)
+			dig[nd++] = *p;
+	}
+	if (p < end && (*p == 'e' || *p == 'E')) {
+		bool eneg = false;
+		int64_t x = 0;
+		if (++p < end && (*p == '+' || *p == '-'))
+			eneg = *p++ == '-';
+		if (p == end || !is_digit(*p))
+			return -1;
+		for (; p < end && is_digit(*p); p++)
+			if (x < 1000000) /* past any exponent that can matter */
+				x = x * 10 + (*p - '0');
+		e10 += eneg ? -x : x;
+	}
+	if (p != end)
+		return -1;
+	/* the digits without leading and trailing zeros */
+	size_t lo = 0;
+	while (lo < nd && dig[lo] == '0')
+		lo++;
+	while (nd > lo && dig[nd - 1] == '0') {
+		nd--;
+		e10++;
+	}
+	if (lo == nd)
+		return 0; /* zero, -0 included, whatever the exponent */
+	if (neg || e10 < 0 || (int64_t)(nd - lo) + e10 > 16)
+		return -1; /* a fraction, a negative, or 10^16 or more */
+	for (size_t i = lo; i < nd; i++)
+		v = v * 10 + (dig[i] - '0');
+	for (int64_t i = 0; i < e10; i++)
+		v *= 10;
+	return v <= WL_MAX_TOKENS_MAX ? v : -1;
+}
+
+/* A max_tokens number ends: the last one read counts. */
+static void num_end(struct wl_req *w)
+{
+	w->in_num = false;
+	w->max_tokens = w->num_len <= NUM_MAX ? num_value(w->num, w->num_len) : -1;
+}
+
 void wl_req_feed(struct wl_req *w, const char *at, size_t len)
 {
 	size_t i = 0;
@@ -333,12 +415,24 @@ void wl_req_feed(struct wl_req *w, const char *at, size_t len)
 			continue;
 		}
 		char c = at[i++];
-		if (w->in_num && (c < '0' || c > '9'))
-			w->in_num = false;
+		if (w->in_num) {
+			if (num_char(c)) {
+				if (w->num_len < NUM_MAX)
+					w->num[w->num_len] = c;
+				if (w->num_len <= NUM_MAX)
+					w->num_len++;
+				continue;
+			}
+			num_end(w);
+		}
 		switch (c) {
 		case '"': string_begin(w); break;
-		case '{': push(w, true); break;
-		case '[': push(w, false); break;
+		case '{':
+		case '[':
+			if (value_kind(w) == WK_MAXTOK && top_is_obj(w))
+				w->max_tokens = -1; /* a container is no count */
+			push(w, c == '{');
+			break;
 		case '}':
 		case ']':
 			if (w->depth)
@@ -348,13 +442,13 @@ void wl_req_feed(struct wl_req *w, const char *at, size_t len)
 		case ',': w->want_key = top_is_obj(w); break;
 		case ':': w->want_key = false; break;
 		default:
-			if (c >= '0' && c <= '9' && value_kind(w) == WK_MAXTOK && top_is_obj(w)) {
-				if (!w->in_num) {
-					w->in_num = true;
-					w->max_tokens = 0;
-				}
-				if (w->max_tokens < (int64_t)1 << 40)
-					w->max_tokens = w->max_tokens * 10 + (c - '0');
+			if (value_kind(w) == WK_MAXTOK && top_is_obj(w) && c != ' ' && c != '\t' && c != '\n' &&
+			    c != '\r') {
+				/* a number starts; any other value (true, null) is no count */
+				w->in_num = num_char(c);
+				w->num[0] = c;
+				w->num_len = 1;
+				w->max_tokens = -1;
 			}
 			break;
 		}
@@ -396,23 +490,25 @@ uint64_t wl_req_prompt_bytes(const struct wl_req *w)
 
 /* ---- hash → id ---- */
 
-/* Open addressing, doubled at half full. Past IDS_MAX entries new hashes
- * still get new ids but are not remembered (a bound on memory). */
-#define IDS_MAX (1u << 24)
-
+/* Open addressing, doubled at half full, up to `max` entries (a bound on
+ * memory: 2 slots of 17 bytes an entry, the slots a power of two). Past
+ * it, a new hash still gets a new id, so no two blocks share one, but is
+ * not remembered: counted in `forgotten`. */
 struct wl_ids {
 	uint64_t *key, *val;
-	size_t cap, n;
+	size_t cap, n, max;
 	uint64_t next;
+	uint64_t forgotten; /* ids given to hashes not remembered */
 	bool *used;
 };
 
-struct wl_ids *wl_ids_new(void)
+struct wl_ids *wl_ids_new(size_t max)
 {
 	struct wl_ids *t = calloc(1, sizeof(*t));
 
 	if (!t)
 		return NULL;
+	t->max = max ? max : WL_HASH_IDS_DEFAULT;
 	t->cap = 1024;
 	t->key = calloc(t->cap, sizeof(*t->key));
 	t->val = calloc(t->cap, sizeof(*t->val));
@@ -478,16 +574,28 @@ uint64_t wl_ids_get(struct wl_ids *t, uint64_t hash)
 
 	if (t->used[i])
 		return t->val[i];
-	if (t->n >= IDS_MAX)
+	if (t->n >= t->max) {
+		t->forgotten++;
 		return t->next++;
+	}
 	uint64_t id = t->next++;
 	t->used[i] = true;
 	t->key[i] = hash;
 	t->val[i] = id;
 	t->n++;
-	if (t->n * 2 > t->cap)
+	if (t->n * 2 > t->cap && t->n < t->max)
 		ids_grow(t);
 	return id;
+}
+
+size_t wl_ids_count(const struct wl_ids *t)
+{
+	return t->n;
+}
+
+uint64_t wl_ids_forgotten(const struct wl_ids *t)
+{
+	return t->forgotten;
 }
 
 /* ---- the capture ---- */
@@ -544,13 +652,16 @@ struct workload {
 			char route[64], model[128];
 			uint64_t records, streamed, cached_records, cached_tokens, cached_input;
 			uint64_t blocks, shared_blocks;
+			uint64_t seen_ns; /* the latest arrival counted in it */
 			uint32_t series[WL_SERIES_SLOTS];
 		} groups[WL_GROUPS_MAX];
 		size_t ngroups;
+		size_t other;	   /* the "(other)" group's index; WL_GROUPS_MAX: none yet */
 		unsigned step_idx; /* into series_steps */
-		uint64_t written, no_space, write_error, open_error;
-		uint64_t freed_files; /* rotated files deleted to make room on a full disk */
-		char last_error[96];  /* "" while writing works */
+		uint64_t written, no_space, write_error, open_error, too_large;
+		uint64_t freed_files;		  /* rotated files deleted to make room on a full disk */
+		uint64_t ids_kept, ids_forgotten; /* the hash → id table's, as of the last record */
+		char last_error[96];		  /* "" while writing works */
 	} sum;
 };
 
@@ -639,22 +750,85 @@ static json_t *str_or_null(const char *s)
 	return *s ? json_string(s) : json_null();
 }
 
-/* The group of a (route, model) pair: found, added, or past
- * WL_GROUPS_MAX - 1 the last one, "(other)". Under sum_mu. */
-static struct wl_group *group_of(struct wl_summary *s, const char *route, const char *model)
+/* The "(other)" group, made the first time it is needed: the groups keep
+ * a place for it. */
+static struct wl_group *group_other(struct wl_summary *s)
 {
-	for (size_t i = 0; i < s->ngroups; i++)
-		if (strcmp(s->groups[i].route, route) == 0 && strcmp(s->groups[i].model, model) == 0)
-			return &s->groups[i];
-	struct wl_group *g = &s->groups[s->ngroups < WL_GROUPS_MAX ? s->ngroups : WL_GROUPS_MAX - 1];
-	if (s->ngroups == WL_GROUPS_MAX - 1) {
-		route = model = "(other)";
-	} else if (s->ngroups == WL_GROUPS_MAX) {
-		return g;
+	if (s->other == WL_GROUPS_MAX) {
+		s->other = s->ngroups++;
+		struct wl_group *g = &s->groups[s->other];
+		memset(g, 0, sizeof(*g));
+		copy_trunc(g->route, sizeof(g->route), "(other)", 7);
+		copy_trunc(g->model, sizeof(g->model), "(other)", 7);
 	}
-	s->ngroups++;
-	copy_trunc(g->route, sizeof(g->route), route, strlen(route));
-	copy_trunc(g->model, sizeof(g->model), model, strlen(model));
+	return &s->groups[s->other];
+}
+
+/* Group `g` gives its place to another pair: what it counted moves to
+ * "(other)" (its records in the window too), so the totals stay whole. */
+static void group_fold(struct wl_summary *s, struct wl_group *g)
+{
+	struct wl_group *o = group_other(s);
+	uint16_t from = (uint16_t)(g - s->groups), to = (uint16_t)s->other;
+
+	o->records += g->records;
+	o->streamed += g->streamed;
+	o->cached_records += g->cached_records;
+	o->cached_tokens += g->cached_tokens;
+	o->cached_input += g->cached_input;
+	o->blocks += g->blocks;
+	o->shared_blocks += g->shared_blocks;
+	if (g->seen_ns > o->seen_ns)
+		o->seen_ns = g->seen_ns;
+	for (size_t i = 0; i < WL_SERIES_SLOTS; i++)
+		o->series[i] += g->series[i];
+	for (size_t i = 0; i < s->ring_n; i++)
+		if (s->ring[i].group == from)
+			s->ring[i].group = to;
+	memset(g, 0, sizeof(*g));
+}
+
+/*
+ * The group of a (route, model) pair, admitted as the stats admit a model
+ * name: a pair already grouped is found whatever the answer; a new one
+ * takes a group only when `ok` (the upstream answered 2xx), so names an
+ * upstream refuses never crowd out real ones: a free group, else, when all
+ * WL_GROUPS_MAX - 1 are taken, the one whose latest arrival is the oldest,
+ * once it is `idle_ns` old (0: never), its counts folded into "(other)".
+ * Anything else counts under "(other)". `now_ns`: the record's arrival.
+ * Under sum_mu.
+ */
+static struct wl_group *group_of(struct wl_summary *s, const char *route, const char *model, bool ok, uint64_t now_ns,
+				 uint64_t idle_ns)
+{
+	struct wl_group *g = NULL, *lru = NULL;
+
+	for (size_t i = 0; i < s->ngroups && !g; i++)
+		if (i != s->other && strcmp(s->groups[i].route, route) == 0 && strcmp(s->groups[i].model, model) == 0)
+			g = &s->groups[i];
+	if (!g && ok) {
+		if (s->ngroups - (s->other != WL_GROUPS_MAX) < WL_GROUPS_MAX - 1) {
+			g = &s->groups[s->ngroups++];
+			memset(g, 0, sizeof(*g));
+		} else if (idle_ns) {
+			for (size_t i = 0; i < s->ngroups; i++)
+				if (i != s->other && now_ns >= s->groups[i].seen_ns + idle_ns &&
+				    (!lru || s->groups[i].seen_ns < lru->seen_ns))
+					lru = &s->groups[i];
+			if (lru) {
+				group_fold(s, lru);
+				g = lru;
+			}
+		}
+		if (g) {
+			copy_trunc(g->route, sizeof(g->route), route, strlen(route));
+			copy_trunc(g->model, sizeof(g->model), model, strlen(model));
+		}
+	}
+	if (!g)
+		g = group_other(s);
+	if (now_ns > g->seen_ns)
+		g->seen_ns = now_ns;
 	return g;
 }
 
@@ -690,7 +864,10 @@ static void summary_add(struct workload *wl, const struct wl_item *it, uint64_t 
 	uint64_t dur_us = isnan(it->e2e_ms) || it->e2e_ms < 0 ? 0 : (uint64_t)(it->e2e_ms * 1000.0);
 
 	pthread_mutex_lock(&wl->sum_mu);
-	struct wl_group *g = group_of(s, it->route, it->model);
+	s->ids_kept = wl_ids_count(wl->ids);
+	s->ids_forgotten = wl_ids_forgotten(wl->ids);
+	struct wl_group *g = group_of(s, it->route, it->model, it->status >= 200 && it->status < 300, it->arrive_ns,
+				      wl->o.group_idle_ms * 1000000u);
 	g->records++;
 	g->streamed += it->stream == 1;
 	if (it->cached_tokens >= 0 && in > 0) {
@@ -868,6 +1045,22 @@ static bool free_oldest(struct workload *wl, uint64_t now)
 	return false;
 }
 
+/* The file opened for appending, if it is not and may be tried now; its
+ * size is what it holds. */
+static void open_file(struct workload *wl, uint64_t now)
+{
+	if (wl->fd != -1 || now < wl->open_retry_ns)
+		return;
+	wl->fd = open(wl->path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+	if (wl->fd == -1) {
+		log_warn("workload capture: %s: %s; records are dropped until it opens", wl->path, strerror(errno));
+		wl->open_retry_ns = now + 1000000000u;
+	} else {
+		off_t end = lseek(wl->fd, 0, SEEK_END);
+		wl->size = end > 0 ? (uint64_t)end : 0;
+	}
+}
+
 static void write_item(struct workload *wl, const struct wl_item *it)
 {
 	uint64_t now = clock_now_ns();
@@ -880,18 +1073,18 @@ static void write_item(struct workload *wl, const struct wl_item *it)
 	}
 	len = strlen(line);
 	line[len++] = '\n'; /* json_dumps leaves room: the NUL becomes the newline */
-	if (wl->fd != -1 && wl->size && wl->size + len > wl->o.max_size)
+	/* no file grows past max_size: a line that would not fit even in an
+	 * empty file is dropped, counted; one that does not fit in this file
+	 * goes to a new one (the file found at start counts with what it holds) */
+	if (len > wl->o.max_size) {
+		write_failed(wl, now, &wl->sum.too_large, "a record longer than workload.max_size");
+		free(line);
+		return;
+	}
+	open_file(wl, now);
+	if (wl->fd != -1 && wl->size && wl->size + len > wl->o.max_size) {
 		rotate(wl);
-	if (wl->fd == -1 && now >= wl->open_retry_ns) {
-		wl->fd = open(wl->path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
-		if (wl->fd == -1) {
-			log_warn("workload capture: %s: %s; records are dropped until it opens", wl->path,
-				 strerror(errno));
-			wl->open_retry_ns = now + 1000000000u;
-		} else {
-			off_t end = lseek(wl->fd, 0, SEEK_END);
-			wl->size = end > 0 ? (uint64_t)end : 0;
-		}
+		open_file(wl, now);
 	}
 	if (wl->fd == -1) {
 		write_failed(wl, now, &wl->sum.open_error, "the file cannot be opened");
@@ -950,13 +1143,14 @@ int workload_open(const struct workload_options *o, char *err, size_t errlen)
 	if (!wl->o.max_files)
 		wl->o.max_files = 1;
 	wl->path = strdup(o->path);
-	wl->ids = wl_ids_new();
+	wl->ids = wl_ids_new(wl->o.max_hash_ids);
 	wl->fd = -1;
 	if (!wl->path || !wl->ids)
 		goto fail;
 	if (getrandom(wl->salt, sizeof(wl->salt), 0) != (ssize_t)sizeof(wl->salt))
 		goto fail;
 	wl->start_ns = clock_now_ns();
+	wl->sum.other = WL_GROUPS_MAX;
 	pthread_mutex_init(&wl->mu, NULL);
 	pthread_mutex_init(&wl->sum_mu, NULL);
 	pthread_cond_init(&wl->cv, NULL);
@@ -1231,9 +1425,14 @@ char *workload_summary_json(const char *route, const char *model)
 	json_object_set_new(d, "no_space", json_integer((json_int_t)s->no_space));
 	json_object_set_new(d, "write_error", json_integer((json_int_t)s->write_error));
 	json_object_set_new(d, "open_error", json_integer((json_int_t)s->open_error));
+	json_object_set_new(d, "too_large", json_integer((json_int_t)s->too_large));
 	json_object_set_new(o, "dropped", d);
 	json_object_set_new(o, "last_error", s->last_error[0] ? json_string(s->last_error) : json_null());
 	json_object_set_new(o, "freed_files", json_integer((json_int_t)s->freed_files));
+	json_object_set_new(o, "max_hash_ids",
+			    json_integer((json_int_t)(wl->o.max_hash_ids ? wl->o.max_hash_ids : WL_HASH_IDS_DEFAULT)));
+	json_object_set_new(o, "hash_ids_kept", json_integer((json_int_t)s->ids_kept));
+	json_object_set_new(o, "hash_ids_forgotten", json_integer((json_int_t)s->ids_forgotten));
 	json_t *f = json_object();
 	json_object_set_new(f, "route", str_or_json_null(route));
 	json_object_set_new(f, "model", str_or_json_null(model));
@@ -1255,7 +1454,8 @@ done:
 	return text;
 }
 
-const char *const workload_drop_reasons[WL_DROP__COUNT] = { "queue_full", "no_space", "write_error", "open_error" };
+const char *const workload_drop_reasons[WL_DROP__COUNT] = { "queue_full", "no_space", "write_error", "open_error",
+							    "too_large" };
 
 bool workload_counts(struct workload_counts *c)
 {
@@ -1268,6 +1468,8 @@ bool workload_counts(struct workload_counts *c)
 	c->dropped[WL_DROP_NO_SPACE] = wl->sum.no_space;
 	c->dropped[WL_DROP_WRITE_ERROR] = wl->sum.write_error;
 	c->dropped[WL_DROP_OPEN_ERROR] = wl->sum.open_error;
+	c->dropped[WL_DROP_TOO_LARGE] = wl->sum.too_large;
+	c->hash_ids_forgotten = wl->sum.ids_forgotten;
 	pthread_mutex_unlock(&wl->sum_mu);
 	c->dropped[WL_DROP_QUEUE_FULL] = atomic_load(&wl->dropped_queue);
 	return true;

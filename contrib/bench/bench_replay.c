@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
+
 static int cmp_entry(const void *a, const void *b)
 {
 	const struct replay_entry *x = a, *y = b;
@@ -98,8 +100,18 @@ int replay_load(struct replay *rp, const char *path, double speed, uint64_t limi
 				snprintf(err, errlen, "out of memory");
 				goto out;
 			}
-			for (uint32_t i = 0; i < e.nids; i++)
-				e.ids[i] = (uint64_t)json_integer_value(json_array_get(ids, i));
+			for (uint32_t i = 0; i < e.nids; i++) {
+				json_t *id = json_array_get(ids, i);
+				if (!json_is_integer(id) || json_integer_value(id) < 0) {
+					snprintf(err, errlen,
+						 "%s line %zu: hash_ids[%u] is not a whole number of 0 or more", path,
+						 lineno, i);
+					free(e.ids);
+					json_decref(o);
+					goto out;
+				}
+				e.ids[i] = (uint64_t)json_integer_value(id);
+			}
 		}
 		json_decref(o);
 		if (rp->n == alloc) {
@@ -125,8 +137,19 @@ int replay_load(struct replay *rp, const char *path, double speed, uint64_t limi
 			free(rp->e[i].ids);
 		rp->n = limit;
 	}
-	/* offsets from the first arrival, scaled */
+	/* offsets from the first arrival, scaled; a replay longer than any
+	 * duration tokentap takes is refused rather than waited for */
 	uint64_t t0 = rp->e[0].t_ms;
+	double span_ms = (double)(rp->e[rp->n - 1].t_ms - t0) / speed;
+	if (span_ms > (double)DURATION_MAX_MS) {
+		snprintf(err, errlen,
+			 "%s: its arrivals span %.0f ms (line %zu's timestamp %llu after line %zu's %llu), a replay "
+			 "of %.3g h at --speed %g: the longest replay is " DURATION_MAX_TEXT,
+			 path, (double)(rp->e[rp->n - 1].t_ms - t0), rp->e[rp->n - 1].line,
+			 (unsigned long long)rp->e[rp->n - 1].t_ms, rp->e[0].line, (unsigned long long)t0,
+			 span_ms / 3600000.0, speed);
+		goto out;
+	}
 	for (size_t i = 0; i < rp->n; i++)
 		rp->e[i].t_ns = (uint64_t)llround((double)(rp->e[i].t_ms - t0) * 1e6 / speed);
 	rc = 0;

@@ -39,7 +39,7 @@ static size_t run(const uint8_t *data, size_t size, size_t step, uint64_t *out, 
 	if (n)
 		memcpy(out, h, n * sizeof(*h));
 	*max_tokens = wl_req_max_tokens(w);
-	CHECK(*max_tokens >= -1);
+	CHECK(*max_tokens >= -1 && *max_tokens <= WL_MAX_TOKENS_MAX);
 	workload_req_free(w);
 	return n;
 }

@@ -151,7 +151,7 @@ class ExampleTest(harness.TestCase):
         os.rename(cert, os.path.join(tls, "fullchain.pem"))
         os.rename(key, os.path.join(tls, "privkey.pem"))
         shutil.copy(os.path.join(tls, "ca.pem"), os.path.join(tls, "upstream-ca.pem"))
-        rh.write_file(os.path.join(d, "admin.token"), "example-token\n")
+        rh.write_file(os.path.join(d, "admin.token"), "example-token-0123456789\n")
         shutil.copy(os.path.join(REPO, "conf", "tokentap-tls.yaml"), d)
 
         def check(cwd):

@@ -13,7 +13,7 @@ import harness
 import routing_helpers as rh
 from test_admin import admin_port
 
-TOKEN = "live-test-token"
+TOKEN = "live-test-token-0123"
 
 
 def admin_req(port, method, path, body=None, token=None):

@@ -14,7 +14,7 @@ import routing_helpers as rh
 from test_admin import admin_port
 from test_pool import ClosingOnReuse
 
-TOKEN = "mirror-test"
+TOKEN = "mirror-test-token-0123"
 
 
 def route_yaml(percent, mirror="shadow"):

@@ -20,7 +20,7 @@ import harness
 import routing_helpers as rh
 from test_admin import admin_port
 
-TOKEN = "paired-test"
+TOKEN = "paired-test-token-0123"
 # the batching model: ttft = P / prefill-tps + step-base + step-per-seq, so
 # the prompt length moves both upstreams' ttft together, request by request
 FAST = ("--batching", "--prefill-tps", "20000", "--step-base-ms", "2", "--step-per-seq-ms", "0.25")

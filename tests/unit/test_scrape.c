@@ -3,7 +3,7 @@
  * answer means. Each engine's names; several models summed, the fullest
  * KV cache kept; vLLM's older KV name and prefix counters; `auto` picking
  * the engine by the gauges present; an engine named that the answer does
- * not speak, garbage and non-finite values.
+ * not speak, garbage and non-finite values, counts past any engine's.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -137,12 +137,39 @@ static void test_garbage_and_odd_values(void **state)
 	assert_true(st.kv_use == 1.0);
 }
 
+/* Counts are kept from 0 to ENGINE_COUNT_MAX whatever the samples sum to
+ * (their double sum overflowing to +inf included), so any sum of two
+ * counts fits; a fraction of a request rounds. */
+static void test_counts_saturate(void **state)
+{
+	(void)state;
+	struct engine_state st;
+	char err[200];
+	assert_int_equal(read_text("vllm:num_requests_running 5e18\nvllm:num_requests_waiting 5e18\n", ENGINE_AUTO, &st,
+				   err, sizeof(err)),
+			 0);
+	assert_int_equal(st.running, ENGINE_COUNT_MAX);
+	assert_int_equal(st.waiting, ENGINE_COUNT_MAX);
+	assert_int_equal(read_text("vllm:num_requests_running{engine=\"0\"} 1.7e308\n"
+				   "vllm:num_requests_running{engine=\"1\"} 1.7e308\n"
+				   "vllm:num_requests_waiting -1e300\n",
+				   ENGINE_AUTO, &st, err, sizeof(err)),
+			 0);
+	assert_int_equal(st.running, ENGINE_COUNT_MAX);
+	assert_int_equal(st.waiting, 0);
+	assert_int_equal(read_text("sglang:num_running_reqs 999999999.4\nsglang:num_queue_reqs 2.5\n", ENGINE_AUTO, &st,
+				   err, sizeof(err)),
+			 0);
+	assert_int_equal(st.running, ENGINE_COUNT_MAX - 1);
+	assert_int_equal(st.waiting, 3);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_vllm_two_models),	       cmocka_unit_test(test_vllm_older_names),
 		cmocka_unit_test(test_sglang_and_llamacpp),    cmocka_unit_test(test_engine_choice),
-		cmocka_unit_test(test_garbage_and_odd_values),
+		cmocka_unit_test(test_garbage_and_odd_values), cmocka_unit_test(test_counts_saturate),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -123,6 +123,37 @@ static void expect_bad(enum setting_id id, const char *text, const char *why_has
 		fail_msg("%s: '%s': message '%s' lacks '%s'", settings[id].name, text, why, why_has);
 }
 
+/* Every duration, whatever its row, is at most 87600h (10 years): a
+ * larger one (99999999999h is 3.6e17 ms, past 2^64 once made µs) is
+ * refused with the bound in the message; the bound itself is accepted. */
+static void test_durations_bounded(void **state)
+{
+	struct config c;
+	char why[400];
+	uint64_t ms;
+	(void)state;
+
+	assert_int_equal(config_parse_duration_ms("87600h", &ms), 0);
+	assert_int_equal(ms, 87600ull * 3600000);
+	assert_int_equal(config_parse_duration_ms("315360000s", &ms), 0);
+	assert_int_equal(config_parse_duration_ms("87601h", &ms), -1);
+	assert_int_equal(config_parse_duration_ms("315360001", &ms), -1);
+	assert_int_equal(config_parse_duration_ms("99999999999h", &ms), -1);
+	assert_int_equal(config_parse_duration_ms("18446744073709551615ms", &ms), -1);
+	for (size_t i = 0; i < S__COUNT; i++) {
+		enum setting_type t = settings[i].type;
+		if (t != ST_DURATION && t != ST_DURATION_S && t != ST_DURATION_OFF)
+			continue;
+		if (settings[i].max && settings[i].max < 87600ull * 3600000)
+			continue; /* a tighter bound of its own */
+		expect_bad((enum setting_id)i, "99999999999h", "at most 87600h");
+		expect_bad((enum setting_id)i, "87601h", "at most 87600h");
+		config_defaults(&c);
+		if (setting_parse(&settings[i], "87600h", &c, why, sizeof(why)) != 0)
+			fail_msg("%s: 87600h refused: %s", settings[i].name, why);
+	}
+}
+
 static void test_ranges_hold(void **state)
 {
 	(void)state;
@@ -261,7 +292,7 @@ static void test_warn_fixed(void **state)
 	unsigned restart = 0;
 	for (size_t i = 0; i < S__COUNT; i++)
 		restart += settings[i].reload == SR_RESTART;
-	assert_int_equal(restart, 18); /* the keys docs/config.md lists, listen and listeners aside */
+	assert_int_equal(restart, 19); /* the keys docs/config.md lists, listen and listeners aside */
 }
 
 /* A file that writes every YAML row's default as the table does loads, and
@@ -506,6 +537,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_every_default_parses_in_range),
 		cmocka_unit_test(test_defaults_are_todays),
 		cmocka_unit_test(test_ranges_hold),
+		cmocka_unit_test(test_durations_bounded),
 		cmocka_unit_test(test_flag_side_effects),
 		cmocka_unit_test(test_help_lists_every_flag),
 		cmocka_unit_test(test_warn_fixed),

@@ -140,6 +140,78 @@ static void test_any_split_same_hashes(void **state)
 	}
 }
 
+/* max_tokens read as a JSON number, split anywhere: an integral value up
+ * to WL_MAX_TOKENS_MAX is recorded (256.0 and 1e3 are integral), anything
+ * else (a fraction, a negative, past the bound, not a number, a number
+ * too long to be one we read) is absent. The last one written counts, as
+ * the upstream's parser keeps it. */
+static void test_max_tokens_is_a_json_number(void **state)
+{
+	static const struct {
+		const char *v;
+		int64_t want;
+	} cases[] = {
+		{ "256", 256 },
+		{ "256.0", 256 },
+		{ " 256 ", 256 },
+		{ "\n\t1e3\r ", 1000 },
+		{ "1e3", 1000 },
+		{ "1E+3", 1000 },
+		{ "2500e-1", 250 },
+		{ "0", 0 },
+		{ "-0", 0 },
+		{ "0.0e5", 0 },
+		{ "1.5", -1 },
+		{ "-5", -1 },
+		{ "1e-3", -1 },
+		{ "9007199254740991", 9007199254740991 },
+		{ "9007199254740992", -1 },
+		{ "1099511627776123", 1099511627776123 },
+		{ "123456789012345678901234567890", -1 },
+		{ "1e999999999999", -1 },
+		{ "0.00000000000000000000000000000000000000000000000000000000000001e62", -1 },
+		{ "1.", -1 },
+		{ ".5", -1 },
+		{ "01", -1 },
+		{ "1e", -1 },
+		{ "--1", -1 },
+		{ "\"256\"", -1 },
+		{ "true", -1 },
+		{ "null", -1 },
+		{ "[256]", -1 },
+		{ "{\"n\":256}", -1 },
+	};
+	static const char *const keys[] = { "max_tokens", "max_completion_tokens", "max_output_tokens" };
+	char body[256];
+	(void)state;
+
+	for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]); k++)
+		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+			int n = snprintf(body, sizeof(body), "{\"model\":\"m\",\"%s\":%s,\"stream\":true}", keys[k],
+					 cases[i].v);
+			for (int cut = 1; cut < n; cut++) {
+				struct wl_req *w = wl_req_new(salt, 16);
+				wl_req_feed(w, body, (size_t)cut);
+				wl_req_feed(w, body + cut, (size_t)(n - cut));
+				if (wl_req_max_tokens(w) != cases[i].want)
+					fail_msg("%s cut at %d: %lld, expected %lld", body, cut,
+						 (long long)wl_req_max_tokens(w), (long long)cases[i].want);
+				workload_req_free(w);
+			}
+		}
+	/* the last one written counts; a nested one is not ours */
+	struct wl_req *w = wl_req_new(salt, 16);
+	const char *twice = "{\"max_tokens\":7,\"max_tokens\":1.5}";
+	wl_req_feed(w, twice, strlen(twice));
+	assert_int_equal(wl_req_max_tokens(w), -1);
+	workload_req_free(w);
+	w = wl_req_new(salt, 16);
+	const char *nested = "{\"max_tokens\":7,\"options\":{\"max_tokens\":9}}";
+	wl_req_feed(w, nested, strlen(nested));
+	assert_int_equal(wl_req_max_tokens(w), 7);
+	workload_req_free(w);
+}
+
 /* Only prompt text is hashed: the model, roles, sampling fields and key
  * order outside it change nothing; quotes inside a string do not end it. */
 static void test_only_prompt_text(void **state)
@@ -214,7 +286,7 @@ static void test_escaped_keys(void **state)
 
 static void test_ids_in_order_of_first_appearance(void **state)
 {
-	struct wl_ids *t = wl_ids_new();
+	struct wl_ids *t = wl_ids_new(0);
 	(void)state;
 
 	assert_non_null(t);
@@ -225,6 +297,30 @@ static void test_ids_in_order_of_first_appearance(void **state)
 		assert_int_equal(wl_ids_get(t, 100000 + i * 7919), 2 + i);
 	assert_int_equal(wl_ids_get(t, 17), 1);
 	assert_int_equal(wl_ids_get(t, 100000 + 4999 * 7919), 5001);
+	assert_int_equal(wl_ids_count(t), 5002);
+	assert_int_equal(wl_ids_forgotten(t), 0);
+	wl_ids_free(t);
+}
+
+/* At its bound the table remembers no more: a new hash gets a new id each
+ * time it is met, counted; the hashes remembered keep theirs. */
+static void test_ids_bound(void **state)
+{
+	struct wl_ids *t = wl_ids_new(1024);
+	(void)state;
+
+	assert_non_null(t);
+	for (uint64_t i = 0; i < 1024; i++)
+		assert_int_equal(wl_ids_get(t, 7 + i * 104729), i);
+	assert_int_equal(wl_ids_count(t), 1024);
+	assert_int_equal(wl_ids_get(t, 5), 1024);
+	assert_int_equal(wl_ids_get(t, 5), 1025);
+	assert_int_equal(wl_ids_forgotten(t), 2);
+	for (uint64_t i = 0; i < 1024; i++)
+		assert_int_equal(wl_ids_get(t, 7 + i * 104729), i);
+	assert_int_equal(wl_ids_count(t), 1024);
+	assert_int_equal(wl_ids_forgotten(t), 2);
+	assert_int_equal(wl_ids_get(t, 6), 1026);
 	wl_ids_free(t);
 }
 
@@ -248,6 +344,8 @@ static json_t *load_lines(const char *path, size_t *n)
 	return arr;
 }
 
+static int record_status = 200; /* the status record_of's records have */
+
 /* One finished request of a given route and model, stream flag, cached
  * tokens (-1: not said) and e2e. */
 static void record_of(uint64_t arrive, int64_t in, int64_t out, const char *body, const char *route, const char *model,
@@ -262,7 +360,7 @@ static void record_of(uint64_t arrive, int64_t in, int64_t out, const char *body
 	rec.usage.output_tokens = out;
 	rec.usage.cached_tokens = cached;
 	rec.stream = stream;
-	rec.status = 200;
+	rec.status = record_status;
 	rec.at[TL_ARRIVE] = arrive;
 	rec.at[TL_FIRST_TOKEN] = arrive + 5000000;
 	rec.at[TL_RESP_END] = arrive + e2e_ms * 1000000u;
@@ -284,7 +382,7 @@ static void record(uint64_t arrive, int64_t in, int64_t out, const char *body)
 static void test_capture_lines_and_rotation(void **state)
 {
 	char dir[] = "/tmp/test_workload_XXXXXX", path[256], p1[300], p2[300], body[1024];
-	struct workload_options o = { path, 4096, 2, 4 }; /* blocks of 16 bytes */
+	struct workload_options o = { path, 4096, 2, 4, 0, 0 }; /* blocks of 16 bytes */
 	char err[256];
 	size_t n, n1;
 	struct stat st;
@@ -375,7 +473,7 @@ static void test_capture_lines_and_rotation(void **state)
  * caller is never held. */
 static void test_unwritable_path_drops(void **state)
 {
-	struct workload_options o = { "/nonexistent-dir/w.jsonl", 1 << 20, 2, 4 };
+	struct workload_options o = { "/nonexistent-dir/w.jsonl", 1 << 20, 2, 4, 0, 0 };
 	char err[256];
 	(void)state;
 
@@ -392,7 +490,7 @@ static void test_unwritable_path_drops(void **state)
 static void test_summary(void **state)
 {
 	char dir[] = "/tmp/test_workload_XXXXXX", path[256];
-	struct workload_options o = { path, 1 << 20, 2, 4 };
+	struct workload_options o = { path, 1 << 20, 2, 4, 0, 0 };
 	char err[256], *text;
 	json_t *s = NULL;
 	(void)state;
@@ -502,7 +600,7 @@ static json_t *entry(json_t *s, const char *list, const char *key, const char *n
 static void test_summary_by_route_and_model(void **state)
 {
 	char dir[] = "/tmp/test_workload_XXXXXX", path[256];
-	struct workload_options o = { path, 1 << 20, 2, 4 };
+	struct workload_options o = { path, 1 << 20, 2, 4, 0, 0 };
 	char err[256];
 	json_t *s;
 	(void)state;
@@ -605,6 +703,79 @@ static void test_summary_by_route_and_model(void **state)
 	rmdir(dir);
 }
 
+/* The summary's groups are admitted as the stats admit model names: 63
+ * junk pairs the upstream refused (404) take no group, so a real model
+ * answered 200 after them has its own; a refused record of a grouped pair
+ * stays in its group. With group_idle, once the groups are full, a new
+ * pair takes the place of the one idle the longest, whose counts (its
+ * window records too) move to "(other)": the totals stay whole. */
+static void test_summary_groups_admitted_on_success(void **state)
+{
+	char dir[] = "/tmp/test_workload_XXXXXX", path[256], model[16];
+	struct workload_options o = { path, 64 << 20, 2, 4, 1000, 0 }; /* idle after 1 s */
+	char err[256];
+	json_t *s;
+	(void)state;
+
+	assert_non_null(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/w.jsonl", dir);
+	assert_int_equal(workload_open(&o, err, sizeof(err)), 0);
+	uint64_t t0 = clock_now_ns();
+	record_status = 404;
+	for (int i = 0; i < 63; i++) {
+		snprintf(model, sizeof(model), "junk-%d", i);
+		record_of(t0 + (uint64_t)i * 1000000u, 10, 5, "{\"prompt\":\"x\"}", "chat", model, 1, -1, 20);
+	}
+	record_status = 200;
+	for (int i = 0; i < 3; i++)
+		record_of(t0 + 100000000u, 10, 5, "{\"prompt\":\"x\"}", "chat", "real", 1, -1, 20);
+	record_status = 500; /* a failure of a grouped pair stays under it */
+	record_of(t0 + 110000000u, 10, 5, "{\"prompt\":\"x\"}", "chat", "real", 1, -1, 20);
+	record_status = 200;
+	wait_records(67);
+	s = summary_of(NULL, "real");
+	assert_int_equal(num(s, "records"), 4);
+	assert_int_equal(num(s, "window_records"), 4);
+	json_decref(s);
+	s = summary_of(NULL, NULL);
+	assert_int_equal(json_array_size(json_object_get(s, "by_model")), 2);
+	assert_int_equal(num(entry(s, "by_model", "model", "(other)"), "records"), 63);
+	json_decref(s);
+
+	/* 62 more real pairs fill the groups (63 and "(other)") */
+	for (int i = 0; i < 62; i++) {
+		snprintf(model, sizeof(model), "m%d", i);
+		record_of(t0 + 200000000u + (uint64_t)i * 1000000u, 10, 5, "{\"prompt\":\"x\"}", "chat", model, 1, -1,
+			  20);
+	}
+	/* within the second: a new pair finds no idle group */
+	record_of(t0 + 900000000u, 10, 5, "{\"prompt\":\"x\"}", "chat", "late", 1, -1, 20);
+	/* m0..m61 stay in use; "real" was last seen at t0 + 0.11 s */
+	for (int i = 0; i < 62; i++) {
+		snprintf(model, sizeof(model), "m%d", i);
+		record_of(t0 + 1000000000u, 10, 5, "{\"prompt\":\"x\"}", "chat", model, 1, -1, 20);
+	}
+	record_of(t0 + 1200000000u, 10, 5, "{\"prompt\":\"x\"}", "chat", "newer", 1, -1, 20);
+	wait_records(67 + 62 + 1 + 62 + 1);
+	s = summary_of(NULL, NULL);
+	assert_int_equal(num(s, "records"), 67 + 62 + 1 + 62 + 1);
+	assert_int_equal(num(s, "window_records"), 67 + 62 + 1 + 62 + 1);
+	assert_int_equal(json_array_size(json_object_get(s, "by_model")), WL_GROUPS_MAX);
+	assert_int_equal(num(entry(s, "by_model", "model", "newer"), "records"), 1);
+	assert_int_equal(num(entry(s, "by_model", "model", "m7"), "records"), 2);
+	/* junk, late and real's four */
+	json_t *other = entry(s, "by_model", "model", "(other)");
+	assert_int_equal(num(other, "records"), 63 + 1 + 4);
+	assert_int_equal(num(other, "window_records"), 63 + 1 + 4);
+	json_decref(s);
+	s = summary_of(NULL, "real");
+	assert_int_equal(num(s, "records"), 0);
+	json_decref(s);
+	workload_close();
+	unlink(path);
+	rmdir(dir);
+}
+
 /* The summary's bounds: 5000 records over 100 (route, model) pairs and 83
  * hours: the window keeps the last 4096, pairs past the 63rd are counted
  * as "(other)", the arrival series' step grows to an hour (240 slots), and
@@ -612,7 +783,7 @@ static void test_summary_by_route_and_model(void **state)
 static void test_summary_bounds(void **state)
 {
 	char dir[] = "/tmp/test_workload_XXXXXX", path[256], route[16], model[16];
-	struct workload_options o = { path, 64 << 20, 2, 4 };
+	struct workload_options o = { path, 64 << 20, 2, 4, 0, 0 };
 	char err[256];
 	const int n = 5000, pairs = 100;
 	(void)state;
@@ -675,12 +846,15 @@ int main(void)
 		cmocka_unit_test(test_any_split_same_hashes),
 		cmocka_unit_test(test_only_prompt_text),
 		cmocka_unit_test(test_escaped_keys),
+		cmocka_unit_test(test_max_tokens_is_a_json_number),
 		cmocka_unit_test(test_ids_in_order_of_first_appearance),
+		cmocka_unit_test(test_ids_bound),
 		cmocka_unit_test(test_capture_lines_and_rotation),
 		cmocka_unit_test(test_unwritable_path_drops),
 		cmocka_unit_test(test_summary),
 		cmocka_unit_test(test_summary_by_route_and_model),
 		cmocka_unit_test(test_summary_bounds),
+		cmocka_unit_test(test_summary_groups_admitted_on_success),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
