@@ -145,12 +145,18 @@ class Process:
     """A child process whose stderr is drained by a thread (so a chatty child
     never blocks on a full pipe) and kept for diagnostics."""
 
-    def __init__(self, argv, ready_re, name, cwd=None, stdout_path=None, env=None, rlimit_nofile=None):
+    def __init__(self, argv, ready_re, name, cwd=None, stdout_path=None, env=None, rlimit_nofile=None,
+                 expect_exit=()):
         """rlimit_nofile: (soft, hard) descriptor limits the child starts
-        with, set between fork and exec; None: this process's own."""
+        with, set between fork and exec; None: this process's own.
+        expect_exit: exit statuses (Popen's returncode: -N for signal N)
+        the test means this process to end with, besides a clean exit on
+        SIGTERM; any other ending fails the test at its cleanup."""
         self.argv = list(argv)
         self.name = name
         self.cwd = cwd
+        self.expected_exits = set(expect_exit)
+        self.forced = False
         self.lines = []
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -218,6 +224,23 @@ class Process:
     def alive(self):
         return self.proc.poll() is None
 
+    def expect_exit(self, *statuses):
+        """Says that the test means this process to end with one of
+        `statuses` (returncode values: 1 for exit(1), -9 for SIGKILL), so
+        that the cleanup does not fail it for that."""
+        self.expected_exits.update(statuses)
+
+    def kill(self, sig=signal.SIGKILL, timeout=5.0):
+        """Sends `sig` on purpose (a crash test) and waits up to `timeout`
+        s for the process to end; dying of it is then expected. Returns
+        the exit status."""
+        self.expect_exit(-sig)
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+        return self.proc.wait(timeout)
+
     def stop(self):
         """SIGTERM, bounded wait, then SIGKILL. Safe to call twice."""
         if self.proc.poll() is None:
@@ -228,6 +251,7 @@ class Process:
             try:
                 self.proc.wait(STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
+                self.forced = True
                 try:
                     os.kill(self.pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -336,9 +360,22 @@ def start_tokentap(test, upstream, *args, stdout_path=None, rlimit_nofile=None):
 SANITIZER_RE = re.compile(r"ERROR: (Address|Leak|Thread|Memory)Sanitizer|runtime error:")
 
 
+def _status_text(rc):
+    if rc is None:
+        return "still running"
+    if rc < 0:
+        try:
+            return "killed by %s" % signal.Signals(-rc).name
+        except ValueError:
+            return "killed by signal %d" % -rc
+    return "exit status %d" % rc
+
+
 def _stop_and_check(tt):
     """Stops a process and fails the test (from its cleanup) when it did not
-    exit cleanly on SIGTERM or a sanitizer reported anything."""
+    exit cleanly on SIGTERM, when it had ended before with a status the test
+    did not declare (Process.expect_exit, Process.kill: a crash, an abort, a
+    failed CHECK() mid-test), or when a sanitizer reported anything."""
     was_alive = tt.alive()
     tt.stop()
     rc = tt.proc.returncode
@@ -348,12 +385,16 @@ def _stop_and_check(tt):
     if san:
         raise AssertionError("%s sanitizer report (exit status %r):\n%s"
                              % (tt.name, rc, "\n".join(lines[san[0]:san[0] + 60])))
-    if was_alive and rc not in (0, -signal.SIGTERM):
-        raise AssertionError("%s exited with status %r on SIGTERM (-9: it had to be killed); stderr tail:\n%s"
-                             % (tt.name, rc, "\n".join(lines[-30:])))
-    if not was_alive and rc not in (0, -signal.SIGTERM, -signal.SIGKILL):
-        # A crash mid-test shows up as connection errors; make its cause visible.
-        print("\n[harness] %s exited early with status %r; stderr tail:\n%s" % (tt.name, rc, "\n".join(lines[-30:])))
+    clean = (0, -signal.SIGTERM)
+    if was_alive and rc not in clean:
+        raise AssertionError("%s (pid %d) %s on SIGTERM at the test's end (-9: it had to be killed); "
+                             "stderr tail:\n%s" % (tt.name, tt.pid, _status_text(rc), "\n".join(lines[-30:])))
+    expected = getattr(tt, "expected_exits", set())
+    if not was_alive and rc not in clean and rc not in expected:
+        how = "did not stop on SIGTERM and was killed" if getattr(tt, "forced", False) else "ended during the test"
+        raise AssertionError("%s (pid %d) %s: %s, which the test did not expect (Process.expect_exit / "
+                             "Process.kill declare it); stderr tail:\n%s"
+                             % (tt.name, tt.pid, how, _status_text(rc), "\n".join(lines[-30:])))
 
 
 def _add_cleanup(test, fn):

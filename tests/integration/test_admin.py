@@ -686,8 +686,7 @@ class AdminRestartTest(harness.TestCase):
         before = series_of(wait_stats_count(self, port, N))
         self.assertEqual(before["requests"], N)
 
-        os.kill(tt.pid, signal.SIGKILL)
-        tt.proc.wait(5)
+        tt.kill(signal.SIGKILL)
 
         tt2 = harness.start_tokentap(self, sim.url, *args)
         port2 = admin_port(tt2)
@@ -735,11 +734,10 @@ class AdminRestartTest(harness.TestCase):
             t.start()
         time.sleep(1.5)
         killed = time.monotonic()
-        os.kill(tt.pid, signal.SIGKILL)
+        tt.kill(signal.SIGKILL)
         stop.set()
         for t in threads:
             t.join(10)
-        tt.proc.wait(5)
         with lock:
             safe = sum(1 for t in done if t < killed - flush_s - slack_s)
             total = sent[0]

@@ -24,6 +24,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -215,8 +216,7 @@ class StoreFullTest(harness.TestCase):
         stream(self, tt.port, "fault-a")
         self.assertEqual(wait_count(port, "fault-a", k + m + 1), k + m + 1)
         self.assertEqual(len(log_lines(tt, RESUMED_RE)), 1)
-        os.kill(tt.pid, 9)
-        tt.proc.wait(5)
+        tt.kill(signal.SIGKILL)
         tt2, port2 = self.start(data)
         self.assertEqual(counts(port2).get("fault-a"), k + m + 1, "held stats reached the disk")
         self.assertEqual(log_lines(tt2, FAULT_RE), [])
