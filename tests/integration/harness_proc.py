@@ -397,6 +397,22 @@ def _stop_and_check(tt):
                              % (tt.name, tt.pid, how, _status_text(rc), "\n".join(lines[-30:])))
 
 
+NO_ROOT_ENV = "TOKENTAP_TEST_NO_ROOT"
+
+
+def require_root_feature(test, why_not):
+    """For a test that needs what only root has (a network namespace, a
+    tmpfs mount): returns when `why_not` is None; else fails the test
+    saying why, unless TOKENTAP_TEST_NO_ROOT=1 (or the older
+    TOKENTAP_TEST_NO_MOUNT=1) asks to skip it knowingly, which run_suite.py
+    then reports to ctest as a skip."""
+    if why_not is None:
+        return
+    if os.environ.get(NO_ROOT_ENV) == "1" or os.environ.get("TOKENTAP_TEST_NO_MOUNT") == "1":
+        test.skipTest("%s; %s=1 asked to skip" % (why_not, NO_ROOT_ENV))
+    test.fail("%s. Run as root, or set %s=1 to skip this test knowingly" % (why_not, NO_ROOT_ENV))
+
+
 def _add_cleanup(test, fn):
     if isinstance(test, type):
         test.addClassCleanup(fn)
