@@ -106,7 +106,7 @@ class ConfTokentap(harness.Process):
         "access_log: %s\n"
     )
 
-    def __init__(self, body, *args, access_log=True, header=True):
+    def __init__(self, body, *args, access_log=True, header=True, rlimit_nofile=None):
         self.workdir = tempfile.mkdtemp(prefix="tokentap-rt-")
         self.path = os.path.join(self.workdir, "tokentap.yaml")
         self.log_path = os.path.join(self.workdir, "access.log") if access_log else None
@@ -119,6 +119,7 @@ class ConfTokentap(harness.Process):
                 r"listening on ([0-9.]+):(\d+)",
                 "tokentap",
                 cwd=self.workdir,
+                rlimit_nofile=rlimit_nofile,
             )
         except BaseException:
             shutil.rmtree(self.workdir, ignore_errors=True)
@@ -186,8 +187,8 @@ class ConfTokentap(harness.Process):
 ONE_WORKER = ("--workers", "1")
 
 
-def start_conf(test, body, *args, access_log=True):
-    tt = ConfTokentap(body, *args, access_log=access_log)
+def start_conf(test, body, *args, access_log=True, rlimit_nofile=None):
+    tt = ConfTokentap(body, *args, access_log=access_log, rlimit_nofile=rlimit_nofile)
     harness._add_cleanup(test, lambda: harness._stop_and_check(tt))
     return tt
 
