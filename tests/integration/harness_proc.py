@@ -314,22 +314,24 @@ class Tokentap(Process):
             # that tests run side by side; tests that want it pass --admin.
             args += ["--admin", "off"]
         self.workdir = tempfile.mkdtemp(prefix="tokentap-it-")
-        try:
-            super().__init__(
-                [tokentap_bin(), "--upstream", upstream, "--listen", LOOPBACK + ":0"] + args,
-                r"listening on ([0-9.]+):(\d+)",
-                "tokentap",
-                cwd=self.workdir,
-                stdout_path=stdout_path,
-                rlimit_nofile=rlimit_nofile,
-            )
-        except BaseException:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-            raise
-        if self.match.group(1) != LOOPBACK:
-            self.stop()
-            raise RuntimeError("tokentap listens on %s, expected %s" % (self.match.group(1), LOOPBACK))
-        self.port = int(self.match.group(2))
+        start_in_workdir(self, [tokentap_bin(), "--upstream", upstream, "--listen", LOOPBACK + ":0"] + args,
+                         stdout_path=stdout_path, rlimit_nofile=rlimit_nofile)
+
+
+def start_in_workdir(proc, argv, **kwargs):
+    """Starts `proc`, a Process (a subclass's instance in its __init__)
+    with `proc.workdir` already made, as tokentap running `argv` in that
+    directory (removed when it does not start; Process's keyword arguments
+    in kwargs); fails unless it listens on the loopback; sets proc.port."""
+    try:
+        Process.__init__(proc, argv, r"listening on ([0-9.]+):(\d+)", "tokentap", cwd=proc.workdir, **kwargs)
+    except BaseException:
+        shutil.rmtree(proc.workdir, ignore_errors=True)
+        raise
+    if proc.match.group(1) != LOOPBACK:
+        proc.stop()
+        raise RuntimeError("tokentap listens on %s, expected %s" % (proc.match.group(1), LOOPBACK))
+    proc.port = int(proc.match.group(2))
 
 
 _help_text = None
@@ -513,6 +515,21 @@ def tcp_sockets():
             out[f[9]] = "%s -> %s %s" % (_proc_net_addr(f[1]), _proc_net_addr(f[2]),
                                          _TCP_STATES.get(int(f[3], 16), f[3]))
     return out
+
+
+def accepted_connections(pid, port):
+    """How many connections to loopback `port` the process `pid` has
+    accepted and holds (its fds whose TCP socket has that local port and is
+    established): what a test waits for instead of sleeping until a server
+    has taken its clients."""
+    tcp = tcp_sockets()
+    n = 0
+    for t in fd_targets(pid).values():
+        m = re.match(r"^socket:\[(\d+)\]$", t)
+        if m and tcp.get(m.group(1), "").startswith("%s:%d -> " % (LOOPBACK, port)) and \
+                tcp[m.group(1)].endswith(" ESTABLISHED"):
+            n += 1
+    return n
 
 
 def _proc_net_addr(hexaddr):

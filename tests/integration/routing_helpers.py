@@ -113,21 +113,8 @@ class ConfTokentap(harness.Process):
         self.header = header
         self.body = body
         write_file(self.path, self._text(body))
-        try:
-            super().__init__(
-                [harness.tokentap_bin(), "-c", self.path] + [str(a) for a in args],
-                r"listening on ([0-9.]+):(\d+)",
-                "tokentap",
-                cwd=self.workdir,
-                rlimit_nofile=rlimit_nofile,
-            )
-        except BaseException:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-            raise
-        if self.match.group(1) != LOOPBACK:
-            self.stop()
-            raise RuntimeError("tokentap listens on %s, expected %s" % (self.match.group(1), LOOPBACK))
-        self.port = int(self.match.group(2))
+        harness.start_in_workdir(self, [harness.tokentap_bin(), "-c", self.path] + [str(a) for a in args],
+                                 rlimit_nofile=rlimit_nofile)
 
     def _text(self, body):
         if not self.header:

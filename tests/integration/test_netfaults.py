@@ -155,21 +155,14 @@ class PathUpstream:
             return len(self.conns)
 
     def _accept_loop(self):
-        deadline = time.monotonic() + INNER_TIMEOUT_S
-        while not self.stop_event.is_set() and time.monotonic() < deadline:
-            try:
-                s, _ = self.lsock.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                break
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            s.settimeout(10)
-            with self.lock:
-                self.conns.append(s)
-                t = threading.Thread(target=self._serve, args=(s, len(self.conns)), daemon=True)
-                self.threads.append(t)
-            t.start()
+        harness.accept_loop(self.lsock, self.stop_event, INNER_TIMEOUT_S, self._accepted, 10)
+
+    def _accepted(self, s):
+        with self.lock:
+            self.conns.append(s)
+            t = threading.Thread(target=self._serve, args=(s, len(self.conns)), daemon=True)
+            self.threads.append(t)
+        t.start()
 
     def _serve(self, s, n):
         state = bytearray()
