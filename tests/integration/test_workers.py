@@ -122,7 +122,8 @@ class WorkersTest(harness.TestCase):
         tt, _ = self.start(rh.upstreams_yaml({"sim": sim.url}) + "limits: {max_connections: 4}\n")
         idle = [socket.create_connection((harness.LOOPBACK, tt.port)) for _ in range(4)]
         try:
-            time.sleep(0.2)  # all four accepted, by whichever worker
+            self.assertTrue(harness.wait_until(lambda: harness.accepted_connections(tt.pid, tt.port) >= 4, 5.0),
+                            "tokentap did not take the four connections")
             data = harness.answer_on_connect(tt.port)
             self.assertTrue(data.startswith(b"HTTP/1.1 503 "), data[:80])
         finally:
