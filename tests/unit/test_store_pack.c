@@ -101,6 +101,26 @@ static void free_all(struct store_result res[N_STORED])
 		store_result_free(&res[w]);
 }
 
+/* Every stored window's query still gives what `before` holds. */
+static void assert_queries_unchanged(struct store *st, struct store_result before[N_STORED])
+{
+	struct store_result after[N_STORED];
+
+	query_all(st, after);
+	for (size_t w = 0; w < N_STORED; w++)
+		assert_results_equal(&before[w], &after[w]);
+	free_all(after);
+}
+
+/* The end of a test: `before` freed, the store closed and its directory
+ * removed. */
+static void close_all(struct store *st, char *dir, struct store_result before[N_STORED])
+{
+	free_all(before);
+	store_close(st);
+	remove_dir(dir);
+}
+
 /* The oldest hour that has an 'h' key, UINT32_MAX when none has. */
 static uint32_t oldest_hour_key(struct store *st)
 {
@@ -231,7 +251,7 @@ static void test_pack_windows_identical(void **state)
 {
 	char *dir = make_dir();
 	struct store_options o;
-	struct store_result before[N_STORED], after[N_STORED];
+	struct store_result before[N_STORED];
 	char err[256];
 	uint64_t series0, slices0, bad0, series1, slices1, bad1;
 
@@ -255,10 +275,7 @@ static void test_pack_windows_identical(void **state)
 	bool twice;
 	stored_hours(st, cur_hour, bits, &twice);
 	assert_false(twice);
-	query_all(st, after);
-	for (size_t w = 0; w < N_STORED; w++)
-		assert_results_equal(&before[w], &after[w]);
-	free_all(after);
+	assert_queries_unchanged(st, before);
 	assert_int_equal(store_verify(st, &series1, &slices1, &bad1, err, sizeof(err)), 0);
 	assert_int_equal(bad1, 0);
 	assert_int_equal(series1, series0);
@@ -269,10 +286,7 @@ static void test_pack_windows_identical(void **state)
 
 	/* packing again changes nothing */
 	assert_int_equal(pack_all(st, now), 1);
-	query_all(st, after);
-	for (size_t w = 0; w < N_STORED; w++)
-		assert_results_equal(&before[w], &after[w]);
-	free_all(after);
+	assert_queries_unchanged(st, before);
 	store_close(st);
 
 	/* Packing deletes and writes many records in a commit, which can
@@ -282,10 +296,7 @@ static void test_pack_windows_identical(void **state)
 	o.dir = dir;
 	st = store_open(&o, err, sizeof(err));
 	assert_non_null(st);
-	query_all(st, after);
-	for (size_t w = 0; w < N_STORED; w++)
-		assert_results_equal(&before[w], &after[w]);
-	free_all(after);
+	assert_queries_unchanged(st, before);
 	free_all(before);
 	assert_int_equal(store_verify(st, &series1, &slices1, &bad1, err, sizeof(err)), 0);
 	assert_int_equal(bad1, 0);
@@ -299,7 +310,7 @@ static void test_pack_windows_identical(void **state)
 static void test_pack_not_committed(void **state)
 {
 	char *dir = make_dir();
-	struct store_result before[N_STORED], after[N_STORED];
+	struct store_result before[N_STORED];
 	struct pack_state ps;
 	MDB_txn *txn;
 
@@ -316,22 +327,14 @@ static void test_pack_not_committed(void **state)
 	mdb_txn_abort(txn);
 	assert_int_equal(count_keys(st, 'h'), h0);
 	assert_int_equal(count_keys(st, 'd'), 0);
-	query_all(st, after);
-	for (size_t w = 0; w < N_STORED; w++)
-		assert_results_equal(&before[w], &after[w]);
-	free_all(after);
+	assert_queries_unchanged(st, before);
 
 	/* committed, the same pass moves those hours and nothing else */
 	pack_state_init(&ps, st);
 	assert_int_equal(pack_commit(st, now, &ps), 0);
 	assert_int_equal(count_keys(st, 'h'), h0 - ps.hours);
-	query_all(st, after);
-	for (size_t w = 0; w < N_STORED; w++)
-		assert_results_equal(&before[w], &after[w]);
-	free_all(after);
-	free_all(before);
-	store_close(st);
-	remove_dir(dir);
+	assert_queries_unchanged(st, before);
+	close_all(st, dir, before);
 }
 
 /* Retention drops exactly the hours past it, packed or not: whole day
@@ -375,7 +378,7 @@ static void test_pack_retention(void **state)
 static void test_pack_late_hour(void **state)
 {
 	char *dir = make_dir();
-	struct store_result before[N_STORED], after[N_STORED];
+	struct store_result before[N_STORED];
 
 	away_from_hour_end();
 	uint64_t now = (uint64_t)time(NULL);
@@ -395,13 +398,8 @@ static void test_pack_late_hour(void **state)
 	bool twice;
 	stored_hours(st, (uint32_t)(now / 3600), bits, &twice);
 	assert_false(twice);
-	query_all(st, after);
-	for (size_t w = 0; w < N_STORED; w++)
-		assert_results_equal(&before[w], &after[w]);
-	free_all(after);
-	free_all(before);
-	store_close(st);
-	remove_dir(dir);
+	assert_queries_unchanged(st, before);
+	close_all(st, dir, before);
 }
 
 /* Days the 7d window no longer reaches lose their load curves, and only
@@ -521,7 +519,7 @@ static void test_pack_pass_bounded(void **state)
 	static struct pack_sum ref[PACK_SUMS_MAX], prev[PACK_SUMS_MAX], cur[PACK_SUMS_MAX];
 	char *dir = make_dir(), *ref_dir = make_dir();
 	struct store_options o;
-	struct store_result before[N_STORED], after[N_STORED];
+	struct store_result before[N_STORED];
 	char err[256];
 	uint64_t bits[4];
 	bool twice;
@@ -570,10 +568,7 @@ static void test_pack_pass_bounded(void **state)
 		/* every hour is counted once at every step */
 		stored_hours(st, cur_hour, bits, &twice);
 		assert_false(twice);
-		query_all(st, after);
-		for (size_t w = 0; w < N_STORED; w++)
-			assert_results_equal(&before[w], &after[w]);
-		free_all(after);
+		assert_queries_unchanged(st, before);
 	} while (st->pack_more);
 	assert_true(flushes >= nref / bound);
 	assert_int_equal(ncur, nref);
@@ -595,9 +590,7 @@ static void test_pack_pass_bounded(void **state)
 	} while (st->pack_more);
 	assert_int_equal(ncur, nref_later);
 	assert_int_equal(packs_changed(ref + nref, nref_later, cur, ncur), 0);
-	free_all(before);
-	store_close(st);
-	remove_dir(dir);
+	close_all(st, dir, before);
 	remove_dir(ref_dir);
 }
 
@@ -610,7 +603,7 @@ static void test_free_pages_past_end_kept(void **state)
 {
 	char *dir = make_dir();
 	struct store_options o;
-	struct store_result before[N_STORED], after[N_STORED];
+	struct store_result before[N_STORED];
 	char err[256], path[512];
 	MDB_env *env;
 	MDB_envinfo info;
@@ -643,10 +636,7 @@ static void test_free_pages_past_end_kept(void **state)
 	o.dir = dir;
 	st = store_open(&o, err, sizeof(err));
 	assert_non_null(st);
-	query_all(st, after);
-	for (size_t w = 0; w < N_STORED; w++)
-		assert_results_equal(&before[w], &after[w]);
-	free_all(after);
+	assert_queries_unchanged(st, before);
 	free_all(before);
 	store_close(st);
 	assert_int_equal(stat(path, &sb), 0); /* not moved aside */
