@@ -732,7 +732,12 @@ class AdminRestartTest(harness.TestCase):
         threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
         for t in threads:
             t.start()
-        time.sleep(1.5)
+
+        def enough():  # more than 50 requests done a flush interval (and slack) ago
+            with lock:
+                return sum(1 for t in done if t < time.monotonic() - flush_s - slack_s) > 50
+
+        self.assertTrue(harness.wait_until(enough, 15.0, 0.05), "too few requests before the kill")
         killed = time.monotonic()
         tt.kill(signal.SIGKILL)
         stop.set()
