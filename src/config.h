@@ -116,6 +116,7 @@ struct config {
 	uint64_t max_header_size;
 	unsigned max_headers;
 	unsigned max_connections;	/* client connections at once; past it, 503 */
+	bool max_connections_explicit;	/* set by the user: never lowered to fit the descriptor limit */
 	unsigned workers;		/* event loops (threads); 0: one per CPU core */
 	int log_level;			/* enum log_level; set by main once the file is taken */
 	uint64_t header_timeout_ms;	/* whole request head, from its first byte */

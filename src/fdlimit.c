@@ -7,7 +7,10 @@
  * its loop. So the listeners pause (ACCEPT_PAUSE_MS) and the failure is
  * logged at most once a second for the whole process, with a count of what
  * was not logged; the estimate at start-up says beforehand when the limit
- * cannot cover limits.max_connections.
+ * cannot cover limits.max_connections. A limits.max_connections the user did
+ * not set is lowered to what the limit holds, so that the defaults fit
+ * whatever limit the machine gives and a warning only ever names something
+ * the user chose.
  *
  * Invariant: the rate limit is lock-free (two atomics) and safe from any
  * thread; nothing here allocates.
@@ -63,6 +66,21 @@ static uint64_t nr_open(void)
 	return n;
 }
 
+unsigned fdlimit_fit(struct config *c, unsigned nworkers)
+{
+	struct rlimit rl;
+	uint64_t rest, n;
+
+	if (c->max_connections_explicit || getrlimit(RLIMIT_NOFILE, &rl) == -1 || rl.rlim_cur == RLIM_INFINITY)
+		return 0;
+	rest = fdlimit_need(c, nworkers) - 2 * (uint64_t)c->max_connections;
+	n = rl.rlim_cur > rest ? (rl.rlim_cur - rest) / 2 : 0;
+	if (n >= c->max_connections)
+		return 0;
+	c->max_connections = n ? (unsigned)n : 1; /* the setting's least */
+	return c->max_connections;
+}
+
 uint64_t fdlimit_check(const struct config *c, unsigned nworkers)
 {
 	struct rlimit rl;
@@ -70,19 +88,30 @@ uint64_t fdlimit_check(const struct config *c, unsigned nworkers)
 
 	if (getrlimit(RLIMIT_NOFILE, &rl) == -1)
 		return 0;
-	if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need)
+	if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need && c->max_connections_explicit)
 		log_warn(
 			"descriptor limit %llu is below the %llu that limits.max_connections %u may need (2 per client "
 			"connection, plus upstream pools, mirrors, the admin API, the store and logs); past it new "
 			"connections wait in the backlog: raise the limit (ulimit -n, systemd LimitNOFILE=) or lower "
 			"limits.max_connections",
 			(unsigned long long)rl.rlim_cur, (unsigned long long)need, c->max_connections);
+	else if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need)
+		/* limits.max_connections is already down to one: what is left
+		 * is the upstreams' pools and the mirrors of every worker */
+		log_warn(
+			"descriptor limit %llu is below the %llu that %u worker(s) may need for the idle pools of %u "
+			"upstream(s) (%u connections each, per worker), the mirrors' max_in_flight and one client "
+			"connection; past it new connections wait in the backlog: raise the limit (ulimit -n, "
+			"systemd LimitNOFILE=), or configure fewer workers, upstreams or mirrored requests",
+			(unsigned long long)rl.rlim_cur, (unsigned long long)need, nworkers, c->nupstreams,
+			POOL_MAX_IDLE);
 	return rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : rl.rlim_cur;
 }
 
-void fdlimit_raise(const struct config *c, unsigned nworkers)
+void fdlimit_raise(struct config *c, unsigned nworkers)
 {
 	struct rlimit rl;
+	unsigned cap = c->max_connections;
 
 	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < rl.rlim_max) {
 		rlim_t was = rl.rlim_cur, most = (rlim_t)nr_open();
@@ -94,6 +123,12 @@ void fdlimit_raise(const struct config *c, unsigned nworkers)
 			log_info("descriptor limit raised from %llu to %llu (the hard limit)", (unsigned long long)was,
 				 (unsigned long long)rl.rlim_cur);
 	}
+	if (fdlimit_fit(c, nworkers))
+		log_info(
+			"limits.max_connections %u: what the descriptor limit holds beside the upstream pools and "
+			"the rest (not set; the default %u would need %llu descriptors)",
+			c->max_connections, cap,
+			(unsigned long long)(fdlimit_need(c, nworkers) + 2ull * (cap - c->max_connections)));
 	(void)fdlimit_check(c, nworkers);
 }
 

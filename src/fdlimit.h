@@ -26,11 +26,19 @@ uint64_t fdlimit_need(const struct config *c, unsigned nworkers);
 
 /* At start-up: raises the soft RLIMIT_NOFILE to the hard one (or to what
  * the kernel allows a process, /proc/sys/fs/nr_open, when that is lower) and
- * logs the change. Then as fdlimit_check. */
-void fdlimit_raise(const struct config *c, unsigned nworkers);
+ * logs the change; then fdlimit_fit, logging a lowered cap; then as
+ * fdlimit_check. */
+void fdlimit_raise(struct config *c, unsigned nworkers);
+
+/* When the user did not set limits.max_connections: lowers it to the most
+ * the soft limit in force holds beside the rest of fdlimit_need (at least
+ * 1), if that is less. Returns the new value, 0 when unchanged. Every
+ * configuration a worker takes goes through it, so that all agree. */
+unsigned fdlimit_fit(struct config *c, unsigned nworkers);
 
 /* Warns when the soft limit in force is below fdlimit_need, saying what
- * to change. Returns the limit in force (0 when unknown). */
+ * to change, and naming limits.max_connections only when the user set it.
+ * Returns the limit in force (0 when unknown). */
 uint64_t fdlimit_check(const struct config *c, unsigned nworkers);
 
 /* A failed accept() on `who` ("proxy", "admin") with errno `err`: logs it at

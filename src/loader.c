@@ -291,6 +291,8 @@ static void f_row(struct load *l, yaml_node_t *v, const char *key, void *o)
 	}
 	if (s->id == S_ADMIN_LISTEN)
 		CFG(o)->admin_listen_explicit = true; /* a busy port is then an error, not a warning */
+	else if (s->id == S_MAX_CONNECTIONS)
+		CFG(o)->max_connections_explicit = true; /* kept even above the descriptor limit */
 }
 
 #define SECTION_KEYS_MAX 32

@@ -149,6 +149,8 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
 		}
 	}
 	settings_warn_fixed(app->boot, &next[0]); /* settings read once at start-up */
+	for (unsigned i = 0; i < app->nworkers; i++)
+		(void)fdlimit_fit(&next[i], app->nworkers);
 	(void)fdlimit_check(&next[0], app->nworkers);
 	/* taken now: a worker that takes the configuration empties next[] */
 	struct admin_labels *labels = admin_labels_of(&next[0]);
@@ -298,6 +300,7 @@ int main(int argc, char **argv)
 			log_error("%s", errs);
 			goto out;
 		}
+		(void)fdlimit_fit(&gen, nworkers); /* as boot's, logged there */
 		workers[i] = worker_new(i, &env, &gen, app.generation, i ? workers[0] : NULL, err, sizeof(err));
 		config_free(&gen); /* emptied when a router took it */
 		if (!workers[i]) {

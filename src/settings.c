@@ -259,6 +259,8 @@ int settings_apply_flag(const struct setting *s, const char *value, struct confi
 		c->nlisteners = 0; /* the flag replaces the file's list */
 	else if (s->id == S_ADMIN_LISTEN)
 		c->admin_listen_explicit = true; /* a busy port is then an error, not a warning */
+	else if (s->id == S_MAX_CONNECTIONS)
+		c->max_connections_explicit = true; /* kept even above the descriptor limit */
 	return 0;
 }
 

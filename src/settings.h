@@ -62,7 +62,7 @@
 	X(MAX_HEADERS, "limits.max_headers", NULL, 0, UINT, max_headers, "100", 1, 0, LIVE, NULL, \
 	  "header lines in one request") \
 	X(MAX_CONNECTIONS, "limits.max_connections", NULL, 0, UINT, max_connections, "10000", 1, 0, LIVE, NULL, \
-	  "client connections at once; past it, 503") \
+	  "client connections at once; past it, 503; when not set, at most what the descriptor limit holds") \
 	X(MAX_EVENT_SIZE, "limits.max_event_size", NULL, 0, SIZE, max_event_size, "1m", 1, 0, LIVE, NULL, \
 	  "largest SSE event or NDJSON line measured") \
 	X(HEADER_TIMEOUT, "timeouts.header", "header-timeout", 0, DURATION, header_timeout_ms, "30s", 1, 0, LIVE, "DUR", \

@@ -33,6 +33,16 @@ def now_ns():
 # HTTP client over a raw socket
 
 
+def header_of(headers, name, default=None):
+    """The value of the first header `name` (any case) in `headers`, a list
+    of (lower-cased name, value); `default` when there is none."""
+    name = name.lower()
+    for k, v in headers:
+        if k == name:
+            return v
+    return default
+
+
 class Response:
     def __init__(self):
         self.status = None
@@ -47,11 +57,7 @@ class Response:
         self.keep_body = True
 
     def header(self, name, default=None):
-        name = name.lower()
-        for k, v in self.headers:
-            if k == name:
-                return v
-        return default
+        return header_of(self.headers, name, default)
 
     def header_all(self, name):
         name = name.lower()
@@ -276,19 +282,24 @@ class HttpConn:
             return None
         return (self.buf_ns, self._take(n))
 
-    def _sized(self, resp, n):
+    def _next_bytes(self, resp, n):
+        """Yields the next n body bytes as they come; returns True, or
+        False (resp.closed set) when the peer closed first."""
         left = n
         for _ in range(1 << 24):
             if left == 0:
-                resp.complete = True
-                return
+                return True
             if self._avail() == 0 and not self._fill():
                 resp.closed = True
-                return
+                return False
             piece = self._emit_avail(left)
             left -= len(piece[1])
             yield piece
         raise ValueError("body: too many reads")
+
+    def _sized(self, resp, n):
+        if (yield from self._next_bytes(resp, n)):
+            resp.complete = True
 
     def _until_close(self, resp):
         for _ in range(1 << 24):
@@ -319,16 +330,8 @@ class HttpConn:
                         resp.complete = True
                         return
                 raise ValueError("too many trailers")
-            left = size
-            for _ in range(1 << 24):
-                if left == 0:
-                    break
-                if self._avail() == 0 and not self._fill():
-                    resp.closed = True
-                    return
-                piece = self._emit_avail(left)
-                left -= len(piece[1])
-                yield piece
+            if not (yield from self._next_bytes(resp, size)):
+                return
             for _ in range(4):
                 if self._avail() >= 2 or not self._fill():
                     break

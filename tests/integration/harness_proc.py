@@ -145,12 +145,18 @@ class Process:
     """A child process whose stderr is drained by a thread (so a chatty child
     never blocks on a full pipe) and kept for diagnostics."""
 
-    def __init__(self, argv, ready_re, name, cwd=None, stdout_path=None, env=None, rlimit_nofile=None):
+    def __init__(self, argv, ready_re, name, cwd=None, stdout_path=None, env=None, rlimit_nofile=None,
+                 expect_exit=()):
         """rlimit_nofile: (soft, hard) descriptor limits the child starts
-        with, set between fork and exec; None: this process's own."""
+        with, set between fork and exec; None: this process's own.
+        expect_exit: exit statuses (Popen's returncode: -N for signal N)
+        the test means this process to end with, besides a clean exit on
+        SIGTERM; any other ending fails the test at its cleanup."""
         self.argv = list(argv)
         self.name = name
         self.cwd = cwd
+        self.expected_exits = set(expect_exit)
+        self.forced = False
         self.lines = []
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -218,6 +224,23 @@ class Process:
     def alive(self):
         return self.proc.poll() is None
 
+    def expect_exit(self, *statuses):
+        """Says that the test means this process to end with one of
+        `statuses` (returncode values: 1 for exit(1), -9 for SIGKILL), so
+        that the cleanup does not fail it for that."""
+        self.expected_exits.update(statuses)
+
+    def kill(self, sig=signal.SIGKILL, timeout=5.0):
+        """Sends `sig` on purpose (a crash test) and waits up to `timeout`
+        s for the process to end; dying of it is then expected. Returns
+        the exit status."""
+        self.expect_exit(-sig)
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+        return self.proc.wait(timeout)
+
     def stop(self):
         """SIGTERM, bounded wait, then SIGKILL. Safe to call twice."""
         if self.proc.poll() is None:
@@ -228,6 +251,7 @@ class Process:
             try:
                 self.proc.wait(STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
+                self.forced = True
                 try:
                     os.kill(self.pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -290,22 +314,24 @@ class Tokentap(Process):
             # that tests run side by side; tests that want it pass --admin.
             args += ["--admin", "off"]
         self.workdir = tempfile.mkdtemp(prefix="tokentap-it-")
-        try:
-            super().__init__(
-                [tokentap_bin(), "--upstream", upstream, "--listen", LOOPBACK + ":0"] + args,
-                r"listening on ([0-9.]+):(\d+)",
-                "tokentap",
-                cwd=self.workdir,
-                stdout_path=stdout_path,
-                rlimit_nofile=rlimit_nofile,
-            )
-        except BaseException:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-            raise
-        if self.match.group(1) != LOOPBACK:
-            self.stop()
-            raise RuntimeError("tokentap listens on %s, expected %s" % (self.match.group(1), LOOPBACK))
-        self.port = int(self.match.group(2))
+        start_in_workdir(self, [tokentap_bin(), "--upstream", upstream, "--listen", LOOPBACK + ":0"] + args,
+                         stdout_path=stdout_path, rlimit_nofile=rlimit_nofile)
+
+
+def start_in_workdir(proc, argv, **kwargs):
+    """Starts `proc`, a Process (a subclass's instance in its __init__)
+    with `proc.workdir` already made, as tokentap running `argv` in that
+    directory (removed when it does not start; Process's keyword arguments
+    in kwargs); fails unless it listens on the loopback; sets proc.port."""
+    try:
+        Process.__init__(proc, argv, r"listening on ([0-9.]+):(\d+)", "tokentap", cwd=proc.workdir, **kwargs)
+    except BaseException:
+        shutil.rmtree(proc.workdir, ignore_errors=True)
+        raise
+    if proc.match.group(1) != LOOPBACK:
+        proc.stop()
+        raise RuntimeError("tokentap listens on %s, expected %s" % (proc.match.group(1), LOOPBACK))
+    proc.port = int(proc.match.group(2))
 
 
 _help_text = None
@@ -336,9 +362,22 @@ def start_tokentap(test, upstream, *args, stdout_path=None, rlimit_nofile=None):
 SANITIZER_RE = re.compile(r"ERROR: (Address|Leak|Thread|Memory)Sanitizer|runtime error:")
 
 
+def _status_text(rc):
+    if rc is None:
+        return "still running"
+    if rc < 0:
+        try:
+            return "killed by %s" % signal.Signals(-rc).name
+        except ValueError:
+            return "killed by signal %d" % -rc
+    return "exit status %d" % rc
+
+
 def _stop_and_check(tt):
     """Stops a process and fails the test (from its cleanup) when it did not
-    exit cleanly on SIGTERM or a sanitizer reported anything."""
+    exit cleanly on SIGTERM, when it had ended before with a status the test
+    did not declare (Process.expect_exit, Process.kill: a crash, an abort, a
+    failed CHECK() mid-test), or when a sanitizer reported anything."""
     was_alive = tt.alive()
     tt.stop()
     rc = tt.proc.returncode
@@ -348,12 +387,32 @@ def _stop_and_check(tt):
     if san:
         raise AssertionError("%s sanitizer report (exit status %r):\n%s"
                              % (tt.name, rc, "\n".join(lines[san[0]:san[0] + 60])))
-    if was_alive and rc not in (0, -signal.SIGTERM):
-        raise AssertionError("%s exited with status %r on SIGTERM (-9: it had to be killed); stderr tail:\n%s"
-                             % (tt.name, rc, "\n".join(lines[-30:])))
-    if not was_alive and rc not in (0, -signal.SIGTERM, -signal.SIGKILL):
-        # A crash mid-test shows up as connection errors; make its cause visible.
-        print("\n[harness] %s exited early with status %r; stderr tail:\n%s" % (tt.name, rc, "\n".join(lines[-30:])))
+    clean = (0, -signal.SIGTERM)
+    if was_alive and rc not in clean:
+        raise AssertionError("%s (pid %d) %s on SIGTERM at the test's end (-9: it had to be killed); "
+                             "stderr tail:\n%s" % (tt.name, tt.pid, _status_text(rc), "\n".join(lines[-30:])))
+    expected = getattr(tt, "expected_exits", set())
+    if not was_alive and rc not in clean and rc not in expected:
+        how = "did not stop on SIGTERM and was killed" if getattr(tt, "forced", False) else "ended during the test"
+        raise AssertionError("%s (pid %d) %s: %s, which the test did not expect (Process.expect_exit / "
+                             "Process.kill declare it); stderr tail:\n%s"
+                             % (tt.name, tt.pid, how, _status_text(rc), "\n".join(lines[-30:])))
+
+
+NO_ROOT_ENV = "TOKENTAP_TEST_NO_ROOT"
+
+
+def require_root_feature(test, why_not):
+    """For a test that needs what only root has (a network namespace, a
+    tmpfs mount): returns when `why_not` is None; else fails the test
+    saying why, unless TOKENTAP_TEST_NO_ROOT=1 (or the older
+    TOKENTAP_TEST_NO_MOUNT=1) asks to skip it knowingly, which run_suite.py
+    then reports to ctest as a skip."""
+    if why_not is None:
+        return
+    if os.environ.get(NO_ROOT_ENV) == "1" or os.environ.get("TOKENTAP_TEST_NO_MOUNT") == "1":
+        test.skipTest("%s; %s=1 asked to skip" % (why_not, NO_ROOT_ENV))
+    test.fail("%s. Run as root, or set %s=1 to skip this test knowingly" % (why_not, NO_ROOT_ENV))
 
 
 def _add_cleanup(test, fn):
@@ -456,6 +515,21 @@ def tcp_sockets():
             out[f[9]] = "%s -> %s %s" % (_proc_net_addr(f[1]), _proc_net_addr(f[2]),
                                          _TCP_STATES.get(int(f[3], 16), f[3]))
     return out
+
+
+def accepted_connections(pid, port):
+    """How many connections to loopback `port` the process `pid` has
+    accepted and holds (its fds whose TCP socket has that local port and is
+    established): what a test waits for instead of sleeping until a server
+    has taken its clients."""
+    tcp = tcp_sockets()
+    n = 0
+    for t in fd_targets(pid).values():
+        m = re.match(r"^socket:\[(\d+)\]$", t)
+        if m and tcp.get(m.group(1), "").startswith("%s:%d -> " % (LOOPBACK, port)) and \
+                tcp[m.group(1)].endswith(" ESTABLISHED"):
+            n += 1
+    return n
 
 
 def _proc_net_addr(hexaddr):

@@ -14,7 +14,7 @@ import struct
 import threading
 import time
 
-from harness_http import LOOPBACK
+from harness_http import LOOPBACK, header_of
 from harness_proc import _add_cleanup
 
 
@@ -30,11 +30,7 @@ class Request:
         self.body = body
 
     def header(self, name, default=None):
-        name = name.lower()
-        for k, v in self.headers:
-            if k == name:
-                return v
-        return default
+        return header_of(self.headers, name, default)
 
 
 def read_request(sock, state):
@@ -96,6 +92,24 @@ def read_request(sock, state):
     return Request(method, path, headers, body)
 
 
+def accept_loop(lsock, stop_event, deadline_s, on_accept, timeout):
+    """Accepts on `lsock` (a listening socket with a short timeout) until
+    `stop_event` is set, the socket is closed or `deadline_s` seconds have
+    passed; each connection, with TCP_NODELAY and a `timeout` s socket
+    timeout, goes to on_accept(sock)."""
+    deadline = time.monotonic() + deadline_s
+    while not stop_event.is_set() and time.monotonic() < deadline:
+        try:
+            s, _ = lsock.accept()
+        except socket.timeout:
+            continue
+        except OSError:
+            break
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.settimeout(timeout)
+        on_accept(s)
+
+
 class FakeUpstream:
     """A tiny threaded HTTP server on 127.0.0.1:0. `handler(sock, req, ctx)`
     writes a response; it returns True to keep the connection for another
@@ -134,24 +148,17 @@ class FakeUpstream:
         self.thread.start()
 
     def _accept_loop(self):
-        deadline = time.monotonic() + self.deadline_s
-        while not self.stop_event.is_set() and time.monotonic() < deadline:
-            try:
-                s, _ = self.lsock.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                break
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            s.settimeout(30)
-            with self.lock:
-                self.accepted += 1
-                self.conns.append(s)
-                t = threading.Thread(target=self._serve, args=(s,), daemon=True)
-                if self.forget_closed:
-                    self.threads = [x for x in self.threads if x.is_alive()]
-                self.threads.append(t)
-            t.start()
+        accept_loop(self.lsock, self.stop_event, self.deadline_s, self._accepted, 30)
+
+    def _accepted(self, s):
+        with self.lock:
+            self.accepted += 1
+            self.conns.append(s)
+            t = threading.Thread(target=self._serve, args=(s,), daemon=True)
+            if self.forget_closed:
+                self.threads = [x for x in self.threads if x.is_alive()]
+            self.threads.append(t)
+        t.start()
 
     def _serve(self, s):
         state = bytearray()

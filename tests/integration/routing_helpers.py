@@ -106,27 +106,15 @@ class ConfTokentap(harness.Process):
         "access_log: %s\n"
     )
 
-    def __init__(self, body, *args, access_log=True, header=True):
+    def __init__(self, body, *args, access_log=True, header=True, rlimit_nofile=None):
         self.workdir = tempfile.mkdtemp(prefix="tokentap-rt-")
         self.path = os.path.join(self.workdir, "tokentap.yaml")
         self.log_path = os.path.join(self.workdir, "access.log") if access_log else None
         self.header = header
         self.body = body
         write_file(self.path, self._text(body))
-        try:
-            super().__init__(
-                [harness.tokentap_bin(), "-c", self.path] + [str(a) for a in args],
-                r"listening on ([0-9.]+):(\d+)",
-                "tokentap",
-                cwd=self.workdir,
-            )
-        except BaseException:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-            raise
-        if self.match.group(1) != LOOPBACK:
-            self.stop()
-            raise RuntimeError("tokentap listens on %s, expected %s" % (self.match.group(1), LOOPBACK))
-        self.port = int(self.match.group(2))
+        harness.start_in_workdir(self, [harness.tokentap_bin(), "-c", self.path] + [str(a) for a in args],
+                                 rlimit_nofile=rlimit_nofile)
 
     def _text(self, body):
         if not self.header:
@@ -186,8 +174,8 @@ class ConfTokentap(harness.Process):
 ONE_WORKER = ("--workers", "1")
 
 
-def start_conf(test, body, *args, access_log=True):
-    tt = ConfTokentap(body, *args, access_log=access_log)
+def start_conf(test, body, *args, access_log=True, rlimit_nofile=None):
+    tt = ConfTokentap(body, *args, access_log=access_log, rlimit_nofile=rlimit_nofile)
     harness._add_cleanup(test, lambda: harness._stop_and_check(tt))
     return tt
 

@@ -686,8 +686,7 @@ class AdminRestartTest(harness.TestCase):
         before = series_of(wait_stats_count(self, port, N))
         self.assertEqual(before["requests"], N)
 
-        os.kill(tt.pid, signal.SIGKILL)
-        tt.proc.wait(5)
+        tt.kill(signal.SIGKILL)
 
         tt2 = harness.start_tokentap(self, sim.url, *args)
         port2 = admin_port(tt2)
@@ -733,13 +732,17 @@ class AdminRestartTest(harness.TestCase):
         threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
         for t in threads:
             t.start()
-        time.sleep(1.5)
+
+        def enough():  # more than 50 requests done a flush interval (and slack) ago
+            with lock:
+                return sum(1 for t in done if t < time.monotonic() - flush_s - slack_s) > 50
+
+        self.assertTrue(harness.wait_until(enough, 15.0, 0.05), "too few requests before the kill")
         killed = time.monotonic()
-        os.kill(tt.pid, signal.SIGKILL)
+        tt.kill(signal.SIGKILL)
         stop.set()
         for t in threads:
             t.join(10)
-        tt.proc.wait(5)
         with lock:
             safe = sum(1 for t in done if t < killed - flush_s - slack_s)
             total = sent[0]

@@ -12,6 +12,12 @@ admin's `/` twice, each run bounded in time and stopped by its PID:
   (the page writes the values it plotted into data-* attributes);
 - `--screenshot`, saved as tests/artifacts/dashboard.png.
 
+The Compare panel is also loaded at 1500x900 over Chromium's DevTools
+protocol (what --dump-dom cannot say: where an element ends on screen):
+with its widest rows (labels, both verdicts, the TTFT attribution) the
+table ends inside the viewport, its last column on screen (screenshot:
+tests/artifacts/dashboard-compare.png).
+
 "No console errors" is checked twice: the page records window.onerror,
 unhandled rejections, CSP violations and console.error into #page-errors
 (its data-count must be 0), and Chromium's own console log (stderr, with
@@ -23,16 +29,19 @@ Chromium missing is a failure with a message, not a skip: contrib/setup.sh
 installs it.
 """
 
+import base64
 import html.parser
 import json
 import os
 import re
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import tempfile
 import threading
+import time
 import unittest
 
 import harness
@@ -80,6 +89,140 @@ def run_chromium(test, url, *args, budget_ms=VIRTUAL_TIME_MS):
     if proc.returncode != 0:
         raise AssertionError("chromium exited with %r; stderr tail:\n%s" % (proc.returncode, err[-3000:]))
     return out.decode("utf-8", "replace"), err
+
+
+class Devtools:
+    """Headless Chromium on `url` with its DevTools protocol on an ephemeral
+    loopback port, one page driven over a WebSocket (RFC 6455, written here:
+    the tests use the standard library only). For what --dump-dom cannot
+    say, such as where an element ends on the screen. Stopped (its process
+    group, by the PID it was started with) at the test's cleanup."""
+
+    def __init__(self, test, url, width, height):
+        profile = tempfile.mkdtemp(prefix="tokentap-chromium-")
+        test.addCleanup(shutil.rmtree, profile, True)
+        argv = [chromium_bin(), "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--no-first-run", "--no-default-browser-check", "--disable-extensions", "--disable-sync",
+                "--hide-scrollbars", "--user-data-dir=" + profile, "--remote-debugging-address=127.0.0.1",
+                "--remote-debugging-port=0", "--window-size=%d,%d" % (width, height), url]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, start_new_session=True, cwd=profile)
+        test.addCleanup(self.close)
+        self.next_id = 0
+        port = self._devtools_port()
+        page = None
+        for _ in range(100):  # the page target appears once the URL is opened
+            resp, _ = harness.exchange(port, "GET", "/json/list", headers=[("Connection", "close")])
+            pages = [t for t in json.loads(resp.body) if t.get("type") == "page"]
+            if pages:
+                page = pages[0]
+                break
+            time.sleep(0.05)
+        if page is None:
+            raise AssertionError("chromium opened no page")
+        path = page["webSocketDebuggerUrl"].split(str(port), 1)[1]
+        self.sock = socket.create_connection((harness.LOOPBACK, port), timeout=CHROMIUM_TIMEOUT_S)
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.sock.sendall(("GET %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUpgrade: websocket\r\n"
+                           "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n\r\n"
+                           % (path, port, key)).encode())
+        head = b""
+        while b"\r\n\r\n" not in head and len(head) < 8192:
+            d = self.sock.recv(1)
+            if not d:
+                break
+            head += d
+        if not head.startswith(b"HTTP/1.1 101"):
+            raise AssertionError("DevTools refused the WebSocket: %r" % head[:200])
+        # the target may still be on about:blank: wait for the page itself
+        for _ in range(200):
+            try:
+                if self.evaluate("location.href === %s && document.readyState === 'complete'" % json.dumps(url)):
+                    return
+            except AssertionError as e:
+                if "context" not in str(e):  # "Execution context was destroyed": it navigated meanwhile
+                    raise
+            time.sleep(0.05)
+        raise AssertionError("chromium did not load %s within 10 s" % url)
+
+    def _devtools_port(self):
+        """The port from Chromium's `DevTools listening on ws://...` line."""
+        deadline = time.monotonic() + CHROMIUM_TIMEOUT_S
+        seen = b""
+        for _ in range(10000):
+            if time.monotonic() > deadline:
+                break
+            line = self.proc.stderr.readline()
+            if not line:
+                break
+            seen += line
+            m = re.search(rb"DevTools listening on ws://127\.0\.0\.1:(\d+)/", line)
+            if m:
+                # drained from now on, so that a chatty Chromium never blocks on its pipe
+                threading.Thread(target=self.proc.stderr.read, daemon=True).start()
+                return int(m.group(1))
+        raise AssertionError("chromium printed no DevTools address; stderr:\n%s" % seen[-3000:].decode("utf-8", "replace"))
+
+    def _send(self, obj):
+        data = json.dumps(obj).encode()
+        mask = os.urandom(4)
+        n = len(data)
+        head = b"\x81" + (bytes([0x80 | n]) if n < 126 else b"\xfe" + struct.pack(">H", n) if n < 65536
+                          else b"\xff" + struct.pack(">Q", n))
+        self.sock.sendall(head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data)))
+
+    def _recv_exact(self, n):
+        out = b""
+        while len(out) < n:
+            d = self.sock.recv(n - len(out))
+            if not d:
+                raise AssertionError("DevTools closed the WebSocket")
+            out += d
+        return out
+
+    def _recv(self):
+        """One whole message (text frames and their continuations)."""
+        msg = b""
+        for _ in range(100000):
+            b0, b1 = self._recv_exact(2)
+            n = b1 & 0x7F
+            if n == 126:
+                n = struct.unpack(">H", self._recv_exact(2))[0]
+            elif n == 127:
+                n = struct.unpack(">Q", self._recv_exact(8))[0]
+            msg += self._recv_exact(n)
+            if b0 & 0x80:
+                return json.loads(msg)
+        raise AssertionError("a DevTools message of over 100000 frames")
+
+    def call(self, method, **params):
+        """Sends one DevTools command and returns its result, skipping the
+        events that come before it."""
+        self.next_id += 1
+        self._send({"id": self.next_id, "method": method, "params": params})
+        for _ in range(100000):
+            msg = self._recv()
+            if msg.get("id") == self.next_id:
+                if "error" in msg:
+                    raise AssertionError("%s: %r" % (method, msg["error"]))
+                return msg["result"]
+        raise AssertionError("no answer to %s" % method)
+
+    def evaluate(self, expression):
+        """The value of a JavaScript expression in the page (a promise is
+        waited for)."""
+        r = self.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
+        if "exceptionDetails" in r:
+            raise AssertionError("page script failed: %r" % r["exceptionDetails"])
+        return r["result"].get("value")
+
+    def close(self):
+        sock = getattr(self, "sock", None)
+        if sock:
+            sock.close()
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
 
 
 class Dom(html.parser.HTMLParser):
@@ -526,6 +669,70 @@ class DashboardCompareTest(harness.TestCase):
         cells = [e for e in dom.inside(rows["slow"], "td") if e["attrs"].get("data-verdict")]
         self.assertEqual(cells[0]["attrs"]["data-verdict"], verdict)
         self.assertIn("runtime=sim-slow", rows["slow"]["text"])
+
+    def test_compare_table_fits_1500_px(self):
+        """The widest rows the table has: labels on each upstream, both
+        verdicts with their differences, and the TTFT attribution naming the
+        phase (the slow engine reports its timings, its prefill 10x
+        slower)."""
+        import routing_helpers as rh
+        chromium_bin()
+        flags = ("--batching", "--server-timing", "llamacpp", "--step-base-ms", "2")
+        fast = harness.start_sim(self, "--prefill-tps", "40000", *flags)
+        slow = harness.start_sim(self, "--prefill-tps", "4000", *flags)
+        d = tempfile.mkdtemp(prefix="tokentap-dash-fit-")
+        self.addCleanup(shutil.rmtree, d, True)
+        labels = "labels: {runtime: llama.cpp-b4200, gpu: example-accelerator-80g, pool: canary-eu-west}"
+        body = rh.upstreams_yaml({"fast": fast.url, "slow": slow.url}, {"fast": [labels], "slow": [labels]}) + (
+            "routes:\n  - name: chat\n    split:\n      - {upstream: fast, weight: 1}\n"
+            "      - {upstream: slow, weight: 1}\n")
+        tt = rh.start_conf(self, body, "--admin", "127.0.0.1:0", "--data-dir", os.path.join(d, "data"),
+                           "--flush-interval", "200ms")
+        port = admin_port(tt)
+        for _ in range(40):
+            self.assertEqual(rh.send(tt.port, rh.chat(stream=True, prompt="word " * 400),
+                                     headers=[("x-sim-tokens", "4")]).status, 200)
+        doc = []
+
+        def flushed():
+            doc[:] = [admin_get(port, "/compare?route=chat&window=1m&cold=include").json()]
+            return sum(u["requests"] for u in doc[0]["upstreams"]) == 40
+
+        self.assertTrue(harness.wait_until(flushed, 5.0, 0.1))
+        diff = doc[0]["differences"][0]
+        self.assertEqual(diff["metrics"]["ttft"]["verdict"], "slower", diff)
+        self.assertTrue(diff["ttft_attribution"]["cause"], diff["ttft_attribution"])
+        self.check_compare_fits(port, 1500, 900)
+
+    def check_compare_fits(self, port, width, height):
+        """At width x height the Compare table ends inside the viewport,
+        every column of it on screen (saved as
+        tests/artifacts/dashboard-compare.png, the panel scrolled to)."""
+        dt = Devtools(self, "http://127.0.0.1:%d/" % port, width, height)
+        # polled in the page until the panel has its table (bounded: 20 s)
+        got = dt.evaluate("""new Promise(function (done) {
+          var n = 0, t = setInterval(function () {
+            var table = document.querySelector("#compare table");
+            if (table || ++n > 200) {
+              clearInterval(t);
+              if (!table) return done(null);
+              document.getElementById("compare").scrollIntoView();
+              var r = table.getBoundingClientRect(), last = table.querySelector("thead th:last-child");
+              done({right: r.right, viewport: document.documentElement.clientWidth,
+                    page: document.documentElement.scrollWidth,
+                    last: last.getBoundingClientRect().right});
+            }
+          }, 100);
+        })""")
+        self.assertIsNotNone(got, "no Compare table within 20 s")
+        os.makedirs(ARTIFACTS, exist_ok=True)
+        shot = dt.call("Page.captureScreenshot", format="png")
+        with open(os.path.join(ARTIFACTS, "dashboard-compare.png"), "wb") as f:
+            f.write(base64.b64decode(shot["data"]))
+        self.assertEqual(got["viewport"], width, got)
+        self.assertLessEqual(got["right"], got["viewport"], "the Compare table runs off the right edge: %r" % got)
+        self.assertLessEqual(got["last"], got["viewport"], "its last column is cut: %r" % got)
+        self.assertLessEqual(got["page"], got["viewport"], "the page scrolls sideways: %r" % got)
 
     def test_compare_panel_shows_a_mirror_route(self):
         """One target and a mirror: two upstreams to compare, on the same

@@ -1,9 +1,11 @@
 """Running out of file descriptors: tokentap started under a descriptor
-limit too small for limits.max_connections says so at start-up; when idle
-client sockets use up what is left, the listener pauses instead of spinning
-on accept (the log stays a few lines, the CPU stays idle) and serves again
-by itself once descriptors free up. A soft limit below the hard one is
-raised at start."""
+limit too small for the limits.max_connections it was given says so at
+start-up, naming it; when idle client sockets use up what is left, the
+listener pauses instead of spinning on accept (the log stays a few lines,
+the CPU stays idle) and serves again by itself once descriptors free up. A
+soft limit below the hard one is raised at start. With limits.max_connections
+not set, the cap is lowered to what the limit holds: no warning, and the
+connection past it gets the cap's 503."""
 
 import re
 import socket
@@ -11,10 +13,12 @@ import time
 import unittest
 
 import harness
+import routing_helpers as rh
 
 IDLE_SOCKETS = 90
 WATCH_S = 2.0
 WARN_RE = re.compile(r"descriptor limit (\d+) .*limits\.max_connections")
+FIT_RE = re.compile(r"info  limits\.max_connections (\d+): what the descriptor limit holds")
 
 
 def open_files_limits(pid):
@@ -39,8 +43,9 @@ def request_ok(port):
 class OutOfDescriptorsTest(harness.TestCase):
     def test_accept_pauses_when_out_of_descriptors(self):
         sim = harness.start_sim(self)
-        tt = harness.start_tokentap(self, sim.url, "--workers", "1", "--admin", harness.LOOPBACK + ":0",
-                                    rlimit_nofile=(64, 64))
+        tt = rh.start_conf(self, rh.upstreams_yaml({"sim": sim.url}) + "limits: {max_connections: 10000}\n",
+                           "--workers", "1", "--admin", harness.LOOPBACK + ":0", access_log=False,
+                           rlimit_nofile=(64, 64))
         aport = harness.admin_port(tt)
         self.assertEqual(open_files_limits(tt.pid), (64, 64))
         self.assertTrue(harness.wait_until(lambda: WARN_RE.search(tt.stderr_text()), 2.0),
@@ -76,6 +81,45 @@ class OutOfDescriptorsTest(harness.TestCase):
         self.assertEqual(resp.status, 200)
         self.assertTrue(harness.wait_until(lambda: harness.fd_count(tt.pid) < 40, 5.0, 0.1),
                         "%d fds still open" % harness.fd_count(tt.pid))
+
+    def test_defaults_fit_the_limit(self):
+        # 1 worker, 1 upstream: 32 fixed + 64 admin + 4 + 1 listener + 256
+        # pooled = 357 beside the clients, 2 each: 400 holds 21
+        sim = harness.start_sim(self)
+        body = rh.upstreams_yaml({"sim": sim.url})
+        tt = rh.start_conf(self, body, "--workers", "1", access_log=False, rlimit_nofile=(400, 400))
+        self.assertEqual(open_files_limits(tt.pid), (400, 400))
+        text = tt.stderr_text()
+        self.assertNotIn(" warn ", text)
+        m = FIT_RE.search(text)
+        self.assertIsNotNone(m, text)
+        self.assertEqual(int(m.group(1)), 21, text)
+        # a reload fits the cap again (the file does not set it either)
+        self.assertTrue(tt.reload(body), tt.stderr_text())
+        # the lowered cap is the one in force: 21 idle clients, the next 503
+        base = harness.fd_count(tt.pid)
+        idle = []
+        self.addCleanup(lambda: [s.close() for s in idle])
+        for _ in range(21):
+            idle.append(socket.create_connection((harness.LOOPBACK, tt.port), timeout=2.0))
+        self.assertTrue(harness.wait_until(lambda: harness.fd_count(tt.pid) >= base + 21, 5.0, 0.01),
+                        "%d fds, expected %d" % (harness.fd_count(tt.pid), base + 21))
+        try:
+            data = harness.answer_on_connect(tt.port)
+        except socket.timeout:
+            self.fail("connection 22 was taken past a cap of 21 (no 503 within 3 s)")
+        self.assertTrue(data.startswith(b"HTTP/1.1 503 "), data[:80])
+        self.assertNotRegex(tt.stderr_text(), r"descriptor limit \d+ is below")
+
+    def test_cap_set_above_the_limit_is_named(self):
+        sim = harness.start_sim(self)
+        tt = rh.start_conf(self, rh.upstreams_yaml({"sim": sim.url}) + "limits: {max_connections: 10000}\n",
+                           "--workers", "1", access_log=False, rlimit_nofile=(4096, 4096))
+        m = WARN_RE.search(tt.stderr_text())
+        self.assertIsNotNone(m, tt.stderr_text())
+        self.assertEqual(int(m.group(1)), 4096)
+        self.assertIn("limits.max_connections 10000 may need", tt.stderr_text())
+        self.assertIsNone(FIT_RE.search(tt.stderr_text()), "a cap the user set was lowered")
 
     def test_soft_limit_raised_to_hard(self):
         sim = harness.start_sim(self)

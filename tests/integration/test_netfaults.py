@@ -23,9 +23,10 @@ discarded by the kernel (its source address is no longer local): both
 sockets stay ESTABLISHED, writes succeed into the send buffer, nothing
 arrives and nothing is reset. Putting the address back revives the path.
 
-The suite is skipped only where `unshare --net true` itself fails (not
-root, or a container that forbids it): everything after that must work, and a failure
-inside the namespace fails the test. The host's network is never changed:
+Where `unshare --net true` itself fails (not root, or a container that
+forbids it) each test fails saying so, unless TOKENTAP_TEST_NO_ROOT=1 asks
+to skip knowingly (ctest then shows a skip); everything after that must
+work, and a failure inside the namespace fails the test. The host's network is never changed:
 the inner run refuses to start unless it is in a namespace other than the
 one it was started from, holding nothing but `lo`."""
 
@@ -154,21 +155,14 @@ class PathUpstream:
             return len(self.conns)
 
     def _accept_loop(self):
-        deadline = time.monotonic() + INNER_TIMEOUT_S
-        while not self.stop_event.is_set() and time.monotonic() < deadline:
-            try:
-                s, _ = self.lsock.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                break
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            s.settimeout(10)
-            with self.lock:
-                self.conns.append(s)
-                t = threading.Thread(target=self._serve, args=(s, len(self.conns)), daemon=True)
-                self.threads.append(t)
-            t.start()
+        harness.accept_loop(self.lsock, self.stop_event, INNER_TIMEOUT_S, self._accepted, 10)
+
+    def _accepted(self, s):
+        with self.lock:
+            self.conns.append(s)
+            t = threading.Thread(target=self._serve, args=(s, len(self.conns)), daemon=True)
+            self.threads.append(t)
+        t.start()
 
     def _serve(self, s, n):
         state = bytearray()
@@ -254,9 +248,7 @@ class NetnsTestCase(harness.TestCase):
         return super().run(result)
 
     def _run_in_netns(self):
-        why = netns_unavailable()
-        if why:
-            self.skipTest(why)
+        harness.require_root_feature(self, netns_unavailable())
         name = "%s.%s.%s" % (MODULE, type(self).__name__, self._testMethodName)
         env = dict(os.environ)
         env[NETNS_ENV] = str(os.stat("/proc/self/ns/net").st_ino)

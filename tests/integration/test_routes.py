@@ -878,13 +878,18 @@ class DrainTest(harness.TestCase):
             ends[i] = time.monotonic()
             return resp
 
+        before = self.sim.stats()["requests"]
         for i in range(4):
             bg.start(stream, i)
-        time.sleep(0.3)
+        self.assertTrue(harness.wait_until(lambda: self.sim.stats()["requests"] >= before + 4, 5.0),
+                        "the four streams did not reach the simulator")
         done, th = self.watch_exit(tt)
         t_sig = time.monotonic()
         tt.signal(signal.SIGTERM)
-        time.sleep(0.1)
+        # every worker has closed its listener once it says so
+        workers = int(re.search(r"(\d+) worker\(s\)", tt.stderr_text()).group(1))
+        self.assertTrue(harness.wait_until(lambda: tt.stderr_text().count("no longer accepting") >= workers, 2.0),
+                        "not every worker stopped accepting; stderr:\n%s" % tt.stderr_text())
         # A new client is turned away now, not left waiting (in the listen
         # backlog) until the last stream ends: connect refused, or closed
         # without an answer, within half a second.

@@ -172,8 +172,7 @@ class StatsAccuracyTest(harness.TestCase):
         send_batch(tt.port, N2, "acc2", 2)
         values = self.log_values(N1 + N2)
         self.wait_window(port, "1h", N1 + N2)
-        os.kill(tt.pid, signal.SIGKILL)
-        tt.proc.wait(5)
+        tt.kill(signal.SIGKILL)
         tt, port = self.start()
         for w in ("1h", "24h", "7d", "all"):
             self.check_window(port, w, values, N1 + N2)

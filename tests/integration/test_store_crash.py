@@ -95,8 +95,7 @@ class StoreCrashTest(unittest.TestCase):
             time.sleep(0.15 + rnd.random() * 0.35)
             # what is committed now must survive the kill that follows
             before = committed(port)
-            os.kill(tt.pid, signal.SIGKILL)
-            tt.proc.wait(5)
+            tt.kill(signal.SIGKILL)
             stop.set()
             for t in threads:
                 t.join(5)

@@ -126,13 +126,19 @@ def reused(sock, req, fu):
     return False
 
 
+def class_pki(cls, prefix):
+    """The test PKI in a fresh directory removed after the class: cls.dir,
+    cls.cert and cls.key (the server's), cls.ca (the CA's certificate)."""
+    cls.dir = tempfile.mkdtemp(prefix=prefix)
+    cls.addClassCleanup(shutil.rmtree, cls.dir, True)
+    cls.cert, cls.key = make_pki(cls.dir)
+    cls.ca = os.path.join(cls.dir, "ca.pem")
+
+
 class TlsUpstreamTest(harness.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="tokentap-tlsup-")
-        cls.addClassCleanup(shutil.rmtree, cls.dir, True)
-        cls.cert, cls.key = make_pki(cls.dir)
-        cls.ca = os.path.join(cls.dir, "ca.pem")
+        class_pki(cls, "tokentap-tlsup-")
 
     def server_ctx(self):
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -161,14 +167,18 @@ class TlsUpstreamTest(harness.TestCase):
         conn.send(harness.request_bytes("POST", rh.CHAT, rh.chat(stream=True), None, tt.port))
         return conn
 
+    def post_whole(self, tt):
+        """One streamed chat through `tt`, its response read whole."""
+        conn = self.post(tt)
+        try:
+            return conn.read_response("POST")
+        finally:
+            conn.close()
+
     def test_records_of_every_size_arrive_byte_exact(self):
         fu, tt = self.front(every_size)
         for _ in range(2):  # the second on the pooled connection
-            conn = self.post(tt)
-            try:
-                resp = conn.read_response("POST")
-            finally:
-                conn.close()
+            resp = self.post_whole(tt)
             self.assertEqual(resp.status, 200)
             self.assertEqual(resp.body, sse_body(600))
         entries = tt.wait_log_count(2)
@@ -177,11 +187,7 @@ class TlsUpstreamTest(harness.TestCase):
 
     def test_a_burst_of_records_is_read_whole_and_in_few_reads(self):
         fu, tt = self.front(burst, "--log-level", "debug")
-        conn = self.post(tt)
-        try:
-            resp = conn.read_response("POST")
-        finally:
-            conn.close()
+        resp = self.post_whole(tt)
         self.assertEqual(resp.status, 200)
         self.assertEqual(resp.body, sse_body(2000))
         self.assertGreater(fu.records, 1500)
@@ -212,11 +218,7 @@ class TlsUpstreamTest(harness.TestCase):
 
     def test_close_notify_ends_a_close_delimited_stream(self):
         fu, tt = self.front(notify_ends_stream)
-        conn = self.post(tt)
-        try:
-            resp = conn.read_response("POST")
-        finally:
-            conn.close()
+        resp = self.post_whole(tt)
         self.assertEqual(resp.status, 200)
         self.assertEqual(resp.body, sse_body(20))
         entry = tt.wait_log_count(1)[0]
@@ -226,11 +228,7 @@ class TlsUpstreamTest(harness.TestCase):
     def test_next_connection_resumes_the_session(self):
         fu, tt = self.front(reused)
         for _ in range(3):
-            conn = self.post(tt)
-            try:
-                resp = conn.read_response("POST")
-            finally:
-                conn.close()
+            resp = self.post_whole(tt)
             self.assertEqual(resp.status, 200)
         self.assertEqual(fu.accepted, 3)
         self.assertEqual(fu.reused, [False, True, True])
@@ -502,10 +500,7 @@ class RecordClient:
 class TlsClientWriteTest(harness.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="tokentap-tlscl-")
-        cls.addClassCleanup(shutil.rmtree, cls.dir, True)
-        cls.cert, cls.key = make_pki(cls.dir)
-        cls.ca = os.path.join(cls.dir, "ca.pem")
+        class_pki(cls, "tokentap-tlscl-")
 
     def front(self, handler, *args):
         fu = harness.start_fake_upstream(self, handler)

@@ -60,8 +60,12 @@ class WorkersTest(harness.TestCase):
         tt, admin = self.start(rh.upstreams_yaml({"sim": sim.url}), "--data-dir", os.path.join(d, "data"),
                                "--flush-interval", "100ms")
         self.assertTrue(any("%d worker(s)" % WORKERS in l for l in tt.lines), tt.lines[-3:])
-        before = worker_threads(tt.pid)
-        self.assertEqual(sorted(before), ["tt-worker-%d" % i for i in range(WORKERS)])
+        # The workers name their threads once they run, which may be after
+        # the ready line on a loaded machine: wait for every name.
+        names = ["tt-worker-%d" % i for i in range(WORKERS)]
+        before = harness.wait_until(lambda: (lambda w: w if sorted(w) == names else None)(worker_threads(tt.pid)),
+                                    5.0, 0.01)
+        self.assertEqual(sorted(before or worker_threads(tt.pid)), names)
         n = 200
         for i in range(n):  # each on a connection of its own
             resp = rh.send(tt.port, rh.chat(stream=True))
@@ -118,7 +122,8 @@ class WorkersTest(harness.TestCase):
         tt, _ = self.start(rh.upstreams_yaml({"sim": sim.url}) + "limits: {max_connections: 4}\n")
         idle = [socket.create_connection((harness.LOOPBACK, tt.port)) for _ in range(4)]
         try:
-            time.sleep(0.2)  # all four accepted, by whichever worker
+            self.assertTrue(harness.wait_until(lambda: harness.accepted_connections(tt.pid, tt.port) >= 4, 5.0),
+                            "tokentap did not take the four connections")
             data = harness.answer_on_connect(tt.port)
             self.assertTrue(data.startswith(b"HTTP/1.1 503 "), data[:80])
         finally:

@@ -96,8 +96,10 @@ static inline struct store_batch *batch_at(uint64_t sec, const char *model, unsi
 	return b;
 }
 
-/* Keys of `kind` in the slices database. */
-static inline size_t count_keys(struct store *st, char kind)
+/* Walks the keys of `kind` in the slices database in key order, calling
+ * each(key, value, arg) on each when `each` is not NULL; how many. */
+static inline size_t each_key(struct store *st, char kind, void (*each)(const MDB_val *, const MDB_val *, void *),
+			      void *arg)
 {
 	MDB_txn *txn;
 	MDB_cursor *cur;
@@ -109,9 +111,18 @@ static inline size_t count_keys(struct store *st, char kind)
 	assert_int_equal(mdb_cursor_open(txn, st->dbi_slices, &cur), 0);
 	slice_key(start, kind, 0, 0);
 	for (int rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE); rc == 0 && ((uint8_t *)k.mv_data)[0] == (uint8_t)kind;
-	     rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT))
+	     rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+		if (each)
+			each(&k, &v, arg);
 		n++;
+	}
 	mdb_cursor_close(cur);
 	mdb_txn_abort(txn);
 	return n;
+}
+
+/* Keys of `kind` in the slices database. */
+static inline size_t count_keys(struct store *st, char kind)
+{
+	return each_key(st, kind, NULL, NULL);
 }

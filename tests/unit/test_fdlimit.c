@@ -1,13 +1,15 @@
 /*
  * test_fdlimit.c — the descriptor estimate (fdlimit_need) that the start-up
  * warning compares the limit with: the formula docs/security.md
- * ("Descriptors") states, term by term.
+ * ("Descriptors") states, term by term; and fdlimit_fit, which lowers a
+ * limits.max_connections the user did not set to what the limit holds.
  */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 
 #include <cmocka.h>
 
@@ -55,11 +57,47 @@ static void test_mirrors_and_upstreams_count_per_worker(void **state)
 	config_free(&c);
 }
 
+/* fdlimit_fit lowers a cap the user did not set to what the soft limit
+ * holds beside the rest of the estimate, and leaves one the user set. */
+static void test_fit_lowers_only_a_default_cap(void **state)
+{
+	struct config c;
+	struct upstream_conf up = { .name = "a", .url = "http://127.0.0.1:1" };
+	struct rlimit was, rl;
+
+	(void)state;
+	assert_int_equal(getrlimit(RLIMIT_NOFILE, &was), 0);
+	if (was.rlim_max != RLIM_INFINITY && was.rlim_max < 400)
+		skip();
+	rl = was;
+	rl.rlim_cur = 400;
+	assert_int_equal(setrlimit(RLIMIT_NOFILE, &rl), 0);
+	config_defaults(&c);
+	c.upstreams = &up;
+	c.nupstreams = 1;
+	/* 357 beside the clients on one worker (FIXED + 4 + 1 + 256): 21 fit */
+	assert_int_equal(fdlimit_fit(&c, 1), 21);
+	assert_int_equal(c.max_connections, 21);
+	assert_true(fdlimit_need(&c, 1) <= 400);
+	assert_int_equal(fdlimit_fit(&c, 1), 0); /* already fits */
+	/* two workers: 618 beside the clients, above the limit: the least, 1 */
+	c.max_connections = 10000;
+	assert_int_equal(fdlimit_fit(&c, 2), 1);
+	/* set by the user: kept */
+	c.max_connections = 10000;
+	c.max_connections_explicit = true;
+	assert_int_equal(fdlimit_fit(&c, 1), 0);
+	assert_int_equal(c.max_connections, 10000);
+	config_free(&c);
+	assert_int_equal(setrlimit(RLIMIT_NOFILE, &was), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_defaults_one_upstream),
 		cmocka_unit_test(test_mirrors_and_upstreams_count_per_worker),
+		cmocka_unit_test(test_fit_lowers_only_a_default_cap),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

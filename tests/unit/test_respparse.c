@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "respparse.h"
+#include "respparse_fixture.h"
 
 struct seen {
 	int completes;
@@ -22,19 +23,6 @@ struct seen {
 	bool field_at_hook; /* rp.keep_alive as the hook ran */
 	struct respparse *rp;
 };
-
-static void on_head(void *arg, const struct respparse *rp)
-{
-	(void)arg;
-	(void)rp;
-}
-
-static void on_body(void *arg, const char *at, size_t len)
-{
-	(void)arg;
-	(void)at;
-	(void)len;
-}
 
 static void on_complete(void *arg, bool keep_alive)
 {
@@ -45,7 +33,7 @@ static void on_complete(void *arg, bool keep_alive)
 	s->field_at_hook = s->rp->keep_alive;
 }
 
-static const struct respparse_hooks hooks = { on_head, on_body, on_complete };
+static const struct respparse_hooks hooks = { ignore_head, ignore_body, on_complete };
 
 /* Feeds `text` whole; returns the parser's status. */
 static enum respparse_status parse(struct respparse *rp, struct seen *s, const char *text)

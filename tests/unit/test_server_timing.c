@@ -20,6 +20,7 @@
 #include "classify.h"
 #include "framer.h"
 #include "respparse.h"
+#include "respparse_fixture.h"
 #include "timeline.h"
 #include "quotes.h"
 
@@ -356,23 +357,12 @@ static void test_split_at_every_byte(void **state)
 
 /* ---- TGI headers, through the response parser ---------------------------- */
 
-static void on_head(void *arg, const struct respparse *rp)
-{
-	(void)arg;
-	(void)rp;
-}
-static void on_body(void *arg, const char *at, size_t len)
-{
-	(void)arg;
-	(void)at;
-	(void)len;
-}
 static void on_complete(void *arg, bool keep_alive)
 {
 	(void)arg;
 	(void)keep_alive;
 }
-static const struct respparse_hooks hooks = { on_head, on_body, on_complete };
+static const struct respparse_hooks hooks = { ignore_head, ignore_body, on_complete };
 
 /* The response fed in pieces of `step` bytes; its parsed server timing. */
 static struct server_timing parse_head(const char *resp, size_t step)

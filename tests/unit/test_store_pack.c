@@ -101,6 +101,43 @@ static void free_all(struct store_result res[N_STORED])
 		store_result_free(&res[w]);
 }
 
+/* Every stored window's query still gives what `before` holds. */
+static void assert_queries_unchanged(struct store *st, struct store_result before[N_STORED])
+{
+	struct store_result after[N_STORED];
+
+	query_all(st, after);
+	for (size_t w = 0; w < N_STORED; w++)
+		assert_results_equal(&before[w], &after[w]);
+	free_all(after);
+}
+
+/* The store in `dir` opened again: every window still gives `before`,
+ * which is then freed. */
+static struct store *reopen_unchanged(char *dir, struct store_result before[N_STORED])
+{
+	struct store_options o;
+	char err[256];
+	struct store *st;
+
+	store_options_defaults(&o);
+	o.dir = dir;
+	st = store_open(&o, err, sizeof(err));
+	assert_non_null(st);
+	assert_queries_unchanged(st, before);
+	free_all(before);
+	return st;
+}
+
+/* The end of a test: `before` freed, the store closed and its directory
+ * removed. */
+static void close_all(struct store *st, char *dir, struct store_result before[N_STORED])
+{
+	free_all(before);
+	store_close(st);
+	remove_dir(dir);
+}
+
 /* The oldest hour that has an 'h' key, UINT32_MAX when none has. */
 static uint32_t oldest_hour_key(struct store *st)
 {
@@ -230,8 +267,7 @@ static unsigned pack_all(struct store *st, uint64_t now)
 static void test_pack_windows_identical(void **state)
 {
 	char *dir = make_dir();
-	struct store_options o;
-	struct store_result before[N_STORED], after[N_STORED];
+	struct store_result before[N_STORED];
 	char err[256];
 	uint64_t series0, slices0, bad0, series1, slices1, bad1;
 
@@ -255,10 +291,7 @@ static void test_pack_windows_identical(void **state)
 	bool twice;
 	stored_hours(st, cur_hour, bits, &twice);
 	assert_false(twice);
-	query_all(st, after);
-	for (size_t w = 0; w < N_STORED; w++)
-		assert_results_equal(&before[w], &after[w]);
-	free_all(after);
+	assert_queries_unchanged(st, before);
 	assert_int_equal(store_verify(st, &series1, &slices1, &bad1, err, sizeof(err)), 0);
 	assert_int_equal(bad1, 0);
 	assert_int_equal(series1, series0);
@@ -269,24 +302,13 @@ static void test_pack_windows_identical(void **state)
 
 	/* packing again changes nothing */
 	assert_int_equal(pack_all(st, now), 1);
-	query_all(st, after);
-	for (size_t w = 0; w < N_STORED; w++)
-		assert_results_equal(&before[w], &after[w]);
-	free_all(after);
+	assert_queries_unchanged(st, before);
 	store_close(st);
 
 	/* Packing deletes and writes many records in a commit, which can
 	 * leave the file's last page free and unwritten: the start-up check
 	 * must take that for sound, not move the store aside as truncated. */
-	store_options_defaults(&o);
-	o.dir = dir;
-	st = store_open(&o, err, sizeof(err));
-	assert_non_null(st);
-	query_all(st, after);
-	for (size_t w = 0; w < N_STORED; w++)
-		assert_results_equal(&before[w], &after[w]);
-	free_all(after);
-	free_all(before);
+	st = reopen_unchanged(dir, before);
 	assert_int_equal(store_verify(st, &series1, &slices1, &bad1, err, sizeof(err)), 0);
 	assert_int_equal(bad1, 0);
 	assert_int_equal(slices1, slices0);
@@ -299,7 +321,7 @@ static void test_pack_windows_identical(void **state)
 static void test_pack_not_committed(void **state)
 {
 	char *dir = make_dir();
-	struct store_result before[N_STORED], after[N_STORED];
+	struct store_result before[N_STORED];
 	struct pack_state ps;
 	MDB_txn *txn;
 
@@ -316,22 +338,14 @@ static void test_pack_not_committed(void **state)
 	mdb_txn_abort(txn);
 	assert_int_equal(count_keys(st, 'h'), h0);
 	assert_int_equal(count_keys(st, 'd'), 0);
-	query_all(st, after);
-	for (size_t w = 0; w < N_STORED; w++)
-		assert_results_equal(&before[w], &after[w]);
-	free_all(after);
+	assert_queries_unchanged(st, before);
 
 	/* committed, the same pass moves those hours and nothing else */
 	pack_state_init(&ps, st);
 	assert_int_equal(pack_commit(st, now, &ps), 0);
 	assert_int_equal(count_keys(st, 'h'), h0 - ps.hours);
-	query_all(st, after);
-	for (size_t w = 0; w < N_STORED; w++)
-		assert_results_equal(&before[w], &after[w]);
-	free_all(after);
-	free_all(before);
-	store_close(st);
-	remove_dir(dir);
+	assert_queries_unchanged(st, before);
+	close_all(st, dir, before);
 }
 
 /* Retention drops exactly the hours past it, packed or not: whole day
@@ -375,7 +389,7 @@ static void test_pack_retention(void **state)
 static void test_pack_late_hour(void **state)
 {
 	char *dir = make_dir();
-	struct store_result before[N_STORED], after[N_STORED];
+	struct store_result before[N_STORED];
 
 	away_from_hour_end();
 	uint64_t now = (uint64_t)time(NULL);
@@ -395,13 +409,8 @@ static void test_pack_late_hour(void **state)
 	bool twice;
 	stored_hours(st, (uint32_t)(now / 3600), bits, &twice);
 	assert_false(twice);
-	query_all(st, after);
-	for (size_t w = 0; w < N_STORED; w++)
-		assert_results_equal(&before[w], &after[w]);
-	free_all(after);
-	free_all(before);
-	store_close(st);
-	remove_dir(dir);
+	assert_queries_unchanged(st, before);
+	close_all(st, dir, before);
 }
 
 /* Days the 7d window no longer reaches lose their load curves, and only
@@ -458,28 +467,27 @@ struct pack_sum {
 	uint32_t crc;
 };
 
+struct pack_list {
+	struct pack_sum *out;
+	size_t n, max;
+};
+
+static void pack_sum_add(const MDB_val *k, const MDB_val *v, void *arg)
+{
+	struct pack_list *l = arg;
+
+	assert_true(l->n < l->max && k->mv_size == 9);
+	memcpy(l->out[l->n].key, k->mv_data, 9);
+	l->out[l->n].crc = (uint32_t)crc32(0, v->mv_data, (uInt)v->mv_size);
+	l->n++;
+}
+
 /* The packs in the store, in key order; how many. */
 static size_t pack_sums(struct store *st, struct pack_sum *out, size_t max)
 {
-	MDB_txn *txn;
-	MDB_cursor *cur;
-	uint8_t start[9];
-	MDB_val k = { 9, start }, v;
-	size_t n = 0;
+	struct pack_list l = { out, 0, max };
 
-	assert_int_equal(mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn), 0);
-	assert_int_equal(mdb_cursor_open(txn, st->dbi_slices, &cur), 0);
-	slice_key(start, 'd', 0, 0);
-	for (int rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE); rc == 0 && ((uint8_t *)k.mv_data)[0] == 'd';
-	     rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-		assert_true(n < max && k.mv_size == 9);
-		memcpy(out[n].key, k.mv_data, 9);
-		out[n].crc = (uint32_t)crc32(0, v.mv_data, (uInt)v.mv_size);
-		n++;
-	}
-	mdb_cursor_close(cur);
-	mdb_txn_abort(txn);
-	return n;
+	return each_key(st, 'd', pack_sum_add, &l);
 }
 
 /* The packs written, rewritten or deleted between two listings. */
@@ -521,7 +529,7 @@ static void test_pack_pass_bounded(void **state)
 	static struct pack_sum ref[PACK_SUMS_MAX], prev[PACK_SUMS_MAX], cur[PACK_SUMS_MAX];
 	char *dir = make_dir(), *ref_dir = make_dir();
 	struct store_options o;
-	struct store_result before[N_STORED], after[N_STORED];
+	struct store_result before[N_STORED];
 	char err[256];
 	uint64_t bits[4];
 	bool twice;
@@ -570,10 +578,7 @@ static void test_pack_pass_bounded(void **state)
 		/* every hour is counted once at every step */
 		stored_hours(st, cur_hour, bits, &twice);
 		assert_false(twice);
-		query_all(st, after);
-		for (size_t w = 0; w < N_STORED; w++)
-			assert_results_equal(&before[w], &after[w]);
-		free_all(after);
+		assert_queries_unchanged(st, before);
 	} while (st->pack_more);
 	assert_true(flushes >= nref / bound);
 	assert_int_equal(ncur, nref);
@@ -595,9 +600,7 @@ static void test_pack_pass_bounded(void **state)
 	} while (st->pack_more);
 	assert_int_equal(ncur, nref_later);
 	assert_int_equal(packs_changed(ref + nref, nref_later, cur, ncur), 0);
-	free_all(before);
-	store_close(st);
-	remove_dir(dir);
+	close_all(st, dir, before);
 	remove_dir(ref_dir);
 }
 
@@ -609,9 +612,8 @@ static void test_pack_pass_bounded(void **state)
 static void test_free_pages_past_end_kept(void **state)
 {
 	char *dir = make_dir();
-	struct store_options o;
-	struct store_result before[N_STORED], after[N_STORED];
-	char err[256], path[512];
+	struct store_result before[N_STORED];
+	char path[512];
 	MDB_env *env;
 	MDB_envinfo info;
 	MDB_stat ms;
@@ -639,15 +641,7 @@ static void test_free_pages_past_end_kept(void **state)
 		skip(); /* this LMDB wrote the whole file: nothing to check */
 	}
 
-	store_options_defaults(&o);
-	o.dir = dir;
-	st = store_open(&o, err, sizeof(err));
-	assert_non_null(st);
-	query_all(st, after);
-	for (size_t w = 0; w < N_STORED; w++)
-		assert_results_equal(&before[w], &after[w]);
-	free_all(after);
-	free_all(before);
+	st = reopen_unchanged(dir, before);
 	store_close(st);
 	assert_int_equal(stat(path, &sb), 0); /* not moved aside */
 	remove_dir(dir);

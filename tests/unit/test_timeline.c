@@ -69,6 +69,14 @@ static void test_stamp_before_the_last_is_a_zero_gap(void **state)
 	record_release(&r);
 }
 
+/* An empty record, no usage reported, arrived at 1 ms. */
+static void record_arrived(struct req_record *r)
+{
+	memset(r, 0, sizeof(*r));
+	r->usage = USAGE_UNKNOWN;
+	r->at[TL_ARRIVE] = 1000 * US;
+}
+
 /* Reasoning first, then the answer: ttft is the first token of any kind,
  * answer_ttft the first that is not reasoning, reasoning the span from the
  * first reasoning token to the last; gaps run across both. */
@@ -79,9 +87,7 @@ static void test_reasoning_then_answer(void **state)
 	uint64_t gap;
 
 	(void)state;
-	memset(&r, 0, sizeof(r));
-	r.usage = USAGE_UNKNOWN;
-	r.at[TL_ARRIVE] = 1000 * US;
+	record_arrived(&r);
 	r.at[TL_REQ_SENT] = 1000 * US;
 	assert_false(record_token_event(&r, TOKEN_REASONING, 1100 * US, &gap));
 	assert_true(record_token_event(&r, TOKEN_REASONING, 1200 * US, &gap));
@@ -121,9 +127,7 @@ static void test_answer_without_reasoning(void **state)
 	uint64_t gap;
 
 	(void)state;
-	memset(&r, 0, sizeof(r));
-	r.usage = USAGE_UNKNOWN;
-	r.at[TL_ARRIVE] = 1000 * US;
+	record_arrived(&r);
 	record_token_event(&r, TOKEN_TOOL, 1500 * US, &gap);
 	record_token_event(&r, TOKEN_ANSWER, 1600 * US, &gap);
 	record_derive(&r, m);
@@ -133,9 +137,7 @@ static void test_answer_without_reasoning(void **state)
 	assert_int_equal(r.reasoning_events, 0);
 	assert_int_equal(r.tool_call_events, 1);
 
-	memset(&r, 0, sizeof(r));
-	r.usage = USAGE_UNKNOWN;
-	r.at[TL_ARRIVE] = 1000 * US;
+	record_arrived(&r);
 	record_token_event(&r, TOKEN_REASONING, 1500 * US, &gap);
 	record_derive(&r, m);
 	assert_float_equal(m[RM_TTFT], 0.5, 1e-9);
