@@ -10,6 +10,7 @@
 #include <strings.h>
 
 #include "log.h"
+#include "timeline.h"
 #include "tls.h"
 #include "upstream.h"
 
@@ -115,7 +116,7 @@ struct router *router_new(struct event_base *base, struct config *cfg, const str
 			snprintf(err, errlen, "route %s: unknown mirror upstream %s", rc->name, rc->mirror_upstream);
 			goto fail;
 		}
-		if (rc->model || rc->sticky == STICKY_JSON_FIELD)
+		if (rc->model || rc->sticky == STICKY_JSON_FIELD || (rc->balance == BALANCE_PREFIX && rc->ntargets > 1))
 			rt->needs_body = true;
 		rt->nroutes++;
 	}
@@ -192,40 +193,147 @@ static uint64_t hash2(const char *a, size_t alen, const char *b)
 	return h ^ (h >> 33);
 }
 
-struct upstream *route_pick(struct route *r, const char *key, size_t klen, uint32_t tried, unsigned *index)
+/* 64 random bits, per thread: picks in different workers draw apart. */
+static uint64_t pick_rnd(void)
+{
+	static _Thread_local uint64_t state;
+
+	if (!state)
+		state = clock_now_ns() ^ ((uint64_t)(uintptr_t)&state << 17) ^ 0x2545f4914f6cdd1dull;
+	state ^= state << 13;
+	state ^= state >> 7;
+	state ^= state << 17;
+	return state;
+}
+
+/* An upstream with no TTFT sample this recent gets a probe (latency). */
+#define LATENCY_STALE_NS (10ull * 1000000000u)
+
+static int weighted_pick(struct route *r, uint32_t skip)
 {
 	int best = -1;
+	int64_t total = 0;
 
-	if (key) {
-		/* weighted rendezvous: score = -weight / ln(u), u uniform in (0,1) */
-		double best_score = 0;
-		for (unsigned i = 0; i < r->ntargets; i++) {
-			if ((tried & (1u << i)) || !r->targets[i].weight)
-				continue;
-			uint64_t h = hash2(key, klen, r->targets[i].up->name);
-			double u = ((double)(h >> 11) + 0.5) / 9007199254740992.0;
-			double score = -(double)r->targets[i].weight / log(u);
-			if (best < 0 || score > best_score) {
-				best = (int)i;
-				best_score = score;
-			}
+	for (unsigned i = 0; i < r->ntargets; i++) {
+		if ((skip & (1u << i)) || !r->targets[i].weight)
+			continue;
+		r->targets[i].current += r->targets[i].weight;
+		total += r->targets[i].weight;
+		if (best < 0 || r->targets[i].current > r->targets[best].current)
+			best = (int)i;
+	}
+	if (best >= 0)
+		r->targets[best].current -= total;
+	return best;
+}
+
+static int sticky_pick(const struct route *r, const char *key, size_t klen, uint32_t skip)
+{
+	/* weighted rendezvous: score = -weight / ln(u), u uniform in (0,1) */
+	double best_score = 0;
+	int best = -1;
+
+	for (unsigned i = 0; i < r->ntargets; i++) {
+		if ((skip & (1u << i)) || !r->targets[i].weight)
+			continue;
+		uint64_t h = hash2(key, klen, r->targets[i].up->name);
+		double u = ((double)(h >> 11) + 0.5) / 9007199254740992.0;
+		double score = -(double)r->targets[i].weight / log(u);
+		if (best < 0 || score > best_score) {
+			best = (int)i;
+			best_score = score;
 		}
+	}
+	return best;
+}
+
+struct upstream *route_pick(struct route *r, const struct pick_req *q, uint32_t tried, struct pick_out *out)
+{
+	struct bal_cand cand[ROUTE_TARGETS_MAX];
+	unsigned map[ROUTE_TARGETS_MAX], n = 0, live = 0;
+	uint32_t ejected = 0;
+	int probe_due = -1, stale = -1, best = -1;
+	enum balance_policy pol = r->conf->balance;
+	uint64_t now = clock_now_ns();
+
+	out->pred_ms = NAN;
+	out->probe = false;
+	for (unsigned i = 0; i < r->ntargets; i++) {
+		struct up_balance b;
+		if ((tried & (1u << i)) || !r->targets[i].weight)
+			continue;
+		upstream_balance(r->targets[i].up, &b, now);
+		if (b.eject == UP_EJECTED || (b.eject == UP_PROBE_DUE && b.probing)) {
+			ejected |= 1u << i;
+			continue;
+		}
+		live++;
+		if (b.eject == UP_PROBE_DUE && probe_due < 0)
+			probe_due = (int)i;
+		if (pol == BALANCE_LATENCY && !b.probing && b.fit_age_ns > LATENCY_STALE_NS && stale < 0)
+			stale = (int)i;
+		if (pol == BALANCE_WEIGHTED)
+			continue; /* load-blind: the numbers below are not read */
+		struct bal_cand *c = &cand[n];
+		struct upstream *up = r->targets[i].up;
+		struct engine_seen es;
+		upstream_engine_note(up, &es, now);
+		c->weight = r->targets[i].weight;
+		c->active = upstream_inflight(up);
+		c->queued = upstream_waiting(up);
+		c->max_conc = up->conf.max_concurrency;
+		c->prefill_tokens = b.prefill_tokens;
+		c->prefill_reqs = b.prefill_reqs;
+		c->eng_waiting = es.known && es.fresh ? es.waiting : -1;
+		c->fit = b.fit;
+		c->score = q->has_prefix ? bal_rendezvous(q->prefix_key, up->name, c->weight) : 0;
+		map[n++] = i;
+	}
+	/* every one left is ejected: better a failing upstream than none */
+	bool panic = ejected && !live;
+	if (panic)
+		ejected = 0;
+	if (q->key) {
+		best = sticky_pick(r, q->key, q->klen, tried | ejected);
+		out->reason = PICK_STICKY;
+	} else if (probe_due >= 0 && upstream_probe_claim(r->targets[probe_due].up)) {
+		best = probe_due;
+		out->reason = PICK_PROBE;
+		out->probe = true;
+	} else if (stale >= 0 && upstream_probe_claim(r->targets[stale].up)) {
+		best = stale;
+		out->reason = PICK_PROBE;
+		out->probe = true;
+	} else if (pol == BALANCE_WEIGHTED || panic) {
+		best = weighted_pick(r, tried | ejected);
+		out->reason = PICK_WEIGHTED;
 	} else {
-		int64_t total = 0;
-		for (unsigned i = 0; i < r->ntargets; i++) {
-			if ((tried & (1u << i)) || !r->targets[i].weight)
-				continue;
-			r->targets[i].current += r->targets[i].weight;
-			total += r->targets[i].weight;
-			if (best < 0 || r->targets[i].current > r->targets[best].current)
-				best = (int)i;
+		int k = -1;
+		unsigned rank = 0;
+		switch (pol) {
+		case BALANCE_LATENCY:
+			k = bal_latency(cand, n, q->tokens, pick_rnd(), &out->pred_ms);
+			out->reason = isnan(out->pred_ms) ? PICK_LEAST_LOADED : PICK_LATENCY;
+			break;
+		case BALANCE_PREFIX:
+			if (q->has_prefix) {
+				k = bal_prefix(cand, n, r->conf->load_factor, &rank);
+				out->reason = rank ? PICK_SATURATED_RELEASE : PICK_PREFIX;
+				break;
+			}
+			__attribute__((fallthrough)); /* no prompt to key on */
+		default:
+			k = bal_least_request(cand, n, pick_rnd());
+			out->reason = PICK_LEAST_LOADED;
+			break;
 		}
-		if (best >= 0)
-			r->targets[best].current -= total;
+		best = k >= 0 ? (int)map[k] : -1;
 	}
 	if (best < 0)
 		return NULL;
-	*index = (unsigned)best;
+	if (q->failover)
+		out->reason = PICK_FAILOVER;
+	out->index = (unsigned)best;
 	return r->targets[best].up;
 }
 

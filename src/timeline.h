@@ -144,6 +144,12 @@ struct req_record {
 	bool mirror;		   /* a shadow copy: measured, its response dropped */
 	struct wl_req *wl;	   /* the workload capture's scan of the body (workload.h); the request owns it */
 	struct engine_seen engine; /* at the last dispatch */
+	/* how the upstream was chosen: the reason (balance.h's names, static
+	 * text; NULL: not routed), the predicted ms to first token (latency;
+	 * below 0: none) and the prompt blocks that keyed it (prefix) */
+	const char *pick;
+	double pick_pred_ms;
+	unsigned pick_blocks;
 };
 
 static inline uint64_t clock_now_ns(void)
