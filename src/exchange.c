@@ -548,6 +548,8 @@ enum xr exchange_pick(struct exchange *x, bool *pinned)
 			x->tried = i >= 0 ? ~(uint32_t)0 & ~(1u << i) : ~(uint32_t)0; /* pinned: no failover */
 			*pinned = true;
 			x->rec->pick = pick_reason_name(PICK_PINNED);
+			if (i >= 0)
+				route_note_pick(x->route, (unsigned)i, PICK_PINNED);
 			x->rec->pick_pred_ms = -1;
 			return XR_OK;
 		}

@@ -4,6 +4,8 @@
 #include "router.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +15,87 @@
 #include "timeline.h"
 #include "tls.h"
 #include "upstream.h"
+
+/* Decisions by (route, upstream) name, for the process's life: one entry
+ * per pair some generation named, never freed (a handful per config). */
+struct pick_counts {
+	char *route, *upstream;
+	_Atomic uint64_t n[PICK__COUNT];
+	struct pick_counts *next;
+};
+static pthread_mutex_t counts_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct pick_counts *counts_head;
+
+static struct pick_counts *pick_counts_of(const char *route, const char *upstream)
+{
+	struct pick_counts *c;
+
+	pthread_mutex_lock(&counts_lock);
+	for (c = counts_head; c; c = c->next)
+		if (strcmp(c->route, route) == 0 && strcmp(c->upstream, upstream) == 0)
+			break;
+	if (!c && (c = calloc(1, sizeof(*c)))) {
+		c->route = strdup(route);
+		c->upstream = strdup(upstream);
+		if (!c->route || !c->upstream) {
+			free(c->route);
+			free(c->upstream);
+			free(c);
+			c = NULL;
+		} else {
+			c->next = counts_head;
+			counts_head = c;
+		}
+	}
+	pthread_mutex_unlock(&counts_lock);
+	return c;
+}
+
+void route_note_pick(struct route *r, unsigned index, enum pick_reason why)
+{
+	if (index < r->ntargets && r->targets[index].counts && (unsigned)why < PICK__COUNT)
+		atomic_fetch_add_explicit(&r->targets[index].counts->n[why], 1, memory_order_relaxed);
+}
+
+int route_pick_counts(struct route_pick_count **out, size_t *n)
+{
+	struct route_pick_count *a = NULL;
+	size_t count = 0, i = 0;
+	struct pick_counts *c;
+
+	*out = NULL;
+	*n = 0;
+	pthread_mutex_lock(&counts_lock);
+	for (c = counts_head; c; c = c->next)
+		count++;
+	if (count && !(a = calloc(count, sizeof(*a))))
+		goto fail;
+	for (c = counts_head; c; c = c->next, i++) {
+		if (!(a[i].route = strdup(c->route)) || !(a[i].upstream = strdup(c->upstream))) {
+			i++;
+			goto fail;
+		}
+		for (unsigned k = 0; k < PICK__COUNT; k++)
+			a[i].n[k] = atomic_load_explicit(&c->n[k], memory_order_relaxed);
+	}
+	pthread_mutex_unlock(&counts_lock);
+	*out = a;
+	*n = count;
+	return 0;
+fail:
+	pthread_mutex_unlock(&counts_lock);
+	route_pick_counts_free(a, i);
+	return -1;
+}
+
+void route_pick_counts_free(struct route_pick_count *c, size_t n)
+{
+	for (size_t i = 0; c && i < n; i++) {
+		free(c[i].route);
+		free(c[i].upstream);
+	}
+	free(c);
+}
 
 /* The generation's upstreams: those of `prev` that keep their name and url
  * are kept, the others made. Everything that can fail is done first — new
@@ -104,6 +187,7 @@ struct router *router_new(struct event_base *base, struct config *cfg, const str
 			r->targets[t].up =
 				router_upstream(rt, rc->targets[t].upstream, strlen(rc->targets[t].upstream));
 			r->targets[t].weight = rc->targets[t].weight;
+			r->targets[t].counts = pick_counts_of(rc->name, rc->targets[t].upstream);
 			if (!r->targets[t].up) {
 				snprintf(err, errlen, "route %s: unknown upstream %s", rc->name,
 					 rc->targets[t].upstream);
@@ -334,6 +418,7 @@ struct upstream *route_pick(struct route *r, const struct pick_req *q, uint32_t 
 	if (q->failover)
 		out->reason = PICK_FAILOVER;
 	out->index = (unsigned)best;
+	route_note_pick(r, out->index, out->reason);
 	return r->targets[best].up;
 }
 

@@ -32,10 +32,13 @@ struct ssl_ctx_st;
 
 #define ROUTE_TARGETS_MAX 32
 
+struct pick_counts;
+
 struct route_target_state {
 	struct upstream *up;
 	unsigned weight;
-	int64_t current; /* smooth weighted round robin */
+	int64_t current;	    /* smooth weighted round robin */
+	struct pick_counts *counts; /* decisions for it by reason (route_pick_counts); NULL: not counted */
 };
 
 struct route {
@@ -106,6 +109,20 @@ struct pick_out {
  * among the rest; an upstream whose ejection backoff is over gets one
  * probe; then the route's balance policy (docs/routing.md). */
 struct upstream *route_pick(struct route *r, const struct pick_req *q, uint32_t tried, struct pick_out *out);
+
+/* Counts a choice of target `index` made for `why` (route_pick counts its
+ * own; this is for the override header's). */
+void route_note_pick(struct route *r, unsigned index, enum pick_reason why);
+
+/* The decisions of every (route, upstream) pair since the process started,
+ * kept by names across reloads and shared by the workers (atomics): a
+ * malloc'd copy, for /metrics. 0, or -1 when out of memory. */
+struct route_pick_count {
+	char *route, *upstream; /* malloc'd */
+	uint64_t n[PICK__COUNT];
+};
+int route_pick_counts(struct route_pick_count **out, size_t *n) __attribute__((warn_unused_result));
+void route_pick_counts_free(struct route_pick_count *c, size_t n);
 
 /* The target index of `up` in the route, or -1. */
 int route_target_index(const struct route *r, const struct upstream *up);

@@ -9,6 +9,7 @@ so the `model` of an answer tells which simulator served it; the access log's
 """
 
 import json
+import re
 import threading
 import time
 import unittest
@@ -261,6 +262,19 @@ class EjectionTest(harness.TestCase):
         picks = [e["pick"] for e in log]
         self.assertEqual(picks.count("probe"), 2, picks)
         self.assertEqual(upstream("flaky")["balance"]["ejection"], "in")
+        # and /metrics counts the decisions by route, upstream and reason
+        r, _ = harness.exchange(admin, "GET", "/metrics")
+        counts = {}
+        for line in r.body.decode().splitlines():
+            m = re.match(r'tokentap_route_decisions_total\{route="chat",upstream="(\w+)",reason="(\w+)"\} (\d+)$',
+                         line)
+            if m:
+                counts[(m.group(1), m.group(2))] = int(m.group(3))
+        for name in ("flaky", "good"):
+            for reason in ("weighted", "probe", "least_loaded"):
+                want = sum(1 for e in log if e["upstream"] == name and e["pick"] == reason)
+                self.assertEqual(counts.get((name, reason)), want, (name, reason, counts))
+        self.assertEqual(counts[("flaky", "probe")], 2)
 
 
 class ReloadTest(harness.TestCase):

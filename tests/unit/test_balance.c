@@ -231,9 +231,12 @@ static void test_pick_cost(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_fit_recovers_line), cmocka_unit_test(test_fit_one_load_grows),
-		cmocka_unit_test(test_least_request),	  cmocka_unit_test(test_latency),
-		cmocka_unit_test(test_prefix),		  cmocka_unit_test(test_pick_cost),
+		cmocka_unit_test(test_fit_recovers_line),
+		cmocka_unit_test(test_fit_one_load_grows),
+		cmocka_unit_test(test_least_request),
+		cmocka_unit_test(test_latency),
+		cmocka_unit_test(test_prefix),
+		cmocka_unit_test(test_pick_cost),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
