@@ -225,7 +225,7 @@ int bal_prefix(const struct bal_cand *c, unsigned n, double factor, unsigned *ra
 	return best;
 }
 
-double bal_rendezvous(uint64_t key, const char *name, unsigned weight)
+double bal_rendezvous_u(uint64_t key, const char *name)
 {
 	uint64_t h = key ^ 0x6a09e667f3bcc908ull;
 
@@ -236,6 +236,10 @@ double bal_rendezvous(uint64_t key, const char *name, unsigned weight)
 	h ^= h >> 33;
 	h *= 0xc4ceb9fe1a85ec53ull;
 	h ^= h >> 33;
-	double u = ((double)(h >> 11) + 0.5) / 9007199254740992.0;
-	return -(double)weight / log(u);
+	return ((double)(h >> 11) + 0.5) / 9007199254740992.0;
+}
+
+double bal_rendezvous(uint64_t key, const char *name, unsigned weight)
+{
+	return -(double)weight / log(bal_rendezvous_u(key, name));
 }

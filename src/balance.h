@@ -106,5 +106,9 @@ int bal_latency(const struct bal_cand *c, unsigned n, double tokens, uint64_t rn
 int bal_prefix(const struct bal_cand *c, unsigned n, double factor, unsigned *rank);
 
 /* The weighted rendezvous score of `key` for the upstream named `name`:
- * the same in every process (no salt, no state). */
+ * the same in every process (no salt, no state). -weight / ln(u), u the
+ * key's and the name's uniform draw in (0, 1), bal_rendezvous_u: when
+ * every weight is the same, u alone orders the upstreams alike, without
+ * a logarithm each. */
 double bal_rendezvous(uint64_t key, const char *name, unsigned weight);
+double bal_rendezvous_u(uint64_t key, const char *name);

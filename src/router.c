@@ -335,6 +335,7 @@ struct upstream *route_pick(struct route *r, const struct pick_req *q, uint32_t 
 {
 	struct bal_cand cand[ROUTE_TARGETS_MAX];
 	unsigned map[ROUTE_TARGETS_MAX], n = 0, live = 0;
+	bool same_weight = true;
 	uint32_t ejected = 0;
 	int probe_due = -1, stale = -1, best = -1;
 	enum balance_policy pol = r->conf->balance;
@@ -370,9 +371,12 @@ struct upstream *route_pick(struct route *r, const struct pick_req *q, uint32_t 
 		c->prefill_reqs = b.prefill_reqs;
 		c->eng_waiting = es.known && es.fresh ? es.waiting : -1;
 		c->fit = b.fit;
-		c->score = q->has_prefix ? bal_rendezvous(q->prefix_key, up->name, c->weight) : 0;
+		c->score = q->has_prefix ? bal_rendezvous_u(q->prefix_key, up->name) : 0;
+		same_weight &= c->weight == cand[0].weight;
 		map[n++] = i;
 	}
+	for (unsigned k = 0; q->has_prefix && !same_weight && k < n; k++)
+		cand[k].score = -(double)cand[k].weight / log(cand[k].score);
 	/* every one left is ejected: better a failing upstream than none */
 	bool panic = ejected && !live;
 	if (panic)

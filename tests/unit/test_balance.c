@@ -149,6 +149,11 @@ static void test_prefix(void **state)
 	}
 	for (int i = 0; i < 4; i++)
 		assert_true(hits[i] > 60); /* about 100 each */
+	/* at equal weights the draw alone orders as the weighted score does */
+	for (uint64_t key = 1; key <= 200; key++)
+		for (int i = 1; i < 4; i++)
+			assert_true((bal_rendezvous_u(key, names[i]) > bal_rendezvous_u(key, names[0])) ==
+				    (bal_rendezvous(key, names[i], 3) > bal_rendezvous(key, names[0], 3)));
 	/* bounded load: the affine one far above its share is released to the
 	 * next in the key's order */
 	for (int i = 0; i < 4; i++) {
@@ -211,14 +216,14 @@ static void test_pick_cost(void **state)
 		sink += bal_latency(c, N, 50, (uint64_t)n * 0x2545f4914f6cdd1dull, &p);
 		uint64_t d = now_ns();
 		for (int i = 0; i < N; i++)
-			c[i].score = bal_rendezvous((uint64_t)n, names[i], 1);
+			c[i].score = bal_rendezvous_u((uint64_t)n, names[i]);
 		sink += bal_prefix(c, N, 1.25, &rank);
 		uint64_t e = now_ns();
 		t[0][n] = b - a;
 		t[1][n] = d - b;
 		t[2][n] = e - d;
 	}
-	const char *what[3] = { "least_request", "latency", "prefix (with 64 rendezvous scores)" };
+	const char *what[3] = { "least_request", "latency", "prefix (with 64 rendezvous draws, equal weights)" };
 	for (int k = 0; k < 3; k++) {
 		qsort(t[k], PICKS, sizeof(uint64_t), cmp_u64);
 		uint64_t p50 = t[k][PICKS / 2], p99 = t[k][PICKS * 99 / 100];
