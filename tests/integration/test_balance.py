@@ -82,11 +82,12 @@ class LeastRequestTest(harness.TestCase):
 
     def test_busy_and_full_upstream_passed_over(self):
         # two slow requests pinned on a: it is full (max_concurrency 2)
+        a0 = self.sims["a"].stats()["requests"]
         slow = rh.Background()
         for _ in range(2):
             slow.start(rh.send, self.tt.port, rh.chat(), harness.sim_headers(ttft=1500, itl=0, tokens=1) +
                        [("x-tt-upstream", "a")])
-        self.assertTrue(harness.wait_until(lambda: self.sims["a"].stats()["requests"] >= 2, 5, 0.02))
+        self.assertTrue(harness.wait_until(lambda: self.sims["a"].stats()["requests"] >= a0 + 2, 5, 0.02))
         # the two pinned ones are logged when they end; the rest in order
         n0 = len(self.tt.wait_log_count(0))
         got = [who(rh.send(self.tt.port, rh.chat(prompt="q%d" % i))) for i in range(12)]
@@ -144,6 +145,50 @@ class LatencyTest(harness.TestCase):
         counts = {n: served.count(n) for n in sims}
         self.assertLess(max(counts.values()), 20, counts)
         self.assertGreaterEqual(min(counts.values()), 2, counts)
+
+
+class LatencyEngineTest(harness.TestCase):
+    """latency reads the engine's own queue where it is freshly scraped,
+    and routes without it when the scrape fails."""
+
+    def test_engine_queue_of_other_clients_avoided(self):
+        sims = {n: harness.start_sim(self, "--batching", "--max-batch", 1, "--step-base-ms", 5, "--tokens", 2,
+                                     "--model", "sim-" + n) for n in ("a", "b")}
+        extra = {n: ["metrics_url: %s/metrics" % s.url, "metrics_interval: 100ms", "engine: vllm"]
+                 for n, s in sims.items()}
+        tt = rh.start_conf(self, rh.upstreams_yaml({n: s.url for n, s in sims.items()}, extra)
+                           + route_yaml(["a", "b"], "latency"), *rh.ONE_WORKER)
+        for i in range(12):
+            self.assertIsNotNone(who(rh.send(tt.port, rh.chat(prompt="warm %d" % i))))
+        # another client fills a's engine queue, past tokentap
+        direct = rh.Background()
+        for _ in range(12):
+            direct.start(rh.send, sims["a"].port, rh.chat(max_tokens=40), None, "POST", CHAT, None, None, 20.0)
+
+        def queued():
+            r, _ = harness.exchange(sims["a"].port, "GET", "/metrics")
+            return r is not None and "vllm:num_requests_waiting 0" not in r.body.decode()
+
+        self.assertTrue(harness.wait_until(queued, 5, 0.02))
+        time.sleep(0.35)  # scraped since
+        got = [who(rh.send(tt.port, rh.chat(prompt="q"))) for _ in range(6)]
+        self.assertEqual(got, ["b"] * 6, "a's engine queues another client's work: b predicted sooner")
+        for kind, resp in direct.join(30):
+            self.assertEqual(kind, "ok")
+
+    def test_failing_scrape_never_blocks(self):
+        sims = start_sims(self, {"a": 5, "b": 5})
+        dead = harness.free_port()
+        extra = {n: ["metrics_url: http://127.0.0.1:%d/metrics" % dead, "metrics_interval: 100ms"] for n in sims}
+        tt = rh.start_conf(self, rh.upstreams_yaml({n: s.url for n, s in sims.items()}, extra)
+                           + route_yaml(["a", "b"], "latency"))
+        t0 = time.monotonic()
+        got = [who(rh.send(tt.port, rh.chat())) for _ in range(20)]
+        self.assertNotIn(None, got)
+        self.assertLess(time.monotonic() - t0, 10)
+        log = tt.wait_log_count(20)
+        for e in log:
+            self.assertLess(e["ttft_ms"] or 0, 500, e)
 
 
 class PrefixTest(harness.TestCase):
