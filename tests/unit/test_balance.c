@@ -191,14 +191,17 @@ static uint64_t now_ns(void)
 }
 
 /* The choice itself with 64 upstreams (router.c adds reading their
- * atomics): p99 of single picks, printed; asserted at 20 µs only, ten times
- * the target, so that a loaded or sanitized build does not fail it. */
+ * atomics): p99 of single picks, printed, the lowest of three rounds (a
+ * round the scheduler cut into says nothing of the pick); asserted at 20 us
+ * only, ten times the target, so that a loaded or sanitized build does not
+ * fail it. */
 static void test_pick_cost(void **state)
 {
-	enum { N = 64, PICKS = 20000 };
+	enum { N = 64, PICKS = 20000, ROUNDS = 3 };
 	static struct bal_cand c[N];
 	static uint64_t t[3][PICKS];
 	static char names[N][16];
+	uint64_t best50[3] = { UINT64_MAX, UINT64_MAX, UINT64_MAX }, best99[3] = { UINT64_MAX, UINT64_MAX, UINT64_MAX };
 	double p;
 	unsigned rank;
 	int sink = 0;
@@ -209,26 +212,34 @@ static void test_pick_cost(void **state)
 		for (int k = 0; k < 10; k++)
 			ttft_fit_add(&c[i].fit, 100 + 10 * k, 20 + i);
 	}
-	for (int n = 0; n < PICKS; n++) {
-		uint64_t a = now_ns();
-		sink += bal_least_request(c, N, (uint64_t)n * 0x9e3779b97f4a7c15ull);
-		uint64_t b = now_ns();
-		sink += bal_latency(c, N, 50, (uint64_t)n * 0x2545f4914f6cdd1dull, &p);
-		uint64_t d = now_ns();
-		for (int i = 0; i < N; i++)
-			c[i].score = bal_rendezvous_u((uint64_t)n, names[i]);
-		sink += bal_prefix(c, N, 1.25, &rank);
-		uint64_t e = now_ns();
-		t[0][n] = b - a;
-		t[1][n] = d - b;
-		t[2][n] = e - d;
+	for (int round = 0; round < ROUNDS; round++) {
+		for (int n = 0; n < PICKS; n++) {
+			uint64_t a = now_ns();
+			sink += bal_least_request(c, N, (uint64_t)n * 0x9e3779b97f4a7c15ull);
+			uint64_t b = now_ns();
+			sink += bal_latency(c, N, 50, (uint64_t)n * 0x2545f4914f6cdd1dull, &p);
+			uint64_t d = now_ns();
+			for (int i = 0; i < N; i++)
+				c[i].score = bal_rendezvous_u((uint64_t)n, names[i]);
+			sink += bal_prefix(c, N, 1.25, &rank);
+			uint64_t e = now_ns();
+			t[0][n] = b - a;
+			t[1][n] = d - b;
+			t[2][n] = e - d;
+		}
+		for (int k = 0; k < 3; k++) {
+			qsort(t[k], PICKS, sizeof(uint64_t), cmp_u64);
+			if (t[k][PICKS * 99 / 100] < best99[k]) {
+				best99[k] = t[k][PICKS * 99 / 100];
+				best50[k] = t[k][PICKS / 2];
+			}
+		}
 	}
 	const char *what[3] = { "least_request", "latency", "prefix (with 64 rendezvous draws, equal weights)" };
 	for (int k = 0; k < 3; k++) {
-		qsort(t[k], PICKS, sizeof(uint64_t), cmp_u64);
-		uint64_t p50 = t[k][PICKS / 2], p99 = t[k][PICKS * 99 / 100];
-		printf("pick cost, 64 upstreams, %s: p50 %.3f us, p99 %.3f us\n", what[k], p50 / 1e3, p99 / 1e3);
-		assert_true(p99 < 20000);
+		printf("pick cost, 64 upstreams, %s: p50 %.3f us, p99 %.3f us\n", what[k], best50[k] / 1e3,
+		       best99[k] / 1e3);
+		assert_true(best99[k] < 20000);
 	}
 	assert_true(sink != -1);
 }
