@@ -322,6 +322,40 @@ class EjectionTest(harness.TestCase):
         self.assertEqual(counts[("flaky", "probe")], 2)
 
 
+class EjectionWorkersTest(harness.TestCase):
+    """Every worker agrees: the streak and the ejection are the server's."""
+
+    def test_workers_share_ejection(self):
+        flaky = harness.start_fake_upstream(self, failing_handler({"fail": True}))
+        good = start_sims(self, {"good": 0})["good"]
+        body = rh.upstreams_yaml({"flaky": flaky.url, "good": good.url},
+                                 {"flaky": ["eject: {after: 3, backoff: 30s}"]}) \
+            + route_yaml(["flaky", "good"], "least_request")
+        tt = rh.start_conf(self, body, "--workers", "3")
+        statuses = [rh.send(tt.port, rh.chat()).status for _ in range(40)]
+        # three failures in a row across the workers eject it for all of them
+        self.assertEqual(statuses.count(500), 3, statuses)
+        log = tt.wait_log_count(40)
+        self.assertEqual(sum(1 for e in log if e["upstream"] == "flaky"), 3)
+
+
+class FailoverTest(harness.TestCase):
+    """A refused connection goes to the next best under the policy."""
+
+    def test_refused_fails_over_under_each_policy(self):
+        live = start_sims(self, {"live": 0})["live"]
+        dead = "http://127.0.0.1:%d" % harness.free_port()
+        for pol in ("least_request", "latency", "prefix"):
+            body = rh.upstreams_yaml({"dead": dead, "live": live.url}, {"dead": ["eject: {after: 0}"]}) \
+                + route_yaml(["dead", "live"], pol)
+            tt = rh.start_conf(self, body, *rh.ONE_WORKER)
+            got = [who(rh.send(tt.port, rh.chat(prompt=prompt_of(i)))) for i in range(16)]
+            self.assertEqual(got, ["live"] * 16, pol)
+            picks = [e["pick"] for e in tt.wait_log_count(16)]
+            self.assertIn("failover", picks, pol)
+            harness._stop_and_check(tt)
+
+
 class ReloadTest(harness.TestCase):
     """Changing a route's policy by reload while requests run: none lost."""
 
