@@ -99,7 +99,8 @@ static void exchange_unhold(struct exchange *x)
 		 * its first token */
 		uint64_t from = x->rec->at[TL_DISPATCH], now = clock_now_ns();
 		if (x->resp.done && x->resp.status < 500 && from && now >= from)
-			upstream_ttft_note(x->up, x->tokens_ahead, x->pick.tokens, (double)(now - from) / 1e6, now);
+			upstream_ttft_note(x->up, x->tokens_ahead, x->pick.tokens, x->rec->pick_pred_ms,
+					   (double)(now - from) / 1e6, now);
 		upstream_prefill_sub(x->up, (uint64_t)x->pick.tokens);
 		x->prefill_held = false;
 	}
@@ -880,8 +881,8 @@ static void request_read_end(struct exchange *x, uint64_t first_before)
 		if (x->prefill_held && !x->shadow) {
 			uint64_t at = x->rec->at[TL_FIRST_TOKEN], from = x->rec->at[TL_DISPATCH];
 			if (from && at >= from)
-				upstream_ttft_note(x->up, x->tokens_ahead, x->pick.tokens, (double)(at - from) / 1e6,
-						   at);
+				upstream_ttft_note(x->up, x->tokens_ahead, x->pick.tokens, x->rec->pick_pred_ms,
+						   (double)(at - from) / 1e6, at);
 			upstream_prefill_sub(x->up, (uint64_t)x->pick.tokens);
 			x->prefill_held = false;
 		}

@@ -111,15 +111,23 @@ static json_t *balance_json(const struct upstream *u)
 	struct up_balance b;
 
 	upstream_balance(u, &b, clock_now_ns());
-	return json_pack("{s:I,s:I,s:o,s:I,s:s,s:I,s:b,s:I,s:I}", "prefill_requests", (json_int_t)b.prefill_reqs,
-			 "prefill_tokens", (json_int_t)b.prefill_tokens, "predicted_ttft_ms",
-			 isnan(b.pred_now_ms) ? json_null() : json_real(b.pred_now_ms), "ttft_samples",
-			 (json_int_t)b.fit.n, "ejection",
-			 b.eject == UP_IN	 ? "in"
-			 : b.eject == UP_EJECTED ? "ejected"
-						 : "probe_due",
-			 "eject_left_ms", (json_int_t)b.eject_left_ms, "probing", b.probing, "fails_in_row",
-			 (json_int_t)b.fails_in_row, "ejections", (json_int_t)b.ejections);
+	json_t *o = json_pack("{s:I,s:I,s:o,s:I,s:s,s:I,s:b,s:I,s:I}", "prefill_requests", (json_int_t)b.prefill_reqs,
+			      "prefill_tokens", (json_int_t)b.prefill_tokens, "predicted_ttft_ms",
+			      isnan(b.pred_now_ms) ? json_null() : json_real(b.pred_now_ms), "ttft_samples",
+			      (json_int_t)b.fit.n, "ejection",
+			      b.eject == UP_IN	      ? "in"
+			      : b.eject == UP_EJECTED ? "ejected"
+						      : "probe_due",
+			      "eject_left_ms", (json_int_t)b.eject_left_ms, "probing", b.probing, "fails_in_row",
+			      (json_int_t)b.fails_in_row, "ejections", (json_int_t)b.ejections);
+	if (o) {
+		json_object_set_new(o, "predictions", json_integer((json_int_t)b.predictions));
+		json_object_set_new(o, "prediction_error_ms",
+				    isnan(b.pred_err_ms) ? json_null() : json_real(b.pred_err_ms));
+		json_object_set_new(o, "prediction_bias_ms",
+				    isnan(b.pred_bias_ms) ? json_null() : json_real(b.pred_bias_ms));
+	}
+	return o;
 }
 
 static json_t *route_json(const struct route *r)

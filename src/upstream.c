@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <math.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -60,6 +61,7 @@ struct up_share {
 	_Atomic uint64_t fit_bits[5]; /* n, mx, my, mxx, mxy */
 	_Atomic uint64_t tok_mean_bits;
 	_Atomic uint64_t fit_at_ns;
+	_Atomic uint64_t pred_err_bits, pred_bias_bits, predictions; /* under fit_busy too */
 	/* outlier ejection: failures in a row, until when it is out (0: in),
 	 * how many times in a row it was ejected, whether its probe runs */
 	_Atomic unsigned fails_in_row;
@@ -303,6 +305,11 @@ static void share_balance(struct up_share *s, struct up_balance *b, uint64_t now
 	b->ejections = atomic_load_explicit(&s->ejections, memory_order_relaxed);
 	double mean = b->prefill_reqs ? (double)b->prefill_tokens / b->prefill_reqs : b->tok_mean;
 	b->pred_now_ms = ttft_fit_predict(&b->fit, (double)b->prefill_tokens + (mean > 0 ? mean : 1));
+	b->predictions = atomic_load_explicit(&s->predictions, memory_order_relaxed);
+	b->pred_err_ms =
+		b->predictions ? bits_double(atomic_load_explicit(&s->pred_err_bits, memory_order_relaxed)) : NAN;
+	b->pred_bias_ms =
+		b->predictions ? bits_double(atomic_load_explicit(&s->pred_bias_bits, memory_order_relaxed)) : NAN;
 }
 
 void upstream_balance(const struct upstream *up, struct up_balance *out, uint64_t now_ns)
@@ -322,7 +329,8 @@ void upstream_prefill_sub(struct upstream *up, uint64_t tokens)
 	atomic_fetch_sub_explicit(&up->share->prefill_reqs, 1, memory_order_relaxed);
 }
 
-void upstream_ttft_note(struct upstream *up, double tokens_ahead, double own_tokens, double ms, uint64_t now_ns)
+void upstream_ttft_note(struct upstream *up, double tokens_ahead, double own_tokens, double predicted_ms, double ms,
+			uint64_t now_ns)
 {
 	struct up_share *s = up->share;
 	struct ttft_fit f;
@@ -342,6 +350,17 @@ void upstream_ttft_note(struct upstream *up, double tokens_ahead, double own_tok
 	atomic_store_explicit(&s->fit_bits[4], double_bits(f.mxy), memory_order_relaxed);
 	atomic_store_explicit(&s->tok_mean_bits, double_bits(mean), memory_order_relaxed);
 	atomic_store_explicit(&s->fit_at_ns, now_ns ? now_ns : 1, memory_order_relaxed);
+	if (predicted_ms >= 0) {
+		uint64_t n = atomic_load_explicit(&s->predictions, memory_order_relaxed);
+		double err = bits_double(atomic_load_explicit(&s->pred_err_bits, memory_order_relaxed));
+		double bias = bits_double(atomic_load_explicit(&s->pred_bias_bits, memory_order_relaxed));
+		double d = ms - predicted_ms, a = n ? TTFT_FIT_ALPHA : 1.0;
+		err += a * ((d < 0 ? -d : d) - err);
+		bias += a * (d - bias);
+		atomic_store_explicit(&s->pred_err_bits, double_bits(err), memory_order_relaxed);
+		atomic_store_explicit(&s->pred_bias_bits, double_bits(bias), memory_order_relaxed);
+		atomic_store_explicit(&s->predictions, n + 1, memory_order_relaxed);
+	}
 	atomic_flag_clear_explicit(&s->fit_busy, memory_order_release);
 }
 

@@ -165,11 +165,14 @@ struct up_balance {
 	double tok_mean;	 /* mean prompt tokens of the samples */
 	uint64_t fit_age_ns;	 /* since the last sample; UINT64_MAX: none yet */
 	double pred_now_ms;	 /* a request of the mean size dispatched now; NaN: no sample */
-	enum up_eject eject;	 /* out (ejected), or its backoff over and a probe due */
-	uint64_t eject_left_ms;	 /* of the backoff */
-	bool probing;		 /* one request probes it now */
-	unsigned fails_in_row;	 /* 5xx or failed connects since its last good answer */
-	uint64_t ejections;	 /* since start */
+	double pred_err_ms;	/* the latency choice's predictions against what came: mean |error| (EWMA); NaN: none */
+	double pred_bias_ms;	/* and mean (measured - predicted): above 0, predictions too low */
+	uint64_t predictions;	/* those compared */
+	enum up_eject eject;	/* out (ejected), or its backoff over and a probe due */
+	uint64_t eject_left_ms; /* of the backoff */
+	bool probing;		/* one request probes it now */
+	unsigned fails_in_row;	/* 5xx or failed connects since its last good answer */
+	uint64_t ejections;	/* since start */
 };
 void upstream_balance(const struct upstream *up, struct up_balance *out, uint64_t now_ns);
 
@@ -178,8 +181,10 @@ void upstream_balance(const struct upstream *up, struct up_balance *out, uint64_
 void upstream_prefill_add(struct upstream *up, uint64_t tokens);
 void upstream_prefill_sub(struct upstream *up, uint64_t tokens);
 /* A first token came `ms` after dispatch with `tokens_ahead` prompt tokens
- * in flight (the request's `own_tokens` included). */
-void upstream_ttft_note(struct upstream *up, double tokens_ahead, double own_tokens, double ms, uint64_t now_ns);
+ * in flight (the request's `own_tokens` included); `predicted_ms` (below 0:
+ * none) is what the latency choice predicted for it. */
+void upstream_ttft_note(struct upstream *up, double tokens_ahead, double own_tokens, double predicted_ms, double ms,
+			uint64_t now_ns);
 
 /* Outlier ejection (upstream_conf eject_*): how an exchange ended for the
  * upstream: `ok` an answer below 500, else a 5xx or a failed connect. */

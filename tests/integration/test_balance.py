@@ -116,7 +116,8 @@ class LatencyTest(harness.TestCase):
     def test_fast_upstream_chosen_with_prediction(self):
         sims = start_sims(self, {"fast": 5, "slow": 250})
         tt = rh.start_conf(self, rh.upstreams_yaml({n: s.url for n, s in sims.items()})
-                           + route_yaml(["fast", "slow"], "latency"), *rh.ONE_WORKER)
+                           + route_yaml(["fast", "slow"], "latency"), "--admin", "127.0.0.1:0", *rh.ONE_WORKER)
+        admin = harness.admin_port(tt)
         got = [who(rh.send(tt.port, rh.chat(prompt="x" * 200))) for _ in range(24)]
         self.assertNotIn(None, got)
         # the first of each is a probe; from the third request on it knows both
@@ -130,6 +131,13 @@ class LatencyTest(harness.TestCase):
             p = e["pick_predicted_ttft_ms"]
             self.assertGreater(p, 0)
             self.assertLess(p, 100, "fast answers in ~5 ms: the prediction is of its TTFT, not the slow one's")
+        # /upstreams: the predictions against what came, per upstream
+        r, _ = harness.exchange(admin, "GET", "/upstreams")
+        b = {u["name"]: u["balance"] for u in r.json()["upstreams"]}
+        self.assertEqual(b["fast"]["predictions"], len(lat), b)
+        self.assertLess(b["fast"]["prediction_error_ms"], 50, b)
+        self.assertGreater(b["slow"]["predicted_ttft_ms"], b["fast"]["predicted_ttft_ms"], b)
+        self.assertEqual((b["fast"]["prefill_requests"], b["fast"]["prefill_tokens"]), (0, 0), b)
 
     def test_burst_not_herded(self):
         sims = start_sims(self, {"a": 0, "b": 0, "c": 0, "d": 0})
