@@ -120,7 +120,7 @@ static void exchange_took(struct exchange *x, const struct pick_out *o)
 	x->rec->pick_blocks =
 		o->reason == PICK_PREFIX || o->reason == PICK_SATURATED_RELEASE ? x->pick.prefix_blocks : 0;
 	x->probe = o->probe;
-	upstream_balance(x->up, &b, 0);
+	upstream_balance_pick(x->up, &b, 0);
 	x->tokens_ahead = (double)b.prefill_tokens + x->pick.tokens;
 	upstream_prefill_add(x->up, (uint64_t)x->pick.tokens);
 	x->prefill_held = true;

@@ -347,7 +347,7 @@ struct upstream *route_pick(struct route *r, const struct pick_req *q, uint32_t 
 		struct up_balance b;
 		if ((tried & (1u << i)) || !r->targets[i].weight)
 			continue;
-		upstream_balance(r->targets[i].up, &b, now);
+		upstream_balance_pick(r->targets[i].up, &b, now);
 		if (b.eject == UP_EJECTED || (b.eject == UP_PROBE_DUE && b.probing)) {
 			ejected |= 1u << i;
 			continue;
@@ -361,8 +361,9 @@ struct upstream *route_pick(struct route *r, const struct pick_req *q, uint32_t 
 			continue; /* load-blind: the numbers below are not read */
 		struct bal_cand *c = &cand[n];
 		struct upstream *up = r->targets[i].up;
-		struct engine_seen es;
-		upstream_engine_note(up, &es, now);
+		struct engine_seen es = { .known = false };
+		if (pol == BALANCE_LATENCY) /* only its prediction reads the engine's queue */
+			upstream_engine_note(up, &es, now);
 		c->weight = r->targets[i].weight;
 		c->active = upstream_inflight(up);
 		c->queued = upstream_waiting(up);

@@ -288,7 +288,7 @@ static void fit_read(struct up_share *s, struct ttft_fit *f)
 	f->mxy = bits_double(atomic_load_explicit(&s->fit_bits[4], memory_order_relaxed));
 }
 
-static void share_balance(struct up_share *s, struct up_balance *b, uint64_t now)
+static void share_balance(struct up_share *s, struct up_balance *b, uint64_t now, bool full)
 {
 	uint64_t until = atomic_load_explicit(&s->eject_until_ns, memory_order_relaxed);
 	uint64_t at = atomic_load_explicit(&s->fit_at_ns, memory_order_relaxed);
@@ -303,6 +303,10 @@ static void share_balance(struct up_share *s, struct up_balance *b, uint64_t now
 	b->probing = atomic_load_explicit(&s->probing, memory_order_relaxed);
 	b->fails_in_row = atomic_load_explicit(&s->fails_in_row, memory_order_relaxed);
 	b->ejections = atomic_load_explicit(&s->ejections, memory_order_relaxed);
+	b->pred_now_ms = b->pred_err_ms = b->pred_bias_ms = NAN;
+	b->predictions = 0;
+	if (!full)
+		return;
 	double mean = b->prefill_reqs ? (double)b->prefill_tokens / b->prefill_reqs : b->tok_mean;
 	b->pred_now_ms = ttft_fit_predict(&b->fit, (double)b->prefill_tokens + (mean > 0 ? mean : 1));
 	b->predictions = atomic_load_explicit(&s->predictions, memory_order_relaxed);
@@ -314,7 +318,12 @@ static void share_balance(struct up_share *s, struct up_balance *b, uint64_t now
 
 void upstream_balance(const struct upstream *up, struct up_balance *out, uint64_t now_ns)
 {
-	share_balance(up->share, out, now_ns);
+	share_balance(up->share, out, now_ns, true);
+}
+
+void upstream_balance_pick(const struct upstream *up, struct up_balance *out, uint64_t now_ns)
+{
+	share_balance(up->share, out, now_ns, false);
 }
 
 void upstream_prefill_add(struct upstream *up, uint64_t tokens)
@@ -426,7 +435,7 @@ int upstream_gauges(struct upstream_gauge **out, size_t *n)
 		g[i].in_flight = atomic_load(&s->active);
 		g[i].queued = atomic_load(&s->queued);
 		g[i].engine = s->engine;
-		share_balance(s, &g[i].bal, clock_now_ns());
+		share_balance(s, &g[i].bal, clock_now_ns(), true);
 		i++;
 	}
 	pthread_mutex_unlock(&shares_lock);

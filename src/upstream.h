@@ -175,6 +175,9 @@ struct up_balance {
 	uint64_t ejections;	/* since start */
 };
 void upstream_balance(const struct upstream *up, struct up_balance *out, uint64_t now_ns);
+/* The same without the figures only /upstreams shows (pred_now_ms and the
+ * prediction error: NaN, predictions 0), for each pick. */
+void upstream_balance_pick(const struct upstream *up, struct up_balance *out, uint64_t now_ns);
 
 /* A request routed to `up` holds `tokens` prompt tokens there until its
  * first token (or its end without one): add once, sub once. */
