@@ -106,6 +106,10 @@ static json_t *record_to_json(const struct req_record *r)
 	json_object_set_new(o, "path", json_string(r->path));
 	json_object_set_new(o, "api", json_string(classify_api_name(r->api)));
 	json_object_set_new(o, "upstream", str_or_null(r->upstream));
+	json_object_set_new(o, "pick", str_or_null(r->pick));
+	json_object_set_new(o, "pick_predicted_ttft_ms",
+			    r->pick && r->pick_pred_ms > 0 ? json_real(r->pick_pred_ms) : json_null());
+	json_object_set_new(o, "pick_prefix_blocks", json_integer(r->pick_blocks));
 	if (r->mirror)
 		json_object_set_new(o, "mirror", json_true());
 	json_object_set_new(o, "model", str_or_null(r->model));

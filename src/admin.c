@@ -60,6 +60,7 @@
 #include "admin_gate.h"
 #include "admin_recent.h"
 #include "admin_stats.h"
+#include "router.h"
 #include "config.h"
 #include "dashboard.h"
 #include "fdlimit.h"
@@ -426,16 +427,55 @@ static int workload_metrics(struct evbuffer *out, bool proto)
 		return 0;
 	const struct prom_counter_family f[3] = {
 		{ "tokentap_workload_written_total", "Records written to the workload capture's file.", NULL, 1, NULL,
-		  &c.written },
+		  &c.written, 0, NULL },
 		{ "tokentap_workload_dropped_total",
 		  "Workload capture records lost, by reason (queue_full, no_space, write_error, open_error, "
 		  "too_large).",
-		  "reason", WL_DROP__COUNT, workload_drop_reasons, c.dropped },
+		  "reason", WL_DROP__COUNT, workload_drop_reasons, c.dropped, 0, NULL },
 		{ "tokentap_workload_hash_ids_forgotten_total",
 		  "Block ids the workload capture gave past workload.max_hash_ids, without remembering the block.",
-		  NULL, 1, NULL, &c.hash_ids_forgotten },
+		  NULL, 1, NULL, &c.hash_ids_forgotten, 0, NULL },
 	};
 	return proto ? prom_render_proto_counters(out, f, 3) : prom_render_counters(out, f, 3);
+}
+
+/* The routes' decisions by route, upstream and reason (router.h). */
+static int route_pick_metrics(struct evbuffer *out, bool proto)
+{
+	static const char *const label_names[3] = { "route", "upstream", "reason" };
+	struct route_pick_count *c = NULL;
+	size_t n = 0;
+	int rc = -1;
+
+	if (route_pick_counts(&c, &n) == -1)
+		return -1;
+	const char **values = calloc(n * PICK__COUNT * 3 + 1, sizeof(*values));
+	uint64_t *counts = calloc(n * PICK__COUNT + 1, sizeof(*counts));
+	if (!values || !counts)
+		goto out;
+	for (size_t i = 0; i < n; i++)
+		for (unsigned k = 0; k < PICK__COUNT; k++) {
+			size_t at = i * PICK__COUNT + k;
+			values[at * 3] = c[i].route;
+			values[at * 3 + 1] = c[i].upstream;
+			values[at * 3 + 2] = pick_reason_name((enum pick_reason)k);
+			counts[at] = c[i].n[k];
+		}
+	const struct prom_counter_family f = {
+		.name = "tokentap_route_decisions_total",
+		.help = "Upstream choices of each route, by upstream and reason (docs/routing.md).",
+		.n = n * PICK__COUNT,
+		.values = values,
+		.counts = counts,
+		.nlabels = 3,
+		.label_names = label_names,
+	};
+	rc = n ? (proto ? prom_render_proto_counters(out, &f, 1) : prom_render_counters(out, &f, 1)) : 0;
+out:
+	free(values);
+	free(counts);
+	route_pick_counts_free(c, n);
+	return rc;
 }
 
 static void on_metrics(struct admin *a, struct evhttp_request *req, struct evkeyvalq *p)
@@ -463,6 +503,8 @@ static void on_metrics(struct admin *a, struct evhttp_request *req, struct evkey
 	}
 	if (rc == 0)
 		rc = workload_metrics(out, proto);
+	if (rc == 0)
+		rc = route_pick_metrics(out, proto);
 	upstream_gauges_free(g, n);
 	store_result_free(&res);
 	if (rc == -1) {

@@ -100,6 +100,9 @@ static json_t *entry_json(const struct recent_entry *e)
 	put(o, "api", json_string(classify_api_name(r->api)));
 	put(o, "model", str_or_null(r->model));
 	put(o, "upstream", str_or_null(r->upstream));
+	put(o, "pick", str_or_null(r->pick));
+	put(o, "pick_predicted_ttft_ms", r->pick && r->pick_pred_ms > 0 ? json_real(r->pick_pred_ms) : json_null());
+	put(o, "pick_prefix_blocks", json_integer(r->pick_blocks));
 	put(o, "stream", r->stream < 0 ? json_null() : json_boolean(r->stream));
 	put(o, "status", json_integer(r->status));
 	put(o, "error", r->error == REQ_ERR_NONE ? json_null() : json_string(req_error_name(r->error)));

@@ -36,6 +36,9 @@ void config_upstream_defaults(struct upstream_conf *u)
 	u->queue_timeout_ms = 30000;
 	u->tls_verify = true; /* never bypassed silently */
 	u->metrics_interval_ms = METRICS_INTERVAL_DEFAULT;
+	u->eject_after = EJECT_AFTER_DEFAULT;
+	u->eject_backoff_ms = EJECT_BACKOFF_MS_DEFAULT;
+	u->eject_max_ms = EJECT_MAX_BACKOFF_MS_DEFAULT;
 }
 
 void config_route_defaults(struct route_conf *r)
@@ -43,6 +46,8 @@ void config_route_defaults(struct route_conf *r)
 	memset(r, 0, sizeof(*r));
 	r->path_prefix = "/";
 	r->failover = true;
+	r->prefix_blocks = PREFIX_BLOCKS_DEFAULT;
+	r->load_factor = LOAD_FACTOR_DEFAULT;
 }
 
 void *config_own(struct config *c, void *p)

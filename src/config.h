@@ -65,6 +65,11 @@ struct upstream_conf {
 	enum engine_kind engine;
 	int metrics_line;	 /* of metrics_interval or engine, for "needs metrics_url" */
 	const char *metrics_key; /* which of the two; static text */
+	/* outlier ejection: after this many 5xx or failed connects in a row
+	 * (0: never), out of every choice for a backoff doubling from
+	 * eject_backoff_ms up to eject_max_ms */
+	unsigned eject_after;
+	uint64_t eject_backoff_ms, eject_max_ms;
 };
 
 struct route_target {
@@ -74,6 +79,22 @@ struct route_target {
 };
 
 enum sticky_kind { STICKY_NONE, STICKY_HEADER, STICKY_JSON_FIELD };
+
+/* How a route chooses among its split (docs/routing.md). */
+enum balance_policy { BALANCE_WEIGHTED, BALANCE_LEAST_REQUEST, BALANCE_LATENCY, BALANCE_PREFIX };
+
+/* prefix policy: the block size (an engine's KV block: vLLM's default), the
+ * leading blocks hashed by default, and the bound on the affine upstream's
+ * load, as a multiple of its share */
+#define PREFIX_BLOCK_TOKENS 16
+#define PREFIX_BLOCKS_DEFAULT 32
+#define PREFIX_BLOCKS_MAX 1024
+#define LOAD_FACTOR_DEFAULT 1.25
+
+/* outlier ejection defaults: failures in a row, first and longest backoff */
+#define EJECT_AFTER_DEFAULT 5
+#define EJECT_BACKOFF_MS_DEFAULT 1000
+#define EJECT_MAX_BACKOFF_MS_DEFAULT 30000
 
 /* One route: what it matches and where it sends. */
 struct route_conf {
@@ -89,7 +110,10 @@ struct route_conf {
 	 * an upstream with none this long after its dispatch is left for
 	 * another target (exchange.c, on_deadline) */
 	uint64_t ttft_deadline_ms;
-	bool split; /* targets came from `split:` (else `upstream:`) */
+	enum balance_policy balance;
+	unsigned prefix_blocks; /* prefix: leading blocks of the prompt that key the choice */
+	double load_factor;	/* prefix: the affine upstream's bound, times its share of the load */
+	bool split;		/* targets came from `split:` (else `upstream:`) */
 	int line, split_line;
 	const char *mirror_upstream;   /* shadow copies go here; NULL: none */
 	unsigned mirror_percent;       /* of the route's requests, 0..100 */

@@ -26,6 +26,7 @@
  * decides the timer (exchange_set_state) and what on_exchange_timer does.
  */
 #include <errno.h>
+#include <math.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
@@ -47,6 +48,7 @@
 #include "router.h"
 #include "strutil.h"
 #include "tls.h"
+#include "workload.h"
 
 /* Why a request leaves its upstream for another target of its route. */
 enum failover_why {
@@ -89,8 +91,47 @@ static enum xr exchange_fail(struct exchange *x, enum xfail why, const char *msg
  * a shadow's traffic is not the upstream's own, exchange.h). */
 static void exchange_note_result(struct exchange *x, bool responded, uint64_t now)
 {
-	if (!x->shadow)
+	if (!x->shadow) {
 		upstream_note_result(x->up, responded, now);
+		if (!responded) /* a failed connect: towards ejection */
+			upstream_outlier_note(x->up, false, now);
+	}
+}
+
+/* What the choice of x->up made the request hold there: its prompt
+ * tokens until its first token, and the upstream's probe. Safe twice. */
+static void exchange_unhold(struct exchange *x)
+{
+	if (x->prefill_held) {
+		/* a whole answer without token events (not streamed): its end is
+		 * its first token */
+		uint64_t from = x->rec->at[TL_DISPATCH], now = clock_now_ns();
+		if (x->resp.done && x->resp.status < 500 && from && now >= from)
+			upstream_ttft_note(x->up, x->tokens_ahead, x->pick.tokens, x->rec->pick_pred_ms,
+					   (double)(now - from) / 1e6, now);
+		upstream_prefill_sub(x->up, (uint64_t)x->pick.tokens);
+		x->prefill_held = false;
+	}
+	if (x->probe) {
+		upstream_probe_done(x->up);
+		x->probe = false;
+	}
+}
+
+/* x->up was chosen (`o` says how): recorded, and its hold taken. */
+static void exchange_took(struct exchange *x, const struct pick_out *o)
+{
+	struct up_balance b;
+
+	x->rec->pick = pick_reason_name(o->reason);
+	x->rec->pick_pred_ms = isnan(o->pred_ms) ? -1 : o->pred_ms;
+	x->rec->pick_blocks =
+		o->reason == PICK_PREFIX || o->reason == PICK_SATURATED_RELEASE ? x->pick.prefix_blocks : 0;
+	x->probe = o->probe;
+	upstream_balance_pick(x->up, &b, 0);
+	x->tokens_ahead = (double)b.prefill_tokens + x->pick.tokens;
+	upstream_prefill_add(x->up, (uint64_t)x->pick.tokens);
+	x->prefill_held = true;
 }
 
 /* ---- the exchange's states ---- */
@@ -192,6 +233,7 @@ static void exchange_leave(struct exchange *x, bool reusable, enum xstate next)
 {
 	bool held = exchange_admitted(x->xstate);
 
+	exchange_unhold(x);
 	if (x->xstate == XS_QUEUED)
 		upstream_cancel(x->up, &x->waiter);
 	if (x->uc) {
@@ -575,7 +617,6 @@ enum xr exchange_pick(struct exchange *x, bool *pinned)
 	const struct config *cfg = &x->rt->cfg;
 	const char *method = x->rec->method;
 	char msg[300];
-	unsigned idx;
 
 	*pinned = false;
 	x->method = x->head->method;
@@ -605,12 +646,22 @@ enum xr exchange_pick(struct exchange *x, bool *pinned)
 			}
 			x->tried = i >= 0 ? ~(uint32_t)0 & ~(1u << i) : ~(uint32_t)0; /* pinned: no failover */
 			*pinned = true;
+			x->rec->pick = pick_reason_name(PICK_PINNED);
+			if (i >= 0)
+				route_note_pick(x->route, (unsigned)i, PICK_PINNED);
+			x->rec->pick_pred_ms = -1;
 			return XR_OK;
 		}
 	}
-	size_t klen = 0;
-	const char *key = request_sticky_key(x, &klen);
-	x->up = route_pick(x->route, key, klen, x->tried, &idx);
+	struct pick_out o;
+	x->pick.key = request_sticky_key(x, &x->pick.klen);
+	x->pick.failover = x->pick.deadline = false;
+	if (!x->pick.tokens) /* the body's bytes, 4 to a token (workload.h's approximation) */
+		x->pick.tokens = (double)(x->head->content_length > 0 ? (uint64_t)x->head->content_length : 0) /
+				 WL_BYTES_PER_TOKEN;
+	x->up = route_pick(x->route, &x->pick, x->tried, &o);
+	if (x->up)
+		exchange_took(x, &o);
 	if (!x->up) {
 		snprintf(msg, sizeof(msg), "route %s has no upstream with a weight above 0", x->route->name);
 		return exchange_fail(x, XF_NO_TARGET, msg);
@@ -653,7 +704,7 @@ static int request_rewind(struct exchange *x)
  */
 static bool request_failover(struct exchange *x, enum failover_why why)
 {
-	unsigned idx;
+	struct pick_out o;
 
 	if (x->shadow)
 		return false;
@@ -661,9 +712,10 @@ static bool request_failover(struct exchange *x, enum failover_why why)
 	if (cur < 0 || (why == FO_REFUSED ? !x->route->conf->failover : !x->replay))
 		return false;
 	x->tried |= 1u << cur;
-	size_t klen = 0;
-	const char *key = request_sticky_key(x, &klen);
-	struct upstream *next = route_pick(x->route, key, klen, x->tried, &idx);
+	x->pick.key = request_sticky_key(x, &x->pick.klen);
+	x->pick.failover = true;
+	x->pick.deadline = why == FO_DEADLINE;
+	struct upstream *next = route_pick(x->route, &x->pick, x->tried, &o);
 	if (!next)
 		return false;
 	if (why == FO_DEADLINE && request_rewind(x) == -1)
@@ -676,6 +728,7 @@ static bool request_failover(struct exchange *x, enum failover_why why)
 	evbuffer_drain(x->pending, x->head_len); /* the head is rewritten for the next one */
 	x->head_len = 0;
 	x->up = next;
+	exchange_took(x, &o);
 	(void)exchange_admit(x); /* its failure is the owner's: either way the exchange is no longer ours */
 	return true;
 }
@@ -957,8 +1010,18 @@ static enum xr request_upstream_closed(struct exchange *x, short what)
 static void request_read_end(struct exchange *x, uint64_t first_before)
 {
 	meter_read_end(&x->meter);
-	if (!first_before && x->rec->at[TL_FIRST_TOKEN] && x->uc)
-		upconn_priority(x->uc, LOOP_PRIO_STREAM); /* the first token is out */
+	if (!first_before && x->rec->at[TL_FIRST_TOKEN]) {
+		if (x->uc)
+			upconn_priority(x->uc, LOOP_PRIO_STREAM); /* the first token is out */
+		if (x->prefill_held && !x->shadow) {
+			uint64_t at = x->rec->at[TL_FIRST_TOKEN], from = x->rec->at[TL_DISPATCH];
+			if (from && at >= from)
+				upstream_ttft_note(x->up, x->tokens_ahead, x->pick.tokens, x->rec->pick_pred_ms,
+						   (double)(at - from) / 1e6, at);
+			upstream_prefill_sub(x->up, (uint64_t)x->pick.tokens);
+			x->prefill_held = false;
+		}
+	}
 }
 
 /*
@@ -1176,6 +1239,8 @@ static void on_resp_head(void *arg, const struct respparse *rp)
 		exchange_meter_label(x); /* routed: the series may resolve from here on */
 	meter_head(&x->meter, rp);
 	x->idle_from = x->meter.now;
+	if (!x->shadow) /* a 5xx counts towards ejection; any other answer ends the streak */
+		upstream_outlier_note(x->up, rp->status < 500, x->meter.now);
 	exchange_set_state(x, XS_STREAMING);
 }
 

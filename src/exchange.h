@@ -38,6 +38,7 @@
 #include "meter.h"
 #include "reqparse.h"
 #include "respparse.h"
+#include "router.h"
 #include "timeline.h"
 #include "upstream.h"
 
@@ -213,8 +214,12 @@ struct exchange {
 	struct route *route;
 	struct upstream *up; /* chosen upstream, NULL before routing */
 	struct up_waiter waiter;
-	uint32_t tried;	 /* route targets that refused a connection */
-	size_t head_len; /* bytes of the head at the front of pending */
+	uint32_t tried;	      /* route targets that refused a connection */
+	struct pick_req pick; /* what the choice knows of the request (prefix key, tokens), set before routing */
+	bool probe;	      /* this request is x->up's probe (router.h) */
+	bool prefill_held;    /* pick.tokens count in x->up's prefill until the first token */
+	double tokens_ahead;  /* prompt tokens in flight on x->up when routed there, its own included */
+	size_t head_len;      /* bytes of the head at the front of pending */
 
 	/* upstream side */
 	struct upconn *uc;

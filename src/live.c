@@ -4,6 +4,7 @@
 #include "live.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -95,6 +96,40 @@ static json_t *str_or_null(const char *s)
 	return s ? json_string(s) : json_null();
 }
 
+static const char *balance_name(enum balance_policy b)
+{
+	static const char *const names[] = { [BALANCE_WEIGHTED] = "weighted",
+					     [BALANCE_LEAST_REQUEST] = "least_request",
+					     [BALANCE_LATENCY] = "latency",
+					     [BALANCE_PREFIX] = "prefix" };
+	return (unsigned)b < sizeof(names) / sizeof(names[0]) ? names[b] : "?";
+}
+
+/* The balancing view of an upstream: the same in every worker (shared). */
+static json_t *balance_json(const struct upstream *u)
+{
+	struct up_balance b;
+
+	upstream_balance(u, &b, clock_now_ns());
+	json_t *o = json_pack("{s:I,s:I,s:o,s:I,s:s,s:I,s:b,s:I,s:I}", "prefill_requests", (json_int_t)b.prefill_reqs,
+			      "prefill_tokens", (json_int_t)b.prefill_tokens, "predicted_ttft_ms",
+			      isnan(b.pred_now_ms) ? json_null() : json_real(b.pred_now_ms), "ttft_samples",
+			      (json_int_t)b.fit.n, "ejection",
+			      b.eject == UP_IN	      ? "in"
+			      : b.eject == UP_EJECTED ? "ejected"
+						      : "probe_due",
+			      "eject_left_ms", (json_int_t)b.eject_left_ms, "probing", b.probing, "fails_in_row",
+			      (json_int_t)b.fails_in_row, "ejections", (json_int_t)b.ejections);
+	if (o) {
+		json_object_set_new(o, "predictions", json_integer((json_int_t)b.predictions));
+		json_object_set_new(o, "prediction_error_ms",
+				    isnan(b.pred_err_ms) ? json_null() : json_real(b.pred_err_ms));
+		json_object_set_new(o, "prediction_bias_ms",
+				    isnan(b.pred_bias_ms) ? json_null() : json_real(b.pred_bias_ms));
+	}
+	return o;
+}
+
 static json_t *route_json(const struct route *r)
 {
 	const struct route_conf *c = r->conf;
@@ -107,6 +142,7 @@ static json_t *route_json(const struct route *r)
 	json_object_set_new(match, "method", str_or_null(c->method));
 	json_object_set_new(match, "host", str_or_null(c->host));
 	json_object_set_new(match, "model", str_or_null(c->model));
+	json_object_set_new(o, "balance", json_string(balance_name(c->balance)));
 	for (unsigned i = 0; i < r->ntargets; i++) {
 		json_t *t = json_object();
 		json_object_set_new(t, "upstream", json_string(r->targets[i].up->name));
@@ -180,6 +216,7 @@ char *live_upstreams(void *proxy, const char *in, int *status)
 						       : json_null());
 		json_object_set_new(o, "reachable", json_boolean(!u->failing));
 		json_object_set_new(o, "engine", engine_json(u));
+		json_object_set_new(o, "balance", balance_json(u));
 		json_object_set_new(o, "pool",
 				    json_pack("{s:i,s:I,s:I}", "idle", (int)u->n_idle, "opened", (json_int_t)u->opened,
 					      "reused", (json_int_t)u->reused));

@@ -504,6 +504,30 @@ static void u_engine(struct load *l, yaml_node_t *v, const char *key, void *o)
 	problem(l, v, "%s: expected auto, vllm, sglang or llamacpp, got '%s'", key, s);
 }
 
+static void u_eject_after(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_uint(l, v, key, &UP(o)->eject_after);
+}
+static void u_eject_backoff(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_duration(l, v, key, &UP(o)->eject_backoff_ms);
+}
+static void u_eject_max(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	get_duration(l, v, key, &UP(o)->eject_max_ms);
+}
+static void u_eject(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	static const struct field fields[] = { { "after", u_eject_after },
+					       { "backoff", u_eject_backoff },
+					       { "max_backoff", u_eject_max },
+					       { NULL, NULL } };
+	walk(l, v, key, fields, o);
+	if (UP(o)->eject_max_ms < UP(o)->eject_backoff_ms)
+		problem(l, v, "%s: max_backoff (%llums) is shorter than backoff (%llums); make it at least as long",
+			key, (unsigned long long)UP(o)->eject_max_ms, (unsigned long long)UP(o)->eject_backoff_ms);
+}
+
 static void f_upstreams(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	static const struct field fields[] = {
@@ -517,6 +541,7 @@ static void f_upstreams(struct load *l, yaml_node_t *v, const char *key, void *o
 		{ "metrics_url", u_metrics_url },
 		{ "metrics_interval", u_metrics_interval },
 		{ "engine", u_engine },
+		{ "eject", u_eject },
 		{ NULL, NULL },
 	};
 	struct config *c = CFG(o);
@@ -699,6 +724,50 @@ static void r_ttft_deadline(struct load *l, yaml_node_t *v, const char *key, voi
 	get_duration(l, v, key, &RT(o)->ttft_deadline_ms);
 }
 
+static void r_balance(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	static const char *const names[] = { [BALANCE_WEIGHTED] = "weighted",
+					     [BALANCE_LEAST_REQUEST] = "least_request",
+					     [BALANCE_LATENCY] = "latency",
+					     [BALANCE_PREFIX] = "prefix" };
+	const char *s = scalar(l, v, key);
+
+	if (!s)
+		return;
+	for (unsigned i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		if (strcmp(s, names[i]) == 0) {
+			RT(o)->balance = (enum balance_policy)i;
+			return;
+		}
+	problem(l, v, "%s: expected weighted, least_request, latency or prefix, got '%s'", key, s);
+}
+static void r_prefix_blocks(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	unsigned n = 0;
+	unsigned before = l->problems;
+	get_uint(l, v, key, &n);
+	if (l->problems != before)
+		return;
+	if (n < 1 || n > PREFIX_BLOCKS_MAX)
+		problem(l, v, "%s: expected from 1 to %d blocks, got %u", key, PREFIX_BLOCKS_MAX, n);
+	else
+		RT(o)->prefix_blocks = n;
+}
+static void r_load_factor(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	const char *s = scalar(l, v, key);
+	char *end;
+
+	if (!s)
+		return;
+	errno = 0;
+	double f = strtod(s, &end);
+	if (errno || !*s || *end || !(f > 1.0 && f <= 100.0))
+		problem(l, v, "%s: expected a number above 1 and at most 100 such as 1.25, got '%s'", key, s);
+	else
+		RT(o)->load_factor = f;
+}
+
 static void f_routes(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	static const struct field fields[] = {
@@ -710,6 +779,9 @@ static void f_routes(struct load *l, yaml_node_t *v, const char *key, void *o)
 		{ "failover", r_failover },
 		{ "mirror", r_mirror },
 		{ "ttft_deadline", r_ttft_deadline },
+		{ "balance", r_balance },
+		{ "prefix_blocks", r_prefix_blocks },
+		{ "load_factor", r_load_factor },
 		{ NULL, NULL },
 	};
 	struct config *c = CFG(o);

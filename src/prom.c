@@ -445,7 +445,22 @@ int prom_render_counters(struct evbuffer *out, const struct prom_counter_family 
 	for (size_t i = 0; i < nf; i++) {
 		emit(&w, "# HELP %s %s\n# TYPE %s counter\n", f[i].name, f[i].help, f[i].name);
 		for (size_t k = 0; k < f[i].n; k++)
-			if (f[i].label)
+			if (f[i].nlabels) {
+				emit(&w, "%s{", f[i].name);
+				for (unsigned j = 0; j < f[i].nlabels; j++) {
+					const char *v = f[i].values[k * f[i].nlabels + j];
+					size_t len = prom_label_escape(NULL, 0, v);
+					char *esc = malloc(len + 1);
+					if (!esc) {
+						w.failed = 1;
+						break;
+					}
+					prom_label_escape(esc, len + 1, v);
+					emit(&w, "%s%s=\"%s\"", j ? "," : "", f[i].label_names[j], esc);
+					free(esc);
+				}
+				emit(&w, "} %llu\n", (unsigned long long)f[i].counts[k]);
+			} else if (f[i].label)
 				emit(&w, "%s{%s=\"%s\"} %llu\n", f[i].name, f[i].label, f[i].values[k],
 				     (unsigned long long)f[i].counts[k]);
 			else

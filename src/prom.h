@@ -73,6 +73,10 @@ struct prom_counter_family {
 	size_t n;
 	const char *const *values; /* n, or NULL without a label */
 	const uint64_t *counts;	   /* n */
+	/* several labels instead of `label`: nlabels names, and `values`
+	 * holds n * nlabels, each count's in a row */
+	unsigned nlabels;
+	const char *const *label_names;
 };
 
 /* Appends `nf` such families in the text format. 0, or -1 when out of memory. */

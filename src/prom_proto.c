@@ -704,8 +704,9 @@ int prom_render_proto_counters(struct evbuffer *out, const struct prom_counter_f
 		for (size_t k = 0; f && k < cf->n; k++) {
 			pb_metric *m = arena_alloc(&r.arena, 1, sizeof(*m));
 			pb_counter *c = arena_alloc(&r.arena, 1, sizeof(*c));
-			pb_label *l = arena_alloc(&r.arena, 1, sizeof(*l));
-			pb_label **lp = arena_alloc(&r.arena, 1, sizeof(*lp));
+			size_t nl = cf->nlabels ? cf->nlabels : 1;
+			pb_label *l = arena_alloc(&r.arena, nl, sizeof(*l));
+			pb_label **lp = arena_alloc(&r.arena, nl, sizeof(*lp));
 			if (!m || !c || !l || !lp)
 				break;
 			io__prometheus__client__metric__init(m);
@@ -713,7 +714,16 @@ int prom_render_proto_counters(struct evbuffer *out, const struct prom_counter_f
 			c->has_value = true;
 			c->value = (double)cf->counts[k];
 			m->counter = c;
-			if (cf->label) {
+			if (cf->nlabels) {
+				for (size_t j = 0; j < nl; j++) {
+					io__prometheus__client__label_pair__init(&l[j]);
+					l[j].name = (char *)cf->label_names[j];
+					l[j].value = (char *)cf->values[k * nl + j];
+					lp[j] = &l[j];
+				}
+				m->label = lp;
+				m->n_label = nl;
+			} else if (cf->label) {
 				io__prometheus__client__label_pair__init(l);
 				l->name = (char *)cf->label;
 				l->value = (char *)cf->values[k];

@@ -140,6 +140,39 @@ void request_note_head(struct request *req)
 		req->rec.stream = 0;
 }
 
+/* The prefix policy's key: the hash chain of the workload capture
+ * (workload.h) over the prompt text of the body prefix, in blocks of
+ * PREFIX_BLOCK_TOKENS (at 4 bytes a token), with no salt, so
+ * that every tokentap of a fleet computes the same one; the hash of the
+ * last whole block among the first `want` (the one open block when the
+ * prompt is shorter than one), which stands for every block before it.
+ * The scan stops once those blocks are full. Also the prompt's size, for
+ * the choice's token estimate. */
+static void request_prefix_key(struct request *req, unsigned want)
+{
+	static const uint8_t no_salt[16];
+	size_t block = (size_t)PREFIX_BLOCK_TOKENS * WL_BYTES_PER_TOKEN, done = 0;
+	struct wl_req *w = wl_req_new(no_salt, block);
+	const uint64_t *h;
+
+	if (!w)
+		return; /* out of memory: routed as if the prompt were unknown */
+	while (done < req->body_prefix_len && wl_req_prompt_bytes(w) < (uint64_t)want * block) {
+		size_t take = req->body_prefix_len - done < 4096 ? req->body_prefix_len - done : 4096;
+		wl_req_feed(w, req->body_prefix + done, take);
+		done += take;
+	}
+	uint64_t whole = wl_req_prompt_bytes(w) / block;
+	size_t n = wl_req_hashes(w, &h);
+	size_t k = whole ? (whole < want ? whole : want) : (n ? 1 : 0);
+	if (k && h) {
+		req->x.pick.has_prefix = true;
+		req->x.pick.prefix_key = h[k - 1];
+		req->x.pick.prefix_blocks = (unsigned)k;
+	}
+	workload_req_free(w);
+}
+
 /* Reads the model, stream flag and any sticky field from the body prefix;
  * then routes the request if routing was waiting for them. The sticky field
  * is the one of the route the request matches, which may depend on the
@@ -157,6 +190,8 @@ void request_learn_body(struct request *req, bool complete)
 		if (info.stream >= 0)
 			req->rec.stream = info.stream;
 		const struct route *r = exchange_match(&req->x);
+		if (r && r->conf->balance == BALANCE_PREFIX)
+			request_prefix_key(req, r->conf->prefix_blocks);
 		if (r && r->conf->sticky == STICKY_JSON_FIELD &&
 		    reqinfo_parse_field(req->body_prefix, req->body_prefix_len, complete, r->conf->sticky_key, &info) ==
 			    0)

@@ -4,14 +4,98 @@
 #include "router.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #include "log.h"
+#include "timeline.h"
 #include "tls.h"
 #include "upstream.h"
+
+/* Decisions by (route, upstream) name, for the process's life: one entry
+ * per pair some generation named, never freed (a handful per config). */
+struct pick_counts {
+	char *route, *upstream;
+	_Atomic uint64_t n[PICK__COUNT];
+	struct pick_counts *next;
+};
+static pthread_mutex_t counts_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct pick_counts *counts_head;
+
+static struct pick_counts *pick_counts_of(const char *route, const char *upstream)
+{
+	struct pick_counts *c;
+
+	pthread_mutex_lock(&counts_lock);
+	for (c = counts_head; c; c = c->next)
+		if (strcmp(c->route, route) == 0 && strcmp(c->upstream, upstream) == 0)
+			break;
+	if (!c && (c = calloc(1, sizeof(*c)))) {
+		c->route = strdup(route);
+		c->upstream = strdup(upstream);
+		if (!c->route || !c->upstream) {
+			free(c->route);
+			free(c->upstream);
+			free(c);
+			c = NULL;
+		} else {
+			c->next = counts_head;
+			counts_head = c;
+		}
+	}
+	pthread_mutex_unlock(&counts_lock);
+	return c;
+}
+
+void route_note_pick(struct route *r, unsigned index, enum pick_reason why)
+{
+	if (index < r->ntargets && r->targets[index].counts && (unsigned)why < PICK__COUNT)
+		atomic_fetch_add_explicit(&r->targets[index].counts->n[why], 1, memory_order_relaxed);
+}
+
+int route_pick_counts(struct route_pick_count **out, size_t *n)
+{
+	struct route_pick_count *a = NULL;
+	size_t count = 0, i = 0;
+	struct pick_counts *c;
+
+	*out = NULL;
+	*n = 0;
+	pthread_mutex_lock(&counts_lock);
+	for (c = counts_head; c; c = c->next)
+		count++;
+	if (count && !(a = calloc(count, sizeof(*a))))
+		goto fail;
+	for (c = counts_head; c; c = c->next, i++) {
+		if (!(a[i].route = strdup(c->route)) || !(a[i].upstream = strdup(c->upstream))) {
+			i++;
+			goto fail;
+		}
+		for (unsigned k = 0; k < PICK__COUNT; k++)
+			a[i].n[k] = atomic_load_explicit(&c->n[k], memory_order_relaxed);
+	}
+	pthread_mutex_unlock(&counts_lock);
+	*out = a;
+	*n = count;
+	return 0;
+fail:
+	pthread_mutex_unlock(&counts_lock);
+	route_pick_counts_free(a, i);
+	return -1;
+}
+
+void route_pick_counts_free(struct route_pick_count *c, size_t n)
+{
+	for (size_t i = 0; c && i < n; i++) {
+		free(c[i].route);
+		free(c[i].upstream);
+	}
+	free(c);
+}
 
 /* The generation's upstreams: those of `prev` that keep their name and url
  * are kept, the others made. Everything that can fail is done first — new
@@ -103,6 +187,7 @@ struct router *router_new(struct event_base *base, struct config *cfg, const str
 			r->targets[t].up =
 				router_upstream(rt, rc->targets[t].upstream, strlen(rc->targets[t].upstream));
 			r->targets[t].weight = rc->targets[t].weight;
+			r->targets[t].counts = pick_counts_of(rc->name, rc->targets[t].upstream);
 			if (!r->targets[t].up) {
 				snprintf(err, errlen, "route %s: unknown upstream %s", rc->name,
 					 rc->targets[t].upstream);
@@ -115,7 +200,7 @@ struct router *router_new(struct event_base *base, struct config *cfg, const str
 			snprintf(err, errlen, "route %s: unknown mirror upstream %s", rc->name, rc->mirror_upstream);
 			goto fail;
 		}
-		if (rc->model || rc->sticky == STICKY_JSON_FIELD)
+		if (rc->model || rc->sticky == STICKY_JSON_FIELD || (rc->balance == BALANCE_PREFIX && rc->ntargets > 1))
 			rt->needs_body = true;
 		rt->nroutes++;
 	}
@@ -192,40 +277,153 @@ static uint64_t hash2(const char *a, size_t alen, const char *b)
 	return h ^ (h >> 33);
 }
 
-struct upstream *route_pick(struct route *r, const char *key, size_t klen, uint32_t tried, unsigned *index)
+/* 64 random bits, per thread: picks in different workers draw apart. */
+static uint64_t pick_rnd(void)
+{
+	static _Thread_local uint64_t state;
+
+	if (!state)
+		state = clock_now_ns() ^ ((uint64_t)(uintptr_t)&state << 17) ^ 0x2545f4914f6cdd1dull;
+	state ^= state << 13;
+	state ^= state >> 7;
+	state ^= state << 17;
+	return state;
+}
+
+/* An upstream with no TTFT sample this recent gets a probe (latency). */
+#define LATENCY_STALE_NS (10ull * 1000000000u)
+
+static int weighted_pick(struct route *r, uint32_t skip)
 {
 	int best = -1;
+	int64_t total = 0;
 
-	if (key) {
-		/* weighted rendezvous: score = -weight / ln(u), u uniform in (0,1) */
-		double best_score = 0;
-		for (unsigned i = 0; i < r->ntargets; i++) {
-			if ((tried & (1u << i)) || !r->targets[i].weight)
-				continue;
-			uint64_t h = hash2(key, klen, r->targets[i].up->name);
-			double u = ((double)(h >> 11) + 0.5) / 9007199254740992.0;
-			double score = -(double)r->targets[i].weight / log(u);
-			if (best < 0 || score > best_score) {
-				best = (int)i;
-				best_score = score;
-			}
+	for (unsigned i = 0; i < r->ntargets; i++) {
+		if ((skip & (1u << i)) || !r->targets[i].weight)
+			continue;
+		r->targets[i].current += r->targets[i].weight;
+		total += r->targets[i].weight;
+		if (best < 0 || r->targets[i].current > r->targets[best].current)
+			best = (int)i;
+	}
+	if (best >= 0)
+		r->targets[best].current -= total;
+	return best;
+}
+
+static int sticky_pick(const struct route *r, const char *key, size_t klen, uint32_t skip)
+{
+	/* weighted rendezvous: score = -weight / ln(u), u uniform in (0,1) */
+	double best_score = 0;
+	int best = -1;
+
+	for (unsigned i = 0; i < r->ntargets; i++) {
+		if ((skip & (1u << i)) || !r->targets[i].weight)
+			continue;
+		uint64_t h = hash2(key, klen, r->targets[i].up->name);
+		double u = ((double)(h >> 11) + 0.5) / 9007199254740992.0;
+		double score = -(double)r->targets[i].weight / log(u);
+		if (best < 0 || score > best_score) {
+			best = (int)i;
+			best_score = score;
 		}
+	}
+	return best;
+}
+
+struct upstream *route_pick(struct route *r, const struct pick_req *q, uint32_t tried, struct pick_out *out)
+{
+	struct bal_cand cand[ROUTE_TARGETS_MAX];
+	unsigned map[ROUTE_TARGETS_MAX], n = 0, live = 0;
+	bool same_weight = true;
+	uint32_t ejected = 0;
+	int probe_due = -1, stale = -1, best = -1;
+	enum balance_policy pol = r->conf->balance;
+	uint64_t now = clock_now_ns();
+
+	out->pred_ms = NAN;
+	out->probe = false;
+	for (unsigned i = 0; i < r->ntargets; i++) {
+		struct up_balance b;
+		if ((tried & (1u << i)) || !r->targets[i].weight)
+			continue;
+		upstream_balance_pick(r->targets[i].up, &b, now);
+		if (b.eject == UP_EJECTED || (b.eject == UP_PROBE_DUE && b.probing)) {
+			ejected |= 1u << i;
+			continue;
+		}
+		live++;
+		if (b.eject == UP_PROBE_DUE && probe_due < 0)
+			probe_due = (int)i;
+		if (pol == BALANCE_LATENCY && !b.probing && b.fit_age_ns > LATENCY_STALE_NS && stale < 0)
+			stale = (int)i;
+		if (pol == BALANCE_WEIGHTED)
+			continue; /* load-blind: the numbers below are not read */
+		struct bal_cand *c = &cand[n];
+		struct upstream *up = r->targets[i].up;
+		struct engine_seen es = { .known = false };
+		if (pol == BALANCE_LATENCY) /* only its prediction reads the engine's queue */
+			upstream_engine_note(up, &es, now);
+		c->weight = r->targets[i].weight;
+		c->active = upstream_inflight(up);
+		c->queued = upstream_waiting(up);
+		c->max_conc = up->conf.max_concurrency;
+		c->prefill_tokens = b.prefill_tokens;
+		c->prefill_reqs = b.prefill_reqs;
+		c->eng_waiting = es.known && es.fresh ? es.waiting : -1;
+		c->fit = b.fit;
+		c->score = q->has_prefix ? bal_rendezvous_u(q->prefix_key, up->name) : 0;
+		same_weight &= c->weight == cand[0].weight;
+		map[n++] = i;
+	}
+	for (unsigned k = 0; q->has_prefix && !same_weight && k < n; k++)
+		cand[k].score = -(double)cand[k].weight / log(cand[k].score);
+	/* every one left is ejected: better a failing upstream than none */
+	bool panic = ejected && !live;
+	if (panic)
+		ejected = 0;
+	if (q->key) {
+		best = sticky_pick(r, q->key, q->klen, tried | ejected);
+		out->reason = PICK_STICKY;
+	} else if (probe_due >= 0 && upstream_probe_claim(r->targets[probe_due].up)) {
+		best = probe_due;
+		out->reason = PICK_PROBE;
+		out->probe = true;
+	} else if (stale >= 0 && upstream_probe_claim(r->targets[stale].up)) {
+		best = stale;
+		out->reason = PICK_PROBE;
+		out->probe = true;
+	} else if (pol == BALANCE_WEIGHTED || panic) {
+		best = weighted_pick(r, tried | ejected);
+		out->reason = PICK_WEIGHTED;
 	} else {
-		int64_t total = 0;
-		for (unsigned i = 0; i < r->ntargets; i++) {
-			if ((tried & (1u << i)) || !r->targets[i].weight)
-				continue;
-			r->targets[i].current += r->targets[i].weight;
-			total += r->targets[i].weight;
-			if (best < 0 || r->targets[i].current > r->targets[best].current)
-				best = (int)i;
+		int k = -1;
+		unsigned rank = 0;
+		switch (pol) {
+		case BALANCE_LATENCY:
+			k = bal_latency(cand, n, q->tokens, pick_rnd(), &out->pred_ms);
+			out->reason = isnan(out->pred_ms) ? PICK_LEAST_LOADED : PICK_LATENCY;
+			break;
+		case BALANCE_PREFIX:
+			if (q->has_prefix) {
+				k = bal_prefix(cand, n, r->conf->load_factor, &rank);
+				out->reason = rank ? PICK_SATURATED_RELEASE : PICK_PREFIX;
+				break;
+			}
+			__attribute__((fallthrough)); /* no prompt to key on */
+		default:
+			k = bal_least_request(cand, n, pick_rnd());
+			out->reason = PICK_LEAST_LOADED;
+			break;
 		}
-		if (best >= 0)
-			r->targets[best].current -= total;
+		best = k >= 0 ? (int)map[k] : -1;
 	}
 	if (best < 0)
 		return NULL;
-	*index = (unsigned)best;
+	if (q->failover)
+		out->reason = q->deadline ? PICK_TTFT_DEADLINE : PICK_FAILOVER;
+	out->index = (unsigned)best;
+	route_note_pick(r, out->index, out->reason);
 	return r->targets[best].up;
 }
 

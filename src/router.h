@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "balance.h"
 #include "config.h"
 
 struct event_base;
@@ -31,10 +32,13 @@ struct ssl_ctx_st;
 
 #define ROUTE_TARGETS_MAX 32
 
+struct pick_counts;
+
 struct route_target_state {
 	struct upstream *up;
 	unsigned weight;
-	int64_t current; /* smooth weighted round robin */
+	int64_t current;	    /* smooth weighted round robin */
+	struct pick_counts *counts; /* decisions for it by reason (route_pick_counts); NULL: not counted */
 };
 
 struct route {
@@ -80,10 +84,46 @@ void router_unref(struct router *rt);
 struct route *router_match(const struct router *rt, const char *method, const char *path, size_t plen, const char *host,
 			   size_t hlen, const char *model);
 
+/* What the choice knows of the request. */
+struct pick_req {
+	const char *key; /* the sticky value, NULL: none */
+	size_t klen;
+	bool has_prefix;     /* prefix_key holds the chain hash of its leading blocks */
+	uint64_t prefix_key; /* (workload.h's chain with no salt: the same in every process) */
+	unsigned prefix_blocks;
+	double tokens; /* its prompt tokens, estimated */
+	bool failover; /* a pick again after the last choice refused */
+	bool deadline; /* and the reason was the route's ttft_deadline, not a refusal */
+};
+
+/* How the choice was made. */
+struct pick_out {
+	unsigned index; /* the target index */
+	enum pick_reason reason;
+	double pred_ms; /* latency: the prediction; NaN otherwise */
+	bool probe;	/* the request is the upstream's probe (upstream_probe_done at its end) */
+};
+
 /* An upstream of the route for a request, or NULL when every target is in
- * `tried` (bit i = target i) or has weight 0. `key` (may be NULL) is the
- * sticky value. Returns the target index in *index. */
-struct upstream *route_pick(struct route *r, const char *key, size_t klen, uint32_t tried, unsigned *index);
+ * `tried` (bit i = target i) or has weight 0. An ejected upstream is left
+ * out unless every other one is too; a sticky key picks by rendezvous
+ * among the rest; an upstream whose ejection backoff is over gets one
+ * probe; then the route's balance policy (docs/routing.md). */
+struct upstream *route_pick(struct route *r, const struct pick_req *q, uint32_t tried, struct pick_out *out);
+
+/* Counts a choice of target `index` made for `why` (route_pick counts its
+ * own; this is for the override header's). */
+void route_note_pick(struct route *r, unsigned index, enum pick_reason why);
+
+/* The decisions of every (route, upstream) pair since the process started,
+ * kept by names across reloads and shared by the workers (atomics): a
+ * malloc'd copy, for /metrics. 0, or -1 when out of memory. */
+struct route_pick_count {
+	char *route, *upstream; /* malloc'd */
+	uint64_t n[PICK__COUNT];
+};
+int route_pick_counts(struct route_pick_count **out, size_t *n) __attribute__((warn_unused_result));
+void route_pick_counts_free(struct route_pick_count *c, size_t n);
 
 /* The target index of `up` in the route, or -1. */
 int route_target_index(const struct route *r, const struct upstream *up);

@@ -149,6 +149,12 @@ struct req_record {
 	 * none could take it, the one that answered late */
 	uint64_t deadline_ms;
 	unsigned deadline_missed, deadline_failovers;
+	/* how the upstream was chosen: the reason (balance.h's names, static
+	 * text; NULL: not routed), the predicted ms to first token (latency;
+	 * below 0: none) and the prompt blocks that keyed it (prefix) */
+	const char *pick;
+	double pick_pred_ms;
+	unsigned pick_blocks;
 };
 
 static inline uint64_t clock_now_ns(void)

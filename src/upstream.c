@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <math.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -51,6 +52,24 @@ struct up_share {
 	_Atomic int64_t eng_running, eng_waiting;
 	_Atomic uint64_t eng_kv_bits; /* the double's bits */
 	_Atomic uint64_t eng_at_ns;
+	/* What the balancing choice reads (balance.h): prompt tokens and
+	 * requests in flight not yet at their first token; the TTFT fit's
+	 * moments (doubles' bits), written by whoever holds fit_busy, with the
+	 * mean prompt size and when the last sample came. */
+	_Atomic uint64_t prefill_tokens;
+	_Atomic unsigned prefill_reqs;
+	atomic_flag fit_busy;
+	_Atomic uint64_t fit_bits[5]; /* n, mx, my, mxx, mxy */
+	_Atomic uint64_t tok_mean_bits;
+	_Atomic uint64_t fit_at_ns;
+	_Atomic uint64_t pred_err_bits, pred_bias_bits, predictions; /* under fit_busy too */
+	/* outlier ejection: failures in a row, until when it is out (0: in),
+	 * how many times in a row it was ejected, whether its probe runs */
+	_Atomic unsigned fails_in_row;
+	_Atomic uint64_t eject_until_ns;
+	_Atomic unsigned eject_level;
+	_Atomic uint64_t ejections;
+	_Atomic bool probing;
 };
 
 /* Taken when an upstream object is made or freed and to wake other workers,
@@ -283,6 +302,143 @@ uint64_t upstream_counter(const struct upstream *up, enum upstream_counter c)
 	return up->share ? atomic_load_explicit(&up->share->counters[c], memory_order_relaxed) : 0;
 }
 
+static void fit_read(struct up_share *s, struct ttft_fit *f)
+{
+	f->n = bits_double(atomic_load_explicit(&s->fit_bits[0], memory_order_relaxed));
+	f->mx = bits_double(atomic_load_explicit(&s->fit_bits[1], memory_order_relaxed));
+	f->my = bits_double(atomic_load_explicit(&s->fit_bits[2], memory_order_relaxed));
+	f->mxx = bits_double(atomic_load_explicit(&s->fit_bits[3], memory_order_relaxed));
+	f->mxy = bits_double(atomic_load_explicit(&s->fit_bits[4], memory_order_relaxed));
+}
+
+static void share_balance(struct up_share *s, struct up_balance *b, uint64_t now, bool full)
+{
+	uint64_t until = atomic_load_explicit(&s->eject_until_ns, memory_order_relaxed);
+	uint64_t at = atomic_load_explicit(&s->fit_at_ns, memory_order_relaxed);
+
+	b->prefill_tokens = atomic_load_explicit(&s->prefill_tokens, memory_order_relaxed);
+	b->prefill_reqs = atomic_load_explicit(&s->prefill_reqs, memory_order_relaxed);
+	fit_read(s, &b->fit);
+	b->tok_mean = bits_double(atomic_load_explicit(&s->tok_mean_bits, memory_order_relaxed));
+	b->fit_age_ns = at && now >= at ? now - at : (at ? 0 : UINT64_MAX);
+	b->eject = !until ? UP_IN : until > now ? UP_EJECTED : UP_PROBE_DUE;
+	b->eject_left_ms = until > now ? (until - now) / 1000000 : 0;
+	b->probing = atomic_load_explicit(&s->probing, memory_order_relaxed);
+	b->fails_in_row = atomic_load_explicit(&s->fails_in_row, memory_order_relaxed);
+	b->ejections = atomic_load_explicit(&s->ejections, memory_order_relaxed);
+	b->pred_now_ms = b->pred_err_ms = b->pred_bias_ms = NAN;
+	b->predictions = 0;
+	if (!full)
+		return;
+	double mean = b->prefill_reqs ? (double)b->prefill_tokens / b->prefill_reqs : b->tok_mean;
+	b->pred_now_ms = ttft_fit_predict(&b->fit, (double)b->prefill_tokens + (mean > 0 ? mean : 1));
+	b->predictions = atomic_load_explicit(&s->predictions, memory_order_relaxed);
+	b->pred_err_ms =
+		b->predictions ? bits_double(atomic_load_explicit(&s->pred_err_bits, memory_order_relaxed)) : NAN;
+	b->pred_bias_ms =
+		b->predictions ? bits_double(atomic_load_explicit(&s->pred_bias_bits, memory_order_relaxed)) : NAN;
+}
+
+void upstream_balance(const struct upstream *up, struct up_balance *out, uint64_t now_ns)
+{
+	share_balance(up->share, out, now_ns, true);
+}
+
+void upstream_balance_pick(const struct upstream *up, struct up_balance *out, uint64_t now_ns)
+{
+	share_balance(up->share, out, now_ns, false);
+}
+
+void upstream_prefill_add(struct upstream *up, uint64_t tokens)
+{
+	atomic_fetch_add_explicit(&up->share->prefill_tokens, tokens, memory_order_relaxed);
+	atomic_fetch_add_explicit(&up->share->prefill_reqs, 1, memory_order_relaxed);
+}
+
+void upstream_prefill_sub(struct upstream *up, uint64_t tokens)
+{
+	atomic_fetch_sub_explicit(&up->share->prefill_tokens, tokens, memory_order_relaxed);
+	atomic_fetch_sub_explicit(&up->share->prefill_reqs, 1, memory_order_relaxed);
+}
+
+void upstream_ttft_note(struct upstream *up, double tokens_ahead, double own_tokens, double predicted_ms, double ms,
+			uint64_t now_ns)
+{
+	struct up_share *s = up->share;
+	struct ttft_fit f;
+
+	/* one writer at a time; a sample that finds another being written is
+	 * dropped (the fit is an average: one sample less changes nothing) */
+	if (atomic_flag_test_and_set_explicit(&s->fit_busy, memory_order_acquire))
+		return;
+	fit_read(s, &f);
+	ttft_fit_add(&f, tokens_ahead, ms);
+	double mean = bits_double(atomic_load_explicit(&s->tok_mean_bits, memory_order_relaxed));
+	mean = f.n <= 1 ? own_tokens : mean + TTFT_FIT_ALPHA * (own_tokens - mean);
+	atomic_store_explicit(&s->fit_bits[0], double_bits(f.n), memory_order_relaxed);
+	atomic_store_explicit(&s->fit_bits[1], double_bits(f.mx), memory_order_relaxed);
+	atomic_store_explicit(&s->fit_bits[2], double_bits(f.my), memory_order_relaxed);
+	atomic_store_explicit(&s->fit_bits[3], double_bits(f.mxx), memory_order_relaxed);
+	atomic_store_explicit(&s->fit_bits[4], double_bits(f.mxy), memory_order_relaxed);
+	atomic_store_explicit(&s->tok_mean_bits, double_bits(mean), memory_order_relaxed);
+	atomic_store_explicit(&s->fit_at_ns, now_ns ? now_ns : 1, memory_order_relaxed);
+	if (predicted_ms >= 0) {
+		uint64_t n = atomic_load_explicit(&s->predictions, memory_order_relaxed);
+		double err = bits_double(atomic_load_explicit(&s->pred_err_bits, memory_order_relaxed));
+		double bias = bits_double(atomic_load_explicit(&s->pred_bias_bits, memory_order_relaxed));
+		double d = ms - predicted_ms, a = n ? TTFT_FIT_ALPHA : 1.0;
+		err += a * ((d < 0 ? -d : d) - err);
+		bias += a * (d - bias);
+		atomic_store_explicit(&s->pred_err_bits, double_bits(err), memory_order_relaxed);
+		atomic_store_explicit(&s->pred_bias_bits, double_bits(bias), memory_order_relaxed);
+		atomic_store_explicit(&s->predictions, n + 1, memory_order_relaxed);
+	}
+	atomic_flag_clear_explicit(&s->fit_busy, memory_order_release);
+}
+
+bool upstream_probe_claim(struct upstream *up)
+{
+	bool no = false;
+	return atomic_compare_exchange_strong(&up->share->probing, &no, true);
+}
+
+void upstream_probe_done(struct upstream *up)
+{
+	atomic_store(&up->share->probing, false);
+}
+
+void upstream_outlier_note(struct upstream *up, bool ok, uint64_t now_ns)
+{
+	struct up_share *s = up->share;
+	uint64_t until = atomic_load(&s->eject_until_ns);
+
+	if (ok) {
+		atomic_store(&s->fails_in_row, 0);
+		if (until) {
+			atomic_store(&s->eject_until_ns, 0);
+			atomic_store(&s->eject_level, 0);
+			log_info("upstream %s answered its probe: back in every route's choice", up->name);
+		}
+		return;
+	}
+	unsigned n = atomic_fetch_add(&s->fails_in_row, 1) + 1;
+	if (!up->conf.eject_after || until > now_ns)
+		return; /* off, or out already: requests sent before it was ejected */
+	if (!until && n < up->conf.eject_after)
+		return;
+	/* first ejection, or its probe (until passed) failed: a longer backoff */
+	unsigned level = atomic_fetch_add(&s->eject_level, 1);
+	uint64_t ms = up->conf.eject_backoff_ms;
+	for (unsigned i = 0; i < level && ms < up->conf.eject_max_ms; i++)
+		ms *= 2;
+	if (ms > up->conf.eject_max_ms)
+		ms = up->conf.eject_max_ms;
+	atomic_store(&s->eject_until_ns, now_ns + ms * 1000000u);
+	atomic_fetch_add(&s->ejections, 1);
+	log_warn("upstream %s failed %u times in a row: out of every route's choice for %llu ms", up->name, n,
+		 (unsigned long long)ms);
+}
+
 int upstream_gauges(struct upstream_gauge **out, size_t *n)
 {
 	struct upstream_gauge *g = NULL;
@@ -304,6 +460,7 @@ int upstream_gauges(struct upstream_gauge **out, size_t *n)
 		for (unsigned c = 0; c < UPC__COUNT; c++)
 			g[i].counters[c] = atomic_load_explicit(&s->counters[c], memory_order_relaxed);
 		g[i].engine = s->engine;
+		share_balance(s, &g[i].bal, clock_now_ns(), true);
 		i++;
 	}
 	pthread_mutex_unlock(&shares_lock);

@@ -31,6 +31,7 @@
 #include <sys/queue.h>
 #include <sys/socket.h>
 
+#include "balance.h"
 #include "check.h"
 #include "config.h"
 #include "timeline.h"
@@ -180,6 +181,49 @@ void upstream_count(struct upstream *up, enum upstream_counter c);
 /* Its value now, every worker's together. */
 uint64_t upstream_counter(const struct upstream *up, enum upstream_counter c);
 
+/* What the balancing choice reads of an upstream, the same in every
+ * worker (struct up_share's atomics). */
+enum up_eject { UP_IN, UP_EJECTED, UP_PROBE_DUE };
+struct up_balance {
+	uint64_t prefill_tokens; /* prompt tokens in flight not yet at their first token */
+	unsigned prefill_reqs;	 /* requests likewise */
+	struct ttft_fit fit;	 /* dispatch to first token against tokens ahead */
+	double tok_mean;	 /* mean prompt tokens of the samples */
+	uint64_t fit_age_ns;	 /* since the last sample; UINT64_MAX: none yet */
+	double pred_now_ms;	 /* a request of the mean size dispatched now; NaN: no sample */
+	double pred_err_ms;	/* the latency choice's predictions against what came: mean |error| (EWMA); NaN: none */
+	double pred_bias_ms;	/* and mean (measured - predicted): above 0, predictions too low */
+	uint64_t predictions;	/* those compared */
+	enum up_eject eject;	/* out (ejected), or its backoff over and a probe due */
+	uint64_t eject_left_ms; /* of the backoff */
+	bool probing;		/* one request probes it now */
+	unsigned fails_in_row;	/* 5xx or failed connects since its last good answer */
+	uint64_t ejections;	/* since start */
+};
+void upstream_balance(const struct upstream *up, struct up_balance *out, uint64_t now_ns);
+/* The same without the figures only /upstreams shows (pred_now_ms and the
+ * prediction error: NaN, predictions 0), for each pick. */
+void upstream_balance_pick(const struct upstream *up, struct up_balance *out, uint64_t now_ns);
+
+/* A request routed to `up` holds `tokens` prompt tokens there until its
+ * first token (or its end without one): add once, sub once. */
+void upstream_prefill_add(struct upstream *up, uint64_t tokens);
+void upstream_prefill_sub(struct upstream *up, uint64_t tokens);
+/* A first token came `ms` after dispatch with `tokens_ahead` prompt tokens
+ * in flight (the request's `own_tokens` included); `predicted_ms` (below 0:
+ * none) is what the latency choice predicted for it. */
+void upstream_ttft_note(struct upstream *up, double tokens_ahead, double own_tokens, double predicted_ms, double ms,
+			uint64_t now_ns);
+
+/* Outlier ejection (upstream_conf eject_*): how an exchange ended for the
+ * upstream: `ok` an answer below 500, else a 5xx or a failed connect. */
+void upstream_outlier_note(struct upstream *up, bool ok, uint64_t now_ns);
+/* The one probe of an upstream due one (its backoff over, or, for the
+ * latency policy, no recent sample): true for the request that gets it;
+ * it ends with upstream_probe_done. */
+bool upstream_probe_claim(struct upstream *up);
+void upstream_probe_done(struct upstream *up);
+
 /* In flight and queued per upstream, read on any thread without asking a
  * worker: the counts every worker's copies share (struct up_share), one
  * entry per (name, url) that some worker holds, so a name twice while a
@@ -189,6 +233,7 @@ struct upstream_gauge {
 	unsigned in_flight, queued;
 	uint64_t counters[UPC__COUNT]; /* UPSTREAM_COUNTERS */
 	struct engine_state engine;    /* its scrape (scrape.h); all zero when not scraped */
+	struct up_balance bal;
 };
 
 /* A malloc'd array in *out and its length in *n (0 and NULL when there is

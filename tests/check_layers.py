@@ -44,7 +44,7 @@ LAYERS = [
     (1, "upstream scrape router stats store paired store_held store_query store_check accesslog workload recent "
      "loader tls control fdlimit"),
     (0, "reqparse respparse framer classify keyscan reqinfo timeline hist slice series_key "
-     "knee config log bevio rxstamp varint strutil loop check version promtext signrank"),
+     "knee config balance log bevio rxstamp varint strutil loop check version promtext signrank"),
 ]
 
 # Files that belong to another module than their name says.

@@ -99,7 +99,9 @@ class CompareTest(harness.TestCase):
         and the two-proportion tests call both differences significant."""
         live = harness.start_sim(self, "--ttft-ms", "2", "--itl-ms", "1")
         urls = {"live": live.url, "dead": "http://127.0.0.1:%d" % harness.free_port()}
-        tt, admin = rh.start_split(self, urls, {"live": 1, "dead": 1}, route_opts=["failover: false"])
+        # ejection off: the dead one keeps its half of the split, every one an error
+        tt, admin = rh.start_split(self, urls, {"live": 1, "dead": 1}, extra={"dead": ["eject: {after: 0}"]},
+                                   route_opts=["failover: false"])
         statuses = drive(tt.port, 200)
         self.assertEqual(statuses.count(200), 100)
         doc = rh.compare_flushed(self, admin, 200)

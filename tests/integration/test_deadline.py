@@ -228,6 +228,7 @@ class TestTtftDeadline(harness.TestCase):
         self.assertIsNone(e["error"])
         self.assertEqual(e["deadline_missed"], 1)
         self.assertEqual(e["deadline_failovers"], 1)
+        self.assertEqual(e["pick"], "ttft_deadline")
         self.assertEqual(e["bytes_out"] > 0, True)
         ups = self.upstreams()
         self.assertEqual(ups["stall"]["deadline_missed"], missed0 + 1)

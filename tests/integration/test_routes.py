@@ -512,6 +512,7 @@ timeouts: {connect: 1s}
 upstreams:
   - name: dead
     url: http://127.0.0.1:%d
+    eject: {after: 0}  # the tests count its refusals: never out of the choice
   - name: live
     url: %s
   - name: hole
