@@ -42,7 +42,7 @@ struct sim_config sim_cfg = {
 	.cache_write_tokens = 0,
 	.tool_calls = false,
 	.prefix_cache = false,
-	.prefix_cache_tokens = 65536,
+	.cache_tokens = 65536,
 	.batching = false,
 	.max_batch = 32,
 	.kv_tokens = 65536,
@@ -422,7 +422,7 @@ static void parse_args(int argc, char **argv, struct sockaddr_storage *ss, int *
 		} else if (strcmp(flag, "--cache-write-tokens") == 0) {
 			sim_cfg.cache_write_tokens = parse_u64(flag, val);
 		} else if (strcmp(flag, "--prefix-cache-tokens") == 0) {
-			sim_cfg.prefix_cache_tokens = parse_u64(flag, val);
+			sim_cfg.cache_tokens = parse_u64(flag, val);
 		} else {
 			if (val[0] == '\0')
 				die_usage("--model needs a non-empty name.");
@@ -450,7 +450,7 @@ static void parse_args(int argc, char **argv, struct sockaddr_storage *ss, int *
 	if (sim_cfg.prefill_tps < 1.0)
 		die_usage("--prefill-tps must be at least 1.");
 	/* 2^26 tokens: 4M blocks, about 100 MB of table */
-	if (sim_cfg.prefix_cache_tokens < 16 || sim_cfg.prefix_cache_tokens > (1ULL << 26))
+	if (sim_cfg.cache_tokens < 16 || sim_cfg.cache_tokens > (1ULL << 26))
 		die_usage("--prefix-cache-tokens must be from 16 (one block) to 2^26 (67108864).");
 	if (sim_cfg.cold_start_ms > 86400000ULL || sim_cfg.idle_ms > 86400000ULL)
 		die_usage("--cold-start-ms and --idle-ms must be at most one day (86400000).");
@@ -517,9 +517,9 @@ int main(int argc, char **argv)
 		fprintf(stderr, "tokentap-sim: cannot create the batch scheduler\n");
 		goto out;
 	}
-	if (sim_cfg.prefix_cache && sim_cache_init(sim_cfg.prefix_cache_tokens) == -1) {
+	if (sim_cfg.prefix_cache && sim_cache_init(sim_cfg.cache_tokens) == -1) {
 		fprintf(stderr, "tokentap-sim: out of memory for --prefix-cache-tokens %llu\n",
-			(unsigned long long)sim_cfg.prefix_cache_tokens);
+			(unsigned long long)sim_cfg.cache_tokens);
 		goto out;
 	}
 	sigint = evsignal_new(base, SIGINT, on_signal, base);

@@ -43,14 +43,14 @@ struct sim_config {
 
 	/* Reasoning, prompt caching and tool calls (docs/simulator.md,
 	 * "Reasoning, caching, tool calls"); x-sim-* headers override. */
-	uint64_t reasoning_tokens;    /* reasoning tokens before the answer, 0 off */
-	uint64_t think_ms;	      /* extra pause before the first answer token */
-	int64_t cached_tokens;	      /* prompt tokens read from the cache, -1 none reported */
-	uint64_t cache_write_tokens;  /* Anthropic: prompt tokens written to the cache */
-	bool tool_calls;	      /* answer with a tool call even without tools */
-	bool prefix_cache;	      /* the prefix-cache model (sim_cache.c) */
-	uint64_t prefix_cache_tokens; /* its size: tokens it holds before evicting */
-	bool reasoning_hidden;	      /* reasoning takes time and counts, sends nothing */
+	uint64_t reasoning_tokens;   /* reasoning tokens before the answer, 0 off */
+	uint64_t think_ms;	     /* extra pause before the first answer token */
+	int64_t cached_tokens;	     /* prompt tokens read from the cache, -1 none reported */
+	uint64_t cache_write_tokens; /* Anthropic: prompt tokens written to the cache */
+	bool tool_calls;	     /* answer with a tool call even without tools */
+	bool prefix_cache;	     /* the prefix-cache model (sim_cache.c) */
+	uint64_t cache_tokens;	     /* its size: tokens held before evicting */
+	bool reasoning_hidden;	     /* reasoning takes time and counts, sends nothing */
 
 	/* --batching: a continuous-batching server (sim_batch.c). Off by
 	 * default; requests with x-sim-ttft-ms / x-sim-itl-ms keep the fixed
