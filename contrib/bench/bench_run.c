@@ -289,6 +289,12 @@ static void reqlog_write(struct run *r, const struct breq *q, enum bench_error e
 		fprintf(f, ",\"output_tokens\":%lld", (long long)out);
 	else
 		fputs(",\"output_tokens\":null", f);
+	/* the server's prefix-cache hits, when its usage says (a routing
+	 * benchmark's hit ratio, warm-up left out) */
+	if (err == BERR_NONE && q->rec.usage.cached_tokens >= 0)
+		fprintf(f, ",\"cached_tokens\":%lld", (long long)q->rec.usage.cached_tokens);
+	else
+		fputs(",\"cached_tokens\":null", f);
 	fprintf(f, ",\"token_events\":%llu,\"start_ms\":%.3f", (unsigned long long)q->rec.token_events,
 		q->rec.at[TL_ARRIVE] ? (double)(q->rec.at[TL_ARRIVE] - r->t_start) / 1e6 : 0.0);
 	static const enum req_metric keys[] = { RM_TTFB, RM_TTFT, RM_TPOT, RM_E2E };

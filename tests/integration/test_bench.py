@@ -220,10 +220,13 @@ class Sessions(BenchCase):
             self.assertEqual(r["input_tokens"], r["input_len"])
             # cached: the previous turn's whole prompt, or on a first turn the
             # system prompt when an earlier session opened with it
+            want = 0
             if turn:
-                want_cached += self.SYS + (turn - 1) * (self.USER + self.ANSWER) + self.USER
+                want = self.SYS + (turn - 1) * (self.USER + self.ANSWER) + self.USER
             elif session >= K:
-                want_cached += self.SYS
+                want = self.SYS
+            self.assertEqual(r["cached_tokens"], want, "the usage's cached count, in the requests log")
+            want_cached += want
         st = sim.stats()["prefix_cache"]
         self.assertEqual(st["lookups"], S * T)
         self.assertEqual(st["cached_tokens"], want_cached)
