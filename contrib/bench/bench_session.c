@@ -3,14 +3,20 @@
  * (--sessions): the workload of a chat service, whose requests share long
  * prefixes that a prefix cache, and a router that knows of it, can use.
  *
- * Request number seq is turn t of session s, in rounds over the sessions:
+ * Request number seq is turn t of session s, in rounds over the sessions,
+ * round t rotated by c_t: position i of the round is session (i - c_t) mod S.
  *
- *   seq:      0    1   ..  S-1 |  S    S+1  ..  2S-1 | ... | S*T ...
- *   session:  0    1   ..  S-1 |  0    1    ..  S-1  | ... | S  (new ones)
- *   turn:     0    0   ..  0   |  1    1    ..  1    | ... | 0
+ *   seq:      0    1   ..  S-1 |  S      S+1     ..  2S-1 | ... | S*T ...
+ *   session:  0    1   ..  S-1 |  -c_1   1-c_1   ..  (mod S) | ... | S (new ones)
+ *   turn:     0    0   ..  0   |  1      1       ..  1    | ... | 0
  *
- * so that with S sessions and at most S requests in flight, a session's turn
- * is sent after its previous turn's answer has ended. Session s opens with
+ * c_0 = 0 and each step c_(t+1) - c_t is drawn from the seed in [S/2, S):
+ * the rotation keeps the order from lining up with a round robin over
+ * replicas (with S a multiple of their count, a fixed order would send a
+ * session to the same replica every turn), and the step's size keeps a
+ * session's next turn at least S/2 requests after its previous one, so
+ * with at most S/2 in flight it is sent after that turn's answer has
+ * ended. Session s opens with
  * system prompt s mod K; turn t resends the whole history: the system
  * prompt, then user turn 0, answer 0, ..., user turn t. The answers are
  * synthetic text of the length asked for at that turn, not what the server
@@ -54,11 +60,15 @@ static uint32_t answer_len(const struct bench_opts *o, uint64_t session, unsigne
 
 void session_turn_of(const struct bench_opts *o, uint64_t seq, struct session_turn *st)
 {
-	uint64_t per_round = o->sessions * o->turns, r = seq % per_round;
-	uint64_t in = 0;
+	uint64_t S = o->sessions, per_round = S * o->turns, r = seq % per_round, epoch = seq / per_round;
+	uint64_t in = 0, c = 0, half = (S + 1) / 2;
+	struct rng g;
 
-	st->session = seq / per_round * o->sessions + r % o->sessions;
-	st->turn = (unsigned)(r / o->sessions);
+	st->turn = (unsigned)(r / S);
+	rng_seed(&g, o->seed ^ 0x726f756e64732121ull ^ (epoch * 0x9e3779b97f4a7c15ull));
+	for (unsigned t = 0; t < st->turn; t++)
+		c += S > 2 ? half + rng_next(&g) % (S - half) : 0;
+	st->session = epoch * S + (r % S + S - c % S) % S;
 	st->system = (unsigned)(st->session % o->system_prompts);
 	in = system_len(o, st->system);
 	for (unsigned t = 0; t < st->turn; t++)

@@ -167,11 +167,15 @@ class Sessions(BenchCase):
                 with up.lock:
                     reqs = sorted(up.requests, key=lambda r: int(r.header("x-request-id").rsplit("-", 1)[1]))
                 self.assertEqual(len(reqs), 9, "one round: 3 sessions x 3 turns")
-                by = {}
+                by, turns = {}, {}
                 for i, r in enumerate(reqs):
-                    session, turn = i % 3, i // 3
-                    self.assertEqual(r.header("x-conv"), "sess-0-%d" % session)
+                    m = re.match(r"^sess-0-(\d+)$", r.header("x-conv") or "")
+                    self.assertIsNotNone(m, r.headers)
+                    session = int(m.group(1))
+                    turn = turns[session] = turns.get(session, -1) + 1
+                    self.assertEqual(i // 3, turn, "every session's turn t before any turn t + 1")
                     by[(session, turn)] = json.loads(r.body)
+                self.assertEqual(sorted(turns.items()), [(0, 2), (1, 2), (2, 2)])
                 for (session, turn), b in by.items():
                     if api == "openai-completions":
                         prompt = b["prompt"]
@@ -210,10 +214,14 @@ class Sessions(BenchCase):
                        "--sim-headers", "--concurrency", 1, "--requests-log", log, "--no-progress"])
         reqs = sorted(read_jsonl(log), key=lambda r: r["seq"])
         self.assertEqual(len(reqs), S * T)
-        want_cached = 0
+        self.assertEqual(sorted((r["session"], r["turn"]) for r in reqs), [(s, t) for s in range(S) for t in range(T)])
+        # rounds over the sessions, each rotated, so the order is no fixed cycle
+        self.assertNotEqual([r["session"] for r in reqs[:S]], [r["session"] for r in reqs[S:2 * S]])
+        want_cached, systems_seen = 0, set()
         for r in reqs:
-            session, turn = r["seq"] % S, r["seq"] // S
-            self.assertEqual((r["session"], r["turn"], r["system_prompt"]), (session, turn, session % K))
+            session, turn = r["session"], r["turn"]
+            self.assertEqual(turn, r["seq"] // S)
+            self.assertEqual(r["system_prompt"], session % K)
             self.assertTrue(r["ok"], r)
             # the prompt grows by the previous answer and the new user turn
             self.assertEqual(r["input_tokens"], self.SYS + turn * (self.USER + self.ANSWER) + self.USER, r)
@@ -223,8 +231,9 @@ class Sessions(BenchCase):
             want = 0
             if turn:
                 want = self.SYS + (turn - 1) * (self.USER + self.ANSWER) + self.USER
-            elif session >= K:
+            elif session % K in systems_seen:
                 want = self.SYS
+            systems_seen.add(session % K)
             self.assertEqual(r["cached_tokens"], want, "the usage's cached count, in the requests log")
             want_cached += want
         st = sim.stats()["prefix_cache"]

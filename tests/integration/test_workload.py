@@ -145,17 +145,16 @@ class Capture(WorkloadCase):
         sent = sorted(read_jsonl(log), key=lambda r: r["seq"])
         # one connection, one worker: records in sending order
         self.assertEqual([r["record"] for r in recs], list(range(S * T)))
-        first = {}
+        at = {(b["session"], b["turn"]): k for k, b in enumerate(sent)}
         for k, (r, b) in enumerate(zip(recs, sent)):
             self.assertEqual(r["input_length"], b["input_len"])
             self.assertEqual(r["turn"], b["turn"], (k, r))
             if b["turn"] == 0:
-                first[b["session"]] = k
                 self.assertIsNone(r["previous"], "a first turn, though sessions share the system prompt")
                 self.assertEqual(r["conversation"], k)
             else:
-                self.assertEqual(r["previous"], k - S, "the session's previous turn")
-                self.assertEqual(r["conversation"], first[b["session"]])
+                self.assertEqual(r["previous"], at[(b["session"], b["turn"] - 1)], "the session's previous turn")
+                self.assertEqual(r["conversation"], at[(b["session"], 0)])
         # the last prompt sent again: the same turn's retry, not the next turn
         last = recs[-1]
         body = {"messages": [{"role": "user", "content": "x" * 400}], "max_tokens": 2}
