@@ -96,7 +96,7 @@ static void usage(FILE *f)
 		"                             an answer (docs/bench.md, \"Sessions\")\n"
 		"  --turns N                  with --sessions: turns per session (default 4)\n"
 		"  --system-prompts K         with --sessions: system prompts shared by the\n"
-		"                             sessions, session s opening with s mod K (default 4)\n"
+		"                             sessions, each opening with one drawn (default 4)\n"
 		"  --system-len DIST          with --sessions: system prompt tokens (default fixed:1024)\n"
 		"  --session-header NAME      with --sessions: the header naming the session\n"
 		"                             (default x-session-id)\n"

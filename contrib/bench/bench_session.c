@@ -16,11 +16,11 @@
  * session to the same replica every turn), and the step's size keeps a
  * session's next turn at least S/2 requests after its previous one, so
  * with at most S/2 in flight it is sent after that turn's answer has
- * ended. Session s opens with
- * system prompt s mod K; turn t resends the whole history: the system
- * prompt, then user turn 0, answer 0, ..., user turn t. The answers are
- * synthetic text of the length asked for at that turn, not what the server
- * sent back, so the whole workload is a pure function of the seed and seq
+ * ended. Session s opens with system prompt k(s), drawn from the seed
+ * among the K; turn t resends the whole history: the system prompt, then
+ * user turn 0, answer 0, ..., user turn t. The answers are synthetic text
+ * of the length asked for at that turn, not what the server sent back, so
+ * the whole workload is a pure function of the seed and seq
  * (a server's cache of the tokens it generated does not help; its cache of
  * the previous turn's prompt does).
  *
@@ -69,7 +69,11 @@ void session_turn_of(const struct bench_opts *o, uint64_t seq, struct session_tu
 	for (unsigned t = 0; t < st->turn; t++)
 		c += S > 2 ? half + rng_next(&g) % (S - half) : 0;
 	st->session = epoch * S + (r % S + S - c % S) % S;
-	st->system = (unsigned)(st->session % o->system_prompts);
+	/* drawn, not s mod K: with K and S multiples of the replicas' count,
+	 * a round robin would bring every session of a system prompt to the
+	 * same replica within a round */
+	rng_seed(&g, o->seed ^ SALT_SYSTEM ^ (st->session * 0x9e3779b97f4a7c15ull));
+	st->system = (unsigned)(rng_next(&g) % o->system_prompts);
 	in = system_len(o, st->system);
 	for (unsigned t = 0; t < st->turn; t++)
 		in += (uint64_t)user_len(o, st->session, t) + answer_len(o, st->session, t);

@@ -112,12 +112,9 @@ SCENARIOS = {
     "h": dict(title="unique prompts, one replica at a third of the others' speed", speeds=(1, 1, 1, 1 / 3.0),
               workload="unique", input_len="uniform:512:1536", output_len=64, rate=11.0, duration=30,
               warmup_s=5, slo_ttft_ms=1000.0, slo_tpot_ms=50.0),
-    "b": dict(title="(p) with bursty arrivals (gamma, burstiness 0.25)", speeds=(1, 1, 1, 1), workload="chat",
-              rate=10.0, burstiness=0.25, duration=30, warmup_s=5, slo_ttft_ms=1000.0, slo_tpot_ms=50.0),
-    "f": dict(title="the fleet: three tokentaps with balance: prefix, clients spread at random",
-              speeds=(1, 1, 1, 1), workload="chat", rate=10.0, duration=30, warmup_s=5, slo_ttft_ms=1000.0,
-              slo_tpot_ms=50.0),
 }
+SCENARIOS["b"] = dict(SCENARIOS["p"], title="(p) with bursty arrivals (gamma, burstiness 0.25)", burstiness=0.25)
+SCENARIOS["f"] = dict(SCENARIOS["p"], title="the fleet: three tokentaps with balance: prefix, clients spread at random")
 QUICK = dict(duration=8, warmup_s=2)
 
 TOKENTAP_POLICIES = ("weighted", "least_request", "latency", "prefix")
