@@ -613,8 +613,8 @@ struct wl_item {
 	bool has_session;
 	uint64_t session;
 	char route[64], upstream[64], model[128];
-	size_t nh;
-	uint64_t hashes[]; /* nh */
+	size_t nh, nclosed; /* hashes, and of them whole blocks (the first nclosed) */
+	uint64_t hashes[];  /* nh */
 };
 
 struct workload {
@@ -638,6 +638,16 @@ struct workload {
 	uint64_t open_retry_ns; /* an open that failed is not retried before */
 	uint64_t free_retry_ns; /* no rotated file to delete: not looked for before */
 	struct wl_ids *ids;
+	/* conversations (the writer's own): each record's last whole block,
+	 * direct-mapped on its hash, so that a later prompt that extends it is
+	 * found to be its next turn; a slot taken by another record forgets */
+	struct wl_turn {
+		bool used;
+		bool has_session;
+		uint32_t turn;
+		uint64_t block, session, record, conversation, prompt_bytes;
+	} * turns;
+	uint64_t records; /* records formed since the start: the next one's number */
 	/* the summary behind GET /workload: written by the writer, read by
 	 * the admin thread, both under sum_mu */
 	pthread_mutex_t sum_mu;
@@ -721,6 +731,7 @@ void workload_record(const struct req_record *rec, struct wl_req *w, const char 
 	it->stream = rec->stream;
 	it->has_session = w && w->has_session;
 	it->session = w ? w->session_hash : 0;
+	it->nclosed = w ? w->nhashes : 0;
 	copy_trunc(it->route, sizeof(it->route), route ? route : "", route ? strlen(route) : 0);
 	copy_trunc(it->upstream, sizeof(it->upstream), upstream ? upstream : "", upstream ? strlen(upstream) : 0);
 	copy_trunc(it->model, sizeof(it->model), rec->model, strlen(rec->model));
@@ -891,6 +902,52 @@ static void summary_add(struct workload *wl, const struct wl_item *it, uint64_t 
 	pthread_mutex_unlock(&wl->sum_mu);
 }
 
+/* Where a record stands in its conversation. A chat client resends the
+ * whole history each turn, so the previous turn is the latest earlier
+ * record whose whole blocks all lead this prompt, with a shorter prompt (a
+ * retry of the same prompt is not a turn) and, when both name a session,
+ * the same one. Searched from this prompt's last whole block down, so the
+ * longest history wins. */
+struct wl_link {
+	uint64_t record, conversation, previous;
+	uint32_t turn;
+	bool has_previous;
+};
+
+static struct wl_link conversation_link(struct workload *wl, const struct wl_item *it)
+{
+	struct wl_link l = { .record = wl->records++ };
+
+	l.conversation = l.record;
+	for (size_t i = it->nclosed; i-- > 0;) {
+		const struct wl_turn *t = &wl->turns[it->hashes[i] & (WL_TURN_SLOTS - 1)];
+
+		if (!t->used || t->block != it->hashes[i] || t->prompt_bytes >= it->prompt_bytes ||
+		    (t->has_session && it->has_session && t->session != it->session))
+			continue;
+		l.has_previous = true;
+		l.previous = t->record;
+		l.conversation = t->conversation;
+		l.turn = t->turn + 1;
+		break;
+	}
+	if (it->nclosed) {
+		uint64_t last = it->hashes[it->nclosed - 1];
+
+		wl->turns[last & (WL_TURN_SLOTS - 1)] = (struct wl_turn){
+			.used = true,
+			.has_session = it->has_session,
+			.turn = l.turn,
+			.block = last,
+			.session = it->session,
+			.record = l.record,
+			.conversation = l.conversation,
+			.prompt_bytes = it->prompt_bytes,
+		};
+	}
+	return l;
+}
+
 /* The line of one record; the hash ids are numbered here, in file order. */
 static char *item_line(struct workload *wl, const struct wl_item *it)
 {
@@ -924,6 +981,14 @@ static char *item_line(struct workload *wl, const struct wl_item *it)
 	json_object_set_new(o, "max_tokens", it->max_tokens < 0 ? json_null() : json_integer(it->max_tokens));
 	snprintf(sess, sizeof(sess), "%016llx", (unsigned long long)it->session);
 	json_object_set_new(o, "session", it->has_session ? json_string(sess) : json_null());
+	{
+		struct wl_link l = conversation_link(wl, it);
+
+		json_object_set_new(o, "record", json_integer((json_int_t)l.record));
+		json_object_set_new(o, "conversation", json_integer((json_int_t)l.conversation));
+		json_object_set_new(o, "turn", json_integer(l.turn));
+		json_object_set_new(o, "previous", l.has_previous ? json_integer((json_int_t)l.previous) : json_null());
+	}
 	json_object_set_new(o, "ttft_ms", ms_or_null(it->ttft_ms));
 	json_object_set_new(o, "e2e_ms", ms_or_null(it->e2e_ms));
 	json_object_set_new(o, "status", json_integer(it->status));
@@ -1144,8 +1209,9 @@ int workload_open(const struct workload_options *o, char *err, size_t errlen)
 		wl->o.max_files = 1;
 	wl->path = strdup(o->path);
 	wl->ids = wl_ids_new(wl->o.max_hash_ids);
+	wl->turns = calloc(WL_TURN_SLOTS, sizeof(*wl->turns));
 	wl->fd = -1;
-	if (!wl->path || !wl->ids)
+	if (!wl->path || !wl->ids || !wl->turns)
 		goto fail;
 	if (getrandom(wl->salt, sizeof(wl->salt), 0) != (ssize_t)sizeof(wl->salt))
 		goto fail;
@@ -1168,6 +1234,7 @@ fail:
 	snprintf(err, errlen, "workload capture: cannot start: %s", strerror(errno ? errno : ENOMEM));
 	if (wl) {
 		wl_ids_free(wl->ids);
+		free(wl->turns);
 		free(wl->path);
 		free(wl);
 	}
@@ -1194,6 +1261,7 @@ void workload_close(void)
 	pthread_mutex_destroy(&wl->sum_mu);
 	pthread_cond_destroy(&wl->cv);
 	wl_ids_free(wl->ids);
+	free(wl->turns);
 	memset(wl->salt, 0, sizeof(wl->salt));
 	free(wl->path);
 	free(wl);

@@ -33,6 +33,7 @@ struct req_record;
 #define WL_HASHES_MAX 16384	       /* blocks hashed per request; the rest of a longer prompt is not */
 #define WL_QUEUE_MAX 4096	       /* records waiting for the writer */
 #define WL_SUMMARY_WINDOW 4096	       /* records the summary's distributions are over */
+#define WL_TURN_SLOTS 32768	       /* conversations whose last turn the capture remembers (a power of two) */
 #define WL_GROUPS_MAX 64	       /* the summary's groups: 63 (route, model) pairs and "(other)" */
 #define WL_SERIES_SLOTS 240	       /* the arrival series' slots: its step grows as the capture ages */
 #define WL_HASH_IDS_DEFAULT (1u << 20) /* workload.max_hash_ids' default */

@@ -91,6 +91,15 @@ static void usage(FILE *f)
 		"  --speed X                  with --replay: arrivals X times as fast (default 1)\n"
 		"  --limit N                  with --replay: the first N requests only\n"
 		"  --block-tokens N           with --replay: tokens per hash id (default 512)\n"
+		"  --sessions N               multi-turn chat: N conversations, each turn resending\n"
+		"                             the history; --input-len is a user turn, --output-len\n"
+		"                             an answer (docs/bench.md, \"Sessions\")\n"
+		"  --turns N                  with --sessions: turns per session (default 4)\n"
+		"  --system-prompts K         with --sessions: system prompts shared by the\n"
+		"                             sessions, each opening with one drawn (default 4)\n"
+		"  --system-len DIST          with --sessions: system prompt tokens (default fixed:1024)\n"
+		"  --session-header NAME      with --sessions: the header naming the session\n"
+		"                             (default x-session-id)\n"
 		"  --compare URL_A URL_B      with --replay: the trace against both at once, each\n"
 		"                             request sent to A and B at its arrival (which goes\n"
 		"                             first alternates); prints the paired differences\n"
@@ -300,6 +309,11 @@ enum {
 	OPT_CA,
 	OPT_INSECURE,
 	OPT_TLS_CIPHERSUITES,
+	OPT_SESSIONS,
+	OPT_TURNS,
+	OPT_SYSTEM_PROMPTS,
+	OPT_SYSTEM_LEN,
+	OPT_SESSION_HEADER,
 };
 
 static void parse_args(int argc, char **argv, struct bench_opts *o)
@@ -342,6 +356,11 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 		{ "ca", required_argument, NULL, OPT_CA },
 		{ "insecure", no_argument, NULL, OPT_INSECURE },
 		{ "tls-ciphersuites", required_argument, NULL, OPT_TLS_CIPHERSUITES },
+		{ "sessions", required_argument, NULL, OPT_SESSIONS },
+		{ "turns", required_argument, NULL, OPT_TURNS },
+		{ "system-prompts", required_argument, NULL, OPT_SYSTEM_PROMPTS },
+		{ "system-len", required_argument, NULL, OPT_SYSTEM_LEN },
+		{ "session-header", required_argument, NULL, OPT_SESSION_HEADER },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
@@ -351,6 +370,8 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 	const char *arrivals = NULL;
 	bool burst_given = false, conc_given = false, lens_given = false, kernel_ts_given = false;
 	const char *replay_path = NULL;
+	const char *system_len = NULL;
+	bool session_flag = false;
 	double speed = 1.0;
 	uint64_t limit = 0, block_tokens = 512;
 	static struct replay replay;
@@ -464,6 +485,32 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 		case OPT_INSECURE: o->tls_insecure = true; break;
 		case OPT_TLS_CIPHERSUITES: o->tls_ciphersuites = optarg; break;
 		case OPT_REPLAY: replay_path = optarg; break;
+		case OPT_SESSIONS: o->sessions = parse_uint("--sessions", optarg, 1, 1000000); break;
+		case OPT_TURNS:
+			o->turns = (unsigned)parse_uint("--turns", optarg, 1, BENCH_MAX_TURNS);
+			session_flag = true;
+			break;
+		case OPT_SYSTEM_PROMPTS:
+			o->system_prompts = (unsigned)parse_uint("--system-prompts", optarg, 1, 100000);
+			session_flag = true;
+			break;
+		case OPT_SYSTEM_LEN: system_len = optarg, session_flag = true; break;
+		case OPT_SESSION_HEADER: {
+			size_t n = strlen(optarg);
+			/* an HTTP token, and not one of the tool's own headers */
+			if (n == 0 || n > 64 ||
+			    strspn(optarg, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_") != n ||
+			    !strcasecmp(optarg, "host") || !strcasecmp(optarg, "content-length") ||
+			    !strcasecmp(optarg, "content-type") || !strcasecmp(optarg, "x-request-id") ||
+			    !strcasecmp(optarg, "connection") || !strcasecmp(optarg, "transfer-encoding"))
+				bad("--session-header",
+				    "expected a header name of 1 to 64 letters, digits, '-' or '_' that is not "
+				    "one of the tool's own, got '%s'",
+				    optarg);
+			o->session_header = optarg;
+			session_flag = true;
+			break;
+		}
 		case OPT_SPEED: speed = parse_pos("--speed", optarg, 1e6); break;
 		case OPT_LIMIT: limit = parse_uint("--limit", optarg, 1, UINT64_MAX); break;
 		case OPT_BLOCK_TOKENS: block_tokens = parse_uint("--block-tokens", optarg, 1, 65536); break;
@@ -558,6 +605,27 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 			o->rate = BENCH_MAX_RATE;
 	} else if (speed != 1.0 || limit || block_tokens != 512) {
 		bad(speed != 1.0 ? "--speed" : limit ? "--limit" : "--block-tokens", "applies to --replay only");
+	}
+	if (o->sessions) {
+		if (replay_path)
+			bad("--sessions", "a trace brings its own prompts: it does not combine with --replay");
+		if (!o->turns)
+			o->turns = 4;
+		if (!o->system_prompts)
+			o->system_prompts = 4;
+		if (!o->session_header)
+			o->session_header = "x-session-id";
+		if (dist_parse(&o->system_len, system_len ? system_len : "fixed:1024", 1, err, sizeof(err)) == -1)
+			bad("--system-len", "%s", err);
+		/* one round over every session's every turn */
+		if (!o->duration_ms && !o->requests)
+			o->requests = o->sessions * o->turns;
+	} else if (session_flag) {
+		bad(system_len		? "--system-len"
+		    : o->turns		? "--turns"
+		    : o->system_prompts ? "--system-prompts"
+					: "--session-header",
+		    "applies to --sessions only");
 	}
 	if (!o->duration_ms && !o->requests)
 		o->requests = 100;

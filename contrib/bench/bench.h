@@ -9,6 +9,7 @@
  * bench_sweep.c (the concurrency sweep's JSON and SVG chart),
  * bench_admin.c (--compare-admin: tokentap's /stats beside the client's),
  * bench_replay.c (--replay: a trace's arrivals, lengths and prompts),
+ * bench_session.c (--sessions: multi-turn conversations, history resent),
  * bench_tls.c (https: the client context, sessions resumed).
  *
  * One definition of a token event: responses are split by tokentap's own
@@ -38,6 +39,7 @@
 #define BENCH_MAX_CONCURRENCY 10000
 #define BENCH_MAX_RATE 100000.0
 #define BENCH_MAX_LEN 1000000u	    /* tokens, prompt or output */
+#define BENCH_MAX_TURNS 1000u	    /* --turns: a turn's body holds the whole history */
 #define BENCH_MAX_FILE_LENS 1000000 /* lines in a --input-len file:PATH */
 #define BENCH_MAX_BODY (16u << 20)  /* a non-streamed response body kept */
 #define BENCH_BYTES_PER_TOKEN 4	    /* the simulator's count: ceil(bytes / 4) */
@@ -161,6 +163,11 @@ struct bench_opts {
 	uint64_t seed;
 	char run_id[40];
 	struct replay *replay; /* --replay: arrivals, lengths and prompts from a trace; NULL: none */
+	/* --sessions (bench_session.c): multi-turn conversations; 0: off */
+	uint64_t sessions;
+	unsigned turns, system_prompts;
+	struct dist system_len;
+	const char *session_header; /* its value names the session */
 	/* --compare URL_A URL_B (bench_compare.c): this struct is A's;
 	 * compare_b holds B's host, port, scheme and path */
 	const char *compare_url[2];
@@ -170,6 +177,21 @@ struct bench_opts {
 	unsigned stagger;  /* 0: none; 1: odd requests go BENCH_STAGGER_NS late; 2: even ones */
 	bool no_signals;   /* the run leaves SIGINT/SIGTERM alone (two loops cannot share them) */
 };
+
+/* ---- multi-turn sessions (bench_session.c) ---- */
+
+/* What request seq is in a --sessions workload. in_len: the whole history's
+ * prompt tokens (system prompt, user turns and answers so far, this turn);
+ * out_len: this turn's answer, asked as max_tokens. */
+struct session_turn {
+	uint64_t session;
+	unsigned turn, system;
+	uint32_t in_len, out_len;
+};
+void session_turn_of(const struct bench_opts *o, uint64_t seq, struct session_turn *st);
+/* Appends the body's prompt member(s) for st: "messages":[...] (with
+ * "system" apart for Anthropic, "input" for Responses) or "prompt":"..." */
+void session_body_add(struct evbuffer *b, const struct bench_opts *o, const struct session_turn *st);
 
 /* ---- measurement (bench_run.c) ---- */
 

@@ -243,6 +243,15 @@ void *report_config_json(const struct bench_opts *o)
 	json_object_set_new(c, "timeout_s", json_real((double)o->timeout_ms / 1000.0));
 	json_object_set_new(c, "seed", json_integer((json_int_t)o->seed));
 	json_object_set_new(c, "run_id", json_string(o->run_id));
+	if (o->sessions) {
+		json_t *ss = json_object();
+		json_object_set_new(ss, "sessions", json_integer((json_int_t)o->sessions));
+		json_object_set_new(ss, "turns", json_integer(o->turns));
+		json_object_set_new(ss, "system_prompts", json_integer(o->system_prompts));
+		json_object_set_new(ss, "system_len", json_string(o->system_len.desc));
+		json_object_set_new(ss, "header", json_string(o->session_header));
+		json_object_set_new(c, "sessions", ss);
+	}
 	if (o->nsweep) {
 		json_t *a = json_array();
 		for (unsigned i = 0; i < o->nsweep; i++)

@@ -102,7 +102,8 @@ struct breq {
 	bool sent;
 	uint64_t seq;
 	uint32_t in_len, out_len;
-	struct req_record rec; /* tokentap's timeline; at[TL_ARRIVE] = first byte written */
+	struct session_turn turn; /* --sessions: which session and turn */
+	struct req_record rec;	  /* tokentap's timeline; at[TL_ARRIVE] = first byte written */
 	struct framer fr;
 	bool framed; /* fr is initialised */
 	bool whole;  /* the body is kept and read whole (not streamed, or not framed) */
@@ -277,6 +278,9 @@ static void reqlog_write(struct run *r, const struct breq *q, enum bench_error e
 	else
 		fprintf(f, "\"%s\"", bench_error_name(err));
 	fprintf(f, ",\"concurrency\":%u,\"input_len\":%u,\"output_len\":%u", r->concurrency, q->in_len, q->out_len);
+	if (r->o->sessions)
+		fprintf(f, ",\"session\":%llu,\"turn\":%u,\"system_prompt\":%u", (unsigned long long)q->turn.session,
+			q->turn.turn, q->turn.system);
 	if (in >= 0)
 		fprintf(f, ",\"input_tokens\":%lld", (long long)in);
 	else
@@ -285,6 +289,12 @@ static void reqlog_write(struct run *r, const struct breq *q, enum bench_error e
 		fprintf(f, ",\"output_tokens\":%lld", (long long)out);
 	else
 		fputs(",\"output_tokens\":null", f);
+	/* the server's prefix-cache hits, when its usage says (a routing
+	 * benchmark's hit ratio, warm-up left out) */
+	if (err == BERR_NONE && q->rec.usage.cached_tokens >= 0)
+		fprintf(f, ",\"cached_tokens\":%lld", (long long)q->rec.usage.cached_tokens);
+	else
+		fputs(",\"cached_tokens\":null", f);
 	fprintf(f, ",\"token_events\":%llu,\"start_ms\":%.3f", (unsigned long long)q->rec.token_events,
 		q->rec.at[TL_ARRIVE] ? (double)(q->rec.at[TL_ARRIVE] - r->t_start) / 1e6 : 0.0);
 	static const enum req_metric keys[] = { RM_TTFB, RM_TTFT, RM_TPOT, RM_E2E };
@@ -461,6 +471,10 @@ static void request_build(struct run *r, const struct breq *q)
 	evbuffer_add_printf(b, "{");
 	if (r->model_json)
 		evbuffer_add_printf(b, "\"model\":%s,", r->model_json);
+	if (o->sessions) {
+		session_body_add(b, o, &q->turn);
+		goto prompt_done;
+	}
 	switch (o->api) {
 	case BAPI_OPENAI_CHAT:
 	case BAPI_ANTHROPIC:
@@ -478,6 +492,7 @@ static void request_build(struct run *r, const struct breq *q)
 		evbuffer_add_printf(b, "\"}]");
 	else
 		evbuffer_add_printf(b, "\"");
+prompt_done:
 	switch (o->api) {
 	case BAPI_OPENAI_CHAT:
 	case BAPI_OPENAI_COMPLETIONS:
@@ -512,6 +527,9 @@ static void request_build(struct run *r, const struct breq *q)
 		evbuffer_add_printf(h, "anthropic-version: 2023-06-01\r\n");
 	if (o->sim_headers)
 		evbuffer_add_printf(h, "x-sim-tokens: %u\r\n", q->out_len);
+	if (o->sessions)
+		evbuffer_add_printf(h, "%s: sess-%llu-%llu\r\n", o->session_header, (unsigned long long)o->seed,
+				    (unsigned long long)q->turn.session);
 	for (unsigned i = 0; i < o->nheaders; i++)
 		evbuffer_add_printf(h, "%s\r\n", o->headers[i]);
 	evbuffer_add(h, "\r\n", 2);
@@ -582,6 +600,10 @@ static void conn_issue(struct conn *c)
 	if (o->replay && seq < o->replay->n) {
 		q->in_len = o->replay->e[seq].in_len;
 		q->out_len = o->replay->e[seq].out_len;
+	} else if (o->sessions) {
+		session_turn_of(o, seq, &q->turn);
+		q->in_len = q->turn.in_len;
+		q->out_len = q->turn.out_len;
 	} else {
 		q->in_len = dist_draw(&o->input_len, o->seed ^ 0x1f2e3d4cu, seq, 1);
 		q->out_len = dist_draw(&o->output_len, o->seed ^ 0x5a6b7c8du, seq, 1);

@@ -42,6 +42,7 @@ struct sim_config sim_cfg = {
 	.cache_write_tokens = 0,
 	.tool_calls = false,
 	.prefix_cache = false,
+	.cache_tokens = 65536,
 	.batching = false,
 	.max_batch = 32,
 	.kv_tokens = 65536,
@@ -120,6 +121,8 @@ static void usage(FILE *f)
 		"  --cache-write-tokens N  Anthropic: prompt tokens reported as written to the cache\n"
 		"  --prefix-cache      a prefix cache that remembers prompts in 16-token blocks and\n"
 		"                      reports the shared prefix as cached (see docs/simulator.md)\n"
+		"  --prefix-cache-tokens N  the prefix cache's size in tokens; the least recently\n"
+		"                      used blocks are evicted beyond it (default 65536)\n"
 		"  --tool-calls        answer every chat/Responses/Messages request with a tool call\n"
 		"\n"
 		"Continuous-batching model (off by default; see docs/simulator.md):\n"
@@ -283,6 +286,7 @@ static bool known_flag(const char *flag)
 		"--think-ms",
 		"--cached-tokens",
 		"--cache-write-tokens",
+		"--prefix-cache-tokens",
 		"--server-timing",
 		"--metrics-style",
 		"--tls-cert",
@@ -417,6 +421,8 @@ static void parse_args(int argc, char **argv, struct sockaddr_storage *ss, int *
 			sim_cfg.cached_tokens = (int64_t)parse_u64(flag, val);
 		} else if (strcmp(flag, "--cache-write-tokens") == 0) {
 			sim_cfg.cache_write_tokens = parse_u64(flag, val);
+		} else if (strcmp(flag, "--prefix-cache-tokens") == 0) {
+			sim_cfg.cache_tokens = parse_u64(flag, val);
 		} else {
 			if (val[0] == '\0')
 				die_usage("--model needs a non-empty name.");
@@ -443,6 +449,9 @@ static void parse_args(int argc, char **argv, struct sockaddr_storage *ss, int *
 		die_usage("--kv-tokens must be from 1 to 2^40.");
 	if (sim_cfg.prefill_tps < 1.0)
 		die_usage("--prefill-tps must be at least 1.");
+	/* 2^26 tokens: 4M blocks, about 100 MB of table */
+	if (sim_cfg.cache_tokens < 16 || sim_cfg.cache_tokens > (1ULL << 26))
+		die_usage("--prefix-cache-tokens must be from 16 (one block) to 2^26 (67108864).");
 	if (sim_cfg.cold_start_ms > 86400000ULL || sim_cfg.idle_ms > 86400000ULL)
 		die_usage("--cold-start-ms and --idle-ms must be at most one day (86400000).");
 }
@@ -508,6 +517,11 @@ int main(int argc, char **argv)
 		fprintf(stderr, "tokentap-sim: cannot create the batch scheduler\n");
 		goto out;
 	}
+	if (sim_cfg.prefix_cache && sim_cache_init(sim_cfg.cache_tokens) == -1) {
+		fprintf(stderr, "tokentap-sim: out of memory for --prefix-cache-tokens %llu\n",
+			(unsigned long long)sim_cfg.cache_tokens);
+		goto out;
+	}
 	sigint = evsignal_new(base, SIGINT, on_signal, base);
 	sigterm = evsignal_new(base, SIGTERM, on_signal, base);
 	if (sigint == NULL || sigterm == NULL || evsignal_add(sigint, NULL) == -1 ||
@@ -542,6 +556,7 @@ out:
 	if (listener != NULL)
 		evconnlistener_free(listener);
 	sim_batch_shutdown();
+	sim_cache_shutdown();
 	if (base != NULL)
 		event_base_free(base);
 	if (cfg != NULL)

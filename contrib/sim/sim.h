@@ -49,6 +49,7 @@ struct sim_config {
 	uint64_t cache_write_tokens; /* Anthropic: prompt tokens written to the cache */
 	bool tool_calls;	     /* answer with a tool call even without tools */
 	bool prefix_cache;	     /* the prefix-cache model (sim_cache.c) */
+	uint64_t cache_tokens;	     /* its size: tokens held before evicting */
 	bool reasoning_hidden;	     /* reasoning takes time and counts, sends nothing */
 
 	/* --batching: a continuous-batching server (sim_batch.c). Off by
@@ -252,8 +253,14 @@ void sim_cache_use(const char *text, size_t len, uint64_t n_in, uint64_t *cached
 
 struct sim_cache_stats {
 	uint64_t lookups, prompt_tokens, cached_tokens;
+	uint64_t capacity_tokens, resident_tokens, evicted_blocks;
 };
 const struct sim_cache_stats *sim_cache_stats(void);
+
+/* Sizes the cache for `tokens` tokens (whole blocks, at least one); call
+ * once before the loop runs. Returns 0, or -1 out of memory. */
+int sim_cache_init(uint64_t tokens);
+void sim_cache_shutdown(void);
 
 /* ---- sim_text.c ---- */
 

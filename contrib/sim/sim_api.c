@@ -224,8 +224,10 @@ static void write_stats(struct evbuffer *out, const struct sim_api_request *rq)
 
 		evbuffer_add_printf(b,
 				    ",\"prefix_cache\":{\"lookups\":%" PRIu64 ",\"prompt_tokens\":%" PRIu64
-				    ",\"cached_tokens\":%" PRIu64 "}",
-				    cs->lookups, cs->prompt_tokens, cs->cached_tokens);
+				    ",\"cached_tokens\":%" PRIu64 ",\"capacity_tokens\":%" PRIu64
+				    ",\"resident_tokens\":%" PRIu64 ",\"evicted_blocks\":%" PRIu64 "}",
+				    cs->lookups, cs->prompt_tokens, cs->cached_tokens, cs->capacity_tokens,
+				    cs->resident_tokens, cs->evicted_blocks);
 	}
 	evbuffer_add(b, "}", 1);
 	write_whole(out, 200, "application/json", b, rq->request_id, rq->keep_alive);

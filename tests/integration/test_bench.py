@@ -141,6 +141,124 @@ class DirectToSimulator(BenchCase):
                             self.assertIsNotNone(r["e2e_ms"], r)
 
 
+class Sessions(BenchCase):
+    """--sessions: multi-turn conversations over shared system prompts, each
+    turn resending the history, the session named in a header."""
+
+    SYS, USER, ANSWER = 512, 64, 16  # tokens, whole 16-token blocks of the simulator's cache
+
+    def test_bodies_resend_the_history(self):
+        def handler(sock, req, ctx):
+            body = json.dumps({"id": "x", "object": "chat.completion", "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+            sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                         % (len(body), body))
+            return True
+
+        up = harness.start_fake_upstream(self, handler)
+        for api in ("openai-chat", "anthropic", "openai-completions"):
+            with self.subTest(api=api):
+                with up.lock:
+                    up.requests.clear()
+                log = self.tmp("r.jsonl")
+                self.bench_ok(["--url", up.url, "--api", api, "--no-stream", "--sessions", 3, "--turns", 3,
+                               "--system-prompts", 2, "--system-len", 40, "--input-len", 8, "--output-len", 5,
+                               "--session-header", "x-conv", "--no-progress", "--run-id", "s",
+                               "--requests-log", log])
+                system_of = {r["session"]: r["system_prompt"] for r in read_jsonl(log)}
+                with up.lock:
+                    reqs = sorted(up.requests, key=lambda r: int(r.header("x-request-id").rsplit("-", 1)[1]))
+                self.assertEqual(len(reqs), 9, "one round: 3 sessions x 3 turns")
+                by, turns = {}, {}
+                for i, r in enumerate(reqs):
+                    m = re.match(r"^sess-0-(\d+)$", r.header("x-conv") or "")
+                    self.assertIsNotNone(m, r.headers)
+                    session = int(m.group(1))
+                    turn = turns[session] = turns.get(session, -1) + 1
+                    self.assertEqual(i // 3, turn, "every session's turn t before any turn t + 1")
+                    by[(session, turn)] = json.loads(r.body)
+                self.assertEqual(sorted(turns.items()), [(0, 2), (1, 2), (2, 2)])
+                for (session, turn), b in by.items():
+                    if api == "openai-completions":
+                        prompt = b["prompt"]
+                        self.assertEqual(len(prompt), 4 * (40 + turn * (8 + 5) + 8))
+                        if turn:
+                            prev = by[(session, turn - 1)]["prompt"]
+                            self.assertTrue(prompt.startswith(prev), "the history is resent")
+                        continue
+                    msgs = b["messages"]
+                    roles = [m["role"] for m in msgs]
+                    want = ([] if api == "anthropic" else ["system"]) + ["user"] + ["assistant", "user"] * turn
+                    self.assertEqual(roles, want)
+                    self.assertEqual(b["max_tokens"], 5)
+                    system = b["system"] if api == "anthropic" else msgs[0]["content"]
+                    self.assertEqual(len(system), 4 * 40)
+                    if turn:
+                        prev = by[(session, turn - 1)]["messages"]
+                        self.assertEqual(msgs[:len(prev)], prev, "the previous turn's messages come first")
+                        self.assertEqual(len(msgs[len(prev)]["content"]), 4 * 5, "the answer: output-len tokens")
+                def sys_of(s):
+                    b = by[(s, 0)]
+                    if api == "openai-completions":
+                        return b["prompt"][:4 * 40]
+                    return b["system"] if api == "anthropic" else b["messages"][0]["content"]
+
+                for a in range(3):
+                    for b in range(a + 1, 3):
+                        self.assertEqual(sys_of(a) == sys_of(b), system_of[a] == system_of[b],
+                                         "sessions share a system prompt's text exactly when they share its number")
+                        self.assertNotEqual(by[(a, 0)], by[(b, 0)], "their user turns differ")
+                self.assertLessEqual(len(set(system_of.values())), 2)
+
+    def test_simulator_caches_the_shared_prefixes(self):
+        sim = harness.start_sim(self, "--batching", "--prefix-cache", "--prefill-tps", "100000")
+        log = self.tmp("r.jsonl")
+        S, T, K = 4, 3, 2
+        self.bench_ok(["--url", sim.url, "--sessions", S, "--turns", T, "--system-prompts", K,
+                       "--system-len", self.SYS, "--input-len", self.USER, "--output-len", self.ANSWER,
+                       "--sim-headers", "--concurrency", 1, "--requests-log", log, "--no-progress"])
+        reqs = sorted(read_jsonl(log), key=lambda r: r["seq"])
+        self.assertEqual(len(reqs), S * T)
+        self.assertEqual(sorted((r["session"], r["turn"]) for r in reqs), [(s, t) for s in range(S) for t in range(T)])
+        # rounds over the sessions, each rotated, so the order is no fixed cycle
+        self.assertNotEqual([r["session"] for r in reqs[:S]], [r["session"] for r in reqs[S:2 * S]])
+        want_cached, systems_seen = 0, set()
+        for r in reqs:
+            session, turn = r["session"], r["turn"]
+            self.assertEqual(turn, r["seq"] // S)
+            self.assertIn(r["system_prompt"], range(K))
+            self.assertTrue(r["ok"], r)
+            # the prompt grows by the previous answer and the new user turn
+            self.assertEqual(r["input_tokens"], self.SYS + turn * (self.USER + self.ANSWER) + self.USER, r)
+            self.assertEqual(r["input_tokens"], r["input_len"])
+            # cached: the previous turn's whole prompt, or on a first turn the
+            # system prompt when an earlier session opened with it
+            want = 0
+            if turn:
+                want = self.SYS + (turn - 1) * (self.USER + self.ANSWER) + self.USER
+            elif r["system_prompt"] in systems_seen:
+                want = self.SYS
+            systems_seen.add(r["system_prompt"])
+            self.assertEqual(r["cached_tokens"], want, "the usage's cached count, in the requests log")
+            want_cached += want
+        # four sessions over two system prompts: at least two first turns find theirs cached
+        self.assertGreaterEqual(sum(1 for r in reqs if r["turn"] == 0 and r["cached_tokens"] == self.SYS), 2)
+        st = sim.stats()["prefix_cache"]
+        self.assertEqual(st["lookups"], S * T)
+        self.assertEqual(st["cached_tokens"], want_cached)
+
+    def test_bad_session_flags(self):
+        for args, flag in ((["--turns", "3"], "--turns"), (["--sessions", "0"], "--sessions"),
+                           (["--sessions", "2", "--turns", "1001"], "--turns"),
+                           (["--sessions", "2", "--session-header", "content-length"], "--session-header"),
+                           (["--sessions", "2", "--system-len", "normal:1"], "--system-len")):
+            with self.subTest(args=args):
+                p = run_bench(args, 10)
+                self.assertEqual(p.returncode, 2, p.stderr)
+                self.assertIn(flag, p.stderr)
+
+
 class ThroughTokentap(BenchCase):
     """The accuracy check of issue 6: client and proxy agree."""
 

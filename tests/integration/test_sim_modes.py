@@ -395,6 +395,55 @@ class SimCachePrefillTest(harness.TestCase):
         self.assertLess(ttft[400], ttft[0] - 300.0, ttft)
 
 
+class SimBoundedCacheTest(harness.TestCase):
+    """--batching --prefix-cache --prefix-cache-tokens: a prompt the cache
+    remembers is prefilled only past its cached blocks, so it answers
+    sooner the second time; once other prompts have filled the cache's
+    1,024 tokens (64 blocks) it has been evicted, least recently used
+    first, and is slow again. Prefill 2,000 tokens/s: a 500-token prompt
+    takes 250 ms, 4 uncached tokens 2 ms."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.sim = harness.start_sim(cls, "--batching", "--prefill-tps", "2000", "--prefix-cache",
+                                    "--prefix-cache-tokens", "1024")
+
+    def send(self, prompt):
+        body = harness.api_body("openai-chat", include_usage=True, prompt=prompt)
+        t0 = harness.now_ns()
+        resp, _ = harness.exchange(self.sim.port, "POST", "/v1/chat/completions", body, [("x-sim-tokens", "2")])
+        self.assertEqual(resp.status, 200)
+        evs = harness.events_of(resp)
+        usage = [e.json()["usage"] for e in evs if e.data != "[DONE]" and e.json().get("usage")]
+        return (evs[0].ts - t0) / 1e6, usage[-1]["prompt_tokens_details"]["cached_tokens"]
+
+    def test_hit_then_evicted(self):
+        def prompt(tag):  # 500 tokens (31 whole blocks), no block shared with another tag
+            return "".join("%s %04d lorem ipsum dolor sit amet " % (tag, i) for i in range(80))[:2000]
+
+        a = prompt("alpha")
+        cold, c0 = self.send(a)
+        warm, c1 = self.send(a)
+        self.assertEqual((c0, c1), (0, 496))
+        self.assertGreaterEqual(cold, 245.0)
+        self.assertLess(warm, cold / 3, (cold, warm))
+        # Two more prompts: 93 blocks for 64 places; a's tail (used least
+        # recently: a prompt's blocks are touched last to first) goes first,
+        # its first two blocks stay.
+        self.send(prompt("bravo"))
+        self.send(prompt("charlie"))
+        _, c2 = self.send(a)
+        self.assertEqual(c2, 32, "a's head outlived its tail")
+        for tag in ("delta", "echo", "foxtrot"):
+            self.send(prompt(tag))
+        again, c3 = self.send(a)
+        self.assertEqual(c3, 0, "evicted")
+        self.assertGreaterEqual(again, 245.0, "prefilled in full again")
+        st = harness.sim_stats(self.sim.port)["prefix_cache"]
+        self.assertEqual((st["capacity_tokens"], st["resident_tokens"]), (1024, 1024))
+        self.assertGreater(st["evicted_blocks"], 0)
+
+
 if __name__ == "__main__":
     import unittest
 

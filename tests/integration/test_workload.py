@@ -130,6 +130,43 @@ class Capture(WorkloadCase):
         cv = (sum((g - mean) ** 2 for g in gaps) / len(gaps)) ** 0.5 / mean
         self.assertAlmostEqual(s["interarrival_cv"], cv, delta=0.01)
 
+    def test_conversations_turns_and_previous(self):
+        """tokentap-bench --sessions resends each conversation's history; the
+        capture links every turn to the one before it (record, previous,
+        turn, conversation), keeps sessions that share a system prompt
+        apart, and does not take a retried prompt for a new turn."""
+        sim = harness.start_sim(self, "--ttft-ms", 1, "--itl-ms", 1)
+        tt, trace, _ = self.capturing(sim)
+        S, T = 4, 3
+        log = self.path("bench.jsonl")
+        self.bench(["--url", "http://127.0.0.1:%d" % tt.port, "--sessions", S, "--turns", T,
+                    "--system-prompts", 2, "--system-len", 100, "--input-len", 20, "--output-len", 6,
+                    "--sim-headers", "--concurrency", 1, "--requests-log", log])
+        recs = self.wait_lines(trace, S * T)
+        sent = sorted(read_jsonl(log), key=lambda r: r["seq"])
+        # one connection, one worker: records in sending order
+        self.assertEqual([r["record"] for r in recs], list(range(S * T)))
+        at = {(b["session"], b["turn"]): k for k, b in enumerate(sent)}
+        for k, (r, b) in enumerate(zip(recs, sent)):
+            self.assertEqual(r["input_length"], b["input_len"])
+            self.assertEqual(r["turn"], b["turn"], (k, r))
+            if b["turn"] == 0:
+                self.assertIsNone(r["previous"], "a first turn, though sessions share the system prompt")
+                self.assertEqual(r["conversation"], k)
+            else:
+                self.assertEqual(r["previous"], at[(b["session"], b["turn"] - 1)], "the session's previous turn")
+                self.assertEqual(r["conversation"], at[(b["session"], 0)])
+        # the last prompt sent again: the same turn's retry, not the next turn
+        last = recs[-1]
+        body = {"messages": [{"role": "user", "content": "x" * 400}], "max_tokens": 2}
+        for _ in range(2):
+            resp, _ = harness.exchange(tt.port, "POST", "/v1/chat/completions", body)
+            self.assertEqual(resp.status, 200)
+        a, b = self.wait_lines(trace, S * T + 2)[-2:]
+        self.assertEqual((a["turn"], b["turn"]), (0, 0), "a retry is no new turn")
+        self.assertIsNone(b["previous"])
+        self.assertNotEqual(last["conversation"], a["conversation"])
+
     def test_shared_prefix_and_no_prompt_text(self):
         sim = harness.start_sim(self, "--ttft-ms", 1, "--itl-ms", 1)
         tt, trace, _ = self.capturing(sim)
