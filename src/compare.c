@@ -310,8 +310,7 @@ static json_t *equal_load_json(const struct slice *x, const struct slice *base)
 	return arr ? arr : json_null();
 }
 
-static json_t *difference_json(const struct up_group *x, const struct up_group *base, uint64_t elapsed,
-			       bool causal)
+static json_t *difference_json(const struct up_group *x, const struct up_group *base, uint64_t elapsed, bool causal)
 {
 	json_t *o = json_object(), *m = json_object(), *t = json_object(), *tp = json_object();
 	uint64_t rx = x->slice.counters[CT_REQUESTS], rb = base->slice.counters[CT_REQUESTS];

@@ -292,9 +292,12 @@ static void test_load_dependent_assignment(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_hand_worked),    cmocka_unit_test(test_same_distribution_not_rejected),
-		cmocka_unit_test(test_shift_detected), cmocka_unit_test(test_ks_critical),
-		cmocka_unit_test(test_prop_test),      cmocka_unit_test(test_attribution),
+		cmocka_unit_test(test_hand_worked),
+		cmocka_unit_test(test_same_distribution_not_rejected),
+		cmocka_unit_test(test_shift_detected),
+		cmocka_unit_test(test_ks_critical),
+		cmocka_unit_test(test_prop_test),
+		cmocka_unit_test(test_attribution),
 		cmocka_unit_test(test_load_dependent_assignment),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
