@@ -158,6 +158,24 @@ class CompareTest(harness.TestCase):
                     if lvl["verdict"] != "no difference":
                         self.assertEqual(lvl["verdict"], "slower" if who_slow else "faster", lvl)
 
+    def test_reload_changes_what_compare_says(self):
+        """The policy /compare reports is the configuration in force: a
+        reload from least_request to weighted makes the same route's
+        differences causal again, without restarting."""
+        sims = {"a": harness.start_sim(self, "--ttft-ms", "2"), "b": harness.start_sim(self, "--ttft-ms", "2")}
+        tt, admin = rh.start_split(self, {k: v.url for k, v in sims.items()}, {"a": 1, "b": 1},
+                                   route_opts=["balance: least_request"])
+        self.assertEqual(drive(tt.port, 40).count(200), 40)
+        doc = rh.compare_flushed(self, admin, 40)
+        self.assertEqual((doc["balance"], doc["assignment"]), ("least_request", "load_dependent"))
+        self.assertTrue(tt.reload(tt.body.replace("balance: least_request", "balance: weighted")))
+        doc = rh.compare_flushed(self, admin, 40)
+        self.assertEqual((doc["balance"], doc["assignment"]), ("weighted", "load_independent"))
+        self.assertTrue(all(d["causal"] for d in doc["differences"]), doc["differences"])
+        # a route the configuration no longer has: not known how it assigned
+        r, _ = harness.exchange(admin, "GET", "/compare?route=gone")
+        self.assertEqual((r.json()["balance"], r.json()["assignment"]), (None, "unknown"))
+
     def test_bad_parameters(self):
         sims = {"only": harness.start_sim(self)}
         tt, admin = self.start(sims, {"only": 1})
