@@ -125,7 +125,8 @@ struct admin {
 	char *token; /* NULL: writes are refused */
 	size_t token_len;
 
-	/* {upstream: labels} of the configuration in force: set at start and
+	/* {"upstreams": {upstream: labels}, "routes": {route: {balance,
+	 * targets, mirror}}} of the configuration in force: set at start and
 	 * by each reload (admin_labels_use, on the main thread), copied out by
 	 * the read endpoints, so that they never wait on a worker */
 	pthread_mutex_t labels_lock;
@@ -241,7 +242,20 @@ static json_t *upstream_labels(struct admin *a)
 	json_t *copy;
 
 	pthread_mutex_lock(&a->labels_lock);
-	copy = a->labels ? json_deep_copy(a->labels) : NULL;
+	copy = a->labels ? json_deep_copy(json_object_get(a->labels, "upstreams")) : NULL;
+	pthread_mutex_unlock(&a->labels_lock);
+	return copy;
+}
+
+/* A copy of how the configuration in force has `route` assign its traffic
+ * ({balance, targets, mirror}); NULL for a route it does not have, or when
+ * out of memory. */
+static json_t *route_assignment(struct admin *a, const char *route)
+{
+	json_t *copy;
+
+	pthread_mutex_lock(&a->labels_lock);
+	copy = a->labels ? json_deep_copy(json_object_get(json_object_get(a->labels, "routes"), route)) : NULL;
 	pthread_mutex_unlock(&a->labels_lock);
 	return copy;
 }
@@ -729,7 +743,7 @@ static void on_compare(struct admin *a, struct evhttp_request *req, struct evkey
 	const char *route = evhttp_find_header(p, "route");
 	struct store_result res;
 	char *text;
-	json_t *labels;
+	json_t *labels, *assign;
 
 	if (!route || !*route) {
 		reply_error(req, 400, "route", "route is required: /compare?route=NAME");
@@ -738,7 +752,9 @@ static void on_compare(struct admin *a, struct evhttp_request *req, struct evkey
 	if (!window_cold_parse(req, p, &window, &cold) || !query(a, req, window, &res))
 		return;
 	labels = upstream_labels(a);
-	text = compare_render(&res, route, window, (int)cold, a->since_sec, labels);
+	assign = route_assignment(a, route);
+	text = compare_render(&res, route, window, (int)cold, a->since_sec, labels, assign);
+	json_decref(assign);
 	json_decref(labels);
 	store_result_free(&res);
 	reply_rendered(req, text);
@@ -1099,19 +1115,36 @@ fail:
 
 struct admin_labels *admin_labels_of(const struct config *cfg)
 {
-	json_t *map = json_object();
+	json_t *doc = json_object(), *map = json_object(), *routes = json_object();
 
-	for (unsigned i = 0; map && cfg && i < cfg->nupstreams; i++) {
+	if (!doc || !map || !routes)
+		goto fail;
+	json_object_set_new(doc, "upstreams", map);
+	json_object_set_new(doc, "routes", routes);
+	for (unsigned i = 0; cfg && i < cfg->nupstreams; i++) {
 		const struct upstream_conf *uc = &cfg->upstreams[i];
 		json_t *labels = json_object();
 		for (unsigned l = 0; labels && l < uc->nlabels; l++)
 			json_object_set_new(labels, uc->labels[l].key, json_string(uc->labels[l].value));
-		if (!labels || json_object_set_new(map, uc->name, labels) == -1) {
-			json_decref(map);
-			return NULL;
-		}
+		if (!labels || json_object_set_new(map, uc->name, labels) == -1)
+			goto fail_doc;
 	}
-	return (struct admin_labels *)map;
+	/* what /compare needs to know of how the route assigned its traffic */
+	for (unsigned i = 0; cfg && i < cfg->nroutes; i++) {
+		const struct route_conf *rc = &cfg->routes[i];
+		json_t *o = json_pack("{s:s,s:I,s:o}", "balance", balance_policy_name(rc->balance), "targets",
+				      (json_int_t)rc->ntargets, "mirror",
+				      rc->mirror_upstream ? json_string(rc->mirror_upstream) : json_null());
+		if (!o || json_object_set_new(routes, rc->name, o) == -1)
+			goto fail_doc;
+	}
+	return (struct admin_labels *)doc;
+fail:
+	json_decref(map);
+	json_decref(routes);
+fail_doc:
+	json_decref(doc);
+	return NULL;
 }
 
 void admin_labels_use(struct admin *a, struct admin_labels *labels)

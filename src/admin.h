@@ -54,7 +54,8 @@ struct admin *admin_start(const struct admin_options *o, struct store *store, co
 
 /*
  * The upstreams' labels of a configuration, for /stats, /stats/curve,
- * /stats/prompt and /compare, which keep them in the admin thread instead
+ * /stats/prompt and /compare, and each route's balance policy, targets and
+ * mirror, for /compare, which keep them in the admin thread instead
  * of asking a worker. admin_start takes those of its `cfg`; a reload takes
  * admin_labels_of(next config) before the workers take that configuration
  * over and, once one has, hands them in with admin_labels_use (which takes

@@ -5,6 +5,7 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -266,7 +267,50 @@ static json_t *rate_json(uint64_t x, uint64_t b, uint64_t elapsed)
 	return json_pack("{s:f,s:o}", "diff", rx - rb, "ratio", ratio(rx, rb));
 }
 
-static json_t *difference_json(const struct up_group *x, const struct up_group *base, uint64_t elapsed)
+/* Requests a bucket of the load curve needs on both sides to be compared. */
+#define EQUAL_LOAD_MIN 10
+
+/* TTFT at equal load: for each bucket of requests in flight to the
+ * upstream at arrival (the load curve, /stats/curve) where both sides have
+ * EQUAL_LOAD_MIN requests with a ttft, the two p50s and the same rank test
+ * and verdict rule as the whole. Under a load-aware policy the upstreams
+ * ran at different concurrency; at one concurrency level each, the
+ * comparison is between like and like. Empty where the window's slices
+ * keep no curve (minute slices: slice_drop_curves) or no level has enough
+ * on both. */
+static json_t *equal_load_json(const struct slice *x, const struct slice *base)
+{
+	json_t *arr = json_array();
+
+	for (unsigned b = 0; arr && b < INFLIGHT_BUCKETS; b++) {
+		const struct hist *hx = x->slot[SLOT_CURVE(CURVE_TTFT, b)], *hb = base->slot[SLOT_CURVE(CURVE_TTFT, b)];
+		struct rank_test rt;
+		if (count_of(hx) < EQUAL_LOAD_MIN || count_of(hb) < EQUAL_LOAD_MIN)
+			continue;
+		rank_test_hist(hx, hb, &rt);
+		double px50 = (double)hist_quantile(hx, 0.5), pb50 = (double)hist_quantile(hb, 0.5);
+		double rel = pb50 > 0 ? px50 / pb50 : NAN;
+		bool sig = rt.p < 1 - COMPARE_CONFIDENCE && !isnan(rel) && fabs(rel - 1) > 0.01;
+		uint64_t high = log2_bucket_high(b, INFLIGHT_BUCKETS);
+		json_t *e = json_object();
+		if (!e)
+			continue;
+		json_object_set_new(e, "inflight_low", u64(b == 0 ? 1 : log2_bucket_low(b)));
+		json_object_set_new(e, "inflight_high", high == UINT64_MAX ? json_null() : u64(high));
+		json_object_set_new(e, "requests", u64(hx->count));
+		json_object_set_new(e, "baseline_requests", u64(hb->count));
+		json_object_set_new(e, "ttft_p50_ms", json_real(px50 / 1000));
+		json_object_set_new(e, "baseline_ttft_p50_ms", json_real(pb50 / 1000));
+		json_object_set_new(e, "p50_diff_ms", json_real((px50 - pb50) / 1000));
+		json_object_set_new(e, "p_value", json_real(rt.p));
+		json_object_set_new(e, "significant", json_boolean(sig));
+		json_object_set_new(e, "verdict", json_string(!sig ? "no difference" : rt.z > 0 ? "slower" : "faster"));
+		json_array_append_new(arr, e);
+	}
+	return arr ? arr : json_null();
+}
+
+static json_t *difference_json(const struct up_group *x, const struct up_group *base, uint64_t elapsed, bool causal)
 {
 	json_t *o = json_object(), *m = json_object(), *t = json_object(), *tp = json_object();
 	uint64_t rx = x->slice.counters[CT_REQUESTS], rb = base->slice.counters[CT_REQUESTS];
@@ -325,7 +369,58 @@ static json_t *difference_json(const struct up_group *x, const struct up_group *
 			    traffic_json(x->slice.slot[HM_INPUT_TOKENS], base->slice.slot[HM_INPUT_TOKENS]));
 	json_object_set_new(t, "concurrency", traffic_json(x->slice.slot[HM_INFLIGHT], base->slice.slot[HM_INFLIGHT]));
 	json_object_set_new(o, "traffic", t);
+	json_object_set_new(o, "causal", json_boolean(causal));
+	json_object_set_new(o, "equal_load", equal_load_json(&x->slice, &base->slice));
 	return o;
+}
+
+/* How the route assigned its requests, from `assign` ({balance, targets,
+ * mirror} of the configuration in force; NULL for a route it does not
+ * have): `balance`, `assignment` and `assignment_note` on `root`. Returns
+ * whether the unpaired verdicts may be read as causal: only when the
+ * assignment did not depend on load, as weights alone do not. */
+static bool assignment_json(json_t *root, json_t *assign)
+{
+	const char *policy = json_string_value(json_object_get(assign, "balance"));
+	json_int_t targets = json_integer_value(json_object_get(assign, "targets"));
+	const char *mirror = json_string_value(json_object_get(assign, "mirror"));
+	char note[640];
+	const char *kind;
+	bool causal;
+
+	if (!policy) {
+		kind = "unknown";
+		causal = false;
+		snprintf(note, sizeof(note),
+			 "the configuration in force has no such route, so how its requests were assigned is not "
+			 "known: read the differences as descriptions, not as causes");
+	} else if (strcmp(policy, "weighted") == 0 || targets < 2) {
+		kind = "load_independent";
+		causal = true;
+		snprintf(note, sizeof(note),
+			 "%s: each request went to an upstream whatever the upstreams' load, so the upstreams drew "
+			 "from the same traffic and the differences can be read as the upstreams' own",
+			 targets < 2 ? "one upstream in the split" : "weighted split");
+	} else {
+		kind = "load_dependent";
+		causal = false;
+		snprintf(note, sizeof(note),
+			 "balance %s chose each request's upstream by the upstreams' load, so they ran at different "
+			 "concurrency on different requests: the differences below describe what each served, not "
+			 "how each would serve the same requests, and their verdicts are not valid as a causal "
+			 "comparison. %s; `equal_load` in each difference compares ttft at the same requests in "
+			 "flight",
+			 policy,
+			 mirror ? "The route's mirror sends the same requests to both sides: read `paired`, which is"
+				  " valid"
+				: "For a valid comparison, mirror a share of the route to the upstream under test "
+				  "(`mirror`, docs/workload.md, paired comparison) and read `paired`, or compare under "
+				  "balance: weighted");
+	}
+	json_object_set_new(root, "balance", policy ? json_string(policy) : json_null());
+	json_object_set_new(root, "assignment", json_string(kind));
+	json_object_set_new(root, "assignment_note", json_string(note));
+	return causal;
 }
 
 /* ---- paired: mirrored requests against their primaries ---- */
@@ -377,7 +472,7 @@ static json_t *paired_json(const char *route)
 }
 
 char *compare_render(const struct store_result *r, const char *route, enum store_window window, int cold_mode,
-		     uint64_t since_sec, json_t *labels)
+		     uint64_t since_sec, json_t *labels, json_t *assign)
 {
 	struct stats_query q = { .window = window, .route = route, .cold = (enum cold_filter)cold_mode };
 	struct stats_groups gs;
@@ -430,13 +525,14 @@ char *compare_render(const struct store_result *r, const char *route, enum store
 					"medians differ by more than 1 %; error rate and goodput ratio: "
 					"two-proportion z-test (pooled), significant when p < 0.01"));
 	json_object_set_new(root, "confidence", json_real(COMPARE_CONFIDENCE));
+	bool causal = assignment_json(root, assign);
 	for (size_t k = 0; k < nups; k++)
 		json_array_append_new(arr, upstream_json(&ups[k], elapsed, labels));
 	json_object_set_new(root, "upstreams", arr);
 	json_object_set_new(root, "baseline", nups ? json_string(ups[base].upstream) : json_null());
 	for (size_t k = 0; k < nups; k++)
 		if (k != base)
-			json_array_append_new(diffs, difference_json(&ups[k], &ups[base], elapsed));
+			json_array_append_new(diffs, difference_json(&ups[k], &ups[base], elapsed, causal));
 	json_object_set_new(root, "differences", diffs);
 	json_object_set_new(root, "paired_test",
 			    json_string("mirrored requests paired with their primaries (a: primary, b: shadow; "

@@ -51,8 +51,10 @@ void prop_test(uint64_t x, uint64_t n, uint64_t y, uint64_t m, struct prop_test 
 
 struct json_t;
 /* The /compare answer for `route` over the query result `r`. `labels` maps
- * upstream names to label objects (may be NULL); `since_sec` as for /stats.
+ * upstream names to label objects (may be NULL); `assign` is how the route
+ * assigns its requests ({"balance", "targets", "mirror"}; NULL: a route
+ * the configuration does not have); `since_sec` as for /stats.
  * cold_mode: 0 include, 1 exclude, 2 only. Malloc'd JSON, or NULL when out
  * of memory. */
 char *compare_render(const struct store_result *r, const char *route, enum store_window window, int cold_mode,
-		     uint64_t since_sec, struct json_t *labels);
+		     uint64_t since_sec, struct json_t *labels, struct json_t *assign);

@@ -30,6 +30,15 @@ void config_defaults(struct config *c)
 			log_error("settings: the default of %s does not parse: %s", settings[i].name, why);
 }
 
+const char *balance_policy_name(enum balance_policy b)
+{
+	static const char *const names[] = { [BALANCE_WEIGHTED] = "weighted",
+					     [BALANCE_LEAST_REQUEST] = "least_request",
+					     [BALANCE_LATENCY] = "latency",
+					     [BALANCE_PREFIX] = "prefix" };
+	return (unsigned)b < sizeof(names) / sizeof(names[0]) ? names[b] : "?";
+}
+
 void config_upstream_defaults(struct upstream_conf *u)
 {
 	memset(u, 0, sizeof(*u));

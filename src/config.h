@@ -83,6 +83,9 @@ enum sticky_kind { STICKY_NONE, STICKY_HEADER, STICKY_JSON_FIELD };
 /* How a route chooses among its split (docs/routing.md). */
 enum balance_policy { BALANCE_WEIGHTED, BALANCE_LEAST_REQUEST, BALANCE_LATENCY, BALANCE_PREFIX };
 
+/* A policy's name as the configuration spells it ("?" for none). */
+const char *balance_policy_name(enum balance_policy b);
+
 /* prefix policy: the block size (an engine's KV block: vLLM's default), the
  * leading blocks hashed by default, and the bound on the affine upstream's
  * load, as a multiple of its share */

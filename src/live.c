@@ -96,15 +96,6 @@ static json_t *str_or_null(const char *s)
 	return s ? json_string(s) : json_null();
 }
 
-static const char *balance_name(enum balance_policy b)
-{
-	static const char *const names[] = { [BALANCE_WEIGHTED] = "weighted",
-					     [BALANCE_LEAST_REQUEST] = "least_request",
-					     [BALANCE_LATENCY] = "latency",
-					     [BALANCE_PREFIX] = "prefix" };
-	return (unsigned)b < sizeof(names) / sizeof(names[0]) ? names[b] : "?";
-}
-
 /* The balancing view of an upstream: the same in every worker (shared). */
 static json_t *balance_json(const struct upstream *u)
 {
@@ -142,7 +133,7 @@ static json_t *route_json(const struct route *r)
 	json_object_set_new(match, "method", str_or_null(c->method));
 	json_object_set_new(match, "host", str_or_null(c->host));
 	json_object_set_new(match, "model", str_or_null(c->model));
-	json_object_set_new(o, "balance", json_string(balance_name(c->balance)));
+	json_object_set_new(o, "balance", json_string(balance_policy_name(c->balance)));
 	for (unsigned i = 0; i < r->ntargets; i++) {
 		json_t *t = json_object();
 		json_object_set_new(t, "upstream", json_string(r->targets[i].up->name));

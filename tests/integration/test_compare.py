@@ -115,6 +115,67 @@ class CompareTest(harness.TestCase):
         self.assertAlmostEqual(gp["diff"], 1.0 if dead_is_base else -1.0)
         self.assertEqual(diff["error_rate_diff"], er["diff"])
 
+    def test_load_dependent_assignment_is_said(self):
+        """Under balance: least_request the answer says that assignment
+        depended on load, marks each difference not causal, points to the
+        paired comparison and compares ttft at equal load; under weights the
+        same route's verdicts stay causal."""
+        for balance, kind in (("least_request", "load_dependent"), ("weighted", "load_independent")):
+            with self.subTest(balance=balance):
+                sims = {
+                    "fast": harness.start_sim(self, "--ttft-ms", "5", "--itl-ms", "1"),
+                    "slow": harness.start_sim(self, "--ttft-ms", "20", "--itl-ms", "1"),
+                }
+                tt, admin = rh.start_split(self, {k: v.url for k, v in sims.items()}, {"fast": 1, "slow": 1},
+                                           route_opts=["balance: %s" % balance])
+                self.assertEqual(drive(tt.port, 200).count(200), 200)
+                doc = rh.compare_flushed(self, admin, 200)
+                self.assertEqual(doc["balance"], balance)
+                self.assertEqual(doc["assignment"], kind)
+                (diff,) = doc["differences"]
+                self.assertEqual(diff["causal"], balance == "weighted")
+                if balance == "weighted":
+                    self.assertNotIn("not valid", doc["assignment_note"])
+                    continue
+                self.assertIn("not valid as a causal comparison", doc["assignment_note"])
+                self.assertIn("mirror", doc["assignment_note"])
+                self.assertIn("`paired`", doc["assignment_note"])
+                # the hour's slices keep the load curve: ttft at the
+                # in-flight levels both upstreams were seen at
+                r, _ = harness.exchange(admin, "GET", "/compare?route=chat&window=1h&cold=include")
+                self.assertEqual(r.status, 200)
+                (diff,) = r.json()["differences"]
+                levels = diff["equal_load"]
+                self.assertTrue(levels, diff)
+                for lvl in levels:
+                    self.assertGreaterEqual(lvl["requests"], 10, lvl)
+                    self.assertGreaterEqual(lvl["baseline_requests"], 10, lvl)
+                    self.assertLessEqual(lvl["inflight_low"], lvl["inflight_high"] or lvl["inflight_low"])
+                # slow is 15 ms slower to a first token at any load
+                self.assertTrue(any(lvl["verdict"] in ("slower", "faster") for lvl in levels), levels)
+                who_slow = diff["upstream"] == "slow"
+                for lvl in levels:
+                    if lvl["verdict"] != "no difference":
+                        self.assertEqual(lvl["verdict"], "slower" if who_slow else "faster", lvl)
+
+    def test_reload_changes_what_compare_says(self):
+        """The policy /compare reports is the configuration in force: a
+        reload from least_request to weighted makes the same route's
+        differences causal again, without restarting."""
+        sims = {"a": harness.start_sim(self, "--ttft-ms", "2"), "b": harness.start_sim(self, "--ttft-ms", "2")}
+        tt, admin = rh.start_split(self, {k: v.url for k, v in sims.items()}, {"a": 1, "b": 1},
+                                   route_opts=["balance: least_request"])
+        self.assertEqual(drive(tt.port, 40).count(200), 40)
+        doc = rh.compare_flushed(self, admin, 40)
+        self.assertEqual((doc["balance"], doc["assignment"]), ("least_request", "load_dependent"))
+        self.assertTrue(tt.reload(tt.body.replace("balance: least_request", "balance: weighted")))
+        doc = rh.compare_flushed(self, admin, 40)
+        self.assertEqual((doc["balance"], doc["assignment"]), ("weighted", "load_independent"))
+        self.assertTrue(all(d["causal"] for d in doc["differences"]), doc["differences"])
+        # a route the configuration no longer has: not known how it assigned
+        r, _ = harness.exchange(admin, "GET", "/compare?route=gone")
+        self.assertEqual((r.json()["balance"], r.json()["assignment"]), (None, "unknown"))
+
     def test_bad_parameters(self):
         sims = {"only": harness.start_sim(self)}
         tt, admin = self.start(sims, {"only": 1})

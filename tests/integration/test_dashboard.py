@@ -18,6 +18,10 @@ with its widest rows (labels, both verdicts, the TTFT attribution) the
 table ends inside the viewport, its last column on screen (screenshot:
 tests/artifacts/dashboard-compare.png).
 
+A least_request route checks the Routing panel: each upstream's share over
+time as a line (data-series, data-last) and the pick reasons as /metrics
+counts them (screenshot: tests/artifacts/dashboard-routing.png).
+
 "No console errors" is checked twice: the page records window.onerror,
 unhandled rejections, CSP violations and console.error into #page-errors
 (its data-count must be 0), and Chromium's own console log (stderr, with
@@ -30,6 +34,7 @@ installs it.
 """
 
 import base64
+import concurrent.futures
 import html.parser
 import json
 import os
@@ -733,6 +738,68 @@ class DashboardCompareTest(harness.TestCase):
         self.assertLessEqual(got["right"], got["viewport"], "the Compare table runs off the right edge: %r" % got)
         self.assertLessEqual(got["last"], got["viewport"], "its last column is cut: %r" % got)
         self.assertLessEqual(got["page"], got["viewport"], "the page scrolls sideways: %r" % got)
+
+    def test_routing_panel_shows_shares_and_picks(self):
+        """A least_request route over two upstreams: the Routing panel has
+        the route's share chart with one line per upstream, the shares
+        adding up to 100 %, and the pick reasons as /metrics counts them;
+        the Compare panel says the assignment depended on load. Screenshot:
+        tests/artifacts/dashboard-routing.png."""
+        import routing_helpers as rh
+        chromium_bin()
+        fast = harness.start_sim(self, "--ttft-ms", "3", "--itl-ms", "1")
+        slow = harness.start_sim(self, "--ttft-ms", "30", "--itl-ms", "4")
+        d = tempfile.mkdtemp(prefix="tokentap-dash-route-")
+        self.addCleanup(shutil.rmtree, d, True)
+        body = rh.upstreams_yaml({"fast": fast.url, "slow": slow.url}) + (
+            "routes:\n  - name: chat\n    balance: least_request\n    split:\n"
+            "      - {upstream: fast, weight: 1}\n      - {upstream: slow, weight: 1}\n")
+        tt = rh.start_conf(self, body, "--admin", "127.0.0.1:0", "--data-dir", os.path.join(d, "data"),
+                           "--flush-interval", "200ms")
+        port = admin_port(tt)
+        with concurrent.futures.ThreadPoolExecutor(4) as ex:
+            statuses = list(ex.map(lambda _: rh.send(tt.port, rh.chat(stream=True),
+                                                     headers=[("x-sim-tokens", "4")]).status, range(80)))
+        self.assertEqual(statuses.count(200), 80)
+        want = {}
+        text = admin_get(port, "/metrics").body.decode()
+        for m in re.finditer(r'^tokentap_route_decisions_total\{route="chat",upstream="(\w+)",reason="(\w+)"\} (\d+)',
+                             text, re.M):
+            if int(m.group(3)):
+                want[(m.group(1), m.group(2))] = int(m.group(3))
+        self.assertEqual(sum(want.values()), 80, want)
+
+        def flushed():
+            r = admin_get(port, "/compare?route=chat&window=1m&cold=include")
+            return sum(u["requests"] for u in r.json()["upstreams"]) == 80
+
+        self.assertTrue(harness.wait_until(flushed, 5.0, 0.1))
+        out, err = run_chromium(self, "http://127.0.0.1:%d/" % port, "--dump-dom")
+        dom = Dom(out)
+        check_no_page_errors(self, dom, err)
+        self.assertEqual(dom.by_id("routing")["attrs"].get("data-routes"), "1")
+        (fig,) = [e for e in dom.inside("routing", "figure") if e["attrs"].get("data-route") == "chat"]
+        self.assertEqual(fig["attrs"]["data-balance"], "least_request")
+        self.assertEqual(fig["attrs"]["data-upstreams"], "fast,slow")
+        svg = dom.by_id("chart-share-0")
+        self.assertEqual(svg["attrs"].get("data-empty"), "0")
+        lines = {e["attrs"]["data-series"]: e for e in dom.inside("chart-share-0", "path", "line")}
+        self.assertEqual(set(lines), {"fast", "slow"})
+        last = {k: float(e["attrs"]["data-last"]) for k, e in lines.items()}
+        self.assertAlmostEqual(sum(last.values()), 100.0, delta=0.01)
+        # least_request: the fast one, free sooner, got more
+        self.assertGreater(last["fast"], last["slow"])
+        cells = {(tr["attrs"]["data-upstream"], td["attrs"]["data-reason"]): int(td["attrs"]["data-value"])
+                 for tr in dom.inside(fig, "tr") if "data-upstream" in tr["attrs"]
+                 for td in dom.inside(tr, "td") if "data-reason" in td["attrs"]}
+        self.assertEqual({k: v for k, v in cells.items() if v}, want)
+        notes = [e for e in dom.inside("compare", "p") if e["attrs"].get("data-assignment")]
+        self.assertEqual([e["attrs"]["data-assignment"] for e in notes], ["load_dependent"])
+        shot = os.path.join(ARTIFACTS, "dashboard-routing.png")
+        os.makedirs(ARTIFACTS, exist_ok=True)
+        run_chromium(self, "http://127.0.0.1:%d/#routing" % port, "--screenshot=" + shot,
+                     "--window-size=1400,2400")
+        self.assertTrue(os.path.exists(shot))
 
     def test_compare_panel_shows_a_mirror_route(self):
         """One target and a mirror: two upstreams to compare, on the same

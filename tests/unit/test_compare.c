@@ -162,7 +162,7 @@ static void add_upstream(struct store_result *r, const char *up, uint64_t n, uin
 static json_t *compare_json(const struct store_result *r)
 {
 	json_error_t e;
-	char *text = compare_render(r, "chat", WIN_5M, 1, 0, NULL);
+	char *text = compare_render(r, "chat", WIN_5M, 1, 0, NULL, NULL);
 	assert_non_null(text);
 	json_t *doc = json_loads(text, 0, &e);
 	free(text);
@@ -231,12 +231,74 @@ static void test_attribution(void **state)
 	store_result_free(&r);
 }
 
+/* A least_request route: the assignment is called load-dependent and the
+ * verdicts not causal; equal_load compares only the in-flight levels both
+ * upstreams were seen at (here 1 in flight, the same ttft: no difference),
+ * not the whole, where the busy one's requests mostly met 5-8 in flight.
+ * Under weights the same numbers are causal. */
+static void test_load_dependent_assignment(void **state)
+{
+	struct store_result r;
+	json_error_t e;
+	(void)state;
+
+	memset(&r, 0, sizeof(r));
+	r.start_sec = 1000;
+	r.end_sec = 1099;
+	add_upstream(&r, "busy", 100, 0, 40000, 5000);
+	add_upstream(&r, "idle", 40, 0, 40000, 5000);
+	for (size_t i = 0; i < r.n; i++) {
+		struct slice *s = &r.series[i].slice;
+		bool busy = i == 0;
+		hist_record_n(slice_hist(s, SLOT_CURVE(CURVE_TTFT, 0)), 50000, busy ? 20 : 40);
+		if (busy)
+			hist_record_n(slice_hist(s, SLOT_CURVE(CURVE_TTFT, 3)), 200000, 80);
+	}
+	json_t *lr = json_pack("{s:s,s:i,s:n}", "balance", "least_request", "targets", 2, "mirror");
+	char *text = compare_render(&r, "chat", WIN_1H, 1, 0, NULL, lr);
+	json_t *doc = json_loads(text, 0, &e);
+	free(text);
+	assert_non_null(doc);
+	assert_string_equal(json_string_value(json_object_get(doc, "balance")), "least_request");
+	assert_string_equal(json_string_value(json_object_get(doc, "assignment")), "load_dependent");
+	assert_non_null(strstr(json_string_value(json_object_get(doc, "assignment_note")), "paired"));
+	json_t *d = json_array_get(json_object_get(doc, "differences"), 0);
+	assert_true(json_is_false(json_object_get(d, "causal")));
+	json_t *eq = json_object_get(d, "equal_load");
+	assert_int_equal(json_array_size(eq), 1);
+	json_t *lvl = json_array_get(eq, 0);
+	assert_int_equal(json_integer_value(json_object_get(lvl, "inflight_low")), 1);
+	assert_int_equal(json_integer_value(json_object_get(lvl, "inflight_high")), 1);
+	assert_int_equal(json_integer_value(json_object_get(lvl, "requests")), 40);
+	assert_int_equal(json_integer_value(json_object_get(lvl, "baseline_requests")), 20);
+	assert_string_equal(json_string_value(json_object_get(lvl, "verdict")), "no difference");
+	assert_true(fabs(json_real_value(json_object_get(lvl, "ttft_p50_ms")) - 50.0) < 1.0);
+	json_decref(doc);
+
+	json_t *w = json_pack("{s:s,s:i,s:n}", "balance", "weighted", "targets", 2, "mirror");
+	text = compare_render(&r, "chat", WIN_1H, 1, 0, NULL, w);
+	doc = json_loads(text, 0, &e);
+	free(text);
+	assert_non_null(doc);
+	assert_string_equal(json_string_value(json_object_get(doc, "assignment")), "load_independent");
+	d = json_array_get(json_object_get(doc, "differences"), 0);
+	assert_true(json_is_true(json_object_get(d, "causal")));
+	json_decref(doc);
+	json_decref(w);
+	json_decref(lr);
+	store_result_free(&r);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_hand_worked),    cmocka_unit_test(test_same_distribution_not_rejected),
-		cmocka_unit_test(test_shift_detected), cmocka_unit_test(test_ks_critical),
-		cmocka_unit_test(test_prop_test),      cmocka_unit_test(test_attribution),
+		cmocka_unit_test(test_hand_worked),
+		cmocka_unit_test(test_same_distribution_not_rejected),
+		cmocka_unit_test(test_shift_detected),
+		cmocka_unit_test(test_ks_critical),
+		cmocka_unit_test(test_prop_test),
+		cmocka_unit_test(test_attribution),
+		cmocka_unit_test(test_load_dependent_assignment),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
