@@ -112,7 +112,7 @@ SAMPLE_EVERY_S = 2.0
 # inside that fill (measured: +7 % under load, +11 % idle, plain), so its
 # limits leave room for it and catch only gross growth.
 RSS_GROWTH_MAX = {"long": 0.10, "short": 0.20}
-RSS_GROWTH_MAX_SANITIZED = {"long": 0.25, "short": 0.40}
+RSS_GROWTH_MAX_SANITIZED = {"long": 0.25, "short": 0.30}
 FD_LOAD_GROWTH_MAX = 0.10
 # A 5xx the route's own upstreams can cause while `b` goes away: its
 # connection reset (a request sent, no answer), refused on the replay of a
@@ -598,10 +598,17 @@ class SoakAll:
         a = self.args
         argv = [harness.sim_bin(), "--listen", "127.0.0.1:%d" % port, "--tls-cert", self.cert, "--tls-key", self.key,
                 "--ttft-ms", str(a.ttft_ms), "--itl-ms", str(a.itl_ms), "--seed", str(len(self.dead_sims))]
+        env = None
+        if name == "b" and self.sanitized:
+            # The simulator leaves the connections open at its exit to the
+            # kernel (sim.c), so LeakSanitizer reports them when b is
+            # stopped mid-traffic; its other reports stay on.
+            env = dict(os.environ)
+            env["ASAN_OPTIONS"] = (env.get("ASAN_OPTIONS", "") + ":detect_leaks=0").lstrip(":")
         last = None
         for _ in range(50):  # the port may still be held for a moment after a stop
             try:
-                p = harness.Process(argv, r"^tokentap-sim listening on 127\.0\.0\.1:(\d+)$", "sim-" + name)
+                p = harness.Process(argv, r"^tokentap-sim listening on 127\.0\.0\.1:(\d+)$", "sim-" + name, env=env)
                 break
             except RuntimeError as e:
                 last = e
@@ -1117,6 +1124,8 @@ class SoakAll:
         msg = ("idle: fresh %d, after warm-up %d, end %d; under load (%d samples): first-third median %g, "
                "last-third median %g, max %d" % (len(fresh), len(base), len(end), len(main), f1, f3,
                                                  max(f for f, _ in main)))
+        if len(base) != len(fresh):  # what the first requests open for good (the trace file)
+            msg += "; opened during the warm-up and kept: %s" % "; ".join(harness.fd_diff(fresh, base)[:4])
         if len(end) != len(base) or f3 > f1 * (1 + FD_LOAD_GROWTH_MAX):
             self.fail("fds", msg + ("; differences from the warm-up:\n  %s"
                                     % "\n  ".join(harness.fd_diff(base, end)) if len(end) != len(base) else ""))
@@ -1166,8 +1175,8 @@ class SoakAll:
         if reports:
             self.fail("sanitizer", "report(s):\n" + "\n".join(reports))
         elif self.sanitized:
-            self.passed("sanitizer", "ASan/UBSan build: no report from tokentap or the %d simulator processes"
-                        % (3 + len(self.dead_sims)))
+            self.passed("sanitizer", "ASan/UBSan build: no report from tokentap or the %d simulator processes "
+                        "(b's without leak detection)" % (3 + len(self.dead_sims)))
         else:
             self.passed("sanitizer", "not a sanitizer build, so nothing could be reported")
 
