@@ -6,10 +6,16 @@ trace (tracing.new_traces) or removed; new roots sampled at
 tracing.sample_ratio; the same traceparent on a failover; trace_id and
 span_id in the access log and /requests/recent.
 
-The upstreams are fake ones that record every head they receive."""
+The upstreams are fake ones that record every head they receive. A real
+OpenTelemetry client (the official @opentelemetry/core W3C propagator,
+installed with npm into tests/artifacts like test_responses.py's SDK)
+injects the parent and extracts what the upstream got."""
 
 import json
+import os
 import re
+import shutil
+import subprocess
 import unittest
 
 import harness
@@ -32,6 +38,51 @@ INVALID = {
     "separator": "00_%s-%s-01" % (TRACE, PARENT),
     "empty": "",
 }
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OTEL_SPECS = ("@opentelemetry/core@2.2.0", "@opentelemetry/api@1.9.0")
+OTEL_DIR = os.path.join(os.path.dirname(HERE), "artifacts", "npm-otel")
+OTEL_SCRIPT = os.path.join(HERE, "otel_propagate.cjs")
+
+
+def npm_install_otel():
+    """Installs OTEL_SPECS under OTEL_DIR once; fails with a message when
+    npm is missing or the install fails."""
+    def installed():
+        for spec in OTEL_SPECS:
+            name, _, version = spec.rpartition("@")
+            mark = os.path.join(OTEL_DIR, "node_modules", name, "package.json")
+            if not os.path.exists(mark):
+                return False
+            with open(mark) as f:
+                if json.load(f)["version"] != version:
+                    return False
+        return True
+
+    if installed():
+        return
+    for tool in ("node", "npm"):
+        if shutil.which(tool) is None:
+            raise AssertionError("%s is not installed: run contrib/setup.sh (it installs Debian's nodejs and npm)"
+                                 % tool)
+    os.makedirs(OTEL_DIR, exist_ok=True)
+    try:
+        p = subprocess.run(["npm", "install", "--prefix", OTEL_DIR, "--no-audit", "--no-fund", "--no-save"]
+                           + list(OTEL_SPECS), capture_output=True, text=True, timeout=90)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("npm install %s did not finish within 90 s (no registry access?)" % " ".join(OTEL_SPECS))
+    if p.returncode != 0 or not installed():
+        raise AssertionError("npm install %s into %s failed (exit %d):\n%s" % (
+            " ".join(OTEL_SPECS), OTEL_DIR, p.returncode, (p.stdout + p.stderr)[-3000:]))
+
+
+def otel(*args):
+    p = subprocess.run(["node", OTEL_SCRIPT, OTEL_DIR] + [str(a) for a in args], capture_output=True, text=True,
+                       timeout=30)
+    if p.returncode != 0:
+        raise AssertionError("node %s exited %d:\n%s" % (OTEL_SCRIPT, p.returncode, p.stderr[-3000:]))
+    return json.loads(p.stdout)
 
 
 def answer(sock, req, ctx):
@@ -187,6 +238,35 @@ class TestContinue(TraceBase):
         # two headers: one list, each passed on as it came
         head, e = self.send("tc-ts-2h", [("traceparent", GOOD), ("tracestate", "a=1"), ("tracestate", "b=2")])
         self.assertEqual(all_of(head, "tracestate"), ["a=1", "b=2"])
+
+
+class TestOpenTelemetryClient(TraceBase):
+    """The official propagator injects a client span's context; what the
+    upstream receives extracts, with the same propagator, to a remote span
+    context of the same trace whose span is tokentap's (the access log's),
+    sampled, with the client's tracestate."""
+
+    @classmethod
+    def setUpClass(cls):
+        npm_install_otel()
+        super().setUpClass()
+
+    def test_parent_relationship(self):
+        rid = "to-otel"
+        sent = otel("send", self.tt.port, rid)
+        self.assertEqual(sent["status"], 200)
+        self.assertIn("traceparent", sent["carrier"])
+        head = headers_of(self.up, rid)[0]
+        e = self.log_entry(self.tt.log_path, rid)
+        got = otel("extract", json.dumps({k: v for k, v in head if k in ("traceparent", "tracestate")}))
+        self.assertIsNotNone(got, "the propagator found no span context in %r" % head)
+        self.assertEqual(got["traceId"], sent["traceId"])
+        self.assertEqual(got["traceId"], e["trace_id"])
+        self.assertEqual(got["spanId"], e["span_id"])
+        self.assertNotEqual(got["spanId"], sent["spanId"])
+        self.assertEqual(got["traceFlags"], 1)
+        self.assertTrue(got["isRemote"])
+        self.assertEqual(got["traceState"], sent["carrier"]["tracestate"])
 
 
 class TestNewTraces(TraceBase):
