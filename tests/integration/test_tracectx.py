@@ -351,6 +351,38 @@ class TestFailover(harness.TestCase):
         self.assertEqual(first, ["00-%s-%s-01" % (TRACE, e["span_id"])])
 
 
+class TestMirror(harness.TestCase):
+    """A shadow copy is sent the primary's traceparent, and its log line
+    names the same trace and span."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.primary = harness.start_fake_upstream(cls, answer)
+        cls.shadow = harness.start_fake_upstream(cls, answer)
+        cls.tt = rh.start_conf(cls, rh.upstreams_yaml({"primary": cls.primary.url, "shadow": cls.shadow.url})
+                               + "routes:\n  - name: chat\n    upstream: primary\n"
+                               "    mirror: {upstream: shadow, percent: 100}\n", *rh.ONE_WORKER)
+
+    def test_shadow_same_traceparent(self):
+        rid = "tm-mirror"
+        resp = rh.send(self.tt.port, rh.chat(), [("x-request-id", rid), ("traceparent", GOOD),
+                                                 ("tracestate", "rojo=1")])
+        self.assertEqual(resp.status, 200)
+        p = headers_of(self.primary, rid)[0]
+        s = headers_of(self.shadow, rid)[0]
+        self.assertEqual(all_of(s, "traceparent"), all_of(p, "traceparent"))
+        self.assertEqual(all_of(s, "tracestate"), ["rojo=1"])
+        lines = []
+
+        def both():  # the primary's line and the shadow's
+            lines[:] = [e for e in self.tt.access_log() if e.get("id") == rid]
+            return len(lines) == 2
+
+        self.assertTrue(harness.wait_until(both, 5.0, 0.02), lines)
+        self.assertEqual({(e["trace_id"], e["span_id"]) for e in lines},
+                         {(TRACE, TP_RE.match(all_of(p, "traceparent")[0]).group(2))})
+
+
 class TestConfig(unittest.TestCase):
     def test_ratio_out_of_range(self):
         for bad in ("2", "-0.1", "half", "nan"):
