@@ -45,26 +45,26 @@ static void test_invalid(void **state)
 	static const char *const bad[] = {
 		"",
 		"00",
-		"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0",	 /* short flags */
-		"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-011",	 /* 00 is exactly 55 */
-		"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-",	 /* 00 has no more fields */
-		"00-4bf92f3577b34da6a3ce929d0e0e473-600f067aa0ba902b7-01",	 /* dash moved */
-		"00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",	 /* separator */
+		"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0",   /* short flags */
+		"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-011", /* 00 is exactly 55 */
+		"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-", /* 00 has no more fields */
+		"00-4bf92f3577b34da6a3ce929d0e0e473-600f067aa0ba902b7-01",  /* dash moved */
+		"00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",  /* separator */
 		"00-4bf92f3577b34da6a3ce929d0e0e4736_00f067aa0ba902b7-01",
 		"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7_01",
-		"00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",	 /* upper case trace id */
-		"00-4bf92f3577b34da6a3ce929d0e0e4736-00F067AA0BA902B7-01",	 /* upper case parent id */
-		"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0A",	 /* upper case flags */
-		"0A-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",	 /* upper case version */
-		"00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01",	 /* non-hex trace id */
-		"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902bz-01",	 /* non-hex parent id */
-		"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0x",	 /* non-hex flags */
-		"x0-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",	 /* non-hex version */
-		"00-00000000000000000000000000000000-00f067aa0ba902b7-01",	 /* zero trace id */
-		"00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",	 /* zero parent id */
-		"ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",	 /* version ff */
-		"01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01x",	 /* later version: '-' after */
-		" 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",	 /* whitespace is the caller's */
+		"00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",  /* upper case trace id */
+		"00-4bf92f3577b34da6a3ce929d0e0e4736-00F067AA0BA902B7-01",  /* upper case parent id */
+		"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0A",  /* upper case flags */
+		"0A-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",  /* upper case version */
+		"00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01",  /* non-hex trace id */
+		"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902bz-01",  /* non-hex parent id */
+		"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0x",  /* non-hex flags */
+		"x0-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",  /* non-hex version */
+		"00-00000000000000000000000000000000-00f067aa0ba902b7-01",  /* zero trace id */
+		"00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",  /* zero parent id */
+		"ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",  /* version ff */
+		"01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01x", /* later version: '-' after */
+		" 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", /* whitespace is the caller's */
 	};
 	struct trace_ctx t;
 	(void)state;
@@ -138,15 +138,15 @@ static void test_tracestate(void **state)
 	const char *two[] = { "rojo=1", "congo=2" };
 	assert_int_equal(state_of(two, 2), 2);
 
-	assert_int_equal(state1("rojo"), -1);		  /* no '=' */
-	assert_int_equal(state1("Rojo=1"), -1);		  /* upper case key */
-	assert_int_equal(state1("1rojo=1"), -1);	  /* a simple key starts with a letter */
-	assert_int_equal(state1("rojo="), -1);		  /* empty value */
-	assert_int_equal(state1("rojo=a=b"), -1);	  /* '=' in the value */
-	assert_int_equal(state1("rojo=a\x01"), -1);	  /* control character */
-	assert_int_equal(state1("rojo=1,rojo=2"), -1);	  /* a key twice */
-	assert_int_equal(state1("t@Sys=1"), -1);	  /* system id starts lower case */
-	assert_int_equal(state1("t@sys@x=1"), -1);	  /* one '@' */
+	assert_int_equal(state1("rojo"), -1);		     /* no '=' */
+	assert_int_equal(state1("Rojo=1"), -1);		     /* upper case key */
+	assert_int_equal(state1("1rojo=1"), -1);	     /* a simple key starts with a letter */
+	assert_int_equal(state1("rojo="), -1);		     /* empty value */
+	assert_int_equal(state1("rojo=a=b"), -1);	     /* '=' in the value */
+	assert_int_equal(state1("rojo=a\x01"), -1);	     /* control character */
+	assert_int_equal(state1("rojo=1,rojo=2"), -1);	     /* a key twice */
+	assert_int_equal(state1("t@Sys=1"), -1);	     /* system id starts lower case */
+	assert_int_equal(state1("t@sys@x=1"), -1);	     /* one '@' */
 	assert_int_equal(state1("t@abcdefghijklmno=1"), -1); /* system id of 15 */
 	const char *dup[] = { "rojo=1", "rojo=2" };
 	assert_int_equal(state_of(dup, 2), -1); /* across headers too */
@@ -204,8 +204,8 @@ static void test_rng(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_fields),	 cmocka_unit_test(test_invalid), cmocka_unit_test(test_future_version),
-		cmocka_unit_test(test_format),	 cmocka_unit_test(test_tracestate), cmocka_unit_test(test_rng),
+		cmocka_unit_test(test_fields), cmocka_unit_test(test_invalid),	  cmocka_unit_test(test_future_version),
+		cmocka_unit_test(test_format), cmocka_unit_test(test_tracestate), cmocka_unit_test(test_rng),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
