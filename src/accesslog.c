@@ -91,6 +91,19 @@ json_t *accesslog_engine_json(const struct engine_seen *e)
 			 e->kv_use != e->kv_use ? json_null() : json_real(e->kv_use), "age_ms", (json_int_t)e->age_ms);
 }
 
+json_t *accesslog_trace_json(const struct req_record *r, bool span)
+{
+	char hex[33];
+
+	if (!r->traced)
+		return json_null();
+	if (span)
+		tracectx_hex(r->trace.span_id, sizeof(r->trace.span_id), hex);
+	else
+		tracectx_hex(r->trace.trace_id, sizeof(r->trace.trace_id), hex);
+	return json_string(hex);
+}
+
 static json_t *record_to_json(const struct req_record *r)
 {
 	double m[RM__COUNT];
@@ -102,6 +115,8 @@ static json_t *record_to_json(const struct req_record *r)
 	iso_time(ts, sizeof(ts));
 	json_object_set_new(o, "ts", json_string(ts));
 	json_object_set_new(o, "id", json_string(r->id));
+	json_object_set_new(o, "trace_id", accesslog_trace_json(r, false));
+	json_object_set_new(o, "span_id", accesslog_trace_json(r, true));
 	json_object_set_new(o, "method", json_string(r->method));
 	json_object_set_new(o, "path", json_string(r->path));
 	json_object_set_new(o, "api", json_string(classify_api_name(r->api)));

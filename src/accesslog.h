@@ -26,3 +26,6 @@ void accesslog_close(struct accesslog *log);
 /* The engine's queue and KV use as last scraped at dispatch (scrape.h), as
  * the access log and /requests/recent show it; null without a scrape. */
 json_t *accesslog_engine_json(const struct engine_seen *e);
+/* The request's trace id (span: tokentap's span id) in lower-case hex, as
+ * the access log and /requests/recent show it; null when it has no trace. */
+json_t *accesslog_trace_json(const struct req_record *r, bool span);

@@ -94,6 +94,8 @@ static json_t *entry_json(const struct recent_entry *e)
 		return NULL;
 	record_derive(r, m);
 	put(o, "id", json_string(r->id));
+	put(o, "trace_id", accesslog_trace_json(r, false));
+	put(o, "span_id", accesslog_trace_json(r, true));
 	put(o, "finished", iso_ms(e->unix_ms));
 	put(o, "method", json_string(r->method));
 	put(o, "path", json_string(r->path));

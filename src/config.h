@@ -173,6 +173,8 @@ struct config {
 	bool admin_listen_explicit;  /* a busy default port only warns */
 	const char *override_header; /* pins a request to a named upstream; NULL off */
 	bool override_any_upstream;  /* ... also one outside the matched route */
+	bool trace_new;		     /* no valid traceparent: start a trace (tracectx.h) */
+	double trace_ratio;	     /* of those new traces, the share sampled */
 	uint64_t shutdown_grace_ms;  /* SIGTERM: running streams get this long */
 
 	struct upstream_conf *upstreams;

@@ -376,7 +376,10 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
 /* The head an upstream gets: same method, target and end-to-end headers,
  * HTTP/1.1 framing of tokentap's choosing, and exactly one x-request-id,
  * the request's own (the client's when usable, else a generated one), so
- * the upstream and the access log always name a request alike. */
+ * the upstream and the access log always name a request alike. Likewise at
+ * most one traceparent, the request's trace with tokentap's span as the
+ * parent (the same on every attempt: one span per request), and the
+ * client's tracestate only beside it (request.c, request_trace). */
 int exchange_head_write(const struct reqhead *head, const struct req_record *rec, const struct upstream *up,
 			struct evbuffer *out)
 {
@@ -393,6 +396,10 @@ int exchange_head_write(const struct reqhead *head, const struct req_record *rec
 			continue;
 		if (name_eq(name, h->name_len, "x-request-id"))
 			continue; /* written once below: the id the log has */
+		if (name_eq(name, h->name_len, "traceparent"))
+			continue; /* written below: tokentap's span as the parent */
+		if (name_eq(name, h->name_len, "tracestate") && !rec->trace_state)
+			continue; /* invalid, too long, or without its traceparent */
 		if (name_eq(name, h->name_len, "host"))
 			has_host = true;
 		bad |= evbuffer_add(out, name, h->name_len) == -1;
@@ -403,6 +410,11 @@ int exchange_head_write(const struct reqhead *head, const struct req_record *rec
 	if (!has_host)
 		bad |= evbuffer_add_printf(out, "host: %s\r\n", up->name) < 0;
 	bad |= evbuffer_add_printf(out, "x-request-id: %s\r\n", rec->id) < 0;
+	if (rec->traced) {
+		char tp[TRACEPARENT_LEN + 1];
+		tracectx_format(&rec->trace, tp);
+		bad |= evbuffer_add_printf(out, "traceparent: %s\r\n", tp) < 0;
+	}
 	if (head->chunked)
 		bad |= evbuffer_add_printf(out, "transfer-encoding: chunked\r\n") < 0;
 	if (head->http10)

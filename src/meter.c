@@ -208,6 +208,9 @@ void meter_record_shadow(struct req_record *dst, const struct req_record *primar
 	memcpy(dst->model, primary->model, sizeof(dst->model));
 	dst->api = primary->api;
 	dst->stream = primary->stream;
+	dst->traced = primary->traced; /* the shadow is sent the primary's traceparent */
+	dst->trace_state = primary->trace_state;
+	dst->trace = primary->trace;
 	dst->mirror = true;
 	dst->usage = USAGE_UNKNOWN;
 	/* the shadow's clock starts when the client's request did: its ttft

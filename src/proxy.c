@@ -180,6 +180,9 @@ struct proxy *proxy_new(struct event_base *base, struct router *router, const st
 	struct request_ids *ids = &px->set.renv.ids;
 	if (getrandom(&ids->seed, sizeof(ids->seed), 0) != sizeof(ids->seed))
 		ids->seed = (uint64_t)clock_now_ns() ^ (uint64_t)getpid();
+	struct trace_rng *trng = &px->set.renv.trace_rng;
+	if (getrandom(&trng->s, sizeof(trng->s), 0) != sizeof(trng->s))
+		trng->s = trace_rng_next(&(struct trace_rng){ ids->seed ^ (uint64_t)(uintptr_t)px });
 
 	for (unsigned i = 0; i < nls; i++) {
 		struct sockaddr_storage ss;

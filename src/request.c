@@ -55,6 +55,64 @@ static bool request_id_acceptable(const char *s, size_t len)
 	return true;
 }
 
+/* (s, len) without the spaces and tabs around it. */
+static void trim_ows(const char **s, size_t *len)
+{
+	while (*len && ((*s)[0] == ' ' || (*s)[0] == '\t'))
+		(*s)++, (*len)--;
+	while (*len && ((*s)[*len - 1] == ' ' || (*s)[*len - 1] == '\t'))
+		(*len)--;
+}
+
+/*
+ * The request's trace (W3C Trace Context, tracectx.h). Exactly one valid
+ * traceparent: its trace goes on, with the client's sampled flag, and
+ * tokentap's span (a new id) is the parent the upstream sees; the client's
+ * tracestate goes with it when the list is valid and within bounds. No
+ * traceparent, a broken one or several: a new trace when the route
+ * generation's tracing.new_traces says so, sampled at tracing.sample_ratio,
+ * else none (the upstream then gets no traceparent and no tracestate, so a
+ * broken one is never passed on). One span per request: a failover or a
+ * shadow copy sends the same traceparent (exchange_head_write).
+ */
+static void request_trace(struct request *req)
+{
+	const struct reqhead *rh = &req->head;
+	const struct config *cfg = &req->x.rt->cfg;
+	struct trace_rng *rng = &req->env->trace_rng;
+	struct tracestate_scan sc;
+	const char *tp = NULL;
+	size_t tplen = 0;
+	unsigned ntp = 0;
+	bool state_ok = true;
+
+	memset(&sc, 0, sizeof(sc));
+	for (unsigned i = 0; i < rh->nhdr; i++) {
+		const struct hdr *h = &rh->hdrs[i];
+		const char *name = rh->buf + h->name_off, *val = rh->buf + h->val_off;
+		size_t vlen = h->val_len;
+		trim_ows(&val, &vlen);
+		if (name_eq(name, h->name_len, "traceparent")) {
+			ntp++;
+			tp = val;
+			tplen = vlen;
+		} else if (name_eq(name, h->name_len, "tracestate") && state_ok) {
+			state_ok = tracestate_add(&sc, val, vlen) == 0;
+		}
+	}
+	if (ntp == 1 && tracectx_parse(tp, tplen, &req->rec.trace) == 0) {
+		req->rec.traced = true;
+		req->rec.trace_state = state_ok && sc.members > 0;
+	} else if (cfg->trace_new) {
+		req->rec.traced = true;
+		trace_rng_id(rng, req->rec.trace.trace_id, sizeof(req->rec.trace.trace_id));
+		req->rec.trace.flags = trace_rng_unit(rng) < cfg->trace_ratio ? TRACE_FLAG_SAMPLED : 0;
+	} else {
+		return;
+	}
+	trace_rng_id(rng, req->rec.trace.span_id, sizeof(req->rec.trace.span_id));
+}
+
 /* ---- request objects ---- */
 
 struct request *request_new(struct request_env *env, const struct exchange_hooks *hooks, void *owner,
@@ -134,6 +192,7 @@ void request_note_head(struct request *req)
 		copy_trunc(req->rec.id, sizeof(req->rec.id), rh->buf + h->val_off, h->val_len);
 	else
 		request_id_generate(&req->env->ids, req->rec.id, sizeof(req->rec.id));
+	request_trace(req);
 	if (req->rec.api == API_OLLAMA_CHAT || req->rec.api == API_OLLAMA_GENERATE)
 		req->rec.stream = 1; /* Ollama streams unless told not to */
 	else

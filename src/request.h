@@ -30,6 +30,7 @@ struct request_env {
 	struct exchange_env x;	    /* x.current points at `router` */
 	struct mirror_list mirrors; /* shadow exchanges in flight */
 	struct request_ids ids;
+	struct trace_rng trace_rng; /* trace and span ids (tracectx.h) */
 };
 
 /* One request and its exchange with the upstream. Owned by its client. */

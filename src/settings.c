@@ -19,7 +19,7 @@
 _Static_assert(sizeof(size_t) == sizeof(uint64_t), "settings: SIZE rows need a 64-bit size_t");
 
 /* The C type each setting type writes, for the compile-time check. */
-enum { CT_U64, CT_UNSIGNED, CT_INT, CT_BOOL, CT_STR, CT_OTHER };
+enum { CT_U64, CT_UNSIGNED, CT_INT, CT_BOOL, CT_STR, CT_DOUBLE, CT_OTHER };
 #define CT_OF_SIZE CT_U64
 #define CT_OF_DURATION CT_U64
 #define CT_OF_DURATION_S CT_U64
@@ -35,6 +35,7 @@ enum { CT_U64, CT_UNSIGNED, CT_INT, CT_BOOL, CT_STR, CT_OTHER };
 #define CT_OF_LOGLEVEL CT_INT
 #define CT_OF_WORKERS CT_UNSIGNED
 #define CT_OF_FLAG CT_BOOL
+#define CT_OF_RATIO CT_DOUBLE
 #define CT_OF_FIELD(field) \
 	_Generic(((struct config *)0)->field, \
 		uint64_t: CT_U64, \
@@ -42,6 +43,7 @@ enum { CT_U64, CT_UNSIGNED, CT_INT, CT_BOOL, CT_STR, CT_OTHER };
 		int: CT_INT, \
 		bool: CT_BOOL, \
 		const char *: CT_STR, \
+		double: CT_DOUBLE, \
 		default: CT_OTHER)
 
 #define SETTING_CHECK(ID, yaml, flag, sh, TYPE, field, def, min, max, reload, metavar, help) \
@@ -125,6 +127,7 @@ void setting_expected(const struct setting *s, char *out, size_t len)
 			snprintf(out, len, "a whole number");
 		break;
 	case ST_BOOL: snprintf(out, len, "true or false"); break;
+	case ST_RATIO: snprintf(out, len, "a number from 0 to 1, such as 0.1"); break;
 	case ST_LISTEN: snprintf(out, len, "a numeric ADDR:PORT such as 127.0.0.1:8080 or [::1]:8080"); break;
 	case ST_URL: snprintf(out, len, "a URL such as http://127.0.0.1:8000"); break;
 	case ST_ADMIN_LISTEN:
@@ -205,6 +208,15 @@ int setting_parse(const struct setting *s, const char *text, struct config *c, c
 			goto bad;
 		return 0;
 	case ST_FLAG: *(bool *)field = true; return 0;
+	case ST_RATIO: {
+		char *end;
+		errno = 0;
+		double d = strtod(text, &end);
+		if (errno || !*text || *end || !(d >= 0 && d <= 1)) /* NaN fails too */
+			goto bad;
+		*(double *)field = d;
+		return 0;
+	}
 	case ST_STRING:
 	case ST_FILE: *(const char **)field = text; return 0;
 	case ST_STRING_OFF: *(const char **)field = strcmp(text, "off") == 0 ? NULL : text; return 0;
@@ -300,6 +312,7 @@ static bool same_value(const struct setting *s, const struct config *a, const st
 	case ST_LOGLEVEL: return *(const int *)fa == *(const int *)fb;
 	case ST_BOOL:
 	case ST_FLAG: return *(const bool *)fa == *(const bool *)fb;
+	case ST_RATIO: return *(const double *)fa == *(const double *)fb;
 	case ST_STRING:
 	case ST_STRING_OFF:
 	case ST_FILE:
@@ -381,6 +394,7 @@ static const char *doc_type(enum setting_type t)
 	case ST_LOGLEVEL: return "level";
 	case ST_WORKERS: return "count or `auto`";
 	case ST_FLAG: return "flag";
+	case ST_RATIO: return "ratio";
 	}
 	return "?";
 }
@@ -415,6 +429,7 @@ static void doc_range(FILE *out, const struct setting *s)
 	case ST_ADMIN_LISTEN: fputs("`ADDR:PORT` or `localhost:PORT`", out); return;
 	case ST_URL: fputs("`http://` or `https://` `HOST[:PORT]`", out); return;
 	case ST_FILE: fputs("a readable file", out); return;
+	case ST_RATIO: fputs("`0` to `1`", out); return;
 	case ST_BOOL:
 	case ST_FLAG:
 	case ST_STRING:

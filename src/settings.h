@@ -114,7 +114,11 @@
 	X(OVERRIDE_HEADER, "override_header", NULL, 0, STRING_OFF, override_header, NULL, 0, 0, LIVE, NULL, \
 	  "a request header that pins a request to a named upstream") \
 	X(OVERRIDE_ANY_UPSTREAM, "override_any_upstream", NULL, 0, BOOL, override_any_upstream, NULL, 0, 0, LIVE, \
-	  NULL, "the override header may name an upstream outside the matched route")
+	  NULL, "the override header may name an upstream outside the matched route") \
+	X(TRACE_NEW, "tracing.new_traces", NULL, 0, BOOL, trace_new, NULL, 0, 0, LIVE, NULL, \
+	  "a request without a valid traceparent starts a new trace (off: none is sent upstream)") \
+	X(TRACE_RATIO, "tracing.sample_ratio", NULL, 0, RATIO, trace_ratio, "1", 0, 0, LIVE, NULL, \
+	  "the share of new traces marked sampled; a client's traceparent keeps its own flag")
 /* clang-format on */
 
 enum setting_id {
@@ -141,6 +145,7 @@ enum setting_type {
 	ST_LOGLEVEL,	 /* error, warn, info, debug: int */
 	ST_WORKERS,	 /* auto or 1..WORKERS_MAX: unsigned */
 	ST_FLAG,	 /* no value: present means true */
+	ST_RATIO,	 /* a number from 0 to 1: double (min and max unused) */
 };
 
 /* When a changed value takes effect on SIGHUP. */

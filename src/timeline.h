@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "classify.h"
+#include "tracectx.h"
 
 struct wl_req;
 
@@ -120,6 +121,11 @@ struct engine_seen {
  */
 struct req_record {
 	char id[REQUEST_ID_MAX + 1];
+	/* Its trace (traced): the client's trace, or one tokentap started, with
+	 * tokentap's own span as trace.span_id, which the upstream receives as
+	 * its parent; trace_state: the client's tracestate headers go with it. */
+	bool traced, trace_state;
+	struct trace_ctx trace;
 	char method[16];
 	char path[256]; /* without the query string, truncated to fit */
 	char model[128];
