@@ -875,10 +875,12 @@ static uint64_t replay_window_ns(const struct upconn *uc)
 /*
  * A pooled connection failed before a single response byte: the server
  * closed it as idle just as the request went out. The request is sent once
- * more on a new connection when that is safe: it was kept whole (see
- * REPLAY_MAX), nothing of a response came back, it has not been replayed
- * before, and either its method is idempotent or the server cannot have
- * had it: the failure came while it was being written or at once after
+ * more on a new connection when that is safe: every byte of it that went
+ * out was kept (see REPLAY_MAX), nothing of a response came back, it has
+ * not been replayed before, and either its method is idempotent or the
+ * server cannot have had it: the failure came while it was being written
+ * (its body may still be arriving: what went out goes again, in front of
+ * what has not, and the rest follows as it comes) or at once after
  * (replay_window_ns). A failure later than that is a server that read the
  * request and failed on it (a crash or a reset mid-generation): a POST is
  * not run twice, the client gets the 502. Returns true when the replay is
@@ -891,7 +893,7 @@ static bool request_replay(struct exchange *x, char *why, size_t whylen)
 	uint64_t sent = x->rec->at[TL_REQ_SENT], after = sent ? clock_now_ns() - sent : 0;
 	char when[64] = "while the request was being written";
 
-	if (!x->reused || x->retried || !x->replay || !x->body_done || x->resp.held || x->resp.head_done)
+	if (!x->reused || x->retried || !x->replay || x->resp.held || x->resp.head_done)
 		return false;
 	if (sent)
 		snprintf(when, sizeof(when), "%llu us after the request was written",
@@ -900,6 +902,10 @@ static bool request_replay(struct exchange *x, char *why, size_t whylen)
 		snprintf(why, whylen, " (%s): not sent again, %s is not idempotent", when, x->rec->method);
 		return false;
 	}
+	/* what went out goes again, in front of what has not (a body still
+	 * arriving): failing from here on, the request fails as it would */
+	if (evbuffer_prepend_buffer(x->pending, x->replay) == -1)
+		return false;
 	fresh = upstream_connect_new(x->up);
 	if (!fresh)
 		return false;
@@ -910,8 +916,6 @@ static bool request_replay(struct exchange *x, char *why, size_t whylen)
 	upstream_release(x->uc, false);
 	x->uc = fresh;
 	x->reused = false;
-	evbuffer_drain(x->pending, evbuffer_get_length(x->pending));
-	evbuffer_add_buffer(x->pending, x->replay);
 	evbuffer_free(x->replay);
 	/* a route's ttft_deadline keeps what goes out again, for another upstream */
 	x->replay = x->resp.hold ? evbuffer_new() : NULL;

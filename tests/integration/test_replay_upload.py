@@ -6,10 +6,8 @@ answered, within the replay window), the request is small enough to keep
 whole, so it can go again on a fresh connection once its body is in — as
 the same request does when its body came with its head.
 
-Found by tests/soak/soak_all.py (a client leaving mid-upload was answered
-502 by then). Today tokentap answers 502 upstream_reset: request_replay in
-src/exchange.c replays only a request whose body is done. Marked an
-expected failure until it does; the control case passes."""
+Found by tests/soak/soak_all.py: tokentap answered 502 upstream_reset,
+since request_replay sent again only a request whose body was done."""
 
 import json
 import time
@@ -70,7 +68,6 @@ class UploadReplayTest(harness.TestCase):
         self.assertEqual(resp.status, 200, resp.body)
         self.assertEqual(self.up.connections, 2)
 
-    @unittest.expectedFailure
     def test_body_after_its_head_is_sent_again(self):
         resp = self.post(0.3)
         self.assertEqual(resp.status, 200, resp.body)
