@@ -323,7 +323,9 @@ def render_scenario(key, r):
     lines.append("%-40s %10s" % ("other threads (not in all)", f(others)))
     lines.append("tokentap's most costly functions (self, per event):")
     for x in tt["top"]:
-        lines.append("  %8s  %s  %s" % (f(x["per_event"]), x["function"], os.path.basename(x["file"])))
+        # no source file: a library without debug information (libcrypto's assembly)
+        where = x["file"] if x["file"] != "???" else x["object"]
+        lines.append("  %8s  %s  %s" % (f(x["per_event"]), x["function"], os.path.basename(where)))
     for name, x in (("tokentap", tt), ("haproxy", ha)):
         if x and x["failed_requests"]:
             lines.append("%s: %d requests failed in the windows (see the bench log): approximate" %
