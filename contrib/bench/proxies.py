@@ -233,7 +233,10 @@ class Proc:
     was seen to have (nginx workers) are killed too if still there, after
     checking their start time, so that a reused PID is never touched."""
 
-    def __init__(self, name, argv, log_path, cwd=None, unprivileged=False):
+    def __init__(self, name, argv, log_path, cwd=None, unprivileged=False, wrap=()):
+        # wrap: a command run in front of argv (instr.py's valgrind), after
+        # the drop of privileges so that it runs as the proxy does
+        argv = list(wrap) + argv
         self.name, self.argv, self.log_path = name, argv, log_path
         self.children = {}  # pid -> start time
         if unprivileged and os.geteuid() == 0:
@@ -255,8 +258,10 @@ class Proc:
         except OSError:
             return ""
 
-    def wait_line(self, pattern, timeout=READY_TIMEOUT_S):
-        """The first match of pattern in the log, waiting at most timeout."""
+    def wait_line(self, pattern, timeout=None):
+        """The first match of pattern in the log, waiting at most timeout
+        (READY_TIMEOUT_S as it is at the call: a caller may raise it)."""
+        timeout = READY_TIMEOUT_S if timeout is None else timeout
         rx = re.compile(pattern, re.M)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -269,7 +274,8 @@ class Proc:
         raise Failure("%s did not become ready (exit status %r); log %s:\n%s"
                       % (self.name, self.proc.poll(), self.log_path, self.log_text()))
 
-    def wait_port(self, port, timeout=READY_TIMEOUT_S):
+    def wait_port(self, port, timeout=None):
+        timeout = READY_TIMEOUT_S if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not self.alive():
@@ -348,19 +354,20 @@ def http_get_json(port, path, timeout=5.0):
 
 # ---------------------------------------------------------------- setup
 
-def ensure_packages(no_install):
-    """nginx and haproxy from Debian, installed when missing. Installing must
-    not start the system services: when no policy-rc.d exists, one that
-    refuses every start is put in place for the install and removed after."""
+def ensure_packages(no_install, wanted=(("nginx-light", "nginx"), ("haproxy", "haproxy"))):
+    """nginx and haproxy (or the (package, command) pairs in `wanted`) from
+    Debian, installed when missing. Installing must not start the system
+    services: when no policy-rc.d exists, one that refuses every start is put
+    in place for the install and removed after."""
     have = lambda b: shutil.which(b) or os.access("/usr/sbin/" + b, os.X_OK)
-    missing = [p for p, b in (("nginx-light", "nginx"), ("haproxy", "haproxy")) if not have(b)]
+    missing = [p for p, b in wanted if not have(b)]
     if not missing:
         return
     if no_install:
         raise Failure("missing %s and --no-install given" % " ".join(missing))
     if os.geteuid() != 0:
-        raise Failure("nginx or haproxy is missing and installing needs root: apt-get install %s"
-                      % " ".join(missing))
+        raise Failure("%s missing and installing needs root: apt-get install %s"
+                      % (" and ".join(b for p, b in wanted if p in missing), " ".join(missing)))
     if "nginx-light" in missing:
         probe = subprocess.run(["apt-cache", "show", "nginx-light"], stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
@@ -536,9 +543,9 @@ def tokentap_has_workers(bins):
     return "--workers" in h
 
 
-def start_tokentap(bins, work, sim_port, max_connections, workers, tag, store=True, tls=None):
+def start_tokentap(bins, work, sim_port, max_connections, workers, tag, store=True, tls=None, wrap=()):
     """tls: None, ("client", pki) for a TLS listener, or ("upstream", pki)
-    for an https upstream at sim_port."""
+    for an https upstream at sim_port; wrap: as Proc's."""
     d = private_dir(work, "tokentap" + tag)
     conf = os.path.join(d, "tokentap.yaml")
     side, pki = tls or (None, None)
@@ -555,7 +562,7 @@ def start_tokentap(bins, work, sim_port, max_connections, workers, tag, store=Tr
         argv += ["--workers", str(workers)]
     else:
         workers = 1
-    p = Proc("tokentap", argv, os.path.join(d, "tokentap.log"), cwd=d, unprivileged=True)
+    p = Proc("tokentap", argv, os.path.join(d, "tokentap.log"), cwd=d, unprivileged=True, wrap=wrap)
     port = int(p.wait_line(r"listening on 127\.0\.0\.1:(\d+)(?: \(tls\))?, ").group(1))
     admin = int(p.wait_line(r"admin listening on 127\.0\.0\.1:(\d+)").group(1))
     t = Target("tokentap" if store else "tokentap-nostore", port, p, "%d loop%s" % (workers, "s" if workers > 1 else ""),
@@ -604,7 +611,7 @@ def start_nginx(work, sim_port, workers, fds, tag, tls=None):
     return Target("nginx", port, p, "%d worker%s" % (workers, "s" if workers > 1 else ""), https=side == "client")
 
 
-def start_haproxy(work, sim_port, workers, fds, tag, tls=None):
+def start_haproxy(work, sim_port, workers, fds, tag, tls=None, wrap=()):
     d = private_dir(work, "haproxy" + tag)
     port = free_port()
     conf = os.path.join(d, "haproxy.cfg")
@@ -616,7 +623,7 @@ def start_haproxy(work, sim_port, workers, fds, tag, tls=None):
             bind_tls=" ssl crt %s" % pki["pem"] if side == "client" else "",
             server_tls=" ssl verify required ca-file %s sni str(localhost)" % pki["ca"] if side == "upstream" else ""))
     argv = ["haproxy", "-db", "-f", conf]
-    p = Proc("haproxy", argv, os.path.join(d, "haproxy.log"), cwd=d, unprivileged=True)
+    p = Proc("haproxy", argv, os.path.join(d, "haproxy.log"), cwd=d, unprivileged=True, wrap=wrap)
     p.wait_port(port)
     return Target("haproxy", port, p, "%d thread%s" % (workers, "s" if workers > 1 else ""), https=side == "client")
 
