@@ -208,6 +208,7 @@ void meter_record_shadow(struct req_record *dst, const struct req_record *primar
 	memcpy(dst->model, primary->model, sizeof(dst->model));
 	dst->api = primary->api;
 	dst->stream = primary->stream;
+	dst->inputs = primary->inputs;
 	dst->mirror = true;
 	dst->usage = USAGE_UNKNOWN;
 	/* the shadow's clock starts when the client's request did: its ttft
