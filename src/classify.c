@@ -1163,6 +1163,30 @@ enum token_kind classify_event(enum api_kind api, const struct framer_event *ev,
 	return TOKEN_NONE;
 }
 
+void classify_body_tail(enum api_kind api, const char *tail, size_t len, struct usage *usage)
+{
+	static const char key[] = "\"usage\"";
+	const size_t klen = sizeof(key) - 1;
+
+	if (tail == NULL || usage == NULL || classify_inputs_key(api) == NULL || api == API_TEI_EMBED || len < klen)
+		return;
+	struct span s = { tail, tail + len };
+	for (size_t i = len - klen + 1; i-- > 0;) {
+		if (memcmp(tail + i, key, klen) != 0 || (i > 0 && tail[i - 1] == '\\'))
+			continue;
+		const char *p = skip_space(tail + i + klen, s.end);
+		if (p >= s.end || *p != ':')
+			continue;
+		p = skip_space(p + 1, s.end);
+		if (p >= s.end || *p != '{')
+			continue;
+		take_count(&s, p, KEY("prompt_tokens"), &usage->input_tokens);
+		if (usage->input_tokens < 0)
+			take_count(&s, p, KEY("total_tokens"), &usage->input_tokens);
+		return;
+	}
+}
+
 void classify_body(enum api_kind api, const char *body, size_t len, struct usage *usage)
 {
 	if (body == NULL || usage == NULL || api == API_UNKNOWN)

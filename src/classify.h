@@ -155,3 +155,9 @@ enum token_kind classify_event(enum api_kind api, const struct framer_event *ev,
 /* Reads usage (and, for the Responses API, the outcome) from a whole
  * non-streamed JSON response body. */
 void classify_body(enum api_kind api, const char *body, size_t len, struct usage *usage);
+
+/* Reads a batch API's usage from the last bytes of a body too large to
+ * keep whole: the object of the last top-level-looking "usage" key in
+ * them (an embeddings answer puts it after the vectors, where no string
+ * holds a quote). Other APIs are left as they were. */
+void classify_body_tail(enum api_kind api, const char *tail, size_t len, struct usage *usage);

@@ -56,8 +56,8 @@ static void base64_put(struct evbuffer *b, const unsigned char *p, size_t n)
 {
 	static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 	for (size_t i = 0; i < n; i += 3) {
-		uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) |
-			     (i + 2 < n ? p[i + 2] : 0);
+		uint32_t v =
+			(uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
 		char q[4] = { tab[v >> 18 & 63], tab[v >> 12 & 63], i + 1 < n ? tab[v >> 6 & 63] : '=',
 			      i + 2 < n ? tab[v & 63] : '=' };
 		evbuffer_add(b, q, 4);
@@ -95,8 +95,8 @@ static void put_vector(struct evbuffer *b, uint64_t h, unsigned dim, bool b64)
 /* `input` as a list of inputs: a string or a token array is one. */
 static int input_list(const json_t *in, json_t **list)
 {
-	if (json_is_string(in) || (json_is_array(in) && json_array_size(in) > 0 &&
-				   json_is_integer(json_array_get(in, 0)))) {
+	if (json_is_string(in) ||
+	    (json_is_array(in) && json_array_size(in) > 0 && json_is_integer(json_array_get(in, 0)))) {
 		*list = json_pack("[O]", in);
 		return *list ? 0 : -1;
 	}
@@ -121,8 +121,8 @@ int sim_embed_body(const json_t *req, const char *model_json, struct evbuffer *b
 		snprintf(err, errlen, "input must be a string, a token array, or a non-empty array of them");
 		return -1;
 	}
-	if (dim != NULL && (!json_is_integer(dim) || json_integer_value(dim) < 1 ||
-			    json_integer_value(dim) > EMBED_DIM_MAX)) {
+	if (dim != NULL &&
+	    (!json_is_integer(dim) || json_integer_value(dim) < 1 || json_integer_value(dim) > EMBED_DIM_MAX)) {
 		snprintf(err, errlen, "dimensions must be an integer from 1 to %d", EMBED_DIM_MAX);
 		json_decref(list);
 		return -1;
@@ -143,7 +143,8 @@ int sim_embed_body(const json_t *req, const char *model_json, struct evbuffer *b
 		put_vector(body, input_hash(v, sim_cfg.seed), d, b64);
 		evbuffer_add(body, "}", 1);
 	}
-	evbuffer_add_printf(body, "],\"model\":%s,\"usage\":{\"prompt_tokens\":%" PRIu64 ",\"total_tokens\":%" PRIu64 "}}",
+	evbuffer_add_printf(body,
+			    "],\"model\":%s,\"usage\":{\"prompt_tokens\":%" PRIu64 ",\"total_tokens\":%" PRIu64 "}}",
 			    model_json, tokens, tokens);
 	*inputs = json_array_size(list);
 	json_decref(list);
@@ -201,7 +202,8 @@ int sim_rerank_body(const json_t *req, const char *model_json, struct evbuffer *
 	shown = json_is_integer(top) && json_integer_value(top) > 0 && (size_t)json_integer_value(top) < count
 			? (size_t)json_integer_value(top)
 			: count;
-	evbuffer_add_printf(body, "{\"id\":\"rerank-%016" PRIx64 "\",\"model\":%s,\"usage\":{\"total_tokens\":%" PRIu64
+	evbuffer_add_printf(body,
+			    "{\"id\":\"rerank-%016" PRIx64 "\",\"model\":%s,\"usage\":{\"total_tokens\":%" PRIu64
 			    "},\"results\":[",
 			    qh, model_json, tokens);
 	for (i = 0; i < shown; i++) {

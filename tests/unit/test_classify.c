@@ -137,6 +137,20 @@ static void test_batch_usage(void **state)
 	assert_string_equal(classify_inputs_key(API_SCORE), "text_2");
 	assert_string_equal(classify_inputs_key(API_TEI_EMBED), "inputs");
 	assert_null(classify_inputs_key(API_OPENAI_CHAT));
+
+	/* The tail of an answer too large to keep: the last usage object. */
+	const char *tail =
+		"0.25,-0.5]}],\"model\":\"m\",\"note\":\"\\\"usage\\\":{\\\"prompt_tokens\\\":1}\","
+		"\"usage\" : {\"prompt_tokens\":4096,\"total_tokens\":4096}}";
+	u = USAGE_UNKNOWN;
+	classify_body_tail(API_EMBEDDINGS, tail, strlen(tail), &u);
+	assert_int_equal(u.input_tokens, 4096);
+	u = USAGE_UNKNOWN;
+	classify_body_tail(API_EMBEDDINGS, tail, strlen(tail) - 40, &u); /* cut before its usage */
+	assert_int_equal(u.input_tokens, -1);
+	u = USAGE_UNKNOWN;
+	classify_body_tail(API_OPENAI_CHAT, tail, strlen(tail), &u); /* not a batch API */
+	assert_int_equal(u.input_tokens, -1);
 }
 
 static void test_api_names(void **state)
