@@ -1,5 +1,6 @@
 /*
- * reqinfo.c — top-level "model" and "stream" out of a request body prefix.
+ * reqinfo.c — top-level "model", "stream" and a batch's input count out of
+ * a request body prefix.
  *
  * One hand-written scanner serves complete bodies and truncated prefixes
  * alike, so both give the same answer for the bytes they share. It walks the

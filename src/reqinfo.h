@@ -1,5 +1,6 @@
 /*
- * reqinfo.h — what tokentap learns from a request body: model and stream flag.
+ * reqinfo.h — what tokentap learns from a request body: model, stream flag
+ * and, for the batch APIs, how many inputs the batch holds.
  *
  * Fed a bounded prefix of the body (the proxy keeps at most a few tens of
  * KiB). Works on a complete JSON body and on a truncated prefix (large
