@@ -133,6 +133,11 @@ const char *classify_inputs_key(enum api_kind api)
 	return NULL;
 }
 
+const char *classify_inputs_alt_key(enum api_kind api)
+{
+	return api == API_RERANK ? "texts" : NULL;
+}
+
 /* ---- byte scans ------------------------------------------------------- */
 
 /* The bytes an event is scanned in. */

@@ -123,6 +123,11 @@ const char *classify_api_name(enum api_kind api);
  * for the others. */
 const char *classify_inputs_key(enum api_kind api);
 
+/* Where the request has no countable classify_inputs_key field: the one
+ * another server of the same path uses (TEI's rerank: "texts"); NULL
+ * when there is none. */
+const char *classify_inputs_alt_key(enum api_kind api);
+
 /* Where the last token-bearing event of a stream proved itself: which of
  * its API's token keys, at what offset. The events of one stream share
  * their head (id, model, the same nesting up to the text), so the next one

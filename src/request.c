@@ -190,6 +190,10 @@ void request_learn_body(struct request *req, bool complete)
 							 classify_inputs_key(req->rec.api), &info) == 0) {
 		copy_trunc(req->rec.model, sizeof(req->rec.model), info.model, strlen(info.model));
 		req->rec.inputs = info.inputs;
+		const char *alt = classify_inputs_alt_key(req->rec.api);
+		if (info.inputs < 0 && alt &&
+		    reqinfo_parse_inputs(req->body_prefix, req->body_prefix_len, complete, alt, &info) == 0)
+			req->rec.inputs = info.inputs;
 		if (info.stream >= 0)
 			req->rec.stream = info.stream;
 		const struct route *r = exchange_match(&req->x);

@@ -173,10 +173,12 @@ class ForwardedAsIsTest(harness.TestCase):
                 self.assertIsNone(e["input_tps"], "no rate without the inputs")
 
     def test_other_paths(self):
-        """/v1/score counts text_2, /classify input, TEI's /embed inputs."""
+        """/v1/score counts text_2, /classify input, TEI's /embed inputs
+        and TEI's /rerank its texts."""
         cases = (("/v1/score", b'{"text_1":"q","text_2":["a","b","c","d"]}', "score", 4),
                  ("/classify", b'{"input":["x","y"]}', "classify", 2),
-                 ("/embed", b'{"inputs":"one"}', "tei-embed", 1))
+                 ("/embed", b'{"inputs":"one"}', "tei-embed", 1),
+                 ("/rerank", b'{"query":"q","texts":["a","b","c"]}', "rerank", 3))
         for path, raw, api, n in cases:
             with self.subTest(path=path):
                 rid = "it-emb-path-" + api

@@ -137,6 +137,8 @@ static void test_batch_usage(void **state)
 	assert_string_equal(classify_inputs_key(API_SCORE), "text_2");
 	assert_string_equal(classify_inputs_key(API_TEI_EMBED), "inputs");
 	assert_null(classify_inputs_key(API_OPENAI_CHAT));
+	assert_string_equal(classify_inputs_alt_key(API_RERANK), "texts");
+	assert_null(classify_inputs_alt_key(API_EMBEDDINGS));
 
 	/* The tail of an answer too large to keep: the last usage object. */
 	const char *tail =
