@@ -146,6 +146,7 @@ static json_t *record_to_json(const struct req_record *r)
 	json_object_set_new(o, "token_events", json_integer((json_int_t)r->token_events));
 	json_object_set_new(o, "reasoning_events", json_integer((json_int_t)r->reasoning_events));
 	json_object_set_new(o, "tool_call_events", json_integer((json_int_t)r->tool_call_events));
+	json_object_set_new(o, "inputs", int_or_null(r->inputs));
 	json_object_set_new(o, "bytes_in", json_integer((json_int_t)r->bytes_in));
 	json_object_set_new(o, "bytes_out", json_integer((json_int_t)r->bytes_out));
 	for (int i = 0; i < RM__COUNT; i++)

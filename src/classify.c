@@ -70,6 +70,16 @@ static const struct api_route api_routes[] = {
 	{ "/api/chat", API_OLLAMA_CHAT },
 	{ "/v1/responses", API_OPENAI_RESPONSES },
 	{ "/responses", API_OPENAI_RESPONSES },
+	{ "/v1/embeddings", API_EMBEDDINGS },
+	{ "/embeddings", API_EMBEDDINGS },
+	{ "/v1/rerank", API_RERANK },
+	{ "/v2/rerank", API_RERANK },
+	{ "/rerank", API_RERANK },
+	{ "/v1/score", API_SCORE },
+	{ "/score", API_SCORE },
+	{ "/v1/classify", API_CLASSIFY },
+	{ "/classify", API_CLASSIFY },
+	{ "/embed", API_TEI_EMBED },
 };
 
 enum api_kind classify_api(const char *path, size_t len)
@@ -98,9 +108,34 @@ const char *classify_api_name(enum api_kind api)
 	case API_OLLAMA_GENERATE: return "ollama-generate";
 	case API_OLLAMA_CHAT: return "ollama-chat";
 	case API_OPENAI_RESPONSES: return "openai-responses";
+	case API_EMBEDDINGS: return "embeddings";
+	case API_RERANK: return "rerank";
+	case API_SCORE: return "score";
+	case API_CLASSIFY: return "classify";
+	case API_TEI_EMBED: return "tei-embed";
 	case API_UNKNOWN: break;
 	}
 	return "unknown";
+}
+
+/* Score pairs one text_1 with each text_2 (or one with one, list with
+ * list), so text_2 holds as many elements as there are pairs. */
+const char *classify_inputs_key(enum api_kind api)
+{
+	switch (api) {
+	case API_EMBEDDINGS:
+	case API_CLASSIFY: return "input";
+	case API_RERANK: return "documents";
+	case API_SCORE: return "text_2";
+	case API_TEI_EMBED: return "inputs";
+	default: break;
+	}
+	return NULL;
+}
+
+const char *classify_inputs_alt_key(enum api_kind api)
+{
+	return api == API_RERANK ? "texts" : NULL;
 }
 
 /* ---- byte scans ------------------------------------------------------- */
@@ -731,6 +766,17 @@ static void usage_openai(const struct span *s, const char *root, struct usage *u
 		   &u->reasoning_tokens);
 }
 
+/* The one-answer APIs: every token is a prompt token. OpenAI's embeddings
+ * and vLLM's say so in usage.prompt_tokens; Jina's rerank has only
+ * usage.total_tokens, which is the same count there. */
+static void usage_prompt_only(const struct span *s, const char *root, struct usage *u)
+{
+	const char *usage = member(s, root, KEY("usage"));
+	take_count(s, usage, KEY("prompt_tokens"), &u->input_tokens);
+	if (u->input_tokens < 0)
+		take_count(s, usage, KEY("total_tokens"), &u->input_tokens);
+}
+
 /* The server timings an OpenAI-shaped chunk or body may carry at its top:
  * llama.cpp's "timings", vLLM's "metrics". */
 static void server_openai(const struct span *s, const char *root, struct usage *u)
@@ -1117,9 +1163,33 @@ enum token_kind classify_event(enum api_kind api, const struct framer_event *ev,
 	case API_OLLAMA_GENERATE:
 	case API_OLLAMA_CHAT: return classify_ollama(api, &s, usage, hint);
 	case API_OPENAI_RESPONSES: return classify_responses(ev, &s, usage, hint);
-	case API_UNKNOWN: break;
+	default: break; /* the one-answer APIs stream nothing */
 	}
 	return TOKEN_NONE;
+}
+
+void classify_body_tail(enum api_kind api, const char *tail, size_t len, struct usage *usage)
+{
+	static const char key[] = "\"usage\"";
+	const size_t klen = sizeof(key) - 1;
+
+	if (tail == NULL || usage == NULL || classify_inputs_key(api) == NULL || api == API_TEI_EMBED || len < klen)
+		return;
+	struct span s = { tail, tail + len };
+	for (size_t i = len - klen + 1; i-- > 0;) {
+		if (memcmp(tail + i, key, klen) != 0 || (i > 0 && tail[i - 1] == '\\'))
+			continue;
+		const char *p = skip_space(tail + i + klen, s.end);
+		if (p >= s.end || *p != ':')
+			continue;
+		p = skip_space(p + 1, s.end);
+		if (p >= s.end || *p != '{')
+			continue;
+		take_count(&s, p, KEY("prompt_tokens"), &usage->input_tokens);
+		if (usage->input_tokens < 0)
+			take_count(&s, p, KEY("total_tokens"), &usage->input_tokens);
+		return;
+	}
 }
 
 void classify_body(enum api_kind api, const char *body, size_t len, struct usage *usage)
@@ -1149,6 +1219,11 @@ void classify_body(enum api_kind api, const char *body, size_t len, struct usage
 	case API_OLLAMA_GENERATE:
 	case API_OLLAMA_CHAT: usage_ollama(&s, obj, usage); break;
 	case API_OPENAI_RESPONSES: usage_responses(&s, obj, usage); break;
+	case API_EMBEDDINGS:
+	case API_RERANK:
+	case API_SCORE:
+	case API_CLASSIFY: usage_prompt_only(&s, obj, usage); break;
+	case API_TEI_EMBED:
 	case API_UNKNOWN: break;
 	}
 }

@@ -27,6 +27,13 @@ enum api_kind {
 	API_OLLAMA_GENERATE,	/* /api/generate */
 	API_OLLAMA_CHAT,	/* /api/chat */
 	API_OPENAI_RESPONSES,	/* /v1/responses, /responses (OpenAI's Responses API) */
+	/* One answer per request, never streamed: no token events, usage
+	 * from the body and the inputs of a batch (reqinfo.h). */
+	API_EMBEDDINGS, /* /v1/embeddings, /embeddings (OpenAI, vLLM, SGLang, llama.cpp, Ollama) */
+	API_RERANK,	/* /v1/rerank, /rerank, /v2/rerank (vLLM, Jina, Cohere, TEI) */
+	API_SCORE,	/* /v1/score, /score (vLLM) */
+	API_CLASSIFY,	/* /classify, /v1/classify (vLLM) */
+	API_TEI_EMBED,	/* /embed (TEI's native API: a bare array, no usage) */
 };
 
 /* How the server itself says a response ended, where its API says it (the
@@ -111,6 +118,16 @@ enum api_kind classify_api(const char *path, size_t len);
 /* Short stable name for logs: "openai-chat", "anthropic", ... */
 const char *classify_api_name(enum api_kind api);
 
+/* The top-level request field whose top-level elements are the inputs of
+ * a batch ("input", "documents", ...), for the APIs that take one; NULL
+ * for the others. */
+const char *classify_inputs_key(enum api_kind api);
+
+/* Where the request has no countable classify_inputs_key field: the one
+ * another server of the same path uses (TEI's rerank: "texts"); NULL
+ * when there is none. */
+const char *classify_inputs_alt_key(enum api_kind api);
+
 /* Where the last token-bearing event of a stream proved itself: which of
  * its API's token keys, at what offset. The events of one stream share
  * their head (id, model, the same nesting up to the text), so the next one
@@ -143,3 +160,9 @@ enum token_kind classify_event(enum api_kind api, const struct framer_event *ev,
 /* Reads usage (and, for the Responses API, the outcome) from a whole
  * non-streamed JSON response body. */
 void classify_body(enum api_kind api, const char *body, size_t len, struct usage *usage);
+
+/* Reads a batch API's usage from the last bytes of a body too large to
+ * keep whole: the object of the last top-level-looking "usage" key in
+ * them (an embeddings answer puts it after the vectors, where no string
+ * holds a quote). Other APIs are left as they were. */
+void classify_body_tail(enum api_kind api, const char *tail, size_t len, struct usage *usage);

@@ -61,6 +61,7 @@ void meter_restart(struct meter *m)
 	if (m->body)
 		evbuffer_free(m->body);
 	m->body = NULL;
+	m->body_tail = false;
 	m->itl_run_gap = m->itl_run_n = 0;
 	rec->status = 0;
 	rec->usage = USAGE_UNKNOWN;
@@ -145,8 +146,22 @@ void meter_body(struct meter *m, const char *at, size_t len)
 	}
 	if (!m->body)
 		m->body = evbuffer_new();
-	if (m->body && evbuffer_get_length(m->body) + len <= RESP_BODY_MAX)
+	if (!m->body)
+		return;
+	if (!m->body_tail && evbuffer_get_length(m->body) + len <= RESP_BODY_MAX) {
 		evbuffer_add(m->body, at, len);
+	} else if (classify_inputs_key(m->rec->api) != NULL) {
+		/* A batch answer past the bound: from now on only its tail. */
+		if (len >= RESP_TAIL_MAX) {
+			at += len - RESP_TAIL_MAX;
+			len = RESP_TAIL_MAX;
+		}
+		size_t have = evbuffer_get_length(m->body);
+		if (have + len > RESP_TAIL_MAX)
+			evbuffer_drain(m->body, have + len - RESP_TAIL_MAX);
+		evbuffer_add(m->body, at, len);
+		m->body_tail = true;
+	}
 }
 
 void meter_resp_body(void *meter, const char *at, size_t len)
@@ -162,7 +177,9 @@ void meter_complete(struct meter *m)
 	} else if (m->body && status_ok(m->rec->status)) {
 		size_t n = evbuffer_get_length(m->body);
 		const char *body = (const char *)evbuffer_pullup(m->body, -1);
-		if (body)
+		if (body && m->body_tail)
+			classify_body_tail(m->rec->api, body, n, &m->rec->usage);
+		else if (body)
 			classify_body(m->rec->api, body, n, &m->rec->usage);
 	}
 	record_apply_outcome(m->rec);
@@ -211,6 +228,7 @@ void meter_record_shadow(struct req_record *dst, const struct req_record *primar
 	dst->traced = primary->traced; /* the shadow is sent the primary's traceparent */
 	dst->trace_state = primary->trace_state;
 	dst->trace = primary->trace;
+	dst->inputs = primary->inputs;
 	dst->mirror = true;
 	dst->usage = USAGE_UNKNOWN;
 	/* the shadow's clock starts when the client's request did: its ttft

@@ -44,8 +44,11 @@ struct stats_shard;
 struct upstream;
 
 /* A non-streamed response body is kept up to this size, for its usage
- * (classify_body); a larger one is not read for it. */
+ * (classify_body); a larger one is not read for it, except the last
+ * RESP_TAIL_MAX bytes of a batch API's answer, whose usage comes after
+ * its vectors (classify_body_tail). */
 #define RESP_BODY_MAX (1u << 20)
+#define RESP_TAIL_MAX (16u << 10)
 
 /* Where records go; each may be NULL (not kept). */
 struct paired_link;
@@ -64,6 +67,7 @@ struct meter {
 	size_t max_event_size; /* the framer's bound on one event */
 	struct framer framer;
 	struct evbuffer *body; /* a non-streamed body, up to RESP_BODY_MAX, for classify_body */
+	bool body_tail;	       /* body holds only the last RESP_TAIL_MAX bytes of a larger one */
 	uint64_t now;	       /* the clock reading of the read being parsed */
 	/* ITL gaps not yet in the series: a run of equal ones (the events of
 	 * one read share a clock reading), recorded as one. */

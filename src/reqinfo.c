@@ -1,5 +1,6 @@
 /*
- * reqinfo.c — top-level "model" and "stream" out of a request body prefix.
+ * reqinfo.c — top-level "model", "stream" and a batch's input count out of
+ * a request body prefix.
  *
  * One hand-written scanner serves complete bodies and truncated prefixes
  * alike, so both give the same answer for the bytes they share. It walks the
@@ -35,7 +36,8 @@ enum scan_status {
 struct scan {
 	const char *p;
 	const char *end;
-	const char *field; /* an extra top-level string field to read, or NULL */
+	const char *field;	/* an extra top-level string field to read, or NULL */
+	const char *inputs_key; /* the top-level field whose elements are counted, or NULL */
 };
 
 static void scan_space(struct scan *s)
@@ -146,6 +148,60 @@ static enum scan_status scan_skip_value(struct scan *s)
 		if (s->p >= s->end)
 			return SCAN_SHORT;
 		expect_value = 0;
+	}
+}
+
+static int is_number_start(char c)
+{
+	return (c >= '0' && c <= '9') || c == '-';
+}
+
+/* Counts the inputs of the value at s->p (reqinfo_parse_inputs says how)
+ * and moves past it; *n is -1 for a value that is neither a string nor an
+ * array. Each element is skipped whole, so the count is of the array's own
+ * elements, never of those nested in them. */
+static enum scan_status scan_count_inputs(struct scan *s, int64_t *n)
+{
+	*n = -1;
+	if (*s->p == '"') {
+		enum scan_status st = scan_skip_string(s);
+		if (st == SCAN_OK)
+			*n = 1;
+		return st;
+	}
+	if (*s->p != '[')
+		return scan_skip_value(s);
+	int64_t count = 0;
+	int numbers = 1; /* every element so far a number: one input of token ids */
+	s->p++;
+	scan_space(s);
+	if (s->p >= s->end)
+		return SCAN_SHORT;
+	if (*s->p == ']') {
+		s->p++;
+		*n = 0;
+		return SCAN_OK;
+	}
+	for (;;) {
+		scan_space(s);
+		if (s->p >= s->end)
+			return SCAN_SHORT;
+		numbers &= is_number_start(*s->p);
+		enum scan_status st = scan_skip_value(s);
+		if (st != SCAN_OK)
+			return st;
+		count++;
+		scan_space(s);
+		if (s->p >= s->end)
+			return SCAN_SHORT;
+		if (*s->p == ']') {
+			s->p++;
+			*n = numbers ? 1 : count;
+			return SCAN_OK;
+		}
+		if (*s->p != ',')
+			return SCAN_BAD;
+		s->p++;
 	}
 }
 
@@ -323,7 +379,14 @@ static enum scan_status scan_top(struct scan *s, struct reqinfo *out)
 		if (s->p >= s->end)
 			return SCAN_SHORT;
 
-		if (s->field && key_is(key, key_end, s->field) && *s->p == '"') {
+		if (s->inputs_key && key_is(key, key_end, s->inputs_key)) {
+			int64_t n;
+			out->inputs = -1; /* a later duplicate wins, even one that is cut */
+			st = scan_count_inputs(s, &n);
+			if (st != SCAN_OK)
+				return st;
+			out->inputs = n;
+		} else if (s->field && key_is(key, key_end, s->field) && *s->p == '"') {
 			char v[REQINFO_MODEL_MAX];
 			st = scan_read_string(s, v, sizeof(v));
 			if (st != SCAN_OK)
@@ -374,19 +437,16 @@ static enum scan_status scan_top(struct scan *s, struct reqinfo *out)
 	}
 }
 
-int reqinfo_parse(const char *body, size_t len, bool complete, struct reqinfo *out)
-{
-	return reqinfo_parse_field(body, len, complete, NULL, out);
-}
-
-int reqinfo_parse_field(const char *body, size_t len, bool complete, const char *field, struct reqinfo *out)
+static int parse(const char *body, size_t len, bool complete, const char *field, const char *inputs_key,
+		 struct reqinfo *out)
 {
 	out->model[0] = '\0';
 	out->stream = -1;
 	out->field_value[0] = '\0';
+	out->inputs = -1;
 	if (body == NULL)
 		return -1;
-	struct scan s = { body, body + len, field };
+	struct scan s = { body, body + len, field, inputs_key };
 	scan_space(&s);
 	if (s.p == s.end)
 		return -1; /* nothing but blanks: no sign of JSON yet */
@@ -400,7 +460,23 @@ int reqinfo_parse_field(const char *body, size_t len, bool complete, const char 
 		out->model[0] = '\0';
 		out->stream = -1;
 		out->field_value[0] = '\0';
+		out->inputs = -1;
 		return -1;
 	}
 	return 0;
+}
+
+int reqinfo_parse(const char *body, size_t len, bool complete, struct reqinfo *out)
+{
+	return parse(body, len, complete, NULL, NULL, out);
+}
+
+int reqinfo_parse_field(const char *body, size_t len, bool complete, const char *field, struct reqinfo *out)
+{
+	return parse(body, len, complete, field, NULL, out);
+}
+
+int reqinfo_parse_inputs(const char *body, size_t len, bool complete, const char *key, struct reqinfo *out)
+{
+	return parse(body, len, complete, NULL, key, out);
 }

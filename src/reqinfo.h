@@ -1,5 +1,6 @@
 /*
- * reqinfo.h — what tokentap learns from a request body: model and stream flag.
+ * reqinfo.h — what tokentap learns from a request body: model, stream flag
+ * and, for the batch APIs, how many inputs the batch holds.
  *
  * Fed a bounded prefix of the body (the proxy keeps at most a few tens of
  * KiB). Works on a complete JSON body and on a truncated prefix (large
@@ -10,6 +11,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #define REQINFO_MODEL_MAX 128
 
@@ -17,6 +19,7 @@ struct reqinfo {
 	char model[REQINFO_MODEL_MAX];	     /* "" when absent; truncated to fit, NUL-terminated; text (strutil.h) */
 	int stream;			     /* 1 true, 0 false, -1 absent */
 	char field_value[REQINFO_MODEL_MAX]; /* reqinfo_parse_field: "" when absent or not a string */
+	int64_t inputs;			     /* reqinfo_parse_inputs: -1 when absent, not a string or array, or cut */
 };
 
 /* Fills `out` from `body[0..len)`. `complete` says whether that is the whole
@@ -26,3 +29,11 @@ int reqinfo_parse(const char *body, size_t len, bool complete, struct reqinfo *o
 /* The same, also reading the top-level string field `field` (sticky
  * routing on, say, "user") into out->field_value. */
 int reqinfo_parse_field(const char *body, size_t len, bool complete, const char *field, struct reqinfo *out);
+
+/* The same, also counting the inputs of a batch in the top-level field
+ * `key` ("input" of an embeddings request): a string is 1, an array of
+ * numbers (one input as token ids) is 1, any other array is its number of
+ * top-level elements (strings, token arrays, documents), an empty one 0.
+ * Anything else, and an array that does not end within the prefix, leaves
+ * out->inputs at -1. */
+int reqinfo_parse_inputs(const char *body, size_t len, bool complete, const char *key, struct reqinfo *out);

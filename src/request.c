@@ -129,6 +129,7 @@ struct request *request_new(struct request_env *env, const struct exchange_hooks
 	req->x.rt = env->router;
 	router_ref(req->x.rt);
 	req->rec.usage = USAGE_UNKNOWN;
+	req->rec.inputs = -1;
 	req->rec.stream = -1;
 	req->rec.itl_keep = env->x.meter.alog != NULL;
 	req->rec.at[TL_ARRIVE] = arrive_ns;
@@ -244,8 +245,14 @@ void request_learn_body(struct request *req, bool complete)
 	if (req->reqinfo_done)
 		return;
 	req->reqinfo_done = true;
-	if (req->body_prefix_len && reqinfo_parse(req->body_prefix, req->body_prefix_len, complete, &info) == 0) {
+	if (req->body_prefix_len && reqinfo_parse_inputs(req->body_prefix, req->body_prefix_len, complete,
+							 classify_inputs_key(req->rec.api), &info) == 0) {
 		copy_trunc(req->rec.model, sizeof(req->rec.model), info.model, strlen(info.model));
+		req->rec.inputs = info.inputs;
+		const char *alt = classify_inputs_alt_key(req->rec.api);
+		if (info.inputs < 0 && alt &&
+		    reqinfo_parse_inputs(req->body_prefix, req->body_prefix_len, complete, alt, &info) == 0)
+			req->rec.inputs = info.inputs;
 		if (info.stream >= 0)
 			req->rec.stream = info.stream;
 		const struct route *r = exchange_match(&req->x);

@@ -61,7 +61,9 @@ enum metric_unit { UNIT_US, UNIT_MILLI, UNIT_COUNT };
 	  "The engine's prefill and decode together, where it does not split them (TGI)") \
 	X(UNATTRIBUTED, unattributed, UNIT_US, RM_UNATTRIBUTED, \
 	  "What neither tokentap nor the server accounts for (network, server front end), from 0; " \
-	  "requests whose server reported timings")
+	  "requests whose server reported timings") \
+	X(PER_INPUT, per_input, UNIT_US, RM_PER_INPUT, \
+	  "Whole request over its inputs: the time per input of a batch (embeddings, rerank, score, classify)")
 
 enum hist_metric {
 #define X(e, n, u, src, help) HM_##e,

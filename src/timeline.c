@@ -184,6 +184,16 @@ void record_derive(const struct req_record *r, double out[RM__COUNT])
 	out[RM_SERVER_DECODE] = ns_ms(r->usage.server.decode_ns);
 	out[RM_SERVER_INFERENCE] = ns_ms(r->usage.server.inference_ns);
 	out[RM_UNATTRIBUTED] = unattributed_ms(r);
+	/* A batch API's answer comes whole: its time shared by its inputs, its
+	 * prompt tokens over the whole request; only for an answer (2xx), as a
+	 * refusal's time says nothing of the inputs. */
+	bool answered = r->status >= 200 && r->status < 300;
+	out[RM_PER_INPUT] = NAN;
+	out[RM_INPUT_RATE] = NAN;
+	if (answered && r->inputs > 0 && !isnan(out[RM_E2E]))
+		out[RM_PER_INPUT] = out[RM_E2E] / (double)r->inputs;
+	if (answered && r->inputs >= 0 && r->usage.input_tokens >= 0 && out[RM_E2E] > 0)
+		out[RM_INPUT_RATE] = (double)r->usage.input_tokens / (out[RM_E2E] / 1e3);
 	out[RM_TPOT] = NAN;
 	out[RM_DECODE_RATE] = NAN;
 	if (n > 1 && !isnan(decode)) {

@@ -62,7 +62,9 @@ enum tl_event {
 	X(SERVER_PREFILL, server_prefill_ms, "ms") \
 	X(SERVER_DECODE, server_decode_ms, "ms") \
 	X(SERVER_INFERENCE, server_inference_ms, "ms") \
-	X(UNATTRIBUTED, unattributed_ms, "ms")
+	X(UNATTRIBUTED, unattributed_ms, "ms") \
+	X(PER_INPUT, per_input_ms, "ms") \
+	X(INPUT_RATE, input_tps, "tokens/s")
 
 enum req_metric {
 #define X(e, k, u) RM_##e,
@@ -135,6 +137,7 @@ struct req_record {
 	int status; /* upstream status, or the status tokentap answered; 0 none */
 	enum req_error error;
 	struct usage usage;
+	int64_t inputs;		   /* the batch's inputs, of the APIs that take one (reqinfo.h); -1 unknown */
 	struct classify_hint hint; /* where the stream's last token event held its text */
 	uint64_t events, token_events;
 	uint64_t reasoning_events, tool_call_events; /* of token_events: what they carried */

@@ -278,3 +278,15 @@ const char *sim_text_word(struct sim_prng *p, bool first, size_t *len);
 
 /* Appends s as a JSON string literal, quotes included. */
 void sim_json_str(struct evbuffer *out, const char *s, size_t len);
+
+/* ---- sim_embed.c ---- */
+
+struct json_t;
+
+/* The whole body of an embeddings (rerank) answer to the parsed request
+ * `req`, appended to `body`, and the inputs (documents) it held. Returns
+ * 0, or -1 with what the API would refuse in `err` (a 400). */
+int sim_embed_body(const struct json_t *req, const char *model_json, struct evbuffer *body, uint64_t *inputs, char *err,
+		   size_t errlen);
+int sim_rerank_body(const struct json_t *req, const char *model_json, struct evbuffer *body, uint64_t *inputs,
+		    char *err, size_t errlen);

@@ -73,6 +73,7 @@ struct sim_stream {
 	struct evbuffer *reason;  /* the reasoning so far */
 	struct evbuffer *piece;	  /* scratch: the piece of text of one token */
 	struct sim_timing timing; /* the scheduler's account, with --server-timing */
+	bool whole;		  /* embeddings, rerank: the answer is made, in ev (begin_embed) */
 };
 
 /* ---- HTTP framing ---- */
@@ -723,6 +724,59 @@ out:
 	return s;
 }
 
+/* An embeddings or rerank request: the whole answer is made now (in s->ev)
+ * and sent after x-sim-itl-ms (else --itl-ms) per input, no token events,
+ * whatever --batching says. */
+static struct sim_stream *begin_embed(bool rerank, const struct sim_api_request *rq, struct evbuffer *out,
+				      struct sim_plan *plan)
+{
+	struct sim_stream *s = NULL;
+	json_error_t jerr;
+	json_t *req = NULL, *model;
+	char msg[256];
+	uint64_t inputs = 0, itl_ms = rq->itl_ms >= 0 ? (uint64_t)rq->itl_ms : sim_cfg.itl_ms;
+	int rc;
+
+	if (rq->header_error != NULL) {
+		write_error(out, FAM_OPENAI, 400, rq->header_error, rq);
+		goto out;
+	}
+	req = json_loadb(rq->body, rq->body_len, JSON_ALLOW_NUL, &jerr);
+	if (!json_is_object(req)) {
+		write_error(out, FAM_OPENAI, 400, "request body is not a JSON object", rq);
+		goto out;
+	}
+	s = calloc(1, sizeof(*s));
+	if (s == NULL || (s->ev = evbuffer_new()) == NULL)
+		goto oom;
+	s->whole = true;
+	s->keep_alive = rq->keep_alive;
+	model = json_object_get(req, "model");
+	s->model_json = json_literal(json_is_string(model) && json_string_length(model) > 0 ? json_string_value(model)
+											    : sim_cfg.model);
+	if (rq->request_id != NULL)
+		s->request_id = strdup(rq->request_id);
+	if (s->model_json == NULL || (rq->request_id != NULL && s->request_id == NULL))
+		goto oom;
+	rc = rerank ? sim_rerank_body(req, s->model_json, s->ev, &inputs, msg, sizeof(msg))
+		    : sim_embed_body(req, s->model_json, s->ev, &inputs, msg, sizeof(msg));
+	if (rc == -1) {
+		sim_api_free(s);
+		s = NULL;
+		write_error(out, FAM_OPENAI, 400, msg, rq);
+		goto out;
+	}
+	plan->ttft_ns = inputs * itl_ms * 1000000ULL;
+	goto out;
+oom:
+	sim_api_free(s);
+	s = NULL;
+	write_error(out, FAM_OPENAI, 500, "out of memory", rq);
+out:
+	json_decref(req);
+	return s;
+}
+
 struct sim_stream *sim_api_begin(const struct sim_api_request *rq, struct evbuffer *out, struct sim_plan *plan)
 {
 	enum sim_endpoint ep;
@@ -745,6 +799,14 @@ struct sim_stream *sim_api_begin(const struct sim_api_request *rq, struct evbuff
 		} else {
 			write_head(out, 200, NULL, 0, rq->request_id, rq->keep_alive);
 		}
+		return NULL;
+	}
+	if (strcmp(rq->path, "/v1/embeddings") == 0 || strcmp(rq->path, "/v1/rerank") == 0 ||
+	    strcmp(rq->path, "/rerank") == 0) {
+		if (strcmp(rq->method, "POST") == 0)
+			return begin_embed(rq->path[strlen(rq->path) - 1] == 'k', rq, out, plan);
+		snprintf(msg, sizeof(msg), "%s takes POST, not %s", rq->path, rq->method);
+		write_error(out, FAM_OPENAI, 405, msg, rq);
 		return NULL;
 	}
 	if (!endpoint_of(rq->path, &ep)) {
@@ -1755,7 +1817,9 @@ static void finish_block(struct sim_stream *s, struct evbuffer *out)
 
 void sim_api_finish(struct sim_stream *s, struct evbuffer *out)
 {
-	if (s->streaming)
+	if (s->whole)
+		write_whole(out, 200, "application/json", s->ev, s->request_id, s->keep_alive);
+	else if (s->streaming)
 		finish_stream(s, out);
 	else
 		finish_block(s, out);

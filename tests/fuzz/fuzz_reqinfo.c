@@ -14,7 +14,9 @@
  * parser reads: the value of the last "model" key once escapes are decoded
  * (jansson keeps the last duplicate, as Python's json does), control
  * characters as U+FFFD, cut to fit at a character boundary; the same for
- * "stream" and the field "user". And utf8_decode() agrees with a decoder
+ * "stream" and the field "user"; and the inputs of "input" counted as
+ * reqinfo.h says (a string 1, an array of numbers 1, an empty array 0,
+ * another array its size, anything else -1). And utf8_decode() agrees with a decoder
  * written the other way round: a sequence is well formed when it is the
  * shortest encoding of a code point that is not a surrogate.
  */
@@ -169,6 +171,29 @@ static void check_against_jansson(const uint8_t *data, size_t size)
 	CHECK(strcmp(ri.field_value, want) == 0);
 	const json_t *st = json_object_get(doc, "stream");
 	CHECK(ri.stream == (json_is_true(st) ? 1 : json_is_false(st) ? 0 : -1));
+
+	const json_t *in = json_object_get(doc, "input");
+	int64_t inputs = -1;
+	if (json_is_string(in)) {
+		inputs = 1;
+	} else if (json_is_array(in)) {
+		size_t i;
+		json_t *e;
+		bool numbers = true;
+		json_array_foreach ((json_t *)in, i, e)
+			numbers &= json_is_number(e);
+		inputs = json_array_size(in) == 0 ? 0 : numbers ? 1 : (int64_t)json_array_size(in);
+	}
+	struct reqinfo rn;
+	char *copy = malloc(size ? size : 1);
+	CHECK(copy != NULL);
+	if (size)
+		memcpy(copy, data, size);
+	CHECK(reqinfo_parse_inputs(copy, size, true, "input", &rn) == 0);
+	free(copy);
+	CHECK(rn.inputs == inputs);
+	CHECK(strcmp(rn.model, ri.model) == 0);
+	CHECK(rn.stream == ri.stream);
 	json_decref(doc);
 }
 

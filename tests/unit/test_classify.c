@@ -96,7 +96,63 @@ static void test_api_paths(void **state)
 	/* Retrieving or cancelling a stored response is not a generation. */
 	assert_int_equal(API("/v1/responses/resp_1"), API_UNKNOWN);
 	assert_int_equal(API("/v1/responses/resp_1/cancel"), API_UNKNOWN);
+	assert_int_equal(API("/v1/embeddings"), API_EMBEDDINGS);
+	assert_int_equal(API("/embeddings/"), API_EMBEDDINGS);
+	assert_int_equal(API("/v1/rerank"), API_RERANK);
+	assert_int_equal(API("/v2/rerank"), API_RERANK);
+	assert_int_equal(API("/rerank"), API_RERANK);
+	assert_int_equal(API("/v1/score"), API_SCORE);
+	assert_int_equal(API("/classify"), API_CLASSIFY);
+	assert_int_equal(API("/embed"), API_TEI_EMBED);
+	assert_int_equal(API("/embed_sparse"), API_UNKNOWN);
 #undef API
+}
+
+/* The batch APIs: prompt tokens from usage, total_tokens where that is all
+ * there is, nothing from TEI's bare array, and the field of their inputs. */
+static void test_batch_usage(void **state)
+{
+	struct usage u = USAGE_UNKNOWN;
+	const char *oai =
+		"{\"object\":\"list\",\"data\":[{\"object\":\"embedding\",\"index\":0,"
+		"\"embedding\":[0.1,-0.2]}],\"model\":\"m\",\"usage\":{\"prompt_tokens\":9,"
+		"\"total_tokens\":9}}";
+	classify_body(API_EMBEDDINGS, oai, strlen(oai), &u);
+	assert_int_equal(u.input_tokens, 9);
+	assert_int_equal(u.output_tokens, -1);
+	u = USAGE_UNKNOWN;
+	const char *rerank =
+		"{\"id\":\"r\",\"usage\":{\"total_tokens\":31},\"results\":[{\"index\":0,"
+		"\"relevance_score\":0.5,\"document\":{\"text\":\"usage\"}}]}";
+	classify_body(API_RERANK, rerank, strlen(rerank), &u);
+	assert_int_equal(u.input_tokens, 31);
+	u = USAGE_UNKNOWN;
+	const char *tei = "[[0.1,0.2],[0.3,0.4]]";
+	classify_body(API_TEI_EMBED, tei, strlen(tei), &u);
+	assert_int_equal(u.input_tokens, -1);
+	const struct framer_event ev = { .data = oai, .data_len = strlen(oai) };
+	assert_int_equal(classify_event(API_EMBEDDINGS, &ev, &u, NULL), TOKEN_NONE);
+	assert_string_equal(classify_inputs_key(API_EMBEDDINGS), "input");
+	assert_string_equal(classify_inputs_key(API_RERANK), "documents");
+	assert_string_equal(classify_inputs_key(API_SCORE), "text_2");
+	assert_string_equal(classify_inputs_key(API_TEI_EMBED), "inputs");
+	assert_null(classify_inputs_key(API_OPENAI_CHAT));
+	assert_string_equal(classify_inputs_alt_key(API_RERANK), "texts");
+	assert_null(classify_inputs_alt_key(API_EMBEDDINGS));
+
+	/* The tail of an answer too large to keep: the last usage object. */
+	const char *tail =
+		"0.25,-0.5]}],\"model\":\"m\",\"note\":\"\\\"usage\\\":{\\\"prompt_tokens\\\":1}\","
+		"\"usage\" : {\"prompt_tokens\":4096,\"total_tokens\":4096}}";
+	u = USAGE_UNKNOWN;
+	classify_body_tail(API_EMBEDDINGS, tail, strlen(tail), &u);
+	assert_int_equal(u.input_tokens, 4096);
+	u = USAGE_UNKNOWN;
+	classify_body_tail(API_EMBEDDINGS, tail, strlen(tail) - 40, &u); /* cut before its usage */
+	assert_int_equal(u.input_tokens, -1);
+	u = USAGE_UNKNOWN;
+	classify_body_tail(API_OPENAI_CHAT, tail, strlen(tail), &u); /* not a batch API */
+	assert_int_equal(u.input_tokens, -1);
 }
 
 static void test_api_names(void **state)
@@ -110,6 +166,8 @@ static void test_api_names(void **state)
 	assert_string_equal(classify_api_name(API_OLLAMA_GENERATE), "ollama-generate");
 	assert_string_equal(classify_api_name(API_OLLAMA_CHAT), "ollama-chat");
 	assert_string_equal(classify_api_name(API_OPENAI_RESPONSES), "openai-responses");
+	assert_string_equal(classify_api_name(API_EMBEDDINGS), "embeddings");
+	assert_string_equal(classify_api_name(API_TEI_EMBED), "tei-embed");
 	assert_string_equal(classify_api_name((enum api_kind)99), "unknown");
 }
 
@@ -1292,6 +1350,7 @@ int main(void)
 		cmocka_unit_test(test_api_paths),
 		cmocka_unit_test(test_usage_members),
 		cmocka_unit_test(test_api_names),
+		cmocka_unit_test(test_batch_usage),
 		cmocka_unit_test(test_openai_chat_stream),
 		cmocka_unit_test(test_openai_chat_usage_variants),
 		cmocka_unit_test(test_openai_chat_reasoning_and_tools),

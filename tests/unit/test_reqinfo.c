@@ -294,6 +294,59 @@ static void test_not_json(void **state)
 }
 
 /* Nesting far beyond any real request is rejected, not recursed into. */
+static int64_t inputs_of(const char *body, bool complete, const char *key)
+{
+	struct reqinfo ri;
+	size_t len = strlen(body);
+	char *copy = malloc(len ? len : 1);
+	assert_non_null(copy);
+	memcpy(copy, body, len);
+	int r = reqinfo_parse_inputs(copy, len, complete, key, &ri);
+	free(copy);
+	return r == 0 ? ri.inputs : -2;
+}
+
+/* The inputs of a batch: top-level elements of the one field only. */
+static void test_inputs(void **state)
+{
+	assert_int_equal(inputs_of("{\"input\":\"one\"}", true, "input"), 1);
+	assert_int_equal(inputs_of("{\"input\":[\"a\",\"b\",\"c\",\"d\",\"e\"],\"model\":\"m\"}", true, "input"), 5);
+	assert_int_equal(inputs_of("{\"input\":[[1,2],[3],[4,5,6]]}", true, "input"), 3);
+	assert_int_equal(inputs_of("{\"input\":[1,2,3,4]}", true, "input"), 1); /* one input as token ids */
+	assert_int_equal(inputs_of("{\"input\":[ ]}", true, "input"), 0);
+	assert_int_equal(inputs_of("{\"input\":42}", true, "input"), -1);
+	assert_int_equal(inputs_of("{\"input\":null}", true, "input"), -1);
+	assert_int_equal(inputs_of("{\"input\":{\"input\":[1,2]}}", true, "input"), -1);
+	assert_int_equal(inputs_of("{\"documents\":[{\"text\":\"a,b\"},\"c]\"],\"query\":\"q\"}", true, "documents"),
+			 2);
+	/* nested: never the request's */
+	assert_int_equal(inputs_of("{\"x\":{\"input\":[\"a\",\"b\"]}}", true, "input"), -1);
+	/* a later duplicate wins, also when it is not countable */
+	assert_int_equal(inputs_of("{\"input\":[\"a\",\"b\"],\"input\":\"c\"}", true, "input"), 1);
+	assert_int_equal(inputs_of("{\"input\":[\"a\",\"b\"],\"input\":7}", true, "input"), -1);
+	/* without a key nothing is counted */
+	assert_int_equal(inputs_of("{\"input\":[\"a\"]}", true, NULL), -1);
+	/* escaped key */
+	assert_int_equal(inputs_of("{\"inp\\u0075t\":[\"a\",\"b\"]}", true, "input"), 2);
+	/* not JSON */
+	assert_int_equal(inputs_of("{\"input\":[\"a\" \"b\"]}", true, "input"), -2);
+}
+
+/* Every prefix of a batch: unknown until the array closes, then exact. */
+static void test_inputs_every_prefix(void **state)
+{
+	static const char body[] = "{\"model\":\"e\",\"input\":[\"a\",[1,2],\"c]\",\"d\"],\"dimensions\":8}";
+	const char *end = strstr(body, "\"d\"]") + 4;
+	for (size_t len = 1; len < sizeof(body) - 1; len++) {
+		char *cut = strndup(body, len);
+		assert_non_null(cut);
+		int64_t n = inputs_of(cut, false, "input");
+		free(cut);
+		assert_int_equal(n, body + len >= end ? 4 : -1);
+	}
+	assert_int_equal(inputs_of(body, true, "input"), 4);
+}
+
 static void test_deep_nesting(void **state)
 {
 	struct reqinfo ri;
@@ -337,6 +390,8 @@ int main(void)
 		cmocka_unit_test(test_truncated_inside_messages),
 		cmocka_unit_test(test_not_json),
 		cmocka_unit_test(test_deep_nesting),
+		cmocka_unit_test(test_inputs),
+		cmocka_unit_test(test_inputs_every_prefix),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
