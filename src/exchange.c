@@ -360,6 +360,14 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
 
 	if (!x->resp.hold || !exchange_admitted(x->xstate))
 		return;
+	/* libevent's timer can fire before the deadline as clock_now_ns reads
+	 * it (2.2 ms early seen on a loaded machine): the upstream gets its
+	 * whole deadline all the same */
+	uint64_t now = clock_now_ns();
+	if (now < x->deadline_at) {
+		loop_timer_arm(x->deadline, (x->deadline_at - now + 999999u) / 1000000u);
+		return;
+	}
 	upstream_count(x->up, UPC_DEADLINE_MISSED);
 	x->rec->deadline_missed++;
 	if (request_failover(x, FO_DEADLINE))
@@ -477,6 +485,7 @@ static void request_deadline_arm(struct exchange *x)
 	 * milliseconds old on a busy worker: the upstream gets the whole
 	 * deadline. */
 	event_base_update_cache_time(x->env->base);
+	x->deadline_at = clock_now_ns() + ms * 1000000u;
 	loop_timer_arm(x->deadline, ms);
 }
 

@@ -249,7 +249,8 @@ struct exchange {
 	 * while resp.hold keeps the response from the client; NULL until a
 	 * route with one is dispatched to */
 	struct event *deadline;
-	bool body_seen; /* a body byte of the response has parsed */
+	uint64_t deadline_at; /* when it is due (clock_now_ns): on_deadline waits for it */
+	bool body_seen;	      /* a body byte of the response has parsed */
 };
 
 /* Makes the exchange of a request (its pending buffer, timer, response
