@@ -3,7 +3,7 @@
  * alike (meter.h says what is measured, and where each record goes).
  *
  *   respparse ─head/body/end─▶ meter ─▶ framer ─events─▶ classify ─▶ timeline, ITL runs ─▶ series
- *                                 └─ meter_finish ─▶ access log, stats, upstream counters, recent ring
+ *                                 └─ meter_finish ─▶ access log, stats, recent ring
  *
  * Invariants: the ITL runs go to the series from three places only (a gap
  * of another length in on_event, meter_read_end, meter_finish); the series
@@ -22,7 +22,6 @@
 #include "respparse.h"
 #include "stats.h"
 #include "timeline.h"
-#include "upstream.h"
 #include "workload.h"
 
 /* The upstream answered 2xx: the one test behind the stream flag, the
@@ -185,29 +184,22 @@ void meter_complete(struct meter *m)
 	record_apply_outcome(m->rec);
 }
 
-void meter_finish(struct meter *m, struct upstream *up)
+bool meter_finish(struct meter *m)
 {
 	struct req_record *rec = m->rec;
 
 	if (m->recorded)
-		return;
+		return false;
 	m->recorded = true;
 	accesslog_write(m->env.alog, rec);
 	flush_itl(m);
 	stats_record_request(meter_series(m), rec, m->load);
-	if (up) {
-		up->requests++;
-		if (rec->error != REQ_ERR_NONE) {
-			up->errors[rec->error]++;
-			up->last_error = rec->error;
-			up->last_error_unix = (uint64_t)time(NULL);
-		}
-	}
 	paired_link_finish(&m->pair, rec, m->shadow, m->route, m->upstream);
 	if (!m->shadow) {
 		recent_push(m->env.recent, rec, m->load, m->cold);
 		workload_record(rec, rec->wl, m->route, m->upstream);
 	}
+	return true;
 }
 
 void meter_pair(struct meter *primary, struct meter *shadow)

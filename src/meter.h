@@ -9,8 +9,7 @@
  * of one read as a run, recorded into the series once per read
  * (meter_read_end), when a gap of another length breaks the run, and at
  * meter_finish. meter_finish records the outcome once: the access log, the
- * stats series, the upstream's counters and, for a primary, the
- * recent-requests ring.
+ * stats series and, for a primary, the recent-requests ring.
  *
  * The meter never calls up: what its owner does on the same events (timers,
  * keep-alive, the connection's loop priority after the first token) the
@@ -119,10 +118,12 @@ void meter_complete(struct meter *m);
  * its meter as the hooks' `arg` (the owner has nothing to add there). */
 void meter_resp_body(void *meter, const char *at, size_t len);
 
-/* The outcome is known: records the request once (a second call does
- * nothing) — the access log, the last ITL run, the stats series, `up`'s
- * counters (NULL: never routed) and, for a primary, the recent ring. */
-void meter_finish(struct meter *m, struct upstream *up);
+/* The outcome is known: records the request once — the access log, the
+ * last ITL run, the stats series and, for a primary, the recent ring — and
+ * returns true; a second call does nothing and returns false. The
+ * upstream's own counters are its owner's (upstream_count_outcome), so
+ * that the meter knows nothing of upstreams. */
+bool meter_finish(struct meter *m);
 
 /* Links a primary's meter and its shadow's, so that the two records are
  * compared as a pair once both have finished (paired.h). */

@@ -40,7 +40,8 @@ static void mirror_end(struct mirror *m, enum req_error err, bool record)
 	if (err != REQ_ERR_NONE && m->rec.error == REQ_ERR_NONE)
 		m->rec.error = err;
 	if (record)
-		meter_finish(&m->x.meter, m->up);
+		if (meter_finish(&m->x.meter))
+			upstream_count_outcome(m->up, &m->rec);
 	exchange_free(&m->x); /* the connection and the slot go back */
 	upstream_free(m->up);
 	if (m->owner && !m->detached)

@@ -165,7 +165,8 @@ void request_record(struct request *req)
 {
 	CHECK_OBJ(req, REQUEST_MAGIC);
 	exchange_meter_label(&req->x);
-	meter_finish(&req->x.meter, req->x.up);
+	if (meter_finish(&req->x.meter))
+		upstream_count_outcome(req->x.up, req->x.meter.rec);
 }
 
 /* What the record takes from a parsed head: method, path, API, id and the

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/queue.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "bevio.h"
@@ -854,6 +855,18 @@ void upconn_priority(struct upconn *c, enum loop_prio prio)
 	 * its old priority for this one turn */
 	if (c->rev)
 		event_priority_set(c->rev, (int)prio);
+}
+
+void upstream_count_outcome(struct upstream *up, const struct req_record *rec)
+{
+	if (!up)
+		return;
+	up->requests++;
+	if (rec->error != REQ_ERR_NONE) {
+		up->errors[rec->error]++;
+		up->last_error = rec->error;
+		up->last_error_unix = (uint64_t)time(NULL);
+	}
 }
 
 void upstream_free(struct upstream *up)

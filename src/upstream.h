@@ -257,6 +257,11 @@ void upstream_engine_state(const struct upstream *up, struct engine_state *out);
 /* A queued request gives up (timeout, client gone). */
 void upstream_cancel(struct upstream *up, struct up_waiter *w);
 
+/* One request to `up` (NULL: never routed, nothing counted) has its
+ * outcome recorded: its request count and, on an error, the error's count
+ * and the latest error with its wall clock (GET /upstreams). */
+void upstream_count_outcome(struct upstream *up, const struct req_record *rec);
+
 /* Drops one reference; the last closes idle connections and frees `up`.
  * Connections still handed out must have been released first. NULL ok. */
 void upstream_free(struct upstream *up);
