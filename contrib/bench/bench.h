@@ -13,11 +13,11 @@
  * bench_tls.c (https: the client context, sessions resumed).
  *
  * One definition of a token event: responses are split by tokentap's own
- * framer (src/framer.h) and each event is judged by its classifier
- * (src/classify.h); a request's timeline and derived metrics are tokentap's
- * struct req_record and record_derive() (src/timeline.h), with `arrive` set
+ * framer (src/parse/framer.h) and each event is judged by its classifier
+ * (src/parse/classify.h); a request's timeline and derived metrics are tokentap's
+ * struct req_record and record_derive() (src/record/timeline.h), with `arrive` set
  * to the moment the first request byte was written. Latencies go into
- * tokentap's histograms (src/hist.h) in microseconds, as tokentap records
+ * tokentap's histograms (src/record/hist.h) in microseconds, as tokentap records
  * them.
  */
 #pragma once

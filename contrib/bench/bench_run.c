@@ -16,7 +16,7 @@
  * the read callback before any parsing, and all events framed out of one
  * read share that stamp. The stamp is, by default, the kernel's receive time
  * of the newest segment read (SO_TIMESTAMPNS, mapped from CLOCK_REALTIME onto
- * CLOCK_MONOTONIC by src/rxstamp.c, as tokentap does for `arrive`): on a
+ * CLOCK_MONOTONIC by src/record/rxstamp.c, as tokentap does for `arrive`): on a
  * loaded machine that leaves this process's own wake-up latency out of ttft
  * and itl. With --timestamps read it is the clock
  * read at the top of the callback. Sockets have TCP_NODELAY.

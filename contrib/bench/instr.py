@@ -63,14 +63,14 @@ import proxies as px
 GROUPS = (
     # measuring: framing, classifying, the timeline, histograms, series and
     # the record of each request
-    ("measuring", "file", r"(^|/)src/(framer|classify|keyscan|meter|timeline|hist|stats|slice|series_key|"
+    ("measuring", "file", r"(^|/)src/(\w+/)?(framer|classify|keyscan|meter|timeline|hist|stats|slice|series_key|"
                           r"accesslog|recent|rxstamp|paired|workload)\.c$"),
     # TLS: OpenSSL's libraries (their records, AES-GCM, the handshakes)
     ("TLS", "object", r"/libssl\.so"),
     ("TLS", "object", r"/libcrypto\.so"),
     # forwarding: tokentap's connection, request and exchange code, the
     # parsers that find a request's and a response's ends, libevent
-    ("forwarding", "file", r"(^|/)src/(exchange|client|bevio|proxy|request|reqparse|respparse|reqinfo|upstream|"
+    ("forwarding", "file", r"(^|/)src/(\w+/)?(exchange|client|bevio|proxy|request|reqparse|respparse|reqinfo|upstream|"
                            r"router|balance|tls|worker|mirror|control)\.c$"),
     ("forwarding", "file", r"(^|/)llhttp/(llhttp|api|http)\.c$"),  # compiled in from node-llhttp's sources
     ("forwarding", "object", r"/libevent[a-z_]*-[0-9.]*\.so"),

@@ -1,6 +1,6 @@
 /*
  * fuzz_admin.c — libFuzzer target: the admin API's request gate
- * (src/admin_gate.c), which decides from a request's method, target and
+ * (src/admin/admin_gate.c), which decides from a request's method, target and
  * Host / Origin / Authorization headers which endpoint runs, if any.
  *
  * Input: a method selector byte, then up to four NUL-free fields separated

@@ -1,5 +1,5 @@
 /*
- * test_check.c — magic numbers on the main objects (src/check.h,
+ * test_check.c — magic numbers on the main objects (src/base/check.h,
  * docs/dev/pipeline-plan.md 6.5).
  *
  * In a build without NDEBUG (the sanitizer, fuzz and Debug builds):

@@ -1,5 +1,5 @@
 /*
- * test_promtext.c — the Prometheus text parser (src/promtext.c) on the
+ * test_promtext.c — the Prometheus text parser (src/parse/promtext.c) on the
  * shapes the engines serve (vLLM, SGLang, llama.cpp), on label escapes, and
  * on broken lines: each is skipped and counted, the lines around it still
  * read, and nothing past the input is read (each input ends right before a

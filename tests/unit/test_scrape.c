@@ -1,5 +1,5 @@
 /*
- * test_scrape.c — scrape_read (src/scrape.c): what an engine's /metrics
+ * test_scrape.c — scrape_read (src/upstream/scrape.c): what an engine's /metrics
  * answer means. Each engine's names; several models summed, the fullest
  * KV cache kept; vLLM's older KV name and prefix counters; `auto` picking
  * the engine by the gauges present; an engine named that the answer does

@@ -9,7 +9,7 @@
  * handler. The
  * JSON of the stats views lives in admin_stats.c, the Prometheus text in
  * prom.c, the recent requests' in admin_recent.c; the dashboard page is
- * src/dashboard.html, embedded at build time (dashboard.h).
+ * src/admin/dashboard.html, embedded at build time (dashboard.h).
  *
  * What it shares with forwarding: the store (short read transactions, the
  * lifetime total's copy), the recent ring (a copy under its mutex), the

@@ -1,4 +1,4 @@
-# dashboard_embed.cmake — turns src/dashboard.html into a C source file.
+# dashboard_embed.cmake — turns src/admin/dashboard.html into a C source file.
 #
 # Run as a script at build time (cmake -DIN=... -DOUT=... -P this file) by the
 # custom command in CMakeLists.txt, so the page is rebuilt into the binary
@@ -24,7 +24,7 @@ string(REPEAT "0x[0-9a-f][0-9a-f]," 16 line_re)
 string(REGEX REPLACE "(${line_re})" "\\1\n\t" bytes "${bytes}")
 
 file(WRITE "${OUT}.tmp"
-  "/* Generated from src/dashboard.html by src/dashboard_embed.cmake: do not edit. */\n"
+  "/* Generated from src/admin/dashboard.html by src/admin/dashboard_embed.cmake: do not edit. */\n"
   "#include \"dashboard.h\"\n\n"
   "const unsigned char dashboard_html[] = {\n\t${bytes}0x00\n};\n"
   "const size_t dashboard_html_len = ${len};\n")

@@ -9,7 +9,7 @@
  * upstream labels it keeps (admin_labels_use); /routes, /upstreams and the
  * weight change run on the workers' loops through their control channels.
  * It also serves the dashboard page (GET /), compiled into the binary from
- * src/dashboard.html.
+ * src/admin/dashboard.html.
  * Endpoints, parameters and errors: docs/admin-api.md.
  *
  * Safety: a listen address outside loopback needs a token; requests whose

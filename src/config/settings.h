@@ -201,7 +201,8 @@ void settings_usage(FILE *out);
 /* docs/config.md's settings reference: a Markdown table with one line per
  * row that has a YAML key or a flag (key, flag, type, default, range,
  * reload, help), between SETTINGS_DOC_BEGIN and SETTINGS_DOC_END. */
-#define SETTINGS_DOC_BEGIN "<!-- settings reference: made from SETTINGS(X) in src/settings.h; do not edit by hand -->\n"
+#define SETTINGS_DOC_BEGIN \
+	"<!-- settings reference: made from SETTINGS(X) in src/config/settings.h; do not edit by hand -->\n"
 #define SETTINGS_DOC_END "<!-- end of settings reference -->\n"
 void settings_doc_table(FILE *out);
 
