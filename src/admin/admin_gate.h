@@ -7,7 +7,7 @@
  * Allow), for writes the Origin and bearer-token checks (403/401), the query
  * parameters (400: unknown or repeated). A pure function of the request's
  * method, path, query and three headers, so that it runs under a fuzzer
- * (tests/fuzz/fuzz_admin.c) without a socket.
+ * (tests/fuzz/fuzz_admin_gate.c) without a socket.
  */
 #pragma once
 

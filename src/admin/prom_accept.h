@@ -2,7 +2,7 @@
  * prom_accept.h — does an Accept header ask /metrics for the protobuf
  * exposition (prom_proto.h)? A parser of untrusted input: no I/O, no
  * allocation, reads the NUL-terminated header and nothing past it
- * (tests/fuzz/fuzz_accept.c).
+ * (tests/fuzz/fuzz_prom_accept.c).
  */
 #pragma once
 

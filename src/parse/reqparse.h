@@ -4,7 +4,7 @@
  * forwarded (limits, smuggling shapes, Expect, CONNECT and Upgrade). No
  * sockets, no timers: bytes go in through reqparse_feed(), outcomes come out
  * through hooks and its return value. proxy.c drives one per client
- * connection; tests/fuzz/fuzz_request.c drives the same code.
+ * connection; tests/fuzz/fuzz_reqparse.c drives the same code.
  */
 #pragma once
 

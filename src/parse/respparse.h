@@ -4,7 +4,7 @@
  * framer, 1xx responses, a refused 101, the head size bound, HEAD answers,
  * the pause at the message end). No sockets, no timers: bytes go in through
  * respparse_feed(), what to forward comes out of respparse_take(), events
- * through hooks. exchange.c drives one per request; tests/fuzz/fuzz_response.c
+ * through hooks. exchange.c drives one per request; tests/fuzz/fuzz_respparse.c
  * drives the same code.
  */
 #pragma once

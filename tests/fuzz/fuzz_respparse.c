@@ -1,5 +1,5 @@
 /*
- * fuzz_response.c — libFuzzer target: an upstream's byte stream through the
+ * fuzz_respparse.c — libFuzzer target: an upstream's byte stream through the
  * response parser (src/parse/respparse.c), the SSE / NDJSON framer and the token
  * classifier, driven as exchange.c drives them, with the stream cut into
  * reads at points the fuzzer chooses.

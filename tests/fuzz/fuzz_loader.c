@@ -1,5 +1,5 @@
 /*
- * fuzz_config.c — libFuzzer target: the YAML configuration loader.
+ * fuzz_loader.c — libFuzzer target: the YAML configuration loader.
  *
  * The input is a configuration file (written to a memfd and loaded through
  * its /proc path, as the loader reads files). Checked: the loader returns

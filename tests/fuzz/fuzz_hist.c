@@ -1,5 +1,5 @@
 /*
- * fuzz_hist_decode.c — libFuzzer target: hist_decode_merge() on bytes read
+ * fuzz_hist.c — libFuzzer target: hist_decode_merge() on bytes read
  * back from the store, which a corrupted or hostile file may hold anything.
  *
  * Checked: decoding never reads past its input (the input is an exact-size

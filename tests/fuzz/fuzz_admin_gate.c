@@ -1,5 +1,5 @@
 /*
- * fuzz_admin.c — libFuzzer target: the admin API's request gate
+ * fuzz_admin_gate.c — libFuzzer target: the admin API's request gate
  * (src/admin/admin_gate.c), which decides from a request's method, target and
  * Host / Origin / Authorization headers which endpoint runs, if any.
  *

@@ -1,5 +1,5 @@
 /*
- * fuzz_request.c — libFuzzer target: a client byte stream through
+ * fuzz_reqparse.c — libFuzzer target: a client byte stream through
  * src/parse/reqparse.c, the request parser proxy.c drives (llhttp as Debian
  * builds it, plus every check and limit tokentap applies to a request), with
  * hooks that record what proxy.c would be handed instead of dispatching it.

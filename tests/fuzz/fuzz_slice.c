@@ -1,5 +1,5 @@
 /*
- * fuzz_slice_decode.c — libFuzzer target: slice_decode_merge() on bytes read
+ * fuzz_slice.c — libFuzzer target: slice_decode_merge() on bytes read
  * back from the store (a slice: counters and histograms of one series over
  * one period).
  *

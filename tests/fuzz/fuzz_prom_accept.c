@@ -1,5 +1,5 @@
 /*
- * fuzz_accept.c — libFuzzer target: prom_accept_protobuf() on any Accept
+ * fuzz_prom_accept.c — libFuzzer target: prom_accept_protobuf() on any Accept
  * header.
  *
  * The input, NUL-terminated in an allocation of exactly its size plus one

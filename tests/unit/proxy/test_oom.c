@@ -36,7 +36,7 @@
 #include <event2/buffer.h>
 #include <event2/event.h>
 
-#include "../../src/proxy/client.c"
+#include "../../../src/proxy/client.c"
 #include "bevio.h"
 #include "exchange.h"
 #include "reqparse.h"
