@@ -535,13 +535,28 @@ static void test_proto_matches_text(void **state)
 	store_result_free(&r);
 }
 
+/* The exposition of `r` rendered into pb and its first family unpacked;
+ * *p holds the bytes (the caller frees them after the family). */
+static Io__Prometheus__Client__MetricFamily *first_family(struct evbuffer *pb, struct store_result *r, uint8_t **p)
+{
+	size_t plen;
+	uint64_t len = 0;
+
+	assert_int_equal(prom_render_proto(pb, r, NULL, 0), 0);
+	*p = (uint8_t *)drain(pb, &plen);
+	const uint8_t *at = *p;
+	assert_int_equal(varint_get(&at, *p + plen, &len), 0);
+	Io__Prometheus__Client__MetricFamily *f = io__prometheus__client__metric_family__unpack(NULL, (size_t)len, at);
+	assert_non_null(f);
+	return f;
+}
+
 /* A family's spans and deltas give back the native buckets exactly,
  * including a gap long enough to need a second span. */
 static void test_proto_spans(void **state)
 {
 	struct store_result r;
 	struct evbuffer *pb = evbuffer_new();
-	size_t plen;
 	int first;
 	size_t n;
 	uint64_t zero;
@@ -553,13 +568,8 @@ static void test_proto_spans(void **state)
 	hist_record_n(h, 10000, 5);
 	hist_record_n(h, 10300, 2);
 	hist_record_n(h, 900000, 9);
-	assert_int_equal(prom_render_proto(pb, &r, NULL, 0), 0);
-	uint8_t *p = (uint8_t *)drain(pb, &plen);
-	const uint8_t *at = p;
-	uint64_t len = 0;
-	assert_int_equal(varint_get(&at, p + plen, &len), 0);
-	Io__Prometheus__Client__MetricFamily *f = io__prometheus__client__metric_family__unpack(NULL, (size_t)len, at);
-	assert_non_null(f);
+	uint8_t *p;
+	Io__Prometheus__Client__MetricFamily *f = first_family(pb, &r, &p);
 	assert_string_equal(f->name, "tokentap_ttft_seconds");
 	assert_int_equal(f->n_metric, 1);
 	const Io__Prometheus__Client__Histogram *ph = f->metric[0]->histogram;
@@ -589,19 +599,13 @@ static void test_proto_empty_histogram(void **state)
 {
 	struct store_result r;
 	struct evbuffer *pb = evbuffer_new();
-	size_t plen;
 
 	(void)state;
 	memset(&r, 0, sizeof(r));
 	add_series(&r, "default", "u", "m", false);
 	r.series[0].slice.counters[CT_REQUESTS] = 1;
-	assert_int_equal(prom_render_proto(pb, &r, NULL, 0), 0);
-	uint8_t *p = (uint8_t *)drain(pb, &plen);
-	const uint8_t *at = p;
-	uint64_t len = 0;
-	assert_int_equal(varint_get(&at, p + plen, &len), 0);
-	Io__Prometheus__Client__MetricFamily *f = io__prometheus__client__metric_family__unpack(NULL, (size_t)len, at);
-	assert_non_null(f);
+	uint8_t *p;
+	Io__Prometheus__Client__MetricFamily *f = first_family(pb, &r, &p);
 	const Io__Prometheus__Client__Histogram *ph = f->metric[0]->histogram;
 	assert_int_equal(ph->sample_count, 0);
 	assert_int_equal(ph->n_positive_span, 1);

@@ -44,6 +44,30 @@ static size_t hashes_of(const char *body, size_t block, size_t step, uint64_t *o
 	return n;
 }
 
+/* `body` fed in chunks of 1 .. max_step bytes and split in two at every
+ * byte gives the n hashes `want` and the max_tokens `tokens` each time. */
+static void same_at_every_split(const char *body, size_t block, size_t max_step, const uint64_t *want, size_t n,
+				uint64_t tokens)
+{
+	uint64_t split[64];
+
+	assert_true(n <= 64);
+	for (size_t step = 1; step <= max_step; step++) {
+		assert_int_equal(hashes_of(body, block, step, split, 64), n);
+		assert_memory_equal(want, split, n * sizeof(*want));
+	}
+	for (size_t cut = 1; cut < strlen(body); cut++) {
+		struct wl_req *w = wl_req_new(salt, block);
+		const uint64_t *h;
+		wl_req_feed(w, body, cut);
+		wl_req_feed(w, body + cut, strlen(body) - cut);
+		assert_int_equal(wl_req_hashes(w, &h), n);
+		assert_memory_equal(want, h, n * sizeof(*h));
+		assert_int_equal(wl_req_max_tokens(w), tokens);
+		workload_req_free(w);
+	}
+}
+
 #define SYS "You are a careful assistant who answers in full sentences and cites sources."
 
 static const char *chat(char *buf, size_t len, const char *user)
@@ -117,27 +141,13 @@ static void test_changed_byte_changes_its_block_and_later(void **state)
 static void test_any_split_same_hashes(void **state)
 {
 	char a[1024];
-	uint64_t whole[64], split[64];
+	uint64_t whole[64];
 	(void)state;
 
 	chat(a, sizeof(a), "Quote \\\"this\\\" and a backslash \\\\ then more text to fill a block or two.");
 	size_t n = hashes_of(a, 16, 0, whole, 64);
 	assert_true(n > 4);
-	for (size_t step = 1; step <= 17; step++) {
-		assert_int_equal(hashes_of(a, 16, step, split, 64), n);
-		assert_memory_equal(whole, split, n * sizeof(*whole));
-	}
-	/* split at every byte boundary in two: the same */
-	for (size_t cut = 1; cut < strlen(a); cut++) {
-		struct wl_req *w = wl_req_new(salt, 16);
-		const uint64_t *h;
-		wl_req_feed(w, a, cut);
-		wl_req_feed(w, a + cut, strlen(a) - cut);
-		assert_int_equal(wl_req_hashes(w, &h), n);
-		assert_memory_equal(whole, h, n * sizeof(*h));
-		assert_int_equal(wl_req_max_tokens(w), 77);
-		workload_req_free(w);
-	}
+	same_at_every_split(a, 16, 17, whole, n, 77);
 }
 
 /* max_tokens read as a JSON number, split anywhere: an integral value up
@@ -254,25 +264,12 @@ static void test_escaped_keys(void **state)
 	const char *esc =
 		"{\"messages\":[{\"role\":\"user\",\"cont\\u0065nt\":\"hello there, friend of mine\"}],"
 		"\"max_t\\u006Fkens\":12}";
-	uint64_t a[16], b[16];
+	uint64_t a[16];
 	(void)state;
 
 	size_t na = hashes_of(plain, 8, 0, a, 16);
 	assert_true(na > 0);
-	for (size_t step = 1; step <= 7; step++) {
-		assert_int_equal(hashes_of(esc, 8, step, b, 16), na);
-		assert_memory_equal(a, b, na * sizeof(*a));
-	}
-	for (size_t cut = 1; cut < strlen(esc); cut++) {
-		struct wl_req *w = wl_req_new(salt, 8);
-		const uint64_t *h;
-		wl_req_feed(w, esc, cut);
-		wl_req_feed(w, esc + cut, strlen(esc) - cut);
-		assert_int_equal(wl_req_hashes(w, &h), na);
-		assert_memory_equal(a, h, na * sizeof(*h));
-		assert_int_equal(wl_req_max_tokens(w), 12);
-		workload_req_free(w);
-	}
+	same_at_every_split(esc, 8, 7, a, na, 12);
 	/* escapes that decode to other keys, or to nothing JSON has */
 	assert_int_equal(hashes_of("{\"cont\\u0066nt\":\"abc\",\"content\\n\":\"abc\",\"cont\\u00e9nt\":\"abc\","
 				   "\"cont\\u0x65nt\":\"abc\"}",
