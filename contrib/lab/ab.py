@@ -6,7 +6,7 @@ the machine's mood. It is proxies.py's machinery (the same simulator, bench
 runs, proxy configurations and CPU accounting from /proc), pointed at an old
 and a new binary instead of at the peers.
 
-  contrib/bench/ab.py [--build DIR] [--rounds N] [--scenarios c] [--haproxy] OLD_TOKENTAP
+  contrib/lab/ab.py [--build DIR] [--rounds N] [--scenarios c] [--haproxy] OLD_TOKENTAP
 
 Scenarios f-i put TLS on one side as proxies.py does (the same run-made CA
 and certificate, the same suite): f, g client -> proxy, h, i proxy ->

@@ -69,10 +69,10 @@ own configuration in a temporary directory; everything stays on loopback,
 every wait is bounded, and only the processes this script started are
 stopped, by PID. The helpers are proxies.py's.
 
-  contrib/bench/routing.py                       # full: 3 rounds, 30 s runs
-  contrib/bench/routing.py --quick               # 1 round, 8 s runs
-  contrib/bench/routing.py --quick --rounds 3 --scenarios ph --json out.json
-  contrib/bench/routing.py --targets tokentap-weighted,nginx-least_conn --scenarios p
+  contrib/lab/routing.py                       # full: 3 rounds, 30 s runs
+  contrib/lab/routing.py --quick               # 1 round, 8 s runs
+  contrib/lab/routing.py --quick --rounds 3 --scenarios ph --json out.json
+  contrib/lab/routing.py --targets tokentap-weighted,nginx-least_conn --scenarios p
 
 See docs/bench.md ("Routing benchmark").
 """
@@ -520,7 +520,7 @@ def main(argv):
         for name, why in skipped.items():
             print("routing: skipping %s: %s" % (name, why), file=sys.stderr)
         report = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                  "command": " ".join(["contrib/bench/routing.py"] + list(argv)), "machine": info,
+                  "command": " ".join(["contrib/lab/routing.py"] + list(argv)), "machine": info,
                   "replica": REPLICA, "chat": CHAT, "scenarios": {}, "skipped": skipped}
         for key in args.scenarios:
             if key == "f":

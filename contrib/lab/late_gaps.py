@@ -18,7 +18,7 @@ On a loaded machine the scheduler hides a tail of a few milliseconds: run the
 whole chain at a real-time priority (the bench and processes inherit it;
 one stream takes a few per cent of a CPU):
 
-  chrt -f 10 contrib/bench/late_gaps.py --build build --rounds 5 --workers 2
+  chrt -f 10 contrib/lab/late_gaps.py --build build --rounds 5 --workers 2
 
 On a quiet machine some rounds go bad with the chain spread over both
 vCPUs: the forwarding thread's kernel time up by 2-3x with the same system

@@ -112,9 +112,9 @@ script started (and only those, by PID) are stopped on exit, on errors and
 on Ctrl-C. Written in Python (standard library only) rather than bash
 because it reads JSON, takes medians and formats tables.
 
-  contrib/bench/proxies.py                   # full run, about 8 minutes
-  contrib/bench/proxies.py --quick           # about 2 minutes
-  contrib/bench/proxies.py --build build-rel --workers 2 --json out.json
+  contrib/lab/proxies.py                   # full run, about 8 minutes
+  contrib/lab/proxies.py --quick           # about 2 minutes
+  contrib/lab/proxies.py --build build-rel --workers 2 --json out.json
 
 See docs/benchmarks.md.
 """
@@ -380,7 +380,7 @@ def ensure_packages(no_install, wanted=(("nginx-light", "nginx"), ("haproxy", "h
     try:
         if own_policy:
             with open(policy, "w") as f:
-                f.write("#!/bin/sh\n# tokentap contrib/bench/proxies.py: no service starts while installing\nexit 101\n")
+                f.write("#!/bin/sh\n# tokentap contrib/lab/proxies.py: no service starts while installing\nexit 101\n")
             os.chmod(policy, 0o755)
         for argv in (["apt-get", "update", "-qq"],
                      ["apt-get", "install", "-y", "-qq", "--no-install-recommends"] + missing):
@@ -1255,7 +1255,7 @@ def main(argv):
         sim, sim_port = start_sim(bins, work)
         report = {
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "command": " ".join(["contrib/bench/proxies.py"] + list(argv)),
+            "command": " ".join(["contrib/lab/proxies.py"] + list(argv)),
             "machine": info, "fd_limit": fds, "peer_workers": args.workers, "tokentap_workers": tt_workers,
             "workers": {"direct": "-", "tokentap": "%d loop%s" % (tt_workers, "s" * (tt_workers > 1)),
                         "nginx": "%d worker%s" % (args.workers, "s" * (args.workers > 1)),

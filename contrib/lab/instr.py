@@ -37,8 +37,8 @@ Loopback only; every run and wait is bounded; valgrind and haproxy are
 installed with apt-get when missing (as proxies.py does it), unless
 --no-install.
 
-  contrib/bench/instr.py                          # c, g, i, j; a few minutes
-  contrib/bench/instr.py --scenarios cg --events 65536 --json out.json
+  contrib/lab/instr.py                          # c, g, i, j; a few minutes
+  contrib/lab/instr.py --scenarios cg --events 65536 --json out.json
 """
 
 import argparse
@@ -386,7 +386,7 @@ def main(argv):
         _, plain = px.start_sim(bins, work)
         _, tls = px.start_sim(bins, work, pki)
         report = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                  "command": " ".join(["contrib/bench/instr.py"] + list(argv)), "machine": info,
+                  "command": " ".join(["contrib/lab/instr.py"] + list(argv)), "machine": info,
                   "valgrind": px.version_of(["valgrind", "--version"]), "haproxy": not args.no_haproxy,
                   "groups": [list(g) for g in GROUPS], "scenarios": {}}
         for key in args.scenarios:
