@@ -150,8 +150,7 @@ static const enum xtimer xstate_timer[XS__COUNT] = {
 
 #define XS_BIT(s) (1u << XS_##s)
 /*
- * For each state, the states it may change to (docs/dev/pipeline-plan.md
- * 3.2). CONNECTING -> ROUTING is a failover (the upstream refused or did not
+ * For each state, the states it may change to. CONNECTING -> ROUTING is a failover (the upstream refused or did not
  * accept in time), and so are SENDING, AWAIT_HEAD and STREAMING -> ROUTING
  * (no token within the route's ttft_deadline, the response held from the
  * client: on_deadline); SENDING or AWAIT_HEAD -> CONNECTING a replay on a fresh

@@ -1,9 +1,9 @@
 /*
  * test_exchange_fsm.c — the two state machines of a client connection:
  * the exchange's (exchange.c, EXCHANGE_STATES) and the client's (client.c,
- * CLIENT_STATES). Each legal transition of docs/dev/pipeline-plan.md 3.2 and
- * 3.5 is accepted and every other pair refused, each state runs the timer
- * the plan gives it, exchange_set_state arms and deletes x->timer by that
+ * CLIENT_STATES). Each legal transition (the diagrams at the top of
+ * client.c and exchange.c) is accepted and every other pair refused, each
+ * state runs the timer EXCHANGE_STATES names for it, exchange_set_state arms and deletes x->timer by that
  * rule (the idle clock left alone between STREAMING and PAUSED, nothing
  * armed while an upstream's close is pending), and an illegal transition
  * aborts the process (CHECK) instead of carrying on.
