@@ -187,8 +187,8 @@ struct exchange_env {
 	struct event_base *base;
 	struct meter_env meter;
 	struct evbuffer *tail; /* a response's last bytes between its upstream and its client */
-	/* the proxy's current generation: max_event_size is read from it as it
-	 * was before the split */
+	/* the proxy's current generation: max_event_size is read from it, not
+	 * from the request's, since a reload applies it to running requests */
 	struct router *const *current;
 };
 

@@ -11,8 +11,8 @@ shows. An `#include "x.h"` in a module of layer n may name a header of layer n
 or below, never above; within one layer, two modules may not include each
 other. A file of src/ that is in no layer fails too: a new file must be placed.
 Modules listed but absent from src/ are skipped. There are no exceptions: a
-violation is an error (issue #19's steps emptied the list they had, and P7
-removed it).
+violation is an error, since an allowed exception is an include cycle the
+check no longer sees.
 
 Exits 0 and prints the chain it checked, or 1 with one line per violation.
 --self-test plants violations in copies of SRC_DIR (an include of a higher

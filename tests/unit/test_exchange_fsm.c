@@ -34,8 +34,9 @@
 	(B(NEW) | B(AWAIT_BODY) | B(AWAIT_CHUNK) | B(ROUTING) | B(QUEUED) | B(CONNECTING) | B(SENDING) | \
 	 B(AWAIT_HEAD) | B(STREAMING) | B(PAUSED))
 
-/* For each target state, the states it may be entered from (the plan's
- * table reads that way round). */
+/* For each target state, the states it may be entered from: the other way
+ * round from the code's table (from a state, where it may go), so that the
+ * two are written independently and a wrong bit in either shows. */
 static const unsigned entered_from[XS__COUNT] = {
 	[XS_NEW] = 0,
 	[XS_AWAIT_BODY] = B(NEW),
