@@ -28,7 +28,8 @@ printed as user+sys to show which part grew.
 
 Targets: direct, tokentap, nostore (tokentap with --data-dir off), haproxy.
 Loopback only; every wait bounded; the processes started here are stopped by
-PID on exit. See docs/benchmarks.md, "The (h) itl tail".
+PID on exit. See docs/benchmarks.md, "late_gaps.py"; the runs behind it:
+docs/dev/perf-log.md, "The (h) itl tail".
 """
 
 import argparse

@@ -1117,7 +1117,7 @@ def render_table(report):
 
 
 def check_targets(report):
-    """The issue's targets (docs/benchmarks.md), judged strictly on this
+    """The targets (docs/benchmarks.md), judged strictly on this
     run's numbers: on a busy machine a verdict can flip between runs, so
     read it beside the per-round values."""
     checks = []
@@ -1159,7 +1159,7 @@ def check_targets(report):
                   T["tokentap"]["cpu_s_per_m_events"],
                   best([T["nginx"]["cpu_s_per_m_events"], T["haproxy"]["cpu_s_per_m_events"]]), nd=None)
     if "j" in S:
-        # issue #20: in plain HTTP, at least 10 % below the better peer
+        # target 7: in plain HTTP, at least 10 % below the better peer
         T = S["j"]["targets"]
         peer = best([T["nginx"]["cpu_s_per_m_events"], T["haproxy"]["cpu_s_per_m_events"]])
         judge("(j) CPU s per million forwarded events at least 10 % below the better of the two (0.9 x)",

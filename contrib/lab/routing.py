@@ -56,7 +56,7 @@ Reported per target, from the bench's requests log (warm-up left out):
   share               requests each replica answered (its /sim/stats),
                       warm-up included
 
-and the issue's targets checked where the policies exist: (p) prefix's hit
+and the targets checked where the policies exist: (p) prefix's hit
 ratio at least twice weighted's and its ttft p99 at most half the best
 peer's; (h) latency's goodput at least 1.2 x the best peer's and its ttft
 p99 at most 0.7 x weighted's; (b) every tokentap policy's ttft p99 no worse

@@ -3,7 +3,7 @@
  * copying an evbuffer without a buffer of one's own (bevio_copy).
  *
  * tokentap reads plain client and upstream sockets itself rather than
- * through the bufferevent (proxy.c: the kernel's receive stamp needs
+ * through the bufferevent (client.c: the kernel's receive stamp needs
  * recvmsg; upstream.c: one read instead of ioctl(FIONREAD) plus a 4 KiB
  * readv; over TLS too, once connected: tls_recv), and leaves the rest
  * (writing, the handshake, callbacks) to the bufferevent.

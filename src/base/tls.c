@@ -286,7 +286,7 @@ ssize_t tls_recv(void *reader, char *buf, size_t len)
 			 * one EAGAIN per wake-up; under load it finds more, and
 			 * stopping at the buffer's end doubled the wake-ups and
 			 * client writes and lost 17 % of the events/s in scenario
-			 * (i) (docs/benchmarks.md, "The TLS path"). */
+			 * (i) (docs/dev/perf-log.md, "The TLS path"). */
 			continue;
 		}
 		err = SSL_get_error(rd->ssl, 0);

@@ -16,8 +16,10 @@
  * beside its user). The default is text parsed by TYPE's parser; NULL is zero
  * / off. min and max are in TYPE's unit (bytes, ms, a count), 0 = unbounded;
  * DURATION_S (a duration stored in seconds) checks them on the milliseconds
- * before they are divided (so its rows say 1000: at least 1s). Today's quirks are kept as they are
- * (docs/dev/pipeline-plan.md 5.4): a row states the range the code enforces.
+ * before they are divided (so its rows say 1000: at least 1s). A row states
+ * the range the code enforces, quirks included: the table came in without
+ * changing which values are accepted, and a range that should change does
+ * so in a commit of its own, with its test.
  *
  * Lists (`listeners:`, `upstreams:`, `routes:`) are not rows.
  */

@@ -17,10 +17,11 @@
  * ITL record or at meter_finish, from the labels its owner keeps current
  * (meter_label) before either can happen.
  *
- * A shadow (`shadow` at meter_init) is measured as a primary is, but for
- * the differences kept from before the two were one (docs/dev/
- * pipeline-plan.md 1.3 and 8.2): its outcome goes to no recent-requests
- * ring.
+ * A shadow (`shadow` at meter_init) is measured as a primary is, but its
+ * outcome goes neither to the recent-requests ring nor to the workload
+ * capture: both say what clients asked and were answered, and a shadow's
+ * answer is a copy no client saw (the access log has it, marked `mirror`,
+ * and so does its own series).
  *
  * Owner: embedded in the exchange (a request's or a mirror's) whose record
  * it fills; meter_free with it.

@@ -3,7 +3,7 @@
  * their prompt text, the salted hash chain over it, and the writer thread
  * that turns finished requests into trace lines (workload.h says what).
  *
- *   proxy.c body bytes ─▶ workload_feed ─▶ JSON scan ─prompt bytes─▶ chain (SHA-256 per block)
+ *   request.c body bytes ─▶ workload_feed ─▶ JSON scan ─prompt bytes─▶ chain (SHA-256 per block)
  *   meter_finish ─▶ workload_record ─copy─▶ queue (bounded) ─▶ writer: ids, JSON line, rotation
  *                                                               └─▶ summary (ring, groups) ─▶ GET /workload
  *

@@ -8,7 +8,7 @@
  *
  * The prompt text of a request body (the string values under `content`,
  * `text`, `prompt`, `input`, `system`) is hashed as it streams through
- * proxy.c, without a copy of the body: cut into blocks of `block_bytes` and
+ * request.c, without a copy of the body: cut into blocks of `block_bytes` and
  * hashed as a chain (each block's hash covers the salt, the previous block's
  * hash and its own bytes), so two requests sharing a prefix share their
  * first hashes. The salt is random per capture and never written. The

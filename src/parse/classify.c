@@ -392,7 +392,7 @@ static bool scan_once(const struct span *s, const struct token_key *keys, size_t
  * does, the keys are searched one by one as before, so the answer and the
  * hint come out exactly as without the pass. The other APIs search the
  * higher keys one by one, as before (not measured, so not changed).
- * Figures: docs/benchmarks.md, classify_bench.
+ * Figures: docs/dev/perf-log.md, "The classifier on reasoning chunks".
  */
 static enum token_kind keys_kind(const struct span *s, const struct token_key *keys, size_t n,
 				 struct classify_hint *hint, enum openai_extra *extra)

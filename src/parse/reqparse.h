@@ -3,7 +3,7 @@
  * every check tokentap makes on a request head and body before anything is
  * forwarded (limits, smuggling shapes, Expect, CONNECT and Upgrade). No
  * sockets, no timers: bytes go in through reqparse_feed(), outcomes come out
- * through hooks and its return value. proxy.c drives one per client
+ * through hooks and its return value. client.c drives one per client
  * connection; tests/fuzz/fuzz_reqparse.c drives the same code.
  */
 #pragma once
@@ -28,7 +28,7 @@ struct hdr {
 	uint32_t name_off, name_len, val_off, val_len;
 };
 
-/* One request's head as parsed. Owned by whoever owns the request (proxy.c:
+/* One request's head as parsed. Owned by whoever owns the request (request.h:
  * embedded in struct request); reqparse writes into it from the request's
  * first byte until its message ends. */
 struct reqhead {

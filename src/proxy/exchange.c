@@ -73,8 +73,9 @@ const struct xfail_info exchange_fails[XF__COUNT] = {
 #undef X
 };
 
-/* The proxy's current configuration (not the request's generation: the
- * split kept what each setting was read from). */
+/* The proxy's current configuration, not the request's generation: the
+ * settings read through it are LIVE ones (limits.max_event_size), which a
+ * reload applies to requests already running. */
 static const struct config *xcfg(const struct exchange *x)
 {
 	return &(*x->env->current)->cfg;
@@ -150,8 +151,7 @@ static const enum xtimer xstate_timer[XS__COUNT] = {
 
 #define XS_BIT(s) (1u << XS_##s)
 /*
- * For each state, the states it may change to (docs/dev/pipeline-plan.md
- * 3.2). CONNECTING -> ROUTING is a failover (the upstream refused or did not
+ * For each state, the states it may change to. CONNECTING -> ROUTING is a failover (the upstream refused or did not
  * accept in time), and so are SENDING, AWAIT_HEAD and STREAMING -> ROUTING
  * (no token within the route's ttft_deadline, the response held from the
  * client: on_deadline); SENDING or AWAIT_HEAD -> CONNECTING a replay on a fresh
@@ -1258,7 +1258,7 @@ static void on_resp_head(void *arg, const struct respparse *rp)
 	struct exchange *x = meter_request(arg);
 	CHECK_OBJ(x, EXCHANGE_MAGIC);
 
-	/* the framer's bound: the proxy's generation now, as before */
+	/* the framer's bound: the proxy's generation now (a reload applies it) */
 	x->meter.max_event_size = xcfg(x)->max_event_size;
 	if (!x->shadow)			 /* a shadow's owner labelled it when it began */
 		exchange_meter_label(x); /* routed: the series may resolve from here on */

@@ -6,9 +6,10 @@
  * through the hooks table below: it includes nothing above it and reads no
  * field of its owner.
  *
- * A shadow exchange (`shadow` at exchange_init; docs/dev/pipeline-plan.md
- * 8.2) is routed by its owner, which hands it an upstream whose slot it took
- * and the whole request head in `pending`: no queueing, no failover, no cold
+ * A shadow exchange (`shadow` at exchange_init) must never delay or fail
+ * its primary, and its traffic is not the upstream's own, so it differs
+ * from a primary's: it is routed by its owner, which hands it an upstream
+ * whose slot it took and the whole request head in `pending`: no queueing, no failover, no cold
  * tracking (upstream_note_result), the streams' loop priority from the start
  * and its bytes written by the bufferevent, never in the primary's turn (a
  * shadow never goes before a primary), a connect timeout counted as the
@@ -186,8 +187,8 @@ struct exchange_env {
 	struct event_base *base;
 	struct meter_env meter;
 	struct evbuffer *tail; /* a response's last bytes between its upstream and its client */
-	/* the proxy's current generation: max_event_size is read from it as it
-	 * was before the split */
+	/* the proxy's current generation: max_event_size is read from it, not
+	 * from the request's, since a reload applies it to running requests */
 	struct router *const *current;
 };
 

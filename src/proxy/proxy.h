@@ -1,10 +1,13 @@
 /*
- * proxy.h — the listener and the client side of tokentap.
+ * proxy.h — the listener and the proxy object of one worker: its listening
+ * sockets, accept (with the connection cap and the pause after a failed
+ * accept), the router generation new requests start with, and draining at
+ * shutdown.
  *
- * A proxy accepts client connections, parses their requests, forwards each
- * to the upstream and streams the response back byte for byte while the
- * timeline of every request is stamped. See proxy.c for the connection
- * state machine.
+ * A proxy only accepts: each connection becomes a client (client.h), which
+ * reads and parses its requests (reqparse.h) and keeps the connection's
+ * state machine (CLIENT_STATES); each request's upstream side is an
+ * exchange (exchange.h), with a state machine of its own.
  */
 #pragma once
 

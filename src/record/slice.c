@@ -12,8 +12,10 @@
  * lacks as empty and skips rows it does not know, so a new counter, metric
  * or curve needs no new version.
  *
- * Version 2 (#15) wrote no layout: its slots were today's positions with 14
- * metrics, 3 load curves and 2 prompt curves. Version 1 (before #15) had 11
+ * Version 2 (written from when answer TTFT, reasoning and the cache and
+ * reasoning token counts were added) wrote no layout: its slots were
+ * today's positions with 14 metrics, 3 load curves and 2 prompt curves.
+ * Version 1 (before those) had 11
  * counters before the error kinds and 12 histogram metrics before the load
  * curves, and one prompt curve keyed on the prompt as reported. Both are
  * still read: their slots go through their frozen layout like a version-3

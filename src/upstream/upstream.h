@@ -315,7 +315,7 @@ void upstream_release(struct upconn *c, bool reusable);
  * LOOP_PRIO_STREAM, and a burst of those is cut into slices between which
  * the loop polls again, so a request or a first token that arrives while
  * hundreds of streams have tokens to forward waits one slice, not the whole
- * burst (docs/benchmarks.md, scenario b). */
+ * burst (docs/dev/perf-log.md, "Loop priorities": scenario b). */
 enum loop_prio { LOOP_PRIO_NORMAL = 1, LOOP_PRIO_STREAM = 2, LOOP_PRIO__COUNT = 3 };
 /* libevent gives a new event the middle priority, count / 2: three levels
  * make NORMAL the default of every event without touching each one (level

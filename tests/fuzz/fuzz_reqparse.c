@@ -1,15 +1,15 @@
 /*
  * fuzz_reqparse.c — libFuzzer target: a client byte stream through
- * src/parse/reqparse.c, the request parser proxy.c drives (llhttp as Debian
+ * src/parse/reqparse.c, the request parser client.c drives (llhttp as Debian
  * builds it, plus every check and limit tokentap applies to a request), with
- * hooks that record what proxy.c would be handed instead of dispatching it.
+ * hooks that record what client.c would be handed instead of dispatching it.
  *
  * Input layout: byte 0 picks the limits (bits 0-1: head 256 B .. 32 KiB;
  * bit 2: 4 or 100 headers; bits 3-4: body 0 .. 32 MiB) and bit 5 makes the
  * second request's begin hook fail as an allocation would; bytes 1-8 are
  * piece lengths used in turn to cut the rest, as TCP reads would (0 means
  * 1 byte); the rest is what a client sent. Each message end pauses the
- * parser, as in proxy.c, and the next pipelined request parses after a
+ * parser, as in client.c, and the next pipelined request parses after a
  * resume.
  *
  * Checked: nothing crashes; hooks come in order (head, then chunks and body,

@@ -260,7 +260,8 @@ class Sessions(BenchCase):
 
 
 class ThroughTokentap(BenchCase):
-    """The accuracy check of issue 6: client and proxy agree."""
+    """Client and proxy agree on what they measured: the bench's view of the
+    same requests is the check that tokentap's numbers are right."""
 
     def one_attempt(self, sim):
         d = tempfile.mkdtemp(prefix="tokentap-bench-acc-")

@@ -238,7 +238,7 @@ class HeaderTimeoutTest(harness.TestCase):
         self.addCleanup(conn.close)
         t0 = time.monotonic()
         conn.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
-        # A head cut short always gets its 408 (proxy.c, on_client_timer in
+        # A head cut short always gets its 408 (client.c, on_client_timer in
         # CL_HEAD), then the close.
         conn.settimeout(3.0)
         resp = conn.read_response()

@@ -63,7 +63,7 @@ static const struct reqparse_hooks hooks = { on_begin, on_head, on_chunk, on_bod
 
 /*
  * Feeds `raw` in pieces of `step` bytes (0: whole), resuming after each
- * message end as proxy.c does; each piece is a heap copy of exact size, so
+ * message end as client.c does; each piece is a heap copy of exact size, so
  * ASan sees any read past it. Returns the status the stream ended with: 0
  * when every byte was taken, else the refusal's.
  */

@@ -1,6 +1,7 @@
 /*
- * test_check.c — magic numbers on the main objects (src/base/check.h,
- * docs/dev/pipeline-plan.md 6.5).
+ * test_check.c — magic numbers on the main objects (src/base/check.h): a
+ * callback on a freed object aborts with the object named, rather than
+ * reading freed memory and carrying on.
  *
  * In a build without NDEBUG (the sanitizer, fuzz and Debug builds):
  * - CHECK_OBJ on an object whose magic was cleared (freed) aborts, on a

@@ -1,9 +1,9 @@
 /*
  * test_exchange_fsm.c — the two state machines of a client connection:
  * the exchange's (exchange.c, EXCHANGE_STATES) and the client's (client.c,
- * CLIENT_STATES). Each legal transition of docs/dev/pipeline-plan.md 3.2 and
- * 3.5 is accepted and every other pair refused, each state runs the timer
- * the plan gives it, exchange_set_state arms and deletes x->timer by that
+ * CLIENT_STATES). Each legal transition (the diagrams at the top of
+ * client.c and exchange.c) is accepted and every other pair refused, each
+ * state runs the timer EXCHANGE_STATES names for it, exchange_set_state arms and deletes x->timer by that
  * rule (the idle clock left alone between STREAMING and PAUSED, nothing
  * armed while an upstream's close is pending), and an illegal transition
  * aborts the process (CHECK) instead of carrying on.
@@ -34,8 +34,9 @@
 	(B(NEW) | B(AWAIT_BODY) | B(AWAIT_CHUNK) | B(ROUTING) | B(QUEUED) | B(CONNECTING) | B(SENDING) | \
 	 B(AWAIT_HEAD) | B(STREAMING) | B(PAUSED))
 
-/* For each target state, the states it may be entered from (the plan's
- * table reads that way round). */
+/* For each target state, the states it may be entered from: the other way
+ * round from the code's table (from a state, where it may go), so that the
+ * two are written independently and a wrong bit in either shows. */
 static const unsigned entered_from[XS__COUNT] = {
 	[XS_NEW] = 0,
 	[XS_AWAIT_BODY] = B(NEW),

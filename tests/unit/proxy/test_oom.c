@@ -1,6 +1,7 @@
 /*
- * test_oom.c — out of memory while a request is written for its upstream
- * (docs/dev/pipeline-plan.md 6.6): libevent's allocator is replaced by one
+ * test_oom.c — out of memory while a request is written for its upstream,
+ * where a failed add that went unnoticed would send a body without its
+ * head, or a head that lost bytes: libevent's allocator is replaced by one
  * that fails after a given number of allocations, and every write the
  * request path makes into an evbuffer either completes or reports -1,
  * never carrying on with a head or body that lost bytes.

@@ -138,7 +138,8 @@ static void test_model_cap(void **state)
 	stats_shard_free(sh);
 }
 
-/* A slice as main's encoder wrote it before #15 (layout version 1: 11
+/* A slice as main's encoder wrote it before answer TTFT and reasoning
+ * were recorded (layout version 1: 11
  * counters then the error kinds; histogram slots 12 metrics, then the load
  * curves, then the prompt buckets): counters 100 + i at every position;
  * ttft 3 x 50 ms; inflight 4; the ITL load curve's bucket 2, 7 x 1.5 ms;
@@ -185,7 +186,8 @@ static void assert_v1_fixture_values(const struct slice *b)
 	assert_true(!b->slot[HM_ANSWER_TTFT] || !b->slot[HM_ANSWER_TTFT]->count);
 }
 
-/* A slice as main's encoder wrote it after #15 (version 2: 25 counters,
+/* A slice as main's encoder wrote it once answer TTFT and reasoning were
+ * recorded (version 2: 25 counters,
  * slots at fixed positions, 14 metrics then 3 load curves then 2 prompt
  * curves): counters 100 + i at every position; ttft 3 x 50 ms; inflight 4;
  * answer_ttft 2 x 30 ms; reasoning 20 ms; the ITL load curve's bucket 2,
