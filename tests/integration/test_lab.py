@@ -1,7 +1,8 @@
 """test_lab.py — the lab scripts in contrib/lab/ run end to end, small, so
 that they cannot rot: ab.py (which drives proxies.py's scenarios, runs and
 percentiles) with this build against itself for one round of scenario (c),
-and late_gaps.py for one round of 20 requests, direct and through tokentap.
+late_gaps.py for one round of 20 requests, direct and through tokentap, and
+same_output.py comparing this build with itself.
 routing.py and instr.py have smoke tests of their own (test_routing_bench,
 test_instr). Neither script here may install anything (nginx and HAProxy are
 not asked for). Each must exit 0 and print, per target, figures that show
@@ -55,6 +56,14 @@ class LabSmoke(harness.TestCase):
             self.assertIsNotNone(m, "%s: no round line\n%s" % (target, out[-2000:]))
             self.assertGreater(int(m.group(1)), 0, target)
         self.assertRegex(out, r"late gaps per 1,000, rounds \(median\):")
+
+    def test_same_output_of_a_build_and_itself(self):
+        out = self.run_script(os.path.join(LAB, "same_output.py"), self.build, self.build)
+        m = re.search(r"same_output: (\d+) access-log lines, (\d+) /metrics lines compared, times masked: the same",
+                      out)
+        self.assertIsNotNone(m, out[-2000:])
+        self.assertEqual(int(m.group(1)), 21, "7 requests, 3 rounds: each logged")
+        self.assertGreater(int(m.group(2)), 100)
 
 
 if __name__ == "__main__":
