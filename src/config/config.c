@@ -214,8 +214,8 @@ unsigned config_validate(const struct config *c, char *errs, size_t errlen)
 			PROBLEM(r->line, "routes[%u].match.path_prefix: must start with /", i);
 		if (r->ntargets == 0)
 			PROBLEM(r->line, "routes[%u]: sends nowhere; give `upstream:` or `split:`", i);
-		if (r->ntargets > 32)
-			PROBLEM(r->split_line, "routes[%u].split: at most 32 upstreams", i);
+		if (r->ntargets > ROUTE_TARGETS_MAX)
+			PROBLEM(r->split_line, "routes[%u].split: at most %d upstreams", i, ROUTE_TARGETS_MAX);
 		for (unsigned t = 0; t < r->ntargets; t++) {
 			const struct route_target *tg = &r->targets[t];
 			bool known = false;

@@ -19,6 +19,9 @@
 /* Upstream and route names, in bytes: a series is stored under route,
  * upstream and model as one key, and every key must fit LMDB's (series_key.h). */
 #define CONFIG_NAME_MAX 128
+/* Upstreams one route may split over: the bits of the uint64_t in which a
+ * pick marks the targets already tried. */
+#define ROUTE_TARGETS_MAX 64
 #define MIRROR_MAX_IN_FLIGHT 64			/* mirror.max_in_flight's default */
 #define STORE_MAX_SIZE_MIN ((uint64_t)64 << 10) /* store.max_size: an empty store and a few series */
 #define STORE_MAX_SIZE_MAX ((uint64_t)64 << 30) /* and its default */

@@ -665,7 +665,7 @@ enum xr exchange_pick(struct exchange *x, bool *pinned)
 				x->up = NULL;
 				return exchange_fail(x, XF_BAD_OVERRIDE, msg);
 			}
-			x->tried = i >= 0 ? ~(uint32_t)0 & ~(1u << i) : ~(uint32_t)0; /* pinned: no failover */
+			x->tried = i >= 0 ? ~(uint64_t)0 & ~(1ull << i) : ~(uint64_t)0; /* pinned: no failover */
 			*pinned = true;
 			x->rec->pick = pick_reason_name(PICK_PINNED);
 			if (i >= 0)
@@ -732,7 +732,7 @@ static bool request_failover(struct exchange *x, enum failover_why why)
 	int cur = route_target_index(x->route, x->up);
 	if (cur < 0 || (why == FO_REFUSED ? !x->route->conf->failover : !x->replay))
 		return false;
-	x->tried |= 1u << cur;
+	x->tried |= 1ull << cur;
 	x->pick.key = request_sticky_key(x, &x->pick.klen);
 	x->pick.failover = true;
 	x->pick.deadline = why == FO_DEADLINE;

@@ -215,7 +215,7 @@ struct exchange {
 	struct route *route;
 	struct upstream *up; /* chosen upstream, NULL before routing */
 	struct up_waiter waiter;
-	uint32_t tried;	      /* route targets that refused a connection */
+	uint64_t tried;	      /* route targets that refused a connection */
 	struct pick_req pick; /* what the choice knows of the request (prefix key, tokens), set before routing */
 	bool probe;	      /* this request is x->up's probe (router.h) */
 	bool prefill_held;    /* pick.tokens count in x->up's prefill until the first token */

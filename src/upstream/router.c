@@ -293,13 +293,13 @@ static uint64_t pick_rnd(void)
 /* An upstream with no TTFT sample this recent gets a probe (latency). */
 #define LATENCY_STALE_NS (10ull * 1000000000u)
 
-static int weighted_pick(struct route *r, uint32_t skip)
+static int weighted_pick(struct route *r, uint64_t skip)
 {
 	int best = -1;
 	int64_t total = 0;
 
 	for (unsigned i = 0; i < r->ntargets; i++) {
-		if ((skip & (1u << i)) || !r->targets[i].weight)
+		if ((skip & (1ull << i)) || !r->targets[i].weight)
 			continue;
 		r->targets[i].current += r->targets[i].weight;
 		total += r->targets[i].weight;
@@ -311,14 +311,14 @@ static int weighted_pick(struct route *r, uint32_t skip)
 	return best;
 }
 
-static int sticky_pick(const struct route *r, const char *key, size_t klen, uint32_t skip)
+static int sticky_pick(const struct route *r, const char *key, size_t klen, uint64_t skip)
 {
 	/* weighted rendezvous: score = -weight / ln(u), u uniform in (0,1) */
 	double best_score = 0;
 	int best = -1;
 
 	for (unsigned i = 0; i < r->ntargets; i++) {
-		if ((skip & (1u << i)) || !r->targets[i].weight)
+		if ((skip & (1ull << i)) || !r->targets[i].weight)
 			continue;
 		uint64_t h = hash2(key, klen, r->targets[i].up->name);
 		double u = ((double)(h >> 11) + 0.5) / 9007199254740992.0;
@@ -331,12 +331,12 @@ static int sticky_pick(const struct route *r, const char *key, size_t klen, uint
 	return best;
 }
 
-struct upstream *route_pick(struct route *r, const struct pick_req *q, uint32_t tried, struct pick_out *out)
+struct upstream *route_pick(struct route *r, const struct pick_req *q, uint64_t tried, struct pick_out *out)
 {
 	struct bal_cand cand[ROUTE_TARGETS_MAX];
 	unsigned map[ROUTE_TARGETS_MAX], n = 0, live = 0;
 	bool same_weight = true;
-	uint32_t ejected = 0;
+	uint64_t ejected = 0;
 	int probe_due = -1, stale = -1, best = -1;
 	enum balance_policy pol = r->conf->balance;
 	uint64_t now = clock_now_ns();
@@ -345,11 +345,11 @@ struct upstream *route_pick(struct route *r, const struct pick_req *q, uint32_t 
 	out->probe = false;
 	for (unsigned i = 0; i < r->ntargets; i++) {
 		struct up_balance b;
-		if ((tried & (1u << i)) || !r->targets[i].weight)
+		if ((tried & (1ull << i)) || !r->targets[i].weight)
 			continue;
 		upstream_balance_pick(r->targets[i].up, &b, now);
 		if (b.eject == UP_EJECTED || (b.eject == UP_PROBE_DUE && b.probing)) {
-			ejected |= 1u << i;
+			ejected |= 1ull << i;
 			continue;
 		}
 		live++;

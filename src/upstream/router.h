@@ -30,8 +30,6 @@ struct event_base;
 struct upstream;
 struct ssl_ctx_st;
 
-#define ROUTE_TARGETS_MAX 32
-
 struct pick_counts;
 
 struct route_target_state {
@@ -109,7 +107,7 @@ struct pick_out {
  * out unless every other one is too; a sticky key picks by rendezvous
  * among the rest; an upstream whose ejection backoff is over gets one
  * probe; then the route's balance policy (docs/routing.md). */
-struct upstream *route_pick(struct route *r, const struct pick_req *q, uint32_t tried, struct pick_out *out);
+struct upstream *route_pick(struct route *r, const struct pick_req *q, uint64_t tried, struct pick_out *out);
 
 /* Counts a choice of target `index` made for `why` (route_pick counts its
  * own; this is for the override header's). */

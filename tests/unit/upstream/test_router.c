@@ -215,6 +215,31 @@ static int cmp_u64(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
+/* Failover over a route as wide as allowed: with every target but one
+ * marked tried, that one is picked, wherever it sits among the 64 (the
+ * marks are 64 bits), by every policy; with all marked, none. */
+static void test_pick_skips_tried_at_every_index(void **state)
+{
+	struct event_base *base = event_base_new();
+	struct pick_out o;
+	(void)state;
+
+	for (int pol = BALANCE_WEIGHTED; pol <= BALANCE_PREFIX; pol++) {
+		struct router *rt = build_wide(base, WIDE, (enum balance_policy)pol);
+		struct route *r = &rt->routes[0];
+		struct pick_req q = { .has_prefix = pol == BALANCE_PREFIX, .prefix_key = 42, .tokens = 100 };
+		assert_int_equal(r->ntargets, 64);
+		for (unsigned i = 0; i < WIDE; i++) {
+			uint64_t tried = ~(uint64_t)0 & ~(1ull << i);
+			assert_ptr_equal(route_pick(r, &q, tried, &o), r->targets[i].up);
+			assert_int_equal(o.index, i);
+		}
+		assert_null(route_pick(r, &q, ~(uint64_t)0, &o));
+		router_unref(rt);
+	}
+	event_base_free(base);
+}
+
 /* route_pick itself over ROUTE_TARGETS_MAX upstreams: their shared numbers
  * read (atomics, the engine's seqlock) and the choice; p99 printed, the
  * best of three rounds; only the median is asserted, at 20 us: on a
@@ -264,6 +289,7 @@ int main(void)
 		cmocka_unit_test(test_kept_upstream_takes_new_settings),
 		cmocka_unit_test(test_failed_generation_changes_no_kept_upstream),
 		cmocka_unit_test(test_pick_ejection),
+		cmocka_unit_test(test_pick_skips_tried_at_every_index),
 		cmocka_unit_test(test_pick_cost),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
