@@ -40,6 +40,11 @@ and x-sim-itl-ms headers, so one simulator serves them all):
   j  (c) with the simulator writing 16 token events per write
      (x-sim-events-per-write: 16), as a server with a stream interval or
      speculative decoding does: each read of the proxy brings many events
+  k  the cost of a request: one-token answers (ttft 0), 64 clients on
+     keep-alive connections, 5 s per run; reports requests/s and CPU per
+     request
+  l  the cost of a connection: (k) with a new connection per request
+     (tokentap-bench --new-connection: Connection: close on each)
 
 TLS (f-i): one ECDSA P-256 key and certificate (for localhost and
 127.0.0.1, signed by a CA made for the run with the openssl command) for
@@ -170,7 +175,12 @@ for _k, _base, _side in (("f", "a", "client"), ("g", "c", "client"), ("h", "a", 
 # interval above one token, speculative decoding), so that each read of the
 # proxy brings many events to frame, classify and record.
 SCENARIOS["j"] = dict(SCENARIOS["c"], events_per_write=16, title="maximum event rate, 16 events per upstream write")
-LATENCY_KEYS = "abcfghij"
+# k, l: what a request and a connection cost, with answers of one token.
+SCENARIOS["k"] = dict(title="one-token answers, keep-alive", concurrency=64, ttft_ms=0, itl_ms=0, tokens=1,
+                      duration="5s", warmup=64, quick=dict(duration="2s"))
+SCENARIOS["l"] = dict(SCENARIOS["k"], new_conn=True, title="one-token answers, a new connection per request")
+LATENCY_KEYS = "abcfghijkl"
+REQUEST_KEYS = "kl"  # reported per request, not per event
 TLS_SUITE = "TLS_AES_128_GCM_SHA256"
 STORE_TARGETS = ("direct", "tokentap", "tokentap-nostore")
 
@@ -772,6 +782,8 @@ def bench_argv(bins, url, sc, json_path, seed, concurrency=None, quick=False, lo
             "--seed", str(seed), "--json", json_path]
     if p.get("events_per_write"):
         argv += ["-H", "x-sim-events-per-write: %d" % p["events_per_write"]]
+    if p.get("new_conn"):
+        argv.append("--new-connection")
     if log_path:
         argv += ["--requests-log", log_path]
     if url.startswith("https://"):
@@ -847,6 +859,8 @@ def summarize_bench(path, log_path, late_after_ms=None):
         "events": events, "events_forwarded": forwarded, "elapsed_s": elapsed,
         "events_per_s": events / elapsed if elapsed else None,
         "ok": res["requests"]["ok"], "errors": errs, "tls": res.get("tls"),
+        "requests_per_s": res["throughput"]["requests_per_s"],
+        "requests_forwarded": res["requests"]["ok"] + (w.get("requests") or {}).get("ok", 0),
         "error_kinds": {k: v for k, v in res["errors"].items() if v},
     })
     return out
@@ -896,6 +910,13 @@ def run_latency_scenario(key, targets, bins, args, work):
             cpu[t.name] += ticks
             cpu_sys[t.name] += sys_ticks
             per_m = (ticks / CLK_TCK) / s["events_forwarded"] * 1e6 if t.proc and s["events_forwarded"] else None
+            if key in REQUEST_KEYS:
+                per_req = (ticks / CLK_TCK) / s["requests_forwarded"] * 1e6 if t.proc and s["requests_forwarded"] else None
+                print("  (%s) round %d/%d %-8s ttft p50 %7.3f p99 %7.3f  %9.0f requests/s%s%s"
+                      % (key, r + 1, rounds, t.name, s["ttft_p50"] or 0, s["ttft_p99"] or 0, s["requests_per_s"] or 0,
+                         "  %.1f cpu us/request" % per_req if per_req is not None else "",
+                         "  ERRORS %s" % s["error_kinds"] if s["errors"] else ""), file=sys.stderr)
+                continue
             print("  (%s) round %d/%d %-8s ttft p50 %7.3f p99 %7.3f  itl p50 %7.3f p99 %7.3f%s  %9.0f events/s%s%s"
                   % (key, r + 1, rounds, t.name, s["ttft_p50"] or 0, s["ttft_p99"] or 0, s["itl_p50"] or 0,
                      s["itl_p99"] or 0,
@@ -910,8 +931,11 @@ def run_latency_scenario(key, targets, bins, args, work):
         fw = sum(x["events_forwarded"] for x in rs)
         e = {k: median([x[k] for x in rs])
              for k in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "itl_p99_9", "itl_max", "itl_late_per_k",
-                       "events_per_s")}
+                       "events_per_s", "requests_per_s")}
         e["workers"] = t.workers
+        reqs = sum(x["requests_forwarded"] for x in rs)
+        e["cpu_us_per_request"] = (cpu[t.name] / CLK_TCK) / reqs * 1e6 if t.proc and reqs else None
+        e["cpu_sys_us_per_request"] = (cpu_sys[t.name] / CLK_TCK) / reqs * 1e6 if t.proc and reqs else None
         e["errors"] = sum(x["errors"] for x in rs)
         e["events_forwarded"] = fw
         e["cpu_s"] = cpu[t.name] / CLK_TCK if t.proc else None
@@ -1029,6 +1053,7 @@ def run_memory_scenario(bins, args, work, sim_port, rounds):
             "rss_during_kib": median([x["rss_during_kib"] for x in rs]),
             "kib_per_stream": median([x["kib_per_stream"] for x in rs]),
             "streams_in_progress": median([x["streams_in_progress"] for x in rs]),
+            "ramp_s": median([x["ramp_s"] for x in rs]),
             "errors": sum(x["errors"] or 0 for x in rs),
             "rounds": rs,
         }
@@ -1076,13 +1101,25 @@ def render_table(report):
                     fmt(e["itl_p99_9"]), fmt(e["added_itl_p99_9"], signed=True), fmt(e["itl_max"]),
                     fmt(e["events_per_s"], 0), e["errors"]))
         elif key == "d":
-            lines.append("%-9s %-10s %9s %14s %14s %14s %7s" % ("target", "workers", "streams", "RSS before KiB",
-                                                              "RSS during KiB", "KiB per stream", "errors"))
+            lines.append("%-9s %-10s %9s %10s %14s %14s %14s %7s" % (
+                "target", "workers", "streams", "s to open", "RSS before KiB", "RSS during KiB", "KiB per stream",
+                "errors"))
             for name in PROXIES:
                 e = sc["targets"][name]
-                lines.append("%-9s %-10s %9s %14s %14s %14s %7d" % (
-                    name, report["workers"][name], fmt(e["streams_in_progress"], 0), fmt(e["rss_before_kib"], 0),
-                    fmt(e["rss_during_kib"], 0), fmt(e["kib_per_stream"], 2), e["errors"]))
+                lines.append("%-9s %-10s %9s %10s %14s %14s %14s %7d" % (
+                    name, report["workers"][name], fmt(e["streams_in_progress"], 0), fmt(e.get("ramp_s"), 2),
+                    fmt(e["rss_before_kib"], 0), fmt(e["rss_during_kib"], 0), fmt(e["kib_per_stream"], 2),
+                    e["errors"]))
+        elif key in REQUEST_KEYS:
+            lines.append("%-9s %-10s %8s %8s %8s %8s %11s %12s %10s %6s" % (
+                "target", "workers", "ttft p50", "+direct", "ttft p99", "+direct", "requests/s", "cpu us/req",
+                "of it sys", "errors"))
+            for name in TARGETS:
+                e = sc["targets"][name]
+                lines.append("%-9s %-10s %8s %8s %8s %8s %11s %12s %10s %6d" % (
+                    name, e["workers"], fmt(e["ttft_p50"]), fmt(e["added_ttft_p50"], signed=True),
+                    fmt(e["ttft_p99"]), fmt(e["added_ttft_p99"], signed=True), fmt(e["requests_per_s"], 0),
+                    fmt(e["cpu_us_per_request"], 1), fmt(e.get("cpu_sys_us_per_request"), 1), e["errors"]))
         else:
             lines.append("%-9s %-10s %8s %8s %8s %8s %8s %8s %8s %8s %10s %10s %10s %6s" % (
                 "target", "workers", "ttft p50", "+direct", "ttft p99", "+direct",
@@ -1101,7 +1138,9 @@ def render_table(report):
         lines.append("latencies in ms: medians over rounds of each run's percentile; +direct = target minus direct;")
         lines.append("events/s: token events the client counted per second (median); cpu s/M ev: the proxy's user+system")
         lines.append("CPU seconds per million token events forwarded, pooled over rounds; of it sys: the system (kernel)")
-        lines.append("part of that figure.")
+        lines.append("part of that figure. (k), (l): requests/s the client completed (median) and the proxy's CPU")
+        lines.append("microseconds per request forwarded, pooled; (d): s to open, from the start until the simulator")
+        lines.append("had every stream in progress (median).")
     n = report["peer_workers"]
     k = report["tokentap_workers"]
     lines.append("workers: tokentap forwarded on %d event loop%s (its store, admin API and main thread come on top);"
@@ -1164,7 +1203,16 @@ def check_targets(report):
         peer = best([T["nginx"]["cpu_s_per_m_events"], T["haproxy"]["cpu_s_per_m_events"]])
         judge("(j) CPU s per million forwarded events at least 10 % below the better of the two (0.9 x)",
               T["tokentap"]["cpu_s_per_m_events"], None if peer is None else 0.9 * peer, nd=None)
+    for key in REQUEST_KEYS:
+        if key in S:
+            T = S[key]["targets"]
+            judge("(%s) requests/s at least HAProxy's" % key, T["tokentap"]["requests_per_s"],
+                  T["haproxy"]["requests_per_s"], lower=False, nd=0)
+            judge("(%s) CPU us per request at most HAProxy's" % key, T["tokentap"]["cpu_us_per_request"],
+                  T["haproxy"]["cpu_us_per_request"], nd=1)
     if "d" in S:
+        judge("(d) seconds until every stream is in progress, at most HAProxy's",
+              S["d"]["targets"]["tokentap"].get("ramp_s"), S["d"]["targets"]["haproxy"].get("ramp_s"), nd=2)
         limit("(d) under 16 KiB RSS per idle stream: tokentap %s KiB", S["d"]["targets"]["tokentap"]["kib_per_stream"],
               16, 2)
     if "e" in S:
@@ -1192,8 +1240,8 @@ def parse_args(argv):
                     "(default 1)")
     ap.add_argument("--streams", type=int, default=5000, help="concurrent streams in scenario d (default 5000)")
     ap.add_argument("--scenarios", default="abcde",
-                    help="which of a-j to run (default abcde; f-i are (a) and (c) over TLS, j (c) with 16 "
-                    "events per upstream write; see above)")
+                    help="which of a-l to run (default abcde; f-i are (a) and (c) over TLS, j (c) with 16 "
+                    "events per upstream write, k and l one-token answers on kept and new connections; see above)")
     ap.add_argument("--json", metavar="PATH", help="write the whole report as JSON")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (configs, logs, bench JSON)")
     ap.add_argument("--no-install", action="store_true", help="never run apt-get; fail if nginx or haproxy is missing")
@@ -1206,8 +1254,8 @@ def parse_args(argv):
         ap.error("--rounds and --memory-rounds take 1 to 20")
     if not 1 <= a.streams <= 9000:
         ap.error("--streams takes 1 to 9000 (tokentap-bench runs at most 10,000 connections)")
-    if not a.scenarios or set(a.scenarios) - set("abcdefghij"):
-        ap.error("--scenarios takes letters from abcdefghij, e.g. --scenarios ab")
+    if not a.scenarios or set(a.scenarios) - set("abcdefghijkl"):
+        ap.error("--scenarios takes letters from abcdefghijkl, e.g. --scenarios ab")
     return a
 
 
@@ -1262,7 +1310,7 @@ def main(argv):
                         "haproxy": "%d thread%s" % (args.workers, "s" * (args.workers > 1))},
             "scenarios": {}, "checks": [],
         }
-        latency = [k for k in "abcj" if k in args.scenarios]
+        latency = [k for k in "abcjkl" if k in args.scenarios]
         if latency:
             targets = [Target("direct", sim_port)]
             for name in PROXIES:
