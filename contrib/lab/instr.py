@@ -17,6 +17,11 @@ both windows) cancel out. R is --events over the scenario's tokens per
 request. An event is a token event the client received (ttft count + itl
 count of tokentap-bench), as in proxies.py's per-event figures.
 
+(k) and (l), one-token answers on kept and on new connections, are counted
+per request (each is one event) in windows of --events / 16 requests; in (l)
+each request brings its own connection, so the connections' cost is in the
+difference, as it should be there.
+
 Instructions are callgrind's Ir, the self cost of each function (never the
 inclusive cost, so nothing is counted twice), summed into the groups of
 GROUPS below by the function's source file and object. The event loop's
@@ -81,7 +86,8 @@ GROUPS = (
     ("own code, other", "object", r"/(tokentap|haproxy)$"),
 )
 GROUP_ORDER = ("measuring", "forwarding", "TLS", "libc", "own code, other", "other")
-KEYS = "cgij"
+KEYS = "cgijkl"
+PER_REQUEST = "kl"  # one-token answers: a request is one event, counted per request
 BENCH_TIMEOUT_S = 600  # one bench run under callgrind
 DUMP_TIMEOUT_S = 120
 START_TIMEOUT_S = 120  # a proxy starting under valgrind on a loaded machine
@@ -236,7 +242,9 @@ def measure(name, key, bins, args, work, sim_ports, pki):
     else:
         t = px.start_haproxy(work, up_port, 1, args.fds, tag, tls=tls, wrap=wrap)
     try:
-        reqs = max(1, -(-args.events // sc["tokens"]))
+        # (k), (l): a request is one event, and under callgrind a request
+        # costs what 16 streamed events do: windows of events / 16 requests
+        reqs = max(64, args.events // 16) if key in PER_REQUEST else max(1, -(-args.events // sc["tokens"]))
         conc = min(sc["concurrency"], reqs)
         base = dict(sc)
         base.pop("duration", None)
@@ -311,17 +319,18 @@ def render_scenario(key, r):
     """The table of one scenario."""
     lines = []
     tt, ha = r.get("tokentap"), r.get("haproxy")
-    lines.append("(%s) %s: %d events between windows of %d and %d requests, concurrency %d"
-                 % (key, px.SCENARIOS[key]["title"], tt["events"], tt["window_requests"][0],
+    unit = "request" if key in PER_REQUEST else "event"
+    lines.append("(%s) %s: %d %ss between windows of %d and %d requests, concurrency %d"
+                 % (key, px.SCENARIOS[key]["title"], tt["events"], unit, tt["window_requests"][0],
                     tt["window_requests"][1], tt["concurrency"]))
-    lines.append("%-40s %10s %10s" % ("instructions per event", "tokentap", "haproxy" if ha else ""))
+    lines.append("%-40s %10s %10s" % ("instructions per " + unit, "tokentap", "haproxy" if ha else ""))
     f = lambda x: "{:,.0f}".format(x)
     lines.append("%-40s %10s %10s" % ("all, the event loop's thread", f(tt["total"]), f(ha["total"]) if ha else ""))
     for g in GROUP_ORDER:
         lines.append("%-40s %10s %10s" % ("  " + g, f(tt["groups"][g]), f(ha["groups"][g]) if ha else ""))
     others = sum(tt["other_threads"].values())
     lines.append("%-40s %10s" % ("other threads (not in all)", f(others)))
-    lines.append("tokentap's most costly functions (self, per event):")
+    lines.append("tokentap's most costly functions (self, per %s):" % unit)
     for x in tt["top"]:
         # no source file: a library without debug information (libcrypto's assembly)
         where = x["file"] if x["file"] != "???" else x["object"]
@@ -346,7 +355,9 @@ def parse_args(argv):
     ap = argparse.ArgumentParser(description="instructions per event of tokentap's worker by function group, "
                                  "beside HAProxy's, under callgrind (docs/bench.md)")
     ap.add_argument("--build", metavar="DIR", help="build directory (default build/, built first with contrib/build.sh)")
-    ap.add_argument("--scenarios", default=KEYS, help="which of proxies.py's c, g, i, j to run (default cgij)")
+    ap.add_argument("--scenarios", default="cgij",
+                    help="which of proxies.py's c, g, i, j, k, l to run (default cgij; k and l, one-token answers "
+                    "on kept and new connections, count per request)")
     ap.add_argument("--events", type=int, default=32768,
                     help="token events between the two windows (default 32768: windows of 64 and 128 requests "
                     "of 512 tokens)")
@@ -357,7 +368,7 @@ def parse_args(argv):
     ap.add_argument("--no-install", action="store_true", help="never run apt-get; fail if valgrind or haproxy is missing")
     a = ap.parse_args(argv)
     if not a.scenarios or set(a.scenarios) - set(KEYS):
-        ap.error("--scenarios takes letters from cgij")
+        ap.error("--scenarios takes letters from cgijkl")
     if not 512 <= a.events <= 1 << 20:
         ap.error("--events takes 512 to 1048576")
     if not 0 <= a.top <= 100:
