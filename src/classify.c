@@ -82,8 +82,70 @@ static const struct api_route api_routes[] = {
 	{ "/embed", API_TEI_EMBED },
 };
 
+/* ---- Gemini paths ---------------------------------------------------------
+ *
+ * Google AI: /v1beta/models/MODEL:METHOD (also /v1/ and /v1alpha/);
+ * Vertex AI: /v1/projects/P/locations/L/publishers/google/models/MODEL:METHOD
+ * (also /v1beta1/). METHOD is generateContent or streamGenerateContent. */
+
+/* Moves *p past the literal `lit` when [*p, end) starts with it. */
+static bool skip_lit(const char **p, const char *end, const char *lit)
+{
+	size_t n = strlen(lit);
+	if ((size_t)(end - *p) < n || memcmp(*p, lit, n) != 0)
+		return false;
+	*p += n;
+	return true;
+}
+
+/* Moves *p past a non-empty path segment and the '/' after it. */
+static bool skip_segment(const char **p, const char *end)
+{
+	const char *q = *p;
+	while (q < end && *q != '/' && *q != ':')
+		q++;
+	if (q == *p || q >= end || *q != '/')
+		return false;
+	*p = q + 1;
+	return true;
+}
+
+/* The Gemini API of the path, and where its model segment is. */
+static enum api_kind gemini_path(const char *path, size_t len, const char **model, size_t *mlen)
+{
+	static const char gen[] = ":generateContent", sgen[] = ":streamGenerateContent";
+	const char *p = path, *end;
+	enum api_kind api;
+
+	if (len > sizeof(sgen) - 1 && memcmp(path + len - (sizeof(sgen) - 1), sgen, sizeof(sgen) - 1) == 0) {
+		api = API_GEMINI_STREAM;
+		end = path + len - (sizeof(sgen) - 1);
+	} else if (len > sizeof(gen) - 1 && memcmp(path + len - (sizeof(gen) - 1), gen, sizeof(gen) - 1) == 0) {
+		api = API_GEMINI;
+		end = path + len - (sizeof(gen) - 1);
+	} else {
+		return API_UNKNOWN;
+	}
+	if (skip_lit(&p, end, "/v1/projects/") || skip_lit(&p, end, "/v1beta1/projects/")) {
+		if (!skip_segment(&p, end) || !skip_lit(&p, end, "locations/") || !skip_segment(&p, end) ||
+		    !skip_lit(&p, end, "publishers/google/models/"))
+			return API_UNKNOWN;
+	} else if (!skip_lit(&p, end, "/v1beta/models/") && !skip_lit(&p, end, "/v1/models/") &&
+		   !skip_lit(&p, end, "/v1alpha/models/")) {
+		return API_UNKNOWN;
+	}
+	if (p == end || memchr(p, '/', (size_t)(end - p)) != NULL || memchr(p, ':', (size_t)(end - p)) != NULL)
+		return API_UNKNOWN;
+	*model = p;
+	*mlen = (size_t)(end - p);
+	return api;
+}
+
 enum api_kind classify_api(const char *path, size_t len)
 {
+	const char *model;
+	size_t mlen;
+
 	if (path == NULL)
 		return API_UNKNOWN;
 	/* One trailing slash is tolerated ("/v1/messages/"), not more. */
@@ -94,7 +156,35 @@ enum api_kind classify_api(const char *path, size_t len)
 		if (n == len && memcmp(path, api_routes[i].path, n) == 0)
 			return api_routes[i].api;
 	}
-	return API_UNKNOWN;
+	return gemini_path(path, len, &model, &mlen);
+}
+
+size_t classify_path_model(enum api_kind api, const char *path, size_t len, const char **model)
+{
+	size_t mlen = 0;
+
+	*model = NULL;
+	if ((api != API_GEMINI && api != API_GEMINI_STREAM) || path == NULL)
+		return 0;
+	if (len > 1 && path[len - 1] == '/')
+		len--;
+	if (gemini_path(path, len, model, &mlen) != api) {
+		*model = NULL;
+		return 0;
+	}
+	for (size_t i = 0; i < mlen; i++) {
+		unsigned char c = (unsigned char)(*model)[i];
+		if (c <= 0x20 || c >= 0x7f || c == '"' || c == '\\') {
+			*model = NULL;
+			return 0;
+		}
+	}
+	return mlen;
+}
+
+bool classify_streams_json_array(enum api_kind api)
+{
+	return api == API_GEMINI_STREAM;
 }
 
 const char *classify_api_name(enum api_kind api)
@@ -113,6 +203,8 @@ const char *classify_api_name(enum api_kind api)
 	case API_SCORE: return "score";
 	case API_CLASSIFY: return "classify";
 	case API_TEI_EMBED: return "tei-embed";
+	case API_GEMINI:
+	case API_GEMINI_STREAM: return "gemini";
 	case API_UNKNOWN: break;
 	}
 	return "unknown";
@@ -1141,6 +1233,107 @@ static enum token_kind classify_responses(const struct framer_event *ev, const s
 	return TOKEN_NONE;
 }
 
+/* ---- Gemini ---------------------------------------------------------------
+ *
+ * Every event (an SSE frame with ?alt=sse, else an element of the streamed
+ * array) and the non-streamed body are one GenerateContentResponse:
+ * candidates[].content.parts[] hold the output, usageMetadata the counts
+ * (cumulative: each event repeats them), an "error" object an in-stream
+ * failure. The parts are walked member by member (member(), array_next()),
+ * not searched for keys: whether a part's text is a thought depends on a
+ * sibling member, which only the walk sees. */
+
+/* The next element of the array whose '[' or last element was at *at:
+ * its value, or NULL at the array's end (or a cut). *at moves to it. */
+static const char *array_next(const struct span *s, const char **at, bool first)
+{
+	const char *p = *at;
+	if (first) {
+		if (p == NULL || p >= s->end || *p != '[')
+			return NULL;
+		p = skip_space(p + 1, s->end);
+	} else {
+		p = skip_space(value_end(s, p), s->end);
+		if (p >= s->end || *p != ',')
+			return NULL;
+		p = skip_space(p + 1, s->end);
+	}
+	if (p >= s->end || *p == ']')
+		return NULL;
+	*at = p;
+	return p;
+}
+
+/* What one part carries: non-empty text (a thought when "thought" is true),
+ * a function call or code for the code-execution tool; TOKEN_NONE for
+ * anything else (an empty text that only carries a thoughtSignature,
+ * inline data, a function response, a code result). */
+static enum token_kind gemini_part(const struct span *s, const char *part)
+{
+	const char *v = member(s, part, KEY("text"));
+	if (v && value_is_nonempty_string(s, v)) {
+		const char *t = member(s, part, KEY("thought"));
+		return t && value_is_literal(s, t, "true") ? TOKEN_REASONING : TOKEN_ANSWER;
+	}
+	v = member(s, part, KEY("functionCall"));
+	if (v == NULL)
+		v = member(s, part, KEY("executableCode"));
+	return v && *v == '{' ? TOKEN_TOOL : TOKEN_NONE;
+}
+
+/* input = promptTokenCount, which holds the cached content's tokens;
+ * reasoning = thoughtsTokenCount, which candidatesTokenCount leaves out:
+ * output is their sum, so that reasoning is a part of it as for every API.
+ * proto3's JSON leaves zero counts out, so one of the two alone stands for
+ * the other being 0. */
+static void usage_gemini(const struct span *s, const char *um, struct usage *u)
+{
+	int64_t cand = -1, thoughts = -1;
+
+	if (um == NULL || *um != '{')
+		return;
+	take_count(s, um, KEY("promptTokenCount"), &u->input_tokens);
+	take_count(s, um, KEY("cachedContentTokenCount"), &u->cached_tokens);
+	take_count(s, um, KEY("candidatesTokenCount"), &cand);
+	take_count(s, um, KEY("thoughtsTokenCount"), &thoughts);
+	if (thoughts >= 0)
+		u->reasoning_tokens = thoughts;
+	if (cand >= 0 || thoughts >= 0) {
+		int64_t c = cand > 0 ? cand : 0, t = thoughts > 0 ? thoughts : 0;
+		if (c <= INT64_MAX - t)
+			u->output_tokens = c + t;
+	}
+}
+
+/* One GenerateContentResponse at obj: usage and an "error" object. */
+static void gemini_counts(const struct span *s, const char *obj, struct usage *u)
+{
+	usage_gemini(s, member(s, obj, KEY("usageMetadata")), u);
+	const char *err = member(s, obj, KEY("error"));
+	if (err && *err == '{')
+		outcome_worsen(u, OUTCOME_FAILED);
+}
+
+static enum token_kind classify_gemini(const struct span *s, struct usage *u)
+{
+	enum token_kind best = TOKEN_NONE;
+	const char *cands = member(s, s->p, KEY("candidates"));
+	const char *ca = cands, *cand;
+
+	for (bool first = true; best != TOKEN_ANSWER && (cand = array_next(s, &ca, first)) != NULL; first = false) {
+		const char *parts = member(s, member(s, cand, KEY("content")), KEY("parts"));
+		const char *pa = parts, *part;
+		for (bool pf = true; best != TOKEN_ANSWER && (part = array_next(s, &pa, pf)) != NULL; pf = false) {
+			enum token_kind k = gemini_part(s, part);
+			if (k != TOKEN_NONE && (best == TOKEN_NONE || kind_rank(k) < kind_rank(best)))
+				best = k;
+		}
+	}
+	if (u)
+		gemini_counts(s, s->p, u);
+	return best;
+}
+
 enum token_kind classify_event(enum api_kind api, const struct framer_event *ev, struct usage *usage,
 			       struct classify_hint *hint)
 {
@@ -1163,6 +1356,8 @@ enum token_kind classify_event(enum api_kind api, const struct framer_event *ev,
 	case API_OLLAMA_GENERATE:
 	case API_OLLAMA_CHAT: return classify_ollama(api, &s, usage, hint);
 	case API_OPENAI_RESPONSES: return classify_responses(ev, &s, usage, hint);
+	case API_GEMINI:
+	case API_GEMINI_STREAM: return classify_gemini(&s, usage);
 	default: break; /* the one-answer APIs stream nothing */
 	}
 	return TOKEN_NONE;
@@ -1198,6 +1393,15 @@ void classify_body(enum api_kind api, const char *body, size_t len, struct usage
 		return;
 	struct span s = { body, body + len };
 	const char *obj = skip_space(s.p, s.end);
+	if (api == API_GEMINI || api == API_GEMINI_STREAM) {
+		/* one response, or the stream's array of them (later wins) */
+		const char *at = obj, *el;
+		if (obj < s.end && *obj == '{')
+			gemini_counts(&s, obj, usage);
+		for (bool first = true; (el = array_next(&s, &at, first)) != NULL; first = false)
+			gemini_counts(&s, el, usage);
+		return;
+	}
 	/* TGI /generate has answered with a one-element list in some versions. */
 	if (obj < s.end && *obj == '[')
 		obj = skip_space(obj + 1, s.end);
@@ -1224,6 +1428,8 @@ void classify_body(enum api_kind api, const char *body, size_t len, struct usage
 	case API_SCORE:
 	case API_CLASSIFY: usage_prompt_only(&s, obj, usage); break;
 	case API_TEI_EMBED:
+	case API_GEMINI:
+	case API_GEMINI_STREAM:
 	case API_UNKNOWN: break;
 	}
 }
