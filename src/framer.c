@@ -301,7 +301,8 @@ static const char *scan_to(const char *p, const char *end, char c)
  *    which never grows past max_event: a longer element is dropped (counted
  *    once in `oversized`) and its bytes skipped to its end.
  *  - Outside an element only blanks, ',' and the array's brackets are
- *    consumed. A top-level value that is not an array (the JSON error object
+ *    consumed (a stray ',' or ']' at the top too: no element starts with
+ *    one). A top-level value that is not an array (the JSON error object
  *    a server sends instead of the stream) is one element itself; after the
  *    array closes the scan starts over, so nothing later is lost either.
  *  - A string or number at the top level is an element too: it is framed
@@ -419,10 +420,10 @@ static void json_feed(struct framer *f, const char *p, const char *end)
 			continue;
 		}
 		char c = *p;
-		if (is_json_space(c) || (f->jstate == J_ARRAY && c == ',')) {
+		if (is_json_space(c) || c == ',') {
 			p++;
-		} else if (f->jstate == J_ARRAY && c == ']') {
-			f->jstate = J_TOP;
+		} else if (c == ']') {
+			f->jstate = J_TOP; /* the array's end; at the top, a stray one */
 			p++;
 		} else if (f->jstate == J_TOP && c == '[') {
 			f->jstate = J_ARRAY;
