@@ -13,10 +13,24 @@
   request;
 - a fake upstream that ends a stream with an in-stream `error` element
   (JSON array, cut into TCP writes at odd offsets) or frame (SSE):
-  response_failed in the access log and /stats, bytes unchanged.
+  response_failed in the access log and /stats, bytes unchanged;
+- tokentap-bench --api gemini / gemini-array through tokentap: every
+  request ok, its tokens from usageMetadata; at the fake, a failed one.
 """
 
+
+def run_bench(test, url, api, n, extra=()):
+    out = os.path.join(test.dir, "bench-%s-%d.json" % (api, len(extra)))
+    p = subprocess.run([harness.bench_bin(), "--url", url, "--api", api, "--requests", str(n), "--no-progress",
+                        "--json", out] + list(extra), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                       timeout=60)
+    test.assertTrue(os.path.exists(out), "tokentap-bench exited %d: %s" % (p.returncode, p.stderr))
+    with open(out) as f:
+        return json.load(f)["result"]
+
 import json
+import os
+import subprocess
 import time
 
 import harness
@@ -230,6 +244,17 @@ class GeminiSimTest(LogChecks):
         self.assertEqual((e["api"], e["status"], e["model"]), ("gemini", 400, "gemini-2.5-flash"))
         self.assertEqual(resp.body, self.direct(path, "{", [("x-request-id", rid)]).body)
 
+    def test_bench(self):
+        """tokentap-bench drives both framings through tokentap: each
+        request ok, tokens from usageMetadata, the access log agreeing."""
+        for api in ("gemini", "gemini-array"):
+            with self.subTest(api=api):
+                model = "gemini-bench-" + api
+                res = run_bench(self, "http://127.0.0.1:%d" % self.tt.port, api, 3, ["--model", model, "--output-len", "fixed:6",
+                                                            "--input-len", "fixed:16"])
+                self.assertEqual((res["requests"]["ok"], res["requests"]["failed"]), (3, 0), res)
+                self.check_stats(model, requests=3, output=18, reasoning=0, errors=0)
+
     def check_stats(self, model, requests, output, reasoning, errors):
         last = []
 
@@ -311,6 +336,13 @@ class GeminiErrorTest(harness.TestCase):
                 self.assertEqual(e["itl_count"], 1)
                 self.assertEqual((e["input_tokens"], e["output_tokens"]), (21, 2))
                 GeminiSimTest.check_stats(self, model, requests=1, output=2, reasoning=0, errors=1)
+
+    def test_bench_counts_the_error(self):
+        for api in ("gemini", "gemini-array"):
+            with self.subTest(api=api):
+                res = run_bench(self, self.up.url, api, 2)
+                self.assertEqual((res["requests"]["ok"], res["requests"]["failed"]), (0, 2), res)
+                self.assertEqual(res["errors"]["response_failed"], 2)
 
 
 if __name__ == "__main__":
