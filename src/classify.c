@@ -626,9 +626,16 @@ static const char *member(const struct span *s, const char *obj, const char *qke
 
 /* Stores member `qkey` of obj into *dst when it is a count: a JSON integer
  * (no fraction, no exponent) from 0 to INT64_MAX. */
+static void count_at(const struct span *s, const char *v, int64_t *dst);
+
 static void take_count(const struct span *s, const char *obj, const char *qkey, size_t qlen, int64_t *dst)
 {
-	const char *v = member(s, obj, qkey, qlen);
+	count_at(s, member(s, obj, qkey, qlen), dst);
+}
+
+/* Stores the value at v (NULL: none) into *dst when it is a count. */
+static void count_at(const struct span *s, const char *v, int64_t *dst)
+{
 	bool negative = false;
 	int64_t n = 0;
 
@@ -1239,12 +1246,95 @@ static enum token_kind classify_responses(const struct framer_event *ev, const s
  * array) and the non-streamed body are one GenerateContentResponse:
  * candidates[].content.parts[] hold the output, usageMetadata the counts
  * (cumulative: each event repeats them), an "error" object an in-stream
- * failure. The parts are walked member by member (member(), array_next()),
- * not searched for keys: whether a part's text is a thought depends on a
- * sibling member, which only the walk sees. */
+ * failure. The parts are walked member by member, not searched for keys:
+ * whether a part's text is a thought depends on a sibling member, and
+ * "text" also names grounding segments outside the parts, which only the
+ * walk tells apart. The walk reads each object once for all the members it
+ * wants (gem_members, the semantics of member(): direct members, the last
+ * of a repeated key) and skips strings with memchr, so an event costs a
+ * few passes over its bytes, most of them vectorised. */
 
-/* The next element of the array whose '[' or last element was at *at:
- * its value, or NULL at the array's end (or a cut). *at moves to it. */
+/* One past the closing quote of the string at p ('"'), or NULL when it is
+ * cut: the first '"' after an even run of backslashes, as string_end()
+ * finds it byte by byte. */
+static const char *gem_string_end(const struct span *s, const char *p)
+{
+	const char *q = p + 1;
+	for (;;) {
+		const char *e = memchr(q, '"', (size_t)(s->end - q));
+		if (e == NULL)
+			return NULL;
+		size_t bs = 0;
+		while (e - bs > p + 1 && e[-(ptrdiff_t)bs - 1] == '\\')
+			bs++;
+		if (!(bs & 1))
+			return e + 1;
+		q = e + 1;
+	}
+}
+
+/* One past the value at v, as value_end() (s->end when it is cut). */
+static const char *gem_value_end(const struct span *s, const char *v)
+{
+	if (*v == '"') {
+		const char *e = gem_string_end(s, v);
+		return e ? e : s->end;
+	}
+	if (*v != '{' && *v != '[')
+		return value_end(s, v);
+	int depth = 0;
+	for (const char *p = v; p < s->end;) {
+		char c = *p;
+		if (c == '"') {
+			p = gem_string_end(s, p);
+			if (p == NULL)
+				return s->end;
+			continue;
+		}
+		p++;
+		if (c == '{' || c == '[')
+			depth++;
+		else if ((c == '}' || c == ']') && --depth == 0)
+			return p;
+	}
+	return s->end;
+}
+
+struct gem_member {
+	const char *qkey; /* quoted, as made by KEY() */
+	size_t qlen;
+	const char *v; /* out: the member's value, NULL when absent */
+};
+
+/* member() for several keys in one pass over the object at obj. */
+static void gem_members(const struct span *s, const char *obj, struct gem_member *m, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		m[i].v = NULL;
+	if (obj == NULL || obj >= s->end || *obj != '{')
+		return;
+	for (const char *p = skip_space(obj + 1, s->end); p < s->end && *p == '"';) {
+		const char *kend = gem_string_end(s, p);
+		if (kend == NULL)
+			break;
+		const char *v = skip_space(kend, s->end);
+		if (v >= s->end || *v != ':')
+			break;
+		v = skip_space(v + 1, s->end);
+		if (v >= s->end)
+			break;
+		for (size_t i = 0; i < n; i++)
+			if ((size_t)(kend - p) == m[i].qlen && memcmp(p, m[i].qkey, m[i].qlen) == 0)
+				m[i].v = v;
+		p = skip_space(gem_value_end(s, v), s->end);
+		if (p >= s->end || *p != ',')
+			break;
+		p = skip_space(p + 1, s->end);
+	}
+}
+
+/* The next element of the array whose '[' (first) or last element is at
+ * *at: its value, or NULL at the array's end (or a cut). */
 static const char *array_next(const struct span *s, const char **at, bool first)
 {
 	const char *p = *at;
@@ -1253,7 +1343,7 @@ static const char *array_next(const struct span *s, const char **at, bool first)
 			return NULL;
 		p = skip_space(p + 1, s->end);
 	} else {
-		p = skip_space(value_end(s, p), s->end);
+		p = skip_space(gem_value_end(s, p), s->end);
 		if (p >= s->end || *p != ',')
 			return NULL;
 		p = skip_space(p + 1, s->end);
@@ -1270,15 +1360,16 @@ static const char *array_next(const struct span *s, const char **at, bool first)
  * inline data, a function response, a code result). */
 static enum token_kind gemini_part(const struct span *s, const char *part)
 {
-	const char *v = member(s, part, KEY("text"));
-	if (v && value_is_nonempty_string(s, v)) {
-		const char *t = member(s, part, KEY("thought"));
-		return t && value_is_literal(s, t, "true") ? TOKEN_REASONING : TOKEN_ANSWER;
-	}
-	v = member(s, part, KEY("functionCall"));
-	if (v == NULL)
-		v = member(s, part, KEY("executableCode"));
-	return v && *v == '{' ? TOKEN_TOOL : TOKEN_NONE;
+	struct gem_member m[] = { { KEY("text"), NULL },
+				  { KEY("thought"), NULL },
+				  { KEY("functionCall"), NULL },
+				  { KEY("executableCode"), NULL } };
+	gem_members(s, part, m, NKEYS(m));
+	if (m[0].v && value_is_nonempty_string(s, m[0].v))
+		return m[1].v && value_is_literal(s, m[1].v, "true") ? TOKEN_REASONING : TOKEN_ANSWER;
+	if ((m[2].v && *m[2].v == '{') || (m[3].v && *m[3].v == '{'))
+		return TOKEN_TOOL;
+	return TOKEN_NONE;
 }
 
 /* input = promptTokenCount, which holds the cached content's tokens;
@@ -1288,14 +1379,19 @@ static enum token_kind gemini_part(const struct span *s, const char *part)
  * the other being 0. */
 static void usage_gemini(const struct span *s, const char *um, struct usage *u)
 {
+	struct gem_member m[] = { { KEY("promptTokenCount"), NULL },
+				  { KEY("cachedContentTokenCount"), NULL },
+				  { KEY("candidatesTokenCount"), NULL },
+				  { KEY("thoughtsTokenCount"), NULL } };
 	int64_t cand = -1, thoughts = -1;
 
 	if (um == NULL || *um != '{')
 		return;
-	take_count(s, um, KEY("promptTokenCount"), &u->input_tokens);
-	take_count(s, um, KEY("cachedContentTokenCount"), &u->cached_tokens);
-	take_count(s, um, KEY("candidatesTokenCount"), &cand);
-	take_count(s, um, KEY("thoughtsTokenCount"), &thoughts);
+	gem_members(s, um, m, NKEYS(m));
+	count_at(s, m[0].v, &u->input_tokens);
+	count_at(s, m[1].v, &u->cached_tokens);
+	count_at(s, m[2].v, &cand);
+	count_at(s, m[3].v, &thoughts);
 	if (thoughts >= 0)
 		u->reasoning_tokens = thoughts;
 	if (cand >= 0 || thoughts >= 0) {
@@ -1305,32 +1401,33 @@ static void usage_gemini(const struct span *s, const char *um, struct usage *u)
 	}
 }
 
-/* One GenerateContentResponse at obj: usage and an "error" object. */
-static void gemini_counts(const struct span *s, const char *obj, struct usage *u)
+/* One GenerateContentResponse at obj: its token kind (the best of its
+ * parts, candidates[] and parts[] in order, by kind_rank) and, with u, its
+ * usage and an "error" object. */
+static enum token_kind gemini_response(const struct span *s, const char *obj, struct usage *u)
 {
-	usage_gemini(s, member(s, obj, KEY("usageMetadata")), u);
-	const char *err = member(s, obj, KEY("error"));
-	if (err && *err == '{')
-		outcome_worsen(u, OUTCOME_FAILED);
-}
-
-static enum token_kind classify_gemini(const struct span *s, struct usage *u)
-{
+	struct gem_member m[] = { { KEY("candidates"), NULL }, { KEY("usageMetadata"), NULL }, { KEY("error"), NULL } };
 	enum token_kind best = TOKEN_NONE;
-	const char *cands = member(s, s->p, KEY("candidates"));
-	const char *ca = cands, *cand;
+	const char *ca, *cand;
 
+	gem_members(s, obj, m, NKEYS(m));
+	ca = m[0].v;
 	for (bool first = true; best != TOKEN_ANSWER && (cand = array_next(s, &ca, first)) != NULL; first = false) {
-		const char *parts = member(s, member(s, cand, KEY("content")), KEY("parts"));
-		const char *pa = parts, *part;
+		struct gem_member content = { KEY("content"), NULL }, parts = { KEY("parts"), NULL };
+		gem_members(s, cand, &content, 1);
+		gem_members(s, content.v, &parts, 1);
+		const char *pa = parts.v, *part;
 		for (bool pf = true; best != TOKEN_ANSWER && (part = array_next(s, &pa, pf)) != NULL; pf = false) {
 			enum token_kind k = gemini_part(s, part);
 			if (k != TOKEN_NONE && (best == TOKEN_NONE || kind_rank(k) < kind_rank(best)))
 				best = k;
 		}
 	}
-	if (u)
-		gemini_counts(s, s->p, u);
+	if (u) {
+		usage_gemini(s, m[1].v, u);
+		if (m[2].v && *m[2].v == '{')
+			outcome_worsen(u, OUTCOME_FAILED);
+	}
 	return best;
 }
 
@@ -1357,7 +1454,7 @@ enum token_kind classify_event(enum api_kind api, const struct framer_event *ev,
 	case API_OLLAMA_CHAT: return classify_ollama(api, &s, usage, hint);
 	case API_OPENAI_RESPONSES: return classify_responses(ev, &s, usage, hint);
 	case API_GEMINI:
-	case API_GEMINI_STREAM: return classify_gemini(&s, usage);
+	case API_GEMINI_STREAM: return gemini_response(&s, s.p, usage);
 	default: break; /* the one-answer APIs stream nothing */
 	}
 	return TOKEN_NONE;
@@ -1397,9 +1494,9 @@ void classify_body(enum api_kind api, const char *body, size_t len, struct usage
 		/* one response, or the stream's array of them (later wins) */
 		const char *at = obj, *el;
 		if (obj < s.end && *obj == '{')
-			gemini_counts(&s, obj, usage);
+			gemini_response(&s, obj, usage);
 		for (bool first = true; (el = array_next(&s, &at, first)) != NULL; first = false)
-			gemini_counts(&s, el, usage);
+			gemini_response(&s, el, usage);
 		return;
 	}
 	/* TGI /generate has answered with a one-element list in some versions. */
