@@ -317,59 +317,84 @@ static const char *scan_to(const char *p, const char *end, char c)
 #define JF_TOPVAL 16u /* a top-level value, not an array's element */
 #define JF_DROP 32u   /* over max_event: skipped to its end, not delivered */
 
+/* The backslashes right before q, counted back to `from` at most. */
+static size_t backslashes_before(const char *from, const char *q)
+{
+	size_t n = 0;
+	while (q - n > from && q[-(ptrdiff_t)n - 1] == '\\')
+		n++;
+	return n;
+}
+
 /* Where the element ends in [p, end): one past its last byte, or NULL when
  * it goes on past end. A scalar's end is the byte that ends it, which is
- * not its own. */
+ * not its own. Inside a string the next '"' is found with memchr and is the
+ * string's end unless an odd run of backslashes precedes it; the run is
+ * counted back to where this feed's scan of the string began (a run the
+ * last feed ended in is settled by JF_ESCAPE: an odd one escapes p[0]). The
+ * state lives in locals while the scan runs. */
 static const char *json_elem_scan(struct framer *f, const char *p, const char *end)
 {
-	if (f->jflags & JF_FIRST) {
+	unsigned fl = (unsigned)f->jflags;
+	uint64_t depth = f->jdepth;
+	const char *ret = NULL;
+
+	if (fl & JF_FIRST) {
 		char c = *p++;
-		f->jflags &= ~JF_FIRST;
+		fl &= ~JF_FIRST;
 		if (c == '{' || c == '[')
-			f->jdepth = 1;
+			depth = 1;
 		else if (c == '"')
-			f->jflags |= JF_STRING;
+			fl |= JF_STRING;
 		else
-			f->jflags |= JF_SCALAR;
+			fl |= JF_SCALAR;
+	}
+	if ((fl & JF_ESCAPE) && p < end) {
+		fl &= ~JF_ESCAPE;
+		p++;
 	}
 	while (p < end) {
-		if (f->jflags & JF_ESCAPE) {
-			f->jflags &= ~JF_ESCAPE;
-			p++;
-			continue;
-		}
-		if (f->jflags & JF_STRING) {
-			while (p < end && *p != '"' && *p != '\\')
-				p++;
-			if (p == end)
-				return NULL;
-			if (*p++ == '\\') {
-				f->jflags |= JF_ESCAPE;
-				continue;
+		if (fl & JF_STRING) {
+			const char *from = p;
+			const char *q = memchr(p, '"', (size_t)(end - p));
+			while (q != NULL && (backslashes_before(from, q) & 1))
+				q = memchr(q + 1, '"', (size_t)(end - q - 1)); /* an escaped quote */
+			if (q == NULL) {
+				if (backslashes_before(from, end) & 1)
+					fl |= JF_ESCAPE;
+				p = end;
+				break;
 			}
-			f->jflags &= ~JF_STRING;
-			if (f->jdepth == 0)
-				return p; /* a string element */
+			fl &= ~JF_STRING;
+			p = q + 1;
+			if (depth == 0) {
+				ret = p; /* a string element */
+				break;
+			}
 			continue;
 		}
 		char c = *p;
-		if (f->jflags & JF_SCALAR) {
-			if (is_json_space(c) || c == ',' || c == ']' || c == '}' || c == '[' || c == '{' || c == '"')
-				return p;
+		if (fl & JF_SCALAR) {
+			if (is_json_space(c) || c == ',' || c == ']' || c == '}' || c == '[' || c == '{' || c == '"') {
+				ret = p;
+				break;
+			}
 			p++;
 			continue;
 		}
 		p++;
 		if (c == '"') {
-			f->jflags |= JF_STRING;
+			fl |= JF_STRING;
 		} else if (c == '{' || c == '[') {
-			f->jdepth++;
-		} else if (c == '}' || c == ']') {
-			if (--f->jdepth == 0)
-				return p;
+			depth++;
+		} else if ((c == '}' || c == ']') && --depth == 0) {
+			ret = p;
+			break;
 		}
 	}
-	return NULL;
+	f->jflags = (int)fl;
+	f->jdepth = depth;
+	return ret;
 }
 
 /* Keeps bytes of an element that goes on in the next feed. */

@@ -1093,6 +1093,31 @@ static void test_json_array_elements(void **state)
 	assert_int_equal(s.n, 2);
 	assert_string_equal(s.data[1], "{\"b\":2}");
 	seen_clear(&s);
+	/* backslash runs before quotes, cut anywhere: \\\" is an escaped
+	 * backslash then an escaped quote, \\\\" two escaped backslashes and
+	 * the string's end */
+	{
+		const char *text = "[\"a\\\\\\\"]\\\\\\\\\",{\"k\":\"\\\\\\\\\"},\"\\\"\"]";
+		size_t n = strlen(text);
+		struct seen ref = { 0 }, got = { 0 };
+		frame_all(FRAMER_JSON_ARRAY, 0, text, &ref);
+		assert_int_equal(ref.n, 3);
+		assert_string_equal(ref.data[0], "\"a\\\\\\\"]\\\\\\\\\"");
+		assert_string_equal(ref.data[1], "{\"k\":\"\\\\\\\\\"}");
+		assert_string_equal(ref.data[2], "\"\\\"\"");
+		for (size_t cut = 1; cut < n; cut++) {
+			frame_cut(FRAMER_JSON_ARRAY, text, &cut, 1, &got);
+			assert_seen_equal(&ref, &got);
+			seen_clear(&got);
+		}
+		size_t cuts[64];
+		for (size_t i = 1; i < n; i++)
+			cuts[i - 1] = i;
+		frame_cut(FRAMER_JSON_ARRAY, text, cuts, (int)(n - 1), &got);
+		assert_seen_equal(&ref, &got);
+		seen_clear(&got);
+		seen_clear(&ref);
+	}
 	/* empty arrays, nothing at all */
 	frame_all(FRAMER_JSON_ARRAY, 0, "[]", &s);
 	frame_all(FRAMER_JSON_ARRAY, 0, "[ \n ]", &s);
