@@ -15,7 +15,9 @@
   (JSON array, cut into TCP writes at odd offsets) or frame (SSE):
   response_failed in the access log and /stats, bytes unchanged;
 - tokentap-bench --api gemini / gemini-array through tokentap: every
-  request ok, its tokens from usageMetadata; at the fake, a failed one.
+  request ok, its tokens from usageMetadata; at the fake, a failed one;
+- a route's match.model sees the model of the path (both path styles), a
+  `model` in the body is not read.
 """
 
 
@@ -35,6 +37,7 @@ import time
 
 import harness
 import harness_events
+import routing_helpers as rh
 from test_accesslog import LogChecks, ROUND_MS
 
 GOOGLE = "/v1beta/models/%s:%s"
@@ -343,6 +346,36 @@ class GeminiErrorTest(harness.TestCase):
                 res = run_bench(self, self.up.url, api, 2)
                 self.assertEqual((res["requests"]["ok"], res["requests"]["failed"]), (0, 2), res)
                 self.assertEqual(res["errors"]["response_failed"], 2)
+
+
+class GeminiRouteTest(harness.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.sims = {n: harness.start_sim(cls, "--ttft-ms", 0, "--itl-ms", 0) for n in ("a", "b")}
+        conf = rh.upstreams_yaml({n: s.url for n, s in cls.sims.items()}) + """\
+routes:
+  - name: pro
+    match: {model: gemini-2.5-pro}
+    upstream: b
+  - name: rest
+    match: {path_prefix: /}
+    upstream: a
+"""
+        cls.tt = rh.start_conf(cls, conf)
+
+    def test_model_from_path_routes(self):
+        cases = [(GOOGLE % ("gemini-2.5-pro", "streamGenerateContent") + "?alt=sse", "b"),
+                 (VERTEX % ("gemini-2.5-pro", "generateContent"), "b"),
+                 (VERTEX % ("gemini-2.5-flash", "streamGenerateContent"), "a"),
+                 (GOOGLE % ("gemini-2.5-flash", "generateContent"), "a")]
+        for path, want in cases:
+            with self.subTest(path=path):
+                before = rh.sim_requests(self.sims)
+                body = dict(gemini_body(), model="gemini-2.5-pro")  # no Gemini field: not read
+                resp, _ = harness.exchange(self.tt.port, "POST", path, body, harness.sim_headers(tokens=2))
+                self.assertEqual(resp.status, 200, resp.body[:200])
+                d = rh.delta(before, rh.sim_requests(self.sims))
+                self.assertEqual(d, {n: int(n == want) for n in self.sims})
 
 
 if __name__ == "__main__":
