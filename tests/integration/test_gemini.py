@@ -17,7 +17,12 @@
 - tokentap-bench --api gemini / gemini-array through tokentap: every
   request ok, its tokens from usageMetadata; at the fake, a failed one;
 - a route's match.model sees the model of the path (both path styles), a
-  `model` in the body is not read.
+  `model` in the body is not read;
+- a real client: the official `@google/genai` npm SDK (installed with npm
+  into tests/artifacts/, as test_responses installs `openai`) streams
+  through tokentap; every chunk it yields equals what it yields straight
+  from the simulator, the access log holds its usage, and tokentap's ttft
+  and answer_ttft are never later than the SDK's own.
 """
 
 
@@ -32,6 +37,7 @@ def run_bench(test, url, api, n, extra=()):
 
 import json
 import os
+import shutil
 import subprocess
 import time
 
@@ -376,6 +382,79 @@ routes:
                 self.assertEqual(resp.status, 200, resp.body[:200])
                 d = rh.delta(before, rh.sim_requests(self.sims))
                 self.assertEqual(d, {n: int(n == want) for n in self.sims})
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SDK_SPEC = "@google/genai@3.3.0"  # the version the test was written against
+SDK_DIR = os.path.join(os.path.dirname(HERE), "artifacts", "npm-google-genai")
+SDK_SCRIPT = os.path.join(HERE, "gemini_sdk.cjs")
+
+
+def npm_install_sdk():
+    """Installs SDK_SPEC under SDK_DIR once; fails with a message when npm
+    is missing or the install fails (as test_responses.npm_install_sdk)."""
+    mark = os.path.join(SDK_DIR, "node_modules", "@google", "genai", "package.json")
+    if os.path.exists(mark):
+        with open(mark) as f:
+            if "@google/genai@" + json.load(f)["version"] == SDK_SPEC:
+                return
+    for tool in ("node", "npm"):
+        if shutil.which(tool) is None:
+            raise AssertionError("%s is not installed: run contrib/setup.sh (it installs Debian's nodejs and npm)"
+                                 % tool)
+    os.makedirs(SDK_DIR, exist_ok=True)
+    try:
+        p = subprocess.run(["npm", "install", "--prefix", SDK_DIR, "--no-audit", "--no-fund", "--no-save",
+                            SDK_SPEC], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("npm install %s did not finish within 120 s (no registry access?)" % SDK_SPEC)
+    if p.returncode != 0 or not os.path.exists(mark):
+        raise AssertionError("npm install %s into %s failed (exit %d):\n%s" % (
+            SDK_SPEC, SDK_DIR, p.returncode, (p.stdout + p.stderr)[-3000:]))
+
+
+def run_sdk(base_url, rid, ttft, itl, tokens):
+    p = subprocess.run(["node", SDK_SCRIPT, SDK_DIR, base_url, rid, str(ttft), str(itl), str(tokens)],
+                       capture_output=True, text=True, timeout=60)
+    if p.returncode != 0:
+        raise AssertionError("node %s exited %d:\n%s" % (SDK_SCRIPT, p.returncode, p.stderr[-3000:]))
+    return json.loads(p.stdout)
+
+
+class GeminiSdkTest(harness.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        npm_install_sdk()
+        cls.sim = harness.start_sim(cls, "--seed", "13")
+        cls.start_logged(cls.sim.url, "tokentap-gemini-sdk-")
+
+    def test_sdk_stream_through_tokentap(self):
+        tokens, thoughts = 8, 3  # gemini_sdk.cjs asks for a thinking budget of 3
+        direct = run_sdk("http://127.0.0.1:%d" % self.sim.port, "it-gem-sdk-direct", 0, 0, tokens)
+        self.assertEqual((len(direct["texts"]), len(direct["thoughts"])), (tokens, thoughts),
+                         "the SDK reads the simulator's thoughts and text (test premise)")
+        for attempt in range(2):
+            rid = "it-gem-sdk-%d" % attempt
+            via = run_sdk("http://127.0.0.1:%d" % self.tt.port, rid, 60, 10, tokens)
+            self.assertEqual(via["chunks"], direct["chunks"], "the SDK yields the same chunks through tokentap")
+            usage = via["usage"]
+            e = self.log_entry(self.log, rid)
+            self.assertEqual((e["api"], e["model"], e["stream"], e["error"]), ("gemini", "gemini-2.5-flash", True,
+                                                                              None))
+            # @google/genai 3.3 calls /v1/ (older ones /v1beta/): both are Gemini
+            self.assertIn(e["path"], ("/v1/models/gemini-2.5-flash:streamGenerateContent",
+                                      "/v1beta/models/gemini-2.5-flash:streamGenerateContent"))
+            self.assertEqual(e["token_events"], tokens + thoughts)
+            self.assertEqual(e["reasoning_events"], thoughts)
+            self.assertEqual(e["input_tokens"], usage["promptTokenCount"])
+            self.assertEqual(e["output_tokens"], usage["candidatesTokenCount"] + usage["thoughtsTokenCount"])
+            self.assertEqual(e["reasoning_tokens"], usage["thoughtsTokenCount"])
+            # tokentap's clock starts when the request's first byte arrives,
+            # the SDK's before it connects
+            self.assertLessEqual(e["ttft_ms"], via["firstMs"] + ROUND_MS)
+            self.assertLessEqual(e["answer_ttft_ms"], via["firstAnswerMs"] + ROUND_MS)
+            self.assertGreaterEqual(e["ttft_ms"], 60.0)
+            self.assertGreaterEqual(e["answer_ttft_ms"], 60.0 + thoughts * 10 - 1)
 
 
 if __name__ == "__main__":
