@@ -36,7 +36,20 @@ static const struct {
 	{ "ollama-chat", "/api/chat", BAPI_OLLAMA_CHAT },
 	{ "ollama-generate", "/api/generate", BAPI_OLLAMA_GENERATE },
 	{ "openai-responses", "/v1/responses", BAPI_OPENAI_RESPONSES },
+	{ "gemini", NULL, BAPI_GEMINI }, /* the path names the model: gemini_path() */
+	{ "gemini-array", NULL, BAPI_GEMINI_ARRAY },
 };
+
+/* Gemini's path: the model (--model, else sim-model) and the method; with
+ * gemini, SSE (?alt=sse, as the SDKs ask), with gemini-array the JSON
+ * array. */
+static void gemini_path(char *buf, size_t n, const struct bench_opts *o)
+{
+	snprintf(buf, n, "%s/v1beta/models/%s:%s", o->base_path, o->model ? o->model : "sim-model",
+		 !o->stream		       ? "generateContent"
+		 : o->api == BAPI_GEMINI_ARRAY ? "streamGenerateContent"
+					       : "streamGenerateContent?alt=sse");
+}
 
 static void usage(FILE *f)
 {
@@ -58,7 +71,8 @@ static void usage(FILE *f)
 		"  --tls-ciphersuites LIST    https: the TLS 1.3 suites offered (OpenSSL's syntax,\n"
 		"                             e.g. TLS_AES_128_GCM_SHA256; default OpenSSL's)\n"
 		"  --api NAME                 openai-chat (default), openai-completions, anthropic,\n"
-		"                             ollama-chat, ollama-generate, openai-responses\n"
+		"                             ollama-chat, ollama-generate, openai-responses,\n"
+		"                             gemini (SSE), gemini-array (the JSON-array stream)\n"
 		"  --stream, --no-stream      stream the response (default: stream)\n"
 		"  --model NAME               model field of the request (default: not sent)\n"
 		"  -H, --header 'NAME: VALUE' extra request header (repeatable, at most %d)\n"
@@ -421,7 +435,7 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 			if (i == sizeof(apis) / sizeof(apis[0]))
 				bad("--api",
 				    "unknown API '%s': one of openai-chat, openai-completions, anthropic, "
-				    "ollama-chat, ollama-generate, openai-responses",
+				    "ollama-chat, ollama-generate, openai-responses, gemini, gemini-array",
 				    optarg);
 			o->api = apis[i].api;
 			o->api_name = apis[i].name;
@@ -568,8 +582,11 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 		o->kernel_ts = false;
 	for (size_t i = 0; i < sizeof(apis) / sizeof(apis[0]); i++)
 		if (apis[i].api == o->api) {
-			static char path[sizeof(o->base_path) + 32];
-			snprintf(path, sizeof(path), "%s%s", o->base_path, apis[i].path);
+			static char path[sizeof(o->base_path) + 320];
+			if (apis[i].path)
+				snprintf(path, sizeof(path), "%s%s", o->base_path, apis[i].path);
+			else
+				gemini_path(path, sizeof(path), o);
 			o->path = path;
 		}
 	if (dist_parse(&o->input_len, input_len, 1, err, sizeof(err)) == -1)
@@ -611,6 +628,8 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 	} else if (speed != 1.0 || limit || block_tokens != 512) {
 		bad(speed != 1.0 ? "--speed" : limit ? "--limit" : "--block-tokens", "applies to --replay only");
 	}
+	if (o->sessions && (o->api == BAPI_GEMINI || o->api == BAPI_GEMINI_ARRAY))
+		bad("--sessions", "builds chat messages: not for --api gemini");
 	if (o->sessions) {
 		if (replay_path)
 			bad("--sessions", "a trace brings its own prompts: it does not combine with --replay");

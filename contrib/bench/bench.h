@@ -121,6 +121,8 @@ enum bench_api {
 	BAPI_OLLAMA_CHAT,
 	BAPI_OLLAMA_GENERATE,
 	BAPI_OPENAI_RESPONSES,
+	BAPI_GEMINI,	   /* /v1beta/models/MODEL:streamGenerateContent?alt=sse (SSE) or :generateContent */
+	BAPI_GEMINI_ARRAY, /* the same stream without ?alt=sse: one JSON array */
 };
 
 struct bench_opts {

@@ -188,6 +188,8 @@ static enum api_kind api_kind_of(enum bench_api a)
 	case BAPI_OLLAMA_CHAT: return API_OLLAMA_CHAT;
 	case BAPI_OLLAMA_GENERATE: return API_OLLAMA_GENERATE;
 	case BAPI_OPENAI_RESPONSES: return API_OPENAI_RESPONSES;
+	case BAPI_GEMINI:
+	case BAPI_GEMINI_ARRAY: return API_GEMINI_STREAM; /* the same events and body as API_GEMINI */
 	}
 	return API_UNKNOWN;
 }
@@ -470,7 +472,8 @@ static void request_build(struct run *r, const struct breq *q)
 	evbuffer_drain(b, evbuffer_get_length(b));
 	evbuffer_drain(h, evbuffer_get_length(h));
 	evbuffer_add_printf(b, "{");
-	if (r->model_json)
+	bool gemini = o->api == BAPI_GEMINI || o->api == BAPI_GEMINI_ARRAY;
+	if (r->model_json && !gemini) /* Gemini's is in the path */
 		evbuffer_add_printf(b, "\"model\":%s,", r->model_json);
 	if (o->sessions) {
 		session_body_add(b, o, &q->turn);
@@ -483,6 +486,10 @@ static void request_build(struct run *r, const struct breq *q)
 	case BAPI_OPENAI_RESPONSES: evbuffer_add_printf(b, "\"input\":[{\"role\":\"user\",\"content\":\""); break;
 	case BAPI_OPENAI_COMPLETIONS:
 	case BAPI_OLLAMA_GENERATE: evbuffer_add_printf(b, "\"prompt\":\""); break;
+	case BAPI_GEMINI:
+	case BAPI_GEMINI_ARRAY:
+		evbuffer_add_printf(b, "\"contents\":[{\"role\":\"user\",\"parts\":[{\"text\":\"");
+		break;
 	}
 	if (o->replay && q->seq < o->replay->n)
 		replay_prompt_add(b, o->replay, q->seq, o->seed);
@@ -491,6 +498,8 @@ static void request_build(struct run *r, const struct breq *q)
 	if (o->api == BAPI_OPENAI_CHAT || o->api == BAPI_ANTHROPIC || o->api == BAPI_OLLAMA_CHAT ||
 	    o->api == BAPI_OPENAI_RESPONSES)
 		evbuffer_add_printf(b, "\"}]");
+	else if (gemini)
+		evbuffer_add_printf(b, "\"}]}]");
 	else
 		evbuffer_add_printf(b, "\"");
 prompt_done:
@@ -512,6 +521,10 @@ prompt_done:
 	case BAPI_OLLAMA_GENERATE:
 		evbuffer_add_printf(b, ",\"stream\":%s,\"options\":{\"num_predict\":%u}", stream, q->out_len);
 		break;
+	case BAPI_GEMINI:
+	case BAPI_GEMINI_ARRAY: /* the method streams, not a field */
+		evbuffer_add_printf(b, ",\"generationConfig\":{\"maxOutputTokens\":%u}", q->out_len);
+		break;
 	}
 	evbuffer_add_printf(b, "}");
 
@@ -523,7 +536,8 @@ prompt_done:
 		evbuffer_add_printf(h, "Accept: %s\r\n",
 				    o->api == BAPI_OLLAMA_CHAT || o->api == BAPI_OLLAMA_GENERATE
 					    ? "application/x-ndjson"
-					    : "text/event-stream");
+				    : o->api == BAPI_GEMINI_ARRAY ? "application/json"
+								  : "text/event-stream");
 	if (o->api == BAPI_ANTHROPIC && !has_header(o, "anthropic-version"))
 		evbuffer_add_printf(h, "anthropic-version: 2023-06-01\r\n");
 	if (o->sim_headers)
@@ -742,6 +756,8 @@ static int on_headers_complete(llhttp_t *p)
 	if (q->status >= 200 && q->status <= 299) {
 		enum framer_kind k =
 			c->run->o->stream ? framer_kind_for_content_type(q->ctype, q->ctype_len) : FRAMER_NONE;
+		if (k == FRAMER_NONE && c->run->o->stream && classify_streams_json_array(c->run->api))
+			k = FRAMER_JSON_ARRAY; /* Gemini without ?alt=sse, as tokentap frames it */
 		if (k != FRAMER_NONE) {
 			framer_init(&q->fr, k, 0, on_framed_event, c);
 			q->framed = true;

@@ -130,8 +130,9 @@ extern void *sim_tls_ctx;
 /* One fully received request, as sim_conn hands it to sim_api. */
 struct sim_api_request {
 	const char *method;
-	const char *path; /* without the query string */
-	const char *body; /* NUL-terminated copy of the body */
+	const char *path;  /* without the query string */
+	const char *query; /* after the '?', NULL when there is none */
+	const char *body;  /* NUL-terminated copy of the body */
 	size_t body_len;
 	const char *request_id;	    /* echoed as x-request-id, NULL if absent */
 	int64_t ttft_ms;	    /* x-sim-ttft-ms, -1 if absent */

@@ -3,8 +3,9 @@
  * response: OpenAI chat and completions (shaped like vLLM), OpenAI
  * Responses (shaped like the hosted API), Anthropic messages, Ollama chat
  * and generate, llama.cpp's native /completion, TGI's /generate and
- * /generate_stream, the model list, errors and the simulator's own
- * /sim/stats.
+ * /generate_stream, Gemini's :generateContent and :streamGenerateContent
+ * (Google AI and Vertex AI paths; SSE or a streamed JSON array), the model
+ * list, errors and the simulator's own /sim/stats.
  *
  * This file decides *what* is sent; sim_conn.c decides *when*. A
  * generating response is a struct sim_stream: sim_conn calls
@@ -35,10 +36,12 @@ enum sim_endpoint {
 	EP_LLAMACPP,	    /* POST /completion (llama.cpp native) */
 	EP_TGI,		    /* POST /generate (TGI, never streamed) */
 	EP_TGI_STREAM,	    /* POST /generate_stream (TGI, always streamed) */
+	EP_GEMINI,	    /* POST .../models/MODEL:generateContent (Gemini, Vertex AI) */
+	EP_GEMINI_STREAM,   /* POST .../models/MODEL:streamGenerateContent[?alt=sse] */
 };
 
 /* Which error body a path answers with, so each client sees its own shape. */
-enum sim_family { FAM_OPENAI, FAM_ANTHROPIC, FAM_OLLAMA };
+enum sim_family { FAM_OPENAI, FAM_ANTHROPIC, FAM_OLLAMA, FAM_GOOGLE };
 
 struct sim_stream {
 	enum sim_endpoint ep;
@@ -74,6 +77,7 @@ struct sim_stream {
 	struct evbuffer *piece;	  /* scratch: the piece of text of one token */
 	struct sim_timing timing; /* the scheduler's account, with --server-timing */
 	bool whole;		  /* embeddings, rerank: the answer is made, in ev (begin_embed) */
+	bool sse;		  /* Gemini: ?alt=sse, else the stream is one JSON array */
 };
 
 /* ---- HTTP framing ---- */
@@ -162,6 +166,15 @@ static void write_error(struct evbuffer *out, enum sim_family fam, int status, c
 		evbuffer_add(b, "{\"error\":", 9);
 		sim_json_str(b, message, strlen(message));
 		evbuffer_add(b, "}", 1);
+		break;
+	case FAM_GOOGLE: /* a google.rpc.Status */
+		evbuffer_add_printf(b, "{\"error\":{\"code\":%d,\"message\":", status);
+		sim_json_str(b, message, strlen(message));
+		evbuffer_add_printf(b, ",\"status\":\"%s\"}}",
+				    status == 404   ? "NOT_FOUND"
+				    : status == 400 ? "INVALID_ARGUMENT"
+				    : status == 405 ? "UNIMPLEMENTED"
+						    : "INTERNAL");
 		break;
 	case FAM_OPENAI:
 		evbuffer_add(b, "{\"error\":{\"message\":", 20);
@@ -296,6 +309,17 @@ static void prompt_text(enum sim_endpoint ep, const json_t *req, struct evbuffer
 	case EP_LLAMACPP: content_text(json_object_get(req, "prompt"), text); break;
 	case EP_TGI:
 	case EP_TGI_STREAM: content_text(json_object_get(req, "inputs"), text); break;
+	case EP_GEMINI:
+	case EP_GEMINI_STREAM: {
+		/* systemInstruction.parts[].text, contents[].parts[].text */
+		const json_t *c = json_object_get(req, "contents"), *m;
+		size_t i;
+		content_text(json_object_get(json_object_get(req, "systemInstruction"), "parts"), text);
+		if (json_is_array(c))
+			json_array_foreach (c, i, m)
+				content_text(json_object_get(m, "parts"), text);
+		break;
+	}
 	}
 }
 
@@ -332,6 +356,8 @@ static int output_limit(enum sim_endpoint ep, const json_t *req, int64_t *limit,
 		break;
 	case EP_TGI:
 	case EP_TGI_STREAM: v = json_object_get(json_object_get(req, "parameters"), "max_new_tokens"); break;
+	case EP_GEMINI:
+	case EP_GEMINI_STREAM: v = json_object_get(json_object_get(req, "generationConfig"), "maxOutputTokens"); break;
 	}
 	if (v == NULL || json_is_null(v))
 		return 0;
@@ -404,6 +430,20 @@ static int64_t request_reasoning(enum sim_endpoint ep, const json_t *req)
 	}
 	case EP_OLLAMA_CHAT:
 	case EP_OLLAMA_GENERATE: return effort_tokens(json_object_get(req, "think"));
+	case EP_GEMINI:
+	case EP_GEMINI_STREAM: {
+		/* generationConfig.thinkingConfig.thinkingBudget: 0 off, -1
+		 * dynamic (the default), else at most that many */
+		o = json_object_get(json_object_get(req, "generationConfig"), "thinkingConfig");
+		if (!json_is_object(o))
+			return -1;
+		v = json_object_get(o, "thinkingBudget");
+		if (json_is_integer(v) && json_integer_value(v) == 0)
+			return 0;
+		if (json_is_integer(v) && json_integer_value(v) > 0 && json_integer_value(v) < SIM_REASONING_DEFAULT)
+			return json_integer_value(v);
+		return SIM_REASONING_DEFAULT;
+	}
 	case EP_COMPLETIONS:
 	case EP_LLAMACPP:
 	case EP_TGI:
@@ -440,6 +480,8 @@ static const char *request_tool(enum sim_endpoint ep, const json_t *req)
 			return name;
 	}
 	t0 = json_array_get(tools, 0);
+	if (ep == EP_GEMINI || ep == EP_GEMINI_STREAM) /* tools[0].functionDeclarations[0].name */
+		t0 = json_array_get(json_object_get(t0, "functionDeclarations"), 0);
 	name = json_string_value(json_object_get(json_object_get(t0, "function"), "name")); /* chat, Ollama */
 	if (name == NULL)
 		name = json_string_value(json_object_get(t0, "name")); /* Responses, Anthropic */
@@ -448,7 +490,8 @@ static const char *request_tool(enum sim_endpoint ep, const json_t *req)
 
 static bool endpoint_has_tools(enum sim_endpoint ep)
 {
-	return ep == EP_CHAT || ep == EP_RESPONSES || ep == EP_MESSAGES || ep == EP_OLLAMA_CHAT;
+	return ep == EP_CHAT || ep == EP_RESPONSES || ep == EP_MESSAGES || ep == EP_OLLAMA_CHAT || ep == EP_GEMINI ||
+	       ep == EP_GEMINI_STREAM;
 }
 
 static void set_id(struct sim_stream *s)
@@ -476,6 +519,16 @@ static void set_id(struct sim_stream *s)
 		*p = '\0';
 		break;
 	}
+	case EP_GEMINI:
+	case EP_GEMINI_STREAM: /* responseId: 22 letters and digits */
+		for (int i = 0; i < 22; i++) {
+			uint64_t *src = i < 11 ? &a : &b;
+
+			s->id[i] = b62[*src % 62];
+			*src /= 62;
+		}
+		s->id[22] = '\0';
+		break;
 	case EP_OLLAMA_CHAT:
 	case EP_OLLAMA_GENERATE:
 	case EP_LLAMACPP:
@@ -530,9 +583,74 @@ static bool endpoint_of(const char *path, enum sim_endpoint *ep)
 	return false;
 }
 
+/* Moves *p past `lit` when it starts there. */
+static bool skip_prefix(const char **p, const char *lit)
+{
+	size_t n = strlen(lit);
+
+	if (strncmp(*p, lit, n) != 0)
+		return false;
+	*p += n;
+	return true;
+}
+
+/* Moves *p past a non-empty segment and its '/'. */
+static bool skip_seg(const char **p)
+{
+	size_t n = strcspn(*p, "/:");
+
+	if (n == 0 || (*p)[n] != '/')
+		return false;
+	*p += n + 1;
+	return true;
+}
+
+/* Gemini's paths: /v1beta/models/MODEL:METHOD (also /v1/, /v1alpha/) and
+ * Vertex AI's /v1/projects/P/locations/L/publishers/google/models/MODEL:
+ * METHOD (also /v1beta1/); the model into `model` (cap bytes). */
+static bool gemini_endpoint(const char *path, enum sim_endpoint *ep, char *model, size_t cap)
+{
+	const char *p = path, *colon;
+	size_t n;
+
+	if (skip_prefix(&p, "/v1/projects/") || skip_prefix(&p, "/v1beta1/projects/")) {
+		if (!skip_seg(&p) || !skip_prefix(&p, "locations/") || !skip_seg(&p) ||
+		    !skip_prefix(&p, "publishers/google/models/"))
+			return false;
+	} else if (!skip_prefix(&p, "/v1beta/models/") && !skip_prefix(&p, "/v1/models/") &&
+		   !skip_prefix(&p, "/v1alpha/models/")) {
+		return false;
+	}
+	colon = strchr(p, ':');
+	n = colon ? (size_t)(colon - p) : 0;
+	if (n == 0 || n >= cap || memchr(p, '/', n) != NULL)
+		return false;
+	if (strcmp(colon, ":generateContent") == 0)
+		*ep = EP_GEMINI;
+	else if (strcmp(colon, ":streamGenerateContent") == 0)
+		*ep = EP_GEMINI_STREAM;
+	else
+		return false;
+	memcpy(model, p, n);
+	model[n] = '\0';
+	return true;
+}
+
+/* The query names alt=sse. */
+static bool query_alt_sse(const char *q)
+{
+	for (; q != NULL && *q != '\0'; q += strcspn(q, "&"), q += *q == '&') {
+		if (strncmp(q, "alt=sse", 7) == 0 && (q[7] == '\0' || q[7] == '&'))
+			return true;
+	}
+	return false;
+}
+
 static enum sim_family family_of(enum sim_endpoint ep)
 {
 	switch (ep) {
+	case EP_GEMINI:
+	case EP_GEMINI_STREAM: return FAM_GOOGLE;
 	case EP_MESSAGES: return FAM_ANTHROPIC;
 	case EP_OLLAMA_CHAT:
 	case EP_OLLAMA_GENERATE: return FAM_OLLAMA;
@@ -542,7 +660,7 @@ static enum sim_family family_of(enum sim_endpoint ep)
 
 /* Parses the body of a generation request into a stream, or answers 400. */
 static struct sim_stream *begin_generation(enum sim_endpoint ep, const struct sim_api_request *rq, struct evbuffer *out,
-					   struct sim_plan *plan)
+					   struct sim_plan *plan, const char *path_model)
 {
 	enum sim_family fam = family_of(ep);
 	struct sim_stream *s = NULL;
@@ -593,11 +711,12 @@ static struct sim_stream *begin_generation(enum sim_endpoint ep, const struct si
 	stream = json_object_get(req, "stream");
 	if (fam == FAM_OLLAMA)
 		s->streaming = !json_is_false(stream); /* Ollama streams by default */
-	else if (ep == EP_TGI || ep == EP_TGI_STREAM)
-		s->streaming = ep == EP_TGI_STREAM; /* the route decides, not the body */
+	else if (ep == EP_TGI || ep == EP_TGI_STREAM || ep == EP_GEMINI || ep == EP_GEMINI_STREAM)
+		s->streaming = ep == EP_TGI_STREAM || ep == EP_GEMINI_STREAM; /* the route decides, not the body */
 	else
 		s->streaming = json_is_true(stream);
 	s->details = json_is_true(json_object_get(json_object_get(req, "parameters"), "details"));
+	s->sse = ep == EP_GEMINI_STREAM && query_alt_sse(rq->query);
 	s->include_usage = json_is_true(json_object_get(json_object_get(req, "stream_options"), "include_usage"));
 
 	if (rq->tokens >= 0)
@@ -631,6 +750,11 @@ static struct sim_stream *begin_generation(enum sim_endpoint ep, const struct si
 	s->think_ns = (rq->think_ms >= 0 ? (uint64_t)rq->think_ms : sim_cfg.think_ms) * 1000000ULL;
 	s->hidden =
 		s->n_reason > 0 && (rq->reasoning_hidden >= 0 ? rq->reasoning_hidden == 1 : sim_cfg.reasoning_hidden);
+	/* Gemini sends thoughts (summaries) only with includeThoughts */
+	if ((ep == EP_GEMINI || ep == EP_GEMINI_STREAM) && rq->reasoning_hidden < 0 &&
+	    !json_is_true(json_object_get(json_object_get(json_object_get(req, "generationConfig"), "thinkingConfig"),
+					  "includeThoughts")))
+		s->hidden = s->n_reason > 0;
 	s->summary =
 		ep == EP_RESPONSES && json_is_string(json_object_get(json_object_get(req, "reasoning"), "summary"));
 
@@ -674,7 +798,11 @@ static struct sim_stream *begin_generation(enum sim_endpoint ep, const struct si
 	}
 
 	model = json_object_get(req, "model");
-	s->model_json = json_literal(json_is_string(model) && json_string_length(model) > 0 ? json_string_value(model)
+	if (path_model != NULL)
+		s->model_json = json_literal(path_model);
+	else
+		s->model_json =
+			json_literal(json_is_string(model) && json_string_length(model) > 0 ? json_string_value(model)
 											    : sim_cfg.model);
 	if (rq->request_id != NULL)
 		s->request_id = strdup(rq->request_id);
@@ -716,7 +844,9 @@ static struct sim_stream *begin_generation(enum sim_endpoint ep, const struct si
 	plan->prompt_tokens = s->n_in - s->n_cached > 0 ? s->n_in - s->n_cached : 1;
 	plan->streaming = s->streaming;
 
-	if (s->streaming)
+	if (s->streaming && fam == FAM_GOOGLE && !s->sse)
+		write_head(out, 200, "application/json; charset=UTF-8", -1, s->request_id, s->keep_alive);
+	else if (s->streaming)
 		write_head(out, 200, fam == FAM_OLLAMA ? "application/x-ndjson" : "text/event-stream; charset=utf-8",
 			   -1, s->request_id, s->keep_alive);
 out:
@@ -809,17 +939,19 @@ struct sim_stream *sim_api_begin(const struct sim_api_request *rq, struct evbuff
 		write_error(out, FAM_OPENAI, 405, msg, rq);
 		return NULL;
 	}
-	if (!endpoint_of(rq->path, &ep)) {
+	char gmodel[256];
+	bool gemini = gemini_endpoint(rq->path, &ep, gmodel, sizeof(gmodel));
+	if (!gemini && !endpoint_of(rq->path, &ep)) {
 		snprintf(msg, sizeof(msg), "no such endpoint: %s %.200s", rq->method, rq->path);
 		write_error(out, FAM_OPENAI, 404, msg, rq);
 		return NULL;
 	}
 	if (strcmp(rq->method, "POST") != 0) {
-		snprintf(msg, sizeof(msg), "%s takes POST, not %s", rq->path, rq->method);
+		snprintf(msg, sizeof(msg), "%.200s takes POST, not %s", rq->path, rq->method);
 		write_error(out, family_of(ep), 405, msg, rq);
 		return NULL;
 	}
-	return begin_generation(ep, rq, out, plan);
+	return begin_generation(ep, rq, out, plan, gemini ? gmodel : NULL);
 }
 
 /* ---- the events of each shape ---- */
@@ -1263,6 +1395,74 @@ static void resp_finish(struct sim_stream *s, struct evbuffer *out)
 	resp_event_close(s, out);
 }
 
+/* ---- Gemini: every event a whole GenerateContentResponse, no [DONE];
+ * with ?alt=sse one `data:` frame each, else the elements of one JSON
+ * array, written as the Gemini API writes it ("[{" then ",\r\n{" then
+ * "\n]") ---- */
+
+/* usageMetadata after `reason` thought and `answer` answer tokens: the
+ * counts so far, zero ones left out as proto3's JSON does; thoughts are
+ * not in candidatesTokenCount. */
+static void gemini_usage(struct sim_stream *s, struct evbuffer *b, uint64_t reason, uint64_t answer)
+{
+	evbuffer_add_printf(b, "\"usageMetadata\": {\"promptTokenCount\": %" PRIu64, s->n_in);
+	if (answer)
+		evbuffer_add_printf(b, ",\"candidatesTokenCount\": %" PRIu64, answer);
+	evbuffer_add_printf(b, ",\"totalTokenCount\": %" PRIu64, s->n_in + reason + answer);
+	if (s->cache_report && s->n_cached)
+		evbuffer_add_printf(b, ",\"cachedContentTokenCount\": %" PRIu64, s->n_cached);
+	if (reason)
+		evbuffer_add_printf(b, ",\"thoughtsTokenCount\": %" PRIu64, reason);
+	evbuffer_add_printf(b, ",\"promptTokensDetails\": [{\"modality\": \"TEXT\",\"tokenCount\": %" PRIu64 "}]}",
+			    s->n_in);
+}
+
+/* What goes before a streamed response: "data: ", or the array's "[" or
+ * the separator. s->seq counts the responses written. */
+static void gemini_frame_open(struct sim_stream *s)
+{
+	if (s->sse)
+		evbuffer_add(s->ev, "data: ", 6);
+	else
+		evbuffer_add(s->ev, s->seq == 0 ? "[" : ",\r\n", s->seq == 0 ? 1 : 3);
+	s->seq++;
+}
+
+static void gemini_open(struct evbuffer *b)
+{
+	evbuffer_add_printf(b, "{\"candidates\": [{\"content\": {\"parts\": [");
+}
+
+/* Closes the parts and the response: finishReason on the last one. */
+static void gemini_close(struct sim_stream *s, struct evbuffer *b, bool last, uint64_t reason, uint64_t answer)
+{
+	evbuffer_add_printf(b, "],\"role\": \"model\"}");
+	if (last)
+		evbuffer_add_printf(b, ",\"finishReason\": \"%s\"", s->hit_limit ? "MAX_TOKENS" : "STOP");
+	evbuffer_add_printf(b, ",\"index\": 0}],");
+	gemini_usage(s, b, reason, answer);
+	evbuffer_add_printf(b, ",\"modelVersion\": %s,\"responseId\": \"%s\"}", s->model_json, s->id);
+}
+
+/* A part: text (a thought), or the function call whole. */
+static void gemini_part(struct sim_stream *s, struct evbuffer *b, const char *t, size_t tlen, bool thought)
+{
+	if (s->tool && !thought) {
+		size_t alen;
+		const char *args = buf_text(s->text, &alen);
+
+		evbuffer_add_printf(b, "{\"functionCall\": {\"name\": %s,\"args\": ", s->tool_json);
+		evbuffer_add(b, args, alen);
+		evbuffer_add(b, "}}", 2);
+		return;
+	}
+	evbuffer_add(b, "{\"text\": ", 9);
+	sim_json_str(b, t, tlen);
+	if (thought)
+		evbuffer_add(b, ",\"thought\": true", 16);
+	evbuffer_add(b, "}", 1);
+}
+
 /* ---- the stream: preamble, reasoning, answer, closing ---- */
 
 /* Events before the first token: sent together with it, at ttft, as vLLM
@@ -1295,7 +1495,9 @@ static void write_preamble(struct sim_stream *s, struct evbuffer *out)
 	case EP_OLLAMA_GENERATE:
 	case EP_LLAMACPP:
 	case EP_TGI:
-	case EP_TGI_STREAM: break;
+	case EP_TGI_STREAM:
+	case EP_GEMINI:
+	case EP_GEMINI_STREAM: break;
 	}
 }
 
@@ -1491,6 +1693,18 @@ void sim_api_token(struct sim_stream *s, struct evbuffer *out)
 		break;
 	case EP_TGI_STREAM: tgi_token(s, k, p, plen, last); break;
 	case EP_TGI: break; /* never streamed */
+	case EP_GEMINI:
+	case EP_GEMINI_STREAM:
+		/* Gemini sends a function call whole: at its last token */
+		if (s->tool && !reasoning && !last)
+			break;
+		gemini_frame_open(s);
+		gemini_open(s->ev);
+		gemini_part(s, s->ev, p, plen, reasoning);
+		gemini_close(s, s->ev, false, reasoning ? k + 1 : s->n_reason, reasoning ? 0 : k + 1 - s->n_reason);
+		if (s->sse)
+			evbuffer_add(s->ev, "\r\n\r\n", 4);
+		break;
 	}
 	emit_chunk(s, out);
 	s->emitted++;
@@ -1688,6 +1902,17 @@ static void finish_stream(struct sim_stream *s, struct evbuffer *out)
 		}
 		break;
 	case EP_TGI: break; /* never streamed */
+	case EP_GEMINI:
+	case EP_GEMINI_STREAM:
+		/* the closing response: an empty text, why it stopped, the
+		 * final counts; then the array's end */
+		gemini_frame_open(s);
+		gemini_open(s->ev);
+		evbuffer_add(s->ev, "{\"text\": \"\"}", 12);
+		gemini_close(s, s->ev, true, s->n_reason, s->n_out);
+		evbuffer_add(s->ev, s->sse ? "\r\n\r\n" : "\n]", s->sse ? 4 : 2);
+		emit_chunk(s, out);
+		break;
 	}
 	evbuffer_add(out, "0\r\n\r\n", 5);
 }
@@ -1792,6 +2017,18 @@ static void finish_block(struct sim_stream *s, struct evbuffer *out)
 		evbuffer_add_printf(b, "{\"index\":0,\"content\":");
 		sim_json_str(b, t, tlen);
 		llamacpp_tail(s, b);
+		break;
+	case EP_GEMINI:
+	case EP_GEMINI_STREAM:
+		gemini_open(b);
+		if (shows_reasoning(s)) {
+			r = buf_text(s->reason, &rlen);
+			gemini_part(s, b, r, rlen, true);
+			evbuffer_add(b, ",", 1);
+		}
+		t = buf_text(s->text, &tlen);
+		gemini_part(s, b, t, tlen, false);
+		gemini_close(s, b, true, s->n_reason, s->n_out);
 		break;
 	case EP_TGI:
 	case EP_TGI_STREAM:

@@ -263,6 +263,7 @@ static void req_start(struct sim_conn *c, struct sim_req *r)
 	if (q != NULL)
 		*q = '\0';
 	rq.path = r->url;
+	rq.query = q != NULL ? q + 1 : NULL;
 	evbuffer_add(r->body, "", 1); /* NUL-terminate for the JSON parser */
 	rq.body_len = evbuffer_get_length(r->body) - 1;
 	rq.body = (const char *)evbuffer_pullup(r->body, -1);

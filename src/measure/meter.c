@@ -61,6 +61,7 @@ void meter_restart(struct meter *m)
 		evbuffer_free(m->body);
 	m->body = NULL;
 	m->body_tail = false;
+	m->json_array = false;
 	m->itl_run_gap = m->itl_run_n = 0;
 	rec->status = 0;
 	rec->usage = USAGE_UNKNOWN;
@@ -127,9 +128,11 @@ void meter_head(struct meter *m, const struct respparse *rp)
 	if (rp->server.source != SERVER_NONE)
 		m->rec->usage.server = rp->server; /* TGI's headers; a body's report may add to them */
 	timeline_mark(m->rec, TL_RESP_HEADERS, m->now);
-	if (rp->kind != FRAMER_NONE) {
+	m->json_array = rp->kind == FRAMER_NONE && !rp->content_encoded && status_ok(rp->status) &&
+			classify_streams_json_array(m->rec->api);
+	if (rp->kind != FRAMER_NONE || m->json_array) {
 		m->rec->stream = 1;
-		framer_init(&m->framer, rp->kind, m->max_event_size, on_event, m);
+		framer_init(&m->framer, m->json_array ? FRAMER_JSON_ARRAY : rp->kind, m->max_event_size, on_event, m);
 	} else if (status_ok(rp->status)) {
 		m->rec->stream = 0;
 	}
@@ -139,7 +142,7 @@ void meter_head(struct meter *m, const struct respparse *rp)
  * head: a trailer named content-type sets it again before the end. */
 void meter_body(struct meter *m, const char *at, size_t len)
 {
-	if (m->resp->kind != FRAMER_NONE) {
+	if (m->resp->kind != FRAMER_NONE || m->json_array) {
 		framer_feed(&m->framer, at, len);
 		return;
 	}
@@ -171,7 +174,7 @@ void meter_resp_body(void *meter, const char *at, size_t len)
 void meter_complete(struct meter *m)
 {
 	timeline_mark(m->rec, TL_RESP_END, m->now);
-	if (m->resp->kind != FRAMER_NONE) {
+	if (m->resp->kind != FRAMER_NONE || m->json_array) {
 		framer_finish(&m->framer);
 	} else if (m->body && status_ok(m->rec->status)) {
 		size_t n = evbuffer_get_length(m->body);

@@ -68,6 +68,7 @@ struct meter {
 	struct framer framer;
 	struct evbuffer *body; /* a non-streamed body, up to RESP_BODY_MAX, for classify_body */
 	bool body_tail;	       /* body holds only the last RESP_TAIL_MAX bytes of a larger one */
+	bool json_array;       /* a 2xx answer framed as a JSON array (classify_streams_json_array) */
 	uint64_t now;	       /* the clock reading of the read being parsed */
 	/* ITL gaps not yet in the series: a run of equal ones (the events of
 	 * one read share a clock reading), recorded as one. */

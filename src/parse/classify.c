@@ -82,8 +82,70 @@ static const struct api_route api_routes[] = {
 	{ "/embed", API_TEI_EMBED },
 };
 
+/* ---- Gemini paths ---------------------------------------------------------
+ *
+ * Google AI: /v1beta/models/MODEL:METHOD (also /v1/ and /v1alpha/);
+ * Vertex AI: /v1/projects/P/locations/L/publishers/google/models/MODEL:METHOD
+ * (also /v1beta1/). METHOD is generateContent or streamGenerateContent. */
+
+/* Moves *p past the literal `lit` when [*p, end) starts with it. */
+static bool skip_lit(const char **p, const char *end, const char *lit)
+{
+	size_t n = strlen(lit);
+	if ((size_t)(end - *p) < n || memcmp(*p, lit, n) != 0)
+		return false;
+	*p += n;
+	return true;
+}
+
+/* Moves *p past a non-empty path segment and the '/' after it. */
+static bool skip_segment(const char **p, const char *end)
+{
+	const char *q = *p;
+	while (q < end && *q != '/' && *q != ':')
+		q++;
+	if (q == *p || q >= end || *q != '/')
+		return false;
+	*p = q + 1;
+	return true;
+}
+
+/* The Gemini API of the path, and where its model segment is. */
+static enum api_kind gemini_path(const char *path, size_t len, const char **model, size_t *mlen)
+{
+	static const char gen[] = ":generateContent", sgen[] = ":streamGenerateContent";
+	const char *p = path, *end;
+	enum api_kind api;
+
+	if (len > sizeof(sgen) - 1 && memcmp(path + len - (sizeof(sgen) - 1), sgen, sizeof(sgen) - 1) == 0) {
+		api = API_GEMINI_STREAM;
+		end = path + len - (sizeof(sgen) - 1);
+	} else if (len > sizeof(gen) - 1 && memcmp(path + len - (sizeof(gen) - 1), gen, sizeof(gen) - 1) == 0) {
+		api = API_GEMINI;
+		end = path + len - (sizeof(gen) - 1);
+	} else {
+		return API_UNKNOWN;
+	}
+	if (skip_lit(&p, end, "/v1/projects/") || skip_lit(&p, end, "/v1beta1/projects/")) {
+		if (!skip_segment(&p, end) || !skip_lit(&p, end, "locations/") || !skip_segment(&p, end) ||
+		    !skip_lit(&p, end, "publishers/google/models/"))
+			return API_UNKNOWN;
+	} else if (!skip_lit(&p, end, "/v1beta/models/") && !skip_lit(&p, end, "/v1/models/") &&
+		   !skip_lit(&p, end, "/v1alpha/models/")) {
+		return API_UNKNOWN;
+	}
+	if (p == end || memchr(p, '/', (size_t)(end - p)) != NULL || memchr(p, ':', (size_t)(end - p)) != NULL)
+		return API_UNKNOWN;
+	*model = p;
+	*mlen = (size_t)(end - p);
+	return api;
+}
+
 enum api_kind classify_api(const char *path, size_t len)
 {
+	const char *model;
+	size_t mlen;
+
 	if (path == NULL)
 		return API_UNKNOWN;
 	/* One trailing slash is tolerated ("/v1/messages/"), not more. */
@@ -94,7 +156,35 @@ enum api_kind classify_api(const char *path, size_t len)
 		if (n == len && memcmp(path, api_routes[i].path, n) == 0)
 			return api_routes[i].api;
 	}
-	return API_UNKNOWN;
+	return gemini_path(path, len, &model, &mlen);
+}
+
+size_t classify_path_model(enum api_kind api, const char *path, size_t len, const char **model)
+{
+	size_t mlen = 0;
+
+	*model = NULL;
+	if ((api != API_GEMINI && api != API_GEMINI_STREAM) || path == NULL)
+		return 0;
+	if (len > 1 && path[len - 1] == '/')
+		len--;
+	if (gemini_path(path, len, model, &mlen) != api) {
+		*model = NULL;
+		return 0;
+	}
+	for (size_t i = 0; i < mlen; i++) {
+		unsigned char c = (unsigned char)(*model)[i];
+		if (c <= 0x20 || c >= 0x7f || c == '"' || c == '\\') {
+			*model = NULL;
+			return 0;
+		}
+	}
+	return mlen;
+}
+
+bool classify_streams_json_array(enum api_kind api)
+{
+	return api == API_GEMINI_STREAM;
 }
 
 const char *classify_api_name(enum api_kind api)
@@ -113,6 +203,8 @@ const char *classify_api_name(enum api_kind api)
 	case API_SCORE: return "score";
 	case API_CLASSIFY: return "classify";
 	case API_TEI_EMBED: return "tei-embed";
+	case API_GEMINI:
+	case API_GEMINI_STREAM: return "gemini";
 	case API_UNKNOWN: break;
 	}
 	return "unknown";
@@ -534,9 +626,16 @@ static const char *member(const struct span *s, const char *obj, const char *qke
 
 /* Stores member `qkey` of obj into *dst when it is a count: a JSON integer
  * (no fraction, no exponent) from 0 to INT64_MAX. */
+static void count_at(const struct span *s, const char *v, int64_t *dst);
+
 static void take_count(const struct span *s, const char *obj, const char *qkey, size_t qlen, int64_t *dst)
 {
-	const char *v = member(s, obj, qkey, qlen);
+	count_at(s, member(s, obj, qkey, qlen), dst);
+}
+
+/* Stores the value at v (NULL: none) into *dst when it is a count. */
+static void count_at(const struct span *s, const char *v, int64_t *dst)
+{
 	bool negative = false;
 	int64_t n = 0;
 
@@ -1141,6 +1240,197 @@ static enum token_kind classify_responses(const struct framer_event *ev, const s
 	return TOKEN_NONE;
 }
 
+/* ---- Gemini ---------------------------------------------------------------
+ *
+ * Every event (an SSE frame with ?alt=sse, else an element of the streamed
+ * array) and the non-streamed body are one GenerateContentResponse:
+ * candidates[].content.parts[] hold the output, usageMetadata the counts
+ * (cumulative: each event repeats them), an "error" object an in-stream
+ * failure. The parts are walked member by member, not searched for keys:
+ * whether a part's text is a thought depends on a sibling member, and
+ * "text" also names grounding segments outside the parts, which only the
+ * walk tells apart. The walk reads each object once for all the members it
+ * wants (gem_members, the semantics of member(): direct members, the last
+ * of a repeated key) and skips strings with memchr, so an event costs a
+ * few passes over its bytes, most of them vectorised. */
+
+/* One past the closing quote of the string at p ('"'), or NULL when it is
+ * cut: the first '"' after an even run of backslashes, as string_end()
+ * finds it byte by byte. */
+static const char *gem_string_end(const struct span *s, const char *p)
+{
+	const char *q = p + 1;
+	for (;;) {
+		const char *e = memchr(q, '"', (size_t)(s->end - q));
+		if (e == NULL)
+			return NULL;
+		size_t bs = 0;
+		while (e - bs > p + 1 && e[-(ptrdiff_t)bs - 1] == '\\')
+			bs++;
+		if (!(bs & 1))
+			return e + 1;
+		q = e + 1;
+	}
+}
+
+/* One past the value at v, as value_end() (s->end when it is cut). */
+static const char *gem_value_end(const struct span *s, const char *v)
+{
+	if (*v == '"') {
+		const char *e = gem_string_end(s, v);
+		return e ? e : s->end;
+	}
+	if (*v != '{' && *v != '[')
+		return value_end(s, v);
+	int depth = 0;
+	for (const char *p = v; p < s->end;) {
+		char c = *p;
+		if (c == '"') {
+			p = gem_string_end(s, p);
+			if (p == NULL)
+				return s->end;
+			continue;
+		}
+		p++;
+		if (c == '{' || c == '[')
+			depth++;
+		else if ((c == '}' || c == ']') && --depth == 0)
+			return p;
+	}
+	return s->end;
+}
+
+struct gem_member {
+	const char *qkey; /* quoted, as made by KEY() */
+	size_t qlen;
+	const char *v; /* out: the member's value, NULL when absent */
+};
+
+/* member() for several keys in one pass over the object at obj. */
+static void gem_members(const struct span *s, const char *obj, struct gem_member *m, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		m[i].v = NULL;
+	if (obj == NULL || obj >= s->end || *obj != '{')
+		return;
+	for (const char *p = skip_space(obj + 1, s->end); p < s->end && *p == '"';) {
+		const char *kend = gem_string_end(s, p);
+		if (kend == NULL)
+			break;
+		const char *v = skip_space(kend, s->end);
+		if (v >= s->end || *v != ':')
+			break;
+		v = skip_space(v + 1, s->end);
+		if (v >= s->end)
+			break;
+		for (size_t i = 0; i < n; i++)
+			if ((size_t)(kend - p) == m[i].qlen && memcmp(p, m[i].qkey, m[i].qlen) == 0)
+				m[i].v = v;
+		p = skip_space(gem_value_end(s, v), s->end);
+		if (p >= s->end || *p != ',')
+			break;
+		p = skip_space(p + 1, s->end);
+	}
+}
+
+/* The next element of the array whose '[' (first) or last element is at
+ * *at: its value, or NULL at the array's end (or a cut). */
+static const char *array_next(const struct span *s, const char **at, bool first)
+{
+	const char *p = *at;
+	if (first) {
+		if (p == NULL || p >= s->end || *p != '[')
+			return NULL;
+		p = skip_space(p + 1, s->end);
+	} else {
+		p = skip_space(gem_value_end(s, p), s->end);
+		if (p >= s->end || *p != ',')
+			return NULL;
+		p = skip_space(p + 1, s->end);
+	}
+	if (p >= s->end || *p == ']')
+		return NULL;
+	*at = p;
+	return p;
+}
+
+/* What one part carries: non-empty text (a thought when "thought" is true),
+ * a function call or code for the code-execution tool; TOKEN_NONE for
+ * anything else (an empty text that only carries a thoughtSignature,
+ * inline data, a function response, a code result). */
+static enum token_kind gemini_part(const struct span *s, const char *part)
+{
+	struct gem_member m[] = { { KEY("text"), NULL },
+				  { KEY("thought"), NULL },
+				  { KEY("functionCall"), NULL },
+				  { KEY("executableCode"), NULL } };
+	gem_members(s, part, m, NKEYS(m));
+	if (m[0].v && value_is_nonempty_string(s, m[0].v))
+		return m[1].v && value_is_literal(s, m[1].v, "true") ? TOKEN_REASONING : TOKEN_ANSWER;
+	if ((m[2].v && *m[2].v == '{') || (m[3].v && *m[3].v == '{'))
+		return TOKEN_TOOL;
+	return TOKEN_NONE;
+}
+
+/* input = promptTokenCount, which holds the cached content's tokens;
+ * reasoning = thoughtsTokenCount, which candidatesTokenCount leaves out:
+ * output is their sum, so that reasoning is a part of it as for every API.
+ * proto3's JSON leaves zero counts out, so one of the two alone stands for
+ * the other being 0. */
+static void usage_gemini(const struct span *s, const char *um, struct usage *u)
+{
+	struct gem_member m[] = { { KEY("promptTokenCount"), NULL },
+				  { KEY("cachedContentTokenCount"), NULL },
+				  { KEY("candidatesTokenCount"), NULL },
+				  { KEY("thoughtsTokenCount"), NULL } };
+	int64_t cand = -1, thoughts = -1;
+
+	if (um == NULL || *um != '{')
+		return;
+	gem_members(s, um, m, NKEYS(m));
+	count_at(s, m[0].v, &u->input_tokens);
+	count_at(s, m[1].v, &u->cached_tokens);
+	count_at(s, m[2].v, &cand);
+	count_at(s, m[3].v, &thoughts);
+	if (thoughts >= 0)
+		u->reasoning_tokens = thoughts;
+	if (cand >= 0 || thoughts >= 0) {
+		int64_t c = cand > 0 ? cand : 0, t = thoughts > 0 ? thoughts : 0;
+		if (c <= INT64_MAX - t)
+			u->output_tokens = c + t;
+	}
+}
+
+/* One GenerateContentResponse at obj: its token kind (the best of its
+ * parts, candidates[] and parts[] in order, by kind_rank) and, with u, its
+ * usage and an "error" object. */
+static enum token_kind gemini_response(const struct span *s, const char *obj, struct usage *u)
+{
+	struct gem_member m[] = { { KEY("candidates"), NULL }, { KEY("usageMetadata"), NULL }, { KEY("error"), NULL } };
+	enum token_kind best = TOKEN_NONE;
+	const char *ca, *cand;
+
+	gem_members(s, obj, m, NKEYS(m));
+	ca = m[0].v;
+	for (bool first = true; best != TOKEN_ANSWER && (cand = array_next(s, &ca, first)) != NULL; first = false) {
+		struct gem_member content = { KEY("content"), NULL }, parts = { KEY("parts"), NULL };
+		gem_members(s, cand, &content, 1);
+		gem_members(s, content.v, &parts, 1);
+		const char *pa = parts.v, *part;
+		for (bool pf = true; best != TOKEN_ANSWER && (part = array_next(s, &pa, pf)) != NULL; pf = false) {
+			enum token_kind k = gemini_part(s, part);
+			if (k != TOKEN_NONE && (best == TOKEN_NONE || kind_rank(k) < kind_rank(best)))
+				best = k;
+		}
+	}
+	if (u) {
+		usage_gemini(s, m[1].v, u);
+		if (m[2].v && *m[2].v == '{')
+			outcome_worsen(u, OUTCOME_FAILED);
+	}
+	return best;
+}
+
 enum token_kind classify_event(enum api_kind api, const struct framer_event *ev, struct usage *usage,
 			       struct classify_hint *hint)
 {
@@ -1163,6 +1453,8 @@ enum token_kind classify_event(enum api_kind api, const struct framer_event *ev,
 	case API_OLLAMA_GENERATE:
 	case API_OLLAMA_CHAT: return classify_ollama(api, &s, usage, hint);
 	case API_OPENAI_RESPONSES: return classify_responses(ev, &s, usage, hint);
+	case API_GEMINI:
+	case API_GEMINI_STREAM: return gemini_response(&s, s.p, usage);
 	default: break; /* the one-answer APIs stream nothing */
 	}
 	return TOKEN_NONE;
@@ -1198,6 +1490,15 @@ void classify_body(enum api_kind api, const char *body, size_t len, struct usage
 		return;
 	struct span s = { body, body + len };
 	const char *obj = skip_space(s.p, s.end);
+	if (api == API_GEMINI || api == API_GEMINI_STREAM) {
+		/* one response, or the stream's array of them (later wins) */
+		const char *at = obj, *el;
+		if (obj < s.end && *obj == '{')
+			gemini_response(&s, obj, usage);
+		for (bool first = true; (el = array_next(&s, &at, first)) != NULL; first = false)
+			gemini_response(&s, el, usage);
+		return;
+	}
 	/* TGI /generate has answered with a one-element list in some versions. */
 	if (obj < s.end && *obj == '[')
 		obj = skip_space(obj + 1, s.end);
@@ -1224,6 +1525,8 @@ void classify_body(enum api_kind api, const char *body, size_t len, struct usage
 	case API_SCORE:
 	case API_CLASSIFY: usage_prompt_only(&s, obj, usage); break;
 	case API_TEI_EMBED:
+	case API_GEMINI:
+	case API_GEMINI_STREAM:
 	case API_UNKNOWN: break;
 	}
 }

@@ -34,6 +34,11 @@ enum api_kind {
 	API_SCORE,	/* /v1/score, /score (vLLM) */
 	API_CLASSIFY,	/* /classify, /v1/classify (vLLM) */
 	API_TEI_EMBED,	/* /embed (TEI's native API: a bare array, no usage) */
+	/* Gemini: the model is in the path, /v1beta/models/MODEL:METHOD
+	 * (Google AI) or /v1/projects/P/locations/L/publishers/google/
+	 * models/MODEL:METHOD (Vertex AI); both named "gemini". */
+	API_GEMINI,	   /* :generateContent, one body */
+	API_GEMINI_STREAM, /* :streamGenerateContent: SSE with ?alt=sse, else one JSON array */
 };
 
 /* How the server itself says a response ended, where its API says it (the
@@ -114,6 +119,16 @@ struct usage {
 
 /* The API a request path (without query string) speaks. */
 enum api_kind classify_api(const char *path, size_t len);
+
+/* For an API that names its model in the path (Gemini): the model's bytes
+ * in `path`, *model pointing at them, and their length; 0 when the path
+ * names none or one that is not plain visible ASCII. */
+size_t classify_path_model(enum api_kind api, const char *path, size_t len, const char **model);
+
+/* A 2xx answer of this API that is not SSE or NDJSON is a streamed JSON
+ * array, framed as FRAMER_JSON_ARRAY (Gemini's :streamGenerateContent
+ * without ?alt=sse). */
+bool classify_streams_json_array(enum api_kind api);
 
 /* Short stable name for logs: "openai-chat", "anthropic", ... */
 const char *classify_api_name(enum api_kind api);

@@ -1,5 +1,6 @@
 /*
- * framer.c — splits a streamed response body into SSE events or NDJSON lines.
+ * framer.c — splits a streamed response body into SSE events, NDJSON lines
+ * or the elements of a JSON array.
  *
  * The framer sees the body as the socket delivered it, cut anywhere: inside
  * a line, between the CR and the LF of a CRLF, inside a UTF-8 sequence. It
@@ -38,6 +39,13 @@ enum line_state {
 	LINE_DROP,	/* bytes are dropped up to the end of the line */
 };
 
+/* Where a JSON array's scan is (f->jstate; "JSON array" below). */
+enum json_state {
+	J_TOP = 0, /* before a top-level value */
+	J_ARRAY,   /* in the top-level array, between elements */
+	J_ELEM,	   /* in an element */
+};
+
 #define FRAMER_DEFAULT_MAX (1u << 20)
 #define FRAMER_FIRST_CAP 512u
 
@@ -58,6 +66,9 @@ void framer_free(struct framer *f)
 	f->len = f->cap = 0;
 	f->name_len = f->data_len = 0;
 	f->has_data = 0;
+	f->jstate = J_TOP;
+	f->jflags = 0;
+	f->jdepth = 0;
 }
 
 /* Makes room for `need` bytes in buf. Fails, without touching buf, when
@@ -276,10 +287,200 @@ static const char *scan_to(const char *p, const char *end, char c)
 	return q ? q : end;
 }
 
+/* ---- JSON array ---------------------------------------------------------
+ *
+ * Gemini's :streamGenerateContent without ?alt=sse answers one JSON array,
+ * written as the model goes: `[{...}` then `,\r\n{...}` per chunk, then
+ * `]`. Each element is an event. The scan tracks only what it takes to
+ * find where an element ends: whether it is inside a string (and after a
+ * backslash there) and how many brackets are open; brackets are counted,
+ * not matched, as the framer does not validate. Invariants:
+ *
+ *  - An element that completes inside one slice, with nothing buffered, is
+ *    handed out of the slice (no copy); one that spans slices is kept in buf,
+ *    which never grows past max_event: a longer element is dropped (counted
+ *    once in `oversized`) and its bytes skipped to its end.
+ *  - Outside an element only blanks, ',' and the array's brackets are
+ *    consumed (a stray ',' or ']' at the top too: no element starts with
+ *    one). A top-level value that is not an array (the JSON error object
+ *    a server sends instead of the stream) is one element itself; after the
+ *    array closes the scan starts over, so nothing later is lost either.
+ *  - A string or number at the top level is an element too: it is framed
+ *    the same way, and the classifier turns it away (not an object).
+ */
+
+/* The element's flags (f->jflags). */
+#define JF_FIRST 1u   /* its first byte is next: it decides what it is */
+#define JF_STRING 2u  /* inside a string */
+#define JF_ESCAPE 4u  /* right after a backslash in a string */
+#define JF_SCALAR 8u  /* a number or literal: ends at a blank, ',' or a bracket */
+#define JF_TOPVAL 16u /* a top-level value, not an array's element */
+#define JF_DROP 32u   /* over max_event: skipped to its end, not delivered */
+
+/* The backslashes right before q, counted back to `from` at most. */
+static size_t backslashes_before(const char *from, const char *q)
+{
+	size_t n = 0;
+	while (q - n > from && q[-(ptrdiff_t)n - 1] == '\\')
+		n++;
+	return n;
+}
+
+/* Where the element ends in [p, end): one past its last byte, or NULL when
+ * it goes on past end. A scalar's end is the byte that ends it, which is
+ * not its own. Inside a string the next '"' is found with memchr and is the
+ * string's end unless an odd run of backslashes precedes it; the run is
+ * counted back to where this feed's scan of the string began (a run the
+ * last feed ended in is settled by JF_ESCAPE: an odd one escapes p[0]). The
+ * state lives in locals while the scan runs. */
+static const char *json_elem_scan(struct framer *f, const char *p, const char *end)
+{
+	unsigned fl = (unsigned)f->jflags;
+	uint64_t depth = f->jdepth;
+	const char *ret = NULL;
+
+	if (fl & JF_FIRST) {
+		char c = *p++;
+		fl &= ~JF_FIRST;
+		if (c == '{' || c == '[')
+			depth = 1;
+		else if (c == '"')
+			fl |= JF_STRING;
+		else
+			fl |= JF_SCALAR;
+	}
+	if ((fl & JF_ESCAPE) && p < end) {
+		fl &= ~JF_ESCAPE;
+		p++;
+	}
+	while (p < end) {
+		if (fl & JF_STRING) {
+			const char *from = p;
+			const char *q = memchr(p, '"', (size_t)(end - p));
+			while (q != NULL && (backslashes_before(from, q) & 1))
+				q = memchr(q + 1, '"', (size_t)(end - q - 1)); /* an escaped quote */
+			if (q == NULL) {
+				if (backslashes_before(from, end) & 1)
+					fl |= JF_ESCAPE;
+				p = end;
+				break;
+			}
+			fl &= ~JF_STRING;
+			p = q + 1;
+			if (depth == 0) {
+				ret = p; /* a string element */
+				break;
+			}
+			continue;
+		}
+		char c = *p;
+		if (fl & JF_SCALAR) {
+			if (is_json_space(c) || c == ',' || c == ']' || c == '}' || c == '[' || c == '{' || c == '"') {
+				ret = p;
+				break;
+			}
+			p++;
+			continue;
+		}
+		p++;
+		if (c == '"') {
+			fl |= JF_STRING;
+		} else if (c == '{' || c == '[') {
+			depth++;
+		} else if ((c == '}' || c == ']') && --depth == 0) {
+			ret = p;
+			break;
+		}
+	}
+	f->jflags = (int)fl;
+	f->jdepth = depth;
+	return ret;
+}
+
+/* Keeps bytes of an element that goes on in the next feed. */
+static void json_store(struct framer *f, const char *s, size_t n)
+{
+	if (f->jflags & JF_DROP)
+		return;
+	if (framer_reserve(f, f->len + n) == -1) {
+		f->oversized++;
+		f->len = 0;
+		f->jflags |= JF_DROP;
+		return;
+	}
+	memcpy(f->buf + f->len, s, n);
+	f->len += n;
+}
+
+/* The element ended with the bytes [s, s+n) of this feed. */
+static void json_elem_done(struct framer *f, const char *s, size_t n)
+{
+	if (f->len == 0 && !(f->jflags & JF_DROP)) {
+		if (n > f->max_event)
+			f->oversized++;
+		else
+			framer_emit(f, NULL, 0, s, n);
+	} else {
+		json_store(f, s, n);
+		if (!(f->jflags & JF_DROP))
+			framer_emit(f, NULL, 0, f->buf, f->len);
+	}
+	f->len = 0;
+	f->jstate = (f->jflags & JF_TOPVAL) ? J_TOP : J_ARRAY;
+	f->jflags = 0;
+	f->jdepth = 0;
+}
+
+static void json_feed(struct framer *f, const char *p, const char *end)
+{
+	while (p < end) {
+		if (f->jstate == J_ELEM) {
+			const char *e = json_elem_scan(f, p, end);
+			if (e == NULL) {
+				json_store(f, p, (size_t)(end - p));
+				return;
+			}
+			json_elem_done(f, p, (size_t)(e - p));
+			p = e;
+			continue;
+		}
+		char c = *p;
+		if (is_json_space(c) || c == ',') {
+			p++;
+		} else if (c == ']') {
+			f->jstate = J_TOP; /* the array's end; at the top, a stray one */
+			p++;
+		} else if (f->jstate == J_TOP && c == '[') {
+			f->jstate = J_ARRAY;
+			p++;
+		} else {
+			f->jflags = JF_FIRST | (f->jstate == J_TOP ? JF_TOPVAL : 0u);
+			f->jdepth = 0;
+			f->jstate = J_ELEM;
+		}
+	}
+}
+
+/* The body ended: a scalar being read is whole; anything else cut is not
+ * an element. */
+static void json_finish(struct framer *f)
+{
+	if (f->jstate == J_ELEM && (f->jflags & JF_SCALAR) && !(f->jflags & JF_DROP) && f->len)
+		framer_emit(f, NULL, 0, f->buf, f->len);
+	f->len = 0;
+	f->jstate = J_TOP;
+	f->jflags = 0;
+	f->jdepth = 0;
+}
+
 void framer_feed(struct framer *f, const char *buf, size_t len)
 {
 	if (f->kind == FRAMER_NONE || len == 0)
 		return;
+	if (f->kind == FRAMER_JSON_ARRAY) {
+		json_feed(f, buf, buf + len);
+		return;
+	}
 	const char *p = buf;
 	const char *end = buf + len;
 	if (f->after_cr) {
@@ -325,6 +526,10 @@ void framer_finish(struct framer *f)
 {
 	if (f->kind == FRAMER_NONE)
 		return;
+	if (f->kind == FRAMER_JSON_ARRAY) {
+		json_finish(f);
+		return;
+	}
 	f->after_cr = 0;
 	if (f->kind == FRAMER_NDJSON) {
 		framer_line_end(f);

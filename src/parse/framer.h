@@ -10,6 +10,11 @@
  * buffer per stream, grown at most to `max_event` bytes. An event larger than
  * that is dropped (counted in `oversized`) and framing resumes at the next
  * event boundary; the bytes themselves are forwarded by the caller untouched.
+ *
+ * A third framing, FRAMER_JSON_ARRAY, cuts a streamed JSON array (Gemini's
+ * :streamGenerateContent without ?alt=sse) into its elements as they
+ * complete; it is never picked from a Content-Type alone (the caller knows
+ * the API), and it too is bounded by `max_event`.
  */
 #pragma once
 
@@ -20,6 +25,7 @@ enum framer_kind {
 	FRAMER_NONE = 0, /* not a streamed body: feed is a no-op */
 	FRAMER_SSE,
 	FRAMER_NDJSON,
+	FRAMER_JSON_ARRAY, /* a top-level JSON array, one event per element (Gemini) */
 };
 
 /* One complete event. Pointers are valid only during the callback; data is
@@ -27,7 +33,8 @@ enum framer_kind {
 struct framer_event {
 	const char *name; /* SSE `event:` field, NULL when absent; NULL for NDJSON */
 	size_t name_len;
-	const char *data; /* SSE: data lines joined by '\n'; NDJSON: the line without its end */
+	const char *data; /* SSE: data lines joined by '\n'; NDJSON: the line without its end;
+			   * JSON array: the element's bytes */
 	size_t data_len;
 };
 
@@ -47,6 +54,10 @@ struct framer {
 	int state;	 /* what the current line is doing: enum line_state in framer.c */
 	int after_cr;	 /* SSE: the last feed ended in CR; a leading LF ends nothing */
 	int skip;	 /* SSE: discarding the rest of an oversized event */
+	/* FRAMER_JSON_ARRAY only (framer.c, "JSON array"): where the scan is */
+	int jstate;	 /* enum json_state in framer.c */
+	int jflags;	 /* the element's: JF_* in framer.c */
+	uint64_t jdepth; /* brackets open in the element */
 	/* counters, readable by the caller */
 	uint64_t events;
 	uint64_t oversized;
@@ -61,7 +72,8 @@ void framer_feed(struct framer *f, const char *buf, size_t len);
 
 /* End of body: an NDJSON line without a final newline is delivered; an SSE
  * event without its blank line is dispatched too (servers that close right
- * after the last `data:` line exist). */
+ * after the last `data:` line exist). A JSON array's element cut by the end
+ * is not an element and is not delivered (a bare number or literal is). */
 void framer_finish(struct framer *f);
 
 /* Releases the buffer; safe on a zeroed or already-freed framer. */

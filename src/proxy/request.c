@@ -189,6 +189,12 @@ void request_note_head(struct request *req)
 		plen++;
 	copy_trunc(req->rec.path, sizeof(req->rec.path), url, plen);
 	req->rec.api = classify_api(url, plen);
+	{
+		const char *model;
+		size_t mlen = classify_path_model(req->rec.api, url, plen, &model);
+		if (mlen)
+			copy_trunc(req->rec.model, sizeof(req->rec.model), model, mlen); /* Gemini: the body has none */
+	}
 	h = reqhead_header(rh, "x-request-id");
 	if (h && request_id_acceptable(rh->buf + h->val_off, h->val_len))
 		copy_trunc(req->rec.id, sizeof(req->rec.id), rh->buf + h->val_off, h->val_len);
@@ -197,6 +203,8 @@ void request_note_head(struct request *req)
 	request_trace(req);
 	if (req->rec.api == API_OLLAMA_CHAT || req->rec.api == API_OLLAMA_GENERATE)
 		req->rec.stream = 1; /* Ollama streams unless told not to */
+	else if (req->rec.api == API_GEMINI_STREAM)
+		req->rec.stream = 1; /* the method says it, not the body */
 	else
 		req->rec.stream = 0;
 }
@@ -248,13 +256,15 @@ void request_learn_body(struct request *req, bool complete)
 	req->reqinfo_done = true;
 	if (req->body_prefix_len && reqinfo_parse_inputs(req->body_prefix, req->body_prefix_len, complete,
 							 classify_inputs_key(req->rec.api), &info) == 0) {
-		copy_trunc(req->rec.model, sizeof(req->rec.model), info.model, strlen(info.model));
+		bool gemini = req->rec.api == API_GEMINI || req->rec.api == API_GEMINI_STREAM;
+		if (!gemini) /* Gemini's model and streaming are in its path (request_note_head) */
+			copy_trunc(req->rec.model, sizeof(req->rec.model), info.model, strlen(info.model));
 		req->rec.inputs = info.inputs;
 		const char *alt = classify_inputs_alt_key(req->rec.api);
 		if (info.inputs < 0 && alt &&
 		    reqinfo_parse_inputs(req->body_prefix, req->body_prefix_len, complete, alt, &info) == 0)
 			req->rec.inputs = info.inputs;
-		if (info.stream >= 0)
+		if (info.stream >= 0 && !gemini)
 			req->rec.stream = info.stream;
 		const struct route *r = exchange_match(&req->x);
 		if (r && r->conf->balance == BALANCE_PREFIX)

@@ -1,11 +1,14 @@
 /*
- * fuzz_framer.c — libFuzzer target: the SSE / NDJSON framer and the token
- * classifier, on bytes cut at points the fuzzer chooses.
+ * fuzz_framer.c — libFuzzer target: the SSE / NDJSON / JSON-array framer
+ * and the token classifier, on bytes cut at points the fuzzer chooses.
  *
- * Input layout: byte 0 picks the framer kind (bit 0: SSE or NDJSON) and the
+ * Input layout: byte 0 picks the framer kind (bit 0: SSE or NDJSON; bit 4
+ * set: the JSON array, Gemini's stream, whatever bit 0 says) and the
  * event size bound (bits 1-3: 16 B .. 2 KiB, or the 1 MiB default, so that
  * oversized events are reached); bytes 1-8 are piece lengths, used in turn
  * to cut the rest (0 means 1 byte). The rest is the response body.
+ * A JSON-array element has no name and is not empty, and starts with no
+ * blank, ',' or ']'.
  *
  * Checked: the body framed in one piece and in pieces gives the same events
  * (names and data, byte for byte), the same counters and the same
@@ -30,7 +33,8 @@
 
 static const enum api_kind apis[] = { API_UNKNOWN,	   API_OPENAI_CHAT, API_OPENAI_COMPLETIONS,
 				      API_ANTHROPIC,	   API_TGI,	    API_LLAMACPP,
-				      API_OLLAMA_GENERATE, API_OLLAMA_CHAT, API_OPENAI_RESPONSES };
+				      API_OLLAMA_GENERATE, API_OLLAMA_CHAT, API_OPENAI_RESPONSES,
+				      API_GEMINI_STREAM };
 #define NAPI (sizeof(apis) / sizeof(apis[0]))
 
 /* What one run saw: a digest of every event, in order. */
@@ -69,6 +73,9 @@ static void on_event(void *arg, const struct framer_event *ev)
 	if (r->kind == FRAMER_NDJSON) {
 		CHECK(ev->name == NULL);
 		CHECK(memchr(ev->data, '\n', ev->data_len) == NULL);
+	} else if (r->kind == FRAMER_JSON_ARRAY) {
+		CHECK(ev->name == NULL && ev->data_len > 0);
+		CHECK(strchr(" \t\r\n,]", ev->data[0]) == NULL || ev->data[0] == '\0');
 	} else {
 		CHECK(memchr(ev->data, '\r', ev->data_len) == NULL);
 		if (ev->name)
@@ -146,7 +153,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	if (size < 1 + NSPLIT)
 		return 0;
-	whole.kind = pieces.kind = (data[0] & 1) ? FRAMER_NDJSON : FRAMER_SSE;
+	whole.kind = pieces.kind = (data[0] & 0x10) ? FRAMER_JSON_ARRAY : (data[0] & 1) ? FRAMER_NDJSON : FRAMER_SSE;
 	whole.max_event = pieces.max_event = bounds[(data[0] >> 1) & 7];
 	const uint8_t *split = data + 1;
 	const uint8_t *body = data + 1 + NSPLIT;

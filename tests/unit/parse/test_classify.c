@@ -19,7 +19,7 @@
 /* One hint per API, carried across every event of every test in this file:
  * whatever shape the last token event had, a hint must never change an
  * answer, only how fast it comes. */
-static struct classify_hint hints[API_OPENAI_RESPONSES + 1];
+static struct classify_hint hints[API_GEMINI_STREAM + 1];
 
 /* Classifies `data` (taken as is) under the SSE event name `name`, once on
  * its own and once with the API's running hint; both must agree, usage
@@ -1344,6 +1344,191 @@ static void test_hint_probe_in_place(void **state)
 	(void)state;
 }
 
+/* Gemini's paths: Google AI and Vertex AI, the model in the path. */
+static void test_gemini_paths(void **state)
+{
+#define API(s) classify_api(s, strlen(s))
+	assert_int_equal(API("/v1beta/models/gemini-2.5-flash:generateContent"), API_GEMINI);
+	assert_int_equal(API("/v1beta/models/gemini-2.5-flash:streamGenerateContent"), API_GEMINI_STREAM);
+	assert_int_equal(API("/v1/models/gemini-2.0-flash-001:streamGenerateContent"), API_GEMINI_STREAM);
+	assert_int_equal(API("/v1alpha/models/gemini-2.5-pro:generateContent"), API_GEMINI);
+	assert_int_equal(API("/v1/projects/my-proj/locations/us-central1/publishers/google/models/"
+			     "gemini-2.5-pro:generateContent"),
+			 API_GEMINI);
+	assert_int_equal(API("/v1beta1/projects/p/locations/global/publishers/google/models/"
+			     "gemini-2.5-flash:streamGenerateContent"),
+			 API_GEMINI_STREAM);
+	/* the query is not the caller's path: ?alt=sse is cut before */
+	assert_int_equal(classify_api("/v1beta/models/m:streamGenerateContent?alt=sse", 38), API_GEMINI_STREAM);
+	/* other methods, other publishers, malformed paths */
+	assert_int_equal(API("/v1beta/models/gemini-2.5-flash:countTokens"), API_UNKNOWN);
+	assert_int_equal(API("/v1beta/models/gemini-2.5-flash:embedContent"), API_UNKNOWN);
+	assert_int_equal(API("/v1beta/models/gemini-2.5-flash"), API_UNKNOWN);
+	assert_int_equal(API("/v1beta/models/:generateContent"), API_UNKNOWN);
+	assert_int_equal(API("/v1beta/models/a/b:generateContent"), API_UNKNOWN);
+	assert_int_equal(API("/v1beta/models/a:b:generateContent"), API_UNKNOWN);
+	assert_int_equal(API("/v2/models/m:generateContent"), API_UNKNOWN);
+	assert_int_equal(API("/x/v1beta/models/m:generateContent"), API_UNKNOWN);
+	assert_int_equal(API("/v1/projects/p/locations/l/publishers/anthropic/models/claude:generateContent"),
+			 API_UNKNOWN);
+	assert_int_equal(API("/v1/projects//locations/l/publishers/google/models/m:generateContent"), API_UNKNOWN);
+	assert_int_equal(API("/v1/projects/p/locations/l/publishers/google/models/m:generateContentx"), API_UNKNOWN);
+	assert_int_equal(API(":generateContent"), API_UNKNOWN);
+	assert_string_equal(classify_api_name(API_GEMINI), "gemini");
+	assert_string_equal(classify_api_name(API_GEMINI_STREAM), "gemini");
+	assert_true(classify_streams_json_array(API_GEMINI_STREAM));
+	assert_false(classify_streams_json_array(API_GEMINI));
+	assert_false(classify_streams_json_array(API_OPENAI_CHAT));
+	assert_null(classify_inputs_key(API_GEMINI));
+
+	const char *m;
+	const char *v = "/v1/projects/p/locations/l/publishers/google/models/gemini-2.5-pro:streamGenerateContent";
+	assert_int_equal(classify_path_model(API_GEMINI_STREAM, v, strlen(v), &m), 14);
+	assert_memory_equal(m, "gemini-2.5-pro", 14);
+	const char *g = "/v1beta/models/gemini-2.5-flash:generateContent/";
+	assert_int_equal(classify_path_model(API_GEMINI, g, strlen(g), &m), 16);
+	assert_memory_equal(m, "gemini-2.5-flash", 16);
+	/* the API must be the path's; no model for other APIs */
+	assert_int_equal(classify_path_model(API_GEMINI_STREAM, g, strlen(g), &m), 0);
+	assert_null(m);
+	assert_int_equal(classify_path_model(API_OPENAI_CHAT, g, strlen(g), &m), 0);
+	const char *odd = "/v1beta/models/a\"b:generateContent";
+	assert_int_equal(API(odd), API_GEMINI);
+	assert_int_equal(classify_path_model(API_GEMINI, odd, strlen(odd), &m), 0);
+#undef API
+}
+
+/* Real-shaped Gemini responses: thoughts are reasoning, text the answer,
+ * a function call a tool call; the usage of usageMetadata. */
+static void test_gemini_events(void **state)
+{
+	struct usage u = USAGE_UNKNOWN;
+	const enum api_kind a = API_GEMINI_STREAM;
+	assert_int_equal(tok(a,
+			     J("{'candidates': [{'content': {'parts': [{'text': '**Weighing** the options','thought': "
+			       "true}],'role': 'model'},'index': 0}],'usageMetadata': {'promptTokenCount': 9,"
+			       "'totalTokenCount': 109,'promptTokensDetails': [{'modality': 'TEXT','tokenCount': 9}],"
+			       "'thoughtsTokenCount': 100},'modelVersion': 'gemini-2.5-flash','responseId': 'x1'}"),
+			     &u),
+			 TOKEN_REASONING);
+	assert_int_equal(u.input_tokens, 9);
+	assert_int_equal(u.output_tokens, 100);
+	assert_int_equal(u.reasoning_tokens, 100);
+	assert_int_equal(u.cached_tokens, -1);
+	/* thought false is an answer; a thought and an answer part: answer */
+	assert_int_equal(tok(a, J("{'candidates':[{'content':{'parts':[{'text':'A','thought':false}]}}]}"), &u),
+			 TOKEN_ANSWER);
+	assert_int_equal(
+		tok(a, J("{'candidates':[{'content':{'parts':[{'text':'t','thought':true},{'text':'A'}]}}]}"), &u),
+		TOKEN_ANSWER);
+	assert_int_equal(tok(a,
+			     J("{'candidates': [{'content': {'parts': [{'text': 'The answer is 4.'}],'role': 'model'},"
+			       "'finishReason': 'STOP','index': 0}],'usageMetadata': {'promptTokenCount': 9,"
+			       "'candidatesTokenCount': 6,'totalTokenCount': 115,'cachedContentTokenCount': 4,"
+			       "'thoughtsTokenCount': 100},'modelVersion': 'gemini-2.5-flash'}"),
+			     &u),
+			 TOKEN_ANSWER);
+	assert_int_equal(u.input_tokens, 9);
+	assert_int_equal(u.output_tokens, 106);
+	assert_int_equal(u.reasoning_tokens, 100);
+	assert_int_equal(u.cached_tokens, 4);
+	assert_int_equal(u.outcome, OUTCOME_NONE);
+
+	/* tool calls: functionCall, executableCode */
+	assert_int_equal(tok(a,
+			     J("{'candidates':[{'content':{'parts':[{'functionCall':{'name':'get_weather','args':"
+			       "{'location':'Boston'}},'thoughtSignature':'CiQB'}],'role':'model'},'finishReason':"
+			       "'STOP'}]}"),
+			     NULL),
+			 TOKEN_TOOL);
+	assert_int_equal(tok(a,
+			     J("{'candidates':[{'content':{'parts':[{'executableCode':{'language':'PYTHON','code':"
+			       "'print(1)'}}]}}]}"),
+			     NULL),
+			 TOKEN_TOOL);
+	/* no tokens: the empty text with the signature, a function response,
+	 * a text that is no string, "text" elsewhere than in a part, usage
+	 * alone, a candidate without content (blocked) */
+	assert_int_equal(
+		tok(a, J("{'candidates':[{'content':{'parts':[{'text':'','thoughtSignature':'c2ln'}]}}]}"), NULL),
+		TOKEN_NONE);
+	assert_int_equal(
+		tok(a,
+		    J("{'candidates':[{'content':{'parts':[{'codeExecutionResult':{'outcome':'OUTCOME_OK','output':"
+		      "'1'}}]}}]}"),
+		    NULL),
+		TOKEN_NONE);
+	assert_int_equal(tok(a, J("{'candidates':[{'content':{'parts':[{'text':7}]}}]}"), NULL), TOKEN_NONE);
+	assert_int_equal(tok(a, J("{'text':'x','candidates':[{'text':'y','content':{'text':'z','parts':[]}}]}"), NULL),
+			 TOKEN_NONE);
+	assert_int_equal(tok(a, J("{'candidates':[{'finishReason':'SAFETY','index':0}]}"), NULL), TOKEN_NONE);
+	/* text that merely looks like a part inside a string */
+	assert_int_equal(tok(a,
+			     J("{'candidates':[{'content':{'parts':[{'inlineData':{'mimeType':'text/plain','data':"
+			       "'{\\'text\\':\\'x\\'}'}}]}}]}"),
+			     NULL),
+			 TOKEN_NONE);
+	/* the second candidate counts too */
+	assert_int_equal(tok(a,
+			     J("{'candidates':[{'content':{'parts':[{'text':''}]}},{'content':{'parts':[{'text':"
+			       "'b'}]},'index':1}]}"),
+			     NULL),
+			 TOKEN_ANSWER);
+	/* the same rules for the non-streamed method, under SSE */
+	assert_int_equal(tok(API_GEMINI, J("{'candidates':[{'content':{'parts':[{'text':'A'}]}}]}"), NULL),
+			 TOKEN_ANSWER);
+
+	/* thoughts only (no candidates count: proto3 leaves a 0 out) */
+	u = USAGE_UNKNOWN;
+	tok(a, J("{'usageMetadata':{'promptTokenCount':3,'thoughtsTokenCount':5}}"), &u);
+	assert_int_equal(u.output_tokens, 5);
+	assert_int_equal(u.reasoning_tokens, 5);
+	/* no thoughts: reasoning stays unknown */
+	u = USAGE_UNKNOWN;
+	tok(a, J("{'usageMetadata':{'promptTokenCount':3,'candidatesTokenCount':2,'totalTokenCount':5}}"), &u);
+	assert_int_equal(u.output_tokens, 2);
+	assert_int_equal(u.reasoning_tokens, -1);
+	/* only a member of the top object's usageMetadata counts */
+	u = USAGE_UNKNOWN;
+	tok(a, J("{'x':{'usageMetadata':{'promptTokenCount':3}},'usageMetadata':null}"), &u);
+	assert_int_equal(u.input_tokens, -1);
+
+	/* an in-stream error */
+	u = USAGE_UNKNOWN;
+	assert_int_equal(tok(a,
+			     J("{'error': {'code': 500,'message': 'An internal error has occurred.','status': "
+			       "'INTERNAL'}}"),
+			     &u),
+			 TOKEN_NONE);
+	assert_int_equal(u.outcome, OUTCOME_FAILED);
+	u = USAGE_UNKNOWN;
+	tok(a, J("{'error':null,'candidates':[]}"), &u);
+	assert_int_equal(u.outcome, OUTCOME_NONE);
+}
+
+static void test_gemini_bodies(void **state)
+{
+	struct usage u;
+	body(API_GEMINI,
+	     J("{'candidates': [{'content': {'parts': [{'text': 'Hi there'}],'role': 'model'},'finishReason': 'STOP',"
+	       "'avgLogprobs': -0.1}],'usageMetadata': {'promptTokenCount': 5,'candidatesTokenCount': 2,"
+	       "'totalTokenCount': 27,'thoughtsTokenCount': 20},'modelVersion': 'gemini-2.5-flash','responseId': 'r'}"),
+	     &u);
+	assert_int_equal(u.input_tokens, 5);
+	assert_int_equal(u.output_tokens, 22);
+	assert_int_equal(u.reasoning_tokens, 20);
+	/* a streamed array read whole (not framed): the last counts win */
+	body(API_GEMINI_STREAM,
+	     J("[{'usageMetadata':{'promptTokenCount':5,'candidatesTokenCount':1}},\r\n{'usageMetadata':{"
+	       "'promptTokenCount':5,'candidatesTokenCount':4,'cachedContentTokenCount':2}}]"),
+	     &u);
+	assert_int_equal(u.input_tokens, 5);
+	assert_int_equal(u.output_tokens, 4);
+	assert_int_equal(u.cached_tokens, 2);
+	body(API_GEMINI, J("{'error':{'code':429,'status':'RESOURCE_EXHAUSTED'}}"), &u);
+	assert_int_equal(u.outcome, OUTCOME_FAILED);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1375,6 +1560,9 @@ int main(void)
 		cmocka_unit_test(test_usage_details_anthropic),
 		cmocka_unit_test(test_reasoning_fast_path),
 		cmocka_unit_test(test_hint_probe_in_place),
+		cmocka_unit_test(test_gemini_paths),
+		cmocka_unit_test(test_gemini_events),
+		cmocka_unit_test(test_gemini_bodies),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -556,6 +556,56 @@ static const char responses_reasoning_stream[] =
 	"\"output_tokens\":700,\"output_tokens_details\":{\"reasoning_tokens\":640},\"total_tokens\":2700}}}\n\n";
 
 /* Rewrites every "\n" of `lf` as `eol`. */
+/* Gemini (:streamGenerateContent), each element a whole
+ * GenerateContentResponse, as the Gemini API writes the array: "[{" then
+ * "\n,\r\n{" between elements and "\n]" at the end. A thought, two answer
+ * chunks (text holding brackets, quotes and backslashes), then the empty
+ * part that only carries the thought signature. usageMetadata repeats the
+ * counts, cumulatively; thoughts are not in candidatesTokenCount. */
+static const char gemini_array_stream[] =
+	"[{\n  \"candidates\": [{\"content\": {\"parts\": [{\"text\": \"**Plan** [a] {b} \\\"c\\\" ]\", \"thought\": "
+	"true}],"
+	" \"role\": \"model\"}, \"index\": 0}],\n  \"usageMetadata\": {\"promptTokenCount\": 12, \"totalTokenCount\": "
+	"20,"
+	" \"thoughtsTokenCount\": 8},\n  \"modelVersion\": \"gemini-2.5-flash\", \"responseId\": \"r1\"\n}\n,\r\n"
+	"{\n  \"candidates\": [{\"content\": {\"parts\": [{\"text\": \"Hello\"}], \"role\": \"model\"}, \"index\": "
+	"0}],\n"
+	"  \"usageMetadata\": {\"promptTokenCount\": 12, \"candidatesTokenCount\": 1, \"totalTokenCount\": 21,"
+	" \"thoughtsTokenCount\": 8},\n  \"modelVersion\": \"gemini-2.5-flash\", \"responseId\": \"r1\"\n}\n,\r\n"
+	"{\n  \"candidates\": [{\"content\": {\"parts\": [{\"text\": \" world \\\\\"}], \"role\": \"model\"},"
+	" \"finishReason\": \"STOP\", \"index\": 0}],\n  \"usageMetadata\": {\"promptTokenCount\": 12,"
+	" \"candidatesTokenCount\": 3, \"totalTokenCount\": 23, \"cachedContentTokenCount\": 4,"
+	" \"thoughtsTokenCount\": 8},\n  \"modelVersion\": \"gemini-2.5-flash\", \"responseId\": \"r1\"\n}\n,\r\n"
+	"{\n  \"candidates\": [{\"content\": {\"parts\": [{\"text\": \"\", \"thoughtSignature\": \"c2ln\"}],"
+	" \"role\": \"model\"}, \"finishReason\": \"STOP\", \"index\": 0}],\n  \"usageMetadata\": "
+	"{\"promptTokenCount\": 12,"
+	" \"candidatesTokenCount\": 3, \"totalTokenCount\": 23, \"cachedContentTokenCount\": 4,"
+	" \"thoughtsTokenCount\": 8}\n}\n]";
+
+/* A function call, then an in-stream error element (the shape of a
+ * google.rpc.Status, as a non-streamed error body has it). */
+static const char gemini_tool_error_stream[] =
+	"[{\"candidates\": [{\"content\": {\"parts\": [{\"functionCall\": {\"name\": \"get_weather\", \"args\": "
+	"{\"city\": \"Paris [FR]\"}}}], \"role\": \"model\"}, \"index\": 0}], \"usageMetadata\": "
+	"{\"promptTokenCount\": 30,"
+	" \"candidatesTokenCount\": 5, \"totalTokenCount\": 35}}\n,\r\n"
+	"{\"error\": {\"code\": 503, \"message\": \"The model is overloaded.\", \"status\": \"UNAVAILABLE\"}}\n]";
+
+/* The same responses as ?alt=sse sends them: one `data:` line each, no
+ * event names, no [DONE]. */
+static const char gemini_sse_stream[] =
+	"data: {\"candidates\": [{\"content\": {\"parts\": [{\"text\": \"hmm\",\"thought\": true}],\"role\": "
+	"\"model\"},"
+	"\"index\": 0}],\"usageMetadata\": {\"promptTokenCount\": 7,\"totalTokenCount\": 9,\"thoughtsTokenCount\": 2},"
+	"\"modelVersion\": \"gemini-2.5-pro\"}\n\n"
+	"data: {\"candidates\": [{\"content\": {\"parts\": [{\"text\": \"Hi\"}],\"role\": \"model\"},\"index\": 0}],"
+	"\"usageMetadata\": {\"promptTokenCount\": 7,\"candidatesTokenCount\": 1,\"totalTokenCount\": 10,"
+	"\"thoughtsTokenCount\": 2},\"modelVersion\": \"gemini-2.5-pro\"}\n\n"
+	"data: {\"candidates\": [{\"content\": {\"parts\": [{\"text\": \" there\"}],\"role\": \"model\"},"
+	"\"finishReason\": \"STOP\",\"index\": 0}],\"usageMetadata\": {\"promptTokenCount\": 7,"
+	"\"candidatesTokenCount\": 2,\"totalTokenCount\": 11,\"thoughtsTokenCount\": 2},"
+	"\"modelVersion\": \"gemini-2.5-pro\"}\n\n";
+
 static char *with_line_ends(const char *lf, const char *eol)
 {
 	size_t n = strlen(lf), k = strlen(eol), lines = 0;
@@ -694,6 +744,7 @@ static const struct {
 	{ chat_reasoning_stream, API_OPENAI_CHAT, { 8, 5, 1200, 9, OUTCOME_NONE, 3, 1, 1024, -1, 3 } },
 	{ anthropic_thinking_stream, API_ANTHROPIC, { 10, 4, 12 + 300 + 4096, 40, OUTCOME_NONE, 2, 1, 4096, 300, 20 } },
 	{ responses_reasoning_stream, API_OPENAI_RESPONSES, { 6, 4, 2000, 700, OUTCOME_NONE, 2, 1, 1024, -1, 640 } },
+	{ gemini_sse_stream, API_GEMINI_STREAM, { 3, 3, 7, 4, OUTCOME_NONE, 1, 0, -1, -1, 2 } },
 };
 
 static void test_split_every_byte_sse(void **state)
@@ -1008,6 +1059,150 @@ static void test_buffer_stays_bounded(void **state)
 	framer_free(&f);
 }
 
+/* The streamed JSON array: every cut, byte by byte, random slicings. */
+static void test_split_every_byte_json_array(void **state)
+{
+	static const struct expect text = { 4, 3, 12, 11, OUTCOME_NONE, 1, 0, 4, -1, 8 },
+				   tool = { 2, 1, 30, 5, OUTCOME_FAILED, 0, 1, -1, -1, -1 };
+	check_all_splits(FRAMER_JSON_ARRAY, API_GEMINI_STREAM, gemini_array_stream, &text);
+	check_all_splits(FRAMER_JSON_ARRAY, API_GEMINI_STREAM, gemini_tool_error_stream, &tool);
+}
+
+static void test_json_array_elements(void **state)
+{
+	struct seen s = { 0 };
+	/* strings with brackets and escapes, nesting, scalars, blanks
+	 * everywhere; an element's bytes are exactly its own */
+	frame_all(FRAMER_JSON_ARRAY, 0, " \r\n[ {\"a\":\"]}\\\\\"} , [1,[2]],\"x\\\"]\" ,42,true ,{}\n]\n", &s);
+	assert_int_equal(s.n, 6);
+	assert_string_equal(s.data[0], "{\"a\":\"]}\\\\\"}");
+	assert_string_equal(s.data[1], "[1,[2]]");
+	assert_string_equal(s.data[2], "\"x\\\"]\"");
+	assert_string_equal(s.data[3], "42");
+	assert_string_equal(s.data[4], "true");
+	assert_string_equal(s.data[5], "{}");
+	assert_null(s.name[0]);
+	seen_clear(&s);
+	/* a body that is no array (an error object) is one element; after
+	 * the array closes, framing starts over */
+	frame_all(FRAMER_JSON_ARRAY, 0, "{\"error\":{\"code\":500}}\n", &s);
+	assert_int_equal(s.n, 1);
+	assert_string_equal(s.data[0], "{\"error\":{\"code\":500}}");
+	seen_clear(&s);
+	frame_all(FRAMER_JSON_ARRAY, 0, "[{\"a\":1}] [{\"b\":2}]", &s);
+	assert_int_equal(s.n, 2);
+	assert_string_equal(s.data[1], "{\"b\":2}");
+	seen_clear(&s);
+	/* backslash runs before quotes, cut anywhere: \\\" is an escaped
+	 * backslash then an escaped quote, \\\\" two escaped backslashes and
+	 * the string's end */
+	{
+		const char *text = "[\"a\\\\\\\"]\\\\\\\\\",{\"k\":\"\\\\\\\\\"},\"\\\"\"]";
+		size_t n = strlen(text);
+		struct seen ref = { 0 }, got = { 0 };
+		frame_all(FRAMER_JSON_ARRAY, 0, text, &ref);
+		assert_int_equal(ref.n, 3);
+		assert_string_equal(ref.data[0], "\"a\\\\\\\"]\\\\\\\\\"");
+		assert_string_equal(ref.data[1], "{\"k\":\"\\\\\\\\\"}");
+		assert_string_equal(ref.data[2], "\"\\\"\"");
+		for (size_t cut = 1; cut < n; cut++) {
+			frame_cut(FRAMER_JSON_ARRAY, text, &cut, 1, &got);
+			assert_seen_equal(&ref, &got);
+			seen_clear(&got);
+		}
+		size_t cuts[64];
+		for (size_t i = 1; i < n; i++)
+			cuts[i - 1] = i;
+		frame_cut(FRAMER_JSON_ARRAY, text, cuts, (int)(n - 1), &got);
+		assert_seen_equal(&ref, &got);
+		seen_clear(&got);
+		seen_clear(&ref);
+	}
+	/* empty arrays, nothing at all */
+	frame_all(FRAMER_JSON_ARRAY, 0, "[]", &s);
+	frame_all(FRAMER_JSON_ARRAY, 0, "[ \n ]", &s);
+	frame_all(FRAMER_JSON_ARRAY, 0, "", &s);
+	assert_int_equal(s.n, 0);
+}
+
+/* An element cut by the end of the body is no element; a number is whole
+ * at the end. */
+static void test_json_array_finish(void **state)
+{
+	struct seen s = { 0 };
+	struct framer f;
+	framer_init(&f, FRAMER_JSON_ARRAY, 0, on_event, &s);
+	FEED(&f, "[{\"a\":1},{\"b\":\"cut");
+	assert_int_equal(s.n, 1);
+	framer_finish(&f);
+	assert_int_equal(s.n, 1);
+	assert_int_equal(f.oversized, 0);
+	/* the framer starts over after finish */
+	FEED(&f, "[7");
+	framer_finish(&f);
+	assert_int_equal(s.n, 2);
+	assert_string_equal(s.data[1], "7");
+	FEED(&f, "12");
+	framer_finish(&f);
+	assert_int_equal(s.n, 3);
+	assert_string_equal(s.data[2], "12");
+	framer_free(&f);
+	seen_clear(&s);
+}
+
+/* An element over max_event is dropped, counted once, skipped to its
+ * end; the next one is framed, whole in one slice or split. */
+static void test_json_array_oversized(void **state)
+{
+	for (int split = 0; split < 2; split++) {
+		struct seen s = { 0 };
+		struct framer f;
+		const char *text = "[{\"t\":\"0123456789abcdefghij]}\"},{\"u\":1},{\"v\":\"0123456789abcdefghij\"},{}]";
+		framer_init(&f, FRAMER_JSON_ARRAY, 16, on_event, &s);
+		if (split) {
+			for (size_t i = 0; text[i]; i++)
+				framer_feed(&f, text + i, 1);
+		} else {
+			framer_feed(&f, text, strlen(text));
+		}
+		framer_finish(&f);
+		assert_int_equal(s.n, 2);
+		assert_string_equal(s.data[0], "{\"u\":1}");
+		assert_string_equal(s.data[1], "{}");
+		assert_int_equal(f.oversized, 2);
+		assert_true(f.cap <= 16);
+		framer_free(&f);
+		seen_clear(&s);
+	}
+	/* exactly max_event bytes fit */
+	struct seen s = { 0 };
+	frame_all(FRAMER_JSON_ARRAY, 7, "[{\"u\":1},{\"u\":12}]", &s);
+	assert_int_equal(s.n, 1);
+	seen_clear(&s);
+}
+
+/* A long stream keeps one small buffer, however it is cut. */
+static void test_json_array_bounded(void **state)
+{
+	struct seen s = { 0 };
+	struct framer f;
+	framer_init(&f, FRAMER_JSON_ARRAY, 1 << 20, on_event, &s);
+	FEED(&f, "[");
+	for (int i = 0; i < 2000; i++) {
+		const char el[] = "{\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"tok\"}]}}]},\r\n";
+		size_t cut = (size_t)(i % 40);
+		framer_feed(&f, el, cut);
+		framer_feed(&f, el + cut, sizeof(el) - 1 - cut);
+		seen_clear(&s);
+	}
+	FEED(&f, "{}]");
+	framer_finish(&f);
+	assert_int_equal(f.events, 2001);
+	assert_true(f.cap <= 512);
+	framer_free(&f);
+	seen_clear(&s);
+}
+
 static void test_content_types(void **state)
 {
 #define CT(s) framer_kind_for_content_type(s, strlen(s))
@@ -1049,6 +1244,11 @@ int main(void)
 		cmocka_unit_test(test_kind_none_is_noop),
 		cmocka_unit_test(test_buffer_stays_bounded),
 		cmocka_unit_test(test_content_types),
+		cmocka_unit_test(test_split_every_byte_json_array),
+		cmocka_unit_test(test_json_array_elements),
+		cmocka_unit_test(test_json_array_finish),
+		cmocka_unit_test(test_json_array_oversized),
+		cmocka_unit_test(test_json_array_bounded),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
