@@ -285,12 +285,7 @@ int main(int argc, char **argv)
 	env.alog = alog;
 	env.store = store;
 	env.recent = recent;
-	env.max_models = boot.max_models;
-	env.model_idle_ms = boot.model_idle_ms;
-	env.slo.ttft_us = boot.slo_ttft_ms * 1000;
-	env.slo.tpot_us = boot.slo_tpot_ms * 1000;
-	env.slo.itl_us = boot.slo_itl_ms * 1000;
-	env.flush_ms = boot.flush_ms;
+	env.boot = &boot;
 	env.reuseport = nworkers > 1;
 	env.clients = &clients;
 	/* Each worker's router owns a config of its own, so that boot stays
@@ -343,7 +338,7 @@ int main(int argc, char **argv)
 			ao.proxies[i] = worker_proxy(workers[i]);
 		}
 		ao.nworkers = nworkers;
-		ao.slo = env.slo;
+		ao.slo = stats_slo(&boot);
 		admin = admin_start(&ao, store, &boot, recent, err, sizeof(err));
 		app.admin = admin;
 		if (!admin && boot.admin_listen_explicit) {

@@ -13,6 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "settings.h"
+
 #define LABELS_MAX 16
 #define LISTENERS_MAX 16
 #define WORKERS_MAX 64
@@ -127,58 +129,20 @@ struct route_conf {
 	int mirror_line;
 };
 
+/* The settings tokentap runs with. Each scalar setting is one member made
+ * from its SETTINGS(X) row (settings.h: its meaning is the row's help);
+ * below them, what the loader and flags note beside the values, and the
+ * lists. */
 struct config {
-	const char *path;		/* the YAML file, NULL when from flags */
-	const char *listen;		/* ADDR:PORT */
-	int listen_line;		/* where the file sets it; 0: not from the file */
-	const char *tls_cert, *tls_key; /* the listener speaks TLS when both are set */
-	/* `listeners:` from the file; empty: the one `listen` (+ `tls`) above */
+	SETTINGS(SETTING_FIELD)
+
+	const char *path; /* the YAML file, NULL when from flags */
+	int listen_line;  /* where the file sets `listen`; 0: not from the file */
+	/* `listeners:` from the file; empty: the one `listen` (+ `tls`) */
 	struct listener_conf *listeners;
 	unsigned nlisteners;
-	const char *upstream;		/* http://host:port (command-line mode) */
-	const char *access_log;		/* path, "-" for stdout, NULL for none */
-	const char *workload_path;	/* the workload capture's file; NULL: no capture */
-	uint64_t workload_max_size;	/* bytes per file before rotation */
-	unsigned workload_max_files;	/* files kept */
-	unsigned workload_block_tokens; /* prefix hash block size in tokens */
-	unsigned workload_max_hash_ids; /* block hashes the capture remembers for their ids */
-	uint64_t max_body_size;
-	uint64_t max_header_size;
-	unsigned max_headers;
-	unsigned max_connections;	/* client connections at once; past it, 503 */
-	bool max_connections_explicit;	/* set by the user: never lowered to fit the descriptor limit */
-	unsigned workers;		/* event loops (threads); 0: one per CPU core */
-	int log_level;			/* enum log_level; set by main once the file is taken */
-	uint64_t header_timeout_ms;	/* whole request head, from its first byte */
-	uint64_t body_timeout_ms;	/* whole request body, from the end of its head */
-	uint64_t keepalive_timeout_ms;	/* idle client connection between requests */
-	uint64_t connect_timeout_ms;	/* upstream TCP connect */
-	uint64_t first_byte_timeout_ms; /* request sent → response headers */
-	uint64_t idle_timeout_ms;	/* no byte either way on a running exchange */
-	uint64_t pool_idle_timeout_ms;	/* idle pooled upstream connection */
-	size_t max_event_size;		/* framer bound on one SSE event / NDJSON line */
-
-	const char *data_dir;	/* LMDB stats directory; NULL: memory only */
-	uint64_t flush_ms;	/* worker deltas to the store */
-	unsigned max_models;	/* distinct models per route and upstream */
-	uint64_t model_idle_ms; /* a model unused this long may lose its slot; 0: never */
-	uint64_t slo_ttft_ms;	/* goodput thresholds */
-	uint64_t slo_tpot_ms;
-	uint64_t slo_itl_ms;   /* the longest gap between tokens; 0: not checked */
-	uint64_t cold_idle_ms; /* an upstream idle this long serves cold */
-	uint64_t minute_retention_s;
-	uint64_t hour_retention_s;
-	uint64_t store_max_size; /* the LMDB map grows up to this */
-	bool check_data;	 /* verify the store and exit */
-
-	const char *admin_listen; /* NULL: off */
-	const char *admin_token_file;
-	bool admin_listen_explicit;  /* a busy default port only warns */
-	const char *override_header; /* pins a request to a named upstream; NULL off */
-	bool override_any_upstream;  /* ... also one outside the matched route */
-	bool trace_new;		     /* no valid traceparent: start a trace (tracectx.h) */
-	double trace_ratio;	     /* of those new traces, the share sampled */
-	uint64_t shutdown_grace_ms;  /* SIGTERM: running streams get this long */
+	bool max_connections_explicit; /* set by the user: never lowered to fit the descriptor limit */
+	bool admin_listen_explicit;    /* a busy default port only warns */
 
 	struct upstream_conf *upstreams;
 	unsigned nupstreams;

@@ -1,7 +1,12 @@
 /*
  * loader.c — reads tokentap's YAML configuration into struct config.
  *
- * libyaml builds the document; this file walks it against a fixed schema.
+ * libyaml builds the document; this file walks it against a fixed schema:
+ * the scalar settings come from SETTINGS(X) (settings.h); the list keys
+ * (upstreams, routes, listeners, split) and their sections are tables of
+ * rows (struct field: key, kind, member offset, range), read by one
+ * read_field, with a function of its own only where a key's shape needs one
+ * (labels, mirror, sticky, the TLS checks, metrics_interval, load_factor).
  * Every problem is reported, not just the first, as "FILE:LINE: message"
  * naming the key by its full path (routes[2].split[0].weight), and nothing
  * is silently ignored: an unknown key, a wrong type or a value that does
@@ -206,10 +211,84 @@ int loader_check_tls_files(const char *cert, const char *key, int *bad, char *er
 
 typedef void (*field_fn)(struct load *l, yaml_node_t *value, const char *key, void *obj);
 
+/* What a key holds, and so how its value is read. */
+enum field_kind {
+	FK_FN,		/* `fn` reads the value itself: the special cases */
+	FK_STRING,	/* const char *, kept as given */
+	FK_FILE,	/* const char *: a readable regular file */
+	FK_UINT,	/* unsigned; with `hi`, from `lo` to `hi` `unit` */
+	FK_DURATION,	/* uint64_t ms, positive */
+	FK_BOOL,	/* bool */
+	FK_ENUM,	/* an enum: the index of the value in `names` */
+	FK_URL,		/* const char *: an upstream URL (config_parse_url) */
+	FK_METRICS_URL, /* const char *: a metrics URL (config_parse_metrics_url) */
+	FK_LISTEN,	/* const char *: a numeric ADDR:PORT */
+	FK_MAP,		/* a mapping of `sub`'s keys on the same object; then `fn`, if any, checks it whole */
+	FK_LIST,	/* a sequence of objects, as `list` says */
+};
+
+struct list_shape;
+
+/* One key of a mapping: a row of a table walked by walk(). */
 struct field {
 	const char *name;
+	enum field_kind kind;
+	size_t off;		  /* of the member the value goes to */
+	size_t line_off;	  /* of an int member noting the value's line; 0: none (no such member comes first) */
+	unsigned lo, hi;	  /* FK_UINT's range (hi 0: any whole number) */
+	const char *unit;	  /* FK_UINT with a range: what it counts, for the message */
+	const char *const *names; /* FK_ENUM: the values, NULL-ended, by their enum number */
+	const struct field *sub;  /* FK_MAP: its keys */
+	const struct list_shape *list; /* FK_LIST */
 	field_fn fn;
 };
+
+/* A list key: an array member and its count in the object, the element
+ * size, the keys of one element, and what each element needs beside them. */
+struct list_shape {
+	const char *what; /* "expected a list of ..." */
+	size_t array_off, count_off, elem;
+	size_t line_off; /* of the element's int member noting its line */
+	const struct field *fields;
+	/* before the elements: 0 to read them, -1 to leave the list (may be NULL) */
+	int (*begin)(struct load *l, yaml_node_t *v, const char *key, void *obj);
+	void (*init)(void *elem); /* its defaults (may be NULL) */
+	/* after one element's keys: the checks that need all of them (may be NULL) */
+	void (*done)(struct load *l, yaml_node_t *item, const char *path, void *elem, size_t i);
+};
+
+#define ROW(key, K, T, member) \
+	{ \
+		.name = key, .kind = FK_##K, .off = offsetof(T, member) \
+	}
+#define ROW_LINE(key, K, T, member, line) \
+	{ \
+		.name = key, .kind = FK_##K, .off = offsetof(T, member), .line_off = offsetof(T, line) \
+	}
+#define ROW_RANGE(key, T, member, min, max, what) \
+	{ \
+		.name = key, .kind = FK_UINT, .off = offsetof(T, member), .lo = min, .hi = max, .unit = what \
+	}
+#define ROW_ENUM(key, T, member, values) \
+	{ \
+		.name = key, .kind = FK_ENUM, .off = offsetof(T, member), .names = values \
+	}
+#define ROW_MAP(key, keys, check) \
+	{ \
+		.name = key, .kind = FK_MAP, .sub = keys, .fn = check \
+	}
+#define ROW_LIST(key, shape) \
+	{ \
+		.name = key, .kind = FK_LIST, .list = &shape \
+	}
+#define ROW_FN(key, f) \
+	{ \
+		.name = key, .kind = FK_FN, .fn = f \
+	}
+#define ROWS_END \
+	{ \
+		.name = NULL \
+	}
 
 /* The key node of an earlier pair of `map` with the same key as `p`, or
  * NULL: YAML leaves duplicate keys to the reader, and here the second one is
@@ -226,6 +305,8 @@ static const yaml_node_t *twice(struct load *l, yaml_node_t *map, const yaml_nod
 	}
 	return NULL;
 }
+
+static void read_field(struct load *l, const struct field *f, yaml_node_t *v, const char *key, void *obj);
 
 /* Walks a mapping: each key must be one of `fields`. `path` prefixes key
  * names in messages. */
@@ -265,7 +346,129 @@ static void walk(struct load *l, yaml_node_t *map, const char *path, const struc
 			problem(l, k, "unknown key '%s'; known here: %s", key, known);
 			continue;
 		}
-		f->fn(l, v, key, obj);
+		read_field(l, f, v, key, obj);
+	}
+}
+
+/* A whole number up to 1e9; with a range (hi), kept only inside it. */
+static void get_count(struct load *l, yaml_node_t *v, const char *key, const struct field *f, unsigned *out)
+{
+	unsigned n = 0, before = l->problems;
+
+	if (!f->hi) {
+		get_uint(l, v, key, out);
+		return;
+	}
+	get_uint(l, v, key, &n);
+	if (l->problems != before)
+		return;
+	if (n < f->lo || n > f->hi)
+		problem(l, v, "%s: expected from %u to %u %s, got %u", key, f->lo, f->hi, f->unit, n);
+	else
+		*out = n;
+}
+
+/* One of `names`: "expected a, b or c" otherwise. */
+static void get_enum(struct load *l, yaml_node_t *v, const char *key, const char *const *names, int *out)
+{
+	const char *s = scalar(l, v, key);
+	char expect[200];
+	size_t n = 0, len = 0;
+
+	if (!s)
+		return;
+	for (; names[n]; n++)
+		if (strcmp(s, names[n]) == 0) {
+			*out = (int)n;
+			return;
+		}
+	expect[0] = '\0';
+	for (size_t i = 0; i < n && len < sizeof(expect); i++)
+		len += (size_t)snprintf(expect + len, sizeof(expect) - len, "%s%s",
+					i == 0	     ? ""
+					: i + 1 == n ? " or "
+						     : ", ",
+					names[i]);
+	problem(l, v, "%s: expected %s, got '%s'", key, expect, s);
+}
+
+/* A sequence of objects as `shape` says: each element gets its defaults,
+ * its line and its keys, at path KEY[i]. */
+static void get_list(struct load *l, yaml_node_t *v, const char *key, const struct list_shape *shape, void *obj)
+{
+	char path[300], *array;
+	unsigned *count = (unsigned *)((char *)obj + shape->count_off);
+
+	if (v->type != YAML_SEQUENCE_NODE) {
+		problem(l, v, "%s: expected a list of %s", key, shape->what);
+		return;
+	}
+	if (shape->begin && shape->begin(l, v, key, obj) == -1)
+		return;
+	size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+	array = config_own(l->c, calloc(n ? n : 1, shape->elem));
+	/* the member is a pointer to the element type: stored as its bytes */
+	memcpy((char *)obj + shape->array_off, &array, sizeof(array));
+	*count = 0;
+	for (size_t i = 0; i < n && array; i++) {
+		yaml_node_t *item = node(l, v->data.sequence.items.start[i]);
+		char *elem = array + shape->elem * (*count)++;
+		if (shape->init)
+			shape->init(elem);
+		*(int *)(elem + shape->line_off) = (int)item->start_mark.line + 1;
+		snprintf(path, sizeof(path), "%s[%zu]", key, i);
+		walk(l, item, path, shape->fields, elem);
+		if (shape->done)
+			shape->done(l, item, path, elem, i);
+	}
+}
+
+_Static_assert(sizeof(enum engine_kind) == sizeof(int) && sizeof(enum balance_policy) == sizeof(int),
+	       "loader: FK_ENUM writes an int");
+
+static void read_field(struct load *l, const struct field *f, yaml_node_t *v, const char *key, void *obj)
+{
+	void *at = (char *)obj + f->off;
+	char err[400];
+
+	if (f->line_off)
+		*(int *)((char *)obj + f->line_off) = (int)v->start_mark.line + 1;
+	switch (f->kind) {
+	case FK_FN: f->fn(l, v, key, obj); return;
+	case FK_STRING: get_string(l, v, key, at); return;
+	case FK_FILE: get_readable_file(l, v, key, at); return;
+	case FK_UINT: get_count(l, v, key, f, at); return;
+	case FK_DURATION: get_duration(l, v, key, at); return;
+	case FK_BOOL: get_bool(l, v, key, at); return;
+	case FK_ENUM: get_enum(l, v, key, f->names, at); return;
+	case FK_URL: {
+		struct url_parts parts;
+		get_string(l, v, key, at);
+		if (*(const char **)at && config_parse_url(*(const char **)at, &parts, err, sizeof(err)) == -1)
+			problem(l, v, "%s: %s", key, err);
+		return;
+	}
+	case FK_METRICS_URL: {
+		struct metrics_url_parts parts;
+		get_string(l, v, key, at);
+		if (*(const char **)at && config_parse_metrics_url(*(const char **)at, &parts, err, sizeof(err)) == -1)
+			problem(l, v, "%s: %s", key, err);
+		return;
+	}
+	case FK_LISTEN: {
+		struct sockaddr_storage ss;
+		unsigned len;
+		get_string(l, v, key, at);
+		if (*(const char **)at && config_parse_listen(*(const char **)at, &ss, &len) == -1)
+			problem(l, v, "%s: expected a numeric ADDR:PORT such as 127.0.0.1:8080", key);
+		return;
+	}
+	case FK_MAP:
+		walk(l, v, key, f->sub, obj);
+		if (f->fn)
+			f->fn(l, v, key, obj);
+		return;
+	case FK_LIST: get_list(l, v, key, f->list, obj); return;
 	}
 }
 
@@ -301,7 +504,7 @@ static void f_row(struct load *l, yaml_node_t *v, const char *key, void *o)
  * from the settings table: each row under it gives its next name, a leaf
  * read by f_row or a section read by f_section, in table order; then the
  * keys of `custom` (lists, and the tls section with its file checks) that
- * the table did not give, a custom function winning over a generated one. */
+ * the table did not give, a custom row winning over a generated one. */
 struct section {
 	struct field fields[SECTION_KEYS_MAX + 1];
 	char names[SECTION_KEYS_MAX][48];
@@ -329,10 +532,10 @@ static void section_keys(struct section *sec, const char *path, const struct fie
 			continue;
 		memcpy(sec->names[n], name, len);
 		sec->names[n][len] = '\0';
-		sec->fields[n] = (struct field){ sec->names[n], dot ? f_section : f_row };
+		sec->fields[n] = (struct field)ROW_FN(sec->names[n], dot ? f_section : f_row);
 		for (const struct field *c = custom; c && c->name; c++)
 			if (strcmp(c->name, sec->names[n]) == 0)
-				sec->fields[n].fn = c->fn;
+				sec->fields[n] = *c;
 		n++;
 	}
 	for (const struct field *c = custom; c && c->name && n < SECTION_KEYS_MAX; c++) {
@@ -342,7 +545,7 @@ static void section_keys(struct section *sec, const char *path, const struct fie
 		if (!seen)
 			sec->fields[n++] = *c;
 	}
-	sec->fields[n] = (struct field){ NULL, NULL };
+	sec->fields[n] = (struct field)ROWS_END;
 }
 
 /* A section of scalar settings (admin, store, limits, timeouts, slo). */
@@ -357,23 +560,6 @@ static void f_section(struct load *l, yaml_node_t *v, const char *key, void *o)
 
 #define UP(obj) ((struct upstream_conf *)(obj))
 
-static void u_name(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_string(l, v, key, &UP(o)->name);
-	UP(o)->name_line = (int)v->start_mark.line + 1;
-}
-static void u_url(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	struct url_parts parts;
-	char err[400];
-	get_string(l, v, key, &UP(o)->url);
-	if (UP(o)->url && config_parse_url(UP(o)->url, &parts, err, sizeof(err)) == -1)
-		problem(l, v, "%s: %s", key, err);
-}
-static void u_tls_verify(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_bool(l, v, key, &UP(o)->tls_verify);
-}
 static void u_tls_ca(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	unsigned before = l->problems;
@@ -386,54 +572,6 @@ static void u_tls_ca(struct load *l, yaml_node_t *v, const char *key, void *o)
 	if (!(ctx = tls_client_ctx(true, UP(o)->tls_ca_file, err, sizeof(err))))
 		problem(l, v, "%s: %s", key, err);
 	tls_ctx_free(ctx);
-}
-static void u_tls_name(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_string(l, v, key, &UP(o)->tls_server_name);
-}
-static void u_tls(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	static const struct field fields[] = {
-		{ "verify", u_tls_verify }, { "ca_file", u_tls_ca }, { "server_name", u_tls_name }, { NULL, NULL }
-	};
-	UP(o)->tls_line = (int)v->start_mark.line + 1;
-	walk(l, v, key, fields, o);
-}
-static void u_max_conc(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_uint(l, v, key, &UP(o)->max_concurrency);
-}
-static void u_queue_max(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_uint(l, v, key, &UP(o)->queue_max);
-}
-static void u_queue_timeout(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_duration(l, v, key, &UP(o)->queue_timeout_ms);
-}
-static void u_queue(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	static const struct field fields[] = { { "max", u_queue_max }, { "timeout", u_queue_timeout }, { NULL, NULL } };
-	walk(l, v, key, fields, o);
-}
-static void u_t_connect(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_duration(l, v, key, &UP(o)->connect_timeout_ms);
-}
-static void u_t_first_byte(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_duration(l, v, key, &UP(o)->first_byte_timeout_ms);
-}
-static void u_t_idle(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_duration(l, v, key, &UP(o)->idle_timeout_ms);
-}
-static void u_timeouts(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	static const struct field fields[] = {
-		{ "connect", u_t_connect }, { "first_byte", u_t_first_byte }, { "idle", u_t_idle }, { NULL, NULL }
-	};
-	walk(l, v, key, fields, o);
 }
 static void u_labels(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
@@ -461,14 +599,8 @@ static void u_labels(struct load *l, yaml_node_t *v, const char *key, void *o)
 	}
 }
 
-static void u_metrics_url(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	struct metrics_url_parts parts;
-	char err[400];
-	get_string(l, v, key, &UP(o)->metrics_url);
-	if (UP(o)->metrics_url && config_parse_metrics_url(UP(o)->metrics_url, &parts, err, sizeof(err)) == -1)
-		problem(l, v, "%s: %s", key, err);
-}
+/* metrics_interval: its own range and message; it (or engine) without
+ * metrics_url is refused once the whole entry is read. */
 static void u_metrics_interval(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	const char *s = scalar(l, v, key);
@@ -489,116 +621,87 @@ static void u_engine(struct load *l, yaml_node_t *v, const char *key, void *o)
 	static const char *const names[] = { [ENGINE_AUTO] = "auto",
 					     [ENGINE_VLLM] = "vllm",
 					     [ENGINE_SGLANG] = "sglang",
-					     [ENGINE_LLAMACPP] = "llamacpp" };
-	const char *s = scalar(l, v, key);
+					     [ENGINE_LLAMACPP] = "llamacpp",
+					     NULL };
 
 	UP(o)->metrics_line = (int)v->start_mark.line + 1;
 	UP(o)->metrics_key = "engine";
-	if (!s)
-		return;
-	for (unsigned i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-		if (strcmp(s, names[i]) == 0) {
-			UP(o)->engine = (enum engine_kind)i;
-			return;
-		}
-	problem(l, v, "%s: expected auto, vllm, sglang or llamacpp, got '%s'", key, s);
+	get_enum(l, v, key, names, (int *)&UP(o)->engine);
 }
 
-static void u_eject_after(struct load *l, yaml_node_t *v, const char *key, void *o)
+static void u_eject_check(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
-	get_uint(l, v, key, &UP(o)->eject_after);
-}
-static void u_eject_backoff(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_duration(l, v, key, &UP(o)->eject_backoff_ms);
-}
-static void u_eject_max(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_duration(l, v, key, &UP(o)->eject_max_ms);
-}
-static void u_eject(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	static const struct field fields[] = { { "after", u_eject_after },
-					       { "backoff", u_eject_backoff },
-					       { "max_backoff", u_eject_max },
-					       { NULL, NULL } };
-	walk(l, v, key, fields, o);
 	if (UP(o)->eject_max_ms < UP(o)->eject_backoff_ms)
 		problem(l, v, "%s: max_backoff (%llums) is shorter than backoff (%llums); make it at least as long",
 			key, (unsigned long long)UP(o)->eject_max_ms, (unsigned long long)UP(o)->eject_backoff_ms);
 }
 
-static void f_upstreams(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	static const struct field fields[] = {
-		{ "name", u_name },
-		{ "url", u_url },
-		{ "max_concurrency", u_max_conc },
-		{ "queue", u_queue },
-		{ "timeouts", u_timeouts },
-		{ "labels", u_labels },
-		{ "tls", u_tls },
-		{ "metrics_url", u_metrics_url },
-		{ "metrics_interval", u_metrics_interval },
-		{ "engine", u_engine },
-		{ "eject", u_eject },
-		{ NULL, NULL },
-	};
-	struct config *c = CFG(o);
-	char path[64];
+static const struct field upstream_tls_keys[] = {
+	ROW("verify", BOOL, struct upstream_conf, tls_verify),
+	ROW_FN("ca_file", u_tls_ca),
+	ROW("server_name", STRING, struct upstream_conf, tls_server_name),
+	ROWS_END,
+};
+static const struct field upstream_queue_keys[] = {
+	ROW("max", UINT, struct upstream_conf, queue_max),
+	ROW("timeout", DURATION, struct upstream_conf, queue_timeout_ms),
+	ROWS_END,
+};
+static const struct field upstream_timeout_keys[] = {
+	ROW("connect", DURATION, struct upstream_conf, connect_timeout_ms),
+	ROW("first_byte", DURATION, struct upstream_conf, first_byte_timeout_ms),
+	ROW("idle", DURATION, struct upstream_conf, idle_timeout_ms),
+	ROWS_END,
+};
+static const struct field upstream_eject_keys[] = {
+	ROW("after", UINT, struct upstream_conf, eject_after),
+	ROW("backoff", DURATION, struct upstream_conf, eject_backoff_ms),
+	ROW("max_backoff", DURATION, struct upstream_conf, eject_max_ms),
+	ROWS_END,
+};
+static const struct field upstream_keys[] = {
+	ROW_LINE("name", STRING, struct upstream_conf, name, name_line),
+	ROW("url", URL, struct upstream_conf, url),
+	ROW("max_concurrency", UINT, struct upstream_conf, max_concurrency),
+	ROW_MAP("queue", upstream_queue_keys, NULL),
+	ROW_MAP("timeouts", upstream_timeout_keys, NULL),
+	ROW_FN("labels", u_labels),
+	{ .name = "tls",
+	  .kind = FK_MAP,
+	  .sub = upstream_tls_keys,
+	  .line_off = offsetof(struct upstream_conf, tls_line) },
+	ROW("metrics_url", METRICS_URL, struct upstream_conf, metrics_url),
+	ROW_FN("metrics_interval", u_metrics_interval),
+	ROW_FN("engine", u_engine),
+	ROW_MAP("eject", upstream_eject_keys, u_eject_check),
+	ROWS_END,
+};
 
-	if (v->type != YAML_SEQUENCE_NODE) {
-		problem(l, v, "%s: expected a list of upstreams", key);
-		return;
-	}
-	size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
-	c->upstreams = config_own(c, calloc(n ? n : 1, sizeof(*c->upstreams)));
-	c->nupstreams = 0;
-	for (size_t i = 0; i < n && c->upstreams; i++) {
-		yaml_node_t *item = node(l, v->data.sequence.items.start[i]);
-		struct upstream_conf *u = &c->upstreams[c->nupstreams++];
-		config_upstream_defaults(u);
-		u->line = (int)item->start_mark.line + 1;
-		snprintf(path, sizeof(path), "upstreams[%zu]", i);
-		walk(l, item, path, fields, u);
-		if (u->metrics_line && !u->metrics_url) /* metrics_interval or engine alone */
-			problem_line(l, (unsigned long)u->metrics_line, "%s.%s: needs metrics_url", path,
-				     u->metrics_key);
-	}
+static void upstream_init(void *elem)
+{
+	config_upstream_defaults(elem);
 }
+static void upstream_done(struct load *l, yaml_node_t *item, const char *path, void *elem, size_t i)
+{
+	(void)item, (void)i;
+	if (UP(elem)->metrics_line && !UP(elem)->metrics_url) /* metrics_interval or engine alone */
+		problem_line(l, (unsigned long)UP(elem)->metrics_line, "%s.%s: needs metrics_url", path,
+			     UP(elem)->metrics_key);
+}
+static const struct list_shape upstream_list = {
+	.what = "upstreams",
+	.array_off = offsetof(struct config, upstreams),
+	.count_off = offsetof(struct config, nupstreams),
+	.elem = sizeof(struct upstream_conf),
+	.line_off = offsetof(struct upstream_conf, line),
+	.fields = upstream_keys,
+	.init = upstream_init,
+	.done = upstream_done,
+};
 
 /* ---- routes ---- */
 
 #define RT(obj) ((struct route_conf *)(obj))
-
-static void r_name(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_string(l, v, key, &RT(o)->name);
-}
-static void r_prefix(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_string(l, v, key, &RT(o)->path_prefix);
-}
-static void r_method(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_string(l, v, key, &RT(o)->method);
-}
-static void r_host(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_string(l, v, key, &RT(o)->host);
-}
-static void r_model(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_string(l, v, key, &RT(o)->model);
-}
-static void r_match(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	static const struct field fields[] = {
-		{ "path_prefix", r_prefix }, { "method", r_method }, { "host", r_host },
-		{ "model", r_model },	     { NULL, NULL },
-	};
-	walk(l, v, key, fields, o);
-}
 
 static struct route_target *targets_alloc(struct load *l, struct route_conf *r, size_t n)
 {
@@ -624,77 +727,58 @@ static void r_upstream(struct load *l, yaml_node_t *v, const char *key, void *o)
 	}
 }
 
-static void t_upstream(struct load *l, yaml_node_t *v, const char *key, void *o)
+static const struct field target_keys[] = {
+	ROW_LINE("upstream", STRING, struct route_target, upstream, line),
+	ROW("weight", UINT, struct route_target, weight),
+	ROWS_END,
+};
+static int split_begin(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
-	get_string(l, v, key, &((struct route_target *)o)->upstream);
-	((struct route_target *)o)->line = (int)v->start_mark.line + 1;
-}
-static void t_weight(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_uint(l, v, key, &((struct route_target *)o)->weight);
-}
-
-static void r_split(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	static const struct field fields[] = { { "upstream", t_upstream }, { "weight", t_weight }, { NULL, NULL } };
-	struct route_conf *r = RT(o);
-	char path[300];
-
-	if (v->type != YAML_SEQUENCE_NODE) {
-		problem(l, v, "%s: expected a list of {upstream: NAME, weight: N}", key);
-		return;
-	}
-	if (r->ntargets) {
+	if (RT(o)->ntargets) {
 		problem(l, v, "%s: give either `upstream:` or `split:`, not both", key);
-		return;
+		return -1;
 	}
-	size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
-	if (!targets_alloc(l, r, n))
-		return;
-	r->split = true;
-	r->split_line = (int)v->start_mark.line + 1;
-	for (size_t i = 0; i < n; i++) {
-		yaml_node_t *item = node(l, v->data.sequence.items.start[i]);
-		struct route_target *t = &r->targets[r->ntargets++];
-		t->weight = 1;
-		t->line = (int)item->start_mark.line + 1;
-		snprintf(path, sizeof(path), "%s[%zu]", key, i);
-		walk(l, item, path, fields, t);
-		if (!t->upstream)
-			problem(l, item, "%s: needs an upstream", path);
-	}
+	RT(o)->split = true;
+	RT(o)->split_line = (int)v->start_mark.line + 1;
+	return 0;
 }
+static void split_init(void *elem)
+{
+	((struct route_target *)elem)->weight = 1;
+}
+static void split_done(struct load *l, yaml_node_t *item, const char *path, void *elem, size_t i)
+{
+	(void)i;
+	if (!((struct route_target *)elem)->upstream)
+		problem(l, item, "%s: needs an upstream", path);
+}
+static const struct list_shape split_list = {
+	.what = "{upstream: NAME, weight: N}",
+	.array_off = offsetof(struct route_conf, targets),
+	.count_off = offsetof(struct route_conf, ntargets),
+	.elem = sizeof(struct route_target),
+	.line_off = offsetof(struct route_target, line),
+	.fields = target_keys,
+	.begin = split_begin,
+	.init = split_init,
+	.done = split_done,
+};
 
-static void sticky_once(struct load *l, yaml_node_t *v, const char *key, void *o)
+/* sticky: header or json_field, one of the two. */
+static void sticky_key(struct load *l, yaml_node_t *v, const char *key, void *o, enum sticky_kind kind)
 {
 	if (RT(o)->sticky != STICKY_NONE)
 		problem(l, v, "%s: give sticky.header or sticky.json_field, not both", key);
+	RT(o)->sticky = kind;
+	get_string(l, v, key, &RT(o)->sticky_key);
 }
 static void s_header(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
-	sticky_once(l, v, key, o);
-	RT(o)->sticky = STICKY_HEADER;
-	get_string(l, v, key, &RT(o)->sticky_key);
+	sticky_key(l, v, key, o, STICKY_HEADER);
 }
 static void s_json(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
-	sticky_once(l, v, key, o);
-	RT(o)->sticky = STICKY_JSON_FIELD;
-	get_string(l, v, key, &RT(o)->sticky_key);
-}
-static void r_sticky(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	static const struct field fields[] = { { "header", s_header }, { "json_field", s_json }, { NULL, NULL } };
-	walk(l, v, key, fields, o);
-}
-static void m_upstream(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_string(l, v, key, &RT(o)->mirror_upstream);
-	RT(o)->mirror_line = (int)v->start_mark.line + 1;
-}
-static void m_percent(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_uint(l, v, key, &RT(o)->mirror_percent);
+	sticky_key(l, v, key, o, STICKY_JSON_FIELD);
 }
 static void m_max_in_flight(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
@@ -702,57 +786,22 @@ static void m_max_in_flight(struct load *l, yaml_node_t *v, const char *key, voi
 	if (RT(o)->mirror_max_in_flight == 0)
 		problem(l, v, "%s: must be at least 1 (percent: 0 turns mirroring off)", key);
 }
+static const struct field mirror_keys[] = {
+	ROW_LINE("upstream", STRING, struct route_conf, mirror_upstream, mirror_line),
+	ROW("percent", UINT, struct route_conf, mirror_percent),
+	ROW_FN("max_in_flight", m_max_in_flight),
+	ROWS_END,
+};
+/* mirror: its defaults only when given, and an upstream it must name. */
 static void r_mirror(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
-	static const struct field fields[] = { { "upstream", m_upstream },
-					       { "percent", m_percent },
-					       { "max_in_flight", m_max_in_flight },
-					       { NULL, NULL } };
 	RT(o)->mirror_percent = 100;
 	RT(o)->mirror_max_in_flight = MIRROR_MAX_IN_FLIGHT;
-	walk(l, v, key, fields, o);
+	walk(l, v, key, mirror_keys, o);
 	if (!RT(o)->mirror_upstream)
 		problem(l, v, "%s: needs an upstream", key);
 }
-static void r_failover(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_bool(l, v, key, &RT(o)->failover);
-}
 
-static void r_ttft_deadline(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_duration(l, v, key, &RT(o)->ttft_deadline_ms);
-}
-
-static void r_balance(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	static const char *const names[] = { [BALANCE_WEIGHTED] = "weighted",
-					     [BALANCE_LEAST_REQUEST] = "least_request",
-					     [BALANCE_LATENCY] = "latency",
-					     [BALANCE_PREFIX] = "prefix" };
-	const char *s = scalar(l, v, key);
-
-	if (!s)
-		return;
-	for (unsigned i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-		if (strcmp(s, names[i]) == 0) {
-			RT(o)->balance = (enum balance_policy)i;
-			return;
-		}
-	problem(l, v, "%s: expected weighted, least_request, latency or prefix, got '%s'", key, s);
-}
-static void r_prefix_blocks(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	unsigned n = 0;
-	unsigned before = l->problems;
-	get_uint(l, v, key, &n);
-	if (l->problems != before)
-		return;
-	if (n < 1 || n > PREFIX_BLOCKS_MAX)
-		problem(l, v, "%s: expected from 1 to %d blocks, got %u", key, PREFIX_BLOCKS_MAX, n);
-	else
-		RT(o)->prefix_blocks = n;
-}
 static void r_load_factor(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
 	const char *s = scalar(l, v, key);
@@ -768,116 +817,113 @@ static void r_load_factor(struct load *l, yaml_node_t *v, const char *key, void 
 		RT(o)->load_factor = f;
 }
 
-static void f_routes(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	static const struct field fields[] = {
-		{ "name", r_name },
-		{ "match", r_match },
-		{ "upstream", r_upstream },
-		{ "split", r_split },
-		{ "sticky", r_sticky },
-		{ "failover", r_failover },
-		{ "mirror", r_mirror },
-		{ "ttft_deadline", r_ttft_deadline },
-		{ "balance", r_balance },
-		{ "prefix_blocks", r_prefix_blocks },
-		{ "load_factor", r_load_factor },
-		{ NULL, NULL },
-	};
-	struct config *c = CFG(o);
-	char path[64];
+static const char *const balance_names[] = { [BALANCE_WEIGHTED] = "weighted",
+					     [BALANCE_LEAST_REQUEST] = "least_request",
+					     [BALANCE_LATENCY] = "latency",
+					     [BALANCE_PREFIX] = "prefix",
+					     NULL };
+static const struct field match_keys[] = {
+	ROW("path_prefix", STRING, struct route_conf, path_prefix),
+	ROW("method", STRING, struct route_conf, method),
+	ROW("host", STRING, struct route_conf, host),
+	ROW("model", STRING, struct route_conf, model),
+	ROWS_END,
+};
+static const struct field sticky_keys[] = {
+	ROW_FN("header", s_header),
+	ROW_FN("json_field", s_json),
+	ROWS_END,
+};
+static const struct field route_keys[] = {
+	ROW("name", STRING, struct route_conf, name),
+	ROW_MAP("match", match_keys, NULL),
+	ROW_FN("upstream", r_upstream),
+	ROW_LIST("split", split_list),
+	ROW_MAP("sticky", sticky_keys, NULL),
+	ROW("failover", BOOL, struct route_conf, failover),
+	ROW_FN("mirror", r_mirror),
+	ROW("ttft_deadline", DURATION, struct route_conf, ttft_deadline_ms),
+	ROW_ENUM("balance", struct route_conf, balance, balance_names),
+	ROW_RANGE("prefix_blocks", struct route_conf, prefix_blocks, 1, PREFIX_BLOCKS_MAX, "blocks"),
+	ROW_FN("load_factor", r_load_factor),
+	ROWS_END,
+};
 
-	if (v->type != YAML_SEQUENCE_NODE) {
-		problem(l, v, "%s: expected a list of routes", key);
-		return;
-	}
-	size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
-	c->routes = config_own(c, calloc(n ? n : 1, sizeof(*c->routes)));
-	c->nroutes = 0;
-	for (size_t i = 0; i < n && c->routes; i++) {
-		yaml_node_t *item = node(l, v->data.sequence.items.start[i]);
-		struct route_conf *r = &c->routes[c->nroutes++];
-		config_route_defaults(r);
-		r->line = (int)item->start_mark.line + 1;
-		snprintf(path, sizeof(path), "routes[%zu]", i);
-		walk(l, item, path, fields, r);
-		if (!r->name) {
-			char *name = config_own(c, malloc(32));
-			if (name)
-				snprintf(name, 32, "route%zu", i + 1);
-			r->name = name ? name : "route";
-		}
+static void route_init(void *elem)
+{
+	config_route_defaults(elem);
+}
+/* A route without a name is named by its place: route1, route2... */
+static void route_done(struct load *l, yaml_node_t *item, const char *path, void *elem, size_t i)
+{
+	(void)item, (void)path;
+	if (!RT(elem)->name) {
+		char *name = config_own(l->c, malloc(32));
+		if (name)
+			snprintf(name, 32, "route%zu", i + 1);
+		RT(elem)->name = name ? name : "route";
 	}
 }
+static const struct list_shape route_list = {
+	.what = "routes",
+	.array_off = offsetof(struct config, routes),
+	.count_off = offsetof(struct config, nroutes),
+	.elem = sizeof(struct route_conf),
+	.line_off = offsetof(struct route_conf, line),
+	.fields = route_keys,
+	.init = route_init,
+	.done = route_done,
+};
 
-static void f_tls_cert(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_readable_file(l, v, key, &CFG(o)->tls_cert);
-}
-static void f_tls_key(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_readable_file(l, v, key, &CFG(o)->tls_key);
-}
-static void f_tls(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	static const struct field fields[] = { { "cert", f_tls_cert }, { "key", f_tls_key }, { NULL, NULL } };
-	unsigned before = l->problems;
-	walk(l, v, key, fields, o);
-	check_server_tls(l, v, key, CFG(o)->tls_cert, CFG(o)->tls_key, before);
-}
+/* ---- listeners and the top-level tls ---- */
 
 #define LST(obj) ((struct listener_conf *)(obj))
 
-static void l_address(struct load *l, yaml_node_t *v, const char *key, void *o)
+static const struct field tls_keys[] = {
+	ROW("cert", FILE, struct config, tls_cert),
+	ROW("key", FILE, struct config, tls_key),
+	ROWS_END,
+};
+static void f_tls(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
-	struct sockaddr_storage ss;
-	unsigned len;
-	get_string(l, v, key, &LST(o)->address);
-	if (LST(o)->address && config_parse_listen(LST(o)->address, &ss, &len) == -1)
-		problem(l, v, "%s: expected a numeric ADDR:PORT such as 127.0.0.1:8080", key);
+	unsigned before = l->problems;
+	walk(l, v, key, tls_keys, o);
+	check_server_tls(l, v, key, CFG(o)->tls_cert, CFG(o)->tls_key, before);
 }
-static void l_cert(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_readable_file(l, v, key, &LST(o)->tls_cert);
-}
-static void l_key(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	get_readable_file(l, v, key, &LST(o)->tls_key);
-}
+
+static const struct field listener_tls_keys[] = {
+	ROW("cert", FILE, struct listener_conf, tls_cert),
+	ROW("key", FILE, struct listener_conf, tls_key),
+	ROWS_END,
+};
 static void l_tls(struct load *l, yaml_node_t *v, const char *key, void *o)
 {
-	static const struct field fields[] = { { "cert", l_cert }, { "key", l_key }, { NULL, NULL } };
 	unsigned before = l->problems;
-	walk(l, v, key, fields, o);
+	walk(l, v, key, listener_tls_keys, o);
 	check_server_tls(l, v, key, LST(o)->tls_cert, LST(o)->tls_key, before);
 }
 
-static void f_listeners(struct load *l, yaml_node_t *v, const char *key, void *o)
-{
-	static const struct field fields[] = { { "address", l_address }, { "tls", l_tls }, { NULL, NULL } };
-	struct config *c = CFG(o);
-	char path[64];
-
-	if (v->type != YAML_SEQUENCE_NODE) {
-		problem(l, v, "%s: expected a list of {address, tls}", key);
-		return;
-	}
-	size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
-	c->listeners = config_own(c, calloc(n ? n : 1, sizeof(*c->listeners)));
-	c->nlisteners = 0;
-	for (size_t i = 0; i < n && c->listeners; i++) {
-		yaml_node_t *item = node(l, v->data.sequence.items.start[i]);
-		struct listener_conf *lc = &c->listeners[c->nlisteners++];
-		lc->line = (int)item->start_mark.line + 1;
-		snprintf(path, sizeof(path), "listeners[%zu]", i);
-		walk(l, item, path, fields, lc);
-	}
-}
+static const struct field listener_keys[] = {
+	ROW("address", LISTEN, struct listener_conf, address),
+	ROW_FN("tls", l_tls),
+	ROWS_END,
+};
+static const struct list_shape listener_list = {
+	.what = "{address, tls}",
+	.array_off = offsetof(struct config, listeners),
+	.count_off = offsetof(struct config, nlisteners),
+	.elem = sizeof(struct listener_conf),
+	.line_off = offsetof(struct listener_conf, line),
+	.fields = listener_keys,
+};
 
 /* Top-level keys that are not rows of the settings table. */
 static const struct field top_custom[] = {
-	{ "tls", f_tls }, { "upstreams", f_upstreams }, { "routes", f_routes }, { "listeners", f_listeners },
-	{ NULL, NULL },
+	ROW_FN("tls", f_tls),
+	ROW_LIST("upstreams", upstream_list),
+	ROW_LIST("routes", route_list),
+	ROW_LIST("listeners", listener_list),
+	ROWS_END,
 };
 
 unsigned config_load_file(const char *path, struct config *c, char *errs, size_t errlen)

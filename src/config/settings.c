@@ -1,9 +1,8 @@
 /*
  * settings.c — the settings table made into data, its type parsers, and
  * what is generated from it: the defaults, flag application and --help.
- *
- * Each row's field is checked at compile time against its type's C type, so
- * a row cannot write a uint64_t into an unsigned.
+ * Each row declares its own member of struct config (SETTING_FIELD), of its
+ * type's C type, so a row cannot write a uint64_t into an unsigned.
  */
 #include "settings.h"
 
@@ -13,43 +12,8 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "config.h"
 #include "log.h"
-
-/* size_t fields (max_event_size...) are written as uint64_t. */
-_Static_assert(sizeof(size_t) == sizeof(uint64_t), "settings: SIZE rows need a 64-bit size_t");
-
-/* The C type each setting type writes, for the compile-time check. */
-enum { CT_U64, CT_UNSIGNED, CT_INT, CT_BOOL, CT_STR, CT_DOUBLE, CT_OTHER };
-#define CT_OF_SIZE CT_U64
-#define CT_OF_DURATION CT_U64
-#define CT_OF_DURATION_S CT_U64
-#define CT_OF_DURATION_OFF CT_U64
-#define CT_OF_UINT CT_UNSIGNED
-#define CT_OF_BOOL CT_BOOL
-#define CT_OF_STRING CT_STR
-#define CT_OF_STRING_OFF CT_STR
-#define CT_OF_FILE CT_STR
-#define CT_OF_LISTEN CT_STR
-#define CT_OF_ADMIN_LISTEN CT_STR
-#define CT_OF_URL CT_STR
-#define CT_OF_LOGLEVEL CT_INT
-#define CT_OF_WORKERS CT_UNSIGNED
-#define CT_OF_FLAG CT_BOOL
-#define CT_OF_RATIO CT_DOUBLE
-#define CT_OF_FIELD(field) \
-	_Generic(((struct config *)0)->field, \
-		uint64_t: CT_U64, \
-		unsigned: CT_UNSIGNED, \
-		int: CT_INT, \
-		bool: CT_BOOL, \
-		const char *: CT_STR, \
-		double: CT_DOUBLE, \
-		default: CT_OTHER)
-
-#define SETTING_CHECK(ID, yaml, flag, sh, TYPE, field, def, min, max, reload, metavar, help) \
-	_Static_assert(CT_OF_FIELD(field) == CT_OF_##TYPE, "settings: " #ID "'s field is not of type " #TYPE);
-SETTINGS(SETTING_CHECK)
-#undef SETTING_CHECK
 
 const struct setting settings[S__COUNT] = {
 #define SETTING_ROW(ID, yaml, flag, sh, TYPE, field, def, min, max, reload, metavar, help) \

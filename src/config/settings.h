@@ -4,14 +4,15 @@
  * One row of SETTINGS(X) says where a setting is written (its YAML path, its
  * command-line flag), what it holds (a type with one parser and one
  * "expected ..." text), its default as the user would write it, its range,
- * whether a reload applies it, and its line of --help. The defaults
- * (config_defaults), the getopt table, flag application, --help and
+ * whether a reload applies it, and its line of --help. struct config's
+ * member, the defaults (config_defaults), the getopt table, flag application, --help and
  * docs/config.md's settings reference are made from it;
  * tests/unit/test_settings.c checks that every default parses and lies in
  * its range, and that the docs say what the table says.
  *
  * Columns: (ID, YAML path, long flag, short flag, TYPE, field, default, min,
- * max, RELOAD, metavar, help). A NULL YAML path: command line only; a NULL
+ * max, RELOAD, metavar, help). `field` names the member of struct config
+ * that the row declares (config.h), of its TYPE's C type (SETTING_CTYPE_*). A NULL YAML path: command line only; a NULL
  * flag: file only (both NULL: a fixed value kept in the config until it moves
  * beside its user). The default is text parsed by TYPE's parser; NULL is zero
  * / off. min and max are in TYPE's unit (bytes, ms, a count), 0 = unbounded;
@@ -25,11 +26,12 @@
  */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
-#include "config.h"
+struct config;
 
 #define SIZE_1G ((uint64_t)1 << 30)
 
@@ -122,6 +124,27 @@
 	X(TRACE_RATIO, "tracing.sample_ratio", NULL, 0, RATIO, trace_ratio, "1", 0, 0, LIVE, NULL, \
 	  "the share of new traces marked sampled; a client's traceparent keeps its own flag")
 /* clang-format on */
+
+/* The C type of each TYPE's field in struct config. */
+#define SETTING_CTYPE_SIZE uint64_t
+#define SETTING_CTYPE_DURATION uint64_t
+#define SETTING_CTYPE_DURATION_S uint64_t
+#define SETTING_CTYPE_DURATION_OFF uint64_t
+#define SETTING_CTYPE_UINT unsigned
+#define SETTING_CTYPE_BOOL bool
+#define SETTING_CTYPE_STRING const char *
+#define SETTING_CTYPE_STRING_OFF const char *
+#define SETTING_CTYPE_FILE const char *
+#define SETTING_CTYPE_LISTEN const char *
+#define SETTING_CTYPE_ADMIN_LISTEN const char *
+#define SETTING_CTYPE_URL const char *
+#define SETTING_CTYPE_LOGLEVEL int
+#define SETTING_CTYPE_WORKERS unsigned
+#define SETTING_CTYPE_FLAG bool
+#define SETTING_CTYPE_RATIO double
+
+/* struct config's member for one row (config.h expands it). */
+#define SETTING_FIELD(ID, yaml, flag, sh, TYPE, field, def, min, max, reload, metavar, help) SETTING_CTYPE_##TYPE field;
 
 enum setting_id {
 #define SETTING_ENUM(ID, ...) S_##ID,

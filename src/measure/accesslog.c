@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "classify.h"
 #include "log.h"
 
 struct accesslog {
@@ -54,7 +56,8 @@ void accesslog_close(struct accesslog *log)
 	free(log);
 }
 
-/* Milliseconds with microsecond precision; null when not applicable. */
+/* Milliseconds with microsecond precision; null for NaN (not applicable,
+ * not reached). */
 static json_t *ms_or_null(double ms)
 {
 	if (isnan(ms))
@@ -72,6 +75,11 @@ static json_t *str_or_null(const char *s)
 	return s && *s ? json_string(s) : json_null();
 }
 
+static json_t *u64_json(uint64_t v)
+{
+	return json_integer(v > (uint64_t)INT64_MAX ? INT64_MAX : (json_int_t)v);
+}
+
 static void iso_time(char *buf, size_t len)
 {
 	struct timeval tv;
@@ -82,7 +90,23 @@ static void iso_time(char *buf, size_t len)
 	snprintf(buf + n, len - n, ".%06ldZ", (long)tv.tv_usec);
 }
 
-json_t *accesslog_engine_json(const struct engine_seen *e)
+/* "2026-11-29T18:56:44.123Z" from unix milliseconds. */
+static json_t *iso_ms(uint64_t unix_ms)
+{
+	char buf[40];
+	time_t t = (time_t)(unix_ms / 1000);
+	struct tm tm;
+	size_t n;
+
+	if (!gmtime_r(&t, &tm) || !(n = strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &tm)))
+		return json_null();
+	snprintf(buf + n, sizeof(buf) - n, ".%03uZ", (unsigned)(unix_ms % 1000));
+	return json_string(buf);
+}
+
+/* The engine's queue and KV use as last scraped at dispatch (scrape.h);
+ * null without a scrape. */
+static json_t *engine_json(const struct engine_seen *e)
 {
 	if (!e->known)
 		return json_null();
@@ -91,7 +115,9 @@ json_t *accesslog_engine_json(const struct engine_seen *e)
 			 e->kv_use != e->kv_use ? json_null() : json_real(e->kv_use), "age_ms", (json_int_t)e->age_ms);
 }
 
-json_t *accesslog_trace_json(const struct req_record *r, bool span)
+/* The trace id (span: tokentap's span id) in lower-case hex; null when the
+ * request has no trace. */
+static json_t *trace_json(const struct req_record *r, bool span)
 {
 	char hex[33];
 
@@ -104,62 +130,199 @@ json_t *accesslog_trace_json(const struct req_record *r, bool span)
 	return json_string(hex);
 }
 
-static json_t *record_to_json(const struct req_record *r)
+/* Every timeline event in ms since `arrive`, null where not reached; into
+ * `tl`, or a new object when NULL. */
+static json_t *timeline_json(const struct req_record *r, json_t *tl)
+{
+	const uint64_t t0 = r->at[TL_ARRIVE];
+
+	if (!tl)
+		tl = json_object();
+
+	for (int i = 0; i < TL__COUNT && tl; i++) {
+		uint64_t at = r->at[i];
+		double v = at && t0 && at >= t0 ? (double)(at - t0) / 1e6 : NAN;
+		json_object_set_new(tl, timeline_event_name((enum tl_event)i), ms_or_null(v));
+	}
+	return tl;
+}
+
+/* The gaps the record kept, in ms; into `itl`, or a new array when NULL. */
+static json_t *itl_array_json(const struct req_record *r, json_t *itl)
+{
+	if (!itl)
+		itl = json_array();
+
+	for (size_t i = 0; i < r->itl_n && itl; i++)
+		json_array_append_new(itl, json_real(round((double)r->itl_ns[i] / 1e3) / 1e3));
+	return itl;
+}
+
+/* The ring's ITL summary: the count of every gap, mean and max over the
+ * gaps the record kept. */
+static json_t *itl_summary_json(const struct recent_entry *e)
+{
+	json_t *itl = json_object();
+
+	if (itl) {
+		json_object_set_new(itl, "count", u64_json(e->rec.itl_total));
+		json_object_set_new(itl, "mean_ms", ms_or_null(e->itl_mean_ms));
+		json_object_set_new(itl, "max_ms", ms_or_null(e->itl_max_ms));
+	}
+	return itl;
+}
+
+/*
+ * The request record's keys, one row each, for the access log and
+ * GET /requests/recent alike. Rows stand in the access log's key order.
+ * Columns: (ID, key, LOG, RECENT, WHEN, VALUE). LOG: 1 when the access log
+ * has the key. RECENT: the key's place in /requests/recent, ascending (0:
+ * not there); numbers go by tens so that a row can be put between two. WHEN:
+ * the key is written only when it holds (the log's optional keys). VALUE: a
+ * json_t * made from `r` (the struct req_record) and `e` (its struct
+ * recent_entry: rows with LOG 0 only) and `ts` (the log line's time: rows
+ * with RECENT 0 only); pre_tl and pre_itl are the log's containers, made
+ * up front as the log always has (NULL for /requests/recent). The NULL key stands for the derived metrics of
+ * record_derive, each under its req_metric_key, in their list's order.
+ */
+/* clang-format off */
+#define RECORD_FIELDS(X) \
+	X(TS,			"ts",			1, 0,	1,		json_string(ts)) \
+	X(ID,			"id",			1, 10,	1,		json_string(r->id)) \
+	X(TRACE_ID,		"trace_id",		1, 20,	1,		trace_json(r, false)) \
+	X(SPAN_ID,		"span_id",		1, 30,	1,		trace_json(r, true)) \
+	X(FINISHED,		"finished",		0, 40,	1,		iso_ms(e->unix_ms)) \
+	X(METHOD,		"method",		1, 50,	1,		json_string(r->method)) \
+	X(PATH,			"path",			1, 60,	1,		json_string(r->path)) \
+	X(API,			"api",			1, 70,	1,		json_string(classify_api_name(r->api))) \
+	X(UPSTREAM,		"upstream",		1, 90,	1,		str_or_null(r->upstream)) \
+	X(PICK,			"pick",			1, 100,	1,		str_or_null(r->pick)) \
+	X(PICK_PRED,		"pick_predicted_ttft_ms", 1, 110, 1, \
+	  r->pick && r->pick_pred_ms > 0 ? json_real(r->pick_pred_ms) : json_null()) \
+	X(PICK_BLOCKS,		"pick_prefix_blocks",	1, 120,	1,		json_integer(r->pick_blocks)) \
+	X(MIRROR,		"mirror",		1, 0,	r->mirror,	json_true()) \
+	X(MODEL,		"model",		1, 80,	1,		str_or_null(r->model)) \
+	X(STREAM,		"stream",		1, 130,	1, \
+	  r->stream < 0 ? json_null() : json_boolean(r->stream)) \
+	X(STATUS,		"status",		1, 140,	1,		json_integer(r->status)) \
+	X(ERROR,		"error",		1, 150,	1, \
+	  r->error == REQ_ERR_NONE ? json_null() : json_string(req_error_name(r->error))) \
+	X(INPUT_TOKENS,		"input_tokens",		1, 160,	1,		int_or_null(r->usage.input_tokens)) \
+	X(OUTPUT_TOKENS,	"output_tokens",	1, 170,	1,		int_or_null(r->usage.output_tokens)) \
+	X(CACHED_TOKENS,	"cached_tokens",	1, 180,	1,		int_or_null(r->usage.cached_tokens)) \
+	X(CACHE_WRITE_TOKENS,	"cache_write_tokens",	1, 190,	1,		int_or_null(r->usage.cache_write_tokens)) \
+	X(REASONING_TOKENS,	"reasoning_tokens",	1, 200,	1,		int_or_null(r->usage.reasoning_tokens)) \
+	X(SERVER_TIMING,	"server_timing",	1, 210,	1, \
+	  str_or_null(classify_server_name(r->usage.server.source))) \
+	X(ENGINE,		"engine",		1, 220,	1,		engine_json(&r->engine)) \
+	X(DEADLINE_MISSED,	"deadline_missed",	1, 0,	r->deadline_ms,	json_integer(r->deadline_missed)) \
+	X(DEADLINE_FAILOVERS,	"deadline_failovers",	1, 0,	r->deadline_ms,	json_integer(r->deadline_failovers)) \
+	X(EVENTS,		"events",		1, 260,	1,		u64_json(r->events)) \
+	X(TOKEN_EVENTS,		"token_events",		1, 230,	1,		u64_json(r->token_events)) \
+	X(REASONING_EVENTS,	"reasoning_events",	1, 240,	1,		u64_json(r->reasoning_events)) \
+	X(TOOL_CALL_EVENTS,	"tool_call_events",	1, 250,	1,		u64_json(r->tool_call_events)) \
+	X(INPUTS,		"inputs",		1, 0,	1,		int_or_null(r->inputs)) \
+	X(BYTES_IN,		"bytes_in",		1, 270,	1,		u64_json(r->bytes_in)) \
+	X(BYTES_OUT,		"bytes_out",		1, 280,	1,		u64_json(r->bytes_out)) \
+	X(COLD,			"cold",			0, 290,	1,		json_boolean(e->cold)) \
+	X(INFLIGHT,		"inflight",		0, 300,	1,		json_integer((json_int_t)e->load)) \
+	X(METRICS,		NULL,			1, 320,	1,		NULL) \
+	X(ITL_MS,		"itl_ms",		1, 0,	1,		itl_array_json(r, pre_itl)) \
+	X(ITL_COUNT,		"itl_count",		1, 0,	1,		u64_json(r->itl_total)) \
+	X(TIMELINE,		"timeline_ms",		1, 310,	1,		timeline_json(r, pre_tl)) \
+	X(ITL,			"itl",			0, 330,	1,		itl_summary_json(e))
+/* clang-format on */
+
+enum record_field {
+#define RECORD_ENUM(ID, key, log, recent, when, value) RF_##ID,
+	RECORD_FIELDS(RECORD_ENUM)
+#undef RECORD_ENUM
+		RF__COUNT
+};
+
+/* Adds row `f` to `o` when its WHEN holds. The access log's line keeps a
+ * value that could not be made out (json_object_set_new refuses NULL);
+ * /requests/recent shows it as null. Inlined with a constant `f`, the
+ * switch folds to the one row. */
+static inline __attribute__((always_inline)) void put_row(json_t *o, enum record_field f, const struct req_record *r,
+							  const struct recent_entry *e, const char *ts, const double *m,
+							  json_t *pre_tl, json_t *pre_itl)
+{
+	const char *key = NULL;
+	json_t *v = NULL;
+
+	(void)ts;
+	switch (f) {
+#define RECORD_CASE(ID, k, log, recent, when, value) \
+	case RF_##ID: \
+		if (!(when)) \
+			return; \
+		key = k; \
+		v = k ? (value) : NULL; \
+		break;
+		RECORD_FIELDS(RECORD_CASE)
+#undef RECORD_CASE
+	case RF__COUNT: return;
+	}
+	if (!key) {
+		for (int i = 0; i < RM__COUNT; i++)
+			json_object_set_new(o, req_metric_key((enum req_metric)i), ms_or_null(m[i]));
+	} else if (e) {
+		json_object_set_new(o, key, v ? v : json_null());
+	} else {
+		json_object_set_new(o, key, v);
+	}
+}
+
+/* Row ids in /requests/recent's order, sorted once from the RECENT column. */
+static enum record_field recent_order[RF__COUNT];
+static size_t recent_rows;
+static pthread_once_t recent_once = PTHREAD_ONCE_INIT;
+
+static void recent_order_sort(void)
+{
+	static const unsigned place[RF__COUNT] = {
+#define RECORD_PLACE(ID, key, log, recent, when, value) [RF_##ID] = recent,
+		RECORD_FIELDS(RECORD_PLACE)
+#undef RECORD_PLACE
+	};
+
+	for (int f = 0; f < RF__COUNT; f++) {
+		size_t j;
+		if (!place[f])
+			continue;
+		for (j = recent_rows; j > 0 && place[recent_order[j - 1]] > place[f]; j--)
+			recent_order[j] = recent_order[j - 1];
+		recent_order[j] = (enum record_field)f;
+		recent_rows++;
+	}
+}
+
+json_t *record_json(const struct req_record *r, const struct recent_entry *e)
 {
 	double m[RM__COUNT];
-	char ts[40];
-	json_t *o = json_object(), *tl = json_object(), *itl = json_array();
-	uint64_t t0 = r->at[TL_ARRIVE];
+	json_t *o = json_object();
 
-	record_derive(r, m);
-	iso_time(ts, sizeof(ts));
-	json_object_set_new(o, "ts", json_string(ts));
-	json_object_set_new(o, "id", json_string(r->id));
-	json_object_set_new(o, "trace_id", accesslog_trace_json(r, false));
-	json_object_set_new(o, "span_id", accesslog_trace_json(r, true));
-	json_object_set_new(o, "method", json_string(r->method));
-	json_object_set_new(o, "path", json_string(r->path));
-	json_object_set_new(o, "api", json_string(classify_api_name(r->api)));
-	json_object_set_new(o, "upstream", str_or_null(r->upstream));
-	json_object_set_new(o, "pick", str_or_null(r->pick));
-	json_object_set_new(o, "pick_predicted_ttft_ms",
-			    r->pick && r->pick_pred_ms > 0 ? json_real(r->pick_pred_ms) : json_null());
-	json_object_set_new(o, "pick_prefix_blocks", json_integer(r->pick_blocks));
-	if (r->mirror)
-		json_object_set_new(o, "mirror", json_true());
-	json_object_set_new(o, "model", str_or_null(r->model));
-	json_object_set_new(o, "stream", r->stream < 0 ? json_null() : json_boolean(r->stream));
-	json_object_set_new(o, "status", json_integer(r->status));
-	json_object_set_new(o, "error", r->error == REQ_ERR_NONE ? json_null() : json_string(req_error_name(r->error)));
-	json_object_set_new(o, "input_tokens", int_or_null(r->usage.input_tokens));
-	json_object_set_new(o, "output_tokens", int_or_null(r->usage.output_tokens));
-	json_object_set_new(o, "cached_tokens", int_or_null(r->usage.cached_tokens));
-	json_object_set_new(o, "cache_write_tokens", int_or_null(r->usage.cache_write_tokens));
-	json_object_set_new(o, "reasoning_tokens", int_or_null(r->usage.reasoning_tokens));
-	json_object_set_new(o, "server_timing", str_or_null(classify_server_name(r->usage.server.source)));
-	json_object_set_new(o, "engine", accesslog_engine_json(&r->engine));
-	if (r->deadline_ms) {
-		json_object_set_new(o, "deadline_missed", json_integer(r->deadline_missed));
-		json_object_set_new(o, "deadline_failovers", json_integer(r->deadline_failovers));
+	if (!o)
+		return NULL;
+	if (e) {
+		record_derive(r, m);
+		pthread_once(&recent_once, recent_order_sort);
+		for (size_t i = 0; i < recent_rows; i++)
+			put_row(o, recent_order[i], r, e, NULL, m, NULL, NULL);
+	} else {
+		/* the containers first, then the clock: the order the log's
+		 * allocations have always had */
+		json_t *pre_tl = json_object(), *pre_itl = json_array();
+		char ts[40];
+		record_derive(r, m);
+		iso_time(ts, sizeof(ts));
+#define RECORD_LOG(ID, key, log, recent, when, value) \
+	if (log) \
+		put_row(o, RF_##ID, r, NULL, ts, m, pre_tl, pre_itl);
+		RECORD_FIELDS(RECORD_LOG)
+#undef RECORD_LOG
 	}
-	json_object_set_new(o, "events", json_integer((json_int_t)r->events));
-	json_object_set_new(o, "token_events", json_integer((json_int_t)r->token_events));
-	json_object_set_new(o, "reasoning_events", json_integer((json_int_t)r->reasoning_events));
-	json_object_set_new(o, "tool_call_events", json_integer((json_int_t)r->tool_call_events));
-	json_object_set_new(o, "inputs", int_or_null(r->inputs));
-	json_object_set_new(o, "bytes_in", json_integer((json_int_t)r->bytes_in));
-	json_object_set_new(o, "bytes_out", json_integer((json_int_t)r->bytes_out));
-	for (int i = 0; i < RM__COUNT; i++)
-		json_object_set_new(o, req_metric_key((enum req_metric)i), ms_or_null(m[i]));
-	for (size_t i = 0; i < r->itl_n; i++)
-		json_array_append_new(itl, json_real(round((double)r->itl_ns[i] / 1e3) / 1e3));
-	json_object_set_new(o, "itl_ms", itl);
-	json_object_set_new(o, "itl_count", json_integer((json_int_t)r->itl_total));
-	for (int e = 0; e < TL__COUNT; e++) {
-		double v = r->at[e] && t0 && r->at[e] >= t0 ? (double)(r->at[e] - t0) / 1e6 : NAN;
-		json_object_set_new(tl, timeline_event_name((enum tl_event)e), ms_or_null(v));
-	}
-	json_object_set_new(o, "timeline_ms", tl);
 	return o;
 }
 
@@ -171,7 +334,9 @@ void accesslog_write(struct accesslog *log, const struct req_record *r)
 
 	if (!log)
 		return;
-	o = record_to_json(r);
+	o = record_json(r, NULL);
+	if (!o)
+		return;
 	line = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(12));
 	json_decref(o);
 	if (!line)

@@ -10,6 +10,7 @@
 
 #include <jansson.h>
 
+#include "recent.h"
 #include "timeline.h"
 
 struct accesslog;
@@ -23,9 +24,9 @@ void accesslog_write(struct accesslog *log, const struct req_record *r);
 /* Accepts NULL. */
 void accesslog_close(struct accesslog *log);
 
-/* The engine's queue and KV use as last scraped at dispatch (scrape.h), as
- * the access log and /requests/recent show it; null without a scrape. */
-json_t *accesslog_engine_json(const struct engine_seen *e);
-/* The request's trace id (span: tokentap's span id) in lower-case hex, as
- * the access log and /requests/recent show it; null when it has no trace. */
-json_t *accesslog_trace_json(const struct req_record *r, bool span);
+/* One request as JSON, for both of its readers, made from RECORD_FIELDS
+ * in accesslog.c: with `e` NULL, the access log's object (its time "ts" now,
+ * the ITL gaps kept); with `e` (the ring's copy of `r`), the object of
+ * GET /requests/recent (finished, cold, inflight, the ITL summary), in that
+ * answer's key order. NULL when out of memory. */
+json_t *record_json(const struct req_record *r, const struct recent_entry *e);

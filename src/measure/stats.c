@@ -34,6 +34,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "config.h"
 #include "log.h"
 #include "store.h"
 #include "timeline.h"
@@ -386,16 +387,23 @@ static void on_flush_timer(evutil_socket_t fd, short what, void *arg)
 	stats_shard_flush(arg);
 }
 
-struct stats_shard *stats_shard_new(struct event_base *base, struct store *store, unsigned max_models,
-				    uint64_t model_idle_ms, const struct slo *slo, uint64_t flush_ms)
+struct slo stats_slo(const struct config *boot)
+{
+	return (struct slo){ .ttft_us = boot->slo_ttft_ms * 1000,
+			     .tpot_us = boot->slo_tpot_ms * 1000,
+			     .itl_us = boot->slo_itl_ms * 1000 };
+}
+
+struct stats_shard *stats_shard_new(struct event_base *base, struct store *store, const struct config *boot)
 {
 	struct stats_shard *sh = calloc(1, sizeof(*sh));
+	uint64_t model_idle_ms = boot->model_idle_ms, flush_ms = boot->flush_ms;
 
 	if (!sh)
 		return NULL;
 	sh->store = store;
-	sh->slo = *slo;
-	sh->max_models = max_models;
+	sh->slo = stats_slo(boot);
+	sh->max_models = boot->max_models;
 	sh->model_idle_ms = model_idle_ms;
 	sh->clock_ms = now_ms();
 	/* once a second; finer for a short model_idle (tests) */

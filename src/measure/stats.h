@@ -21,15 +21,19 @@
 #include "series_key.h"
 #include "slice.h"
 
+struct config;
 struct event_base;
 struct store;
 struct stats_shard;
 struct series;
 
-/* `model_idle_ms`: how long a model name must go unused before a new name
- * may take its slot in a full list; 0: never. */
-struct stats_shard *stats_shard_new(struct event_base *base, struct store *store, unsigned max_models,
-				    uint64_t model_idle_ms, const struct slo *slo, uint64_t flush_ms);
+/* A shard recording by the start-up settings in `boot` (store.max_models,
+ * store.model_idle, slo.*, store.flush_interval; read here, so a setting
+ * the shard needs is read where it is used). */
+struct stats_shard *stats_shard_new(struct event_base *base, struct store *store, const struct config *boot);
+
+/* The goodput thresholds of `boot`'s slo.* settings, in µs. */
+struct slo stats_slo(const struct config *boot);
 /* Flushes what is pending, then frees. Accepts NULL. */
 void stats_shard_free(struct stats_shard *sh);
 

@@ -89,7 +89,7 @@ struct worker *worker_new(unsigned index, const struct worker_env *env, struct c
 		snprintf(err, errlen, "worker %u: cannot create an event loop", index);
 		goto fail;
 	}
-	w->stats = stats_shard_new(w->base, env->store, env->max_models, env->model_idle_ms, &env->slo, env->flush_ms);
+	w->stats = stats_shard_new(w->base, env->store, env->boot);
 	if (!w->stats) {
 		snprintf(err, errlen, "worker %u: cannot set up stats recording", index);
 		goto fail;

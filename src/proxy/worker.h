@@ -37,10 +37,7 @@ struct worker_env {
 	struct accesslog *alog; /* NULL: no access log */
 	struct store *store;
 	struct recent *recent;
-	unsigned max_models;
-	uint64_t model_idle_ms;
-	struct slo slo;
-	uint64_t flush_ms;
+	const struct config *boot; /* the settings read at start-up only; outlives the workers */
 	bool reuseport;		   /* more than one worker shares the listening ports */
 	_Atomic unsigned *clients; /* client connections, all workers */
 };

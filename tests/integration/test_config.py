@@ -312,6 +312,39 @@ class BrokenFileTest(Broken, harness.TestCase):
                 t = edit(old, new)
                 self.broken(t, [(rh.line_of(t, marker), [path])])
 
+    def test_list_key_messages_whole(self):
+        """One key of each kind the list tables read (loader.c's rows: a
+        count with a range, an enum, a count, a duration, a bool, an
+        address, a list, a section), its whole message as users see it."""
+        cases = [
+            ("      path_prefix: /v1/\n", "      path_prefix: /v1/\n    prefix_blocks: 2000\n", "prefix_blocks",
+             "routes[0].prefix_blocks: expected from 1 to 1024 blocks, got 2000"),
+            ("      path_prefix: /v1/\n", "      path_prefix: /v1/\n    balance: fastest\n", "balance",
+             "routes[0].balance: expected weighted, least_request, latency or prefix, got 'fastest'"),
+            ("      - upstream: b\n        weight: 1\n", "      - upstream: b\n        weight: half\n", "weight: half",
+             "routes[0].split[1].weight: expected a whole number, got 'half'"),
+            ("    url: http://127.0.0.1:9\n", "    url: http://127.0.0.1:9\n    max_concurrency: 1\n    queue: {max: 2, timeout: 0s}\n", "queue:",
+             "upstreams[0].queue.timeout: expected a positive duration such as 300ms or 5s (at most 87600h), "
+             "got '0s'"),
+            ("    url: http://127.0.0.1:9\n", "    url: https://127.0.0.1:9\n    tls: {verify: maybe}\n", "tls:",
+             "upstreams[0].tls.verify: expected true or false, got 'maybe'"),
+            ("    url: http://127.0.0.1:9\n", "    url: https://127.0.0.1:9\n    tls: on\n", "tls: on",
+             "upstreams[0].tls: expected a mapping of keys to values"),
+            ("listen: 127.0.0.1:0\n", "listeners:\n  - address: localhost:1\n", "address:",
+             "listeners[0].address: expected a numeric ADDR:PORT such as 127.0.0.1:8080"),
+            ("listen: 127.0.0.1:0\n", "listeners: {address: 127.0.0.1:0}\n", "listeners:",
+             "listeners: expected a list of {address, tls}"),
+            ("    url: http://127.0.0.1:9\n", "    url: http://127.0.0.1:9\n    eject: {backoff: 5s, max_backoff: 1s}\n",
+             "eject:", "upstreams[0].eject: max_backoff (1000ms) is shorter than backoff (5000ms); "
+             "make it at least as long"),
+        ]
+        for old, new, marker, message in cases:
+            with self.subTest(message=message):
+                t = edit(old, new)
+                self.broken(t, [(rh.line_of(t, marker), [])])
+                res, name = rh.check_config(t)
+                self.assertEqual([m for _, m in rh.problem_lines(res, name)], [message])
+
     def test_scalar_where_list_expected(self):
         t = BASE[:BASE.index("routes:")] + "routes: 5\n"
         # "no routes" may follow as a consequence; the type error must be there.

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "slice.h"
 #include "store_int.h"
 #include "timeline.h"
@@ -66,6 +67,22 @@ static inline void fake_request(struct req_record *r, uint64_t ttft_us, unsigned
 }
 
 static const struct slo test_slo = { 2000000, 100000, 0 };
+
+/* Start-up settings for a stats shard: test_slo's thresholds, a 1 s flush,
+ * `max_models` per route, model slots kept `model_idle_ms` (0: for ever). */
+static inline struct config test_boot(unsigned max_models, uint64_t model_idle_ms)
+{
+	struct config c;
+
+	config_defaults(&c);
+	c.max_models = max_models;
+	c.model_idle_ms = model_idle_ms;
+	c.slo_ttft_ms = test_slo.ttft_us / 1000;
+	c.slo_tpot_ms = test_slo.tpot_us / 1000;
+	c.slo_itl_ms = test_slo.itl_us / 1000;
+	c.flush_ms = 1000;
+	return c;
+}
 
 /* A batch with one series' slice holding `requests` requests, stamped `sec`. */
 static inline struct store_batch *batch_at(uint64_t sec, const char *model, unsigned requests)

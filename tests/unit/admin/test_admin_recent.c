@@ -255,6 +255,72 @@ static void test_render_entries(void **state)
 	free(text);
 }
 
+/* The answer's key order, the one it has always had (the access log's
+ * differs: RECORD_FIELDS carries both); the derived metrics between the
+ * timeline and the ITL summary, in their list's order. */
+static void test_render_key_order(void **state)
+{
+	static const char *const before[] = { "id",
+					      "trace_id",
+					      "span_id",
+					      "finished",
+					      "method",
+					      "path",
+					      "api",
+					      "model",
+					      "upstream",
+					      "pick",
+					      "pick_predicted_ttft_ms",
+					      "pick_prefix_blocks",
+					      "stream",
+					      "status",
+					      "error",
+					      "input_tokens",
+					      "output_tokens",
+					      "cached_tokens",
+					      "cache_write_tokens",
+					      "reasoning_tokens",
+					      "server_timing",
+					      "engine",
+					      "token_events",
+					      "reasoning_events",
+					      "tool_call_events",
+					      "events",
+					      "bytes_in",
+					      "bytes_out",
+					      "cold",
+					      "inflight",
+					      "timeline_ms" };
+	struct recent_entry e;
+	char *text, *at, key[64];
+	json_t *doc, *a;
+
+	streamed_entry(&e);
+	e.rec.mirror = true; /* the access log's optional keys stay out */
+	e.rec.deadline_ms = 500;
+	text = admin_recent_render(&e, 1, 4);
+	assert_non_null(text);
+	at = text;
+	for (size_t i = 0; i < sizeof(before) / sizeof(before[0]); i++) {
+		snprintf(key, sizeof(key), "\"%s\": ", before[i]);
+		assert_non_null(at = strstr(at, key));
+	}
+	for (int i = 0; i < RM__COUNT; i++) {
+		snprintf(key, sizeof(key), "\"%s\": ", req_metric_key((enum req_metric)i));
+		assert_non_null(at = strstr(at, key));
+	}
+	assert_non_null(strstr(at, "\"itl\": "));
+	doc = parse(text);
+	a = json_array_get(json_object_get(doc, "requests"), 0);
+	assert_int_equal(json_object_size(a), sizeof(before) / sizeof(before[0]) + RM__COUNT + 1);
+	assert_null(json_object_get(a, "mirror"));
+	assert_null(json_object_get(a, "deadline_missed"));
+	assert_null(json_object_get(a, "inputs"));
+	assert_null(json_object_get(a, "ts"));
+	json_decref(doc);
+	free(text);
+}
+
 static void test_render_empty(void **state)
 {
 	char *text = admin_recent_render(NULL, 0, 16);
@@ -316,9 +382,8 @@ static void test_ring_snapshot(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_parse_n),
-		cmocka_unit_test(test_render_entries),
-		cmocka_unit_test(test_render_empty),
+		cmocka_unit_test(test_parse_n),		 cmocka_unit_test(test_render_entries),
+		cmocka_unit_test(test_render_key_order), cmocka_unit_test(test_render_empty),
 		cmocka_unit_test(test_ring_snapshot),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -100,7 +100,8 @@ static void test_log2_buckets(void **state)
 
 static void test_model_cap(void **state)
 {
-	struct stats_shard *sh = stats_shard_new(NULL, NULL, 2, 0, &test_slo, 1000);
+	struct config boot = test_boot(2, 0);
+	struct stats_shard *sh = stats_shard_new(NULL, NULL, &boot);
 	struct series *a = stats_series(sh, "r", "u", "a", false, true);
 	struct series *b = stats_series(sh, "r", "u", "b", false, true);
 	struct series *a_cold = stats_series(sh, "r", "u", "a", true, true);
@@ -116,7 +117,7 @@ static void test_model_cap(void **state)
 	assert_ptr_equal(c, stats_series(sh, "r", "u", "other", false, true));
 	/* the cap is the route's, for every shard and upstream: another worker
 	 * names a and b, on any upstream, and folds c into "other" */
-	struct stats_shard *sh2 = stats_shard_new(NULL, NULL, 2, 0, &test_slo, 1000);
+	struct stats_shard *sh2 = stats_shard_new(NULL, NULL, &boot);
 	struct series *o2 = stats_series(sh2, "r", "u2", "other", false, true);
 	assert_ptr_not_equal(stats_series(sh2, "r", "u2", "a", false, true), o2);
 	assert_ptr_not_equal(stats_series(sh2, "r", "u", "b", false, true), o2);

@@ -65,7 +65,8 @@ struct worker_arg {
 static void *worker(void *p)
 {
 	struct worker_arg *w = p;
-	struct stats_shard *sh = stats_shard_new(NULL, w->store, 4, 0, &test_slo, 1000);
+	struct config boot = test_boot(4, 0);
+	struct stats_shard *sh = stats_shard_new(NULL, w->store, &boot);
 	char model[16];
 	struct req_record r;
 
