@@ -10,16 +10,26 @@
  * buffer per stream, grown at most to `max_event` bytes. An event larger than
  * that is dropped (counted in `oversized`) and framing resumes at the next
  * event boundary; the bytes themselves are forwarded by the caller untouched.
+ *
+ * AWS's binary event stream (application/vnd.amazon.eventstream) is framed
+ * by eventstream.h behind the same interface: each message is an event
+ * named by its `:event-type` (an exception's by its `:exception-type`), its
+ * payload the data; a Bedrock InvokeModel `chunk` is handed out as the
+ * model's own JSON, decoded from the base64 of its "bytes" member.
  */
 #pragma once
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
+
+#include "eventstream.h"
 
 enum framer_kind {
 	FRAMER_NONE = 0, /* not a streamed body: feed is a no-op */
 	FRAMER_SSE,
 	FRAMER_NDJSON,
+	FRAMER_EVENTSTREAM, /* application/vnd.amazon.eventstream (eventstream.h) */
 };
 
 /* One complete event. Pointers are valid only during the callback; data is
@@ -29,6 +39,9 @@ struct framer_event {
 	size_t name_len;
 	const char *data; /* SSE: data lines joined by '\n'; NDJSON: the line without its end */
 	size_t data_len;
+	/* event stream only: an exception or error message (`:message-type`
+	 * exception or error), `name` being its type or code */
+	bool exception;
 };
 
 typedef void (*framer_cb)(void *arg, const struct framer_event *ev);
@@ -40,13 +53,14 @@ struct framer {
 	size_t max_event;
 	/* private: parse state. buf holds [event name][joined data][partial line]. */
 	char *buf;
-	size_t len, cap; /* len: bytes used in buf, all three parts together */
-	size_t name_len; /* `event:` value, stored at buf[0] */
-	size_t data_len; /* joined data, stored at buf[name_len] */
-	int has_data;	 /* a `data` field was seen (its value may be empty) */
-	int state;	 /* what the current line is doing: enum line_state in framer.c */
-	int after_cr;	 /* SSE: the last feed ended in CR; a leading LF ends nothing */
-	int skip;	 /* SSE: discarding the rest of an oversized event */
+	size_t len, cap;       /* len: bytes used in buf, all three parts together */
+	size_t name_len;       /* `event:` value, stored at buf[0] */
+	size_t data_len;       /* joined data, stored at buf[name_len] */
+	int has_data;	       /* a `data` field was seen (its value may be empty) */
+	int state;	       /* what the current line is doing: enum line_state in framer.c */
+	int after_cr;	       /* SSE: the last feed ended in CR; a leading LF ends nothing */
+	int skip;	       /* SSE: discarding the rest of an oversized event */
+	struct evs_framer evs; /* FRAMER_EVENTSTREAM: the message framer; buf then holds a decoded chunk */
 	/* counters, readable by the caller */
 	uint64_t events;
 	uint64_t oversized;
@@ -66,6 +80,10 @@ void framer_finish(struct framer *f);
 
 /* Releases the buffer; safe on a zeroed or already-freed framer. */
 void framer_free(struct framer *f);
+
+/* Why the stream stopped being framed, NULL while it has not: only an
+ * event stream can break so (eventstream.h: a bad CRC or length). */
+const char *framer_error(const struct framer *f);
 
 /* Picks the framer for a Content-Type header value (case-insensitive, with or
  * without parameters). */

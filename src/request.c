@@ -197,7 +197,12 @@ void request_note_head(struct request *req)
 	if (req->rec.api == API_OLLAMA_CHAT || req->rec.api == API_OLLAMA_GENERATE)
 		req->rec.stream = 1; /* Ollama streams unless told not to */
 	else
-		req->rec.stream = 0;
+		req->rec.stream = classify_path_streams(req->rec.api, url, plen) ? 1 : 0;
+	size_t moff, mlen;
+	if (classify_path_model(url, plen, &moff, &mlen)) {
+		req->model_in_path = true;
+		reqinfo_path_model(url + moff, mlen, req->rec.model, sizeof(req->rec.model));
+	}
 }
 
 /* The prefix policy's key: the hash chain of the workload capture
@@ -247,7 +252,8 @@ void request_learn_body(struct request *req, bool complete)
 	req->reqinfo_done = true;
 	if (req->body_prefix_len && reqinfo_parse_inputs(req->body_prefix, req->body_prefix_len, complete,
 							 classify_inputs_key(req->rec.api), &info) == 0) {
-		copy_trunc(req->rec.model, sizeof(req->rec.model), info.model, strlen(info.model));
+		if (!req->model_in_path) /* Bedrock's body names no model: its path did */
+			copy_trunc(req->rec.model, sizeof(req->rec.model), info.model, strlen(info.model));
 		req->rec.inputs = info.inputs;
 		const char *alt = classify_inputs_alt_key(req->rec.api);
 		if (info.inputs < 0 && alt &&

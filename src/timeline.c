@@ -155,6 +155,7 @@ static double unattributed_ms(const struct req_record *r)
 			    t->load_ns,
 			    t->validation_ns,
 			    t->prefill_ns,
+			    whole ? -1 : t->first_byte_ns, /* Bedrock: all of the server's part of the ttft */
 			    whole ? t->decode_ns : -1,
 			    whole ? t->inference_ns : -1 };
 	for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++)
@@ -183,6 +184,7 @@ void record_derive(const struct req_record *r, double out[RM__COUNT])
 	out[RM_SERVER_PREFILL] = ns_ms(r->usage.server.prefill_ns);
 	out[RM_SERVER_DECODE] = ns_ms(r->usage.server.decode_ns);
 	out[RM_SERVER_INFERENCE] = ns_ms(r->usage.server.inference_ns);
+	out[RM_SERVER_TTFT] = ns_ms(r->usage.server.first_byte_ns);
 	out[RM_UNATTRIBUTED] = unattributed_ms(r);
 	/* A batch API's answer comes whole: its time shared by its inputs, its
 	 * prompt tokens over the whole request; only for an answer (2xx), as a
