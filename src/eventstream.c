@@ -92,13 +92,13 @@ static enum evs_error check_prelude(const unsigned char *p, uint32_t *total, uin
 static int value_len(unsigned type)
 {
 	switch (type) {
-	case 0: /* bool true */
-	case 1: return 0; /* bool false */
-	case 2: return 1; /* byte */
-	case 3: return 2; /* short */
-	case 4: return 4; /* int */
-	case 5: return 8; /* long */
-	case 6:		  /* byte array */
+	case 0:		   /* bool true */
+	case 1: return 0;  /* bool false */
+	case 2: return 1;  /* byte */
+	case 3: return 2;  /* short */
+	case 4: return 4;  /* int */
+	case 5: return 8;  /* long */
+	case 6:		   /* byte array */
 	case 7: return -2; /* string */
 	case 8: return 8;  /* timestamp, ms */
 	case 9: return 16; /* uuid */
@@ -142,7 +142,7 @@ static enum evs_error read_headers(const unsigned char *h, size_t hlen, struct e
 			continue;
 		struct evs_str val = { (const char *)h + voff, vlen };
 		if (evs_str_is(name, ":message-type"))
-			m->type = evs_str_is(val, "event")	? EVS_MSG_EVENT
+			m->type = evs_str_is(val, "event")	 ? EVS_MSG_EVENT
 				  : evs_str_is(val, "exception") ? EVS_MSG_EXCEPTION
 				  : evs_str_is(val, "error")	 ? EVS_MSG_ERROR
 								 : EVS_MSG_OTHER;

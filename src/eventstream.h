@@ -25,11 +25,11 @@
 #include <stdint.h>
 
 #define EVS_PRELUDE_LEN 12u
-#define EVS_MIN_MESSAGE 16u		/* a prelude and the message CRC: no headers, no payload */
-#define EVS_MAX_HEADERS (128u << 10)	/* the format's bound on the headers section */
-#define EVS_MAX_PAYLOAD (16u << 20)	/* ... and on the payload */
+#define EVS_MIN_MESSAGE 16u	     /* a prelude and the message CRC: no headers, no payload */
+#define EVS_MAX_HEADERS (128u << 10) /* the format's bound on the headers section */
+#define EVS_MAX_PAYLOAD (16u << 20)  /* ... and on the payload */
 #define EVS_MAX_MESSAGE (EVS_MIN_MESSAGE + EVS_MAX_HEADERS + EVS_MAX_PAYLOAD)
-#define EVS_MAX_HEADER_COUNT 64u	/* tokentap's: AWS sends three or four */
+#define EVS_MAX_HEADER_COUNT 64u /* tokentap's: AWS sends three or four */
 
 /* Why a stream stopped being framed. Append only. */
 enum evs_error {
@@ -83,11 +83,11 @@ struct evs_framer {
 	unsigned char prelude[EVS_PRELUDE_LEN];
 	size_t prelude_have;
 	uint32_t total, headers_len;
-	size_t have;		/* bytes after the prelude seen so far */
-	unsigned char tail[4];	/* its last bytes: the message CRC */
-	uint32_t crc;		/* running CRC32 of the message so far */
-	bool skip;		/* longer than max_message: checked, not kept */
-	char *buf;		/* the bytes after the prelude, when kept */
+	size_t have;	       /* bytes after the prelude seen so far */
+	unsigned char tail[4]; /* its last bytes: the message CRC */
+	uint32_t crc;	       /* running CRC32 of the message so far */
+	bool skip;	       /* longer than max_message: checked, not kept */
+	char *buf;	       /* the bytes after the prelude, when kept */
 	size_t cap;
 	/* readable by the caller */
 	enum evs_error error; /* sticky: once set, feed does nothing */

@@ -544,7 +544,8 @@ static void base64(const char *in, char *out)
 	size_t n = strlen(in), o = 0;
 	const unsigned char *u = (const unsigned char *)in;
 	for (size_t i = 0; i < n; i += 3) {
-		uint32_t v = (uint32_t)u[i] << 16 | (i + 1 < n ? (uint32_t)u[i + 1] << 8 : 0) | (i + 2 < n ? u[i + 2] : 0);
+		uint32_t v =
+			(uint32_t)u[i] << 16 | (i + 1 < n ? (uint32_t)u[i + 1] << 8 : 0) | (i + 2 < n ? u[i + 2] : 0);
 		out[o++] = t[v >> 18 & 63];
 		out[o++] = t[v >> 12 & 63];
 		out[o++] = i + 1 < n ? t[v >> 6 & 63] : '=';
@@ -578,7 +579,8 @@ static void test_converse_classified(void **state)
 	n += build_event(b + n, "contentBlockDelta", J("{'contentBlockIndex':1,'delta':{'text':''}}"));
 	n += build_event(b + n, "contentBlockStart",
 			 J("{'contentBlockIndex':2,'start':{'toolUse':{'name':'get','toolUseId':'t1'}}}"));
-	n += build_event(b + n, "contentBlockDelta", J("{'contentBlockIndex':2,'delta':{'toolUse':{'input':'{\\'a'}}}"));
+	n += build_event(b + n, "contentBlockDelta",
+			 J("{'contentBlockIndex':2,'delta':{'toolUse':{'input':'{\\'a'}}}"));
 	n += build_event(b + n, "messageStop", J("{'stopReason':'tool_use'}"));
 	n += build_event(b + n, "metadata",
 			 J("{'metrics':{'latencyMs':412},'p':'abcdef','usage':{'cacheReadInputTokens':100,"
@@ -614,8 +616,10 @@ static void test_invoke_classified(void **state)
 	n += build_chunk(b + n, J("{'type':'message_start','message':{'id':'msg_1','type':'message','role':'assistant',"
 				  "'model':'claude','content':[],'usage':{'input_tokens':9,'cache_read_input_tokens':4,"
 				  "'output_tokens':1}}}"));
-	n += build_chunk(b + n, J("{'type':'content_block_start','index':0,'content_block':{'type':'text','text':''}}"));
-	n += build_chunk(b + n, J("{'type':'content_block_delta','index':0,'delta':{'type':'text_delta','text':'Hi'}}"));
+	n += build_chunk(b + n,
+			 J("{'type':'content_block_start','index':0,'content_block':{'type':'text','text':''}}"));
+	n += build_chunk(b + n,
+			 J("{'type':'content_block_delta','index':0,'delta':{'type':'text_delta','text':'Hi'}}"));
 	n += build_chunk(b + n,
 			 J("{'type':'content_block_delta','index':0,'delta':{'type':'text_delta','text':' there?'}}"));
 	n += build_chunk(b + n, J("{'type':'content_block_stop','index':0}"));
@@ -623,7 +627,7 @@ static void test_invoke_classified(void **state)
 				  "3}}"));
 	n += build_chunk(b + n, J("{'type':'message_stop','amazon-bedrock-invocationMetrics':{'inputTokenCount':9,"
 				  "'outputTokenCount':3,'invocationLatency':731,'firstByteLatency':204}}"));
-	static const enum token_kind want[] = { TOKEN_NONE,   TOKEN_NONE, TOKEN_ANSWER, TOKEN_ANSWER,
+	static const enum token_kind want[] = { TOKEN_NONE, TOKEN_NONE, TOKEN_ANSWER, TOKEN_ANSWER,
 						TOKEN_NONE, TOKEN_NONE, TOKEN_NONE };
 	for (size_t cut = 0; cut <= n; cut++) {
 		struct events e;
@@ -635,8 +639,9 @@ static void test_invoke_classified(void **state)
 		for (int i = 0; i < 7; i++)
 			assert_int_equal(e.token[i], want[i]);
 		assert_string_equal(e.name[2], "chunk");
-		assert_string_equal(e.data[2],
-				    J("{'type':'content_block_delta','index':0,'delta':{'type':'text_delta','text':'Hi'}}"));
+		assert_string_equal(
+			e.data[2],
+			J("{'type':'content_block_delta','index':0,'delta':{'type':'text_delta','text':'Hi'}}"));
 		assert_int_equal(e.usage.input_tokens, 13); /* 9 + the 4 read from the cache */
 		assert_int_equal(e.usage.cached_tokens, 4);
 		assert_int_equal(e.usage.output_tokens, 3);
@@ -657,8 +662,8 @@ static void test_invoke_families(void **state)
 	} cases[] = {
 		{ "{'generation':' Hello','prompt_token_count':12,'generation_token_count':1,'stop_reason':null}",
 		  TOKEN_ANSWER, 12, 1 },
-		{ "{'generation':'','prompt_token_count':null,'generation_token_count':5,'stop_reason':'stop'}", TOKEN_NONE,
-		  -1, 5 },
+		{ "{'generation':'','prompt_token_count':null,'generation_token_count':5,'stop_reason':'stop'}",
+		  TOKEN_NONE, -1, 5 },
 		{ "{'outputText':'Hi','index':0,'totalOutputTextTokenCount':2,'completionReason':null,"
 		  "'inputTextTokenCount':6}",
 		  TOKEN_ANSWER, 6, 2 },
@@ -690,9 +695,10 @@ static void test_exceptions(void **state)
 	static unsigned char b[4096];
 	for (int api = 0; api < 2; api++) {
 		size_t n = 0;
-		n += build_event(b + n, api ? "chunk" : "contentBlockDelta",
-				 api ? "{\"bytes\":\"eyJ0eXBlIjoiY29udGVudF9ibG9ja19kZWx0YSIsImRlbHRhIjp7InRleHQiOiJhIn19\"}"
-				     : J("{'delta':{'text':'a'}}"));
+		n += build_event(
+			b + n, api ? "chunk" : "contentBlockDelta",
+			api ? "{\"bytes\":\"eyJ0eXBlIjoiY29udGVudF9ibG9ja19kZWx0YSIsImRlbHRhIjp7InRleHQiOiJhIn19\"}"
+			    : J("{'delta':{'text':'a'}}"));
 		n += build_exception(b + n, "throttlingException", J("{'message':'Too many requests, please wait'}"));
 		struct events e;
 		const char *err;
@@ -770,9 +776,10 @@ static void test_paths(void **state)
 		  "meta.llama3-8b-instruct-v1:0" },
 		{ "/model/arn%3Aaws%3Abedrock%3Aus-east-1%3A123456789012%3Ainference-profile%2Fus.anthropic.claude-v2/"
 		  "invoke",
-		  API_BEDROCK_INVOKE, false, "arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.anthropic.claude-v2" },
-		{ "/model/arn:aws:bedrock:us-east-1:1:inference-profile/us.x/converse-stream", API_BEDROCK_CONVERSE, true,
-		  "arn:aws:bedrock:us-east-1:1:inference-profile/us.x" },
+		  API_BEDROCK_INVOKE, false,
+		  "arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.anthropic.claude-v2" },
+		{ "/model/arn:aws:bedrock:us-east-1:1:inference-profile/us.x/converse-stream", API_BEDROCK_CONVERSE,
+		  true, "arn:aws:bedrock:us-east-1:1:inference-profile/us.x" },
 		{ "/model/bad%zz%0a%ff/converse", API_BEDROCK_CONVERSE, false, "bad%zz\xef\xbf\xbd\xef\xbf\xbd" },
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -810,8 +817,9 @@ static void test_bodies(void **state)
 {
 	(void)state;
 	struct usage u = USAGE_UNKNOWN;
-	const char *b = J("{'metrics':{'latencyMs':250},'output':{'message':{'content':[{'text':'Hi'}],'role':'assistant'}},"
-			  "'stopReason':'end_turn','usage':{'inputTokens':12,'outputTokens':3,'totalTokens':15}}");
+	const char *b =
+		J("{'metrics':{'latencyMs':250},'output':{'message':{'content':[{'text':'Hi'}],'role':'assistant'}},"
+		  "'stopReason':'end_turn','usage':{'inputTokens':12,'outputTokens':3,'totalTokens':15}}");
 	classify_body(API_BEDROCK_CONVERSE, b, strlen(b), &u);
 	assert_int_equal(u.input_tokens, 12);
 	assert_int_equal(u.output_tokens, 3);
@@ -837,14 +845,22 @@ static void test_bodies(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_split_everywhere),   cmocka_unit_test(test_bad_prelude_crc),
-		cmocka_unit_test(test_bad_message_crc),	   cmocka_unit_test(test_lengths),
-		cmocka_unit_test(test_headers_overrun),	   cmocka_unit_test(test_header_types),
-		cmocka_unit_test(test_header_count),	   cmocka_unit_test(test_oversized_skipped),
-		cmocka_unit_test(test_truncated),	   cmocka_unit_test(test_converse_classified),
-		cmocka_unit_test(test_invoke_classified),  cmocka_unit_test(test_invoke_families),
-		cmocka_unit_test(test_exceptions),	   cmocka_unit_test(test_framer_error),
-		cmocka_unit_test(test_paths),		   cmocka_unit_test(test_bodies),
+		cmocka_unit_test(test_split_everywhere),
+		cmocka_unit_test(test_bad_prelude_crc),
+		cmocka_unit_test(test_bad_message_crc),
+		cmocka_unit_test(test_lengths),
+		cmocka_unit_test(test_headers_overrun),
+		cmocka_unit_test(test_header_types),
+		cmocka_unit_test(test_header_count),
+		cmocka_unit_test(test_oversized_skipped),
+		cmocka_unit_test(test_truncated),
+		cmocka_unit_test(test_converse_classified),
+		cmocka_unit_test(test_invoke_classified),
+		cmocka_unit_test(test_invoke_families),
+		cmocka_unit_test(test_exceptions),
+		cmocka_unit_test(test_framer_error),
+		cmocka_unit_test(test_paths),
+		cmocka_unit_test(test_bodies),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
