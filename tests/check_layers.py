@@ -43,7 +43,7 @@ LAYERS = [
     # belongs low, not with the admin API.
     (1, "upstream scrape router stats store paired store_held store_query store_check accesslog workload recent "
      "loader tls control fdlimit"),
-    (0, "reqparse respparse framer classify keyscan reqinfo timeline tracectx hist slice series_key "
+    (0, "reqparse respparse framer eventstream classify keyscan reqinfo timeline tracectx hist slice series_key "
      "knee config balance log bevio rxstamp varint strutil loop check version promtext signrank"),
 ]
 
