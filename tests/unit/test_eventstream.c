@@ -417,7 +417,7 @@ static void test_header_types(void **state)
 static void test_header_count(void **state)
 {
 	(void)state;
-	static unsigned char m[8192];
+	static unsigned char m[16384];
 	struct hdrs h = { .n = 0 };
 
 	for (unsigned i = 0; i < EVS_MAX_HEADER_COUNT; i++)
