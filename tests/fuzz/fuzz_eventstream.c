@@ -151,8 +151,7 @@ static void on_event(void *arg, const struct framer_event *ev)
 	c->n++;
 }
 
-static void run_framer(struct classified *c, const uint8_t *body, size_t len, const uint8_t *split,
-		       const char **error)
+static void run_framer(struct classified *c, const uint8_t *body, size_t len, const uint8_t *split, const char **error)
 {
 	struct framer f;
 
@@ -189,8 +188,8 @@ static void seal(uint8_t *b, size_t len)
 {
 	size_t off = 0;
 	while (len - off >= EVS_MIN_MESSAGE) {
-		uint32_t total = (uint32_t)b[off] << 24 | (uint32_t)b[off + 1] << 16 | (uint32_t)b[off + 2] << 8 |
-				 b[off + 3];
+		uint32_t total =
+			(uint32_t)b[off] << 24 | (uint32_t)b[off + 1] << 16 | (uint32_t)b[off + 2] << 8 | b[off + 3];
 		if (total < EVS_MIN_MESSAGE || total > len - off)
 			return;
 		put32(b + off + 8, (uint32_t)crc32(0, b + off, 8));
