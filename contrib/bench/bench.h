@@ -121,6 +121,8 @@ enum bench_api {
 	BAPI_OLLAMA_CHAT,
 	BAPI_OLLAMA_GENERATE,
 	BAPI_OPENAI_RESPONSES,
+	BAPI_BEDROCK_CONVERSE, /* the model and the stream in the path (bench.c) */
+	BAPI_BEDROCK_INVOKE,   /* an Anthropic Messages body */
 };
 
 struct bench_opts {

@@ -187,6 +187,8 @@ static enum api_kind api_kind_of(enum bench_api a)
 	case BAPI_OLLAMA_CHAT: return API_OLLAMA_CHAT;
 	case BAPI_OLLAMA_GENERATE: return API_OLLAMA_GENERATE;
 	case BAPI_OPENAI_RESPONSES: return API_OPENAI_RESPONSES;
+	case BAPI_BEDROCK_CONVERSE: return API_BEDROCK_CONVERSE;
+	case BAPI_BEDROCK_INVOKE: return API_BEDROCK_INVOKE;
 	}
 	return API_UNKNOWN;
 }
@@ -468,8 +470,10 @@ static void request_build(struct run *r, const struct breq *q)
 
 	evbuffer_drain(b, evbuffer_get_length(b));
 	evbuffer_drain(h, evbuffer_get_length(h));
+	bool bedrock = o->api == BAPI_BEDROCK_CONVERSE || o->api == BAPI_BEDROCK_INVOKE;
+
 	evbuffer_add_printf(b, "{");
-	if (r->model_json)
+	if (r->model_json && !bedrock) /* Bedrock's is in the path */
 		evbuffer_add_printf(b, "\"model\":%s,", r->model_json);
 	if (o->sessions) {
 		session_body_add(b, o, &q->turn);
@@ -482,13 +486,23 @@ static void request_build(struct run *r, const struct breq *q)
 	case BAPI_OPENAI_RESPONSES: evbuffer_add_printf(b, "\"input\":[{\"role\":\"user\",\"content\":\""); break;
 	case BAPI_OPENAI_COMPLETIONS:
 	case BAPI_OLLAMA_GENERATE: evbuffer_add_printf(b, "\"prompt\":\""); break;
+	case BAPI_BEDROCK_CONVERSE:
+		evbuffer_add_printf(b, "\"messages\":[{\"role\":\"user\",\"content\":[{\"text\":\"");
+		break;
+	case BAPI_BEDROCK_INVOKE:
+		evbuffer_add_printf(b,
+				    "\"anthropic_version\":\"bedrock-2023-05-31\",\"messages\":[{\"role\":"
+				    "\"user\",\"content\":\"");
+		break;
 	}
 	if (o->replay && q->seq < o->replay->n)
 		replay_prompt_add(b, o->replay, q->seq, o->seed);
 	else
 		prompt_text_add(b, q->in_len, o->seed, q->seq);
-	if (o->api == BAPI_OPENAI_CHAT || o->api == BAPI_ANTHROPIC || o->api == BAPI_OLLAMA_CHAT ||
-	    o->api == BAPI_OPENAI_RESPONSES)
+	if (o->api == BAPI_BEDROCK_CONVERSE)
+		evbuffer_add_printf(b, "\"}]}]");
+	else if (o->api == BAPI_OPENAI_CHAT || o->api == BAPI_ANTHROPIC || o->api == BAPI_OLLAMA_CHAT ||
+		 o->api == BAPI_OPENAI_RESPONSES || o->api == BAPI_BEDROCK_INVOKE)
 		evbuffer_add_printf(b, "\"}]");
 	else
 		evbuffer_add_printf(b, "\"");
@@ -511,6 +525,10 @@ prompt_done:
 	case BAPI_OLLAMA_GENERATE:
 		evbuffer_add_printf(b, ",\"stream\":%s,\"options\":{\"num_predict\":%u}", stream, q->out_len);
 		break;
+	case BAPI_BEDROCK_CONVERSE: /* the path says whether it streams */
+		evbuffer_add_printf(b, ",\"inferenceConfig\":{\"maxTokens\":%u}", q->out_len);
+		break;
+	case BAPI_BEDROCK_INVOKE: evbuffer_add_printf(b, ",\"max_tokens\":%u", q->out_len); break;
 	}
 	evbuffer_add_printf(b, "}");
 
@@ -522,7 +540,8 @@ prompt_done:
 		evbuffer_add_printf(h, "Accept: %s\r\n",
 				    o->api == BAPI_OLLAMA_CHAT || o->api == BAPI_OLLAMA_GENERATE
 					    ? "application/x-ndjson"
-					    : "text/event-stream");
+				    : bedrock ? "application/vnd.amazon.eventstream"
+					      : "text/event-stream");
 	if (o->api == BAPI_ANTHROPIC && !has_header(o, "anthropic-version"))
 		evbuffer_add_printf(h, "anthropic-version: 2023-06-01\r\n");
 	if (o->sim_headers)
