@@ -183,6 +183,7 @@ class BedrockSimTest(harness.TestCase):
         self.assertEqual(e["output_tokens"], 9)
         self.assertAlmostEqual(e["server_inference_ms"], meta["metrics"]["latencyMs"], delta=ROUND_MS)
         self.assertIsNone(e["server_ttft_ms"], "Converse reports no first-byte latency")
+        self.assertIsNone(e["unattributed_ms"], "nothing the server reported falls in the ttft")
         self.assertEqual([h[":event-type"] for h, _ in evs][:2], ["messageStart", "contentBlockDelta"])
 
     def test_invoke_stream(self):
