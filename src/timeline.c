@@ -136,8 +136,9 @@ static double ns_ms(int64_t ns)
  * response's end (non-streamed), less every server phase that falls in it.
  * That is the network both ways and the server's front end (HTTP,
  * tokenizing, detokenizing) where the engine does not time it. NaN when
- * the server said nothing, or nothing that falls in the span. It can come out below 0 only when the server's
- * clock and tokentap's disagree (docs/metrics.md).
+ * the server said nothing, or nothing that falls in the span. It can come
+ * out below 0 only when the server's clock and tokentap's disagree
+ * (docs/metrics.md).
  */
 static double unattributed_ms(const struct req_record *r)
 {
