@@ -18,6 +18,12 @@ section (k)).
 - An in-stream exception (throttlingException): response_failed, counted in
   /stats errors.
 - The non-streamed /converse and /invoke: usage from the body.
+- AWS's own npm SDK (@aws-sdk/client-bedrock-runtime, its ConverseStream
+  and InvokeModelWithResponseStream over HTTP/1.1) through tokentap: it
+  decodes every message tokentap forwarded (its decoder checks the CRCs and
+  headers), yields the simulator's events, raises ThrottlingException from
+  the exception message; tokentap's ttft is not later than the SDK's first
+  delta, its usage the SDK's metadata.
 - A malformed event stream (bad prelude CRC, bad message CRC, a length past
   the bounds or below the minimum, a header count past the bound): forwarded
   exactly as the upstream sent it, the events before the break measured,
@@ -27,7 +33,10 @@ section (k)).
 
 import base64
 import json
+import os
+import shutil
 import statistics
+import subprocess
 import struct
 import threading
 import time
@@ -205,12 +214,13 @@ class BedrockSimTest(harness.TestCase):
                 rid = "it-br-reason-" + api
                 resp, _ = self.post(path, body, rid, ttft=5, itl=2, tokens=6,
                                     extra={"x-sim-reasoning-tokens": "4", "x-sim-cached-tokens": "3",
-                                           "x-sim-cache-write-tokens": "2"})
+                                           "x-sim-cache-write-tokens": "2", "x-sim-think-ms": "40"})
                 self.assertEqual(resp.status, 200)
                 e = self.log_entry(self.log, rid)
                 self.assertEqual(e["token_events"], 10)
                 self.assertEqual(e["reasoning_events"], 4)
-                self.assertGreater(e["answer_ttft_ms"], e["ttft_ms"])
+                # the answer 40 ms after the reasoning: never in the same read
+                self.assertGreater(e["answer_ttft_ms"], e["ttft_ms"] + 30)
                 self.assertEqual(e["cached_tokens"], 3)
                 self.assertEqual(e["cache_write_tokens"], 2)
                 evs = [(h, inner(h, p)) for h, p, _ in decode(resp.body)]
@@ -278,6 +288,85 @@ class BedrockSimTest(harness.TestCase):
         self.assertTrue(last, "no series for the model named in the path")
         self.assertEqual(last[0]["output_tokens"], e["output_tokens"])
         self.assertEqual(last[0]["metrics"]["ttft"]["count"], 1)
+
+
+# --------------------------------------------------------------------------
+# AWS's own SDK
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SDK_DIR = os.path.join(os.path.dirname(HERE), "artifacts", "npm-bedrock")
+SDK_SCRIPT = os.path.join(HERE, "bedrock_sdk.cjs")
+# No version: the AWS packages are not all served at one version, and npm
+# resolves a set that loads together (checked with 3.1178.0).
+SDK_SPEC = "@aws-sdk/client-bedrock-runtime"
+
+
+def npm_install_sdk():
+    mark = os.path.join(SDK_DIR, "node_modules", "@aws-sdk", "client-bedrock-runtime", "package.json")
+    if os.path.exists(mark):
+        return
+    for tool in ("node", "npm"):
+        if shutil.which(tool) is None:
+            raise AssertionError("%s is not installed: run contrib/setup.sh (it installs Debian's nodejs and npm)"
+                                 % tool)
+    os.makedirs(SDK_DIR, exist_ok=True)
+    try:
+        p = subprocess.run(["npm", "install", "--prefix", SDK_DIR, "--no-audit", "--no-fund", "--no-save", SDK_SPEC],
+                           capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("npm install %s did not finish within 120 s (no registry access?)" % SDK_SPEC)
+    if p.returncode != 0 or not os.path.exists(mark):
+        raise AssertionError("npm install %s into %s failed (exit %d):\n%s" % (
+            SDK_SPEC, SDK_DIR, p.returncode, (p.stdout + p.stderr)[-3000:]))
+
+
+def run_sdk(port, op, model, rid, ttft, itl, tokens, exception=None):
+    argv = ["node", SDK_SCRIPT, SDK_DIR, "http://127.0.0.1:%d" % port, op, model, rid, str(ttft), str(itl),
+            str(tokens)] + ([exception] if exception else [])
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    if p.returncode != 0:
+        raise AssertionError("node %s exited %d:\n%s" % (SDK_SCRIPT, p.returncode, p.stderr[-3000:]))
+    return json.loads(p.stdout)
+
+
+class BedrockSdkTest(harness.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        npm_install_sdk()
+        cls.sim = harness.start_sim(cls, "--seed", "5")
+        cls.start_logged(cls.sim.url, "tokentap-bedrock-sdk-")
+
+    def test_sdk_through_tokentap(self):
+        for op, api in (("converse", "bedrock-converse"), ("invoke", "bedrock-invoke")):
+            with self.subTest(op=op):
+                direct = run_sdk(self.sim.port, op, ARN, "it-br-sdk-direct-" + op, 60, 10, 6)
+                rid = "it-br-sdk-" + op
+                via = run_sdk(self.tt.port, op, ARN, rid, 60, 10, 6)
+                self.assertNotIn("error", via, via)
+                self.assertEqual(via["events"], direct["events"], "the SDK decodes what tokentap forwards as the sim's")
+                e = self.log_entry(self.log, rid)
+                self.assertEqual(e["api"], api)
+                self.assertEqual(e["model"], ARN)
+                self.assertEqual(e["token_events"], 6)
+                self.assertIsNone(e["error"])
+                self.assertLessEqual(e["ttft_ms"], via["first_delta_ms"] + ROUND_MS)
+                self.assertGreaterEqual(e["ttft_ms"], 60.0)
+                if op == "converse":
+                    u = via["events"][-1]["metadata"]["usage"]
+                    self.assertEqual((e["input_tokens"], e["output_tokens"]), (u["inputTokens"], u["outputTokens"]))
+                else:
+                    m = via["events"][-1]["amazon-bedrock-invocationMetrics"]
+                    self.assertEqual((e["input_tokens"], e["output_tokens"]),
+                                     (m["inputTokenCount"], m["outputTokenCount"]))
+                    self.assertAlmostEqual(e["server_ttft_ms"], m["firstByteLatency"], delta=ROUND_MS)
+
+    def test_sdk_exception(self):
+        rid = "it-br-sdk-exc"
+        via = run_sdk(self.tt.port, "converse", MODEL, rid, 5, 1, 3, "throttlingException")
+        self.assertEqual(via.get("error"), "ThrottlingException", via)
+        self.assertEqual(sum(1 for ev in via["events"] if "contentBlockDelta" in ev), 3)
+        e = self.log_entry(self.log, rid)
+        self.assertEqual(e["error"], "response_failed")
 
 
 # --------------------------------------------------------------------------
