@@ -15,7 +15,7 @@ packages=(
 	clang libclang-rt-dev clang-format
 	# the dashboard test (headless, runs without recommends) and the fleet-quantile test
 	chromium fonts-dejavu-core prometheus
-	# callgrind, for contrib/bench/instr.py and its test (tests/integration/test_instr.py)
+	# callgrind, for contrib/lab/instr.py and its test (tests/integration/test_instr.py)
 	valgrind
 )
 

@@ -1,24 +1,33 @@
 #!/usr/bin/env python3
-"""The include direction in src/: no file includes the header of a file above it.
+"""The include direction in src/: a folder includes only its own headers and
+those of the folders below it.
 
 Usage: check_layers.py [SRC_DIR]   (default: the src/ next to tests/)
        check_layers.py --self-test [SRC_DIR]
 
-Every file of src/ belongs to a module (a .c and its .h; a header-only file is
-its own module; _int headers belong to the module they are private to), and
-every module to a layer of LAYERS below, the chain README.md's "Source layout"
-shows. An `#include "x.h"` in a module of layer n may name a header of layer n
-or below, never above; within one layer, two modules may not include each
-other. A file of src/ that is in no layer fails too: a new file must be placed.
-Modules listed but absent from src/ are skipped. There are no exceptions: a
-violation is an error (issue #19's steps emptied the list they had, and P7
-removed it).
+src/ has one folder per layer and src/CMakeLists.txt one library per folder,
+`tt_folder(NAME SOURCES ... LINK tt_below ...)`. The LINK lists are the
+layering: a folder may use the folders it links and, through them, what they
+link. This check reads them from src/CMakeLists.txt (the one place the order
+is written) and fails:
 
-Exits 0 and prints the chain it checked, or 1 with one line per violation.
---self-test plants violations in copies of SRC_DIR (an include of a higher
-layer, two modules of one layer including each other, a file in no layer)
-and exits 0 only when the check passes the copy as it is and fails each
-planted one with its message (ctest `layers_selftest`).
+- on an `#include "x.h"` in a folder of a header that is not in the folder or
+  one below it (the build refuses most of these too, since a folder's headers
+  are reachable only through its library; the check also names the edge);
+- on a header that is in no folder, or in two;
+- on two modules of one folder that include each other (a module is a .c and
+  its .h; a _int header belongs to the module it is private to);
+- on folders that link each other, directly or round about;
+- on a .c file of a folder that its tt_folder() does not list, or a listed
+  file that is not there, and on a file of src/ outside every folder but
+  CMakeLists.txt.
+
+Exits 0 and prints the folders it checked, highest first, or 1 with one line
+per violation. --self-test plants violations in copies of SRC_DIR (an include
+of a folder above, two modules of one folder including each other, a file no
+library lists, a folder cycle) and exits 0 only when the check passes the
+copy as it is and fails each planted one with its message (ctest
+`layers_selftest`).
 """
 
 import contextlib
@@ -29,23 +38,8 @@ import shutil
 import sys
 import tempfile
 
-# Highest layer first. Names are modules: a file's name without its extension.
-LAYERS = [
-    (9, "main cli"),
-    (8, "admin admin_stats admin_recent admin_gate prom prom_proto prom_accept compare live dashboard"),
-    (7, "worker"),
-    (6, "proxy"),
-    (5, "client"),
-    (4, "request mirror"),
-    (3, "exchange"),
-    (2, "meter"),
-    # control includes nothing of ours, and worker (7) includes control.h: it
-    # belongs low, not with the admin API.
-    (1, "upstream scrape router stats store paired store_held store_query store_check accesslog workload recent "
-     "loader tls control fdlimit"),
-    (0, "reqparse respparse framer eventstream classify keyscan reqinfo timeline tracectx hist slice series_key "
-     "knee config balance log bevio rxstamp varint strutil loop check version promtext signrank"),
-]
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+FOLDER = re.compile(r"^tt_folder\((\w+)(.*?)\)\s*$", re.M | re.S)
 
 # Files that belong to another module than their name says.
 OWNER = {
@@ -57,87 +51,133 @@ OWNER = {
     "settings.h": "config",
 }
 
-INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
-
 
 def module_of(name):
     if name in OWNER:
         return OWNER[name]
-    base = name
     for ext in (".h.in", ".c", ".h"):
-        if base.endswith(ext):
-            return base[: -len(ext)]
-    return base
+        if name.endswith(ext):
+            return name[: -len(ext)]
+    return name
 
 
-def layer_map():
-    """Module name -> layer number; raises ValueError on a module listed twice."""
-    layer = {}
-    for n, names in LAYERS:
-        for m in names.split():
-            if m in layer:
-                raise ValueError(f"{m} is listed twice")
-            layer[m] = n
-    return layer
+def read_folders(src):
+    """folder -> (set of folders it links, list of sources it lists)."""
+    with open(os.path.join(src, "CMakeLists.txt"), encoding="utf-8") as fh:
+        text = re.sub(r"#.*", "", fh.read())
+    folders = {}
+    for name, body in FOLDER.findall(text):
+        words = body.split()
+        links, sources, mode = set(), [], None
+        for w in words:
+            if w in ("SOURCES", "LINK"):
+                mode = w
+            elif mode == "LINK" and w.startswith("tt_"):
+                links.add(w[3:])
+            elif mode == "SOURCES" and w.startswith(f"{name}/"):
+                sources.append(w[len(name) + 1 :])
+        folders[name] = (links, sources)
+    return folders
+
+
+def below(folders, name, seen=()):
+    """Every folder `name` reaches through its links; raises on a cycle."""
+    out = set()
+    for d in folders[name][0]:
+        if d == name or d in seen:
+            raise ValueError(" -> ".join(seen + (name, d)))
+        if d not in folders:
+            continue
+        out.add(d)
+        out |= below(folders, d, seen + (name,))
+    return out
 
 
 def main(argv):
     here = os.path.dirname(os.path.abspath(__file__))
     src = argv[1] if len(argv) > 1 else os.path.join(here, "..", "src")
-    try:
-        layer = layer_map()
-    except ValueError as e:
-        print(f"check_layers: {e}", file=sys.stderr)
-        return 1
-
-    files = sorted(f for f in os.listdir(src) if f.endswith((".c", ".h")))
     errors = []
-    edges = {}  # (module, module) -> [(file, header)]
-    present = set()
-    for f in files:
-        m = module_of(f)
-        present.add(m)
-        if m not in layer:
-            errors.append(f"{f}: module {m} is in no layer of tests/check_layers.py: place it")
-            continue
-        with open(os.path.join(src, f), encoding="utf-8") as fh:
-            text = fh.read()
-        for h in INCLUDE.findall(text):
-            hm = module_of(h)
-            if hm not in layer:
-                errors.append(f'{f}: includes "{h}", whose module {hm} is in no layer')
-                continue
-            if hm == m:
-                continue
-            edges.setdefault((m, hm), []).append((f, h))
-            if layer[hm] > layer[m]:
-                errors.append(f'{f} (layer {layer[m]}): includes "{h}" of {hm} (layer {layer[hm]}), above it')
+    folders = read_folders(src)
+    reach = {}
+    for name in folders:
+        try:
+            reach[name] = below(folders, name)
+        except ValueError as e:
+            errors.append(f"folders link each other: {e}")
+            reach[name] = set()
+    for name, (links, _) in folders.items():
+        for d in links - set(folders):
+            errors.append(f"tt_{name} links tt_{d}, which is no folder of src/")
 
-    for (a, b), incs in sorted(edges.items()):
-        if a < b and layer[a] == layer[b] and (b, a) in edges:
-            lines = ", ".join(f'{f} -> "{h}"' for f, h in incs + edges[(b, a)])
-            errors.append(f"{a} and {b} (layer {layer[a]}) include each other: {lines}")
+    for f in sorted(os.listdir(src)):
+        if os.path.isfile(os.path.join(src, f)) and f != "CMakeLists.txt":
+            errors.append(f"{f}: in no folder of src/: place it")
+        elif os.path.isdir(os.path.join(src, f)) and f not in folders:
+            errors.append(f"{f}/: a folder no tt_folder() in src/CMakeLists.txt declares")
+
+    home = {}  # header -> folder
+    files = {}  # folder -> its .c/.h files
+    for name in folders:
+        d = os.path.join(src, name)
+        files[name] = sorted(f for f in os.listdir(d) if f.endswith((".c", ".h", ".h.in"))) if os.path.isdir(d) else []
+        for f in files[name]:
+            h = f[:-3] if f.endswith(".h.in") else f  # configured into the build tree
+            if h.endswith(".h"):
+                if h in home:
+                    errors.append(f"{h}: in {home[h]}/ and {name}/")
+                home[h] = name
+        listed = set(folders[name][1])
+        for f in files[name]:
+            if f.endswith(".c") and f not in listed and f != "main.c":
+                errors.append(f"{name}/{f}: not in tt_folder({name}) of src/CMakeLists.txt")
+        for f in sorted(listed):
+            if not os.path.exists(os.path.join(d, f)):
+                errors.append(f"{name}/{f}: listed in tt_folder({name}) but not there")
+
+    edges = {}  # (folder, module, module) -> [(file, header)]
+    for name in folders:
+        for f in files[name]:
+            with open(os.path.join(src, name, f), encoding="utf-8") as fh:
+                text = fh.read()
+            m = module_of(f)
+            for h in INCLUDE.findall(text):
+                hd = home.get(os.path.basename(h))
+                if "/" in h or hd is None:
+                    errors.append(f'{name}/{f}: includes "{h}", which is no header of a folder of src/')
+                    continue
+                if hd != name and hd not in reach[name]:
+                    errors.append(f'{name}/{f}: includes "{h}" of {hd}/, which {name}/ does not link')
+                    continue
+                hm = module_of(h)
+                if hd == name and hm != m:
+                    edges.setdefault((name, m, hm), []).append((f, h))
+    for (d, a, b), incs in sorted(edges.items()):
+        if a < b and (d, b, a) in edges:
+            lines = ", ".join(f'{f} -> "{h}"' for f, h in incs + edges[(d, b, a)])
+            errors.append(f"{a} and {b} ({d}/) include each other: {lines}")
 
     if errors:
         for e in errors:
             print(e)
         return 1
-    print("include direction checked, highest layer first:")
-    for n, names in LAYERS:
-        now = [m for m in names.split() if m in present]
-        if now:
-            print(f"  {n}  {' '.join(now)}")
+    print("include direction checked, each folder with what it may include:")
+    for name in sorted(folders, key=lambda n: (-len(reach[n]), n)):
+        print(f"  {name + '/':11} {' '.join(sorted(reach[name])) or '-'}")
     return 0
 
 
 def self_test(src):
-    # (what is planted: file -> line appended, the message expected)
+    # (what is planted: path -> line appended, the message expected)
     plants = [
         ({}, None),
-        ({"meter.c": '#include "client.h"\n'}, 'meter.c (layer 2): includes "client.h" of client (layer 5), above it'),
-        ({"framer.c": '#include "classify.h"\n', "classify.c": '#include "framer.h"\n'},
-         "classify and framer (layer 0) include each other"),
-        ({"planted_new.c": "int planted;\n"}, "planted_new.c: module planted_new is in no layer"),
+        ({"measure/meter.c": '#include "client.h"\n'},
+         'measure/meter.c: includes "client.h" of proxy/, which measure/ does not link'),
+        ({"parse/framer.c": '#include "classify.h"\n', "parse/classify.c": '#include "framer.h"\n'},
+         "classify and framer (parse/) include each other"),
+        ({"parse/planted_new.c": "int planted;\n"}, "parse/planted_new.c: not in tt_folder(parse)"),
+        ({"planted_top.c": "int planted;\n"}, "planted_top.c: in no folder of src/"),
+        ({"CMakeLists.txt": "tt_folder(planted LINK tt_planted2)\ntt_folder(planted2 LINK tt_planted)\n"},
+         "folders link each other"),
     ]
     failed = 0
     for plant, want in plants:

@@ -73,6 +73,8 @@ static void usage(FILE *f)
 		"  --timestamps kernel|read   when response bytes arrived: the kernel's receive time\n"
 		"                             (default) or the clock in the read callback (https:\n"
 		"                             always read)\n"
+		"  --new-connection           each request on a new connection, sent with\n"
+		"                             Connection: close (default: keep-alive)\n"
 		"\n"
 		"Load:\n"
 		"  --concurrency N            closed loop: N requests always in flight (default 1)\n"
@@ -305,6 +307,7 @@ enum {
 	OPT_SEED,
 	OPT_RUN_ID,
 	OPT_TIMESTAMPS,
+	OPT_NEW_CONNECTION,
 	OPT_REPLAY,
 	OPT_SPEED,
 	OPT_LIMIT,
@@ -353,6 +356,7 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 		{ "seed", required_argument, NULL, OPT_SEED },
 		{ "run-id", required_argument, NULL, OPT_RUN_ID },
 		{ "timestamps", required_argument, NULL, OPT_TIMESTAMPS },
+		{ "new-connection", no_argument, NULL, OPT_NEW_CONNECTION },
 		{ "replay", required_argument, NULL, OPT_REPLAY },
 		{ "speed", required_argument, NULL, OPT_SPEED },
 		{ "limit", required_argument, NULL, OPT_LIMIT },
@@ -485,6 +489,7 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 			o->kernel_ts = !strcmp(optarg, "kernel");
 			kernel_ts_given = o->kernel_ts;
 			break;
+		case OPT_NEW_CONNECTION: o->new_conn = true; break;
 		case OPT_CA: o->tls_ca = optarg; break;
 		case OPT_INSECURE: o->tls_insecure = true; break;
 		case OPT_TLS_CIPHERSUITES: o->tls_ciphersuites = optarg; break;

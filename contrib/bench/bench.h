@@ -13,11 +13,11 @@
  * bench_tls.c (https: the client context, sessions resumed).
  *
  * One definition of a token event: responses are split by tokentap's own
- * framer (src/framer.h) and each event is judged by its classifier
- * (src/classify.h); a request's timeline and derived metrics are tokentap's
- * struct req_record and record_derive() (src/timeline.h), with `arrive` set
+ * framer (src/parse/framer.h) and each event is judged by its classifier
+ * (src/parse/classify.h); a request's timeline and derived metrics are tokentap's
+ * struct req_record and record_derive() (src/record/timeline.h), with `arrive` set
  * to the moment the first request byte was written. Latencies go into
- * tokentap's histograms (src/hist.h) in microseconds, as tokentap records
+ * tokentap's histograms (src/record/hist.h) in microseconds, as tokentap records
  * them.
  */
 #pragma once
@@ -156,6 +156,7 @@ struct bench_opts {
 	struct dist input_len, output_len;
 	bool sim_headers, ignore_eos;
 	bool kernel_ts; /* stamp reads with the kernel's receive time */
+	bool new_conn;	/* --new-connection: each request on a connection of its own (Connection: close) */
 
 	const char *json_path, *requests_log_path, *svg_path, *compare_admin;
 	int progress; /* 1 on, 0 off, -1 when stderr is a TTY */

@@ -11,7 +11,7 @@
  * recorded arrival, the one of the two that goes first alternating from
  * request to request (BENCH_STAGGER_NS). Both meet the same machine
  * conditions, which running A then B would not give. The statistics are the
- * proxy's own (src/signrank.c, the tie rule of src/paired.h), so a mirror
+ * proxy's own (src/record/signrank.c, the tie rule of src/record/paired.h), so a mirror
  * pair online and a replayed pair offline are judged alike.
  */
 #include "bench.h"

@@ -4,7 +4,8 @@
  *
  *   closed loop:  N connections, each sends its next request the moment the
  *                 previous response ends (keep-alive; a closed connection is
- *                 replaced by a new one).
+ *                 replaced by a new one; with --new-connection every request
+ *                 is sent with Connection: close and gets a new one).
  *   open loop:    an arrival timer fires at poisson/gamma times; each arrival
  *                 takes an idle keep-alive connection from the pool, or opens
  *                 one, up to --max-inflight; arrivals beyond that wait in a
@@ -16,7 +17,7 @@
  * the read callback before any parsing, and all events framed out of one
  * read share that stamp. The stamp is, by default, the kernel's receive time
  * of the newest segment read (SO_TIMESTAMPNS, mapped from CLOCK_REALTIME onto
- * CLOCK_MONOTONIC by src/rxstamp.c, as tokentap does for `arrive`): on a
+ * CLOCK_MONOTONIC by src/record/rxstamp.c, as tokentap does for `arrive`): on a
  * loaded machine that leaves this process's own wake-up latency out of ttft
  * and itl. With --timestamps read it is the clock
  * read at the top of the callback. Sockets have TCP_NODELAY.
@@ -546,6 +547,8 @@ prompt_done:
 		evbuffer_add_printf(h, "anthropic-version: 2023-06-01\r\n");
 	if (o->sim_headers)
 		evbuffer_add_printf(h, "x-sim-tokens: %u\r\n", q->out_len);
+	if (o->new_conn)
+		evbuffer_add_printf(h, "Connection: close\r\n");
 	if (o->sessions)
 		evbuffer_add_printf(h, "%s: sess-%llu-%llu\r\n", o->session_header, (unsigned long long)o->seed,
 				    (unsigned long long)q->turn.session);
@@ -834,7 +837,8 @@ static bool conn_parse(struct conn *c, const char *buf, size_t len, uint64_t sta
 		return true;
 	}
 	if (q->done) { /* paused there: anything after the response is dropped */
-		bool keep = q->keep_alive && e == HPE_PAUSED && llhttp_get_error_pos(&c->parser) == buf + len;
+		bool keep = q->keep_alive && !c->run->o->new_conn && e == HPE_PAUSED &&
+			    llhttp_get_error_pos(&c->parser) == buf + len;
 		req_finish(c, BERR_NONE, stamp);
 		conn_after_request(c, keep);
 		return true;

@@ -1,6 +1,6 @@
 /*
  * bench_tls.c — tokentap-bench over https://: one client context for the
- * whole process (tokentap's own, src/tls.c: TLS 1.2 at least, the
+ * whole process (tokentap's own, src/base/tls.c: TLS 1.2 at least, the
  * certificate checked against the URL's host unless --insecure), SNI from
  * the URL's host, and the newest session the server handed out offered on
  * every new connection, so that connections after the first resume rather

@@ -2,7 +2,7 @@
  * sim_metrics.c — GET /metrics: the simulator's load as an engine's
  * Prometheus endpoint would show it, in vLLM's, SGLang's or llama.cpp's
  * names (--metrics-style; docs/simulator.md), so that tokentap's scraper
- * (src/scrape.c) can be tested against what the simulator really does.
+ * (src/upstream/scrape.c) can be tested against what the simulator really does.
  *
  * With --batching the figures are the scheduler's own: running = sequences
  * in the batch, waiting = received requests not yet admitted, KV use = the

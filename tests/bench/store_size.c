@@ -29,7 +29,7 @@
 
 #include "slice.h"
 #include "store.h"
-#include "../unit/testrand.h"
+#include "testrand.h"
 
 static void minute_traffic(struct slice *sl, unsigned requests, unsigned tokens)
 {

@@ -1,5 +1,5 @@
 /*
- * fuzz_check.h — what the fuzz targets share: CHECK() from src/check.h, an
+ * fuzz_check.h — what the fuzz targets share: CHECK() from src/base/check.h, an
  * assertion that stays on whatever the build type and aborts, so that
  * libFuzzer records the input; and a digest to compare runs by.
  */

@@ -39,6 +39,23 @@ from harness_events import read_access_log, wait_log_entry  # TestCase below
 from harness_upstream import *  # noqa: F401,F403
 
 
+def model_series(admin, model, n=1, path="/stats?window=5m&model=%s", timeout=10.0):
+    """The one /stats series of `model` once it counts at least n requests
+    (a series without a request count, as some views have, counts as one);
+    None if none shows within the timeout. Asserting on it is the caller's."""
+    last = []
+
+    def seen():
+        r, _ = exchange(admin, "GET", path % model)
+        if r is None or r.status != 200:
+            return False
+        last[:] = [s for s in r.json()["series"] if s["model"] == model]
+        return len(last) == 1 and last[0].get("requests", 1) >= n
+
+    wait_until(seen, timeout, 0.1)
+    return last[0] if last else None
+
+
 class TestCase(unittest.TestCase):
     """Adds a few assertion helpers shared by the suites."""
 

@@ -260,7 +260,8 @@ class Sessions(BenchCase):
 
 
 class ThroughTokentap(BenchCase):
-    """The accuracy check of issue 6: client and proxy agree."""
+    """Client and proxy agree on what they measured: the bench's view of the
+    same requests is the check that tokentap's numbers are right."""
 
     def one_attempt(self, sim):
         d = tempfile.mkdtemp(prefix="tokentap-bench-acc-")
@@ -335,6 +336,37 @@ class ThroughTokentap(BenchCase):
             if not problems:
                 return
         self.fail("client and tokentap disagree beyond %.1f ms in every attempt; last: %s" % (TOL_MS, problems))
+
+
+class Connections(BenchCase):
+    """Keep-alive by default; --new-connection: a connection per request,
+    each request saying Connection: close."""
+
+    @staticmethod
+    def answer(sock, req, ctx):
+        body = b'{"choices":[{"message":{"content":"a"}}],"usage":{"prompt_tokens":1,"completion_tokens":1}}'
+        sock.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                     % (len(body), body))
+        return True  # the server would keep it: closing is the client's choice
+
+    def run_against(self, *extra):
+        fu = harness.start_fake_upstream(self, self.answer)
+        out = self.tmp("r.json")
+        self.bench_ok(["--url", fu.url, "--no-stream", "--concurrency", 2, "--requests", 12, "--warmup", 0,
+                       "--no-progress", "--json", out, *extra])
+        res = load_json(out)["result"]
+        self.assertEqual(res["requests"]["ok"], 12, res)
+        return fu
+
+    def test_keep_alive_by_default(self):
+        fu = self.run_against()
+        self.assertEqual(fu.accepted, 2, "two closed-loop connections, kept")
+        self.assertTrue(all(r.header("connection") is None for r in fu.requests))
+
+    def test_new_connection_per_request(self):
+        fu = self.run_against("--new-connection")
+        self.assertEqual(fu.accepted, 12, "one connection per request")
+        self.assertEqual([r.header("connection") for r in fu.requests], ["close"] * 12)
 
 
 class OpenLoopAndSweep(BenchCase):

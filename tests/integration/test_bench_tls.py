@@ -1,4 +1,4 @@
-"""test_bench_tls.py — TLS on both sides of the proxy benchmarks (issue 20):
+"""test_bench_tls.py — TLS on both sides of the proxy benchmarks (scenarios f-i):
 tokentap-bench over https:// through tokentap's TLS listener counts the same
 tokens per request as over plain HTTP and reports what it negotiated; its
 connections after the first resume the server's session; the certificate is

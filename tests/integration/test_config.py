@@ -376,6 +376,19 @@ class BrokenFileTest(Broken, harness.TestCase):
         t = edit("      - upstream: b\n", "      - upstream: a\n")
         self.broken(t, [(rh.line_of(t, "- upstream: a", nth=2), ["routes[0].split[1].upstream", "a", "split[0]"])])
 
+    def test_a_split_over_64_upstreams_and_no_more(self):
+        # a pick marks the targets it tried in 64 bits: 64 is the most a
+        # route may split over, and 65 is refused with the bound named
+        def conf(n):
+            ups = "".join("  - name: u%d\n    url: http://127.0.0.1:%d\n" % (i, 10000 + i) for i in range(n))
+            split = "".join("      - upstream: u%d\n" % i for i in range(n))
+            return ("listen: 127.0.0.1:0\nupstreams:\n" + ups + "routes:\n  - name: wide\n    match: {path_prefix: /}\n"
+                    "    split:\n" + split)
+        res, _ = rh.check_config(conf(64))
+        self.assertEqual(res.returncode, 0, res.stderr)
+        t = conf(65)
+        self.broken(t, [(rh.line_of(t, "- upstream: u0"), ["routes[0].split", "at most 64 upstreams"])])
+
     def test_listen_with_listeners(self):
         t = edit("listen: 127.0.0.1:0\n", "listen: 127.0.0.1:0\nlisteners:\n  - address: 127.0.0.1:0\n")
         self.broken(t, [(rh.line_of(t, "listen:"), ["listen", "listeners"])])

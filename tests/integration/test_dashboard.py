@@ -402,7 +402,7 @@ class DashboardLiveTest(harness.TestCase):
             self.assertIn("p50 ", legend)
             self.assertIn(" ms", legend)
 
-        # issue #15's numbers: a chart when /stats has them, hidden when not
+        # numbers only some servers report: a chart when /stats has them, hidden when not
         for card, present in (("answer_ttft", "answer_ttft" in busiest["metrics"]),
                               ("reasoning", "reasoning" in busiest["metrics"]),
                               ("details", "cached_tokens" in busiest or "reasoning_tokens" in busiest)):
@@ -516,7 +516,7 @@ class DashboardHistoryTest(harness.TestCase):
 
 class NewNumbersAdmin:
     """A stand-in admin API for the page: forwards every request to a real
-    tokentap's admin, but adds issue #15's numbers (answer_ttft and
+    tokentap's admin, but adds the numbers only some servers report (answer_ttft and
     reasoning histograms, cached_tokens and reasoning_tokens counters) to
     each series of /stats and /stats/history, as the page will get them
     once tokentap records them. Loopback, port 0, stopped by the test."""

@@ -76,17 +76,9 @@ class HistogramsTest(harness.TestCase):
         return got
 
     def series(self, model, n):
-        last = []
-
-        def seen():
-            r = admin_get(self.admin, "/stats?window=5m&model=%s" % model)
-            if r is None or r.status != 200:
-                return False
-            last[:] = [s for s in r.json()["series"] if s["model"] == model]
-            return len(last) == 1 and last[0]["requests"] >= n
-
-        self.assertTrue(harness.wait_until(seen, 10.0, 0.1), "%s: /stats shows all %d" % (model, n))
-        return last[0]
+        s = harness.model_series(self.admin, model, n)
+        self.assertTrue(s is not None and s["requests"] >= n, "%s: /stats shows all %d" % (model, n))
+        return s
 
     def check_shape(self, api, model, include_usage, source):
         tags = ["it-decomp-%s-%d-%d" % (model, r, i) for r in range(ROUNDS) for i in range(N)]

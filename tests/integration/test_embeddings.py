@@ -116,18 +116,9 @@ class SimEmbeddingsTest(harness.TestCase):
         self.assertEqual(s["metrics"]["per_input"]["count"], 1, "the error has no inputs' time")
 
     def series(self, model, n=1):
-        last = []
-
-        def check():
-            r, _ = harness.exchange(self.admin, "GET", "/stats?window=5m&model=%s" % model)
-            if r.status != 200:
-                return False
-            last[:] = [s for s in r.json()["series"] if s["model"] == model]
-            return bool(last) and last[0]["requests"] >= n
-
-        harness.wait_until(check, 10.0, 0.1)
-        self.assertTrue(last, "no /stats series for model %s" % model)
-        return last[0]
+        s = harness.model_series(self.admin, model, n)
+        self.assertIsNotNone(s, "no /stats series for model %s" % model)
+        return s
 
     def check_stats(self, model, e):
         s = self.series(model)

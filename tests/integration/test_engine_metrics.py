@@ -1,4 +1,4 @@
-"""test_engine_metrics.py — issue #17 item 3: the engines' own /metrics,
+"""test_engine_metrics.py — the engines' own /metrics,
 scraped per upstream (docs/metrics.md "The engine's view").
 
 - Config: `metrics_url`, `metrics_interval` and `engine` on an upstream entry

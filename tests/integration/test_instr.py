@@ -1,4 +1,4 @@
-"""test_instr.py — contrib/bench/instr.py, the instruction count per event
+"""test_instr.py — contrib/lab/instr.py, the instruction count per event
 under callgrind, run small: scenario (c) through tokentap alone, windows of
 4 and 8 requests of 512 tokens. Its figures must hold together: the events
 between the windows are the 2,048 the bench received, the groups (self cost
@@ -21,7 +21,7 @@ import unittest
 import harness
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(HERE)), "contrib", "bench", "instr.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(HERE)), "contrib", "lab", "instr.py")
 RUN_TIMEOUT_S = 100
 TOKENS = 512  # scenario (c)'s output length
 

@@ -228,9 +228,9 @@ class MirrorTest(harness.TestCase):
         return found[:n]
 
     def test_shadow_non_streamed_usage_is_counted(self):
-        # plan 8.2 item 1: a non-streamed 2xx answer's usage is counted for
-        # the shadow as for the primary, and its stream flag is false even
-        # when the request asked for a stream
+        # the shadow runs a primary's exchange and meter: a non-streamed 2xx
+        # answer's usage is counted for the shadow as for the primary, and
+        # its stream flag is false even when the request asked for a stream
         answer = b'{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":3,"completion_tokens":7}}'
 
         def handler(sock, req, ctx):
@@ -247,7 +247,7 @@ class MirrorTest(harness.TestCase):
         self.assertIs(e["stream"], False)
 
     def test_shadow_on_a_pooled_connection_closed_is_replayed(self):
-        # plan 8.2 item 2: the server closes the pooled connection as the
+        # as a primary's (the same exchange): the server closes the pooled connection as the
         # shadow reuses it; the shadow goes again once on a new one
         shadow = ClosingOnReuse(self)
         tt, admin = self.start(shadow.url, 100)
@@ -261,7 +261,7 @@ class MirrorTest(harness.TestCase):
         self.assertEqual(self.upstream(admin, "shadow")["errors"], {})
 
     def test_shadow_failure_sets_last_error(self):
-        # plan 8.2 item 3: /upstreams names the shadow's last failure
+        # as a primary's: /upstreams names the shadow's last failure
         tt, admin = self.start("http://127.0.0.1:%d" % harness.free_port(), 100)
         self.assertEqual(rh.send(tt.port, rh.chat()).status, 200)
         self.assertTrue(harness.wait_until(
@@ -273,7 +273,7 @@ class MirrorTest(harness.TestCase):
         self.assertIsNone(self.upstream(admin, "primary")["last_error"])
 
     def test_shadow_bytes_out_counts_response_bytes_taken(self):
-        # plan 8.2 item 4: a head that never completed gave the client
+        # as a primary's: a head that never completed gave the client
         # nothing; the shadow counts it as the primary would, 0 bytes
         def handler(sock, req, ctx):
             sock.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-half")
@@ -286,9 +286,10 @@ class MirrorTest(harness.TestCase):
         self.assertEqual(e["bytes_out"], 0)
 
     def test_shadow_connect_timeout_counts_connect_failed(self):
-        # plan 8.2 item 6, kept: a shadow that cannot connect in time is
-        # counted connect_failed (a primary's would be a timeout), and the
-        # primary is answered as if there were no shadow
+        # kept apart, so that a shadow never delays or fails its primary: a
+        # shadow that cannot connect in time is counted connect_failed (a
+        # primary's would be a timeout), and the primary is answered as if
+        # there were no shadow
         bh = harness.Blackhole()
         self.addCleanup(bh.stop)
         self.ups = {"primary": self.primary.url, "shadow": bh.url}

@@ -53,17 +53,25 @@ class ClosingOnReuse:
             buf += d
         return None, b""
 
+    def answer_first(self, c):
+        """Reads the connection's first request and answers it: what came
+        after it, or None when the client went away before it was whole."""
+        head, buf = self.read_request(c, b"")
+        if head is None:
+            return None
+        with self.lock:
+            self.requests += 1
+        body = b'{"ok":true}'
+        c.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                  % (len(body), body))
+        return buf
+
     def serve(self, c):
         with c:
             c.settimeout(10)
-            head, buf = self.read_request(c, b"")
-            if head is None:
+            buf = self.answer_first(c)
+            if buf is None:
                 return
-            with self.lock:
-                self.requests += 1
-            body = b'{"ok":true}'
-            c.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                      % (len(body), body))
             head, buf = self.read_request(c, buf)
             if head is None:
                 return

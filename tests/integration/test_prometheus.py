@@ -42,7 +42,7 @@ targets are up; every query of contrib/grafana/tokentap-dashboard.json
 evaluates in this Prometheus to a non-empty result while the traffic is in
 its range (a misspelt metric would answer "success" with nothing), and
 promtool accepts contrib/prometheus/prometheus.yml. Each tokentap scrapes
-its simulator's engine /metrics (#17): Prometheus reads the engine gauges
+its simulator's engine /metrics (metrics_url): Prometheus reads the engine gauges
 and scrape counters of both, per upstream (one series each, values within
 their ranges, successful scrapes counted, none failed). Prometheus is stopped by
 its PID (SIGTERM, bounded wait, then SIGKILL). Missing `prometheus` is a

@@ -255,17 +255,9 @@ class ReasoningTest(harness.TestCase):
         self.assertAlmostEqual(e["reasoning_ms"], tl["last_reasoning"] - tl["first_reasoning"], delta=0.003)
 
     def stats_series(self, model, path="/stats?window=5m&model=%s"):
-        last = []
-
-        def check():
-            r, _ = harness.exchange(self.admin, "GET", path % model)
-            if r.status != 200:
-                return False
-            last[:] = [s for s in r.json()["series"] if s["model"] == model]
-            return bool(last) and last[0].get("requests", 1) >= 1
-        harness.wait_until(check, 10.0, 0.1)
-        self.assertTrue(last, "no series for model %s at %s" % (model, path % model))
-        return last[0]
+        s = harness.model_series(self.admin, model, 1, path)
+        self.assertIsNotNone(s, "no series for model %s at %s" % (model, path % model))
+        return s
 
     def check_stats(self, e, model, usage):
         s = self.stats_series(model)

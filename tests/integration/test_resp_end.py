@@ -50,8 +50,9 @@ def http10(raw):
 
 class CloseDelimitedTest(harness.TestCase):
     """Whenever the response needed the upstream's EOF to end (or says the
-    connection does not persist), the client's connection closes after it
-    (issue #14, item 1)."""
+    connection does not persist), the client's connection closes after it:
+    the client can tell where such a response ends only by the close, so a
+    connection kept open would leave it waiting."""
 
     def start(self, handler):
         fu = harness.start_fake_upstream(self, handler)
@@ -151,7 +152,8 @@ def no_body_answers(sock, req, fu):
 
 
 class NoBodyTest(harness.TestCase):
-    """1xx, 204 and 304 responses end at their head (issue #14, item 2)."""
+    """1xx, 204 and 304 responses end at their head, whatever length they
+    claim: RFC 9112 gives them no body, and waiting for one stalls the client."""
 
     def setUp(self):
         self.fu = harness.start_fake_upstream(self, no_body_answers)
@@ -302,8 +304,8 @@ def tls_whole_close_delimited(sock, req, fu):
 
 
 class TlsDirtyCloseTest(harness.TestCase):
-    """A TLS upstream closes right after the response, without close_notify
-    (issue #14, item 3)."""
+    """A TLS upstream closes right after the response, without close_notify,
+    as many servers do: a response that was whole is still delivered whole."""
 
     # (padding, split) per round: the head padded by an X-Pad header of
     # `padding` bytes (the answers that take it); with `split`, that many

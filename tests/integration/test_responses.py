@@ -186,18 +186,8 @@ class EndingsTest(harness.TestCase):
 
     def check_stats(self, model, kind, out):
         """/stats has the model's series, its error counted under the kind."""
-        last = []
-
-        def check():
-            r, _ = harness.exchange(self.admin, "GET", "/stats?window=5m&model=%s" % model)
-            if r.status != 200:
-                return False
-            last[:] = [s for s in r.json()["series"] if s["model"] == model]
-            return bool(last) and last[0]["requests"] >= 1
-
-        harness.wait_until(check, 10.0, 0.1)
-        self.assertTrue(last, "no /stats series for model %s" % model)
-        s = last[0]
+        s = harness.model_series(self.admin, model)
+        self.assertIsNotNone(s, "no /stats series for model %s" % model)
         self.assertEqual(s["requests"], 1)
         self.assertEqual(s["output_tokens"], out if out is not None else 3, "unknown usage: token events count")
         for k in ("response_failed", "response_incomplete"):

@@ -1,4 +1,4 @@
-"""test_routing_bench.py — contrib/bench/routing.py, the routing benchmark,
+"""test_routing_bench.py — contrib/lab/routing.py, the routing benchmark,
 runs end to end so that it cannot rot: --quick, scenario (p) for 3 s, with
 tokentap's weighted split and one peer (nginx least_conn, else HAProxy
 leastconn, whichever is installed; with neither, tokentap alone: the script
@@ -18,7 +18,7 @@ import unittest
 import harness
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, "contrib", "bench", "routing.py")
+SCRIPT = os.path.join(ROOT, "contrib", "lab", "routing.py")
 
 
 def installed(prog):

@@ -1,7 +1,7 @@
 """test_series_labels.py — the series a request is counted under, by how it
 ends: its labels in /stats (route, upstream, model) and its cold count.
 
-The meter (src/meter.c) resolves a request's series once, at its first
+The meter (src/measure/meter.c) resolves a request's series once, at its first
 inter-token record or when the request is recorded, from the labels the
 request's routing has reached by then. So: a request no route matches is
 counted under route and upstream "none"; one refused after its route matched

@@ -9,7 +9,7 @@ max exact, mean and p50/p90/p95/p99/p99.9 within the histogram's bound.
 
 The bound: tokentap stores times in whole µs (the ns value rounded) and
 reports a quantile as the midpoint of the bucket holding the sample of rank
-ceil(q*n), within 1 % of that sample (src/hist.h); the access log prints
+ceil(q*n), within 1 % of that sample (src/record/hist.h); the access log prints
 the same µs (ms with three decimals). So a quantile is within 1 % of the
 log's sample of that rank, plus 1 µs for the two roundings of one ns value
 through doubles; token counts are exact below 128 and within 1 % above.

@@ -26,7 +26,7 @@ import routing_helpers as rh
 RATE_TOL = 0.05  # replayed arrival rate against the trace's
 # Under ASan, tokentap-bench's own timers run late by tens of ms on a busy
 # 2-core machine (seen: 5.3 % and 15 % off at a load of 15, in 2 of 5 runs
-# of the 0.75 s --speed 2 replay); the normal build keeps the 5 %.
+# of the 0.75 s --speed 2 replay); the normal build keeps 5 %.
 REPLAY_TOL = 0.25 if harness.is_sanitized() else RATE_TOL
 BLOCK = 16  # tokens per hash block in these tests (64 bytes of prompt text)
 RUN_TIMEOUT_S = 60

@@ -1,0 +1,369 @@
+/*
+ * request.c — the request object: its head noted into the record, its id,
+ * what the body prefix tells the router (model, stream flag, sticky field),
+ * the body framed for the upstream and the shadow, routing orchestrated
+ * (exchange_pick, the shadow, exchange_admit), and the outcome recorded
+ * once. It reads no client field: the client (client.c) owns the request
+ * and is the owner its exchange reaches through the hooks.
+ */
+#include "request.h"
+
+#include <event2/buffer.h>
+#include <llhttp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bevio.h"
+#include "classify.h"
+#include "config.h"
+#include "exchange.h"
+#include "meter.h"
+#include "mirror.h"
+#include "reqinfo.h"
+#include "router.h"
+#include "strutil.h"
+#include "timeline.h"
+#include "workload.h"
+
+/* Request ids: 128 bits from a random seed and a counter, mixed so that ids
+ * look random yet never repeat within a process. */
+static uint64_t mix64(uint64_t x)
+{
+	x += 0x9e3779b97f4a7c15ull;
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+void request_id_generate(struct request_ids *ids, char *out, size_t len)
+{
+	uint64_t hi = mix64(ids->seed + ++ids->counter);
+	snprintf(out, len, "%016llx%016llx", (unsigned long long)hi, (unsigned long long)mix64(hi ^ ids->seed));
+}
+
+/* A client-supplied id is kept only when it is safe to log and forward. */
+static bool request_id_acceptable(const char *s, size_t len)
+{
+	if (len == 0 || len > REQUEST_ID_MAX)
+		return false;
+	for (size_t i = 0; i < len; i++) {
+		unsigned char c = (unsigned char)s[i];
+		if (c <= 0x20 || c >= 0x7f || c == '"' || c == '\\')
+			return false;
+	}
+	return true;
+}
+
+/* (s, len) without the spaces and tabs around it. */
+static void trim_ows(const char **s, size_t *len)
+{
+	while (*len && ((*s)[0] == ' ' || (*s)[0] == '\t'))
+		(*s)++, (*len)--;
+	while (*len && ((*s)[*len - 1] == ' ' || (*s)[*len - 1] == '\t'))
+		(*len)--;
+}
+
+/*
+ * The request's trace (W3C Trace Context, tracectx.h). Exactly one valid
+ * traceparent: its trace goes on, with the client's sampled flag, and
+ * tokentap's span (a new id) is the parent the upstream sees; the client's
+ * tracestate goes with it when the list is valid and within bounds. No
+ * traceparent, a broken one or several: a new trace when the route
+ * generation's tracing.new_traces says so, sampled at tracing.sample_ratio,
+ * else none (the upstream then gets no traceparent and no tracestate, so a
+ * broken one is never passed on). One span per request: a failover or a
+ * shadow copy sends the same traceparent (exchange_head_write).
+ */
+static void request_trace(struct request *req)
+{
+	const struct reqhead *rh = &req->head;
+	const struct config *cfg = &req->x.rt->cfg;
+	struct trace_rng *rng = &req->env->trace_rng;
+	struct tracestate_scan sc;
+	const char *tp = NULL;
+	size_t tplen = 0;
+	unsigned ntp = 0;
+	bool state_ok = true;
+
+	memset(&sc, 0, sizeof(sc));
+	for (unsigned i = 0; i < rh->nhdr; i++) {
+		const struct hdr *h = &rh->hdrs[i];
+		const char *name = rh->buf + h->name_off, *val = rh->buf + h->val_off;
+		size_t vlen = h->val_len;
+		trim_ows(&val, &vlen);
+		if (name_eq(name, h->name_len, "traceparent")) {
+			ntp++;
+			tp = val;
+			tplen = vlen;
+		} else if (name_eq(name, h->name_len, "tracestate") && state_ok) {
+			state_ok = tracestate_add(&sc, val, vlen) == 0;
+		}
+	}
+	if (ntp == 1 && tracectx_parse(tp, tplen, &req->rec.trace) == 0) {
+		req->rec.traced = true;
+		req->rec.trace_state = state_ok && sc.members > 0;
+	} else if (cfg->trace_new) {
+		req->rec.traced = true;
+		trace_rng_id(rng, req->rec.trace.trace_id, sizeof(req->rec.trace.trace_id));
+		req->rec.trace.flags = trace_rng_unit(rng) < cfg->trace_ratio ? TRACE_FLAG_SAMPLED : 0;
+	} else {
+		return;
+	}
+	trace_rng_id(rng, req->rec.trace.span_id, sizeof(req->rec.trace.span_id));
+}
+
+/* ---- request objects ---- */
+
+struct request *request_new(struct request_env *env, const struct exchange_hooks *hooks, void *owner,
+			    uint64_t arrive_ns, uint64_t log_id)
+{
+	const struct config *cfg = &env->router->cfg;
+	const struct reqparse_limits lim = { cfg->max_header_size, cfg->max_headers, cfg->max_body_size };
+	struct request *req = calloc(1, sizeof(*req));
+
+	if (!req)
+		return NULL;
+	OBJ_MAGIC_SET(req, REQUEST_MAGIC);
+	req->env = env;
+	req->x.rt = env->router;
+	router_ref(req->x.rt);
+	req->rec.usage = USAGE_UNKNOWN;
+	req->rec.inputs = -1;
+	req->rec.stream = -1;
+	req->rec.itl_keep = env->x.meter.alog != NULL;
+	req->rec.at[TL_ARRIVE] = arrive_ns;
+	if (reqhead_init(&req->head, &lim) == -1 ||
+	    exchange_init(&req->x, &env->x, hooks, owner, &req->rec, &req->head, env->router, log_id, false) == -1) {
+		request_free(req);
+		return NULL;
+	}
+	return req;
+}
+
+void request_free(struct request *req)
+{
+	if (!req)
+		return;
+	CHECK_OBJ(req, REQUEST_MAGIC);
+	exchange_release(&req->x, false);
+	if (req->mirror)
+		mirror_detach(req->mirror, req->x.body_done);
+	exchange_free(&req->x);
+	workload_req_free(req->rec.wl);
+	record_release(&req->rec);
+	reqhead_free(&req->head);
+	free(req->body_prefix);
+	router_unref(req->x.rt);
+	OBJ_MAGIC_CLEAR(req);
+	free(req);
+}
+
+/* Each request is logged and counted once, when its outcome is known
+ * (meter_finish). */
+void request_record(struct request *req)
+{
+	CHECK_OBJ(req, REQUEST_MAGIC);
+	exchange_meter_label(&req->x);
+	if (meter_finish(&req->x.meter))
+		upstream_count_outcome(req->x.up, req->x.meter.rec);
+}
+
+/* What the record takes from a parsed head: method, path, API, id and the
+ * default stream flag. Runs once per request, when the head has parsed,
+ * whether it is then dispatched or refused (a refused request is logged
+ * with them). */
+void request_note_head(struct request *req)
+{
+	const struct reqhead *rh = &req->head;
+	const char *method = llhttp_method_name(rh->method);
+	const char *url = rh->buf + rh->url_off;
+	const struct hdr *h;
+	size_t plen = 0;
+
+	if (req->rec.at[TL_REQ_HEADERS])
+		return;
+	timeline_mark(&req->rec, TL_REQ_HEADERS, clock_now_ns());
+	copy_trunc(req->rec.method, sizeof(req->rec.method), method, strlen(method));
+	while (plen < rh->url_len && url[plen] != '?' && url[plen] != '#')
+		plen++;
+	copy_trunc(req->rec.path, sizeof(req->rec.path), url, plen);
+	req->rec.api = classify_api(url, plen);
+	h = reqhead_header(rh, "x-request-id");
+	if (h && request_id_acceptable(rh->buf + h->val_off, h->val_len))
+		copy_trunc(req->rec.id, sizeof(req->rec.id), rh->buf + h->val_off, h->val_len);
+	else
+		request_id_generate(&req->env->ids, req->rec.id, sizeof(req->rec.id));
+	request_trace(req);
+	if (req->rec.api == API_OLLAMA_CHAT || req->rec.api == API_OLLAMA_GENERATE)
+		req->rec.stream = 1; /* Ollama streams unless told not to */
+	else
+		req->rec.stream = classify_path_streams(req->rec.api, url, plen) ? 1 : 0;
+	size_t moff, mlen;
+	if (classify_path_model(url, plen, &moff, &mlen)) {
+		req->model_in_path = true;
+		reqinfo_path_model(url + moff, mlen, req->rec.model, sizeof(req->rec.model));
+	}
+}
+
+/* The prefix policy's key: the hash chain of the workload capture
+ * (workload.h) over the prompt text of the body prefix, in blocks of
+ * PREFIX_BLOCK_TOKENS (at 4 bytes a token), with no salt, so
+ * that every tokentap of a fleet computes the same one; the hash of the
+ * last whole block among the first `want` (the one open block when the
+ * prompt is shorter than one), which stands for every block before it.
+ * The scan stops once those blocks are full. Also the prompt's size, for
+ * the choice's token estimate. */
+static void request_prefix_key(struct request *req, unsigned want)
+{
+	static const uint8_t no_salt[16];
+	size_t block = (size_t)PREFIX_BLOCK_TOKENS * WL_BYTES_PER_TOKEN, done = 0;
+	struct wl_req *w = wl_req_new(no_salt, block);
+	const uint64_t *h;
+
+	if (!w)
+		return; /* out of memory: routed as if the prompt were unknown */
+	while (done < req->body_prefix_len && wl_req_prompt_bytes(w) < (uint64_t)want * block) {
+		size_t take = req->body_prefix_len - done < 4096 ? req->body_prefix_len - done : 4096;
+		wl_req_feed(w, req->body_prefix + done, take);
+		done += take;
+	}
+	uint64_t whole = wl_req_prompt_bytes(w) / block;
+	size_t n = wl_req_hashes(w, &h);
+	size_t k = whole ? (whole < want ? whole : want) : (n ? 1 : 0);
+	if (k && h) {
+		req->x.pick.has_prefix = true;
+		req->x.pick.prefix_key = h[k - 1];
+		req->x.pick.prefix_blocks = (unsigned)k;
+	}
+	workload_req_free(w);
+}
+
+/* Reads the model, stream flag and any sticky field from the body prefix;
+ * then routes the request if routing was waiting for them. The sticky field
+ * is the one of the route the request matches, which may depend on the
+ * model: so the model first, then the route, then (a second read of the
+ * prefix) that route's field. */
+void request_learn_body(struct request *req, bool complete)
+{
+	struct reqinfo info;
+
+	if (req->reqinfo_done)
+		return;
+	req->reqinfo_done = true;
+	if (req->body_prefix_len && reqinfo_parse_inputs(req->body_prefix, req->body_prefix_len, complete,
+							 classify_inputs_key(req->rec.api), &info) == 0) {
+		if (!req->model_in_path) /* Bedrock's body names no model: its path did */
+			copy_trunc(req->rec.model, sizeof(req->rec.model), info.model, strlen(info.model));
+		req->rec.inputs = info.inputs;
+		const char *alt = classify_inputs_alt_key(req->rec.api);
+		if (info.inputs < 0 && alt &&
+		    reqinfo_parse_inputs(req->body_prefix, req->body_prefix_len, complete, alt, &info) == 0)
+			req->rec.inputs = info.inputs;
+		if (info.stream >= 0)
+			req->rec.stream = info.stream;
+		const struct route *r = exchange_match(&req->x);
+		if (r && r->conf->balance == BALANCE_PREFIX)
+			request_prefix_key(req, r->conf->prefix_blocks);
+		if (r && r->conf->sticky == STICKY_JSON_FIELD &&
+		    reqinfo_parse_field(req->body_prefix, req->body_prefix_len, complete, r->conf->sticky_key, &info) ==
+			    0)
+			copy_trunc(req->x.sticky_value, sizeof(req->x.sticky_value), info.field_value,
+				   strlen(info.field_value));
+	}
+	free(req->body_prefix);
+	req->body_prefix = NULL;
+	if (req->x.xstate == XS_AWAIT_BODY)
+		request_route(req);
+}
+
+/* Body bytes for the upstream (and the mirror, if any), re-framed when the
+ * client sent them chunked: chunk boundaries are tokentap's own. */
+int request_body_bytes(struct request *req, const char *at, size_t len)
+{
+	char size_line[24] = "";
+	int n = 0;
+	bool bad = false; /* an add failed: out of memory */
+
+	if (req->head.chunked)
+		n = snprintf(size_line, sizeof(size_line), "%zx\r\n", len);
+	bad |= evbuffer_add(req->x.pending, size_line, (size_t)n) == -1;
+	bad |= evbuffer_add(req->x.pending, at, len) == -1;
+	if (req->head.chunked)
+		bad |= evbuffer_add(req->x.pending, "\r\n", 2) == -1;
+	if (bad)
+		return -1;
+	if (req->mirror && n)
+		mirror_feed(req->mirror, size_line, (size_t)n);
+	if (req->mirror)
+		mirror_feed(req->mirror, at, len);
+	if (req->mirror && req->head.chunked)
+		mirror_feed(req->mirror, "\r\n", 2);
+	if (req->mirror)
+		mirror_flush(req->mirror);
+	workload_feed(&req->rec.wl, at, len);
+	return 0;
+}
+
+int request_body_end(struct request *req)
+{
+	if (req->head.chunked) {
+		if (evbuffer_add(req->x.pending, "0\r\n\r\n", 5) == -1)
+			return -1;
+		if (req->mirror)
+			mirror_feed(req->mirror, "0\r\n\r\n", 5);
+		if (req->mirror)
+			mirror_flush(req->mirror);
+	}
+	req->x.body_done = true;
+	if (req->mirror)
+		mirror_body_done(req->mirror);
+	request_learn_body(req, true);
+	return 0;
+}
+
+int request_mirror_copy(const struct request *req, const struct upstream *shadow, struct evbuffer *out)
+{
+	if (exchange_head_write(&req->head, &req->rec, shadow, out) == -1)
+		return -1;
+	/* pending holds body bytes only here: the primary's head comes later */
+	return bevio_copy(out, req->x.pending);
+}
+
+/* Starts the shadow copy: its own head, the body bytes so far, and from
+ * now on every body byte the primary gets (request_body_bytes). Out of
+ * memory for the copy: no shadow. */
+static void request_mirror(struct request *req)
+{
+	struct request_env *renv = req->env;
+	struct evbuffer *bytes = evbuffer_new();
+	const struct mirror_env env = { &renv->x, &renv->mirrors, req->x.log_id };
+
+	if (!bytes)
+		return;
+	if (request_mirror_copy(req, req->x.route->mirror, bytes) == -1) {
+		evbuffer_free(bytes);
+		return;
+	}
+	req->mirror =
+		mirror_start(&env, req->x.route->mirror, req->x.route->name, req->x.route->conf->mirror_max_in_flight,
+			     &req->x.meter, &req->head, bytes, &req->mirror);
+	evbuffer_free(bytes);
+	if (req->mirror && req->x.body_done)
+		mirror_body_done(req->mirror);
+}
+
+/* Picks the route and the upstream, starts the shadow when the route
+ * mirrors this request (not when the override header pinned the upstream),
+ * then asks the upstream for a slot. Called once the head is parsed, or
+ * once the body prefix is, when routing needs it. */
+void request_route(struct request *req)
+{
+	bool pinned;
+
+	if (exchange_pick(&req->x, &pinned) == XR_ENDED)
+		return;
+	if (!pinned && route_mirror_pick(req->x.route))
+		request_mirror(req);
+	(void)exchange_admit(&req->x);
+}

@@ -1,0 +1,70 @@
+"""test_lab.py — the lab scripts in contrib/lab/ run end to end, small, so
+that they cannot rot: ab.py (which drives proxies.py's scenarios, runs and
+percentiles) with this build against itself for one round of scenario (c),
+late_gaps.py for one round of 20 requests, direct and through tokentap, and
+same_output.py comparing this build with itself.
+routing.py and instr.py have smoke tests of their own (test_routing_bench,
+test_instr). Neither script here may install anything (nginx and HAProxy are
+not asked for). Each must exit 0 and print, per target, figures that show
+traffic went through it."""
+
+import os
+import re
+import subprocess
+import sys
+import unittest
+
+import harness
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LAB = os.path.join(ROOT, "contrib", "lab")
+RUN_TIMEOUT_S = 240
+
+
+class LabSmoke(harness.TestCase):
+    def setUp(self):
+        self.build = os.path.dirname(os.path.abspath(harness.tokentap_bin()))
+        for rel in ("contrib/sim/tokentap-sim", "contrib/bench/tokentap-bench"):
+            if not os.access(os.path.join(self.build, rel), os.X_OK):
+                self.skipTest("the lab scripts need a build directory's layout; %s/%s is missing" % (self.build, rel))
+
+    def run_script(self, *args):
+        p = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+        self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-3000:])
+        return p.stdout + p.stderr
+
+    def test_ab_one_round_against_itself(self):
+        tt = harness.tokentap_bin()
+        out = self.run_script(os.path.join(LAB, "ab.py"), tt, "--build", self.build, "--rounds", "1",
+                              "--scenarios", "c")
+        # the summary table: one row per target, events/s last but one
+        # (direct has no cpu column)
+        rows = {m.group(1): m.group(2) for m in re.finditer(r"^(direct|old|new) +([0-9. -]+)$", out, re.M)}
+        self.assertEqual(set(rows), {"direct", "old", "new"}, out[-2000:])
+        for name, cells in rows.items():
+            nums = [float(c) for c in cells.split() if c != "-"]
+            events_s = nums[3]
+            self.assertGreater(events_s, 1000, (name, cells))
+            if name != "direct":
+                self.assertGreater(nums[4], 0, "%s: cpu s per M events" % name)
+
+    def test_late_gaps_one_round(self):
+        out = self.run_script(os.path.join(LAB, "late_gaps.py"), "--build", self.build, "--targets",
+                              "direct,tokentap", "--rounds", "1", "--requests", "20")
+        for target in ("direct", "tokentap"):
+            m = re.search(r"^round 1 %s +(\d+) gaps" % target, out, re.M)
+            self.assertIsNotNone(m, "%s: no round line\n%s" % (target, out[-2000:]))
+            self.assertGreater(int(m.group(1)), 0, target)
+        self.assertRegex(out, r"late gaps per 1,000, rounds \(median\):")
+
+    def test_same_output_of_a_build_and_itself(self):
+        out = self.run_script(os.path.join(LAB, "same_output.py"), self.build, self.build)
+        m = re.search(r"same_output: (\d+) access-log lines, (\d+) /metrics lines compared, times masked: the same",
+                      out)
+        self.assertIsNotNone(m, out[-2000:])
+        self.assertEqual(int(m.group(1)), 21, "7 requests, 3 rounds: each logged")
+        self.assertGreater(int(m.group(2)), 100)
+
+
+if __name__ == "__main__":
+    unittest.main()

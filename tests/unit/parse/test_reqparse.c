@@ -1,0 +1,235 @@
+/*
+ * test_reqparse.c — the request parser without sockets: framing that llhttp
+ * 8.1 accepts in its lenient build, or even in strict mode, is refused with
+ * 400 whether a stream arrives whole or a byte at a time; well-framed
+ * requests (an h2c offer among them) parse, and the next request on the
+ * connection after them too.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "reqparse.h"
+
+/* What the hooks saw of one stream. */
+struct seen {
+	struct reqhead head;
+	unsigned heads, completes;
+	char body[256];
+	size_t body_len;
+	char url[2][64]; /* of the first two requests */
+};
+
+static struct reqhead *on_begin(void *arg)
+{
+	return &((struct seen *)arg)->head;
+}
+
+static int on_head(void *arg, struct reqhead *h)
+{
+	struct seen *s = arg;
+	if (s->heads < 2)
+		snprintf(s->url[s->heads], sizeof(s->url[0]), "%.*s", (int)h->url_len, h->buf + h->url_off);
+	s->heads++;
+	return 0;
+}
+
+static int on_chunk(void *arg)
+{
+	(void)arg;
+	return 0;
+}
+
+static void on_body(void *arg, const char *at, size_t len)
+{
+	struct seen *s = arg;
+	assert_true(s->body_len + len <= sizeof(s->body));
+	memcpy(s->body + s->body_len, at, len);
+	s->body_len += len;
+}
+
+static void on_complete(void *arg)
+{
+	((struct seen *)arg)->completes++;
+}
+
+static const struct reqparse_hooks hooks = { on_begin, on_head, on_chunk, on_body, on_complete };
+
+/*
+ * Feeds `raw` in pieces of `step` bytes (0: whole), resuming after each
+ * message end as client.c does; each piece is a heap copy of exact size, so
+ * ASan sees any read past it. Returns the status the stream ended with: 0
+ * when every byte was taken, else the refusal's.
+ */
+static int run(const char *raw, size_t len, size_t step, struct seen *s)
+{
+	const struct reqparse_limits lim = { 32 << 10, 100, 1 << 20 };
+	struct reqparse rp;
+	size_t off = 0;
+	int status = 0;
+
+	memset(s, 0, sizeof(*s));
+	assert_int_equal(reqhead_init(&s->head, &lim), 0);
+	reqparse_init(&rp, &hooks, s);
+	while (off < len && !status) {
+		size_t n = step && len - off > step ? step : len - off;
+		char *piece = malloc(n);
+		size_t used = 0;
+		assert_non_null(piece);
+		memcpy(piece, raw + off, n);
+		for (size_t at = 0; at < n;) { /* a pipelined request follows a pause */
+			enum reqparse_status rs = reqparse_feed(&rp, piece + at, n - at, &used);
+			if (rs == REQPARSE_REFUSED || rs == REQPARSE_STOPPED) {
+				char msg[160];
+				status = reqparse_refusal(&rp, msg, sizeof(msg));
+				assert_true(msg[0] != '\0');
+				break;
+			}
+			at += used;
+			if (rs == REQPARSE_PAUSED)
+				reqparse_resume(&rp);
+		}
+		free(piece);
+		off += n;
+	}
+	reqhead_free(&s->head);
+	return status;
+}
+
+#define RUN(lit, step, s) run(lit, sizeof(lit) - 1, step, s)
+
+#define CHUNKED "POST /v1/chat/completions HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+/* Each refused whole and in every piece size from 1 to 8, the head never
+ * handed on where the fault is in the head. */
+static void expect_refused(const char *raw, size_t len, bool in_head)
+{
+	struct seen s;
+	for (size_t step = 0; step <= 8; step++) {
+		int status = run(raw, len, step, &s);
+		if (status != 400)
+			fail_msg("step %zu: status %d for \"%s\"", step, status, raw);
+		assert_int_equal(s.completes, 0);
+		if (in_head)
+			assert_int_equal(s.heads, 0);
+	}
+}
+
+#define REFUSED(lit, in_head) expect_refused(lit, sizeof(lit) - 1, in_head)
+
+static void test_lenient_chunk_framing(void **state)
+{
+	(void)state;
+	REFUSED(CHUNKED "5\r\nhelloXY0\r\n\r\n", false); /* chunk data not followed by CRLF */
+	REFUSED(CHUNKED "5\r\nhello\rZ0\r\n\r\n", false);
+	REFUSED(CHUNKED "5\r\nhello\nZ0\r\n\r\n", false);
+	REFUSED(CHUNKED "5\r\nhello0\r\n\r\n", false);
+	REFUSED(CHUNKED "5\rZhello\r\n0\r\n\r\n", false); /* chunk-size line: CR and any byte */
+	REFUSED(CHUNKED "5;a=b\rZhello\r\n0\r\n\r\n", false);
+	REFUSED(CHUNKED "5\nhello\r\n0\r\n\r\n", false);
+	REFUSED(CHUNKED "5\r\nhello\r\n0\rZ\r\n", false);
+	REFUSED(CHUNKED "5\r\nhello\r\n0\r\n\rZ", false); /* CR and any byte as the blank line */
+	REFUSED(CHUNKED "5\r\nhello\r\n0\r\n\r\r", false);
+}
+
+static void test_trailer_framing(void **state)
+{
+	(void)state;
+	/* accepted by llhttp 8.1 even in strict mode */
+	REFUSED(CHUNKED "5\r\nhello\r\n0\r\n\n", false);
+	REFUSED(CHUNKED "5\r\nhello\r\n0\r\nX-T: a\r\n\n", false);
+	REFUSED(CHUNKED "5\r\nhello\r\n0\r\nX-T: a\r\n b\r\n\r\n", false);
+	REFUSED(CHUNKED "5\r\nhello\r\n0\r\nX-T: a\r\n\tb\r\n\r\n", false);
+	REFUSED(CHUNKED "5\r\nhello\r\n0\r\n \r\n\r\n", false);
+	/* refused by llhttp itself, kept as regressions */
+	REFUSED(CHUNKED "5\r\nhello\r\n0\r\nX-T: a\n\r\n", false);
+	REFUSED(CHUNKED "5\r\nhello\r\n0\r\nX-T: a\rY: b\r\n\r\n", false);
+	REFUSED(CHUNKED "5\r\nhello\r\n0\r\nX-T: a\r\r\n\r\n", false);
+}
+
+static void test_target_bytes(void **state)
+{
+	static const char *const targets[] = {
+		"/ok\t/x",    "/ok\f/x", "/ok?a=\t", "/ok?a=\f", "/ok#f\t", "/ok\xc3\xa9",
+		"/ok?q=\x80", "/ok\xff", "/ok\x01",  "/ok\x0b",	 "/ok\x7f", "/ok?\x1b",
+	};
+	(void)state;
+	for (size_t i = 0; i < sizeof(targets) / sizeof(targets[0]); i++) {
+		char raw[128];
+		int n = snprintf(raw, sizeof(raw), "GET %s HTTP/1.1\r\nHost: h\r\n\r\n", targets[i]);
+		expect_refused(raw, (size_t)n, true);
+	}
+}
+
+static void test_head_framing(void **state)
+{
+	(void)state;
+	REFUSED("GET /ok HTTP/1.1\r\nHost: h\r\n\rX", true);
+	REFUSED("GET /ok HTTP/1.1\r\nHost: h\rX-A: b\r\n\r\n", true);
+	REFUSED("GET /ok HTTP/1.1\r\nHost: h\n\r\n", true);
+	REFUSED("GET /ok HTTP/1.1\r\nHost: h\r\nX-A: a\r\n b\r\n\r\n", true);
+	REFUSED("\rGET /ok HTTP/1.1\r\nHost: h\r\n\r\n", true);
+	REFUSED("\nGET /ok HTTP/1.1\r\nHost: h\r\n\r\n", true);
+}
+
+/* Well framed: accepted whole and a byte at a time, with the same body. */
+static void test_well_framed(void **state)
+{
+	static const char two[] = CHUNKED
+		"5;a=\"x\ty\"\r\nhello\r\n6\r\n world\r\n0\r\nX-T: a\r\nX-U: b\r\n\r\n"
+		"GET /v1/models?a=%20b&c=~!$'()*+,;=:@/?[] HTTP/1.1\r\nHost: h\r\n\r\n";
+	struct seen s;
+	(void)state;
+	for (size_t step = 0; step <= 8; step++) {
+		assert_int_equal(RUN(two, step, &s), 0);
+		assert_int_equal(s.heads, 2);
+		assert_int_equal(s.completes, 2);
+		assert_int_equal(s.body_len, 11);
+		assert_memory_equal(s.body, "hello world", 11);
+		assert_string_equal(s.url[1], "/v1/models?a=%20b&c=~!$'()*+,;=:@/?[]");
+	}
+}
+
+/* An h2c offer is declined: the message is an ordinary one and the next
+ * request on the connection parses (llhttp stopped with
+ * HPE_PAUSED_UPGRADE there before). */
+static void test_h2c_offer_then_next_request(void **state)
+{
+	static const char get[] =
+		"GET /a HTTP/1.1\r\nHost: h\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+		"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n"
+		"GET /b HTTP/1.1\r\nHost: h\r\n\r\n";
+	static const char post[] =
+		"POST /a HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nConnection: Upgrade\r\n"
+		"Upgrade: h2c\r\n\r\nhello"
+		"GET /b HTTP/1.1\r\nHost: h\r\n\r\n";
+	static const char ws[] = "GET /a HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n";
+	struct seen s;
+	(void)state;
+	for (size_t step = 0; step <= 8; step++) {
+		assert_int_equal(RUN(get, step, &s), 0);
+		assert_int_equal(s.completes, 2);
+		assert_string_equal(s.url[1], "/b");
+		assert_int_equal(RUN(post, step, &s), 0);
+		assert_int_equal(s.completes, 2);
+		assert_int_equal(s.body_len, 5);
+		assert_string_equal(s.url[1], "/b");
+		assert_int_equal(RUN(ws, step, &s), 501);
+	}
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_lenient_chunk_framing), cmocka_unit_test(test_trailer_framing),
+		cmocka_unit_test(test_target_bytes),	      cmocka_unit_test(test_head_framing),
+		cmocka_unit_test(test_well_framed),	      cmocka_unit_test(test_h2c_offer_then_next_request),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
