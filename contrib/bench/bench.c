@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <ctype.h>
 #include <jansson.h>
 
 #include "config.h"
@@ -38,6 +39,8 @@ static const struct {
 	{ "openai-responses", "/v1/responses", BAPI_OPENAI_RESPONSES },
 	{ "gemini", NULL, BAPI_GEMINI }, /* the path names the model: gemini_path() */
 	{ "gemini-array", NULL, BAPI_GEMINI_ARRAY },
+	{ "bedrock-converse", "converse", BAPI_BEDROCK_CONVERSE },
+	{ "bedrock-invoke", "invoke", BAPI_BEDROCK_INVOKE },
 };
 
 /* Gemini's path: the model (--model, else sim-model) and the method; with
@@ -73,6 +76,7 @@ static void usage(FILE *f)
 		"  --api NAME                 openai-chat (default), openai-completions, anthropic,\n"
 		"                             ollama-chat, ollama-generate, openai-responses,\n"
 		"                             gemini (SSE), gemini-array (the JSON-array stream)\n"
+		"                             bedrock-converse, bedrock-invoke (the model in the path)\n"
 		"  --stream, --no-stream      stream the response (default: stream)\n"
 		"  --model NAME               model field of the request (default: not sent)\n"
 		"  -H, --header 'NAME: VALUE' extra request header (repeatable, at most %d)\n"
@@ -582,11 +586,26 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 		o->kernel_ts = false;
 	for (size_t i = 0; i < sizeof(apis) / sizeof(apis[0]); i++)
 		if (apis[i].api == o->api) {
-			static char path[sizeof(o->base_path) + 320];
-			if (apis[i].path)
+			static char path[sizeof(o->base_path) + 3 * 256 + 64];
+			if (o->api == BAPI_BEDROCK_CONVERSE || o->api == BAPI_BEDROCK_INVOKE) {
+				/* /model/MODEL/OP: the model percent-encoded as the AWS SDKs do */
+				const char *m = o->model ? o->model : "sim-model";
+				size_t n = (size_t)snprintf(path, sizeof(path), "%s/model/", o->base_path);
+				if (strlen(m) > 256)
+					bad("--model", "a Bedrock model id is at most 256 bytes");
+				for (const unsigned char *mc = (const unsigned char *)m; *mc; mc++)
+					n += (size_t)snprintf(path + n, sizeof(path) - n,
+							      isalnum(*mc) || strchr("-._~", *mc) ? "%c" : "%%%02X",
+							      *mc);
+				snprintf(path + n, sizeof(path) - n, "/%s%s", apis[i].path,
+					 !o->stream			 ? ""
+					 : o->api == BAPI_BEDROCK_INVOKE ? "-with-response-stream"
+									 : "-stream");
+			} else if (apis[i].path) {
 				snprintf(path, sizeof(path), "%s%s", o->base_path, apis[i].path);
-			else
+			} else {
 				gemini_path(path, sizeof(path), o);
+			}
 			o->path = path;
 		}
 	if (dist_parse(&o->input_len, input_len, 1, err, sizeof(err)) == -1)
@@ -631,6 +650,8 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 	if (o->sessions && (o->api == BAPI_GEMINI || o->api == BAPI_GEMINI_ARRAY))
 		bad("--sessions", "builds chat messages: not for --api gemini");
 	if (o->sessions) {
+		if (o->api == BAPI_BEDROCK_CONVERSE || o->api == BAPI_BEDROCK_INVOKE)
+			bad("--sessions", "the Bedrock APIs are driven with single-turn prompts only");
 		if (replay_path)
 			bad("--sessions", "a trace brings its own prompts: it does not combine with --replay");
 		if (!o->turns)

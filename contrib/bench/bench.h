@@ -121,8 +121,10 @@ enum bench_api {
 	BAPI_OLLAMA_CHAT,
 	BAPI_OLLAMA_GENERATE,
 	BAPI_OPENAI_RESPONSES,
-	BAPI_GEMINI,	   /* /v1beta/models/MODEL:streamGenerateContent?alt=sse (SSE) or :generateContent */
-	BAPI_GEMINI_ARRAY, /* the same stream without ?alt=sse: one JSON array */
+	BAPI_GEMINI,	       /* /v1beta/models/MODEL:streamGenerateContent?alt=sse (SSE) or :generateContent */
+	BAPI_GEMINI_ARRAY,     /* the same stream without ?alt=sse: one JSON array */
+	BAPI_BEDROCK_CONVERSE, /* the model and the stream in the path (bench.c) */
+	BAPI_BEDROCK_INVOKE,   /* an Anthropic Messages body */
 };
 
 struct bench_opts {

@@ -190,6 +190,8 @@ static enum api_kind api_kind_of(enum bench_api a)
 	case BAPI_OPENAI_RESPONSES: return API_OPENAI_RESPONSES;
 	case BAPI_GEMINI:
 	case BAPI_GEMINI_ARRAY: return API_GEMINI_STREAM; /* the same events and body as API_GEMINI */
+	case BAPI_BEDROCK_CONVERSE: return API_BEDROCK_CONVERSE;
+	case BAPI_BEDROCK_INVOKE: return API_BEDROCK_INVOKE;
 	}
 	return API_UNKNOWN;
 }
@@ -471,9 +473,11 @@ static void request_build(struct run *r, const struct breq *q)
 
 	evbuffer_drain(b, evbuffer_get_length(b));
 	evbuffer_drain(h, evbuffer_get_length(h));
+	bool bedrock = o->api == BAPI_BEDROCK_CONVERSE || o->api == BAPI_BEDROCK_INVOKE;
+
 	evbuffer_add_printf(b, "{");
 	bool gemini = o->api == BAPI_GEMINI || o->api == BAPI_GEMINI_ARRAY;
-	if (r->model_json && !gemini) /* Gemini's is in the path */
+	if (r->model_json && !gemini && !bedrock) /* Gemini's and Bedrock's are in the path */
 		evbuffer_add_printf(b, "\"model\":%s,", r->model_json);
 	if (o->sessions) {
 		session_body_add(b, o, &q->turn);
@@ -490,13 +494,23 @@ static void request_build(struct run *r, const struct breq *q)
 	case BAPI_GEMINI_ARRAY:
 		evbuffer_add_printf(b, "\"contents\":[{\"role\":\"user\",\"parts\":[{\"text\":\"");
 		break;
+	case BAPI_BEDROCK_CONVERSE:
+		evbuffer_add_printf(b, "\"messages\":[{\"role\":\"user\",\"content\":[{\"text\":\"");
+		break;
+	case BAPI_BEDROCK_INVOKE:
+		evbuffer_add_printf(b,
+				    "\"anthropic_version\":\"bedrock-2023-05-31\",\"messages\":[{\"role\":"
+				    "\"user\",\"content\":\"");
+		break;
 	}
 	if (o->replay && q->seq < o->replay->n)
 		replay_prompt_add(b, o->replay, q->seq, o->seed);
 	else
 		prompt_text_add(b, q->in_len, o->seed, q->seq);
-	if (o->api == BAPI_OPENAI_CHAT || o->api == BAPI_ANTHROPIC || o->api == BAPI_OLLAMA_CHAT ||
-	    o->api == BAPI_OPENAI_RESPONSES)
+	if (o->api == BAPI_BEDROCK_CONVERSE)
+		evbuffer_add_printf(b, "\"}]}]");
+	else if (o->api == BAPI_OPENAI_CHAT || o->api == BAPI_ANTHROPIC || o->api == BAPI_OLLAMA_CHAT ||
+		 o->api == BAPI_OPENAI_RESPONSES || o->api == BAPI_BEDROCK_INVOKE)
 		evbuffer_add_printf(b, "\"}]");
 	else if (gemini)
 		evbuffer_add_printf(b, "\"}]}]");
@@ -525,6 +539,10 @@ prompt_done:
 	case BAPI_GEMINI_ARRAY: /* the method streams, not a field */
 		evbuffer_add_printf(b, ",\"generationConfig\":{\"maxOutputTokens\":%u}", q->out_len);
 		break;
+	case BAPI_BEDROCK_CONVERSE: /* the path says whether it streams */
+		evbuffer_add_printf(b, ",\"inferenceConfig\":{\"maxTokens\":%u}", q->out_len);
+		break;
+	case BAPI_BEDROCK_INVOKE: evbuffer_add_printf(b, ",\"max_tokens\":%u", q->out_len); break;
 	}
 	evbuffer_add_printf(b, "}");
 
@@ -537,6 +555,7 @@ prompt_done:
 				    o->api == BAPI_OLLAMA_CHAT || o->api == BAPI_OLLAMA_GENERATE
 					    ? "application/x-ndjson"
 				    : o->api == BAPI_GEMINI_ARRAY ? "application/json"
+				    : bedrock			  ? "application/vnd.amazon.eventstream"
 								  : "text/event-stream");
 	if (o->api == BAPI_ANTHROPIC && !has_header(o, "anthropic-version"))
 		evbuffer_add_printf(h, "anthropic-version: 2023-06-01\r\n");

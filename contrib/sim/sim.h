@@ -12,6 +12,7 @@
  *               step scheduler shared by all connections
  *   sim_cache.c the optional prefix-cache model (--prefix-cache)
  *   sim_metrics.c GET /metrics in vLLM's, SGLang's or llama.cpp's names
+ *   sim_bedrock.c AWS Bedrock's event-stream framing and base64 chunks
  *
  * Invariant kept across all files: the bytes of a response body are a pure
  * function of (--seed, request path, request body, x-sim-* overrides). No
@@ -144,6 +145,7 @@ struct sim_api_request {
 	int64_t cache_write_tokens; /* x-sim-cache-write-tokens, -1 if absent */
 	int64_t tool_call;	    /* x-sim-tool-call 0 or 1, -1 if absent */
 	int64_t reasoning_hidden;   /* x-sim-reasoning-hidden 0 or 1, -1 if absent */
+	const char *exception;	    /* x-sim-exception: a Bedrock stream ends in this exception, NULL none */
 	const char *header_error;   /* a malformed x-sim-* header, or NULL */
 	bool keep_alive;
 };
@@ -279,6 +281,19 @@ const char *sim_text_word(struct sim_prng *p, bool first, size_t *len);
 
 /* Appends s as a JSON string literal, quotes included. */
 void sim_json_str(struct evbuffer *out, const char *s, size_t len);
+
+/* ---- sim_bedrock.c ---- */
+
+/* Appends one event-stream message: an event of `event_type` whose JSON
+ * payload gets Bedrock's "p" padding member; an exception (no padding);
+ * an InvokeModel `chunk` carrying `json` base64-encoded. */
+void sim_es_event(struct evbuffer *out, const char *event_type, const char *json, size_t len);
+void sim_es_exception(struct evbuffer *out, const char *exception_type, const char *json, size_t len);
+void sim_es_chunk(struct evbuffer *out, const char *json, size_t len);
+
+/* A Bedrock path /model/MODEL/OP: *op points into path at OP, *model is
+ * MODEL percent-decoded (malloc'd, the caller frees it). */
+bool sim_bedrock_path(const char *path, const char **op, char **model);
 
 /* ---- sim_embed.c ---- */
 

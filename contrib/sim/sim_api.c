@@ -4,8 +4,9 @@
  * Responses (shaped like the hosted API), Anthropic messages, Ollama chat
  * and generate, llama.cpp's native /completion, TGI's /generate and
  * /generate_stream, Gemini's :generateContent and :streamGenerateContent
- * (Google AI and Vertex AI paths; SSE or a streamed JSON array), the model
- * list, errors and the simulator's own /sim/stats.
+ * (Google AI and Vertex AI paths; SSE or a streamed JSON array), AWS
+ * Bedrock's Converse and InvokeModel (streamed as an event stream,
+ * sim_bedrock.c), the model list, errors and the simulator's own /sim/stats.
  *
  * This file decides *what* is sent; sim_conn.c decides *when*. A
  * generating response is a struct sim_stream: sim_conn calls
@@ -27,17 +28,19 @@
 #include <time.h>
 
 enum sim_endpoint {
-	EP_CHAT,	    /* POST /v1/chat/completions */
-	EP_COMPLETIONS,	    /* POST /v1/completions */
-	EP_MESSAGES,	    /* POST /v1/messages (Anthropic) */
-	EP_OLLAMA_CHAT,	    /* POST /api/chat */
-	EP_OLLAMA_GENERATE, /* POST /api/generate */
-	EP_RESPONSES,	    /* POST /v1/responses (OpenAI Responses API) */
-	EP_LLAMACPP,	    /* POST /completion (llama.cpp native) */
-	EP_TGI,		    /* POST /generate (TGI, never streamed) */
-	EP_TGI_STREAM,	    /* POST /generate_stream (TGI, always streamed) */
-	EP_GEMINI,	    /* POST .../models/MODEL:generateContent (Gemini, Vertex AI) */
-	EP_GEMINI_STREAM,   /* POST .../models/MODEL:streamGenerateContent[?alt=sse] */
+	EP_CHAT,	     /* POST /v1/chat/completions */
+	EP_COMPLETIONS,	     /* POST /v1/completions */
+	EP_MESSAGES,	     /* POST /v1/messages (Anthropic) */
+	EP_OLLAMA_CHAT,	     /* POST /api/chat */
+	EP_OLLAMA_GENERATE,  /* POST /api/generate */
+	EP_RESPONSES,	     /* POST /v1/responses (OpenAI Responses API) */
+	EP_LLAMACPP,	     /* POST /completion (llama.cpp native) */
+	EP_TGI,		     /* POST /generate (TGI, never streamed) */
+	EP_TGI_STREAM,	     /* POST /generate_stream (TGI, always streamed) */
+	EP_GEMINI,	     /* POST .../models/MODEL:generateContent (Gemini, Vertex AI) */
+	EP_GEMINI_STREAM,    /* POST .../models/MODEL:streamGenerateContent[?alt=sse] */
+	EP_BEDROCK_CONVERSE, /* POST /model/MODEL/converse(-stream) (AWS Bedrock) */
+	EP_BEDROCK_INVOKE,   /* POST /model/MODEL/invoke(-with-response-stream): Anthropic's body */
 };
 
 /* Which error body a path answers with, so each client sees its own shape. */
@@ -78,6 +81,7 @@ struct sim_stream {
 	struct sim_timing timing; /* the scheduler's account, with --server-timing */
 	bool whole;		  /* embeddings, rerank: the answer is made, in ev (begin_embed) */
 	bool sse;		  /* Gemini: ?alt=sse, else the stream is one JSON array */
+	char *exception;	  /* Bedrock: the exception the stream ends in (x-sim-exception), or NULL */
 };
 
 /* ---- HTTP framing ---- */
@@ -320,6 +324,11 @@ static void prompt_text(enum sim_endpoint ep, const json_t *req, struct evbuffer
 				content_text(json_object_get(m, "parts"), text);
 		break;
 	}
+	case EP_BEDROCK_CONVERSE: /* system and content: lists of {"text"} blocks */
+	case EP_BEDROCK_INVOKE:
+		content_text(json_object_get(req, "system"), text);
+		messages_text(json_object_get(req, "messages"), text);
+		break;
 	}
 }
 
@@ -358,6 +367,8 @@ static int output_limit(enum sim_endpoint ep, const json_t *req, int64_t *limit,
 	case EP_TGI_STREAM: v = json_object_get(json_object_get(req, "parameters"), "max_new_tokens"); break;
 	case EP_GEMINI:
 	case EP_GEMINI_STREAM: v = json_object_get(json_object_get(req, "generationConfig"), "maxOutputTokens"); break;
+	case EP_BEDROCK_CONVERSE: v = json_object_get(json_object_get(req, "inferenceConfig"), "maxTokens"); break;
+	case EP_BEDROCK_INVOKE: v = json_object_get(req, "max_tokens"); break;
 	}
 	if (v == NULL || json_is_null(v))
 		return 0;
@@ -414,10 +425,14 @@ static int64_t request_reasoning(enum sim_endpoint ep, const json_t *req)
 			return -1;
 		v = json_object_get(o, "effort");
 		return v == NULL || json_is_null(v) ? SIM_REASONING_DEFAULT : effort_tokens(v);
+	case EP_BEDROCK_CONVERSE: /* Claude's thinking, passed through additionalModelRequestFields */
+	case EP_BEDROCK_INVOKE:
 	case EP_MESSAGES: {
 		const char *type;
 
 		o = json_object_get(req, "thinking");
+		if (o == NULL)
+			o = json_object_get(json_object_get(req, "additionalModelRequestFields"), "thinking");
 		type = json_string_value(json_object_get(o, "type"));
 		if (type == NULL)
 			return -1;
@@ -506,6 +521,7 @@ static void set_id(struct sim_stream *s)
 	case EP_RESPONSES: /* "resp_" + 32 hex; the message item's id is "msg_" + the same hex */
 		snprintf(s->id, sizeof(s->id), "resp_%016" PRIx64 "%016" PRIx64, a, b);
 		break;
+	case EP_BEDROCK_INVOKE:
 	case EP_MESSAGES: {
 		char *p = s->id + 6;
 
@@ -534,7 +550,8 @@ static void set_id(struct sim_stream *s)
 	case EP_LLAMACPP:
 	case EP_TGI:
 	case EP_TGI_STREAM:
-		s->id[0] = '\0'; /* Ollama, llama.cpp's and TGI's answers carry no id */
+	case EP_BEDROCK_CONVERSE:
+		s->id[0] = '\0'; /* Ollama, llama.cpp's, TGI's and Converse's answers carry no id */
 		break;
 	}
 }
@@ -713,6 +730,8 @@ static struct sim_stream *begin_generation(enum sim_endpoint ep, const struct si
 		s->streaming = !json_is_false(stream); /* Ollama streams by default */
 	else if (ep == EP_TGI || ep == EP_TGI_STREAM || ep == EP_GEMINI || ep == EP_GEMINI_STREAM)
 		s->streaming = ep == EP_TGI_STREAM || ep == EP_GEMINI_STREAM; /* the route decides, not the body */
+	else if (ep == EP_BEDROCK_CONVERSE || ep == EP_BEDROCK_INVOKE)
+		s->streaming = strstr(rq->path, "-stream") != NULL; /* so does Bedrock's */
 	else
 		s->streaming = json_is_true(stream);
 	s->details = json_is_true(json_object_get(json_object_get(req, "parameters"), "details"));
@@ -798,15 +817,25 @@ static struct sim_stream *begin_generation(enum sim_endpoint ep, const struct si
 	}
 
 	model = json_object_get(req, "model");
-	if (path_model != NULL)
-		s->model_json = json_literal(path_model);
-	else
+	if (ep == EP_BEDROCK_CONVERSE || ep == EP_BEDROCK_INVOKE) {
+		const char *op;
+		char *m = NULL;
+		if (sim_bedrock_path(rq->path, &op, &m))
+			s->model_json = json_literal(m); /* Bedrock names it in the path */
+		free(m);
+		if (rq->exception != NULL)
+			s->exception = strdup(rq->exception);
+	} else if (path_model != NULL) {
+		s->model_json = json_literal(path_model); /* so does Gemini */
+	} else {
 		s->model_json =
 			json_literal(json_is_string(model) && json_string_length(model) > 0 ? json_string_value(model)
 											    : sim_cfg.model);
+	}
 	if (rq->request_id != NULL)
 		s->request_id = strdup(rq->request_id);
-	if (s->model_json == NULL || (rq->request_id != NULL && s->request_id == NULL)) {
+	if (s->model_json == NULL || (rq->request_id != NULL && s->request_id == NULL) ||
+	    (rq->exception != NULL && (ep == EP_BEDROCK_CONVERSE || ep == EP_BEDROCK_INVOKE) && s->exception == NULL)) {
 		sim_api_free(s);
 		s = NULL;
 		write_error(out, fam, 500, "out of memory", rq);
@@ -847,7 +876,10 @@ static struct sim_stream *begin_generation(enum sim_endpoint ep, const struct si
 	if (s->streaming && fam == FAM_GOOGLE && !s->sse)
 		write_head(out, 200, "application/json; charset=UTF-8", -1, s->request_id, s->keep_alive);
 	else if (s->streaming)
-		write_head(out, 200, fam == FAM_OLLAMA ? "application/x-ndjson" : "text/event-stream; charset=utf-8",
+		write_head(out, 200,
+			   fam == FAM_OLLAMA					  ? "application/x-ndjson"
+			   : ep == EP_BEDROCK_CONVERSE || ep == EP_BEDROCK_INVOKE ? "application/vnd.amazon.eventstream"
+										  : "text/event-stream; charset=utf-8",
 			   -1, s->request_id, s->keep_alive);
 out:
 	json_decref(req);
@@ -939,6 +971,19 @@ struct sim_stream *sim_api_begin(const struct sim_api_request *rq, struct evbuff
 		write_error(out, FAM_OPENAI, 405, msg, rq);
 		return NULL;
 	}
+	{
+		const char *op;
+		char *m = NULL;
+		if (sim_bedrock_path(rq->path, &op, &m)) {
+			free(m);
+			ep = strncmp(op, "converse", 8) == 0 ? EP_BEDROCK_CONVERSE : EP_BEDROCK_INVOKE;
+			if (strcmp(rq->method, "POST") == 0)
+				return begin_generation(ep, rq, out, plan, NULL);
+			snprintf(msg, sizeof(msg), "%s takes POST, not %s", rq->path, rq->method);
+			write_error(out, FAM_OPENAI, 405, msg, rq);
+			return NULL;
+		}
+	}
 	char gmodel[256];
 	bool gemini = gemini_endpoint(rq->path, &ep, gmodel, sizeof(gmodel));
 	if (!gemini && !endpoint_of(rq->path, &ep)) {
@@ -958,7 +1003,9 @@ struct sim_stream *sim_api_begin(const struct sim_api_request *rq, struct evbuff
 
 static const char *finish_reason(const struct sim_stream *s)
 {
-	if (s->ep == EP_MESSAGES)
+	if (s->ep == EP_BEDROCK_CONVERSE)
+		return s->hit_limit ? "max_tokens" : "end_turn";
+	if (s->ep == EP_MESSAGES || s->ep == EP_BEDROCK_INVOKE)
 		return s->tool ? "tool_use" : s->hit_limit ? "max_tokens" : "end_turn";
 	if (s->tool && s->ep != EP_OLLAMA_CHAT) /* Ollama says "stop" after a call */
 		return "tool_calls";
@@ -1463,6 +1510,154 @@ static void gemini_part(struct sim_stream *s, struct evbuffer *b, const char *t,
 	evbuffer_add(b, "}", 1);
 }
 
+/* ---- AWS Bedrock: JSON built here, framed by sim_bedrock.c ---- */
+
+/* Frames the JSON in s->ev as one event-stream message (a Converse event
+ * of `type`, or an InvokeModel chunk) into one HTTP chunk. */
+static void bedrock_emit(struct sim_stream *s, struct evbuffer *out, const char *type)
+{
+	struct evbuffer *frame = evbuffer_new();
+	size_t n = evbuffer_get_length(s->ev);
+	const char *json = (const char *)evbuffer_pullup(s->ev, -1);
+
+	if (s->ep == EP_BEDROCK_INVOKE)
+		sim_es_chunk(frame, json, n);
+	else
+		sim_es_event(frame, type, json, n);
+	evbuffer_drain(s->ev, n);
+	evbuffer_add_buffer(s->ev, frame);
+	evbuffer_free(frame);
+	emit_chunk(s, out);
+}
+
+static void bedrock_event(struct sim_stream *s, struct evbuffer *out, const char *type, const char *json)
+{
+	evbuffer_add(s->ev, json, strlen(json));
+	bedrock_emit(s, out, type);
+}
+
+/* Bedrock's nominal timings, whole ms: the first byte at the ttft, the
+ * call at the last token. */
+static uint64_t bedrock_first_byte_ms(const struct sim_stream *s)
+{
+	return s->ttft_ns / 1000000;
+}
+
+static uint64_t bedrock_latency_ms(const struct sim_stream *s)
+{
+	return nominal_ns(s, s->n_reason + s->n_out) / 1000000;
+}
+
+/* Converse's usage and metrics: inputTokens without the cache's part. */
+static void converse_usage(struct sim_stream *s, struct evbuffer *b)
+{
+	uint64_t out = s->n_reason + s->n_out, fresh = s->n_in - s->n_cached - s->n_cache_write;
+
+	evbuffer_add_printf(b, "\"metrics\":{\"latencyMs\":%" PRIu64 "},\"usage\":{", bedrock_latency_ms(s));
+	if (s->cache_report)
+		evbuffer_add_printf(b, "\"cacheReadInputTokens\":%" PRIu64 ",\"cacheWriteInputTokens\":%" PRIu64 ",",
+				    s->n_cached, s->n_cache_write);
+	evbuffer_add_printf(b, "\"inputTokens\":%" PRIu64 ",\"outputTokens\":%" PRIu64 ",\"totalTokens\":%" PRIu64 "}",
+			    fresh, out, s->n_in + out);
+}
+
+static void bedrock_preamble(struct sim_stream *s, struct evbuffer *out)
+{
+	if (s->ep == EP_BEDROCK_CONVERSE) {
+		bedrock_event(s, out, "messageStart", "{\"role\":\"assistant\"}");
+		return;
+	}
+	evbuffer_add_printf(s->ev,
+			    "{\"type\":\"message_start\",\"message\":{\"id\":\"%s\",\"type\":\"message\","
+			    "\"role\":\"assistant\",\"model\":%s,\"content\":[],\"stop_reason\":null,"
+			    "\"stop_sequence\":null,\"usage\":",
+			    s->id, s->model_json);
+	anthropic_usage(s, s->ev, AU_START);
+	evbuffer_add(s->ev, "}}", 2);
+	bedrock_emit(s, out, "chunk");
+}
+
+/* A block opens (InvokeModel's Anthropic events; Converse sends no start
+ * for a text or reasoning block). */
+static void bedrock_open_block(struct sim_stream *s, struct evbuffer *out, int index, bool thinking)
+{
+	if (s->ep != EP_BEDROCK_INVOKE)
+		return;
+	evbuffer_add_printf(s->ev, "{\"type\":\"content_block_start\",\"index\":%d,\"content_block\":%s}", index,
+			    thinking ? "{\"type\":\"thinking\",\"thinking\":\"\"}"
+				     : "{\"type\":\"text\",\"text\":\"\"}");
+	bedrock_emit(s, out, "chunk");
+}
+
+static void bedrock_close_block(struct sim_stream *s, struct evbuffer *out, int index)
+{
+	if (s->ep == EP_BEDROCK_CONVERSE)
+		evbuffer_add_printf(s->ev, "{\"contentBlockIndex\":%d}", index);
+	else
+		evbuffer_add_printf(s->ev, "{\"type\":\"content_block_stop\",\"index\":%d}", index);
+	bedrock_emit(s, out, "contentBlockStop");
+}
+
+static void bedrock_token(struct sim_stream *s, struct evbuffer *out, bool reasoning, const char *p, size_t plen)
+{
+	int index = reasoning ? 0 : answer_index(s);
+
+	if (s->ep == EP_BEDROCK_CONVERSE) {
+		evbuffer_add_printf(s->ev, "{\"contentBlockIndex\":%d,\"delta\":{%s", index,
+				    reasoning ? "\"reasoningContent\":{\"text\":" : "\"text\":");
+		sim_json_str(s->ev, p, plen);
+		evbuffer_add(s->ev, reasoning ? "}}}" : "}}", reasoning ? 3 : 2);
+	} else {
+		evbuffer_add_printf(
+			s->ev,
+			"{\"type\":\"content_block_delta\",\"index\":%d,\"delta\":{\"type\":\"%s\",\"%s\":", index,
+			reasoning ? "thinking_delta" : "text_delta", reasoning ? "thinking" : "text");
+		sim_json_str(s->ev, p, plen);
+		evbuffer_add(s->ev, "}}", 2);
+	}
+	bedrock_emit(s, out, "contentBlockDelta");
+}
+
+/* The end: the answer block's stop, then either the exception asked for
+ * (Bedrock ends a stream with it) or the stop and the usage. */
+static void bedrock_finish(struct sim_stream *s, struct evbuffer *out)
+{
+	bedrock_close_block(s, out, answer_index(s));
+	if (s->exception != NULL) {
+		struct evbuffer *frame = evbuffer_new();
+		static const char msg[] = "{\"message\":\"Too many requests, please wait before trying again.\"}";
+		sim_es_exception(frame, s->exception, msg, sizeof(msg) - 1);
+		evbuffer_add_buffer(s->ev, frame);
+		evbuffer_free(frame);
+		emit_chunk(s, out);
+		return;
+	}
+	if (s->ep == EP_BEDROCK_CONVERSE) {
+		evbuffer_add_printf(s->ev, "{\"stopReason\":\"%s\"}", finish_reason(s));
+		bedrock_emit(s, out, "messageStop");
+		evbuffer_add(s->ev, "{", 1);
+		converse_usage(s, s->ev);
+		evbuffer_add(s->ev, "}", 1);
+		bedrock_emit(s, out, "metadata");
+		return;
+	}
+	evbuffer_add_printf(s->ev,
+			    "{\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"%s\",\"stop_sequence\":null},"
+			    "\"usage\":",
+			    finish_reason(s));
+	anthropic_usage(s, s->ev, AU_DELTA);
+	evbuffer_add(s->ev, "}", 1);
+	bedrock_emit(s, out, "chunk");
+	evbuffer_add_printf(
+		s->ev,
+		"{\"type\":\"message_stop\",\"amazon-bedrock-invocationMetrics\":{\"inputTokenCount\":%" PRIu64
+		",\"outputTokenCount\":%" PRIu64 ",\"invocationLatency\":%" PRIu64 ",\"firstByteLatency\":%" PRIu64
+		"}}",
+		s->n_in - s->n_cached - s->n_cache_write, s->n_reason + s->n_out, bedrock_latency_ms(s),
+		bedrock_first_byte_ms(s));
+	bedrock_emit(s, out, "chunk");
+}
+
 /* ---- the stream: preamble, reasoning, answer, closing ---- */
 
 /* Events before the first token: sent together with it, at ttft, as vLLM
@@ -1490,6 +1685,8 @@ static void write_preamble(struct sim_stream *s, struct evbuffer *out)
 		emit_chunk(s, out);
 		break;
 	case EP_RESPONSES: resp_preamble(s, out); break;
+	case EP_BEDROCK_CONVERSE:
+	case EP_BEDROCK_INVOKE: bedrock_preamble(s, out); break;
 	case EP_COMPLETIONS:
 	case EP_OLLAMA_CHAT:
 	case EP_OLLAMA_GENERATE:
@@ -1535,7 +1732,9 @@ static void tgi_token(struct sim_stream *s, uint64_t k, const char *p, size_t pl
 /* The first block (Anthropic) or item (Responses) opens with a ping. */
 static void open_reasoning(struct sim_stream *s, struct evbuffer *out)
 {
-	if (s->ep == EP_MESSAGES) {
+	if (s->ep == EP_BEDROCK_CONVERSE || s->ep == EP_BEDROCK_INVOKE) {
+		bedrock_open_block(s, out, 0, true);
+	} else if (s->ep == EP_MESSAGES) {
 		anthropic_event(s, out, "content_block_start",
 				"{\"type\":\"content_block_start\",\"index\":0,"
 				"\"content_block\":{\"type\":\"thinking\",\"thinking\":\"\",\"signature\":\"\"}}");
@@ -1549,7 +1748,9 @@ static void open_reasoning(struct sim_stream *s, struct evbuffer *out)
  * (Anthropic), the reasoning item's .done events (Responses). */
 static void close_reasoning(struct sim_stream *s, struct evbuffer *out)
 {
-	if (s->ep == EP_MESSAGES) {
+	if (s->ep == EP_BEDROCK_CONVERSE || s->ep == EP_BEDROCK_INVOKE) {
+		bedrock_close_block(s, out, 0);
+	} else if (s->ep == EP_MESSAGES) {
 		evbuffer_add(s->ev,
 			     "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,"
 			     "\"delta\":{\"type\":\"signature_delta\",\"signature\":",
@@ -1566,7 +1767,9 @@ static void close_reasoning(struct sim_stream *s, struct evbuffer *out)
 static void open_answer(struct sim_stream *s, struct evbuffer *out)
 {
 	s->answer_open = true;
-	if (s->ep == EP_MESSAGES) {
+	if (s->ep == EP_BEDROCK_CONVERSE || s->ep == EP_BEDROCK_INVOKE) {
+		bedrock_open_block(s, out, answer_index(s), false);
+	} else if (s->ep == EP_MESSAGES) {
 		char tid[48];
 
 		evbuffer_add_printf(s->ev,
@@ -1705,6 +1908,8 @@ void sim_api_token(struct sim_stream *s, struct evbuffer *out)
 		if (s->sse)
 			evbuffer_add(s->ev, "\r\n\r\n", 4);
 		break;
+	case EP_BEDROCK_CONVERSE:
+	case EP_BEDROCK_INVOKE: bedrock_token(s, out, reasoning, p, plen); break;
 	}
 	emit_chunk(s, out);
 	s->emitted++;
@@ -1913,6 +2118,8 @@ static void finish_stream(struct sim_stream *s, struct evbuffer *out)
 		evbuffer_add(s->ev, s->sse ? "\r\n\r\n" : "\n]", s->sse ? 4 : 2);
 		emit_chunk(s, out);
 		break;
+	case EP_BEDROCK_CONVERSE:
+	case EP_BEDROCK_INVOKE: bedrock_finish(s, out); break;
 	}
 	evbuffer_add(out, "0\r\n\r\n", 5);
 }
@@ -2040,6 +2247,40 @@ static void finish_block(struct sim_stream *s, struct evbuffer *out)
 		}
 		evbuffer_add_printf(b, "}");
 		break;
+	case EP_BEDROCK_CONVERSE:
+		evbuffer_add(b, "{", 1);
+		converse_usage(s, b);
+		evbuffer_add(b, ",\"output\":{\"message\":{\"content\":[", 33);
+		if (shows_reasoning(s)) {
+			evbuffer_add(b, "{\"reasoningContent\":{\"reasoningText\":{\"text\":", 45);
+			r = buf_text(s->reason, &rlen);
+			sim_json_str(b, r, rlen);
+			evbuffer_add(b, "}}},", 4);
+		}
+		evbuffer_add(b, "{\"text\":", 8);
+		sim_json_str(b, t, tlen);
+		evbuffer_add_printf(b, "}],\"role\":\"assistant\"}},\"stopReason\":\"%s\"}", finish_reason(s));
+		break;
+	case EP_BEDROCK_INVOKE:
+		evbuffer_add_printf(b,
+				    "{\"id\":\"%s\",\"type\":\"message\",\"role\":\"assistant\",\"model\":%s,"
+				    "\"content\":[{\"type\":\"text\",\"text\":",
+				    s->id, s->model_json);
+		sim_json_str(b, t, tlen);
+		evbuffer_add_printf(b, "}],\"stop_reason\":\"%s\",\"stop_sequence\":null,\"usage\":", finish_reason(s));
+		anthropic_usage(s, b, AU_BLOCK);
+		evbuffer_add(b, "}", 1);
+		break;
+	}
+	if (s->ep == EP_BEDROCK_INVOKE) {
+		char extra[256];
+		snprintf(extra, sizeof(extra),
+			 "x-amzn-bedrock-invocation-latency: %" PRIu64 "\r\nx-amzn-bedrock-input-token-count: %" PRIu64
+			 "\r\nx-amzn-bedrock-output-token-count: %" PRIu64 "\r\n",
+			 bedrock_latency_ms(s), s->n_in - s->n_cached - s->n_cache_write, s->n_reason + s->n_out);
+		write_whole_with(out, 200, "application/json", b, s->request_id, s->keep_alive, extra);
+		evbuffer_free(b);
+		return;
 	}
 	if (s->ep == EP_TGI) {
 		char extra[512];
@@ -2077,5 +2318,6 @@ void sim_api_free(struct sim_stream *s)
 	free(s->model_json);
 	free(s->tool_json);
 	free(s->request_id);
+	free(s->exception);
 	free(s);
 }

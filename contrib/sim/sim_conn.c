@@ -77,6 +77,7 @@ struct sim_req {
 	int64_t ttft_ms, itl_ms, tokens; /* x-sim-* overrides, -1 absent */
 	int64_t events_per_write;	 /* x-sim-events-per-write, -1 absent */
 	int64_t reasoning_tokens, think_ms, cached_tokens, cache_write_tokens, tool_call, reasoning_hidden;
+	char *exception; /* x-sim-exception, NULL if absent */
 	const char *header_error;
 	const char *parse_error; /* answer 400 with this and close */
 	bool keep_alive;
@@ -140,6 +141,7 @@ static void req_free(struct sim_req *r)
 		evbuffer_free(r->body);
 	free(r->url);
 	free(r->request_id);
+	free(r->exception);
 	free(r);
 }
 
@@ -254,6 +256,7 @@ static void req_start(struct sim_conn *c, struct sim_req *r)
 		.cache_write_tokens = r->cache_write_tokens,
 		.tool_call = r->tool_call,
 		.reasoning_hidden = r->reasoning_hidden,
+		.exception = r->exception,
 		.header_error = r->header_error,
 		.keep_alive = r->keep_alive && r->parse_error == NULL,
 	};
@@ -608,6 +611,14 @@ static int on_header_value_complete(llhttp_t *p)
 	} else if (strcasecmp(c->field, "x-sim-reasoning-hidden") == 0) {
 		ov = &r->reasoning_hidden;
 		which = "x-sim-reasoning-hidden must be 0 or 1";
+	} else if (strcasecmp(c->field, "x-sim-exception") == 0) {
+		free(r->exception);
+		r->exception = NULL;
+		if (c->value_overflow || *v == '\0' || strlen(v) > 64 ||
+		    strspn(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ") != strlen(v))
+			r->header_error = "x-sim-exception must be 1 to 64 letters (an exception type)";
+		else
+			r->exception = strdup(v);
 	}
 	if (ov != NULL) {
 		*ov = c->value_overflow ? -1 : parse_count(v);

@@ -17,6 +17,7 @@
 
 #include "accesslog.h"
 #include "classify.h"
+#include "log.h"
 #include "paired.h"
 #include "recent.h"
 #include "respparse.h"
@@ -62,6 +63,7 @@ void meter_restart(struct meter *m)
 	m->body = NULL;
 	m->body_tail = false;
 	m->json_array = false;
+	m->framer_failed = false;
 	m->itl_run_gap = m->itl_run_n = 0;
 	rec->status = 0;
 	rec->usage = USAGE_UNKNOWN;
@@ -138,12 +140,32 @@ void meter_head(struct meter *m, const struct respparse *rp)
 	}
 }
 
+/* A stream the framer could no longer read (an event stream's bad CRC or
+ * length): recorded as the upstream's protocol error, once, unless another
+ * error came first. Its bytes go on to the client as they came: the client's
+ * own decoder checks the same CRCs, and tokentap only stops measuring. */
+static void note_framer_error(struct meter *m)
+{
+	const char *why = framer_error(&m->framer);
+
+	if (why == NULL || m->framer_failed)
+		return;
+	m->framer_failed = true;
+	log_warn(
+		"request %s: the upstream's event stream is malformed (%s at byte %llu of its body); not measured "
+		"past it",
+		m->rec->id, why, (unsigned long long)m->framer.evs.offset);
+	if (m->rec->error == REQ_ERR_NONE)
+		m->rec->error = REQ_ERR_UPSTREAM_PROTOCOL;
+}
+
 /* The parser's framer kind is read as each hook runs, not kept from the
  * head: a trailer named content-type sets it again before the end. */
 void meter_body(struct meter *m, const char *at, size_t len)
 {
 	if (m->resp->kind != FRAMER_NONE || m->json_array) {
 		framer_feed(&m->framer, at, len);
+		note_framer_error(m);
 		return;
 	}
 	if (!m->body)
@@ -176,6 +198,7 @@ void meter_complete(struct meter *m)
 	timeline_mark(m->rec, TL_RESP_END, m->now);
 	if (m->resp->kind != FRAMER_NONE || m->json_array) {
 		framer_finish(&m->framer);
+		note_framer_error(m);
 	} else if (m->body && status_ok(m->rec->status)) {
 		size_t n = evbuffer_get_length(m->body);
 		const char *body = (const char *)evbuffer_pullup(m->body, -1);

@@ -66,6 +66,7 @@ struct meter {
 	bool shadow;
 	size_t max_event_size; /* the framer's bound on one event */
 	struct framer framer;
+	bool framer_failed;    /* framer_error was noted (meter.c, note_framer_error) */
 	struct evbuffer *body; /* a non-streamed body, up to RESP_BODY_MAX, for classify_body */
 	bool body_tail;	       /* body holds only the last RESP_TAIL_MAX bytes of a larger one */
 	bool json_array;       /* a 2xx answer framed as a JSON array (classify_streams_json_array) */

@@ -141,6 +141,50 @@ static enum api_kind gemini_path(const char *path, size_t len, const char **mode
 	return api;
 }
 
+/* Bedrock's runtime operations, /model/MODEL/OP. */
+static const struct bedrock_op {
+	const char *op; /* with its leading '/' */
+	enum api_kind api;
+	bool streams;
+} bedrock_ops[] = {
+	{ "/converse-stream", API_BEDROCK_CONVERSE, true },
+	{ "/converse", API_BEDROCK_CONVERSE, false },
+	{ "/invoke-with-response-stream", API_BEDROCK_INVOKE, true },
+	{ "/invoke", API_BEDROCK_INVOKE, false },
+};
+
+/* The operation of a /model/MODEL/OP path (MODEL not empty), or NULL. */
+static const struct bedrock_op *bedrock_op_of(const char *path, size_t len)
+{
+	static const char prefix[] = "/model/";
+	const size_t pl = sizeof(prefix) - 1;
+
+	if (path == NULL || len <= pl || memcmp(path, prefix, pl) != 0)
+		return NULL;
+	for (size_t i = 0; i < sizeof(bedrock_ops) / sizeof(bedrock_ops[0]); i++) {
+		size_t n = strlen(bedrock_ops[i].op);
+		if (len > pl + n && memcmp(path + len - n, bedrock_ops[i].op, n) == 0)
+			return &bedrock_ops[i];
+	}
+	return NULL;
+}
+
+bool classify_bedrock_path_model(const char *path, size_t len, size_t *off, size_t *mlen)
+{
+	const struct bedrock_op *op = bedrock_op_of(path, len);
+	if (op == NULL)
+		return false;
+	*off = sizeof("/model/") - 1;
+	*mlen = len - *off - strlen(op->op);
+	return true;
+}
+
+bool classify_path_streams(enum api_kind api, const char *path, size_t len)
+{
+	const struct bedrock_op *op = bedrock_op_of(path, len);
+	return op != NULL && op->api == api && op->streams;
+}
+
 enum api_kind classify_api(const char *path, size_t len)
 {
 	const char *model;
@@ -148,6 +192,9 @@ enum api_kind classify_api(const char *path, size_t len)
 
 	if (path == NULL)
 		return API_UNKNOWN;
+	const struct bedrock_op *op = bedrock_op_of(path, len);
+	if (op != NULL)
+		return op->api;
 	/* One trailing slash is tolerated ("/v1/messages/"), not more. */
 	if (len > 1 && path[len - 1] == '/')
 		len--;
@@ -205,6 +252,8 @@ const char *classify_api_name(enum api_kind api)
 	case API_TEI_EMBED: return "tei-embed";
 	case API_GEMINI:
 	case API_GEMINI_STREAM: return "gemini";
+	case API_BEDROCK_CONVERSE: return "bedrock-converse";
+	case API_BEDROCK_INVOKE: return "bedrock-invoke";
 	case API_UNKNOWN: break;
 	}
 	return "unknown";
@@ -788,6 +837,7 @@ const char *classify_server_name(enum server_source src)
 	case SERVER_OLLAMA: return "ollama";
 	case SERVER_VLLM: return "vllm";
 	case SERVER_TGI: return "tgi";
+	case SERVER_BEDROCK: return "bedrock";
 	case SERVER_NONE: break;
 	}
 	return NULL;
@@ -840,6 +890,12 @@ void classify_header(const char *name, size_t nlen, const char *val, size_t vlen
 		dst = &t->inference_ns;
 	else if (header_is(name, nlen, "x-validation-time"))
 		dst = &t->validation_ns;
+	else if (header_is(name, nlen, "x-amzn-bedrock-invocation-latency")) {
+		/* a non-streamed InvokeModel's whole call, integer ms */
+		if (header_ms(val, vlen, &t->inference_ns))
+			t->source = SERVER_BEDROCK;
+		return;
+	}
 	if (dst && header_ms(val, vlen, dst))
 		t->source = SERVER_TGI;
 }
@@ -1431,12 +1487,193 @@ static enum token_kind gemini_response(const struct span *s, const char *obj, st
 	return best;
 }
 
+/* ---- AWS Bedrock ---------------------------------------------------------- */
+
+/*
+ * Bedrock's events come out of the event-stream framer (framer.h), named by
+ * their `:event-type`, an exception by its type (ev->exception). Converse
+ * streams one shape for every model (docs/dev/wire-formats.md, section (l));
+ * InvokeModel streams the model family's own JSON, one `chunk` each, the
+ * last with Bedrock's "amazon-bedrock-invocationMetrics". Every Bedrock
+ * event may carry a "p" member of padding, which no rule looks at. Members
+ * are read as a JSON parser would (member()), not by key search: the
+ * events are small, and Converse's "text" sits at two depths.
+ */
+
+/* The whole prompt from a count that leaves out cache reads and writes
+ * (Converse's inputTokens, Anthropic's input_tokens): the same
+ * normalisation as usage_anthropic's. */
+static void input_with_cache(struct usage *u, int64_t in)
+{
+	int64_t rd = u->cached_tokens > 0 ? u->cached_tokens : 0;
+	int64_t wr = u->cache_write_tokens > 0 ? u->cache_write_tokens : 0;
+	if (in >= 0 && rd <= INT64_MAX - wr && in <= INT64_MAX - rd - wr)
+		u->input_tokens = in + rd + wr;
+}
+
+/* Converse's "usage": inputTokens leaves out cacheReadInputTokens and
+ * cacheWriteInputTokens, as Anthropic's does. */
+static void usage_converse(const struct span *s, const char *usage, struct usage *u)
+{
+	int64_t in = -1;
+	if (usage == NULL)
+		return;
+	take_count(s, usage, KEY("inputTokens"), &in);
+	take_count(s, usage, KEY("outputTokens"), &u->output_tokens);
+	take_count(s, usage, KEY("cacheReadInputTokens"), &u->cached_tokens);
+	take_count(s, usage, KEY("cacheWriteInputTokens"), &u->cache_write_tokens);
+	input_with_cache(u, in);
+}
+
+/* Converse's "metrics": latencyMs, the whole call as Bedrock timed it. */
+static void server_converse(const struct span *s, const char *metrics, struct server_timing *t)
+{
+	if (take_ms(s, metrics, KEY("latencyMs"), &t->inference_ns))
+		t->source = SERVER_BEDROCK;
+}
+
+/* InvokeModel's "amazon-bedrock-invocationMetrics", on the last chunk:
+ * the counts (inputTokenCount leaving out the cache counts, where the model
+ * reports them) and Bedrock's own timings, integer ms. */
+static void bedrock_invocation_metrics(const struct span *s, const char *m, struct usage *u)
+{
+	int64_t in = -1;
+	if (m == NULL || *m != '{')
+		return;
+	take_count(s, m, KEY("outputTokenCount"), &u->output_tokens);
+	take_count(s, m, KEY("cacheReadInputTokenCount"), &u->cached_tokens);
+	take_count(s, m, KEY("cacheWriteInputTokenCount"), &u->cache_write_tokens);
+	take_count(s, m, KEY("inputTokenCount"), &in);
+	input_with_cache(u, in);
+	bool any = take_ms(s, m, KEY("invocationLatency"), &u->server.inference_ns);
+	any |= take_ms(s, m, KEY("firstByteLatency"), &u->server.first_byte_ns);
+	if (any)
+		u->server.source = SERVER_BEDROCK;
+}
+
+/* A Converse contentBlockDelta's "delta": answer text, a tool's input, or
+ * reasoning (reasoningContent.text; its signature and redactedContent are
+ * no text). */
+static enum token_kind converse_delta(const struct span *s, const char *delta)
+{
+	const char *v = member(s, delta, KEY("text"));
+	if (v && value_is_nonempty_string(s, v))
+		return TOKEN_ANSWER;
+	v = member(s, member(s, delta, KEY("toolUse")), KEY("input"));
+	if (v && value_is_nonempty_string(s, v))
+		return TOKEN_TOOL;
+	v = member(s, member(s, delta, KEY("reasoningContent")), KEY("text"));
+	if (v && value_is_nonempty_string(s, v))
+		return TOKEN_REASONING;
+	return TOKEN_NONE;
+}
+
+static enum token_kind classify_bedrock_converse(const struct framer_event *ev, const struct span *s, struct usage *u)
+{
+	if (ev->exception) {
+		if (u)
+			outcome_worsen(u, OUTCOME_FAILED);
+		return TOKEN_NONE;
+	}
+	if (name_is(ev, "contentBlockDelta"))
+		return converse_delta(s, member(s, s->p, KEY("delta")));
+	if (u && name_is(ev, "metadata")) {
+		usage_converse(s, member(s, s->p, KEY("usage")), u);
+		server_converse(s, member(s, s->p, KEY("metrics")), &u->server);
+	}
+	return TOKEN_NONE;
+}
+
+/* The first element of the array at v, or NULL. */
+static const char *first_element(const struct span *s, const char *v)
+{
+	if (v == NULL || *v != '[')
+		return NULL;
+	v = skip_space(v + 1, s->end);
+	return v < s->end && *v != ']' ? v : NULL;
+}
+
+static bool member_has_text(const struct span *s, const char *obj, const char *qkey, size_t qlen)
+{
+	const char *v = member(s, obj, qkey, qlen);
+	return v != NULL && value_is_nonempty_string(s, v);
+}
+
+/*
+ * An InvokeModel chunk: the model family's own stream event, told apart by
+ * its top members. Anthropic's Messages events ("type", read by the
+ * Anthropic rules); Amazon Nova's Converse-shaped ones (contentBlockDelta,
+ * metadata); Meta Llama's "generation"; Amazon Titan's "outputText";
+ * Mistral's "outputs"[0].text; Cohere's "text". Then Bedrock's own metrics,
+ * which win for the counts they hold.
+ */
+static enum token_kind classify_bedrock_invoke(const struct framer_event *ev, const struct span *s, struct usage *u,
+					       struct classify_hint *h)
+{
+	const char *root = s->p, *v;
+	enum token_kind token = TOKEN_NONE;
+
+	if (ev->exception) {
+		if (u)
+			outcome_worsen(u, OUTCOME_FAILED);
+		return TOKEN_NONE;
+	}
+	if (ev->name_len > 0 && !name_is(ev, "chunk"))
+		return TOKEN_NONE;
+	if ((v = member(s, root, KEY("type"))) != NULL && *v == '"') {
+		struct framer_event inner = *ev;
+		inner.name = NULL;
+		inner.name_len = 0;
+		token = classify_anthropic(&inner, s, u, h);
+	} else if ((v = member(s, root, KEY("contentBlockDelta"))) != NULL) {
+		token = converse_delta(s, member(s, v, KEY("delta")));
+	} else if ((v = member(s, root, KEY("metadata"))) != NULL) {
+		if (u)
+			usage_converse(s, member(s, v, KEY("usage")), u);
+	} else if (member(s, root, KEY("generation")) != NULL) {
+		token = member_has_text(s, root, KEY("generation")) ? TOKEN_ANSWER : TOKEN_NONE;
+		if (u) {
+			take_count(s, root, KEY("prompt_token_count"), &u->input_tokens);
+			take_count(s, root, KEY("generation_token_count"), &u->output_tokens);
+		}
+	} else if (member(s, root, KEY("outputText")) != NULL) {
+		token = member_has_text(s, root, KEY("outputText")) ? TOKEN_ANSWER : TOKEN_NONE;
+		if (u) {
+			take_count(s, root, KEY("inputTextTokenCount"), &u->input_tokens);
+			take_count(s, root, KEY("totalOutputTextTokenCount"), &u->output_tokens);
+		}
+	} else if ((v = first_element(s, member(s, root, KEY("outputs")))) != NULL) {
+		token = member_has_text(s, v, KEY("text")) ? TOKEN_ANSWER : TOKEN_NONE;
+	} else if (member_has_text(s, root, KEY("text"))) {
+		token = TOKEN_ANSWER;
+	}
+	if (u)
+		bedrock_invocation_metrics(s, member(s, root, KEY("amazon-bedrock-invocationMetrics")), u);
+	return token;
+}
+
+/* A non-streamed InvokeModel body: the family's own answer. Anthropic's
+ * and Nova's "usage" (their keys differ), Llama's and Titan's counts at the
+ * top. */
+static void usage_bedrock_invoke_body(const struct span *s, const char *obj, struct usage *u)
+{
+	const char *usage = member(s, obj, KEY("usage"));
+	usage_anthropic(s, usage, true, u);
+	usage_converse(s, usage, u);
+	take_count(s, obj, KEY("prompt_token_count"), &u->input_tokens);
+	take_count(s, obj, KEY("generation_token_count"), &u->output_tokens);
+	take_count(s, obj, KEY("inputTextTokenCount"), &u->input_tokens);
+}
+
 enum token_kind classify_event(enum api_kind api, const struct framer_event *ev, struct usage *usage,
 			       struct classify_hint *hint)
 {
 	if (ev == NULL || ev->data == NULL)
 		return TOKEN_NONE;
 	struct span s = { ev->data, ev->data + ev->data_len };
+	/* An event-stream exception fails the response whatever its payload. */
+	if (ev->exception && usage && (api == API_BEDROCK_CONVERSE || api == API_BEDROCK_INVOKE))
+		outcome_worsen(usage, OUTCOME_FAILED);
 	/* Every token-bearing shape is a JSON object; this also turns away
 	 * `[DONE]` and empty data before any scan. From here s.p is the
 	 * event's top object, where the usage rules start. */
@@ -1455,6 +1692,8 @@ enum token_kind classify_event(enum api_kind api, const struct framer_event *ev,
 	case API_OPENAI_RESPONSES: return classify_responses(ev, &s, usage, hint);
 	case API_GEMINI:
 	case API_GEMINI_STREAM: return gemini_response(&s, s.p, usage);
+	case API_BEDROCK_CONVERSE: return classify_bedrock_converse(ev, &s, usage);
+	case API_BEDROCK_INVOKE: return classify_bedrock_invoke(ev, &s, usage, hint);
 	default: break; /* the one-answer APIs stream nothing */
 	}
 	return TOKEN_NONE;
@@ -1524,6 +1763,11 @@ void classify_body(enum api_kind api, const char *body, size_t len, struct usage
 	case API_RERANK:
 	case API_SCORE:
 	case API_CLASSIFY: usage_prompt_only(&s, obj, usage); break;
+	case API_BEDROCK_CONVERSE:
+		usage_converse(&s, member(&s, obj, KEY("usage")), usage);
+		server_converse(&s, member(&s, obj, KEY("metrics")), &usage->server);
+		break;
+	case API_BEDROCK_INVOKE: usage_bedrock_invoke_body(&s, obj, usage); break;
 	case API_TEI_EMBED:
 	case API_GEMINI:
 	case API_GEMINI_STREAM:

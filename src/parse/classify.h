@@ -39,6 +39,10 @@ enum api_kind {
 	 * models/MODEL:METHOD (Vertex AI); both named "gemini". */
 	API_GEMINI,	   /* :generateContent, one body */
 	API_GEMINI_STREAM, /* :streamGenerateContent: SSE with ?alt=sse, else one JSON array */
+	/* AWS Bedrock: /model/MODEL/OP, the model in the path; streamed as
+	 * an event stream (framer.h). */
+	API_BEDROCK_CONVERSE, /* OP converse-stream, converse */
+	API_BEDROCK_INVOKE,   /* OP invoke-with-response-stream, invoke: the model family's own JSON */
 };
 
 /* How the server itself says a response ended, where its API says it (the
@@ -68,6 +72,7 @@ enum server_source {
 	SERVER_OLLAMA,	 /* Ollama's final-object durations */
 	SERVER_VLLM,	 /* vLLM's "metrics" object (--enable-per-request-metrics) */
 	SERVER_TGI,	 /* TGI's x-*-time response headers (non-streamed) */
+	SERVER_BEDROCK,	 /* Bedrock's invocation metrics, Converse's latencyMs */
 };
 
 /* The server's own account of where a request's time went, in ns; -1 where
@@ -79,7 +84,8 @@ struct server_timing {
 	int64_t validation_ns; /* tokenizing and validating before the queue (TGI) */
 	int64_t prefill_ns;    /* processing the prompt, to the first token */
 	int64_t decode_ns;     /* first token to last */
-	int64_t inference_ns;  /* prefill and decode together, where not split (TGI) */
+	int64_t inference_ns;  /* prefill and decode together, where not split (TGI); the whole call (Bedrock) */
+	int64_t first_byte_ns; /* the server's own time to its first byte (Bedrock's firstByteLatency) */
 	enum server_source source;
 };
 
@@ -90,6 +96,7 @@ struct server_timing {
 				 .prefill_ns = -1, \
 				 .decode_ns = -1, \
 				 .inference_ns = -1, \
+				 .first_byte_ns = -1, \
 				 .source = SERVER_NONE })
 
 /* Usage as reported by the server; -1 where not (yet) known, so "not
@@ -129,6 +136,13 @@ size_t classify_path_model(enum api_kind api, const char *path, size_t len, cons
  * array, framed as FRAMER_JSON_ARRAY (Gemini's :streamGenerateContent
  * without ?alt=sse). */
 bool classify_streams_json_array(enum api_kind api);
+/* A Bedrock path's model: the segment between "/model/" and the
+ * operation, as sent (URL-encoded; an ARN may hold unencoded '/'), in
+ * *off and *len; false for any other path. */
+bool classify_bedrock_path_model(const char *path, size_t len, size_t *off, size_t *mlen);
+
+/* The path says the answer is streamed (Bedrock's -stream operations). */
+bool classify_path_streams(enum api_kind api, const char *path, size_t len);
 
 /* Short stable name for logs: "openai-chat", "anthropic", ... */
 const char *classify_api_name(enum api_kind api);

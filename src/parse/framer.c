@@ -26,6 +26,9 @@
  *    padding comments of any length cost nothing and are never oversized.
  *  - NDJSON lines end at LF only; one trailing CR is stripped; lines of
  *    JSON whitespace only are not events.
+ *  - An event stream is framed by eventstream.c; buf then only ever holds
+ *    the decoded bytes of one InvokeModel chunk (chunk_data), so it stays
+ *    within max_event too.
  */
 #include "framer.h"
 
@@ -49,6 +52,8 @@ enum json_state {
 #define FRAMER_DEFAULT_MAX (1u << 20)
 #define FRAMER_FIRST_CAP 512u
 
+static void on_evs_message(void *arg, const struct evs_message *m);
+
 void framer_init(struct framer *f, enum framer_kind kind, size_t max_event, framer_cb cb, void *arg)
 {
 	memset(f, 0, sizeof(*f));
@@ -57,10 +62,13 @@ void framer_init(struct framer *f, enum framer_kind kind, size_t max_event, fram
 	f->arg = arg;
 	f->max_event = max_event ? max_event : FRAMER_DEFAULT_MAX;
 	f->state = LINE_START;
+	if (kind == FRAMER_EVENTSTREAM)
+		evs_init(&f->evs, f->max_event, on_evs_message, f);
 }
 
 void framer_free(struct framer *f)
 {
+	evs_free(&f->evs);
 	free(f->buf);
 	f->buf = NULL;
 	f->len = f->cap = 0;
@@ -473,12 +481,151 @@ static void json_finish(struct framer *f)
 	f->jdepth = 0;
 }
 
+/* ---- the event stream (eventstream.h) ---------------------------------- */
+
+static int b64_value(unsigned char c)
+{
+	if (c >= 'A' && c <= 'Z')
+		return c - 'A';
+	if (c >= 'a' && c <= 'z')
+		return c - 'a' + 26;
+	if (c >= '0' && c <= '9')
+		return c - '0' + 52;
+	if (c == '+')
+		return 62;
+	if (c == '/')
+		return 63;
+	return -1;
+}
+
+/*
+ * The model's own JSON inside an InvokeModel `chunk`: the payload is
+ * {"bytes":"<base64>"} (with, from Bedrock, a "p" member of padding), so the
+ * string value of the first "bytes" key, base64-decoded into buf. A JSON
+ * escape there can only be "\/" (base64 has no other character JSON
+ * escapes); '=' ends the data. NULL when the payload holds no such string,
+ * it is not base64, or its decoding does not fit max_event (counted as
+ * oversized): the event then carries the payload as it came.
+ */
+static const char *chunk_data(struct framer *f, const char *p, size_t n, size_t *out_len)
+{
+	static const char key[] = "\"bytes\"";
+	const size_t klen = sizeof(key) - 1;
+	const char *end = p + n, *v = NULL;
+
+	for (const char *q = p; (size_t)(end - q) >= klen; q++) {
+		q = memchr(q, '"', (size_t)(end - q) - klen + 1);
+		if (q == NULL)
+			break;
+		if (memcmp(q, key, klen) != 0)
+			continue;
+		v = q + klen;
+		while (v < end && (*v == ' ' || *v == '\t' || *v == '\n' || *v == '\r'))
+			v++;
+		if (v < end && *v == ':') {
+			v++;
+			while (v < end && (*v == ' ' || *v == '\t' || *v == '\n' || *v == '\r'))
+				v++;
+			break;
+		}
+		v = NULL;
+	}
+	if (v == NULL || v >= end || *v != '"')
+		return NULL;
+	v++;
+	/* decoded size: at most 3 bytes per 4 characters */
+	const char *close = memchr(v, '"', (size_t)(end - v));
+	if (close == NULL)
+		return NULL;
+	size_t need = ((size_t)(close - v) / 4 + 1) * 3;
+	if (framer_reserve(f, need) == -1) {
+		f->oversized++;
+		return NULL;
+	}
+	uint32_t acc = 0;
+	int bits = 0;
+	size_t len = 0;
+	bool pad = false;
+	for (const char *q = v; q < close; q++) {
+		unsigned char c = (unsigned char)*q;
+		if (c == '\\' && q + 1 < close && q[1] == '/')
+			c = *++q;
+		if (c == '=') {
+			pad = true;
+			continue;
+		}
+		int d = b64_value(c);
+		if (d < 0 || pad)
+			return NULL;
+		acc = acc << 6 | (uint32_t)d;
+		bits += 6;
+		if (bits >= 8) {
+			bits -= 8;
+			f->buf[len++] = (char)(acc >> bits);
+			acc &= (1u << bits) - 1;
+		}
+	}
+	*out_len = len;
+	return f->buf;
+}
+
+/* A checked message as an event: named by its event type, an exception's
+ * by its exception type (an unmodelled error's by its code); a chunk's data
+ * is the model's JSON when it decodes. Messages of no known type name
+ * themselves by their event type as well. */
+static void on_evs_message(void *arg, const struct evs_message *m)
+{
+	struct framer *f = arg;
+	struct evs_str name = m->event_type;
+	const char *data = m->payload;
+	size_t len = m->payload_len;
+	bool exception = false;
+
+	if (m->type == EVS_MSG_EXCEPTION) {
+		name = m->exception_type;
+		exception = true;
+	} else if (m->type == EVS_MSG_ERROR) {
+		name = m->error_code;
+		exception = true;
+	} else if (m->type == EVS_MSG_EVENT && evs_str_is(m->event_type, "chunk")) {
+		size_t n;
+		const char *inner = chunk_data(f, m->payload, m->payload_len, &n);
+		if (inner) {
+			data = inner;
+			len = n;
+		}
+	}
+	struct framer_event ev = {
+		.name = name.n ? name.p : NULL,
+		.name_len = name.n,
+		.data = data ? data : "",
+		.data_len = len,
+		.exception = exception,
+	};
+	f->events++;
+	if (f->cb)
+		f->cb(f->arg, &ev);
+}
+
+const char *framer_error(const struct framer *f)
+{
+	if (f->kind != FRAMER_EVENTSTREAM || f->evs.error == EVS_OK)
+		return NULL;
+	return evs_error_name(f->evs.error);
+}
+
 void framer_feed(struct framer *f, const char *buf, size_t len)
 {
 	if (f->kind == FRAMER_NONE || len == 0)
 		return;
 	if (f->kind == FRAMER_JSON_ARRAY) {
 		json_feed(f, buf, buf + len);
+		return;
+	}
+	if (f->kind == FRAMER_EVENTSTREAM) {
+		uint64_t skipped = f->evs.oversized;
+		evs_feed(&f->evs, buf, len);
+		f->oversized += f->evs.oversized - skipped;
 		return;
 	}
 	const char *p = buf;
@@ -530,6 +677,10 @@ void framer_finish(struct framer *f)
 		json_finish(f);
 		return;
 	}
+	if (f->kind == FRAMER_EVENTSTREAM) {
+		evs_finish(&f->evs);
+		return;
+	}
 	f->after_cr = 0;
 	if (f->kind == FRAMER_NDJSON) {
 		framer_line_end(f);
@@ -577,5 +728,7 @@ enum framer_kind framer_kind_for_content_type(const char *ct, size_t len)
 		return FRAMER_SSE;
 	if (media_type_is(ct, len, "application/x-ndjson") || media_type_is(ct, len, "application/jsonl"))
 		return FRAMER_NDJSON;
+	if (media_type_is(ct, len, "application/vnd.amazon.eventstream"))
+		return FRAMER_EVENTSTREAM;
 	return FRAMER_NONE;
 }

@@ -15,17 +15,26 @@
  * :streamGenerateContent without ?alt=sse) into its elements as they
  * complete; it is never picked from a Content-Type alone (the caller knows
  * the API), and it too is bounded by `max_event`.
+ * AWS's binary event stream (application/vnd.amazon.eventstream) is framed
+ * by eventstream.h behind the same interface: each message is an event
+ * named by its `:event-type` (an exception's by its `:exception-type`), its
+ * payload the data; a Bedrock InvokeModel `chunk` is handed out as the
+ * model's own JSON, decoded from the base64 of its "bytes" member.
  */
 #pragma once
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
+
+#include "eventstream.h"
 
 enum framer_kind {
 	FRAMER_NONE = 0, /* not a streamed body: feed is a no-op */
 	FRAMER_SSE,
 	FRAMER_NDJSON,
-	FRAMER_JSON_ARRAY, /* a top-level JSON array, one event per element (Gemini) */
+	FRAMER_JSON_ARRAY,  /* a top-level JSON array, one event per element (Gemini) */
+	FRAMER_EVENTSTREAM, /* application/vnd.amazon.eventstream (eventstream.h) */
 };
 
 /* One complete event. Pointers are valid only during the callback; data is
@@ -36,6 +45,9 @@ struct framer_event {
 	const char *data; /* SSE: data lines joined by '\n'; NDJSON: the line without its end;
 			   * JSON array: the element's bytes */
 	size_t data_len;
+	/* event stream only: an exception or error message (`:message-type`
+	 * exception or error), `name` being its type or code */
+	bool exception;
 };
 
 typedef void (*framer_cb)(void *arg, const struct framer_event *ev);
@@ -55,9 +67,10 @@ struct framer {
 	int after_cr;	 /* SSE: the last feed ended in CR; a leading LF ends nothing */
 	int skip;	 /* SSE: discarding the rest of an oversized event */
 	/* FRAMER_JSON_ARRAY only (framer.c, "JSON array"): where the scan is */
-	int jstate;	 /* enum json_state in framer.c */
-	int jflags;	 /* the element's: JF_* in framer.c */
-	uint64_t jdepth; /* brackets open in the element */
+	int jstate;	       /* enum json_state in framer.c */
+	int jflags;	       /* the element's: JF_* in framer.c */
+	uint64_t jdepth;       /* brackets open in the element */
+	struct evs_framer evs; /* FRAMER_EVENTSTREAM: the message framer; buf then holds a decoded chunk */
 	/* counters, readable by the caller */
 	uint64_t events;
 	uint64_t oversized;
@@ -78,6 +91,10 @@ void framer_finish(struct framer *f);
 
 /* Releases the buffer; safe on a zeroed or already-freed framer. */
 void framer_free(struct framer *f);
+
+/* Why the stream stopped being framed, NULL while it has not: only an
+ * event stream can break so (eventstream.h: a bad CRC or length). */
+const char *framer_error(const struct framer *f);
 
 /* Picks the framer for a Content-Type header value (case-insensitive, with or
  * without parameters). */

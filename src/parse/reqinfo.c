@@ -480,3 +480,34 @@ int reqinfo_parse_inputs(const char *body, size_t len, bool complete, const char
 {
 	return parse(body, len, complete, NULL, key, out);
 }
+
+void reqinfo_path_model(const char *seg, size_t len, char *out, size_t cap)
+{
+	char raw[REQINFO_MODEL_MAX * 4];
+	size_t n = 0, got = 0;
+
+	/* Percent-decoded first, as far as the output could hold; then read
+	 * as UTF-8, anything else becoming U+FFFD. */
+	for (size_t i = 0; i < len && n < sizeof(raw); i++) {
+		int hi, lo;
+		if (seg[i] == '%' && i + 2 < len && (hi = hex_value(seg[i + 1])) >= 0 &&
+		    (lo = hex_value(seg[i + 2])) >= 0) {
+			raw[n++] = (char)(hi << 4 | lo);
+			i += 2;
+		} else {
+			raw[n++] = seg[i];
+		}
+	}
+	if (cap == 0)
+		return;
+	out[0] = '\0';
+	for (const char *p = raw, *end = raw + n; p < end;) {
+		size_t k;
+		int32_t c = utf8_decode(p, end, &k);
+		uint32_t cp = c < 0 || utf8_is_control((uint32_t)c) ? UTF8_REPLACEMENT : (uint32_t)c;
+		if (!utf8_put(out, cap, &got, cp))
+			break;
+		p += k;
+	}
+	out[got] = '\0';
+}

@@ -37,3 +37,10 @@ int reqinfo_parse_field(const char *body, size_t len, bool complete, const char 
  * Anything else, and an array that does not end within the prefix, leaves
  * out->inputs at -1. */
 int reqinfo_parse_inputs(const char *body, size_t len, bool complete, const char *key, struct reqinfo *out);
+
+/* A model named in the request path (Bedrock's /model/MODEL/...), from its
+ * segment as sent: percent-decoded (an ARN's ':' and '/' arrive as %3A and
+ * %2F), then kept as text (strutil.h), cut at a character boundary to fit
+ * `cap` bytes and NUL-terminated. A '%' not followed by two hex digits is
+ * kept as it is. */
+void reqinfo_path_model(const char *seg, size_t len, char *out, size_t cap);

@@ -73,7 +73,8 @@ struct respparse {
 	bool informational; /* inside a 1xx response */
 	int refused;	    /* a status refused in the head: 101, or below 100 */
 	bool in_name;
-	char name[32], val[128]; /* the current header, cut to what is looked for */
+	char name[40],
+		val[128]; /* the current header, cut to what is looked for (x-amzn-bedrock-invocation-latency: 33) */
 	size_t name_len, val_len;
 };
 

@@ -206,7 +206,12 @@ void request_note_head(struct request *req)
 	else if (req->rec.api == API_GEMINI_STREAM)
 		req->rec.stream = 1; /* the method says it, not the body */
 	else
-		req->rec.stream = 0;
+		req->rec.stream = classify_path_streams(req->rec.api, url, plen) ? 1 : 0;
+	size_t moff, mlen;
+	if (classify_bedrock_path_model(url, plen, &moff, &mlen)) {
+		req->model_in_path = true;
+		reqinfo_path_model(url + moff, mlen, req->rec.model, sizeof(req->rec.model));
+	}
 }
 
 /* The prefix policy's key: the hash chain of the workload capture
@@ -257,7 +262,9 @@ void request_learn_body(struct request *req, bool complete)
 	if (req->body_prefix_len && reqinfo_parse_inputs(req->body_prefix, req->body_prefix_len, complete,
 							 classify_inputs_key(req->rec.api), &info) == 0) {
 		bool gemini = req->rec.api == API_GEMINI || req->rec.api == API_GEMINI_STREAM;
-		if (!gemini) /* Gemini's model and streaming are in its path (request_note_head) */
+		/* Gemini's model and streaming are in its path (request_note_head),
+		 * and Bedrock's body names no model: its path did */
+		if (!gemini && !req->model_in_path)
 			copy_trunc(req->rec.model, sizeof(req->rec.model), info.model, strlen(info.model));
 		req->rec.inputs = info.inputs;
 		const char *alt = classify_inputs_alt_key(req->rec.api);

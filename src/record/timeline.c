@@ -136,8 +136,9 @@ static double ns_ms(int64_t ns)
  * response's end (non-streamed), less every server phase that falls in it.
  * That is the network both ways and the server's front end (HTTP,
  * tokenizing, detokenizing) where the engine does not time it. NaN when
- * the server said nothing. It can come out below 0 only when the server's
- * clock and tokentap's disagree (docs/metrics.md).
+ * the server said nothing, or nothing that falls in the span. It can come
+ * out below 0 only when the server's clock and tokentap's disagree
+ * (docs/metrics.md).
  */
 static double unattributed_ms(const struct req_record *r)
 {
@@ -155,12 +156,18 @@ static double unattributed_ms(const struct req_record *r)
 			    t->load_ns,
 			    t->validation_ns,
 			    t->prefill_ns,
+			    whole ? -1 : t->first_byte_ns, /* Bedrock: all of the server's part of the ttft */
 			    whole ? t->decode_ns : -1,
 			    whole ? t->inference_ns : -1 };
-	for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++)
+	bool any = false; /* the server reported some phase that falls in the span */
+	for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) {
+		any |= parts[i] >= 0;
 		if (parts[i] > 0)
 			sum += (double)parts[i] / 1e6;
-	return span - sum;
+	}
+	/* A stream whose server timed only the whole call (Bedrock Converse's
+	 * latencyMs) says nothing of its ttft: no remainder to attribute. */
+	return any ? span - sum : NAN;
 }
 
 void record_derive(const struct req_record *r, double out[RM__COUNT])
@@ -183,6 +190,7 @@ void record_derive(const struct req_record *r, double out[RM__COUNT])
 	out[RM_SERVER_PREFILL] = ns_ms(r->usage.server.prefill_ns);
 	out[RM_SERVER_DECODE] = ns_ms(r->usage.server.decode_ns);
 	out[RM_SERVER_INFERENCE] = ns_ms(r->usage.server.inference_ns);
+	out[RM_SERVER_TTFT] = ns_ms(r->usage.server.first_byte_ns);
 	out[RM_UNATTRIBUTED] = unattributed_ms(r);
 	/* A batch API's answer comes whole: its time shared by its inputs, its
 	 * prompt tokens over the whole request; only for an answer (2xx), as a

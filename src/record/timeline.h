@@ -64,7 +64,8 @@ enum tl_event {
 	X(SERVER_INFERENCE, server_inference_ms, "ms") \
 	X(UNATTRIBUTED, unattributed_ms, "ms") \
 	X(PER_INPUT, per_input_ms, "ms") \
-	X(INPUT_RATE, input_tps, "tokens/s")
+	X(INPUT_RATE, input_tps, "tokens/s") \
+	X(SERVER_TTFT, server_ttft_ms, "ms")
 
 enum req_metric {
 #define X(e, k, u) RM_##e,

@@ -101,7 +101,10 @@ static void time_classify(enum api_kind api, const struct events *ev, enum token
 		for (int r = 0; r < rounds; r++) {
 			struct classify_hint hint = { 0 };
 			for (int i = 0; i < ev->n; i++) {
-				struct framer_event fe = { ev->name[i], ev->name_len[i], ev->data[i], ev->len[i] };
+				struct framer_event fe = { .name = ev->name[i],
+							   .name_len = ev->name_len[i],
+							   .data = ev->data[i],
+							   .data_len = ev->len[i] };
 				enum token_kind k = classify_event(api, &fe, u, h ? NULL : &hint);
 				t->kinds[h] += k;
 				t->tokens[h] += k != TOKEN_NONE;

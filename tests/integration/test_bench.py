@@ -118,7 +118,7 @@ class DirectToSimulator(BenchCase):
 
     def test_every_api_counts_tokens_exactly(self):
         for api in ("openai-chat", "openai-completions", "anthropic", "ollama-chat", "ollama-generate",
-                    "openai-responses"):
+                    "openai-responses", "bedrock-converse", "bedrock-invoke"):
             for stream in ("--stream", "--no-stream"):
                 with self.subTest(api=api, stream=stream):
                     js, log = self.tmp("o.json"), self.tmp("r.jsonl")
