@@ -175,7 +175,12 @@ struct config {
 	bool override_any_upstream;  /* ... also one outside the matched route */
 	bool trace_new;		     /* no valid traceparent: start a trace (tracectx.h) */
 	double trace_ratio;	     /* of those new traces, the share sampled */
-	uint64_t shutdown_grace_ms;  /* SIGTERM: running streams get this long */
+	/* The OTLP span export (otlp.h); NULL / 0: the environment's OTEL_*
+	 * variable, or its default. */
+	const char *otlp_endpoint, *otlp_headers, *otlp_service, *otlp_resource;
+	uint64_t otlp_timeout_ms, otlp_delay_ms;
+	unsigned otlp_queue_max, otlp_batch_max;
+	uint64_t shutdown_grace_ms; /* SIGTERM: running streams get this long */
 
 	struct upstream_conf *upstreams;
 	unsigned nupstreams;
