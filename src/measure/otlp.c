@@ -136,7 +136,8 @@ int otlp_options_resolve(const struct config *cfg, struct otlp_options *o, char 
 		return 0;
 	if (cfg->otlp_endpoint || !(v = env_first("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", NULL))) {
 		/* a base: the signal's path goes after it */
-		const char *base = cfg->otlp_endpoint ? cfg->otlp_endpoint : env_first("OTEL_EXPORTER_OTLP_ENDPOINT", NULL);
+		const char *base =
+			cfg->otlp_endpoint ? cfg->otlp_endpoint : env_first("OTEL_EXPORTER_OTLP_ENDPOINT", NULL);
 		if (!base)
 			return 0;
 		size_t n = strlen(base);
@@ -248,7 +249,10 @@ bad:
 
 static int hexval(int c)
 {
-	return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+	return c >= '0' && c <= '9'   ? c - '0'
+	       : c >= 'a' && c <= 'f' ? c - 'a' + 10
+	       : c >= 'A' && c <= 'F' ? c - 'A' + 10
+				      : -1;
 }
 
 /* A copy of s[0..n) with the spaces around it trimmed and %XX decoded. */
@@ -735,18 +739,18 @@ static int post(struct otlp *x, const uint8_t *body, size_t len, char *why, size
 	}
 	if (st.code == 0) {
 		char tls_why[160];
-		const char *tls_err =
-			x->tls && x->conn ? tls_bev_error(evhttp_connection_get_bufferevent(x->conn), tls_why, sizeof(tls_why))
-					  : "";
+		const char *tls_err = x->tls && x->conn ? tls_bev_error(evhttp_connection_get_bufferevent(x->conn),
+									tls_why, sizeof(tls_why))
+							: "";
 		if (*tls_err)
 			snprintf(why, wlen, "TLS: %s", tls_err);
 		else
 			snprintf(why, wlen, "%s",
-				 !st.failed			     ? "cannot connect"
-				 : st.err == EVREQ_HTTP_TIMEOUT	     ? "timeout"
-				 : st.err == EVREQ_HTTP_EOF	     ? "connection closed"
+				 !st.failed			       ? "cannot connect"
+				 : st.err == EVREQ_HTTP_TIMEOUT	       ? "timeout"
+				 : st.err == EVREQ_HTTP_EOF	       ? "connection closed"
 				 : st.err == EVREQ_HTTP_INVALID_HEADER ? "invalid answer"
-								     : "connection failed");
+								       : "connection failed");
 		drop_conn(x);
 	}
 	return st.code;
@@ -812,7 +816,8 @@ static void export_batch(struct otlp *x, struct span_item *items, size_t n)
 		stopping = x->stopping;
 		pthread_mutex_unlock(&x->mu);
 		if (!again) {
-			atomic_fetch_add(&x->dropped[stopping && retryable(code) ? OTLP_DROP_SHUTDOWN : OTLP_DROP_EXPORT], n);
+			atomic_fetch_add(
+				&x->dropped[stopping && retryable(code) ? OTLP_DROP_SHUTDOWN : OTLP_DROP_EXPORT], n);
 			warn_failure(x, why, n, true);
 			break;
 		}

@@ -38,16 +38,16 @@ struct config;
 #define OTLP_HEADERS_MAX 16	 /* headers of OTLP_HEADERS taken; more are ignored, with a warning */
 
 struct otlp_options {
-	char url[1024];	       /* the traces URL, as POSTed to */
-	const char *headers;   /* KEY=VALUE,... (values percent-decoded), or NULL */
-	const char *service;   /* service.name */
-	const char *resource;  /* KEY=VALUE,... more resource attributes, or NULL */
-	uint64_t timeout_ms;   /* one POST */
-	uint64_t delay_ms;     /* the schedule delay */
-	unsigned queue_max;    /* spans waiting */
-	unsigned batch_max;    /* spans per POST */
-	unsigned attempts;     /* POSTs of one batch at most (OTLP_ATTEMPTS) */
-	uint64_t backoff_ms;   /* the first retry's wait (OTLP_BACKOFF_MS) */
+	char url[1024];	      /* the traces URL, as POSTed to */
+	const char *headers;  /* KEY=VALUE,... (values percent-decoded), or NULL */
+	const char *service;  /* service.name */
+	const char *resource; /* KEY=VALUE,... more resource attributes, or NULL */
+	uint64_t timeout_ms;  /* one POST */
+	uint64_t delay_ms;    /* the schedule delay */
+	unsigned queue_max;   /* spans waiting */
+	unsigned batch_max;   /* spans per POST */
+	unsigned attempts;    /* POSTs of one batch at most (OTLP_ATTEMPTS) */
+	uint64_t backoff_ms;  /* the first retry's wait (OTLP_BACKOFF_MS) */
 };
 
 /* The options from the configuration, the environment where it says
@@ -85,7 +85,7 @@ extern const char *const otlp_drop_reasons[OTLP_DROP__COUNT]; /* "queue_full", "
  * tokentap_otlp_spans_dropped_total, tokentap_otlp_export_failures_total,
  * tokentap_otlp_exports_total); false without an exporter. */
 struct otlp_counts {
-	uint64_t exported;		  /* spans a collector accepted (2xx) */
+	uint64_t exported; /* spans a collector accepted (2xx) */
 	uint64_t dropped[OTLP_DROP__COUNT];
 	uint64_t failures; /* POSTs that failed: no answer, a timeout, or not 2xx */
 	uint64_t exports;  /* POSTs answered 2xx */
