@@ -81,8 +81,9 @@ struct otlp {
 	pthread_mutex_t mu;
 	pthread_cond_t cv; /* CLOCK_MONOTONIC */
 	struct span_item *ring;
-	size_t head, n; /* under mu */
-	bool stopping;	/* under mu */
+	size_t head, n;	  /* under mu */
+	bool stopping;	  /* under mu */
+	bool stop_failed; /* the thread's: a send failed while stopping, the rest is dropped unsent */
 
 	struct event_base *base;
 	struct event *deadline;
@@ -816,6 +817,7 @@ static void export_batch(struct otlp *x, struct span_item *items, size_t n)
 		stopping = x->stopping;
 		pthread_mutex_unlock(&x->mu);
 		if (!again) {
+			x->stop_failed = stopping;
 			atomic_fetch_add(
 				&x->dropped[stopping && retryable(code) ? OTLP_DROP_SHUTDOWN : OTLP_DROP_EXPORT], n);
 			warn_failure(x, why, n, true);
@@ -844,8 +846,8 @@ static void *exporter_main(void *arg)
 			if (pthread_cond_timedwait(&x->cv, &x->mu, &ts) == ETIMEDOUT)
 				break;
 		size_t k = x->n < x->o.batch_max ? x->n : x->o.batch_max;
-		if (!batch) { /* no memory for a batch: what waits is lost */
-			atomic_fetch_add(&x->dropped[OTLP_DROP_EXPORT], k);
+		if (!batch || x->stop_failed) { /* no memory for a batch, or stopping with the collector failing */
+			atomic_fetch_add(&x->dropped[batch ? OTLP_DROP_SHUTDOWN : OTLP_DROP_EXPORT], k);
 			x->head = (x->head + k) % x->o.queue_max;
 			x->n -= k;
 			k = 0;
