@@ -177,7 +177,7 @@ struct config {
 	double trace_ratio;	     /* of those new traces, the share sampled */
 	/* The OTLP span export (otlp.h); NULL / 0: the environment's OTEL_*
 	 * variable, or its default. */
-	const char *otlp_endpoint, *otlp_headers, *otlp_service, *otlp_resource;
+	const char *otlp_endpoint, *otlp_headers, *otlp_service, *otlp_resource, *otlp_ca_file;
 	uint64_t otlp_timeout_ms, otlp_delay_ms;
 	unsigned otlp_queue_max, otlp_batch_max;
 	uint64_t shutdown_grace_ms; /* SIGTERM: running streams get this long */

@@ -136,7 +136,9 @@
 	X(OTLP_SERVICE, "tracing.otlp.service_name", NULL, 0, STRING, otlp_service, NULL, 0, 0, RESTART, NULL, \
 	  "the resource's service.name (else env OTEL_SERVICE_NAME, else tokentap)") \
 	X(OTLP_RESOURCE, "tracing.otlp.resource_attributes", NULL, 0, STRING, otlp_resource, NULL, 0, 0, RESTART, \
-	  NULL, "KEY=VALUE,... more resource attributes (else env OTEL_RESOURCE_ATTRIBUTES)")
+	  NULL, "KEY=VALUE,... more resource attributes (else env OTEL_RESOURCE_ATTRIBUTES)") \
+	X(OTLP_CA_FILE, "tracing.otlp.certificate", NULL, 0, FILE, otlp_ca_file, NULL, 0, 0, RESTART, NULL, \
+	  "PEM CAs verifying an https endpoint (else env OTEL_EXPORTER_OTLP_CERTIFICATE; else the system's)")
 /* clang-format on */
 
 enum setting_id {

@@ -164,6 +164,9 @@ int otlp_options_resolve(const struct config *cfg, struct otlp_options *o, char 
 				       : env_first("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS");
 	o->service = cfg->otlp_service ? cfg->otlp_service : env_first("OTEL_SERVICE_NAME", NULL);
 	o->resource = cfg->otlp_resource ? cfg->otlp_resource : env_first("OTEL_RESOURCE_ATTRIBUTES", NULL);
+	o->ca_file = cfg->otlp_ca_file
+			     ? cfg->otlp_ca_file
+			     : env_first("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE");
 
 	o->timeout_ms = cfg->otlp_timeout_ms;
 	if (!o->timeout_ms) {
@@ -682,16 +685,16 @@ static void drop_conn(struct otlp *x)
 	x->conn = NULL;
 }
 
-/* One POST of `body`: the HTTP status, or 0 with `why` when none came. */
-static int post(struct otlp *x, const uint8_t *body, size_t len, char *why, size_t wlen)
+/* One POST of `body`: the HTTP status, or 0 with `why` when none came
+ * (`timed_out`: none within the timeout). */
+static int post_once(struct otlp *x, const uint8_t *body, size_t len, char *why, size_t wlen, bool *timed_out)
 {
 	struct post_state st = { .x = x };
 	struct evhttp_request *req;
 
+	*timed_out = false;
 	if (!x->conn) {
 		struct bufferevent *bev = NULL;
-		if (x->tls && !x->tls_ctx && !(x->tls_ctx = tls_client_ctx(true, NULL, why, wlen)))
-			return 0;
 		if (x->tls && !(bev = tls_bev_connect(x->base, x->tls_ctx, x->host, true))) {
 			snprintf(why, wlen, "cannot create a TLS connection");
 			return 0;
@@ -733,6 +736,7 @@ static int post(struct otlp *x, const uint8_t *body, size_t len, char *why, size
 			break;
 	evtimer_del(x->deadline);
 	if (!st.done) {
+		*timed_out = true;
 		evhttp_cancel_request(req); /* no callback follows */
 		drop_conn(x);
 		snprintf(why, wlen, "no answer within %llu ms", (unsigned long long)x->o.timeout_ms);
@@ -755,6 +759,19 @@ static int post(struct otlp *x, const uint8_t *body, size_t len, char *why, size
 		drop_conn(x);
 	}
 	return st.code;
+}
+
+/* A POST; on a kept connection that the collector closed while idle (the
+ * exporter's loop runs only during a POST, so that is noticed only now), once
+ * more at once on a new one. */
+static int post(struct otlp *x, const uint8_t *body, size_t len, char *why, size_t wlen)
+{
+	bool kept = x->conn != NULL, timed_out;
+	int code = post_once(x, body, len, why, wlen, &timed_out);
+
+	if (code == 0 && kept && !timed_out)
+		code = post_once(x, body, len, why, wlen, &timed_out);
+	return code;
 }
 
 static bool retryable(int code)
@@ -960,6 +977,8 @@ int otlp_open(const struct otlp_options *o, char *err, size_t errlen)
 		snprintf(err, errlen, "out of memory for %u queued spans", o->queue_max);
 		goto fail;
 	}
+	if (x->tls && !(x->tls_ctx = tls_client_ctx(true, o->ca_file, err, errlen)))
+		goto fail;
 	pthread_mutex_init(&x->mu, NULL);
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);

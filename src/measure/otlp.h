@@ -42,6 +42,7 @@ struct otlp_options {
 	const char *headers;  /* KEY=VALUE,... (values percent-decoded), or NULL */
 	const char *service;  /* service.name */
 	const char *resource; /* KEY=VALUE,... more resource attributes, or NULL */
+	const char *ca_file;  /* PEM CAs verifying an https endpoint; NULL: the system's store */
 	uint64_t timeout_ms;  /* one POST */
 	uint64_t delay_ms;    /* the schedule delay */
 	unsigned queue_max;   /* spans waiting */

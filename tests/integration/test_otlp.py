@@ -15,9 +15,11 @@ import gzip
 import json
 import os
 import shutil
+import ssl
 import statistics
 import struct
 import subprocess
+import tempfile
 import threading
 import time
 import unittest
@@ -25,6 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import harness
 import routing_helpers as rh
+from test_tls import make_pki
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SDK_SPECS = ("@opentelemetry/api@1.9.0", "@opentelemetry/core@2.2.0", "@opentelemetry/sdk-trace-base@2.2.0",
@@ -219,7 +222,8 @@ class Collector:
     """An OTLP/HTTP receiver on an ephemeral port. mode: "ok" (200), an
     HTTP status to answer, or "slow" (waits `delay` s, then 200)."""
 
-    def __init__(self, mode="ok", delay=0.0):
+    def __init__(self, mode="ok", delay=0.0, tls=None):
+        """tls: (cert, key) to answer HTTPS."""
         self.mode, self.delay = mode, delay
         self.posts = []  # (path, headers dict, body)
         self.lock = threading.Lock()
@@ -257,8 +261,14 @@ class Collector:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
+        self.server.handle_error = lambda *a: None  # a refused handshake is a test's point, not noise
+        if tls:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*tls)
+            self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True,
+                                                 do_handshake_on_connect=False)
         self.port = self.server.server_address[1]
-        self.url = "http://127.0.0.1:%d" % self.port
+        self.url = "%s://127.0.0.1:%d" % ("https" if tls else "http", self.port)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
@@ -510,6 +520,46 @@ class TestNewRoot(harness.TestCase):
         self.assertEqual((s["trace_id"], s["span_id"]), (e["trace_id"], e["span_id"]))
         self.assertEqual(s["parent_span_id"], "")
         self.assertEqual(s["flags"], 0x101)
+
+
+class TestHttps(harness.TestCase):
+    """An https collector: verified with tracing.otlp.certificate; without
+    it (the system's store does not know the test CA) nothing is sent, the
+    requests still answered and the failures counted."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="tokentap-otlp-tls-")
+        cls.addClassCleanup(shutil.rmtree, cls.dir, True)
+        cls.cert, cls.key = make_pki(cls.dir)
+        cls.ca = os.path.join(cls.dir, "ca.pem")
+
+    def start(self, extra):
+        coll = start_collector(self, "ok", 0.0, (self.cert, self.key))
+        up = harness.start_fake_upstream(self, answer)
+        tt = rh.start_conf(self, otlp_yaml(coll.url, extra) + rh.upstreams_yaml({"up": up.url}), "--admin",
+                           "127.0.0.1:0", *rh.ONE_WORKER)
+        return coll, tt, harness.admin_port(tt)
+
+    def test_verified_with_the_certificate(self):
+        coll, tt, admin = self.start("    certificate: %s\n" % self.ca)
+        for i in range(3):
+            resp = rh.send(tt.port, rh.chat(), [("x-request-id", "tls-%d" % i),
+                                                ("traceparent", "00-%032x-%s-01" % (i + 9, "8" * 16))])
+            self.assertEqual(resp.status, 200)
+        for i in range(3):
+            [(s, rs, headers, path)] = coll.span_of("tls-%d" % i)
+            self.assertEqual(s["trace_id"], "%032x" % (i + 9))
+        self.assertEqual(metric(admin, "tokentap_otlp_export_failures_total")[""], 0)
+
+    def test_unknown_ca_refused(self):
+        coll, tt, admin = self.start("")
+        resp = rh.send(tt.port, rh.chat(), [("x-request-id", "tls-x"), ("traceparent", "00-%032x-%s-01" % (5, "8" * 16))])
+        self.assertEqual(resp.status, 200)
+        self.assertTrue(harness.wait_until(
+            lambda: metric(admin, "tokentap_otlp_export_failures_total")[""] >= 1, 5.0, 0.05))
+        self.assertEqual(coll.posts, [])
+        self.assertEqual(metric(admin, "tokentap_otlp_spans_exported_total")[""], 0)
 
 
 def stream_times(port, n, prefix):
