@@ -253,11 +253,13 @@ class Collector:
                     coll.posts.append((self.path, {k.lower(): v for k, v in self.headers.items()}, body))
                 if coll.mode == "slow":
                     time.sleep(coll.delay)
-                code = 200 if coll.mode in ("ok", "slow") else int(coll.mode)
+                code = 200 if coll.mode in ("ok", "slow", "close") else int(coll.mode)
                 self.send_response(code)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", "0")
                 self.end_headers()
+                if coll.mode == "close":  # as an idle timeout would: closed after the answer, unannounced
+                    self.close_connection = True
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
@@ -625,6 +627,22 @@ class TestCollectorFaults(harness.TestCase):
                         self.dropped(admin))
                 if coll is not None and mode == "503":  # retried, with a backoff
                     self.assertTrue(harness.wait_until(lambda: len(coll.posts) >= 2, 5.0, 0.05))
+
+    def test_collector_closing_idle_connections(self):
+        """The connection kept from the last export is gone: made again,
+        no failure counted, nothing lost."""
+        coll = start_collector(self, "close")
+        up = harness.start_fake_upstream(self, answer)
+        tt = rh.start_conf(self, otlp_yaml(coll.url) + rh.upstreams_yaml({"up": up.url}), "--admin",
+                           "127.0.0.1:0", *rh.ONE_WORKER)
+        admin = harness.admin_port(tt)
+        for i in range(3):
+            resp = rh.send(tt.port, rh.chat(), [("x-request-id", "cl-%d" % i),
+                                                ("traceparent", "00-%032x-%s-01" % (i + 1, "9" * 16))])
+            self.assertEqual(resp.status, 200)
+            coll.span_of("cl-%d" % i)  # each its own batch, on the connection the one before left
+        self.assertEqual(metric(admin, "tokentap_otlp_export_failures_total")[""], 0)
+        self.assertEqual(metric(admin, "tokentap_otlp_spans_exported_total")[""], 3)
 
     def test_slow_collector_fills_the_queue(self):
         coll, admin, _, times = self.run_against(
