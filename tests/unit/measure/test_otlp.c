@@ -159,7 +159,9 @@ static void test_open_refuses_bad_urls(void **state)
 	struct otlp_options o;
 	char err[300];
 	(void)state;
-	const char *bad[] = { "ftp://x", "http://", "http://host:0", "http://host:70000", "http://[::1", "http://h:1x" };
+	const char *bad[] = {
+		"ftp://x", "http://", "http://host:0", "http://host:70000", "http://[::1", "http://h:1x"
+	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", bad[i], 1);
 		assert_int_equal(otlp_options_resolve(&c, &o, err, sizeof(err)), 1);
