@@ -136,8 +136,8 @@ def main(argv):
     problems += ["/metrics:\n  %s\n  %s" % (x, y) for x, y in zip(ma, mb) if x != y]
     print("same_output: %d access-log lines, %d /metrics lines compared, times masked: %s"
           % (len(a_log), len(ma), "the same" if not problems else "%d differences" % len(problems)))
-    for p in problems[:10]:
-        print(p)
+    for p in problems[:3]:
+        print(p if len(p) < 1500 else p[:1500] + " ...")
     return 1 if problems else 0
 
 

@@ -70,6 +70,7 @@
 #include "prom_proto.h"
 #include "recent.h"
 #include "compare.h"
+#include "otlp.h"
 #include "workload.h"
 #include "control.h"
 #include "live.h"
@@ -453,6 +454,27 @@ static int workload_metrics(struct evbuffer *out, bool proto)
 	return proto ? prom_render_proto_counters(out, f, 3) : prom_render_counters(out, f, 3);
 }
 
+/* The span exporter's counters, when one runs (otlp.h). */
+static int otlp_metrics(struct evbuffer *out, bool proto)
+{
+	struct otlp_counts c;
+
+	if (!otlp_counts(&c))
+		return 0;
+	const struct prom_counter_family f[4] = {
+		{ "tokentap_otlp_spans_exported_total", "Spans an OTLP collector accepted.", NULL, 1, NULL, &c.exported,
+		  0, NULL },
+		{ "tokentap_otlp_spans_dropped_total", "Spans lost, by reason (queue_full, export_failed, shutdown).",
+		  "reason", OTLP_DROP__COUNT, otlp_drop_reasons, c.dropped, 0, NULL },
+		{ "tokentap_otlp_export_failures_total",
+		  "OTLP export POSTs that failed: no answer within the timeout, or not 2xx (each retry counts).", NULL,
+		  1, NULL, &c.failures, 0, NULL },
+		{ "tokentap_otlp_exports_total", "OTLP export POSTs answered 2xx.", NULL, 1, NULL, &c.exports, 0,
+		  NULL },
+	};
+	return proto ? prom_render_proto_counters(out, f, 4) : prom_render_counters(out, f, 4);
+}
+
 /* The routes' decisions by route, upstream and reason (router.h). */
 static int route_pick_metrics(struct evbuffer *out, bool proto)
 {
@@ -517,6 +539,8 @@ static void on_metrics(struct admin *a, struct evhttp_request *req, struct evkey
 	}
 	if (rc == 0)
 		rc = workload_metrics(out, proto);
+	if (rc == 0)
+		rc = otlp_metrics(out, proto);
 	if (rc == 0)
 		rc = route_pick_metrics(out, proto);
 	upstream_gauges_free(g, n);

@@ -29,6 +29,7 @@
 #include "store.h"
 #include "version.h"
 #include "worker.h"
+#include "otlp.h"
 #include "workload.h"
 
 #define RECENT_REQUESTS 1024 /* kept for GET /requests/recent */
@@ -270,6 +271,14 @@ int main(int argc, char **argv)
 			goto out;
 		}
 	}
+	{
+		struct otlp_options oo;
+		int on = otlp_options_resolve(&boot, &oo, err, sizeof(err));
+		if (on == -1 || (on == 1 && otlp_open(&oo, err, sizeof(err)) == -1)) {
+			log_error("%s", err);
+			goto out;
+		}
+	}
 	store_options_defaults(&so);
 	so.dir = boot.data_dir;
 	so.minute_retention_s = boot.minute_retention_s;
@@ -366,6 +375,7 @@ out:
 		worker_free(workers[i]); /* each hands its last stats to the store */
 	store_close(store);		 /* commits them */
 	workload_close();		 /* writes what the workers queued */
+	otlp_close();			 /* sends the spans they queued */
 	recent_free(recent);
 	accesslog_close(alog);
 	config_free(&gen);

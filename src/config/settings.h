@@ -122,7 +122,25 @@ struct config;
 	X(TRACE_NEW, "tracing.new_traces", NULL, 0, BOOL, trace_new, NULL, 0, 0, LIVE, NULL, \
 	  "a request without a valid traceparent starts a new trace (off: none is sent upstream)") \
 	X(TRACE_RATIO, "tracing.sample_ratio", NULL, 0, RATIO, trace_ratio, "1", 0, 0, LIVE, NULL, \
-	  "the share of new traces marked sampled; a client's traceparent keeps its own flag")
+	  "the share of new traces marked sampled; a client's traceparent keeps its own flag") \
+	X(OTLP_ENDPOINT, "tracing.otlp.endpoint", NULL, 0, STRING, otlp_endpoint, NULL, 0, 0, RESTART, NULL, \
+	  "OTLP/HTTP collector: sampled spans are POSTed to its /v1/traces (else env OTEL_EXPORTER_OTLP_ENDPOINT)") \
+	X(OTLP_HEADERS, "tracing.otlp.headers", NULL, 0, STRING, otlp_headers, NULL, 0, 0, RESTART, NULL, \
+	  "KEY=VALUE,... headers of each export (else env OTEL_EXPORTER_OTLP_HEADERS)") \
+	X(OTLP_TIMEOUT, "tracing.otlp.timeout", NULL, 0, DURATION, otlp_timeout_ms, NULL, 0, 0, RESTART, NULL, \
+	  "one export's time limit; 0: env OTEL_EXPORTER_OTLP_TIMEOUT (ms) or 10s") \
+	X(OTLP_DELAY, "tracing.otlp.schedule_delay", NULL, 0, DURATION, otlp_delay_ms, NULL, 0, 0, RESTART, NULL, \
+	  "the longest a span waits for its batch; 0: env OTEL_BSP_SCHEDULE_DELAY (ms) or 5s") \
+	X(OTLP_QUEUE, "tracing.otlp.max_queue_size", NULL, 0, UINT, otlp_queue_max, NULL, 0, 1048576, RESTART, NULL, \
+	  "spans waiting to be sent, past it dropped; 0: env OTEL_BSP_MAX_QUEUE_SIZE or 2048") \
+	X(OTLP_BATCH, "tracing.otlp.max_export_batch_size", NULL, 0, UINT, otlp_batch_max, NULL, 0, 65536, RESTART, \
+	  NULL, "spans per export at most; 0: env OTEL_BSP_MAX_EXPORT_BATCH_SIZE or 512") \
+	X(OTLP_SERVICE, "tracing.otlp.service_name", NULL, 0, STRING, otlp_service, NULL, 0, 0, RESTART, NULL, \
+	  "the resource's service.name (else env OTEL_SERVICE_NAME, else tokentap)") \
+	X(OTLP_RESOURCE, "tracing.otlp.resource_attributes", NULL, 0, STRING, otlp_resource, NULL, 0, 0, RESTART, \
+	  NULL, "KEY=VALUE,... more resource attributes (else env OTEL_RESOURCE_ATTRIBUTES)") \
+	X(OTLP_CA_FILE, "tracing.otlp.certificate", NULL, 0, FILE, otlp_ca_file, NULL, 0, 0, RESTART, NULL, \
+	  "PEM CAs verifying an https endpoint (else env OTEL_EXPORTER_OTLP_CERTIFICATE; else the system's)")
 /* clang-format on */
 
 /* The C type of each TYPE's field in struct config. */

@@ -3,7 +3,7 @@
  * alike (meter.h says what is measured, and where each record goes).
  *
  *   respparse ─head/body/end─▶ meter ─▶ framer ─events─▶ classify ─▶ timeline, ITL runs ─▶ series
- *                                 └─ meter_finish ─▶ access log, stats, recent ring
+ *                                 └─ meter_finish ─▶ access log, stats, recent ring, spans
  *
  * Invariants: the ITL runs go to the series from three places only (a gap
  * of another length in on_event, meter_read_end, meter_finish); the series
@@ -18,6 +18,7 @@
 #include "accesslog.h"
 #include "classify.h"
 #include "log.h"
+#include "otlp.h"
 #include "paired.h"
 #include "recent.h"
 #include "respparse.h"
@@ -224,6 +225,7 @@ bool meter_finish(struct meter *m)
 	if (!m->shadow) {
 		recent_push(m->env.recent, rec, m->load, m->cold);
 		workload_record(rec, rec->wl, m->route, m->upstream);
+		otlp_record(rec, m->route);
 	}
 	return true;
 }

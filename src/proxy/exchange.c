@@ -528,6 +528,7 @@ static enum xr request_connect(struct exchange *x)
 	x->rec->at[TL_DISPATCH] = now; /* again after a failover: queue ends at the last dispatch */
 	x->rec->at[TL_UP_CONNECTED] = 0;
 	x->rec->upstream = x->up->name;
+	x->rec->up_url = x->up->url;
 	if (!x->shadow) /* the engine's queue as last scraped (scrape.h) */
 		upstream_engine_note(x->up, &x->rec->engine, now);
 	x->resp.head_request = x->method == HTTP_HEAD;

@@ -102,6 +102,8 @@ static void request_trace(struct request *req)
 	}
 	if (ntp == 1 && tracectx_parse(tp, tplen, &req->rec.trace) == 0) {
 		req->rec.traced = true;
+		req->rec.has_parent = true;
+		memcpy(req->rec.parent_span_id, req->rec.trace.span_id, sizeof(req->rec.parent_span_id));
 		req->rec.trace_state = state_ok && sc.members > 0;
 	} else if (cfg->trace_new) {
 		req->rec.traced = true;

@@ -129,10 +129,15 @@ struct req_record {
 	 * its parent; trace_state: the client's tracestate headers go with it. */
 	bool traced, trace_state;
 	struct trace_ctx trace;
+	/* The client's span (the traceparent's parent id), the parent of
+	 * tokentap's own; has_parent false: a trace tokentap started */
+	bool has_parent;
+	uint8_t parent_span_id[8];
 	char method[16];
 	char path[256]; /* without the query string, truncated to fit */
 	char model[128];
 	const char *upstream; /* borrowed: the upstream's name outlives every request */
+	const char *up_url;   /* borrowed, as upstream: its url (the span's server.address) */
 	enum api_kind api;
 	int stream; /* 1, 0, or -1 unknown */
 	int status; /* upstream status, or the status tokentap answered; 0 none */
