@@ -37,6 +37,7 @@ from harness_proc import fd_diff, fd_targets, wait_fds  # TestCase below
 from harness_events import *  # noqa: F401,F403
 from harness_events import read_access_log, wait_log_entry  # TestCase below
 from harness_upstream import *  # noqa: F401,F403
+from harness_npm import *  # noqa: F401,F403
 
 
 def model_series(admin, model, n=1, path="/stats?window=5m&model=%s", timeout=10.0):

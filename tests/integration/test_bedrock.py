@@ -34,9 +34,7 @@ section (l)).
 import base64
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import struct
 import threading
 import time
@@ -302,31 +300,12 @@ SDK_SPEC = "@aws-sdk/client-bedrock-runtime"
 
 
 def npm_install_sdk():
-    mark = os.path.join(SDK_DIR, "node_modules", "@aws-sdk", "client-bedrock-runtime", "package.json")
-    if os.path.exists(mark):
-        return
-    for tool in ("node", "npm"):
-        if shutil.which(tool) is None:
-            raise AssertionError("%s is not installed: run contrib/setup.sh (it installs Debian's nodejs and npm)"
-                                 % tool)
-    os.makedirs(SDK_DIR, exist_ok=True)
-    try:
-        p = subprocess.run(["npm", "install", "--prefix", SDK_DIR, "--no-audit", "--no-fund", "--no-save", SDK_SPEC],
-                           capture_output=True, text=True, timeout=120)
-    except subprocess.TimeoutExpired:
-        raise AssertionError("npm install %s did not finish within 120 s (no registry access?)" % SDK_SPEC)
-    if p.returncode != 0 or not os.path.exists(mark):
-        raise AssertionError("npm install %s into %s failed (exit %d):\n%s" % (
-            SDK_SPEC, SDK_DIR, p.returncode, (p.stdout + p.stderr)[-3000:]))
+    harness.npm_install(SDK_DIR, [SDK_SPEC], timeout=120)
 
 
 def run_sdk(port, op, model, rid, ttft, itl, tokens, exception=None):
-    argv = ["node", SDK_SCRIPT, SDK_DIR, "http://127.0.0.1:%d" % port, op, model, rid, str(ttft), str(itl),
-            str(tokens)] + ([exception] if exception else [])
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    if p.returncode != 0:
-        raise AssertionError("node %s exited %d:\n%s" % (SDK_SCRIPT, p.returncode, p.stderr[-3000:]))
-    return json.loads(p.stdout)
+    return harness.run_node(SDK_SCRIPT, SDK_DIR, "http://127.0.0.1:%d" % port, op, model, rid, ttft, itl, tokens,
+                            *([exception] if exception else []))
 
 
 class BedrockSdkTest(harness.TestCase):

@@ -37,7 +37,6 @@ def run_bench(test, url, api, n, extra=()):
 
 import json
 import os
-import shutil
 import subprocess
 import time
 
@@ -391,34 +390,11 @@ SDK_SCRIPT = os.path.join(HERE, "gemini_sdk.cjs")
 
 
 def npm_install_sdk():
-    """Installs SDK_SPEC under SDK_DIR once; fails with a message when npm
-    is missing or the install fails (as test_responses.npm_install_sdk)."""
-    mark = os.path.join(SDK_DIR, "node_modules", "@google", "genai", "package.json")
-    if os.path.exists(mark):
-        with open(mark) as f:
-            if "@google/genai@" + json.load(f)["version"] == SDK_SPEC:
-                return
-    for tool in ("node", "npm"):
-        if shutil.which(tool) is None:
-            raise AssertionError("%s is not installed: run contrib/setup.sh (it installs Debian's nodejs and npm)"
-                                 % tool)
-    os.makedirs(SDK_DIR, exist_ok=True)
-    try:
-        p = subprocess.run(["npm", "install", "--prefix", SDK_DIR, "--no-audit", "--no-fund", "--no-save",
-                            SDK_SPEC], capture_output=True, text=True, timeout=120)
-    except subprocess.TimeoutExpired:
-        raise AssertionError("npm install %s did not finish within 120 s (no registry access?)" % SDK_SPEC)
-    if p.returncode != 0 or not os.path.exists(mark):
-        raise AssertionError("npm install %s into %s failed (exit %d):\n%s" % (
-            SDK_SPEC, SDK_DIR, p.returncode, (p.stdout + p.stderr)[-3000:]))
+    harness.npm_install(SDK_DIR, [SDK_SPEC], timeout=120)
 
 
 def run_sdk(base_url, rid, ttft, itl, tokens):
-    p = subprocess.run(["node", SDK_SCRIPT, SDK_DIR, base_url, rid, str(ttft), str(itl), str(tokens)],
-                       capture_output=True, text=True, timeout=60)
-    if p.returncode != 0:
-        raise AssertionError("node %s exited %d:\n%s" % (SDK_SCRIPT, p.returncode, p.stderr[-3000:]))
-    return json.loads(p.stdout)
+    return harness.run_node(SDK_SCRIPT, SDK_DIR, base_url, rid, ttft, itl, tokens)
 
 
 class GeminiSdkTest(harness.TestCase):

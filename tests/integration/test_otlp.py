@@ -18,7 +18,6 @@ import shutil
 import ssl
 import statistics
 import struct
-import subprocess
 import tempfile
 import threading
 import time
@@ -37,40 +36,11 @@ SDK_SCRIPT = os.path.join(HERE, "otlp_sdk.cjs")
 
 
 def npm_install_sdk():
-    def installed():
-        for spec in SDK_SPECS:
-            name, _, version = spec.rpartition("@")
-            mark = os.path.join(SDK_DIR, "node_modules", name, "package.json")
-            if not os.path.exists(mark):
-                return False
-            with open(mark) as f:
-                if json.load(f)["version"] != version:
-                    return False
-        return True
-
-    if installed():
-        return
-    for tool in ("node", "npm"):
-        if shutil.which(tool) is None:
-            raise AssertionError("%s is not installed: run contrib/setup.sh (it installs Debian's nodejs and npm)"
-                                 % tool)
-    os.makedirs(SDK_DIR, exist_ok=True)
-    try:
-        p = subprocess.run(["npm", "install", "--prefix", SDK_DIR, "--no-audit", "--no-fund", "--no-save"]
-                           + list(SDK_SPECS), capture_output=True, text=True, timeout=180)
-    except subprocess.TimeoutExpired:
-        raise AssertionError("npm install %s did not finish within 180 s (no registry access?)" % " ".join(SDK_SPECS))
-    if p.returncode != 0 or not installed():
-        raise AssertionError("npm install into %s failed (exit %d):\n%s" % (
-            SDK_DIR, p.returncode, (p.stdout + p.stderr)[-3000:]))
+    harness.npm_install(SDK_DIR, SDK_SPECS, timeout=180)
 
 
 def sdk(*args):
-    p = subprocess.run(["node", SDK_SCRIPT, SDK_DIR] + [str(a) for a in args], capture_output=True, text=True,
-                       timeout=30)
-    if p.returncode != 0:
-        raise AssertionError("node %s exited %d:\n%s" % (SDK_SCRIPT, p.returncode, p.stderr[-3000:]))
-    return json.loads(p.stdout)
+    return harness.run_node(SDK_SCRIPT, SDK_DIR, *args, timeout=30)
 
 
 # ---- a protobuf wire reader, and OTLP's trace messages on it ----

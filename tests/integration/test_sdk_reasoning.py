@@ -28,8 +28,6 @@ case runs once straight at the simulator and once through tokentap:
 
 import json
 import os
-import shutil
-import subprocess
 
 import harness
 
@@ -50,33 +48,11 @@ LONG_PROMPT = ("Describe, step by step and with care, how Rayleigh scattering ma
 def npm_install(package):
     """Installs the pinned `package` under its artifacts directory once."""
     spec, prefix = SDKS[package]
-    mark = os.path.join(prefix, "node_modules", package, "package.json")
-    if os.path.exists(mark):
-        with open(mark) as f:
-            if spec.endswith("@" + json.load(f)["version"]):
-                return prefix
-    for tool in ("node", "npm"):
-        if shutil.which(tool) is None:
-            raise AssertionError("%s is not installed: run contrib/setup.sh (it installs Debian's nodejs and npm)"
-                                 % tool)
-    os.makedirs(prefix, exist_ok=True)
-    try:
-        p = subprocess.run(["npm", "install", "--prefix", prefix, "--no-audit", "--no-fund", "--no-save", spec],
-                           capture_output=True, text=True, timeout=120)
-    except subprocess.TimeoutExpired:
-        raise AssertionError("npm install %s did not finish within 120 s (no registry access?)" % spec)
-    if p.returncode != 0 or not os.path.exists(mark):
-        raise AssertionError("npm install %s into %s failed (exit %d):\n%s" % (
-            spec, prefix, p.returncode, (p.stdout + p.stderr)[-3000:]))
-    return prefix
+    return harness.npm_install(prefix, [spec], timeout=120)
 
 
 def run_sdk(mode, package, base_url, rid, headers, body):
-    p = subprocess.run(["node", SCRIPT, mode, SDKS[package][1], base_url, rid, json.dumps(headers), json.dumps(body)],
-                       capture_output=True, text=True, timeout=60)
-    if p.returncode != 0:
-        raise AssertionError("node %s %s exited %d:\n%s" % (SCRIPT, mode, p.returncode, p.stderr[-3000:]))
-    return json.loads(p.stdout)
+    return harness.run_node(SCRIPT, mode, SDKS[package][1], base_url, rid, json.dumps(headers), json.dumps(body))
 
 
 def raw_events(text):

@@ -14,8 +14,6 @@ injects the parent and extracts what the upstream got."""
 import json
 import os
 import re
-import shutil
-import subprocess
 import unittest
 
 import harness
@@ -47,42 +45,11 @@ OTEL_SCRIPT = os.path.join(HERE, "otel_propagate.cjs")
 
 
 def npm_install_otel():
-    """Installs OTEL_SPECS under OTEL_DIR once; fails with a message when
-    npm is missing or the install fails."""
-    def installed():
-        for spec in OTEL_SPECS:
-            name, _, version = spec.rpartition("@")
-            mark = os.path.join(OTEL_DIR, "node_modules", name, "package.json")
-            if not os.path.exists(mark):
-                return False
-            with open(mark) as f:
-                if json.load(f)["version"] != version:
-                    return False
-        return True
-
-    if installed():
-        return
-    for tool in ("node", "npm"):
-        if shutil.which(tool) is None:
-            raise AssertionError("%s is not installed: run contrib/setup.sh (it installs Debian's nodejs and npm)"
-                                 % tool)
-    os.makedirs(OTEL_DIR, exist_ok=True)
-    try:
-        p = subprocess.run(["npm", "install", "--prefix", OTEL_DIR, "--no-audit", "--no-fund", "--no-save"]
-                           + list(OTEL_SPECS), capture_output=True, text=True, timeout=90)
-    except subprocess.TimeoutExpired:
-        raise AssertionError("npm install %s did not finish within 90 s (no registry access?)" % " ".join(OTEL_SPECS))
-    if p.returncode != 0 or not installed():
-        raise AssertionError("npm install %s into %s failed (exit %d):\n%s" % (
-            " ".join(OTEL_SPECS), OTEL_DIR, p.returncode, (p.stdout + p.stderr)[-3000:]))
+    harness.npm_install(OTEL_DIR, OTEL_SPECS, timeout=90)
 
 
 def otel(*args):
-    p = subprocess.run(["node", OTEL_SCRIPT, OTEL_DIR] + [str(a) for a in args], capture_output=True, text=True,
-                       timeout=30)
-    if p.returncode != 0:
-        raise AssertionError("node %s exited %d:\n%s" % (OTEL_SCRIPT, p.returncode, p.stderr[-3000:]))
-    return json.loads(p.stdout)
+    return harness.run_node(OTEL_SCRIPT, OTEL_DIR, *args, timeout=30)
 
 
 def answer(sock, req, ctx):
