@@ -151,6 +151,111 @@ def sse_event(i):
     return b'data: {"choices":[{"index":0,"delta":{"content":"tok%d "}}]}\n\n' % i
 
 
+def read_continue(conn):
+    """The bytes up to the end of the interim response a request with
+    `Expect: 100-continue` gets (bounded), for the caller to check."""
+    got = b""
+    for _ in range(100):
+        if b"\r\n\r\n" in got:
+            break
+        data = conn.sock.recv(4096)
+        if not data:
+            break
+        got += data
+    return got
+
+
+def flaky_problem(resp, behave, events):
+    """What is wrong with the answer to a flaky-upstream request asked to
+    `behave` (flaky_handler) that sent `events` (bytes), or None: a reset
+    before the answer is a 502; a reset mid-stream an incomplete prefix of
+    the events; otherwise the events and [DONE], whole."""
+    if behave == "flaky_reset_before":
+        if resp.status != 502:
+            return "%s: status %d, expected 502" % (behave, resp.status)
+    elif resp.status != 200:
+        return "%s: status %d: %r" % (behave, resp.status, resp.body[:200])
+    elif behave == "flaky_reset_mid":
+        if resp.complete or not events.startswith(resp.body):
+            return "%s: complete=%s, %d body bytes not a prefix of what the upstream sent" % (
+                behave, resp.complete, len(resp.body))
+    elif not resp.complete or resp.body != events + b"data: [DONE]\n\n":
+        return "%s: complete=%s, body %r" % (behave, resp.complete, resp.body[-80:])
+    return None
+
+
+def wait_quiet(upstreams, pid, fail, what, timeout=QUIET_TIMEOUT_S):
+    """Waits until tokentap has nothing in flight and no pooled connection
+    (upstreams(): GET /upstreams' list; fail(check, msg) when it stays busy
+    past `timeout` seconds), then until its fd count holds still (the admin
+    connection just used closes on tokentap's side a moment later); returns
+    its fds."""
+    deadline = time.monotonic() + timeout
+    for _ in range(int(timeout / 0.2) + 1):
+        ups = upstreams()
+        if all(u["in_flight"] == 0 and u["queued"] == 0 and u["pool"]["idle"] == 0 for u in ups):
+            break
+        if time.monotonic() > deadline:
+            fail("fds", "%s: tokentap still busy after %.0f s: %s"
+                 % (what, timeout, [(u["name"], u["in_flight"], u["pool"]) for u in ups]))
+            break
+        time.sleep(0.2)
+    last = None
+    for _ in range(50):
+        time.sleep(0.2)
+        n = harness.fd_count(pid)
+        if n == last:
+            break
+        last = n
+    return harness.fd_targets(pid)
+
+
+def stop_for_exit(p, timeout=STOP_TIMEOUT_S):
+    """SIGTERM to a process still running and its exit awaited (up to
+    `timeout` seconds): (whether it was running, its exit status, None when it
+    had to be killed)."""
+    was_alive = p.alive()
+    if was_alive:
+        os.kill(p.pid, signal.SIGTERM)
+        try:
+            p.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+    rc = p.proc.poll()
+    p.stop()  # SIGKILL if it is still there; joins its stderr reader
+    return was_alive, rc
+
+
+class Checks:
+    """A run's verdicts: fail() and passed() print one line each and keep
+    them in .failures and .passes."""
+
+    def fail(self, check, msg):
+        self.failures.append((check, msg))
+        print("FAILED %s: %s" % (check, msg), flush=True)
+
+    def passed(self, check, msg):
+        self.passes.append((check, msg))
+        print("ok     %s: %s" % (check, msg), flush=True)
+
+
+class FlakyClients:
+    """The flaky upstream's client kinds, one per behaviour; the class that
+    mixes this in defines _flaky(rng, rid, behave)."""
+
+    def flaky_ok(self, rng, rid):
+        self._flaky(rng, rid, "flaky_ok")
+
+    def flaky_ok_close(self, rng, rid):
+        self._flaky(rng, rid, "flaky_ok_close")
+
+    def flaky_reset_mid(self, rng, rid):
+        self._flaky(rng, rid, "flaky_reset_mid")
+
+    def flaky_reset_before(self, rng, rid):
+        self._flaky(rng, rid, "flaky_reset_before")
+
+
 # --------------------------------------------------------------------------
 # the flaky upstream
 
@@ -233,7 +338,7 @@ class Tally:
             return k
 
 
-class Chaos:
+class Chaos(FlakyClients):
     """The aborting clients and the flaky-upstream clients of one phase:
     threads that each run scenarios until the phase ends. Request ids are
     soak-PHASE-SCENARIO-N."""
@@ -351,14 +456,7 @@ class Chaos:
             conn.send(head)
             # 100 Continue means the head is parsed: from here on tokentap
             # counts the request whatever the client does.
-            got = b""
-            for _ in range(100):
-                if b"\r\n\r\n" in got:
-                    break
-                data = conn.sock.recv(4096)
-                if not data:
-                    break
-                got += data
+            got = read_continue(conn)
             if not got.startswith(b"HTTP/1.1 100"):
                 return self.tally.anomaly(rid, "mid-upload: expected 100 Continue, got %r" % got[:80])
             conn.send(body[:rng.randint(1, len(body) - 1)])
@@ -385,43 +483,23 @@ class Chaos:
 
     def _flaky(self, rng, rid, behave):
         n = rng.randint(1, 30)
-        events = [sse_event(i) for i in range(n)]
+        events = b"".join(sse_event(i) for i in range(n))
         resp, _ = harness.exchange(self.port, "POST", CHAT, harness.api_body("openai-chat", True), [
             ("Host", FLAKY_HOST), ("x-soak-behave", behave), ("x-soak-events", str(n)), ("x-request-id", rid)],
             timeout=IO_TIMEOUT_S)
         if resp is None:
             return self.tally.anomaly(rid, "%s: no response" % behave)
-        if behave == "flaky_reset_before":
-            if resp.status != 502:
-                return self.tally.anomaly(rid, "%s: status %d, expected 502" % (behave, resp.status))
-        elif resp.status != 200:
-            return self.tally.anomaly(rid, "%s: status %d: %r" % (behave, resp.status, resp.body[:200]))
-        elif behave == "flaky_reset_mid":
-            if resp.complete or not b"".join(events).startswith(resp.body):
-                return self.tally.anomaly(rid, "%s: complete=%s, %d body bytes not a prefix of what the upstream "
-                                          "sent" % (behave, resp.complete, len(resp.body)))
-        elif not resp.complete or resp.body != b"".join(events) + b"data: [DONE]\n\n":
-            return self.tally.anomaly(rid, "%s: complete=%s, body %r" % (behave, resp.complete, resp.body[-80:]))
+        problem = flaky_problem(resp, behave, events)
+        if problem:
+            return self.tally.anomaly(rid, problem)
         self.tally.ok(behave, rid)
-
-    def flaky_ok(self, rng, rid):
-        self._flaky(rng, rid, "flaky_ok")
-
-    def flaky_ok_close(self, rng, rid):
-        self._flaky(rng, rid, "flaky_ok_close")
-
-    def flaky_reset_mid(self, rng, rid):
-        self._flaky(rng, rid, "flaky_reset_mid")
-
-    def flaky_reset_before(self, rng, rid):
-        self._flaky(rng, rid, "flaky_reset_before")
 
 
 # --------------------------------------------------------------------------
 # the run
 
 
-class Soak:
+class Soak(Checks):
     def __init__(self, args):
         self.args = args
         self.failures = []  # (check, message)
@@ -432,16 +510,6 @@ class Soak:
         self.bench_results = []  # (phase, api, result dict)
         self.rss_samples = []
         self.stop_monitor = threading.Event()
-
-    # -- bookkeeping
-
-    def fail(self, check, msg):
-        self.failures.append((check, msg))
-        print("FAILED %s: %s" % (check, msg), flush=True)
-
-    def passed(self, check, msg):
-        self.passes.append((check, msg))
-        print("ok     %s: %s" % (check, msg), flush=True)
 
     # -- processes
 
@@ -598,29 +666,8 @@ class Soak:
         log("%s: traffic over" % name)
 
     def quiet(self, what):
-        """Waits until tokentap has nothing in flight and no pooled
-        connection, then until its fd count holds still; returns its fds."""
-        deadline = time.monotonic() + QUIET_TIMEOUT_S
-        ups = None
-        for _ in range(int(QUIET_TIMEOUT_S / 0.2) + 1):
-            ups = get_json(self.admin, "/upstreams")["upstreams"]
-            if all(u["in_flight"] == 0 and u["queued"] == 0 and u["pool"]["idle"] == 0 for u in ups):
-                break
-            if time.monotonic() > deadline:
-                self.fail("fds", "%s: tokentap still busy after %.0f s: %s"
-                          % (what, QUIET_TIMEOUT_S, [(u["name"], u["in_flight"], u["pool"]) for u in ups]))
-                break
-            time.sleep(0.2)
-        # The admin connection just used closes on tokentap's side a moment
-        # later: wait for the count to hold still.
-        last = None
-        for _ in range(50):
-            time.sleep(0.2)
-            n = harness.fd_count(self.tt.pid)
-            if n == last:
-                break
-            last = n
-        return harness.fd_targets(self.tt.pid)
+        """tokentap idle and its fd count still (wait_quiet); its fds."""
+        return wait_quiet(lambda: get_json(self.admin, "/upstreams")["upstreams"], self.tt.pid, self.fail, what)
 
     # -- checks
 
@@ -790,15 +837,7 @@ class Soak:
     def check_exit_and_sanitizers(self):
         reports = []
         for p in (self.tt, self.sim):
-            was_alive = p.alive()
-            if was_alive:
-                os.kill(p.pid, signal.SIGTERM)
-                try:
-                    p.proc.wait(STOP_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    pass
-            rc = p.proc.poll()
-            p.stop()  # SIGKILL if it is still there; joins its stderr reader
+            was_alive, rc = stop_for_exit(p)
             with p._lock:
                 lines = list(p.lines)
             with open(os.path.join(self.workdir, p.name + ".stderr"), "w") as f:
@@ -899,31 +938,38 @@ def parse_args(argv):
     return a
 
 
-def main(argv):
-    args = parse_args(argv)
-
+def run_to_verdict(run, name, keep, ordered_passes=True):
+    """Runs a soak (run: .run(), .stop_all(), .fail(), .failures, .passes,
+    .workdir) to its verdict, SIGTERM stopping it cleanly: prints the one
+    summary line, removes the work dir when it passed (unless keep), and
+    returns the exit status."""
     def on_term(signum, frame):
-        raise SystemExit("soak.py: signal %d, stopping" % signum)
+        raise SystemExit("%s.py: signal %d, stopping" % (name, signum))
 
     signal.signal(signal.SIGTERM, on_term)
-    soak = Soak(args)
     try:
-        soak.run()
+        run.run()
     except Exception as e:
-        soak.fail("run", "%r" % e)
+        run.fail("run", "%r" % e)
         import traceback
         traceback.print_exc()
     finally:
-        soak.stop_all()
+        run.stop_all()
     took = time.monotonic() - T0
-    if soak.failures:
-        print("soak: FAILED %s in %.0f s (work dir kept: %s)"
-              % (", ".join(sorted({c for c, _ in soak.failures})), took, soak.workdir), flush=True)
+    if run.failures:
+        print("%s: FAILED %s in %.0f s (work dir kept: %s)"
+              % (name, ", ".join(sorted({c for c, _ in run.failures})), took, run.workdir), flush=True)
         return 1
-    if not args.keep:
-        shutil.rmtree(soak.workdir, ignore_errors=True)
-    print("soak: passed (%s) in %.0f s" % (", ".join(c for c, _ in soak.passes), took), flush=True)
+    if not keep:
+        shutil.rmtree(run.workdir, ignore_errors=True)
+    passes = [c for c, _ in run.passes] if ordered_passes else sorted({c for c, _ in run.passes})
+    print("%s: passed (%s) in %.0f s" % (name, ", ".join(passes), took), flush=True)
     return 0
+
+
+def main(argv):
+    args = parse_args(argv)
+    return run_to_verdict(Soak(args), "soak", args.keep)
 
 
 if __name__ == "__main__":

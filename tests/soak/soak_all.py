@@ -74,7 +74,6 @@ import json
 import os
 import random
 import re
-import shutil
 import signal
 import ssl
 import statistics
@@ -325,7 +324,7 @@ class Tally:
                 self.expected[rid] = want
 
 
-class Clients:
+class Clients(soak.FlakyClients):
     """Client threads of one phase; request ids are sa-PHASE-T-N."""
 
     def __init__(self, port, ca, tally, phase, seed):
@@ -507,14 +506,7 @@ class Clients:
         conn = self._conn()
         try:
             conn.send(head)
-            got = b""
-            for _ in range(100):
-                if b"\r\n\r\n" in got:
-                    break
-                data = conn.sock.recv(4096)
-                if not data:
-                    break
-                got += data
+            got = soak.read_continue(conn)
             if not got.startswith(b"HTTP/1.1 100"):
                 return self.tally.anomaly(rid, "mid-upload: expected 100 Continue, got %r" % got[:80])
             conn.send(body[:rng.randint(1, len(body) - 1)])
@@ -562,37 +554,17 @@ class Clients:
             # sent it (the upstream's Python thread was slow to close on a
             # busy machine): tokentap does not send a POST twice.
             return self.tally.expect(rid, behave, "502 stale", ("flaky", "5xx", "upstream_reset"))
-        if behave == "flaky_reset_before":
-            if resp.status != 502:
-                return self.tally.anomaly(rid, "%s: status %d, expected 502" % (behave, resp.status))
-        elif resp.status != 200:
-            return self.tally.anomaly(rid, "%s: status %d: %r" % (behave, resp.status, resp.body[:200]))
-        elif behave == "flaky_reset_mid":
-            if resp.complete or not events.startswith(resp.body):
-                return self.tally.anomaly(rid, "%s: complete=%s, %d body bytes not a prefix of what the upstream "
-                                          "sent" % (behave, resp.complete, len(resp.body)))
-        elif not resp.complete or resp.body != events + b"data: [DONE]\n\n":
-            return self.tally.anomaly(rid, "%s: complete=%s, body %r" % (behave, resp.complete, resp.body[-80:]))
+        problem = soak.flaky_problem(resp, behave, events)
+        if problem:
+            return self.tally.anomaly(rid, problem)
         self.tally.expect(rid, behave, "as asked", FIXED[behave])
-
-    def flaky_ok(self, rng, rid):
-        self._flaky(rng, rid, "flaky_ok")
-
-    def flaky_ok_close(self, rng, rid):
-        self._flaky(rng, rid, "flaky_ok_close")
-
-    def flaky_reset_mid(self, rng, rid):
-        self._flaky(rng, rid, "flaky_reset_mid")
-
-    def flaky_reset_before(self, rng, rid):
-        self._flaky(rng, rid, "flaky_reset_before")
 
 
 # --------------------------------------------------------------------------
 # the run
 
 
-class SoakAll:
+class SoakAll(soak.Checks):
     def __init__(self, args):
         self.args = args
         self.failures = []
@@ -622,14 +594,6 @@ class SoakAll:
         would still be doubling through the soak proper (measured: +2.9 MiB
         at 65,536 hashes, 700 s in) and hide any other growth."""
         return 1024 if self.args.warmup < 360 else 16384
-
-    def fail(self, check, msg):
-        self.failures.append((check, msg))
-        print("FAILED %s: %s" % (check, msg), flush=True)
-
-    def passed(self, check, msg):
-        self.passes.append((check, msg))
-        print("ok     %s: %s" % (check, msg), flush=True)
 
     # -- processes
 
@@ -894,24 +858,8 @@ class SoakAll:
         """tokentap idle (nothing in flight, no pooled connection), the
         /metrics scraper paused; returns its fds once their count holds."""
         self.scrape_pause.set()
-        deadline = time.monotonic() + QUIET_TIMEOUT_S
-        for _ in range(int(QUIET_TIMEOUT_S / 0.2) + 1):
-            ups = self.get_json("/upstreams")["upstreams"]
-            if all(u["in_flight"] == 0 and u["queued"] == 0 and u["pool"]["idle"] == 0 for u in ups):
-                break
-            if time.monotonic() > deadline:
-                self.fail("fds", "%s: tokentap still busy after %.0f s: %s"
-                          % (what, QUIET_TIMEOUT_S, [(u["name"], u["in_flight"], u["pool"]) for u in ups]))
-                break
-            time.sleep(0.2)
-        last = None
-        for _ in range(50):
-            time.sleep(0.2)
-            n = harness.fd_count(self.tt.pid)
-            if n == last:
-                break
-            last = n
-        return harness.fd_targets(self.tt.pid)
+        return soak.wait_quiet(lambda: self.get_json("/upstreams")["upstreams"], self.tt.pid, self.fail, what,
+                               QUIET_TIMEOUT_S)
 
     def count_lines(self, pattern):
         rx = re.compile(pattern)
@@ -1219,15 +1167,7 @@ class SoakAll:
         reports = []
         procs = [self.tt] + [self.sims[n] for n in ("a", "b", "shadow")]
         for p in procs:
-            was_alive = p.alive()
-            if was_alive:
-                os.kill(p.pid, signal.SIGTERM)
-                try:
-                    p.proc.wait(STOP_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    pass
-            rc = p.proc.poll()
-            p.stop()
+            was_alive, rc = soak.stop_for_exit(p, STOP_TIMEOUT_S)
             if not was_alive:
                 self.fail("exit", "%s was gone before the end (status %r); stderr tail:\n%s"
                           % (p.name, rc, p.stderr_text()[-3000:]))
@@ -1322,29 +1262,7 @@ def parse_args(argv):
 
 def main(argv):
     args = parse_args(argv)
-
-    def on_term(signum, frame):
-        raise SystemExit("soak_all.py: signal %d, stopping" % signum)
-
-    signal.signal(signal.SIGTERM, on_term)
-    s = SoakAll(args)
-    try:
-        s.run()
-    except Exception as e:
-        s.fail("run", "%r" % e)
-        import traceback
-        traceback.print_exc()
-    finally:
-        s.stop_all()
-    took = time.monotonic() - T0
-    if s.failures:
-        print("soak_all: FAILED %s in %.0f s (work dir kept: %s)"
-              % (", ".join(sorted({c for c, _ in s.failures})), took, s.workdir), flush=True)
-        return 1
-    if not args.keep:
-        shutil.rmtree(s.workdir, ignore_errors=True)
-    print("soak_all: passed (%s) in %.0f s" % (", ".join(sorted({c for c, _ in s.passes})), took), flush=True)
-    return 0
+    return soak.run_to_verdict(SoakAll(args), "soak_all", args.keep, ordered_passes=False)
 
 
 if __name__ == "__main__":
