@@ -7,7 +7,7 @@ import os
 import shutil
 import subprocess
 
-__all__ = ["npm_install", "run_node"]
+__all__ = ["npm_install", "run_node", "NodeScript"]
 
 
 def _installed(prefix, specs):
@@ -58,3 +58,22 @@ def run_node(script, *args, timeout=60):
     if p.returncode != 0:
         raise AssertionError("node %s exited %d:\n%s" % (script, p.returncode, p.stderr[-3000:]))
     return json.loads(p.stdout)
+
+
+class NodeScript:
+    """A node script of tests/integration/ and the npm packages it needs,
+    installed under tests/artifacts/DIRNAME: install() once (npm_install),
+    then each call runs `node SCRIPT PREFIX ARGS...` (run_node)."""
+
+    def __init__(self, dirname, specs, script, install_timeout=180, run_timeout=60):
+        here = os.path.dirname(os.path.abspath(__file__))
+        self.prefix = os.path.join(os.path.dirname(here), "artifacts", dirname)
+        self.specs = list(specs)
+        self.script = os.path.join(here, script)
+        self.install_timeout, self.run_timeout = install_timeout, run_timeout
+
+    def install(self):
+        return npm_install(self.prefix, self.specs, self.install_timeout)
+
+    def __call__(self, *args):
+        return run_node(self.script, self.prefix, *args, timeout=self.run_timeout)

@@ -28,19 +28,12 @@ import harness
 import routing_helpers as rh
 from test_tls import make_pki
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SDK_SPECS = ("@opentelemetry/api@1.9.0", "@opentelemetry/core@2.2.0", "@opentelemetry/sdk-trace-base@2.2.0",
-             "@opentelemetry/resources@2.2.0", "@opentelemetry/exporter-trace-otlp-proto@0.208.0")
-SDK_DIR = os.path.join(os.path.dirname(HERE), "artifacts", "npm-otlp")
-SDK_SCRIPT = os.path.join(HERE, "otlp_sdk.cjs")
-
-
-def npm_install_sdk():
-    harness.npm_install(SDK_DIR, SDK_SPECS, timeout=180)
-
-
-def sdk(*args):
-    return harness.run_node(SDK_SCRIPT, SDK_DIR, *args, timeout=30)
+SDK = harness.NodeScript("npm-otlp", ("@opentelemetry/api@1.9.0", "@opentelemetry/core@2.2.0",
+                                      "@opentelemetry/sdk-trace-base@2.2.0", "@opentelemetry/resources@2.2.0",
+                                      "@opentelemetry/exporter-trace-otlp-proto@0.208.0"),
+                         "otlp_sdk.cjs", install_timeout=180, run_timeout=30)
+npm_install_sdk = SDK.install
+sdk = SDK
 
 
 # ---- a protobuf wire reader, and OTLP's trace messages on it ----

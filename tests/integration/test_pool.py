@@ -70,14 +70,18 @@ class ClosingOnReuse:
         with c:
             c.settimeout(10)
             buf = self.answer_first(c)
-            if buf is None:
-                return
-            head, buf = self.read_request(c, buf)
-            if head is None:
-                return
-            with self.lock:
-                self.requests += 1
-            # the race: the server had decided this connection was idle
+            if buf is not None:
+                self.then(c, buf)
+
+    def then(self, c, buf):
+        """After the first answer (buf: what came after that request): the
+        next request is read and counted, and the connection closed unanswered."""
+        head, buf = self.read_request(c, buf)
+        if head is None:
+            return
+        with self.lock:
+            self.requests += 1
+        # the race: the server had decided this connection was idle
 
     def run(self):
         self.sock.settimeout(0.1)

@@ -38,18 +38,10 @@ INVALID = {
 }
 
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-OTEL_SPECS = ("@opentelemetry/core@2.2.0", "@opentelemetry/api@1.9.0")
-OTEL_DIR = os.path.join(os.path.dirname(HERE), "artifacts", "npm-otel")
-OTEL_SCRIPT = os.path.join(HERE, "otel_propagate.cjs")
-
-
-def npm_install_otel():
-    harness.npm_install(OTEL_DIR, OTEL_SPECS, timeout=90)
-
-
-def otel(*args):
-    return harness.run_node(OTEL_SCRIPT, OTEL_DIR, *args, timeout=30)
+OTEL = harness.NodeScript("npm-otel", ("@opentelemetry/core@2.2.0", "@opentelemetry/api@1.9.0"),
+                          "otel_propagate.cjs", install_timeout=90, run_timeout=30)
+npm_install_otel = OTEL.install
+otel = OTEL
 
 
 def answer(sock, req, ctx):
