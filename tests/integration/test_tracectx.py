@@ -12,7 +12,6 @@ installed with npm into tests/artifacts like test_responses.py's SDK)
 injects the parent and extracts what the upstream got."""
 
 import json
-import os
 import re
 import unittest
 
