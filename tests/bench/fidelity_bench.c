@@ -117,8 +117,7 @@ int main(void)
 		for (uint64_t s = 1; s <= NSEEDS; s++)
 			one((enum fid_dist)d, s, v, h, acc);
 
-	printf("## quantile error against exact, worst over %d seeds x {1k, 10k, 200k} samples (per cent)\n\n",
-	       NSEEDS);
+	printf("## quantile error against exact, worst over %d seeds x {1k, 10k, 200k} samples (per cent)\n\n", NSEEDS);
 	printf("struct hist: %zu bytes, %u buckets\n\n", sizeof(struct hist), (unsigned)HIST_BUCKETS);
 	printf("| distribution | q |");
 	for (int c = 0; c < C__COUNT; c++)

@@ -239,6 +239,25 @@ class Checks:
         print("ok     %s: %s" % (check, msg), flush=True)
 
 
+class HeadCutClient:
+    """A client that sends part of a request head and goes away; the class
+    that mixes this in defines _conn(), _leave(conn, rng) and left(kind,
+    rid), which records the request as left by its client."""
+
+    def abort_in_head(self, rng, rid):
+        raw = harness.request_bytes("POST", CHAT, harness.api_body("openai-chat", True),
+                                    harness.sim_headers(tokens=5, request_id=rid))
+        cut = rng.randint(1, raw.index(b"\r\n\r\n") + 2)
+        conn = self._conn()
+        try:
+            conn.send(raw[:cut])
+            time.sleep(rng.uniform(0, 0.2))
+            self._leave(conn, rng)
+            self.left("abort_in_head", rid)
+        finally:
+            conn.close()
+
+
 class FlakyClients:
     """The flaky upstream's client kinds, one per behaviour; the class that
     mixes this in defines _flaky(rng, rid, behave)."""
@@ -338,7 +357,7 @@ class Tally:
             return k
 
 
-class Chaos(FlakyClients):
+class Chaos(FlakyClients, HeadCutClient):
     """The aborting clients and the flaky-upstream clients of one phase:
     threads that each run scenarios until the phase ends. Request ids are
     soak-PHASE-SCENARIO-N."""
@@ -466,18 +485,8 @@ class Chaos(FlakyClients):
         finally:
             conn.close()
 
-    def abort_in_head(self, rng, rid):
-        raw = harness.request_bytes("POST", CHAT, harness.api_body("openai-chat", True),
-                                    harness.sim_headers(tokens=5, request_id=rid))
-        cut = rng.randint(1, raw.index(b"\r\n\r\n") + 2)
-        conn = self._conn()
-        try:
-            conn.send(raw[:cut])
-            time.sleep(rng.uniform(0, 0.2))
-            self._leave(conn, rng)
-            self.tally.ok("abort_in_head", rid)
-        finally:
-            conn.close()
+    def left(self, kind, rid):
+        self.tally.ok(kind, rid)
 
     # -- clients of the flaky upstream
 

@@ -324,7 +324,7 @@ class Tally:
                 self.expected[rid] = want
 
 
-class Clients(soak.FlakyClients):
+class Clients(soak.FlakyClients, soak.HeadCutClient):
     """Client threads of one phase; request ids are sa-PHASE-T-N."""
 
     def __init__(self, port, ca, tally, phase, seed):
@@ -516,18 +516,8 @@ class Clients(soak.FlakyClients):
         finally:
             conn.close()
 
-    def abort_in_head(self, rng, rid):
-        raw = harness.request_bytes("POST", CHAT, harness.api_body("openai-chat", True),
-                                    harness.sim_headers(tokens=5, request_id=rid))
-        cut = rng.randint(1, raw.index(b"\r\n\r\n") + 2)
-        conn = self._conn()
-        try:
-            conn.send(raw[:cut])
-            time.sleep(rng.uniform(0, 0.2))
-            self._leave(conn, rng)
-            self.tally.expect(rid, "abort_in_head", "left", None)
-        finally:
-            conn.close()
+    def left(self, kind, rid):
+        self.tally.expect(rid, kind, "left", FIXED[kind])
 
     # -- the flaky upstream (soak.flaky_handler behind TLS)
 

@@ -27,15 +27,15 @@
 #include "testrand.h"
 
 enum fid_dist {
-	FID_LOGNORMAL,	/* TTFT-like: median 300 ms, sigma 0.5 */
-	FID_BIMODAL,	/* warm/cold: 90 % ~150 ms, 10 % ~4 s */
-	FID_CAPPED,	/* a cliff: median 1 s, sigma 0.8, cut at a 3 s deadline (point mass) */
-	FID_UNIFORM,	/* uniform 1.0-2.5 s: a hard maximum */
-	FID_GRID_1MS,	/* whole ms, median 50 ms */
-	FID_GRID_10MS,	/* multiples of 10 ms, median 300 ms */
-	FID_SPIKES,	/* whole ms 50-60 +- 20 µs */
+	FID_LOGNORMAL,	 /* TTFT-like: median 300 ms, sigma 0.5 */
+	FID_BIMODAL,	 /* warm/cold: 90 % ~150 ms, 10 % ~4 s */
+	FID_CAPPED,	 /* a cliff: median 1 s, sigma 0.8, cut at a 3 s deadline (point mass) */
+	FID_UNIFORM,	 /* uniform 1.0-2.5 s: a hard maximum */
+	FID_GRID_1MS,	 /* whole ms, median 50 ms */
+	FID_GRID_10MS,	 /* multiples of 10 ms, median 300 ms */
+	FID_SPIKES,	 /* whole ms 50-60 +- 20 µs */
 	FID_EXPONENTIAL, /* ITL-like: 5 ms + exponential of mean 15 ms */
-	FID_TOKENS,	/* a count: output tokens, log-normal median 200 */
+	FID_TOKENS,	 /* a count: output tokens, log-normal median 200 */
 	FID__COUNT
 };
 

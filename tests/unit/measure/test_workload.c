@@ -25,6 +25,17 @@
 static const uint8_t salt[16] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 };
 
 /* The hashes of `body` fed in pieces of `step` bytes (0: at once). */
+/* A capture into a fresh directory: dir (a mkdtemp template) made, path
+ * (of size plen, o's path) its w.jsonl, the capture opened with o. */
+static void capture_open(char *dir, char *path, size_t plen, const struct workload_options *o)
+{
+	char err[256];
+
+	assert_non_null(mkdtemp(dir));
+	snprintf(path, plen, "%s/w.jsonl", dir);
+	assert_int_equal(workload_open(o, err, sizeof(err)), 0);
+}
+
 static size_t hashes_of(const char *body, size_t block, size_t step, uint64_t *out, size_t max)
 {
 	struct wl_req *w = wl_req_new(salt, block);
@@ -488,16 +499,14 @@ static void test_summary(void **state)
 {
 	char dir[] = "/tmp/test_workload_XXXXXX", path[256];
 	struct workload_options o = { path, 1 << 20, 2, 4, 0, 0 };
-	char err[256], *text;
+	char *text;
 	json_t *s = NULL;
 	(void)state;
 
 	text = workload_summary_json(NULL, NULL);
 	assert_string_equal(text, "{\n  \"capturing\": false\n}");
 	free(text);
-	assert_non_null(mkdtemp(dir));
-	snprintf(path, sizeof(path), "%s/w.jsonl", dir);
-	assert_int_equal(workload_open(&o, err, sizeof(err)), 0);
+	capture_open(dir, path, sizeof(path), &o);
 	uint64_t t0 = clock_now_ns();
 	/* 11 arrivals 100 ms apart, finishing out of order; every prompt the
 	 * same 32 bytes and a separator: 3 blocks, shared from the second on */
@@ -598,13 +607,10 @@ static void test_summary_by_route_and_model(void **state)
 {
 	char dir[] = "/tmp/test_workload_XXXXXX", path[256];
 	struct workload_options o = { path, 1 << 20, 2, 4, 0, 0 };
-	char err[256];
 	json_t *s;
 	(void)state;
 
-	assert_non_null(mkdtemp(dir));
-	snprintf(path, sizeof(path), "%s/w.jsonl", dir);
-	assert_int_equal(workload_open(&o, err, sizeof(err)), 0);
+	capture_open(dir, path, sizeof(path), &o);
 	uint64_t t0 = clock_now_ns(), ms = 1000000u;
 	/* A: chat/m1, 10 streamed arrivals 100 ms apart, 250 ms each, 100
 	 * prompt tokens of which 50 cached: up to three in flight */
@@ -710,13 +716,10 @@ static void test_summary_groups_admitted_on_success(void **state)
 {
 	char dir[] = "/tmp/test_workload_XXXXXX", path[256], model[16];
 	struct workload_options o = { path, 64 << 20, 2, 4, 1000, 0 }; /* idle after 1 s */
-	char err[256];
 	json_t *s;
 	(void)state;
 
-	assert_non_null(mkdtemp(dir));
-	snprintf(path, sizeof(path), "%s/w.jsonl", dir);
-	assert_int_equal(workload_open(&o, err, sizeof(err)), 0);
+	capture_open(dir, path, sizeof(path), &o);
 	uint64_t t0 = clock_now_ns();
 	record_status = 404;
 	for (int i = 0; i < 63; i++) {
@@ -781,13 +784,10 @@ static void test_summary_bounds(void **state)
 {
 	char dir[] = "/tmp/test_workload_XXXXXX", path[256], route[16], model[16];
 	struct workload_options o = { path, 64 << 20, 2, 4, 0, 0 };
-	char err[256];
 	const int n = 5000, pairs = 100;
 	(void)state;
 
-	assert_non_null(mkdtemp(dir));
-	snprintf(path, sizeof(path), "%s/w.jsonl", dir);
-	assert_int_equal(workload_open(&o, err, sizeof(err)), 0);
+	capture_open(dir, path, sizeof(path), &o);
 	uint64_t t0 = clock_now_ns();
 	for (int i = 0; i < n; i++) {
 		snprintf(route, sizeof(route), "r%d", i % pairs);
