@@ -179,7 +179,7 @@ void openai_timing(struct sim_stream *s, struct evbuffer *b)
 			evbuffer_add(b, ",", 1);
 			add_ms(b, "mean_itl_ms", s->timing.decode_ns / (out - 1));
 		} else {
-			evbuffer_add(b, ",\"mean_itl_ms\":null", 18);
+			evbuffer_add(b, ",\"mean_itl_ms\":null", 19);
 		}
 		evbuffer_add(b, "}", 1);
 	} else if (sim_cfg.server_timing == SIM_TIMING_LLAMACPP) {
