@@ -6,13 +6,20 @@
  *   sim.c       main: command line, listener, signals
  *   sim_conn.c  one client connection: HTTP/1.1 parsing (llhttp),
  *               pipelining, token pacing, backpressure, abort detection
- *   sim_api.c   the endpoints and the exact bytes of every response shape
+ *   sim_api.c   the endpoints, the start of a response and its steps, each
+ *               handed to its API's file through sim_api.h (their private
+ *               header): sim_openai.c, sim_responses.c, sim_anthropic.c,
+ *               sim_ollama.c, sim_llamacpp.c, sim_tgi.c, sim_gemini.c and
+ *               sim_bedrock.c (with Bedrock's event-stream framing and
+ *               base64 chunks)
+ *   sim_http.c  response heads, chunks and error bodies
+ *   sim_request.c what a request body asks for: prompt, limit, reasoning, tool
+ *   sim_embed.c the embeddings and rerank bodies
  *   sim_text.c  determinism: hashing, the PRNG, the word list, JSON escaping
  *   sim_batch.c the optional continuous-batching model (--batching): one
  *               step scheduler shared by all connections
  *   sim_cache.c the optional prefix-cache model (--prefix-cache)
  *   sim_metrics.c GET /metrics in vLLM's, SGLang's or llama.cpp's names
- *   sim_bedrock.c AWS Bedrock's event-stream framing and base64 chunks
  *
  * Invariant kept across all files: the bytes of a response body are a pure
  * function of (--seed, request path, request body, x-sim-* overrides). No

@@ -1,18 +1,22 @@
 /*
- * sim_bedrock.c — the bytes of AWS Bedrock's answers that are not JSON:
+ * sim_bedrock.c — AWS Bedrock's Converse and InvokeModel: the model read
+ * from the path, the JSON of each event and of the whole body (Converse's
+ * own shapes; InvokeModel's are Anthropic's, with its usage from
+ * sim_anthropic.c), and the bytes around them that are not JSON:
  * application/vnd.amazon.eventstream messages (the prelude, the three
  * string headers Bedrock sends, the CRC32s), InvokeModel's base64 chunks,
- * the padding Bedrock puts in every event, and the model read from the
- * path. sim_api.c builds the JSON of each event and frames it here.
+ * the padding Bedrock puts in every event.
  *
  * Invariant: as everywhere in the simulator, the bytes depend only on
  * their inputs; the padding's length comes from the payload's own hash.
  */
-#include "sim.h"
+#include "sim_api.h"
 
 #include <event2/buffer.h>
 #include <zlib.h>
 
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -159,4 +163,192 @@ bool sim_bedrock_path(const char *path, const char **op, char **model)
 		return true;
 	}
 	return false;
+}
+
+/* ---- the JSON of each event, framed above ---- */
+
+/* Frames the JSON in s->ev as one event-stream message (a Converse event
+ * of `type`, or an InvokeModel chunk) into one HTTP chunk. */
+static void bedrock_emit(struct sim_stream *s, struct evbuffer *out, const char *type)
+{
+	struct evbuffer *frame = evbuffer_new();
+	size_t n = evbuffer_get_length(s->ev);
+	const char *json = (const char *)evbuffer_pullup(s->ev, -1);
+
+	if (s->ep == EP_BEDROCK_INVOKE)
+		sim_es_chunk(frame, json, n);
+	else
+		sim_es_event(frame, type, json, n);
+	evbuffer_drain(s->ev, n);
+	evbuffer_add_buffer(s->ev, frame);
+	evbuffer_free(frame);
+	emit_chunk(s, out);
+}
+
+static void bedrock_event(struct sim_stream *s, struct evbuffer *out, const char *type, const char *json)
+{
+	evbuffer_add(s->ev, json, strlen(json));
+	bedrock_emit(s, out, type);
+}
+
+/* Bedrock's nominal timings, whole ms: the first byte at the ttft, the
+ * call at the last token. */
+static uint64_t bedrock_first_byte_ms(const struct sim_stream *s)
+{
+	return s->ttft_ns / 1000000;
+}
+
+static uint64_t bedrock_latency_ms(const struct sim_stream *s)
+{
+	return nominal_ns(s, s->n_reason + s->n_out) / 1000000;
+}
+
+/* Converse's usage and metrics: inputTokens without the cache's part. */
+static void converse_usage(struct sim_stream *s, struct evbuffer *b)
+{
+	uint64_t out = s->n_reason + s->n_out, fresh = s->n_in - s->n_cached - s->n_cache_write;
+
+	evbuffer_add_printf(b, "\"metrics\":{\"latencyMs\":%" PRIu64 "},\"usage\":{", bedrock_latency_ms(s));
+	if (s->cache_report)
+		evbuffer_add_printf(b, "\"cacheReadInputTokens\":%" PRIu64 ",\"cacheWriteInputTokens\":%" PRIu64 ",",
+				    s->n_cached, s->n_cache_write);
+	evbuffer_add_printf(b, "\"inputTokens\":%" PRIu64 ",\"outputTokens\":%" PRIu64 ",\"totalTokens\":%" PRIu64 "}",
+			    fresh, out, s->n_in + out);
+}
+
+void bedrock_preamble(struct sim_stream *s, struct evbuffer *out)
+{
+	if (s->ep == EP_BEDROCK_CONVERSE) {
+		bedrock_event(s, out, "messageStart", "{\"role\":\"assistant\"}");
+		return;
+	}
+	evbuffer_add_printf(s->ev,
+			    "{\"type\":\"message_start\",\"message\":{\"id\":\"%s\",\"type\":\"message\","
+			    "\"role\":\"assistant\",\"model\":%s,\"content\":[],\"stop_reason\":null,"
+			    "\"stop_sequence\":null,\"usage\":",
+			    s->id, s->model_json);
+	anthropic_usage(s, s->ev, AU_START);
+	evbuffer_add(s->ev, "}}", 2);
+	bedrock_emit(s, out, "chunk");
+}
+
+/* A block opens (InvokeModel's Anthropic events; Converse sends no start
+ * for a text or reasoning block). */
+void bedrock_open_block(struct sim_stream *s, struct evbuffer *out, int index, bool thinking)
+{
+	if (s->ep != EP_BEDROCK_INVOKE)
+		return;
+	evbuffer_add_printf(s->ev, "{\"type\":\"content_block_start\",\"index\":%d,\"content_block\":%s}", index,
+			    thinking ? "{\"type\":\"thinking\",\"thinking\":\"\"}"
+				     : "{\"type\":\"text\",\"text\":\"\"}");
+	bedrock_emit(s, out, "chunk");
+}
+
+void bedrock_close_block(struct sim_stream *s, struct evbuffer *out, int index)
+{
+	if (s->ep == EP_BEDROCK_CONVERSE)
+		evbuffer_add_printf(s->ev, "{\"contentBlockIndex\":%d}", index);
+	else
+		evbuffer_add_printf(s->ev, "{\"type\":\"content_block_stop\",\"index\":%d}", index);
+	bedrock_emit(s, out, "contentBlockStop");
+}
+
+void bedrock_token(struct sim_stream *s, struct evbuffer *out, bool reasoning, const char *p, size_t plen)
+{
+	int index = reasoning ? 0 : answer_index(s);
+
+	if (s->ep == EP_BEDROCK_CONVERSE) {
+		evbuffer_add_printf(s->ev, "{\"contentBlockIndex\":%d,\"delta\":{%s", index,
+				    reasoning ? "\"reasoningContent\":{\"text\":" : "\"text\":");
+		sim_json_str(s->ev, p, plen);
+		evbuffer_add(s->ev, reasoning ? "}}}" : "}}", reasoning ? 3 : 2);
+	} else {
+		evbuffer_add_printf(
+			s->ev,
+			"{\"type\":\"content_block_delta\",\"index\":%d,\"delta\":{\"type\":\"%s\",\"%s\":", index,
+			reasoning ? "thinking_delta" : "text_delta", reasoning ? "thinking" : "text");
+		sim_json_str(s->ev, p, plen);
+		evbuffer_add(s->ev, "}}", 2);
+	}
+	bedrock_emit(s, out, "contentBlockDelta");
+}
+
+/* The end: the answer block's stop, then either the exception asked for
+ * (Bedrock ends a stream with it) or the stop and the usage. */
+void bedrock_finish(struct sim_stream *s, struct evbuffer *out)
+{
+	bedrock_close_block(s, out, answer_index(s));
+	if (s->exception != NULL) {
+		struct evbuffer *frame = evbuffer_new();
+		static const char msg[] = "{\"message\":\"Too many requests, please wait before trying again.\"}";
+		sim_es_exception(frame, s->exception, msg, sizeof(msg) - 1);
+		evbuffer_add_buffer(s->ev, frame);
+		evbuffer_free(frame);
+		emit_chunk(s, out);
+		return;
+	}
+	if (s->ep == EP_BEDROCK_CONVERSE) {
+		evbuffer_add_printf(s->ev, "{\"stopReason\":\"%s\"}", finish_reason(s));
+		bedrock_emit(s, out, "messageStop");
+		evbuffer_add(s->ev, "{", 1);
+		converse_usage(s, s->ev);
+		evbuffer_add(s->ev, "}", 1);
+		bedrock_emit(s, out, "metadata");
+		return;
+	}
+	evbuffer_add_printf(s->ev,
+			    "{\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"%s\",\"stop_sequence\":null},"
+			    "\"usage\":",
+			    finish_reason(s));
+	anthropic_usage(s, s->ev, AU_DELTA);
+	evbuffer_add(s->ev, "}", 1);
+	bedrock_emit(s, out, "chunk");
+	evbuffer_add_printf(
+		s->ev,
+		"{\"type\":\"message_stop\",\"amazon-bedrock-invocationMetrics\":{\"inputTokenCount\":%" PRIu64
+		",\"outputTokenCount\":%" PRIu64 ",\"invocationLatency\":%" PRIu64 ",\"firstByteLatency\":%" PRIu64
+		"}}",
+		s->n_in - s->n_cached - s->n_cache_write, s->n_reason + s->n_out, bedrock_latency_ms(s),
+		bedrock_first_byte_ms(s));
+	bedrock_emit(s, out, "chunk");
+}
+
+/* The whole answer: Converse's output message, or InvokeModel's Anthropic
+ * message. */
+void bedrock_block(struct sim_stream *s, struct evbuffer *b)
+{
+	size_t tlen, rlen;
+	const char *t = buf_text(s->text, &tlen), *r;
+
+	if (s->ep == EP_BEDROCK_CONVERSE) {
+		evbuffer_add(b, "{", 1);
+		converse_usage(s, b);
+		evbuffer_add(b, ",\"output\":{\"message\":{\"content\":[", 33);
+		if (shows_reasoning(s)) {
+			evbuffer_add(b, "{\"reasoningContent\":{\"reasoningText\":{\"text\":", 45);
+			r = buf_text(s->reason, &rlen);
+			sim_json_str(b, r, rlen);
+			evbuffer_add(b, "}}},", 4);
+		}
+		evbuffer_add(b, "{\"text\":", 8);
+		sim_json_str(b, t, tlen);
+		evbuffer_add_printf(b, "}],\"role\":\"assistant\"}},\"stopReason\":\"%s\"}", finish_reason(s));
+		return;
+	}
+	evbuffer_add_printf(b,
+			    "{\"id\":\"%s\",\"type\":\"message\",\"role\":\"assistant\",\"model\":%s,"
+			    "\"content\":[{\"type\":\"text\",\"text\":",
+			    s->id, s->model_json);
+	sim_json_str(b, t, tlen);
+	evbuffer_add_printf(b, "}],\"stop_reason\":\"%s\",\"stop_sequence\":null,\"usage\":", finish_reason(s));
+	anthropic_usage(s, b, AU_BLOCK);
+	evbuffer_add(b, "}", 1);
+}
+
+void bedrock_invoke_headers(struct sim_stream *s, char *buf, size_t size)
+{
+	snprintf(buf, size,
+		 "x-amzn-bedrock-invocation-latency: %" PRIu64 "\r\nx-amzn-bedrock-input-token-count: %" PRIu64
+		 "\r\nx-amzn-bedrock-output-token-count: %" PRIu64 "\r\n",
+		 bedrock_latency_ms(s), s->n_in - s->n_cached - s->n_cache_write, s->n_reason + s->n_out);
 }

@@ -1,8 +1,10 @@
 """test_lab.py — the lab scripts in contrib/lab/ run end to end, small, so
 that they cannot rot: ab.py (which drives proxies.py's scenarios, runs and
 percentiles) with this build against itself for one round of scenario (c),
-late_gaps.py for one round of 20 requests, direct and through tokentap, and
-same_output.py comparing this build with itself.
+late_gaps.py for one round of 20 requests, direct and through tokentap,
+same_output.py comparing this build with itself, and sim_same_output.py
+comparing this build's simulator with itself (--quick) and with the same
+simulator on another seed, which it must report as different.
 routing.py and instr.py have smoke tests of their own (test_routing_bench,
 test_instr). Neither script here may install anything (nginx and HAProxy are
 not asked for). Each must exit 0 and print, per target, figures that show
@@ -64,6 +66,27 @@ class LabSmoke(harness.TestCase):
         self.assertIsNotNone(m, out[-2000:])
         self.assertEqual(int(m.group(1)), 21, "7 requests, 3 rounds: each logged")
         self.assertGreater(int(m.group(2)), 100)
+
+    def test_sim_same_output(self):
+        sim = os.path.join(self.build, "contrib", "sim", "tokentap-sim")
+        script = os.path.join(LAB, "sim_same_output.py")
+        out = self.run_script(script, sim, sim, "--quick")
+        m = re.search(r"sim_same_output: (\d+) responses compared, (\d+) byte for byte, 0 with timing masked: "
+                      r"the same", out)
+        self.assertIsNotNone(m, out[-2000:])
+        self.assertGreater(int(m.group(1)), 150)
+        self.assertEqual(m.group(1), m.group(2))
+        # the same binary on another seed: other words and ids, which the
+        # comparison must catch (a later --seed overrides the script's)
+        other = harness.temp_path(self, suffix=".sh")
+        with open(other, "w") as f:
+            f.write('#!/bin/sh\nexec "%s" "$@" --seed 99\n' % sim)
+        os.chmod(other, 0o755)
+        p = subprocess.run([sys.executable, script, sim, other, "--quick"], capture_output=True, text=True,
+                           timeout=RUN_TIMEOUT_S)
+        self.assertEqual(p.returncode, 1, p.stdout[-2000:] + p.stderr[-2000:])
+        self.assertRegex(p.stdout, r"sim_same_output: \d+ of \d+ responses differ")
+        self.assertRegex(p.stdout, r"fixed chat-b\.plain /v1/chat/completions: differ at byte \d+")
 
 
 if __name__ == "__main__":

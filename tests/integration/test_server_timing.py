@@ -13,6 +13,8 @@ the time went"), against tokentap-sim in its batching model
   chunk) and Ollama (/api/chat, durations in the final line) the same way,
   except that llama.cpp reports no queue, so the simulator's queue wait
   lands in the remainder there;
+- one output token: vLLM's mean_itl_ms is null and the body, the usage
+  chunk and the finished Response stay valid JSON;
 - TGI (the simulator has no /generate: a scripted fake upstream that takes
   a known time): the x-*-time headers of a non-streamed answer are logged
   as they were sent, and the remainder is the rest of request-sent to the
@@ -143,6 +145,38 @@ class VllmTimingTest(Base):
         self.assertTrue(near(e["unattributed_ms"], tl["resp_end"] - tl["req_sent"] - server, 0.005), (e, m))
         self.assertGreaterEqual(e["unattributed_ms"], REMAINDER_MIN_MS)
         self.assertLess(e["unattributed_ms"], REMAINDER_MAX_MS)
+
+    def test_one_token_mean_itl_null(self):
+        """One output token has no inter-token gap: vLLM's mean_itl_ms is
+        null, and the body (or the usage chunk) stays valid JSON."""
+        for stream in (False, True):
+            rid = "it-timing-vllm-one-%d" % stream
+            body = harness.api_body("openai-chat", stream=stream, include_usage=True, prompt="w" * 400)
+            body["max_tokens"] = 1
+            resp, _ = harness.exchange(self.tt.port, "POST", harness.API_PATHS["openai-chat"], body,
+                                       [("x-request-id", rid)])
+            self.assertEqual(resp.status, 200)
+            if stream:
+                docs = [ev.data for ev in harness.events_of(resp) if ev.data.startswith("{")]
+                reports = [json.loads(d)["metrics"] for d in docs if '"metrics"' in d]
+                self.assertEqual(len(reports), 1, docs)
+                m = reports[0]
+            else:
+                m = json.loads(resp.body)["metrics"]
+            self.assertIn("mean_itl_ms", m)
+            self.assertIsNone(m["mean_itl_ms"])
+            self.assertGreater(m["time_to_first_token_ms"], 0.0)
+            e = self.log_entry(self.log, rid)
+            self.assertEqual(e["server_timing"], "vllm")
+            self.assertTrue(near(e["server_prefill_ms"], m["time_to_first_token_ms"]), (e, m))
+        # the finished Response carries the same report
+        body = harness.api_body("openai-responses", stream=True, prompt="w" * 400)
+        body["max_output_tokens"] = 1
+        resp, _ = harness.exchange(self.tt.port, "POST", harness.API_PATHS["openai-responses"], body)
+        self.assertEqual(resp.status, 200)
+        done = [json.loads(ev.data)["response"] for ev in harness.events_of(resp) if ev.name == "response.completed"]
+        self.assertEqual(len(done), 1)
+        self.assertIsNone(done[0]["metrics"]["mean_itl_ms"])
 
     def test_responses_completed(self):
         for e, events in self.run_load("openai-responses", "vllm-resp", n=3):
