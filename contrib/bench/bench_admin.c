@@ -215,7 +215,7 @@ int admin_compare(FILE *out, const struct bench_opts *o, const struct bench_resu
 		root = json_loads(body, 0, NULL);
 		free(body);
 		if (!root) {
-			snprintf(err, sizeof(err), "GET %s: the answer is not JSON", pq);
+			snprintf(err, sizeof(err), "GET %.480s: the answer is not JSON", pq);
 			break;
 		}
 		series = pick_series(root, &nseries, &seen);
