@@ -23,7 +23,7 @@
 #define TENANT_MAX TENANT_NAME_MAX
 #define TENANT_INVALID "invalid" /* a value was sent, but is no tenant name */
 #define TENANT_OTHER "other"	 /* past the per-route cap (stats only) */
-#define TENANT_ABSENT "none"/* no value sent (stats only) */
+#define TENANT_ABSENT "none"	 /* no value sent (stats only) */
 #define TENANT_KEY_PREFIX "key-"
 #define TENANT_KEY_HEX 16 /* hex digits of the HMAC in a key's label */
 

@@ -32,8 +32,8 @@ static void test_take(void **state)
 	assert_int_equal(take("", out), 0);
 	assert_string_equal(out, "");
 	assert_int_equal(take("   ", out), 0);
-	static const char *const bad[] = { "a b", "a\"b", "a\\b", "a,b", "{x}", "caf\xc3\xa9", "\x80\xff", "a\x01",
-					   "<script>", "a;b", "a'b", "a\nb" };
+	static const char *const bad[] = { "a b",      "a\"b",	"a\\b",	    "a,b", "{x}", "caf\xc3\xa9",
+					   "\x80\xff", "a\x01", "<script>", "a;b", "a'b", "a\nb" };
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		assert_int_equal(take(bad[i], out), -1);
 		assert_string_equal(out, TENANT_INVALID);
