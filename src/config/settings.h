@@ -103,7 +103,7 @@ struct config;
 	  "distinct tenants per route kept in the stats; the rest count as other") \
 	X(TENANT_IDLE, "tenant.idle", NULL, 0, DURATION, tenant_idle_ms, "24h", 1, 0, RESTART, NULL, \
 	  "a tenant unseen this long may lose its slot") \
-	X(TENANT_SALT, "tenant.salt", NULL, 0, STRING, tenant_salt, NULL, 0, 0, RESTART, NULL, \
+	X(TENANT_SALT, "tenant.salt", NULL, 0, STRING, tenant_salt, NULL, 0, 0, LIVE, NULL, \
 	  "salt of the api_key tenants' hash (else one generated in store.dir/tenant-salt)") \
 	X(TENANT_METRICS, "tenant.metrics_label", NULL, 0, BOOL, tenant_metrics, NULL, 0, 0, RESTART, NULL, \
 	  "/metrics also exports per-tenant families with a tenant label") \

@@ -14,6 +14,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import tempfile
 import time
 import unittest
@@ -79,7 +80,7 @@ class TenantCase(harness.TestCase):
             tt = rh.start_conf(self, text, "--workers", str(workers), "--admin", "127.0.0.1:0", *args)
         finally:
             del os.environ["TOKENTAP_ADMIN_TOKEN"]
-        self.tt, self.admin = tt, harness.admin_port(tt)
+        self.tt, self.admin, self.text = tt, harness.admin_port(tt), text
         return tt
 
     def send(self, body=None, headers=(), path=rh.CHAT):
@@ -269,6 +270,28 @@ class TestApiKey(TenantCase):
         self.assertEqual(rh.send(tt2.port, chat(), [("x-api-key", self.K1)]).status, 200)
         self.assertEqual(tt2.wait_log_count(1)[0]["tenant"], first)
         self.assertEqual(open(path).read().strip(), salt)
+
+
+class TestReload(TenantCase):
+    def test_reload_changes_the_source_and_salt(self):
+        self.start("tenant: {header: x-tenant-id}\nroutes:\n  - name: main\n    upstream: up\n")
+        self.assertEqual(self.send(chat(user="u"), [("x-tenant-id", "h"), ("x-api-key", "k-1")]).status, 200)
+        for src, salt in (("{json_field: user}", ""), ("{api_key: true}", "salt: 0123456789abcdef\n"),
+                          ("{api_key: true}", "salt: fedcba9876543210\n")):
+            text = self.text.replace("tenant: {header: x-tenant-id}\n", "tenant:\n  %s\n" % src[1:-1] +
+                                     ("  " + salt if salt else ""))
+            self.assertTrue(self.reload(text), src)
+            self.assertEqual(self.send(chat(user="u"), [("x-tenant-id", "h"), ("x-api-key", "k-1")]).status, 200)
+        lines = self.log(4)
+        want = ["h", "u", TestApiKey.label(None, "k-1", "0123456789abcdef"),
+                TestApiKey.label(None, "k-1", "fedcba9876543210")]
+        self.assertEqual([e["tenant"] for e in lines], want)
+
+    def reload(self, text):
+        n = self.tt.count_lines(rh.RELOAD_RE)
+        rh.write_file(self.tt.path, self.tt._text(text))
+        self.tt.signal(signal.SIGHUP)
+        return harness.wait_until(lambda: self.tt.count_lines(rh.RELOAD_RE) > n, 5.0, 0.02)
 
 
 class TestCap(TenantCase):
