@@ -357,6 +357,30 @@ class TestPercentiles(TenantCase):
         self.assertGreater(got["slow"]["metrics"]["ttft"]["p50_ms"], got["fast"]["metrics"]["ttft"]["p90_ms"])
 
 
+class TestDashboard(TenantCase):
+    def test_tenants_table(self):
+        import test_dashboard as td
+        self.start("tenant: {header: x-tenant-id}\nroutes:\n  - name: main\n    upstream: up\n")
+        for t, n in (("acme", 5), ("beta", 3), ("gamma", 1)):
+            for _ in range(n):
+                self.assertEqual(self.send(chat(stream=True), [("x-tenant-id", t)]).status, 200)
+        self.assertEqual(self.send(chat(stream=True), [("x-tenant-id", "a b")]).status, 200)
+        got = self.by_tenant(10)
+        out, err = td.run_chromium(self, "http://127.0.0.1:%d/" % self.admin, "--dump-dom")
+        dom = td.Dom(out)
+        td.check_no_page_errors(self, dom, err)
+        self.assertEqual(dom.by_id("tenants")["attrs"].get("data-tenants"), "4")
+        rows = [e for e in dom.inside("tenants", "tr") if "data-tenant" in e["attrs"]]
+        self.assertEqual([r["attrs"]["data-tenant"] for r in rows], ["acme", "beta", "gamma", "invalid"])
+        cells = {(r["attrs"]["data-tenant"], c["attrs"]["data-key"]): c["attrs"]["data-value"]
+                 for r in rows for c in dom.inside(r, "td")}
+        self.assertEqual(cells[("acme", "requests")], "5")
+        self.assertEqual(cells[("acme", "output_tokens")], "15")
+        self.assertEqual(cells[("acme", "cached_tokens")], "20")
+        self.assertAlmostEqual(float(cells[("acme", "ttft_p50_ms")]), got["acme"]["metrics"]["ttft"]["p50_ms"],
+                               delta=1e-6)
+
+
 UP = "upstreams:\n  - {name: up, url: \"http://127.0.0.1:9\"}\nroutes:\n  - name: main\n    upstream: up\n"
 
 
