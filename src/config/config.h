@@ -166,6 +166,7 @@ struct config {
 	struct route_conf *routes;
 	unsigned nroutes;
 	struct tenant_conf tenant;	/* `tenant:` at the top level; every route without its own */
+	bool tenant_any;		/* some `tenant:` (top level or route) names a source */
 	struct tenant_key *tenant_keys; /* tenant.keys, sorted by sha256 */
 	unsigned ntenant_keys;
 

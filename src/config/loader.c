@@ -1148,5 +1148,8 @@ unsigned config_load_file(const char *path, struct config *c, char *errs, size_t
 			c->nroutes = 1;
 		}
 	}
+	c->tenant_any = c->tenant.source != TENANT_NONE;
+	for (unsigned i = 0; i < c->nroutes; i++)
+		c->tenant_any |= c->routes[i].tenant.source != TENANT_NONE;
 	return l.problems + config_validate(c, errs, errlen);
 }

@@ -309,14 +309,20 @@ static void tenant_of_key(const struct config *cfg, const char *key, size_t len,
 	tenant_key_label(salt, strlen(salt), key, len, out);
 }
 
-/* The request's tenant (rec.tenant), by the `tenant:` of the route it
- * matches, from its head, or from the JSON field in `info` (NULL: the
- * body was not JSON). Two headers of the source's name, or an
- * Authorization with both a bearer and an x-api-key that differ, are
- * TENANT_INVALID: which one counts would be the client's choice. */
-static void request_tenant(struct request *req, const struct route *r, const struct reqinfo *info)
+/* The request's tenant (rec.tenant), by the `tenant:` of route `r` (NULL:
+ * matched here, only when some `tenant:` is set), from its head, or from
+ * `json`, the value of the route's JSON field (NULL: the body was not
+ * JSON). Two headers of the source's name, or an Authorization with both a
+ * bearer and an x-api-key that differ, are TENANT_INVALID: which one
+ * counts would be the client's choice. */
+static void request_tenant(struct request *req, const struct route *r, const char *json)
 {
 	const struct config *cfg = &req->x.rt->cfg;
+
+	if (!cfg->tenant_any)
+		return;
+	if (!r)
+		r = req->x.route ? req->x.route : exchange_match(&req->x);
 	const struct tenant_conf *t = tenant_conf_of(cfg, r);
 	const char *v = NULL;
 	size_t vlen = 0;
@@ -334,8 +340,8 @@ static void request_tenant(struct request *req, const struct route *r, const str
 			copy_trunc(out, TENANT_MAX + 1, TENANT_INVALID, strlen(TENANT_INVALID));
 		return;
 	case TENANT_JSON_FIELD:
-		if (info)
-			(void)tenant_take(info->field_value, strlen(info->field_value), out);
+		if (json)
+			(void)tenant_take(json, strlen(json), out);
 		return;
 	case TENANT_API_KEY: {
 		const char *a = NULL, *k = NULL, *tok = NULL;
@@ -365,13 +371,23 @@ static void request_tenant(struct request *req, const struct route *r, const str
 void request_learn_body(struct request *req, bool complete)
 {
 	struct reqinfo info;
-	bool json = false;
+	const struct route *r = NULL;
+	const struct config *cfg = &req->x.rt->cfg;
+	/* the top level's tenant field is read in the same pass; a route's
+	 * own, once the route is known, in a second one */
+	const char *tfield = cfg->tenant.source == TENANT_JSON_FIELD ? cfg->tenant.name : NULL;
+	char tvalue[REQINFO_MODEL_MAX];
+	bool tjson = false;
 
 	if (req->reqinfo_done)
 		return;
 	req->reqinfo_done = true;
-	if (req->body_prefix_len && reqinfo_parse_inputs(req->body_prefix, req->body_prefix_len, complete,
-							 classify_inputs_key(req->rec.api), &info) == 0) {
+	if (req->body_prefix_len && reqinfo_parse_inputs_field(req->body_prefix, req->body_prefix_len, complete,
+							       classify_inputs_key(req->rec.api), tfield, &info) == 0) {
+		if (tfield) {
+			copy_trunc(tvalue, sizeof(tvalue), info.field_value, strlen(info.field_value));
+			tjson = true;
+		}
 		bool gemini = req->rec.api == API_GEMINI || req->rec.api == API_GEMINI_STREAM;
 		/* Gemini's model and streaming are in its path (request_note_head),
 		 * and Bedrock's body names no model: its path did */
@@ -384,7 +400,7 @@ void request_learn_body(struct request *req, bool complete)
 			req->rec.inputs = info.inputs;
 		if (info.stream >= 0 && !gemini)
 			req->rec.stream = info.stream;
-		const struct route *r = exchange_match(&req->x);
+		r = exchange_match(&req->x);
 		if (r && r->conf->balance == BALANCE_PREFIX)
 			request_prefix_key(req, r->conf->prefix_blocks);
 		if (r && r->conf->sticky == STICKY_JSON_FIELD &&
@@ -392,12 +408,15 @@ void request_learn_body(struct request *req, bool complete)
 			    0)
 			copy_trunc(req->x.sticky_value, sizeof(req->x.sticky_value), info.field_value,
 				   strlen(info.field_value));
-		const struct tenant_conf *t = tenant_conf_of(&req->x.rt->cfg, r);
-		if (t->source == TENANT_JSON_FIELD)
-			json = reqinfo_parse_field(req->body_prefix, req->body_prefix_len, complete, t->name, &info) ==
-			       0;
+		const struct tenant_conf *t = tenant_conf_of(cfg, r);
+		if (t->source == TENANT_JSON_FIELD && (!tfield || strcmp(t->name, tfield) != 0)) {
+			tjson = reqinfo_parse_field(req->body_prefix, req->body_prefix_len, complete, t->name, &info) ==
+				0;
+			if (tjson)
+				copy_trunc(tvalue, sizeof(tvalue), info.field_value, strlen(info.field_value));
+		}
 	}
-	request_tenant(req, req->x.route ? req->x.route : exchange_match(&req->x), json ? &info : NULL);
+	request_tenant(req, r, tjson ? tvalue : NULL);
 	free(req->body_prefix);
 	req->body_prefix = NULL;
 	if (req->x.xstate == XS_AWAIT_BODY)
