@@ -57,7 +57,7 @@ static bool request_id_acceptable(const char *s, size_t len)
 }
 
 /* (s, len) without the spaces and tabs around it. */
-static void trim_ows(const char **s, size_t *len)
+static inline __attribute__((always_inline)) void trim_ows(const char **s, size_t *len)
 {
 	while (*len && ((*s)[0] == ' ' || (*s)[0] == '\t'))
 		(*s)++, (*len)--;
