@@ -507,6 +507,11 @@ void request_route(struct request *req)
 {
 	bool pinned;
 
+	/* Routed before its body was read (nothing routes on it): the tenant
+	 * its head gives now, so that a request refused here or at admission
+	 * has it; request_learn_body sets it again, a JSON field's included. */
+	if (!req->reqinfo_done)
+		request_tenant(req, NULL, NULL);
 	if (exchange_pick(&req->x, &pinned) == XR_ENDED)
 		return;
 	if (!pinned && route_mirror_pick(req->x.route))

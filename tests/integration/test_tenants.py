@@ -16,6 +16,7 @@ import re
 import shutil
 import signal
 import tempfile
+import threading
 import time
 import unittest
 
@@ -34,6 +35,8 @@ def answer(sock, req, ctx):
     (0 when absent), then two more, and usage with cached tokens."""
     body = json.loads(req.body or b"{}")
     who = (req.header("x-tenant-id") or "") + str(body.get("user", ""))
+    if "slow" in who:
+        time.sleep(0.5)
     if "bad" in who:
         sock.sendall(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n")
         return True
@@ -68,11 +71,11 @@ def chat(**extra):
 
 
 class TenantCase(harness.TestCase):
-    def start(self, body, *args, workers=1, store=True):
+    def start(self, body, *args, workers=1, store=True, up_extra=()):
         self.datadir = tempfile.mkdtemp(prefix="tokentap-tenant-")
         self.addCleanup(shutil.rmtree, self.datadir, True)
         self.up = harness.start_fake_upstream(self, answer)
-        text = rh.upstreams_yaml({"up": self.up.url}) + body
+        text = rh.upstreams_yaml({"up": self.up.url}, {"up": list(up_extra)}) + body
         if store:
             text = "store: {dir: \"%s\", flush_interval: 100ms}\n" % self.datadir + text
         os.environ["TOKENTAP_ADMIN_TOKEN"] = TOKEN
@@ -172,6 +175,29 @@ class TestHeader(TenantCase):
         self.assertEqual(self.send(headers=[("x-tenant-id", "acme")]).status, 200)
         self.by_tenant(1)
         self.assertNotIn("tokentap_tenant_", get(self.admin, "/metrics").body.decode())
+
+
+class TestRefused(TenantCase):
+    def test_a_request_refused_at_admission_has_its_tenant(self):
+        """Routed at its head (nothing routes on the body), refused 503 by a
+        full upstream before its body was read for anything: still the
+        header's tenant, on the log line and in the stats."""
+        self.start("tenant: {header: x-tenant-id}\nroutes:\n  - name: main\n    upstream: up\n",
+                   up_extra=["max_concurrency: 1"])
+        self.assertEqual(self.send(headers=[("x-tenant-id", "b")]).status, 200)  # b admitted
+        slow = threading.Thread(target=lambda: self.send(headers=[("x-tenant-id", "slow-a")]))
+        slow.start()
+        self.assertTrue(harness.wait_until(lambda: len(self.up.requests) >= 2, 5.0, 0.01))
+        r = self.send(headers=[("x-tenant-id", "b")])
+        slow.join()
+        self.assertEqual(r.status, 503)
+        lines = self.log(3)
+        refused = [e for e in lines if e["status"] == 503]
+        self.assertEqual([e["tenant"] for e in refused], ["b"], lines)
+        got = self.by_tenant(3)
+        # a tenant's failure stays under it once admitted
+        self.assertEqual((got["b"]["requests"], got["b"]["status"]["2xx"], got["b"]["status"]["5xx"]), (2, 1, 1))
+        self.assertEqual(got["slow-a"]["requests"], 1)
 
 
 class TestJsonFieldAndRoutes(TenantCase):
