@@ -585,6 +585,8 @@ def start_tokentap(bins, work, sim_port, max_connections, workers, tag, store=Tr
             f.write("    tls: {ca_file: %s}\n" % pki["ca"])
         if side == "client":
             f.write("tls:\n  cert: %s\n  key: %s\n" % (pki["cert"], pki["key"]))
+        # more top-level YAML for an A/B of a setting (e.g. "tenant: {json_field: user}")
+        f.write(os.environ.get("TOKENTAP_LAB_CONF", ""))
     argv = [bins["tokentap"], "-c", conf, "--listen", LOOPBACK + ":0",
             "--admin", LOOPBACK + ":0", "--data-dir", os.path.join(d, "data") if store else "off"]
     if tokentap_has_workers(bins):

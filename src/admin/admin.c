@@ -330,6 +330,14 @@ static void on_stats_view(struct admin *a, struct evhttp_request *req, struct ev
 		}
 		q.engine_queue = strcmp(by, "engine_queue") == 0;
 	}
+	if (view == VIEW_SUMMARY && (by = evhttp_find_header(p, "by")) != NULL) {
+		if (strcmp(by, "tenant") != 0 && strcmp(by, "series") != 0) {
+			reply_error(req, 400, "by", "bad value '%.64s' for by; one of series, tenant", by);
+			return;
+		}
+		q.by_tenant = strcmp(by, "tenant") == 0;
+	}
+	q.tenant = evhttp_find_header(p, "tenant");
 	q.route = evhttp_find_header(p, "route");
 	q.upstream = evhttp_find_header(p, "upstream");
 	q.model = evhttp_find_header(p, "model");
@@ -534,6 +542,8 @@ static void on_metrics(struct admin *a, struct evhttp_request *req, struct evkey
 		rc = prom_render_proto(out, &res, g, n);
 	} else if (rc == 0) {
 		rc = prom_render(out, &res);
+		if (rc == 0 && a->cfg->tenant_metrics)
+			rc = prom_render_tenants(out, &res);
 		if (rc == 0)
 			rc = prom_render_gauges(out, g, n);
 	}

@@ -16,7 +16,9 @@
 #include <sys/queue.h>
 
 static const char *const admin_no_params[] = { NULL };
-static const char *const admin_stats_params[] = { "window", "route", "upstream", "model", "cold", NULL };
+static const char *const admin_stats_params[] = {
+	"window", "route", "upstream", "model", "cold", "by", "tenant", NULL
+};
 /* /stats/prompt and /stats/curve: what /stats takes, and what keys the curve */
 static const char *const admin_prompt_params[] = { "window", "route", "upstream", "model", "cold", "by", NULL };
 static const char *const admin_recent_params[] = { "n", NULL };

@@ -98,9 +98,47 @@ static struct stats_group *group_get(struct stats_groups *gs, const char *route,
 	return g;
 }
 
+/* By route, then the most requests first, then by name. */
+static int tenant_group_cmp(const void *a, const void *b)
+{
+	const struct stats_group *x = a, *y = b;
+	int c = strcmp(x->route, y->route);
+	if (c)
+		return c;
+	if (x->slice.counters[CT_REQUESTS] != y->slice.counters[CT_REQUESTS])
+		return x->slice.counters[CT_REQUESTS] > y->slice.counters[CT_REQUESTS] ? -1 : 1;
+	return strcmp(x->model, y->model);
+}
+
+static int tenant_groups_build(const struct store_result *r, const struct stats_query *q, struct stats_groups *out)
+{
+	for (size_t i = 0; i < r->n; i++) {
+		const struct store_series *s = &r->series[i];
+		const char *route, *tenant;
+
+		if (series_key_parse_tenant(s->key, s->keylen, &route, &tenant) == -1)
+			continue;
+		if (!label_matches(q->route, route) || !label_matches(q->tenant, tenant))
+			continue;
+		struct stats_group *g = group_get(out, route, "", tenant);
+		if (!g) {
+			stats_groups_free(out);
+			return -1;
+		}
+		g->warm_requests += s->slice.counters[CT_REQUESTS];
+		slice_merge(&g->slice, &s->slice);
+		g->matched = true;
+	}
+	if (out->n > 1)
+		qsort(out->g, out->n, sizeof(*out->g), tenant_group_cmp);
+	return 0;
+}
+
 int stats_groups_build(const struct store_result *r, const struct stats_query *q, struct stats_groups *out)
 {
 	memset(out, 0, sizeof(*out));
+	if (q->by_tenant)
+		return tenant_groups_build(r, q, out);
 	for (size_t i = 0; i < r->n; i++) {
 		const struct store_series *s = &r->series[i];
 		const char *route, *upstream, *model;
@@ -211,6 +249,11 @@ static const struct hist *slot(const struct slice *s, unsigned i)
 static void put_labels(json_t *o, const struct stats_group *g, const struct stats_query *q)
 {
 	put(o, "route", json_string(g->route));
+	if (q->by_tenant) {
+		put(o, "tenant", json_string(g->model));
+		put(o, "requests", json_u64(g->slice.counters[CT_REQUESTS]));
+		return;
+	}
 	put(o, "upstream", json_string(g->upstream));
 	put(o, "model", json_string(g->model));
 	{
@@ -541,6 +584,8 @@ static json_t *render_doc(const struct store_result *r, const struct stats_query
 	put(root, "elapsed_from", json_string(ts));
 	put(root, "elapsed_s", json_u64(elapsed_s));
 	put(root, "cold", json_string(cold_filter_name(q->cold)));
+	if (q->by_tenant)
+		put(root, "by", json_string("tenant"));
 	if (view == VIEW_CURVE)
 		put(root, "basis", json_string(q->engine_queue ? "engine_queue" : "inflight"));
 	for (size_t i = 0; i < gs.n; i++) {

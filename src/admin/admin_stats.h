@@ -33,13 +33,17 @@ struct stats_query {
 	/* /stats/prompt keyed on the prompt as reported (by=prompt), not on
 	 * the tokens the server had to prefill */
 	bool prompt_raw;
+	/* /stats by tenant (by=tenant): the tenant series (series_key.h) by
+	 * (route, tenant), the busiest first in each route; `tenant` filters */
+	bool by_tenant;
+	const char *tenant;
 	/* /stats/curve keyed on the engine's queue at dispatch (by=engine_queue),
 	 * not on tokentap's requests in flight */
 	bool engine_queue;
 };
 
 struct stats_group {
-	const char *route, *upstream, *model;  /* borrowed from the store result */
+	const char *route, *upstream, *model;  /* borrowed from the store result; by tenant: model is the tenant */
 	struct slice slice;		       /* merged as the cold filter asks */
 	uint64_t warm_requests, cold_requests; /* whatever the filter */
 	bool matched;			       /* some series passed the cold filter */

@@ -145,42 +145,42 @@ static char *group_labels(const struct stats_group *g)
 	return s;
 }
 
-static void histogram_family(struct writer *w, const struct stats_groups *gs, char **labels, enum hist_metric m)
+static void histogram_family(struct writer *w, const char *pre, const struct stats_groups *gs, char **labels,
+			     enum hist_metric m)
 {
 	const char *name = hist_metric_name(m);
 
-	emit(w, "# HELP tokentap_%s_seconds %s, in seconds (definition: docs/metrics.md).\n", name, hist_help[m]);
-	emit(w, "# TYPE tokentap_%s_seconds histogram\n", name);
+	emit(w, "# HELP %s%s_seconds %s, in seconds (definition: docs/metrics.md).\n", pre, name, hist_help[m]);
+	emit(w, "# TYPE %s%s_seconds histogram\n", pre, name);
 	for (size_t i = 0; i < gs->n; i++) {
 		const struct hist *h = gs->g[i].slice.slot[m];
 		uint64_t count = h ? h->count : 0, cum[LE_COUNT];
 		prom_classic_counts(h, cum);
 		for (size_t b = 0; b < LE_COUNT; b++)
-			emit(w, "tokentap_%s_seconds_bucket{%s,le=\"%s\"} %llu\n", name, labels[i], le_bounds[b].label,
+			emit(w, "%s%s_seconds_bucket{%s,le=\"%s\"} %llu\n", pre, name, labels[i], le_bounds[b].label,
 			     (unsigned long long)cum[b]);
-		emit(w, "tokentap_%s_seconds_bucket{%s,le=\"+Inf\"} %llu\n", name, labels[i],
-		     (unsigned long long)count);
-		emit(w, "tokentap_%s_seconds_sum{%s} %.6f\n", name, labels[i], count ? (double)h->sum / 1e6 : 0.0);
-		emit(w, "tokentap_%s_seconds_count{%s} %llu\n", name, labels[i], (unsigned long long)count);
+		emit(w, "%s%s_seconds_bucket{%s,le=\"+Inf\"} %llu\n", pre, name, labels[i], (unsigned long long)count);
+		emit(w, "%s%s_seconds_sum{%s} %.6f\n", pre, name, labels[i], count ? (double)h->sum / 1e6 : 0.0);
+		emit(w, "%s%s_seconds_count{%s} %llu\n", pre, name, labels[i], (unsigned long long)count);
 	}
 }
 
-static void counter_families(struct writer *w, const struct stats_groups *gs, char **labels)
+static void counter_families(struct writer *w, const char *pre, const struct stats_groups *gs, char **labels)
 {
 	const size_t status_prefix = strlen("status_");
 
-	emit(w, "# HELP tokentap_requests_total Requests finished, by status class (none: no status was sent).\n");
-	emit(w, "# TYPE tokentap_requests_total counter\n");
+	emit(w, "# HELP %srequests_total Requests finished, by status class (none: no status was sent).\n", pre);
+	emit(w, "# TYPE %srequests_total counter\n", pre);
 	for (size_t i = 0; i < gs->n; i++)
 		for (unsigned c = CT_STATUS_NONE; c <= CT_STATUS_5XX; c++)
-			emit(w, "tokentap_requests_total{%s,status_class=\"%s\"} %llu\n", labels[i],
+			emit(w, "%srequests_total{%s,status_class=\"%s\"} %llu\n", pre, labels[i],
 			     slice_counter_name(c) + status_prefix, (unsigned long long)gs->g[i].slice.counters[c]);
 
-	emit(w, "# HELP tokentap_errors_total Requests that did not complete normally, by kind.\n");
-	emit(w, "# TYPE tokentap_errors_total counter\n");
+	emit(w, "# HELP %serrors_total Requests that did not complete normally, by kind.\n", pre);
+	emit(w, "# TYPE %serrors_total counter\n", pre);
 	for (size_t i = 0; i < gs->n; i++)
 		for (unsigned e = REQ_ERR_NONE + 1; e < REQ_ERR__COUNT; e++)
-			emit(w, "tokentap_errors_total{%s,kind=\"%s\"} %llu\n", labels[i],
+			emit(w, "%serrors_total{%s,kind=\"%s\"} %llu\n", pre, labels[i],
 			     req_error_name((enum req_error)e),
 			     (unsigned long long)gs->g[i].slice.counters[CT_ERR_BASE + e]);
 
@@ -189,10 +189,10 @@ static void counter_families(struct writer *w, const struct stats_groups *gs, ch
 		if (!help)
 			continue;
 		const char *name = slice_counter_name(c);
-		emit(w, "# HELP tokentap_%s_total %s\n", name, help);
-		emit(w, "# TYPE tokentap_%s_total counter\n", name);
+		emit(w, "# HELP %s%s_total %s\n", pre, name, help);
+		emit(w, "# TYPE %s%s_total counter\n", pre, name);
 		for (size_t i = 0; i < gs->n; i++)
-			emit(w, "tokentap_%s_total{%s} %llu\n", name, labels[i],
+			emit(w, "%s%s_total{%s} %llu\n", pre, name, labels[i],
 			     (unsigned long long)gs->g[i].slice.counters[c]);
 	}
 }
@@ -214,8 +214,8 @@ int prom_render(struct evbuffer *out, const struct store_result *r)
 			goto fail;
 	for (unsigned m = 0; m < HM__COUNT; m++)
 		if (hist_metric_unit((enum hist_metric)m) == UNIT_US)
-			histogram_family(&w, &gs, labels, (enum hist_metric)m);
-	counter_families(&w, &gs, labels);
+			histogram_family(&w, "tokentap_", &gs, labels, (enum hist_metric)m);
+	counter_families(&w, "tokentap_", &gs, labels);
 	if (w.failed)
 		goto fail;
 	for (size_t i = 0; i < gs.n; i++)
@@ -467,4 +467,51 @@ int prom_render_counters(struct evbuffer *out, const struct prom_counter_family 
 				emit(&w, "%s %llu\n", f[i].name, (unsigned long long)f[i].counts[k]);
 	}
 	return w.failed ? -1 : 0;
+}
+
+/* route="...",tenant="..." of a tenant group: tenant names need no
+ * escaping (tenant.h), routes may. */
+static char *tenant_labels(const struct stats_group *g)
+{
+	size_t lr = prom_label_escape(NULL, 0, g->route), lt = prom_label_escape(NULL, 0, g->model);
+	size_t cap = lr + lt + sizeof("route=\"\",tenant=\"\"");
+	char *s = malloc(cap), *p = s;
+
+	if (!s)
+		return NULL;
+	p += sprintf(p, "route=\"");
+	p += prom_label_escape(p, lr + 1, g->route);
+	p += sprintf(p, "\",tenant=\"");
+	p += prom_label_escape(p, lt + 1, g->model);
+	sprintf(p, "\"");
+	return s;
+}
+
+int prom_render_tenants(struct evbuffer *out, const struct store_result *r)
+{
+	struct stats_query q = { .window = WIN_ALL, .cold = COLD_INCLUDE, .by_tenant = true };
+	struct stats_groups gs;
+	struct writer w = { out, 0 };
+	char **labels = NULL;
+	int rc = -1;
+
+	if (stats_groups_build(r, &q, &gs) == -1)
+		return -1;
+	labels = calloc(gs.n ? gs.n : 1, sizeof(*labels));
+	if (!labels)
+		goto out;
+	for (size_t i = 0; i < gs.n; i++)
+		if (!(labels[i] = tenant_labels(&gs.g[i])))
+			goto out;
+	histogram_family(&w, "tokentap_tenant_", &gs, labels, HM_TTFT);
+	histogram_family(&w, "tokentap_tenant_", &gs, labels, HM_E2E);
+	counter_families(&w, "tokentap_tenant_", &gs, labels);
+	rc = w.failed ? -1 : 0;
+out:
+	if (labels)
+		for (size_t i = 0; i < gs.n; i++)
+			free(labels[i]);
+	free(labels);
+	stats_groups_free(&gs);
+	return rc;
 }

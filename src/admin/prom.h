@@ -32,6 +32,12 @@ size_t prom_label_escape(char *out, size_t cap, const char *in);
  * 0, or -1 when out of memory. */
 int prom_render(struct evbuffer *out, const struct store_result *r) __attribute__((warn_unused_result));
 
+/* With tenant.metrics_label: the tenant series (series_key.h) as families
+ * of their own, tokentap_tenant_<name> with labels route and tenant (the
+ * ttft and e2e histograms and every counter family), so that the model
+ * families' sums stay whole. 0, or -1 when out of memory. */
+int prom_render_tenants(struct evbuffer *out, const struct store_result *r) __attribute__((warn_unused_result));
+
 /* Appends the gauges tokentap_in_flight and tokentap_queued, labelled by
  * upstream, from `g` (upstream_gauges: entries of one name are added up,
  * names sorted), then the engine families (prom_engine_families). 0, or -1

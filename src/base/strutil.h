@@ -138,3 +138,21 @@ static inline bool utf8_is_clean(const char *s, size_t len)
 	}
 	return true;
 }
+
+/* A tenant name as tokentap keeps one (parse/tenant.h, the configuration's
+ * tenant.keys): 1..64 bytes of [A-Za-z0-9._:@/+=~-], safe without escaping
+ * in JSON, a Prometheus label, YAML and a shell word. */
+#define TENANT_NAME_MAX 64
+static inline bool tenant_name_ok(const char *s, size_t len)
+{
+	if (len == 0 || len > TENANT_NAME_MAX)
+		return false;
+	for (size_t i = 0; i < len; i++) {
+		unsigned char c = (unsigned char)s[i];
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+		      strchr("._:@/+=~-", c)) ||
+		    c == 0)
+			return false;
+	}
+	return true;
+}

@@ -206,7 +206,8 @@ static const char *find_file(int argc, char **argv, bool *test, bool *help, bool
 	return file;
 }
 
-static int build(int argc, char **argv, struct config *cfg, const char *file, struct out *o, bool *file_bad)
+static int build(int argc, char **argv, struct config *cfg, const char *file, struct out *o, bool *file_bad,
+		 bool create_salt)
 {
 	char errs[8192] = "";
 
@@ -232,6 +233,13 @@ static int build(int argc, char **argv, struct config *cfg, const char *file, st
 			else
 				say(o, "invalid value '%s' for %s: %s", bad ? cfg->tls_key : cfg->tls_cert,
 				    bad ? "--tls-key" : "--tls-cert", err);
+			return -1;
+		}
+	}
+	{
+		char err[600];
+		if (config_tenant_salt(cfg, create_salt && !cfg->check_data, err, sizeof(err)) == -1) {
+			say(o, "%s", err);
 			return -1;
 		}
 	}
@@ -283,7 +291,7 @@ enum cli_result cli_config(int argc, char **argv, struct config *cfg)
 		say(&o, "-t checks a configuration file: give it with -c FILE");
 		return CLI_EXIT_USAGE;
 	}
-	if (build(argc, argv, cfg, file, &o, &file_bad) == -1)
+	if (build(argc, argv, cfg, file, &o, &file_bad, !test) == -1)
 		return file_bad ? CLI_EXIT_CONFIG : CLI_EXIT_USAGE;
 	if (test) {
 		/* the token the server would start with, checked as it would be */
@@ -312,5 +320,5 @@ int cli_reload(int argc, char **argv, struct config *cfg, char *errs, size_t err
 	struct out o = { errs, errlen, 0 };
 
 	errs[0] = '\0';
-	return build(argc, argv, cfg, file, &o, &file_bad);
+	return build(argc, argv, cfg, file, &o, &file_bad, true);
 }

@@ -7,12 +7,15 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -260,9 +263,90 @@ unsigned config_validate(const struct config *c, char *errs, size_t errlen)
 				}
 		}
 	}
+	if (c->ntenant_keys && !config_tenant_keyed(c))
+		PROBLEM(c->tenant.line ? c->tenant.line : 1,
+			"tenant.keys: only with tenant.api_key: true (at the top level or in a route)");
+	if (c->tenant_salt && strlen(c->tenant_salt) < 16)
+		PROBLEM(c->tenant.line ? c->tenant.line : 1, "tenant.salt: at least 16 bytes, got %zu",
+			strlen(c->tenant_salt));
+	if (config_tenant_keyed(c) && !c->tenant_salt && !c->data_dir)
+		PROBLEM(c->tenant.line ? c->tenant.line : 1,
+			"tenant.api_key: needs tenant.salt, or a store.dir to keep a generated salt in");
 	return problems;
 }
 #undef PROBLEM
+
+bool config_tenant_keyed(const struct config *c)
+{
+	if (c->tenant.source == TENANT_API_KEY)
+		return true;
+	for (unsigned i = 0; i < c->nroutes; i++)
+		if (c->routes[i].tenant.source == TENANT_API_KEY)
+			return true;
+	return false;
+}
+
+/* The generated salt: 32 hex digits from the kernel's random source, kept
+ * in DIR/tenant-salt (mode 0600), so that a key's label stays the same
+ * across restarts. */
+int config_tenant_salt(struct config *c, bool create, char *err, size_t errlen)
+{
+	char path[4096], buf[130];
+	int fd;
+	ssize_t n;
+
+	if (!config_tenant_keyed(c) || c->tenant_salt || !c->data_dir)
+		return 0;
+	snprintf(path, sizeof(path), "%s/tenant-salt", c->data_dir);
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd == -1 && errno == ENOENT && !create)
+		return 0; /* -t: made when the server starts */
+	if (fd == -1 && errno == ENOENT) {
+		unsigned char raw[16];
+		static const char digits[] = "0123456789abcdef";
+		if (mkdir(c->data_dir, 0700) == -1 && errno != EEXIST) {
+			snprintf(err, errlen, "tenant salt: cannot create %s: %s", c->data_dir, strerror(errno));
+			return -1;
+		}
+		if (getentropy(raw, sizeof(raw)) == -1) {
+			snprintf(err, errlen, "tenant salt: no random bytes: %s", strerror(errno));
+			return -1;
+		}
+		for (size_t i = 0; i < sizeof(raw); i++) {
+			buf[2 * i] = digits[raw[i] >> 4];
+			buf[2 * i + 1] = digits[raw[i] & 15];
+		}
+		buf[32] = '\n';
+		fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+		if (fd != -1) {
+			bool ok = write(fd, buf, 33) == 33;
+			ok &= fsync(fd) == 0;
+			close(fd);
+			if (!ok) {
+				unlink(path);
+				snprintf(err, errlen, "tenant salt: cannot write %s", path);
+				return -1;
+			}
+			log_info("tenant: generated a salt for the API keys' hash in %s", path);
+		}
+		fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	}
+	if (fd == -1) {
+		snprintf(err, errlen, "tenant salt: cannot open %s: %s", path, strerror(errno));
+		return -1;
+	}
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' '))
+		n--;
+	if (n < 16 || n > 128) {
+		snprintf(err, errlen, "tenant salt: %s holds no salt (16 to 128 bytes on one line)", path);
+		return -1;
+	}
+	buf[n] = '\0';
+	c->tenant_salt = config_strdup(c, buf);
+	return c->tenant_salt ? 0 : -1;
+}
 
 static int parse_scaled(const char *s, uint64_t *out, const char *const units[], const uint64_t scale[], size_t nunits,
 			uint64_t bare_scale)

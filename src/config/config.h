@@ -104,6 +104,22 @@ const char *balance_policy_name(enum balance_policy b);
 #define EJECT_BACKOFF_MS_DEFAULT 1000
 #define EJECT_MAX_BACKOFF_MS_DEFAULT 30000
 
+/* Where a request's tenant comes from (docs/config.md, "Tenants"). */
+enum tenant_source { TENANT_NONE, TENANT_HEADER, TENANT_JSON_FIELD, TENANT_API_KEY };
+
+/* tenant.keys: an API key's SHA-256 (64 lowercase hex digits) and the
+ * tenant it stands for. */
+struct tenant_key {
+	char sha256[65];
+	const char *name;
+};
+
+struct tenant_conf {
+	enum tenant_source source;
+	const char *name; /* the header (lowercase) or the JSON field */
+	int line;	  /* of `tenant:`; 0: not given */
+};
+
 /* One route: what it matches and where it sends. */
 struct route_conf {
 	const char *name;
@@ -127,6 +143,7 @@ struct route_conf {
 	unsigned mirror_percent;       /* of the route's requests, 0..100 */
 	unsigned mirror_max_in_flight; /* a copy is skipped while the shadow runs this many */
 	int mirror_line;
+	struct tenant_conf tenant; /* source NONE: the top level's */
 };
 
 /* The settings tokentap runs with. Each scalar setting is one member made
@@ -148,6 +165,10 @@ struct config {
 	unsigned nupstreams;
 	struct route_conf *routes;
 	unsigned nroutes;
+	struct tenant_conf tenant;	/* `tenant:` at the top level; every route without its own */
+	bool tenant_any;		/* some `tenant:` (top level or route) names a source */
+	struct tenant_key *tenant_keys; /* tenant.keys, sorted by sha256 */
+	unsigned ntenant_keys;
 
 	char **owned; /* strings and arrays this config allocated */
 	size_t nowned, capowned;
@@ -185,6 +206,14 @@ int config_single_upstream(struct config *c, char *err, size_t errlen);
  * on. Appends one "FILE:LINE: message" line per problem to `errs` (when
  * c->path is set; "message" alone otherwise) and returns the count. */
 unsigned config_validate(const struct config *c, char *errs, size_t errlen);
+
+/* Some `tenant:` (top level or route) takes the API key. */
+bool config_tenant_keyed(const struct config *c);
+
+/* With an API-key tenant and no tenant.salt: the salt kept in
+ * store.dir/tenant-salt, made there first when `create` (the server; -t
+ * makes none). 0, or -1 with `err`. */
+int config_tenant_salt(struct config *c, bool create, char *err, size_t errlen);
 
 /* "auto" (0: one per CPU core) or 1..WORKERS_MAX. Returns 0 or -1. */
 int config_parse_workers(const char *s, unsigned *out);

@@ -32,6 +32,7 @@
 
 #include "log.h"
 #include "settings.h"
+#include "strutil.h"
 #include "tls.h"
 
 struct load {
@@ -842,6 +843,177 @@ static void r_load_factor(struct load *l, yaml_node_t *v, const char *key, void 
 		RT(o)->load_factor = f;
 }
 
+/* ---- tenants ---- */
+
+/* One source per `tenant:`: the header, the JSON field or the API key. */
+static void tenant_source(struct load *l, yaml_node_t *v, const char *key, struct tenant_conf *t,
+			  enum tenant_source src)
+{
+	const char *s;
+
+	if (t->source != TENANT_NONE) {
+		problem(l, v, "%s: give one of header, json_field or api_key, not two", key);
+		return;
+	}
+	if (src == TENANT_API_KEY) {
+		bool on = false;
+		unsigned before = l->problems;
+		get_bool(l, v, key, &on);
+		if (l->problems == before && !on)
+			problem(l, v, "%s: only true; leave tenant out for no tenants", key);
+		if (on)
+			t->source = src;
+		return;
+	}
+	if (!(s = scalar(l, v, key)))
+		return;
+	size_t n = strlen(s);
+	if (!n || n > 128) {
+		problem(l, v, "%s: expected a name of 1 to 128 bytes, got %zu", key, n);
+		return;
+	}
+	if (src == TENANT_HEADER) {
+		char *low = config_strdup(l->c, s);
+		for (size_t i = 0; low && i < n; i++) {
+			unsigned char c = (unsigned char)low[i];
+			if (c <= 0x20 || c >= 0x7f || strchr("\"(),/:;<=>?@[\\]{}", c)) {
+				problem(l, v, "%s: '%s' is not a header name", key, s);
+				return;
+			}
+			low[i] = (char)(c >= 'A' && c <= 'Z' ? c + 32 : c);
+		}
+		/* a credential header would put the credential in every log line */
+		if (low && (strcmp(low, "authorization") == 0 || strcmp(low, "x-api-key") == 0 ||
+			    strcmp(low, "proxy-authorization") == 0 || strcmp(low, "cookie") == 0)) {
+			problem(l, v,
+				"%s: %s carries a credential; use tenant.api_key: true, which keeps only its hash", key,
+				s);
+			return;
+		}
+		s = low;
+	}
+	t->source = src;
+	t->name = s;
+}
+
+#define TNC(obj) (&CFG(obj)->tenant)
+#define TNR(obj) (&RT(obj)->tenant)
+static void tc_header(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	tenant_source(l, v, key, TNC(o), TENANT_HEADER);
+}
+static void tc_json(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	tenant_source(l, v, key, TNC(o), TENANT_JSON_FIELD);
+}
+static void tc_key(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	tenant_source(l, v, key, TNC(o), TENANT_API_KEY);
+}
+static void tr_header(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	tenant_source(l, v, key, TNR(o), TENANT_HEADER);
+}
+static void tr_json(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	tenant_source(l, v, key, TNR(o), TENANT_JSON_FIELD);
+}
+static void tr_key(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	tenant_source(l, v, key, TNR(o), TENANT_API_KEY);
+}
+
+static int tenant_key_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct tenant_key *)a)->sha256, ((const struct tenant_key *)b)->sha256);
+}
+
+/* tenant.keys: {SHA-256 of a key: tenant name}, sorted for the lookup. */
+static void tc_keys(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	struct config *c = CFG(o);
+
+	if (v->type != YAML_MAPPING_NODE) {
+		problem(l, v, "%s: expected a mapping of an API key's SHA-256 (64 hex digits) to a tenant name", key);
+		return;
+	}
+	size_t n = (size_t)(v->data.mapping.pairs.top - v->data.mapping.pairs.start);
+	c->tenant_keys = config_own(c, calloc(n ? n : 1, sizeof(*c->tenant_keys)));
+	c->ntenant_keys = 0;
+	for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top && c->tenant_keys; p++) {
+		yaml_node_t *k = node(l, p->key), *val = node(l, p->value);
+		const char *ks = scalar(l, k, key), *vs = scalar(l, val, key);
+		if (!ks || !vs)
+			continue;
+		size_t kl = strlen(ks);
+		bool hexok = kl == 64;
+		for (size_t i = 0; hexok && i < kl; i++)
+			hexok = (ks[i] >= '0' && ks[i] <= '9') || (ks[i] >= 'a' && ks[i] <= 'f') ||
+				(ks[i] >= 'A' && ks[i] <= 'F');
+		if (!hexok) {
+			problem(l, k, "%s: '%.80s' is not a SHA-256 in hex (64 digits: printf %%s KEY | sha256sum)",
+				key, ks);
+			continue;
+		}
+		if (!tenant_name_ok(vs, strlen(vs))) {
+			problem(l, val,
+				"%s.%.16s...: '%.80s' is not a tenant name (1 to %d of A-Z a-z 0-9 . _ : @ / + = ~ -)",
+				key, ks, vs, TENANT_NAME_MAX);
+			continue;
+		}
+		struct tenant_key *e = &c->tenant_keys[c->ntenant_keys];
+		for (size_t i = 0; i < 64; i++)
+			e->sha256[i] = (char)(ks[i] >= 'A' && ks[i] <= 'F' ? ks[i] + 32 : ks[i]);
+		e->name = vs;
+		bool dup = false;
+		for (unsigned j = 0; j < c->ntenant_keys && !dup; j++)
+			dup = strcmp(c->tenant_keys[j].sha256, e->sha256) == 0;
+		if (dup) {
+			problem(l, k, "%s: %.16s... given twice; keep one", key, e->sha256);
+			continue;
+		}
+		c->ntenant_keys++;
+	}
+	if (c->tenant_keys && c->ntenant_keys > 1)
+		qsort(c->tenant_keys, c->ntenant_keys, sizeof(*c->tenant_keys), tenant_key_cmp);
+}
+
+static const struct field tenant_custom[] = {
+	ROW_FN("header", tc_header),
+	ROW_FN("json_field", tc_json),
+	ROW_FN("api_key", tc_key),
+	ROW_FN("keys", tc_keys),
+	ROWS_END,
+};
+/* The top level's tenant: its source, and the settings rows under tenant.
+ * (cap, idle, salt, metrics label). */
+static void f_tenant(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	struct section sec;
+	unsigned before = l->problems;
+
+	CFG(o)->tenant.line = (int)v->start_mark.line + 1;
+	section_keys(&sec, key, tenant_custom);
+	walk(l, v, key, sec.fields, o);
+	(void)before;
+}
+
+static const struct field route_tenant_keys[] = {
+	ROW_FN("header", tr_header),
+	ROW_FN("json_field", tr_json),
+	ROW_FN("api_key", tr_key),
+	ROWS_END,
+};
+static void r_tenant(struct load *l, yaml_node_t *v, const char *key, void *o)
+{
+	unsigned before = l->problems;
+
+	RT(o)->tenant.line = (int)v->start_mark.line + 1;
+	walk(l, v, key, route_tenant_keys, o);
+	if (l->problems == before && RT(o)->tenant.source == TENANT_NONE)
+		problem(l, v, "%s: give one of header, json_field or api_key", key);
+}
+
 static const char *const balance_names[] = { [BALANCE_WEIGHTED] = "weighted",
 					     [BALANCE_LEAST_REQUEST] = "least_request",
 					     [BALANCE_LATENCY] = "latency",
@@ -871,6 +1043,7 @@ static const struct field route_keys[] = {
 	ROW_ENUM("balance", struct route_conf, balance, balance_names),
 	ROW_RANGE("prefix_blocks", struct route_conf, prefix_blocks, 1, PREFIX_BLOCKS_MAX, "blocks"),
 	ROW_FN("load_factor", r_load_factor),
+	ROW_FN("tenant", r_tenant),
 	ROWS_END,
 };
 
@@ -944,11 +1117,9 @@ static const struct list_shape listener_list = {
 
 /* Top-level keys that are not rows of the settings table. */
 static const struct field top_custom[] = {
-	ROW_FN("tls", f_tls),
-	ROW_LIST("upstreams", upstream_list),
-	ROW_LIST("routes", route_list),
-	ROW_LIST("listeners", listener_list),
-	ROWS_END,
+	ROW_FN("tls", f_tls),		ROW_LIST("upstreams", upstream_list),
+	ROW_LIST("routes", route_list), ROW_LIST("listeners", listener_list),
+	ROW_FN("tenant", f_tenant),	ROWS_END,
 };
 
 unsigned config_load_file(const char *path, struct config *c, char *errs, size_t errlen)
@@ -1002,5 +1173,8 @@ unsigned config_load_file(const char *path, struct config *c, char *errs, size_t
 			c->nroutes = 1;
 		}
 	}
+	c->tenant_any = c->tenant.source != TENANT_NONE;
+	for (unsigned i = 0; i < c->nroutes; i++)
+		c->tenant_any |= c->routes[i].tenant.source != TENANT_NONE;
 	return l.problems + config_validate(c, errs, errlen);
 }

@@ -99,6 +99,14 @@ struct config;
 	  "distinct models per route and upstream") \
 	X(MODEL_IDLE, "store.model_idle", NULL, 0, DURATION, model_idle_ms, "24h", 1, 0, RESTART, NULL, \
 	  "a model unused this long may lose its slot") \
+	X(MAX_TENANTS, "tenant.max_per_route", NULL, 0, UINT, max_tenants, "32", 1, 0, RESTART, NULL, \
+	  "distinct tenants per route kept in the stats; the rest count as other") \
+	X(TENANT_IDLE, "tenant.idle", NULL, 0, DURATION, tenant_idle_ms, "24h", 1, 0, RESTART, NULL, \
+	  "a tenant unseen this long may lose its slot") \
+	X(TENANT_SALT, "tenant.salt", NULL, 0, STRING, tenant_salt, NULL, 0, 0, LIVE, NULL, \
+	  "salt of the api_key tenants' hash (else one generated in store.dir/tenant-salt)") \
+	X(TENANT_METRICS, "tenant.metrics_label", NULL, 0, BOOL, tenant_metrics, NULL, 0, 0, RESTART, NULL, \
+	  "/metrics also exports per-tenant families with a tenant label") \
 	X(COLD_IDLE, "store.cold_after_idle", NULL, 0, DURATION, cold_idle_ms, "60s", 1, 0, LIVE, NULL, \
 	  "an upstream idle this long serves cold") \
 	X(SLO_TTFT, "slo.ttft", "slo-ttft", 0, DURATION, slo_ttft_ms, "2s", 1, 0, RESTART, "DUR", \

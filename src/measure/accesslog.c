@@ -202,6 +202,7 @@ static json_t *itl_summary_json(const struct recent_entry *e)
 	X(PICK_BLOCKS,		"pick_prefix_blocks",	1, 120,	1,		json_integer(r->pick_blocks)) \
 	X(MIRROR,		"mirror",		1, 0,	r->mirror,	json_true()) \
 	X(MODEL,		"model",		1, 80,	1,		str_or_null(r->model)) \
+	X(TENANT,		"tenant",		1, 85,	1,		str_or_null(r->tenant)) \
 	X(STREAM,		"stream",		1, 130,	1, \
 	  r->stream < 0 ? json_null() : json_boolean(r->stream)) \
 	X(STATUS,		"status",		1, 140,	1,		json_integer(r->status)) \

@@ -226,6 +226,10 @@ bool meter_finish(struct meter *m)
 		recent_push(m->env.recent, rec, m->load, m->cold);
 		workload_record(rec, rec->wl, m->route, m->upstream);
 		otlp_record(rec, m->route);
+		if (rec->tenant_on)
+			stats_record_request(stats_tenant_series(m->env.stats, m->route ? m->route : "none",
+								 rec->tenant, status_ok(rec->status)),
+					     rec, m->load);
 	}
 	return true;
 }
@@ -243,6 +247,7 @@ void meter_record_shadow(struct req_record *dst, const struct req_record *primar
 	memcpy(dst->method, primary->method, sizeof(dst->method));
 	memcpy(dst->path, primary->path, sizeof(dst->path));
 	memcpy(dst->model, primary->model, sizeof(dst->model));
+	memcpy(dst->tenant, primary->tenant, sizeof(dst->tenant));
 	dst->api = primary->api;
 	dst->stream = primary->stream;
 	dst->traced = primary->traced; /* the shadow is sent the primary's traceparent */

@@ -51,6 +51,7 @@ struct span_item {
 	char method[16];
 	char path[256];
 	char model[128];
+	char tenant[TENANT_MAX + 1];
 	char upstream[128], route[128];
 	char up_url[256];
 	enum api_kind api;
@@ -358,6 +359,7 @@ void otlp_record(const struct req_record *rec, const char *route)
 	memcpy(it->method, rec->method, sizeof(it->method));
 	memcpy(it->path, rec->path, sizeof(it->path));
 	memcpy(it->model, rec->model, sizeof(it->model));
+	memcpy(it->tenant, rec->tenant, sizeof(it->tenant));
 	snprintf(it->upstream, sizeof(it->upstream), "%s", rec->upstream ? rec->upstream : "");
 	snprintf(it->route, sizeof(it->route), "%s", route ? route : "");
 	snprintf(it->up_url, sizeof(it->up_url), "%s", rec->up_url ? rec->up_url : "");
@@ -563,6 +565,8 @@ static void span_fill(struct span_build *b, struct span_item *it)
 		attr_str(b, "tokentap.route", it->route);
 	if (it->upstream[0])
 		attr_str(b, "tokentap.upstream", it->upstream);
+	if (it->tenant[0])
+		attr_str(b, "tokentap.tenant", it->tenant);
 	if (it->stream >= 0)
 		attr_bool(b, "tokentap.stream", it->stream == 1);
 	for (int i = 0; i < RM__COUNT; i++) {

@@ -37,6 +37,7 @@
 #include "config.h"
 #include "log.h"
 #include "store.h"
+#include "tenant.h"
 #include "timeline.h"
 
 struct series {
@@ -78,18 +79,24 @@ struct route_models {
 	struct route_models *next;
 };
 
+/* One cap's lists: the models' and the tenants' (the same rules, apart). */
+struct name_cap {
+	_Atomic(struct route_models *) routes;
+	const char *what; /* "model", "tenant": for the log */
+};
+
 static pthread_mutex_t models_lock = PTHREAD_MUTEX_INITIALIZER;
-static _Atomic(struct route_models *) route_models;
+static struct name_cap model_cap = { NULL, "model" }, tenant_cap = { NULL, "tenant" };
 
 #define SERIES_BUCKETS 256
 
 struct stats_shard {
 	struct store *store;
 	struct slo slo;
-	unsigned max_models;
-	uint64_t model_idle_ms; /* 0: a name keeps its slot for good */
-	uint64_t clock_ms;	/* now_ms() at the last flush: the hot path reads no clock */
-	uint64_t touch_ms;	/* a slot's last use is written at most this often */
+	unsigned max_models, max_tenants;
+	uint64_t model_idle_ms, tenant_idle_ms; /* 0: a name keeps its slot for good */
+	uint64_t clock_ms;			/* now_ms() at the last flush: the hot path reads no clock */
+	uint64_t touch_ms;			/* a slot's last use is written at most this often */
 	struct series *buckets[SERIES_BUCKETS];
 	struct series *dirty;
 	struct event *timer;
@@ -128,9 +135,9 @@ static struct series *insert(struct stats_shard *sh, const char *key, size_t len
 	return s;
 }
 
-static struct route_models *route_find(const char *route)
+static struct route_models *route_find(struct name_cap *nc, const char *route)
 {
-	struct route_models *r = atomic_load_explicit(&route_models, memory_order_acquire);
+	struct route_models *r = atomic_load_explicit(&nc->routes, memory_order_acquire);
 	while (r && strcmp(r->route, route) != 0)
 		r = r->next;
 	return r;
@@ -166,7 +173,7 @@ static uint64_t evict_at(const struct route_models *r, uint64_t idle_ms)
 	return oldest + idle_ms;
 }
 
-static struct route_models *route_add(const char *route, unsigned cap)
+static struct route_models *route_add(struct name_cap *nc, const char *route, unsigned cap)
 {
 	struct route_models *r = calloc(1, sizeof(*r));
 
@@ -181,8 +188,8 @@ static struct route_models *route_add(const char *route, unsigned cap)
 		free(r);
 		return NULL;
 	}
-	r->next = atomic_load_explicit(&route_models, memory_order_relaxed);
-	atomic_store_explicit(&route_models, r, memory_order_release);
+	r->next = atomic_load_explicit(&nc->routes, memory_order_relaxed);
+	atomic_store_explicit(&nc->routes, r, memory_order_release);
 	return r;
 }
 
@@ -194,11 +201,11 @@ static struct route_models *route_add(const char *route, unsigned cap)
  * model_idle. Without the lock, a name whose hash is in no slot is refused
  * when it failed, or when the list is full and no slot can be idle yet.
  */
-static struct model_slot *model_admit(struct stats_shard *sh, const char *route, const char *model, bool ok,
-				      uint64_t *gen)
+static struct model_slot *name_admit(struct name_cap *nc, unsigned cap, uint64_t idle_ms, const char *route,
+				     const char *model, bool ok, uint64_t *gen)
 {
 	uint64_t h = fnv1a(model, strlen(model)) | 1, now;
-	struct route_models *r = route_find(route);
+	struct route_models *r = route_find(nc, route);
 	struct model_slot *found = NULL;
 
 	if (!r && !ok)
@@ -216,8 +223,8 @@ static struct model_slot *model_admit(struct stats_shard *sh, const char *route,
 	}
 	pthread_mutex_lock(&models_lock);
 	now = now_ms();
-	if (!r && !(r = route_find(route)))
-		r = route_add(route, sh->max_models);
+	if (!r && !(r = route_find(nc, route)))
+		r = route_add(nc, route, cap);
 	if (!r)
 		goto out;
 	for (unsigned i = 0; i < r->cap && !found; i++)
@@ -231,8 +238,7 @@ static struct model_slot *model_admit(struct stats_shard *sh, const char *route,
 				lru = s;
 				break;
 			}
-			if (sh->model_idle_ms &&
-			    now >= atomic_load_explicit(&s->seen_ms, memory_order_relaxed) + sh->model_idle_ms &&
+			if (idle_ms && now >= atomic_load_explicit(&s->seen_ms, memory_order_relaxed) + idle_ms &&
 			    (!lru || atomic_load_explicit(&s->seen_ms, memory_order_relaxed) <
 					     atomic_load_explicit(&lru->seen_ms, memory_order_relaxed)))
 				lru = s;
@@ -240,8 +246,8 @@ static struct model_slot *model_admit(struct stats_shard *sh, const char *route,
 		char *copy = lru ? strdup(model) : NULL;
 		if (copy) {
 			if (lru->name)
-				log_info("stats: route %s: model %s, idle, gives its slot to %s", route, lru->name,
-					 model);
+				log_info("stats: route %s: %s %s, idle, gives its slot to %s", route, nc->what,
+					 lru->name, model);
 			free(lru->name);
 			lru->name = copy;
 			atomic_store_explicit(&lru->hash, h, memory_order_release);
@@ -254,7 +260,7 @@ static struct model_slot *model_admit(struct stats_shard *sh, const char *route,
 		slot_touch(found, now, 0);
 		*gen = atomic_load_explicit(&found->gen, memory_order_relaxed);
 	}
-	atomic_store_explicit(&r->evict_at_ms, evict_at(r, sh->model_idle_ms), memory_order_relaxed);
+	atomic_store_explicit(&r->evict_at_ms, evict_at(r, idle_ms), memory_order_relaxed);
 out:
 	pthread_mutex_unlock(&models_lock);
 	return found;
@@ -288,11 +294,61 @@ struct series *stats_series(struct stats_shard *sh, const char *route, const cha
 	/* A new series, or one whose name lost its slot: the model admitted
 	 * under the route's cap (counted once for warm and cold, every upstream
 	 * and every worker), else folded into "other". */
-	if (strcmp(model, SERIES_MODEL_OTHER) != 0 && (slot = model_admit(sh, route, model, ok, &gen))) {
+	if (strcmp(model, SERIES_MODEL_OTHER) != 0 &&
+	    (slot = name_admit(&model_cap, sh->max_models, sh->model_idle_ms, route, model, ok, &gen))) {
 		if (!s)
 			s = insert(sh, key, len, hash);
 	} else {
 		len = series_key_build(key, route, upstream, SERIES_MODEL_OTHER, cold);
+		hash = fnv1a(key, len);
+		if (!(s = lookup(sh, key, len, hash)))
+			s = insert(sh, key, len, hash);
+	}
+	if (s) {
+		s->slot = slot;
+		s->gen = gen;
+	}
+	return s;
+}
+
+struct series *stats_tenant_series(struct stats_shard *sh, const char *route, const char *tenant, bool ok)
+{
+	char key[SERIES_KEY_MAX];
+	size_t len;
+	uint64_t hash, gen = 0;
+	struct series *s;
+	struct model_slot *slot = NULL;
+	bool fixed;
+
+	if (!sh)
+		return NULL;
+	if (!tenant || !*tenant)
+		tenant = TENANT_ABSENT;
+	/* the labels that are no client's name take no slot */
+	fixed = strcmp(tenant, TENANT_ABSENT) == 0 || strcmp(tenant, TENANT_INVALID) == 0 ||
+		strcmp(tenant, TENANT_OTHER) == 0;
+	len = series_key_build_tenant(key, route, tenant);
+	if (!len) {
+		fixed = true;
+		tenant = TENANT_OTHER;
+		len = series_key_build_tenant(key, route, tenant);
+	}
+	hash = fnv1a(key, len);
+	s = lookup(sh, key, len, hash);
+	if (s && (!s->slot || atomic_load_explicit(&s->slot->gen, memory_order_acquire) == s->gen) &&
+	    (fixed || s->slot)) {
+		if (s->slot)
+			slot_touch(s->slot, sh->clock_ms, sh->touch_ms);
+		return s;
+	}
+	if (fixed) {
+		if (!s)
+			s = insert(sh, key, len, hash);
+	} else if ((slot = name_admit(&tenant_cap, sh->max_tenants, sh->tenant_idle_ms, route, tenant, ok, &gen))) {
+		if (!s)
+			s = insert(sh, key, len, hash);
+	} else {
+		len = series_key_build_tenant(key, route, TENANT_OTHER);
 		hash = fnv1a(key, len);
 		if (!(s = lookup(sh, key, len, hash)))
 			s = insert(sh, key, len, hash);
@@ -405,6 +461,10 @@ struct stats_shard *stats_shard_new(struct event_base *base, struct store *store
 	sh->slo = stats_slo(boot);
 	sh->max_models = boot->max_models;
 	sh->model_idle_ms = model_idle_ms;
+	sh->max_tenants = boot->max_tenants;
+	sh->tenant_idle_ms = boot->tenant_idle_ms;
+	if (sh->tenant_idle_ms && (!model_idle_ms || sh->tenant_idle_ms < model_idle_ms))
+		model_idle_ms = sh->tenant_idle_ms; /* the touch period: of the shorter one */
 	sh->clock_ms = now_ms();
 	/* once a second; finer for a short model_idle (tests) */
 	sh->touch_ms = model_idle_ms && model_idle_ms / 8 < 1000 ? model_idle_ms / 8 : 1000;

@@ -44,6 +44,13 @@ void stats_shard_free(struct stats_shard *sh);
 struct series *stats_series(struct stats_shard *sh, const char *route, const char *upstream, const char *model,
 			    bool cold, bool ok);
 
+/* The tenant series of (route, tenant) (series_key.h), under the route's
+ * tenant cap (tenant.max_per_route, tenant.idle) as models are under
+ * theirs: a new name only with `ok`, past the cap TENANT_OTHER. "" is
+ * TENANT_ABSENT; TENANT_ABSENT, TENANT_INVALID and TENANT_OTHER take no
+ * slot. Only stats_record_request goes into it. */
+struct series *stats_tenant_series(struct stats_shard *sh, const char *route, const char *tenant, bool ok);
+
 /* `load`: requests on or queued for the upstream when the request was
  * routed, itself included (slice.h). */
 void stats_record_itl(struct series *se, uint64_t gap_ns, unsigned load);

@@ -613,6 +613,7 @@ struct wl_item {
 	bool has_session;
 	uint64_t session;
 	char route[64], upstream[64], model[128];
+	char tenant[TENANT_MAX + 1];
 	size_t nh, nclosed; /* hashes, and of them whole blocks (the first nclosed) */
 	uint64_t hashes[];  /* nh */
 };
@@ -735,6 +736,7 @@ void workload_record(const struct req_record *rec, struct wl_req *w, const char 
 	copy_trunc(it->route, sizeof(it->route), route ? route : "", route ? strlen(route) : 0);
 	copy_trunc(it->upstream, sizeof(it->upstream), upstream ? upstream : "", upstream ? strlen(upstream) : 0);
 	copy_trunc(it->model, sizeof(it->model), rec->model, strlen(rec->model));
+	memcpy(it->tenant, rec->tenant, sizeof(it->tenant));
 	it->nh = nh;
 	if (nh)
 		memcpy(it->hashes, h, nh * sizeof(uint64_t));
@@ -975,6 +977,7 @@ static char *item_line(struct workload *wl, const struct wl_item *it)
 	json_object_set_new(o, "route", str_or_null(it->route));
 	json_object_set_new(o, "upstream", str_or_null(it->upstream));
 	json_object_set_new(o, "model", str_or_null(it->model));
+	json_object_set_new(o, "tenant", str_or_null(it->tenant));
 	json_object_set_new(o, "api", json_string(classify_api_name(it->api)));
 	json_object_set_new(o, "stream", it->stream < 0 ? json_null() : json_boolean(it->stream));
 	json_object_set_new(o, "cached_tokens", it->cached_tokens < 0 ? json_null() : json_integer(it->cached_tokens));

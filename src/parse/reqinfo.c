@@ -481,6 +481,12 @@ int reqinfo_parse_inputs(const char *body, size_t len, bool complete, const char
 	return parse(body, len, complete, NULL, key, out);
 }
 
+int reqinfo_parse_inputs_field(const char *body, size_t len, bool complete, const char *key, const char *field,
+			       struct reqinfo *out)
+{
+	return parse(body, len, complete, field, key, out);
+}
+
 void reqinfo_path_model(const char *seg, size_t len, char *out, size_t cap)
 {
 	char raw[REQINFO_MODEL_MAX * 4];

@@ -38,6 +38,12 @@ int reqinfo_parse_field(const char *body, size_t len, bool complete, const char 
  * out->inputs at -1. */
 int reqinfo_parse_inputs(const char *body, size_t len, bool complete, const char *key, struct reqinfo *out);
 
+/* reqinfo_parse_inputs and reqinfo_parse_field in one pass (`field` NULL:
+ * none): the inputs of `key`, and the top-level string field `field` into
+ * out->field_value. */
+int reqinfo_parse_inputs_field(const char *body, size_t len, bool complete, const char *key, const char *field,
+			       struct reqinfo *out);
+
 /* A model named in the request path (Bedrock's /model/MODEL/...), from its
  * segment as sent: percent-decoded (an ARN's ':' and '/' arrive as %3A and
  * %2F), then kept as text (strutil.h), cut at a character boundary to fit

@@ -23,6 +23,7 @@
 #include "reqinfo.h"
 #include "router.h"
 #include "strutil.h"
+#include "tenant.h"
 #include "timeline.h"
 #include "workload.h"
 
@@ -56,7 +57,7 @@ static bool request_id_acceptable(const char *s, size_t len)
 }
 
 /* (s, len) without the spaces and tabs around it. */
-static void trim_ows(const char **s, size_t *len)
+static inline __attribute__((always_inline)) void trim_ows(const char **s, size_t *len)
 {
 	while (*len && ((*s)[0] == ' ' || (*s)[0] == '\t'))
 		(*s)++, (*len)--;
@@ -249,6 +250,119 @@ static void request_prefix_key(struct request *req, unsigned want)
 	workload_req_free(w);
 }
 
+/* The tenant's source for a request of route `r`: the route's own, else
+ * the top level's. */
+static const struct tenant_conf *tenant_conf_of(const struct config *cfg, const struct route *r)
+{
+	if (r && r->conf->tenant.source != TENANT_NONE)
+		return &r->conf->tenant;
+	return &cfg->tenant;
+}
+
+/* The value of header `name` when the request has exactly one (trimmed);
+ * two or more: *many. */
+static bool header_once(const struct reqhead *rh, const char *name, const char **val, size_t *vlen, bool *many)
+{
+	unsigned n = 0;
+
+	for (unsigned i = 0; i < rh->nhdr; i++) {
+		const struct hdr *h = &rh->hdrs[i];
+		if (!name_eq(rh->buf + h->name_off, h->name_len, name))
+			continue;
+		if (n++ == 0) {
+			*val = rh->buf + h->val_off;
+			*vlen = h->val_len;
+			trim_ows(val, vlen);
+		}
+	}
+	*many = n > 1;
+	return n == 1;
+}
+
+/* An API key's tenant: its configured name (tenant.keys, by the key's
+ * SHA-256), else its salted label. Neither the key nor its plain SHA-256
+ * is kept. */
+static void tenant_of_key(const struct config *cfg, const char *key, size_t len, char *out)
+{
+	char sha[65];
+
+	if (cfg->ntenant_keys) {
+		tenant_key_sha256(key, len, sha);
+		size_t lo = 0, hi = cfg->ntenant_keys;
+		while (lo < hi) {
+			size_t mid = (lo + hi) / 2;
+			int c = strcmp(cfg->tenant_keys[mid].sha256, sha);
+			if (c == 0) {
+				copy_trunc(out, TENANT_MAX + 1, cfg->tenant_keys[mid].name,
+					   strlen(cfg->tenant_keys[mid].name));
+				explicit_bzero(sha, sizeof(sha));
+				return;
+			}
+			if (c < 0)
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		explicit_bzero(sha, sizeof(sha));
+	}
+	const char *salt = cfg->tenant_salt ? cfg->tenant_salt : "";
+	tenant_key_label(salt, strlen(salt), key, len, out);
+}
+
+/* The request's tenant (rec.tenant), by the `tenant:` of route `r` (NULL:
+ * matched here, only when some `tenant:` is set), from its head, or from
+ * `json`, the value of the route's JSON field (NULL: the body was not
+ * JSON). Two headers of the source's name, or an Authorization with both a
+ * bearer and an x-api-key that differ, are TENANT_INVALID: which one
+ * counts would be the client's choice. */
+static void request_tenant(struct request *req, const struct route *r, const char *json)
+{
+	const struct config *cfg = &req->x.rt->cfg;
+
+	if (!cfg->tenant_any)
+		return;
+	if (!r)
+		r = req->x.route ? req->x.route : exchange_match(&req->x);
+	const struct tenant_conf *t = tenant_conf_of(cfg, r);
+	const char *v = NULL;
+	size_t vlen = 0;
+	bool many = false;
+	char *out = req->rec.tenant;
+
+	out[0] = '\0';
+	req->rec.tenant_on = t->source != TENANT_NONE;
+	switch (t->source) {
+	case TENANT_NONE: return;
+	case TENANT_HEADER:
+		if (header_once(&req->head, t->name, &v, &vlen, &many))
+			(void)tenant_take(v, vlen, out);
+		else if (many)
+			copy_trunc(out, TENANT_MAX + 1, TENANT_INVALID, strlen(TENANT_INVALID));
+		return;
+	case TENANT_JSON_FIELD:
+		if (json)
+			(void)tenant_take(json, strlen(json), out);
+		return;
+	case TENANT_API_KEY: {
+		const char *a = NULL, *k = NULL, *tok = NULL;
+		size_t alen = 0, klen = 0, toklen = 0;
+		bool amany = false, kmany = false;
+		bool has_a = header_once(&req->head, "authorization", &a, &alen, &amany);
+		bool has_k = header_once(&req->head, "x-api-key", &k, &klen, &kmany);
+		bool bearer = has_a && tenant_bearer(a, alen, &tok, &toklen);
+		if (amany || kmany || (bearer && has_k && (toklen != klen || memcmp(tok, k, klen) != 0))) {
+			copy_trunc(out, TENANT_MAX + 1, TENANT_INVALID, strlen(TENANT_INVALID));
+			return;
+		}
+		if (bearer)
+			tenant_of_key(cfg, tok, toklen, out);
+		else if (has_k && klen)
+			tenant_of_key(cfg, k, klen, out);
+		return;
+	}
+	}
+}
+
 /* Reads the model, stream flag and any sticky field from the body prefix;
  * then routes the request if routing was waiting for them. The sticky field
  * is the one of the route the request matches, which may depend on the
@@ -257,12 +371,23 @@ static void request_prefix_key(struct request *req, unsigned want)
 void request_learn_body(struct request *req, bool complete)
 {
 	struct reqinfo info;
+	const struct route *r = NULL;
+	const struct config *cfg = &req->x.rt->cfg;
+	/* the top level's tenant field is read in the same pass; a route's
+	 * own, once the route is known, in a second one */
+	const char *tfield = cfg->tenant.source == TENANT_JSON_FIELD ? cfg->tenant.name : NULL;
+	char tvalue[REQINFO_MODEL_MAX];
+	bool tjson = false;
 
 	if (req->reqinfo_done)
 		return;
 	req->reqinfo_done = true;
-	if (req->body_prefix_len && reqinfo_parse_inputs(req->body_prefix, req->body_prefix_len, complete,
-							 classify_inputs_key(req->rec.api), &info) == 0) {
+	if (req->body_prefix_len && reqinfo_parse_inputs_field(req->body_prefix, req->body_prefix_len, complete,
+							       classify_inputs_key(req->rec.api), tfield, &info) == 0) {
+		if (tfield) {
+			copy_trunc(tvalue, sizeof(tvalue), info.field_value, strlen(info.field_value));
+			tjson = true;
+		}
 		bool gemini = req->rec.api == API_GEMINI || req->rec.api == API_GEMINI_STREAM;
 		/* Gemini's model and streaming are in its path (request_note_head),
 		 * and Bedrock's body names no model: its path did */
@@ -275,7 +400,7 @@ void request_learn_body(struct request *req, bool complete)
 			req->rec.inputs = info.inputs;
 		if (info.stream >= 0 && !gemini)
 			req->rec.stream = info.stream;
-		const struct route *r = exchange_match(&req->x);
+		r = exchange_match(&req->x);
 		if (r && r->conf->balance == BALANCE_PREFIX)
 			request_prefix_key(req, r->conf->prefix_blocks);
 		if (r && r->conf->sticky == STICKY_JSON_FIELD &&
@@ -283,7 +408,15 @@ void request_learn_body(struct request *req, bool complete)
 			    0)
 			copy_trunc(req->x.sticky_value, sizeof(req->x.sticky_value), info.field_value,
 				   strlen(info.field_value));
+		const struct tenant_conf *t = tenant_conf_of(cfg, r);
+		if (t->source == TENANT_JSON_FIELD && (!tfield || strcmp(t->name, tfield) != 0)) {
+			tjson = reqinfo_parse_field(req->body_prefix, req->body_prefix_len, complete, t->name, &info) ==
+				0;
+			if (tjson)
+				copy_trunc(tvalue, sizeof(tvalue), info.field_value, strlen(info.field_value));
+		}
 	}
+	request_tenant(req, r, tjson ? tvalue : NULL);
 	free(req->body_prefix);
 	req->body_prefix = NULL;
 	if (req->x.xstate == XS_AWAIT_BODY)
@@ -374,6 +507,11 @@ void request_route(struct request *req)
 {
 	bool pinned;
 
+	/* Routed before its body was read (nothing routes on it): the tenant
+	 * its head gives now, so that a request refused here or at admission
+	 * has it; request_learn_body sets it again, a JSON field's included. */
+	if (!req->reqinfo_done)
+		request_tenant(req, NULL, NULL);
 	if (exchange_pick(&req->x, &pinned) == XR_ENDED)
 		return;
 	if (!pinned && route_mirror_pick(req->x.route))

@@ -55,3 +55,34 @@ int series_key_parse(const char *key, size_t len, const char **route, const char
 	*cold = *p == '1';
 	return 0;
 }
+
+size_t series_key_build_tenant(char *out, const char *route, const char *tenant)
+{
+	size_t n = series_key_build(out, route, "", tenant, false);
+	if (n)
+		out[n - 1] = 't';
+	return n;
+}
+
+bool series_key_is_tenant(const char *key, size_t len)
+{
+	return len > 0 && key[len - 1] == 't';
+}
+
+int series_key_parse_tenant(const char *key, size_t len, const char **route, const char **tenant)
+{
+	const char *p = key, *end = key + len, *parts[3];
+
+	for (int i = 0; i < 3; i++) {
+		const char *z = memchr(p, '\0', (size_t)(end - p));
+		if (!z)
+			return -1;
+		parts[i] = p;
+		p = z + 1;
+	}
+	if (end - p != 1 || *p != 't' || parts[1][0] != '\0')
+		return -1;
+	*route = utf8_is_clean(parts[0], strlen(parts[0])) ? parts[0] : SERIES_NAME_NOT_TEXT;
+	*tenant = tenant_name_ok(parts[2], strlen(parts[2])) ? parts[2] : SERIES_NAME_NOT_TEXT;
+	return 0;
+}

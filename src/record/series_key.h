@@ -26,6 +26,15 @@
  * its length, or 0 when it would not fit. */
 size_t series_key_build(char *out, const char *route, const char *upstream, const char *model, bool cold);
 
+/* A tenant series: the requests of one tenant on one route, every upstream
+ * and model, kept beside the (route, upstream, model) series:
+ * "route\0\0tenant\0t". series_key_parse refuses it (the 't'), so every
+ * reader of the model series passes over it; _parse_tenant reads it. */
+size_t series_key_build_tenant(char *out, const char *route, const char *tenant);
+int series_key_parse_tenant(const char *key, size_t len, const char **route, const char **tenant);
+/* The key is a tenant series' (well formed or not). */
+bool series_key_is_tenant(const char *key, size_t len);
+
 /* Splits a serialized key; returns 0 or -1 when it is malformed. A name in
  * it that is not text comes out as SERIES_NAME_NOT_TEXT. */
 int series_key_parse(const char *key, size_t len, const char **route, const char **upstream, const char **model,

@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "classify.h"
+#include "tenant.h"
 #include "tracectx.h"
 
 struct wl_req;
@@ -136,6 +137,10 @@ struct req_record {
 	char method[16];
 	char path[256]; /* without the query string, truncated to fit */
 	char model[128];
+	/* the tenant (tenant.h): a clean name, TENANT_INVALID, an API key's
+	 * label or its configured name; "" none (no `tenant:`, or no value) */
+	char tenant[TENANT_MAX + 1];
+	bool tenant_on;	      /* a `tenant:` applied to it: recorded by tenant, "none" when tenant is "" */
 	const char *upstream; /* borrowed: the upstream's name outlives every request */
 	const char *up_url;   /* borrowed, as upstream: its url (the span's server.address) */
 	enum api_kind api;

@@ -324,7 +324,8 @@ int store_verify(struct store *st, uint64_t *series, uint64_t *slices, uint64_t 
 		while (mdb_cursor_get(cur, &k, &v, MDB_NEXT) == 0) {
 			const char *r, *u, *m;
 			bool cold;
-			if (k.mv_size != 4 || series_key_parse(v.mv_data, v.mv_size, &r, &u, &m, &cold) == -1)
+			if (k.mv_size != 4 || (series_key_parse(v.mv_data, v.mv_size, &r, &u, &m, &cold) == -1 &&
+					       series_key_parse_tenant(v.mv_data, v.mv_size, &r, &m) == -1))
 				(*bad)++;
 			else
 				(*series)++;

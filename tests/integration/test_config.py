@@ -178,6 +178,10 @@ class ExampleTest(harness.TestCase):
         for name in ("tokentap.yaml", "tokentap-tls.yaml"):
             with open(os.path.join(REPO, "conf", name)) as f:
                 used |= yaml_key_paths(f.read())
+        # tenant's sources are one of three keys: an example uses one each
+        one_of = {"tenant.header", "tenant.json_field", "tenant.api_key"}
+        if used & one_of:
+            documented -= one_of - used
         self.assertEqual(sorted(documented - used), [], "documented in docs/config.md, used in no example")
         # and the other way: an example key that is neither documented nor
         # a section holding documented keys (routes.match) nor a field of a

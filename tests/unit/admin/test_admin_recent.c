@@ -268,6 +268,7 @@ static void test_render_key_order(void **state)
 					      "path",
 					      "api",
 					      "model",
+					      "tenant",
 					      "upstream",
 					      "pick",
 					      "pick_predicted_ttft_ms",

@@ -347,6 +347,31 @@ static void test_inputs_every_prefix(void **state)
 	assert_int_equal(inputs_of(body, true, "input"), 4);
 }
 
+/* One pass reading the inputs and a field gives what the two passes give,
+ * on every prefix of a body. */
+static void test_inputs_and_field_in_one_pass(void **state)
+{
+	const char *b = "{\"model\":\"e\",\"input\":[\"a\",\"b\",\"c\"],\"meta\":{\"user\":\"x\"},\"user\":\"u-1\"}";
+	struct reqinfo one, in, fi;
+	(void)state;
+
+	for (size_t n = 0; n <= strlen(b); n++) {
+		bool complete = n == strlen(b);
+		int r1 = reqinfo_parse_inputs_field(b, n, complete, "input", "user", &one);
+		int r2 = reqinfo_parse_inputs(b, n, complete, "input", &in);
+		int r3 = reqinfo_parse_field(b, n, complete, "user", &fi);
+		assert_int_equal(r1, r2);
+		assert_int_equal(r1, r3);
+		if (r1 != 0)
+			continue;
+		assert_int_equal(one.inputs, in.inputs);
+		assert_string_equal(one.model, in.model);
+		assert_string_equal(one.field_value, fi.field_value);
+	}
+	assert_int_equal(one.inputs, 3);
+	assert_string_equal(one.field_value, "u-1");
+}
+
 static void test_deep_nesting(void **state)
 {
 	struct reqinfo ri;
@@ -392,6 +417,7 @@ int main(void)
 		cmocka_unit_test(test_deep_nesting),
 		cmocka_unit_test(test_inputs),
 		cmocka_unit_test(test_inputs_every_prefix),
+		cmocka_unit_test(test_inputs_and_field_in_one_pass),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

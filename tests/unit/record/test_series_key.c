@@ -113,13 +113,37 @@ static void test_malformed(void **state)
 	assert_true(cold);
 }
 
+/* A tenant series' key reads back as one, and only as one: every reader
+ * of the model series passes over it. */
+static void test_tenant_key(void **state)
+{
+	char key[SERIES_KEY_MAX];
+	const char *route, *upstream, *model, *tenant;
+	bool cold;
+	(void)state;
+
+	size_t n = series_key_build_tenant(key, "main", "acme");
+	assert_true(n > 0);
+	assert_true(series_key_is_tenant(key, n));
+	assert_int_equal(series_key_parse(key, n, &route, &upstream, &model, &cold), -1);
+	assert_int_equal(series_key_parse_tenant(key, n, &route, &tenant), 0);
+	assert_string_equal(route, "main");
+	assert_string_equal(tenant, "acme");
+	n = series_key_build(key, "main", "up", "m", false);
+	assert_false(series_key_is_tenant(key, n));
+	assert_int_equal(series_key_parse_tenant(key, n, &route, &tenant), -1);
+	/* a stored name that is no tenant name reads as U+FFFD */
+	n = series_key_build_tenant(key, "main", "a b");
+	assert_int_equal(series_key_parse_tenant(key, n, &route, &tenant), 0);
+	assert_string_equal(tenant, SERIES_NAME_NOT_TEXT);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_round_trip),
-		cmocka_unit_test(test_bound),
-		cmocka_unit_test(test_name_not_text),
-		cmocka_unit_test(test_malformed),
+		cmocka_unit_test(test_round_trip),    cmocka_unit_test(test_bound),
+		cmocka_unit_test(test_name_not_text), cmocka_unit_test(test_malformed),
+		cmocka_unit_test(test_tenant_key),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
