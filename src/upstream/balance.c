@@ -146,9 +146,16 @@ int bal_least_request(const struct bal_cand *c, unsigned n, uint64_t rnd)
 	return least_of(c, idx, m);
 }
 
+double bal_uncached(const struct bal_cand *c, double tokens)
+{
+	double own = tokens - c->cached_tokens;
+
+	return own > 0 ? own : 0;
+}
+
 double bal_predict(const struct bal_cand *c, double tokens)
 {
-	double ahead = (double)c->prefill_tokens + tokens;
+	double ahead = (double)c->prefill_tokens + bal_uncached(c, tokens);
 
 	if (c->eng_waiting > (int64_t)c->prefill_reqs) {
 		/* the engine queues more than tokentap sent it: another client's,
@@ -162,16 +169,28 @@ double bal_predict(const struct bal_cand *c, double tokens)
 	return p;
 }
 
-int bal_latency(const struct bal_cand *c, unsigned n, double tokens, uint64_t rnd, double *pred_ms)
+unsigned bal_latency_draw(const struct bal_cand *c, unsigned n, int prefer, uint64_t rnd, unsigned *idx)
 {
-	unsigned idx[BAL_LATENCY_CHOICES];
+	if (!n)
+		return 0;
+	bool free_only = any_free(c, n);
+	unsigned m = 0;
+	if (prefer >= 0 && (unsigned)prefer < n && drawable(c, (unsigned)prefer, free_only))
+		idx[m++] = (unsigned)prefer;
+	unsigned got = draw(c, n, BAL_LATENCY_CHOICES, true, free_only, rnd, idx + m);
+	unsigned out = m; /* the preferred one drawn again: kept once */
+	for (unsigned k = 0; k < got; k++)
+		if (!(m && idx[m + k] == idx[0]))
+			idx[out++] = idx[m + k];
+	return out;
+}
+
+int bal_latency_choose(const struct bal_cand *c, const unsigned *idx, unsigned m, double tokens, double *pred_ms)
+{
 	int best = -1;
 	double best_p = NAN;
 
 	*pred_ms = NAN;
-	if (!n)
-		return -1;
-	unsigned m = draw(c, n, BAL_LATENCY_CHOICES, true, any_free(c, n), rnd, idx);
 	for (unsigned k = 0; k < m; k++) {
 		double p = bal_predict(&c[idx[k]], tokens);
 		if (isnan(p))
@@ -182,9 +201,17 @@ int bal_latency(const struct bal_cand *c, unsigned n, double tokens, uint64_t rn
 		}
 	}
 	if (best < 0)
-		return least_of(c, idx, m);
+		return m ? least_of(c, idx, m) : -1;
 	*pred_ms = best_p;
 	return best;
+}
+
+int bal_latency(const struct bal_cand *c, unsigned n, double tokens, uint64_t rnd, double *pred_ms)
+{
+	unsigned idx[BAL_LATENCY_CHOICES + 1];
+	unsigned m = bal_latency_draw(c, n, -1, rnd, idx);
+
+	return bal_latency_choose(c, idx, m, tokens, pred_ms);
 }
 
 int bal_prefix(const struct bal_cand *c, unsigned n, double factor, unsigned *rank)

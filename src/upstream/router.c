@@ -200,7 +200,8 @@ struct router *router_new(struct event_base *base, struct config *cfg, const str
 			snprintf(err, errlen, "route %s: unknown mirror upstream %s", rc->name, rc->mirror_upstream);
 			goto fail;
 		}
-		if (rc->model || rc->sticky == STICKY_JSON_FIELD || (rc->balance == BALANCE_PREFIX && rc->ntargets > 1))
+		if (rc->model || rc->sticky == STICKY_JSON_FIELD ||
+		    ((rc->balance == BALANCE_PREFIX || rc->balance == BALANCE_LATENCY) && rc->ntargets > 1))
 			rt->needs_body = true;
 		rt->nroutes++;
 	}
@@ -331,6 +332,38 @@ static int sticky_pick(const struct route *r, const char *key, size_t klen, uint
 	return best;
 }
 
+/* The latency choice (docs/routing.md): the candidates drawn, and the one
+ * that got the longest leading run of the prompt last among them; each
+ * drawn one's prediction counts only the prompt tokens it is not expected
+ * to hold. Returns the candidate index. */
+static int latency_pick(const struct route *r, struct bal_cand *cand, const unsigned *map, unsigned n,
+			const struct pick_req *q, struct pick_out *out)
+{
+	unsigned idx[BAL_LATENCY_CHOICES + 1], run = 0, owner = 0;
+	int prefer = -1;
+
+	if (q->nchain)
+		owner = upstream_held_owner(q->chain, q->nchain, &run);
+	for (unsigned k = 0; owner && k < n; k++)
+		if (upstream_held_id(r->targets[map[k]].up) == owner) {
+			prefer = (int)k;
+			break;
+		}
+	unsigned m = bal_latency_draw(cand, n, prefer, pick_rnd(), idx);
+	for (unsigned j = 0; run && j < m; j++) {
+		struct bal_cand *c = &cand[idx[j]];
+		/* no upstream got more than the owner's run */
+		unsigned held = upstream_held_blocks(r->targets[map[idx[j]]].up, q->chain, run);
+		c->cached_tokens = (double)held * PREFIX_BLOCK_TOKENS;
+		if (c->cached_tokens > q->tokens)
+			c->cached_tokens = q->tokens;
+	}
+	int k = bal_latency_choose(cand, idx, m, q->tokens, &out->pred_ms);
+	if (k >= 0)
+		out->held_blocks = (unsigned)(cand[k].cached_tokens / PREFIX_BLOCK_TOKENS);
+	return k;
+}
+
 struct upstream *route_pick(struct route *r, const struct pick_req *q, uint64_t tried, struct pick_out *out)
 {
 	struct bal_cand cand[ROUTE_TARGETS_MAX];
@@ -343,6 +376,7 @@ struct upstream *route_pick(struct route *r, const struct pick_req *q, uint64_t 
 
 	out->pred_ms = NAN;
 	out->probe = false;
+	out->held_blocks = 0;
 	for (unsigned i = 0; i < r->ntargets; i++) {
 		struct up_balance b;
 		if ((tried & (1ull << i)) || !r->targets[i].weight)
@@ -373,6 +407,7 @@ struct upstream *route_pick(struct route *r, const struct pick_req *q, uint64_t 
 		c->eng_waiting = es.known && es.fresh ? es.waiting : -1;
 		c->fit = b.fit;
 		c->score = q->has_prefix ? bal_rendezvous_u(q->prefix_key, up->name) : 0;
+		c->cached_tokens = 0;
 		same_weight &= c->weight == cand[0].weight;
 		map[n++] = i;
 	}
@@ -401,7 +436,7 @@ struct upstream *route_pick(struct route *r, const struct pick_req *q, uint64_t 
 		unsigned rank = 0;
 		switch (pol) {
 		case BALANCE_LATENCY:
-			k = bal_latency(cand, n, q->tokens, pick_rnd(), &out->pred_ms);
+			k = latency_pick(r, cand, map, n, q, out);
 			out->reason = isnan(out->pred_ms) ? PICK_LEAST_LOADED : PICK_LATENCY;
 			break;
 		case BALANCE_PREFIX:
