@@ -91,18 +91,25 @@ static unsigned draw(const struct bal_cand *c, unsigned n, unsigned want, bool w
 {
 	unsigned m = 0, avail = 0;
 	double total = 0;
+	bool same = true; /* every one drawable at the same weight: drawn by index */
 
 	for (unsigned i = 0; i < n; i++)
 		if (drawable(c, i, free_only)) {
 			avail++;
 			total += weighted ? c[i].weight : 1;
+			same &= !weighted || c[i].weight == c[0].weight;
 		}
+	same &= avail == n;
 	if (want > avail)
 		want = avail;
 	for (unsigned tries = 0; m < want && tries < 4 * want; tries++) {
 		double u = (double)(next_rnd(&rnd) >> 11) / 9007199254740992.0 * total;
 		unsigned pick = n;
-		for (unsigned i = 0; i < n; i++) {
+		if (same) {
+			pick = (unsigned)(u / total * n);
+			pick = pick < n ? pick : n - 1;
+		}
+		for (unsigned i = 0; !same && i < n; i++) {
 			if (!drawable(c, i, free_only))
 				continue;
 			u -= weighted ? c[i].weight : 1;
@@ -252,18 +259,36 @@ int bal_prefix(const struct bal_cand *c, unsigned n, double factor, unsigned *ra
 	return best;
 }
 
-double bal_rendezvous_u(uint64_t key, const char *name)
+static uint64_t mix64(uint64_t h)
 {
-	uint64_t h = key ^ 0x6a09e667f3bcc908ull;
-
-	for (const char *p = name; *p; p++)
-		h = (h ^ (unsigned char)*p) * 1099511628211ull;
 	h ^= h >> 33;
 	h *= 0xff51afd7ed558ccdull;
 	h ^= h >> 33;
 	h *= 0xc4ceb9fe1a85ec53ull;
 	h ^= h >> 33;
+	return h;
+}
+
+uint64_t bal_name_hash(const char *name)
+{
+	uint64_t h = 0x6a09e667f3bcc908ull; /* FNV-1a from a fixed basis */
+
+	for (const char *p = name; *p; p++)
+		h = (h ^ (unsigned char)*p) * 1099511628211ull;
+	return mix64(h);
+}
+
+double bal_rendezvous_uh(uint64_t key, uint64_t name_hash)
+{
+	/* two rounds: a key and a name that differ in one bit draw apart */
+	uint64_t h = mix64(mix64(key ^ 0xbb67ae8584caa73bull) ^ name_hash);
+
 	return ((double)(h >> 11) + 0.5) / 9007199254740992.0;
+}
+
+double bal_rendezvous_u(uint64_t key, const char *name)
+{
+	return bal_rendezvous_uh(key, bal_name_hash(name));
 }
 
 double bal_rendezvous(uint64_t key, const char *name, unsigned weight)

@@ -126,3 +126,7 @@ int bal_prefix(const struct bal_cand *c, unsigned n, double factor, unsigned *ra
  * a logarithm each. */
 double bal_rendezvous(uint64_t key, const char *name, unsigned weight);
 double bal_rendezvous_u(uint64_t key, const char *name);
+/* The same from the name's hash, computed once per upstream (router.c):
+ * bal_rendezvous_u(key, name) == bal_rendezvous_uh(key, bal_name_hash(name)). */
+uint64_t bal_name_hash(const char *name);
+double bal_rendezvous_uh(uint64_t key, uint64_t name_hash);

@@ -37,6 +37,7 @@ struct route_target_state {
 	unsigned weight;
 	int64_t current;	    /* smooth weighted round robin */
 	struct pick_counts *counts; /* decisions for it by reason (route_pick_counts); NULL: not counted */
+	uint64_t name_hash;	    /* bal_name_hash of the upstream's name (prefix) */
 };
 
 struct route {

@@ -346,6 +346,18 @@ static void share_balance(struct up_share *s, struct up_balance *b, uint64_t now
 		b->predictions ? bits_double(atomic_load_explicit(&s->pred_bias_bits, memory_order_relaxed)) : NAN;
 }
 
+void upstream_balance_gate(const struct upstream *up, struct up_balance *out, uint64_t now_ns)
+{
+	const struct up_share *s = up->share;
+	uint64_t until = atomic_load_explicit(&s->eject_until_ns, memory_order_relaxed);
+	uint64_t at = atomic_load_explicit(&s->fit_at_ns, memory_order_relaxed);
+
+	out->fit_age_ns = at && now_ns >= at ? now_ns - at : (at ? 0 : UINT64_MAX);
+	out->eject = !until ? UP_IN : until > now_ns ? UP_EJECTED : UP_PROBE_DUE;
+	out->eject_left_ms = until > now_ns ? (until - now_ns) / 1000000 : 0;
+	out->probing = atomic_load_explicit(&s->probing, memory_order_relaxed);
+}
+
 void upstream_balance(const struct upstream *up, struct up_balance *out, uint64_t now_ns)
 {
 	share_balance(up->share, out, now_ns, true);

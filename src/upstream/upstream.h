@@ -205,6 +205,12 @@ void upstream_balance(const struct upstream *up, struct up_balance *out, uint64_
  * prediction error: NaN, predictions 0), for each pick. */
 void upstream_balance_pick(const struct upstream *up, struct up_balance *out, uint64_t now_ns);
 
+/* Only what every pick reads of every candidate (eject, eject_left_ms,
+ * probing, fit_age_ns; the rest of *out is left as it was): the cheap part
+ * of upstream_balance_pick, whose full read route_pick makes only for the
+ * candidates the latency choice drew. */
+void upstream_balance_gate(const struct upstream *up, struct up_balance *out, uint64_t now_ns);
+
 /* A request routed to `up` holds `tokens` prompt tokens there until its
  * first token (or its end without one): add once, sub once. */
 void upstream_prefill_add(struct upstream *up, uint64_t tokens);
