@@ -49,7 +49,6 @@ installed with apt-get when missing (as proxies.py does it), unless
 import argparse
 import datetime
 import glob
-import json
 import os
 import re
 import shutil
@@ -409,9 +408,7 @@ def main(argv):
             sys.stdout.flush()
         print(render_run(report))
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump(report, f, indent=1)
-                f.write("\n")
+            px.write_report(args.json, report)
         ok = True
         return 0
     except px.Failure as e:
@@ -421,12 +418,7 @@ def main(argv):
         print("instr: interrupted", file=sys.stderr)
         return 130
     finally:
-        px.stop_all()
-        if work:
-            if ok and not args.keep:
-                shutil.rmtree(work, ignore_errors=True)
-            else:
-                print("instr: logs and callgrind files kept in %s" % work, file=sys.stderr)
+        px.clean_up("instr", work, ok, args.keep, "logs and callgrind files")
 
 
 if __name__ == "__main__":

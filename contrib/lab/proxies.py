@@ -332,6 +332,25 @@ def stop_all():
         _started.pop().stop()
 
 
+def clean_up(prog, work, ok, keep, kept):
+    """The end of a lab script's run: every process started stopped; the
+    work directory removed after a run that went through (unless --keep),
+    else its path printed with what it holds (`kept`)."""
+    stop_all()
+    if work:
+        if ok and not keep:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print("%s: %s kept in %s" % (prog, kept, work), file=sys.stderr)
+
+
+def write_report(path, report):
+    """The run's report as JSON, to the file --json named."""
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)
+        f.write("\n")
+
+
 def on_signal(signum, frame):
     raise KeyboardInterrupt("signal %d" % signum)
 
@@ -1367,9 +1386,7 @@ def main(argv):
               % (report["date"], info["cpu"], info["cpus"], info["kernel"], info["tokentap"], info["source"],
                  info["nginx"], info["haproxy"], report["runtime_s"]))
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump(report, f, indent=1)
-                f.write("\n")
+            write_report(args.json, report)
         ok = True
         return 0
     except Failure as e:
@@ -1379,12 +1396,7 @@ def main(argv):
         print("proxies: interrupted", file=sys.stderr)
         return 130
     finally:
-        stop_all()
-        if work:
-            if ok and not args.keep:
-                shutil.rmtree(work, ignore_errors=True)
-            else:
-                print("proxies: logs and configs kept in %s" % work, file=sys.stderr)
+        clean_up("proxies", work, ok, args.keep, "logs and configs")
 
 
 if __name__ == "__main__":

@@ -560,9 +560,7 @@ def main(argv):
               % (report["date"], info["cpu"], info["cpus"], info["tokentap"], info["source"], info["nginx"],
                  info["haproxy"], args.rounds, report["runtime_s"]))
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump(report, f, indent=1)
-                f.write("\n")
+            px.write_report(args.json, report)
         ok = True
         return 0
     except px.Failure as e:
@@ -572,12 +570,7 @@ def main(argv):
         print("routing: interrupted", file=sys.stderr)
         return 130
     finally:
-        px.stop_all()
-        if work:
-            if ok and not args.keep:
-                shutil.rmtree(work, ignore_errors=True)
-            else:
-                print("routing: logs and configs kept in %s" % work, file=sys.stderr)
+        px.clean_up("routing", work, ok, args.keep, "logs and configs")
 
 
 if __name__ == "__main__":

@@ -476,6 +476,29 @@ static void read_field(struct load *l, const struct field *f, yaml_node_t *v, co
 
 #define CFG(obj) ((struct config *)(obj))
 
+/* A file a settings row names is read as the server will read it: the
+ * collector's CA through the same context the exporter builds, so that a
+ * file with no certificate in it is a FILE:LINE and not a start whose
+ * spans all fail. True when it said a problem. */
+static bool file_problem(struct load *l, yaml_node_t *v, const struct setting *s, const char *key, const char *path)
+{
+	char err[600];
+	SSL_CTX *ctx;
+
+	if (readable_file(path, err, sizeof(err)) == -1) {
+		problem(l, v, "%s: %s", key, err);
+		return true;
+	}
+	if (s->id != S_OTLP_CA_FILE)
+		return false;
+	if (!(ctx = tls_client_ctx(true, path, err, sizeof(err)))) {
+		problem(l, v, "%s: %s", key, err);
+		return true;
+	}
+	tls_ctx_free(ctx);
+	return false;
+}
+
 /* A scalar key of the settings table (settings.h): parsed by its row's type
  * and range, with the row's "expected" text in the message. */
 static void f_row(struct load *l, yaml_node_t *v, const char *key, void *o)
@@ -492,6 +515,8 @@ static void f_row(struct load *l, yaml_node_t *v, const char *key, void *o)
 		problem(l, v, "%s: %s, got '%s'", key, why, text);
 		return;
 	}
+	if (s->type == ST_FILE && file_problem(l, v, s, key, text))
+		return;
 	if (s->id == S_ADMIN_LISTEN)
 		CFG(o)->admin_listen_explicit = true; /* a busy port is then an error, not a warning */
 	else if (s->id == S_MAX_CONNECTIONS)

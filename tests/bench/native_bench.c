@@ -24,6 +24,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "fidelity.h"
 #include "hist.h"
 #include "prom.h"
 #include "prom_proto.h"
@@ -40,9 +41,11 @@ static double now_ns(void)
 	return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
+/* Its own splitmix64 source, not testrand.h's xorshift (which comes with
+ * fidelity.h): the same draws as when docs/fleet.md's figures were taken. */
 static uint64_t rng_state = 16;
 
-static double uniform(void)
+static double sm_uniform(void)
 {
 	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
 	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -53,7 +56,7 @@ static double uniform(void)
 
 static double gauss(void)
 {
-	return sqrt(-2 * log(uniform())) * cos(2 * M_PI * uniform());
+	return sqrt(-2 * log(sm_uniform())) * cos(2 * M_PI * sm_uniform());
 }
 
 enum dist { LOGNORMAL, UNIFORM, BIMODAL, TRAPEZOID, SPIKES, DIST__COUNT };
@@ -67,38 +70,13 @@ static uint64_t draw(enum dist d)
 {
 	switch (d) {
 	case LOGNORMAL: return (uint64_t)llround(300000 * exp(0.5 * gauss()));
-	case UNIFORM: return 1000000 + (uint64_t)(uniform() * 1500000);
+	case UNIFORM: return 1000000 + (uint64_t)(sm_uniform() * 1500000);
 	case BIMODAL:
-		return uniform() < 0.7 ? (uint64_t)llround(80000 + 10000 * fabs(gauss()))
-				       : (uint64_t)llround(900000 + 100000 * fabs(gauss()));
-	case TRAPEZOID: return 20000 + (uint64_t)(uniform() * 30000) + (uint64_t)(uniform() * 10000);
-	default: return 50000 + 1000 * (uint64_t)(uniform() * 11) + (uint64_t)(uniform() * 40) - 20;
+		return sm_uniform() < 0.7 ? (uint64_t)llround(80000 + 10000 * fabs(gauss()))
+					  : (uint64_t)llround(900000 + 100000 * fabs(gauss()));
+	case TRAPEZOID: return 20000 + (uint64_t)(sm_uniform() * 30000) + (uint64_t)(sm_uniform() * 10000);
+	default: return 50000 + 1000 * (uint64_t)(sm_uniform() * 11) + (uint64_t)(sm_uniform() * 40) - 20;
 	}
-}
-
-static int by_value(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-	return x < y ? -1 : x > y;
-}
-
-/* Prometheus's histogram_quantile on native buckets counts[k] of index
- * first + k (seconds), zero bucket first. */
-static double native_quantile(double q, uint64_t zero, int first, const uint64_t *counts, size_t n, uint64_t total)
-{
-	double rank = q * (double)total, cum = (double)zero;
-	if (cum >= rank)
-		return 0;
-	for (size_t k = 0; k < n; k++) {
-		if (!counts[k])
-			continue;
-		if (cum + (double)counts[k] >= rank) {
-			double lo = exp2((first + (int)k - 1) / 128.0), hi = exp2((first + (int)k) / 128.0);
-			return lo + (hi - lo) * (rank - cum) / (double)counts[k];
-		}
-		cum += (double)counts[k];
-	}
-	return exp2((first + (int)n - 1) / 128.0);
 }
 
 static uint64_t conv[PROM_NATIVE_SPAN], par[PROM_NATIVE_SPAN];
@@ -120,7 +98,7 @@ static void errors(void)
 			hist_record(h, v[i]);
 			par[prom_native_index((double)v[i] / 1e6) - LO_INDEX]++;
 		}
-		qsort(v, N, sizeof(*v), by_value);
+		qsort(v, N, sizeof(*v), fid_by_value);
 		int first;
 		size_t n;
 		uint64_t zero;
@@ -130,8 +108,8 @@ static void errors(void)
 			size_t rank = (size_t)ceil(q * N);
 			double exact = (double)v[rank - 1] / 1e6;
 			double own = (double)hist_quantile(h, q) / 1e6;
-			double c = native_quantile(q, zero, first, conv, n, h->count);
-			double p = native_quantile(q, 0, LO_INDEX, par, PROM_NATIVE_SPAN, N);
+			double c = fid_native_quantile(q, 7, zero, first, conv, n, h->count, false);
+			double p = fid_native_quantile(q, 7, 0, LO_INDEX, par, PROM_NATIVE_SPAN, N, false);
 			printf("| %s | %g | %.4f s | %+.2f %% | %+.2f %% | %+.2f %% |\n", dist_name[d], q, exact,
 			       (own / exact - 1) * 100, (c / exact - 1) * 100, (p / exact - 1) * 100);
 		}

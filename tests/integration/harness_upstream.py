@@ -2,12 +2,14 @@
 behaviours the simulator does not have (never answering, resetting
 mid-stream, irregular inter-token gaps, a full accept queue): a threaded
 HTTP server that hands each request to a test's handler, the request reader
-it uses, and helpers to write SSE chunks or close with RST.
+it uses, and helpers to read a request's "stream" flag, write a JSON answer
+or SSE chunks, or close with RST.
 
 Invariants: only 127.0.0.1 is bound; every loop is bounded in both
 iterations and time; every thread started here is joined by stop().
 """
 
+import json
 import select
 import socket
 import struct
@@ -215,6 +217,23 @@ def start_fake_upstream(test, handler, tls=None):
     fu = FakeUpstream(handler, tls=tls)
     _add_cleanup(test, fu.stop)
     return fu
+
+
+def wants_stream(req):
+    """Whether a request's JSON body says "stream": true (False for a body
+    that is not JSON)."""
+    try:
+        return bool(json.loads(req.body or b"{}").get("stream"))
+    except ValueError:
+        return False
+
+
+def send_json(sock, obj):
+    """A 200 answer of `obj` as JSON with a Content-Length, the connection
+    kept."""
+    body = json.dumps(obj).encode()
+    sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                 % (len(body), body))
 
 
 def send_chunk(sock, data):

@@ -167,7 +167,8 @@ class ExampleTest(harness.TestCase):
         shutil.copy(os.path.join(REPO, "conf", "tokentap-tls.yaml"), bare)
         res = check(bare)
         self.assertEqual(res.returncode, 1, res.stderr)
-        self.assertEqual(len(rh.problem_lines(res, "tokentap-tls.yaml")), 3, res.stderr)  # cert, key, ca_file
+        self.assertEqual(len(rh.problem_lines(res, "tokentap-tls.yaml")), 4,
+                         res.stderr)  # cert, key, the upstream ca_file, the collector certificate
 
     def test_examples_use_every_documented_key(self):
         with open(os.path.join(REPO, "docs", "config.md")) as f:
@@ -537,6 +538,23 @@ class ServerChecksTest(Broken, harness.TestCase):
         t = edit("    url: http://127.0.0.1:10\n",
                  "    url: https://127.0.0.1:10\n    tls:\n      ca_file: %s\n" % os.path.join(self.dir, "ext.cnf"))
         self.broken(t, [(rh.line_of(t, "ca_file"), ["upstreams[1].tls.ca_file", "TLS CA file"])])
+
+    def test_otlp_certificate_checked(self):
+        """The collector's CA is read when the exporter starts; -t reads it
+        the same way, so a missing file or one that holds no certificate is
+        a FILE:LINE here, not a start that exports nothing."""
+        for path, subs in ((self.missing, ["cannot read", self.missing]),
+                           (os.path.join(self.dir, "ext.cnf"), ["TLS CA file"])):
+            with self.subTest(path=path):
+                t = edit("listen: 127.0.0.1:0\n",
+                         "listen: 127.0.0.1:0\ntracing:\n  otlp:\n    endpoint: https://127.0.0.1:4318/v1/traces\n"
+                         "    certificate: %s\n" % path)
+                self.broken(t, [(rh.line_of(t, "certificate:"), ["tracing.otlp.certificate"] + subs)])
+        t = edit("listen: 127.0.0.1:0\n",
+                 "listen: 127.0.0.1:0\ntracing:\n  otlp:\n    endpoint: https://127.0.0.1:4318/v1/traces\n"
+                 "    certificate: %s\n" % self.ca)
+        res, _ = rh.check_config(t)
+        self.assertEqual(res.returncode, 0, res.stderr)
 
     def test_missing_listener_cert_and_key(self):
         t = edit("listen: 127.0.0.1:0\n",

@@ -12,7 +12,6 @@ timings. A collector that is down, answers 500 or 503, or is slow costs the
 requests nothing and loses only spans, counted in /metrics."""
 
 import gzip
-import json
 import os
 import shutil
 import ssl
@@ -270,11 +269,7 @@ def start_collector(test, *args):
 
 def answer(sock, req, ctx):
     """A chat answer; streamed: three tokens 20 ms apart and usage."""
-    try:
-        stream = json.loads(req.body or b"{}").get("stream")
-    except ValueError:
-        stream = False
-    if stream:
+    if harness.wants_stream(req):
         harness.send_sse_head(sock)
         for t in ("a", "b", "c"):
             time.sleep(0.02)
@@ -285,10 +280,8 @@ def answer(sock, req, ctx):
         harness.send_chunk(sock, b"data: [DONE]\n\n")
         sock.sendall(b"0\r\n\r\n")
         return True
-    body = json.dumps({"model": "m1", "choices": [{"message": {"role": "assistant", "content": "ok"}}],
-                       "usage": {"prompt_tokens": 5, "completion_tokens": 1}}).encode()
-    sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                 % (len(body), body))
+    harness.send_json(sock, {"model": "m1", "choices": [{"message": {"role": "assistant", "content": "ok"}}],
+                             "usage": {"prompt_tokens": 5, "completion_tokens": 1}})
     return True
 
 

@@ -45,21 +45,15 @@ otel = OTEL
 
 def answer(sock, req, ctx):
     """A chat answer; with "stream": true, one token as SSE."""
-    try:
-        stream = json.loads(req.body or b"{}").get("stream")
-    except ValueError:
-        stream = False
-    if stream:
+    if harness.wants_stream(req):
         harness.send_sse_head(sock)
         harness.send_chunk(sock, b'data: {"choices":[{"index":0,"delta":{"content":"hi"},'
                                  b'"finish_reason":null}]}\n\n')
         harness.send_chunk(sock, b"data: [DONE]\n\n")
         sock.sendall(b"0\r\n\r\n")
         return True
-    body = json.dumps({"choices": [{"message": {"role": "assistant", "content": "ok"}}],
-                       "usage": {"prompt_tokens": 1, "completion_tokens": 1}}).encode()
-    sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                 % (len(body), body))
+    harness.send_json(sock, {"choices": [{"message": {"role": "assistant", "content": "ok"}}],
+                             "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
     return True
 
 

@@ -92,16 +92,20 @@ STOP_TIMEOUT_S = 20.0
 POOL_IDLE = "1s"  # so that idle pooled connections are gone soon after the traffic
 
 # Scenario -> (upstream, status class, error kind) as tokentap records it;
-# None: tokentap must not count it as a request.
+# None: tokentap must not count it as a request. The flaky upstream's part
+# is soak_all.py's too.
+FLAKY_OUTCOMES = {
+    "flaky_ok": ("flaky", "2xx", None),
+    "flaky_ok_close": ("flaky", "2xx", None),
+    "flaky_reset_mid": ("flaky", "2xx", "upstream_reset"),
+    "flaky_reset_before": ("flaky", "5xx", "upstream_reset"),
+}
 SCENARIOS = {
     "abort_mid_stream": ("sim", "2xx", "client_aborted"),
     "abort_before_first_token": ("sim", "2xx", "client_aborted"),
     "abort_mid_upload": ("sim", "none", "client_aborted"),
     "abort_in_head": None,
-    "flaky_ok": ("flaky", "2xx", None),
-    "flaky_ok_close": ("flaky", "2xx", None),
-    "flaky_reset_mid": ("flaky", "2xx", "upstream_reset"),
-    "flaky_reset_before": ("flaky", "5xx", "upstream_reset"),
+    **FLAKY_OUTCOMES,
 }
 ABORT_KINDS = (("abort_mid_stream", 40), ("abort_before_first_token", 25), ("abort_mid_upload", 25),
                ("abort_in_head", 10))
@@ -149,6 +153,16 @@ def get_text(port, path):
 
 def sse_event(i):
     return b'data: {"choices":[{"index":0,"delta":{"content":"tok%d "}}]}\n\n' % i
+
+
+def small_asan_quarantine(mb):
+    """ASan keeps freed memory in a quarantine (256 MB by default) before
+    reusing it, so RSS would climb all run long whatever tokentap does. A
+    smaller one (`mb`) fills during the warm-up; the rest of the options
+    (leak detection, abort on error) stay as the caller set them."""
+    opts = os.environ.get("ASAN_OPTIONS", "")
+    if "quarantine_size_mb" not in opts:
+        os.environ["ASAN_OPTIONS"] = (opts + ":" if opts else "") + "quarantine_size_mb=%d" % mb
 
 
 def read_continue(conn):
@@ -241,8 +255,9 @@ class Checks:
 
 class HeadCutClient:
     """A client that sends part of a request head and goes away; the class
-    that mixes this in defines _conn(), _leave(conn, rng) and left(kind,
-    rid), which records the request as left by its client."""
+    that mixes this in defines _conn(), _leave(conn, rng) (AbortClients
+    has one) and left(kind, rid), which records the request as left by its
+    client."""
 
     def abort_in_head(self, rng, rid):
         raw = harness.request_bytes("POST", CHAT, harness.api_body("openai-chat", True),
@@ -254,6 +269,113 @@ class HeadCutClient:
             time.sleep(rng.uniform(0, 0.2))
             self._leave(conn, rng)
             self.left("abort_in_head", rid)
+        finally:
+            conn.close()
+
+
+class AbortClients:
+    """Clients that leave a streamed request: mid-stream, before the first
+    token, mid-upload (after 100 Continue), each with a FIN or an RST
+    (_leave, which HeadCutClient uses too). The class that mixes this in
+    defines _conn() and left(kind, rid) (as for HeadCutClient), and may set
+    EXTRA_HEADERS (sent with each request), the numbers below, and
+    _answered_5xx(resp, rid, kind): whether the head that came was a 5xx
+    it has counted, with nothing left to leave."""
+
+    EXTRA_HEADERS = []
+    MID_STREAM_TTFT_MS = 80  # the simulator's ttft and itl, drawn up to these
+    MID_STREAM_ITL_MS = 30
+    MID_STREAM_LINES = 40  # lines read before leaving, drawn up to this
+    FIRST_TOKEN_MS = 30000  # abort_before_first_token: the simulator's ttft
+    UPLOAD_BYTES = 150000  # abort_mid_upload: the prompt, drawn up to this
+
+    def _answered_5xx(self, resp, rid, kind):
+        return False
+
+    @staticmethod
+    def _leave(conn, rng):
+        """Closes with a FIN or, half the time, an RST."""
+        if rng.random() < 0.5:
+            conn.abort()
+        else:
+            conn.close()
+
+    @staticmethod
+    def _prompt(rng, nbytes):
+        words = ("soak", "stream", "token", "abort", "proxy", "upload", "reset", "leak")
+        out = []
+        size = 0
+        for _ in range(nbytes):
+            if size >= nbytes:
+                break
+            w = rng.choice(words)
+            out.append(w)
+            size += len(w) + 1
+        return " ".join(out)[:nbytes]
+
+    def abort_mid_stream(self, rng, rid):
+        api = rng.choice(("openai-chat", "anthropic", "ollama-chat"))
+        conn = self._conn()
+        try:
+            conn.send(harness.request_bytes(
+                "POST", harness.API_PATHS[api], harness.api_body(api, True, prompt=self._prompt(rng, 200)),
+                harness.sim_headers(ttft=rng.randint(0, self.MID_STREAM_TTFT_MS),
+                                    itl=rng.randint(5, self.MID_STREAM_ITL_MS), tokens=100000, request_id=rid)
+                + self.EXTRA_HEADERS))
+            resp = conn.read_head()
+            if self._answered_5xx(resp, rid, "abort_mid_stream"):
+                return
+            if resp is None or resp.status != 200:
+                return self.tally.anomaly(rid, "mid-stream: status %r" % (resp and resp.status))
+            want = rng.randint(1, self.MID_STREAM_LINES)
+            lines = 0
+            for _, piece in conn.body_reader(resp):
+                lines += piece.count(b"\n")
+                if lines >= want:
+                    break
+            if lines < want:
+                return self.tally.anomaly(rid, "mid-stream: the stream ended after %d lines" % lines)
+            self._leave(conn, rng)
+            self.left("abort_mid_stream", rid)
+        finally:
+            conn.close()
+
+    def abort_before_first_token(self, rng, rid):
+        conn = self._conn()
+        try:
+            conn.send(harness.request_bytes(
+                "POST", CHAT, harness.api_body("openai-chat", True, prompt=self._prompt(rng, 100)),
+                harness.sim_headers(ttft=self.FIRST_TOKEN_MS, itl=10, tokens=10, request_id=rid) + self.EXTRA_HEADERS))
+            resp = conn.read_head()  # the simulator sends its head at once, the first token later
+            if self._answered_5xx(resp, rid, "abort_before_first_token"):
+                return
+            if resp is None or resp.status != 200:
+                return self.tally.anomaly(rid, "before first token: status %r" % (resp and resp.status))
+            time.sleep(rng.uniform(0, 0.5))
+            self._leave(conn, rng)
+            self.left("abort_before_first_token", rid)
+        finally:
+            conn.close()
+
+    def abort_mid_upload(self, rng, rid):
+        body = json.dumps(harness.api_body("openai-chat", True,
+                                           prompt=self._prompt(rng, rng.randint(2000, self.UPLOAD_BYTES))),
+                          separators=(",", ":")).encode()
+        head = harness.request_bytes("POST", CHAT, None, [
+            ("Content-Type", "application/json"), ("Content-Length", str(len(body))), ("Expect", "100-continue"),
+            ("x-request-id", rid)] + self.EXTRA_HEADERS)
+        conn = self._conn()
+        try:
+            conn.send(head)
+            # 100 Continue means the head is parsed: from here on tokentap
+            # counts the request whatever the client does.
+            got = read_continue(conn)
+            if not got.startswith(b"HTTP/1.1 100"):
+                return self.tally.anomaly(rid, "mid-upload: expected 100 Continue, got %r" % got[:80])
+            conn.send(body[:rng.randint(1, len(body) - 1)])
+            time.sleep(rng.uniform(0, 0.2))
+            self._leave(conn, rng)
+            self.left("abort_mid_upload", rid)
         finally:
             conn.close()
 
@@ -357,7 +479,7 @@ class Tally:
             return k
 
 
-class Chaos(FlakyClients, HeadCutClient):
+class Chaos(AbortClients, FlakyClients, HeadCutClient):
     """The aborting clients and the flaky-upstream clients of one phase:
     threads that each run scenarios until the phase ends. Request ids are
     soak-PHASE-SCENARIO-N."""
@@ -403,88 +525,6 @@ class Chaos(FlakyClients, HeadCutClient):
     def _conn(self):
         return harness.HttpConn(self.port, timeout=IO_TIMEOUT_S)
 
-    @staticmethod
-    def _leave(conn, rng):
-        """Closes with a FIN or, half the time, an RST."""
-        if rng.random() < 0.5:
-            conn.abort()
-        else:
-            conn.close()
-
-    @staticmethod
-    def _prompt(rng, nbytes):
-        words = ("soak", "stream", "token", "abort", "proxy", "upload", "reset", "leak")
-        out = []
-        size = 0
-        for _ in range(nbytes):
-            if size >= nbytes:
-                break
-            w = rng.choice(words)
-            out.append(w)
-            size += len(w) + 1
-        return " ".join(out)[:nbytes]
-
-    # -- aborting clients (to the simulator)
-
-    def abort_mid_stream(self, rng, rid):
-        api = rng.choice(("openai-chat", "anthropic", "ollama-chat"))
-        conn = self._conn()
-        try:
-            conn.send(harness.request_bytes(
-                "POST", harness.API_PATHS[api], harness.api_body(api, True, prompt=self._prompt(rng, 200)),
-                harness.sim_headers(ttft=rng.randint(0, 80), itl=rng.randint(5, 30), tokens=100000, request_id=rid)))
-            resp = conn.read_head()
-            if resp is None or resp.status != 200:
-                return self.tally.anomaly(rid, "mid-stream: status %r" % (resp and resp.status))
-            want = rng.randint(1, 40)
-            lines = 0
-            for _, piece in conn.body_reader(resp):
-                lines += piece.count(b"\n")
-                if lines >= want:
-                    break
-            if lines < want:
-                return self.tally.anomaly(rid, "mid-stream: the stream ended after %d lines" % lines)
-            self._leave(conn, rng)
-            self.tally.ok("abort_mid_stream", rid)
-        finally:
-            conn.close()
-
-    def abort_before_first_token(self, rng, rid):
-        conn = self._conn()
-        try:
-            conn.send(harness.request_bytes(
-                "POST", CHAT, harness.api_body("openai-chat", True, prompt=self._prompt(rng, 100)),
-                harness.sim_headers(ttft=30000, itl=10, tokens=10, request_id=rid)))
-            resp = conn.read_head()  # the simulator sends its head at once, the first token in 30 s
-            if resp is None or resp.status != 200:
-                return self.tally.anomaly(rid, "before first token: status %r" % (resp and resp.status))
-            time.sleep(rng.uniform(0, 0.5))
-            self._leave(conn, rng)
-            self.tally.ok("abort_before_first_token", rid)
-        finally:
-            conn.close()
-
-    def abort_mid_upload(self, rng, rid):
-        body = json.dumps(harness.api_body("openai-chat", True, prompt=self._prompt(rng, rng.randint(2000, 150000))),
-                          separators=(",", ":")).encode()
-        head = harness.request_bytes("POST", CHAT, None, [
-            ("Content-Type", "application/json"), ("Content-Length", str(len(body))), ("Expect", "100-continue"),
-            ("x-request-id", rid)])
-        conn = self._conn()
-        try:
-            conn.send(head)
-            # 100 Continue means the head is parsed: from here on tokentap
-            # counts the request whatever the client does.
-            got = read_continue(conn)
-            if not got.startswith(b"HTTP/1.1 100"):
-                return self.tally.anomaly(rid, "mid-upload: expected 100 Continue, got %r" % got[:80])
-            conn.send(body[:rng.randint(1, len(body) - 1)])
-            time.sleep(rng.uniform(0, 0.2))
-            self._leave(conn, rng)
-            self.tally.ok("abort_mid_upload", rid)
-        finally:
-            conn.close()
-
     def left(self, kind, rid):
         self.tally.ok(kind, rid)
 
@@ -526,14 +566,7 @@ class Soak(Checks):
         a = self.args
         self.sanitized = harness.is_sanitized()
         if self.sanitized:
-            # ASan keeps freed memory in a quarantine (256 MB by default)
-            # before reusing it, so RSS would climb all run long whatever
-            # tokentap does. A smaller one fills during the warm-up; the
-            # rest of the options (leak detection, abort on error) stay as
-            # the caller set them.
-            opts = os.environ.get("ASAN_OPTIONS", "")
-            if "quarantine_size_mb" not in opts:
-                os.environ["ASAN_OPTIONS"] = (opts + ":" if opts else "") + "quarantine_size_mb=%d" % a.asan_quarantine_mb
+            small_asan_quarantine(a.asan_quarantine_mb)
         self.sim = harness.Sim("--ttft-ms", a.ttft_ms, "--itl-ms", a.itl_ms)
         self.procs.append(self.sim)
         handler, self.flaky_seen = flaky_handler()

@@ -137,10 +137,7 @@ FIXED = {
     "abort_before_first_token": ("main", "2xx", "client_aborted"),
     "abort_mid_upload": ("main", "none", "client_aborted"),
     "abort_in_head": None,
-    "flaky_ok": ("flaky", "2xx", None),
-    "flaky_ok_close": ("flaky", "2xx", None),
-    "flaky_reset_mid": ("flaky", "2xx", "upstream_reset"),
-    "flaky_reset_before": ("flaky", "5xx", "upstream_reset"),
+    **soak.FLAKY_OUTCOMES,
 }
 
 
@@ -324,8 +321,18 @@ class Tally:
                 self.expected[rid] = want
 
 
-class Clients(soak.FlakyClients, soak.HeadCutClient):
-    """Client threads of one phase; request ids are sa-PHASE-T-N."""
+class Clients(soak.AbortClients, soak.FlakyClients, soak.HeadCutClient):
+    """Client threads of one phase; request ids are sa-PHASE-T-N. The
+    clients that leave are pinned to `a`; 5 s to the first token: long
+    enough to leave before it, short enough that the mirrored copy is over
+    soon after."""
+
+    EXTRA_HEADERS = [(PIN, "a")]
+    MID_STREAM_TTFT_MS = 40
+    MID_STREAM_ITL_MS = 20
+    MID_STREAM_LINES = 30
+    FIRST_TOKEN_MS = 5000
+    UPLOAD_BYTES = 100000
 
     def __init__(self, port, ca, tally, phase, seed):
         self.port = port
@@ -374,13 +381,6 @@ class Clients(soak.FlakyClients, soak.HeadCutClient):
         finally:
             if state["conn"]:
                 state["conn"].close()
-
-    @staticmethod
-    def _leave(conn, rng):
-        if rng.random() < 0.5:
-            conn.abort()
-        else:
-            conn.close()
 
     @staticmethod
     def _session(rng):
@@ -450,71 +450,6 @@ class Clients(soak.FlakyClients, soak.HeadCutClient):
             return False
         self.tally.expect(rid, scenario, "%d first" % resp.status, ("main", "5xx", MAIN_5XX_KINDS))
         return True
-
-    def abort_mid_stream(self, rng, rid):
-        api = rng.choice(("openai-chat", "anthropic", "ollama-chat"))
-        conn = self._conn()
-        try:
-            conn.send(harness.request_bytes(
-                "POST", harness.API_PATHS[api], harness.api_body(api, True, prompt=soak.Chaos._prompt(rng, 200)),
-                harness.sim_headers(ttft=rng.randint(0, 40), itl=rng.randint(5, 20), tokens=100000, request_id=rid)
-                + [(PIN, "a")]))
-            resp = conn.read_head()
-            if self._answered_5xx(resp, rid, "abort_mid_stream"):
-                return
-            if resp is None or resp.status != 200:
-                return self.tally.anomaly(rid, "mid-stream: status %r" % (resp and resp.status))
-            want = rng.randint(1, 30)
-            lines = 0
-            for _, piece in conn.body_reader(resp):
-                lines += piece.count(b"\n")
-                if lines >= want:
-                    break
-            if lines < want:
-                return self.tally.anomaly(rid, "mid-stream: the stream ended after %d lines" % lines)
-            self._leave(conn, rng)
-            self.tally.expect(rid, "abort_mid_stream", "left", FIXED["abort_mid_stream"])
-        finally:
-            conn.close()
-
-    def abort_before_first_token(self, rng, rid):
-        conn = self._conn()
-        try:
-            # 5 s to the first token: long enough to leave before it, short
-            # enough that the mirrored copy is over soon after.
-            conn.send(harness.request_bytes(
-                "POST", CHAT, harness.api_body("openai-chat", True, prompt=soak.Chaos._prompt(rng, 100)),
-                harness.sim_headers(ttft=5000, itl=10, tokens=10, request_id=rid) + [(PIN, "a")]))
-            resp = conn.read_head()
-            if self._answered_5xx(resp, rid, "abort_before_first_token"):
-                return
-            if resp is None or resp.status != 200:
-                return self.tally.anomaly(rid, "before first token: status %r" % (resp and resp.status))
-            time.sleep(rng.uniform(0, 0.5))
-            self._leave(conn, rng)
-            self.tally.expect(rid, "abort_before_first_token", "left", FIXED["abort_before_first_token"])
-        finally:
-            conn.close()
-
-    def abort_mid_upload(self, rng, rid):
-        body = json.dumps(harness.api_body("openai-chat", True,
-                                           prompt=soak.Chaos._prompt(rng, rng.randint(2000, 100000))),
-                          separators=(",", ":")).encode()
-        head = harness.request_bytes("POST", CHAT, None, [
-            ("Content-Type", "application/json"), ("Content-Length", str(len(body))), ("Expect", "100-continue"),
-            ("x-request-id", rid), (PIN, "a")])
-        conn = self._conn()
-        try:
-            conn.send(head)
-            got = soak.read_continue(conn)
-            if not got.startswith(b"HTTP/1.1 100"):
-                return self.tally.anomaly(rid, "mid-upload: expected 100 Continue, got %r" % got[:80])
-            conn.send(body[:rng.randint(1, len(body) - 1)])
-            time.sleep(rng.uniform(0, 0.2))
-            self._leave(conn, rng)
-            self.tally.expect(rid, "abort_mid_upload", "left", FIXED["abort_mid_upload"])
-        finally:
-            conn.close()
 
     def left(self, kind, rid):
         self.tally.expect(rid, kind, "left", FIXED[kind])
@@ -668,10 +603,7 @@ class SoakAll(soak.Checks):
         a = self.args
         self.sanitized = harness.is_sanitized()
         if self.sanitized:
-            opts = os.environ.get("ASAN_OPTIONS", "")
-            if "quarantine_size_mb" not in opts:
-                # as soak.py: a quarantine that fills in the warm-up
-                os.environ["ASAN_OPTIONS"] = (opts + ":" if opts else "") + "quarantine_size_mb=16"
+            soak.small_asan_quarantine(16)
         pki = os.path.join(self.workdir, "pki")
         os.mkdir(pki)
         self.cert, self.key = make_pki(pki)

@@ -1,7 +1,7 @@
 /*
  * fidelity.h — the distributions the benchmarks use, and Prometheus's
- * histogram_quantile on native buckets, for test_fidelity.c and
- * tests/bench/fidelity_bench.c (docs/fleet.md has the figures).
+ * histogram_quantile on native buckets, for tests/bench/fidelity_bench.c
+ * and native_bench.c (docs/fleet.md has the figures).
  *
  * Samples are integer µs (or counts), drawn with testrand.h so that a seed
  * gives the same numbers everywhere. The exact quantile q of n samples is the

@@ -679,77 +679,74 @@ static void body(enum api_kind api, const char *json, struct usage *u)
 	classify_body(api, json, strlen(json), u);
 }
 
+/* Whole bodies, per API: the prompt and answer tokens (-1: not reported). */
 static void test_bodies(void **state)
 {
+	static const struct {
+		enum api_kind api;
+		const char *json;
+		int64_t in, out;
+	} cases[] = {
+		{ API_OPENAI_CHAT,
+		  "{'id':'chatcmpl-1','object':'chat.completion','created':1,'model':'m','choices':[{'index':0,'"
+		  "message':{"
+		  "'role':'assistant','content':'Hi','tool_calls':[]},'logprobs':null,'finish_reason':'stop'}],'usage':"
+		  "{'"
+		  "prompt_tokens':14,'total_tokens':24,'completion_tokens':10,'prompt_tokens_details':null}}",
+		  14, 10 },
+		{ API_OPENAI_COMPLETIONS,
+		  "{'id':'cmpl-1','object':'text_completion','created':1,'model':'m','choices':[{'index':0,'text':' "
+		  "Hi','logprobs':null,'finish_reason':'length'}],'usage':{'prompt_tokens':3,'total_tokens':19,'"
+		  "completion_tokens':16}}",
+		  3, 16 },
+		{ API_ANTHROPIC,
+		  "{'id':'msg_01','type':'message','role':'assistant','model':'claude-sonnet-4-20250514','content':[{'"
+		  "type':'text','text':'Hi'}],'stop_reason':'end_turn','stop_sequence':null,'usage':{'input_tokens':"
+		  "2095,'"
+		  "cache_creation_input_tokens':0,'cache_read_input_tokens':0,'output_tokens':503}}",
+		  2095, 503 },
+		{ API_TGI,
+		  "{'generated_text':'Hi there','details':{'finish_reason':'length','generated_tokens':20,'seed':null,"
+		  "'prefill':[],'tokens':[]}}",
+		  -1, 20 },
+		{ API_TGI,
+		  "[{'generated_text':'Hi','details':{'finish_reason':'eos_token','generated_tokens':3,'seed':null}}]",
+		  -1, 3 },
+		{ API_LLAMACPP,
+		  "{'index':0,'content':'Hi "
+		  "there','tokens':[],'id_slot':0,'stop':true,'model':'m','tokens_predicted':12,"
+		  "'tokens_evaluated':5,'timings':{'prompt_n':5,'predicted_n':12}}",
+		  5, 12 },
+		{ API_OPENAI_COMPLETIONS, "{'content':'Hi','stop':true,'tokens_predicted':2,'tokens_evaluated':4}", 4,
+		  2 },
+		{ API_OLLAMA_GENERATE,
+		  "{'model':'llama3.2','created_at':'2024-07-01T10:00:00Z','response':'The sky is "
+		  "blue.','done':true,'done_reason':'stop','context':[1,2,3],'total_duration':5043500667,'load_"
+		  "duration':"
+		  "5025959,'prompt_eval_count':26,'prompt_eval_duration':325953000,'eval_count':290,'eval_duration':"
+		  "4709213000}",
+		  26, 290 },
+		{ API_OLLAMA_CHAT,
+		  "{'model':'llama3.2','created_at':'2024-07-01T10:00:00Z','message':{'role':'assistant','content':'"
+		  "Hello!"
+		  "'},'done':true,'prompt_eval_count':9,'eval_count':4}",
+		  9, 4 },
+		/* Broken, empty or count-less bodies leave usage unknown. */
+		{ API_OPENAI_CHAT, "{'usage':{'prompt_tokens':", -1, -1 },
+		{ API_OPENAI_CHAT, "", -1, -1 },
+		{ API_OPENAI_CHAT, "{'error':{'message':'bad','type':'invalid_request_error'}}", -1, -1 },
+		{ API_OPENAI_CHAT, "{'usage':{'prompt_tokens':-3,'completion_tokens':'7'}}", -1, -1 },
+		{ API_UNKNOWN, "{'usage':{'prompt_tokens':1,'completion_tokens':1}}", -1, -1 },
+	};
 	struct usage u;
-	body(API_OPENAI_CHAT,
-	     J("{'id':'chatcmpl-1','object':'chat.completion','created':1,'model':'m','choices':[{'index':0,'message':{"
-	       "'role':'assistant','content':'Hi','tool_calls':[]},'logprobs':null,'finish_reason':'stop'}],'usage':{'"
-	       "prompt_tokens':14,'total_tokens':24,'completion_tokens':10,'prompt_tokens_details':null}}"),
-	     &u);
-	assert_int_equal(u.input_tokens, 14);
-	assert_int_equal(u.output_tokens, 10);
-	body(API_OPENAI_COMPLETIONS,
-	     J("{'id':'cmpl-1','object':'text_completion','created':1,'model':'m','choices':[{'index':0,'text':' "
-	       "Hi','logprobs':null,'finish_reason':'length'}],'usage':{'prompt_tokens':3,'total_tokens':19,'"
-	       "completion_tokens':16}}"),
-	     &u);
-	assert_int_equal(u.input_tokens, 3);
-	assert_int_equal(u.output_tokens, 16);
-	body(API_ANTHROPIC,
-	     J("{'id':'msg_01','type':'message','role':'assistant','model':'claude-sonnet-4-20250514','content':[{'"
-	       "type':'text','text':'Hi'}],'stop_reason':'end_turn','stop_sequence':null,'usage':{'input_tokens':2095,'"
-	       "cache_creation_input_tokens':0,'cache_read_input_tokens':0,'output_tokens':503}}"),
-	     &u);
-	assert_int_equal(u.input_tokens, 2095);
-	assert_int_equal(u.output_tokens, 503);
-	body(API_TGI,
-	     J("{'generated_text':'Hi "
-	       "there','details':{'finish_reason':'length','generated_tokens':20,'seed':null,'prefill':[],'tokens':[]}"
-	       "}"),
-	     &u);
-	assert_int_equal(u.input_tokens, -1);
-	assert_int_equal(u.output_tokens, 20);
-	body(API_TGI,
-	     J("[{'generated_text':'Hi','details':{'finish_reason':'eos_token','generated_tokens':3,'seed':null}}]"),
-	     &u);
-	assert_int_equal(u.output_tokens, 3);
-	body(API_LLAMACPP,
-	     J("{'index':0,'content':'Hi "
-	       "there','tokens':[],'id_slot':0,'stop':true,'model':'m','tokens_predicted':12,'tokens_evaluated':5,'"
-	       "timings':{'prompt_n':5,'predicted_n':12}}"),
-	     &u);
-	assert_int_equal(u.input_tokens, 5);
-	assert_int_equal(u.output_tokens, 12);
-	body(API_OPENAI_COMPLETIONS, J("{'content':'Hi','stop':true,'tokens_predicted':2,'tokens_evaluated':4}"), &u);
-	assert_int_equal(u.input_tokens, 4);
-	assert_int_equal(u.output_tokens, 2);
-	body(API_OLLAMA_GENERATE,
-	     J("{'model':'llama3.2','created_at':'2024-07-01T10:00:00Z','response':'The sky is "
-	       "blue.','done':true,'done_reason':'stop','context':[1,2,3],'total_duration':5043500667,'load_duration':"
-	       "5025959,'prompt_eval_count':26,'prompt_eval_duration':325953000,'eval_count':290,'eval_duration':"
-	       "4709213000}"),
-	     &u);
-	assert_int_equal(u.input_tokens, 26);
-	assert_int_equal(u.output_tokens, 290);
-	body(API_OLLAMA_CHAT,
-	     J("{'model':'llama3.2','created_at':'2024-07-01T10:00:00Z','message':{'role':'assistant','content':'Hello!"
-	       "'},'done':true,'prompt_eval_count':9,'eval_count':4}"),
-	     &u);
-	assert_int_equal(u.input_tokens, 9);
-	assert_int_equal(u.output_tokens, 4);
-	/* Broken, empty or count-less bodies leave usage unknown. */
-	body(API_OPENAI_CHAT, J("{'usage':{'prompt_tokens':"), &u);
-	assert_int_equal(u.input_tokens, -1);
-	body(API_OPENAI_CHAT, "", &u);
-	assert_int_equal(u.output_tokens, -1);
-	body(API_OPENAI_CHAT, J("{'error':{'message':'bad','type':'invalid_request_error'}}"), &u);
-	assert_int_equal(u.input_tokens, -1);
-	body(API_OPENAI_CHAT, J("{'usage':{'prompt_tokens':-3,'completion_tokens':'7'}}"), &u);
-	assert_int_equal(u.input_tokens, -1);
-	assert_int_equal(u.output_tokens, -1);
-	body(API_UNKNOWN, J("{'usage':{'prompt_tokens':1,'completion_tokens':1}}"), &u);
-	assert_int_equal(u.input_tokens, -1);
+	(void)state;
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		body(cases[i].api, J(cases[i].json), &u);
+		if (u.input_tokens != cases[i].in || u.output_tokens != cases[i].out)
+			fail_msg("case %zu, %s: %lld in, %lld out; not %lld, %lld", i, cases[i].json,
+				 (long long)u.input_tokens, (long long)u.output_tokens, (long long)cases[i].in,
+				 (long long)cases[i].out);
+	}
 }
 
 /* Responses API, event by event: the name decides (the `event:` field, or
@@ -991,41 +988,68 @@ static void test_usage_members(void **state)
 
 /* ---- what an event carries: answer, reasoning or a tool call ----------- */
 
-#define CHAT(delta) J(OAI_HEAD "'choices':[{'index':0,'delta':" delta ",'finish_reason':null}]}")
+#define CHAT(delta) OAI_HEAD "'choices':[{'index':0,'delta':" delta ",'finish_reason':null}]}"
 
-static void test_kinds_openai_chat(void **state)
+/* The kind of token an event carries, in order: the hint each leaves is
+ * the next one's. */
+static void test_kinds(void **state)
 {
+	static const struct {
+		enum api_kind api;
+		const char *json;
+		enum token_kind kind;
+	} cases[] = {
+		{ API_OPENAI_CHAT, CHAT("{'content':'Paris'}"), TOKEN_ANSWER },
+		{ API_OPENAI_CHAT, CHAT("{'reasoning_content':'Let me'}"), TOKEN_REASONING },
+		{ API_OPENAI_CHAT, CHAT("{'reasoning':'Hmm'}"), TOKEN_REASONING },
+		{ API_OPENAI_CHAT, CHAT("{'content':null,'reasoning_content':'x'}"), TOKEN_REASONING },
+		{ API_OPENAI_CHAT, CHAT("{'content':'','reasoning':'x'}"), TOKEN_REASONING },
+		{ API_OPENAI_CHAT,
+		  CHAT("{'tool_calls':[{'index':0,'id':'call_1','type':'function','function':{'name':'f','arguments':''"
+		       "}}]}"),
+		  TOKEN_TOOL },
+		/* A refusal is what the user sees: an answer. */
+		{ API_OPENAI_CHAT, CHAT("{'refusal':'I cannot help with that'}"), TOKEN_ANSWER },
+		{ API_OPENAI_CHAT, CHAT("{'content':null,'refusal':null}"), TOKEN_NONE },
+		/* One event with both: the answer wins over a tool call, which wins
+		 * over reasoning, whichever key comes first in the event. */
+		{ API_OPENAI_CHAT, CHAT("{'reasoning_content':'a','content':'b'}"), TOKEN_ANSWER },
+		{ API_OPENAI_CHAT, CHAT("{'reasoning':'a','tool_calls':[{'index':0}]}"), TOKEN_TOOL },
+		{ API_OPENAI_CHAT, CHAT("{'tool_calls':[{'index':0}],'content':'b'}"), TOKEN_ANSWER },
+		/* The hint sits on reasoning after these; the answer must still win. */
+		{ API_OPENAI_CHAT, CHAT("{'reasoning_content':'a'}"), TOKEN_REASONING },
+		{ API_OPENAI_CHAT, CHAT("{'reasoning_content':'a','content':'b'}"), TOKEN_ANSWER },
+		{ API_OPENAI_CHAT, CHAT("{'reasoning_content':'a'}"), TOKEN_REASONING },
+		{ API_OPENAI_CHAT, CHAT("{'reasoning_content':'a','tool_calls':[{'index':0}]}"), TOKEN_TOOL },
+		/* Completions, TGI and llama.cpp only ever answer. */
+		{ API_OPENAI_COMPLETIONS, "{'id':'c','choices':[{'index':0,'text':'Hi','finish_reason':null}]}",
+		  TOKEN_ANSWER },
+		{ API_LLAMACPP, "{'content':'Hi','stop':false}", TOKEN_ANSWER },
+		{ API_TGI, "{'token':{'id':1,'text':'Hi','special':false}}", TOKEN_ANSWER },
+		/* Ollama's thinking, content and tool calls, chat and generate. */
+		{ API_OLLAMA_CHAT,
+		  "{'model':'qwen3','message':{'role':'assistant','content':'','thinking':'Hmm'},'done':false}",
+		  TOKEN_REASONING },
+		{ API_OLLAMA_CHAT, "{'model':'qwen3','message':{'role':'assistant','content':'Paris'},'done':false}",
+		  TOKEN_ANSWER },
+		{ API_OLLAMA_CHAT,
+		  "{'model':'qwen3','message':{'role':'assistant','content':'','tool_calls':[{'id':'c1','function':{"
+		  "'index':0,'name':'f','arguments':{'city':'Paris'}}}]},'done':false}",
+		  TOKEN_TOOL },
+		{ API_OLLAMA_GENERATE, "{'model':'qwen3','response':'','thinking':'Okay','done':false}",
+		  TOKEN_REASONING },
+		{ API_OLLAMA_GENERATE, "{'model':'qwen3','response':'The','done':false}", TOKEN_ANSWER },
+		{ API_OLLAMA_GENERATE,
+		  "{'model':'qwen3','response':'','tool_calls':[{'function':{'name':'f','arguments':{}}}],'done':"
+		  "false}",
+		  TOKEN_TOOL },
+	};
 	(void)state;
-	assert_int_equal(tok(API_OPENAI_CHAT, CHAT("{'content':'Paris'}"), NULL), TOKEN_ANSWER);
-	assert_int_equal(tok(API_OPENAI_CHAT, CHAT("{'reasoning_content':'Let me'}"), NULL), TOKEN_REASONING);
-	assert_int_equal(tok(API_OPENAI_CHAT, CHAT("{'reasoning':'Hmm'}"), NULL), TOKEN_REASONING);
-	assert_int_equal(tok(API_OPENAI_CHAT, CHAT("{'content':null,'reasoning_content':'x'}"), NULL), TOKEN_REASONING);
-	assert_int_equal(tok(API_OPENAI_CHAT, CHAT("{'content':'','reasoning':'x'}"), NULL), TOKEN_REASONING);
-	assert_int_equal(tok(API_OPENAI_CHAT,
-			     CHAT("{'tool_calls':[{'index':0,'id':'call_1','type':'function','function':{'name':'f',"
-				  "'arguments':''}}]}"),
-			     NULL),
-			 TOKEN_TOOL);
-	/* A refusal is what the user sees: an answer. */
-	assert_int_equal(tok(API_OPENAI_CHAT, CHAT("{'refusal':'I cannot help with that'}"), NULL), TOKEN_ANSWER);
-	assert_int_equal(tok(API_OPENAI_CHAT, CHAT("{'content':null,'refusal':null}"), NULL), TOKEN_NONE);
-	/* One event with both: the answer wins over a tool call, which wins
-	 * over reasoning, whichever key comes first in the event. */
-	assert_int_equal(tok(API_OPENAI_CHAT, CHAT("{'reasoning_content':'a','content':'b'}"), NULL), TOKEN_ANSWER);
-	assert_int_equal(tok(API_OPENAI_CHAT, CHAT("{'reasoning':'a','tool_calls':[{'index':0}]}"), NULL), TOKEN_TOOL);
-	assert_int_equal(tok(API_OPENAI_CHAT, CHAT("{'tool_calls':[{'index':0}],'content':'b'}"), NULL), TOKEN_ANSWER);
-	/* The hint sits on reasoning after these; the answer must still win. */
-	assert_int_equal(tok(API_OPENAI_CHAT, CHAT("{'reasoning_content':'a'}"), NULL), TOKEN_REASONING);
-	assert_int_equal(tok(API_OPENAI_CHAT, CHAT("{'reasoning_content':'a','content':'b'}"), NULL), TOKEN_ANSWER);
-	assert_int_equal(tok(API_OPENAI_CHAT, CHAT("{'reasoning_content':'a'}"), NULL), TOKEN_REASONING);
-	assert_int_equal(tok(API_OPENAI_CHAT, CHAT("{'reasoning_content':'a','tool_calls':[{'index':0}]}"), NULL),
-			 TOKEN_TOOL);
-	/* Completions, TGI and llama.cpp only ever answer. */
-	assert_int_equal(tok(API_OPENAI_COMPLETIONS,
-			     J("{'id':'c','choices':[{'index':0,'text':'Hi','finish_reason':null}]}"), NULL),
-			 TOKEN_ANSWER);
-	assert_int_equal(tok(API_LLAMACPP, J("{'content':'Hi','stop':false}"), NULL), TOKEN_ANSWER);
-	assert_int_equal(tok(API_TGI, J("{'token':{'id':1,'text':'Hi','special':false}}"), NULL), TOKEN_ANSWER);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		enum token_kind k = tok(cases[i].api, J(cases[i].json), NULL);
+		if (k != cases[i].kind)
+			fail_msg("case %zu, %s: kind %d, not %d", i, cases[i].json, k, cases[i].kind);
+	}
 }
 
 static void test_kinds_anthropic(void **state)
@@ -1057,35 +1081,6 @@ static void test_kinds_anthropic(void **state)
 					   NULL),
 				 TOKEN_NONE);
 	}
-}
-
-static void test_kinds_ollama(void **state)
-{
-	(void)state;
-	assert_int_equal(tok(API_OLLAMA_CHAT,
-			     J("{'model':'qwen3','message':{'role':'assistant','content':'','thinking':'Hmm'},"
-			       "'done':false}"),
-			     NULL),
-			 TOKEN_REASONING);
-	assert_int_equal(tok(API_OLLAMA_CHAT,
-			     J("{'model':'qwen3','message':{'role':'assistant','content':'Paris'},'done':false}"),
-			     NULL),
-			 TOKEN_ANSWER);
-	assert_int_equal(tok(API_OLLAMA_CHAT,
-			     J("{'model':'qwen3','message':{'role':'assistant','content':'','tool_calls':[{'id':'c1',"
-			       "'function':{'index':0,'name':'f','arguments':{'city':'Paris'}}}]},'done':false}"),
-			     NULL),
-			 TOKEN_TOOL);
-	assert_int_equal(
-		tok(API_OLLAMA_GENERATE, J("{'model':'qwen3','response':'','thinking':'Okay','done':false}"), NULL),
-		TOKEN_REASONING);
-	assert_int_equal(tok(API_OLLAMA_GENERATE, J("{'model':'qwen3','response':'The','done':false}"), NULL),
-			 TOKEN_ANSWER);
-	assert_int_equal(tok(API_OLLAMA_GENERATE,
-			     J("{'model':'qwen3','response':'','tool_calls':[{'function':{'name':'f','arguments':{}}}],"
-			       "'done':false}"),
-			     NULL),
-			 TOKEN_TOOL);
 }
 
 static void test_kinds_responses(void **state)
@@ -1132,64 +1127,71 @@ static void assert_details(const struct usage *u, int64_t in, int64_t out, int64
 	assert_int_equal(u->reasoning_tokens, reasoning);
 }
 
+/* Each from USAGE_UNKNOWN: an event (named `name`, or NULL) or a whole body. */
 static void test_usage_details_openai(void **state)
 {
+	static const struct {
+		enum api_kind api;
+		bool is_body;
+		const char *name, *json;
+		int64_t in, out, cached, write, reasoning;
+	} cases[] = {
+		{ API_OPENAI_CHAT, false, NULL,
+		  OAI_HEAD "'choices':[],'usage':{'prompt_tokens':1200,'completion_tokens':900,'total_tokens':2100,"
+			   "'prompt_tokens_details':{'cached_tokens':1024},'completion_tokens_details':{'reasoning_"
+			   "tokens':640}}}",
+		  1200, 900, 1024, -1, 640 },
+		{ API_OPENAI_CHAT, false, NULL,
+		  OAI_HEAD "'choices':[],'usage':{'prompt_tokens':10,'completion_tokens':2,'prompt_tokens_details':"
+			   "{'cached_tokens':0,'cache_write_tokens':8},'completion_tokens_details':null}}",
+		  10, 2, 0, 8, -1 },
+		/* SGLang puts reasoning_tokens at the top of usage. */
+		{ API_OPENAI_CHAT, false, NULL,
+		  OAI_HEAD "'choices':[],'usage':{'prompt_tokens':10,'completion_tokens':30,'reasoning_tokens':20,"
+			   "'prompt_tokens_details':null}}",
+		  10, 30, -1, -1, 20 },
+		/* Non-streamed chat and completions bodies. */
+		{ API_OPENAI_CHAT, true, NULL,
+		  "{'id':'c','object':'chat.completion','choices':[],'usage':{'prompt_tokens':50,'completion_tokens':5,"
+		  "'prompt_tokens_details':{'cached_tokens':32},'completion_tokens_details':{'reasoning_tokens':3}}}",
+		  50, 5, 32, -1, 3 },
+		{ API_OPENAI_COMPLETIONS, true, NULL,
+		  "{'id':'c','choices':[],'usage':{'prompt_tokens':9,'completion_tokens':1,'prompt_tokens_details':{"
+		  "'cached_tokens':4}}}",
+		  9, 1, 4, -1, -1 },
+		/* Responses: streamed terminal event and body. */
+		{ API_OPENAI_RESPONSES, false, "response.completed",
+		  "{'type':'response.completed','sequence_number':9,'response':{'id':'r','status':'completed',"
+		  "'usage':{'input_tokens':2000,'input_tokens_details':{'cached_tokens':1024,'cache_write_tokens':"
+		  "0},'output_tokens':700,'output_tokens_details':{'reasoning_tokens':640},'total_tokens':2700}}}",
+		  2000, 700, 1024, 0, 640 },
+		{ API_OPENAI_RESPONSES, true, NULL,
+		  "{'id':'r','status':'completed','usage':{'input_tokens':36,'input_tokens_details':{'cached_tokens':"
+		  "0},'output_tokens':87,'output_tokens_details':{'reasoning_tokens':12}}}",
+		  36, 87, 0, -1, 12 },
+		/* llama.cpp native: timings.prompt_n is the uncached part, cache_n
+		 * the cached one; tokens_evaluated (the whole prompt) wins. */
+		{ API_LLAMACPP, true, NULL,
+		  "{'content':'Hi','stop':true,'timings':{'prompt_n':5,'cache_n':40,'predicted_n':3}}", 45, 3, 40, -1,
+		  -1 },
+		{ API_LLAMACPP, true, NULL,
+		  "{'content':'Hi','stop':true,'tokens_evaluated':47,'tokens_predicted':3,'timings':{'prompt_n':7,"
+		  "'cache_n':40,'predicted_n':3}}",
+		  47, 3, 40, -1, -1 },
+	};
 	struct usage u = USAGE_UNKNOWN;
 	(void)state;
 	/* Not reported is -1, not 0. */
 	assert_details(&u, -1, -1, -1, -1, -1);
-	tok(API_OPENAI_CHAT,
-	    J(OAI_HEAD "'choices':[],'usage':{'prompt_tokens':1200,'completion_tokens':900,'total_tokens':2100,"
-		       "'prompt_tokens_details':{'cached_tokens':1024},'completion_tokens_details':{'reasoning_"
-		       "tokens':640}}}"),
-	    &u);
-	assert_details(&u, 1200, 900, 1024, -1, 640);
-	u = USAGE_UNKNOWN;
-	tok(API_OPENAI_CHAT,
-	    J(OAI_HEAD "'choices':[],'usage':{'prompt_tokens':10,'completion_tokens':2,'prompt_tokens_details':"
-		       "{'cached_tokens':0,'cache_write_tokens':8},'completion_tokens_details':null}}"),
-	    &u);
-	assert_details(&u, 10, 2, 0, 8, -1);
-	/* SGLang puts reasoning_tokens at the top of usage. */
-	u = USAGE_UNKNOWN;
-	tok(API_OPENAI_CHAT,
-	    J(OAI_HEAD "'choices':[],'usage':{'prompt_tokens':10,'completion_tokens':30,'reasoning_tokens':20,"
-		       "'prompt_tokens_details':null}}"),
-	    &u);
-	assert_details(&u, 10, 30, -1, -1, 20);
-	/* Non-streamed chat and completions bodies. */
-	body(API_OPENAI_CHAT,
-	     J("{'id':'c','object':'chat.completion','choices':[],'usage':{'prompt_tokens':50,'completion_tokens':5,"
-	       "'prompt_tokens_details':{'cached_tokens':32},'completion_tokens_details':{'reasoning_tokens':3}}}"),
-	     &u);
-	assert_details(&u, 50, 5, 32, -1, 3);
-	body(API_OPENAI_COMPLETIONS,
-	     J("{'id':'c','choices':[],'usage':{'prompt_tokens':9,'completion_tokens':1,'prompt_tokens_details':{"
-	       "'cached_tokens':4}}}"),
-	     &u);
-	assert_details(&u, 9, 1, 4, -1, -1);
-	/* Responses: streamed terminal event and body. */
-	u = USAGE_UNKNOWN;
-	tok_named(API_OPENAI_RESPONSES, "response.completed",
-		  J("{'type':'response.completed','sequence_number':9,'response':{'id':'r','status':'completed',"
-		    "'usage':{'input_tokens':2000,'input_tokens_details':{'cached_tokens':1024,'cache_write_tokens':"
-		    "0},'output_tokens':700,'output_tokens_details':{'reasoning_tokens':640},'total_tokens':2700}}}"),
-		  &u);
-	assert_details(&u, 2000, 700, 1024, 0, 640);
-	body(API_OPENAI_RESPONSES,
-	     J("{'id':'r','status':'completed','usage':{'input_tokens':36,'input_tokens_details':{'cached_tokens':"
-	       "0},'output_tokens':87,'output_tokens_details':{'reasoning_tokens':12}}}"),
-	     &u);
-	assert_details(&u, 36, 87, 0, -1, 12);
-	/* llama.cpp native: timings.prompt_n is the uncached part, cache_n
-	 * the cached one; tokens_evaluated (the whole prompt) wins. */
-	body(API_LLAMACPP, J("{'content':'Hi','stop':true,'timings':{'prompt_n':5,'cache_n':40,'predicted_n':3}}"), &u);
-	assert_details(&u, 45, 3, 40, -1, -1);
-	body(API_LLAMACPP,
-	     J("{'content':'Hi','stop':true,'tokens_evaluated':47,'tokens_predicted':3,'timings':{'prompt_n':7,"
-	       "'cache_n':40,'predicted_n':3}}"),
-	     &u);
-	assert_details(&u, 47, 3, 40, -1, -1);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		print_message("case %zu\n", i);
+		u = USAGE_UNKNOWN;
+		if (cases[i].is_body)
+			body(cases[i].api, J(cases[i].json), &u);
+		else
+			tok_named(cases[i].api, cases[i].name, J(cases[i].json), &u);
+		assert_details(&u, cases[i].in, cases[i].out, cases[i].cached, cases[i].write, cases[i].reasoning);
+	}
 }
 
 /* Anthropic's input_tokens leaves out cache reads and writes: prompt
@@ -1552,9 +1554,8 @@ int main(void)
 		cmocka_unit_test(test_bodies),
 		cmocka_unit_test(test_responses_stream),
 		cmocka_unit_test(test_responses_bodies),
-		cmocka_unit_test(test_kinds_openai_chat),
+		cmocka_unit_test(test_kinds),
 		cmocka_unit_test(test_kinds_anthropic),
-		cmocka_unit_test(test_kinds_ollama),
 		cmocka_unit_test(test_kinds_responses),
 		cmocka_unit_test(test_usage_details_openai),
 		cmocka_unit_test(test_usage_details_anthropic),

@@ -252,22 +252,27 @@ static const char ollama_generate_stream[] =
 	"2100000,\"prompt_eval_count\":11,\"prompt_eval_duration\":40000000,\"eval_count\":3,\"eval_duration\":"
 	"300000000}\n";
 
+/* The lifecycle events a Responses stream opens with, as the hosted API
+ * sends them (RESPONSES_CREATED_DATA: the first one's data line alone, for
+ * the stream without `event:` lines). */
+#define RESPONSES_CREATED_DATA \
+	"data: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\"object" \
+	"\":\"response\",\"created_at\":1751642570,\"status\":\"in_progress\",\"model\":\"gpt-4o\",\"output\"" \
+	":[],\"usage\":null,\"error\":null,\"incomplete_details\":null}}\n"
+#define RESPONSES_CREATED "event: response.created\n" RESPONSES_CREATED_DATA "\n"
+#define RESPONSES_IN_PROGRESS \
+	"event: response.in_progress\n" \
+	"data: {\"type\":\"response.in_progress\",\"sequence_number\":1,\"response\":{\"id\":\"resp_1\",\"obj" \
+	"ect\":\"response\",\"created_at\":1751642570,\"status\":\"in_progress\",\"model\":\"gpt-4o\",\"outpu" \
+	"t\":[],\"usage\":null,\"error\":null,\"incomplete_details\":null}}\n" \
+	"\n"
+
 /* OpenAI Responses API streams (docs/metrics.md): the hosted text sequence;
  * every model-output delta and the lifecycle events next to them, ended as
  * vLLM ends a length-cut stream (completed, status incomplete); the same
  * events without `event:` lines ("type" decides; in one it is the last
  * member); an `error` event then response.failed; response.incomplete. */
-static const char responses_text_stream[] =
-	"event: response.created\n"
-	"data: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\"object"
-	"\":\"response\",\"created_at\":1751642570,\"status\":\"in_progress\",\"model\":\"gpt-4o\",\"output\""
-	":[],\"usage\":null,\"error\":null,\"incomplete_details\":null}}\n"
-	"\n"
-	"event: response.in_progress\n"
-	"data: {\"type\":\"response.in_progress\",\"sequence_number\":1,\"response\":{\"id\":\"resp_1\",\"obj"
-	"ect\":\"response\",\"created_at\":1751642570,\"status\":\"in_progress\",\"model\":\"gpt-4o\",\"outpu"
-	"t\":[],\"usage\":null,\"error\":null,\"incomplete_details\":null}}\n"
-	"\n"
+static const char responses_text_stream[] = RESPONSES_CREATED RESPONSES_IN_PROGRESS
 	"event: response.output_item.added\n"
 	"data: {\"type\":\"response.output_item.added\",\"sequence_number\":2,\"output_index\":0,\"item\":{\""
 	"id\":\"msg_1\",\"type\":\"message\",\"status\":\"in_progress\",\"role\":\"assistant\",\"content\":[]"
@@ -314,12 +319,7 @@ static const char responses_text_stream[] =
 	"\":null}}\n"
 	"\n";
 
-static const char responses_all_deltas_stream[] =
-	"event: response.created\n"
-	"data: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\"object"
-	"\":\"response\",\"created_at\":1751642570,\"status\":\"in_progress\",\"model\":\"gpt-4o\",\"output\""
-	":[],\"usage\":null,\"error\":null,\"incomplete_details\":null}}\n"
-	"\n"
+static const char responses_all_deltas_stream[] = RESPONSES_CREATED
 	"event: response.reasoning_text.delta\n"
 	"data: {\"type\":\"response.reasoning_text.delta\",\"sequence_number\":1,\"item_id\":\"msg_1\",\"outp"
 	"ut_index\":0,\"content_index\":0,\"delta\":\"x1\"}\n"
@@ -416,10 +416,7 @@ static const char responses_all_deltas_stream[] =
 	"plete_details\":null}}\n"
 	"\n";
 
-static const char responses_unnamed_stream[] =
-	"data: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\"object"
-	"\":\"response\",\"created_at\":1751642570,\"status\":\"in_progress\",\"model\":\"gpt-4o\",\"output\""
-	":[],\"usage\":null,\"error\":null,\"incomplete_details\":null}}\n"
+static const char responses_unnamed_stream[] = RESPONSES_CREATED_DATA
 	"\n"
 	"data: {\"type\":\"response.output_text.delta\",\"sequence_number\":1,\"item_id\":\"msg_1\",\"output_"
 	"index\":0,\"content_index\":0,\"delta\":\"Hi\"}\n"
@@ -435,17 +432,7 @@ static const char responses_unnamed_stream[] =
 	"etails\":null}}\n"
 	"\n";
 
-static const char responses_failed_stream[] =
-	"event: response.created\n"
-	"data: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\"object"
-	"\":\"response\",\"created_at\":1751642570,\"status\":\"in_progress\",\"model\":\"gpt-4o\",\"output\""
-	":[],\"usage\":null,\"error\":null,\"incomplete_details\":null}}\n"
-	"\n"
-	"event: response.in_progress\n"
-	"data: {\"type\":\"response.in_progress\",\"sequence_number\":1,\"response\":{\"id\":\"resp_1\",\"obj"
-	"ect\":\"response\",\"created_at\":1751642570,\"status\":\"in_progress\",\"model\":\"gpt-4o\",\"outpu"
-	"t\":[],\"usage\":null,\"error\":null,\"incomplete_details\":null}}\n"
-	"\n"
+static const char responses_failed_stream[] = RESPONSES_CREATED RESPONSES_IN_PROGRESS
 	"event: error\n"
 	"data: {\"type\":\"error\",\"sequence_number\":2,\"error\":{\"code\":\"unknown-error\",\"message\":\""
 	"Foobar\",\"param\":null}}\n"
@@ -457,12 +444,7 @@ static const char responses_failed_stream[] =
 	"\n"
 	"\n";
 
-static const char responses_incomplete_stream[] =
-	"event: response.created\n"
-	"data: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\"object"
-	"\":\"response\",\"created_at\":1751642570,\"status\":\"in_progress\",\"model\":\"gpt-4o\",\"output\""
-	":[],\"usage\":null,\"error\":null,\"incomplete_details\":null}}\n"
-	"\n"
+static const char responses_incomplete_stream[] = RESPONSES_CREATED
 	"event: response.output_text.delta\n"
 	"data: {\"type\":\"response.output_text.delta\",\"sequence_number\":1,\"item_id\":\"msg_1\",\"output_"
 	"index\":0,\"content_index\":0,\"delta\":\"Lorem\"}\n"

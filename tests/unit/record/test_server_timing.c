@@ -64,144 +64,145 @@ static struct usage body(enum api_kind api, const char *json)
 	return u;
 }
 
-#define MS(x) ((int64_t)((x)*1000000.0 + 0.5))
-
-static void test_llamacpp(void **state)
+/* A report of the engines the tables below cover (TGI's headers are
+ * further down): the source and the four durations in ns (-1: not
+ * reported); validation, inference and first byte, which none of them
+ * reports, unknown. */
+static struct server_timing timing(enum server_source src, int64_t queue, int64_t load, int64_t prefill, int64_t decode)
 {
-	(void)state;
-	/* native /completion, final object */
-	struct usage u = USAGE_UNKNOWN;
-	event(API_LLAMACPP, NULL, J("{'content':'The','stop':false}"), &u);
-	assert_int_equal(u.server.source, SERVER_NONE);
-	event(API_LLAMACPP, NULL,
-	      J("{'content':'','stop':true,'tokens_predicted':25,'tokens_evaluated':68,'timings':{'cache_n':60,"
-		"'prompt_n':8,'prompt_ms':43.237,'prompt_per_token_ms':5.404625,'prompt_per_second':185.03,"
-		"'predicted_n':25,'predicted_ms':238.74,'predicted_per_token_ms':9.5496,"
-		"'predicted_per_second':104.72}}"),
-	      &u);
-	assert_int_equal(u.server.source, SERVER_LLAMACPP);
-	assert_int_equal(u.server.prefill_ns, 43237000);
-	assert_int_equal(u.server.decode_ns, 238740000);
-	assert_int_equal(u.server.queue_ns, -1); /* llama.cpp reports none */
-	assert_int_equal(u.server.load_ns, -1);
+	struct server_timing t = SERVER_TIMING_UNKNOWN;
+	t.source = src;
+	t.queue_ns = queue;
+	t.load_ns = load;
+	t.prefill_ns = prefill;
+	t.decode_ns = decode;
+	return t;
+}
 
-	/* OpenAI chat streamed, no include_usage: timings on the finish chunk */
-	u = USAGE_UNKNOWN;
-	event(API_OPENAI_CHAT, NULL,
-	      J("{'choices':[{'finish_reason':'stop','index':0,'delta':{}}],'created':1,'id':'c','model':'m',"
-		"'object':'chat.completion.chunk','timings':{'prompt_n':5,'prompt_ms':1.5,'predicted_n':3,"
-		"'predicted_ms':2}}"),
-	      &u);
-	assert_int_equal(u.server.source, SERVER_LLAMACPP);
-	assert_int_equal(u.server.prefill_ns, 1500000);
-	assert_int_equal(u.server.decode_ns, 2000000);
-	/* ... and on the usage chunk with include_usage */
-	u = USAGE_UNKNOWN;
-	event(API_OPENAI_CHAT, NULL,
-	      J("{'choices':[],'usage':{'prompt_tokens':5,'completion_tokens':3},'timings':{'prompt_ms':1e1,"
-		"'predicted_ms':0.0005}}"),
-	      &u);
+#define NOTHING timing(SERVER_NONE, -1, -1, -1, -1)
+
+struct timing_case {
+	const char *what;
+	enum api_kind api;
+	const char *name;   /* the event's `event:` name, or NULL */
+	const char *before; /* events: a token event first, that reports nothing */
+	const char *json;
+	enum server_source src;
+	int64_t queue, load, prefill, decode;
+};
+
+/* The report read from the last event of a stream (after `before`) or from
+ * a body, checked whole. */
+static void check_timing(const struct timing_case *c, bool is_body)
+{
+	struct usage u = USAGE_UNKNOWN;
+	struct server_timing want = timing(c->src, c->queue, c->load, c->prefill, c->decode), none = NOTHING;
+
+	print_message("%s\n", c->what);
+	if (is_body) {
+		u = body(c->api, J(c->json));
+	} else {
+		if (c->before) {
+			event(c->api, c->name, J(c->before), &u);
+			timing_eq(&u.server, &none);
+		}
+		event(c->api, c->name, J(c->json), &u);
+	}
+	timing_eq(&u.server, &want);
+}
+
+/* Streamed: the report on the stream's last event, none before it. */
+static void test_event_timings(void **state)
+{
+	static const struct timing_case cases[] = {
+		{ "llama.cpp native /completion, the final object", API_LLAMACPP, NULL,
+		  "{'content':'The','stop':false}",
+		  "{'content':'','stop':true,'tokens_predicted':25,'tokens_evaluated':68,'timings':{'cache_n':60,"
+		  "'prompt_n':8,'prompt_ms':43.237,'prompt_per_token_ms':5.404625,'prompt_per_second':185.03,"
+		  "'predicted_n':25,'predicted_ms':238.74,'predicted_per_token_ms':9.5496,'predicted_per_second':104."
+		  "72}}",
+		  SERVER_LLAMACPP, -1, -1, 43237000, 238740000 }, /* llama.cpp reports no queue, no load */
+		{ "llama.cpp, OpenAI chat without include_usage: timings on the finish chunk", API_OPENAI_CHAT, NULL,
+		  NULL,
+		  "{'choices':[{'finish_reason':'stop','index':0,'delta':{}}],'created':1,'id':'c','model':'m',"
+		  "'object':'chat.completion.chunk','timings':{'prompt_n':5,'prompt_ms':1.5,'predicted_n':3,"
+		  "'predicted_ms':2}}",
+		  SERVER_LLAMACPP, -1, -1, 1500000, 2000000 },
+		{ "llama.cpp, OpenAI chat with include_usage: on the usage chunk; 1e1 ms, 0.0005 ms", API_OPENAI_CHAT,
+		  NULL, NULL,
+		  "{'choices':[],'usage':{'prompt_tokens':5,'completion_tokens':3},'timings':{'prompt_ms':1e1,"
+		  "'predicted_ms':0.0005}}",
+		  SERVER_LLAMACPP, -1, -1, 10000000, 500 },
+		{ "Ollama chat, the done object", API_OLLAMA_CHAT, NULL,
+		  "{'model':'m','message':{'role':'assistant','content':'Hi'},'done':false}",
+		  "{'model':'m','message':{'role':'assistant','content':''},'done':true,'done_reason':'stop',"
+		  "'total_duration':4883583458,'load_duration':1334875,'prompt_eval_count':26,"
+		  "'prompt_eval_duration':342546000,'eval_count':282,'eval_duration':4535599000}",
+		  SERVER_OLLAMA, -1, 1334875, 342546000, 4535599000 },
+		{ "vLLM streamed chat: on the final usage chunk", API_OPENAI_CHAT, NULL,
+		  "{'choices':[{'index':0,'delta':{'content':'a'}}],'usage':null}",
+		  "{'id':'c','choices':[],'usage':{'prompt_tokens':42,'completion_tokens':128,'total_tokens':170},"
+		  "'metrics':{'time_to_first_token_ms':85.2,'generation_time_ms':1240.5,'queue_time_ms':12.3,"
+		  "'mean_itl_ms':9.1,'tokens_per_second':103.2}}",
+		  SERVER_VLLM, 12300000, -1, 85200000, 1240500000 },
+		{ "vLLM Responses: in the response of response.completed", API_OPENAI_RESPONSES, "response.completed",
+		  NULL,
+		  "{'type':'response.completed','response':{'id':'r','status':'completed','usage':{'input_tokens':3,"
+		  "'output_tokens':2},'metrics':{'queue_time_ms':4,'time_to_first_token_ms':5,'generation_time_ms':6}}"
+		  "}",
+		  SERVER_VLLM, 4000000, -1, 5000000, 6000000 },
+	};
+	(void)state;
+
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++)
+		check_timing(&cases[c], false);
+	/* the usage chunk that carries timings still gives its tokens */
+	struct usage u = USAGE_UNKNOWN;
+	event(API_OPENAI_CHAT, NULL, J(cases[2].json), &u);
 	assert_int_equal(u.input_tokens, 5);
-	assert_int_equal(u.server.prefill_ns, 10000000); /* 1e1 ms */
-	assert_int_equal(u.server.decode_ns, 500);	 /* 0.0005 ms */
-
-	/* non-streamed chat body: timings next to usage */
-	u = body(API_OPENAI_CHAT, J("{'choices':[{'message':{'content':'x'}}],'usage':{'prompt_tokens':2,"
-				    "'completion_tokens':1},'timings':{'prompt_ms':7.25,'predicted_ms':0}}"));
-	assert_int_equal(u.server.source, SERVER_LLAMACPP);
-	assert_int_equal(u.server.prefill_ns, 7250000);
-	assert_int_equal(u.server.decode_ns, 0);
-
-	/* malformed: strings, negatives, null, a bare dot, an object; none
-	 * is a duration, so nothing is reported */
-	u = body(API_LLAMACPP, J("{'content':'','timings':{'prompt_ms':'43.2','predicted_ms':-1.5}}"));
-	assert_int_equal(u.server.source, SERVER_NONE);
-	assert_int_equal(u.server.prefill_ns, -1);
-	u = body(API_LLAMACPP, J("{'content':'','timings':{'prompt_ms':null,'predicted_ms':1.}}"));
-	assert_int_equal(u.server.source, SERVER_NONE);
-	u = body(API_LLAMACPP, J("{'content':'','timings':{'prompt_ms':{'a':1},'predicted_ms':1e}}"));
-	assert_int_equal(u.server.source, SERVER_NONE);
-	u = body(API_LLAMACPP, J("{'content':'','timings':{'prompt_ms':1e400,'predicted_ms':12x}}"));
-	assert_int_equal(u.server.source, SERVER_NONE);
-	/* a "timings" key inside a string, or nested deeper, is not the report */
-	u = body(API_LLAMACPP, J("{'content':'\\'timings\\':{\\'prompt_ms\\':1}','x':{'timings':{'prompt_ms':1}}}"));
-	assert_int_equal(u.server.source, SERVER_NONE);
-	/* absent */
-	u = body(API_LLAMACPP, J("{'content':'x','tokens_predicted':1}"));
-	assert_int_equal(u.server.source, SERVER_NONE);
-	assert_int_equal(u.server.decode_ns, -1);
 }
 
-static void test_ollama(void **state)
+/* Whole bodies; and what is not a report: malformed durations, a key in a
+ * string or deeper down, none at all. */
+static void test_body_timings(void **state)
 {
+	static const struct timing_case cases[] = {
+		{ "llama.cpp, non-streamed chat: timings next to usage", API_OPENAI_CHAT, NULL, NULL,
+		  "{'choices':[{'message':{'content':'x'}}],'usage':{'prompt_tokens':2,'completion_tokens':1},"
+		  "'timings':{'prompt_ms':7.25,'predicted_ms':0}}",
+		  SERVER_LLAMACPP, -1, -1, 7250000, 0 },
+		{ "llama.cpp: a string, a negative", API_LLAMACPP, NULL, NULL,
+		  "{'content':'','timings':{'prompt_ms':'43.2','predicted_ms':-1.5}}", SERVER_NONE, -1, -1, -1, -1 },
+		{ "llama.cpp: null, a bare dot", API_LLAMACPP, NULL, NULL,
+		  "{'content':'','timings':{'prompt_ms':null,'predicted_ms':1.}}", SERVER_NONE, -1, -1, -1, -1 },
+		{ "llama.cpp: an object, an exponent without digits", API_LLAMACPP, NULL, NULL,
+		  "{'content':'','timings':{'prompt_ms':{'a':1},'predicted_ms':1e}}", SERVER_NONE, -1, -1, -1, -1 },
+		{ "llama.cpp: out of range, letters", API_LLAMACPP, NULL, NULL,
+		  "{'content':'','timings':{'prompt_ms':1e400,'predicted_ms':12x}}", SERVER_NONE, -1, -1, -1, -1 },
+		{ "llama.cpp: \"timings\" in a string, and nested deeper", API_LLAMACPP, NULL, NULL,
+		  "{'content':'\\'timings\\':{\\'prompt_ms\\':1}','x':{'timings':{'prompt_ms':1}}}", SERVER_NONE, -1,
+		  -1, -1, -1 },
+		{ "llama.cpp: absent", API_LLAMACPP, NULL, NULL, "{'content':'x','tokens_predicted':1}", SERVER_NONE,
+		  -1, -1, -1, -1 },
+		{ "Ollama generate: prompt_eval_duration omitted (omitempty)", API_OLLAMA_GENERATE, NULL, NULL,
+		  "{'response':'x','done':true,'eval_count':1,'eval_duration':5}", SERVER_OLLAMA, -1, -1, -1, 5 },
+		{ "Ollama: ns are integers; a fraction, a sign or a string is not one", API_OLLAMA_GENERATE, NULL, NULL,
+		  "{'response':'x','done':true,'eval_count':1,'eval_duration':5.5,'load_duration':-3,"
+		  "'prompt_eval_duration':'9'}",
+		  SERVER_NONE, -1, -1, -1, -1 },
+		{ "vLLM non-streamed completions; a null field stays unknown", API_OPENAI_COMPLETIONS, NULL, NULL,
+		  "{'choices':[{'text':'x'}],'usage':{'prompt_tokens':1,'completion_tokens':1},'metrics':{"
+		  "'time_to_first_token_ms':3,'generation_time_ms':null,'queue_time_ms':0.001,'mean_itl_ms':null}}",
+		  SERVER_VLLM, 1000, -1, 3000000, -1 },
+		{ "vLLM: \"metrics\": null (n > 1)", API_OPENAI_CHAT, NULL, NULL,
+		  "{'choices':[],'usage':{'prompt_tokens':1},'metrics':null}", SERVER_NONE, -1, -1, -1, -1 },
+		{ "vLLM Responses, a body", API_OPENAI_RESPONSES, NULL, NULL,
+		  "{'id':'r','status':'completed','metrics':{'queue_time_ms':7.5}}", SERVER_VLLM, 7500000, -1, -1, -1 },
+	};
 	(void)state;
-	struct usage u = USAGE_UNKNOWN;
-	event(API_OLLAMA_CHAT, NULL, J("{'model':'m','message':{'role':'assistant','content':'Hi'},'done':false}"), &u);
-	assert_int_equal(u.server.source, SERVER_NONE);
-	event(API_OLLAMA_CHAT, NULL,
-	      J("{'model':'m','message':{'role':'assistant','content':''},'done':true,'done_reason':'stop',"
-		"'total_duration':4883583458,'load_duration':1334875,'prompt_eval_count':26,"
-		"'prompt_eval_duration':342546000,'eval_count':282,'eval_duration':4535599000}"),
-	      &u);
-	assert_int_equal(u.server.source, SERVER_OLLAMA);
-	assert_int_equal(u.server.load_ns, 1334875);
-	assert_int_equal(u.server.prefill_ns, 342546000);
-	assert_int_equal(u.server.decode_ns, 4535599000);
-	assert_int_equal(u.server.queue_ns, -1);
 
-	u = body(API_OLLAMA_GENERATE, J("{'response':'x','done':true,'eval_count':1,'eval_duration':5}"));
-	assert_int_equal(u.server.source, SERVER_OLLAMA);
-	assert_int_equal(u.server.decode_ns, 5);
-	assert_int_equal(u.server.prefill_ns, -1); /* omitted: omitempty */
-	/* ns are integers: a fraction, a sign or a string is not one */
-	u = body(API_OLLAMA_GENERATE,
-		 J("{'response':'x','done':true,'eval_count':1,'eval_duration':5.5,'load_duration':-3,"
-		   "'prompt_eval_duration':'9'}"));
-	assert_int_equal(u.server.source, SERVER_NONE);
-}
-
-static void test_vllm(void **state)
-{
-	(void)state;
-	struct usage u = USAGE_UNKNOWN;
-	/* streamed chat: on the final usage chunk */
-	event(API_OPENAI_CHAT, NULL, J("{'choices':[{'index':0,'delta':{'content':'a'}}],'usage':null}"), &u);
-	assert_int_equal(u.server.source, SERVER_NONE);
-	event(API_OPENAI_CHAT, NULL,
-	      J("{'id':'c','choices':[],'usage':{'prompt_tokens':42,'completion_tokens':128,'total_tokens':170},"
-		"'metrics':{'time_to_first_token_ms':85.2,'generation_time_ms':1240.5,'queue_time_ms':12.3,"
-		"'mean_itl_ms':9.1,'tokens_per_second':103.2}}"),
-	      &u);
-	assert_int_equal(u.server.source, SERVER_VLLM);
-	assert_int_equal(u.server.queue_ns, 12300000);
-	assert_int_equal(u.server.prefill_ns, 85200000);
-	assert_int_equal(u.server.decode_ns, 1240500000);
-	assert_int_equal(u.server.load_ns, -1);
-
-	/* non-streamed completions body; a null field stays unknown */
-	u = body(API_OPENAI_COMPLETIONS,
-		 J("{'choices':[{'text':'x'}],'usage':{'prompt_tokens':1,'completion_tokens':1},'metrics':{"
-		   "'time_to_first_token_ms':3,'generation_time_ms':null,'queue_time_ms':0.001,'mean_itl_ms':null}}"));
-	assert_int_equal(u.server.source, SERVER_VLLM);
-	assert_int_equal(u.server.prefill_ns, 3000000);
-	assert_int_equal(u.server.decode_ns, -1);
-	assert_int_equal(u.server.queue_ns, 1000);
-	/* "metrics": null (n > 1) */
-	u = body(API_OPENAI_CHAT, J("{'choices':[],'usage':{'prompt_tokens':1},'metrics':null}"));
-	assert_int_equal(u.server.source, SERVER_NONE);
-
-	/* Responses: in the response of response.completed, and in a body */
-	u = USAGE_UNKNOWN;
-	event(API_OPENAI_RESPONSES, "response.completed",
-	      J("{'type':'response.completed','response':{'id':'r','status':'completed','usage':{'input_tokens':3,"
-		"'output_tokens':2},'metrics':{'queue_time_ms':4,'time_to_first_token_ms':5,"
-		"'generation_time_ms':6}}}"),
-	      &u);
-	assert_int_equal(u.server.source, SERVER_VLLM);
-	assert_int_equal(u.server.queue_ns, 4000000);
-	u = body(API_OPENAI_RESPONSES, J("{'id':'r','status':'completed','metrics':{'queue_time_ms':7.5}}"));
-	assert_int_equal(u.server.source, SERVER_VLLM);
-	assert_int_equal(u.server.queue_ns, 7500000);
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++)
+		check_timing(&cases[c], true);
 }
 
 /* Every event of `stream` fed through the framer cut at `cut` bytes (and
@@ -481,13 +482,9 @@ static void test_decomposition(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_llamacpp),
-		cmocka_unit_test(test_ollama),
-		cmocka_unit_test(test_vllm),
-		cmocka_unit_test(test_split_at_every_byte),
-		cmocka_unit_test(test_native_streams_split),
-		cmocka_unit_test(test_tgi_headers),
-		cmocka_unit_test(test_decomposition),
+		cmocka_unit_test(test_event_timings),	    cmocka_unit_test(test_body_timings),
+		cmocka_unit_test(test_split_at_every_byte), cmocka_unit_test(test_native_streams_split),
+		cmocka_unit_test(test_tgi_headers),	    cmocka_unit_test(test_decomposition),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -120,7 +120,7 @@ static void test_failed_generation_changes_no_kept_upstream(void **state)
 /* A generation of `n` upstreams u0.. (ejection after 5 failures, 1 s
  * backoff) and one route over all of them under `balance`. */
 #define WIDE ROUTE_TARGETS_MAX
-static char wide_names[WIDE][8];
+static char wide_names[WIDE][12]; /* "u" and any unsigned */
 static struct router *build_wide(struct event_base *base, unsigned n, enum balance_policy balance)
 {
 	struct config c;
@@ -163,50 +163,62 @@ static uint64_t mono_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* Ejection leaves an upstream out of every policy's choice; a route whose
- * every upstream is ejected routes as if none were; the backoff's end gives
- * exactly one probe. */
-static void test_pick_ejection(void **state)
+/* Runs `check` once per balance policy, each time on the one route of a
+ * fresh generation of `n` upstreams (build_wide), released after. */
+static void each_policy(unsigned n, void (*check)(struct route *r, enum balance_policy pol))
 {
 	struct event_base *base = event_base_new();
-	struct pick_req q = { 0 };
-	struct pick_out o;
-	(void)state;
 
 	for (int pol = BALANCE_WEIGHTED; pol <= BALANCE_PREFIX; pol++) {
-		struct router *rt = build_wide(base, 4, (enum balance_policy)pol);
-		struct route *r = &rt->routes[0];
-		struct upstream *u0 = r->targets[0].up;
-		uint64_t now = mono_ns();
-		for (int i = 0; i < 5; i++)
-			upstream_outlier_note(u0, false, now);
-		for (int i = 0; i < 200; i++) {
-			q.has_prefix = pol == BALANCE_PREFIX;
-			q.prefix_key = (uint64_t)i * 0x9e3779b97f4a7c15ull;
-			assert_ptr_not_equal(route_pick(r, &q, 0, &o), u0);
-		}
-		/* every other one tried: the ejected one rather than none */
-		assert_ptr_equal(route_pick(r, &q, 0xeu, &o), u0);
-		/* its backoff over (a failure stamped two seconds ago): one probe */
-		upstream_outlier_note(u0, true, now);
-		for (int i = 0; i < 5; i++)
-			upstream_outlier_note(u0, false, now - 2000000000ull);
-		assert_ptr_equal(route_pick(r, &q, 0, &o), u0);
-		assert_int_equal(o.reason, PICK_PROBE);
-		assert_true(o.probe);
-		for (int i = 0; i < 50; i++)
-			assert_ptr_not_equal(route_pick(r, &q, 0, &o), u0); /* its probe runs */
-		upstream_outlier_note(u0, true, mono_ns());
-		upstream_probe_done(u0);
-		bool back = false;
-		for (int i = 0; i < 50 && !back; i++) {
-			q.prefix_key = (uint64_t)i * 0x2545f4914f6cdd1dull;
-			back = route_pick(r, &q, 0, &o) == u0;
-		}
-		assert_true(back);
+		struct router *rt = build_wide(base, n, (enum balance_policy)pol);
+		check(&rt->routes[0], (enum balance_policy)pol);
 		router_unref(rt);
 	}
 	event_base_free(base);
+}
+
+/* Ejection leaves an upstream out of every policy's choice; a route whose
+ * every upstream is ejected routes as if none were; the backoff's end gives
+ * exactly one probe. */
+static void pick_ejection(struct route *r, enum balance_policy pol)
+{
+	struct pick_req q = { 0 };
+	struct pick_out o;
+
+	struct upstream *u0 = r->targets[0].up;
+	uint64_t now = mono_ns();
+	for (int i = 0; i < 5; i++)
+		upstream_outlier_note(u0, false, now);
+	for (int i = 0; i < 200; i++) {
+		q.has_prefix = pol == BALANCE_PREFIX;
+		q.prefix_key = (uint64_t)i * 0x9e3779b97f4a7c15ull;
+		assert_ptr_not_equal(route_pick(r, &q, 0, &o), u0);
+	}
+	/* every other one tried: the ejected one rather than none */
+	assert_ptr_equal(route_pick(r, &q, 0xeu, &o), u0);
+	/* its backoff over (a failure stamped two seconds ago): one probe */
+	upstream_outlier_note(u0, true, now);
+	for (int i = 0; i < 5; i++)
+		upstream_outlier_note(u0, false, now - 2000000000ull);
+	assert_ptr_equal(route_pick(r, &q, 0, &o), u0);
+	assert_int_equal(o.reason, PICK_PROBE);
+	assert_true(o.probe);
+	for (int i = 0; i < 50; i++)
+		assert_ptr_not_equal(route_pick(r, &q, 0, &o), u0); /* its probe runs */
+	upstream_outlier_note(u0, true, mono_ns());
+	upstream_probe_done(u0);
+	bool back = false;
+	for (int i = 0; i < 50 && !back; i++) {
+		q.prefix_key = (uint64_t)i * 0x2545f4914f6cdd1dull;
+		back = route_pick(r, &q, 0, &o) == u0;
+	}
+	assert_true(back);
+}
+
+static void test_pick_ejection(void **state)
+{
+	(void)state;
+	each_policy(4, pick_ejection);
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -218,26 +230,23 @@ static int cmp_u64(const void *a, const void *b)
 /* Failover over a route as wide as allowed: with every target but one
  * marked tried, that one is picked, wherever it sits among the 64 (the
  * marks are 64 bits), by every policy; with all marked, none. */
+static void pick_skips_tried_at_every_index(struct route *r, enum balance_policy pol)
+{
+	struct pick_out o;
+	struct pick_req q = { .has_prefix = pol == BALANCE_PREFIX, .prefix_key = 42, .tokens = 100 };
+	assert_int_equal(r->ntargets, 64);
+	for (unsigned i = 0; i < WIDE; i++) {
+		uint64_t tried = ~(uint64_t)0 & ~(1ull << i);
+		assert_ptr_equal(route_pick(r, &q, tried, &o), r->targets[i].up);
+		assert_int_equal(o.index, i);
+	}
+	assert_null(route_pick(r, &q, ~(uint64_t)0, &o));
+}
+
 static void test_pick_skips_tried_at_every_index(void **state)
 {
-	struct event_base *base = event_base_new();
-	struct pick_out o;
 	(void)state;
-
-	for (int pol = BALANCE_WEIGHTED; pol <= BALANCE_PREFIX; pol++) {
-		struct router *rt = build_wide(base, WIDE, (enum balance_policy)pol);
-		struct route *r = &rt->routes[0];
-		struct pick_req q = { .has_prefix = pol == BALANCE_PREFIX, .prefix_key = 42, .tokens = 100 };
-		assert_int_equal(r->ntargets, 64);
-		for (unsigned i = 0; i < WIDE; i++) {
-			uint64_t tried = ~(uint64_t)0 & ~(1ull << i);
-			assert_ptr_equal(route_pick(r, &q, tried, &o), r->targets[i].up);
-			assert_int_equal(o.index, i);
-		}
-		assert_null(route_pick(r, &q, ~(uint64_t)0, &o));
-		router_unref(rt);
-	}
-	event_base_free(base);
+	each_policy(WIDE, pick_skips_tried_at_every_index);
 }
 
 /* latency with a prompt chain: what each upstream was sent is what it is
@@ -295,43 +304,40 @@ static void test_pick_latency_held(void **state)
  * read (atomics, the engine's seqlock) and the choice; p99 printed, the
  * best of three rounds; only the median is asserted, at 20 us: on a
  * machine this loaded (or sanitized) the p99 measures the scheduler. */
-static void test_pick_cost(void **state)
+static void pick_cost(struct route *r, enum balance_policy pol)
 {
 	enum { PICKS = 20000 };
 	static uint64_t t[PICKS];
 	static const char *const names[] = { "weighted", "least_request", "latency", "prefix" };
-	struct event_base *base = event_base_new();
 	struct pick_out o;
-	(void)state;
-
-	for (int pol = BALANCE_WEIGHTED; pol <= BALANCE_PREFIX; pol++) {
-		struct router *rt = build_wide(base, WIDE, (enum balance_policy)pol);
-		struct route *r = &rt->routes[0];
-		struct pick_req q = { .has_prefix = pol == BALANCE_PREFIX, .tokens = 100 };
-		uint64_t best50 = UINT64_MAX, best99 = UINT64_MAX;
-		for (unsigned i = 0; i < WIDE; i++) /* measured: no probes */
-			for (int k = 0; k < 5; k++)
-				upstream_ttft_note(r->targets[i].up, 100 + 50 * k, 100, -1, 20 + i + k, mono_ns());
-		for (int round = 0; round < 3; round++) {
-			for (int n = 0; n < PICKS; n++) {
-				q.prefix_key = (uint64_t)n * 0x9e3779b97f4a7c15ull;
-				uint64_t a = mono_ns();
-				struct upstream *up = route_pick(r, &q, 0, &o);
-				t[n] = mono_ns() - a;
-				assert_non_null(up);
-			}
-			qsort(t, PICKS, sizeof(t[0]), cmp_u64);
-			if (t[PICKS * 99 / 100] < best99) {
-				best99 = t[PICKS * 99 / 100];
-				best50 = t[PICKS / 2];
-			}
+	struct pick_req q = { .has_prefix = pol == BALANCE_PREFIX, .tokens = 100 };
+	uint64_t best50 = UINT64_MAX, best99 = UINT64_MAX;
+	for (unsigned i = 0; i < WIDE; i++) /* measured: no probes */
+		for (int k = 0; k < 5; k++)
+			upstream_ttft_note(r->targets[i].up, 100 + 50 * k, 100, -1, 20 + i + k, mono_ns());
+	for (int round = 0; round < 3; round++) {
+		for (int n = 0; n < PICKS; n++) {
+			q.prefix_key = (uint64_t)n * 0x9e3779b97f4a7c15ull;
+			uint64_t a = mono_ns();
+			struct upstream *up = route_pick(r, &q, 0, &o);
+			t[n] = mono_ns() - a;
+			assert_non_null(up);
 		}
-		printf("route_pick, %d upstreams, %s: p50 %.3f us, p99 %.3f us\n", WIDE, names[pol], best50 / 1e3,
-		       best99 / 1e3);
-		assert_true(best50 < 20000);
-		router_unref(rt);
+		qsort(t, PICKS, sizeof(t[0]), cmp_u64);
+		if (t[PICKS * 99 / 100] < best99) {
+			best99 = t[PICKS * 99 / 100];
+			best50 = t[PICKS / 2];
+		}
 	}
-	event_base_free(base);
+	printf("route_pick, %d upstreams, %s: p50 %.3f us, p99 %.3f us\n", WIDE, names[pol], best50 / 1e3,
+	       best99 / 1e3);
+	assert_true(best50 < 20000);
+}
+
+static void test_pick_cost(void **state)
+{
+	(void)state;
+	each_policy(WIDE, pick_cost);
 }
 
 int main(void)
