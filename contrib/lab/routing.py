@@ -73,6 +73,7 @@ stopped, by PID. The helpers are proxies.py's.
   contrib/lab/routing.py --quick               # 1 round, 8 s runs
   contrib/lab/routing.py --quick --rounds 3 --scenarios ph --json out.json
   contrib/lab/routing.py --targets tokentap-weighted,nginx-least_conn --scenarios p
+  contrib/lab/routing.py --rate 8 --scenarios b   # a reduced offered load, for a loaded machine
 
 See docs/bench.md ("Routing benchmark").
 """
@@ -465,6 +466,9 @@ def parse_args(argv):
     ap.add_argument("--rounds", type=int, default=None, help="rounds (default 3, --quick 1)")
     ap.add_argument("--quick", action="store_true", help="8 s runs, 1 round")
     ap.add_argument("--duration", type=int, default=None, help="seconds per run, 2 to 600 (overrides the scenario's)")
+    ap.add_argument("--rate", type=float, default=None, help="offered requests/s, 0.5 to 200 (overrides every "
+                    "scenario's: for a machine that cannot serve the full load; (p), (b), (f) keep 3 sessions per "
+                    "request/s)")
     ap.add_argument("--scenarios", default="phbf", help="which of p, h, b, f (default phbf)")
     ap.add_argument("--targets", default=",".join(TARGETS), help="comma-separated, from: %s" % ", ".join(TARGETS))
     ap.add_argument("--json", metavar="PATH", help="write the whole report as JSON")
@@ -478,6 +482,8 @@ def parse_args(argv):
         ap.error("--rounds takes 1 to 20")
     if a.duration is not None and not 2 <= a.duration <= 600:
         ap.error("--duration takes 2 to 600 seconds")
+    if a.rate is not None and not 0.5 <= a.rate <= 200:
+        ap.error("--rate takes 0.5 to 200 requests/s")
     if not a.scenarios or set(a.scenarios) - set("phbf"):
         ap.error("--scenarios takes letters from phbf, e.g. --scenarios ph")
     a.target_list = [t for t in a.targets.split(",") if t]
@@ -489,6 +495,9 @@ def parse_args(argv):
 
 def main(argv):
     args = parse_args(argv)
+    if args.rate is not None:
+        for sc in SCENARIOS.values():
+            sc["rate"] = args.rate
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, px.on_signal)
     t_start = time.monotonic()

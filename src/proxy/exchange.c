@@ -108,9 +108,9 @@ static void exchange_unhold(struct exchange *x)
 		 * its first token */
 		uint64_t from = x->rec->at[TL_DISPATCH], now = clock_now_ns();
 		if (x->resp.done && x->resp.status < 500 && from && now >= from)
-			upstream_ttft_note(x->up, x->tokens_ahead, x->pick.tokens, x->rec->pick_pred_ms,
+			upstream_ttft_note(x->up, x->tokens_ahead, x->prefill_tok, x->rec->pick_pred_ms,
 					   (double)(now - from) / 1e6, now);
-		upstream_prefill_sub(x->up, (uint64_t)x->pick.tokens);
+		upstream_prefill_sub(x->up, (uint64_t)x->prefill_tok);
 		x->prefill_held = false;
 	}
 	if (x->probe) {
@@ -126,13 +126,21 @@ static void exchange_took(struct exchange *x, const struct pick_out *o)
 
 	x->rec->pick = pick_reason_name(o->reason);
 	x->rec->pick_pred_ms = isnan(o->pred_ms) ? -1 : o->pred_ms;
-	x->rec->pick_blocks =
-		o->reason == PICK_PREFIX || o->reason == PICK_SATURATED_RELEASE ? x->pick.prefix_blocks : 0;
+	x->rec->pick_blocks = o->reason == PICK_PREFIX || o->reason == PICK_SATURATED_RELEASE ? x->pick.prefix_blocks
+			      : o->held_blocks						      ? o->held_blocks
+											      : 0;
 	x->probe = o->probe;
+	/* what it must prefill: the prompt less what it is expected to hold */
+	x->prefill_tok = x->pick.tokens - (double)o->held_blocks * PREFIX_BLOCK_TOKENS;
+	if (x->prefill_tok < 0)
+		x->prefill_tok = 0;
+	x->prefill_tok = (double)(uint64_t)x->prefill_tok;
 	upstream_balance_pick(x->up, &b, 0);
-	x->tokens_ahead = (double)b.prefill_tokens + x->pick.tokens;
-	upstream_prefill_add(x->up, (uint64_t)x->pick.tokens);
+	x->tokens_ahead = (double)b.prefill_tokens + x->prefill_tok;
+	upstream_prefill_add(x->up, (uint64_t)x->prefill_tok);
 	x->prefill_held = true;
+	if (x->pick.nchain) /* it holds them now */
+		upstream_held_note(x->up, x->pick.chain, x->pick.nchain);
 }
 
 /* ---- the exchange's states ---- */
@@ -1042,9 +1050,9 @@ static void request_read_end(struct exchange *x, uint64_t first_before)
 		if (x->prefill_held && !x->shadow) {
 			uint64_t at = x->rec->at[TL_FIRST_TOKEN], from = x->rec->at[TL_DISPATCH];
 			if (from && at >= from)
-				upstream_ttft_note(x->up, x->tokens_ahead, x->pick.tokens, x->rec->pick_pred_ms,
+				upstream_ttft_note(x->up, x->tokens_ahead, x->prefill_tok, x->rec->pick_pred_ms,
 						   (double)(at - from) / 1e6, at);
-			upstream_prefill_sub(x->up, (uint64_t)x->pick.tokens);
+			upstream_prefill_sub(x->up, (uint64_t)x->prefill_tok);
 			x->prefill_held = false;
 		}
 	}

@@ -218,7 +218,8 @@ struct exchange {
 	uint64_t tried;	      /* route targets that refused a connection */
 	struct pick_req pick; /* what the choice knows of the request (prefix key, tokens), set before routing */
 	bool probe;	      /* this request is x->up's probe (router.h) */
-	bool prefill_held;    /* pick.tokens count in x->up's prefill until the first token */
+	bool prefill_held;    /* prefill_tok count in x->up's prefill until the first token */
+	double prefill_tok;   /* pick.tokens less those x->up was expected to hold (latency) */
 	double tokens_ahead;  /* prompt tokens in flight on x->up when routed there, its own included */
 	size_t head_len;      /* bytes of the head at the front of pending */
 

@@ -157,6 +157,7 @@ void request_free(struct request *req)
 	record_release(&req->rec);
 	reqhead_free(&req->head);
 	free(req->body_prefix);
+	free(req->chain);
 	router_unref(req->x.rt);
 	OBJ_MAGIC_CLEAR(req);
 	free(req);
@@ -223,9 +224,9 @@ void request_note_head(struct request *req)
  * that every tokentap of a fleet computes the same one; the hash of the
  * last whole block among the first `want` (the one open block when the
  * prompt is shorter than one), which stands for every block before it.
- * The scan stops once those blocks are full. Also the prompt's size, for
- * the choice's token estimate. */
-static void request_prefix_key(struct request *req, unsigned want)
+ * The scan stops once those blocks are full. With `keep` (latency), the
+ * chain of every whole block is kept for the choice too (x.pick.chain). */
+static void request_prefix_key(struct request *req, unsigned want, bool keep)
 {
 	static const uint8_t no_salt[16];
 	size_t block = (size_t)PREFIX_BLOCK_TOKENS * WL_BYTES_PER_TOKEN, done = 0;
@@ -246,6 +247,16 @@ static void request_prefix_key(struct request *req, unsigned want)
 		req->x.pick.has_prefix = true;
 		req->x.pick.prefix_key = h[k - 1];
 		req->x.pick.prefix_blocks = (unsigned)k;
+	}
+	if (keep && whole && h && !req->chain) {
+		size_t m = whole < n ? whole : n;
+		if (m > want)
+			m = want;
+		if ((req->chain = malloc(m * sizeof(*req->chain)))) {
+			memcpy(req->chain, h, m * sizeof(*req->chain));
+			req->x.pick.chain = req->chain;
+			req->x.pick.nchain = (unsigned)m;
+		}
 	}
 	workload_req_free(w);
 }
@@ -402,7 +413,9 @@ void request_learn_body(struct request *req, bool complete)
 			req->rec.stream = info.stream;
 		r = exchange_match(&req->x);
 		if (r && r->conf->balance == BALANCE_PREFIX)
-			request_prefix_key(req, r->conf->prefix_blocks);
+			request_prefix_key(req, r->conf->prefix_blocks, false);
+		else if (r && r->conf->balance == BALANCE_LATENCY && r->ntargets > 1)
+			request_prefix_key(req, PREFIX_BLOCKS_MAX, true);
 		if (r && r->conf->sticky == STICKY_JSON_FIELD &&
 		    reqinfo_parse_field(req->body_prefix, req->body_prefix_len, complete, r->conf->sticky_key, &info) ==
 			    0)
@@ -417,6 +430,11 @@ void request_learn_body(struct request *req, bool complete)
 		}
 	}
 	request_tenant(req, r, tjson ? tvalue : NULL);
+	/* A chunked body's size is known only as it comes: the choice counts
+	 * what was read before routing (all of it when it ended within
+	 * BODY_INSPECT_MAX; else that much, a floor) */
+	if (req->head.chunked && req->x.xstate == XS_AWAIT_BODY && !req->x.pick.tokens)
+		req->x.pick.tokens = (double)(uint64_t)(req->body_prefix_len / WL_BYTES_PER_TOKEN);
 	free(req->body_prefix);
 	req->body_prefix = NULL;
 	if (req->x.xstate == XS_AWAIT_BODY)

@@ -49,6 +49,7 @@ struct request {
 	char *body_prefix;   /* the first BODY_INSPECT_MAX bytes, for the model */
 	size_t body_prefix_len;
 	bool reqinfo_done;
+	uint64_t *chain;    /* latency: its prompt blocks' chain hashes (x.pick.chain), malloc'd; NULL: none */
 	bool model_in_path; /* the path named the model (Bedrock): the body's is not read */
 	struct mirror
 		*mirror;   /* its shadow copy, while the body still flows; cleared by the mirror when it ends first */

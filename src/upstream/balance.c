@@ -91,18 +91,25 @@ static unsigned draw(const struct bal_cand *c, unsigned n, unsigned want, bool w
 {
 	unsigned m = 0, avail = 0;
 	double total = 0;
+	bool same = true; /* every one drawable at the same weight: drawn by index */
 
 	for (unsigned i = 0; i < n; i++)
 		if (drawable(c, i, free_only)) {
 			avail++;
 			total += weighted ? c[i].weight : 1;
+			same &= !weighted || c[i].weight == c[0].weight;
 		}
+	same &= avail == n;
 	if (want > avail)
 		want = avail;
 	for (unsigned tries = 0; m < want && tries < 4 * want; tries++) {
 		double u = (double)(next_rnd(&rnd) >> 11) / 9007199254740992.0 * total;
 		unsigned pick = n;
-		for (unsigned i = 0; i < n; i++) {
+		if (same) {
+			pick = (unsigned)(u / total * n);
+			pick = pick < n ? pick : n - 1;
+		}
+		for (unsigned i = 0; !same && i < n; i++) {
 			if (!drawable(c, i, free_only))
 				continue;
 			u -= weighted ? c[i].weight : 1;
@@ -146,9 +153,16 @@ int bal_least_request(const struct bal_cand *c, unsigned n, uint64_t rnd)
 	return least_of(c, idx, m);
 }
 
+double bal_uncached(const struct bal_cand *c, double tokens)
+{
+	double own = tokens - c->cached_tokens;
+
+	return own > 0 ? own : 0;
+}
+
 double bal_predict(const struct bal_cand *c, double tokens)
 {
-	double ahead = (double)c->prefill_tokens + tokens;
+	double ahead = (double)c->prefill_tokens + bal_uncached(c, tokens);
 
 	if (c->eng_waiting > (int64_t)c->prefill_reqs) {
 		/* the engine queues more than tokentap sent it: another client's,
@@ -162,16 +176,28 @@ double bal_predict(const struct bal_cand *c, double tokens)
 	return p;
 }
 
-int bal_latency(const struct bal_cand *c, unsigned n, double tokens, uint64_t rnd, double *pred_ms)
+unsigned bal_latency_draw(const struct bal_cand *c, unsigned n, int prefer, uint64_t rnd, unsigned *idx)
 {
-	unsigned idx[BAL_LATENCY_CHOICES];
+	if (!n)
+		return 0;
+	bool free_only = any_free(c, n);
+	unsigned m = 0;
+	if (prefer >= 0 && (unsigned)prefer < n && drawable(c, (unsigned)prefer, free_only))
+		idx[m++] = (unsigned)prefer;
+	unsigned got = draw(c, n, BAL_LATENCY_CHOICES, true, free_only, rnd, idx + m);
+	unsigned out = m; /* the preferred one drawn again: kept once */
+	for (unsigned k = 0; k < got; k++)
+		if (!(m && idx[m + k] == idx[0]))
+			idx[out++] = idx[m + k];
+	return out;
+}
+
+int bal_latency_choose(const struct bal_cand *c, const unsigned *idx, unsigned m, double tokens, double *pred_ms)
+{
 	int best = -1;
 	double best_p = NAN;
 
 	*pred_ms = NAN;
-	if (!n)
-		return -1;
-	unsigned m = draw(c, n, BAL_LATENCY_CHOICES, true, any_free(c, n), rnd, idx);
 	for (unsigned k = 0; k < m; k++) {
 		double p = bal_predict(&c[idx[k]], tokens);
 		if (isnan(p))
@@ -182,9 +208,17 @@ int bal_latency(const struct bal_cand *c, unsigned n, double tokens, uint64_t rn
 		}
 	}
 	if (best < 0)
-		return least_of(c, idx, m);
+		return m ? least_of(c, idx, m) : -1;
 	*pred_ms = best_p;
 	return best;
+}
+
+int bal_latency(const struct bal_cand *c, unsigned n, double tokens, uint64_t rnd, double *pred_ms)
+{
+	unsigned idx[BAL_LATENCY_CHOICES + 1];
+	unsigned m = bal_latency_draw(c, n, -1, rnd, idx);
+
+	return bal_latency_choose(c, idx, m, tokens, pred_ms);
 }
 
 int bal_prefix(const struct bal_cand *c, unsigned n, double factor, unsigned *rank)
@@ -225,18 +259,36 @@ int bal_prefix(const struct bal_cand *c, unsigned n, double factor, unsigned *ra
 	return best;
 }
 
-double bal_rendezvous_u(uint64_t key, const char *name)
+static uint64_t mix64(uint64_t h)
 {
-	uint64_t h = key ^ 0x6a09e667f3bcc908ull;
-
-	for (const char *p = name; *p; p++)
-		h = (h ^ (unsigned char)*p) * 1099511628211ull;
 	h ^= h >> 33;
 	h *= 0xff51afd7ed558ccdull;
 	h ^= h >> 33;
 	h *= 0xc4ceb9fe1a85ec53ull;
 	h ^= h >> 33;
+	return h;
+}
+
+uint64_t bal_name_hash(const char *name)
+{
+	uint64_t h = 0x6a09e667f3bcc908ull; /* FNV-1a from a fixed basis */
+
+	for (const char *p = name; *p; p++)
+		h = (h ^ (unsigned char)*p) * 1099511628211ull;
+	return mix64(h);
+}
+
+double bal_rendezvous_uh(uint64_t key, uint64_t name_hash)
+{
+	/* two rounds: a key and a name that differ in one bit draw apart */
+	uint64_t h = mix64(mix64(key ^ 0xbb67ae8584caa73bull) ^ name_hash);
+
 	return ((double)(h >> 11) + 0.5) / 9007199254740992.0;
+}
+
+double bal_rendezvous_u(uint64_t key, const char *name)
+{
+	return bal_rendezvous_uh(key, bal_name_hash(name));
 }
 
 double bal_rendezvous(uint64_t key, const char *name, unsigned weight)

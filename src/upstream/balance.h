@@ -72,6 +72,7 @@ struct bal_cand {
 	int64_t eng_waiting;	 /* the engine's own queue when freshly scraped, else -1 */
 	struct ttft_fit fit;	 /* fit.n == 0: no sample */
 	double score;		 /* prefix: the rendezvous score of the request's key */
+	double cached_tokens;	 /* latency: the request's prompt tokens it is expected to hold */
 };
 
 static inline bool bal_full(const struct bal_cand *c)
@@ -84,18 +85,30 @@ static inline bool bal_full(const struct bal_cand *c)
  * ((active + queued + 1) / weight) wins. `rnd`: 64 random bits. */
 int bal_least_request(const struct bal_cand *c, unsigned n, uint64_t rnd);
 
+/* The prompt tokens the candidate would have to prefill for a request of
+ * `tokens`: those it is not expected to hold (c->cached_tokens), never
+ * below 0. */
+double bal_uncached(const struct bal_cand *c, double tokens);
+
 /* The candidate's predicted TTFT (ms) for a request of `tokens` prompt
- * tokens: the fit at the tokens ahead of it (its own, those in flight not
- * yet at first token, and the engine's queue beyond tokentap's own at the
- * mean size of those), stretched by the queue when it is full. NaN when
- * the candidate has no sample. */
+ * tokens: the fit at the tokens ahead of it (its own not expected to be
+ * cached there, those in flight not yet at first token, and the engine's
+ * queue beyond tokentap's own at the mean size of those), stretched by the
+ * queue when it is full. NaN when the candidate has no sample. */
 double bal_predict(const struct bal_cand *c, double tokens);
 
-/* Up to BAL_LATENCY_CHOICES candidates drawn at random, likelier by
- * weight (from those with a free slot when any has one); the lowest
- * prediction wins, in *pred_ms. When no drawn candidate has a sample, the
- * least_request choice over them, *pred_ms NaN. */
+/* The latency choice in two steps, so that the caller fills in
+ * cached_tokens for the drawn candidates only: bal_latency_draw puts up to
+ * BAL_LATENCY_CHOICES candidates drawn at random, likelier by weight (from
+ * those with a free slot when any has one), into idx[], and `prefer` (a
+ * candidate index, or -1: the one expected to hold most of the prompt)
+ * before them when it may be drawn: at most BAL_LATENCY_CHOICES + 1, how
+ * many returned. bal_latency_choose: the lowest prediction among idx[]
+ * wins, in *pred_ms; when none has a sample, the least_request choice over
+ * them, *pred_ms NaN. bal_latency: both, with cached_tokens as given. */
 #define BAL_LATENCY_CHOICES 3
+unsigned bal_latency_draw(const struct bal_cand *c, unsigned n, int prefer, uint64_t rnd, unsigned *idx);
+int bal_latency_choose(const struct bal_cand *c, const unsigned *idx, unsigned m, double tokens, double *pred_ms);
 int bal_latency(const struct bal_cand *c, unsigned n, double tokens, uint64_t rnd, double *pred_ms);
 
 /* Consistent hashing with bounded loads: candidates in order of their
@@ -113,3 +126,7 @@ int bal_prefix(const struct bal_cand *c, unsigned n, double factor, unsigned *ra
  * a logarithm each. */
 double bal_rendezvous(uint64_t key, const char *name, unsigned weight);
 double bal_rendezvous_u(uint64_t key, const char *name);
+/* The same from the name's hash, computed once per upstream (router.c):
+ * bal_rendezvous_u(key, name) == bal_rendezvous_uh(key, bal_name_hash(name)). */
+uint64_t bal_name_hash(const char *name);
+double bal_rendezvous_uh(uint64_t key, uint64_t name_hash);

@@ -188,6 +188,7 @@ struct router *router_new(struct event_base *base, struct config *cfg, const str
 				router_upstream(rt, rc->targets[t].upstream, strlen(rc->targets[t].upstream));
 			r->targets[t].weight = rc->targets[t].weight;
 			r->targets[t].counts = pick_counts_of(rc->name, rc->targets[t].upstream);
+			r->targets[t].name_hash = bal_name_hash(rc->targets[t].upstream);
 			if (!r->targets[t].up) {
 				snprintf(err, errlen, "route %s: unknown upstream %s", rc->name,
 					 rc->targets[t].upstream);
@@ -200,7 +201,8 @@ struct router *router_new(struct event_base *base, struct config *cfg, const str
 			snprintf(err, errlen, "route %s: unknown mirror upstream %s", rc->name, rc->mirror_upstream);
 			goto fail;
 		}
-		if (rc->model || rc->sticky == STICKY_JSON_FIELD || (rc->balance == BALANCE_PREFIX && rc->ntargets > 1))
+		if (rc->model || rc->sticky == STICKY_JSON_FIELD ||
+		    ((rc->balance == BALANCE_PREFIX || rc->balance == BALANCE_LATENCY) && rc->ntargets > 1))
 			rt->needs_body = true;
 		rt->nroutes++;
 	}
@@ -331,6 +333,50 @@ static int sticky_pick(const struct route *r, const char *key, size_t klen, uint
 	return best;
 }
 
+/* The latency choice (docs/routing.md): the candidates drawn, and the one
+ * that got the longest leading run of the prompt last among them; their
+ * fits, prefill counts and engine queues read (for these few only); each
+ * one's prediction counts only the prompt tokens it is not expected to
+ * hold. Returns the candidate index. */
+static int latency_pick(const struct route *r, struct bal_cand *cand, const unsigned *map, unsigned n,
+			const struct pick_req *q, uint64_t now, struct pick_out *out)
+{
+	unsigned idx[BAL_LATENCY_CHOICES + 1], run = 0, owner = 0;
+	int prefer = -1;
+
+	if (q->nchain)
+		owner = upstream_held_owner(q->chain, q->nchain, &run);
+	for (unsigned k = 0; owner && k < n; k++)
+		if (upstream_held_id(r->targets[map[k]].up) == owner) {
+			prefer = (int)k;
+			break;
+		}
+	unsigned m = bal_latency_draw(cand, n, prefer, pick_rnd(), idx);
+	for (unsigned j = 0; j < m; j++) {
+		struct bal_cand *c = &cand[idx[j]];
+		struct upstream *up = r->targets[map[idx[j]]].up;
+		struct up_balance b;
+		struct engine_seen es = { .known = false };
+		upstream_balance_pick(up, &b, now);
+		upstream_engine_note(up, &es, now);
+		c->prefill_tokens = b.prefill_tokens;
+		c->prefill_reqs = b.prefill_reqs;
+		c->eng_waiting = es.known && es.fresh ? es.waiting : -1;
+		c->fit = b.fit;
+		if (!run)
+			continue;
+		/* no upstream got more than the owner's run */
+		unsigned held = upstream_held_blocks(up, q->chain, run);
+		c->cached_tokens = (double)held * PREFIX_BLOCK_TOKENS;
+		if (c->cached_tokens > q->tokens)
+			c->cached_tokens = q->tokens;
+	}
+	int k = bal_latency_choose(cand, idx, m, q->tokens, &out->pred_ms);
+	if (k >= 0)
+		out->held_blocks = (unsigned)(cand[k].cached_tokens / PREFIX_BLOCK_TOKENS);
+	return k;
+}
+
 struct upstream *route_pick(struct route *r, const struct pick_req *q, uint64_t tried, struct pick_out *out)
 {
 	struct bal_cand cand[ROUTE_TARGETS_MAX];
@@ -343,11 +389,12 @@ struct upstream *route_pick(struct route *r, const struct pick_req *q, uint64_t 
 
 	out->pred_ms = NAN;
 	out->probe = false;
+	out->held_blocks = 0;
 	for (unsigned i = 0; i < r->ntargets; i++) {
 		struct up_balance b;
 		if ((tried & (1ull << i)) || !r->targets[i].weight)
 			continue;
-		upstream_balance_pick(r->targets[i].up, &b, now);
+		upstream_balance_gate(r->targets[i].up, &b, now);
 		if (b.eject == UP_EJECTED || (b.eject == UP_PROBE_DUE && b.probing)) {
 			ejected |= 1ull << i;
 			continue;
@@ -359,20 +406,16 @@ struct upstream *route_pick(struct route *r, const struct pick_req *q, uint64_t 
 			stale = (int)i;
 		if (pol == BALANCE_WEIGHTED)
 			continue; /* load-blind: the numbers below are not read */
+		/* what every policy reads of every candidate; latency reads the
+		 * rest for the few it draws (latency_fill) */
 		struct bal_cand *c = &cand[n];
 		struct upstream *up = r->targets[i].up;
-		struct engine_seen es = { .known = false };
-		if (pol == BALANCE_LATENCY) /* only its prediction reads the engine's queue */
-			upstream_engine_note(up, &es, now);
 		c->weight = r->targets[i].weight;
 		c->active = upstream_inflight(up);
 		c->queued = upstream_waiting(up);
 		c->max_conc = up->conf.max_concurrency;
-		c->prefill_tokens = b.prefill_tokens;
-		c->prefill_reqs = b.prefill_reqs;
-		c->eng_waiting = es.known && es.fresh ? es.waiting : -1;
-		c->fit = b.fit;
-		c->score = q->has_prefix ? bal_rendezvous_u(q->prefix_key, up->name) : 0;
+		c->score = q->has_prefix ? bal_rendezvous_uh(q->prefix_key, r->targets[i].name_hash) : 0;
+		c->cached_tokens = 0;
 		same_weight &= c->weight == cand[0].weight;
 		map[n++] = i;
 	}
@@ -401,7 +444,7 @@ struct upstream *route_pick(struct route *r, const struct pick_req *q, uint64_t 
 		unsigned rank = 0;
 		switch (pol) {
 		case BALANCE_LATENCY:
-			k = bal_latency(cand, n, q->tokens, pick_rnd(), &out->pred_ms);
+			k = latency_pick(r, cand, map, n, q, now, out);
 			out->reason = isnan(out->pred_ms) ? PICK_LEAST_LOADED : PICK_LATENCY;
 			break;
 		case BALANCE_PREFIX:

@@ -37,6 +37,7 @@ struct route_target_state {
 	unsigned weight;
 	int64_t current;	    /* smooth weighted round robin */
 	struct pick_counts *counts; /* decisions for it by reason (route_pick_counts); NULL: not counted */
+	uint64_t name_hash;	    /* bal_name_hash of the upstream's name (prefix) */
 };
 
 struct route {
@@ -89,6 +90,8 @@ struct pick_req {
 	bool has_prefix;     /* prefix_key holds the chain hash of its leading blocks */
 	uint64_t prefix_key; /* (workload.h's chain with no salt: the same in every process) */
 	unsigned prefix_blocks;
+	const uint64_t *chain; /* latency: the chain hashes of its whole prompt blocks (request.c), NULL: none */
+	unsigned nchain;
 	double tokens; /* its prompt tokens, estimated */
 	bool failover; /* a pick again after the last choice refused */
 	bool deadline; /* and the reason was the route's ttft_deadline, not a refusal */
@@ -98,8 +101,9 @@ struct pick_req {
 struct pick_out {
 	unsigned index; /* the target index */
 	enum pick_reason reason;
-	double pred_ms; /* latency: the prediction; NaN otherwise */
-	bool probe;	/* the request is the upstream's probe (upstream_probe_done at its end) */
+	double pred_ms;	      /* latency: the prediction; NaN otherwise */
+	unsigned held_blocks; /* latency: the leading blocks the chosen one is expected to hold */
+	bool probe;	      /* the request is the upstream's probe (upstream_probe_done at its end) */
 };
 
 /* An upstream of the route for a request, or NULL when every target is in

@@ -71,6 +71,10 @@ struct up_share {
 	_Atomic unsigned eject_level;
 	_Atomic uint64_t ejections;
 	_Atomic bool probing;
+	/* upstream_held_*: the server's id, and the chain hashes of the blocks
+	 * sent to it (0: an empty slot) */
+	unsigned held_id;
+	_Atomic uint64_t held[UP_HELD_SLOTS];
 };
 
 /* Taken when an upstream object is made or freed and to wake other workers,
@@ -92,6 +96,8 @@ static struct up_share *share_join(struct upstream *up)
 		memcpy(s->key, up->name, nl + 1);
 		memcpy(s->key + nl + 1, up->url, ul + 1);
 		s->keylen = kl;
+		static unsigned next_held_id;
+		s->held_id = next_held_id++ % 0xffffu + 1;
 		LIST_INSERT_HEAD(&shares, s, link);
 	} else if (s && !s->key) {
 		free(s);
@@ -338,6 +344,18 @@ static void share_balance(struct up_share *s, struct up_balance *b, uint64_t now
 		b->predictions ? bits_double(atomic_load_explicit(&s->pred_err_bits, memory_order_relaxed)) : NAN;
 	b->pred_bias_ms =
 		b->predictions ? bits_double(atomic_load_explicit(&s->pred_bias_bits, memory_order_relaxed)) : NAN;
+}
+
+void upstream_balance_gate(const struct upstream *up, struct up_balance *out, uint64_t now_ns)
+{
+	const struct up_share *s = up->share;
+	uint64_t until = atomic_load_explicit(&s->eject_until_ns, memory_order_relaxed);
+	uint64_t at = atomic_load_explicit(&s->fit_at_ns, memory_order_relaxed);
+
+	out->fit_age_ns = at && now_ns >= at ? now_ns - at : (at ? 0 : UINT64_MAX);
+	out->eject = !until ? UP_IN : until > now_ns ? UP_EJECTED : UP_PROBE_DUE;
+	out->eject_left_ms = until > now_ns ? (until - now_ns) / 1000000 : 0;
+	out->probing = atomic_load_explicit(&s->probing, memory_order_relaxed);
 }
 
 void upstream_balance(const struct upstream *up, struct up_balance *out, uint64_t now_ns)
@@ -1025,4 +1043,109 @@ void upstream_release(struct upconn *c, bool reusable)
 	upconn_reading(c, true, up->pool_idle_timeout_ms);
 	TAILQ_INSERT_HEAD(&up->idle, c, link); /* most recently used first: warmest socket */
 	up->n_idle++;
+}
+
+/* ---- what each upstream is expected to hold (upstream_held_*) ---- */
+
+/* Process-wide: block hash -> the upstream that got it last, the hash's
+ * bits above 16 as the tag and the upstream's held_id below. */
+#define HELD_OWNER_SLOTS (1u << 15)
+static _Atomic uint64_t held_owner[HELD_OWNER_SLOTS];
+
+static uint64_t held_val(uint64_t h)
+{
+	return h ? h : 1; /* 0 marks an empty slot */
+}
+
+static unsigned held_slot(uint64_t h, unsigned slots)
+{
+	return (unsigned)((h ^ (h >> 29)) & (slots - 1));
+}
+
+static bool held_has(const struct up_share *s, uint64_t h)
+{
+	return atomic_load_explicit(&s->held[held_slot(h, UP_HELD_SLOTS)], memory_order_relaxed) == held_val(h);
+}
+
+static uint64_t owner_tag(uint64_t h)
+{
+	return (h | 1) & ~(uint64_t)0xffff;
+}
+
+static unsigned owner_of(uint64_t h)
+{
+	uint64_t e =
+		atomic_load_explicit(&held_owner[held_slot(h >> 16 | h << 48, HELD_OWNER_SLOTS)], memory_order_relaxed);
+	return (e & ~(uint64_t)0xffff) == owner_tag(h) ? (unsigned)(e & 0xffff) : 0;
+}
+
+void upstream_held_note(struct upstream *up, const uint64_t *chain, unsigned n)
+{
+	struct up_share *s = up->share;
+
+	if (!s)
+		return;
+	for (unsigned i = 0; i < n; i++) {
+		uint64_t h = chain[i];
+		_Atomic uint64_t *slot = &s->held[held_slot(h, UP_HELD_SLOTS)];
+		/* read first: a block already there (a session's earlier turns)
+		 * costs no write */
+		if (atomic_load_explicit(slot, memory_order_relaxed) != held_val(h))
+			atomic_store_explicit(slot, held_val(h), memory_order_relaxed);
+		_Atomic uint64_t *o = &held_owner[held_slot(h >> 16 | h << 48, HELD_OWNER_SLOTS)];
+		uint64_t e = owner_tag(h) | s->held_id;
+		if (atomic_load_explicit(o, memory_order_relaxed) != e)
+			atomic_store_explicit(o, e, memory_order_relaxed);
+	}
+}
+
+/* The longest leading run of chain[0..n) that `has` finds, by bisection:
+ * a block's hash covers every block before it, so a run that holds block
+ * i holds those before it, but for a slot another block took since (then
+ * the run found is shorter: a guess on the safe side). */
+static unsigned held_run(bool (*has)(const void *ctx, uint64_t h), const void *ctx, const uint64_t *chain, unsigned n)
+{
+	unsigned lo = 0, hi = n;
+
+	if (!n || !has(ctx, chain[0]))
+		return 0;
+	if (has(ctx, chain[n - 1]))
+		return n;
+	lo = 1;
+	hi = n - 1;
+	while (lo < hi) {
+		unsigned mid = (lo + hi + 1) / 2;
+		if (has(ctx, chain[mid - 1]))
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	return lo;
+}
+
+static bool share_has(const void *ctx, uint64_t h)
+{
+	return held_has(ctx, h);
+}
+
+static bool owner_has(const void *ctx, uint64_t h)
+{
+	(void)ctx;
+	return owner_of(h) != 0;
+}
+
+unsigned upstream_held_blocks(const struct upstream *up, const uint64_t *chain, unsigned n)
+{
+	return up->share ? held_run(share_has, up->share, chain, n) : 0;
+}
+
+unsigned upstream_held_owner(const uint64_t *chain, unsigned n, unsigned *blocks)
+{
+	*blocks = held_run(owner_has, NULL, chain, n);
+	return *blocks ? owner_of(chain[*blocks - 1]) : 0;
+}
+
+unsigned upstream_held_id(const struct upstream *up)
+{
+	return up->share ? up->share->held_id : 0;
 }

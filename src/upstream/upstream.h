@@ -205,10 +205,35 @@ void upstream_balance(const struct upstream *up, struct up_balance *out, uint64_
  * prediction error: NaN, predictions 0), for each pick. */
 void upstream_balance_pick(const struct upstream *up, struct up_balance *out, uint64_t now_ns);
 
+/* Only what every pick reads of every candidate (eject, eject_left_ms,
+ * probing, fit_age_ns; the rest of *out is left as it was): the cheap part
+ * of upstream_balance_pick, whose full read route_pick makes only for the
+ * candidates the latency choice drew. */
+void upstream_balance_gate(const struct upstream *up, struct up_balance *out, uint64_t now_ns);
+
 /* A request routed to `up` holds `tokens` prompt tokens there until its
  * first token (or its end without one): add once, sub once. */
 void upstream_prefill_add(struct upstream *up, uint64_t tokens);
 void upstream_prefill_sub(struct upstream *up, uint64_t tokens);
+/* What an upstream is expected to hold in its prefix cache: the chain
+ * hashes (workload.h's, unsalted; request.c) of the prompt blocks
+ * tokentap sent it, in a lossy table of UP_HELD_SLOTS blocks per upstream
+ * (a newer block takes an older one's slot), shared by every worker and
+ * kept across reloads; and, process-wide, which upstream got each block
+ * last. Approximate by design: it is a guess for the latency choice,
+ * docs/routing.md. `chain[i]` covers the prompt's blocks 0..i. */
+#define UP_HELD_SLOTS 4096u
+void upstream_held_note(struct upstream *up, const uint64_t *chain, unsigned n);
+/* The leading blocks of `chain` (n of them) `up` is expected to hold. */
+unsigned upstream_held_blocks(const struct upstream *up, const uint64_t *chain, unsigned n);
+/* The upstream (upstream_held_id) that got the longest leading run of
+ * `chain` last, with that run's blocks in *blocks; 0 (*blocks 0) when no
+ * block is known. */
+unsigned upstream_held_owner(const uint64_t *chain, unsigned n, unsigned *blocks);
+/* The server's id in upstream_held_owner's answers: above 0, the same
+ * in every worker's copy. */
+unsigned upstream_held_id(const struct upstream *up);
+
 /* A first token came `ms` after dispatch with `tokens_ahead` prompt tokens
  * in flight (the request's `own_tokens` included); `predicted_ms` (below 0:
  * none) is what the latency choice predicted for it. */

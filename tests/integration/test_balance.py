@@ -199,6 +199,114 @@ class LatencyEngineTest(harness.TestCase):
             self.assertLess(e["ttft_ms"] or 0, 500, e)
 
 
+def session_prompt(i, size=3000):
+    """A long prompt of session i: its first bytes are its own, so that no
+    other session shares a block with it."""
+    return ("session %d says: " % i + "the quick brown fox %d jumps over the lazy dog " % i * 500)[:size]
+
+
+def latency_cache_yaml(sims, extra=None):
+    """Route `chat` (latency over a and b) and, by Host, `prime-a` and
+    `prime-b` (latency with the other's weight at 0): a prompt sent through
+    prime-X is cached on X only."""
+    lines = rh.upstreams_yaml({n: s.url for n, s in sims.items()}, extra).splitlines()
+    lines += ["routes:"]
+    for name, w in (("prime-a", (1, 0)), ("prime-b", (0, 1))):
+        lines += ["  - name: %s" % name, "    match: {host: %s}" % name, "    balance: latency", "    split:",
+                  "      - {upstream: a, weight: %d}" % w[0], "      - {upstream: b, weight: %d}" % w[1]]
+    lines += ["  - name: chat", "    balance: latency", "    split:", "      - {upstream: a, weight: 1}",
+              "      - {upstream: b, weight: 1}"]
+    return "\n".join(lines) + "\n"
+
+
+class LatencyPrefixTest(harness.TestCase):
+    """latency counts the prefix each upstream is expected to hold: a
+    session's next turn goes where its earlier turns were cached, unless the
+    load there says otherwise (docs/routing.md, latency)."""
+
+    def test_next_turn_follows_the_cache(self):
+        sims = start_sims(self, {"a": 20, "b": 20})
+        tt = rh.start_conf(self, latency_cache_yaml(sims), *rh.ONE_WORKER)
+        for i in range(8):  # both measured (a probe each), on prompts of their own
+            self.assertIsNotNone(who(rh.send(tt.port, rh.chat(prompt="warm %d" % i))))
+        home = {}
+        for i in range(8):  # sessions 0-3 cached on a, 4-7 on b
+            home[i] = "a" if i < 4 else "b"
+            got = who(rh.send(tt.port, rh.chat(prompt=session_prompt(i)), host="prime-" + home[i]))
+            self.assertEqual(got, home[i])
+        n0 = len(tt.wait_log_count(16))
+        for turn in range(2):
+            for i in range(8):
+                p = session_prompt(i) + " turn %d: and what then? " % turn
+                self.assertEqual(who(rh.send(tt.port, rh.chat(prompt=p))), home[i],
+                                 "session %d, turn %d: its prefix is cached on %s" % (i, turn, home[i]))
+        log = tt.wait_log_count(n0 + 16)
+        for e in log[n0:]:
+            self.assertEqual(e["pick"], "latency", e)
+            # 3000 bytes of prompt text: 46 whole blocks of 64 bytes held
+            self.assertGreaterEqual(e["pick_prefix_blocks"], 40, e)
+
+    def test_load_overrides_the_cache(self):
+        sims = start_sims(self, {"a": 20, "b": 20})
+        tt = rh.start_conf(self, latency_cache_yaml(sims), "--admin", "127.0.0.1:0", *rh.ONE_WORKER)
+        admin = harness.admin_port(tt)
+        for i in range(8):
+            self.assertIsNotNone(who(rh.send(tt.port, rh.chat(prompt="warm %d" % i))))
+        self.assertEqual(who(rh.send(tt.port, rh.chat(prompt=session_prompt(0)), host="prime-a")), "a")
+        # a busy prefilling long prompts of others: more work ahead there
+        # than the session's whole prompt on b
+        slow = rh.Background()
+        for k in range(6):
+            slow.start(rh.send, tt.port, rh.chat(prompt=session_prompt(100 + k, 8000)),
+                       harness.sim_headers(ttft=1500, itl=0, tokens=1), "POST", CHAT, "prime-a")
+
+        def held():
+            r, _ = harness.exchange(admin, "GET", "/upstreams")
+            b = {u["name"]: u["balance"] for u in r.json()["upstreams"]}
+            return b["a"]["prefill_requests"] == 6
+
+        self.assertTrue(harness.wait_until(held, 5, 0.02))
+        got = who(rh.send(tt.port, rh.chat(prompt=session_prompt(0) + " and then?")))
+        self.assertEqual(got, "b", "a holds the prefix but has 12k prompt tokens ahead: b is sooner")
+        for kind, resp in slow.join(10):
+            self.assertEqual((kind, resp.status), ("ok", 200))
+        # b holds the prefix now too: the next turn finds it cached wherever it goes
+        n0 = len(tt.wait_log_count(14))
+        self.assertIsNotNone(who(rh.send(tt.port, rh.chat(prompt=session_prompt(0) + " and now?"))))
+        e = tt.wait_log_count(n0 + 1)[-1]
+        self.assertEqual(e["pick"], "latency", e)
+        self.assertGreaterEqual(e["pick_prefix_blocks"], 40, e)
+
+
+class LatencyChunkedTest(harness.TestCase):
+    """latency counts a chunked body's prompt tokens from what was read
+    before routing, not as 0."""
+
+    def test_chunked_body_counts_its_tokens(self):
+        sims = start_sims(self, {"a": 0, "b": 0})
+        tt = rh.start_conf(self, rh.upstreams_yaml({n: s.url for n, s in sims.items()})
+                           + route_yaml(["a", "b"], "latency"), "--admin", "127.0.0.1:0", *rh.ONE_WORKER)
+        admin = harness.admin_port(tt)
+        body = rh.chat(prompt=session_prompt(7, 20000))
+        size = len(json.dumps(body, separators=(",", ":")).encode())  # as the harness sends it
+        chunks = [4096] * (size // 4096) + ([size % 4096] if size % 4096 else [])
+        slow = rh.Background()
+        slow.start(rh.send, tt.port, body, harness.sim_headers(ttft=1500, itl=0, tokens=1), "POST", CHAT, None,
+                   chunks)
+        seen = {}
+
+        def held():
+            r, _ = harness.exchange(admin, "GET", "/upstreams")
+            seen.update({u["name"]: u["balance"] for u in r.json()["upstreams"]})
+            return sum(b["prefill_requests"] for b in seen.values()) == 1
+
+        self.assertTrue(harness.wait_until(held, 5, 0.02), seen)
+        tokens = sum(b["prefill_tokens"] for b in seen.values())
+        self.assertEqual(tokens, size // 4, "the whole chunked body (%d bytes) read before routing" % size)
+        kind, resp = slow.join(10)[0]
+        self.assertEqual((kind, resp.status), ("ok", 200))
+
+
 class PrefixTest(harness.TestCase):
     """prefix: the same leading blocks go to the same upstream, in two
     tokentaps that share nothing; released when the affine one is full."""

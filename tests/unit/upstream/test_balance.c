@@ -1,7 +1,8 @@
 /*
  * test_balance.c — the balancing choices on candidates' numbers: the TTFT
  * fit against lines it must recover, least_request's two choices, the
- * latency choice's preference, spread and probe-free fallback, the prefix
+ * latency choice's preference, spread and probe-free fallback, its count of
+ * the prompt tokens a candidate is expected to hold, the prefix
  * choice's consistency, bounded load and release, and the pick's cost with
  * 64 upstreams (printed; the bound is 2 µs at p99: the choice runs once per
  * request, and must stay small beside a connect).
@@ -196,6 +197,60 @@ static uint64_t now_ns(void)
  * round the scheduler cut into says nothing of the pick); only the median
  * is asserted, at 20 us: on a loaded machine, or sanitized, the p99
  * measures the scheduler. */
+/* latency with the prefix each candidate is expected to hold: the one
+ * holding the session's prompt is predicted sooner and chosen, unless the
+ * work ahead of it outweighs what it saves; the preferred candidate is
+ * always among those compared. */
+static void test_latency_cached(void **state)
+{
+	struct bal_cand c[4] = { cand(0, 0), cand(0, 0), cand(0, 0), cand(0, 0) };
+	unsigned idx[BAL_LATENCY_CHOICES + 1];
+	double p, p_held, p_cold;
+	(void)state;
+	/* identical upstreams: 10 ms fixed, 0.02 ms a prompt token */
+	for (int i = 0; i < 4; i++)
+		for (int k = 0; k < 40; k++)
+			ttft_fit_add(&c[i].fit, 200 + (k % 8) * 400, 10 + 0.02 * (200 + (k % 8) * 400));
+	/* a 2,000-token prompt, 1,800 of it held by candidate 2 */
+	c[2].cached_tokens = 1800;
+	assert_true(bal_uncached(&c[2], 2000) == 200);
+	assert_true(bal_uncached(&c[1], 2000) == 2000);
+	p_held = bal_predict(&c[2], 2000);
+	p_cold = bal_predict(&c[1], 2000);
+	assert_true(fabs(p_held - (10 + 0.02 * 200)) < 1);
+	assert_true(fabs(p_cold - (10 + 0.02 * 2000)) < 1);
+	/* never below nothing: a cache larger than the estimate counts 0 */
+	c[3].cached_tokens = 5000;
+	assert_true(bal_uncached(&c[3], 2000) == 0);
+	c[3].cached_tokens = 0;
+	/* drawn with the holder preferred: it is compared, and wins, whatever
+	 * the random draw */
+	for (uint64_t r = 1; r <= 64; r++) {
+		unsigned m = bal_latency_draw(c, 4, 2, r * 0x9e3779b97f4a7c15ull, idx);
+		assert_true(m >= 1 && m <= BAL_LATENCY_CHOICES + 1);
+		assert_int_equal(idx[0], 2);
+		for (unsigned a = 0; a < m; a++)
+			for (unsigned b = a + 1; b < m; b++)
+				assert_int_not_equal(idx[a], idx[b]); /* each once */
+		assert_int_equal(bal_latency_choose(c, idx, m, 2000, &p), 2);
+		assert_true(fabs(p - p_held) < 1e-9);
+	}
+	/* the holder with 3,000 prompt tokens ahead of it: the load says
+	 * otherwise (10 + 0.02 * 3,200 > 10 + 0.02 * 2,000) */
+	c[2].prefill_tokens = 3000;
+	c[2].prefill_reqs = 2;
+	unsigned m = bal_latency_draw(c, 4, 2, 7, idx);
+	assert_int_not_equal(bal_latency_choose(c, idx, m, 2000, &p), 2);
+	/* a full holder is not preferred while another has a free slot */
+	c[2].prefill_tokens = 0;
+	c[2].prefill_reqs = 0;
+	c[2].max_conc = 1;
+	c[2].active = 1;
+	m = bal_latency_draw(c, 4, 2, 7, idx);
+	for (unsigned a = 0; a < m; a++)
+		assert_int_not_equal(idx[a], 2);
+}
+
 static void test_pick_cost(void **state)
 {
 	enum { N = 64, PICKS = 20000, ROUNDS = 3 };
@@ -248,11 +303,9 @@ static void test_pick_cost(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_fit_recovers_line),
-		cmocka_unit_test(test_fit_one_load_grows),
-		cmocka_unit_test(test_least_request),
-		cmocka_unit_test(test_latency),
-		cmocka_unit_test(test_prefix),
+		cmocka_unit_test(test_fit_recovers_line), cmocka_unit_test(test_fit_one_load_grows),
+		cmocka_unit_test(test_least_request),	  cmocka_unit_test(test_latency),
+		cmocka_unit_test(test_latency_cached),	  cmocka_unit_test(test_prefix),
 		cmocka_unit_test(test_pick_cost),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

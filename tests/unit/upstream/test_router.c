@@ -249,6 +249,57 @@ static void test_pick_skips_tried_at_every_index(void **state)
 	each_policy(WIDE, pick_skips_tried_at_every_index);
 }
 
+/* latency with a prompt chain: what each upstream was sent is what it is
+ * expected to hold (upstream_held_*), the one that got it last is compared,
+ * and it is chosen on otherwise equal upstreams, counted as holding the
+ * run it was sent. */
+static void test_pick_latency_held(void **state)
+{
+	struct event_base *base = event_base_new();
+	struct router *rt = build_wide(base, 8, BALANCE_LATENCY);
+	struct route *r = &rt->routes[0];
+	uint64_t chain[40], other[40];
+	struct pick_out o;
+	unsigned blocks = 9;
+	(void)state;
+
+	for (unsigned k = 0; k < 40; k++) {
+		chain[k] = 0x51afd7ed558ccdffull * (k + 3) ^ 0x1234;
+		other[k] = 0x2545f4914f6cdd1dull * (k + 7);
+	}
+	assert_int_equal(upstream_held_owner(chain, 40, &blocks), 0);
+	assert_int_equal(blocks, 0);
+	upstream_held_note(r->targets[5].up, chain, 24);
+	assert_int_equal(upstream_held_blocks(r->targets[5].up, chain, 40), 24);
+	assert_int_equal(upstream_held_blocks(r->targets[5].up, chain, 10), 10);
+	assert_int_equal(upstream_held_blocks(r->targets[4].up, chain, 40), 0);
+	assert_int_equal(upstream_held_blocks(r->targets[5].up, other, 40), 0);
+	assert_int_equal(upstream_held_owner(chain, 40, &blocks), upstream_held_id(r->targets[5].up));
+	assert_int_equal(blocks, 24);
+	assert_int_not_equal(upstream_held_id(r->targets[5].up), upstream_held_id(r->targets[4].up));
+	/* every upstream measured alike (no probes): the holder, whatever the draw */
+	for (unsigned i = 0; i < 8; i++)
+		for (int k = 0; k < 8; k++)
+			upstream_ttft_note(r->targets[i].up, 100 + 100 * k, 100, -1, 10 + 0.05 * (100 + 100 * k),
+					   mono_ns());
+	struct pick_req q = { .chain = chain, .nchain = 40, .tokens = 640 };
+	for (int n = 0; n < 50; n++) {
+		assert_ptr_equal(route_pick(r, &q, 0, &o), r->targets[5].up);
+		assert_int_equal(o.reason, PICK_LATENCY);
+		assert_int_equal(o.held_blocks, 24);
+	}
+	/* a prompt no upstream was sent: none counted as holding it */
+	q.chain = other;
+	assert_non_null(route_pick(r, &q, 0, &o));
+	assert_int_equal(o.held_blocks, 0);
+	/* the holder ruled out (tried): another, holding nothing */
+	q.chain = chain;
+	assert_ptr_not_equal(route_pick(r, &q, 1ull << 5, &o), r->targets[5].up);
+	assert_int_equal(o.held_blocks, 0);
+	router_unref(rt);
+	event_base_free(base);
+}
+
 /* route_pick itself over ROUTE_TARGETS_MAX upstreams: their shared numbers
  * read (atomics, the engine's seqlock) and the choice; p99 printed, the
  * best of three rounds; only the median is asserted, at 20 us: on a
@@ -296,6 +347,7 @@ int main(void)
 		cmocka_unit_test(test_failed_generation_changes_no_kept_upstream),
 		cmocka_unit_test(test_pick_ejection),
 		cmocka_unit_test(test_pick_skips_tried_at_every_index),
+		cmocka_unit_test(test_pick_latency_held),
 		cmocka_unit_test(test_pick_cost),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
