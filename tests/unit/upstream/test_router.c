@@ -221,12 +221,6 @@ static void test_pick_ejection(void **state)
 	each_policy(4, pick_ejection);
 }
 
-static int cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-	return x < y ? -1 : x > y;
-}
-
 /* Failover over a route as wide as allowed: with every target but one
  * marked tried, that one is picked, wherever it sits among the 64 (the
  * marks are 64 bits), by every policy; with all marked, none. */
@@ -300,44 +294,37 @@ static void test_pick_latency_held(void **state)
 	event_base_free(base);
 }
 
-/* route_pick itself over ROUTE_TARGETS_MAX upstreams: their shared numbers
- * read (atomics, the engine's seqlock) and the choice; p99 printed, the
- * best of three rounds; only the median is asserted, at 20 us: on a
- * machine this loaded (or sanitized) the p99 measures the scheduler. */
-static void pick_cost(struct route *r, enum balance_policy pol)
+/* route_pick over ROUTE_TARGETS_MAX upstreams, all measured (no probes):
+ * every pick is one of the route's targets, and the policies that spread
+ * load by design (weighted's rotation, least_request's random pairs,
+ * prefix's hash of distinct keys) reach every one of the 64. What a pick
+ * costs is tests/bench/route_pick_bench's to say, not a timed test's. */
+static void pick_wide(struct route *r, enum balance_policy pol)
 {
 	enum { PICKS = 20000 };
-	static uint64_t t[PICKS];
-	static const char *const names[] = { "weighted", "least_request", "latency", "prefix" };
 	struct pick_out o;
 	struct pick_req q = { .has_prefix = pol == BALANCE_PREFIX, .tokens = 100 };
-	uint64_t best50 = UINT64_MAX, best99 = UINT64_MAX;
-	for (unsigned i = 0; i < WIDE; i++) /* measured: no probes */
+	uint64_t reached = 0;
+	for (unsigned i = 0; i < WIDE; i++)
 		for (int k = 0; k < 5; k++)
 			upstream_ttft_note(r->targets[i].up, 100 + 50 * k, 100, -1, 20 + i + k, mono_ns());
-	for (int round = 0; round < 3; round++) {
-		for (int n = 0; n < PICKS; n++) {
-			q.prefix_key = (uint64_t)n * 0x9e3779b97f4a7c15ull;
-			uint64_t a = mono_ns();
-			struct upstream *up = route_pick(r, &q, 0, &o);
-			t[n] = mono_ns() - a;
-			assert_non_null(up);
-		}
-		qsort(t, PICKS, sizeof(t[0]), cmp_u64);
-		if (t[PICKS * 99 / 100] < best99) {
-			best99 = t[PICKS * 99 / 100];
-			best50 = t[PICKS / 2];
-		}
+	for (int n = 0; n < PICKS; n++) {
+		q.prefix_key = (uint64_t)n * 0x9e3779b97f4a7c15ull;
+		struct upstream *up = route_pick(r, &q, 0, &o);
+		unsigned i = 0;
+		while (i < WIDE && r->targets[i].up != up)
+			i++;
+		assert_true(i < WIDE);
+		reached |= 1ull << i;
 	}
-	printf("route_pick, %d upstreams, %s: p50 %.3f us, p99 %.3f us\n", WIDE, names[pol], best50 / 1e3,
-	       best99 / 1e3);
-	assert_true(best50 < 20000);
+	if (pol != BALANCE_LATENCY) /* latency prefers the measured fastest */
+		assert_true(reached == UINT64_MAX);
 }
 
-static void test_pick_cost(void **state)
+static void test_pick_wide(void **state)
 {
 	(void)state;
-	each_policy(WIDE, pick_cost);
+	each_policy(WIDE, pick_wide);
 }
 
 int main(void)
@@ -348,7 +335,7 @@ int main(void)
 		cmocka_unit_test(test_pick_ejection),
 		cmocka_unit_test(test_pick_skips_tried_at_every_index),
 		cmocka_unit_test(test_pick_latency_held),
-		cmocka_unit_test(test_pick_cost),
+		cmocka_unit_test(test_pick_wide),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
