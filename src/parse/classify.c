@@ -590,6 +590,27 @@ static int type_is(const struct span *s, const char *qlit, size_t qlen)
 	return 0;
 }
 
+/* The '"' that closes the string whose body starts at p, or NULL when it
+ * is cut off: the first '"' after an even run of backslashes (an escape
+ * takes the byte after its backslash), found with memchr, so the long text
+ * of a Responses API response.completed costs a few calls, not a loop
+ * per byte. */
+static const char *closing_quote(const char *p, const char *end)
+{
+	while (p < end) {
+		const char *q = memchr(p, '"', (size_t)(end - p));
+		if (q == NULL)
+			return NULL;
+		size_t bs = 0;
+		while (q - bs > p && q[-(ptrdiff_t)bs - 1] == '\\')
+			bs++;
+		if (!(bs & 1))
+			return q;
+		p = q + 1;
+	}
+	return NULL;
+}
+
 /* One past the end of the object or array starting at v, or s->end when it
  * is cut off. Strings are skipped whole, escapes included; brackets are only
  * counted, as the event is assumed well formed. */
@@ -600,9 +621,8 @@ static const char *container_end(const struct span *s, const char *v)
 	while (p < s->end) {
 		char c = *p++;
 		if (c == '"') {
-			while (p < s->end && *p != '"')
-				p += (*p == '\\' && p + 1 < s->end) ? 2 : 1;
-			if (p >= s->end)
+			p = closing_quote(p, s->end);
+			if (p == NULL)
 				return s->end;
 			p++;
 		} else if (c == '{' || c == '[') {

@@ -138,8 +138,9 @@ static void check_stream(enum api_kind api, const char *s, int min_same)
 }
 
 #define CHAT_HEAD "data: {\"id\":\"chatcmpl-7e6e\",\"object\":\"chat.completion.chunk\",\"created\":1716882813,"
-#define CHAT(text)                                                                                             \
-	CHAT_HEAD "\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"" text "\"},\"logprobs\":null," \
+#define CHAT(text) \
+	CHAT_HEAD "\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"" text \
+		  "\"},\"logprobs\":null," \
 		  "\"finish_reason\":null}]}\n\n"
 
 static void test_chat(void **state)
@@ -164,7 +165,7 @@ static void test_chat(void **state)
 		     19);
 }
 
-#define RESP(seq, text)                                                                                          \
+#define RESP(seq, text) \
 	"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"sequence_number\":" seq \
 	",\"item_id\":\"msg_256e\",\"output_index\":0,\"content_index\":0,\"delta\":\"" text "\",\"logprobs\":[]}\n\n"
 
@@ -185,8 +186,9 @@ static void test_responses(void **state)
 		     6);
 }
 
-#define ANT(text)                                                                                                  \
-	"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\"," \
+#define ANT(text) \
+	"event: content_block_delta\ndata: " \
+	"{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\"," \
 	"\"text\":\"" text "\"}}\n\n"
 
 static void test_anthropic(void **state)
@@ -238,7 +240,9 @@ static void test_arm_bounds(void **state)
 		{ { { 5, 9, FRAMER_HOLE_DIGITS } }, 1, false },
 		{ { { 22, 3, FRAMER_HOLE_STRING }, { 5, 2, FRAMER_HOLE_DIGITS } }, 2, false }, /* out of order */
 		{ { { 5, 2, FRAMER_HOLE_DIGITS }, { 22, 3, FRAMER_HOLE_STRING } }, 2, true },
-		{ { { 22, 3, FRAMER_HOLE_STRING }, { 26, 0, FRAMER_HOLE_DIGITS } }, 2, false }, /* a string hole is last */
+		{ { { 22, 3, FRAMER_HOLE_STRING }, { 26, 0, FRAMER_HOLE_DIGITS } },
+		  2,
+		  false }, /* a string hole is last */
 		{ { { 22, 3, 9 } }, 1, false },
 		{ { { 0, 0, 0 } }, 0, false },
 	};
