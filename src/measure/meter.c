@@ -117,7 +117,7 @@ static void on_event(void *arg, const struct framer_event *ev)
 	rec->events++;
 	timeline_mark(rec, TL_FIRST_EVENT, m->now);
 	enum token_kind kind = classify_event_shaped(rec->api, &m->framer, ev, &rec->usage, &rec->hint);
-	if (kind != TOKEN_NONE && record_token_event(rec, kind, m->now, &gap)) {
+	if (kind != TOKEN_NONE && record_token_event_fast(rec, kind, m->now, &gap)) {
 		if (m->itl_run_n && gap != m->itl_run_gap)
 			flush_itl(m);
 		m->itl_run_gap = gap;
