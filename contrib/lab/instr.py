@@ -44,6 +44,7 @@ installed with apt-get when missing (as proxies.py does it), unless
 
   contrib/lab/instr.py                          # c, g, i, j; a few minutes
   contrib/lab/instr.py --scenarios cg --events 65536 --json out.json
+  contrib/lab/instr.py --scenarios cj --api anthropic   # Messages API events
 """
 
 import argparse
@@ -86,6 +87,8 @@ GROUPS = (
 )
 GROUP_ORDER = ("measuring", "forwarding", "TLS", "libc", "own code, other", "other")
 KEYS = "cgijkl"
+# the shapes the instruction counts are asked for in (tokentap-bench --api)
+API_CHOICES = ("openai-chat", "openai-completions", "openai-responses", "anthropic")
 PER_REQUEST = "kl"  # one-token answers: a request is one event, counted per request
 BENCH_TIMEOUT_S = 600  # one bench run under callgrind
 DUMP_TIMEOUT_S = 120
@@ -248,6 +251,7 @@ def measure(name, key, bins, args, work, sim_ports, pki):
         base = dict(sc)
         base.pop("duration", None)
         base.pop("quick", None)
+        base["api"] = args.api
         seen = set(glob.glob(outbase + "*"))
         dumps, events, errors = [], [], 0
         for i, n in enumerate((reqs, reqs, 2 * reqs)):
@@ -303,7 +307,7 @@ def measure(name, key, bins, args, work, sim_ports, pki):
         groups[group_of(ob, fl)] += v
     top = sorted(((v, fn, fl, ob) for (ob, fl, fn), v in costs.items()), reverse=True)[:args.top]
     return {
-        "events": n_events, "window_requests": [reqs, 2 * reqs], "concurrency": conc, "failed_requests": errors,
+        "api": args.api, "events": n_events, "window_requests": [reqs, 2 * reqs], "concurrency": conc, "failed_requests": errors,
         "thread": loop,
         "total": total / n_events,
         "groups": {g: v / n_events for g, v in groups.items()},
@@ -319,8 +323,8 @@ def render_scenario(key, r):
     lines = []
     tt, ha = r.get("tokentap"), r.get("haproxy")
     unit = "request" if key in PER_REQUEST else "event"
-    lines.append("(%s) %s: %d %ss between windows of %d and %d requests, concurrency %d"
-                 % (key, px.SCENARIOS[key]["title"], tt["events"], unit, tt["window_requests"][0],
+    lines.append("(%s) %s, %s: %d %ss between windows of %d and %d requests, concurrency %d"
+                 % (key, px.SCENARIOS[key]["title"], tt["api"], tt["events"], unit, tt["window_requests"][0],
                     tt["window_requests"][1], tt["concurrency"]))
     lines.append("%-40s %10s %10s" % ("instructions per " + unit, "tokentap", "haproxy" if ha else ""))
     f = lambda x: "{:,.0f}".format(x)
@@ -360,6 +364,9 @@ def parse_args(argv):
     ap.add_argument("--events", type=int, default=32768,
                     help="token events between the two windows (default 32768: windows of 64 and 128 requests "
                     "of 512 tokens)")
+    ap.add_argument("--api", default="openai-chat", choices=API_CHOICES,
+                    help="the response shape tokentap-bench asks for (its --api; default openai-chat, the "
+                    "simulator speaks them all)")
     ap.add_argument("--no-haproxy", action="store_true", help="tokentap only")
     ap.add_argument("--top", type=int, default=8, help="tokentap's most costly functions listed (default 8)")
     ap.add_argument("--json", metavar="PATH", help="write the report as JSON")

@@ -805,6 +805,8 @@ def bench_argv(bins, url, sc, json_path, seed, concurrency=None, quick=False, lo
         argv += ["-H", "x-sim-events-per-write: %d" % p["events_per_write"]]
     if p.get("new_conn"):
         argv.append("--new-connection")
+    if p.get("api"):
+        argv += ["--api", p["api"]]
     if log_path:
         argv += ["--requests-log", log_path]
     if url.startswith("https://"):

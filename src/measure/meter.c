@@ -116,8 +116,8 @@ static void on_event(void *arg, const struct framer_event *ev)
 
 	rec->events++;
 	timeline_mark(rec, TL_FIRST_EVENT, m->now);
-	enum token_kind kind = classify_event(rec->api, ev, &rec->usage, &rec->hint);
-	if (kind != TOKEN_NONE && record_token_event(rec, kind, m->now, &gap)) {
+	enum token_kind kind = classify_event_shaped(rec->api, &m->framer, ev, &rec->usage, &rec->hint);
+	if (kind != TOKEN_NONE && record_token_event_fast(rec, kind, m->now, &gap)) {
 		if (m->itl_run_n && gap != m->itl_run_gap)
 			flush_itl(m);
 		m->itl_run_gap = gap;
@@ -166,7 +166,8 @@ void meter_body(struct meter *m, const char *at, size_t len)
 {
 	if (m->resp->kind != FRAMER_NONE || m->json_array) {
 		framer_feed(&m->framer, at, len);
-		note_framer_error(m);
+		if (m->framer.kind == FRAMER_EVENTSTREAM) /* the only framing that can break */
+			note_framer_error(m);
 		return;
 	}
 	if (!m->body)

@@ -590,6 +590,27 @@ static int type_is(const struct span *s, const char *qlit, size_t qlen)
 	return 0;
 }
 
+/* The '"' that closes the string whose body starts at p, or NULL when it
+ * is cut off: the first '"' after an even run of backslashes (an escape
+ * takes the byte after its backslash), found with memchr, so the long text
+ * of a Responses API response.completed costs a few calls, not a loop
+ * per byte. */
+static const char *closing_quote(const char *p, const char *end)
+{
+	while (p < end) {
+		const char *q = memchr(p, '"', (size_t)(end - p));
+		if (q == NULL)
+			return NULL;
+		size_t bs = 0;
+		while (q - bs > p && q[-(ptrdiff_t)bs - 1] == '\\')
+			bs++;
+		if (!(bs & 1))
+			return q;
+		p = q + 1;
+	}
+	return NULL;
+}
+
 /* One past the end of the object or array starting at v, or s->end when it
  * is cut off. Strings are skipped whole, escapes included; brackets are only
  * counted, as the event is assumed well formed. */
@@ -600,9 +621,8 @@ static const char *container_end(const struct span *s, const char *v)
 	while (p < s->end) {
 		char c = *p++;
 		if (c == '"') {
-			while (p < s->end && *p != '"')
-				p += (*p == '\\' && p + 1 < s->end) ? 2 : 1;
-			if (p >= s->end)
+			p = closing_quote(p, s->end);
+			if (p == NULL)
 				return s->end;
 			p++;
 		} else if (c == '{' || c == '[') {
@@ -1697,6 +1717,116 @@ enum token_kind classify_event(enum api_kind api, const struct framer_event *ev,
 	default: break; /* the one-answer APIs stream nothing */
 	}
 	return TOKEN_NONE;
+}
+
+/* ---- Same-shape events -------------------------------------------------
+ *
+ * classify_event() reads an event through the hits of quoted keys (every
+ * key starts and ends with '"' and holds none inside), the bytes around a
+ * hit (backslashes before, blanks and ':' after) and the first bytes of a
+ * value. Take an event E0 of an API and path below, whose token text is
+ * the string at the hint's key, and an event E1 that has E0's bytes
+ * except in the holes: a string hole holds no '"', CR or LF, a '\\' only
+ * as an escape of another byte, and a byte no key name has (framer.h); a
+ * digits hole as many digits. Then:
+ *
+ *  - no hit starts inside a hole (no '"' there), and none spans one: the
+ *    only quotes around a string hole are its own, and `"TEXT"` is no key
+ *    name; so E1's hits are E0's, at the same offsets up to the text and
+ *    at the same distance from the end after it;
+ *  - around each hit the bytes looked at are E0's, or judged the same: the
+ *    backslash run before the closing '"' is even in both (escapes are
+ *    pairs), blanks and ':' after a key are never in a hole (a hole is a
+ *    value's body);
+ *  - the only value that starts at a hole is the text's own string, and
+ *    for it only "non-empty" is asked, true for both.
+ *
+ * So the paths taken below answer E1 as E0, give the hint E0's offset
+ * (the text's key is before the string hole, and a digits hole keeps its
+ * width) and touch usage as E0 did. Only paths that read no more than
+ * that are armed: chat completions (the keys and scan_once(); usage only
+ * when "usage" or "timings" is there, and an event that changed usage is
+ * not armed), an Anthropic event named content_block_delta and a Responses
+ * API token event by its SSE name (the name is part of the shape: keys_kind
+ * at the hint, nothing else). Member walks (type without a name, usage
+ * objects), which count brackets inside strings too, are never armed.
+ */
+static bool string_hole(const struct span *s, const char *v, const char *data, struct framer_hole *h)
+{
+	if (v == NULL || v >= s->end || *v != '"')
+		return false;
+	const char *b = v + 1;
+	const char *e = memchr(b, '"', (size_t)(s->end - b));
+	if (e == NULL || e == b)
+		return false; /* an escaped '"' ends it too early: the framer turns that hole away */
+	*h = (struct framer_hole){ (uint32_t)(b - data), (uint32_t)(e - b), FRAMER_HOLE_STRING };
+	return true;
+}
+
+/* The holes of an event just classified as `kind` with `hint`, 0 when it
+ * may not be armed (the block above). */
+static size_t shape_holes(enum api_kind api, const struct framer_event *ev, enum token_kind kind,
+			  const struct classify_hint *hint, struct framer_hole *holes)
+{
+	const struct token_key *keys;
+	size_t n;
+	enum token_kind carries;
+
+	if (kind == TOKEN_NONE || hint->rule == 0 || ev->data_len > UINT32_MAX)
+		return 0;
+	switch (api) {
+	case API_OPENAI_CHAT: keys = openai_chat_keys, n = NKEYS(openai_chat_keys); break;
+	case API_ANTHROPIC:
+		if (ev->name == NULL || !name_is(ev, "content_block_delta"))
+			return 0;
+		keys = anthropic_keys, n = NKEYS(anthropic_keys);
+		break;
+	case API_OPENAI_RESPONSES:
+		if (ev->name == NULL || ev->name_len == 0 || name_is(ev, "message") ||
+		    resp_kind_of(ev->name, ev->name_len, &carries) != RK_TOKEN)
+			return 0;
+		keys = delta_key, n = NKEYS(delta_key);
+		break;
+	default: return 0;
+	}
+	if (hint->rule > n)
+		return 0;
+	struct span s = { ev->data, ev->data + ev->data_len };
+	s.p = skip_space(s.p, s.end);
+	const struct token_key *k = &keys[hint->rule - 1];
+	const char *at = s.p + hint->at;
+	if (k->array || hint->at >= (size_t)(s.end - s.p) || !key_sits_with_text(&s, at, k))
+		return 0;
+	struct framer_hole text;
+	if (!string_hole(&s, key_value(&s, at, k->qlen), ev->data, &text))
+		return 0;
+	size_t m = 0;
+	if (api == API_OPENAI_RESPONSES) {
+		const char *from = s.p;
+		const char *v = key_find(&s, &from, KEY("sequence_number"));
+		const char *d = v;
+		while (d && d < s.end && *d >= '0' && *d <= '9')
+			d++;
+		if (v && d > v && d < s.end && (size_t)(d - ev->data) <= text.off)
+			holes[m++] =
+				(struct framer_hole){ (uint32_t)(v - ev->data), (uint32_t)(d - v), FRAMER_HOLE_DIGITS };
+	}
+	holes[m++] = text;
+	return m;
+}
+
+enum token_kind classify_event_armed(enum api_kind api, struct framer *f, const struct framer_event *ev,
+				     struct usage *usage, struct classify_hint *hint)
+{
+	struct usage before = *usage;
+	enum token_kind kind = classify_event(api, ev, usage, hint);
+	struct framer_hole holes[FRAMER_SHAPE_HOLES];
+	size_t n;
+	if (memcmp(&before, usage, sizeof(before)) == 0 && (n = shape_holes(api, ev, kind, hint, holes)) > 0)
+		framer_shape_arm(f, holes, n, (int)kind);
+	else
+		framer_shape_clear(f);
+	return kind;
 }
 
 void classify_body_tail(enum api_kind api, const char *tail, size_t len, struct usage *usage)

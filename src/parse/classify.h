@@ -186,6 +186,31 @@ void classify_header(const char *name, size_t nlen, const char *val, size_t vlen
 enum token_kind classify_event(enum api_kind api, const struct framer_event *ev, struct usage *usage,
 			       struct classify_hint *hint);
 
+/*
+ * classify_event() for an event of framer `f`, which may skip the
+ * classifying: the answer, usage and hint come out as classify_event()'s.
+ * After an event classified in full whose token text is a plain string and
+ * that left the usage as it was (chat completions, an Anthropic
+ * content_block_delta, a Responses API token event, each by its SSE name
+ * where it has one), the event is armed as the framer's shape, holes at
+ * its text (and a Responses event's sequence_number); an event framed as
+ * that shape (same_shape) is answered with that event's kind, leaving
+ * usage and hint alone, as classify_event() would: classify.c,
+ * "Same-shape events", says why. Any other event is classified in full
+ * and re-arms or clears the shape (classify_event_armed, the same without
+ * the same-shape test). `usage` and `hint` may not be NULL.
+ */
+enum token_kind classify_event_armed(enum api_kind api, struct framer *f, const struct framer_event *ev,
+				     struct usage *usage, struct classify_hint *hint);
+
+static inline enum token_kind classify_event_shaped(enum api_kind api, struct framer *f, const struct framer_event *ev,
+						    struct usage *usage, struct classify_hint *hint)
+{
+	if (ev->same_shape)
+		return (enum token_kind)framer_shape_tag(f);
+	return classify_event_armed(api, f, ev, usage, hint);
+}
+
 /* Reads usage (and, for the Responses API, the outcome) from a whole
  * non-streamed JSON response body. */
 void classify_body(enum api_kind api, const char *body, size_t len, struct usage *usage);

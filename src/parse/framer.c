@@ -77,6 +77,10 @@ void framer_free(struct framer *f)
 	f->jstate = J_TOP;
 	f->jflags = 0;
 	f->jdepth = 0;
+	free(f->shape);
+	f->shape = NULL;
+	f->shape_nholes = 0;
+	f->cur = NULL;
 }
 
 /* Makes room for `need` bytes in buf. Fails, without touching buf, when
@@ -252,17 +256,43 @@ static void framer_line_end(struct framer *f)
 	}
 }
 
+/* Hands out an event framed in place whose wire bytes are [p, next): the
+ * shape may be armed from it during the callback (framer_shape_arm). */
+static void emit_in_place(struct framer *f, const char *p, const char *next, size_t line2, const char *name,
+			  size_t name_len, const char *data, size_t data_len)
+{
+	f->cur = p;
+	f->cur_len = (size_t)(next - p);
+	f->cur_line2 = line2;
+	framer_emit(f, name, name_len, data, data_len);
+	f->cur = NULL;
+}
+
+/* The value of the field `field` (with its colon) that opens [p, eol), one
+ * leading blank dropped, or NULL when the line is another field. */
+static const char *field_value(const char *p, const char *eol, const char *field, size_t flen)
+{
+	if ((size_t)(eol - p) < flen || memcmp(p, field, flen) != 0)
+		return NULL;
+	const char *v = p + flen;
+	if (v < eol && *v == ' ')
+		v++;
+	return v;
+}
+
 /*
- * The common case, taken without touching buf: nothing is buffered and the
+ * The common cases, taken without touching buf: nothing is buffered and the
  * slice holds a whole event from p on. For SSE that is one `data:` line and
- * the blank line after it (LF LF or CRLF CRLF); for NDJSON one line. The
+ * the blank line after it (LF LF or CRLF CRLF), or an `event:` line, one
+ * `data:` line and a blank line, all ending in LF; for NDJSON one line. The
  * event is handed out from the slice itself, exactly as the general path
  * would have built it in buf, and the size bound is applied the same way (a
  * line the general path could not store is left to it, to be dropped).
- * `eol` is the line's first CR or LF. Returns where framing resumes, or NULL
- * to take the general path.
+ * `eol` is the line's first CR or LF, `cr` the first CR at or after p (end
+ * when none). Returns where framing resumes, or NULL to take the general
+ * path.
  */
-static const char *frame_in_place(struct framer *f, const char *p, const char *eol, const char *end)
+static const char *frame_in_place(struct framer *f, const char *p, const char *eol, const char *cr, const char *end)
 {
 	size_t line_len = (size_t)(eol - p);
 
@@ -273,19 +303,279 @@ static const char *frame_in_place(struct framer *f, const char *p, const char *e
 		return eol + 1;
 	}
 	const char *next;
+	const char *v = field_value(p, eol, "data:", 5);
+	if (v == NULL) {
+		/* `event: NAME` LF `data: DATA` LF LF: the general path would keep
+		 * the name, then the data line behind it (both within max_event),
+		 * and emit at the blank line */
+		const char *name = field_value(p, eol, "event:", 6);
+		if (name == NULL || *eol != '\n')
+			return NULL;
+		const char *l2 = eol + 1;
+		const char *e2 = memchr(l2, '\n', (size_t)(end - l2));
+		if (e2 == NULL || cr < e2 || end - e2 < 2 || e2[1] != '\n')
+			return NULL;
+		size_t name_len = (size_t)(eol - name);
+		if (name_len + (size_t)(e2 - l2) > f->max_event)
+			return NULL;
+		const char *d = field_value(l2, e2, "data:", 5);
+		if (d == NULL || e2 == l2)
+			return NULL;
+		emit_in_place(f, p, e2 + 2, (size_t)(l2 - p), name, name_len, d, (size_t)(e2 - d));
+		return e2 + 2;
+	}
 	if (eol[0] == '\n' && end - eol >= 2 && eol[1] == '\n')
 		next = eol + 2;
 	else if (eol[0] == '\r' && end - eol >= 4 && memcmp(eol, "\r\n\r\n", 4) == 0)
 		next = eol + 4;
 	else
 		return NULL;
-	if (line_len < 5 || memcmp(p, "data:", 5) != 0)
-		return NULL;
-	const char *v = p + 5;
-	if (v < eol && *v == ' ')
-		v++;
-	framer_emit(f, NULL, 0, v, (size_t)(eol - v));
+	if (next == eol + 2)
+		emit_in_place(f, p, next, 0, NULL, 0, v, (size_t)(eol - v));
+	else
+		framer_emit(f, NULL, 0, v, (size_t)(eol - v));
 	return next;
+}
+
+/* ---- same-shape events (framer.h) ----------------------------------------
+ *
+ * The shape is the wire bytes of an event framed in place, LF-terminated:
+ * `[event: NAME LF] data: DATA LF LF`. A match compares the bytes between
+ * the holes with the shape's and checks each hole's bytes against its
+ * kind; the data line then ends at the shape's final LF LF, since no hole
+ * holds a CR or LF and no other byte differs. So the line-by-line path
+ * would frame the same name and data from the same bytes: the same lines
+ * (the bound on their lengths is checked as there), the same field names,
+ * the same blank line.
+ */
+
+/* What a byte is inside a string hole: 0 a key name's, 1 another, 2 not
+ * allowed, 4 the '"' that ends it. */
+static const unsigned char hole_class[256] = {
+	[0 ... 9] = 1,	 ['\n'] = 2,	  [11 ... 12] = 1, ['\r'] = 2, [14 ... 33] = 1, ['"'] = 4, [35 ... 44] = 1,
+	[46 ... 47] = 1, [58 ... 64] = 1, [91] = 1,	   ['\\'] = 2, [93 ... 94] = 1, [96] = 1,  [123 ... 255] = 1,
+};
+
+/* An escape in a string hole: '\\' and a byte that is not '"', CR or LF
+ * (framer.h: so the hole holds no '"' at all). */
+static inline bool escape_holds(char c)
+{
+	return c != '"' && c != '\r' && c != '\n';
+}
+
+static bool hole_holds(const struct framer_hole *h, const char *p, size_t n)
+{
+	if (h->kind == FRAMER_HOLE_DIGITS) {
+		for (size_t i = 0; i < n; i++)
+			if (p[i] < '0' || p[i] > '9')
+				return false;
+		return n > 0;
+	}
+	unsigned other = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (p[i] == '\\') {
+			if (i + 1 >= n || !escape_holds(p[i + 1]))
+				return false;
+			other = 1;
+			i++;
+			continue;
+		}
+		unsigned c = hole_class[(unsigned char)p[i]];
+		if (c & 6)
+			return false;
+		other |= c;
+	}
+	return other != 0;
+}
+
+bool framer_shape_arm(struct framer *f, const struct framer_hole *holes, size_t n, int tag)
+{
+	framer_shape_clear(f);
+	if (f->cur == NULL || f->cur_len > FRAMER_SHAPE_MAX || n == 0 || n > FRAMER_SHAPE_HOLES)
+		return false;
+	/* the data sits after `data:` and one blank on the data line */
+	const char *data = f->cur + f->cur_line2 + 5;
+	if (*data == ' ')
+		data++;
+	size_t data_off = (size_t)(data - f->cur);
+	size_t data_len = f->cur_len - data_off - 2;
+	uint32_t at = 0;
+	for (size_t i = 0; i < n; i++) {
+		const struct framer_hole *h = &holes[i];
+		if (h->off < at || h->off > data_len || h->len > data_len - h->off ||
+		    !hole_holds(h, data + h->off, h->len))
+			return false;
+		if (h->kind == FRAMER_HOLE_STRING && (h->off + h->len >= data_len || data[h->off + h->len] != '"'))
+			return false;
+		if (h->kind != FRAMER_HOLE_STRING && h->kind != FRAMER_HOLE_DIGITS)
+			return false;
+		if (h->kind == FRAMER_HOLE_STRING && i + 1 < n)
+			return false; /* a string hole comes last */
+		f->shape_holes[i] = (struct framer_hole){ (uint32_t)(data_off + h->off), h->len, h->kind };
+		at = h->off + h->len;
+	}
+	if (f->shape == NULL && (f->shape = malloc(FRAMER_SHAPE_MAX)) == NULL)
+		return false;
+	memcpy(f->shape, f->cur, f->cur_len);
+	f->shape_len = (uint32_t)f->cur_len;
+	f->shape_line2 = (uint32_t)f->cur_line2;
+	f->shape_name_len = f->cur_line2 ? (uint32_t)(f->cur_line2 - 1 - (f->cur[6] == ' ' ? 7 : 6)) : 0;
+	f->shape_data_off = (uint32_t)data_off;
+	const struct framer_hole *lh = &f->shape_holes[n - 1];
+	f->shape_min = f->shape_len - (lh->kind == FRAMER_HOLE_STRING ? lh->len - 1 : 0);
+	/* the in-place framing this event passed: name + data line within
+	 * max_event, the data line being the wire bytes after shape_line2
+	 * but its LF LF */
+	f->shape_max = f->max_event + f->shape_line2 + 2 - f->shape_name_len;
+	f->shape_nholes = (uint8_t)n;
+	f->shape_tag = tag;
+	return true;
+}
+
+void framer_shape_clear(struct framer *f)
+{
+	f->shape_nholes = 0;
+}
+
+/* Eight bytes at a time: the lowest byte of x that is zero is flagged
+ * exactly (a flag above it may be false: the borrow), as is the lowest
+ * byte below `n` (below 0x80). */
+#define ONES 0x0101010101010101ull
+#define HIGHS 0x8080808080808080ull
+static inline uint64_t zero_bytes(uint64_t x)
+{
+	return (x - ONES) & ~x & HIGHS;
+}
+
+static inline uint64_t bytes_below(uint64_t x, unsigned n)
+{
+	return (x - ONES * n) & ~x & HIGHS;
+}
+
+/* Where the string hole starting at q ends (its '"', before lim), or NULL
+ * when its bytes do not hold (hole_holds). Eight bytes at a time while
+ * eight can be read before end (the shape's rest lies between lim and
+ * end, so a read past lim is still the slice's), else byte by byte, up to
+ * the next '"', '\\' or control byte below 14 (CR, LF; the others are
+ * turned away too, which only costs a match): a '"' ends the hole, an
+ * escape is stepped over. Whether a byte is not a key name's is asked of
+ * hole_class, of the first byte first (a blank, in most text); an escape
+ * is such a byte. */
+static const char *string_hole_end(const char *q, const char *lim, const char *end)
+{
+	const char *s = q;
+	bool esc = false;
+	for (;;) {
+		while (end - q >= 8) {
+			uint64_t x;
+			memcpy(&x, q, 8);
+			uint64_t stop =
+				zero_bytes(x ^ (ONES * '"')) | zero_bytes(x ^ (ONES * '\\')) | bytes_below(x, 14);
+			if (stop) {
+				q += (unsigned)__builtin_ctzll(stop) >> 3;
+				goto special;
+			}
+			q += 8;
+		}
+		while (q < lim && !(hole_class[(unsigned char)*q] & 6))
+			q++;
+	special:
+		if (q >= lim)
+			return NULL;
+		if (*q == '"')
+			break;
+		if (*q != '\\' || lim - q < 2 || !escape_holds(q[1]))
+			return NULL;
+		esc = true;
+		q += 2;
+	}
+	if (q == s)
+		return NULL;
+	if (esc || hole_class[(unsigned char)*s] == 1)
+		return q;
+	unsigned c = 0;
+	for (const char *b = s; b < q; b++)
+		c |= hole_class[(unsigned char)*b];
+	return c == 1 ? q : NULL;
+}
+
+/* The n bytes at q (all before end) are ASCII digits: up to eight in one
+ * word when eight can be read, as a byte out of '0'..'9' sets its own high
+ * bit in (x - '0') | (x + 0x46) | x (a borrow or carry only ever starts at
+ * such a byte, and runs upwards). */
+static inline bool digits_hold(const char *q, const char *end, uint32_t n)
+{
+	if (n <= 8 && end - q >= 8) {
+		uint64_t x;
+		memcpy(&x, q, 8);
+		uint64_t bad = ((x - ONES * '0') | (x + ONES * 0x46) | x) & HIGHS;
+		return n > 0 && (n == 8 ? bad : bad & ((1ull << (8 * n)) - 1)) == 0;
+	}
+	for (uint32_t k = 0; k < n; k++)
+		if (q[k] < '0' || q[k] > '9')
+			return false;
+	return n > 0;
+}
+
+/* The event at p, when it is the shape's: where framing resumes, NULL
+ * when it is not (or is not whole in the slice). */
+static const char *shape_match(struct framer *f, const char *p, const char *end)
+{
+	const char *t = f->shape;
+	const char *q = p;
+	uint32_t toff = 0;
+
+	/* the shortest event of the shape (its string hole one byte) fits:
+	 * every literal before the string hole and every digits hole does */
+	if ((size_t)(end - p) < f->shape_min)
+		return NULL;
+	size_t last = f->shape_nholes - 1u;
+	for (size_t i = 0; i < last; i++) {
+		const struct framer_hole *h = &f->shape_holes[i];
+		if (memcmp(q, t + toff, h->off - toff) != 0)
+			return NULL;
+		q += h->off - toff;
+		if (!digits_hold(q, end, h->len))
+			return NULL;
+		q += h->len;
+		toff = h->off + h->len;
+	}
+	const struct framer_hole *h = &f->shape_holes[last];
+	if (memcmp(q, t + toff, h->off - toff) != 0)
+		return NULL;
+	q += h->off - toff;
+	size_t rest = f->shape_len - h->off - h->len; /* after the hole: from the '"' on, for a string */
+	if (h->kind == FRAMER_HOLE_STRING) {
+		/* the string ends at its '"', leaving room for the rest */
+		if ((size_t)(end - q) <= rest)
+			return NULL;
+		q = string_hole_end(q, end - rest + 1, end);
+		if (q == NULL)
+			return NULL;
+	} else {
+		if (!digits_hold(q, end, h->len))
+			return NULL;
+		q += h->len;
+	}
+	if (memcmp(q, t + h->off + h->len, rest) != 0)
+		return NULL;
+	q += rest;
+	/* the bounds the line-by-line path applies: the data line, and for a
+	 * named event the name and the data line together (shape_max) */
+	if ((size_t)(q - p) > f->shape_max)
+		return NULL;
+	const char *data = p + f->shape_data_off;
+	struct framer_event ev = {
+		.name = f->shape_name_len ? p + f->shape_line2 - 1 - f->shape_name_len : NULL,
+		.name_len = f->shape_name_len,
+		.data = data,
+		.data_len = (size_t)(q - 2 - data),
+		.same_shape = true,
+	};
+	f->events++;
+	if (f->cb)
+		f->cb(f->arg, &ev);
+	return q;
 }
 
 /* The first `c` in [p, end), or end. */
@@ -614,7 +904,25 @@ const char *framer_error(const struct framer *f)
 	return evs_error_name(f->evs.error);
 }
 
+static void feed_lines(struct framer *f, const char *buf, size_t len);
+
+/* Events of the armed shape are taken first, as long as they come, with
+ * nothing buffered (an armed shape means an SSE framer); the line-by-line
+ * path takes what is left. */
 void framer_feed(struct framer *f, const char *buf, size_t len)
+{
+	if (f->shape_nholes && f->len == 0 && f->state == LINE_START && !f->has_data && !f->skip && !f->after_cr) {
+		const char *end = buf + len;
+		const char *next;
+		while (buf < end && f->shape_nholes && (next = shape_match(f, buf, end)) != NULL)
+			buf = next;
+		len = (size_t)(end - buf);
+	}
+	if (len)
+		feed_lines(f, buf, len);
+}
+
+static __attribute__((noinline)) void feed_lines(struct framer *f, const char *buf, size_t len)
 {
 	if (f->kind == FRAMER_NONE || len == 0)
 		return;
@@ -637,17 +945,25 @@ void framer_feed(struct framer *f, const char *buf, size_t len)
 	}
 	/* Next LF and next CR, cached: a slice that only uses one terminator
 	 * is still scanned once for the other, not once per line. NDJSON lines
-	 * end at LF only. */
-	const char *lf = scan_to(p, end, '\n');
-	const char *cr = f->kind == FRAMER_SSE ? scan_to(p, end, '\r') : end;
+	 * end at LF only. Neither is looked for while events match the shape. */
+	const char *lf = NULL;
+	const char *cr = f->kind == FRAMER_SSE ? NULL : end;
 	while (p < end) {
-		if (lf < p)
+		bool fresh = f->len == 0 && f->state == LINE_START && !f->has_data && !f->skip;
+		if (fresh && f->shape_nholes) {
+			const char *next = shape_match(f, p, end);
+			if (next) {
+				p = next;
+				continue;
+			}
+		}
+		if (lf == NULL || lf < p)
 			lf = scan_to(p, end, '\n');
-		if (cr < p)
+		if (cr == NULL || cr < p)
 			cr = scan_to(p, end, '\r');
 		const char *eol = cr < lf ? cr : lf;
-		if (f->len == 0 && f->state == LINE_START && !f->has_data && !f->skip && eol != end) {
-			const char *next = frame_in_place(f, p, eol, end);
+		if (fresh && eol != end) {
+			const char *next = frame_in_place(f, p, eol, cr, end);
 			if (next) {
 				p = next;
 				continue;

@@ -48,7 +48,42 @@ struct framer_event {
 	/* event stream only: an exception or error message (`:message-type`
 	 * exception or error), `name` being its type or code */
 	bool exception;
+	/* SSE only: the event matched the shape armed by framer_shape_arm():
+	 * its bytes on the wire are that event's, except inside the holes,
+	 * whose bytes keep to the holes' rules ("Same-shape events" below) */
+	bool same_shape;
 };
+
+/*
+ * Same-shape events. Most events of a stream are the event before with
+ * other text in one string (and, in the Responses API, another sequence
+ * number). While the callback runs for an event that was framed straight
+ * out of the fed slice as `[event: NAME LF] data: DATA LF LF`, the caller
+ * may arm that event as a shape, naming its holes in DATA: a later event
+ * whose wire bytes are the shape's outside the holes, and inside them
+ * bytes of the holes' kinds, is then framed by comparing those bytes
+ * alone (no line search) and handed out with `same_shape` set. Framing
+ * is the same either way: name and data are what the line-by-line path
+ * would produce from the same bytes. What the caller concludes from
+ * `same_shape` is its own business (classify_event_shaped).
+ */
+enum framer_hole_kind {
+	/* the body of a JSON string, any length from 1: no '"', CR or LF, a
+	 * '\\' only as an escape of a byte that is none of these (so no '"'
+	 * at all), and at least one byte outside [A-Za-z0-9_-] (so the string
+	 * is no key name); it ends at the first '"', which the shape's next
+	 * byte must be */
+	FRAMER_HOLE_STRING = 1,
+	FRAMER_HOLE_DIGITS, /* as many ASCII digits as the shape's */
+};
+
+struct framer_hole {
+	uint32_t off, len; /* in the event's data, as armed; in order, apart */
+	uint8_t kind;	   /* enum framer_hole_kind */
+};
+
+#define FRAMER_SHAPE_HOLES 2
+#define FRAMER_SHAPE_MAX 1024u /* a longer event is not armed */
 
 typedef void (*framer_cb)(void *arg, const struct framer_event *ev);
 
@@ -71,6 +106,19 @@ struct framer {
 	int jflags;	       /* the element's: JF_* in framer.c */
 	uint64_t jdepth;       /* brackets open in the element */
 	struct evs_framer evs; /* FRAMER_EVENTSTREAM: the message framer; buf then holds a decoded chunk */
+	/* SSE only, "Same-shape events": the armed shape's wire bytes (NULL:
+	 * none yet), holes in wire offsets, where its data line starts, its
+	 * name's length, where its data starts; and, during a callback of an event framed in place,
+	 * that event's wire bytes (cur NULL otherwise) */
+	char *shape;
+	uint32_t shape_len, shape_line2, shape_name_len, shape_data_off;
+	uint32_t shape_min;   /* the shortest event of the shape: its string hole one byte */
+	size_t shape_max;     /* the longest the line-by-line path takes whole (max_event) */
+	uint8_t shape_nholes; /* 0: not armed */
+	struct framer_hole shape_holes[FRAMER_SHAPE_HOLES];
+	int shape_tag; /* the caller's, kept with the shape */
+	const char *cur;
+	size_t cur_len, cur_line2;
 	/* counters, readable by the caller */
 	uint64_t events;
 	uint64_t oversized;
@@ -91,6 +139,22 @@ void framer_finish(struct framer *f);
 
 /* Releases the buffer; safe on a zeroed or already-freed framer. */
 void framer_free(struct framer *f);
+
+/* Arms the event being delivered (call from the callback) as the shape,
+ * with holes `holes[0..n)` in its data (in order, not overlapping, each
+ * holding bytes of its kind, a string hole followed by '"' and last), and `tag`
+ * kept beside it (framer_shape_tag). False, and no shape armed, when the
+ * event was not framed in place, is longer than FRAMER_SHAPE_MAX, or the
+ * holes do not hold. */
+bool framer_shape_arm(struct framer *f, const struct framer_hole *holes, size_t n, int tag);
+
+/* No shape: every event is framed line by line again. */
+void framer_shape_clear(struct framer *f);
+
+static inline int framer_shape_tag(const struct framer *f)
+{
+	return f->shape_tag;
+}
 
 /* Why the stream stopped being framed, NULL while it has not: only an
  * event stream can break so (eventstream.h: a bad CRC or length). */

@@ -27,6 +27,34 @@ TOKENS = 512  # scenario (c)'s output length
 
 
 class InstrSmoke(unittest.TestCase):
+    def run_instr(self, *extra):
+        """instr.py's JSON report and its printed table for (c), small."""
+        build = os.path.dirname(os.path.abspath(harness.tokentap_bin()))
+        work = tempfile.mkdtemp(prefix="tokentap-instr-it-")
+        self.addCleanup(shutil.rmtree, work, True)
+        out = os.path.join(work, "instr.json")
+        r = subprocess.run([sys.executable, SCRIPT, "--build", build, "--scenarios", "c", "--events", "2048",
+                            "--no-haproxy", "--no-install", "--json", out] + list(extra), stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=RUN_TIMEOUT_S,
+                           start_new_session=True)
+        self.assertEqual(r.returncode, 0, "instr.py failed:\n%s\n%s" % (r.stdout, r.stderr[-3000:]))
+        with open(out) as f:
+            return json.load(f), r.stdout
+
+    def test_api_shape(self):
+        """--api asks the bench (and so the simulator) for another API's
+        events: the Responses API's, counted as chat's are."""
+        if harness.is_sanitized():
+            self.skipTest("valgrind cannot run an AddressSanitizer build")
+        if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
+            self.fail("valgrind is not installed: run contrib/setup.sh (it installs Debian's valgrind package)")
+        rep, stdout = self.run_instr("--api", "openai-responses")
+        tt = rep["scenarios"]["c"]["tokentap"]
+        self.assertEqual(tt["api"], "openai-responses")
+        self.assertEqual(tt["events"], 4 * TOKENS)
+        self.assertGreater(tt["groups"]["measuring"], 0)
+        self.assertIn("openai-responses", stdout)
+
     def test_groups_add_up(self):
         if harness.is_sanitized():
             self.skipTest("valgrind cannot run an AddressSanitizer build")

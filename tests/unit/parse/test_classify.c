@@ -848,6 +848,15 @@ static void test_responses_stream(void **state)
 	assert_int_equal(u.input_tokens, 36);
 	assert_int_equal(u.output_tokens, 87);
 	assert_int_equal(u.outcome, OUTCOME_NONE);
+	/* The output's text is skipped whole: escaped quotes with brackets
+	 * between them, an escaped backslash right before the closing quote. */
+	u = USAGE_UNKNOWN;
+	assert_false(tok_named(API_OPENAI_RESPONSES, "response.completed",
+			       J("{'type':'response.completed','response':{'output':[{'content':[{'text':'a \\'}]\\' "
+				 "b\\\\'},{'text':'\\\\\\'{'}]}],'usage':{'input_tokens':4,'output_tokens':9}}}"),
+			       &u));
+	assert_int_equal(u.input_tokens, 4);
+	assert_int_equal(u.output_tokens, 9);
 	/* Without a name, from "type". */
 	u = USAGE_UNKNOWN;
 	assert_false(tok(API_OPENAI_RESPONSES,

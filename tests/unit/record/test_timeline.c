@@ -9,6 +9,7 @@
  */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <math.h>
@@ -147,6 +148,45 @@ static void test_answer_without_reasoning(void **state)
 	record_release(&r);
 }
 
+/* record_token_event_fast() leaves the record as record_token_event() does,
+ * for every kind, time order, keeping or not, through itl_ns's growth and
+ * past ITL_SAMPLES_MAX. */
+static void test_fast_path_same_record(void **state)
+{
+	static const enum token_kind kinds[] = { TOKEN_ANSWER, TOKEN_ANSWER, TOKEN_REASONING, TOKEN_ANSWER,
+						 TOKEN_TOOL,   TOKEN_ANSWER, TOKEN_ANSWER,    TOKEN_ANSWER };
+	(void)state;
+	for (int keep = 0; keep < 2; keep++) {
+		struct req_record a, b;
+		memset(&a, 0, sizeof(a));
+		memset(&b, 0, sizeof(b));
+		a.itl_keep = b.itl_keep = keep;
+		uint64_t now = 1000 * US, ga = 0, gb = 0;
+		for (unsigned i = 0; i < ITL_SAMPLES_MAX + 300; i++) {
+			enum token_kind k = i < 4 ? TOKEN_REASONING : kinds[(i * 7u) % 8];
+			/* mostly forward, now and then the same stamp or one before */
+			now += (i % 5 == 0) ? 0 : (i % 11 == 0) ? (uint64_t)-3 : 17 * US;
+			bool ra = record_token_event(&a, k, now, &ga);
+			bool rb = record_token_event_fast(&b, k, now, &gb);
+			assert_int_equal(ra, rb);
+			assert_int_equal(ga, gb);
+		}
+		assert_memory_equal(a.at, b.at, sizeof(a.at));
+		assert_int_equal(a.token_events, b.token_events);
+		assert_int_equal(a.reasoning_events, b.reasoning_events);
+		assert_int_equal(a.tool_call_events, b.tool_call_events);
+		assert_int_equal(a.itl_total, b.itl_total);
+		assert_int_equal(a.itl_sum, b.itl_sum);
+		assert_int_equal(a.itl_max, b.itl_max);
+		assert_int_equal(a.itl_n, b.itl_n);
+		assert_int_equal(a.itl_n, keep ? ITL_SAMPLES_MAX : 0);
+		if (a.itl_n)
+			assert_memory_equal(a.itl_ns, b.itl_ns, a.itl_n * sizeof(a.itl_ns[0]));
+		record_release(&a);
+		record_release(&b);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -154,6 +194,7 @@ int main(void)
 		cmocka_unit_test(test_stamp_before_the_last_is_a_zero_gap),
 		cmocka_unit_test(test_reasoning_then_answer),
 		cmocka_unit_test(test_answer_without_reasoning),
+		cmocka_unit_test(test_fast_path_same_record),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
