@@ -110,12 +110,20 @@ static bool listed_in_connection(const struct reqhead *h, const char *name, size
 
 bool reqhead_hop_by_hop(const struct reqhead *h, const char *name, size_t len)
 {
-	static const char *const hop[] = { "connection", "keep-alive", "proxy-connection",
-					   "te",	 "trailer",    "transfer-encoding",
-					   "upgrade",	 "expect",     "http2-settings" };
-	for (size_t i = 0; i < sizeof(hop) / sizeof(hop[0]); i++)
-		if (name_eq(name, len, hop[i]))
-			return true;
+	/* The fixed ones by length: one comparison at most. */
+	const char *hop = NULL;
+	switch (len) {
+	case 2: hop = "te"; break;
+	case 6: hop = "expect"; break;
+	case 7: hop = (name[0] | 0x20) == 'u' ? "upgrade" : "trailer"; break;
+	case 10: hop = (name[0] | 0x20) == 'c' ? "connection" : "keep-alive"; break;
+	case 14: hop = "http2-settings"; break;
+	case 16: hop = "proxy-connection"; break;
+	case 17: hop = "transfer-encoding"; break;
+	default: break;
+	}
+	if (hop && strncasecmp(name, hop, len) == 0)
+		return true;
 	return listed_in_connection(h, name, len);
 }
 
