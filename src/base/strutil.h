@@ -138,3 +138,29 @@ static inline bool utf8_is_clean(const char *s, size_t len)
 	}
 	return true;
 }
+
+/* The first byte of [p, end) that is `a` or `b`, or end: eight bytes a
+ * step where loads of them are cheap (little-endian), one otherwise. Each
+ * step's word is the exact bytes of [p, p + 8) (memcpy), none past end. */
+static inline const char *find_either(const char *p, const char *end, char a, char b)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+	const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
+	const uint64_t wa = ones * (uint8_t)a, wb = ones * (uint8_t)b;
+	while (end - p >= 8) {
+		uint64_t w;
+		memcpy(&w, p, 8);
+		uint64_t x = w ^ wa, y = w ^ wb;
+		/* a byte of x or y that is zero sets its high bit here; only bits
+		 * above the lowest true one can be false (a borrow), so the lowest
+		 * set bit is the first match */
+		uint64_t m = (((x - ones) & ~x) | ((y - ones) & ~y)) & highs;
+		if (m)
+			return p + (__builtin_ctzll(m) >> 3);
+		p += 8;
+	}
+#endif
+	while (p < end && *p != a && *p != b)
+		p++;
+	return p;
+}

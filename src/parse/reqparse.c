@@ -437,32 +437,52 @@ static const llhttp_settings_t reqparse_settings = {
  */
 static int head_scan(struct reqparse *rp, const char *p, size_t n, const char **why)
 {
-	for (size_t i = 0; i < n && !rp->scan_done; i++) {
+	/* the state in locals, stored back on the way out */
+	char prev = rp->scan_prev;
+	unsigned line = rp->scan_line, lines = rp->scan_lines;
+	bool done = rp->scan_done;
+	int rc = 0;
+
+	for (size_t i = 0; i < n && !done;) {
 		char c = p[i];
-		if (rp->scan_prev == '\r' && c != '\n') {
+		if (prev == '\r' && c != '\n') {
 			*why = "a line of the request head ends in a bare CR; lines end in CRLF";
-			return -1;
+			rc = -1;
+			break;
 		}
 		if (c == '\n') {
-			if (rp->scan_prev != '\r') {
+			if (prev != '\r') {
 				*why = "a line of the request head ends in a bare LF; lines end in CRLF";
-				return -1;
+				rc = -1;
+				break;
 			}
-			if (rp->scan_line == 0 && rp->scan_lines > 0)
-				rp->scan_done = true; /* the blank line: the body is not ours to scan */
-			else if (rp->scan_line > 0)
-				rp->scan_lines++;
-			rp->scan_line = 0;
+			if (line == 0 && lines > 0)
+				done = true; /* the blank line: the body is not ours to scan */
+			else if (line > 0)
+				lines++;
+			line = 0;
 		} else if (c != '\r') {
-			if (rp->scan_line == 0 && rp->scan_lines > 0 && (c == ' ' || c == '\t')) {
+			if (line == 0 && lines > 0 && (c == ' ' || c == '\t')) {
 				*why = "a header line starts with whitespace (obs-fold line folding is not accepted)";
-				return -1;
+				rc = -1;
+				break;
 			}
-			rp->scan_line++;
+			/* the rest of the line up to its CR or LF: nothing in it to
+			 * check, it only counts */
+			size_t run = (size_t)(find_either(p + i + 1, p + n, '\r', '\n') - (p + i));
+			line += (unsigned)run;
+			i += run;
+			prev = p[i - 1];
+			continue;
 		}
-		rp->scan_prev = c;
+		prev = c;
+		i++;
 	}
-	return 0;
+	rp->scan_prev = prev;
+	rp->scan_line = line;
+	rp->scan_lines = lines;
+	rp->scan_done = done;
+	return rc;
 }
 
 static void head_scan_reset(struct reqparse *rp)

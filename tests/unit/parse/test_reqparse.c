@@ -181,6 +181,26 @@ static void test_head_framing(void **state)
 	REFUSED("GET /ok HTTP/1.1\r\nHost: h\r\nX-A: a\r\n b\r\n\r\n", true);
 	REFUSED("\rGET /ok HTTP/1.1\r\nHost: h\r\n\r\n", true);
 	REFUSED("\nGET /ok HTTP/1.1\r\nHost: h\r\n\r\n", true);
+	/* the same deep in long lines, at every offset within eight bytes
+	 * (the scan goes a word at a time between line ends), and a long head
+	 * that is well framed */
+	for (int pad = 0; pad < 24; pad++) {
+		static const char *const bad[] = { "\rX", "\n", "\r\r\n" };
+		char raw[256];
+		for (size_t b = 0; b < sizeof(bad) / sizeof(bad[0]); b++) {
+			int n = snprintf(raw, sizeof(raw),
+					 "GET /ok HTTP/1.1\r\nHost: h\r\nX-Long-Header: %.*s%s\r\n\r\n", pad,
+					 "abcdefghijklmnopqrstuvwxyz", bad[b]);
+			expect_refused(raw, (size_t)n, true);
+		}
+		struct seen s;
+		int n = snprintf(raw, sizeof(raw), "GET /ok HTTP/1.1\r\nHost: h\r\nX-Long-Header: %.*s\r\n\r\n", pad,
+				 "abcdefghijklmnopqrstuvwxyz");
+		for (size_t step = 0; step <= 8; step++) {
+			assert_int_equal(run(raw, (size_t)n, step, &s), 0);
+			assert_int_equal(s.heads, 1);
+		}
+	}
 }
 
 /* Well framed: accepted whole and a byte at a time, with the same body. */
