@@ -13,11 +13,14 @@
 #include <strings.h>
 
 /* Case-insensitive comparison of (a, alen) with the string `lit`: an HTTP
- * header name, or a token of a header value. */
+ * header name, or a token of a header value. The first bytes are compared
+ * inline first (equal with bit 0x20 set, which any two bytes strncasecmp
+ * finds equal are), so most names of the same length cost no call. */
 static inline bool name_eq(const char *a, size_t alen, const char *lit)
 {
 	size_t n = strlen(lit);
-	return alen == n && strncasecmp(a, lit, n) == 0;
+	return alen == n && (n == 0 || ((unsigned char)a[0] | 0x20) == ((unsigned char)lit[0] | 0x20)) &&
+	       strncasecmp(a, lit, n) == 0;
 }
 
 /* Copies (src, len) into dst[dstlen] (dstlen > 0), cut to dstlen - 1 bytes,
