@@ -183,8 +183,26 @@ static int on_url(llhttp_t *p, const char *at, size_t len)
  * server behind it may read such a header differently. */
 static bool is_tchar(unsigned char c)
 {
-	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-	       (c && strchr("!#$%&'*+-.^_`|~", c));
+	if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))
+		return true;
+	switch (c) { /* "!#$%&'*+-.^_`|~", without a strchr per byte */
+	case '!':
+	case '#':
+	case '$':
+	case '%':
+	case '&':
+	case '\'':
+	case '*':
+	case '+':
+	case '-':
+	case '.':
+	case '^':
+	case '_':
+	case '`':
+	case '|':
+	case '~': return true;
+	default: return false;
+	}
 }
 
 /* Trailer fields (after a chunked body) pass the same character checks and

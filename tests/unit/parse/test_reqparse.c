@@ -249,6 +249,25 @@ static void test_h2c_offer_then_next_request(void **state)
 	}
 }
 
+/* A header name takes RFC 9110's token characters and no other byte. */
+static void test_header_name_bytes(void **state)
+{
+	static const char tchar[] = "!#$%&'*+-.^_`|~";
+	(void)state;
+	for (int c = 1; c < 256; c++) {
+		if (c == ':')
+			continue; /* ends the name */
+		char raw[64];
+		struct seen s;
+		int n = snprintf(raw, sizeof(raw), "GET / HTTP/1.1\r\nHost: h\r\nX%cY: v\r\n\r\n", c);
+		bool token = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+			     strchr(tchar, c) != NULL;
+		int status = run(raw, (size_t)n, 0, &s);
+		if (token ? status != 0 : status != 400)
+			fail_msg("byte 0x%02x in a header name: status %d", c, status);
+	}
+}
+
 static bool hop(const struct reqhead *h, const char *name)
 {
 	return reqhead_hop_by_hop(h, name, strlen(name));
@@ -308,6 +327,7 @@ int main(void)
 		cmocka_unit_test(test_well_framed),
 		cmocka_unit_test(test_h2c_offer_then_next_request),
 		cmocka_unit_test(test_hop_by_hop),
+		cmocka_unit_test(test_header_name_bytes),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
