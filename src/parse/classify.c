@@ -45,6 +45,7 @@
 #include <string.h>
 
 #include "keyscan.h"
+#include "strutil.h"
 
 /* A quoted key literal and its length, for key_find(). */
 #define KEY(k) ("\"" k "\""), (sizeof("\"" k "\"") - 1)
@@ -600,11 +601,14 @@ static const char *container_end(const struct span *s, const char *v)
 	while (p < s->end) {
 		char c = *p++;
 		if (c == '"') {
-			while (p < s->end && *p != '"')
-				p += (*p == '\\' && p + 1 < s->end) ? 2 : 1;
-			if (p >= s->end)
-				return s->end;
-			p++;
+			for (;;) { /* to the closing quote, a word at a time */
+				const char *q = find_either(p, s->end, '"', '\\');
+				if (q >= s->end || (*q == '\\' && q + 1 >= s->end))
+					return s->end;
+				p = q + (*q == '"' ? 1 : 2);
+				if (*q == '"')
+					break;
+			}
 		} else if (c == '{' || c == '[') {
 			depth++;
 		} else if ((c == '}' || c == ']') && --depth == 0) {
@@ -620,13 +624,14 @@ static const char *container_end(const struct span *s, const char *v)
  * when it is cut off. */
 static const char *string_end(const struct span *s, const char *p)
 {
-	for (p++; p < s->end; p++) {
-		if (*p == '\\')
-			p++;
-		else if (*p == '"')
-			return p + 1;
+	for (p++;;) { /* a word at a time to the next quote or backslash */
+		const char *q = find_either(p, s->end, '"', '\\');
+		if (q >= s->end || (*q == '\\' && q + 1 >= s->end))
+			return NULL;
+		if (*q == '"')
+			return q + 1;
+		p = q + 2;
 	}
-	return NULL;
 }
 
 /* One past the JSON value starting at v (s->end when it is cut off). */
