@@ -1006,6 +1006,26 @@ static void test_usage_members(void **state)
 	assert_int_equal(u.server.prefill_ns, 1500000);
 	assert_int_equal(u.server.decode_ns, 2000000);
 	assert_int_equal(u.server.source, SERVER_VLLM);
+	/* the strings walked over are skipped a word at a time: an escaped
+	 * quote and backslash at each offset of a long id and choice text */
+	for (int pad = 0; pad < 24; pad++) {
+		char ev[512];
+		snprintf(ev, sizeof(ev),
+			 "{\"id\":\"%.*s\\\"\\\\%.*s\",\"choices\":[{\"text\":\"%.*s\\\"}{]\"}],"
+			 "\"usage\":{\"note\":\"%.*s\\\\\",\"prompt_tokens\":%d,\"completion_tokens\":2}}",
+			 pad, "abcdefghijklmnopqrstuvwxyz", 23 - pad, "ABCDEFGHIJKLMNOPQRSTUVWXYZ", pad,
+			 "abcdefghijklmnopqrstuvwxyz", 23 - pad, "ABCDEFGHIJKLMNOPQRSTUVWXYZ", pad + 1);
+		u = USAGE_UNKNOWN;
+		assert_false(tok(API_OPENAI_CHAT, ev, &u));
+		assert_int_equal(u.input_tokens, pad + 1);
+		assert_int_equal(u.output_tokens, 2);
+	}
+	/* a usage object cut inside a string, right after a backslash: the
+	 * members before it count, the walk ends there */
+	u = USAGE_UNKNOWN;
+	assert_false(tok(API_OPENAI_CHAT, "{\"usage\":{\"prompt_tokens\":5,\"x\":\"abcdefghijklmnop\\", &u));
+	assert_int_equal(u.input_tokens, 5);
+	assert_int_equal(u.output_tokens, -1);
 }
 
 /* ---- what an event carries: answer, reasoning or a tool call ----------- */
