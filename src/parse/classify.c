@@ -45,6 +45,7 @@
 #include <string.h>
 
 #include "keyscan.h"
+#include "strutil.h"
 
 /* A quoted key literal and its length, for key_find(). */
 #define KEY(k) ("\"" k "\""), (sizeof("\"" k "\"") - 1)
@@ -640,13 +641,14 @@ static const char *container_end(const struct span *s, const char *v)
  * when it is cut off. */
 static const char *string_end(const struct span *s, const char *p)
 {
-	for (p++; p < s->end; p++) {
-		if (*p == '\\')
-			p++;
-		else if (*p == '"')
-			return p + 1;
+	for (p++;;) { /* a word at a time to the next quote or backslash */
+		const char *q = find_either(p, s->end, '"', '\\');
+		if (q >= s->end || (*q == '\\' && q + 1 >= s->end))
+			return NULL;
+		if (*q == '"')
+			return q + 1;
+		p = q + 2;
 	}
-	return NULL;
 }
 
 /* One past the JSON value starting at v (s->end when it is cut off). */
@@ -663,16 +665,24 @@ static const char *value_end(const struct span *s, const char *v)
 	return v;
 }
 
-/* The value of member `qkey` (quoted, as made by KEY()) of the object at
- * obj, or NULL when obj is not an object or has no such member. Only the
- * object's own members count, not keys deeper down, and the last one wins
- * when a key repeats: what a JSON parser would give. */
-static const char *member(const struct span *s, const char *obj, const char *qkey, size_t qlen)
-{
-	const char *found = NULL;
+/* A member key asked for: quoted, as made by KEY(). */
+struct member_key {
+	const char *qkey;
+	size_t qlen;
+};
 
+/* The values of members keys[0, n) of the object at obj, into vals[0, n)
+ * (NULL for a key it has not, or all of them when obj is not an object),
+ * in one walk of its members: vals[i] is what member(s, obj, keys[i])
+ * gives, as the walk is the same whatever the key. Only the object's own
+ * members count, not keys deeper down, and the last one wins when a key
+ * repeats: what a JSON parser would give. */
+static void members(const struct span *s, const char *obj, const struct member_key *keys, size_t n, const char **vals)
+{
+	for (size_t i = 0; i < n; i++)
+		vals[i] = NULL;
 	if (obj == NULL || obj >= s->end || *obj != '{')
-		return NULL;
+		return;
 	for (const char *p = skip_space(obj + 1, s->end); p < s->end && *p == '"';) {
 		const char *kend = string_end(s, p);
 		if (kend == NULL)
@@ -683,13 +693,25 @@ static const char *member(const struct span *s, const char *obj, const char *qke
 		v = skip_space(v + 1, s->end);
 		if (v >= s->end)
 			break;
-		if ((size_t)(kend - p) == qlen && memcmp(p, qkey, qlen) == 0)
-			found = v;
+		size_t klen = (size_t)(kend - p);
+		for (size_t i = 0; i < n; i++)
+			if (klen == keys[i].qlen && memcmp(p, keys[i].qkey, klen) == 0)
+				vals[i] = v;
 		p = skip_space(value_end(s, v), s->end);
 		if (p >= s->end || *p != ',')
 			break;
 		p = skip_space(p + 1, s->end);
 	}
+}
+
+/* The value of member `qkey` (quoted, as made by KEY()) of the object at
+ * obj, or NULL when obj is not an object or has no such member (members()
+ * for one key). */
+static const char *member(const struct span *s, const char *obj, const char *qkey, size_t qlen)
+{
+	const struct member_key key = { qkey, qlen };
+	const char *found;
+	members(s, obj, &key, 1, &found);
 	return found;
 }
 
@@ -926,19 +948,33 @@ void classify_header(const char *name, size_t nlen, const char *val, size_t vlen
 /* OpenAI's details: cached (and, newer, cache-write) tokens within the
  * prompt, reasoning tokens within the output. SGLang puts reasoning_tokens
  * at the top of usage; the standard place wins when both are there. */
-static void usage_openai(const struct span *s, const char *root, struct usage *u)
+static void usage_openai_of(const struct span *s, const char *usage, struct usage *u)
 {
-	const char *usage = member(s, root, KEY("usage"));
-	take_count(s, usage, KEY("prompt_tokens"), &u->input_tokens);
-	take_count(s, usage, KEY("completion_tokens"), &u->output_tokens);
+	static const struct member_key keys[] = {
+		{ KEY("prompt_tokens") },    { KEY("completion_tokens") },	   { KEY("prompt_tokens_details") },
+		{ KEY("reasoning_tokens") }, { KEY("completion_tokens_details") },
+	};
+	const char *v[NKEYS(keys)];
+
 	if (usage == NULL)
 		return;
-	const char *pd = member(s, usage, KEY("prompt_tokens_details"));
-	take_count(s, pd, KEY("cached_tokens"), &u->cached_tokens);
-	take_count(s, pd, KEY("cache_write_tokens"), &u->cache_write_tokens);
-	take_count(s, usage, KEY("reasoning_tokens"), &u->reasoning_tokens);
-	take_count(s, member(s, usage, KEY("completion_tokens_details")), KEY("reasoning_tokens"),
-		   &u->reasoning_tokens);
+	members(s, usage, keys, NKEYS(keys), v);
+	count_at(s, v[0], &u->input_tokens);
+	count_at(s, v[1], &u->output_tokens);
+	if (v[2] != NULL) {
+		static const struct member_key pkeys[] = { { KEY("cached_tokens") }, { KEY("cache_write_tokens") } };
+		const char *pv[NKEYS(pkeys)];
+		members(s, v[2], pkeys, NKEYS(pkeys), pv);
+		count_at(s, pv[0], &u->cached_tokens);
+		count_at(s, pv[1], &u->cache_write_tokens);
+	}
+	count_at(s, v[3], &u->reasoning_tokens);
+	take_count(s, v[4], KEY("reasoning_tokens"), &u->reasoning_tokens);
+}
+
+static void usage_openai(const struct span *s, const char *root, struct usage *u)
+{
+	usage_openai_of(s, member(s, root, KEY("usage")), u);
 }
 
 /* The one-answer APIs: every token is a prompt token. OpenAI's embeddings
@@ -954,10 +990,18 @@ static void usage_prompt_only(const struct span *s, const char *root, struct usa
 
 /* The server timings an OpenAI-shaped chunk or body may carry at its top:
  * llama.cpp's "timings", vLLM's "metrics". */
+static void server_openai_of(const struct span *s, const char *timings, const char *metrics, struct usage *u)
+{
+	server_llamacpp(s, timings, &u->server);
+	server_vllm(s, metrics, &u->server);
+}
+
 static void server_openai(const struct span *s, const char *root, struct usage *u)
 {
-	server_llamacpp(s, member(s, root, KEY("timings")), &u->server);
-	server_vllm(s, member(s, root, KEY("metrics")), &u->server);
+	static const struct member_key keys[] = { { KEY("timings") }, { KEY("metrics") } };
+	const char *v[NKEYS(keys)];
+	members(s, root, keys, NKEYS(keys), v);
+	server_openai_of(s, v[0], v[1], u);
 }
 
 static void usage_tgi(const struct span *s, const char *root, struct usage *u)
@@ -1066,10 +1110,16 @@ static const struct token_key ollama_chat_keys[] = { { KEY("content"), false, TO
 static void openai_read_extra(const struct span *s, enum openai_extra extra, struct usage *u)
 {
 	switch (extra) {
-	case EXTRA_USAGE:
-		usage_openai(s, s->p, u);
-		server_openai(s, s->p, u);
+	case EXTRA_USAGE: {
+		/* usage, timings and metrics in one walk of the chunk: what
+		 * usage_openai() then server_openai() read. */
+		static const struct member_key keys[] = { { KEY("usage") }, { KEY("timings") }, { KEY("metrics") } };
+		const char *v[NKEYS(keys)];
+		members(s, s->p, keys, NKEYS(keys), v);
+		usage_openai_of(s, v[0], u);
+		server_openai_of(s, v[1], v[2], u);
 		break;
+	}
 	case EXTRA_TIMINGS: server_openai(s, s->p, u); break;
 	case EXTRA_NONE: break;
 	}

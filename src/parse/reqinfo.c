@@ -51,9 +51,7 @@ static enum scan_status scan_skip_string(struct scan *s)
 {
 	const char *p = s->p + 1;
 	for (;;) {
-		const char *q = p;
-		while (q < s->end && *q != '"' && *q != '\\')
-			q++;
+		const char *q = find_either(p, s->end, '"', '\\'); /* a word at a time */
 		if (q >= s->end)
 			return SCAN_SHORT;
 		if (*q == '"') {

@@ -110,12 +110,20 @@ static bool listed_in_connection(const struct reqhead *h, const char *name, size
 
 bool reqhead_hop_by_hop(const struct reqhead *h, const char *name, size_t len)
 {
-	static const char *const hop[] = { "connection", "keep-alive", "proxy-connection",
-					   "te",	 "trailer",    "transfer-encoding",
-					   "upgrade",	 "expect",     "http2-settings" };
-	for (size_t i = 0; i < sizeof(hop) / sizeof(hop[0]); i++)
-		if (name_eq(name, len, hop[i]))
-			return true;
+	/* The fixed ones by length: one comparison at most. */
+	const char *hop = NULL;
+	switch (len) {
+	case 2: hop = "te"; break;
+	case 6: hop = "expect"; break;
+	case 7: hop = (name[0] | 0x20) == 'u' ? "upgrade" : "trailer"; break;
+	case 10: hop = (name[0] | 0x20) == 'c' ? "connection" : "keep-alive"; break;
+	case 14: hop = "http2-settings"; break;
+	case 16: hop = "proxy-connection"; break;
+	case 17: hop = "transfer-encoding"; break;
+	default: break;
+	}
+	if (hop && strncasecmp(name, hop, len) == 0)
+		return true;
 	return listed_in_connection(h, name, len);
 }
 
@@ -175,8 +183,26 @@ static int on_url(llhttp_t *p, const char *at, size_t len)
  * server behind it may read such a header differently. */
 static bool is_tchar(unsigned char c)
 {
-	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-	       (c && strchr("!#$%&'*+-.^_`|~", c));
+	if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))
+		return true;
+	switch (c) { /* "!#$%&'*+-.^_`|~", without a strchr per byte */
+	case '!':
+	case '#':
+	case '$':
+	case '%':
+	case '&':
+	case '\'':
+	case '*':
+	case '+':
+	case '-':
+	case '.':
+	case '^':
+	case '_':
+	case '`':
+	case '|':
+	case '~': return true;
+	default: return false;
+	}
 }
 
 /* Trailer fields (after a chunked body) pass the same character checks and
@@ -429,32 +455,52 @@ static const llhttp_settings_t reqparse_settings = {
  */
 static int head_scan(struct reqparse *rp, const char *p, size_t n, const char **why)
 {
-	for (size_t i = 0; i < n && !rp->scan_done; i++) {
+	/* the state in locals, stored back on the way out */
+	char prev = rp->scan_prev;
+	unsigned line = rp->scan_line, lines = rp->scan_lines;
+	bool done = rp->scan_done;
+	int rc = 0;
+
+	for (size_t i = 0; i < n && !done;) {
 		char c = p[i];
-		if (rp->scan_prev == '\r' && c != '\n') {
+		if (prev == '\r' && c != '\n') {
 			*why = "a line of the request head ends in a bare CR; lines end in CRLF";
-			return -1;
+			rc = -1;
+			break;
 		}
 		if (c == '\n') {
-			if (rp->scan_prev != '\r') {
+			if (prev != '\r') {
 				*why = "a line of the request head ends in a bare LF; lines end in CRLF";
-				return -1;
+				rc = -1;
+				break;
 			}
-			if (rp->scan_line == 0 && rp->scan_lines > 0)
-				rp->scan_done = true; /* the blank line: the body is not ours to scan */
-			else if (rp->scan_line > 0)
-				rp->scan_lines++;
-			rp->scan_line = 0;
+			if (line == 0 && lines > 0)
+				done = true; /* the blank line: the body is not ours to scan */
+			else if (line > 0)
+				lines++;
+			line = 0;
 		} else if (c != '\r') {
-			if (rp->scan_line == 0 && rp->scan_lines > 0 && (c == ' ' || c == '\t')) {
+			if (line == 0 && lines > 0 && (c == ' ' || c == '\t')) {
 				*why = "a header line starts with whitespace (obs-fold line folding is not accepted)";
-				return -1;
+				rc = -1;
+				break;
 			}
-			rp->scan_line++;
+			/* the rest of the line up to its CR or LF: nothing in it to
+			 * check, it only counts */
+			size_t run = (size_t)(find_either(p + i + 1, p + n, '\r', '\n') - (p + i));
+			line += (unsigned)run;
+			i += run;
+			prev = p[i - 1];
+			continue;
 		}
-		rp->scan_prev = c;
+		prev = c;
+		i++;
 	}
-	return 0;
+	rp->scan_prev = prev;
+	rp->scan_line = line;
+	rp->scan_lines = lines;
+	rp->scan_done = done;
+	return rc;
 }
 
 static void head_scan_reset(struct reqparse *rp)

@@ -396,47 +396,107 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
  * most one traceparent, the request's trace with tokentap's span as the
  * parent (the same on every attempt: one span per request), and the
  * client's tracestate only beside it (request.c, request_trace). */
+/* Whether the client's header i goes to the upstream as it came; sets
+ * *host when it is the Host header. */
+static bool head_keeps(const struct reqhead *head, const struct req_record *rec, unsigned i, bool *host)
+{
+	const struct hdr *h = &head->hdrs[i];
+	const char *name = head->buf + h->name_off;
+	if (reqhead_hop_by_hop(head, name, h->name_len))
+		return false;
+	if (name_eq(name, h->name_len, "x-request-id"))
+		return false; /* written once below: the id the log has */
+	if (name_eq(name, h->name_len, "traceparent"))
+		return false; /* written below: tokentap's span as the parent */
+	if (name_eq(name, h->name_len, "tracestate") && !rec->trace_state)
+		return false; /* invalid, too long, or without its traceparent */
+	if (name_eq(name, h->name_len, "host"))
+		*host = true;
+	return true;
+}
+
+static char *put(char *p, const void *src, size_t len)
+{
+	memcpy(p, src, len);
+	return p + len;
+}
+
+#define PUT_LIT(p, lit) put((p), (lit), sizeof(lit) - 1)
+
+/* The whole head is measured first, then written into one reservation of
+ * `out` (one evbuffer_add's worth of work, not one per piece). */
 int exchange_head_write(const struct reqhead *head, const struct req_record *rec, const struct upstream *up,
 			struct evbuffer *out)
 {
+	static const char host_pre[] = "host: ", id_pre[] = "x-request-id: ", tp_pre[] = "traceparent: ";
+	static const char te_line[] = "transfer-encoding: chunked\r\n", close_line[] = "connection: close\r\n";
+	enum { MAX_KEPT = 256 };
+	uint8_t kept_small[MAX_KEPT / 8] = { 0 }; /* which headers are kept, when they are few */
 	bool has_host = false;
-	bool bad = false; /* an add failed: out of memory */
+	size_t mlen = strlen(rec->method), idlen = strlen(rec->id), hostlen = 0;
+	size_t total = mlen + 1 + head->url_len + sizeof(" HTTP/1.1\r\n") - 1;
 
-	bad |= evbuffer_add_printf(out, "%s ", rec->method) < 0;
-	bad |= evbuffer_add(out, head->buf + head->url_off, head->url_len) == -1;
-	bad |= evbuffer_add_printf(out, " HTTP/1.%d\r\n", head->http10 ? 0 : 1) < 0;
-	for (unsigned i = 0; i < head->nhdr && !bad; i++) {
-		const struct hdr *h = &head->hdrs[i];
-		const char *name = head->buf + h->name_off;
-		if (reqhead_hop_by_hop(head, name, h->name_len))
+	for (unsigned i = 0; i < head->nhdr; i++) {
+		if (!head_keeps(head, rec, i, &has_host))
 			continue;
-		if (name_eq(name, h->name_len, "x-request-id"))
-			continue; /* written once below: the id the log has */
-		if (name_eq(name, h->name_len, "traceparent"))
-			continue; /* written below: tokentap's span as the parent */
-		if (name_eq(name, h->name_len, "tracestate") && !rec->trace_state)
-			continue; /* invalid, too long, or without its traceparent */
-		if (name_eq(name, h->name_len, "host"))
-			has_host = true;
-		bad |= evbuffer_add(out, name, h->name_len) == -1;
-		bad |= evbuffer_add(out, ": ", 2) == -1;
-		bad |= evbuffer_add(out, head->buf + h->val_off, h->val_len) == -1;
-		bad |= evbuffer_add(out, "\r\n", 2) == -1;
+		if (i < MAX_KEPT)
+			kept_small[i / 8] |= (uint8_t)(1u << (i % 8));
+		total += head->hdrs[i].name_len + head->hdrs[i].val_len + 4;
 	}
-	if (!has_host)
-		bad |= evbuffer_add_printf(out, "host: %s\r\n", up->name) < 0;
-	bad |= evbuffer_add_printf(out, "x-request-id: %s\r\n", rec->id) < 0;
+	if (!has_host) {
+		hostlen = strlen(up->name);
+		total += sizeof(host_pre) - 1 + hostlen + 2;
+	}
+	total += sizeof(id_pre) - 1 + idlen + 2;
+	if (rec->traced)
+		total += sizeof(tp_pre) - 1 + TRACEPARENT_LEN + 2;
+	if (head->chunked)
+		total += sizeof(te_line) - 1;
+	if (head->http10)
+		total += sizeof(close_line) - 1;
+	total += 2;
+
+	struct evbuffer_iovec vec;
+	if (evbuffer_reserve_space(out, (ev_ssize_t)total, &vec, 1) != 1 || vec.iov_len < total)
+		return -1;
+	char *p = vec.iov_base;
+	p = put(p, rec->method, mlen);
+	*p++ = ' ';
+	p = put(p, head->buf + head->url_off, head->url_len);
+	p = head->http10 ? PUT_LIT(p, " HTTP/1.0\r\n") : PUT_LIT(p, " HTTP/1.1\r\n");
+	for (unsigned i = 0; i < head->nhdr; i++) {
+		bool unused = false;
+		if (i < MAX_KEPT ? !(kept_small[i / 8] & (1u << (i % 8))) : !head_keeps(head, rec, i, &unused))
+			continue;
+		const struct hdr *h = &head->hdrs[i];
+		p = put(p, head->buf + h->name_off, h->name_len);
+		p = PUT_LIT(p, ": ");
+		p = put(p, head->buf + h->val_off, h->val_len);
+		p = PUT_LIT(p, "\r\n");
+	}
+	if (!has_host) {
+		p = PUT_LIT(p, host_pre);
+		p = put(p, up->name, hostlen);
+		p = PUT_LIT(p, "\r\n");
+	}
+	p = PUT_LIT(p, id_pre);
+	p = put(p, rec->id, idlen);
+	p = PUT_LIT(p, "\r\n");
 	if (rec->traced) {
 		char tp[TRACEPARENT_LEN + 1];
 		tracectx_format(&rec->trace, tp);
-		bad |= evbuffer_add_printf(out, "traceparent: %s\r\n", tp) < 0;
+		p = PUT_LIT(p, tp_pre);
+		p = put(p, tp, TRACEPARENT_LEN);
+		p = PUT_LIT(p, "\r\n");
 	}
 	if (head->chunked)
-		bad |= evbuffer_add_printf(out, "transfer-encoding: chunked\r\n") < 0;
+		p = PUT_LIT(p, te_line);
 	if (head->http10)
-		bad |= evbuffer_add_printf(out, "connection: close\r\n") < 0;
-	bad |= evbuffer_add(out, "\r\n", 2) == -1;
-	return bad ? -1 : 0;
+		p = PUT_LIT(p, close_line);
+	p = PUT_LIT(p, "\r\n");
+	vec.iov_len = (size_t)(p - (char *)vec.iov_base);
+	CHECK(vec.iov_len == total);
+	return evbuffer_commit_space(out, &vec, 1) == 0 ? 0 : -1;
 }
 
 /* The primary's head goes in front of whatever body bytes already wait in

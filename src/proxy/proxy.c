@@ -74,6 +74,28 @@ static void format_addr(const struct sockaddr *sa, char *out, size_t len)
 		const struct sockaddr_in6 *s6 = (const void *)sa;
 		inet_ntop(AF_INET6, &s6->sin6_addr, host, sizeof(host));
 		snprintf(out, len, "[%s]:%u", host, ntohs(s6->sin6_port));
+	} else if (sa->sa_family == AF_INET && len >= sizeof("255.255.255.255:65535")) {
+		/* what inet_ntop and "%s:%u" write, without the formatting engine:
+		 * once per connection */
+		const struct sockaddr_in *s4 = (const void *)sa;
+		const unsigned char *b = (const unsigned char *)&s4->sin_addr;
+		char *p = out;
+		for (int i = 0; i < 4; i++) {
+			unsigned v = b[i];
+			if (v >= 100)
+				*p++ = (char)('0' + v / 100);
+			if (v >= 10)
+				*p++ = (char)('0' + v / 10 % 10);
+			*p++ = (char)('0' + v % 10);
+			*p++ = i < 3 ? '.' : ':';
+		}
+		char digits[5];
+		int n = 0;
+		for (unsigned port = ntohs(s4->sin_port); n == 0 || port; port /= 10)
+			digits[n++] = (char)('0' + port % 10);
+		while (n)
+			*p++ = digits[--n];
+		*p = '\0';
 	} else {
 		const struct sockaddr_in *s4 = (const void *)sa;
 		inet_ntop(AF_INET, &s4->sin_addr, host, sizeof(host));

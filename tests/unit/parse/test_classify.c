@@ -993,6 +993,45 @@ static void test_usage_members(void **state)
 			 &u));
 	assert_int_equal(u.input_tokens, 4);
 	assert_int_equal(u.output_tokens, 2);
+	/* a streamed usage chunk's members read in one walk of the chunk and
+	 * one of usage: the last of a repeated usage, its details, and the
+	 * server's timings and metrics beside it */
+	u = USAGE_UNKNOWN;
+	assert_false(tok(API_OPENAI_CHAT,
+			 J("{'choices':[],'metrics':{'queue_time_ms':3},'usage':{'prompt_tokens':9},'usage':{"
+			   "'prompt_tokens_details':{'cached_tokens':1,'cache_write_tokens':2},'prompt_tokens':6,"
+			   "'completion_tokens_details':{'reasoning_tokens':4},'completion_tokens':5},"
+			   "'timings':{'prompt_ms':1.5,'predicted_ms':2}}"),
+			 &u));
+	assert_int_equal(u.input_tokens, 6);
+	assert_int_equal(u.output_tokens, 5);
+	assert_int_equal(u.cached_tokens, 1);
+	assert_int_equal(u.cache_write_tokens, 2);
+	assert_int_equal(u.reasoning_tokens, 4);
+	assert_int_equal(u.server.queue_ns, 3000000);
+	assert_int_equal(u.server.prefill_ns, 1500000);
+	assert_int_equal(u.server.decode_ns, 2000000);
+	assert_int_equal(u.server.source, SERVER_VLLM);
+	/* the strings walked over are skipped a word at a time: an escaped
+	 * quote and backslash at each offset of a long id and choice text */
+	for (int pad = 0; pad < 24; pad++) {
+		char ev[512];
+		snprintf(ev, sizeof(ev),
+			 "{\"id\":\"%.*s\\\"\\\\%.*s\",\"choices\":[{\"text\":\"%.*s\\\"}{]\"}],"
+			 "\"usage\":{\"note\":\"%.*s\\\\\",\"prompt_tokens\":%d,\"completion_tokens\":2}}",
+			 pad, "abcdefghijklmnopqrstuvwxyz", 23 - pad, "ABCDEFGHIJKLMNOPQRSTUVWXYZ", pad,
+			 "abcdefghijklmnopqrstuvwxyz", 23 - pad, "ABCDEFGHIJKLMNOPQRSTUVWXYZ", pad + 1);
+		u = USAGE_UNKNOWN;
+		assert_false(tok(API_OPENAI_CHAT, ev, &u));
+		assert_int_equal(u.input_tokens, pad + 1);
+		assert_int_equal(u.output_tokens, 2);
+	}
+	/* a usage object cut inside a string, right after a backslash: the
+	 * members before it count, the walk ends there */
+	u = USAGE_UNKNOWN;
+	assert_false(tok(API_OPENAI_CHAT, "{\"usage\":{\"prompt_tokens\":5,\"x\":\"abcdefghijklmnop\\", &u));
+	assert_int_equal(u.input_tokens, 5);
+	assert_int_equal(u.output_tokens, -1);
 }
 
 /* ---- what an event carries: answer, reasoning or a tool call ----------- */

@@ -251,6 +251,26 @@ static void test_every_prefix(void **state)
 	}
 }
 
+/* Strings are skipped a word at a time to their next quote or backslash:
+ * an escape at each offset of a long string, and every prefix of it. */
+static void test_long_string_escapes(void **state)
+{
+	(void)state;
+	for (int pad = 0; pad < 24; pad++) {
+		char body[256];
+		struct reqinfo ri;
+		int n = snprintf(body, sizeof(body),
+				 "{\"messages\":[{\"content\":\"%.*s\\\"\\\\%.*s\\\"\"}],\"model\":\"m\"}", pad,
+				 "abcdefghijklmnopqrstuvwxyz", 23 - pad, "ABCDEFGHIJKLMNOPQRSTUVWXYZ");
+		assert_int_equal(parse(body, (size_t)n, true, &ri), 0);
+		assert_string_equal(ri.model, "m");
+		for (int len = 1; len < n; len++) {
+			assert_int_equal(parse(body, (size_t)len, false, &ri), 0);
+			assert_string_equal(ri.model, len >= n - 1 ? "m" : "");
+		}
+	}
+}
+
 /* A big messages array first: a prefix that stops inside it finds nothing. */
 static void test_truncated_inside_messages(void **state)
 {
@@ -412,6 +432,7 @@ int main(void)
 		cmocka_unit_test(test_escaped_keys),
 		cmocka_unit_test(test_long_model_truncated),
 		cmocka_unit_test(test_every_prefix),
+		cmocka_unit_test(test_long_string_escapes),
 		cmocka_unit_test(test_truncated_inside_messages),
 		cmocka_unit_test(test_not_json),
 		cmocka_unit_test(test_deep_nesting),

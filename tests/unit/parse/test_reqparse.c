@@ -3,7 +3,7 @@
  * 8.1 accepts in its lenient build, or even in strict mode, is refused with
  * 400 whether a stream arrives whole or a byte at a time; well-framed
  * requests (an h2c offer among them) parse, and the next request on the
- * connection after them too.
+ * connection after them too; which header names are hop-by-hop.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -31,9 +31,14 @@ static struct reqhead *on_begin(void *arg)
 	return &((struct seen *)arg)->head;
 }
 
+/* Called on each parsed head when set. */
+static void (*head_check)(const struct reqhead *h);
+
 static int on_head(void *arg, struct reqhead *h)
 {
 	struct seen *s = arg;
+	if (head_check)
+		head_check(h);
 	if (s->heads < 2)
 		snprintf(s->url[s->heads], sizeof(s->url[0]), "%.*s", (int)h->url_len, h->buf + h->url_off);
 	s->heads++;
@@ -176,6 +181,26 @@ static void test_head_framing(void **state)
 	REFUSED("GET /ok HTTP/1.1\r\nHost: h\r\nX-A: a\r\n b\r\n\r\n", true);
 	REFUSED("\rGET /ok HTTP/1.1\r\nHost: h\r\n\r\n", true);
 	REFUSED("\nGET /ok HTTP/1.1\r\nHost: h\r\n\r\n", true);
+	/* the same deep in long lines, at every offset within eight bytes
+	 * (the scan goes a word at a time between line ends), and a long head
+	 * that is well framed */
+	for (int pad = 0; pad < 24; pad++) {
+		static const char *const bad[] = { "\rX", "\n", "\r\r\n" };
+		char raw[256];
+		for (size_t b = 0; b < sizeof(bad) / sizeof(bad[0]); b++) {
+			int n = snprintf(raw, sizeof(raw),
+					 "GET /ok HTTP/1.1\r\nHost: h\r\nX-Long-Header: %.*s%s\r\n\r\n", pad,
+					 "abcdefghijklmnopqrstuvwxyz", bad[b]);
+			expect_refused(raw, (size_t)n, true);
+		}
+		struct seen s;
+		int n = snprintf(raw, sizeof(raw), "GET /ok HTTP/1.1\r\nHost: h\r\nX-Long-Header: %.*s\r\n\r\n", pad,
+				 "abcdefghijklmnopqrstuvwxyz");
+		for (size_t step = 0; step <= 8; step++) {
+			assert_int_equal(run(raw, (size_t)n, step, &s), 0);
+			assert_int_equal(s.heads, 1);
+		}
+	}
 }
 
 /* Well framed: accepted whole and a byte at a time, with the same body. */
@@ -224,12 +249,85 @@ static void test_h2c_offer_then_next_request(void **state)
 	}
 }
 
+/* A header name takes RFC 9110's token characters and no other byte. */
+static void test_header_name_bytes(void **state)
+{
+	static const char tchar[] = "!#$%&'*+-.^_`|~";
+	(void)state;
+	for (int c = 1; c < 256; c++) {
+		if (c == ':')
+			continue; /* ends the name */
+		char raw[64];
+		struct seen s;
+		int n = snprintf(raw, sizeof(raw), "GET / HTTP/1.1\r\nHost: h\r\nX%cY: v\r\n\r\n", c);
+		bool token = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+			     strchr(tchar, c) != NULL;
+		int status = run(raw, (size_t)n, 0, &s);
+		if (token ? status != 0 : status != 400)
+			fail_msg("byte 0x%02x in a header name: status %d", c, status);
+	}
+}
+
+static bool hop(const struct reqhead *h, const char *name)
+{
+	return reqhead_hop_by_hop(h, name, strlen(name));
+}
+
+static void check_hop(const struct reqhead *h)
+{
+	static const char *const fixed[] = { "connection", "Keep-Alive", "PROXY-CONNECTION",
+					     "te",	   "Trailer",	 "transfer-encoding",
+					     "UpGrade",	   "expect",	 "HTTP2-Settings" };
+	/* the same lengths, one letter off; and end-to-end headers */
+	static const char *const not_hop[] = { "tx",
+					       "keep-alivf",
+					       "proxy-connectioN2",
+					       "connectiox",
+					       "upgradx",
+					       "trailex",
+					       "expecx",
+					       "http2-settingz",
+					       "transfer-encodinx",
+					       "content-length",
+					       "host",
+					       "x-request-id",
+					       "k",
+					       "" };
+	for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
+		if (!hop(h, fixed[i]))
+			fail_msg("%s is hop-by-hop", fixed[i]);
+	for (size_t i = 0; i < sizeof(not_hop) / sizeof(not_hop[0]); i++)
+		if (hop(h, not_hop[i]))
+			fail_msg("%s is not hop-by-hop", not_hop[i]);
+	/* and what the Connection header names, in any case */
+	assert_true(hop(h, "x-private"));
+	assert_true(hop(h, "X-Other"));
+}
+
+static void test_hop_by_hop(void **state)
+{
+	static const char get[] =
+		"GET /a HTTP/1.1\r\nHost: h\r\nConnection: keep-alive, X-Private\r\n"
+		"connection: x-other\r\n\r\n";
+	struct seen s;
+	(void)state;
+	head_check = check_hop;
+	assert_int_equal(RUN(get, 0, &s), 0);
+	head_check = NULL;
+	assert_int_equal(s.heads, 1);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_lenient_chunk_framing), cmocka_unit_test(test_trailer_framing),
-		cmocka_unit_test(test_target_bytes),	      cmocka_unit_test(test_head_framing),
-		cmocka_unit_test(test_well_framed),	      cmocka_unit_test(test_h2c_offer_then_next_request),
+		cmocka_unit_test(test_lenient_chunk_framing),
+		cmocka_unit_test(test_trailer_framing),
+		cmocka_unit_test(test_target_bytes),
+		cmocka_unit_test(test_head_framing),
+		cmocka_unit_test(test_well_framed),
+		cmocka_unit_test(test_h2c_offer_then_next_request),
+		cmocka_unit_test(test_hop_by_hop),
+		cmocka_unit_test(test_header_name_bytes),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
