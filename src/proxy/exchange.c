@@ -167,8 +167,9 @@ static const uint16_t xstate_legal[XS__COUNT] = {
 	[XS_CONNECTING] = XS_BIT(SENDING) | XS_BIT(ROUTING) | XS_BIT(DONE),
 	[XS_SENDING] = XS_BIT(AWAIT_HEAD) | XS_BIT(STREAMING) | XS_BIT(CONNECTING) | XS_BIT(ROUTING) | XS_BIT(DONE),
 	[XS_AWAIT_HEAD] = XS_BIT(STREAMING) | XS_BIT(CONNECTING) | XS_BIT(ROUTING) | XS_BIT(DONE),
-	[XS_STREAMING] = XS_BIT(PAUSED) | XS_BIT(ROUTING) | XS_BIT(DONE),
+	[XS_STREAMING] = XS_BIT(PAUSED) | XS_BIT(ROUTING) | XS_BIT(TUNNEL) | XS_BIT(DONE),
 	[XS_PAUSED] = XS_BIT(STREAMING) | XS_BIT(DONE),
+	[XS_TUNNEL] = XS_BIT(DONE),
 	[XS_DONE] = 0,
 };
 _Static_assert(XS__COUNT <= 16, "xstate_legal holds a bit per state");
@@ -427,6 +428,9 @@ int exchange_head_write(const struct reqhead *head, const struct req_record *rec
 		bad |= evbuffer_add_printf(out, "transfer-encoding: chunked\r\n") < 0;
 	if (head->http10)
 		bad |= evbuffer_add_printf(out, "connection: close\r\n") < 0;
+	/* a WebSocket handshake's own hop-by-hop pair (RFC 6455 4.1) */
+	if (head->websocket)
+		bad |= evbuffer_add_printf(out, "connection: upgrade\r\nupgrade: websocket\r\n") < 0;
 	bad |= evbuffer_add(out, "\r\n", 2) == -1;
 	return bad ? -1 : 0;
 }
@@ -532,6 +536,7 @@ static enum xr request_connect(struct exchange *x)
 	if (!x->shadow) /* the engine's queue as last scraped (scrape.h) */
 		upstream_engine_note(x->up, &x->rec->engine, now);
 	x->resp.head_request = x->method == HTTP_HEAD;
+	x->resp.upgrade_ok = !x->shadow && x->head && x->head->websocket && x->hooks->upgraded;
 	/* a shadow's head came with its bytes (exchange_shadow_start) */
 	if (!x->shadow && request_write_head(x) == -1) {
 		snprintf(msg, sizeof(msg), "out of memory writing the request head for upstream %s", x->up->name);
@@ -1190,6 +1195,15 @@ static enum xr exchange_read(struct exchange *x, const struct xsrc *src)
 		return exchange_fail(x, XF_HEAD_TOO_LARGE, msg);
 	}
 	request_count_out(x, n);
+	if (x->resp.done && x->resp.switched) {
+		/* the 101 goes out; the frames behind it stay in the input
+		 * buffer, the tunnel's */
+		if (n && exchange_forward(x, src, n) == XR_ENDED)
+			return XR_ENDED;
+		exchange_set_state(x, XS_TUNNEL);
+		x->hooks->upgraded(x->owner);
+		return XR_ENDED;
+	}
 	if (x->resp.done) {
 		struct xsrc last = *src;
 		if (src->buf) {
