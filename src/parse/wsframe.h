@@ -25,9 +25,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define WSF_CHUNK 4096u		/* payload bytes handed to one payload hook call, at most */
-#define WSF_CONTROL_MAX 125u	/* a control frame's payload (RFC 6455 5.5) */
-#define WSF_HEADER_MAX 14u	/* 2 + 8 (extended length) + 4 (mask) */
+#define WSF_CHUNK 4096u	     /* payload bytes handed to one payload hook call, at most */
+#define WSF_CONTROL_MAX 125u /* a control frame's payload (RFC 6455 5.5) */
+#define WSF_HEADER_MAX 14u   /* 2 + 8 (extended length) + 4 (mask) */
 
 enum wsf_op {
 	WSF_OP_CONT = 0x0,
@@ -92,11 +92,11 @@ struct wsf_parser {
 	uint64_t frames, messages, control_frames;
 	/* state */
 	uint8_t hdr[WSF_HEADER_MAX];
-	unsigned hdr_len;	/* header bytes held */
-	bool in_payload;	/* the header is done; `left` payload bytes to come */
-	uint64_t left, at;	/* payload bytes left; taken so far (the mask's phase) */
-	struct wsf_frame f;	/* the current frame */
-	bool in_message;	/* a fragmented data message is open */
+	unsigned hdr_len;   /* header bytes held */
+	bool in_payload;    /* the header is done; `left` payload bytes to come */
+	uint64_t left, at;  /* payload bytes left; taken so far (the mask's phase) */
+	struct wsf_frame f; /* the current frame */
+	bool in_message;    /* a fragmented data message is open */
 	uint8_t msg_opcode;
 	bool msg_compressed;
 	uint64_t msg_bytes; /* payload of the open message so far */

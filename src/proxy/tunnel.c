@@ -271,7 +271,8 @@ static void tunnel_end(struct tunnel *t, enum req_error kind, const char *why)
 	evtimer_del(t->timer);
 	if (kind != REQ_ERR_NONE && t->x->rec->error == REQ_ERR_NONE)
 		t->x->rec->error = kind;
-	timeline_mark(t->x->rec, TL_RESP_END, clock_now_ns());
+	/* the session's end, not the 101's (meter_complete marked that) */
+	t->x->rec->at[TL_RESP_END] = clock_now_ns();
 	/* what is queued for the upstream (a close frame of tokentap's among
 	 * it) goes out before its connection closes: as much as the socket
 	 * takes now */

@@ -275,7 +275,7 @@ class WebSocketLimitsTest(harness.TestCase):
         self.assertIn("tokentap", codes[-1][1])
 
     def test_idle_1008(self):
-        s, _ = handshake(self.tt.port)
+        s, _ = handshake(self.tt.port, extra=b"x-request-id: it-ws-idle\r\n")
         t0 = time.monotonic()
         got = read_until_close(s)
         s.close()
@@ -283,6 +283,10 @@ class WebSocketLimitsTest(harness.TestCase):
         self.assertEqual(close_frames(got)[-1], (1008, "tokentap: idle timeout"))
         self.assertGreater(el, 0.6)
         self.assertLess(el, 3)
+        e = self.log_entry(self.tt.log_path, "it-ws-idle")
+        self.assertEqual((e["status"], e["error"]), (101, "timeout"))
+        self.assertGreaterEqual(e["e2e_ms"], 690)  # the session, not the handshake
+        self.assertLess(e["ttfb_ms"], 500)
 
     def test_client_never_reads(self):
         self.ws.mode = "flood"

@@ -130,8 +130,8 @@ static void test_messages_any_cut(void **state)
 	put_frame(buf, &len, false, WSF_OP_CONT, "ment", 4, true);
 	put_frame(buf, &len, true, WSF_OP_PONG, "", 0, true);
 	put_frame(buf, &len, true, WSF_OP_CONT, "ed", 2, true);
-	put_frame(buf, &len, true, WSF_OP_BINARY, payload, 300, true);	 /* 16-bit length */
-	put_frame(buf, &len, true, WSF_OP_TEXT, payload, 70000, true);	 /* 64-bit length */
+	put_frame(buf, &len, true, WSF_OP_BINARY, payload, 300, true); /* 16-bit length */
+	put_frame(buf, &len, true, WSF_OP_TEXT, payload, 70000, true); /* 64-bit length */
 	put_frame(buf, &len, true, WSF_OP_TEXT, "", 0, true);
 	put_frame(buf, &len, true, WSF_OP_CLOSE, "\x03\xe8", 2, true);
 
