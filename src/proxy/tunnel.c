@@ -20,12 +20,172 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <stdlib.h>
+
 #include "exchange.h"
 #include "log.h"
 #include "loop.h"
+#include "meter.h"
+#include "realtime.h"
+#include "router.h"
 #include "upstream.h"
 
 static void tunnel_end(struct tunnel *t, enum req_error kind, const char *why);
+
+/* ---- a realtime session's responses ---- */
+
+struct tunnel_resp {
+	struct req_record rec;
+	struct meter meter;
+};
+
+/* A response begins: its record from the session's, arriving now. */
+static void resp_open(struct tunnel *t)
+{
+	const struct req_record *s = t->x->rec;
+	struct tunnel_resp *r = calloc(1, sizeof(*r));
+
+	if (!r)
+		return; /* not measured */
+	struct req_record *rec = &r->rec;
+	rec->usage = USAGE_UNKNOWN;
+	rec->inputs = -1;
+	rec->stream = 1;
+	rec->itl_keep = s->itl_keep;
+	snprintf(rec->id, sizeof(rec->id), "%.*s/%u", REQUEST_ID_MAX - 12, s->id, ++t->nresp);
+	snprintf(rec->method, sizeof(rec->method), "WS");
+	memcpy(rec->path, s->path, sizeof(rec->path));
+	memcpy(rec->model, s->model, sizeof(rec->model));
+	rec->upstream = s->upstream;
+	rec->up_url = s->up_url;
+	rec->api = API_REALTIME;
+	rec->status = 200;
+	rec->pick_pred_ms = -1;
+	rec->at[TL_ARRIVE] = rec->at[TL_REQ_HEADERS] = rec->at[TL_DISPATCH] = rec->at[TL_REQ_SENT] = t->now;
+	meter_init(&r->meter, &t->x->env->meter, rec, NULL, 0, false);
+	meter_label(&r->meter, t->x->route ? t->x->route->name : NULL, t->x->up ? t->x->up->name : NULL, false, 1);
+	t->resp = r;
+}
+
+/* The open response ends (response.done, or the tunnel's end: `err`). */
+static void resp_finish(struct tunnel *t, enum req_error err)
+{
+	struct tunnel_resp *r = t->resp;
+
+	if (!r)
+		return;
+	t->resp = NULL;
+	if (err != REQ_ERR_NONE && r->rec.error == REQ_ERR_NONE)
+		r->rec.error = err;
+	r->rec.at[TL_RESP_END] = t->now ? t->now : clock_now_ns();
+	record_apply_outcome(&r->rec);
+	if (meter_finish(&r->meter) && t->x->up)
+		upstream_count_outcome(t->x->up, &r->rec);
+	meter_free(&r->meter);
+	record_release(&r->rec);
+	free(r);
+}
+
+static void rt_message(struct tunnel *t, bool from_client, const struct tunnel_msg *m)
+{
+	struct usage u = USAGE_UNKNOWN;
+	enum rt_event ev = realtime_event(m->buf ? m->buf : "", m->len, !m->cut, from_client, &u);
+
+	switch (ev) {
+	case RT_REQUEST:
+		if (!t->resp)
+			resp_open(t);
+		break;
+	case RT_DELTA:
+		if (t->resp)
+			meter_token(&t->resp->meter, TOKEN_ANSWER, t->now);
+		break;
+	case RT_DONE:
+		if (t->resp) {
+			t->resp->rec.usage = u;
+			resp_finish(t, REQ_ERR_NONE);
+		}
+		break;
+	case RT_ERROR:
+	case RT_OTHER: break;
+	}
+}
+
+static struct tunnel_msg *rt_msg(struct tunnel *t, bool from_client)
+{
+	return &t->msg[from_client ? 0 : 1];
+}
+
+static void rt_frame(struct tunnel *t, bool from_client, const struct wsf_frame *f)
+{
+	struct tunnel_msg *m = rt_msg(t, from_client);
+
+	if ((f->opcode & 8) || !f->msg_first)
+		return;
+	m->len = 0;
+	m->cut = false;
+	m->text = f->msg_opcode == WSF_OP_TEXT && !f->msg_compressed;
+}
+
+static void rt_payload(struct tunnel *t, bool from_client, const struct wsf_frame *f, const uint8_t *p, size_t n)
+{
+	struct tunnel_msg *m = rt_msg(t, from_client);
+
+	if ((f->opcode & 8) || !m->text)
+		return;
+	if (n > RT_MSG_MAX - m->len) {
+		n = RT_MSG_MAX - m->len;
+		m->cut = true;
+	}
+	if (m->len + n > m->cap) {
+		size_t cap = m->cap ? m->cap : 4096;
+		while (cap < m->len + n)
+			cap *= 2;
+		char *b = realloc(m->buf, cap);
+		if (!b) {
+			m->cut = true;
+			return;
+		}
+		m->buf = b;
+		m->cap = cap;
+	}
+	memcpy(m->buf + m->len, p, n);
+	m->len += n;
+}
+
+static void rt_frame_end(struct tunnel *t, bool from_client, const struct wsf_frame *f)
+{
+	if (!(f->opcode & 8) && f->fin && rt_msg(t, from_client)->text)
+		rt_message(t, from_client, rt_msg(t, from_client));
+}
+
+static void c2s_frame(void *arg, const struct wsf_frame *f)
+{
+	rt_frame(arg, true, f);
+}
+static void c2s_payload(void *arg, const struct wsf_frame *f, const uint8_t *p, size_t n)
+{
+	rt_payload(arg, true, f, p, n);
+}
+static void c2s_end(void *arg, const struct wsf_frame *f)
+{
+	rt_frame_end(arg, true, f);
+}
+static void s2c_frame(void *arg, const struct wsf_frame *f)
+{
+	rt_frame(arg, false, f);
+}
+static void s2c_payload(void *arg, const struct wsf_frame *f, const uint8_t *p, size_t n)
+{
+	rt_payload(arg, false, f, p, n);
+}
+static void s2c_end(void *arg, const struct wsf_frame *f)
+{
+	rt_frame_end(arg, false, f);
+}
+
+static const struct wsf_hooks c2s_hooks = { .frame = c2s_frame, .payload = c2s_payload, .frame_end = c2s_end };
+static const struct wsf_hooks s2c_hooks = { .frame = s2c_frame, .payload = s2c_payload, .frame_end = s2c_end };
 
 static struct upconn *tunnel_uc(const struct tunnel *t)
 {
@@ -107,6 +267,7 @@ void tunnel_client_input(struct tunnel *t)
 	struct upconn *uc = tunnel_uc(t);
 	struct evbuffer *out = bufferevent_get_output(uc->bev);
 	size_t moved = 0;
+	t->now = clock_now_ns();
 	while (evbuffer_get_length(in)) {
 		struct evbuffer_iovec v;
 		if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
@@ -141,6 +302,7 @@ static void tunnel_up_input(struct tunnel *t)
 	struct evbuffer *in = bufferevent_get_input(uc->bev);
 	size_t moved = 0;
 
+	t->now = clock_now_ns();
 	while (!t->ended && evbuffer_get_length(in)) {
 		struct evbuffer_iovec v;
 		if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
@@ -269,6 +431,8 @@ static void tunnel_end(struct tunnel *t, enum req_error kind, const char *why)
 		return;
 	t->ended = true;
 	evtimer_del(t->timer);
+	t->now = clock_now_ns();
+	resp_finish(t, REQ_ERR_RESPONSE_INCOMPLETE); /* a response left open: no response.done came */
 	if (kind != REQ_ERR_NONE && t->x->rec->error == REQ_ERR_NONE)
 		t->x->rec->error = kind;
 	/* the session's end, not the 101's (meter_complete marked that) */
@@ -310,8 +474,9 @@ int tunnel_start(struct tunnel *t, struct event_base *base, const struct tunnel_
 		return -1;
 	t->started_ns = t->last_ns = clock_now_ns();
 	t->mask_seed = (uint32_t)(t->started_ns ^ (uintptr_t)t);
-	wsf_init(&t->c2s, true, tunnel_limits(conf, &lim), NULL, NULL);
-	wsf_init(&t->s2c, false, &lim, NULL, NULL);
+	t->realtime = x->rec->api == API_REALTIME;
+	wsf_init(&t->c2s, true, tunnel_limits(conf, &lim), t->realtime ? &c2s_hooks : NULL, t);
+	wsf_init(&t->s2c, false, &lim, t->realtime ? &s2c_hooks : NULL, t);
 	t->running = true;
 	struct upconn *uc = x->uc;
 	upconn_set_direct(uc, NULL, NULL);
@@ -329,6 +494,14 @@ int tunnel_start(struct tunnel *t, struct event_base *base, const struct tunnel_
 
 void tunnel_free(struct tunnel *t)
 {
+	if (t->resp) {
+		t->now = clock_now_ns();
+		resp_finish(t, REQ_ERR_CLIENT_ABORTED);
+	}
+	for (int i = 0; i < 2; i++) {
+		free(t->msg[i].buf);
+		t->msg[i].buf = NULL;
+	}
 	if (t->timer)
 		event_free(t->timer);
 	t->timer = NULL;

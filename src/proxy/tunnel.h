@@ -10,6 +10,15 @@
  * slot and its upstream connection for as long as the tunnel runs (state
  * TUNNEL); the tunnel gives both back when it ends (exchange_release).
  *
+ * On a realtime path (/v1/realtime: OpenAI Realtime, vLLM) the text
+ * messages are classified too (realtime.h), and each response is recorded
+ * as a request of its own, API "realtime", method WS, id SESSION-ID/N:
+ * from the client's response.create or input_audio_buffer.commit (or the
+ * server's input_audio_buffer.committed, with server-side turn detection)
+ * to the server's response.done, each text, audio or transcript delta a
+ * token event, the usage from response.done. The session has its own line
+ * besides (status 101).
+ *
  * The tunnel reaches its owner (the client connection, client.c) only
  * through the hooks below.
  */
@@ -49,6 +58,17 @@ struct tunnel_conf {
 	uint64_t session_ms;		 /* the tunnel's whole life; 0: none */
 };
 
+/* One text message of a realtime session being collected (its first
+ * RT_MSG_MAX bytes), per direction. */
+struct tunnel_msg {
+	char *buf;
+	size_t len, cap;
+	bool text; /* a text message, not compressed: classified at its end */
+	bool cut;  /* longer than RT_MSG_MAX */
+};
+
+struct tunnel_resp;
+
 #define TUNNEL_MAGIC 0x54554e4eu /* "TUNN" */
 struct tunnel {
 	OBJ_MAGIC_FIELD
@@ -64,6 +84,13 @@ struct tunnel {
 	bool client_paused; /* client reads off: the upstream is behind */
 	bool running, ended;
 	uint32_t mask_seed; /* masks of the close frames tokentap sends upstream */
+	/* A realtime session (the path's API is API_REALTIME): its messages
+	 * classified (realtime.h), each response a record of its own */
+	bool realtime;
+	uint64_t now;		  /* the clock at the read being parsed */
+	struct tunnel_msg msg[2]; /* [0] the client's, [1] the upstream's */
+	struct tunnel_resp *resp; /* the response open: requested, no response.done yet */
+	unsigned nresp;		  /* responses begun */
 };
 
 /* Starts the tunnel on x's upstream connection (the exchange is in state

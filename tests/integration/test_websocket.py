@@ -87,6 +87,7 @@ class Upstream:
 
     def handle(self, s, req, fu):
         key = req.header("sec-websocket-key")
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.req = req
         self.head = (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                      b"Sec-WebSocket-Accept: " + accept_key(key).encode() + b"\r\n\r\n")
@@ -100,6 +101,8 @@ class Upstream:
                     if not d:
                         break
                     self.got.extend(d)
+            elif self.mode == "realtime":
+                self.realtime(s, buf)
             elif self.mode == "flood":
                 chunk = frame(2, b"x" * 60000)
                 while True:
@@ -121,8 +124,40 @@ class Upstream:
         return False
 
 
+    PREFILL_S, ITL_S, DELTAS, USAGE = 0.05, 0.01, 5, {"input_tokens": 11, "output_tokens": 5,
+                                                     "input_token_details": {"cached_tokens": 3}}
+
+    def realtime(self, s, buf):
+        """A realtime server: session.created, then per response.create a
+        prefill wait, DELTAS text deltas (the last one fragmented, a ping
+        between its fragments) ITL_S apart and response.done with USAGE."""
+        s.sendall(frame(1, json.dumps({"type": "session.created", "session": {"type": "x"}}).encode()))
+        n = 0
+        while True:
+            op, p = read_frame(s, buf)
+            if op == 8:
+                s.sendall(frame(8, p))
+                return
+            if op != 1 or json.loads(p).get("type") != "response.create":
+                continue
+            n += 1
+            time.sleep(self.PREFILL_S)
+            for i in range(self.DELTAS):
+                d = json.dumps({"type": "response.output_text.delta", "event_id": "e%d" % i,
+                                "response_id": "r%d" % n, "delta": "tok%d " % i}).encode()
+                if i == self.DELTAS - 1:
+                    s.sendall(frame(1, d[:10], fin=False) + frame(9, b"") + frame(0, d[10:]))
+                else:
+                    s.sendall(frame(1, d))
+                time.sleep(self.ITL_S)
+            s.sendall(frame(1, json.dumps({"type": "response.done", "response": {
+                "id": "r%d" % n, "status": "completed", "output": [{"type": "message"}],
+                "usage": self.USAGE}}).encode()))
+
+
 def handshake(port, path="/ws", extra=b""):
     s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # small frames go at once, as clients send them
     key = base64.b64encode(os.urandom(16)).decode()
     s.sendall(("GET %s HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: %s\r\n" % (path, key)).encode() + extra + b"\r\n")
@@ -246,6 +281,62 @@ class WebSocketTest(harness.TestCase):
         got = read_until_close(s)
         s.close()
         self.assertTrue(got.startswith(b"HTTP/1.1 400"), got[:80])
+
+
+class RealtimeTest(harness.TestCase):
+    """/v1/realtime: each response measured, from the client's
+    response.create to the first delta, as the client sees it."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.ws = Upstream(cls)
+        cls.start_logged(cls.ws.up.url, "tokentap-rt-")
+
+    def test_two_responses_measured(self):
+        self.ws.mode = "realtime"
+        s, _ = handshake(self.tt.port, "/v1/realtime?model=rt-model", b"x-request-id: it-rt\r\n")
+        buf = bytearray()
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += s.recv(1)
+        self.assertTrue(head.startswith(b"HTTP/1.1 101"), head)
+        m = b"\x11\x22\x33\x44"
+        self.assertEqual(json.loads(read_frame(s, buf)[1])["type"], "session.created")
+        seen = []
+        for _ in range(2):
+            s.sendall(frame(1, json.dumps({"type": "conversation.item.create", "item": {"type": "x"}}).encode(), m))
+            t0 = time.monotonic()
+            s.sendall(frame(1, json.dumps({"type": "response.create", "response": {"type": "t"}}).encode(), m))
+            first, acc = None, b""
+            while True:
+                op, p = read_frame(s, buf)
+                if op not in (0, 1):
+                    continue
+                acc += p
+                try:  # a fragmented message is whole once it parses
+                    ev = json.loads(acc)
+                except ValueError:
+                    continue
+                acc = b""
+                if ev["type"].endswith(".delta") and first is None:
+                    first = time.monotonic()
+                if ev["type"] == "response.done":
+                    break
+            seen.append((first - t0) * 1e3)
+        s.sendall(frame(8, struct.pack(">H", 1000), m))
+        read_until_close(s)
+        s.close()
+        for i, client_ttft in enumerate(seen, 1):
+            e = self.log_entry(self.log, "it-rt/%d" % i)
+            self.assertEqual((e["api"], e["method"], e["status"], e["error"]), ("realtime", "WS", 200, None))
+            self.assertEqual(e["token_events"], Upstream.DELTAS)
+            self.assertEqual((e["input_tokens"], e["output_tokens"], e["cached_tokens"]), (11, 5, 3))
+            self.assertGreaterEqual(e["ttft_ms"], Upstream.PREFILL_S * 1e3 - 1)
+            self.assertLess(abs(e["ttft_ms"] - client_ttft), 5, (e["ttft_ms"], client_ttft))
+            self.assertGreaterEqual(e["tpot_ms"], Upstream.ITL_S * 1e3 * 0.9)
+        sess = self.log_entry(self.log, "it-rt")
+        self.assertEqual((sess["api"], sess["status"], sess["error"]), ("realtime", 101, None))
+        self.assertIsNone(sess["ttft_ms"])
 
 
 class WebSocketLimitsTest(harness.TestCase):
