@@ -296,7 +296,9 @@ void tunnel_client_input(struct tunnel *t)
 	}
 }
 
-static void tunnel_up_input(struct tunnel *t)
+/* Moves what the upstream sent. True: the tunnel ended there, and `t` may
+ * be gone with its request (the end hook closes the client). */
+static bool tunnel_up_input(struct tunnel *t)
 {
 	struct upconn *uc = tunnel_uc(t);
 	struct evbuffer *in = bufferevent_get_input(uc->bev);
@@ -315,11 +317,11 @@ static void tunnel_up_input(struct tunnel *t)
 		if (t->s2c.err) {
 			t->x->rec->bytes_out += moved;
 			tunnel_violation(t, false);
-			return;
+			return true;
 		}
 	}
 	if (!moved)
-		return;
+		return false;
 	t->x->rec->bytes_out += moved;
 	t->last_ns = clock_now_ns();
 	if (!t->up_paused && t->hooks->client_backlog(t->owner) > STREAM_BUFFER) {
@@ -327,6 +329,7 @@ static void tunnel_up_input(struct tunnel *t)
 		upconn_reading(uc, false, 0);
 		t->hooks->client_want_drain(t->owner, STREAM_BUFFER / 2);
 	}
+	return false;
 }
 
 static void on_tun_up_read(struct bufferevent *bev, void *arg)
@@ -336,7 +339,7 @@ static void on_tun_up_read(struct bufferevent *bev, void *arg)
 	(void)bev;
 
 	if (!t->ended && !t->up_paused)
-		tunnel_up_input(t);
+		(void)tunnel_up_input(t);
 }
 
 static void on_tun_up_event(struct bufferevent *bev, short what, void *arg)
@@ -348,9 +351,7 @@ static void on_tun_up_event(struct bufferevent *bev, short what, void *arg)
 	if (t->ended || (what & BEV_EVENT_CONNECTED))
 		return;
 	/* what the upstream sent before its close goes first */
-	if (!t->up_paused)
-		tunnel_up_input(t);
-	if (t->ended)
+	if (!t->up_paused && tunnel_up_input(t))
 		return;
 	bool clean = (what & BEV_EVENT_EOF) && wsf_at_boundary(&t->s2c);
 	tunnel_end(t, clean ? REQ_ERR_NONE : REQ_ERR_UPSTREAM_RESET,
@@ -366,7 +367,7 @@ void tunnel_client_drained(struct tunnel *t)
 	t->up_paused = false;
 	t->hooks->client_want_drain(t->owner, 0);
 	upconn_reading(tunnel_uc(t), true, 0);
-	tunnel_up_input(t);
+	(void)tunnel_up_input(t);
 }
 
 void tunnel_client_closed(struct tunnel *t, bool error)
@@ -485,9 +486,9 @@ int tunnel_start(struct tunnel *t, struct event_base *base, const struct tunnel_
 	upconn_priority(uc, LOOP_PRIO_STREAM);
 	upconn_reading(uc, true, 0);
 	tunnel_arm(t, t->started_ns);
-	/* frames that came with the 101, then those the client sent early */
-	tunnel_up_input(t);
-	if (!t->ended)
+	/* frames that came with the 101, then those the client sent early
+	 * (either may end the tunnel, and free it: nothing after) */
+	if (!tunnel_up_input(t))
 		tunnel_client_input(t);
 	return 0;
 }

@@ -94,8 +94,11 @@ struct tunnel {
 };
 
 /* Starts the tunnel on x's upstream connection (the exchange is in state
- * TUNNEL); the client's bytes already in `client_in` go first. -1: out of
- * memory (nothing started; the owner closes). */
+ * TUNNEL); the bytes already read on either side go first. -1: out of
+ * memory (nothing started; the owner closes). Any call here may end the
+ * tunnel, and the end hook may free it with its request: the caller
+ * touches neither after, only its own client (whose memory outlives the
+ * call). */
 int tunnel_start(struct tunnel *t, struct event_base *base, const struct tunnel_conf *conf,
 		 const struct tunnel_hooks *hooks, void *owner, struct exchange *x, struct evbuffer *client_in)
 	__attribute__((warn_unused_result));

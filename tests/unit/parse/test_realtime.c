@@ -50,9 +50,10 @@ static void test_kinds(void **state)
 
 static void test_cut_and_usage(void **state)
 {
-	static const char done[] = "{\"type\":\"response.done\",\"response\":{\"status\":\"completed\",\"output\":[],"
-				   "\"usage\":{\"total_tokens\":16,\"input_tokens\":11,\"output_tokens\":5,"
-				   "\"input_token_details\":{\"cached_tokens\":3}}}}";
+	static const char done[] =
+		"{\"type\":\"response.done\",\"response\":{\"status\":\"completed\",\"output\":[],"
+		"\"usage\":{\"total_tokens\":16,\"input_tokens\":11,\"output_tokens\":5,"
+		"\"input_token_details\":{\"cached_tokens\":3}}}}";
 	struct usage u = USAGE_UNKNOWN;
 	(void)state;
 
