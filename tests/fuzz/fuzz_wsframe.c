@@ -7,7 +7,8 @@
  * the message limit likewise. Bytes 1-8 are piece lengths, used in turn to
  * cut the rest (0 means 1 byte). The rest is the stream.
  *
- * Checked: one piece and many take the same bytes, stop at the same error,
+ * Checked: one piece and many take the same bytes (but for header bytes of
+ * the bad frame taken before its header was whole), stop at the same error,
  * see the same frames, messages and payload bytes (unmasked, by digest);
  * the bytes taken end at a frame boundary when an error stops the stream;
  * no frame over the frame limit and no message over the message limit is
@@ -106,8 +107,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	size_t a = drive(&one, client, &lim, body, len, NULL);
 	size_t b = drive(&many, client, &lim, body, len, cuts);
-	CHECK(a == b);
 	CHECK(one.p.err == many.p.err);
+	/* in pieces, header bytes of the bad frame taken by an earlier call
+	 * stay taken (wsf_feed), and only then */
+	if (one.p.err)
+		CHECK(b == a || (many.p.err_split && b > a && b - a < WSF_HEADER_MAX));
+	else
+		CHECK(a == b);
 	CHECK(one.p.frames == many.p.frames && one.p.messages == many.p.messages);
 	CHECK(one.digest == many.digest);
 	CHECK(!one.after_error && !many.after_error);
