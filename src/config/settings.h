@@ -69,6 +69,10 @@ struct config;
 	  "client connections at once; past it, 503; when not set, at most what the descriptor limit holds") \
 	X(MAX_EVENT_SIZE, "limits.max_event_size", NULL, 0, SIZE, max_event_size, "1m", 1, 0, LIVE, NULL, \
 	  "largest SSE event or NDJSON line measured") \
+	X(WS_MAX_FRAME_SIZE, "limits.ws_max_frame_size", NULL, 0, SIZE, ws_max_frame_size, "16m", 1, 0, LIVE, NULL, \
+	  "largest WebSocket frame payload tunnelled; past it, close 1009") \
+	X(WS_MAX_MESSAGE_SIZE, "limits.ws_max_message_size", NULL, 0, SIZE, ws_max_message_size, "64m", 1, 0, LIVE, \
+	  NULL, "largest WebSocket message, its fragments together; past it, close 1009") \
 	X(HEADER_TIMEOUT, "timeouts.header", "header-timeout", 0, DURATION, header_timeout_ms, "30s", 1, 0, LIVE, "DUR", \
 	  "whole request head must arrive within") \
 	X(BODY_TIMEOUT, "timeouts.body", "body-timeout", 0, DURATION, body_timeout_ms, "60s", 1, 0, LIVE, "DUR", \
@@ -81,6 +85,10 @@ struct config;
 	  0, LIVE, "DUR", "request sent to response headers") \
 	X(IDLE_TIMEOUT, "timeouts.idle", "idle-timeout", 0, DURATION, idle_timeout_ms, "300s", 1, 0, LIVE, "DUR", \
 	  "silence on a running exchange") \
+	X(WS_IDLE_TIMEOUT, "timeouts.ws_idle", NULL, 0, DURATION, ws_idle_timeout_ms, "300s", 1, 0, LIVE, NULL, \
+	  "no byte either way on a WebSocket tunnel; then close 1008") \
+	X(WS_SESSION_TIMEOUT, "timeouts.ws_session", NULL, 0, DURATION, ws_session_timeout_ms, "1h", 1, 0, LIVE, NULL, \
+	  "a WebSocket tunnel's whole life; then close 1008") \
 	X(POOL_IDLE_TIMEOUT, "timeouts.pool_idle", NULL, 0, DURATION, pool_idle_timeout_ms, "60s", 1, 0, LIVE, NULL, \
 	  "idle pooled upstream connection") \
 	X(SHUTDOWN_GRACE, "timeouts.shutdown_grace", NULL, 0, DURATION, shutdown_grace_ms, "30s", 1, 0, LIVE, NULL, \

@@ -125,6 +125,21 @@ static void on_event(void *arg, const struct framer_event *ev)
 	}
 }
 
+void meter_token(struct meter *m, enum token_kind kind, uint64_t now)
+{
+	struct req_record *rec = m->rec;
+	uint64_t gap;
+
+	rec->events++;
+	timeline_mark(rec, TL_FIRST_EVENT, now);
+	if (kind != TOKEN_NONE && record_token_event(rec, kind, now, &gap)) {
+		if (m->itl_run_n && gap != m->itl_run_gap)
+			flush_itl(m);
+		m->itl_run_gap = gap;
+		m->itl_run_n++;
+	}
+}
+
 void meter_head(struct meter *m, const struct respparse *rp)
 {
 	m->rec->status = rp->status;

@@ -32,6 +32,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "classify.h"
 #include "framer.h"
 
 struct accesslog;
@@ -120,6 +121,11 @@ void meter_complete(struct meter *m);
 /* meter_body as the parser's body hook, for an owner that gives the parser
  * its meter as the hooks' `arg` (the owner has nothing to add there). */
 void meter_resp_body(void *meter, const char *at, size_t len);
+
+/* A token event found outside the framer (a realtime session's delta,
+ * tunnel.c): counted, stamped at `now` and its gap into the ITL run, as a
+ * framed one would be. */
+void meter_token(struct meter *m, enum token_kind kind, uint64_t now);
 
 /* The outcome is known: records the request once — the access log, the
  * last ITL run, the stats series and, for a primary, the recent ring — and

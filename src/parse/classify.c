@@ -81,6 +81,7 @@ static const struct api_route api_routes[] = {
 	{ "/v1/classify", API_CLASSIFY },
 	{ "/classify", API_CLASSIFY },
 	{ "/embed", API_TEI_EMBED },
+	{ "/v1/realtime", API_REALTIME },
 };
 
 /* ---- Gemini paths ---------------------------------------------------------
@@ -255,6 +256,7 @@ const char *classify_api_name(enum api_kind api)
 	case API_GEMINI_STREAM: return "gemini";
 	case API_BEDROCK_CONVERSE: return "bedrock-converse";
 	case API_BEDROCK_INVOKE: return "bedrock-invoke";
+	case API_REALTIME: return "realtime";
 	case API_UNKNOWN: break;
 	}
 	return "unknown";
@@ -1951,6 +1953,7 @@ void classify_body(enum api_kind api, const char *body, size_t len, struct usage
 	case API_TEI_EMBED:
 	case API_GEMINI:
 	case API_GEMINI_STREAM:
+	case API_REALTIME:
 	case API_UNKNOWN: break;
 	}
 }

@@ -43,6 +43,7 @@ enum api_kind {
 	 * an event stream (framer.h). */
 	API_BEDROCK_CONVERSE, /* OP converse-stream, converse */
 	API_BEDROCK_INVOKE,   /* OP invoke-with-response-stream, invoke: the model family's own JSON */
+	API_REALTIME,	      /* /v1/realtime: a WebSocket session (OpenAI Realtime, vLLM), realtime.h */
 };
 
 /* How the server itself says a response ended, where its API says it (the

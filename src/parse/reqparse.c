@@ -356,8 +356,19 @@ static int on_headers_complete(llhttp_t *p)
 	if (request_head_check(rp, p) == -1)
 		return -1;
 	f = reqhead_header(h, "upgrade");
-	if (f && !name_eq(h->buf + f->val_off, f->val_len, "h2c"))
-		return reject(rp, 501, "protocol upgrades (such as WebSocket) are not supported");
+	h->websocket = false;
+	if (f && name_eq(h->buf + f->val_off, f->val_len, "websocket")) {
+		/* RFC 6455 4.1: a GET over HTTP/1.1 whose Connection lists
+		 * upgrade, with no body (the bytes after the head are frames) */
+		if (h->method != HTTP_GET || p->http_major != 1 || p->http_minor < 1 ||
+		    !listed_in_connection(h, "upgrade", 7))
+			return reject(rp, 400, "a WebSocket handshake is a GET over HTTP/1.1 with Connection: upgrade");
+		if ((p->flags & F_CHUNKED) || ((p->flags & F_CONTENT_LENGTH) && p->content_length > 0))
+			return reject(rp, 400, "a WebSocket handshake has no body");
+		h->websocket = true;
+	} else if (f && !name_eq(h->buf + f->val_off, f->val_len, "h2c")) {
+		return reject(rp, 501, "protocol upgrades other than WebSocket are not supported");
+	}
 	/* An h2c offer is declined by answering in HTTP/1.1 (RFC 9113 leaves
 	 * that to the server; the offer's headers are hop-by-hop, never
 	 * forwarded). llhttp took Connection: upgrade as an upgrade and would

@@ -1,7 +1,8 @@
 /*
  * reqparse.h — the client request parser: llhttp set up for requests, plus
  * every check tokentap makes on a request head and body before anything is
- * forwarded (limits, smuggling shapes, Expect, CONNECT and Upgrade). No
+ * forwarded (limits, smuggling shapes, Expect, CONNECT and Upgrade: only
+ * `Upgrade: websocket` passes, as a WebSocket handshake to tunnel). No
  * sockets, no timers: bytes go in through reqparse_feed(), outcomes come out
  * through hooks and its return value. client.c drives one per client
  * connection; tests/fuzz/fuzz_reqparse.c drives the same code.
@@ -48,6 +49,7 @@ struct reqhead {
 	uint64_t content_length; /* as declared; 0 when none */
 	bool keep_alive;	 /* the connection may carry another request */
 	bool send_continue;	 /* Expect: 100-continue from an HTTP/1.1 client */
+	bool websocket;		 /* a WebSocket opening handshake (RFC 6455 4.1): tunnelled after a 101 */
 	uint64_t body_bytes;
 	/* parse state */
 	bool in_url, in_name;

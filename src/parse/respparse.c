@@ -4,7 +4,8 @@
  *
  *   bytes ─▶ llhttp ─▶ on_header_*:         Content-Type (the framer),
  *                                           Content-Encoding
- *                      on_headers_complete: 101 and < 100 refused; 1xx
+ *                      on_headers_complete: 101 refused unless asked
+ *                                           for (upgrade_ok); < 100 refused; 1xx
  *                                           passed over;
  *                                           the final head: hooks->head;
  *                                           no body after a HEAD, nor
@@ -89,6 +90,15 @@ static int on_headers_complete(llhttp_t *p)
 		/* 101 would switch protocols, which was never asked for. llhttp
 		 * takes any three digits; below 100 is no status at all (taken
 		 * for a 1xx, its body would be held with the head). */
+		if (status == 101 && rp->upgrade_ok) {
+			rp->informational = false;
+			rp->head_done = true;
+			rp->switched = true;
+			rp->status = status;
+			rp->kind = FRAMER_NONE;
+			rp->hooks->head(rp->arg, rp);
+			return 2; /* no body; llhttp pauses after it (HPE_PAUSED_UPGRADE) */
+		}
 		if (status == 101 || status < 100) {
 			rp->refused = status;
 			return -1;
@@ -162,7 +172,7 @@ enum respparse_status respparse_feed(struct respparse *rp, const char *buf, size
 		rp->held += len;
 		return RESPPARSE_MORE;
 	}
-	if (e == HPE_PAUSED) {
+	if (e == HPE_PAUSED || (e == HPE_PAUSED_UPGRADE && rp->switched && rp->done)) {
 		*used = (size_t)(llhttp_get_error_pos(&rp->parser) - buf);
 		rp->held += *used;
 		return RESPPARSE_DONE;

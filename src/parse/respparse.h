@@ -51,6 +51,11 @@ struct respparse {
 	/* Set by the caller before the response arrives: it answers a HEAD, so
 	 * it has no body whatever its headers say. */
 	bool head_request;
+	/* Set by the caller before the response arrives: the request asked for
+	 * a WebSocket (reqhead.websocket), so a 101 is the final head and ends
+	 * the response (DONE): what follows it is the tunnel's. */
+	bool upgrade_ok;
+	bool switched; /* the response was that 101 */
 	/* Bytes a head may take, 1xx responses before it included: RESP_HEAD_MAX
 	 * (the fuzz target lowers it to reach the bound with small inputs). */
 	size_t head_max;

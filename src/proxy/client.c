@@ -28,6 +28,7 @@
  *     ▲                                                            │
  *     └──────────── response written, keep-alive ◀─────────────────┘
  *   IDLE, HEAD, BODY, WAIT ──error answer──▶ LINGER ──EOF / LINGER_MS──▶ CLOSED
+ *   WAIT ──a WebSocket's 101──▶ TUNNEL ──either side closes, a limit──▶ CLOSED
  *   any ──close──▶ CLOSED ──next loop turn──▶ freed
  *
  * The upstream side of a request has its own states (EXCHANGE_STATES in
@@ -117,7 +118,8 @@ static const unsigned client_legal[CLIENT_STATE_COUNT] = {
 	[CL_IDLE] = CL_BIT(HEAD) | CL_BIT(LINGER) | CL_BIT(CLOSED),
 	[CL_HEAD] = CL_BIT(BODY) | CL_BIT(LINGER) | CL_BIT(CLOSED),
 	[CL_BODY] = CL_BIT(WAIT) | CL_BIT(LINGER) | CL_BIT(CLOSED),
-	[CL_WAIT] = CL_BIT(IDLE) | CL_BIT(LINGER) | CL_BIT(CLOSED),
+	[CL_WAIT] = CL_BIT(IDLE) | CL_BIT(TUNNEL) | CL_BIT(LINGER) | CL_BIT(CLOSED),
+	[CL_TUNNEL] = CL_BIT(CLOSED),
 	[CL_LINGER] = CL_BIT(CLOSED),
 	[CL_CLOSED] = 0,
 };
@@ -658,6 +660,18 @@ static bool client_forward_mem(struct client *cl, const char *p, size_t n)
 	return true;
 }
 
+/* A tunnel took client bytes: reading goes on if it stopped at
+ * CLIENT_INPUT_MAX (bytes that came while the handshake waited for its
+ * 101 fill the input up to it). */
+static void client_tunnel_refill(struct client *cl)
+{
+	if (cl->state == CL_TUNNEL && cl->input_full &&
+	    evbuffer_get_length(bufferevent_get_input(cl->bev)) < CLIENT_INPUT_MAX) {
+		cl->input_full = false;
+		client_reading(cl, cl->reading);
+	}
+}
+
 /* New bytes are in the client's input buffer, read at cl->last_read_ns. */
 static void client_input(struct client *cl)
 {
@@ -666,6 +680,11 @@ static void client_input(struct client *cl)
 	if (client_ending(cl)) {
 		/* lingering: drop what the client still sends */
 		evbuffer_drain(in, evbuffer_get_length(in));
+		return;
+	}
+	if (cl->state == CL_TUNNEL) {
+		tunnel_client_input(&cl->req->tunnel);
+		client_tunnel_refill(cl);
 		return;
 	}
 	if (cl->state == CL_BODY)
@@ -738,6 +757,13 @@ static void on_client_write(struct bufferevent *bev, void *arg)
 	}
 	if (!req)
 		return;
+	if (cl->state == CL_TUNNEL) {
+		if (req->tunnel.ended && evbuffer_get_length(out) == 0)
+			client_close(cl, "WebSocket tunnel ended");
+		else
+			tunnel_client_drained(&req->tunnel);
+		return;
+	}
 	if (req->x.xstate == XS_PAUSED && req->x.uc) {
 		if (exchange_resume(&req->x) == XR_ENDED)
 			return; /* it ended there: `req` may be gone */
@@ -756,6 +782,10 @@ static void on_client_event(struct bufferevent *bev, short what, void *arg)
 
 	if (cl->state == CL_LINGER && cl->req && cl->req->x.xstate == XS_DONE) {
 		client_close(cl, "closed after error answer");
+		return;
+	}
+	if (cl->state == CL_TUNNEL && !cl->req->tunnel.ended) {
+		tunnel_client_closed(&cl->req->tunnel, !(what & BEV_EVENT_EOF)); /* its end hook closes */
 		return;
 	}
 	client_close(cl, (what & BEV_EVENT_EOF) ? "client closed the connection" : "client connection error");
@@ -786,6 +816,7 @@ static void on_client_timer(evutil_socket_t fd, short what, void *arg)
 		client_fail(cl, 408, REQ_ERR_CLIENT_ABORTED, "request_timeout", msg);
 		break;
 	case CL_LINGER: client_close(cl, "linger done"); break;
+	case CL_TUNNEL: client_close(cl, "WebSocket tunnel ended; the client did not take its last bytes"); break;
 	case CL_WAIT:
 	case CL_CLOSED: break;
 	}
@@ -956,6 +987,87 @@ static void xh_done(void *owner)
 		client_request_done(cl);
 }
 
+/* ---- the tunnel's hooks (tunnel.h): a WebSocket after its 101 ---- */
+
+static void th_to_client(void *owner, struct evbuffer *src, size_t n)
+{
+	struct client *cl = owner;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
+
+	client_forward(cl, src, n);
+}
+
+static size_t th_backlog(void *owner)
+{
+	return xh_backlog(owner, false);
+}
+
+static void th_reading(void *owner, bool on)
+{
+	struct client *cl = owner;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
+
+	client_reading(cl, on);
+}
+
+static void th_end(void *owner, const char *why)
+{
+	struct client *cl = owner;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
+
+	if (evbuffer_get_length(bufferevent_get_output(cl->bev)) == 0) {
+		client_close(cl, why);
+		return;
+	}
+	/* what is queued goes out first (on_client_write closes), within
+	 * LINGER_MS (on_client_timer) */
+	log_conn(LOG_DEBUG, cl->id, "%s; writing the client's last bytes", why);
+	client_reading(cl, false);
+	bufferevent_setwatermark(cl->bev, EV_WRITE, 0, 0);
+	loop_timer_arm(cl->timer, LINGER_MS);
+}
+
+static const struct tunnel_hooks client_thooks = {
+	.to_client = th_to_client,
+	.client_backlog = th_backlog,
+	.client_reading = th_reading,
+	.client_want_drain = xh_want_drain,
+	.end = th_end,
+};
+
+/* The upstream answered a WebSocket handshake with 101: it went to the
+ * client, and the connection is a tunnel from here. */
+static void xh_upgraded(void *owner)
+{
+	struct client *cl = owner;
+	CHECK_OBJ(cl, CLIENT_MAGIC);
+	struct request *req = cl->req;
+	const struct config *cfg = client_cfg(cl);
+	const struct tunnel_conf tc = {
+		.max_frame = cfg->ws_max_frame_size,
+		.max_message = cfg->ws_max_message_size,
+		.idle_ms = cfg->ws_idle_timeout_ms,
+		.session_ms = cfg->ws_session_timeout_ms,
+	};
+
+	if (cl->state != CL_WAIT) {
+		/* the handshake's GET has no body: its message ended before any answer */
+		client_close(cl, "a 101 before the handshake's end");
+		return;
+	}
+	evtimer_del(cl->timer);
+	cl->close_after = true;
+	client_set_state(cl, CL_TUNNEL);
+	log_conn(LOG_DEBUG, cl->id, "request %s: WebSocket tunnel to %s", req->rec.id, req->x.up->name);
+	if (tunnel_start(&req->tunnel, cl->set->base, &tc, &client_thooks, cl, &req->x,
+			 bufferevent_get_input(cl->bev)) == -1) {
+		client_close(cl, "out of memory for the WebSocket tunnel");
+		return;
+	}
+	/* the tunnel may have ended (and the client closed) already */
+	client_tunnel_refill(cl);
+}
+
 static const struct exchange_hooks client_xhooks = {
 	.forward = xh_forward,
 	.backlog = xh_backlog,
@@ -963,4 +1075,5 @@ static const struct exchange_hooks client_xhooks = {
 	.upload = xh_upload,
 	.fail = xh_fail,
 	.done = xh_done,
+	.upgraded = xh_upgraded,
 };

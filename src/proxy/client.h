@@ -25,7 +25,8 @@ struct ssl_ctx_st;
 
 /* Client states: client.c's header comment draws them; client_set_state is
  * the one place they change, checked against a table of the legal
- * transitions. LINGER: an error answer going out, the client's further
+ * transitions. TUNNEL: a WebSocket's 101 forwarded, the connection the
+ * request's tunnel's (tunnel.h) until it closes. LINGER: an error answer going out, the client's further
  * bytes read and dropped; CLOSED: the sockets gone, the memory freed at the
  * next loop turn. */
 #define CLIENT_STATES(X) \
@@ -33,6 +34,7 @@ struct ssl_ctx_st;
 	X(HEAD) \
 	X(BODY) \
 	X(WAIT) \
+	X(TUNNEL) \
 	X(LINGER) \
 	X(CLOSED)
 

@@ -175,8 +175,9 @@ static const uint16_t xstate_legal[XS__COUNT] = {
 	[XS_CONNECTING] = XS_BIT(SENDING) | XS_BIT(ROUTING) | XS_BIT(DONE),
 	[XS_SENDING] = XS_BIT(AWAIT_HEAD) | XS_BIT(STREAMING) | XS_BIT(CONNECTING) | XS_BIT(ROUTING) | XS_BIT(DONE),
 	[XS_AWAIT_HEAD] = XS_BIT(STREAMING) | XS_BIT(CONNECTING) | XS_BIT(ROUTING) | XS_BIT(DONE),
-	[XS_STREAMING] = XS_BIT(PAUSED) | XS_BIT(ROUTING) | XS_BIT(DONE),
+	[XS_STREAMING] = XS_BIT(PAUSED) | XS_BIT(ROUTING) | XS_BIT(TUNNEL) | XS_BIT(DONE),
 	[XS_PAUSED] = XS_BIT(STREAMING) | XS_BIT(DONE),
+	[XS_TUNNEL] = XS_BIT(DONE),
 	[XS_DONE] = 0,
 };
 _Static_assert(XS__COUNT <= 16, "xstate_legal holds a bit per state");
@@ -430,6 +431,7 @@ int exchange_head_write(const struct reqhead *head, const struct req_record *rec
 {
 	static const char host_pre[] = "host: ", id_pre[] = "x-request-id: ", tp_pre[] = "traceparent: ";
 	static const char te_line[] = "transfer-encoding: chunked\r\n", close_line[] = "connection: close\r\n";
+	static const char ws_lines[] = "connection: upgrade\r\nupgrade: websocket\r\n";
 	enum { MAX_KEPT = 256 };
 	uint8_t kept_small[MAX_KEPT / 8] = { 0 }; /* which headers are kept, when they are few */
 	bool has_host = false;
@@ -454,6 +456,8 @@ int exchange_head_write(const struct reqhead *head, const struct req_record *rec
 		total += sizeof(te_line) - 1;
 	if (head->http10)
 		total += sizeof(close_line) - 1;
+	if (head->websocket)
+		total += sizeof(ws_lines) - 1;
 	total += 2;
 
 	struct evbuffer_iovec vec;
@@ -493,6 +497,8 @@ int exchange_head_write(const struct reqhead *head, const struct req_record *rec
 		p = PUT_LIT(p, te_line);
 	if (head->http10)
 		p = PUT_LIT(p, close_line);
+	if (head->websocket) /* a WebSocket handshake's own hop-by-hop pair (RFC 6455 4.1) */
+		p = PUT_LIT(p, ws_lines);
 	p = PUT_LIT(p, "\r\n");
 	vec.iov_len = (size_t)(p - (char *)vec.iov_base);
 	CHECK(vec.iov_len == total);
@@ -600,6 +606,7 @@ static enum xr request_connect(struct exchange *x)
 	if (!x->shadow) /* the engine's queue as last scraped (scrape.h) */
 		upstream_engine_note(x->up, &x->rec->engine, now);
 	x->resp.head_request = x->method == HTTP_HEAD;
+	x->resp.upgrade_ok = !x->shadow && x->head && x->head->websocket && x->hooks->upgraded;
 	/* a shadow's head came with its bytes (exchange_shadow_start) */
 	if (!x->shadow && request_write_head(x) == -1) {
 		snprintf(msg, sizeof(msg), "out of memory writing the request head for upstream %s", x->up->name);
@@ -1258,6 +1265,15 @@ static enum xr exchange_read(struct exchange *x, const struct xsrc *src)
 		return exchange_fail(x, XF_HEAD_TOO_LARGE, msg);
 	}
 	request_count_out(x, n);
+	if (x->resp.done && x->resp.switched) {
+		/* the 101 goes out; the frames behind it stay in the input
+		 * buffer, the tunnel's */
+		if (n && exchange_forward(x, src, n) == XR_ENDED)
+			return XR_ENDED;
+		exchange_set_state(x, XS_TUNNEL);
+		x->hooks->upgraded(x->owner);
+		return XR_ENDED;
+	}
 	if (x->resp.done) {
 		struct xsrc last = *src;
 		if (src->buf) {

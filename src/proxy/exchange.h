@@ -56,7 +56,7 @@ struct router;
  * arms or deletes the timer from the state: a state whose timer differs from
  * the one before deletes it and arms its own; STREAMING <-> PAUSED leaves the
  * idle clock running. An admission slot on x->up is held exactly in
- * CONNECTING, SENDING, AWAIT_HEAD, STREAMING and PAUSED.
+ * CONNECTING, SENDING, AWAIT_HEAD, STREAMING, PAUSED and TUNNEL.
  */
 #define EXCHANGE_STATES(X) \
 	X(NEW, XT_NONE)		     /* made with its request; nothing asked of any upstream */ \
@@ -69,7 +69,8 @@ struct router;
 	X(AWAIT_HEAD, XT_FIRST_BYTE) /* all of the request written, no response head: first_byte_timeout_ms */ \
 	X(STREAMING, XT_IDLE)	     /* response head parsed, bytes flowing to the client: up->idle_timeout_ms */ \
 	X(PAUSED, XT_IDLE)	     /* STREAMING with upstream reads off until the client drains */ \
-	X(DONE, XT_NONE)	     /* complete, failed or aborted; the upstream side released */
+	X(TUNNEL, XT_NONE) /* a WebSocket's 101 forwarded: the tunnel (tunnel.c) moves the bytes and times it */ \
+	X(DONE, XT_NONE)   /* complete, failed or aborted; the upstream side released */
 
 enum xtimer { XT_NONE, XT_QUEUE, XT_CONNECT, XT_FIRST_BYTE, XT_IDLE };
 
@@ -180,6 +181,11 @@ struct exchange_hooks {
 	/* The response is complete and all of it handed to forward; the
 	 * upstream side is released. Terminal. */
 	void (*done)(void *owner);
+	/* A WebSocket's 101 has been handed to forward; the exchange is in
+	 * TUNNEL, its connection (x->uc, the frames after the 101 in its input
+	 * buffer) and slot held for the owner's tunnel, which releases them.
+	 * Terminal for the exchange's own reading. NULL: a 101 is refused. */
+	void (*upgraded)(void *owner);
 };
 
 /* What the exchanges of one proxy share. */
@@ -277,7 +283,8 @@ void exchange_set_state(struct exchange *x, enum xstate to);
  * upstream_leave has not yet given it back). */
 static inline bool exchange_admitted(enum xstate s)
 {
-	return s == XS_CONNECTING || s == XS_SENDING || s == XS_AWAIT_HEAD || s == XS_STREAMING || s == XS_PAUSED;
+	return s == XS_CONNECTING || s == XS_SENDING || s == XS_AWAIT_HEAD || s == XS_STREAMING || s == XS_PAUSED ||
+	       s == XS_TUNNEL;
 }
 
 /* The response head has parsed and the rest of it is being moved. */

@@ -150,6 +150,7 @@ void request_free(struct request *req)
 		return;
 	CHECK_OBJ(req, REQUEST_MAGIC);
 	exchange_release(&req->x, false);
+	tunnel_free(&req->tunnel);
 	if (req->mirror)
 		mirror_detach(req->mirror, req->x.body_done);
 	exchange_free(&req->x);
@@ -532,7 +533,8 @@ void request_route(struct request *req)
 		request_tenant(req, NULL, NULL);
 	if (exchange_pick(&req->x, &pinned) == XR_ENDED)
 		return;
-	if (!pinned && route_mirror_pick(req->x.route))
+	/* a WebSocket is never mirrored: a shadow cannot tunnel */
+	if (!pinned && !req->head.websocket && route_mirror_pick(req->x.route))
 		request_mirror(req);
 	(void)exchange_admit(&req->x);
 }

@@ -16,6 +16,7 @@
 #include "mirror.h"
 #include "reqparse.h"
 #include "timeline.h"
+#include "tunnel.h"
 
 struct router;
 
@@ -54,6 +55,7 @@ struct request {
 	struct mirror
 		*mirror;   /* its shadow copy, while the body still flows; cleared by the mirror when it ends first */
 	struct exchange x; /* x.body_done: the whole body has been read */
+	struct tunnel tunnel; /* a WebSocket's, once x is in TUNNEL (tunnel.running) */
 };
 
 /* A request arriving at `arrive_ns`, whose exchange reaches `owner` through

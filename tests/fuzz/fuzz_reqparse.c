@@ -24,7 +24,8 @@
  * single "chunked" coding and only in HTTP/1.1, one Host and not a list
  * (required in HTTP/1.1), header names of token characters and values
  * without CR, LF or other control characters (no obs-fold), an origin-form
- * target of printable ASCII, no CONNECT, no Upgrade but h2c, no Expect but
+ * target of printable ASCII, no CONNECT, no Upgrade but h2c and websocket
+ * (a bodiless HTTP/1.1 GET), no Expect but
  * 100-continue.
  */
 #include <stdbool.h>
@@ -113,7 +114,12 @@ static void check_policy(const struct reqhead *h)
 	CHECK((h->url_len && url[0] == '/') || (h->url_len == 1 && url[0] == '*' && h->method == HTTP_OPTIONS));
 	for (size_t k = 0; k < h->url_len; k++) /* strict mode: printable ASCII, no space */
 		CHECK((unsigned char)url[k] > 0x20 && (unsigned char)url[k] < 0x7f);
-	CHECK(!up || name_eq(h->buf + up->val_off, up->val_len, "h2c"));
+	CHECK(!up || name_eq(h->buf + up->val_off, up->val_len, "h2c") ||
+	      name_eq(h->buf + up->val_off, up->val_len, "websocket"));
+	/* a WebSocket handshake: a bodiless HTTP/1.1 GET */
+	CHECK(h->websocket == (up && name_eq(h->buf + up->val_off, up->val_len, "websocket")));
+	if (h->websocket)
+		CHECK(h->method == HTTP_GET && http11 && !h->chunked && h->content_length == 0);
 	CHECK(!expect || name_eq(h->buf + expect->val_off, expect->val_len, "100-continue"));
 	CHECK(h->send_continue == (expect && http11));
 	for (unsigned i = 0; i < h->nhdr; i++) {

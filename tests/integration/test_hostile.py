@@ -568,7 +568,19 @@ class H2cUpgradeTest(harness.TestCase):
             self.assertEqual(r.status, 200, r.body[:200])
         self.assertEqual(len(fu.requests), 2)
 
-    def test_websocket_still_refused(self):
+    def test_other_upgrade_still_refused(self):
+        fu = harness.start_fake_upstream(self, self._ok)
+        tt = harness.start_tokentap(self, fu.url)
+        conn = harness.HttpConn(tt.port, timeout=3)
+        self.addCleanup(conn.close)
+        conn.send(b"GET /v1/models HTTP/1.1\r\n" + HOST + b"Connection: Upgrade\r\nUpgrade: IRC/6.9\r\n\r\n")
+        r = conn.read_response()
+        self.assertProxyError(r, 501)
+        self.assertEqual(len(fu.requests), 0)
+
+    def test_websocket_answered_without_101(self):
+        # the upstream declines the handshake: its answer is an ordinary one,
+        # and the handshake's own headers went to it
         fu = harness.start_fake_upstream(self, self._ok)
         tt = harness.start_tokentap(self, fu.url)
         conn = harness.HttpConn(tt.port, timeout=3)
@@ -576,8 +588,10 @@ class H2cUpgradeTest(harness.TestCase):
         conn.send(b"GET /v1/models HTTP/1.1\r\n" + HOST + b"Connection: Upgrade\r\nUpgrade: websocket\r\n"
                   b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
         r = conn.read_response()
-        self.assertProxyError(r, 501)
-        self.assertEqual(len(fu.requests), 0)
+        self.assertEqual(r.status, 200)
+        self.assertEqual(len(fu.requests), 1)
+        self.assertEqual(fu.requests[0].header("upgrade"), "websocket")
+        self.assertEqual(fu.requests[0].header("sec-websocket-key"), "dGhlIHNhbXBsZSBub25jZQ==")
 
 
 class SlowlorisTest(harness.TestCase):
