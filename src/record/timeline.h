@@ -136,6 +136,7 @@ struct req_record {
 	char method[16];
 	char path[256]; /* without the query string, truncated to fit */
 	char model[128];
+	char resp_model[128]; /* the model the response names; "" none (gen_ai.response.model) */
 	const char *upstream; /* borrowed: the upstream's name outlives every request */
 	const char *up_url;   /* borrowed, as upstream: its url (the span's server.address) */
 	enum api_kind api;
