@@ -125,8 +125,7 @@ static int env_ms(const char *a, const char *b, uint64_t *out, char *err, size_t
 	return 0;
 }
 
-int otlp_metrics_options_resolve(const struct config *cfg, struct otlp_metrics_options *o, char *err,
-				 size_t errlen)
+int otlp_metrics_options_resolve(const struct config *cfg, struct otlp_metrics_options *o, char *err, size_t errlen)
 {
 	const char *v, *base = NULL;
 	uint64_t u;
@@ -294,8 +293,8 @@ void otlp_metrics_record(const struct req_record *rec)
 	it->ttfc_us = rec->stream == 1 ? us_of_ms(m[RM_TTFT]) : -1;
 	it->in_tokens = rec->usage.input_tokens;
 	it->out_tokens = rec->usage.output_tokens >= 0 ? rec->usage.output_tokens
-			 : rec->stream == 1		? (int64_t)rec->token_events
-							: -1;
+			 : rec->stream == 1	       ? (int64_t)rec->token_events
+						       : -1;
 	it->ngaps = 0;
 	it->rest_n = it->rest_sum_us = 0;
 	if (rec->stream == 1) {
@@ -608,7 +607,8 @@ static uint8_t *encode(struct otlpm *x, size_t *len, size_t *npoints)
 		eh[nm].n_data_points = np - first;
 		eh[nm].data_points = &dps[first];
 		eh[nm].has_aggregation_temporality = true;
-		eh[nm].aggregation_temporality = TOKENTAP__OTLP__AGGREGATION_TEMPORALITY__AGGREGATION_TEMPORALITY_CUMULATIVE;
+		eh[nm].aggregation_temporality =
+			TOKENTAP__OTLP__AGGREGATION_TEMPORALITY__AGGREGATION_TEMPORALITY_CUMULATIVE;
 		mt[nm] = (Tokentap__Otlp__Metric)TOKENTAP__OTLP__METRIC__INIT;
 		mt[nm].name = (char *)gm_meta[groups[g][0]].name;
 		mt[nm].description = (char *)gm_meta[groups[g][0]].desc;
@@ -872,10 +872,10 @@ bool otlp_metrics_counts(struct otlp_metrics_counts *c)
 
 /* The conventions' advice for explicit buckets: seconds (time metrics) and
  * tokens (usage), as the Prometheus families' `le`. */
-static const double le_seconds[] = { 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
-				     40.96, 81.92 };
-static const double le_tokens[] = { 1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304,
-				    16777216, 67108864 };
+static const double le_seconds[] = { 0.01, 0.02, 0.04, 0.08,  0.16,  0.32,  0.64,
+				     1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92 };
+static const double le_tokens[] = { 1,	   4,	  16,	  64,	   256,	    1024,     4096,
+				    16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864 };
 
 static void esc(struct evbuffer *out, const char *s)
 {

@@ -50,8 +50,8 @@ struct otlp_metrics_options {
  * nothing (the file wins), and the defaults. Returns 1 when the aggregator
  * is to run (an endpoint, or metrics.genai_prometheus), 0 when not, -1 with
  * `err` when a value is unusable. */
-int otlp_metrics_options_resolve(const struct config *cfg, struct otlp_metrics_options *o, char *err,
-				 size_t errlen) __attribute__((warn_unused_result));
+int otlp_metrics_options_resolve(const struct config *cfg, struct otlp_metrics_options *o, char *err, size_t errlen)
+	__attribute__((warn_unused_result));
 
 /* Starts the aggregator and, with a url, its exporting thread. */
 int otlp_metrics_open(const struct otlp_metrics_options *o, char *err, size_t errlen)
@@ -76,11 +76,11 @@ extern const char *const otlpm_drop_reasons[OTLPM_DROP__COUNT]; /* "queue_full",
  * tokentap_otlp_metric_drops_total{reason}, tokentap_otlp_metric_export_failures_total,
  * tokentap_otlp_metric_overflow_total. */
 struct otlp_metrics_counts {
-	uint64_t points;			/* data points a collector accepted */
-	uint64_t dropped[OTLPM_DROP__COUNT];	/* queue_full: requests; export_failed: data points */
-	uint64_t failures;			/* POSTs that failed */
-	uint64_t exports;			/* POSTs answered 2xx */
-	uint64_t overflow;			/* requests counted under the overflow set */
+	uint64_t points;		     /* data points a collector accepted */
+	uint64_t dropped[OTLPM_DROP__COUNT]; /* queue_full: requests; export_failed: data points */
+	uint64_t failures;		     /* POSTs that failed */
+	uint64_t exports;		     /* POSTs answered 2xx */
+	uint64_t overflow;		     /* requests counted under the overflow set */
 };
 bool otlp_metrics_counts(struct otlp_metrics_counts *c);
 
