@@ -207,7 +207,8 @@ static bool ratio_sampled(double ratio, const uint8_t id[16])
 		return false;
 	if (ratio >= 1)
 		return true;
-	return (double)v < ratio * 18446744073709551616.0;
+	/* in integers: (double)v rounds, 2^63 - 1 would read as 2^63; ratio < 1 keeps the bound below 2^64 */
+	return v < (uint64_t)(ratio * 18446744073709551616.0);
 }
 
 bool trace_sample(enum trace_sampler s, double ratio, const uint8_t trace_id[16], const struct trace_ctx *parent)
