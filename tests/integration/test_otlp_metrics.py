@@ -336,6 +336,35 @@ class TestMetrics(harness.TestCase):
             self.assertLessEqual(abs(g - w), 2, (got, want))
 
 
+class TestOverflow(harness.TestCase):
+    """Past metrics.otlp.max_series attribute sets, one set marked
+    otel.metric.overflow takes the rest, counted."""
+
+    def test_overflow(self):
+        coll = start_collector(self)
+        up = harness.start_fake_upstream(self, answer)
+        tt = rh.start_conf(self, metrics_yaml(coll.url).replace("interval: 300ms", "interval: 300ms\n    max_series: 2")
+                           + rh.upstreams_yaml({"up": up.url}), "--admin", "127.0.0.1:0", *rh.ONE_WORKER)
+        admin = harness.admin_port(tt)
+        for i, model in enumerate(("a", "b", "c", "d", "a")):
+            resp = rh.send(tt.port, rh.chat(model=model), [("x-request-id", "ov-%d" % i)])
+            self.assertEqual(resp.status, 200)
+
+        def complete():
+            ms, _ = latest(coll)
+            d = ms.get("gen_ai.client.operation.duration")
+            return d is not None and sum(p["count"] for p in d["points"]) == 5
+
+        self.assertTrue(harness.wait_until(complete, 8.0, 0.05))
+        ms, _ = latest(coll)
+        pts = ms["gen_ai.client.operation.duration"]["points"]
+        by = {p["attributes"].get("gen_ai.request.model", "overflow"): p["count"] for p in pts}
+        self.assertEqual(by, {"a": 2, "b": 1, "overflow": 2})
+        [ov] = [p for p in pts if "gen_ai.request.model" not in p["attributes"]]
+        self.assertEqual(ov["attributes"], {"otel.metric.overflow": True})
+        self.assertEqual(metric(admin, "tokentap_otlp_metric_overflow_total")[""], 2)
+
+
 class TestSpanResponseModel(harness.TestCase):
     """gen_ai.response.model on the span: the model the answer names."""
 
