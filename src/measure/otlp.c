@@ -376,7 +376,7 @@ void otlp_record(const struct req_record *rec, const char *route)
 /* ---- encoding ---- */
 
 /* GenAI's gen_ai.operation.name for an API (docs/observability.md). */
-static const char *operation_name(enum api_kind api)
+const char *otlp_operation_name(enum api_kind api)
 {
 	switch (api) {
 	case API_OPENAI_CHAT:
@@ -395,7 +395,7 @@ static const char *operation_name(enum api_kind api)
 
 /* gen_ai.provider.name: the API's maker where the conventions name one,
  * else the API's own name (classify_api_name). */
-static const char *provider_name(enum api_kind api)
+const char *otlp_provider_name(enum api_kind api)
 {
 	switch (api) {
 	case API_OPENAI_CHAT:
@@ -516,7 +516,7 @@ static void span_fill(struct span_build *b, struct span_item *it)
 		s->parent_span_id = (ProtobufCBinaryData){ 8, it->parent };
 	/* the W3C flags, and: whether the parent is remote is known (bit 8), and it is (bit 9) */
 	s->flags = (uint32_t)it->flags | (it->has_parent ? 0x300u : 0x100u);
-	const char *op = operation_name(it->api);
+	const char *op = otlp_operation_name(it->api);
 	if (it->model[0])
 		snprintf(b->name, sizeof(b->name), "%s %s", op, it->model);
 	else
@@ -528,7 +528,7 @@ static void span_fill(struct span_build *b, struct span_item *it)
 	s->attributes = b->kvp;
 
 	attr_str(b, "gen_ai.operation.name", op);
-	attr_str(b, "gen_ai.provider.name", provider_name(it->api));
+	attr_str(b, "gen_ai.provider.name", otlp_provider_name(it->api));
 	if (it->model[0])
 		attr_str(b, "gen_ai.request.model", it->model);
 	if (it->resp_model[0])

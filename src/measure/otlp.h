@@ -24,6 +24,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "classify.h" /* enum api_kind */
+
 struct req_record;
 struct config;
 
@@ -72,6 +74,11 @@ bool otlp_active(void);
 /* A finished primary request: queued as a span when its trace is sampled
  * and an exporter runs; else nothing. Any worker thread. */
 void otlp_record(const struct req_record *rec, const char *route);
+
+/* gen_ai.operation.name and gen_ai.provider.name of an API (static text),
+ * the spans' and the metrics' (docs/observability.md). */
+const char *otlp_operation_name(enum api_kind api);
+const char *otlp_provider_name(enum api_kind api);
 
 /* Why a span was lost. */
 enum otlp_drop {

@@ -195,41 +195,6 @@ int otlp_metrics_options_resolve(const struct config *cfg, struct otlp_metrics_o
 
 /* ---- the worker's side ---- */
 
-/* gen_ai.operation.name and gen_ai.provider.name: the spans' (otlp.c). */
-static const char *operation_name(enum api_kind api)
-{
-	switch (api) {
-	case API_OPENAI_CHAT:
-	case API_ANTHROPIC:
-	case API_OLLAMA_CHAT:
-	case API_OPENAI_RESPONSES: return "chat";
-	case API_OPENAI_COMPLETIONS:
-	case API_TGI:
-	case API_LLAMACPP:
-	case API_OLLAMA_GENERATE: return "text_completion";
-	case API_EMBEDDINGS:
-	case API_TEI_EMBED: return "embeddings";
-	default: return classify_api_name(api);
-	}
-}
-
-static const char *provider_name(enum api_kind api)
-{
-	switch (api) {
-	case API_OPENAI_CHAT:
-	case API_OPENAI_COMPLETIONS:
-	case API_OPENAI_RESPONSES:
-	case API_EMBEDDINGS: return "openai";
-	case API_ANTHROPIC: return "anthropic";
-	case API_OLLAMA_CHAT:
-	case API_OLLAMA_GENERATE: return "ollama";
-	case API_TGI:
-	case API_TEI_EMBED: return "huggingface";
-	case API_LLAMACPP: return "llama.cpp";
-	default: return classify_api_name(api);
-	}
-}
-
 /* server.address and server.port of an upstream url. */
 static void url_address(struct gm_attrs *a, const char *url)
 {
@@ -278,8 +243,8 @@ void otlp_metrics_record(const struct req_record *rec)
 	struct gm_item *it = &x->ring[(x->head + x->n) % OTLPM_QUEUE];
 	x->n++;
 	/* filled under the lock: the slot is not the thread's until then */
-	it->a.op = operation_name(rec->api);
-	it->a.provider = provider_name(rec->api);
+	it->a.op = otlp_operation_name(rec->api);
+	it->a.provider = otlp_provider_name(rec->api);
 	memcpy(it->a.model, rec->model, sizeof(it->a.model));
 	memcpy(it->a.resp_model, rec->resp_model, sizeof(it->a.resp_model));
 	url_address(&it->a, rec->up_url);
