@@ -93,6 +93,7 @@ struct otlpm {
 	_Atomic uint64_t points, failures, exports, overflowed;
 	_Atomic uint64_t dropped[OTLPM_DROP__COUNT];
 	uint64_t last_warn_ns;
+	bool last_bad; /* the thread's: the last export failed or took over OTLPM_SLOW_MS */
 };
 
 static struct otlpm *g_m;
@@ -667,18 +668,25 @@ static bool wait_draining(struct otlpm *x, uint64_t ms)
 	}
 }
 
+/* One export of every series; `last`: at stop, one attempt, and none at
+ * all after an export that failed or was slow (the points are counted as
+ * export_failed), so that a failing collector does not hold the stop for
+ * another timeout. */
 static void export_all(struct otlpm *x, bool last)
 {
 	size_t len, np;
 	char why[256];
+	uint64_t t0 = clock_now_ns();
 
 	pthread_mutex_lock(&x->series_mu);
 	uint8_t *body = encode(x, &len, &np);
 	pthread_mutex_unlock(&x->series_mu);
-	if (!body) {
+	if (!body || (last && x->last_bad)) {
 		atomic_fetch_add(&x->dropped[OTLPM_DROP_EXPORT], np);
+		free(body);
 		return;
 	}
+	x->last_bad = true; /* until it succeeds in time */
 	struct timeval tv = { 0, OTLPM_DRAIN_MS * 1000 };
 	event_add(x->drain_ev, &tv);
 	uint64_t backoff = x->o.http.backoff_ms;
@@ -688,6 +696,7 @@ static void export_all(struct otlpm *x, bool last)
 		if (code >= 200 && code < 300) {
 			atomic_fetch_add(&x->points, np);
 			atomic_fetch_add(&x->exports, 1);
+			x->last_bad = clock_now_ns() - t0 > OTLPM_SLOW_MS * 1000000ull;
 			break;
 		}
 		atomic_fetch_add(&x->failures, 1);

@@ -38,6 +38,7 @@ struct req_record;
 #define OTLPM_DRAIN_MS 100		/* the ring is aggregated this often */
 #define OTLPM_SCALE 7			/* the exponential histograms' scale (docs/observability.md) */
 #define OTLPM_ATTEMPTS 2		/* POSTs of one export at most */
+#define OTLPM_SLOW_MS 1000		/* an export slower than this: none more at stop */
 
 struct otlp_metrics_options {
 	struct otlp_options http; /* url: the metrics URL, as POSTed to; "" when only /metrics shows them */

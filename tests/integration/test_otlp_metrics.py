@@ -418,6 +418,36 @@ class TestCollectorFaults(harness.TestCase):
         self.assertGreaterEqual(len(coll.posts), 1)
 
 
+class TestSlowCollector(harness.TestCase):
+    """A collector that holds a POST: the ring is drained meanwhile, so
+    /metrics has every request long before the POST ends, and nothing is
+    dropped."""
+
+    def test_drained_during_post(self):
+        coll = start_collector(self, "slow", 2.0)
+        up = harness.start_fake_upstream(self, answer)
+        tt = rh.start_conf(self, metrics_yaml(coll.url).replace("timeout: 500ms", "timeout: 10s")
+                           + rh.upstreams_yaml({"up": up.url}), "--admin", "127.0.0.1:0", *rh.ONE_WORKER)
+        admin = harness.admin_port(tt)
+        resp = rh.send(tt.port, rh.chat(model="m1"), [("x-request-id", "sl-0")])
+        self.assertEqual(resp.status, 200)
+        self.assertTrue(harness.wait_until(lambda: len(coll.posts) >= 1, 5.0, 0.02))
+        t0 = time.monotonic()  # the collector now holds that POST for 2 s
+        for i in range(1, 6):
+            resp = rh.send(tt.port, rh.chat(model="m1", stream=bool(i % 2)), [("x-request-id", "sl-%d" % i)])
+            self.assertEqual(resp.status, 200)
+
+        def counted():
+            r, _ = harness.exchange(admin, "GET", "/metrics")
+            return sum(float(l.rpartition(" ")[2]) for l in r.body.decode().splitlines()
+                       if l.startswith("gen_ai_client_operation_duration_seconds_count{")) == 6
+        self.assertTrue(harness.wait_until(counted, 2.0, 0.02))
+        self.assertLess(time.monotonic() - t0, 1.9, "counted only once the POST ended")
+        self.assertEqual(len(coll.posts), 1)
+        self.assertEqual(metric(admin, "tokentap_otlp_metric_drops_total")['{reason="queue_full"}'], 0)
+        # the stop: the POST in flight ends, no last one after a slow export (the harness times the stop)
+
+
 # ---- the samplers ----
 
 def flags_sent(up, rid):
