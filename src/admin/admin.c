@@ -71,6 +71,7 @@
 #include "recent.h"
 #include "compare.h"
 #include "otlp.h"
+#include "otlp_metrics.h"
 #include "workload.h"
 #include "control.h"
 #include "live.h"
@@ -483,6 +484,32 @@ static int otlp_metrics(struct evbuffer *out, bool proto)
 	return proto ? prom_render_proto_counters(out, f, 4) : prom_render_counters(out, f, 4);
 }
 
+/* The GenAI metrics exporter's counters, when it exports (otlp_metrics.h). */
+static int otlp_metric_counters(struct evbuffer *out, bool proto)
+{
+	struct otlp_metrics_counts c;
+
+	if (!otlp_metrics_counts(&c))
+		return 0;
+	const struct prom_counter_family f[5] = {
+		{ "tokentap_otlp_metric_points_exported_total", "GenAI metric data points an OTLP collector accepted.",
+		  NULL, 1, NULL, &c.points, 0, NULL },
+		{ "tokentap_otlp_metric_drops_total",
+		  "GenAI metrics lost: queue_full counts requests never aggregated, export_failed the data points of "
+		  "exports that failed every attempt.",
+		  "reason", OTLPM_DROP__COUNT, otlpm_drop_reasons, c.dropped, 0, NULL },
+		{ "tokentap_otlp_metric_export_failures_total",
+		  "OTLP metrics POSTs that failed: no answer within the timeout, or not 2xx (each retry counts).", NULL,
+		  1, NULL, &c.failures, 0, NULL },
+		{ "tokentap_otlp_metric_exports_total", "OTLP metrics POSTs answered 2xx.", NULL, 1, NULL, &c.exports,
+		  0, NULL },
+		{ "tokentap_otlp_metric_overflow_total",
+		  "Requests counted under otel.metric.overflow: past metrics.otlp.max_series attribute sets.", NULL, 1,
+		  NULL, &c.overflow, 0, NULL },
+	};
+	return proto ? prom_render_proto_counters(out, f, 5) : prom_render_counters(out, f, 5);
+}
+
 /* The routes' decisions by route, upstream and reason (router.h). */
 static int route_pick_metrics(struct evbuffer *out, bool proto)
 {
@@ -551,6 +578,10 @@ static void on_metrics(struct admin *a, struct evhttp_request *req, struct evkey
 		rc = workload_metrics(out, proto);
 	if (rc == 0)
 		rc = otlp_metrics(out, proto);
+	if (rc == 0)
+		rc = otlp_metric_counters(out, proto);
+	if (rc == 0 && !proto)
+		rc = otlp_metrics_prom(out); /* metrics.genai_prometheus: the GenAI families, text only */
 	if (rc == 0)
 		rc = route_pick_metrics(out, proto);
 	upstream_gauges_free(g, n);

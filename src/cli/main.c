@@ -33,6 +33,7 @@
 #include "version.h"
 #include "worker.h"
 #include "otlp.h"
+#include "otlp_metrics.h"
 #include "workload.h"
 
 #define RECENT_REQUESTS 1024 /* kept for GET /requests/recent */
@@ -312,6 +313,12 @@ int main(int argc, char **argv)
 			log_error("%s", err);
 			goto out;
 		}
+		struct otlp_metrics_options mo;
+		on = otlp_metrics_options_resolve(&boot, &mo, err, sizeof(err));
+		if (on == -1 || (on == 1 && otlp_metrics_open(&mo, err, sizeof(err)) == -1)) {
+			log_error("%s", err);
+			goto out;
+		}
 	}
 	store_options_defaults(&so);
 	so.dir = boot.data_dir;
@@ -417,6 +424,7 @@ out:
 	store_close(store);		 /* commits them */
 	workload_close();		 /* writes what the workers queued */
 	otlp_close();			 /* sends the spans they queued */
+	otlp_metrics_close();		 /* and the metrics, a last time */
 	recent_free(recent);
 	accesslog_close(alog);
 	config_free(&gen);

@@ -152,6 +152,18 @@ int config_single_upstream(struct config *c, char *err, size_t errlen)
 		n += (size_t)snprintf(errs + n, n < errlen ? errlen - n : 0, "\n"); \
 	} while (0)
 
+/* tracing.sampler's names: tracectx.c's trace_sampler_parse reads them
+ * (config sits below parse, so the list is written here again). */
+static bool sampler_known(const char *s)
+{
+	static const char *const names[] = { "parentbased_always_on", "parentbased_traceidratio", "always_on",
+					     "always_off", "traceidratio" };
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		if (strcmp(s, names[i]) == 0)
+			return true;
+	return false;
+}
+
 unsigned config_validate(const struct config *c, char *errs, size_t errlen)
 {
 	unsigned problems = 0;
@@ -179,6 +191,11 @@ unsigned config_validate(const struct config *c, char *errs, size_t errlen)
 		if (u->url && strncmp(u->url, "https://", 8) != 0 && u->tls_line)
 			PROBLEM(u->tls_line, "upstreams[%u].tls: only for https:// urls; this one is plain http", i);
 	}
+	if (c->trace_sampler && !sampler_known(c->trace_sampler))
+		PROBLEM(1,
+			"tracing.sampler: expected parentbased_always_on, parentbased_traceidratio, always_on, "
+			"always_off or traceidratio, got \"%s\"",
+			c->trace_sampler);
 	if (c->nroutes == 0 && c->nupstreams > 1)
 		PROBLEM(1, "routes: several upstreams but no routes; say which requests go where");
 	if (!c->tls_cert != !c->tls_key)

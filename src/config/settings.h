@@ -139,6 +139,8 @@ struct config;
 	  "a request without a valid traceparent starts a new trace (off: none is sent upstream)") \
 	X(TRACE_RATIO, "tracing.sample_ratio", NULL, 0, RATIO, trace_ratio, "1", 0, 0, LIVE, NULL, \
 	  "the share of new traces marked sampled; a client's traceparent keeps its own flag") \
+	X(TRACE_SAMPLER, "tracing.sampler", NULL, 0, STRING, trace_sampler, NULL, 0, 0, LIVE, NULL, \
+	  "parentbased_traceidratio (sample_ratio), always_on, ...; unset: env OTEL_TRACES_SAMPLER(_ARG)") \
 	X(OTLP_ENDPOINT, "tracing.otlp.endpoint", NULL, 0, STRING, otlp_endpoint, NULL, 0, 0, RESTART, NULL, \
 	  "OTLP/HTTP collector: sampled spans are POSTed to its /v1/traces (else env OTEL_EXPORTER_OTLP_ENDPOINT)") \
 	X(OTLP_HEADERS, "tracing.otlp.headers", NULL, 0, STRING, otlp_headers, NULL, 0, 0, RESTART, NULL, \
@@ -156,7 +158,15 @@ struct config;
 	X(OTLP_RESOURCE, "tracing.otlp.resource_attributes", NULL, 0, STRING, otlp_resource, NULL, 0, 0, RESTART, \
 	  NULL, "KEY=VALUE,... more resource attributes (else env OTEL_RESOURCE_ATTRIBUTES)") \
 	X(OTLP_CA_FILE, "tracing.otlp.certificate", NULL, 0, FILE, otlp_ca_file, NULL, 0, 0, RESTART, NULL, \
-	  "PEM CAs verifying an https endpoint (else env OTEL_EXPORTER_OTLP_CERTIFICATE; else the system's)")
+	  "PEM CAs verifying an https endpoint (else env OTEL_EXPORTER_OTLP_CERTIFICATE; else the system's)") \
+	X(OTLP_METRICS_ENDPOINT, "metrics.otlp.endpoint", NULL, 0, STRING, otlp_metrics_endpoint, NULL, 0, 0, RESTART, \
+	  NULL, "OTLP/HTTP collector: GenAI metrics POSTed to its /v1/metrics (else env OTEL_EXPORTER_OTLP_METRICS_ENDPOINT)") \
+	X(OTLP_METRICS_INTERVAL, "metrics.otlp.interval", NULL, 0, DURATION, otlp_metrics_interval_ms, NULL, 0, 0, \
+	  RESTART, NULL, "time between two exports; 0: env OTEL_METRIC_EXPORT_INTERVAL (ms) or 60s") \
+	X(OTLP_METRICS_SERIES, "metrics.otlp.max_series", NULL, 0, UINT, otlp_metrics_series, NULL, 0, 65536, \
+	  RESTART, NULL, "GenAI attribute sets kept, past it counted under otel.metric.overflow; 0: 256") \
+	X(GENAI_PROM, "metrics.genai_prometheus", NULL, 0, BOOL, genai_prometheus, NULL, 0, 0, RESTART, NULL, \
+	  "/metrics also shows the GenAI metrics under their Prometheus names (gen_ai_client_...)")
 /* clang-format on */
 
 /* The C type of each TYPE's field in struct config. */

@@ -17,8 +17,10 @@
 
 #include "accesslog.h"
 #include "classify.h"
+#include "keyscan.h"
 #include "log.h"
 #include "otlp.h"
+#include "otlp_metrics.h"
 #include "paired.h"
 #include "recent.h"
 #include "respparse.h"
@@ -68,6 +70,7 @@ void meter_restart(struct meter *m)
 	m->itl_run_gap = m->itl_run_n = 0;
 	rec->status = 0;
 	rec->usage = USAGE_UNKNOWN;
+	rec->resp_model[0] = '\0';
 	memset(&rec->hint, 0, sizeof(rec->hint));
 	rec->events = rec->token_events = rec->reasoning_events = rec->tool_call_events = 0;
 	for (int e = TL_UP_CONNECTED; e <= TL_RESP_END; e++)
@@ -106,6 +109,36 @@ void meter_read_end(struct meter *m)
 	flush_itl(m);
 }
 
+/* The model a response names: the first "model": "NAME" in [p, end) (a
+ * streamed answer's first events, a body's first RESP_MODEL_SCAN bytes),
+ * taken when it is plain visible ASCII without escapes and fits. */
+#define RESP_MODEL_SCAN 4096
+static void find_resp_model(struct req_record *rec, const char *p, const char *end)
+{
+	const char *k = keyscan_find(p, end, "\"model\"", 7);
+	if (!k)
+		return;
+	const char *v = k + 7;
+	while (v < end && (*v == ' ' || *v == '\t' || *v == '\n' || *v == '\r'))
+		v++;
+	if (v == end || *v++ != ':')
+		return;
+	while (v < end && (*v == ' ' || *v == '\t' || *v == '\n' || *v == '\r'))
+		v++;
+	if (v == end || *v++ != '"')
+		return;
+	size_t n = 0;
+	while (v + n < end && v[n] != '"') {
+		if (v[n] == '\\' || v[n] < 0x21 || v[n] > 0x7e || n + 1 >= sizeof(rec->resp_model))
+			return;
+		n++;
+	}
+	if (v + n == end || n == 0)
+		return;
+	memcpy(rec->resp_model, v, n);
+	rec->resp_model[n] = '\0';
+}
+
 /* A framed event: the timeline learns about it (its bytes are already on
  * their way, or dropped for a shadow). */
 static void on_event(void *arg, const struct framer_event *ev)
@@ -116,6 +149,8 @@ static void on_event(void *arg, const struct framer_event *ev)
 
 	rec->events++;
 	timeline_mark(rec, TL_FIRST_EVENT, m->now);
+	if (rec->events <= 2 && !rec->resp_model[0] && ev->data)
+		find_resp_model(rec, ev->data, ev->data + ev->data_len);
 	enum token_kind kind = classify_event_shaped(rec->api, &m->framer, ev, &rec->usage, &rec->hint);
 	if (kind != TOKEN_NONE && record_token_event_fast(rec, kind, m->now, &gap)) {
 		if (m->itl_run_n && gap != m->itl_run_gap)
@@ -219,6 +254,8 @@ void meter_complete(struct meter *m)
 	} else if (m->body && status_ok(m->rec->status)) {
 		size_t n = evbuffer_get_length(m->body);
 		const char *body = (const char *)evbuffer_pullup(m->body, -1);
+		if (body && !m->body_tail)
+			find_resp_model(m->rec, body, body + (n < RESP_MODEL_SCAN ? n : RESP_MODEL_SCAN));
 		if (body && m->body_tail)
 			classify_body_tail(m->rec->api, body, n, &m->rec->usage);
 		else if (body)
@@ -246,6 +283,7 @@ bool meter_finish(struct meter *m)
 			stats_record_request(stats_tenant_series(m->env.stats, m->route ? m->route : "none",
 								 rec->tenant, status_ok(rec->status)),
 					     rec, m->load);
+		otlp_metrics_record(rec);
 	}
 	return true;
 }

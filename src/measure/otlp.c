@@ -52,6 +52,7 @@ struct span_item {
 	char path[256];
 	char model[128];
 	char tenant[TENANT_MAX + 1];
+	char resp_model[128];
 	char upstream[128], route[128];
 	char up_url[256];
 	enum api_kind api;
@@ -360,6 +361,7 @@ void otlp_record(const struct req_record *rec, const char *route)
 	memcpy(it->path, rec->path, sizeof(it->path));
 	memcpy(it->model, rec->model, sizeof(it->model));
 	memcpy(it->tenant, rec->tenant, sizeof(it->tenant));
+	memcpy(it->resp_model, rec->resp_model, sizeof(it->resp_model));
 	snprintf(it->upstream, sizeof(it->upstream), "%s", rec->upstream ? rec->upstream : "");
 	snprintf(it->route, sizeof(it->route), "%s", route ? route : "");
 	snprintf(it->up_url, sizeof(it->up_url), "%s", rec->up_url ? rec->up_url : "");
@@ -376,7 +378,7 @@ void otlp_record(const struct req_record *rec, const char *route)
 /* ---- encoding ---- */
 
 /* GenAI's gen_ai.operation.name for an API (docs/observability.md). */
-static const char *operation_name(enum api_kind api)
+const char *otlp_operation_name(enum api_kind api)
 {
 	switch (api) {
 	case API_OPENAI_CHAT:
@@ -395,7 +397,7 @@ static const char *operation_name(enum api_kind api)
 
 /* gen_ai.provider.name: the API's maker where the conventions name one,
  * else the API's own name (classify_api_name). */
-static const char *provider_name(enum api_kind api)
+const char *otlp_provider_name(enum api_kind api)
 {
 	switch (api) {
 	case API_OPENAI_CHAT:
@@ -516,7 +518,7 @@ static void span_fill(struct span_build *b, struct span_item *it)
 		s->parent_span_id = (ProtobufCBinaryData){ 8, it->parent };
 	/* the W3C flags, and: whether the parent is remote is known (bit 8), and it is (bit 9) */
 	s->flags = (uint32_t)it->flags | (it->has_parent ? 0x300u : 0x100u);
-	const char *op = operation_name(it->api);
+	const char *op = otlp_operation_name(it->api);
 	if (it->model[0])
 		snprintf(b->name, sizeof(b->name), "%s %s", op, it->model);
 	else
@@ -528,9 +530,11 @@ static void span_fill(struct span_build *b, struct span_item *it)
 	s->attributes = b->kvp;
 
 	attr_str(b, "gen_ai.operation.name", op);
-	attr_str(b, "gen_ai.provider.name", provider_name(it->api));
+	attr_str(b, "gen_ai.provider.name", otlp_provider_name(it->api));
 	if (it->model[0])
 		attr_str(b, "gen_ai.request.model", it->model);
+	if (it->resp_model[0])
+		attr_str(b, "gen_ai.response.model", it->resp_model);
 	if (it->usage.input_tokens >= 0)
 		attr_int(b, "gen_ai.usage.input_tokens", it->usage.input_tokens);
 	if (it->usage.output_tokens >= 0)
@@ -915,15 +919,25 @@ static int resource_attrs(struct otlp *x, char *err, size_t errlen)
 	struct kv_pair extra[64];
 	size_t nextra = 0;
 
-	if (getrandom(r, sizeof(r), 0) != (ssize_t)sizeof(r)) {
-		snprintf(err, errlen, "getrandom: %s", strerror(errno));
-		return -1;
+	/* one id per process: the spans' and the metrics' resource are the same instance */
+	static pthread_mutex_t id_mu = PTHREAD_MUTEX_INITIALIZER;
+	static char instance_id[37];
+
+	pthread_mutex_lock(&id_mu);
+	if (!instance_id[0]) {
+		if (getrandom(r, sizeof(r), 0) != (ssize_t)sizeof(r)) {
+			pthread_mutex_unlock(&id_mu);
+			snprintf(err, errlen, "getrandom: %s", strerror(errno));
+			return -1;
+		}
+		r[6] = (uint8_t)((r[6] & 0x0f) | 0x40); /* version 4 */
+		r[8] = (uint8_t)((r[8] & 0x3f) | 0x80); /* the RFC 4122 variant */
+		snprintf(instance_id, sizeof(instance_id),
+			 "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", r[0], r[1], r[2], r[3],
+			 r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12], r[13], r[14], r[15]);
 	}
-	r[6] = (uint8_t)((r[6] & 0x0f) | 0x40); /* version 4 */
-	r[8] = (uint8_t)((r[8] & 0x3f) | 0x80); /* the RFC 4122 variant */
-	snprintf(x->instance_id, sizeof(x->instance_id),
-		 "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", r[0], r[1], r[2], r[3], r[4],
-		 r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12], r[13], r[14], r[15]);
+	memcpy(x->instance_id, instance_id, sizeof(x->instance_id));
+	pthread_mutex_unlock(&id_mu);
 	if (parse_pairs(x->o.resource, extra, 64, &nextra, "OTLP resource attributes") == -1)
 		goto oom;
 	const char *service = x->o.service;
@@ -1038,4 +1052,66 @@ bool otlp_counts(struct otlp_counts *c)
 	for (int i = 0; i < OTLP_DROP__COUNT; i++)
 		c->dropped[i] = atomic_load(&x->dropped[i]);
 	return true;
+}
+
+/* ---- the transport, for the metrics exporter (otlp.h) ---- */
+
+struct otlp *otlp_transport_open(const struct otlp_options *o, char *err, size_t errlen)
+{
+	struct otlp *x = calloc(1, sizeof(*x));
+
+	if (!x) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	x->o = *o;
+	if (parse_url(x, o->url, err, errlen) == -1)
+		goto fail;
+	if (parse_pairs(o->headers, x->headers, OTLP_HEADERS_MAX, &x->nheaders, "OTLP headers") == -1 ||
+	    resource_attrs(x, err, errlen) == -1) {
+		snprintf(err, errlen, "out of memory");
+		goto fail;
+	}
+	x->base = event_base_new();
+	x->deadline = x->base ? evtimer_new(x->base, on_post_deadline, NULL) : NULL;
+	if (!x->deadline) {
+		snprintf(err, errlen, "out of memory");
+		goto fail;
+	}
+	if (x->tls && !(x->tls_ctx = tls_client_ctx(true, o->ca_file, err, errlen)))
+		goto fail;
+	return x;
+fail:
+	otlp_free(x);
+	return NULL;
+}
+
+int otlp_transport_post(struct otlp *x, const uint8_t *body, size_t len, char *why, size_t wlen)
+{
+	return post(x, body, len, why, wlen);
+}
+
+struct event_base *otlp_transport_base(struct otlp *x)
+{
+	return x->base;
+}
+
+bool otlp_transport_retryable(int code)
+{
+	return retryable(code);
+}
+
+size_t otlp_transport_resource(const struct otlp *x, size_t i, const char **key, const char **value)
+{
+	if (i < x->nres) {
+		*key = x->res[i].key;
+		*value = x->res[i].value;
+	}
+	return x->nres;
+}
+
+void otlp_transport_free(struct otlp *x)
+{
+	if (x)
+		otlp_free(x);
 }

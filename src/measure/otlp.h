@@ -24,6 +24,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "classify.h" /* enum api_kind */
+
 struct req_record;
 struct config;
 
@@ -73,6 +75,11 @@ bool otlp_active(void);
  * and an exporter runs; else nothing. Any worker thread. */
 void otlp_record(const struct req_record *rec, const char *route);
 
+/* gen_ai.operation.name and gen_ai.provider.name of an API (static text),
+ * the spans' and the metrics' (docs/observability.md). */
+const char *otlp_operation_name(enum api_kind api);
+const char *otlp_provider_name(enum api_kind api);
+
 /* Why a span was lost. */
 enum otlp_drop {
 	OTLP_DROP_QUEUE_FULL, /* the ring had no room */
@@ -92,3 +99,20 @@ struct otlp_counts {
 	uint64_t exports;  /* POSTs answered 2xx */
 };
 bool otlp_counts(struct otlp_counts *c);
+
+/* The exporter's HTTP side alone, for the metrics exporter (otlp_metrics.h):
+ * the url, the headers, the resource (service.instance.id is the process's,
+ * the same as the spans'), TLS, one connection kept between POSTs. Used by
+ * one thread at a time. */
+struct otlp;
+struct otlp *otlp_transport_open(const struct otlp_options *o, char *err, size_t errlen);
+/* One POST of `body` (again at once on a new connection when a kept one had
+ * closed): the HTTP status, or 0 with `why` when none came in time. */
+int otlp_transport_post(struct otlp *x, const uint8_t *body, size_t len, char *why, size_t wlen);
+/* The event base a POST runs: an event added there runs during POSTs. */
+struct event_base *otlp_transport_base(struct otlp *x);
+/* Whether a POST answered `code` (0: none) is worth another try. */
+bool otlp_transport_retryable(int code);
+/* The resource's attribute i (when i < the count) and the count. */
+size_t otlp_transport_resource(const struct otlp *x, size_t i, const char **key, const char **value);
+void otlp_transport_free(struct otlp *x);

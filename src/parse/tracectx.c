@@ -180,3 +180,46 @@ void trace_rng_id(struct trace_rng *r, uint8_t *out, size_t n)
 		}
 	} while (all_zero(out, n));
 }
+
+static const char *const sampler_names[SAMPLER__COUNT] = {
+	"parentbased_always_on", "parentbased_traceidratio", "always_on", "always_off", "traceidratio",
+};
+
+int trace_sampler_parse(const char *name)
+{
+	for (int i = 0; i < SAMPLER__COUNT; i++)
+		if (name && strcmp(name, sampler_names[i]) == 0)
+			return i;
+	return -1;
+}
+
+const char *trace_sampler_name(enum trace_sampler s)
+{
+	return s < SAMPLER__COUNT ? sampler_names[s] : "?";
+}
+
+static bool ratio_sampled(double ratio, const uint8_t id[16])
+{
+	uint64_t v = 0;
+	for (int i = 8; i < 16; i++)
+		v = v << 8 | id[i];
+	if (!(ratio > 0))
+		return false;
+	if (ratio >= 1)
+		return true;
+	/* in integers: (double)v rounds, 2^63 - 1 would read as 2^63; ratio < 1 keeps the bound below 2^64 */
+	return v < (uint64_t)(ratio * 18446744073709551616.0);
+}
+
+bool trace_sample(enum trace_sampler s, double ratio, const uint8_t trace_id[16], const struct trace_ctx *parent)
+{
+	switch (s) {
+	case SAMPLER_ON: return true;
+	case SAMPLER_OFF: return false;
+	case SAMPLER_RATIO: return ratio_sampled(ratio, trace_id);
+	case SAMPLER_PARENT_RATIO:
+		return parent ? (parent->flags & TRACE_FLAG_SAMPLED) != 0 : ratio_sampled(ratio, trace_id);
+	case SAMPLER_PARENT_ON:
+	default: return parent ? (parent->flags & TRACE_FLAG_SAMPLED) != 0 : true;
+	}
+}

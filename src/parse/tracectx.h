@@ -67,3 +67,24 @@ uint64_t trace_rng_next(struct trace_rng *r);
 double trace_rng_unit(struct trace_rng *r);
 /* A new trace id (16 bytes) or span id (8 bytes): random, never all zero. */
 void trace_rng_id(struct trace_rng *r, uint8_t *out, size_t n);
+
+/* The samplers of OpenTelemetry's OTEL_TRACES_SAMPLER (docs/observability.md). */
+enum trace_sampler {
+	SAMPLER_PARENT_ON,    /* parentbased_always_on: the parent's flag; a root sampled */
+	SAMPLER_PARENT_RATIO, /* parentbased_traceidratio: the parent's flag; a root by its trace id */
+	SAMPLER_ON,	      /* always_on */
+	SAMPLER_OFF,	      /* always_off */
+	SAMPLER_RATIO,	      /* traceidratio: by the trace id, the parent's flag ignored */
+	SAMPLER__COUNT
+};
+
+/* The sampler of that name; -1 when none is (case matters, as in the SDKs). */
+int trace_sampler_parse(const char *name);
+const char *trace_sampler_name(enum trace_sampler s);
+
+/* Whether a span of trace `trace_id` is sampled: `parent` is the client's
+ * context (NULL: a new root). The ratio decision takes the trace id's last
+ * 8 bytes as a big-endian number and samples when it is below ratio * 2^64,
+ * so every service deciding on the same trace id and ratio agrees (the
+ * W3C random part of a trace id is its right-most 7 bytes). */
+bool trace_sample(enum trace_sampler s, double ratio, const uint8_t trace_id[16], const struct trace_ctx *parent);

@@ -10,6 +10,7 @@
 
 #include <event2/buffer.h>
 #include <llhttp.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,8 +19,10 @@
 #include "classify.h"
 #include "config.h"
 #include "exchange.h"
+#include "log.h"
 #include "meter.h"
 #include "mirror.h"
+#include "otlp_metrics.h"
 #include "reqinfo.h"
 #include "router.h"
 #include "strutil.h"
@@ -65,13 +68,58 @@ static inline __attribute__((always_inline)) void trim_ows(const char **s, size_
 		(*len)--;
 }
 
+static int g_env_sampler = -1;	/* OTEL_TRACES_SAMPLER's, or -1 */
+static double g_env_ratio = -1; /* OTEL_TRACES_SAMPLER_ARG's, or -1 */
+
+static void request_sampler_env(void)
+{
+	const char *v = getenv("OTEL_TRACES_SAMPLER"), *arg = getenv("OTEL_TRACES_SAMPLER_ARG");
+	char *end;
+
+	if (v && *v && (g_env_sampler = trace_sampler_parse(v)) < 0)
+		log_warn("OTEL_TRACES_SAMPLER=%s is not a sampler tokentap knows: parentbased_always_on instead", v);
+	if (v && *v && g_env_sampler < 0)
+		g_env_sampler = SAMPLER_PARENT_ON;
+	if (g_env_sampler >= 0 && arg && *arg) {
+		double r = strtod(arg, &end);
+		if (end == arg || *end || !(r >= 0 && r <= 1))
+			log_warn("OTEL_TRACES_SAMPLER_ARG=%s is not a ratio from 0 to 1: ignored", arg);
+		else
+			g_env_ratio = r;
+	}
+}
+
+/* The sampler and its ratio: tracing.sampler with tracing.sample_ratio when
+ * the file names one; else OTEL_TRACES_SAMPLER with OTEL_TRACES_SAMPLER_ARG
+ * (the ratio, else tracing.sample_ratio), read once; else
+ * parentbased_traceidratio at tracing.sample_ratio (parentbased_always_on at
+ * its default 1). An unknown name was refused at load (the file) or warned
+ * of at start (the environment, then the default as the SDKs do). */
+static enum trace_sampler sampler_of(const struct config *cfg, double *ratio)
+{
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+	*ratio = cfg->trace_ratio;
+	if (cfg->trace_sampler) {
+		int s = trace_sampler_parse(cfg->trace_sampler);
+		return s < 0 ? SAMPLER_PARENT_RATIO : (enum trace_sampler)s;
+	}
+	pthread_once(&once, request_sampler_env);
+	if (g_env_sampler < 0)
+		return SAMPLER_PARENT_RATIO;
+	if (g_env_ratio >= 0)
+		*ratio = g_env_ratio;
+	return (enum trace_sampler)g_env_sampler;
+}
+
 /*
  * The request's trace (W3C Trace Context, tracectx.h). Exactly one valid
- * traceparent: its trace goes on, with the client's sampled flag, and
+ * traceparent: its trace goes on, sampled as the sampler says (by default
+ * the client's flag: sampler_of), and
  * tokentap's span (a new id) is the parent the upstream sees; the client's
  * tracestate goes with it when the list is valid and within bounds. No
  * traceparent, a broken one or several: a new trace when the route
- * generation's tracing.new_traces says so, sampled at tracing.sample_ratio,
+ * generation's tracing.new_traces says so, sampled as the sampler says,
  * else none (the upstream then gets no traceparent and no tracestate, so a
  * broken one is never passed on). One span per request: a failover or a
  * shadow copy sends the same traceparent (exchange_head_write).
@@ -101,15 +149,20 @@ static void request_trace(struct request *req)
 			state_ok = tracestate_add(&sc, val, vlen) == 0;
 		}
 	}
+	double ratio;
+	enum trace_sampler smp = sampler_of(cfg, &ratio);
 	if (ntp == 1 && tracectx_parse(tp, tplen, &req->rec.trace) == 0) {
 		req->rec.traced = true;
 		req->rec.has_parent = true;
 		memcpy(req->rec.parent_span_id, req->rec.trace.span_id, sizeof(req->rec.parent_span_id));
 		req->rec.trace_state = state_ok && sc.members > 0;
+		bool on = trace_sample(smp, ratio, req->rec.trace.trace_id, &req->rec.trace);
+		req->rec.trace.flags =
+			(uint8_t)((req->rec.trace.flags & ~TRACE_FLAG_SAMPLED) | (on ? TRACE_FLAG_SAMPLED : 0));
 	} else if (cfg->trace_new) {
 		req->rec.traced = true;
 		trace_rng_id(rng, req->rec.trace.trace_id, sizeof(req->rec.trace.trace_id));
-		req->rec.trace.flags = trace_rng_unit(rng) < cfg->trace_ratio ? TRACE_FLAG_SAMPLED : 0;
+		req->rec.trace.flags = trace_sample(smp, ratio, req->rec.trace.trace_id, NULL) ? TRACE_FLAG_SAMPLED : 0;
 	} else {
 		return;
 	}
@@ -134,7 +187,7 @@ struct request *request_new(struct request_env *env, const struct exchange_hooks
 	req->rec.usage = USAGE_UNKNOWN;
 	req->rec.inputs = -1;
 	req->rec.stream = -1;
-	req->rec.itl_keep = env->x.meter.alog != NULL;
+	req->rec.itl_keep = env->x.meter.alog != NULL || otlp_metrics_active(); /* the gaps are samples of both */
 	req->rec.at[TL_ARRIVE] = arrive_ns;
 	if (reqhead_init(&req->head, &lim) == -1 ||
 	    exchange_init(&req->x, &env->x, hooks, owner, &req->rec, &req->head, env->router, log_id, false) == -1) {

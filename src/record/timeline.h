@@ -141,6 +141,7 @@ struct req_record {
 	 * label or its configured name; "" none (no `tenant:`, or no value) */
 	char tenant[TENANT_MAX + 1];
 	bool tenant_on;	      /* a `tenant:` applied to it: recorded by tenant, "none" when tenant is "" */
+	char resp_model[128]; /* the model the response names; "" none (gen_ai.response.model) */
 	const char *upstream; /* borrowed: the upstream's name outlives every request */
 	const char *up_url;   /* borrowed, as upstream: its url (the span's server.address) */
 	enum api_kind api;

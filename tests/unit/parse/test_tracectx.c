@@ -201,11 +201,44 @@ static void test_rng(void **state)
 	assert_memory_not_equal(s, (uint8_t[8]){ 0 }, 8);
 }
 
+/* The samplers: names both ways, the parent's flag, and the ratio on the
+ * trace id's last 8 bytes (big-endian) against ratio * 2^64. */
+static void test_samplers(void **state)
+{
+	(void)state;
+	for (int i = 0; i < SAMPLER__COUNT; i++)
+		assert_int_equal(trace_sampler_parse(trace_sampler_name((enum trace_sampler)i)), i);
+	assert_int_equal(trace_sampler_parse("AlwaysOn"), -1);
+	assert_int_equal(trace_sampler_parse(""), -1);
+	assert_int_equal(trace_sampler_parse(NULL), -1);
+
+	uint8_t low[16] = { 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+			    0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff };
+	uint8_t high[16] = { 0, 0, 0, 0, 0, 0, 0, 0, 0x80, 0, 0, 0, 0, 0, 0, 0 };
+	struct trace_ctx on = { .flags = TRACE_FLAG_SAMPLED }, off = { .flags = 0 };
+	/* 0x7fff... is below 2^63, 0x8000... is not: the boundary of 0.5 */
+	assert_true(trace_sample(SAMPLER_RATIO, 0.5, low, &off));
+	assert_false(trace_sample(SAMPLER_RATIO, 0.5, high, &on));
+	assert_false(trace_sample(SAMPLER_RATIO, 0, low, NULL));
+	assert_true(trace_sample(SAMPLER_RATIO, 1, high, NULL));
+	assert_true(trace_sample(SAMPLER_PARENT_RATIO, 0, low, &on));
+	assert_false(trace_sample(SAMPLER_PARENT_RATIO, 1, low, &off));
+	assert_true(trace_sample(SAMPLER_PARENT_RATIO, 0.5, low, NULL));
+	assert_false(trace_sample(SAMPLER_PARENT_RATIO, 0.5, high, NULL));
+	assert_true(trace_sample(SAMPLER_PARENT_ON, 0, high, NULL));
+	assert_false(trace_sample(SAMPLER_PARENT_ON, 1, high, &off));
+	assert_true(trace_sample(SAMPLER_PARENT_ON, 0, high, &on));
+	assert_true(trace_sample(SAMPLER_ON, 0, high, &off));
+	assert_false(trace_sample(SAMPLER_OFF, 1, low, &on));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_fields), cmocka_unit_test(test_invalid),	  cmocka_unit_test(test_future_version),
-		cmocka_unit_test(test_format), cmocka_unit_test(test_tracestate), cmocka_unit_test(test_rng),
+		cmocka_unit_test(test_fields),	       cmocka_unit_test(test_invalid),
+		cmocka_unit_test(test_future_version), cmocka_unit_test(test_format),
+		cmocka_unit_test(test_tracestate),     cmocka_unit_test(test_rng),
+		cmocka_unit_test(test_samplers),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
