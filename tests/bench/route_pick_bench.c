@@ -24,6 +24,7 @@
 #include "config.h"
 #include "router.h"
 #include "upstream.h"
+#include "wide_route.h"
 
 #define WIDE 64
 #define CHAIN 64
@@ -32,48 +33,19 @@ static char names[WIDE][32];
 
 static struct router *build_wide(struct event_base *base, enum balance_policy balance)
 {
-	struct config c;
-	struct upstream_conf *u;
-	struct route_conf *r;
-	struct route_target *t;
+	static const char *ptrs[WIDE];
 	char err[512] = "";
 
-	config_defaults(&c);
-	u = config_own(&c, calloc(WIDE, sizeof(*u)));
-	r = config_own(&c, calloc(1, sizeof(*r)));
-	t = config_own(&c, calloc(WIDE, sizeof(*t)));
-	if (!u || !r || !t)
-		abort();
 	for (unsigned i = 0; i < WIDE; i++) {
 		snprintf(names[i], sizeof(names[i]), "gpu-node-%02u", i);
-		config_upstream_defaults(&u[i]);
-		u[i].name = names[i];
-		u[i].url = "http://127.0.0.1:9";
-		t[i] = (struct route_target){ names[i], 1, 1 };
+		ptrs[i] = names[i];
 	}
-	config_route_defaults(r);
-	r->name = "wide";
-	r->targets = t;
-	r->ntargets = WIDE;
-	r->balance = balance;
-	c.upstreams = u;
-	c.nupstreams = WIDE;
-	c.routes = r;
-	c.nroutes = 1;
-	struct router *rt = router_new(base, &c, NULL, 1, err, sizeof(err));
-	config_free(&c);
+	struct router *rt = wide_router(base, WIDE, balance, ptrs, err, sizeof(err));
 	if (!rt) {
 		fprintf(stderr, "router_new: %s\n", err);
 		exit(1);
 	}
 	return rt;
-}
-
-static uint64_t mono_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -103,7 +75,7 @@ int main(int argc, char **argv)
 		uint64_t b50 = 0, b99 = UINT64_MAX, b999 = 0;
 		for (unsigned i = 0; i < WIDE; i++) /* measured: no probes */
 			for (int k = 0; k < 5; k++)
-				upstream_ttft_note(r->targets[i].up, 100 + 50 * k, 100, -1, 20 + i + k, mono_ns());
+				upstream_ttft_note(r->targets[i].up, 100 + 50 * k, 100, -1, 20 + i + k, wide_mono_ns());
 #ifdef UP_HELD_SLOTS
 		if (pol == BALANCE_LATENCY) { /* a prompt of 64 blocks, the first 32 held by one upstream */
 			upstream_held_note(r->targets[7].up, chain, CHAIN / 2);
@@ -114,9 +86,9 @@ int main(int argc, char **argv)
 		for (unsigned round = 0; round < rounds; round++) {
 			for (unsigned n = 0; n < picks; n++) {
 				q.prefix_key = (uint64_t)n * 0x9e3779b97f4a7c15ull;
-				uint64_t a = mono_ns();
+				uint64_t a = wide_mono_ns();
 				struct upstream *up = route_pick(r, &q, 0, &o);
-				t[n] = mono_ns() - a;
+				t[n] = wide_mono_ns() - a;
 				sink += up != NULL;
 			}
 			qsort(t, picks, sizeof(t[0]), cmp_u64);

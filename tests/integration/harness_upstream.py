@@ -247,6 +247,21 @@ def send_sse_head(sock, extra=b""):
     )
 
 
+def send_chat_stream(sock, gap_s=0.0):
+    """A streamed chat answer after its SSE head: tokens a, b, c (`gap_s`
+    before each), then usage of 7 prompt tokens (4 cached) and 3 completion
+    tokens, [DONE] and the last chunk."""
+    for t in ("a", "b", "c"):
+        if gap_s:
+            time.sleep(gap_s)
+        send_chunk(sock, b'data: {"choices":[{"index":0,"delta":{"content":"%s"},'
+                         b'"finish_reason":null}]}\n\n' % t.encode())
+    send_chunk(sock, b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3,'
+                     b'"prompt_tokens_details":{"cached_tokens":4}}}\n\n')
+    send_chunk(sock, b"data: [DONE]\n\n")
+    sock.sendall(b"0\r\n\r\n")
+
+
 def reset_socket(sock):
     """Closes with RST."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))

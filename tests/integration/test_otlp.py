@@ -271,14 +271,7 @@ def answer(sock, req, ctx):
     """A chat answer; streamed: three tokens 20 ms apart and usage."""
     if harness.wants_stream(req):
         harness.send_sse_head(sock)
-        for t in ("a", "b", "c"):
-            time.sleep(0.02)
-            harness.send_chunk(sock, b'data: {"choices":[{"index":0,"delta":{"content":"%s"},'
-                                     b'"finish_reason":null}]}\n\n' % t.encode())
-        harness.send_chunk(sock, b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3,'
-                                 b'"prompt_tokens_details":{"cached_tokens":4}}}\n\n')
-        harness.send_chunk(sock, b"data: [DONE]\n\n")
-        sock.sendall(b"0\r\n\r\n")
+        harness.send_chat_stream(sock, gap_s=0.02)
         return True
     harness.send_json(sock, {"model": "m1", "choices": [{"message": {"role": "assistant", "content": "ok"}}],
                              "usage": {"prompt_tokens": 5, "completion_tokens": 1}})

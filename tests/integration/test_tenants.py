@@ -43,13 +43,7 @@ def answer(sock, req, ctx):
     if body.get("stream"):
         harness.send_sse_head(sock)
         time.sleep(body.get("delay_ms", 0) / 1000.0)
-        for t in ("a", "b", "c"):
-            harness.send_chunk(sock, b'data: {"choices":[{"index":0,"delta":{"content":"%s"},'
-                                     b'"finish_reason":null}]}\n\n' % t.encode())
-        harness.send_chunk(sock, b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3,'
-                                 b'"prompt_tokens_details":{"cached_tokens":4}}}\n\n')
-        harness.send_chunk(sock, b"data: [DONE]\n\n")
-        sock.sendall(b"0\r\n\r\n")
+        harness.send_chat_stream(sock)
         return True
     out = json.dumps({"model": "m", "choices": [{"message": {"role": "assistant", "content": "ok"}}],
                       "usage": {"prompt_tokens": 5, "completion_tokens": 2,

@@ -20,6 +20,7 @@
 #include "config.h"
 #include "router.h"
 #include "upstream.h"
+#include "wide_route.h"
 
 /* A configuration of the given upstreams and one route to the first. The
  * strings are literals: config_free() frees only what config_own() took. */
@@ -123,44 +124,16 @@ static void test_failed_generation_changes_no_kept_upstream(void **state)
 static char wide_names[WIDE][12]; /* "u" and any unsigned */
 static struct router *build_wide(struct event_base *base, unsigned n, enum balance_policy balance)
 {
-	struct config c;
-	struct upstream_conf *u;
-	struct route_conf *r;
-	struct route_target *t;
+	static const char *names[WIDE];
 	char err[512] = "";
 
-	config_defaults(&c);
-	u = config_own(&c, calloc(n, sizeof(*u)));
-	r = config_own(&c, calloc(1, sizeof(*r)));
-	t = config_own(&c, calloc(n, sizeof(*t)));
-	assert_true(u && r && t);
 	for (unsigned i = 0; i < n; i++) {
 		snprintf(wide_names[i], sizeof(wide_names[i]), "u%u", i);
-		config_upstream_defaults(&u[i]);
-		u[i].name = wide_names[i];
-		u[i].url = "http://127.0.0.1:9";
-		t[i] = (struct route_target){ wide_names[i], 1, 1 };
+		names[i] = wide_names[i];
 	}
-	config_route_defaults(r);
-	r->name = "wide";
-	r->targets = t;
-	r->ntargets = n;
-	r->balance = balance;
-	c.upstreams = u;
-	c.nupstreams = n;
-	c.routes = r;
-	c.nroutes = 1;
-	struct router *rt = router_new(base, &c, NULL, 1, err, sizeof(err));
-	config_free(&c);
+	struct router *rt = wide_router(base, n, balance, names, err, sizeof(err));
 	assert_non_null(rt);
 	return rt;
-}
-
-static uint64_t mono_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 /* Runs `check` once per balance policy, each time on the one route of a
@@ -186,7 +159,7 @@ static void pick_ejection(struct route *r, enum balance_policy pol)
 	struct pick_out o;
 
 	struct upstream *u0 = r->targets[0].up;
-	uint64_t now = mono_ns();
+	uint64_t now = wide_mono_ns();
 	for (int i = 0; i < 5; i++)
 		upstream_outlier_note(u0, false, now);
 	for (int i = 0; i < 200; i++) {
@@ -205,7 +178,7 @@ static void pick_ejection(struct route *r, enum balance_policy pol)
 	assert_true(o.probe);
 	for (int i = 0; i < 50; i++)
 		assert_ptr_not_equal(route_pick(r, &q, 0, &o), u0); /* its probe runs */
-	upstream_outlier_note(u0, true, mono_ns());
+	upstream_outlier_note(u0, true, wide_mono_ns());
 	upstream_probe_done(u0);
 	bool back = false;
 	for (int i = 0; i < 50 && !back; i++) {
@@ -275,7 +248,7 @@ static void test_pick_latency_held(void **state)
 	for (unsigned i = 0; i < 8; i++)
 		for (int k = 0; k < 8; k++)
 			upstream_ttft_note(r->targets[i].up, 100 + 100 * k, 100, -1, 10 + 0.05 * (100 + 100 * k),
-					   mono_ns());
+					   wide_mono_ns());
 	struct pick_req q = { .chain = chain, .nchain = 40, .tokens = 640 };
 	for (int n = 0; n < 50; n++) {
 		assert_ptr_equal(route_pick(r, &q, 0, &o), r->targets[5].up);
@@ -307,7 +280,7 @@ static void pick_wide(struct route *r, enum balance_policy pol)
 	uint64_t reached = 0;
 	for (unsigned i = 0; i < WIDE; i++)
 		for (int k = 0; k < 5; k++)
-			upstream_ttft_note(r->targets[i].up, 100 + 50 * k, 100, -1, 20 + i + k, mono_ns());
+			upstream_ttft_note(r->targets[i].up, 100 + 50 * k, 100, -1, 20 + i + k, wide_mono_ns());
 	for (int n = 0; n < PICKS; n++) {
 		q.prefix_key = (uint64_t)n * 0x9e3779b97f4a7c15ull;
 		struct upstream *up = route_pick(r, &q, 0, &o);
