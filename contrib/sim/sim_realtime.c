@@ -170,13 +170,13 @@ static void response_object(struct rt_sess *s, struct evbuffer *b, const char *s
 	evbuffer_add_printf(b, "],\"conversation_id\":\"conv_sim\",\"output_modalities\":[\"text\"],\"model\":%s,",
 			    s->model_json);
 	if (done)
-		evbuffer_add_printf(b,
-				    "\"usage\":{\"total_tokens\":%" PRIu64 ",\"input_tokens\":%" PRIu64
-				    ",\"output_tokens\":%" PRIu64
-				    ",\"input_token_details\":{\"text_tokens\":%" PRIu64
-				    ",\"audio_tokens\":0,\"cached_tokens\":0},\"output_token_details\":{\"text_tokens\":%" PRIu64
-				    ",\"audio_tokens\":0}}}",
-				    s->n_in + s->sent, s->n_in, s->sent, s->n_in, s->sent);
+		evbuffer_add_printf(
+			b,
+			"\"usage\":{\"total_tokens\":%" PRIu64 ",\"input_tokens\":%" PRIu64
+			",\"output_tokens\":%" PRIu64 ",\"input_token_details\":{\"text_tokens\":%" PRIu64
+			",\"audio_tokens\":0,\"cached_tokens\":0},\"output_token_details\":{\"text_tokens\":%" PRIu64
+			",\"audio_tokens\":0}}}",
+			s->n_in + s->sent, s->n_in, s->sent, s->n_in, s->sent);
 	else
 		evbuffer_add(b, "\"usage\":null}", 13);
 }
@@ -259,7 +259,8 @@ static void response_end(struct rt_sess *s, const char *status)
 static void tick_at(struct rt_sess *s, uint64_t due_ns, uint64_t now)
 {
 	uint64_t d = due_ns > now ? due_ns - now : 0;
-	struct timeval tv = { .tv_sec = (time_t)(d / 1000000000ULL), .tv_usec = (suseconds_t)(d % 1000000000ULL / 1000) };
+	struct timeval tv = { .tv_sec = (time_t)(d / 1000000000ULL),
+			      .tv_usec = (suseconds_t)(d % 1000000000ULL / 1000) };
 
 	evtimer_add(s->tick, &tv);
 }
@@ -329,7 +330,7 @@ static void send_error(struct rt_sess *s, const char *code, const char *message)
 	event_open(s, b, "error");
 	evbuffer_add_printf(b, ",\"error\":{\"type\":\"invalid_request_error\",\"code\":\"%s\",\"message\":", code);
 	sim_json_str(b, message, strlen(message));
-	evbuffer_add(b, ",\"param\":null,\"event_id\":null}", 31);
+	evbuffer_add_printf(b, ",\"param\":null,\"event_id\":null}");
 	send_event(s, b);
 	evbuffer_free(b);
 }
