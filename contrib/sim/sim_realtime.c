@@ -5,8 +5,9 @@
  * names them: response.created, response.output_item.added,
  * response.content_part.added, one response.output_text.delta per token
  * (the first --ttft-ms after the response.create arrived, the rest
- * --itl-ms apart; x-sim-ttft-ms / x-sim-itl-ms / x-sim-tokens on the
- * handshake override), the .done events and response.done with usage.
+ * --itl-ms apart, response.max_output_tokens of them, else --tokens;
+ * x-sim-ttft-ms / x-sim-itl-ms / x-sim-tokens on the handshake override),
+ * the .done events and response.done with usage.
  * response.cancel ends the response in progress as "cancelled"; a second
  * response.create while one runs gets the API's error event. Pings are
  * answered with pongs, a close frame with a close frame, then the socket
@@ -193,9 +194,8 @@ static void response_begin(struct rt_sess *s, int64_t max_out, const char *body,
 	s->prng.state = h;
 	s->n_in = (s->input_bytes + len + 3) / 4;
 	s->input_bytes = 0;
-	s->n_out = s->tokens >= 0 ? (uint64_t)s->tokens : sim_cfg.tokens;
-	if (max_out >= 0 && (uint64_t)max_out < s->n_out)
-		s->n_out = (uint64_t)max_out;
+	/* as the HTTP APIs: the header, else the request's limit, else --tokens */
+	s->n_out = s->tokens >= 0 ? (uint64_t)s->tokens : max_out >= 0 ? (uint64_t)max_out : sim_cfg.tokens;
 	s->sent = 0;
 	s->active = true;
 	s->deadline_ns = sim_now_ns() + s->ttft_ns;

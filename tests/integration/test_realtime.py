@@ -6,13 +6,17 @@ overrides). For each response tokentap's access log has a line of its own
 (api realtime) whose tokens are the simulator's usage, whose token events
 are the deltas the client read and whose TTFT is within a few ms of the
 client's own. The simulator's handshake, pings, close and its answer to a
-second response.create are checked byte-level with a raw socket."""
+second response.create are checked byte-level with a raw socket.
+`tokentap-bench --api realtime` (contrib/bench/bench_realtime.c) drives
+three sessions through tokentap; its counts and TTFT agree with the log."""
 
 import base64
 import json
 import os
 import socket
 import struct
+import subprocess
+import tempfile
 import time
 
 import harness
@@ -100,7 +104,8 @@ class SimRealtimeTest(harness.TestCase):
 
 
 class RealtimeThroughTokentapTest(harness.TestCase):
-    """npm `ws` client -> tokentap -> simulator: two responses measured."""
+    """npm `ws` client -> tokentap -> simulator: two responses measured;
+    tokentap-bench --api realtime through the same."""
 
     @classmethod
     def setUpClass(cls):
@@ -126,6 +131,34 @@ class RealtimeThroughTokentapTest(harness.TestCase):
             self.assertGreaterEqual(e["tpot_ms"], ITL_MS * 0.9)
         sess = self.log_entry(self.log, "it-rt-sim")
         self.assertEqual((sess["api"], sess["status"], sess["error"]), ("realtime", 101, None))
+
+    def test_bench_realtime_sessions(self):
+        # tokentap-bench --api realtime: 3 sessions, 12 responses; its
+        # figures and tokentap's records of the same responses agree
+        js = os.path.join(self.dir, "bench.json")
+        p = subprocess.run([harness.bench_bin(), "--url", "http://127.0.0.1:%d" % self.tt.port, "--api", "realtime",
+                            "--concurrency", "3", "--requests", "12", "--output-len", "5", "--input-len", "20",
+                            "--seed", "3", "--json", js, "--no-progress"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        with open(js) as f:
+            d = json.load(f)
+        res = d["result"]
+        self.assertEqual((res["requests"]["ok"], res["requests"]["failed"]), (12, 0), res)
+        self.assertEqual((res["output_tokens"], res["output_tokens_from_usage"]), (60, 12))
+        self.assertEqual(res["metrics"]["itl"]["count"], 12 * 4)
+        self.assertGreaterEqual(res["metrics"]["ttft"]["p50_ms"], TTFT_MS - 1)
+        self.assertGreaterEqual(res["metrics"]["itl"]["p50_ms"], ITL_MS * 0.9)
+        run = d["config"]["run_id"]
+        ttfts = []
+        for sess in range(3):
+            for n in range(1, 5):
+                e = self.log_entry(self.log, "bench-%s-%d/%d" % (run, sess, n))
+                self.assertEqual((e["api"], e["output_tokens"], e["token_events"], e["error"]),
+                                 ("realtime", 5, 5, None))
+                ttfts.append(e["ttft_ms"])
+        ttfts.sort()
+        self.assertLess(abs(ttfts[len(ttfts) // 2] - res["metrics"]["ttft"]["p50_ms"]), 5,
+                        (ttfts, res["metrics"]["ttft"]))
 
 
 if __name__ == "__main__":
