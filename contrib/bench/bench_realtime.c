@@ -39,9 +39,9 @@ struct rtb_sess {
 	struct rtb_run *run;
 	struct bufferevent *bev;
 	uint64_t id;
-	bool open;	  /* the 101 is read */
-	bool busy;	  /* a response is in flight */
-	bool warm;	  /* the response in flight is a warm-up one */
+	bool open;	      /* the 101 is read */
+	bool busy;	      /* a response is in flight */
+	bool warm;	      /* the response in flight is a warm-up one */
 	struct evbuffer *msg; /* the server message being reassembled */
 	uint64_t send_ns, first_ns, last_ns, deltas, in_len;
 	struct usage usage;
@@ -135,8 +135,9 @@ static void sess_next(struct rtb_sess *s)
 		sess_end(s, BERR_CLOSED);
 		return;
 	}
-	evbuffer_add_printf(b, "{\"type\":\"conversation.item.create\",\"item\":{\"type\":\"message\",\"role\":\"user\","
-			       "\"content\":[{\"type\":\"input_text\",\"text\":\"");
+	evbuffer_add_printf(b,
+			    "{\"type\":\"conversation.item.create\",\"item\":{\"type\":\"message\",\"role\":\"user\","
+			    "\"content\":[{\"type\":\"input_text\",\"text\":\"");
 	for (uint32_t i = 0; i < in_len; i++)
 		evbuffer_add(b, i ? " tok" : "tok ", 4); /* four bytes a token */
 	evbuffer_add_printf(b, "\"}]}}");
