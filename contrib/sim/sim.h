@@ -285,12 +285,15 @@ struct sim_rt_open {
 	const char *query;		 /* after the '?', NULL none (?model=NAME) */
 	const char *request_id;		 /* echoed as x-request-id, NULL none */
 	int64_t ttft_ms, itl_ms, tokens; /* x-sim-* overrides, -1 absent */
+	bool counted;			 /* in sim_stats.requests: the session ends it completed or aborted */
 };
 
 /* Answers the handshake (101) and takes bev over for the session, its
  * unread input included: 0. Returns -1 (nothing written, bev still the
  * caller's) when the key is unusable or memory runs out. The session
- * counts itself out of sim_stats.open_connections when it ends. */
+ * counts itself out of sim_stats.open_connections when it ends, and its
+ * handshake (o->counted) as completed, or aborted if the client left
+ * during a response. */
 int sim_realtime_take(struct event_base *base, struct bufferevent *bev, const struct sim_rt_open *o);
 
 /* ---- sim_text.c ---- */

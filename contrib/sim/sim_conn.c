@@ -748,8 +748,9 @@ static void conn_parse_input(struct sim_conn *c);
 /*
  * GET /v1/realtime with "Upgrade: websocket", owing no earlier answer: the
  * bufferevent goes to a realtime session (sim_realtime.c) with the input
- * after the handshake, and this connection is freed. The handshake counts
- * as a completed request.
+ * after the handshake, and this connection is freed. The session ends the
+ * handshake's request as completed, or aborted when the client leaves
+ * during a response.
  */
 static bool conn_hand_off(struct sim_conn *c)
 {
@@ -770,13 +771,11 @@ static bool conn_hand_off(struct sim_conn *c)
 		.ttft_ms = r->ttft_ms,
 		.itl_ms = r->itl_ms,
 		.tokens = r->tokens,
+		.counted = r->counted,
 	};
 	if (sim_realtime_take(c->base, c->bev, &o) != 0)
 		return false;
-	if (r->counted) {
-		r->counted = false;
-		sim_stats.completed++;
-	}
+	r->counted = false; /* the session ends it as completed or aborted */
 	c->handed_off = true;
 	c->dead = true;
 	if (c->tick != NULL)

@@ -47,6 +47,7 @@ struct rt_sess {
 	bool in_msg;	       /* a fragmented message is open */
 	bool closing;	       /* a close frame is sent: end once drained */
 	bool dead;
+	bool counted; /* the handshake is in sim_stats.requests */
 	char *model_json;
 	uint64_t ttft_ns, itl_ns;
 	int64_t tokens;	      /* x-sim-tokens, -1 none */
@@ -139,11 +140,19 @@ static void on_reap(evutil_socket_t fd, short what, void *arg)
 	sim_stats.open_connections--;
 }
 
-static void sess_kill(struct rt_sess *s)
+/* Ends the session; client_left: the client went away (EOF, error). */
+static void sess_kill(struct rt_sess *s, bool client_left)
 {
 	if (s->dead)
 		return;
 	s->dead = true;
+	if (client_left && s->active) {
+		sim_stats.last_abort_ns = sim_now_ns();
+		if (s->counted)
+			sim_stats.aborted++;
+	} else if (s->counted) {
+		sim_stats.completed++;
+	}
 	event_del(s->tick);
 	bufferevent_disable(s->bev, EV_READ | EV_WRITE);
 	bufferevent_setcb(s->bev, NULL, NULL, NULL, NULL);
@@ -456,7 +465,7 @@ static void on_read(struct bufferevent *bev, void *arg)
 	}
 	read_frames(s);
 	if (s->closing && evbuffer_get_length(bufferevent_get_output(bev)) == 0)
-		sess_kill(s);
+		sess_kill(s, false);
 }
 
 static void on_write(struct bufferevent *bev, void *arg)
@@ -465,7 +474,7 @@ static void on_write(struct bufferevent *bev, void *arg)
 
 	if (s->closing) {
 		if (evbuffer_get_length(bufferevent_get_output(bev)) == 0)
-			sess_kill(s);
+			sess_kill(s, false);
 		return;
 	}
 	if (s->stalled)
@@ -477,13 +486,8 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 	struct rt_sess *s = arg;
 
 	(void)bev;
-	if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)) {
-		if (s->active) {
-			sim_stats.aborted++;
-			sim_stats.last_abort_ns = sim_now_ns();
-		}
-		sess_kill(s);
-	}
+	if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR))
+		sess_kill(s, true);
 }
 
 /* ---- the handshake ---- */
@@ -569,6 +573,7 @@ int sim_realtime_take(struct event_base *base, struct bufferevent *bev, const st
 	s->ttft_ns = (o->ttft_ms >= 0 ? (uint64_t)o->ttft_ms : sim_cfg.ttft_ms) * 1000000ULL;
 	s->itl_ns = (o->itl_ms >= 0 ? (uint64_t)o->itl_ms : sim_cfg.itl_ms) * 1000000ULL;
 	s->tokens = o->tokens;
+	s->counted = o->counted;
 	s->path_hash = sim_hash(o->query ? o->query : "", o->query ? strlen(o->query) : 0, 0x7265616c74696d65ULL);
 
 	out = bufferevent_get_output(bev);

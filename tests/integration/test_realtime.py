@@ -89,6 +89,31 @@ class SimRealtimeTest(harness.TestCase):
         s.close()
         self.assertEqual(rest, b"\x88\x02\x03\xe8")  # the code echoed, then EOF
 
+    def test_sim_stats_count_sessions(self):
+        def stats_settled(want_aborted):
+            for _ in range(100):
+                st = self.sim.stats()
+                if st["aborted"] == want_aborted and st["requests"] == st["completed"] + st["aborted"]:
+                    return st
+                time.sleep(0.02)
+            self.fail(st)
+        st0 = stats_settled(self.sim.stats()["aborted"])
+        s, _, _ = raw_session(self.sim.port)
+        buf, m = bytearray(), b"\x05\x06\x07\x08"
+        read_frame(s, buf)
+        s.sendall(frame(1, b'{"type":"response.create"}', m))
+        read_frame(s, buf)  # response.created: the response runs
+        s.close()  # gone mid-response: aborted
+        st1 = stats_settled(st0["aborted"] + 1)
+        self.assertEqual(st1["requests"], st0["requests"] + 1)  # /sim/stats is not counted
+        s, _, _ = raw_session(self.sim.port)
+        read_frame(s, bytearray())
+        s.sendall(frame(8, struct.pack(">H", 1000), m))
+        read_until_close(s)
+        s.close()
+        st2 = stats_settled(st1["aborted"])  # a session closed between responses: completed
+        self.assertEqual(st2["completed"], st1["completed"] + 1)
+
     def test_unmasked_frame_1002(self):
         s, _, head = raw_session(self.sim.port)
         buf = bytearray()
