@@ -41,6 +41,7 @@ static const struct {
 	{ "gemini-array", NULL, BAPI_GEMINI_ARRAY },
 	{ "bedrock-converse", "converse", BAPI_BEDROCK_CONVERSE },
 	{ "bedrock-invoke", "invoke", BAPI_BEDROCK_INVOKE },
+	{ "realtime", "/v1/realtime", BAPI_REALTIME },
 };
 
 /* Gemini's path: the model (--model, else sim-model) and the method; with
@@ -76,7 +77,8 @@ static void usage(FILE *f)
 		"  --api NAME                 openai-chat (default), openai-completions, anthropic,\n"
 		"                             ollama-chat, ollama-generate, openai-responses,\n"
 		"                             gemini (SSE), gemini-array (the JSON-array stream)\n"
-		"                             bedrock-converse, bedrock-invoke (the model in the path)\n"
+		"                             bedrock-converse, bedrock-invoke (the model in the path),\n"
+		"                             realtime (WebSocket sessions on /v1/realtime, closed loop)\n"
 		"  --stream, --no-stream      stream the response (default: stream)\n"
 		"  --model NAME               model field of the request (default: not sent)\n"
 		"  -H, --header 'NAME: VALUE' extra request header (repeatable, at most %d)\n"
@@ -671,6 +673,21 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 		    : o->system_prompts ? "--system-prompts"
 					: "--session-header",
 		    "applies to --sessions only");
+	}
+	if (o->api == BAPI_REALTIME) {
+		const char *flag = o->tls		  ? "--url"
+				   : o->rate > 0	  ? "--rate"
+				   : replay_path	  ? "--replay"
+				   : o->sessions	  ? "--sessions"
+				   : o->compare_url[0]	  ? "--compare"
+				   : o->requests_log_path ? "--requests-log"
+				   : o->compare_admin	  ? "--compare-admin"
+							  : NULL;
+		if (flag != NULL)
+			bad(flag,
+			    "--api realtime drives plain ws:// sessions in a closed loop (--concurrency, "
+			    "--sweep): no https, --rate, --replay, --sessions, --compare, --requests-log "
+			    "or --compare-admin");
 	}
 	if (!o->duration_ms && !o->requests)
 		o->requests = 100;

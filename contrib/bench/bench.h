@@ -125,6 +125,7 @@ enum bench_api {
 	BAPI_GEMINI_ARRAY,     /* the same stream without ?alt=sse: one JSON array */
 	BAPI_BEDROCK_CONVERSE, /* the model and the stream in the path (bench.c) */
 	BAPI_BEDROCK_INVOKE,   /* an Anthropic Messages body */
+	BAPI_REALTIME,	       /* WebSocket sessions on /v1/realtime (bench_realtime.c) */
 };
 
 struct bench_opts {
@@ -285,6 +286,10 @@ struct bench_result {
  * Returns 0, or -1 when the loop could not be set up (message printed). */
 int bench_run(const struct bench_opts *o, unsigned concurrency, uint64_t id_base, FILE *reqlog,
 	      struct bench_result *res);
+
+/* --api realtime (bench_realtime.c): `concurrency` sessions, closed loop;
+ * bench_run() hands over to it. 0, or -1 (message printed). */
+int bench_realtime_run(const struct bench_opts *o, unsigned concurrency, uint64_t id_base, struct bench_result *res);
 
 /* ---- TLS (bench_tls.c) ---- */
 

@@ -192,6 +192,7 @@ static enum api_kind api_kind_of(enum bench_api a)
 	case BAPI_GEMINI_ARRAY: return API_GEMINI_STREAM; /* the same events and body as API_GEMINI */
 	case BAPI_BEDROCK_CONVERSE: return API_BEDROCK_CONVERSE;
 	case BAPI_BEDROCK_INVOKE: return API_BEDROCK_INVOKE;
+	case BAPI_REALTIME: break; /* bench_realtime.c, no HTTP request */
 	}
 	return API_UNKNOWN;
 }
@@ -502,6 +503,7 @@ static void request_build(struct run *r, const struct breq *q)
 				    "\"anthropic_version\":\"bedrock-2023-05-31\",\"messages\":[{\"role\":"
 				    "\"user\",\"content\":\"");
 		break;
+	case BAPI_REALTIME: break; /* never an HTTP request */
 	}
 	if (o->replay && q->seq < o->replay->n)
 		replay_prompt_add(b, o->replay, q->seq, o->seed);
@@ -543,6 +545,7 @@ prompt_done:
 		evbuffer_add_printf(b, ",\"inferenceConfig\":{\"maxTokens\":%u}", q->out_len);
 		break;
 	case BAPI_BEDROCK_INVOKE: evbuffer_add_printf(b, ",\"max_tokens\":%u", q->out_len); break;
+	case BAPI_REALTIME: break;
 	}
 	evbuffer_add_printf(b, "}");
 
@@ -1172,6 +1175,8 @@ int bench_run(const struct bench_opts *o, unsigned concurrency, uint64_t id_base
 	struct event_config *cfg = NULL;
 	int rc = -1;
 
+	if (o->api == BAPI_REALTIME)
+		return bench_realtime_run(o, concurrency, id_base, res);
 	memset(res, 0, sizeof(*res));
 	for (int i = 0; i < BM__COUNT; i++) {
 		hist_init(&res->m.h[i]);

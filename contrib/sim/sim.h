@@ -20,6 +20,9 @@
  *               step scheduler shared by all connections
  *   sim_cache.c the optional prefix-cache model (--prefix-cache)
  *   sim_metrics.c GET /metrics in vLLM's, SGLang's or llama.cpp's names
+ *   sim_realtime.c GET /v1/realtime upgraded to a WebSocket: an
+ *               OpenAI-Realtime-shaped text session (sim_conn hands the
+ *               connection over once the handshake is parsed)
  *
  * Invariant kept across all files: the bytes of a response body are a pure
  * function of (--seed, request path, request body, x-sim-* overrides). No
@@ -271,6 +274,27 @@ const struct sim_cache_stats *sim_cache_stats(void);
  * once before the loop runs. Returns 0, or -1 out of memory. */
 int sim_cache_init(uint64_t tokens);
 void sim_cache_shutdown(void);
+
+/* ---- sim_realtime.c ---- */
+
+struct bufferevent;
+
+/* What the WebSocket handshake of GET /v1/realtime carried. */
+struct sim_rt_open {
+	const char *key;		 /* Sec-WebSocket-Key */
+	const char *query;		 /* after the '?', NULL none (?model=NAME) */
+	const char *request_id;		 /* echoed as x-request-id, NULL none */
+	int64_t ttft_ms, itl_ms, tokens; /* x-sim-* overrides, -1 absent */
+	bool counted;			 /* in sim_stats.requests: the session ends it completed or aborted */
+};
+
+/* Answers the handshake (101) and takes bev over for the session, its
+ * unread input included: 0. Returns -1 (nothing written, bev still the
+ * caller's) when the key is unusable or memory runs out. The session
+ * counts itself out of sim_stats.open_connections when it ends, and its
+ * handshake (o->counted) as completed, or aborted if the client left
+ * during a response. */
+int sim_realtime_take(struct event_base *base, struct bufferevent *bev, const struct sim_rt_open *o);
 
 /* ---- sim_text.c ---- */
 

@@ -78,6 +78,8 @@ struct sim_req {
 	int64_t events_per_write;	 /* x-sim-events-per-write, -1 absent */
 	int64_t reasoning_tokens, think_ms, cached_tokens, cache_write_tokens, tool_call, reasoning_hidden;
 	char *exception; /* x-sim-exception, NULL if absent */
+	char *ws_key;	 /* Sec-WebSocket-Key, NULL if absent */
+	bool ws_upgrade; /* "Upgrade: websocket" */
 	const char *header_error;
 	const char *parse_error; /* answer 400 with this and close */
 	bool keep_alive;
@@ -116,6 +118,7 @@ struct sim_conn {
 	bool parse_dead;   /* parse error or close: ignore further input */
 	bool close_after;  /* close once the output has drained */
 	bool dead;	   /* freed at the end of this loop turn */
+	bool handed_off;   /* the bufferevent now belongs to a realtime session */
 	/* Re-entry guards: answering one request can finish it and start the
 	 * next, which would otherwise recurse once per pipelined request. */
 	bool in_read, read_again;
@@ -142,6 +145,7 @@ static void req_free(struct sim_req *r)
 	free(r->url);
 	free(r->request_id);
 	free(r->exception);
+	free(r->ws_key);
 	free(r);
 }
 
@@ -157,10 +161,12 @@ static void on_reap(evutil_socket_t fd, short what, void *arg)
 	if (c->tick != NULL)
 		event_free(c->tick);
 	event_free(c->reaper);
-	bufferevent_free(c->bev);
+	if (!c->handed_off) {
+		bufferevent_free(c->bev);
+		sim_stats.open_connections--; /* else the session counts itself out */
+	}
 	free(c->value);
 	free(c);
-	sim_stats.open_connections--;
 }
 
 /*
@@ -576,7 +582,12 @@ static int on_header_value_complete(llhttp_t *p)
 	while (c->value_len > 0 && (c->value[c->value_len - 1] == ' ' || c->value[c->value_len - 1] == '\t'))
 		c->value[--c->value_len] = '\0';
 
-	if (strcasecmp(c->field, "expect") == 0) {
+	if (strcasecmp(c->field, "upgrade") == 0) {
+		r->ws_upgrade = strcasecmp(v, "websocket") == 0;
+	} else if (strcasecmp(c->field, "sec-websocket-key") == 0 && !c->value_overflow) {
+		free(r->ws_key);
+		r->ws_key = strdup(v);
+	} else if (strcasecmp(c->field, "expect") == 0) {
 		r->expect_continue = strcasecmp(v, "100-continue") == 0;
 	} else if (strcasecmp(c->field, "x-request-id") == 0 && !c->value_overflow) {
 		free(r->request_id);
@@ -734,6 +745,45 @@ static void conn_parse_failed(struct sim_conn *c, const char *why)
 
 static void conn_parse_input(struct sim_conn *c);
 
+/*
+ * GET /v1/realtime with "Upgrade: websocket", owing no earlier answer: the
+ * bufferevent goes to a realtime session (sim_realtime.c) with the input
+ * after the handshake, and this connection is freed. The session ends the
+ * handshake's request as completed, or aborted when the client leaves
+ * during a response.
+ */
+static bool conn_hand_off(struct sim_conn *c)
+{
+	struct sim_req *r = c->tail;
+	struct sim_rt_open o;
+	char *q;
+
+	if (r == NULL || r != c->head || r->state != REQ_QUEUED || !r->ws_upgrade || r->ws_key == NULL ||
+	    r->header_error != NULL || strcmp(r->method, "GET") != 0)
+		return false;
+	q = memchr(r->url, '?', r->url_len);
+	if ((q != NULL ? (size_t)(q - r->url) : r->url_len) != 12 || memcmp(r->url, "/v1/realtime", 12) != 0)
+		return false;
+	o = (struct sim_rt_open){
+		.key = r->ws_key,
+		.query = q != NULL ? q + 1 : NULL,
+		.request_id = r->request_id,
+		.ttft_ms = r->ttft_ms,
+		.itl_ms = r->itl_ms,
+		.tokens = r->tokens,
+		.counted = r->counted,
+	};
+	if (sim_realtime_take(c->base, c->bev, &o) != 0)
+		return false;
+	r->counted = false; /* the session ends it as completed or aborted */
+	c->handed_off = true;
+	c->dead = true;
+	if (c->tick != NULL)
+		event_del(c->tick);
+	event_active(c->reaper, EV_TIMEOUT, 1);
+	return true;
+}
+
 /* Feeds buffered input to llhttp and answers what it completes. */
 static void conn_read_input(struct sim_conn *c)
 {
@@ -771,9 +821,11 @@ static void conn_parse_input(struct sim_conn *c)
 			if (!c->parse_dead)
 				c->parse_paused = true;
 		} else if (err == HPE_PAUSED_UPGRADE) {
-			/* An upgrade offer (e.g. curl's h2c): decline by
-			 * going on with HTTP/1.1 on the same bytes. */
 			evbuffer_drain(in, (size_t)(llhttp_get_error_pos(&c->parser) - data));
+			if (conn_hand_off(c))
+				break;
+			/* Any other upgrade offer (e.g. curl's h2c): decline
+			 * by going on with HTTP/1.1 on the same bytes. */
 			llhttp_resume_after_upgrade(&c->parser);
 		} else {
 			const char *reason = llhttp_get_error_reason(&c->parser);
