@@ -27,6 +27,7 @@
 #include "classify.h"
 #include "framer.h"
 #include "fuzz_check.h"
+#include "fuzz_feed.h"
 
 #define NSPLIT 8
 #define MAX_EVENTS 4096
@@ -125,19 +126,7 @@ static void run_framer(struct run *r, const uint8_t *body, size_t len, const uin
 		r->hint[i].at = seed[(i + 1) % NSPLIT];
 	}
 	framer_init(&f, r->kind, r->max_event, on_event, r);
-	if (!split) {
-		framer_feed(&f, (const char *)body, len);
-	} else {
-		size_t off = 0;
-		for (unsigned k = 0; off < len; k++) {
-			size_t piece = split[k % NSPLIT] ? split[k % NSPLIT] : 1;
-			if (piece > len - off)
-				piece = len - off;
-			framer_feed(&f, (const char *)body + off, piece);
-			off += piece;
-		}
-	}
-	framer_finish(&f);
+	fuzz_feed(&f, body, len, split, NSPLIT);
 	CHECK(f.events == r->callbacks);
 	CHECK(f.len <= f.cap && f.cap <= r->max_event);
 	*out = f; /* counters only: the buffer is freed below */

@@ -25,6 +25,7 @@
 #include "classify.h"
 #include "framer.h"
 #include "fuzz_check.h"
+#include "fuzz_feed.h"
 
 #define NSPLIT 8
 #define MAX_EVENTS 4096
@@ -89,19 +90,7 @@ static void run_stream(struct run *r, enum api_kind api, bool shaped, size_t max
 	r->usage = USAGE_UNKNOWN;
 	r->hint = (struct classify_hint){ 0 };
 	framer_init(&r->f, FRAMER_SSE, max_event, on_event, r);
-	if (!split) {
-		framer_feed(&r->f, (const char *)body, len);
-	} else {
-		size_t off = 0;
-		for (unsigned k = 0; off < len; k++) {
-			size_t piece = split[k % NSPLIT] ? split[k % NSPLIT] : 1;
-			if (piece > len - off)
-				piece = len - off;
-			framer_feed(&r->f, (const char *)body + off, piece);
-			off += piece;
-		}
-	}
-	framer_finish(&r->f);
+	fuzz_feed(&r->f, body, len, split, NSPLIT);
 	CHECK(r->f.events == r->n);
 	if (!shaped)
 		CHECK(r->f.shape == NULL);

@@ -21,6 +21,8 @@
 
 #include <cmocka.h>
 
+#include "bytes.h"
+
 #include "classify.h"
 #include "framer.h"
 
@@ -38,15 +40,6 @@ struct run {
 	struct usage usage;
 	struct classify_hint hint;
 };
-
-static char *dup_bytes(const char *p, size_t n)
-{
-	char *s = malloc(n + 1);
-	assert_non_null(s);
-	memcpy(s, p, n);
-	s[n] = '\0';
-	return s;
-}
 
 static void on_event(void *arg, const struct framer_event *ev)
 {
@@ -93,12 +86,7 @@ static void assert_same(const struct run *a, const struct run *b)
 {
 	assert_int_equal(a->n, b->n);
 	for (int i = 0; i < a->n; i++) {
-		if (a->name[i] == NULL || b->name[i] == NULL)
-			assert_ptr_equal(a->name[i], b->name[i]);
-		else
-			assert_string_equal(a->name[i], b->name[i]);
-		assert_int_equal(a->data_len[i], b->data_len[i]);
-		assert_memory_equal(a->data[i], b->data[i], a->data_len[i]);
+		assert_copies_equal(a->name[i], b->name[i], a->data[i], a->data_len[i], b->data[i], b->data_len[i]);
 		assert_int_equal(a->token[i], b->token[i]);
 	}
 	assert_memory_equal(&a->usage, &b->usage, sizeof(a->usage));
