@@ -77,8 +77,13 @@ class InstrSmoke(unittest.TestCase):
         total, groups = tt["total"], tt["groups"]
         self.assertGreater(total, 0)
         self.assertLess(abs(sum(groups.values()) - total), 0.01 * total, "groups %r, total %r" % (groups, total))
-        for g in ("measuring", "forwarding", "libc"):
+        # each window's functions land in their groups: the two big ones
+        # are never near zero. libc is left out: with same-shape events it
+        # is a few memcmp calls an event, and a stats flush landing in one
+        # window and not the other can move it below zero in so short a run
+        for g in ("measuring", "forwarding"):
             self.assertGreater(groups[g], 0, "%s: %r" % (g, groups))
+        self.assertGreater(groups["measuring"] + groups["forwarding"], 0.5 * total, groups)
         # the table printed is the JSON's: the total's line names the same figure
         self.assertIn("{:,.0f}".format(total), r.stdout)
 
