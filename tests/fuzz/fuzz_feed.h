@@ -11,8 +11,7 @@
 
 #include "framer.h"
 
-static inline void fuzz_feed(struct framer *f, const uint8_t *body, size_t len, const uint8_t *split,
-			     unsigned nsplit)
+static inline void fuzz_feed(struct framer *f, const uint8_t *body, size_t len, const uint8_t *split, unsigned nsplit)
 {
 	if (!split) {
 		framer_feed(f, (const char *)body, len);
