@@ -51,10 +51,13 @@ def npm_install(prefix, specs, timeout=180):
     return prefix
 
 
-def run_node(script, *args, timeout=60):
+def run_node(script, *args, timeout=60, env=None):
     """node SCRIPT ARGS...: its stdout parsed as JSON; a non-zero exit fails
-    the test with its stderr."""
-    p = subprocess.run(["node", script] + [str(a) for a in args], capture_output=True, text=True, timeout=timeout)
+    the test with its stderr. `env` adds variables for that child alone:
+    the test process's own environment (NODE_EXTRA_CA_CERTS, which npm may
+    need to reach its registry) is never changed."""
+    p = subprocess.run(["node", script] + [str(a) for a in args], capture_output=True, text=True, timeout=timeout,
+                       env=None if env is None else dict(os.environ, **env))
     if p.returncode != 0:
         raise AssertionError("node %s exited %d:\n%s" % (script, p.returncode, p.stderr[-3000:]))
     return json.loads(p.stdout)
@@ -75,5 +78,5 @@ class NodeScript:
     def install(self):
         return npm_install(self.prefix, self.specs, self.install_timeout)
 
-    def __call__(self, *args):
-        return run_node(self.script, self.prefix, *args, timeout=self.run_timeout)
+    def __call__(self, *args, env=None):
+        return run_node(self.script, self.prefix, *args, timeout=self.run_timeout, env=env)

@@ -224,11 +224,10 @@ class RealtimeSdkTest(harness.TestCase):
 
     def test_openai_sdk_realtime_over_wss(self):
         SDK.install()
-        os.environ["NODE_EXTRA_CA_CERTS"] = self.ca
-        try:
-            r = SDK("https://127.0.0.1:%d/v1" % self.tt.port, "rt-sdk", "it-rt-sdk", 2)
-        finally:
-            del os.environ["NODE_EXTRA_CA_CERTS"]
+        # the test's CA for the SDK's node alone: the suite's own
+        # NODE_EXTRA_CA_CERTS (the registry's CA, for later npm installs) stays
+        r = SDK("https://127.0.0.1:%d/v1" % self.tt.port, "rt-sdk", "it-rt-sdk", 2,
+                env={"NODE_EXTRA_CA_CERTS": self.ca})
         self.assertTrue(r["url"].startswith("wss://127.0.0.1:%d/v1/realtime?model=rt-sdk" % self.tt.port), r["url"])
         self.assertEqual((r["code"], r["session"]["model"], len(r["responses"])), (1000, "rt-sdk", 2), r)
         for i, c in enumerate(r["responses"], 1):
