@@ -567,6 +567,8 @@ static void on_metrics(struct admin *a, struct evhttp_request *req, struct evkey
 	int rc = upstream_gauges(&g, &n);
 	if (rc == 0 && proto) {
 		rc = prom_render_proto(out, &res, g, n);
+		if (rc == 0 && a->cfg->tenant_metrics)
+			rc = prom_render_proto_tenants(out, &res);
 	} else if (rc == 0) {
 		rc = prom_render(out, &res);
 		if (rc == 0 && a->cfg->tenant_metrics)

@@ -233,6 +233,8 @@ struct render {
 	struct evbuffer *out;
 	struct arena arena;
 	const struct stats_groups *gs;
+	const char *pre;  /* "tokentap_", or "tokentap_tenant_" */
+	bool tenant;	  /* the groups are tenants: route and tenant labels */
 	uint64_t *native; /* PROM_NATIVE_SPAN counts, reused */
 	bool failed;
 };
@@ -246,7 +248,8 @@ static char *arena_strdup(struct arena *a, const char *s)
 	return d;
 }
 
-/* A metric with the group's three labels and `extra` more slots. */
+/* A metric with the group's labels (route, upstream, model; or route and
+ * tenant) and `extra` more slots. */
 static pb_metric *group_metric(struct render *r, size_t gi, size_t extra)
 {
 	pb_metric *m = arena_alloc(&r->arena, 1, sizeof(*m));
@@ -262,10 +265,16 @@ static pb_metric *group_metric(struct render *r, size_t gi, size_t extra)
 		lp[i] = &l[i];
 	}
 	m->label = lp;
-	m->n_label = 3;
 	/* protobuf strings need no escaping */
 	l[0].name = "route";
 	l[0].value = (char *)g->route;
+	if (r->tenant) { /* a tenant group keeps its tenant in model */
+		m->n_label = 2;
+		l[1].name = "tenant";
+		l[1].value = (char *)g->model;
+		return m;
+	}
+	m->n_label = 3;
 	l[1].name = "upstream";
 	l[1].value = (char *)g->upstream;
 	l[2].name = "model";
@@ -423,7 +432,7 @@ static void histogram_family(struct render *r, enum hist_metric hm, const char *
 	const struct stats_groups *gs = r->gs;
 	char name[96], text[320];
 
-	snprintf(name, sizeof(name), "tokentap_%s_seconds", hist_metric_name(hm));
+	snprintf(name, sizeof(name), "%s%s_seconds", r->pre, hist_metric_name(hm));
 	snprintf(text, sizeof(text), "%s, in seconds (definition: docs/metrics.md).", help);
 	pb_family *f = family_new(r, name, text, IO__PROMETHEUS__CLIENT__METRIC_TYPE__HISTOGRAM, gs->n);
 	for (size_t i = 0; f && i < gs->n; i++) {
@@ -460,9 +469,11 @@ static void counter_families(struct render *r)
 {
 	const struct stats_groups *gs = r->gs;
 	const unsigned classes = CT_STATUS_5XX - CT_STATUS_NONE + 1, kinds = REQ_ERR__COUNT - 1;
+	char name[96];
 	pb_family *f;
 
-	f = family_new(r, "tokentap_requests_total", "Requests finished, by status class (none: no status was sent).",
+	snprintf(name, sizeof(name), "%srequests_total", r->pre);
+	f = family_new(r, name, "Requests finished, by status class (none: no status was sent).",
 		       IO__PROMETHEUS__CLIENT__METRIC_TYPE__COUNTER, gs->n * classes);
 	for (size_t i = 0; f && i < gs->n; i++)
 		for (unsigned c = CT_STATUS_NONE; c <= CT_STATUS_5XX; c++) {
@@ -476,7 +487,8 @@ static void counter_families(struct render *r)
 		r->arena.failed = true;
 	family_flush(r, f);
 
-	f = family_new(r, "tokentap_errors_total", "Requests that did not complete normally, by kind.",
+	snprintf(name, sizeof(name), "%serrors_total", r->pre);
+	f = family_new(r, name, "Requests that did not complete normally, by kind.",
 		       IO__PROMETHEUS__CLIENT__METRIC_TYPE__COUNTER, gs->n * kinds);
 	for (size_t i = 0; f && i < gs->n; i++)
 		for (unsigned e = REQ_ERR_NONE + 1; e < REQ_ERR__COUNT; e++) {
@@ -491,11 +503,10 @@ static void counter_families(struct render *r)
 	family_flush(r, f);
 
 	for (unsigned c = 0; c < CT_ERR_BASE; c++) {
-		char name[96];
 		const char *help = prom_counter_help(c);
 		if (!help)
 			continue;
-		snprintf(name, sizeof(name), "tokentap_%s_total", slice_counter_name(c));
+		snprintf(name, sizeof(name), "%s%s_total", r->pre, slice_counter_name(c));
 		f = family_new(r, name, help, IO__PROMETHEUS__CLIENT__METRIC_TYPE__COUNTER, gs->n);
 		for (size_t i = 0; f && i < gs->n; i++) {
 			pb_metric *m = counter_metric(r, i, 0, gs->g[i].slice.counters[c]);
@@ -663,16 +674,17 @@ static void gauge_families(struct render *r, const struct upstream_gauge *g, siz
 	engine_families(r, g, n);
 }
 
+static const char *const hist_help[HM__COUNT] = {
+#define X(e, nm, u, src, help) help,
+	HIST_METRICS(X)
+#undef X
+};
+
 int prom_render_proto(struct evbuffer *out, const struct store_result *res, const struct upstream_gauge *g, size_t n)
 {
-	static const char *const hist_help[HM__COUNT] = {
-#define X(e, nm, u, src, help) help,
-		HIST_METRICS(X)
-#undef X
-	};
 	struct stats_query q = { .window = WIN_ALL, .cold = COLD_INCLUDE };
 	struct stats_groups gs;
-	struct render r = { .out = out, .gs = &gs };
+	struct render r = { .out = out, .gs = &gs, .pre = "tokentap_" };
 
 	tables();
 	if (stats_groups_build(res, &q, &gs) == -1)
@@ -687,6 +699,32 @@ int prom_render_proto(struct evbuffer *out, const struct store_result *res, cons
 		counter_families(&r);
 	if (!r.failed)
 		gauge_families(&r, g, n);
+	arena_clear(&r.arena);
+	free(r.arena.p);
+	free(r.native);
+	stats_groups_free(&gs);
+	return r.failed ? -1 : 0;
+}
+
+int prom_render_proto_tenants(struct evbuffer *out, const struct store_result *res)
+{
+	struct stats_query q = { .window = WIN_ALL, .cold = COLD_INCLUDE, .by_tenant = true };
+	struct stats_groups gs;
+	struct render r = { .out = out, .gs = &gs, .pre = "tokentap_tenant_", .tenant = true };
+
+	tables();
+	if (stats_groups_build(res, &q, &gs) == -1)
+		return -1;
+	r.native = malloc(PROM_NATIVE_SPAN * sizeof(*r.native));
+	if (!r.native)
+		r.failed = true;
+	/* the text format's tenant families: TTFT, end to end, the counters */
+	if (!r.failed)
+		histogram_family(&r, HM_TTFT, hist_help[HM_TTFT]);
+	if (!r.failed)
+		histogram_family(&r, HM_E2E, hist_help[HM_E2E]);
+	if (!r.failed)
+		counter_families(&r);
 	arena_clear(&r.arena);
 	free(r.arena.p);
 	free(r.native);

@@ -57,6 +57,10 @@ void prom_native_buckets(const struct hist *h, int *first, size_t *n, uint64_t *
 int prom_render_proto(struct evbuffer *out, const struct store_result *r, const struct upstream_gauge *g, size_t n)
 	__attribute__((warn_unused_result));
 
+/* prom_render_tenants in the protobuf exposition: the same families, with
+ * native histograms beside the classic buckets as prom_render_proto's. */
+int prom_render_proto_tenants(struct evbuffer *out, const struct store_result *r) __attribute__((warn_unused_result));
+
 /* prom_render_counters in the protobuf exposition. */
 struct prom_counter_family;
 int prom_render_proto_counters(struct evbuffer *out, const struct prom_counter_family *f, size_t nf)

@@ -15,6 +15,7 @@ import random
 import re
 import shutil
 import signal
+import struct
 import tempfile
 import threading
 import time
@@ -22,8 +23,8 @@ import unittest
 
 import harness
 import routing_helpers as rh
-from test_admin import rank_quantile
-from test_otlp import otlp_yaml, start_collector
+from test_admin import parse_exposition, rank_quantile
+from test_otlp import fields, otlp_yaml, start_collector
 
 TOKEN = "tenant-test-token"
 SALT = "0123456789abcdef-salt"
@@ -56,6 +57,41 @@ def answer(sock, req, ctx):
 def get(port, path):
     r, _ = harness.exchange(port, "GET", path, None, [], timeout=5)
     return r
+
+
+PROTO_ACCEPT = "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited"
+
+
+def proto_samples(body, prefix):
+    """{(family, ((label, value), ...)): value} of the delimited MetricFamily
+    stream's families named `prefix`...: a counter's value, a histogram's
+    sample count (as `family`_count, the text format's name for it)."""
+    def msg(buf):
+        return {f: v for f, _, v in fields(buf)}
+
+    out, i = {}, 0
+    while i < len(body):
+        n, shift = 0, 0
+        while True:
+            b = body[i]
+            i += 1
+            n |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                break
+        fam = fields(body[i:i + n])
+        i += n
+        name = next(v for f, _, v in fam if f == 1).decode()
+        if not name.startswith(prefix):
+            continue
+        for metric in (fields(v) for f, _, v in fam if f == 4):
+            labels = tuple(sorted((msg(v)[1].decode(), msg(v)[2].decode()) for f, _, v in metric if f == 1))
+            for f, _, v in metric:
+                if f == 3:  # Counter: value, a double (fixed64) in field 1
+                    out[(name, labels)] = struct.unpack("<d", struct.pack("<Q", msg(v).get(1, 0)))[0]
+                elif f == 7:  # Histogram: sample_count in field 1
+                    out[(name + "_count", labels)] = float(msg(v).get(1, 0))
+    return out
 
 
 def chat(**extra):
@@ -158,6 +194,14 @@ class TestHeader(TenantCase):
                      'tokentap_tenant_cached_tokens_total{route="main",tenant="acme"} 6'):
             self.assertTrue(want in m, want)
         self.assertFalse("has space" in m)
+        # the same tenant families, of the same values, in the protobuf exposition
+        r, _ = harness.exchange(self.admin, "GET", "/metrics", None, [("Accept", PROTO_ACCEPT)], timeout=5)
+        self.assertTrue(r.header("content-type").startswith("application/vnd.google.protobuf"))
+        got = proto_samples(r.body, "tokentap_tenant_")
+        want = {(n, tuple(sorted(l.items()))): v for n, l, v in parse_exposition(self, m)[1]
+                if n.startswith("tokentap_tenant_") and not n.endswith(("_bucket", "_sum"))}
+        self.assertGreater(len(want), 20)
+        self.assertEqual(got, want)
         self.assertTrue(re.search(r'tokentap_requests_total\{route="main",upstream="up",model="m",status_class="2xx"\} %d'
                          % len(sent), m))
         rec = json.loads(get(self.admin, "/requests/recent?n=%d" % len(sent)).body)
