@@ -1,0 +1,208 @@
+"""test_realtime_audio.py — audio turns of an OpenAI-Realtime-style session
+through tokentap, over real sockets: the npm `ws` client
+(realtime_audio_client.cjs) streams input_audio_buffer.append messages to
+the simulator's realtime endpoint (contrib/sim/sim_realtime.c) and ends
+each turn either itself (input_audio_buffer.commit, then response.create
+GAP_MS later) or by going quiet under server VAD (the simulator sends
+input_audio_buffer.speech_stopped and .committed and creates the response
+itself). Each response's TTFT in tokentap's access log starts where the
+user's turn ended — the commit, or speech_stopped — not at the
+response.create or the committed event, within a few ms of the client's own
+clock (whose start is its send of the commit, or its read of
+speech_stopped), and the line's ttft_from says which; the audio and
+transcript deltas are its token events, the usage response.done's. A turn
+spoken over a running response cancels it (incomplete) and the next one is
+timed from its own speech_stopped. And the same session with the simulator
+behind TLS (an https upstream: the tunnel runs over tokentap's TLS client
+connection), byte for byte against the same session held with the
+simulator directly."""
+
+import base64
+import json
+import os
+import socket
+import ssl
+import tempfile
+import shutil
+
+import harness
+import routing_helpers as rh
+from harness_npm import NodeScript
+from test_tls import make_pki
+from test_websocket import frame, read_frame
+
+AUDIO = NodeScript("ws-client", ["ws@8.18.0"], "realtime_audio_client.cjs")
+TTFT_MS, ITL_MS, TOKENS = 40, 5, 6
+CHUNKS = 5  # appends per turn
+AUDIO_CHUNK = 2400  # PCM16 bytes the sim sends per output token
+
+
+def ttft_near_client(test, entry, client_ms, slack_ms=5):
+    """tokentap's TTFT and the client's from the same start event: equal but
+    for where each one reads (slack_ms either way on a shared machine)."""
+    test.assertLessEqual(abs(entry["ttft_ms"] - client_ms), slack_ms, (entry["ttft_ms"], client_ms))
+
+
+class RealtimeAudioTest(harness.TestCase):
+    """npm `ws` client -> tokentap -> simulator, audio in and out."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.sim = harness.start_sim(cls, "--ttft-ms", TTFT_MS, "--itl-ms", ITL_MS, "--tokens", TOKENS)
+        cls.start_logged(cls.sim.url, "tokentap-rt-audio-")
+
+    def run_client(self, rid, mode, turns, gap_ms):
+        AUDIO.install()
+        r = AUDIO("ws://127.0.0.1:%d/v1/realtime?model=rt-audio" % self.tt.port, json.dumps({"x-request-id": rid}),
+                  mode, turns, CHUNKS, gap_ms)
+        self.assertEqual(r.get("code"), 1000, r)
+        self.assertEqual(len(r["responses"]), turns, r)
+        return r["responses"]
+
+    def check_deltas(self, e, c):
+        self.assertEqual((c["audio_deltas"], c["transcript_deltas"]), (TOKENS, TOKENS), c)
+        self.assertEqual(c["audio_bytes"], TOKENS * AUDIO_CHUNK)
+        self.assertEqual(e["token_events"], c["audio_deltas"] + c["transcript_deltas"])
+        self.assertEqual((e["output_tokens"], e["input_tokens"]),
+                         (c["usage"]["output_tokens"], c["usage"]["input_tokens"]))
+        self.assertEqual(c["usage"]["output_token_details"], {"audio_tokens": TOKENS, "text_tokens": TOKENS})
+        self.assertGreater(c["usage"]["input_token_details"]["audio_tokens"], 0)
+
+    def test_manual_commit_starts_the_ttft(self):
+        gap = 80  # between the committed event and the response.create
+        for i, c in enumerate(self.run_client("it-rta-manual", "manual", 2, gap), 1):
+            e = self.log_entry(self.log, "it-rta-manual/%d" % i)
+            self.assertEqual((e["api"], e["status"], e["error"], c["status"]), ("realtime", 200, None, "completed"))
+            self.assertEqual(e["ttft_from"], "input_audio_buffer.commit")
+            self.check_deltas(e, c)
+            # the commit, not the response.create: the gap is in it
+            self.assertGreaterEqual(e["ttft_ms"], gap + TTFT_MS - 1, e)
+            ttft_near_client(self, e, c["first"] - c["commit_sent"])
+            self.assertLess(e["ttft_ms"], c["first"] - c["create_sent"] + gap + 5)
+
+    def test_server_vad_speech_stopped_starts_the_ttft(self):
+        silence = 60  # the VAD's silence_duration_ms
+        for i, c in enumerate(self.run_client("it-rta-vad", "vad", 2, silence), 1):
+            e = self.log_entry(self.log, "it-rta-vad/%d" % i)
+            self.assertEqual((e["api"], e["status"], e["error"], c["status"]), ("realtime", 200, None, "completed"))
+            self.assertEqual(e["ttft_from"], "input_audio_buffer.speech_stopped")
+            self.check_deltas(e, c)
+            self.assertGreaterEqual(e["ttft_ms"], TTFT_MS - 1, e)
+            ttft_near_client(self, e, c["first"] - c["speech_stopped"])
+            self.assertLessEqual(c["speech_stopped"], c["committed"])
+
+    def test_barge_in_cancels_and_the_next_turn_is_timed_from_its_end(self):
+        r = self.run_client("it-rta-barge", "barge", 2, 60)
+        first, second = r
+        self.assertEqual((first["status"], second["status"]), ("cancelled", "completed"))
+        e1 = self.log_entry(self.log, "it-rta-barge/1")
+        self.assertEqual((e1["error"], e1["ttft_from"]), ("response_incomplete", "input_audio_buffer.speech_stopped"))
+        self.assertEqual(e1["token_events"], first["audio_deltas"] + first["transcript_deltas"])
+        e2 = self.log_entry(self.log, "it-rta-barge/2")
+        self.assertEqual((e2["error"], e2["ttft_from"]), (None, "input_audio_buffer.speech_stopped"))
+        self.check_deltas(e2, second)
+        ttft_near_client(self, e2, second["first"] - second["speech_stopped"])
+
+    def test_text_response_create_starts_the_ttft(self):
+        # a text turn: no audio, the response.create is the start
+        s = socket.create_connection(("127.0.0.1", self.tt.port), timeout=5)
+        try:
+            s.sendall(b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                      b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                      b"x-request-id: it-rta-text\r\n\r\n")
+            buf = bytearray()
+            while b"\r\n\r\n" not in buf:
+                buf.extend(s.recv(4096))
+            del buf[:buf.index(b"\r\n\r\n") + 4]
+            read_frame(s, buf)  # session.created
+            s.sendall(frame(1, b'{"type":"response.create"}', b"\x01\x02\x03\x04"))
+            while json.loads(read_frame(s, buf)[1])["type"] != "response.done":
+                pass
+        finally:
+            s.close()
+        e = self.log_entry(self.log, "it-rta-text/1")
+        self.assertEqual((e["ttft_from"], e["token_events"], e["output_tokens"]), ("response.create", TOKENS, TOKENS))
+
+
+def tls_session(port, ctx, rid):
+    """A raw session with the simulator's TLS listener (or plain, ctx None):
+    a VAD turn and a text turn; returns every byte after the 101."""
+    raw = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s = ctx.wrap_socket(raw, server_hostname="localhost") if ctx else raw
+    m = b"\x0a\x0b\x0c\x0d"
+    try:
+        s.sendall(("GET /v1/realtime?model=rt-tls HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+                   "Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: "
+                   "dGhlIHNhbXBsZSBub25jZQ==\r\nx-request-id: %s\r\n\r\n" % rid).encode())
+        buf = bytearray()
+        while b"\r\n\r\n" not in buf:
+            d = s.recv(4096)
+            if not d:
+                raise EOFError(bytes(buf))
+            buf.extend(d)
+        del buf[:buf.index(b"\r\n\r\n") + 4]
+        got = []
+
+        def until(t):
+            while True:
+                op, p = read_frame(s, buf)
+                got.append(frame(op, p))
+                if json.loads(p)["type"] == t:
+                    return
+
+        until("session.created")
+        s.sendall(frame(1, json.dumps({"type": "session.update", "session": {
+            "output_modalities": ["audio"],
+            "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 30}}}}}).encode(), m))
+        until("session.updated")
+        chunk = base64.b64encode(b"\x05" * 960).decode()
+        s.sendall(b"".join(frame(1, json.dumps({"type": "input_audio_buffer.append", "audio": chunk}).encode(), m)
+                           for _ in range(CHUNKS)))
+        until("response.done")
+        s.sendall(frame(1, b'{"type":"response.create","response":{"output_modalities":["text"]}}', m))
+        until("response.done")
+        s.sendall(frame(8, b"\x03\xe8", m))
+        op, p = read_frame(s, buf)
+        got.append(frame(op, p))
+        return b"".join(got)
+    finally:
+        s.close()
+
+
+class RealtimeTlsUpstreamTest(harness.TestCase):
+    """A realtime session to an https upstream: the simulator's own TLS
+    listener (--tls-cert, --tls-key), tokentap's upstream `https://` with
+    the test CA."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="tokentap-rt-tls-")
+        cls.addClassCleanup(shutil.rmtree, cls.dir, True)
+        cls.cert, cls.key = make_pki(cls.dir)
+        cls.ca = os.path.join(cls.dir, "ca.pem")
+        cls.sim = harness.start_sim(cls, "--ttft-ms", TTFT_MS, "--itl-ms", ITL_MS, "--tokens", TOKENS,
+                                    "--tls-cert", cls.cert, "--tls-key", cls.key)
+        cls.tt = rh.start_conf(cls, "upstreams:\n  - name: secure\n    url: https://localhost:%d\n"
+                               "    tls: {ca_file: %s}\n" % (cls.sim.port, cls.ca))
+        cls.log = cls.tt.log_path
+
+    def test_session_byte_exact_and_measured(self):
+        ctx = ssl.create_default_context(cafile=self.ca)
+        direct = tls_session(self.sim.port, ctx, "it-rt-tls-direct")
+        through = tls_session(self.tt.port, None, "it-rt-tls")
+        self.assertEqual(through, direct)  # the simulator's bytes are a function of the session
+        self.assertIn(b"response.output_audio.delta", through)
+        vad = self.log_entry(self.log, "it-rt-tls/1")
+        self.assertEqual((vad["api"], vad["upstream"], vad["error"], vad["ttft_from"]),
+                         ("realtime", "secure", None, "input_audio_buffer.speech_stopped"))
+        self.assertEqual((vad["token_events"], vad["output_tokens"]), (2 * TOKENS, 2 * TOKENS))
+        self.assertGreaterEqual(vad["ttft_ms"], TTFT_MS - 1)
+        text = self.log_entry(self.log, "it-rt-tls/2")
+        self.assertEqual((text["ttft_from"], text["token_events"], text["output_tokens"]),
+                         ("response.create", TOKENS, TOKENS))
+        sess = self.log_entry(self.log, "it-rt-tls")
+        self.assertEqual((sess["status"], sess["error"], sess["upstream"]), (101, None, "secure"))
+
+
+if __name__ == "__main__":
+    harness.unittest.main()
