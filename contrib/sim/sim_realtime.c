@@ -76,7 +76,8 @@ struct rt_sess {
 	char turn_item[32]; /* the item of the turn being spoken */
 	bool audio_session; /* the session's output_modalities name "audio" */
 	/* server VAD (session.update's turn_detection) */
-	bool vad_on, vad_create, speaking;
+	bool vad_on, vad_create, vad_interrupt, speaking;
+	bool queued; /* a turn ended during a response: its response comes next */
 	uint64_t silence_ms;
 	/* the response in progress */
 	bool active, stalled;
@@ -263,7 +264,10 @@ static void response_begin(struct rt_sess *s, int64_t max_out, bool audio, const
 	evbuffer_free(b);
 }
 
-/* The .done events and response.done, status "completed" or "cancelled". */
+static void tick_at(struct rt_sess *s, uint64_t due_ns, uint64_t now);
+
+/* The .done events and response.done, status "completed" or "cancelled";
+ * then a response queued behind this one begins. */
 static void response_end(struct rt_sess *s, const char *status)
 {
 	struct evbuffer *b = evbuffer_new();
@@ -307,6 +311,11 @@ static void response_end(struct rt_sess *s, const char *status)
 	evbuffer_free(b);
 	s->active = false;
 	event_del(s->tick);
+	if (s->queued && !s->closing && !s->dead) {
+		s->queued = false;
+		response_begin(s, -1, s->audio_session, "", 0);
+		tick_at(s, sim_now_ns(), sim_now_ns()); /* pump from the loop, not from inside one */
+	}
 }
 
 static void tick_at(struct rt_sess *s, uint64_t due_ns, uint64_t now)
@@ -469,6 +478,8 @@ static void on_vad(evutil_socket_t fd, short what, void *arg)
 	if (s->vad_create && !s->active) {
 		response_begin(s, -1, s->audio_session, "", 0);
 		pump(s);
+	} else if (s->vad_create) {
+		s->queued = true; /* interrupt_response false: after the one running */
 	}
 }
 
@@ -492,7 +503,7 @@ static void on_append(struct rt_sess *s, json_t *m)
 		s->speaking = true;
 		snprintf(s->turn_item, sizeof(s->turn_item), "item_user%016" PRIx64,
 			 sim_mix(sim_cfg.seed ^ s->path_hash ^ ++s->items));
-		if (s->active)
+		if (s->active && s->vad_interrupt)
 			response_end(s, "cancelled");
 		event_open(s, b, "input_audio_buffer.speech_started");
 		evbuffer_add_printf(b, ",\"audio_start_ms\":%" PRIu64 ",\"item_id\":\"%s\"",
@@ -521,15 +532,18 @@ static void on_session_update(struct rt_sess *s, json_t *m)
 	if (json_is_null(td)) {
 		s->vad_on = false;
 		s->speaking = false;
+		s->queued = false;
 		event_del(s->vad);
 	} else if (json_is_object(td)) {
 		json_t *ms = json_object_get(td, "silence_duration_ms");
 		json_t *cr = json_object_get(td, "create_response");
+		json_t *ir = json_object_get(td, "interrupt_response");
 
 		s->vad_on = true;
 		s->silence_ms = json_is_integer(ms) && json_integer_value(ms) >= 0 ? (uint64_t)json_integer_value(ms)
 										   : RT_VAD_SILENCE_MS;
 		s->vad_create = !json_is_false(cr);
+		s->vad_interrupt = !json_is_false(ir);
 	}
 	event_open(s, b, "session.updated");
 	evbuffer_add_printf(b,
@@ -537,9 +551,12 @@ static void on_session_update(struct rt_sess *s, json_t *m)
 			    "\"output_modalities\":[\"%s\"],\"audio\":{\"input\":{\"turn_detection\":",
 			    s->model_json, s->audio_session ? "audio" : "text");
 	if (s->vad_on)
-		evbuffer_add_printf(
-			b, "{\"type\":\"server_vad\",\"silence_duration_ms\":%" PRIu64 ",\"create_response\":%s}",
-			s->silence_ms, s->vad_create ? "true" : "false");
+		evbuffer_add_printf(b,
+				    "{\"type\":\"server_vad\",\"silence_duration_ms\":%" PRIu64
+				    ",\"create_response\":%s,"
+				    "\"interrupt_response\":%s}",
+				    s->silence_ms, s->vad_create ? "true" : "false",
+				    s->vad_interrupt ? "true" : "false");
 	else
 		evbuffer_add(b, "null", 4);
 	evbuffer_add(b, "}}}", 3);

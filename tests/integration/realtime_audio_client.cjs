@@ -11,6 +11,8 @@
 //           response itself.
 //   barge   as vad, but the second turn is spoken while the first
 //           response runs (after its first delta): the server cancels it.
+//   queue   as barge with interrupt_response false: the first response
+//           runs on, the second turn's response comes after it.
 // Prints as JSON on stdout, per response (in response.done order): its
 // status and usage, the audio and transcript deltas' counts, the audio
 // bytes decoded, and the client's clocks (performance.now(), ms): when the
@@ -57,7 +59,8 @@ async function main() {
 			created = ev.session;
 			if (mode !== "manual")
 				ws.send(JSON.stringify({ type: "session.update", session: { type: "realtime", output_modalities: ["audio"],
-					audio: { input: { turn_detection: { type: "server_vad", silence_duration_ms: gap } } } } }));
+					audio: { input: { turn_detection: { type: "server_vad", silence_duration_ms: gap,
+						interrupt_response: mode !== "queue" } } } } }));
 			else
 				speak();
 			break;
@@ -84,7 +87,7 @@ async function main() {
 				throw new Error("a delta outside a response");
 			if (cur.first === null) {
 				cur.first = now;
-				if (mode === "barge" && spoken < turns)
+				if ((mode === "barge" || mode === "queue") && spoken < turns)
 					speak(); // the user talks over the answer
 			}
 			if (ev.type === "response.output_audio.delta") {
@@ -100,7 +103,7 @@ async function main() {
 			cur = null;
 			if (responses.length === turns)
 				finish();
-			else if (mode !== "barge")
+			else if (mode !== "barge" && mode !== "queue")
 				speak();
 			break;
 		case "error":

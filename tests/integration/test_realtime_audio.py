@@ -12,10 +12,12 @@ clock (whose start is its send of the commit, or its read of
 speech_stopped), and the line's ttft_from says which; the audio and
 transcript deltas are its token events, the usage response.done's. A turn
 spoken over a running response cancels it (incomplete) and the next one is
-timed from its own speech_stopped. And the same session with the simulator
-behind TLS (an https upstream: the tunnel runs over tokentap's TLS client
+timed from its own speech_stopped; with interrupt_response off, a turn that
+ends while a response runs is timed from its speech_stopped, the wait for
+the running one included. And the same session with the simulator behind
+TLS (an https upstream: the tunnel runs over tokentap's TLS client
 connection), byte for byte against the same session held with the
-simulator directly."""
+simulator directly, also at over a MiB of audio."""
 
 import base64
 import json
@@ -51,10 +53,10 @@ class RealtimeAudioTest(harness.TestCase):
         cls.sim = harness.start_sim(cls, "--ttft-ms", TTFT_MS, "--itl-ms", ITL_MS, "--tokens", TOKENS)
         cls.start_logged(cls.sim.url, "tokentap-rt-audio-")
 
-    def run_client(self, rid, mode, turns, gap_ms):
+    def run_client(self, rid, mode, turns, gap_ms, headers=None):
         AUDIO.install()
-        r = AUDIO("ws://127.0.0.1:%d/v1/realtime?model=rt-audio" % self.tt.port, json.dumps({"x-request-id": rid}),
-                  mode, turns, CHUNKS, gap_ms)
+        r = AUDIO("ws://127.0.0.1:%d/v1/realtime?model=rt-audio" % self.tt.port,
+                  json.dumps(dict(headers or {}, **{"x-request-id": rid})), mode, turns, CHUNKS, gap_ms)
         self.assertEqual(r.get("code"), 1000, r)
         self.assertEqual(len(r["responses"]), turns, r)
         return r["responses"]
@@ -103,6 +105,22 @@ class RealtimeAudioTest(harness.TestCase):
         self.check_deltas(e2, second)
         ttft_near_client(self, e2, second["first"] - second["speech_stopped"])
 
+    def test_turn_ended_during_a_response_times_the_next_from_its_end(self):
+        # interrupt_response false: the second turn ends (speech_stopped)
+        # while the first response still runs; its response waits for
+        # that one, and the wait is in its TTFT
+        itl = 30
+        first, second = self.run_client("it-rta-queue", "queue", 2, 20, {"x-sim-itl-ms": str(itl)})
+        self.assertEqual((first["status"], second["status"]), ("completed", "completed"))
+        self.assertLess(second["speech_stopped"], first["first"] + (TOKENS - 1) * itl)  # during the first
+        e1 = self.log_entry(self.log, "it-rta-queue/1")
+        self.assertEqual((e1["error"], e1["token_events"]), (None, 2 * TOKENS))
+        e2 = self.log_entry(self.log, "it-rta-queue/2")
+        self.assertEqual((e2["error"], e2["ttft_from"]), (None, "input_audio_buffer.speech_stopped"))
+        self.check_deltas(e2, second)
+        ttft_near_client(self, e2, second["first"] - second["speech_stopped"])
+        self.assertGreater(e2["ttft_ms"], TTFT_MS + itl)
+
     def test_text_response_create_starts_the_ttft(self):
         # a text turn: no audio, the response.create is the start
         s = socket.create_connection(("127.0.0.1", self.tt.port), timeout=5)
@@ -124,16 +142,17 @@ class RealtimeAudioTest(harness.TestCase):
         self.assertEqual((e["ttft_from"], e["token_events"], e["output_tokens"]), ("response.create", TOKENS, TOKENS))
 
 
-def tls_session(port, ctx, rid):
+def tls_session(port, ctx, rid, extra=""):
     """A raw session with the simulator's TLS listener (or plain, ctx None):
-    a VAD turn and a text turn; returns every byte after the 101."""
+    a VAD turn and a text turn (`extra`: more handshake header lines);
+    returns every byte after the 101."""
     raw = socket.create_connection(("127.0.0.1", port), timeout=5)
     s = ctx.wrap_socket(raw, server_hostname="localhost") if ctx else raw
     m = b"\x0a\x0b\x0c\x0d"
     try:
         s.sendall(("GET /v1/realtime?model=rt-tls HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
                    "Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: "
-                   "dGhlIHNhbXBsZSBub25jZQ==\r\nx-request-id: %s\r\n\r\n" % rid).encode())
+                   "dGhlIHNhbXBsZSBub25jZQ==\r\nx-request-id: %s\r\n%s\r\n" % (rid, extra)).encode())
         buf = bytearray()
         while b"\r\n\r\n" not in buf:
             d = s.recv(4096)
@@ -202,6 +221,19 @@ class RealtimeTlsUpstreamTest(harness.TestCase):
                          ("response.create", TOKENS, TOKENS))
         sess = self.log_entry(self.log, "it-rt-tls")
         self.assertEqual((sess["status"], sess["error"], sess["upstream"]), (101, None, "secure"))
+
+    def test_megabytes_byte_exact(self):
+        # 500 tokens at itl 0: over a MiB of audio deltas, more than the
+        # tunnel buffers for one side (backpressure), over TLS records
+        n = 500
+        extra = "x-sim-tokens: %d\r\nx-sim-itl-ms: 0\r\n" % n
+        direct = tls_session(self.sim.port, ssl.create_default_context(cafile=self.ca), "it-rt-tls-big-d", extra)
+        through = tls_session(self.tt.port, None, "it-rt-tls-big", extra)
+        self.assertGreater(len(through), 1 << 20)
+        self.assertEqual(through, direct)
+        vad = self.log_entry(self.log, "it-rt-tls-big/1")
+        self.assertEqual((vad["error"], vad["token_events"], vad["output_tokens"]), (None, 2 * n, 2 * n))
+        self.assertEqual(self.log_entry(self.log, "it-rt-tls-big/2")["token_events"], n)
 
 
 if __name__ == "__main__":
