@@ -155,12 +155,13 @@ static void rt_message(struct tunnel *t, bool from_client, const struct tunnel_m
 		break;
 	case RT_ERROR:
 		/* the server refused a client's request: a response it asked
-		 * for that has not begun is not one (no record) */
+		 * for that has not begun is not one (no record, no number) */
 		if (from_client_event(t->pend))
 			t->pend = RT_OTHER;
 		else if (t->resp && !t->resp->running && from_client_event(t->resp->from)) {
 			resp_free(t->resp);
 			t->resp = NULL;
+			t->nresp--; /* its number goes to the next one */
 		}
 		break;
 	case RT_OTHER: break;

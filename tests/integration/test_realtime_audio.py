@@ -31,6 +31,7 @@ import harness
 import routing_helpers as rh
 from harness_npm import NodeScript
 from test_tls import make_pki
+from harness_events import read_access_log
 from test_websocket import frame, read_frame
 
 AUDIO = NodeScript("ws-client", ["ws@8.18.0"], "realtime_audio_client.cjs")
@@ -121,25 +122,54 @@ class RealtimeAudioTest(harness.TestCase):
         ttft_near_client(self, e2, second["first"] - second["speech_stopped"])
         self.assertGreater(e2["ttft_ms"], TTFT_MS + itl)
 
+    def raw(self, rid):
+        """A session through tokentap on a raw socket, past session.created:
+        (socket, its read buffer)."""
+        s = socket.create_connection(("127.0.0.1", self.tt.port), timeout=5)
+        self.addCleanup(s.close)
+        s.sendall(b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                  b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                  b"x-request-id: %s\r\n\r\n" % rid.encode())
+        buf = bytearray()
+        while b"\r\n\r\n" not in buf:
+            d = s.recv(4096)
+            if not d:
+                self.fail(bytes(buf))
+            buf.extend(d)
+        del buf[:buf.index(b"\r\n\r\n") + 4]
+        self.assertEqual(json.loads(read_frame(s, buf)[1])["type"], "session.created")
+        return s, buf
+
+    def until(self, s, buf, t):
+        while True:
+            ev = json.loads(read_frame(s, buf)[1])
+            if ev["type"] == t:
+                return ev
+
     def test_text_response_create_starts_the_ttft(self):
         # a text turn: no audio, the response.create is the start
-        s = socket.create_connection(("127.0.0.1", self.tt.port), timeout=5)
-        try:
-            s.sendall(b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                      b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-                      b"x-request-id: it-rta-text\r\n\r\n")
-            buf = bytearray()
-            while b"\r\n\r\n" not in buf:
-                buf.extend(s.recv(4096))
-            del buf[:buf.index(b"\r\n\r\n") + 4]
-            read_frame(s, buf)  # session.created
-            s.sendall(frame(1, b'{"type":"response.create"}', b"\x01\x02\x03\x04"))
-            while json.loads(read_frame(s, buf)[1])["type"] != "response.done":
-                pass
-        finally:
-            s.close()
+        s, buf = self.raw("it-rta-text")
+        s.sendall(frame(1, b'{"type":"response.create"}', b"\x01\x02\x03\x04"))
+        self.until(s, buf, "response.done")
         e = self.log_entry(self.log, "it-rta-text/1")
         self.assertEqual((e["ttft_from"], e["token_events"], e["output_tokens"]), ("response.create", TOKENS, TOKENS))
+
+    def test_refused_commit_is_no_start(self):
+        # a commit of an empty buffer gets an error: the response the
+        # client then asks for starts at its response.create, and is /1
+        s, buf = self.raw("it-rta-refused")
+        m = b"\x01\x02\x03\x04"
+        s.sendall(frame(1, b'{"type":"input_audio_buffer.commit"}', m))
+        self.assertEqual(self.until(s, buf, "error")["error"]["code"], "input_audio_buffer_commit_empty")
+        s.sendall(frame(1, b'{"type":"response.create"}', m))
+        self.until(s, buf, "response.done")
+        s.sendall(frame(8, b"\x03\xe8", m))
+        e = self.log_entry(self.log, "it-rta-refused/1")
+        self.assertEqual((e["ttft_from"], e["error"], e["token_events"]), ("response.create", None, TOKENS))
+        sess = self.log_entry(self.log, "it-rta-refused")
+        self.assertEqual(sess["status"], 101)
+        # the session's line comes after its responses': no second one
+        self.assertNotIn("it-rta-refused/2", [x.get("id") for x in read_access_log(self.log)])
 
 
 def tls_session(port, ctx, rid, extra=""):
