@@ -235,7 +235,8 @@ class RealtimeSdkTest(harness.TestCase):
         for i, c in enumerate(r["responses"], 1):
             self.assertEqual((c["status"], c["deltas"], c["usage"]["output_tokens"]), ("completed", TOKENS, TOKENS))
             e = self.log_entry(self.log, "it-rt-sdk/%d" % i)
-            self.assertEqual((e["api"], e["status"], e["error"], e["ttft_from"]), ("realtime", 200, None, "response.create"))
+            self.assertEqual((e["api"], e["status"], e["error"], e["ttft_from"]),
+                             ("realtime", 200, None, "response.create"))
             self.assertEqual((e["output_tokens"], e["token_events"]), (TOKENS, TOKENS))
             assert_ttft_inside(self, e, c["ttft_ms"])
 
