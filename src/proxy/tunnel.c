@@ -101,15 +101,32 @@ static bool from_client_event(enum rt_event ev)
 	return ev == RT_CREATE || ev == RT_COMMIT;
 }
 
+static bool turn_end(enum rt_event ev)
+{
+	return ev == RT_COMMIT || ev == RT_SPEECH_STOPPED;
+}
+
 /* A turn ended or a response was asked for: the response it starts opens
  * now when none is open. One open that the server has not begun yet keeps
  * its earlier start (commit, then response.create; speech_stopped, then
- * committed); one running keeps this start for the next response. */
+ * committed), except that a turn's end after another turn's end moves it
+ * (the response answers the last turn: a commit, then another, then
+ * response.create); one running keeps this start for the next response,
+ * where the same holds. */
 static void rt_start(struct tunnel *t, enum rt_event ev)
 {
-	if (!t->resp)
+	struct tunnel_resp *r = t->resp;
+
+	if (!r) {
 		resp_open(t, t->now, ev);
-	else if (t->resp->running && t->pend == RT_OTHER) {
+	} else if (!r->running) {
+		if (turn_end(ev) && turn_end(r->from)) {
+			r->from = ev;
+			r->rec.ttft_from = realtime_start_name(ev);
+			r->rec.at[TL_ARRIVE] = r->rec.at[TL_REQ_HEADERS] = r->rec.at[TL_DISPATCH] =
+				r->rec.at[TL_REQ_SENT] = t->now;
+		}
+	} else if (t->pend == RT_OTHER || (turn_end(ev) && turn_end(t->pend))) {
 		t->pend = ev;
 		t->pend_ns = t->now;
 	}

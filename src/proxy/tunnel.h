@@ -16,7 +16,8 @@
  * from where the user's turn ended or the response was asked for (its
  * ttft_from: the client's input_audio_buffer.commit or response.create,
  * or with server-side turn detection the server's
- * input_audio_buffer.speech_stopped, whichever came first; the server's
+ * input_audio_buffer.speech_stopped, whichever came first, the last turn's
+ * end when several turns ended before it; the server's
  * input_audio_buffer.committed or response.created when nothing earlier
  * was seen) to the server's response.done, each text, audio or transcript
  * delta a token event, the usage from response.done. The session has its

@@ -24,8 +24,9 @@ import json
 import os
 import socket
 import ssl
-import tempfile
 import shutil
+import tempfile
+import time
 
 import harness
 import routing_helpers as rh
@@ -153,6 +154,29 @@ class RealtimeAudioTest(harness.TestCase):
         self.until(s, buf, "response.done")
         e = self.log_entry(self.log, "it-rta-text/1")
         self.assertEqual((e["ttft_from"], e["token_events"], e["output_tokens"]), ("response.create", TOKENS, TOKENS))
+
+    def test_the_last_commit_before_the_response_starts_it(self):
+        # two audio turns committed before one response.create: the turn
+        # the response answers ended at the second commit
+        s, buf = self.raw("it-rta-twocommits")
+        m = b"\x01\x02\x03\x04"
+        append = frame(1, json.dumps({"type": "input_audio_buffer.append",
+                                      "audio": base64.b64encode(b"\x01" * 960).decode()}).encode(), m)
+        commit = frame(1, b'{"type":"input_audio_buffer.commit"}', m)
+        s.sendall(append + commit)
+        self.until(s, buf, "input_audio_buffer.committed")
+        time.sleep(0.1)  # the stimulus: the second turn comes 100 ms later
+        t2 = time.monotonic()
+        s.sendall(append + commit)
+        self.until(s, buf, "input_audio_buffer.committed")
+        s.sendall(frame(1, b'{"type":"response.create"}', m))
+        self.until(s, buf, "response.output_text.delta")
+        client_ms = (time.monotonic() - t2) * 1e3
+        self.until(s, buf, "response.done")
+        e = self.log_entry(self.log, "it-rta-twocommits/1")
+        self.assertEqual((e["ttft_from"], e["error"]), ("input_audio_buffer.commit", None))
+        self.assertGreaterEqual(e["ttft_ms"], TTFT_MS - 1)
+        self.assertLessEqual(e["ttft_ms"], client_ms + 1, (e["ttft_ms"], client_ms))
 
     def test_refused_commit_is_no_start(self):
         # a commit of an empty buffer gets an error: the response the
