@@ -9,16 +9,25 @@
  * x-sim-ttft-ms / x-sim-itl-ms / x-sim-tokens on the handshake override),
  * the .done events and response.done with usage.
  * response.cancel ends the response in progress as "cancelled"; a second
- * response.create while one runs gets the API's error event. Pings are
- * answered with pongs, a close frame with a close frame, then the socket
- * is closed.
+ * response.create while one runs gets the API's error event. Audio in:
+ * input_audio_buffer.append / .commit / .clear; with server VAD turned on
+ * by session.update, the silence after a turn's last append ends it
+ * (speech_stopped, committed) and creates its response, and speech during
+ * a response cancels it. Audio out (the session's or the response's
+ * output_modalities): per token a base64 PCM16 response.output_audio.delta
+ * and a response.output_audio_transcript.delta. docs/simulator.md
+ * ("Realtime sessions") has the details. Pings are answered with pongs, a
+ * close frame with a close frame, then the socket is closed.
  *
  * sim_conn.c hands the connection over (sim_realtime_take) once it has
  * parsed the handshake; from then on this file owns the bufferevent.
  *
  * Invariants: a session's bytes after the 101 are a pure function of
  * (--seed, the handshake's query, the client's messages, the overrides):
- * ids count up, words come from a PRNG seeded by them. A token is drawn
+ * ids count up, words and audio bytes come from a PRNG seeded by them;
+ * audio times (audio_start_ms, audio_end_ms) count the audio appended,
+ * not the clock; under server VAD, where a turn ends and where speech cuts
+ * a response short also depend on when the appends come. A token is drawn
  * only while the output holds under RT_HIGH_WATER bytes (a stalled client
  * stalls generation). A session is freed from a zero-delay event, never
  * inside its own callbacks.
@@ -38,10 +47,15 @@
 #define RT_HIGH_WATER (64 * 1024)
 #define RT_LOW_WATER (16 * 1024)
 #define RT_MAX_MESSAGE (16 * 1024 * 1024) /* client message, all fragments */
+#define RT_AUDIO_CHUNK 2400		  /* output PCM16 bytes per token: 50 ms at 24 kHz */
+#define RT_AUDIO_BYTES_PER_MS 48	  /* input PCM16 at 24 kHz, mono */
+#define RT_AUDIO_BYTES_PER_TOKEN 4800	  /* input audio tokens: one per 100 ms */
+#define RT_VAD_SILENCE_MS 500		  /* silence_duration_ms when turn_detection names none */
 
 struct rt_sess {
 	struct bufferevent *bev;
 	struct event *tick, *reaper;
+	struct event *vad;     /* server VAD: the silence after the last append */
 	struct evbuffer *msg;  /* the data message being reassembled */
 	struct evbuffer *text; /* the answer so far, for the .done events */
 	bool in_msg;	       /* a fragmented message is open */
@@ -55,10 +69,21 @@ struct rt_sess {
 	uint64_t event_no;    /* event_id counter */
 	uint64_t responses;   /* responses started */
 	uint64_t input_bytes; /* client text since the last response began */
+	/* audio in: the buffer not yet committed, all appended (the session's
+	 * audio clock), the committed turns' tokens not yet in a response */
+	uint64_t audio_buf, audio_total, audio_tokens;
+	uint64_t items;	    /* user items made from the audio buffer */
+	char turn_item[32]; /* the item of the turn being spoken */
+	bool audio_session; /* the session's output_modalities name "audio" */
+	/* server VAD (session.update's turn_detection) */
+	bool vad_on, vad_create, vad_interrupt, speaking;
+	bool queued; /* a turn ended during a response: its response comes next */
+	uint64_t silence_ms;
 	/* the response in progress */
 	bool active, stalled;
+	bool audio; /* audio out: an audio and a transcript delta per token */
 	struct sim_prng prng;
-	uint64_t n_in, n_out, sent, deadline_ns;
+	uint64_t n_in, n_in_audio, n_out, sent, deadline_ns;
 	char resp_id[32], item_id[32];
 };
 
@@ -132,6 +157,7 @@ static void on_reap(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	event_free(s->tick);
 	event_free(s->reaper);
+	event_free(s->vad);
 	bufferevent_free(s->bev);
 	evbuffer_free(s->msg);
 	evbuffer_free(s->text);
@@ -154,6 +180,7 @@ static void sess_kill(struct rt_sess *s, bool client_left)
 		sim_stats.completed++;
 	}
 	event_del(s->tick);
+	event_del(s->vad);
 	bufferevent_disable(s->bev, EV_READ | EV_WRITE);
 	bufferevent_setcb(s->bev, NULL, NULL, NULL, NULL);
 	event_active(s->reaper, EV_TIMEOUT, 1);
@@ -172,26 +199,31 @@ static void response_object(struct rt_sess *s, struct evbuffer *b, const char *s
 	if (done) {
 		evbuffer_add_printf(b,
 				    "{\"id\":\"%s\",\"object\":\"realtime.item\",\"type\":\"message\",\"status\":"
-				    "\"%s\",\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":",
-				    s->item_id, status);
+				    "\"%s\",\"role\":\"assistant\",\"content\":[{\"type\":\"%s\",\"%s\":",
+				    s->item_id, status, s->audio ? "output_audio" : "output_text",
+				    s->audio ? "transcript" : "text");
 		sim_json_str(b, tlen ? (const char *)evbuffer_pullup(s->text, -1) : "", tlen);
 		evbuffer_add(b, "}]}", 3);
 	}
-	evbuffer_add_printf(b, "],\"conversation_id\":\"conv_sim\",\"output_modalities\":[\"text\"],\"model\":%s,",
-			    s->model_json);
-	if (done)
-		evbuffer_add_printf(
-			b,
-			"\"usage\":{\"total_tokens\":%" PRIu64 ",\"input_tokens\":%" PRIu64
-			",\"output_tokens\":%" PRIu64 ",\"input_token_details\":{\"text_tokens\":%" PRIu64
-			",\"audio_tokens\":0,\"cached_tokens\":0},\"output_token_details\":{\"text_tokens\":%" PRIu64
-			",\"audio_tokens\":0}}}",
-			s->n_in + s->sent, s->n_in, s->sent, s->n_in, s->sent);
-	else
+	evbuffer_add_printf(b, "],\"conversation_id\":\"conv_sim\",\"output_modalities\":[\"%s\"],\"model\":%s,",
+			    s->audio ? "audio" : "text", s->model_json);
+	if (done) {
+		/* audio out: each token one audio and one transcript token */
+		uint64_t out_audio = s->audio ? s->sent : 0, out = s->sent + out_audio;
+		uint64_t in_audio = s->n_in_audio, in_text = s->n_in - in_audio;
+
+		evbuffer_add_printf(b,
+				    "\"usage\":{\"total_tokens\":%" PRIu64 ",\"input_tokens\":%" PRIu64
+				    ",\"output_tokens\":%" PRIu64 ",\"input_token_details\":{\"text_tokens\":%" PRIu64
+				    ",\"audio_tokens\":%" PRIu64
+				    ",\"cached_tokens\":0},\"output_token_details\":{\"text_tokens\":%" PRIu64
+				    ",\"audio_tokens\":%" PRIu64 "}}}",
+				    s->n_in + out, s->n_in, out, in_text, in_audio, s->sent, out_audio);
+	} else
 		evbuffer_add(b, "\"usage\":null}", 13);
 }
 
-static void response_begin(struct rt_sess *s, int64_t max_out, const char *body, size_t len)
+static void response_begin(struct rt_sess *s, int64_t max_out, bool audio, const char *body, size_t len)
 {
 	struct evbuffer *b = evbuffer_new();
 	uint64_t h;
@@ -201,8 +233,11 @@ static void response_begin(struct rt_sess *s, int64_t max_out, const char *body,
 	snprintf(s->resp_id, sizeof(s->resp_id), "resp_%016" PRIx64, h);
 	snprintf(s->item_id, sizeof(s->item_id), "item_%016" PRIx64, sim_mix(h));
 	s->prng.state = h;
-	s->n_in = (s->input_bytes + len + 3) / 4;
+	s->n_in_audio = s->audio_tokens;
+	s->n_in = (s->input_bytes + len + 3) / 4 + s->audio_tokens;
 	s->input_bytes = 0;
+	s->audio_tokens = 0;
+	s->audio = audio;
 	/* as the HTTP APIs: the header, else the request's limit, else --tokens */
 	s->n_out = s->tokens >= 0 ? (uint64_t)s->tokens : max_out >= 0 ? (uint64_t)max_out : sim_cfg.tokens;
 	s->sent = 0;
@@ -223,13 +258,16 @@ static void response_begin(struct rt_sess *s, int64_t max_out, const char *body,
 	event_open(s, b, "response.content_part.added");
 	evbuffer_add_printf(b,
 			    ",\"response_id\":\"%s\",\"item_id\":\"%s\",\"output_index\":0,\"content_index\":0,"
-			    "\"part\":{\"type\":\"text\",\"text\":\"\"}",
-			    s->resp_id, s->item_id);
+			    "\"part\":{\"type\":\"%s\",\"%s\":\"\"}",
+			    s->resp_id, s->item_id, s->audio ? "audio" : "text", s->audio ? "transcript" : "text");
 	send_event(s, b);
 	evbuffer_free(b);
 }
 
-/* The .done events and response.done, status "completed" or "cancelled". */
+static void tick_at(struct rt_sess *s, uint64_t due_ns, uint64_t now);
+
+/* The .done events and response.done, status "completed" or "cancelled";
+ * then a response queued behind this one begins. */
 static void response_end(struct rt_sess *s, const char *status)
 {
 	struct evbuffer *b = evbuffer_new();
@@ -239,12 +277,21 @@ static void response_end(struct rt_sess *s, const char *status)
 
 	snprintf(where, sizeof(where), ",\"response_id\":\"%s\",\"item_id\":\"%s\",\"output_index\":0", s->resp_id,
 		 s->item_id);
-	event_open(s, b, "response.output_text.done");
-	evbuffer_add_printf(b, "%s,\"content_index\":0,\"text\":", where);
+	if (s->audio) {
+		event_open(s, b, "response.output_audio.done");
+		evbuffer_add_printf(b, "%s,\"content_index\":0", where);
+		send_event(s, b);
+		event_open(s, b, "response.output_audio_transcript.done");
+		evbuffer_add_printf(b, "%s,\"content_index\":0,\"transcript\":", where);
+	} else {
+		event_open(s, b, "response.output_text.done");
+		evbuffer_add_printf(b, "%s,\"content_index\":0,\"text\":", where);
+	}
 	sim_json_str(b, t, tlen);
 	send_event(s, b);
 	event_open(s, b, "response.content_part.done");
-	evbuffer_add_printf(b, "%s,\"content_index\":0,\"part\":{\"type\":\"text\",\"text\":", where);
+	evbuffer_add_printf(b, "%s,\"content_index\":0,\"part\":{\"type\":\"%s\",\"%s\":", where,
+			    s->audio ? "audio" : "text", s->audio ? "transcript" : "text");
 	sim_json_str(b, t, tlen);
 	evbuffer_add(b, "}", 1);
 	send_event(s, b);
@@ -252,8 +299,9 @@ static void response_end(struct rt_sess *s, const char *status)
 	evbuffer_add_printf(b,
 			    ",\"response_id\":\"%s\",\"output_index\":0,\"item\":{\"id\":\"%s\",\"object\":"
 			    "\"realtime.item\",\"type\":\"message\",\"status\":\"%s\",\"role\":\"assistant\","
-			    "\"content\":[{\"type\":\"output_text\",\"text\":",
-			    s->resp_id, s->item_id, status);
+			    "\"content\":[{\"type\":\"%s\",\"%s\":",
+			    s->resp_id, s->item_id, status, s->audio ? "output_audio" : "output_text",
+			    s->audio ? "transcript" : "text");
 	sim_json_str(b, t, tlen);
 	evbuffer_add(b, "}]}", 3);
 	send_event(s, b);
@@ -263,6 +311,11 @@ static void response_end(struct rt_sess *s, const char *status)
 	evbuffer_free(b);
 	s->active = false;
 	event_del(s->tick);
+	if (s->queued && !s->closing && !s->dead) {
+		s->queued = false;
+		response_begin(s, -1, s->audio_session, "", 0);
+		tick_at(s, sim_now_ns(), sim_now_ns()); /* pump from the loop, not from inside one */
+	}
 }
 
 static void tick_at(struct rt_sess *s, uint64_t due_ns, uint64_t now)
@@ -272,6 +325,27 @@ static void tick_at(struct rt_sess *s, uint64_t due_ns, uint64_t now)
 			      .tv_usec = (suseconds_t)(d % 1000000000ULL / 1000) };
 
 	evtimer_add(s->tick, &tv);
+}
+
+/* One response.output_audio.delta: RT_AUDIO_CHUNK bytes of PCM16 from the
+ * response's PRNG, base64. */
+static void audio_delta(struct rt_sess *s, struct evbuffer *b)
+{
+	unsigned char pcm[RT_AUDIO_CHUNK], b64[RT_AUDIO_CHUNK / 3 * 4 + 1];
+
+	for (size_t i = 0; i < sizeof(pcm); i += 8) {
+		uint64_t r = sim_mix(s->prng.state + s->sent * sizeof(pcm) + i);
+		memcpy(pcm + i, &r, sizeof(pcm) - i < 8 ? sizeof(pcm) - i : 8);
+	}
+	int n = EVP_EncodeBlock(b64, pcm, (int)sizeof(pcm));
+	event_open(s, b, "response.output_audio.delta");
+	evbuffer_add_printf(b,
+			    ",\"response_id\":\"%s\",\"item_id\":\"%s\",\"output_index\":0,"
+			    "\"content_index\":0,\"delta\":\"",
+			    s->resp_id, s->item_id);
+	evbuffer_add(b, b64, (size_t)n);
+	evbuffer_add(b, "\"", 1);
+	send_event(s, b);
 }
 
 /* Sends what is due, then sets the timer or waits for the output to drain. */
@@ -303,7 +377,9 @@ static void pump(struct rt_sess *s)
 		}
 		w = sim_text_word(&s->prng, s->sent == 0, &wl);
 		evbuffer_add(s->text, w, wl);
-		event_open(s, b, "response.output_text.delta");
+		if (s->audio)
+			audio_delta(s, b);
+		event_open(s, b, s->audio ? "response.output_audio_transcript.delta" : "response.output_text.delta");
 		evbuffer_add_printf(b,
 				    ",\"response_id\":\"%s\",\"item_id\":\"%s\",\"output_index\":0,"
 				    "\"content_index\":0,\"delta\":",
@@ -344,6 +420,150 @@ static void send_error(struct rt_sess *s, const char *code, const char *message)
 	evbuffer_free(b);
 }
 
+/* Whether a modalities array (GA output_modalities, beta modalities) of
+ * `o` names "audio"; `dflt` when `o` has neither. */
+static bool wants_audio(json_t *o, bool dflt)
+{
+	json_t *m = json_object_get(o, "output_modalities");
+	size_t i;
+	json_t *v;
+
+	if (!json_is_array(m))
+		m = json_object_get(o, "modalities");
+	if (!json_is_array(m))
+		return dflt;
+	json_array_foreach (m, i, v) {
+		if (json_is_string(v) && strcmp(json_string_value(v), "audio") == 0)
+			return true;
+	}
+	return false;
+}
+
+/* The audio buffer becomes the turn's user item: committed. */
+static void commit_turn(struct rt_sess *s)
+{
+	struct evbuffer *b = evbuffer_new();
+
+	if (!s->speaking) /* a manual commit: the item is made now */
+		snprintf(s->turn_item, sizeof(s->turn_item), "item_user%016" PRIx64,
+			 sim_mix(sim_cfg.seed ^ s->path_hash ^ ++s->items));
+	s->speaking = false;
+	event_del(s->vad);
+	s->audio_tokens += (s->audio_buf + RT_AUDIO_BYTES_PER_TOKEN - 1) / RT_AUDIO_BYTES_PER_TOKEN;
+	s->audio_buf = 0;
+	event_open(s, b, "input_audio_buffer.committed");
+	evbuffer_add_printf(b, ",\"previous_item_id\":null,\"item_id\":\"%s\"", s->turn_item);
+	send_event(s, b);
+	evbuffer_free(b);
+}
+
+/* Server VAD: the silence after the last append has lasted: the speech
+ * stopped, the turn is committed, and a response created for it. */
+static void on_vad(evutil_socket_t fd, short what, void *arg)
+{
+	struct rt_sess *s = arg;
+	struct evbuffer *b;
+
+	(void)fd;
+	(void)what;
+	if (s->dead || s->closing || !s->speaking)
+		return;
+	b = evbuffer_new();
+	event_open(s, b, "input_audio_buffer.speech_stopped");
+	evbuffer_add_printf(b, ",\"audio_end_ms\":%" PRIu64 ",\"item_id\":\"%s\"",
+			    s->audio_total / RT_AUDIO_BYTES_PER_MS + s->silence_ms, s->turn_item);
+	send_event(s, b);
+	evbuffer_free(b);
+	commit_turn(s);
+	if (s->vad_create && !s->active) {
+		response_begin(s, -1, s->audio_session, "", 0);
+		pump(s);
+	} else if (s->vad_create) {
+		s->queued = true; /* interrupt_response false: after the one running */
+	}
+}
+
+/* input_audio_buffer.append: its audio's bytes; under server VAD the
+ * first one of a turn is speech starting (a response running is cut
+ * short, as the API's interrupt_response does) and each one restarts the
+ * silence clock. */
+static void on_append(struct rt_sess *s, json_t *m)
+{
+	const char *a = json_string_value(json_object_get(m, "audio"));
+	size_t al = a ? strlen(a) : 0;
+	uint64_t bytes = al / 4 * 3 - (al >= 1 && a[al - 1] == '=') - (al >= 2 && a[al - 2] == '=');
+	struct timeval tv = { .tv_sec = (time_t)(s->silence_ms / 1000),
+			      .tv_usec = (suseconds_t)(s->silence_ms % 1000 * 1000) };
+
+	if (al % 4)
+		bytes = al * 3 / 4;
+	if (s->vad_on && !s->speaking) {
+		struct evbuffer *b = evbuffer_new();
+
+		s->speaking = true;
+		snprintf(s->turn_item, sizeof(s->turn_item), "item_user%016" PRIx64,
+			 sim_mix(sim_cfg.seed ^ s->path_hash ^ ++s->items));
+		if (s->active && s->vad_interrupt)
+			response_end(s, "cancelled");
+		event_open(s, b, "input_audio_buffer.speech_started");
+		evbuffer_add_printf(b, ",\"audio_start_ms\":%" PRIu64 ",\"item_id\":\"%s\"",
+				    s->audio_total / RT_AUDIO_BYTES_PER_MS, s->turn_item);
+		send_event(s, b);
+		evbuffer_free(b);
+	}
+	s->audio_buf += bytes;
+	s->audio_total += bytes;
+	if (s->vad_on)
+		evtimer_add(s->vad, &tv);
+}
+
+/* session.update: output modalities and turn detection (the GA shape,
+ * session.audio.input.turn_detection, or the beta one,
+ * session.turn_detection), answered with session.updated. */
+static void on_session_update(struct rt_sess *s, json_t *m)
+{
+	json_t *sess = json_object_get(m, "session");
+	json_t *td = json_object_get(json_object_get(json_object_get(sess, "audio"), "input"), "turn_detection");
+	struct evbuffer *b = evbuffer_new();
+
+	if (!td)
+		td = json_object_get(sess, "turn_detection");
+	s->audio_session = wants_audio(sess, s->audio_session);
+	if (json_is_null(td)) {
+		s->vad_on = false;
+		s->speaking = false;
+		s->queued = false;
+		event_del(s->vad);
+	} else if (json_is_object(td)) {
+		json_t *ms = json_object_get(td, "silence_duration_ms");
+		json_t *cr = json_object_get(td, "create_response");
+		json_t *ir = json_object_get(td, "interrupt_response");
+
+		s->vad_on = true;
+		s->silence_ms = json_is_integer(ms) && json_integer_value(ms) >= 0 ? (uint64_t)json_integer_value(ms)
+										   : RT_VAD_SILENCE_MS;
+		s->vad_create = !json_is_false(cr);
+		s->vad_interrupt = !json_is_false(ir);
+	}
+	event_open(s, b, "session.updated");
+	evbuffer_add_printf(b,
+			    ",\"session\":{\"type\":\"realtime\",\"object\":\"realtime.session\",\"model\":%s,"
+			    "\"output_modalities\":[\"%s\"],\"audio\":{\"input\":{\"turn_detection\":",
+			    s->model_json, s->audio_session ? "audio" : "text");
+	if (s->vad_on)
+		evbuffer_add_printf(b,
+				    "{\"type\":\"server_vad\",\"silence_duration_ms\":%" PRIu64
+				    ",\"create_response\":%s,"
+				    "\"interrupt_response\":%s}",
+				    s->silence_ms, s->vad_create ? "true" : "false",
+				    s->vad_interrupt ? "true" : "false");
+	else
+		evbuffer_add(b, "null", 4);
+	evbuffer_add(b, "}}}", 3);
+	send_event(s, b);
+	evbuffer_free(b);
+}
+
 static void on_message(struct rt_sess *s, const char *p, size_t n)
 {
 	json_t *m = json_loadb(p, n, 0, NULL);
@@ -358,12 +578,32 @@ static void on_message(struct rt_sess *s, const char *p, size_t n)
 			send_error(s, "conversation_already_has_active_response",
 				   "Conversation already has an active response in progress");
 		} else {
-			response_begin(s, json_is_integer(lim) ? json_integer_value(lim) : -1, p, n);
+			response_begin(s, json_is_integer(lim) ? json_integer_value(lim) : -1,
+				       wants_audio(json_object_get(m, "response"), s->audio_session), p, n);
 			pump(s);
 		}
 	} else if (strcmp(type, "response.cancel") == 0) {
 		if (s->active)
 			response_end(s, "cancelled");
+	} else if (strcmp(type, "input_audio_buffer.append") == 0) {
+		on_append(s, m);
+	} else if (strcmp(type, "input_audio_buffer.commit") == 0) {
+		if (s->audio_buf == 0)
+			send_error(s, "input_audio_buffer_commit_empty", "the input audio buffer is empty");
+		else
+			commit_turn(s);
+	} else if (strcmp(type, "input_audio_buffer.clear") == 0) {
+		struct evbuffer *b = evbuffer_new();
+
+		s->audio_buf = 0;
+		s->speaking = false;
+		event_del(s->vad);
+		event_open(s, b, "input_audio_buffer.cleared");
+		send_event(s, b);
+		evbuffer_free(b);
+	} else if (strcmp(type, "session.update") == 0) {
+		s->input_bytes += n;
+		on_session_update(s, m);
 	} else {
 		s->input_bytes += n; /* conversation items, session updates: the prompt */
 	}
@@ -536,6 +776,7 @@ int sim_realtime_take(struct event_base *base, struct bufferevent *bev, const st
 	s->bev = bev;
 	s->tick = evtimer_new(base, on_tick, s);
 	s->reaper = event_new(base, -1, 0, on_reap, s);
+	s->vad = evtimer_new(base, on_vad, s);
 	s->msg = evbuffer_new();
 	s->text = evbuffer_new();
 	model = query_value(o->query, "model");
@@ -557,11 +798,14 @@ int sim_realtime_take(struct event_base *base, struct bufferevent *bev, const st
 		}
 	}
 	free(model);
-	if (s->tick == NULL || s->reaper == NULL || s->msg == NULL || s->text == NULL || s->model_json == NULL) {
+	if (s->tick == NULL || s->reaper == NULL || s->vad == NULL || s->msg == NULL || s->text == NULL ||
+	    s->model_json == NULL) {
 		if (s->tick != NULL)
 			event_free(s->tick);
 		if (s->reaper != NULL)
 			event_free(s->reaper);
+		if (s->vad != NULL)
+			event_free(s->vad);
 		if (s->msg != NULL)
 			evbuffer_free(s->msg);
 		if (s->text != NULL)

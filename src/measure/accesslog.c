@@ -203,6 +203,7 @@ static json_t *itl_summary_json(const struct recent_entry *e)
 	X(MIRROR,		"mirror",		1, 0,	r->mirror,	json_true()) \
 	X(MODEL,		"model",		1, 80,	1,		str_or_null(r->model)) \
 	X(TENANT,		"tenant",		1, 85,	1,		str_or_null(r->tenant)) \
+	X(TTFT_FROM,		"ttft_from",		1, 0,	r->ttft_from != NULL, json_string(r->ttft_from)) \
 	X(STREAM,		"stream",		1, 130,	1, \
 	  r->stream < 0 ? json_null() : json_boolean(r->stream)) \
 	X(STATUS,		"status",		1, 140,	1,		json_integer(r->status)) \

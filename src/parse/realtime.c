@@ -101,10 +101,17 @@ enum rt_event realtime_event(const char *msg, size_t len, bool whole, bool from_
 
 	if (!t)
 		return RT_OTHER;
-	if (from_client)
-		return is(t, n, "response.create") || is(t, n, "input_audio_buffer.commit") ? RT_REQUEST : RT_OTHER;
-	if (is(t, n, "input_audio_buffer.committed")) /* server-side turn detection committed the turn */
-		return RT_REQUEST;
+	if (from_client) {
+		if (is(t, n, "response.create"))
+			return RT_CREATE;
+		return is(t, n, "input_audio_buffer.commit") ? RT_COMMIT : RT_OTHER;
+	}
+	if (is(t, n, "input_audio_buffer.speech_stopped")) /* server-side turn detection: the turn ended */
+		return RT_SPEECH_STOPPED;
+	if (is(t, n, "input_audio_buffer.committed"))
+		return RT_COMMITTED;
+	if (is(t, n, "response.created"))
+		return RT_CREATED;
 	if (is(t, n, "response.text.delta") || is(t, n, "response.output_text.delta") ||
 	    is(t, n, "response.audio.delta") || is(t, n, "response.output_audio.delta") ||
 	    is(t, n, "response.audio_transcript.delta") || is(t, n, "response.output_audio_transcript.delta"))
@@ -117,4 +124,16 @@ enum rt_event realtime_event(const char *msg, size_t len, bool whole, bool from_
 	if (is(t, n, "error"))
 		return RT_ERROR;
 	return RT_OTHER;
+}
+
+const char *realtime_start_name(enum rt_event ev)
+{
+	switch (ev) {
+	case RT_CREATE: return "response.create";
+	case RT_COMMIT: return "input_audio_buffer.commit";
+	case RT_SPEECH_STOPPED: return "input_audio_buffer.speech_stopped";
+	case RT_COMMITTED: return "input_audio_buffer.committed";
+	case RT_CREATED: return "response.created";
+	default: return NULL;
+	}
 }

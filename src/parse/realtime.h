@@ -20,11 +20,24 @@
 
 enum rt_event {
 	RT_OTHER = 0,
-	RT_REQUEST, /* client: response.create, input_audio_buffer.commit */
-	RT_DELTA,   /* server: a text, audio or transcript delta (a token event) */
-	RT_DONE,    /* server: response.done (usage, status) */
-	RT_ERROR,   /* server: error */
+	/* Where a response's TTFT may start: the client asks for a response
+	 * (response.create) or ends its audio turn (input_audio_buffer.commit);
+	 * with server-side turn detection the server says the speech stopped
+	 * (input_audio_buffer.speech_stopped), then commits the turn
+	 * (input_audio_buffer.committed) and creates the response itself. */
+	RT_CREATE,	   /* client: response.create */
+	RT_COMMIT,	   /* client: input_audio_buffer.commit */
+	RT_SPEECH_STOPPED, /* server: input_audio_buffer.speech_stopped */
+	RT_COMMITTED,	   /* server: input_audio_buffer.committed */
+	RT_CREATED,	   /* server: response.created */
+	RT_DELTA,	   /* server: a text, audio or transcript delta (a token event) */
+	RT_DONE,	   /* server: response.done (usage, status) */
+	RT_ERROR,	   /* server: error */
 };
+
+/* The event's type as the wire names it, for RT_CREATE .. RT_CREATED
+ * (static text); NULL for the others. */
+const char *realtime_start_name(enum rt_event ev);
 
 /*
  * Classifies one message: `msg` its first `len` bytes, `whole` when that is

@@ -37,10 +37,13 @@ static void tunnel_end(struct tunnel *t, enum req_error kind, const char *why);
 struct tunnel_resp {
 	struct req_record rec;
 	struct meter meter;
+	enum rt_event from; /* the event its TTFT starts at */
+	bool running;	    /* the server has begun it (response.created or a delta) */
 };
 
-/* A response begins: its record from the session's, arriving now. */
-static void resp_open(struct tunnel *t)
+/* A response begins: its record from the session's, arriving at `at`
+ * (its TTFT's start), the event there `from`. */
+static void resp_open(struct tunnel *t, uint64_t at, enum rt_event from)
 {
 	const struct req_record *s = t->x->rec;
 	struct tunnel_resp *r = calloc(1, sizeof(*r));
@@ -48,10 +51,12 @@ static void resp_open(struct tunnel *t)
 	if (!r)
 		return; /* not measured */
 	struct req_record *rec = &r->rec;
+	r->from = from;
 	rec->usage = USAGE_UNKNOWN;
 	rec->inputs = -1;
 	rec->stream = 1;
 	rec->itl_keep = s->itl_keep;
+	rec->ttft_from = realtime_start_name(from);
 	snprintf(rec->id, sizeof(rec->id), "%.*s/%u", REQUEST_ID_MAX - 12, s->id, ++t->nresp);
 	snprintf(rec->method, sizeof(rec->method), "WS");
 	memcpy(rec->path, s->path, sizeof(rec->path));
@@ -61,10 +66,17 @@ static void resp_open(struct tunnel *t)
 	rec->api = API_REALTIME;
 	rec->status = 200;
 	rec->pick_pred_ms = -1;
-	rec->at[TL_ARRIVE] = rec->at[TL_REQ_HEADERS] = rec->at[TL_DISPATCH] = rec->at[TL_REQ_SENT] = t->now;
+	rec->at[TL_ARRIVE] = rec->at[TL_REQ_HEADERS] = rec->at[TL_DISPATCH] = rec->at[TL_REQ_SENT] = at;
 	meter_init(&r->meter, &t->x->env->meter, rec, NULL, 0, false);
 	meter_label(&r->meter, t->x->route ? t->x->route->name : NULL, t->x->up ? t->x->up->name : NULL, false, 1);
 	t->resp = r;
+}
+
+static void resp_free(struct tunnel_resp *r)
+{
+	meter_free(&r->meter);
+	record_release(&r->rec);
+	free(r);
 }
 
 /* The open response ends (response.done, or the tunnel's end: `err`). */
@@ -81,32 +93,94 @@ static void resp_finish(struct tunnel *t, enum req_error err)
 	record_apply_outcome(&r->rec);
 	if (meter_finish(&r->meter) && t->x->up)
 		upstream_count_outcome(t->x->up, &r->rec);
-	meter_free(&r->meter);
-	record_release(&r->rec);
-	free(r);
+	resp_free(r);
+}
+
+static bool from_client_event(enum rt_event ev)
+{
+	return ev == RT_CREATE || ev == RT_COMMIT;
+}
+
+static bool turn_end(enum rt_event ev)
+{
+	return ev == RT_COMMIT || ev == RT_SPEECH_STOPPED;
+}
+
+/* A turn ended or a response was asked for: the response it starts opens
+ * now when none is open. One open that the server has not begun yet keeps
+ * its earlier start (commit, then response.create; speech_stopped, then
+ * committed), except that a turn's end after another turn's end moves it
+ * (the response answers the last turn: a commit, then another, then
+ * response.create); one running keeps this start for the next response,
+ * where the same holds. */
+static void rt_start(struct tunnel *t, enum rt_event ev)
+{
+	struct tunnel_resp *r = t->resp;
+
+	if (!r) {
+		resp_open(t, t->now, ev);
+	} else if (!r->running) {
+		if (turn_end(ev) && turn_end(r->from)) {
+			r->from = ev;
+			r->rec.ttft_from = realtime_start_name(ev);
+			r->rec.at[TL_ARRIVE] = r->rec.at[TL_REQ_HEADERS] = r->rec.at[TL_DISPATCH] =
+				r->rec.at[TL_REQ_SENT] = t->now;
+		}
+	} else if (t->pend == RT_OTHER || (turn_end(ev) && turn_end(t->pend))) {
+		t->pend = ev;
+		t->pend_ns = t->now;
+	}
+}
+
+/* The server runs a response (response.created, a delta): the open one,
+ * else one opened now from response.created, whose TTFT then starts
+ * there. A delta with none open is not measured. */
+static struct tunnel_resp *rt_running(struct tunnel *t, enum rt_event ev)
+{
+	if (!t->resp && ev == RT_CREATED)
+		resp_open(t, t->now, RT_CREATED);
+	if (t->resp)
+		t->resp->running = true;
+	return t->resp;
 }
 
 static void rt_message(struct tunnel *t, bool from_client, const struct tunnel_msg *m)
 {
 	struct usage u = USAGE_UNKNOWN;
 	enum rt_event ev = realtime_event(m->buf ? m->buf : "", m->len, !m->cut, from_client, &u);
+	struct tunnel_resp *r;
 
 	switch (ev) {
-	case RT_REQUEST:
-		if (!t->resp)
-			resp_open(t);
-		break;
+	case RT_CREATE:
+	case RT_COMMIT:
+	case RT_SPEECH_STOPPED:
+	case RT_COMMITTED: rt_start(t, ev); break;
+	case RT_CREATED: (void)rt_running(t, ev); break;
 	case RT_DELTA:
-		if (t->resp)
-			meter_token(&t->resp->meter, TOKEN_ANSWER, t->now);
+		if ((r = rt_running(t, ev)) != NULL)
+			meter_token(&r->meter, TOKEN_ANSWER, t->now);
 		break;
 	case RT_DONE:
 		if (t->resp) {
 			t->resp->rec.usage = u;
 			resp_finish(t, REQ_ERR_NONE);
 		}
+		if (t->pend != RT_OTHER) { /* a turn that ended while that one ran */
+			resp_open(t, t->pend_ns, t->pend);
+			t->pend = RT_OTHER;
+		}
 		break;
 	case RT_ERROR:
+		/* the server refused a client's request: a response it asked
+		 * for that has not begun is not one (no record, no number) */
+		if (from_client_event(t->pend))
+			t->pend = RT_OTHER;
+		else if (t->resp && !t->resp->running && from_client_event(t->resp->from)) {
+			resp_free(t->resp);
+			t->resp = NULL;
+			t->nresp--; /* its number goes to the next one */
+		}
+		break;
 	case RT_OTHER: break;
 	}
 }

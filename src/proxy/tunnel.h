@@ -13,11 +13,15 @@
  * On a realtime path (/v1/realtime: OpenAI Realtime, vLLM) the text
  * messages are classified too (realtime.h), and each response is recorded
  * as a request of its own, API "realtime", method WS, id SESSION-ID/N:
- * from the client's response.create or input_audio_buffer.commit (or the
- * server's input_audio_buffer.committed, with server-side turn detection)
- * to the server's response.done, each text, audio or transcript delta a
- * token event, the usage from response.done. The session has its own line
- * besides (status 101).
+ * from where the user's turn ended or the response was asked for (its
+ * ttft_from: the client's input_audio_buffer.commit or response.create,
+ * or with server-side turn detection the server's
+ * input_audio_buffer.speech_stopped, whichever came first, the last turn's
+ * end when several turns ended before it; the server's
+ * input_audio_buffer.committed or response.created when nothing earlier
+ * was seen) to the server's response.done, each text, audio or transcript
+ * delta a token event, the usage from response.done. The session has its
+ * own line besides (status 101).
  *
  * The tunnel reaches its owner (the client connection, client.c) only
  * through the hooks below.
@@ -29,6 +33,7 @@
 #include <stdint.h>
 
 #include "check.h"
+#include "realtime.h"
 #include "timeline.h"
 #include "wsframe.h"
 
@@ -90,7 +95,11 @@ struct tunnel {
 	uint64_t now;		  /* the clock at the read being parsed */
 	struct tunnel_msg msg[2]; /* [0] the client's, [1] the upstream's */
 	struct tunnel_resp *resp; /* the response open: requested, no response.done yet */
-	unsigned nresp;		  /* responses begun */
+	/* A start (realtime.h: RT_CREATE .. RT_COMMITTED) read while the open
+	 * response ran, for the next one; RT_OTHER: none */
+	enum rt_event pend;
+	uint64_t pend_ns;
+	unsigned nresp; /* responses begun */
 };
 
 /* Starts the tunnel on x's upstream connection (the exchange is in state

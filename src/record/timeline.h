@@ -176,6 +176,9 @@ struct req_record {
 	const char *pick;
 	double pick_pred_ms;
 	unsigned pick_blocks;
+	/* A realtime response's: the event its TTFT starts at (realtime.h's
+	 * names, static text); NULL for every other record */
+	const char *ttft_from;
 };
 
 static inline uint64_t clock_now_ns(void)

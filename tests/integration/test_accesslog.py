@@ -259,7 +259,8 @@ class AccessLogTest(LogChecks):
         """docs/metrics.md's "Access log" table lists every key of a line, in
         order, and nothing else ("mirror" only appears on mirrored copies,
         the deadline counts only on routes with a ttft_deadline: test_deadline
-        checks those)."""
+        checks those; "ttft_from" only on a realtime response's line:
+        test_realtime_audio)."""
         rid = "it-al-doc-keys"
         resp, _, _, _ = measure(self.tt.port, "openai-chat", "/v1/chat/completions",
                                 harness.api_body("openai-chat", True),
@@ -275,7 +276,7 @@ class AccessLogTest(LogChecks):
         for line in section.splitlines():
             if line.startswith("| `"):
                 documented += re.findall(r"`([a-z0-9_]+)`", line.split("|")[1])
-        optional = ("mirror", "deadline_missed", "deadline_failovers")
+        optional = ("mirror", "ttft_from", "deadline_missed", "deadline_failovers")
         self.assertEqual([k for k in documented if k not in optional], list(e))
         self.assertEqual(sorted(e["timeline_ms"]), sorted(TIMELINE))
 

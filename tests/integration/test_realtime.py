@@ -163,6 +163,7 @@ class RealtimeThroughTokentapTest(harness.TestCase):
             self.assertEqual((c["status"], c["deltas"], c["usage"]["output_tokens"]), ("completed", TOKENS, TOKENS))
             e = self.log_entry(self.log, "it-rt-sim/%d" % i)
             self.assertEqual((e["api"], e["method"], e["status"], e["error"]), ("realtime", "WS", 200, None))
+            self.assertEqual(e["ttft_from"], "response.create")
             self.assertEqual(e["output_tokens"], c["usage"]["output_tokens"])
             self.assertEqual(e["input_tokens"], c["usage"]["input_tokens"])
             self.assertEqual(e["token_events"], c["deltas"])
@@ -173,6 +174,7 @@ class RealtimeThroughTokentapTest(harness.TestCase):
             self.assertLess(abs(e["tpot_ms"] - client_tpot), 2, (e["tpot_ms"], client_tpot))
         sess = self.log_entry(self.log, "it-rt-sim")
         self.assertEqual((sess["api"], sess["status"], sess["error"]), ("realtime", 101, None))
+        self.assertNotIn("ttft_from", sess)  # a realtime response's key alone
 
     def test_bench_realtime_sessions(self):
         # tokentap-bench --api realtime: 3 sessions, 12 responses; its
@@ -233,7 +235,8 @@ class RealtimeSdkTest(harness.TestCase):
         for i, c in enumerate(r["responses"], 1):
             self.assertEqual((c["status"], c["deltas"], c["usage"]["output_tokens"]), ("completed", TOKENS, TOKENS))
             e = self.log_entry(self.log, "it-rt-sdk/%d" % i)
-            self.assertEqual((e["api"], e["status"], e["error"]), ("realtime", 200, None))
+            self.assertEqual((e["api"], e["status"], e["error"], e["ttft_from"]),
+                             ("realtime", 200, None, "response.create"))
             self.assertEqual((e["output_tokens"], e["token_events"]), (TOKENS, TOKENS))
             assert_ttft_inside(self, e, c["ttft_ms"])
 

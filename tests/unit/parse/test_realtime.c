@@ -1,7 +1,7 @@
 /*
  * test_realtime.c — a realtime session's events (realtime.c): each kind
  * from its top-level type, either direction; a nested "type" before the
- * top-level one skipped; a message cut short still classified by its
+ * top-level one skipped; the names of the events a TTFT starts at; a message cut short still classified by its
  * prefix; response.done's usage and status read only from a whole message.
  */
 #include <setjmp.h>
@@ -24,10 +24,19 @@ static enum rt_event ev(const char *s, bool client)
 static void test_kinds(void **state)
 {
 	(void)state;
-	assert_int_equal(ev("{\"type\":\"response.create\",\"response\":{}}", true), RT_REQUEST);
-	assert_int_equal(ev("{\"event_id\":\"e\", \"type\" : \"input_audio_buffer.commit\"}", true), RT_REQUEST);
+	assert_int_equal(ev("{\"type\":\"response.create\",\"response\":{}}", true), RT_CREATE);
+	assert_int_equal(ev("{\"event_id\":\"e\", \"type\" : \"input_audio_buffer.commit\"}", true), RT_COMMIT);
+	assert_int_equal(ev("{\"type\":\"input_audio_buffer.append\",\"audio\":\"AAAA\"}", true), RT_OTHER);
 	assert_int_equal(ev("{\"type\":\"response.create\"}", false), RT_OTHER); /* not from a server */
-	assert_int_equal(ev("{\"type\":\"input_audio_buffer.committed\"}", false), RT_REQUEST);
+	assert_int_equal(ev("{\"type\":\"input_audio_buffer.commit\"}", false), RT_OTHER);
+	assert_int_equal(ev("{\"type\":\"input_audio_buffer.committed\"}", false), RT_COMMITTED);
+	assert_int_equal(ev("{\"type\":\"input_audio_buffer.committed\"}", true), RT_OTHER); /* not from a client */
+	assert_int_equal(ev("{\"type\":\"input_audio_buffer.speech_stopped\",\"audio_end_ms\":900}", false),
+			 RT_SPEECH_STOPPED);
+	assert_int_equal(ev("{\"type\":\"input_audio_buffer.speech_started\"}", false), RT_OTHER);
+	assert_int_equal(ev("{\"type\":\"response.created\",\"response\":{}}", false), RT_CREATED);
+	assert_int_equal(ev("{\"type\":\"response.output_audio_transcript.delta\"}", false), RT_DELTA);
+	assert_int_equal(ev("{\"type\":\"response.output_audio.done\"}", false), RT_OTHER);
 	assert_int_equal(ev("{\"type\":\"response.text.delta\",\"delta\":\"a\"}", false), RT_DELTA);
 	assert_int_equal(ev("{\"type\":\"response.output_text.delta\"}", false), RT_DELTA);
 	assert_int_equal(ev("{\"type\":\"response.audio.delta\"}", false), RT_DELTA);
@@ -46,6 +55,18 @@ static void test_kinds(void **state)
 	assert_int_equal(ev("[\"type\"]", false), RT_OTHER);
 	assert_int_equal(ev("", false), RT_OTHER);
 	assert_int_equal(ev("{\"type\":", false), RT_OTHER);
+}
+
+static void test_start_names(void **state)
+{
+	(void)state;
+	assert_string_equal(realtime_start_name(RT_CREATE), "response.create");
+	assert_string_equal(realtime_start_name(RT_COMMIT), "input_audio_buffer.commit");
+	assert_string_equal(realtime_start_name(RT_SPEECH_STOPPED), "input_audio_buffer.speech_stopped");
+	assert_string_equal(realtime_start_name(RT_COMMITTED), "input_audio_buffer.committed");
+	assert_string_equal(realtime_start_name(RT_CREATED), "response.created");
+	assert_null(realtime_start_name(RT_DELTA));
+	assert_null(realtime_start_name(RT_OTHER));
 }
 
 static void test_cut_and_usage(void **state)
@@ -83,6 +104,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_kinds),
+		cmocka_unit_test(test_start_names),
 		cmocka_unit_test(test_cut_and_usage),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
