@@ -73,6 +73,9 @@ void meter_restart(struct meter *m)
 	rec->resp_model[0] = '\0';
 	memset(&rec->hint, 0, sizeof(rec->hint));
 	rec->events = rec->token_events = rec->reasoning_events = rec->tool_call_events = 0;
+	rec->tpe_on = 0;
+	rec->tpe_last = 0;
+	rec->tpe_events = rec->tpe_tokens = 0;
 	for (int e = TL_UP_CONNECTED; e <= TL_RESP_END; e++)
 		rec->at[e] = 0;
 }
@@ -157,6 +160,13 @@ static void on_event(void *arg, const struct framer_event *ev)
 			flush_itl(m);
 		m->itl_run_gap = gap;
 		m->itl_run_n++;
+	}
+	/* A same-shape event left the usage as its shape's: nothing new to
+	 * count, and nothing to do on the path most token events take. */
+	if (kind != TOKEN_NONE && !ev->same_shape && rec->tpe_on >= 0) {
+		uint64_t n;
+		if (record_event_tokens(rec, &n))
+			stats_record_event_tokens(meter_series(m), n);
 	}
 }
 

@@ -377,6 +377,14 @@ void stats_record_itl_n(struct series *se, uint64_t gap_ns, unsigned load, uint6
 	mark_dirty(se);
 }
 
+void stats_record_event_tokens(struct series *se, uint64_t n)
+{
+	if (!se)
+		return;
+	slice_record_event_tokens(&se->slice, n);
+	mark_dirty(se);
+}
+
 void stats_record_itl(struct series *se, uint64_t gap_ns, unsigned load)
 {
 	stats_record_itl_n(se, gap_ns, load, 1);
