@@ -154,19 +154,22 @@ static void on_event(void *arg, const struct framer_event *ev)
 	timeline_mark(rec, TL_FIRST_EVENT, m->now);
 	if (rec->events <= 2 && !rec->resp_model[0] && ev->data)
 		find_resp_model(rec, ev->data, ev->data + ev->data_len);
-	enum token_kind kind = classify_event_shaped(rec->api, &m->framer, ev, &rec->usage, &rec->hint);
+	enum token_kind kind;
+	if (ev->same_shape) {
+		/* classify_event_shaped's answer; the usage stays its shape's,
+		 * so there is no new output count to take either */
+		kind = (enum token_kind)framer_shape_tag(&m->framer);
+	} else {
+		kind = classify_event_armed(rec->api, &m->framer, ev, &rec->usage, &rec->hint);
+		uint64_t n;
+		if (kind != TOKEN_NONE && rec->tpe_on >= 0 && record_event_tokens(rec, &n))
+			stats_record_event_tokens(meter_series(m), n);
+	}
 	if (kind != TOKEN_NONE && record_token_event_fast(rec, kind, m->now, &gap)) {
 		if (m->itl_run_n && gap != m->itl_run_gap)
 			flush_itl(m);
 		m->itl_run_gap = gap;
 		m->itl_run_n++;
-	}
-	/* A same-shape event left the usage as its shape's: nothing new to
-	 * count, and nothing to do on the path most token events take. */
-	if (kind != TOKEN_NONE && !ev->same_shape && rec->tpe_on >= 0) {
-		uint64_t n;
-		if (record_event_tokens(rec, &n))
-			stats_record_event_tokens(meter_series(m), n);
 	}
 }
 
