@@ -2,11 +2,12 @@
 """model_cap_mem.py — what a model series costs tokentap, to size
 store.max_models (docs/storage.md, "The model cap").
 
-For each N asked for (default 1, 32, 256, 1024), one tokentap (one worker,
-the store on, store.max_models N, flushed every 200 ms) in front of
+For each N asked for (default 1, 32, 256, 1024), one tokentap (--workers
+of them, default 1, the store on, store.max_models N, flushed every 200 ms) in front of
 tokentap-sim, and N distinct model names (as a Multi-LoRA server's
 adapters are named in `model`), each sent R streamed chat requests
-(default 2, 16 tokens each, no pauses). Once /stats shows the N series and
+(default 2, 16 tokens each, no pauses, a connection each, so that every
+worker sees most models). Once /stats shows the N series and
 two flushes more have passed, it reads the worker process's VmRSS and
 VmHWM (/proc) and the blocks the LMDB directory holds, and prints them with
 the cost per model over the first N (RSS and store bytes per series).
@@ -77,7 +78,7 @@ def dir_bytes(path):
     return n
 
 
-def run_one(build, n, per_model, tokens):
+def run_one(build, n, per_model, tokens, workers):
     work = tempfile.mkdtemp(prefix="tt-capmem-")
     procs = []
     try:
@@ -90,23 +91,24 @@ def run_one(build, n, per_model, tokens):
             f.write("store:\n  max_models: %d\nupstreams:\n  - name: sim\n    url: http://127.0.0.1:%d\n"
                     % (n, sim_port))
         tt = subprocess.Popen([os.path.join(build, "tokentap"), "-c", cfg, "-l", "127.0.0.1:%d" % tt_port, "--admin", "127.0.0.1:%d" % admin_port,
-                               "--data-dir", os.path.join(work, "data"), "--workers", "1",
+                               "--data-dir", os.path.join(work, "data"), "--workers", str(workers),
                                "--flush-interval", "200ms"],
                               stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "tt.err"), "w"))
         procs.append(tt)
         wait_until(lambda: get(admin_port, "/healthz")[0] == 200, 10, "tokentap's admin API")
         rss_idle = proc_kib(tt.pid, "VmRSS")
-        conn = http.client.HTTPConnection("127.0.0.1", tt_port, timeout=10)
         for i in range(n):
             body = json.dumps({"model": "base+lora-%05d" % i, "stream": True, "max_tokens": tokens,
                                "messages": [{"role": "user", "content": "adapter %d" % i}]})
             for _ in range(per_model):
+                # a connection each: the kernel spreads them over the workers
+                conn = http.client.HTTPConnection("127.0.0.1", tt_port, timeout=10)
                 conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
                 r = conn.getresponse()
                 r.read()
+                conn.close()
                 if r.status != 200:
                     raise SystemExit("model_cap_mem: status %d" % r.status)
-        conn.close()
 
         def all_series():
             st, b = get(admin_port, "/stats?window=all")
@@ -114,7 +116,7 @@ def run_one(build, n, per_model, tokens):
 
         wait_until(all_series, 60, "%d series in /stats" % n)
         time.sleep(0.5)  # two more flushes and their commits
-        return {"models": n, "requests": n * per_model, "rss_idle_kib": rss_idle,
+        return {"models": n, "workers": workers, "requests": n * per_model, "rss_idle_kib": rss_idle,
                 "rss_kib": proc_kib(tt.pid, "VmRSS"), "hwm_kib": proc_kib(tt.pid, "VmHWM"),
                 "store_bytes": dir_bytes(os.path.join(work, "data"))}
     finally:
@@ -134,9 +136,10 @@ def main():
     ap.add_argument("--models", default="1,32,256,1024", help="the Ns, comma-separated")
     ap.add_argument("--requests", type=int, default=2, help="requests per model (default 2)")
     ap.add_argument("--tokens", type=int, default=16, help="tokens per answer (default 16)")
+    ap.add_argument("--workers", type=int, default=1, help="tokentap's event loops (default 1)")
     ap.add_argument("--json", metavar="PATH", help="write the rows as JSON")
     a = ap.parse_args()
-    rows = [run_one(a.build, int(n), a.requests, a.tokens) for n in a.models.split(",")]
+    rows = [run_one(a.build, int(n), a.requests, a.tokens, a.workers) for n in a.models.split(",")]
     base = rows[0]
     print("%8s %10s %10s %10s %12s %14s %14s" % ("models", "rss_kib", "hwm_kib", "idle_kib", "store_kib",
                                                  "rss_B/model", "store_B/model"))
