@@ -53,6 +53,7 @@ struct sim_config sim_cfg = {
 	.cold_start_ms = 0,
 	.idle_ms = 30000,
 	.backlog_tokens = 4096,
+	.spec_tokens = 1,
 };
 
 struct sim_stats sim_stats;
@@ -124,6 +125,8 @@ static void usage(FILE *f)
 		"  --prefix-cache-tokens N  the prefix cache's size in tokens; the least recently\n"
 		"                      used blocks are evicted beyond it (default 65536)\n"
 		"  --tool-calls        answer every chat/Responses/Messages request with a tool call\n"
+		"  --spec-tokens N     chat/completions streams: each event carries 1 to N tokens\n"
+		"                      (speculative decoding), drawn from the seed (default 1)\n"
 		"\n"
 		"Continuous-batching model (off by default; see docs/simulator.md):\n"
 		"  --batching          same as --model-mode batch\n"
@@ -266,6 +269,7 @@ static bool known_flag(const char *flag)
 {
 	static const char *const flags[] = {
 		"--listen",
+		"--spec-tokens",
 		"--ttft-ms",
 		"--itl-ms",
 		"--events-per-write",
@@ -360,6 +364,10 @@ static void parse_args(int argc, char **argv, struct sockaddr_storage *ss, int *
 			sim_cfg.events_per_write = parse_u64(flag, val);
 		} else if (strcmp(flag, "--tokens") == 0) {
 			sim_cfg.tokens = parse_u64(flag, val);
+		} else if (strcmp(flag, "--spec-tokens") == 0) {
+			sim_cfg.spec_tokens = parse_u64(flag, val);
+			if (sim_cfg.spec_tokens < 1 || sim_cfg.spec_tokens > SIM_MAX_SPEC_TOKENS)
+				die_usage("--spec-tokens is 1 to %d, got '%s'.", SIM_MAX_SPEC_TOKENS, val);
 		} else if (strcmp(flag, "--seed") == 0) {
 			sim_cfg.seed = parse_u64(flag, val);
 		} else if (strcmp(flag, "--model-mode") == 0) {

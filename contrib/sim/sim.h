@@ -40,6 +40,9 @@
 struct evbuffer;
 struct event_base;
 
+/* Largest --spec-tokens / x-sim-spec-tokens: tokens one event may carry. */
+#define SIM_MAX_SPEC_TOKENS 64
+
 /* Largest --events-per-write / x-sim-events-per-write. */
 #define SIM_MAX_EVENTS_PER_WRITE 4096
 
@@ -62,6 +65,7 @@ struct sim_config {
 	bool prefix_cache;	     /* the prefix-cache model (sim_cache.c) */
 	uint64_t cache_tokens;	     /* its size: tokens held before evicting */
 	bool reasoning_hidden;	     /* reasoning takes time and counts, sends nothing */
+	uint64_t spec_tokens;	     /* chat/completions: up to this many tokens per event, 1 off */
 
 	/* --batching: a continuous-batching server (sim_batch.c). Off by
 	 * default; requests with x-sim-ttft-ms / x-sim-itl-ms keep the fixed
@@ -155,6 +159,7 @@ struct sim_api_request {
 	int64_t cache_write_tokens; /* x-sim-cache-write-tokens, -1 if absent */
 	int64_t tool_call;	    /* x-sim-tool-call 0 or 1, -1 if absent */
 	int64_t reasoning_hidden;   /* x-sim-reasoning-hidden 0 or 1, -1 if absent */
+	int64_t spec_tokens;	    /* x-sim-spec-tokens 1 to SIM_MAX_SPEC_TOKENS, -1 if absent */
 	const char *exception;	    /* x-sim-exception: a Bedrock stream ends in this exception, NULL none */
 	const char *header_error;   /* a malformed x-sim-* header, or NULL */
 	bool keep_alive;

@@ -251,6 +251,11 @@ static struct sim_stream *begin_generation(enum sim_endpoint ep, const struct si
 	s->details = json_is_true(json_object_get(json_object_get(req, "parameters"), "details"));
 	s->sse = ep == EP_GEMINI_STREAM && query_alt_sse(rq->query);
 	s->include_usage = json_is_true(json_object_get(json_object_get(req, "stream_options"), "include_usage"));
+	s->continuous_usage = s->include_usage && json_is_true(json_object_get(json_object_get(req, "stream_options"),
+									       "continuous_usage_stats"));
+	s->spec = ep == EP_CHAT || ep == EP_COMPLETIONS
+			  ? (rq->spec_tokens >= 0 ? (uint64_t)rq->spec_tokens : sim_cfg.spec_tokens)
+			  : 1;
 
 	if (rq->tokens >= 0)
 		s->n_out = (uint64_t)rq->tokens;
@@ -361,6 +366,7 @@ static struct sim_stream *begin_generation(enum sim_endpoint ep, const struct si
 	s->prng.state = sim_mix(sim_cfg.seed ^ sim_hash(rq->body, rq->body_len,
 							sim_hash(rq->path, strlen(rq->path), 0xcbf29ce484222325ULL)));
 	s->created = created_from_seed();
+	s->spec_prng.state = sim_mix(s->prng.state ^ 0x5bd1e995u); /* its own stream: the words stay the same */
 	set_id(s);
 
 	ttft_ms = rq->ttft_ms >= 0 ? (uint64_t)rq->ttft_ms : sim_cfg.ttft_ms;
@@ -678,15 +684,38 @@ void sim_api_token(struct sim_stream *s, struct evbuffer *out)
 	}
 	if (k == s->n_reason)
 		open_answer(s, out);
+	if (s->group_left > 0) {
+		/* a token of the group the last event carried */
+		s->group_left--;
+		s->emitted++;
+		return;
+	}
 	evbuffer_drain(s->piece, evbuffer_get_length(s->piece));
 	reasoning = draw_piece(s, s->piece);
 	p = buf_text(s->piece, &plen);
 	evbuffer_add(reasoning ? s->reason : s->text, p, plen);
-	p = buf_text(s->piece, &plen);
 	if (reasoning && s->hidden) {
 		s->emitted++; /* thought, not said: as OpenAI's hosted models */
+		s->counted++;
 		return;
 	}
+	if (s->spec > 1) {
+		/* 1 to spec tokens in this event, within reasoning or within
+		 * the answer, drawn up front (words keep their order) */
+		uint64_t end = reasoning ? s->n_reason : s->n_reason + s->n_out;
+		uint64_t g = 1 + sim_prng_next(&s->spec_prng) % s->spec;
+		if (g > end - k)
+			g = end - k;
+		for (uint64_t i = 1; i < g; i++) {
+			size_t before = evbuffer_get_length(s->piece);
+			draw_piece(s, s->piece);
+			p = buf_text(s->piece, &plen);
+			evbuffer_add(reasoning ? s->reason : s->text, p + before, plen - before);
+		}
+		s->group_left = g - 1;
+	}
+	s->counted += 1 + s->group_left;
+	p = buf_text(s->piece, &plen);
 	last = k + 1 == s->n_reason + s->n_out;
 	switch (s->ep) {
 	case EP_CHAT: openai_chat_token(s, k, reasoning, p, plen); break;

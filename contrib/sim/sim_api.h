@@ -54,7 +54,17 @@ struct sim_stream {
 	enum sim_endpoint ep;
 	bool streaming;
 	bool include_usage; /* OpenAI stream_options.include_usage */
-	bool hit_limit;	    /* stopped by max_tokens: "length" */
+	/* ... with continuous_usage_stats too (vLLM): usage on every chunk,
+	 * completion_tokens counting what the chunks so far carried */
+	bool continuous_usage;
+	/* Speculative decoding (--spec-tokens, x-sim-spec-tokens): each chat
+	 * or completions event carries 1 to `spec` tokens, the group drawn
+	 * from spec_prng when its first token is due; the rest of the group's
+	 * token steps send nothing (group_left of them remain). */
+	uint64_t spec, group_left;
+	struct sim_prng spec_prng;
+	uint64_t counted; /* output tokens the events so far carried (their usage) */
+	bool hit_limit;	  /* stopped by max_tokens: "length" */
 	bool keep_alive;
 	bool details;			  /* TGI: parameters.details, the body's "details" */
 	uint64_t n_in;			  /* prompt tokens, ceil(text bytes / 4) >= 1 */

@@ -77,6 +77,7 @@ struct sim_req {
 	int64_t ttft_ms, itl_ms, tokens; /* x-sim-* overrides, -1 absent */
 	int64_t events_per_write;	 /* x-sim-events-per-write, -1 absent */
 	int64_t reasoning_tokens, think_ms, cached_tokens, cache_write_tokens, tool_call, reasoning_hidden;
+	int64_t spec_tokens;
 	char *exception; /* x-sim-exception, NULL if absent */
 	char *ws_key;	 /* Sec-WebSocket-Key, NULL if absent */
 	bool ws_upgrade; /* "Upgrade: websocket" */
@@ -262,6 +263,7 @@ static void req_start(struct sim_conn *c, struct sim_req *r)
 		.cache_write_tokens = r->cache_write_tokens,
 		.tool_call = r->tool_call,
 		.reasoning_hidden = r->reasoning_hidden,
+		.spec_tokens = r->spec_tokens,
 		.exception = r->exception,
 		.header_error = r->header_error,
 		.keep_alive = r->keep_alive && r->parse_error == NULL,
@@ -493,7 +495,7 @@ static int on_message_begin(llhttp_t *p)
 	}
 	r->ttft_ms = r->itl_ms = r->tokens = r->events_per_write = -1;
 	r->reasoning_tokens = r->think_ms = r->cached_tokens = r->cache_write_tokens = r->tool_call = -1;
-	r->reasoning_hidden = -1;
+	r->reasoning_hidden = r->spec_tokens = -1;
 	r->state = REQ_RECEIVING;
 	if (c->tail != NULL)
 		c->tail->next = r;
@@ -622,6 +624,9 @@ static int on_header_value_complete(llhttp_t *p)
 	} else if (strcasecmp(c->field, "x-sim-reasoning-hidden") == 0) {
 		ov = &r->reasoning_hidden;
 		which = "x-sim-reasoning-hidden must be 0 or 1";
+	} else if (strcasecmp(c->field, "x-sim-spec-tokens") == 0) {
+		ov = &r->spec_tokens;
+		which = "x-sim-spec-tokens must be an integer from 1 to 64";
 	} else if (strcasecmp(c->field, "x-sim-exception") == 0) {
 		free(r->exception);
 		r->exception = NULL;
@@ -634,7 +639,8 @@ static int on_header_value_complete(llhttp_t *p)
 	if (ov != NULL) {
 		*ov = c->value_overflow ? -1 : parse_count(v);
 		if (*ov < 0 || ((ov == &r->tool_call || ov == &r->reasoning_hidden) && *ov > 1) ||
-		    (ov == &r->events_per_write && (*ov < 1 || *ov > SIM_MAX_EVENTS_PER_WRITE)))
+		    (ov == &r->events_per_write && (*ov < 1 || *ov > SIM_MAX_EVENTS_PER_WRITE)) ||
+		    (ov == &r->spec_tokens && (*ov < 1 || *ov > SIM_MAX_SPEC_TOKENS)))
 			r->header_error = which;
 	}
 	c->field_len = 0;

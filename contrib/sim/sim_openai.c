@@ -35,6 +35,20 @@ static void openai_usage(struct sim_stream *s, struct evbuffer *b)
 	evbuffer_add(b, "}", 1);
 }
 
+/* The end of a chunk, `]}` and the blank line; with continuous usage the
+ * usage of the chunks so far in between, as vLLM's continuous_usage_stats
+ * puts it on every chunk. */
+static void openai_chunk_end(struct sim_stream *s)
+{
+	evbuffer_add(s->ev, "]", 1);
+	if (s->continuous_usage)
+		evbuffer_add_printf(s->ev,
+				    ",\"usage\":{\"prompt_tokens\":%" PRIu64 ",\"completion_tokens\":%" PRIu64
+				    ",\"total_tokens\":%" PRIu64 "}",
+				    s->n_in, s->counted, s->n_in + s->counted);
+	evbuffer_add(s->ev, "}\n\n", 3);
+}
+
 static const char *openai_object(const struct sim_stream *s, bool chunk)
 {
 	if (s->ep == EP_COMPLETIONS)
@@ -60,7 +74,8 @@ void openai_preamble(struct sim_stream *s, struct evbuffer *out)
 	openai_prefix(s, s->ev, "chat.completion.chunk");
 	evbuffer_add_printf(s->ev,
 			    "{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
-			    "\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+			    "\"logprobs\":null,\"finish_reason\":null}");
+	openai_chunk_end(s);
 	emit_chunk(s, out);
 }
 
@@ -85,7 +100,8 @@ void openai_chat_token(struct sim_stream *s, uint64_t k, bool reasoning, const c
 		evbuffer_add(s->ev, "{\"index\":0,\"delta\":{\"content\":", 30);
 		sim_json_str(s->ev, p, plen);
 	}
-	evbuffer_add_printf(s->ev, "},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+	evbuffer_add_printf(s->ev, "},\"logprobs\":null,\"finish_reason\":null}");
+	openai_chunk_end(s);
 }
 
 /* One completions token. */
@@ -95,7 +111,8 @@ void openai_completion_token(struct sim_stream *s, const char *p, size_t plen)
 	openai_prefix(s, s->ev, "text_completion");
 	evbuffer_add(s->ev, "{\"index\":0,\"text\":", 18);
 	sim_json_str(s->ev, p, plen);
-	evbuffer_add_printf(s->ev, ",\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+	evbuffer_add_printf(s->ev, ",\"logprobs\":null,\"finish_reason\":null}");
+	openai_chunk_end(s);
 }
 
 /* The finish chunk, the usage chunk when asked for, [DONE]. */
@@ -105,6 +122,10 @@ void openai_finish_stream(struct sim_stream *s, struct evbuffer *out)
 	openai_prefix(s, s->ev, openai_object(s, true));
 	evbuffer_add_printf(s->ev, "{\"index\":0,%s,\"logprobs\":null,\"finish_reason\":\"%s\"}]",
 			    s->ep == EP_CHAT ? "\"delta\":{}" : "\"text\":\"\"", finish_reason(s));
+	if (s->continuous_usage) {
+		evbuffer_add(s->ev, ",", 1);
+		openai_usage(s, s->ev);
+	}
 	/* llama.cpp: timings on the burst's last chunk; vLLM: only
 	 * on the usage chunk */
 	if (!s->include_usage && sim_cfg.server_timing == SIM_TIMING_LLAMACPP)

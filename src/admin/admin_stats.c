@@ -29,6 +29,7 @@ static const struct unit_view {
 	[UNIT_US] = { "_ms", 1000.0 },		    /* stored µs */
 	[UNIT_MILLI] = { "_tokens_per_s", 1000.0 }, /* slice.h: decode rate in milli-tokens/s */
 	[UNIT_COUNT] = { "", 1.0 },
+	[UNIT_MILLI_COUNT] = { "", 1000.0 }, /* a mean count in thousandths */
 };
 
 static const struct {

@@ -4,7 +4,7 @@
  *
  * Families, each with # HELP and # TYPE, in this order: one histogram
  * tokentap_<metric>_seconds per time metric of HIST_METRICS (names and help
- * generated from the X-macro), then the counters (the plain ones from
+ * generated from the X-macro), tokens per event, then the counters (the plain ones from
  * SLICE_COUNTERS' exported rows). Every family lists every (route,
  * upstream, model) group, warm and cold requests merged, so a series never
  * appears in one family and not in its neighbour. Then the gauges of what
@@ -165,6 +165,43 @@ static void histogram_family(struct writer *w, const char *pre, const struct sta
 	}
 }
 
+/* Tokens per token event, a small count: le edges on whole tokens (a
+ * bucket of its own for each value below 128 in a struct hist, so the
+ * cumulative counts are exact), then the streams that reported it (the
+ * requests of the per-request row). */
+static const unsigned tpe_le[] = { 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 64 };
+#define TPE_LE_COUNT (sizeof(tpe_le) / sizeof(tpe_le[0]))
+
+static void tokens_per_event_families(struct writer *w, const char *pre, const struct stats_groups *gs, char **labels)
+{
+	emit(w, "# HELP %stokens_per_event %s (definition: docs/metrics.md).\n", pre, hist_help[HM_TOKENS_PER_EVENT]);
+	emit(w, "# TYPE %stokens_per_event histogram\n", pre);
+	for (size_t i = 0; i < gs->n; i++) {
+		const struct hist *h = gs->g[i].slice.slot[HM_TOKENS_PER_EVENT];
+		uint64_t count = h ? h->count : 0, cum = 0;
+		unsigned v = 0;
+		for (size_t b = 0; b < TPE_LE_COUNT; b++) {
+			for (; h && v <= tpe_le[b]; v++)
+				cum += h->buckets[hist_index(v)];
+			emit(w, "%stokens_per_event_bucket{%s,le=\"%u\"} %llu\n", pre, labels[i], tpe_le[b],
+			     (unsigned long long)cum);
+		}
+		emit(w, "%stokens_per_event_bucket{%s,le=\"+Inf\"} %llu\n", pre, labels[i], (unsigned long long)count);
+		emit(w, "%stokens_per_event_sum{%s} %llu\n", pre, labels[i], (unsigned long long)(count ? h->sum : 0));
+		emit(w, "%stokens_per_event_count{%s} %llu\n", pre, labels[i], (unsigned long long)count);
+	}
+	emit(w,
+	     "# HELP %stokens_per_event_streams_total Streams whose server counted its output on every event "
+	     "(tokens per event measured).\n",
+	     pre);
+	emit(w, "# TYPE %stokens_per_event_streams_total counter\n", pre);
+	for (size_t i = 0; i < gs->n; i++) {
+		const struct hist *h = gs->g[i].slice.slot[HM_REQUEST_TOKENS_PER_EVENT];
+		emit(w, "%stokens_per_event_streams_total{%s} %llu\n", pre, labels[i],
+		     (unsigned long long)(h ? h->count : 0));
+	}
+}
+
 static void counter_families(struct writer *w, const char *pre, const struct stats_groups *gs, char **labels)
 {
 	const size_t status_prefix = strlen("status_");
@@ -215,6 +252,7 @@ int prom_render(struct evbuffer *out, const struct store_result *r)
 	for (unsigned m = 0; m < HM__COUNT; m++)
 		if (hist_metric_unit((enum hist_metric)m) == UNIT_US)
 			histogram_family(&w, "tokentap_", &gs, labels, (enum hist_metric)m);
+	tokens_per_event_families(&w, "tokentap_", &gs, labels);
 	counter_families(&w, "tokentap_", &gs, labels);
 	if (w.failed)
 		goto fail;

@@ -73,6 +73,9 @@ void meter_restart(struct meter *m)
 	rec->resp_model[0] = '\0';
 	memset(&rec->hint, 0, sizeof(rec->hint));
 	rec->events = rec->token_events = rec->reasoning_events = rec->tool_call_events = 0;
+	rec->tpe_on = 0;
+	rec->tpe_last = 0;
+	rec->tpe_events = rec->tpe_tokens = 0;
 	for (int e = TL_UP_CONNECTED; e <= TL_RESP_END; e++)
 		rec->at[e] = 0;
 }
@@ -151,7 +154,17 @@ static void on_event(void *arg, const struct framer_event *ev)
 	timeline_mark(rec, TL_FIRST_EVENT, m->now);
 	if (rec->events <= 2 && !rec->resp_model[0] && ev->data)
 		find_resp_model(rec, ev->data, ev->data + ev->data_len);
-	enum token_kind kind = classify_event_shaped(rec->api, &m->framer, ev, &rec->usage, &rec->hint);
+	enum token_kind kind;
+	if (ev->same_shape) {
+		/* classify_event_shaped's answer; the usage stays its shape's,
+		 * so there is no new output count to take either */
+		kind = (enum token_kind)framer_shape_tag(&m->framer);
+	} else {
+		kind = classify_event_armed(rec->api, &m->framer, ev, &rec->usage, &rec->hint);
+		uint64_t n;
+		if (kind != TOKEN_NONE && rec->tpe_on >= 0 && record_event_tokens(rec, &n))
+			stats_record_event_tokens(meter_series(m), n);
+	}
 	if (kind != TOKEN_NONE && record_token_event_fast(rec, kind, m->now, &gap)) {
 		if (m->itl_run_n && gap != m->itl_run_gap)
 			flush_itl(m);

@@ -76,17 +76,35 @@ struct route_models {
 	struct model_slot *slots; /* cap slots */
 	unsigned cap;
 	_Atomic uint64_t evict_at_ms;
+	_Atomic bool full_noted; /* the warning that the list is full was logged */
 	struct route_models *next;
 };
 
 /* One cap's lists: the models' and the tenants' (the same rules, apart). */
 struct name_cap {
 	_Atomic(struct route_models *) routes;
-	const char *what; /* "model", "tenant": for the log */
+	const char *what;    /* "model", "tenant": for the log */
+	const char *setting; /* the cap's setting, for the log */
 };
 
 static pthread_mutex_t models_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct name_cap model_cap = { NULL, "model" }, tenant_cap = { NULL, "tenant" };
+static struct name_cap model_cap = { NULL, "model", "store.max_models" },
+		       tenant_cap = { NULL, "tenant", "tenant.max_per_route" };
+
+/* A name answered 2xx found the route's list full (none idle yet): said
+ * once per route, as a list that fills is what a server with many models
+ * (one per LoRA adapter) meets, and every name after it counts as other. */
+static void note_full(const struct name_cap *nc, struct route_models *r, const char *name)
+{
+	if (atomic_load_explicit(&r->full_noted, memory_order_relaxed) ||
+	    atomic_exchange_explicit(&r->full_noted, true, memory_order_relaxed))
+		return;
+	log_warn(
+		"stats: route %s: %s list full (%s: %u); %s and further new names are counted as \"other\" "
+		"until a tracked one goes idle: raise %s to track more (each name costs memory: docs/storage.md, "
+		"\"The model cap\"); said once",
+		r->route, nc->what, nc->setting, r->cap, name, nc->setting);
+}
 
 #define SERIES_BUCKETS 256
 
@@ -207,6 +225,7 @@ static struct model_slot *name_admit(struct name_cap *nc, unsigned cap, uint64_t
 	uint64_t h = fnv1a(model, strlen(model)) | 1, now;
 	struct route_models *r = route_find(nc, route);
 	struct model_slot *found = NULL;
+	bool full = false;
 
 	if (!r && !ok)
 		return NULL;
@@ -217,9 +236,12 @@ static struct model_slot *name_admit(struct name_cap *nc, unsigned cap, uint64_t
 			maybe |= hv == h;
 			room |= hv == 0;
 		}
-		if (!maybe &&
-		    (!ok || (!room && now_ms() < atomic_load_explicit(&r->evict_at_ms, memory_order_relaxed))))
+		if (!maybe && !ok)
 			return NULL;
+		if (!maybe && !room && now_ms() < atomic_load_explicit(&r->evict_at_ms, memory_order_relaxed)) {
+			note_full(nc, r, model);
+			return NULL;
+		}
 	}
 	pthread_mutex_lock(&models_lock);
 	now = now_ms();
@@ -255,6 +277,7 @@ static struct model_slot *name_admit(struct name_cap *nc, unsigned cap, uint64_t
 			atomic_store_explicit(&lru->seen_ms, now, memory_order_relaxed);
 			found = lru;
 		}
+		full = lru == NULL;
 	}
 	if (found) {
 		slot_touch(found, now, 0);
@@ -263,6 +286,8 @@ static struct model_slot *name_admit(struct name_cap *nc, unsigned cap, uint64_t
 	atomic_store_explicit(&r->evict_at_ms, evict_at(r, idle_ms), memory_order_relaxed);
 out:
 	pthread_mutex_unlock(&models_lock);
+	if (full)
+		note_full(nc, r, model);
 	return found;
 }
 
@@ -374,6 +399,14 @@ void stats_record_itl_n(struct series *se, uint64_t gap_ns, unsigned load, uint6
 	if (!se || n == 0)
 		return;
 	slice_record_itl_n(&se->slice, gap_ns, load, n);
+	mark_dirty(se);
+}
+
+void stats_record_event_tokens(struct series *se, uint64_t n)
+{
+	if (!se)
+		return;
+	slice_record_event_tokens(&se->slice, n);
 	mark_dirty(se);
 }
 

@@ -19,7 +19,9 @@
 #include "hist.h"
 #include "timeline.h"
 
-enum metric_unit { UNIT_US, UNIT_MILLI, UNIT_COUNT };
+/* UNIT_MILLI: rates in milli-units/s; UNIT_MILLI_COUNT: a mean count in
+ * thousandths (tokens per event of a request). */
+enum metric_unit { UNIT_US, UNIT_MILLI, UNIT_COUNT, UNIT_MILLI_COUNT };
 
 /* (ENUM, name, stored unit, source, help). Times are stored in µs and
  * shown in ms; decode rate is stored in milli-tokens/s and shown in
@@ -63,7 +65,11 @@ enum metric_unit { UNIT_US, UNIT_MILLI, UNIT_COUNT };
 	  "What neither tokentap nor the server accounts for (network, server front end), from 0; " \
 	  "requests whose server reported timings") \
 	X(PER_INPUT, per_input, UNIT_US, RM_PER_INPUT, \
-	  "Whole request over its inputs: the time per input of a batch (embeddings, rerank, score, classify)")
+	  "Whole request over its inputs: the time per input of a batch (embeddings, rerank, score, classify)") \
+	X(TOKENS_PER_EVENT, tokens_per_event, UNIT_COUNT, RM_NONE, \
+	  "Tokens one token event carried, where the server counts its output on every event") \
+	X(REQUEST_TOKENS_PER_EVENT, request_tokens_per_event, UNIT_MILLI_COUNT, RM_TOKENS_PER_EVENT, \
+	  "Mean tokens per token event of a request, where the server counts its output on every event")
 
 enum hist_metric {
 #define X(e, n, u, src, help) HM_##e,
@@ -179,6 +185,14 @@ static inline void slice_record_itl_n(struct slice *s, uint64_t gap_ns, unsigned
 		hist_record_n(h, us, n);
 	if (c)
 		hist_record_n(c, us, n);
+}
+
+/* Records one token event that carried `n` tokens (record_event_tokens). */
+static inline void slice_record_event_tokens(struct slice *s, uint64_t n)
+{
+	struct hist *h = slice_hist(s, HM_TOKENS_PER_EVENT);
+	if (h)
+		hist_record(h, n);
 }
 
 /* Records one ITL gap. */

@@ -75,6 +75,25 @@ static void note_kind(struct req_record *r, enum token_kind kind, uint64_t now)
 	timeline_mark(r, TL_FIRST_ANSWER, now);
 }
 
+bool record_event_tokens(struct req_record *r, uint64_t *n)
+{
+	int64_t out = r->usage.output_tokens;
+
+	if (r->tpe_on == 0)
+		r->tpe_on = (r->api == API_OPENAI_CHAT || r->api == API_OPENAI_COMPLETIONS) && out >= 0 ? 1 : -1;
+	if (r->tpe_on < 0 || out == r->tpe_last)
+		return false;
+	if (out < r->tpe_last) {
+		r->tpe_on = -1;
+		return false;
+	}
+	*n = (uint64_t)(out - r->tpe_last);
+	r->tpe_last = out;
+	r->tpe_events++;
+	r->tpe_tokens += *n;
+	return true;
+}
+
 bool record_token_event(struct req_record *r, enum token_kind kind, uint64_t now, uint64_t *gap_out)
 {
 	r->token_events++;
@@ -202,6 +221,7 @@ void record_derive(const struct req_record *r, double out[RM__COUNT])
 		out[RM_PER_INPUT] = out[RM_E2E] / (double)r->inputs;
 	if (answered && r->inputs >= 0 && r->usage.input_tokens >= 0 && out[RM_E2E] > 0)
 		out[RM_INPUT_RATE] = (double)r->usage.input_tokens / (out[RM_E2E] / 1e3);
+	out[RM_TOKENS_PER_EVENT] = r->tpe_events ? (double)r->tpe_tokens / (double)r->tpe_events : NAN;
 	out[RM_TPOT] = NAN;
 	out[RM_DECODE_RATE] = NAN;
 	if (n > 1 && !isnan(decode)) {

@@ -66,7 +66,8 @@ enum tl_event {
 	X(UNATTRIBUTED, unattributed_ms, "ms") \
 	X(PER_INPUT, per_input_ms, "ms") \
 	X(INPUT_RATE, input_tps, "tokens/s") \
-	X(SERVER_TTFT, server_ttft_ms, "ms")
+	X(SERVER_TTFT, server_ttft_ms, "ms") \
+	X(TOKENS_PER_EVENT, tokens_per_event, "tokens")
 
 enum req_metric {
 #define X(e, k, u) RM_##e,
@@ -153,6 +154,13 @@ struct req_record {
 	struct classify_hint hint; /* where the stream's last token event held its text */
 	uint64_t events, token_events;
 	uint64_t reasoning_events, tool_call_events; /* of token_events: what they carried */
+	/* Tokens per token event, where the server counts its output on
+	 * every chunk (vLLM's continuous_usage_stats): tpe_on 0 until the
+	 * first token event decides, 1 counted, -1 not (record_event_tokens);
+	 * tpe_last the output count at the last counted event. */
+	int8_t tpe_on;
+	int64_t tpe_last;
+	uint64_t tpe_events, tpe_tokens;
 	uint64_t bytes_in, bytes_out;
 	uint64_t at[TL__COUNT];
 	/* The gaps themselves (the first ITL_SAMPLES_MAX), kept only with
@@ -226,6 +234,15 @@ static inline bool record_token_event_fast(struct req_record *r, enum token_kind
 		r->itl_ns[r->itl_n++] = g;
 	return true;
 }
+
+/* After a token event that was classified in full (not a same-shape one,
+ * whose usage is its shape's): when the stream counts its output on every
+ * event — an OpenAI chat or completions stream whose first token event
+ * already carried usage — how many tokens this event carried, the rise of
+ * the output count since the last counted event, into *n; false when the
+ * stream does not (decided at its first token event, for good), or the
+ * count did not rise. A count that falls stops the counting. */
+bool record_event_tokens(struct req_record *r, uint64_t *n);
 
 /* At the response's end: when the server's own word says it failed or is
  * incomplete (usage.outcome, from a Responses stream's terminal event or

@@ -4,7 +4,8 @@ percentiles) with this build against itself for one round of scenario (c),
 late_gaps.py for one round of 20 requests, direct and through tokentap,
 same_output.py comparing this build with itself, and sim_same_output.py
 comparing this build's simulator with itself (--quick) and with the same
-simulator on another seed, which it must report as different.
+simulator on another seed, which it must report as different, and
+model_cap_mem.py for 1 and 8 models.
 routing.py and instr.py have smoke tests of their own (test_routing_bench,
 test_instr). Neither script here may install anything (nginx and HAProxy are
 not asked for). Each must exit 0 and print, per target, figures that show
@@ -66,6 +67,14 @@ class LabSmoke(harness.TestCase):
         self.assertIsNotNone(m, out[-2000:])
         self.assertEqual(int(m.group(1)), 21, "7 requests, 3 rounds: each logged")
         self.assertGreater(int(m.group(2)), 100)
+
+    def test_model_cap_mem_small(self):
+        out = self.run_script(os.path.join(LAB, "model_cap_mem.py"), "--build", self.build, "--models", "1,8")
+        rows = {int(m.group(1)): m.groups() for m in re.finditer(r"^ +(\d+) +(\d+) +(\d+) +(\d+) +(\d+) +(\S+) +(\S+)$",
+                                                               out, re.M)}
+        self.assertEqual(set(rows), {1, 8}, out[-2000:])
+        self.assertGreater(int(rows[8][1]), int(rows[1][1]), "RSS grows with the models tracked")
+        self.assertGreater(float(rows[8][5]), 0, "RSS per model")
 
     def test_sim_same_output(self):
         sim = os.path.join(self.build, "contrib", "sim", "tokentap-sim")

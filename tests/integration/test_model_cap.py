@@ -1,9 +1,9 @@
 """test_model_cap.py — which model names a route tracks (store.max_models):
 a name is admitted only with a successful (2xx) answer from the upstream, so
 requests naming junk models that the upstream refuses cannot crowd out the
-real ones; a failed request naming an admitted model stays under it; and a
+real ones; a failed request naming an admitted model stays under it; a
 name idle for store.model_idle gives its slot to a new one when the list is
-full."""
+full; and a list that fills is said once per route."""
 
 import json
 import os
@@ -102,6 +102,33 @@ class ModelCapTest(harness.TestCase):
         self.assertEqual(rh.send(tt.port, rh.chat(model="b")).status, 200)  # b lost its slot
         got = self.by_model(admin, 7)
         self.assertEqual(got, {"a": 2, "b": 1, "c": 1, "other": 3}, got)
+
+    def test_full_list_said_once(self):
+        """A name answered 2xx that finds the list full (one per adapter of a
+        Multi-LoRA server overflows it) is logged once per route, naming the
+        setting to raise; names the upstream refused never are."""
+        up = model_upstream(self, {"a", "b", "c", "d"})
+        tt, admin = self.start("store:\n  max_models: 2\n" + rh.upstreams_yaml({"up": up.url}) +
+                               "routes:\n  - name: main\n    upstream: up\n")
+
+        def full_lines():
+            return [ln for ln in tt.stderr_text().split("\n") if "list full" in ln]
+
+        for m in ("a", "b"):
+            self.assertEqual(rh.send(tt.port, rh.chat(model=m)).status, 200)
+        for i in range(3):  # refused by the upstream: not a name to track
+            self.assertEqual(rh.send(tt.port, rh.chat(model="junk-%d" % i)).status, 404)
+        self.by_model(admin, 5)
+        self.assertEqual(full_lines(), [])
+        for m in ("c", "d", "c"):
+            self.assertEqual(rh.send(tt.port, rh.chat(model=m)).status, 200)
+        got = self.by_model(admin, 8)
+        self.assertEqual(got, {"a": 1, "b": 1, "other": 6}, got)
+        lines = full_lines()
+        self.assertEqual(len(lines), 1, lines)
+        self.assertIn("route main: model list full (store.max_models: 2)", lines[0])
+        self.assertIn("raise store.max_models", lines[0])
+        self.assertRegex(lines[0], r"; [cd] and further new names")
 
 
 if __name__ == "__main__":
