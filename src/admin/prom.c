@@ -172,29 +172,45 @@ static void histogram_family(struct writer *w, const char *pre, const struct sta
 static const unsigned tpe_le[] = { 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 64 };
 #define TPE_LE_COUNT (sizeof(tpe_le) / sizeof(tpe_le[0]))
 
+size_t prom_tpe_le_count(void)
+{
+	return TPE_LE_COUNT;
+}
+
+unsigned prom_tpe_le(size_t i)
+{
+	return tpe_le[i];
+}
+
+void prom_tpe_counts(const struct hist *h, uint64_t *cum)
+{
+	uint64_t c = 0;
+	unsigned v = 0;
+
+	for (size_t b = 0; b < TPE_LE_COUNT; b++) {
+		for (; h && v <= tpe_le[b]; v++)
+			c += h->buckets[hist_index(v)];
+		cum[b] = c;
+	}
+}
+
 static void tokens_per_event_families(struct writer *w, const char *pre, const struct stats_groups *gs, char **labels)
 {
 	emit(w, "# HELP %stokens_per_event %s (definition: docs/metrics.md).\n", pre, hist_help[HM_TOKENS_PER_EVENT]);
 	emit(w, "# TYPE %stokens_per_event histogram\n", pre);
 	for (size_t i = 0; i < gs->n; i++) {
 		const struct hist *h = gs->g[i].slice.slot[HM_TOKENS_PER_EVENT];
-		uint64_t count = h ? h->count : 0, cum = 0;
-		unsigned v = 0;
-		for (size_t b = 0; b < TPE_LE_COUNT; b++) {
-			for (; h && v <= tpe_le[b]; v++)
-				cum += h->buckets[hist_index(v)];
+		uint64_t count = h ? h->count : 0, cum[TPE_LE_COUNT];
+		prom_tpe_counts(h, cum);
+		for (size_t b = 0; b < TPE_LE_COUNT; b++)
 			emit(w, "%stokens_per_event_bucket{%s,le=\"%u\"} %llu\n", pre, labels[i], tpe_le[b],
-			     (unsigned long long)cum);
-		}
+			     (unsigned long long)cum[b]);
 		emit(w, "%stokens_per_event_bucket{%s,le=\"+Inf\"} %llu\n", pre, labels[i], (unsigned long long)count);
 		emit(w, "%stokens_per_event_sum{%s} %llu\n", pre, labels[i], (unsigned long long)(count ? h->sum : 0));
 		emit(w, "%stokens_per_event_count{%s} %llu\n", pre, labels[i], (unsigned long long)count);
 	}
-	emit(w,
-	     "# HELP %stokens_per_event_streams_total Streams whose server counted its output on every event "
-	     "(tokens per event measured).\n",
-	     pre);
-	emit(w, "# TYPE %stokens_per_event_streams_total counter\n", pre);
+	emit(w, "# HELP %stokens_per_event_streams_total %s\n# TYPE %stokens_per_event_streams_total counter\n", pre,
+	     PROM_TPE_STREAMS_HELP, pre);
 	for (size_t i = 0; i < gs->n; i++) {
 		const struct hist *h = gs->g[i].slice.slot[HM_REQUEST_TOKENS_PER_EVENT];
 		emit(w, "%stokens_per_event_streams_total{%s} %llu\n", pre, labels[i],

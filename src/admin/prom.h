@@ -38,6 +38,14 @@ int prom_render(struct evbuffer *out, const struct store_result *r) __attribute_
  * families' sums stay whole. 0, or -1 when out of memory. */
 int prom_render_tenants(struct evbuffer *out, const struct store_result *r) __attribute__((warn_unused_result));
 
+/* tokentap_tokens_per_event's `le` edges (whole tokens, 1 to 64) and the
+ * cumulative counts of `h` (NULL: empty) at each, exact: cum must hold
+ * prom_tpe_le_count() entries. */
+size_t prom_tpe_le_count(void);
+unsigned prom_tpe_le(size_t i);
+void prom_tpe_counts(const struct hist *h, uint64_t *cum);
+#define PROM_TPE_STREAMS_HELP "Streams whose server counted its output on every event (tokens per event measured)."
+
 /* Appends the gauges tokentap_in_flight and tokentap_queued, labelled by
  * upstream, from `g` (upstream_gauges: entries of one name are added up,
  * names sorted), then the engine families (prom_engine_families). 0, or -1

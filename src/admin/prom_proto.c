@@ -427,6 +427,12 @@ static bool fill_histogram(struct render *r, pb_hist *ph, const struct hist *h)
 	return true;
 }
 
+static const char *const hist_help[HM__COUNT] = {
+#define X(e, nm, u, src, help) help,
+	HIST_METRICS(X)
+#undef X
+};
+
 static void histogram_family(struct render *r, enum hist_metric hm, const char *help)
 {
 	const struct stats_groups *gs = r->gs;
@@ -463,6 +469,62 @@ static pb_metric *counter_metric(struct render *r, size_t gi, size_t extra, uint
 	c->value = (double)v;
 	m->counter = c;
 	return m;
+}
+
+/* tokentap_tokens_per_event (classic buckets on whole tokens, no native
+ * ones: a small exact count, not a time) and its streams counter, as
+ * prom_render writes them. */
+static void tokens_per_event_families(struct render *r)
+{
+	const struct stats_groups *gs = r->gs;
+	size_t le_n = prom_tpe_le_count();
+	char name[96], text[320];
+
+	snprintf(name, sizeof(name), "%stokens_per_event", r->pre);
+	snprintf(text, sizeof(text), "%s (definition: docs/metrics.md).", hist_help[HM_TOKENS_PER_EVENT]);
+	pb_family *f = family_new(r, name, text, IO__PROMETHEUS__CLIENT__METRIC_TYPE__HISTOGRAM, gs->n);
+	for (size_t i = 0; f && i < gs->n; i++) {
+		const struct hist *h = gs->g[i].slice.slot[HM_TOKENS_PER_EVENT];
+		pb_metric *m = group_metric(r, i, 0);
+		pb_hist *ph = arena_alloc(&r->arena, 1, sizeof(*ph));
+		pb_bucket *b = arena_alloc(&r->arena, le_n + 1, sizeof(*b));
+		pb_bucket **bp = arena_alloc(&r->arena, le_n + 1, sizeof(*bp));
+		uint64_t *cum = arena_alloc(&r->arena, le_n, sizeof(*cum));
+		if (!m || !ph || !b || !bp || !cum)
+			break;
+		io__prometheus__client__histogram__init(ph);
+		ph->has_sample_count = ph->has_sample_sum = true;
+		ph->sample_count = h ? h->count : 0;
+		ph->sample_sum = h && h->count ? (double)h->sum : 0.0;
+		prom_tpe_counts(h, cum);
+		for (size_t k = 0; k <= le_n; k++) {
+			io__prometheus__client__bucket__init(&b[k]);
+			b[k].has_cumulative_count = b[k].has_upper_bound = true;
+			b[k].cumulative_count = k < le_n ? cum[k] : ph->sample_count;
+			b[k].upper_bound = k < le_n ? (double)prom_tpe_le(k) : INFINITY;
+			bp[k] = &b[k];
+		}
+		ph->bucket = bp;
+		ph->n_bucket = le_n + 1;
+		m->histogram = ph;
+		f->metric[f->n_metric++] = m;
+	}
+	if (!f)
+		r->arena.failed = true;
+	family_flush(r, f);
+
+	snprintf(name, sizeof(name), "%stokens_per_event_streams_total", r->pre);
+	f = family_new(r, name, PROM_TPE_STREAMS_HELP, IO__PROMETHEUS__CLIENT__METRIC_TYPE__COUNTER, gs->n);
+	for (size_t i = 0; f && i < gs->n; i++) {
+		const struct hist *h = gs->g[i].slice.slot[HM_REQUEST_TOKENS_PER_EVENT];
+		pb_metric *m = counter_metric(r, i, 0, h ? h->count : 0);
+		if (!m)
+			break;
+		f->metric[f->n_metric++] = m;
+	}
+	if (!f)
+		r->arena.failed = true;
+	family_flush(r, f);
 }
 
 static void counter_families(struct render *r)
@@ -674,12 +736,6 @@ static void gauge_families(struct render *r, const struct upstream_gauge *g, siz
 	engine_families(r, g, n);
 }
 
-static const char *const hist_help[HM__COUNT] = {
-#define X(e, nm, u, src, help) help,
-	HIST_METRICS(X)
-#undef X
-};
-
 int prom_render_proto(struct evbuffer *out, const struct store_result *res, const struct upstream_gauge *g, size_t n)
 {
 	struct stats_query q = { .window = WIN_ALL, .cold = COLD_INCLUDE };
@@ -695,6 +751,8 @@ int prom_render_proto(struct evbuffer *out, const struct store_result *res, cons
 	for (unsigned m = 0; !r.failed && m < HM__COUNT; m++)
 		if (hist_metric_unit((enum hist_metric)m) == UNIT_US)
 			histogram_family(&r, (enum hist_metric)m, hist_help[m]);
+	if (!r.failed)
+		tokens_per_event_families(&r);
 	if (!r.failed)
 		counter_families(&r);
 	if (!r.failed)

@@ -63,11 +63,15 @@ PROTO_ACCEPT = "application/vnd.google.protobuf;proto=io.prometheus.client.Metri
 
 
 def proto_samples(body, prefix):
-    """{(family, ((label, value), ...)): value} of the delimited MetricFamily
-    stream's families named `prefix`...: a counter's value, a histogram's
-    sample count (as `family`_count, the text format's name for it)."""
+    """{(sample, ((label, value), ...)): value} of the delimited MetricFamily
+    stream's families named `prefix`..., in the text format's sample names:
+    a counter's value; a histogram's classic buckets (`_bucket`, le as a
+    float), `_sum` and `_count`."""
     def msg(buf):
         return {f: v for f, _, v in fields(buf)}
+
+    def double(v):
+        return struct.unpack("<d", struct.pack("<Q", v))[0]
 
     out, i = {}, 0
     while i < len(body):
@@ -87,11 +91,35 @@ def proto_samples(body, prefix):
         for metric in (fields(v) for f, _, v in fam if f == 4):
             labels = tuple(sorted((msg(v)[1].decode(), msg(v)[2].decode()) for f, _, v in metric if f == 1))
             for f, _, v in metric:
-                if f == 3:  # Counter: value, a double (fixed64) in field 1
-                    out[(name, labels)] = struct.unpack("<d", struct.pack("<Q", msg(v).get(1, 0)))[0]
-                elif f == 7:  # Histogram: sample_count in field 1
-                    out[(name + "_count", labels)] = float(msg(v).get(1, 0))
+                if f == 3:  # Counter: value (double, field 1)
+                    out[(name, labels)] = double(msg(v).get(1, 0))
+                elif f == 7:  # Histogram: sample_count 1, sample_sum 2, bucket 3 (cumulative 1, upper bound 2)
+                    h = fields(v)
+                    out[(name + "_count", labels)] = float(next((x for g, _, x in h if g == 1), 0))
+                    out[(name + "_sum", labels)] = double(next((x for g, _, x in h if g == 2), 0))
+                    for bk in (msg(x) for g, _, x in h if g == 3):
+                        le = tuple(sorted(labels + (("le", double(bk.get(2, 0))),)))
+                        out[(name + "_bucket", le)] = float(bk.get(1, 0))
     return out
+
+
+def assert_proto_is_text(test, admin, prefix, min_samples):
+    """/metrics in protobuf has the families `prefix`... of the text
+    exposition, sample for sample (le compared as numbers; sums within
+    the text format's six decimals)."""
+    text = get(admin, "/metrics").body.decode()
+    r, _ = harness.exchange(admin, "GET", "/metrics", None, [("Accept", PROTO_ACCEPT)], timeout=5)
+    test.assertTrue(r.header("content-type").startswith("application/vnd.google.protobuf"))
+    got = proto_samples(r.body, prefix)
+    want = {}
+    for n, lab, v in parse_exposition(test, text)[1]:
+        if n.startswith(prefix):
+            lab = dict(lab, **({"le": float(lab["le"])} if "le" in lab else {}))
+            want[(n, tuple(sorted(lab.items())))] = v
+    test.assertGreaterEqual(len(want), min_samples)
+    test.assertEqual(sorted(got), sorted(want))
+    for k, v in want.items():
+        test.assertAlmostEqual(got[k], v, delta=1e-6 if k[0].endswith("_sum") else 0, msg=k)
 
 
 def chat(**extra):
@@ -195,13 +223,7 @@ class TestHeader(TenantCase):
             self.assertTrue(want in m, want)
         self.assertFalse("has space" in m)
         # the same tenant families, of the same values, in the protobuf exposition
-        r, _ = harness.exchange(self.admin, "GET", "/metrics", None, [("Accept", PROTO_ACCEPT)], timeout=5)
-        self.assertTrue(r.header("content-type").startswith("application/vnd.google.protobuf"))
-        got = proto_samples(r.body, "tokentap_tenant_")
-        want = {(n, tuple(sorted(l.items()))): v for n, l, v in parse_exposition(self, m)[1]
-                if n.startswith("tokentap_tenant_") and not n.endswith(("_bucket", "_sum"))}
-        self.assertGreater(len(want), 20)
-        self.assertEqual(got, want)
+        assert_proto_is_text(self, self.admin, "tokentap_tenant_", 20)
         self.assertTrue(re.search(r'tokentap_requests_total\{route="main",upstream="up",model="m",status_class="2xx"\} %d'
                          % len(sent), m))
         rec = json.loads(get(self.admin, "/requests/recent?n=%d" % len(sent)).body)

@@ -20,6 +20,7 @@ import json
 import math
 
 import harness
+from test_tenants import assert_proto_is_text
 
 PROMPT = "Count the tokens each event carries."
 
@@ -129,6 +130,8 @@ class TokensPerEventTest(harness.TestCase):
         self.assertEqual(by_name["tokentap_tokens_per_event_sum"], 60)
         self.assertEqual(by_name["tokentap_tokens_per_event_count"], len(counts))
         self.assertEqual(by_name["tokentap_tokens_per_event_streams_total"], 1)
+        # the protobuf exposition (a Prometheus with native histograms asks for it) says the same
+        assert_proto_is_text(self, self.admin, "tokentap_tokens_per_event", 18)
 
     def test_chat_speculative(self):
         self.check_reported("/v1/chat/completions", "tpe-chat-spec", 4)
