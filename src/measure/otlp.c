@@ -135,6 +135,8 @@ int otlp_options_resolve(const struct config *cfg, struct otlp_options *o, char 
 	uint64_t u;
 
 	memset(o, 0, sizeof(*o));
+	if (otlp_protocol_check(cfg->otlp_protocol, err, errlen) == -1)
+		return -1; /* refused even while nothing is exported */
 	v = getenv("OTEL_SDK_DISABLED");
 	if (!cfg->otlp_endpoint && v && strcasecmp(v, "true") == 0)
 		return 0;
@@ -207,6 +209,19 @@ int otlp_options_resolve(const struct config *cfg, struct otlp_options *o, char 
 	return 1;
 }
 
+static bool protocol_known(const char *v)
+{
+	return strcmp(v, "http/protobuf") == 0 || strcmp(v, "http/json") == 0 || strcmp(v, "grpc") == 0;
+}
+
+int otlp_protocol_check(const char *setting, char *err, size_t errlen)
+{
+	if (!setting || !*setting || protocol_known(setting))
+		return 0;
+	snprintf(err, errlen, "OTLP protocol \"%s\": expected http/protobuf, http/json or grpc", setting);
+	return -1;
+}
+
 int otlp_protocol_resolve(const char *setting, const char *env_signal, const char *what, bool *json, char *err,
 			  size_t errlen)
 {
@@ -214,21 +229,18 @@ int otlp_protocol_resolve(const char *setting, const char *env_signal, const cha
 	const char *v = file ? setting : env_first(env_signal, "OTEL_EXPORTER_OTLP_PROTOCOL");
 
 	*json = false;
+	if (otlp_protocol_check(setting, err, errlen) == -1)
+		return -1;
 	if (!v || strcmp(v, "http/protobuf") == 0)
 		return 0;
 	if (strcmp(v, "http/json") == 0) {
 		*json = true;
 		return 0;
 	}
-	if (strcmp(v, "grpc") == 0) {
+	if (strcmp(v, "grpc") == 0)
 		log_warn("OTLP protocol grpc is not supported: %s are sent as http/protobuf", what);
-		return 0;
-	}
-	if (file) {
-		snprintf(err, errlen, "OTLP protocol \"%s\": expected http/protobuf, http/json or grpc", v);
-		return -1;
-	}
-	log_warn("OTLP protocol %s is not known: %s are sent as http/protobuf", v, what);
+	else
+		log_warn("OTLP protocol %s is not known: %s are sent as http/protobuf", v, what);
 	return 0;
 }
 

@@ -63,6 +63,8 @@ struct otlp_options {
  * "metrics", for the messages. */
 int otlp_protocol_resolve(const char *setting, const char *env_signal, const char *what, bool *json, char *err,
 			  size_t errlen) __attribute__((warn_unused_result));
+/* -1 with `err` when the file's `setting` is none of the three; else 0. */
+int otlp_protocol_check(const char *setting, char *err, size_t errlen) __attribute__((warn_unused_result));
 
 /* The options from the configuration, the environment where it says
  * nothing (the file wins), and the defaults. Returns 1 when spans are to be

@@ -133,6 +133,8 @@ int otlp_metrics_options_resolve(const struct config *cfg, struct otlp_metrics_o
 	uint64_t u;
 
 	memset(o, 0, sizeof(*o));
+	if (otlp_protocol_check(cfg->otlp_metrics_protocol, err, errlen) == -1)
+		return -1; /* refused even while nothing is exported */
 	o->prometheus = cfg->genai_prometheus;
 	o->max_series = cfg->otlp_metrics_series ? cfg->otlp_metrics_series : 256;
 	v = getenv("OTEL_SDK_DISABLED");

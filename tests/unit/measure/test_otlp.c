@@ -188,6 +188,11 @@ static void test_protocol(void **state)
 	c.otlp_protocol = "grpc";
 	assert_int_equal(resolve(&c, &o), 1);
 	assert_false(o.json);
+	/* refused in the file even with no endpoint */
+	c.otlp_endpoint = NULL;
+	assert_int_equal(resolve(&c, &o), 0);
+	c.otlp_protocol = "http/JSON";
+	assert_int_equal(otlp_options_resolve(&c, &o, err, sizeof(err)), -1);
 }
 
 static void test_open_refuses_bad_urls(void **state)
