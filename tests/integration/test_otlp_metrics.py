@@ -21,6 +21,8 @@ import unittest
 
 import harness
 import routing_helpers as rh
+import test_bedrock
+import test_gemini
 from test_otlp import (Collector, decode_export, fields, is_json, json_int, json_key_values, json_scope, key_values,
                        metric, start_collector)
 
@@ -463,6 +465,69 @@ class TestSpanResponseModel(harness.TestCase):
             [(s, rs, h, path)] = coll.span_of(rid)
             self.assertEqual(s["attributes"]["gen_ai.request.model"], "m1")
             self.assertEqual(s["attributes"]["gen_ai.response.model"], "m1-served")
+
+
+class TestResponseModelSim(harness.TestCase):
+    """gen_ai.response.model from what Gemini and Bedrock answers name (the
+    simulator speaking each API, docs/dev/wire-formats.md): Gemini's
+    `modelVersion` (every streamed response, SSE or array, and the body,
+    where it comes after the candidates), Bedrock InvokeModel's Anthropic
+    `model` (message_start's message, the body); Bedrock Converse names
+    none, so the span has none. On the span and on the metrics' points."""
+
+    GEMINI = "gemini-2.5-flash"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.coll = start_collector(cls)
+        cls.sim = harness.start_sim(cls, "--ttft-ms", 0, "--itl-ms", 0, "--tokens", 1200)
+        cls.tt = rh.start_conf(cls, metrics_yaml(cls.coll.url).replace("tracing:\n", "tracing:\n  new_traces: true\n")
+                               .replace("    service_name: tt-metrics\n",
+                                        "    service_name: tt-metrics\n    schedule_delay: 100ms\n")
+                               + "    endpoint: %s\n" % cls.coll.url + rh.upstreams_yaml({"sim": cls.sim.url}),
+                               *rh.ONE_WORKER)
+
+    def span_model(self, rid, path, body):
+        resp = rh.send(self.tt.port, body, [("x-request-id", rid)], path=path)
+        self.assertEqual(resp.status, 200, resp.body[:300])
+        e = self.log_entry(self.tt.log_path, rid)
+        [(s, rs, h, p)] = self.coll.span_of(rid)
+        return s["attributes"].get("gen_ai.response.model"), e
+
+    def test_gemini(self):
+        body = test_gemini.gemini_body()
+        base = "/v1beta/models/%s:" % self.GEMINI
+        for rid, path in (("rm-g-sse", base + "streamGenerateContent?alt=sse"),
+                          ("rm-g-array", base + "streamGenerateContent"),
+                          ("rm-g-body", base + "generateContent")):
+            model, e = self.span_model(rid, path, body)
+            self.assertEqual(e["api"], "gemini", rid)
+            self.assertEqual(model, self.GEMINI, rid)
+        # the body's modelVersion is past its first 4 KiB, after the candidates
+        self.assertGreater(e["bytes_out"], 4096)
+
+    def test_bedrock(self):
+        m = test_bedrock.MODEL
+        for rid, path, body, want in (
+                ("rm-bi-stream", test_bedrock.invoke_path(m, True), test_bedrock.INVOKE_BODY, m),
+                ("rm-bi-body", test_bedrock.invoke_path(m, False), test_bedrock.INVOKE_BODY, m),
+                ("rm-bc-stream", test_bedrock.converse_path(m, True), test_bedrock.CONVERSE_BODY, None),
+                ("rm-bc-body", test_bedrock.converse_path(m, False), test_bedrock.CONVERSE_BODY, None)):
+            model, e = self.span_model(rid, path, body)
+            self.assertTrue(e["api"].startswith("bedrock"), rid)
+            self.assertEqual(model, want, rid)
+
+    def test_metrics_points(self):
+        self.span_model("rm-pt", "/v1beta/models/%s:streamGenerateContent?alt=sse" % self.GEMINI,
+                        test_gemini.gemini_body())
+
+        def found():
+            ms, _ = latest(self.coll)
+            d = ms.get("gen_ai.client.operation.duration")
+            return d is not None and any(p["attributes"].get("gen_ai.response.model") == self.GEMINI
+                                         for p in d["points"])
+
+        self.assertTrue(harness.wait_until(found, 8.0, 0.05), "no point with Gemini's modelVersion")
 
 
 class TestCollectorFaults(harness.TestCase):
