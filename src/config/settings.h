@@ -157,10 +157,14 @@ struct config;
 	  "the resource's service.name (else env OTEL_SERVICE_NAME, else tokentap)") \
 	X(OTLP_RESOURCE, "tracing.otlp.resource_attributes", NULL, 0, STRING, otlp_resource, NULL, 0, 0, RESTART, \
 	  NULL, "KEY=VALUE,... more resource attributes (else env OTEL_RESOURCE_ATTRIBUTES)") \
+	X(OTLP_PROTOCOL, "tracing.otlp.protocol", NULL, 0, STRING, otlp_protocol, NULL, 0, 0, RESTART, NULL, \
+	  "http/protobuf or http/json (grpc: not supported); unset: env OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL, else http/protobuf") \
 	X(OTLP_CA_FILE, "tracing.otlp.certificate", NULL, 0, FILE, otlp_ca_file, NULL, 0, 0, RESTART, NULL, \
 	  "PEM CAs verifying an https endpoint (else env OTEL_EXPORTER_OTLP_CERTIFICATE; else the system's)") \
 	X(OTLP_METRICS_ENDPOINT, "metrics.otlp.endpoint", NULL, 0, STRING, otlp_metrics_endpoint, NULL, 0, 0, RESTART, \
 	  NULL, "OTLP/HTTP collector: GenAI metrics POSTed to its /v1/metrics (else env OTEL_EXPORTER_OTLP_METRICS_ENDPOINT)") \
+	X(OTLP_METRICS_PROTOCOL, "metrics.otlp.protocol", NULL, 0, STRING, otlp_metrics_protocol, NULL, 0, 0, RESTART, \
+	  NULL, "http/protobuf or http/json (grpc: not supported); unset: env OTEL_EXPORTER_OTLP_(METRICS_)PROTOCOL, else http/protobuf") \
 	X(OTLP_METRICS_INTERVAL, "metrics.otlp.interval", NULL, 0, DURATION, otlp_metrics_interval_ms, NULL, 0, 0, \
 	  RESTART, NULL, "time between two exports; 0: env OTEL_METRIC_EXPORT_INTERVAL (ms) or 60s") \
 	X(OTLP_METRICS_SERIES, "metrics.otlp.max_series", NULL, 0, UINT, otlp_metrics_series, NULL, 0, 65536, \

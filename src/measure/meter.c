@@ -17,7 +17,6 @@
 
 #include "accesslog.h"
 #include "classify.h"
-#include "keyscan.h"
 #include "log.h"
 #include "otlp.h"
 #include "otlp_metrics.h"
@@ -112,34 +111,13 @@ void meter_read_end(struct meter *m)
 	flush_itl(m);
 }
 
-/* The model a response names: the first "model": "NAME" in [p, end) (a
- * streamed answer's first events, a body's first RESP_MODEL_SCAN bytes),
- * taken when it is plain visible ASCII without escapes and fits. */
+/* The model a response names (classify_resp_model) in [p, end): a streamed
+ * answer's first events, a body's first RESP_MODEL_SCAN bytes, or its last
+ * ones where the API names it at the end (Gemini). */
 #define RESP_MODEL_SCAN 4096
 static void find_resp_model(struct req_record *rec, const char *p, const char *end)
 {
-	const char *k = keyscan_find(p, end, "\"model\"", 7);
-	if (!k)
-		return;
-	const char *v = k + 7;
-	while (v < end && (*v == ' ' || *v == '\t' || *v == '\n' || *v == '\r'))
-		v++;
-	if (v == end || *v++ != ':')
-		return;
-	while (v < end && (*v == ' ' || *v == '\t' || *v == '\n' || *v == '\r'))
-		v++;
-	if (v == end || *v++ != '"')
-		return;
-	size_t n = 0;
-	while (v + n < end && v[n] != '"') {
-		if (v[n] == '\\' || v[n] < 0x21 || v[n] > 0x7e || n + 1 >= sizeof(rec->resp_model))
-			return;
-		n++;
-	}
-	if (v + n == end || n == 0)
-		return;
-	memcpy(rec->resp_model, v, n);
-	rec->resp_model[n] = '\0';
+	classify_resp_model(rec->api, p, (size_t)(end - p), rec->resp_model, sizeof(rec->resp_model));
 }
 
 /* A framed event: the timeline learns about it (its bytes are already on
@@ -267,8 +245,11 @@ void meter_complete(struct meter *m)
 	} else if (m->body && status_ok(m->rec->status)) {
 		size_t n = evbuffer_get_length(m->body);
 		const char *body = (const char *)evbuffer_pullup(m->body, -1);
-		if (body && !m->body_tail)
-			find_resp_model(m->rec, body, body + (n < RESP_MODEL_SCAN ? n : RESP_MODEL_SCAN));
+		size_t scan = n < RESP_MODEL_SCAN ? n : RESP_MODEL_SCAN;
+		if (body && classify_resp_model_at_end(m->rec->api))
+			find_resp_model(m->rec, body + n - scan, body + n); /* the kept tail has it too */
+		else if (body && !m->body_tail)
+			find_resp_model(m->rec, body, body + scan);
 		if (body && m->body_tail)
 			classify_body_tail(m->rec->api, body, n, &m->rec->usage);
 		else if (body)

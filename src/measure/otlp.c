@@ -32,6 +32,7 @@
 
 #include "config.h"
 #include "log.h"
+#include "otlp_json.h"
 #include "timeline.h"
 #include "tls.h"
 #include "version.h"
@@ -134,6 +135,8 @@ int otlp_options_resolve(const struct config *cfg, struct otlp_options *o, char 
 	uint64_t u;
 
 	memset(o, 0, sizeof(*o));
+	if (otlp_protocol_check(cfg->otlp_protocol, err, errlen) == -1)
+		return -1; /* refused even while nothing is exported */
 	v = getenv("OTEL_SDK_DISABLED");
 	if (!cfg->otlp_endpoint && v && strcasecmp(v, "true") == 0)
 		return 0;
@@ -159,9 +162,9 @@ int otlp_options_resolve(const struct config *cfg, struct otlp_options *o, char 
 		}
 		snprintf(o->url, sizeof(o->url), "%s", v);
 	}
-	v = env_first("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL");
-	if (v && strcmp(v, "http/protobuf") != 0)
-		log_warn("OTLP protocol %s is not supported: spans are sent as http/protobuf", v);
+	if (otlp_protocol_resolve(cfg->otlp_protocol, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "spans", &o->json, err,
+				  errlen) == -1)
+		return -1;
 	o->headers = cfg->otlp_headers ? cfg->otlp_headers
 				       : env_first("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS");
 	o->service = cfg->otlp_service ? cfg->otlp_service : env_first("OTEL_SERVICE_NAME", NULL);
@@ -204,6 +207,41 @@ int otlp_options_resolve(const struct config *cfg, struct otlp_options *o, char 
 	o->attempts = OTLP_ATTEMPTS;
 	o->backoff_ms = OTLP_BACKOFF_MS;
 	return 1;
+}
+
+static bool protocol_known(const char *v)
+{
+	return strcmp(v, "http/protobuf") == 0 || strcmp(v, "http/json") == 0 || strcmp(v, "grpc") == 0;
+}
+
+int otlp_protocol_check(const char *setting, char *err, size_t errlen)
+{
+	if (!setting || !*setting || protocol_known(setting))
+		return 0;
+	snprintf(err, errlen, "OTLP protocol \"%s\": expected http/protobuf, http/json or grpc", setting);
+	return -1;
+}
+
+int otlp_protocol_resolve(const char *setting, const char *env_signal, const char *what, bool *json, char *err,
+			  size_t errlen)
+{
+	bool file = setting && *setting;
+	const char *v = file ? setting : env_first(env_signal, "OTEL_EXPORTER_OTLP_PROTOCOL");
+
+	*json = false;
+	if (otlp_protocol_check(setting, err, errlen) == -1)
+		return -1;
+	if (!v || strcmp(v, "http/protobuf") == 0)
+		return 0;
+	if (strcmp(v, "http/json") == 0) {
+		*json = true;
+		return 0;
+	}
+	if (strcmp(v, "grpc") == 0)
+		log_warn("OTLP protocol grpc is not supported: %s are sent as http/protobuf", what);
+	else
+		log_warn("OTLP protocol %s is not known: %s are sent as http/protobuf", v, what);
+	return 0;
 }
 
 /* http(s)://host[:port][/path]; [v6] hosts. */
@@ -642,9 +680,13 @@ static uint8_t *encode(struct otlp *x, struct span_item *items, size_t n, size_t
 	Tokentap__Otlp__ExportTraceServiceRequest req = TOKENTAP__OTLP__EXPORT_TRACE_SERVICE_REQUEST__INIT;
 	req.n_resource_spans = 1;
 	req.resource_spans = &rsp;
-	*len = tokentap__otlp__export_trace_service_request__get_packed_size(&req);
-	if ((out = malloc(*len ? *len : 1)))
-		tokentap__otlp__export_trace_service_request__pack(&req, out);
+	if (x->o.json) {
+		out = (uint8_t *)otlp_json_encode(&req.base, len);
+	} else {
+		*len = tokentap__otlp__export_trace_service_request__get_packed_size(&req);
+		if ((out = malloc(*len ? *len : 1)))
+			tokentap__otlp__export_trace_service_request__pack(&req, out);
+	}
 done:
 	free(b);
 	free(spans);
@@ -725,7 +767,7 @@ static int post_once(struct otlp *x, const uint8_t *body, size_t len, char *why,
 	evhttp_request_set_error_cb(req, on_post_error);
 	struct evkeyvalq *h = evhttp_request_get_output_headers(req);
 	evhttp_add_header(h, "Host", x->host_hdr);
-	evhttp_add_header(h, "Content-Type", "application/x-protobuf");
+	evhttp_add_header(h, "Content-Type", x->o.json ? "application/json" : "application/x-protobuf");
 	evhttp_add_header(h, "User-Agent", "tokentap/" TOKENTAP_VERSION);
 	for (size_t i = 0; i < x->nheaders; i++)
 		evhttp_add_header(h, x->headers[i].key, x->headers[i].value);
@@ -1009,8 +1051,8 @@ int otlp_open(const struct otlp_options *o, char *err, size_t errlen)
 		goto fail;
 	}
 	g_otlp = x;
-	log_info("exporting sampled spans over OTLP/HTTP to %s (batches of %u, every %llu ms at most)", o->url,
-		 o->batch_max, (unsigned long long)o->delay_ms);
+	log_info("exporting sampled spans over OTLP/HTTP (%s) to %s (batches of %u, every %llu ms at most)",
+		 o->json ? "json" : "protobuf", o->url, o->batch_max, (unsigned long long)o->delay_ms);
 	return 0;
 fail:
 	otlp_free(x);

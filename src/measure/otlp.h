@@ -14,7 +14,8 @@
  * returns; a full ring drops the span, counted. The exporter's own thread
  * batches the ring (a batch when max_export_batch_size spans wait, or
  * schedule_delay after the last one), encodes an ExportTraceServiceRequest
- * (protoc-c, proto/otlp_trace.proto) and POSTs it, retrying 429, 502, 503,
+ * (protoc-c, proto/otlp_trace.proto; as protobuf, or as OTLP/JSON with
+ * `protocol: http/json`, otlp_json.h) and POSTs it, retrying 429, 502, 503,
  * 504 and failed connections with a doubling backoff a bounded number of
  * times; then the batch is dropped, counted. A worker never waits on it.
  */
@@ -51,7 +52,19 @@ struct otlp_options {
 	unsigned batch_max;   /* spans per POST */
 	unsigned attempts;    /* POSTs of one batch at most (OTLP_ATTEMPTS) */
 	uint64_t backoff_ms;  /* the first retry's wait (OTLP_BACKOFF_MS) */
+	bool json;	      /* http/json (otlp_json.h): application/json; else http/protobuf */
 };
+
+/* The protocol of one signal: `setting` (the file's, "" or NULL unset),
+ * else the environment's `env_signal`, else OTEL_EXPORTER_OTLP_PROTOCOL,
+ * else http/protobuf. http/json sets *json; grpc is not supported (warned
+ * about, http/protobuf is sent); another value is an error in the file (-1
+ * with `err`) and warned about in the environment. `what`: "spans" or
+ * "metrics", for the messages. */
+int otlp_protocol_resolve(const char *setting, const char *env_signal, const char *what, bool *json, char *err,
+			  size_t errlen) __attribute__((warn_unused_result));
+/* -1 with `err` when the file's `setting` is none of the three; else 0. */
+int otlp_protocol_check(const char *setting, char *err, size_t errlen) __attribute__((warn_unused_result));
 
 /* The options from the configuration, the environment where it says
  * nothing (the file wins), and the defaults. Returns 1 when spans are to be

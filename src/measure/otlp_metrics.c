@@ -38,6 +38,7 @@
 #include "config.h"
 #include "hist.h"
 #include "log.h"
+#include "otlp_json.h"
 #include "timeline.h"
 #include "version.h"
 
@@ -132,6 +133,8 @@ int otlp_metrics_options_resolve(const struct config *cfg, struct otlp_metrics_o
 	uint64_t u;
 
 	memset(o, 0, sizeof(*o));
+	if (otlp_protocol_check(cfg->otlp_metrics_protocol, err, errlen) == -1)
+		return -1; /* refused even while nothing is exported */
 	o->prometheus = cfg->genai_prometheus;
 	o->max_series = cfg->otlp_metrics_series ? cfg->otlp_metrics_series : 256;
 	v = getenv("OTEL_SDK_DISABLED");
@@ -161,9 +164,9 @@ int otlp_metrics_options_resolve(const struct config *cfg, struct otlp_metrics_o
 	}
 	if (!o->http.url[0] && !o->prometheus)
 		return 0;
-	v = env_of("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL");
-	if (o->http.url[0] && v && strcmp(v, "http/protobuf") != 0)
-		log_warn("OTLP protocol %s is not supported: metrics are sent as http/protobuf", v);
+	if (o->http.url[0] && otlp_protocol_resolve(cfg->otlp_metrics_protocol, "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+						    "metrics", &o->http.json, err, errlen) == -1)
+		return -1;
 	v = env_of("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", NULL);
 	if (o->http.url[0] && v && strcasecmp(v, "cumulative") != 0)
 		log_warn("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE=%s: tokentap sends cumulative only", v);
@@ -616,9 +619,13 @@ static uint8_t *encode(struct otlpm *x, size_t *len, size_t *npoints)
 	Tokentap__Otlp__ExportMetricsServiceRequest req = TOKENTAP__OTLP__EXPORT_METRICS_SERVICE_REQUEST__INIT;
 	req.n_resource_metrics = 1;
 	req.resource_metrics = &rmp;
-	*len = tokentap__otlp__export_metrics_service_request__get_packed_size(&req);
-	if ((out = malloc(*len ? *len : 1)))
-		tokentap__otlp__export_metrics_service_request__pack(&req, out);
+	if (x->o.http.json) {
+		out = (uint8_t *)otlp_json_encode(&req.base, len);
+	} else {
+		*len = tokentap__otlp__export_metrics_service_request__get_packed_size(&req);
+		if ((out = malloc(*len ? *len : 1)))
+			tokentap__otlp__export_metrics_service_request__pack(&req, out);
+	}
 	*npoints = np;
 done:
 	for (size_t i = 0; pb && i < np; i++)

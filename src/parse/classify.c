@@ -231,6 +231,67 @@ size_t classify_path_model(enum api_kind api, const char *path, size_t len, cons
 	return mlen;
 }
 
+/* After a key at v: blanks, ':', blanks, a string. 1 with the string's
+ * bytes when it is usable (plain visible ASCII, no escape, 1 to cap - 1
+ * bytes), 0 when the literal was not a key (no ':' follows), -1 when it
+ * was a key without a usable string. */
+static int model_value(const char *v, const char *end, size_t cap, const char **s, size_t *n)
+{
+	while (v < end && (*v == ' ' || *v == '\t' || *v == '\n' || *v == '\r'))
+		v++;
+	if (v == end || *v++ != ':')
+		return 0;
+	while (v < end && (*v == ' ' || *v == '\t' || *v == '\n' || *v == '\r'))
+		v++;
+	if (v == end || *v++ != '"')
+		return -1;
+	size_t k = 0;
+	while (v + k < end && v[k] != '"') {
+		if (v[k] == '\\' || v[k] < 0x21 || v[k] > 0x7e || k + 1 >= cap)
+			return -1;
+		k++;
+	}
+	if (v + k == end || k == 0)
+		return -1;
+	*s = v;
+	*n = k;
+	return 1;
+}
+
+bool classify_resp_model(enum api_kind api, const char *p, size_t len, char *out, size_t cap)
+{
+	const char *key = "\"model\"", *end = p + len, *found = NULL, *s;
+	size_t klen = 7, fn = 0, n;
+	bool last = false;
+
+	if (api == API_BEDROCK_CONVERSE || cap < 2)
+		return false;
+	if (api == API_GEMINI || api == API_GEMINI_STREAM) {
+		key = "\"modelVersion\"";
+		klen = 14;
+		last = true;
+	}
+	for (const char *k = p; (k = keyscan_find(k, end, key, klen)) != NULL; k += klen) {
+		int rc = model_value(k + klen, end, cap, &s, &n);
+		if (rc == 1) {
+			found = s;
+			fn = n;
+		}
+		if (rc != 0 && !last)
+			break; /* the first key decides */
+	}
+	if (!found)
+		return false;
+	memcpy(out, found, fn);
+	out[fn] = '\0';
+	return true;
+}
+
+bool classify_resp_model_at_end(enum api_kind api)
+{
+	return api == API_GEMINI;
+}
+
 bool classify_streams_json_array(enum api_kind api)
 {
 	return api == API_GEMINI_STREAM;

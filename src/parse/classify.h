@@ -221,3 +221,19 @@ void classify_body(enum api_kind api, const char *body, size_t len, struct usage
  * them (an embeddings answer puts it after the vectors, where no string
  * holds a quote). Other APIs are left as they were. */
 void classify_body_tail(enum api_kind api, const char *tail, size_t len, struct usage *usage);
+
+/* gen_ai.response.model: the model an answer names, in [p, p + len) (one
+ * streamed event, or part of a body): the string value of a "model" key,
+ * the first one (OpenAI's, Anthropic's message_start and body, Ollama's,
+ * the Responses API's response.created, Bedrock InvokeModel's model family
+ * JSON where it has one); for Gemini the last "modelVersion" key (each
+ * GenerateContentResponse ends with it). A "model" that is a value, not a
+ * key ("role": "model"), is passed over. Bedrock Converse names no model:
+ * never. Taken only as plain visible ASCII without escapes, shorter than
+ * cap, copied NUL-terminated into out; false (out untouched) when none. */
+bool classify_resp_model(enum api_kind api, const char *p, size_t len, char *out, size_t cap);
+
+/* Whether a body names its model at its end rather than its start
+ * (Gemini's modelVersion follows the candidates): the caller scans the
+ * body's last bytes for it. */
+bool classify_resp_model_at_end(enum api_kind api);

@@ -1,10 +1,11 @@
 // otlp_metrics_sdk.cjs — the official OpenTelemetry JS metrics SDK and its
-// OTLP/HTTP protobuf metric exporter, for test_otlp_metrics.py.
+// OTLP/HTTP metric exporters (protobuf and JSON), for test_otlp_metrics.py.
 //
-//   node otlp_metrics_sdk.cjs NODE_PREFIX export URL
+//   node otlp_metrics_sdk.cjs NODE_PREFIX export URL [json]
 //     records known values into two exponential histograms (one of them
 //     with two attribute sets) and a counter, exports them once to URL with
-//     OTLPMetricExporter (protobuf, cumulative), and prints what the same
+//     OTLPMetricExporter (protobuf, cumulative; with `json`, OTLP/JSON from
+//     exporter-metrics-otlp-http), and prints what the same
 //     SDK aggregated (a second reader, in memory): per metric its name,
 //     unit, temporality and data points (attributes, count, sum, min, max,
 //     scale, zeroCount, positive offset and counts).
@@ -16,9 +17,10 @@ const req = (m) => require(path.join(prefix, "node_modules", m));
 const { MeterProvider, PeriodicExportingMetricReader, InMemoryMetricExporter, AggregationType,
         AggregationTemporality } = req("@opentelemetry/sdk-metrics");
 const { resourceFromAttributes } = req("@opentelemetry/resources");
-const { OTLPMetricExporter } = req("@opentelemetry/exporter-metrics-otlp-proto");
 
-async function exportKnown(url) {
+async function exportKnown(url, json) {
+  const { OTLPMetricExporter } = req(json ? "@opentelemetry/exporter-metrics-otlp-http"
+                                          : "@opentelemetry/exporter-metrics-otlp-proto");
   const memory = new InMemoryMetricExporter(AggregationTemporality.CUMULATIVE);
   const otlp = new PeriodicExportingMetricReader({ exporter: new OTLPMetricExporter({ url }),
                                                    exportIntervalMillis: 3600000 });
@@ -57,8 +59,8 @@ async function exportKnown(url) {
 
 const mode = process.argv[3];
 if (mode === "export") {
-  exportKnown(process.argv[4]).catch((e) => { console.error(e && e.stack || e); process.exit(1); });
+  exportKnown(process.argv[4], process.argv[5] === "json").catch((e) => { console.error(e && e.stack || e); process.exit(1); });
 } else {
-  console.error("usage: otlp_metrics_sdk.cjs NODE_PREFIX export URL");
+  console.error("usage: otlp_metrics_sdk.cjs NODE_PREFIX export URL [json]");
   process.exit(2);
 }

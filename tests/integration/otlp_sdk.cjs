@@ -1,9 +1,11 @@
-// otlp_sdk.cjs — the official OpenTelemetry JS SDK and OTLP/HTTP protobuf
-// exporter, for test_otlp.py.
+// otlp_sdk.cjs — the official OpenTelemetry JS SDK and its OTLP/HTTP
+// exporters (protobuf and JSON), for test_otlp.py.
 //
-//   node otlp_sdk.cjs NODE_PREFIX export URL
+//   node otlp_sdk.cjs NODE_PREFIX export URL [json]
 //     exports one known span (a remote parent, fixed times, attributes of
-//     each type, two events) to URL with OTLPTraceExporter (protobuf) and
+//     each type, two events) to URL with OTLPTraceExporter (protobuf, from
+//     exporter-trace-otlp-proto; with `json`, OTLP/JSON from
+//     exporter-trace-otlp-http) and
 //     prints what it sent: {traceId, spanId, parentSpanId, name, kind,
 //     start, end (ns as strings), attributes, events, service}.
 //   node otlp_sdk.cjs NODE_PREFIX send PORT REQUEST_ID STREAM
@@ -20,9 +22,10 @@ const api = req("@opentelemetry/api");
 const { W3CTraceContextPropagator } = req("@opentelemetry/core");
 const { BasicTracerProvider, SimpleSpanProcessor, AlwaysOnSampler } = req("@opentelemetry/sdk-trace-base");
 const { resourceFromAttributes } = req("@opentelemetry/resources");
-const { OTLPTraceExporter } = req("@opentelemetry/exporter-trace-otlp-proto");
 
-async function exportKnown(url) {
+async function exportKnown(url, json) {
+  const { OTLPTraceExporter } = req(json ? "@opentelemetry/exporter-trace-otlp-http"
+                                         : "@opentelemetry/exporter-trace-otlp-proto");
   const exporter = new OTLPTraceExporter({ url });
   const provider = new BasicTracerProvider({
     resource: resourceFromAttributes({ "service.name": "otlp-sdk-test", "deployment.environment": "ci" }),
@@ -79,10 +82,10 @@ function send(port, rid, stream) {
 
 const mode = process.argv[3];
 if (mode === "export") {
-  exportKnown(process.argv[4]).catch((e) => { console.error(e.stack || e); process.exit(1); });
+  exportKnown(process.argv[4], process.argv[5] === "json").catch((e) => { console.error(e.stack || e); process.exit(1); });
 } else if (mode === "send") {
   send(Number(process.argv[4]), process.argv[5], process.argv[6] === "1");
 } else {
-  console.error("usage: otlp_sdk.cjs NODE_PREFIX export URL | send PORT RID STREAM");
+  console.error("usage: otlp_sdk.cjs NODE_PREFIX export URL [json] | send PORT RID STREAM");
   process.exit(2);
 }

@@ -11,8 +11,11 @@ the upstream received in traceparent, and the access log's attributes and
 timings. A collector that is down, answers 500 or 503, or is slow costs the
 requests nothing and loses only spans, counted in /metrics."""
 
+import base64
 import gzip
+import json
 import os
+import re
 import shutil
 import ssl
 import statistics
@@ -29,7 +32,8 @@ from test_tls import make_pki
 
 SDK = harness.NodeScript("npm-otlp", ("@opentelemetry/api@1.9.0", "@opentelemetry/core@2.2.0",
                                       "@opentelemetry/sdk-trace-base@2.2.0", "@opentelemetry/resources@2.2.0",
-                                      "@opentelemetry/exporter-trace-otlp-proto@0.208.0"),
+                                      "@opentelemetry/exporter-trace-otlp-proto@0.208.0",
+                                      "@opentelemetry/exporter-trace-otlp-http@0.208.0"),
                          "otlp_sdk.cjs", install_timeout=180, run_timeout=30)
 npm_install_sdk = SDK.install
 sdk = SDK
@@ -178,6 +182,92 @@ def decode_export(buf):
     return out
 
 
+# ---- OTLP/JSON (the specification's JSON encoding), to the same shapes ----
+
+def json_int(v, strict=False):
+    """A 64-bit integer of OTLP/JSON: a decimal string (what the protobuf
+    JSON mapping writes), or a number (what a reader must accept too).
+    strict: only the string."""
+    if isinstance(v, str):
+        if not re.fullmatch(r"-?[0-9]+", v):
+            raise ValueError("not a decimal integer: %r" % v)
+        return int(v)
+    if strict or isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError("a 64-bit integer is a decimal string in OTLP/JSON, got %r" % (v,))
+    return v
+
+
+def json_id(v, n):
+    """traceId / spanId: hex of n bytes (OTLP's exception to base64)."""
+    if not isinstance(v, str) or not re.fullmatch(r"[0-9a-fA-F]{%d}" % (2 * n), v):
+        raise ValueError("not a hex id of %d bytes: %r" % (n, v))
+    return v.lower()
+
+
+def json_any_value(v, strict=False):
+    if "stringValue" in v:
+        return v["stringValue"]
+    if "boolValue" in v:
+        return bool(v["boolValue"])
+    if "intValue" in v:
+        return json_int(v["intValue"], strict)
+    if "doubleValue" in v:
+        d = v["doubleValue"]
+        return float(d) if isinstance(d, str) else d  # "NaN", "Infinity"
+    if "bytesValue" in v:
+        return base64.b64decode(v["bytesValue"])
+    return None
+
+
+def json_key_values(items, strict=False):
+    return {kv["key"]: json_any_value(kv.get("value", {}), strict) for kv in items or []}
+
+
+def json_scope(sc):
+    return {k: v for k, v in ((1, sc.get("name", "")), (2, sc.get("version", ""))) if v}
+
+
+def decode_span_json(js, strict=False):
+    """One Span of OTLP/JSON as decode_span makes it. strict: tokentap's own
+    output, which must write 64-bit integers as strings and enums as
+    integers."""
+    def t(key):
+        return json_int(js[key], strict) if key in js else 0
+
+    kind = js.get("kind", 0)
+    if not isinstance(kind, int):
+        raise ValueError("kind is an integer in OTLP/JSON, got %r" % (kind,))
+    s = {"trace_id": json_id(js["traceId"], 16), "span_id": json_id(js["spanId"], 8),
+         "parent_span_id": json_id(js["parentSpanId"], 8) if js.get("parentSpanId") else "",
+         "trace_state": js.get("traceState", ""), "flags": js.get("flags", 0), "kind": kind,
+         "name": js.get("name", ""), "start": t("startTimeUnixNano"), "end": t("endTimeUnixNano"),
+         "attributes": json_key_values(js.get("attributes"), strict), "events": []}
+    for ev in js.get("events", []):
+        s["events"].append({"time": json_int(ev.get("timeUnixNano", "0"), strict), "name": ev.get("name", ""),
+                            "attributes": json_key_values(ev.get("attributes"), strict)})
+    st = js.get("status", {})
+    if not isinstance(st.get("code", 0), int):
+        raise ValueError("status.code is an integer in OTLP/JSON, got %r" % (st["code"],))
+    s["status"] = {"code": st.get("code", 0), "message": st.get("message", "")}
+    return s
+
+
+def decode_export_json(body, strict=False):
+    """ExportTraceServiceRequest as OTLP/JSON -> decode_export's shape."""
+    doc = json.loads(body)
+    out = []
+    for rs in doc.get("resourceSpans", []):
+        resource = json_key_values(rs.get("resource", {}).get("attributes"), strict)
+        for ss in rs.get("scopeSpans", []):
+            out.append({"resource": resource, "scope": json_scope(ss.get("scope", {})),
+                        "spans": [decode_span_json(sp, strict) for sp in ss.get("spans", [])]})
+    return out
+
+
+def is_json(headers):
+    return headers.get("content-type", "").split(";")[0].strip() == "application/json"
+
+
 # ---- the fake collector ----
 
 class Collector:
@@ -245,7 +335,7 @@ class Collector:
             posts = list(self.posts)
         out = []
         for path, headers, body in posts:
-            for rs in decode_export(body):
+            for rs in (decode_export_json(body, strict=True) if is_json(headers) else decode_export(body)):
                 for s in rs["spans"]:
                     out.append((s, rs, headers, path))
         return out
@@ -298,20 +388,22 @@ def otlp_yaml(url, extra=""):
 
 
 class TestDecoderOnSdk(unittest.TestCase):
-    """The wire reader reads the official exporter's span back exactly."""
+    """The wire reader reads the official exporter's span back exactly; the
+    JSON reader the official OTLP/JSON exporter's (exporter-trace-otlp-http)."""
 
     @classmethod
     def setUpClass(cls):
         npm_install_sdk()
 
-    def test_known_span(self):
+    def known_span(self, json_mode):
         coll = start_collector(self)
-        sent = sdk("export", coll.url + "/v1/traces")
+        sent = sdk("export", coll.url + "/v1/traces", *(["json"] if json_mode else []))
         self.assertEqual(len(coll.posts), 1)
         path, headers, body = coll.posts[0]
         self.assertEqual(path, "/v1/traces")
-        self.assertEqual(headers["content-type"], "application/x-protobuf")
-        [rs] = decode_export(body)
+        self.assertEqual(headers["content-type"], "application/json" if json_mode else "application/x-protobuf")
+        self.assertEqual(is_json(headers), json_mode)
+        [rs] = decode_export_json(body) if json_mode else decode_export(body)
         self.assertEqual(rs["resource"]["service.name"], "otlp-sdk-test")
         self.assertEqual(rs["resource"]["deployment.environment"], "ci")
         self.assertEqual(rs["scope"], {1: "otlp_sdk.cjs", 2: "1.0.0"})
@@ -329,17 +421,32 @@ class TestDecoderOnSdk(unittest.TestCase):
         self.assertEqual(s["events"][1]["attributes"], {"n": 3})
         self.assertEqual(s["status"], {"code": 2, "message": "boom"})
         self.assertEqual(s["flags"] & 0xFF, 1)
+        return body
+
+    def test_known_span(self):
+        self.known_span(False)
+
+    def test_known_span_json(self):
+        body = self.known_span(True)
+        # the keys are the specification's lowerCamelCase: the reader looks for no other
+        self.assertIn(b'"resourceSpans"', body)
+        self.assertIn(b'"startTimeUnixNano"', body)
+        self.assertNotIn(b'"start_time_unix_nano"', body)
 
 
 class TestSpans(harness.TestCase):
     """The SDK's client span, through tokentap, to tokentap's exported span."""
+
+    PROTOCOL = ""  # tracing.otlp.protocol: unset, http/protobuf
+    CONTENT_TYPE = "application/x-protobuf"
 
     @classmethod
     def setUpClass(cls):
         npm_install_sdk()
         cls.coll = start_collector(cls)
         cls.up = harness.start_fake_upstream(cls, answer)
-        cls.tt = rh.start_conf(cls, otlp_yaml(cls.coll.url) + rh.upstreams_yaml({"up": cls.up.url}),
+        extra = "    protocol: %s\n" % cls.PROTOCOL if cls.PROTOCOL else ""
+        cls.tt = rh.start_conf(cls, otlp_yaml(cls.coll.url, extra) + rh.upstreams_yaml({"up": cls.up.url}),
                                "--admin", "127.0.0.1:0", *rh.ONE_WORKER)
         cls.admin = harness.admin_port(cls.tt)
 
@@ -357,7 +464,7 @@ class TestSpans(harness.TestCase):
         e = self.log_entry(self.tt.log_path, rid)
         [(s, rs, headers, path)] = self.coll.span_of(rid)
         self.assertEqual(path, "/v1/traces")
-        self.assertEqual(headers["content-type"], "application/x-protobuf")
+        self.assertEqual(headers["content-type"], self.CONTENT_TYPE)
         self.assertEqual(headers["x-team"], "gen ai")
         self.assertEqual(headers["authorization"], "Bearer t0k")
         res = rs["resource"]
@@ -440,6 +547,36 @@ class TestSpans(harness.TestCase):
         self.assertEqual(dropped['{reason="queue_full"}'], 0)
         self.assertEqual(dropped['{reason="export_failed"}'], 0)
         self.assertEqual(metric(self.admin, "tokentap_otlp_export_failures_total")[""], 0)
+
+
+class TestSpansJson(TestSpans):
+    """The same, exported as OTLP/JSON (tracing.otlp.protocol: http/json):
+    the JSON reader, proven on the official exporter's, reads the same span,
+    the access log's attributes and timings; tokentap's 64-bit integers are
+    decimal strings and its enums integers (the reader is strict on its
+    output)."""
+
+    PROTOCOL = "http/json"
+    CONTENT_TYPE = "application/json"
+
+    def test_raw_encoding(self):
+        self.check("ot-json-raw", True)
+        with self.coll.lock:
+            bodies = [b for p, h, b in self.coll.posts if b"ot-json-raw" in b]
+        [doc] = [json.loads(b) for b in bodies]
+        [rs] = doc["resourceSpans"]
+        self.assertEqual(rs["scopeSpans"][0]["scope"]["name"], "tokentap")
+        [sp] = [sp for ss in rs["scopeSpans"] for sp in ss["spans"]
+                if {"key": "tokentap.request_id", "value": {"stringValue": "ot-json-raw"}} in sp["attributes"]]
+        self.assertRegex(sp["traceId"], r"^[0-9a-f]{32}$")
+        self.assertRegex(sp["spanId"], r"^[0-9a-f]{16}$")
+        self.assertRegex(sp["parentSpanId"], r"^[0-9a-f]{16}$")
+        self.assertRegex(sp["startTimeUnixNano"], r"^[0-9]{19}$")
+        self.assertEqual(sp["kind"], 2)
+        self.assertEqual(sp["flags"], 0x301)
+        self.assertNotIn("status", {k for k, v in sp.items() if v})  # UNSET, no message: {}
+        ints = [a["value"]["intValue"] for a in sp["attributes"] if "intValue" in a["value"]]
+        self.assertTrue(ints and all(isinstance(v, str) for v in ints), ints)
 
 
 class TestNewRoot(harness.TestCase):

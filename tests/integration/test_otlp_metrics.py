@@ -21,11 +21,15 @@ import unittest
 
 import harness
 import routing_helpers as rh
-from test_otlp import Collector, decode_export, fields, key_values, metric, start_collector
+import test_bedrock
+import test_gemini
+from test_otlp import (Collector, decode_export, fields, is_json, json_int, json_key_values, json_scope, key_values,
+                       metric, start_collector)
 
 SDK = harness.NodeScript("npm-otlp-metrics", ("@opentelemetry/api@1.9.0", "@opentelemetry/sdk-metrics@2.2.0",
                                               "@opentelemetry/resources@2.2.0",
-                                              "@opentelemetry/exporter-metrics-otlp-proto@0.208.0"),
+                                              "@opentelemetry/exporter-metrics-otlp-proto@0.208.0",
+                                              "@opentelemetry/exporter-metrics-otlp-http@0.208.0"),
                          "otlp_metrics_sdk.cjs", install_timeout=180, run_timeout=30)
 
 SCALE = 7  # tokentap's (otlp_metrics.h)
@@ -127,6 +131,63 @@ def decode_metrics_export(buf):
     return out
 
 
+def json_double(v):
+    return float(v) if isinstance(v, str) else v  # "NaN", "Infinity"
+
+
+def decode_point_json(js, strict=False):
+    """An ExponentialHistogramDataPoint of OTLP/JSON as decode_point makes it."""
+    def u64(key, default=None):
+        return json_int(js[key], strict) if key in js else default
+
+    pos = js.get("positive", {})
+    for k in ("scale",):
+        if k in js and not isinstance(js[k], int):
+            raise ValueError("%s is a number in OTLP/JSON, got %r" % (k, js[k]))
+    p = {"attributes": json_key_values(js.get("attributes"), strict),
+         "counts": [json_int(c, strict) for c in pos.get("bucketCounts", [])], "offset": pos.get("offset", 0),
+         "zero_count": u64("zeroCount", 0), "scale": js.get("scale", 0),
+         "min": json_double(js["min"]) if "min" in js else None,
+         "max": json_double(js["max"]) if "max" in js else None,
+         "sum": json_double(js["sum"]) if "sum" in js else None}
+    for key, name in (("startTimeUnixNano", "start"), ("timeUnixNano", "time"), ("count", "count")):
+        if key in js:
+            p[name] = json_int(js[key], strict)
+    return p
+
+
+def decode_metric_json(js, strict=False):
+    m = {"points": [], "name": js.get("name", ""), "unit": js.get("unit", "")}
+    if "description" in js:
+        m["description"] = js["description"]
+    if "exponentialHistogram" in js:
+        h = js["exponentialHistogram"]
+        m["kind"] = "exponential_histogram"
+        m["points"] = [decode_point_json(p, strict) for p in h.get("dataPoints", [])]
+        t = h.get("aggregationTemporality", 0)
+        if not isinstance(t, int):
+            raise ValueError("aggregationTemporality is an integer in OTLP/JSON, got %r" % (t,))
+        m["temporality"] = t
+    else:
+        for key, kind in (("gauge", "gauge"), ("sum", "sum"), ("histogram", "histogram"), ("summary", "summary")):
+            if key in js:
+                m["kind"] = kind
+    return m
+
+
+def decode_metrics_export_json(body, strict=False):
+    """ExportMetricsServiceRequest as OTLP/JSON -> decode_metrics_export's shape."""
+    out = []
+    for rm in json.loads(body).get("resourceMetrics", []):
+        r = {"resource": json_key_values(rm.get("resource", {}).get("attributes"), strict), "scope": {},
+             "metrics": []}
+        for sm in rm.get("scopeMetrics", []):
+            r["scope"] = json_scope(sm.get("scope", {}))
+            r["metrics"] += [decode_metric_json(m, strict) for m in sm.get("metrics", [])]
+        out.append(r)
+    return out
+
+
 def exp_index(v, scale=SCALE):
     """The exponential bucket of v > 0: (base^i, base^(i+1)]."""
     m, e = math.frexp(v)
@@ -150,16 +211,16 @@ class TestDecoderOnSdk(unittest.TestCase):
     def setUpClass(cls):
         SDK.install()
 
-    def test_known_metrics(self):
+    def known_metrics(self, json_mode):
         coll = start_collector(self)
-        sent = SDK("export", coll.url + "/v1/metrics")
+        sent = SDK("export", coll.url + "/v1/metrics", *(["json"] if json_mode else []))
         # forceFlush exports, and shutdown once more: the same cumulative points
         bodies = [(p, h, b) for p, h, b in coll.posts if b]
         self.assertIn(len(bodies), (1, 2))
         path, headers, body = bodies[0]
         self.assertEqual(path, "/v1/metrics")
-        self.assertEqual(headers["content-type"], "application/x-protobuf")
-        [rm] = decode_metrics_export(body)
+        self.assertEqual(headers["content-type"], "application/json" if json_mode else "application/x-protobuf")
+        [rm] = decode_metrics_export_json(body) if json_mode else decode_metrics_export(body)
         self.assertEqual(rm["resource"]["service.name"], "otlp-metrics-sdk-test")
         self.assertEqual(rm["scope"], {1: "otlp_metrics_sdk.cjs", 2: "1.0.0"})
         got = {m["name"]: m for m in rm["metrics"]}
@@ -180,6 +241,12 @@ class TestDecoderOnSdk(unittest.TestCase):
                 vals = {"gen_ai.client.operation.duration": [0.05, 0.1, 0.1, 0.25, 2.5]}.get(m["name"])
                 if vals:
                     self.assertEqual(expand(p), sorted(exp_index(v, p["scale"]) for v in vals))
+
+    def test_known_metrics(self):
+        self.known_metrics(False)
+
+    def test_known_metrics_json(self):
+        self.known_metrics(True)
 
 
 # ---- tokentap's metrics ----
@@ -213,28 +280,34 @@ def answer(sock, req, ctx):
     return True
 
 
-def metrics_yaml(url, extra=""):
+def metrics_yaml(url, extra="", protocol=""):
     return ("metrics:\n  genai_prometheus: true\n" +
             ("  otlp:\n    endpoint: %s\n    interval: 300ms\n" % url if url else "") +
+            ("    protocol: %s\n" % protocol if protocol else "") +
             "tracing:\n  otlp:\n    timeout: 500ms\n    service_name: tt-metrics\n" + extra)
 
 
 def latest(coll):
     """The metrics of the last export with a body: {name: metric}, and its resource."""
     with coll.lock:
-        posts = [b for p, h, b in coll.posts if p == "/v1/metrics" and b]
+        posts = [(h, b) for p, h, b in coll.posts if p == "/v1/metrics" and b]
     if not posts:
         return {}, {}
-    [rm] = decode_metrics_export(posts[-1])
+    h, b = posts[-1]
+    [rm] = decode_metrics_export_json(b, strict=True) if is_json(h) else decode_metrics_export(b)
     return {m["name"]: m for m in rm["metrics"]}, rm["resource"]
 
 
 class TestMetrics(harness.TestCase):
+    PROTOCOL = ""  # metrics.otlp.protocol: unset, http/protobuf
+    CONTENT_TYPE = "application/x-protobuf"
+
     @classmethod
     def setUpClass(cls):
         cls.coll = start_collector(cls)
         cls.up = harness.start_fake_upstream(cls, answer)
-        cls.tt = rh.start_conf(cls, metrics_yaml(cls.coll.url) + rh.upstreams_yaml({"up": cls.up.url}),
+        cls.tt = rh.start_conf(cls, metrics_yaml(cls.coll.url, protocol=cls.PROTOCOL) +
+                               rh.upstreams_yaml({"up": cls.up.url}),
                                "--admin", "127.0.0.1:0", *rh.ONE_WORKER)
         cls.admin = harness.admin_port(cls.tt)
 
@@ -259,6 +332,9 @@ class TestMetrics(harness.TestCase):
             return d is not None and sum(p["count"] for p in d["points"]) == n + 1
 
         self.assertTrue(harness.wait_until(complete, 8.0, 0.05), "no export with all the requests")
+        with self.coll.lock:
+            types = {h.get("content-type") for p, h, b in self.coll.posts if p == "/v1/metrics"}
+        self.assertEqual(types, {self.CONTENT_TYPE})
         ms, res = latest(self.coll)
         self.assertEqual(res["service.name"], "tt-metrics")
         self.assertRegex(res["service.instance.id"], r"^[0-9a-f]{8}-")
@@ -336,6 +412,16 @@ class TestMetrics(harness.TestCase):
             self.assertLessEqual(abs(g - w), 2, (got, want))
 
 
+class TestMetricsJson(TestMetrics):
+    """The same, exported as OTLP/JSON (metrics.otlp.protocol: http/json):
+    the JSON reader, proven on the official exporter's, reads the same
+    histograms, against the same access log (strict: tokentap's 64-bit
+    integers are decimal strings)."""
+
+    PROTOCOL = "http/json"
+    CONTENT_TYPE = "application/json"
+
+
 class TestOverflow(harness.TestCase):
     """Past metrics.otlp.max_series attribute sets, one set marked
     otel.metric.overflow takes the rest, counted."""
@@ -379,6 +465,69 @@ class TestSpanResponseModel(harness.TestCase):
             [(s, rs, h, path)] = coll.span_of(rid)
             self.assertEqual(s["attributes"]["gen_ai.request.model"], "m1")
             self.assertEqual(s["attributes"]["gen_ai.response.model"], "m1-served")
+
+
+class TestResponseModelSim(harness.TestCase):
+    """gen_ai.response.model from what Gemini and Bedrock answers name (the
+    simulator speaking each API, docs/dev/wire-formats.md): Gemini's
+    `modelVersion` (every streamed response, SSE or array, and the body,
+    where it comes after the candidates), Bedrock InvokeModel's Anthropic
+    `model` (message_start's message, the body); Bedrock Converse names
+    none, so the span has none. On the span and on the metrics' points."""
+
+    GEMINI = "gemini-2.5-flash"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.coll = start_collector(cls)
+        cls.sim = harness.start_sim(cls, "--ttft-ms", 0, "--itl-ms", 0, "--tokens", 1200)
+        cls.tt = rh.start_conf(cls, metrics_yaml(cls.coll.url).replace("tracing:\n", "tracing:\n  new_traces: true\n")
+                               .replace("    service_name: tt-metrics\n",
+                                        "    service_name: tt-metrics\n    schedule_delay: 100ms\n")
+                               + "    endpoint: %s\n" % cls.coll.url + rh.upstreams_yaml({"sim": cls.sim.url}),
+                               *rh.ONE_WORKER)
+
+    def span_model(self, rid, path, body):
+        resp = rh.send(self.tt.port, body, [("x-request-id", rid)], path=path)
+        self.assertEqual(resp.status, 200, resp.body[:300])
+        e = self.log_entry(self.tt.log_path, rid)
+        [(s, rs, h, p)] = self.coll.span_of(rid)
+        return s["attributes"].get("gen_ai.response.model"), e
+
+    def test_gemini(self):
+        body = test_gemini.gemini_body()
+        base = "/v1beta/models/%s:" % self.GEMINI
+        for rid, path in (("rm-g-sse", base + "streamGenerateContent?alt=sse"),
+                          ("rm-g-array", base + "streamGenerateContent"),
+                          ("rm-g-body", base + "generateContent")):
+            model, e = self.span_model(rid, path, body)
+            self.assertEqual(e["api"], "gemini", rid)
+            self.assertEqual(model, self.GEMINI, rid)
+        # the body's modelVersion is past its first 4 KiB, after the candidates
+        self.assertGreater(e["bytes_out"], 4096)
+
+    def test_bedrock(self):
+        m = test_bedrock.MODEL
+        for rid, path, body, want in (
+                ("rm-bi-stream", test_bedrock.invoke_path(m, True), test_bedrock.INVOKE_BODY, m),
+                ("rm-bi-body", test_bedrock.invoke_path(m, False), test_bedrock.INVOKE_BODY, m),
+                ("rm-bc-stream", test_bedrock.converse_path(m, True), test_bedrock.CONVERSE_BODY, None),
+                ("rm-bc-body", test_bedrock.converse_path(m, False), test_bedrock.CONVERSE_BODY, None)):
+            model, e = self.span_model(rid, path, body)
+            self.assertTrue(e["api"].startswith("bedrock"), rid)
+            self.assertEqual(model, want, rid)
+
+    def test_metrics_points(self):
+        self.span_model("rm-pt", "/v1beta/models/%s:streamGenerateContent?alt=sse" % self.GEMINI,
+                        test_gemini.gemini_body())
+
+        def found():
+            ms, _ = latest(self.coll)
+            d = ms.get("gen_ai.client.operation.duration")
+            return d is not None and any(p["attributes"].get("gen_ai.response.model") == self.GEMINI
+                                         for p in d["points"])
+
+        self.assertTrue(harness.wait_until(found, 8.0, 0.05), "no point with Gemini's modelVersion")
 
 
 class TestCollectorFaults(harness.TestCase):

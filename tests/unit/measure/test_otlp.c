@@ -2,7 +2,8 @@
  * test_otlp.c — the span exporter's options: the file wins over the
  * environment, the environment over the defaults, the signal's endpoint used
  * as is and the base one given /v1/traces, bad numbers refused; and the
- * endpoints otlp_open refuses. The export itself is tested over sockets
+ * endpoints otlp_open refuses; the protocol, http/json from the file or
+ * either variable, an unknown one refused in the file. The export itself is tested over sockets
  * (tests/integration/test_otlp.py).
  */
 #include <setjmp.h>
@@ -26,6 +27,7 @@ static const char *const vars[] = {
 	"OTEL_EXPORTER_OTLP_TIMEOUT",
 	"OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
 	"OTEL_EXPORTER_OTLP_PROTOCOL",
+	"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
 	"OTEL_EXPORTER_OTLP_CERTIFICATE",
 	"OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
 	"OTEL_SERVICE_NAME",
@@ -153,6 +155,46 @@ static void test_bad_numbers(void **state)
 	}
 }
 
+static void test_protocol(void **state)
+{
+	struct config c = { 0 };
+	struct otlp_options o;
+	char err[300];
+	(void)state;
+	c.otlp_endpoint = "http://file:2";
+	assert_int_equal(resolve(&c, &o), 1);
+	assert_false(o.json);
+	setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json", 1);
+	assert_int_equal(resolve(&c, &o), 1);
+	assert_true(o.json);
+	/* the signal's variable wins over the common one */
+	setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf", 1);
+	assert_int_equal(resolve(&c, &o), 1);
+	assert_false(o.json);
+	/* grpc, or a value not known, in the environment: warned, protobuf */
+	setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc", 1);
+	assert_int_equal(resolve(&c, &o), 1);
+	assert_false(o.json);
+	setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/xml", 1);
+	assert_int_equal(resolve(&c, &o), 1);
+	assert_false(o.json);
+	/* the file wins, and refuses what it does not know */
+	c.otlp_protocol = "http/json";
+	assert_int_equal(resolve(&c, &o), 1);
+	assert_true(o.json);
+	c.otlp_protocol = "json";
+	assert_int_equal(otlp_options_resolve(&c, &o, err, sizeof(err)), -1);
+	assert_non_null(strstr(err, "\"json\""));
+	c.otlp_protocol = "grpc";
+	assert_int_equal(resolve(&c, &o), 1);
+	assert_false(o.json);
+	/* refused in the file even with no endpoint */
+	c.otlp_endpoint = NULL;
+	assert_int_equal(resolve(&c, &o), 0);
+	c.otlp_protocol = "http/JSON";
+	assert_int_equal(otlp_options_resolve(&c, &o, err, sizeof(err)), -1);
+}
+
 static void test_open_refuses_bad_urls(void **state)
 {
 	struct config c = { 0 };
@@ -196,6 +238,7 @@ int main(void)
 		cmocka_unit_test_setup(test_environment, clean_env),
 		cmocka_unit_test_setup(test_file_wins, clean_env),
 		cmocka_unit_test_setup(test_bad_numbers, clean_env),
+		cmocka_unit_test_setup(test_protocol, clean_env),
 		cmocka_unit_test_setup(test_open_refuses_bad_urls, clean_env),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -2,7 +2,8 @@
  * test_otlp_metrics.c — the GenAI metrics' options: opt-in (the base
  * endpoint alone is for spans), the signal's endpoint used as is, the base
  * one given /v1/metrics only with OTEL_METRICS_EXPORTER=otlp, the file over
- * the environment, the interval, bad numbers refused, /metrics alone. The
+ * the environment, the interval, bad numbers refused, /metrics alone, the
+ * protocol (http/json from the file or either variable). The
  * export itself is tested over sockets (tests/integration/test_otlp_metrics.py).
  */
 #include <setjmp.h>
@@ -18,9 +19,10 @@
 #include "otlp_metrics.h"
 
 static const char *const vars[] = {
-	"OTEL_SDK_DISABLED",	      "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
-	"OTEL_METRICS_EXPORTER",      "OTEL_METRIC_EXPORT_INTERVAL", "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT",
-	"OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_HEADERS",  "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+	"OTEL_SDK_DISABLED",	       "OTEL_EXPORTER_OTLP_ENDPOINT",	      "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+	"OTEL_METRICS_EXPORTER",       "OTEL_METRIC_EXPORT_INTERVAL",	      "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT",
+	"OTEL_EXPORTER_OTLP_TIMEOUT",  "OTEL_EXPORTER_OTLP_HEADERS",	      "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+	"OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
 };
 
 static int clean_env(void **state)
@@ -114,6 +116,33 @@ static void test_prometheus_alone(void **state)
 	assert_true(o.prometheus);
 }
 
+static void test_protocol(void **state)
+{
+	struct config c = { 0 };
+	struct otlp_metrics_options o;
+	(void)state;
+	c.otlp_metrics_endpoint = "http://file:2";
+	assert_int_equal(resolve(&c, &o), 1);
+	assert_false(o.http.json);
+	setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json", 1);
+	assert_int_equal(resolve(&c, &o), 1);
+	assert_true(o.http.json);
+	setenv("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "grpc", 1); /* the signal's wins; grpc: protobuf */
+	assert_int_equal(resolve(&c, &o), 1);
+	assert_false(o.http.json);
+	c.otlp_metrics_protocol = "http/json"; /* the file wins */
+	assert_int_equal(resolve(&c, &o), 1);
+	assert_true(o.http.json);
+	c.otlp_protocol = "http/protobuf"; /* the spans' setting is the spans' */
+	assert_int_equal(resolve(&c, &o), 1);
+	assert_true(o.http.json);
+	c.otlp_metrics_protocol = "protobuf";
+	assert_int_equal(resolve(&c, &o), -1);
+	c.otlp_metrics_endpoint = NULL; /* refused with nothing exported too */
+	c.genai_prometheus = true;
+	assert_int_equal(resolve(&c, &o), -1);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -122,6 +151,7 @@ int main(void)
 		cmocka_unit_test_setup(test_file_wins, clean_env),
 		cmocka_unit_test_setup(test_bad_interval, clean_env),
 		cmocka_unit_test_setup(test_prometheus_alone, clean_env),
+		cmocka_unit_test_setup(test_protocol, clean_env),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1579,6 +1579,75 @@ static void test_gemini_bodies(void **state)
 	assert_int_equal(u.outcome, OUTCOME_FAILED);
 }
 
+/* gen_ai.response.model: what each API's answer names, from bytes shaped
+ * as the APIs send them (docs/dev/wire-formats.md). */
+static const char *resp_model(enum api_kind api, const char *json)
+{
+	static char out[128];
+	strcpy(out, "untouched");
+	return classify_resp_model(api, json, strlen(json), out, sizeof(out)) ? out : NULL;
+}
+
+static void test_resp_model(void **state)
+{
+	(void)state;
+	/* OpenAI: a top-level model in every chunk and body */
+	assert_string_equal(resp_model(API_OPENAI_CHAT, J("{'id':'c1','object':'chat.completion.chunk','created':1,"
+							  "'model':'gpt-4o-2024-08-06','choices':[]}")),
+			    "gpt-4o-2024-08-06");
+	/* Anthropic: message_start's message */
+	assert_string_equal(resp_model(API_ANTHROPIC, J("{'type':'message_start','message':{'id':'msg_1','type':"
+							"'message','role':'assistant','model':'claude-sonnet-4-5',"
+							"'content':[]}}")),
+			    "claude-sonnet-4-5");
+	/* Gemini: modelVersion, after the candidates (whose role is the value "model") */
+	const char *gemini =
+		J("{'candidates': [{'content': {'parts': [{'text': 'Hi'}],'role': 'model'},"
+		  "'finishReason': 'STOP','index': 0}],'usageMetadata': {'promptTokenCount': 5,"
+		  "'candidatesTokenCount': 1,'totalTokenCount': 6},'modelVersion': 'gemini-2.5-flash',"
+		  "'responseId': 'mBx3aNbPJ9'}");
+	assert_string_equal(resp_model(API_GEMINI_STREAM, gemini), "gemini-2.5-flash");
+	assert_string_equal(resp_model(API_GEMINI, gemini), "gemini-2.5-flash");
+	/* a function call's args are an object: a "modelVersion" there is not the answer's */
+	assert_string_equal(resp_model(API_GEMINI, J("{'candidates': [{'content': {'parts': [{'functionCall': "
+						     "{'name': 'pick','args': {'modelVersion': 'v0'}}}],'role': "
+						     "'model'}}],'modelVersion': 'gemini-2.5-pro'}")),
+			    "gemini-2.5-pro");
+	/* the part of a body kept at its end: from inside a string, modelVersion still read */
+	assert_string_equal(resp_model(API_GEMINI, J("e long answer.'}],'role': 'model'}}],'modelVersion': "
+						     "'gemini-2.0-flash-001'}")),
+			    "gemini-2.0-flash-001");
+	assert_null(resp_model(API_GEMINI, J("{'candidates': [{'content': {'parts': [{'text': 'Hi'}],'role': "
+					     "'model'}}]}")));
+	/* Bedrock InvokeModel: the model family's own JSON, Anthropic's with its model */
+	assert_string_equal(resp_model(API_BEDROCK_INVOKE,
+				       J("{'type':'message_start','message':{'id':'msg_bdrk_01','type':'message',"
+					 "'role':'assistant','model':'claude-3-haiku-20240307','content':[]}}")),
+			    "claude-3-haiku-20240307");
+	assert_null(resp_model(API_BEDROCK_INVOKE, J("{'generation':'Hi','prompt_token_count':5}"))); /* Llama */
+	/* Bedrock Converse names no model; a tool's input object is not one */
+	assert_null(resp_model(API_BEDROCK_CONVERSE, J("{'output':{'message':{'role':'assistant','content':[{"
+						       "'toolUse':{'toolUseId':'t1','name':'pick','input':"
+						       "{'model':'x'}}}]}},'stopReason':'tool_use'}")));
+	/* "model" as a value, not a key, is passed over */
+	assert_string_equal(resp_model(API_OLLAMA_CHAT, J("{'role':'model','model':'qwen3'}")), "qwen3");
+	/* not plain visible ASCII, escaped, empty or too long: none, out untouched */
+	char out[8] = "same";
+	assert_false(classify_resp_model(API_OPENAI_CHAT, J("{'model':'12345678'}"), 20, out, sizeof(out)));
+	assert_string_equal(out, "same");
+	assert_true(classify_resp_model(API_OPENAI_CHAT, J("{'model':'1234567'}"), 19, out, sizeof(out)));
+	assert_string_equal(out, "1234567");
+	assert_null(resp_model(API_OPENAI_CHAT, J("{'model':'a\\u00e9'}")));
+	assert_null(resp_model(API_OPENAI_CHAT, J("{'model':'a b'}")));
+	assert_null(resp_model(API_OPENAI_CHAT, J("{'model':''}")));
+	assert_null(resp_model(API_OPENAI_CHAT, J("{'model':'unterminated")));
+	assert_null(resp_model(API_OPENAI_CHAT, J("{'model':")));
+	/* where a body names it: Gemini's at its end */
+	assert_true(classify_resp_model_at_end(API_GEMINI));
+	assert_false(classify_resp_model_at_end(API_OPENAI_CHAT));
+	assert_false(classify_resp_model_at_end(API_BEDROCK_INVOKE));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1612,6 +1681,7 @@ int main(void)
 		cmocka_unit_test(test_gemini_paths),
 		cmocka_unit_test(test_gemini_events),
 		cmocka_unit_test(test_gemini_bodies),
+		cmocka_unit_test(test_resp_model),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
