@@ -17,6 +17,8 @@ packages=(
 	chromium fonts-dejavu-core prometheus
 	# callgrind, for contrib/lab/instr.py and its test (tests/integration/test_instr.py)
 	valgrind
+	# system calls per request, for contrib/lab/syscalls.py and its test (tests/integration/test_lab.py)
+	strace
 )
 
 missing=()

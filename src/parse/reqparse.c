@@ -87,13 +87,22 @@ const struct hdr *reqhead_header(const struct reqhead *h, const char *name)
 	return NULL;
 }
 
-/* True when `name` appears as a token of the Connection header. */
+/* True when `name` appears as a token of the Connection header. Asked of
+ * every header forwarded: only the Connection headers the parser counted
+ * (nconn, from conn_first) are looked at. */
 static bool listed_in_connection(const struct reqhead *h, const char *name, size_t nlen)
 {
-	for (unsigned i = 0; i < h->nhdr; i++) {
+	unsigned left = h->nconn;
+
+	if (!left)
+		return false;
+	if (h->conn_plain) /* "keep-alive" is hop-by-hop anyway */
+		return nlen == 5 && strncasecmp(name, "close", 5) == 0;
+	for (unsigned i = h->conn_first; left && i < h->nhdr; i++) {
 		const struct hdr *f = &h->hdrs[i];
 		if (!name_eq(h->buf + f->name_off, f->name_len, "connection"))
 			continue;
+		left--;
 		const char *v = h->buf + f->val_off, *end = v + f->val_len;
 		while (v < end) {
 			while (v < end && (*v == ' ' || *v == '\t' || *v == ','))
@@ -106,6 +115,33 @@ static bool listed_in_connection(const struct reqhead *h, const char *name, size
 		}
 	}
 	return false;
+}
+
+/* Whether every token of the Connection headers is close or keep-alive
+ * (what clients send): then listed_in_connection compares one name. */
+static bool connection_plain(const struct reqhead *h)
+{
+	unsigned left = h->nconn;
+
+	for (unsigned i = h->conn_first; left && i < h->nhdr; i++) {
+		const struct hdr *f = &h->hdrs[i];
+		if (!name_eq(h->buf + f->name_off, f->name_len, "connection"))
+			continue;
+		left--;
+		const char *v = h->buf + f->val_off, *end = v + f->val_len;
+		while (v < end) {
+			while (v < end && (*v == ' ' || *v == '\t' || *v == ','))
+				v++;
+			const char *tok = v;
+			while (v < end && *v != ',' && *v != ' ' && *v != '\t')
+				v++;
+			size_t n = (size_t)(v - tok);
+			if (n && !(n == 5 && strncasecmp(tok, "close", 5) == 0) &&
+			    !(n == 10 && strncasecmp(tok, "keep-alive", 10) == 0))
+				return false;
+		}
+	}
+	return true;
 }
 
 bool reqhead_hop_by_hop(const struct reqhead *h, const char *name, size_t len)
@@ -154,6 +190,8 @@ static int on_message_begin(llhttp_t *p)
 		return -1;
 	h->len = 0;
 	h->nhdr = 0;
+	h->nconn = h->conn_first = 0;
+	h->conn_plain = false;
 	h->url_off = h->url_len = 0;
 	h->in_url = h->in_name = false;
 	h->parsed = false;
@@ -262,6 +300,9 @@ static int on_header_field_complete(llhttp_t *p)
 	if (h->parsed)
 		return 0;
 	h->in_name = false;
+	const struct hdr *f = &h->hdrs[h->nhdr - 1];
+	if (f->name_len == 10 && name_eq(h->buf + f->name_off, f->name_len, "connection") && h->nconn++ == 0)
+		h->conn_first = h->nhdr - 1;
 	h->hdrs[h->nhdr - 1].val_off = (uint32_t)h->len;
 	return 0;
 }
@@ -347,6 +388,7 @@ static int on_headers_complete(llhttp_t *p)
 	const struct hdr *f;
 
 	h->parsed = true;
+	h->conn_plain = connection_plain(h);
 	h->method = llhttp_get_method(p);
 	h->http_major = p->http_major;
 	h->http_minor = p->http_minor;

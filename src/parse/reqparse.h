@@ -38,6 +38,10 @@ struct reqhead {
 	size_t len, cap;
 	struct hdr *hdrs; /* lim.max_headers of them */
 	unsigned nhdr;
+	/* the Connection headers: how many, the first one's index; whether
+	 * they list nothing but close and keep-alive (known once parsed) */
+	unsigned nconn, conn_first;
+	bool conn_plain;
 	size_t url_off, url_len;
 	/* set once the head has parsed (before tokentap's own checks) */
 	bool parsed;

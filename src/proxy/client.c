@@ -822,6 +822,24 @@ static void on_client_timer(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
+/*
+ * A plain client's output gets its write watch when the first bytes are
+ * queued on it, that is when a write from client_forward would have blocked
+ * (or an answer goes out from the write callback): enabled at accept, an
+ * empty output would cost an epoll_ctl to add the watch, a wake-up as the
+ * socket reports itself writable and another epoll_ctl to drop it again,
+ * on every connection. Once enabled it stays, as it did before.
+ */
+static void client_out_added(struct evbuffer *out, const struct evbuffer_cb_info *info, void *arg)
+{
+	struct client *cl = arg;
+
+	if (!info->n_added)
+		return;
+	evbuffer_remove_cb(out, client_out_added, cl);
+	bufferevent_enable(cl->bev, EV_WRITE);
+}
+
 void client_new(struct client_set *set, int fd, const char *peer, struct ssl_ctx_st *tls)
 {
 	struct client *cl = calloc(1, sizeof(*cl));
@@ -837,7 +855,6 @@ void client_new(struct client_set *set, int fd, const char *peer, struct ssl_ctx
 	cl->bev =
 		tls ? tls_bev_accept(set->base, tls, fd) : bufferevent_socket_new(set->base, fd, BEV_OPT_CLOSE_ON_FREE);
 	if (!tls) {
-		(void)rxstamp_enable(fd);
 		cl->rev = event_new(set->base, fd, EV_READ | EV_PERSIST, on_client_readable, cl);
 	}
 	cl->timer = evtimer_new(set->base, on_client_timer, cl);
@@ -860,7 +877,8 @@ void client_new(struct client_set *set, int fd, const char *peer, struct ssl_ctx
 	set->nclients++;
 	bufferevent_setcb(cl->bev, on_client_read, on_client_write, on_client_event, cl);
 	bufferevent_setwatermark(cl->bev, EV_READ, 0, CLIENT_INPUT_MAX);
-	bufferevent_enable(cl->bev, EV_WRITE);
+	if (tls || !evbuffer_add_cb(bufferevent_get_output(cl->bev), client_out_added, cl))
+		bufferevent_enable(cl->bev, EV_WRITE);
 	client_reading(cl, true);
 	loop_timer_arm(cl->timer, client_cfg(cl)->keepalive_timeout_ms);
 	log_conn(LOG_DEBUG, cl->id, "accepted from %s", cl->peer);

@@ -50,6 +50,10 @@ struct proxy {
 		unsigned index;		       /* into the router's tls_listen[] */
 		struct sockaddr_storage bound; /* the address it got */
 		socklen_t boundlen;
+		/* whether accepted sockets come with TCP_NODELAY and the receive
+		 * stamps set on the listener (Linux copies both): 0 not known
+		 * yet, 1 they do, -1 each connection sets them itself */
+		signed char inherits;
 	} listeners[LISTENERS_MAX];
 	unsigned nlisteners;
 	char listen_addr[LISTENERS_MAX * 64]; /* "ADDR:PORT, ADDR:PORT" */
@@ -103,6 +107,17 @@ static void format_addr(const struct sockaddr *sa, char *out, size_t len)
 	}
 }
 
+/* Whether the first socket a listener accepted has the options the listener
+ * was given: then no connection after it needs two setsockopt calls. */
+static bool sockets_inherit(int fd)
+{
+	int nodelay = 0, stamps = 0;
+	socklen_t len = sizeof(nodelay), len2 = sizeof(stamps);
+
+	return getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &nodelay, &len) == 0 && nodelay &&
+	       getsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &stamps, &len2) == 0 && stamps;
+}
+
 static void on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg)
 {
 	struct listener *l = arg;
@@ -136,7 +151,13 @@ static void on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct soc
 		return;
 	}
 	px->cap_warned = false;
-	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	if (l->inherits == 0)
+		l->inherits = sockets_inherit(fd) ? 1 : -1;
+	if (l->inherits < 0) {
+		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		if (!tls)
+			(void)rxstamp_enable(fd);
+	}
 	format_addr(sa, peer, sizeof(peer));
 	client_new(&px->set, fd, peer, tls);
 }
@@ -237,8 +258,11 @@ struct proxy *proxy_new(struct event_base *base, struct router *router, const st
 		 * deferred switch) when the first socket asks, so a request that
 		 * arrived before its connection was accepted, after a quiet spell
 		 * with no stamped socket open, would have none. Accepted sockets
-		 * inherit the option. */
+		 * inherit the option, and TCP_NODELAY too (on_accept checks the
+		 * first one and sets both itself where they do not). */
 		(void)rxstamp_enable(evconnlistener_get_fd(l->lev));
+		int one = 1;
+		(void)setsockopt(evconnlistener_get_fd(l->lev), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 		l->boundlen = sizeof(l->bound);
 		getsockname(evconnlistener_get_fd(l->lev), (struct sockaddr *)&l->bound, &l->boundlen);
 		format_addr((struct sockaddr *)&l->bound, addr, sizeof(addr));

@@ -2,10 +2,11 @@
 that they cannot rot: ab.py (which drives proxies.py's scenarios, runs and
 percentiles) with this build against itself for one round of scenario (c),
 late_gaps.py for one round of 20 requests, direct and through tokentap,
-same_output.py comparing this build with itself, and sim_same_output.py
+same_output.py comparing this build with itself, sim_same_output.py
 comparing this build's simulator with itself (--quick) and with the same
 simulator on another seed, which it must report as different, and
-model_cap_mem.py for 1 and 8 models.
+model_cap_mem.py for 1 and 8 models, and syscalls.py counting scenario (l)'s
+system calls.
 routing.py and instr.py have smoke tests of their own (test_routing_bench,
 test_instr). Neither script here may install anything (nginx and HAProxy are
 not asked for). Each must exit 0 and print, per target, figures that show
@@ -13,6 +14,7 @@ traffic went through it."""
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import unittest
@@ -75,6 +77,17 @@ class LabSmoke(harness.TestCase):
         self.assertEqual(set(rows), {1, 8}, out[-2000:])
         self.assertGreater(int(rows[8][1]), int(rows[1][1]), "RSS grows with the models tracked")
         self.assertGreater(float(rows[8][5]), 0, "RSS per model")
+
+    def test_syscalls_per_new_connection(self):
+        self.assertTrue(shutil.which("strace"), "strace is missing: contrib/setup.sh installs it")
+        out = self.run_script(os.path.join(LAB, "syscalls.py"), "--build", self.build, "--scenarios", "l",
+                              "--requests", "128", "--no-haproxy")
+        per = {m.group(1): float(m.group(2)) for m in re.finditer(r"^  (\w+) +([0-9.]+)$", out, re.M)}
+        # a new connection per request: one accept each, and the request
+        # read from the client and the answer from the upstream
+        self.assertGreaterEqual(per.get("accept4", 0), 0.9, out[-2000:])
+        self.assertGreaterEqual(per.get("recvmsg", 0), 1.9, out[-2000:])
+        self.assertGreater(per.get("all", 0), per["accept4"] + per["recvmsg"], out[-2000:])
 
     def test_sim_same_output(self):
         sim = os.path.join(self.build, "contrib", "sim", "tokentap-sim")

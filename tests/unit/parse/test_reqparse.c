@@ -315,17 +315,62 @@ static void check_hop(const struct reqhead *h)
 	/* and what the Connection header names, in any case */
 	assert_true(hop(h, "x-private"));
 	assert_true(hop(h, "X-Other"));
+	assert_false(hop(h, "x-mid"));
+}
+
+/* Without a Connection header only the fixed names are hop-by-hop; with
+ * one after others, what it lists still is. */
+static void check_no_connection(const struct reqhead *h)
+{
+	assert_true(hop(h, "te"));
+	assert_false(hop(h, "x-private"));
+	assert_false(hop(h, "close"));
+}
+
+/* What clients send: close and keep-alive only, in any case, one header
+ * or two. */
+static void check_plain_connection(const struct reqhead *h)
+{
+	assert_true(hop(h, "Close"));
+	assert_true(hop(h, "keep-alive"));
+	assert_false(hop(h, "x-a"));
+	assert_false(hop(h, "closf"));
+}
+
+static void check_late_connection(const struct reqhead *h)
+{
+	assert_true(hop(h, "x-last"));
+	assert_true(hop(h, "close"));
+	assert_false(hop(h, "x-a"));
 }
 
 static void test_hop_by_hop(void **state)
 {
 	static const char get[] =
-		"GET /a HTTP/1.1\r\nHost: h\r\nConnection: keep-alive, X-Private\r\n"
+		"GET /a HTTP/1.1\r\nHost: h\r\nConnection: keep-alive, X-Private\r\nX-Mid: 1\r\n"
 		"connection: x-other\r\n\r\n";
 	struct seen s;
 	(void)state;
 	head_check = check_hop;
 	assert_int_equal(RUN(get, 0, &s), 0);
+	head_check = NULL;
+	assert_int_equal(s.heads, 1);
+
+	static const char plain[] = "GET /a HTTP/1.1\r\nHost: h\r\nX-Private: 1\r\n\r\n";
+	head_check = check_no_connection;
+	assert_int_equal(RUN(plain, 0, &s), 0);
+	assert_int_equal(s.heads, 1);
+
+	static const char late[] =
+		"GET /a HTTP/1.1\r\nHost: h\r\nX-A: 1\r\nX-B: 2\r\nCONNECTION: close, X-Last\r\n\r\n";
+	static const char kept[] =
+		"GET /a HTTP/1.1\r\nHost: h\r\nConnection: Keep-Alive\r\nX-A: 1\r\nconnection: ,CLOSE \r\n\r\n";
+	head_check = check_plain_connection;
+	assert_int_equal(RUN(kept, 0, &s), 0);
+	assert_int_equal(s.heads, 1);
+
+	head_check = check_late_connection;
+	assert_int_equal(RUN(late, 3, &s), 0); /* names split across reads too */
 	head_check = NULL;
 	assert_int_equal(s.heads, 1);
 }
