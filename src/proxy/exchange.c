@@ -878,8 +878,18 @@ enum xr exchange_flush(struct exchange *x)
 		}
 		queued = evbuffer_get_length(out);
 	}
-	if (queued > STREAM_BUFFER)
+	if (queued > STREAM_BUFFER) {
+		x->upload_stopped = true;
 		(void)x->hooks->upload(x->owner, false); /* stopping ends nothing */
+	} else if (x->upload_stopped && queued <= STREAM_BUFFER / 2 && x->uc && x->uc->connected) {
+		/* Stopped while the bytes waited for a connection or an
+		 * admission slot, and written now in this call: the bufferevent
+		 * wrote none of them, so no write callback (on_up_write) would
+		 * resume the owner. */
+		x->upload_stopped = false;
+		if (x->hooks->upload(x->owner, true) == XR_ENDED)
+			return XR_ENDED;
+	}
 	/* all of it may be out already: no write callback will say so */
 	exchange_check_sent(x);
 	return XR_OK;
@@ -916,9 +926,11 @@ static void on_up_write(struct bufferevent *bev, void *arg)
 
 	/* under half the stream buffer: the owner reads its client again, if
 	 * it had stopped */
-	if (evbuffer_get_length(bufferevent_get_output(bev)) <= STREAM_BUFFER / 2 &&
-	    x->hooks->upload(x->owner, true) == XR_ENDED)
-		return;
+	if (evbuffer_get_length(bufferevent_get_output(bev)) <= STREAM_BUFFER / 2) {
+		x->upload_stopped = false;
+		if (x->hooks->upload(x->owner, true) == XR_ENDED)
+			return;
+	}
 	exchange_check_sent(x);
 }
 
