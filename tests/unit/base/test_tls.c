@@ -150,7 +150,7 @@ static void conn_open(struct conn *c)
 			done_s = SSL_do_handshake(c->srv) == 1;
 	}
 	assert_true(done_s && done_c);
-	tls_read_ahead(c->cli);
+	tls_read_own(c->cli);
 	counted_reads = 0;
 	read_eof = 0;
 }
