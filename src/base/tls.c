@@ -455,6 +455,30 @@ size_t tls_bev_write(struct bufferevent *bev, const char *p, size_t n)
 	return done;
 }
 
+size_t tls_bev_send(struct bufferevent *bev, struct evbuffer *src)
+{
+	struct evbuffer *out = bufferevent_get_output(bev);
+	size_t done = 0, len;
+
+	while ((len = evbuffer_get_length(src)) > 0 && evbuffer_get_length(out) == 0) {
+		size_t piece = len < TLS_WRITE_PIECE ? len : TLS_WRITE_PIECE;
+		/* one record from however many chains the piece spans (a head
+		 * and its body: often one already, then this copies nothing) */
+		const unsigned char *p = evbuffer_pullup(src, (ev_ssize_t)piece);
+		if (!p)
+			break; /* no memory to join them: the bufferevent writes them */
+		/* a record the socket took part of goes on from the output's
+		 * front (libevent sets SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER on
+		 * the connection), the rest of `src` behind it */
+		size_t w = tls_bev_write(bev, (const char *)p, piece);
+		evbuffer_drain(src, w);
+		done += w;
+		if (w < piece)
+			break;
+	}
+	return done;
+}
+
 void tls_bev_keep_buffers(struct bufferevent *bev, bool keep)
 {
 	SSL *ssl = bufferevent_openssl_get_ssl(bev);

@@ -18,6 +18,7 @@ typedef struct ssl_ctx_st SSL_CTX;
 typedef struct ssl_st SSL;
 typedef struct ssl_session_st SSL_SESSION;
 struct bufferevent;
+struct evbuffer;
 struct event_base;
 
 /* The listener's context from PEM files. NULL with `err`. */
@@ -109,6 +110,12 @@ ssize_t tls_recv(void *reader, char *buf, size_t len);
  * filled mid-record); the caller queues the rest.
  */
 size_t tls_bev_write(struct bufferevent *bev, const char *p, size_t n);
+
+/* tls_bev_write for a TLS upstream's request: from the front of `src`,
+ * one record per 16 KiB (a smaller request one record, its chains joined),
+ * each drained as it is taken; returns the bytes taken. What is left in
+ * `src` (the socket full, or the handshake not done) the caller queues. */
+size_t tls_bev_send(struct bufferevent *bev, struct evbuffer *src);
 
 /* While `keep`, `bev`'s record buffers stay between writes (a streaming
  * response: no free and allocation per record); when not, they are let go

@@ -830,23 +830,32 @@ static bool request_failover(struct exchange *x, enum failover_why why)
 	return true;
 }
 
-/* Moves `src` to the upstream connection: over plain TCP with nothing
- * queued before it, written to the socket here and now (a bufferevent would
- * write on the next loop turn, after every other ready event: in a burst of
- * arrivals that is the whole burst); the rest, and everything over TLS,
- * into the bufferevent's output, which also reports a failed write.
- * `now` false (a shadow's bytes, which never go before a primary's): all
- * of it to the bufferevent. Returns the clock read just before the write
- * that took all of `src`, 0 when some of it was left to the bufferevent;
- * UINT64_MAX when that could not be queued (out of memory). */
+/* Moves `src` to the upstream connection: with nothing queued before it,
+ * written to the socket here and now, over plain TCP with writev, over TLS
+ * (handshake done) with SSL_write (tls_bev_send: a record per 16 KiB); a
+ * bufferevent would write on the next loop turn, after every other ready
+ * event (in a burst of arrivals that is the whole burst), and enable and
+ * disable its write event around it. The rest into the bufferevent's
+ * output, which also reports a failed write. `now` false (a shadow's
+ * bytes, which never go before a primary's): all of it to the bufferevent.
+ * Returns the clock read just before the write that took all of `src`, 0
+ * when some of it was left to the bufferevent (over TLS, a record the
+ * socket took only part of too); UINT64_MAX when that could not be queued
+ * (out of memory). */
 static uint64_t upstream_send(struct upconn *uc, struct evbuffer *src, bool now)
 {
 	struct evbuffer *out = bufferevent_get_output(uc->bev);
 	uint64_t at = 0;
 
-	if (now && uc->rev && !uc->ssl && evbuffer_get_length(out) == 0) {
+	if (now && uc->rev && evbuffer_get_length(out) == 0) {
 		at = clock_now_ns();
-		(void)evbuffer_write(src, bufferevent_getfd(uc->bev));
+		if (!uc->ssl) {
+			(void)evbuffer_write(src, bufferevent_getfd(uc->bev));
+		} else {
+			(void)tls_bev_send(uc->bev, src);
+			if (evbuffer_get_length(out))
+				at = 0; /* the last record goes on from there */
+		}
 	}
 	if (evbuffer_get_length(src)) {
 		if (evbuffer_add_buffer(out, src) == -1)
