@@ -15,6 +15,7 @@
 #include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
 #include <arpa/inet.h>
+#include <openssl/buffer.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
@@ -254,6 +255,8 @@ SSL *tls_bev_ssl(struct bufferevent *bev)
 
 static _Thread_local char feed_buf[TLS_FEED];
 
+#define TLS_MEM_KEEP 4096 /* the memory BIO's buffer kept between reads, at most */
+
 void tls_read_own(SSL *ssl)
 {
 	BIO *sock = SSL_get_wbio(ssl), *mem;
@@ -325,21 +328,30 @@ ssize_t tls_recv(void *reader, char *buf, size_t len)
 {
 	struct tls_reader *rd = reader;
 
-	if (!tls_fed(rd->ssl) || !(SSL_get_mode(rd->ssl) & SSL_MODE_RELEASE_BUFFERS))
+	if (!tls_fed(rd->ssl))
 		return tls_recv_records(rd, buf, len);
 	/* Fed a record at a time, OpenSSL's record buffer is empty after each
 	 * one: released there, it would be freed and allocated again per
 	 * record. Kept through the call, and let go at its end when empty. */
-	SSL_clear_mode(rd->ssl, SSL_MODE_RELEASE_BUFFERS);
+	bool release = (SSL_get_mode(rd->ssl) & SSL_MODE_RELEASE_BUFFERS) != 0;
+	if (release)
+		SSL_clear_mode(rd->ssl, SSL_MODE_RELEASE_BUFFERS);
 	ssize_t n = tls_recv_records(rd, buf, len);
 	int saved = errno;
-	SSL_set_mode(rd->ssl, SSL_MODE_RELEASE_BUFFERS);
-	(void)SSL_free_buffers(rd->ssl); /* refused while part of a record is in it */
-	/* The memory BIO keeps the most it held: emptied, it makes way for
-	 * a new one, so that a connection between reads (a stream's pace, the
-	 * pool) holds no buffer, as it did with read-ahead. Not at the end,
-	 * which the old one remembers. */
-	if ((n > 0 || (n < 0 && saved == EAGAIN)) && BIO_ctrl_pending(SSL_get_rbio(rd->ssl)) == 0) {
+	if (release) {
+		SSL_set_mode(rd->ssl, SSL_MODE_RELEASE_BUFFERS);
+		(void)SSL_free_buffers(rd->ssl); /* refused while part of a record is in it */
+	}
+	/* The memory BIO keeps the most it held: emptied after a burst, it
+	 * makes way for a new one, so that a connection between reads (the
+	 * pool, a stream after a burst) holds no more than a record or two,
+	 * as with read-ahead, which let its buffer go. At a stream's pace it
+	 * holds a record's bytes and stays. Not at the end, which the old
+	 * one remembers. */
+	BIO *mem = SSL_get_rbio(rd->ssl);
+	BUF_MEM *bm = NULL;
+	if ((n > 0 || (n < 0 && saved == EAGAIN)) && BIO_ctrl_pending(mem) == 0 && BIO_get_mem_ptr(mem, &bm) > 0 &&
+	    bm && bm->max > TLS_MEM_KEEP) {
 		BIO *fresh = BIO_new(BIO_s_mem());
 		if (fresh) {
 			BIO_set_mem_eof_return(fresh, -1);
