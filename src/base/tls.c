@@ -15,6 +15,7 @@
 #include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
 #include <arpa/inet.h>
+#include <openssl/buffer.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
@@ -248,14 +249,67 @@ SSL *tls_bev_ssl(struct bufferevent *bev)
 	return bev ? bufferevent_openssl_get_ssl(bev) : NULL;
 }
 
-void tls_read_ahead(SSL *ssl)
+/* Bytes taken from the socket in one read for a connection tls_recv
+ * feeds: a full record and its header, as read-ahead took. */
+#define TLS_FEED (16384 + 512)
+
+static _Thread_local char feed_buf[TLS_FEED];
+
+#define TLS_MEM_KEEP 4096 /* the memory BIO's buffer kept between reads, at most */
+
+void tls_read_own(SSL *ssl)
 {
-	SSL_set_read_ahead(ssl, 1);
+	BIO *sock = SSL_get_wbio(ssl), *mem;
+
+	/* OpenSSL's read-ahead moves what it holds past a record to the front
+	 * of its buffer before each record (OpenSSL 3.0, ssl3_read_n): with
+	 * many small records in one read, most of a read's cost. A memory BIO
+	 * that tls_recv fills from the socket gives OpenSSL each record
+	 * from where it lies, at the cost of one copy of the bytes. */
+	if (sock && SSL_get_rbio(ssl) == sock && (mem = BIO_new(BIO_s_mem()))) {
+		BIO_set_mem_eof_return(mem, -1); /* empty: read again later */
+		SSL_set0_rbio(ssl, mem);	 /* the socket BIO stays the write side */
+		return;
+	}
+	SSL_set_read_ahead(ssl, 1); /* no memory: read-ahead, as before */
+}
+
+/* Whether tls_recv feeds `ssl` from its socket itself (tls_read_own). */
+static inline bool tls_fed(SSL *ssl)
+{
+	return SSL_get_rbio(ssl) != SSL_get_wbio(ssl);
+}
+
+/* One read of the socket into the memory BIO: 1 with bytes, 0 when the
+ * socket has none now, 2 at its end (the memory BIO then ends too, so
+ * OpenSSL sees the close after the bytes before it), -1 on an error (errno
+ * as the read left it). */
+static int tls_feed(SSL *ssl)
+{
+	BIO *mem = SSL_get_rbio(ssl), *sock = SSL_get_wbio(ssl);
+	int n = BIO_read(sock, feed_buf, (int)sizeof(feed_buf));
+
+	if (n > 0) {
+		if (BIO_write(mem, feed_buf, n) != n) {
+			errno = ENOMEM;
+			return -1;
+		}
+		return 1;
+	}
+	if (n < 0 && BIO_should_retry(sock))
+		return 0;
+	if (n == 0) {
+		BIO_set_mem_eof_return(mem, 0);
+		return 2;
+	}
+	if (!errno)
+		errno = ECONNRESET;
+	return -1;
 }
 
 bool tls_pending(SSL *ssl)
 {
-	return SSL_has_pending(ssl) == 1;
+	return SSL_has_pending(ssl) == 1 || (tls_fed(ssl) && BIO_ctrl_pending(SSL_get_rbio(ssl)) > 0);
 }
 
 /* SSL_get_error needs an empty error queue. Looking costs a quarter of
@@ -268,11 +322,51 @@ static inline void tls_err_reset(void)
 		ERR_clear_error();
 }
 
+static ssize_t tls_recv_records(struct tls_reader *rd, char *buf, size_t len);
+
 ssize_t tls_recv(void *reader, char *buf, size_t len)
 {
 	struct tls_reader *rd = reader;
+
+	if (!tls_fed(rd->ssl))
+		return tls_recv_records(rd, buf, len);
+	/* Fed a record at a time, OpenSSL's record buffer is empty after each
+	 * one: released there, it would be freed and allocated again per
+	 * record. Kept through the call, and let go at its end when empty. */
+	bool release = (SSL_get_mode(rd->ssl) & SSL_MODE_RELEASE_BUFFERS) != 0;
+	if (release)
+		SSL_clear_mode(rd->ssl, SSL_MODE_RELEASE_BUFFERS);
+	ssize_t n = tls_recv_records(rd, buf, len);
+	int saved = errno;
+	if (release) {
+		SSL_set_mode(rd->ssl, SSL_MODE_RELEASE_BUFFERS);
+		(void)SSL_free_buffers(rd->ssl); /* refused while part of a record is in it */
+	}
+	/* The memory BIO keeps the most it held: emptied after a burst, it
+	 * makes way for a new one, so that a connection between reads (the
+	 * pool, a stream after a burst) holds no more than a record or two,
+	 * as with read-ahead, which let its buffer go. At a stream's pace it
+	 * holds a record's bytes and stays. Not at the end, which the old
+	 * one remembers. */
+	BIO *mem = SSL_get_rbio(rd->ssl);
+	BUF_MEM *bm = NULL;
+	if ((n > 0 || (n < 0 && saved == EAGAIN)) && BIO_ctrl_pending(mem) == 0 && BIO_get_mem_ptr(mem, &bm) > 0 &&
+	    bm && bm->max > TLS_MEM_KEEP) {
+		BIO *fresh = BIO_new(BIO_s_mem());
+		if (fresh) {
+			BIO_set_mem_eof_return(fresh, -1);
+			SSL_set0_rbio(rd->ssl, fresh);
+		}
+	}
+	errno = saved;
+	return n;
+}
+
+static ssize_t tls_recv_records(struct tls_reader *rd, char *buf, size_t len)
+{
 	size_t got = 0, n;
 	int err = SSL_ERROR_NONE;
+	bool fed = tls_fed(rd->ssl), ended = false;
 
 	rd->more = false;
 	tls_err_reset(); /* SSL_get_error reads the queue: ours only */
@@ -290,6 +384,17 @@ ssize_t tls_recv(void *reader, char *buf, size_t len)
 			continue;
 		}
 		err = SSL_get_error(rd->ssl, 0);
+		if (err == SSL_ERROR_WANT_READ && fed && !ended) {
+			int f = tls_feed(rd->ssl);
+			if (f == 1)
+				continue;
+			if (f == 2) {
+				ended = true; /* OpenSSL sees the end after what came before it */
+				continue;
+			}
+			if (f < 0)
+				err = SSL_ERROR_SYSCALL; /* errno says how */
+		}
 		/* The close, however it came: once it is seen, OpenSSL 3.0 answers
 		 * every later SSL_read with 0 and no read, which SSL_get_error
 		 * does not always call ZERO_RETURN (a spin on a socket at EOF). */
@@ -358,6 +463,30 @@ size_t tls_bev_write(struct bufferevent *bev, const char *p, size_t n)
 		if (evbuffer_commit_space(out, &v, 1) == 0)
 			done += piece;
 		break;
+	}
+	return done;
+}
+
+size_t tls_bev_send(struct bufferevent *bev, struct evbuffer *src)
+{
+	struct evbuffer *out = bufferevent_get_output(bev);
+	size_t done = 0, len;
+
+	while ((len = evbuffer_get_length(src)) > 0 && evbuffer_get_length(out) == 0) {
+		size_t piece = len < TLS_WRITE_PIECE ? len : TLS_WRITE_PIECE;
+		/* one record from however many chains the piece spans (a head
+		 * and its body: often one already, then this copies nothing) */
+		const unsigned char *p = evbuffer_pullup(src, (ev_ssize_t)piece);
+		if (!p)
+			break; /* no memory to join them: the bufferevent writes them */
+		/* a record the socket took part of goes on from the output's
+		 * front (libevent sets SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER on
+		 * the connection), the rest of `src` behind it */
+		size_t w = tls_bev_write(bev, (const char *)p, piece);
+		evbuffer_drain(src, w);
+		done += w;
+		if (w < piece)
+			break;
 	}
 	return done;
 }

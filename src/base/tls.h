@@ -18,6 +18,7 @@ typedef struct ssl_ctx_st SSL_CTX;
 typedef struct ssl_st SSL;
 typedef struct ssl_session_st SSL_SESSION;
 struct bufferevent;
+struct evbuffer;
 struct event_base;
 
 /* The listener's context from PEM files. NULL with `err`. */
@@ -66,20 +67,24 @@ bool tls_bev_resumed(struct bufferevent *bev);
 
 /*
  * Reading a connected TLS upstream without the bufferevent (upstream.c):
- * OpenSSL's read-ahead takes what the socket holds in one read, and
- * tls_recv decrypts every whole record of it into one buffer, where the
+ * one read takes what the socket holds into a memory BIO, and tls_recv
+ * decrypts every whole record of it into one buffer, where the
  * bufferevent would go through its input buffer a record at a time.
  */
 SSL *tls_bev_ssl(struct bufferevent *bev); /* NULL: not TLS */
 
-/* Read-ahead on, for a connection that only tls_recv reads from now on:
- * one read() takes every record the socket holds (up to the record buffer,
- * about 17 KiB) instead of two per record (its header, then its body). Not
- * for a bufferevent's reads: it would not know of the records read ahead. */
-void tls_read_ahead(SSL *ssl);
+/* For a connection that only tls_recv reads from now on: a memory BIO
+ * becomes its read side, which tls_recv fills from the socket, one read()
+ * for every record the socket holds (up to about 17 KiB) instead of two
+ * per record (its header, then its body), and OpenSSL takes each record
+ * from where it lies (its read-ahead would move the bytes after a record
+ * to the front of its buffer before each one). Without memory for the
+ * BIO, OpenSSL's read-ahead. Not for a bufferevent's reads: it would not
+ * know of the bytes taken. */
+void tls_read_own(SSL *ssl);
 
-/* Whether OpenSSL holds bytes already read from the socket (a record, or
- * part of one): the socket will not say so. */
+/* Whether OpenSSL or the memory BIO holds bytes already read from the
+ * socket (a record, or part of one): the socket will not say so. */
 bool tls_pending(SSL *ssl);
 
 struct tls_reader {
@@ -105,6 +110,12 @@ ssize_t tls_recv(void *reader, char *buf, size_t len);
  * filled mid-record); the caller queues the rest.
  */
 size_t tls_bev_write(struct bufferevent *bev, const char *p, size_t n);
+
+/* tls_bev_write for a TLS upstream's request: from the front of `src`,
+ * one record per 16 KiB (a smaller request one record, its chains joined),
+ * each drained as it is taken; returns the bytes taken. What is left in
+ * `src` (the socket full, or the handshake not done) the caller queues. */
+size_t tls_bev_send(struct bufferevent *bev, struct evbuffer *src);
 
 /* While `keep`, `bev`'s record buffers stay between writes (a streaming
  * response: no free and allocation per record); when not, they are let go

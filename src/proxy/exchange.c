@@ -830,23 +830,32 @@ static bool request_failover(struct exchange *x, enum failover_why why)
 	return true;
 }
 
-/* Moves `src` to the upstream connection: over plain TCP with nothing
- * queued before it, written to the socket here and now (a bufferevent would
- * write on the next loop turn, after every other ready event: in a burst of
- * arrivals that is the whole burst); the rest, and everything over TLS,
- * into the bufferevent's output, which also reports a failed write.
- * `now` false (a shadow's bytes, which never go before a primary's): all
- * of it to the bufferevent. Returns the clock read just before the write
- * that took all of `src`, 0 when some of it was left to the bufferevent;
- * UINT64_MAX when that could not be queued (out of memory). */
+/* Moves `src` to the upstream connection: with nothing queued before it,
+ * written to the socket here and now, over plain TCP with writev, over TLS
+ * (handshake done) with SSL_write (tls_bev_send: a record per 16 KiB); a
+ * bufferevent would write on the next loop turn, after every other ready
+ * event (in a burst of arrivals that is the whole burst), and enable and
+ * disable its write event around it. The rest into the bufferevent's
+ * output, which also reports a failed write. `now` false (a shadow's
+ * bytes, which never go before a primary's): all of it to the bufferevent.
+ * Returns the clock read just before the write that took all of `src`, 0
+ * when some of it was left to the bufferevent (over TLS, a record the
+ * socket took only part of too); UINT64_MAX when that could not be queued
+ * (out of memory). */
 static uint64_t upstream_send(struct upconn *uc, struct evbuffer *src, bool now)
 {
 	struct evbuffer *out = bufferevent_get_output(uc->bev);
 	uint64_t at = 0;
 
-	if (now && uc->rev && !uc->ssl && evbuffer_get_length(out) == 0) {
+	if (now && uc->rev && evbuffer_get_length(out) == 0) {
 		at = clock_now_ns();
-		(void)evbuffer_write(src, bufferevent_getfd(uc->bev));
+		if (!uc->ssl) {
+			(void)evbuffer_write(src, bufferevent_getfd(uc->bev));
+		} else {
+			(void)tls_bev_send(uc->bev, src);
+			if (evbuffer_get_length(out))
+				at = 0; /* the last record goes on from there */
+		}
 	}
 	if (evbuffer_get_length(src)) {
 		if (evbuffer_add_buffer(out, src) == -1)
@@ -878,8 +887,18 @@ enum xr exchange_flush(struct exchange *x)
 		}
 		queued = evbuffer_get_length(out);
 	}
-	if (queued > STREAM_BUFFER)
+	if (queued > STREAM_BUFFER) {
+		x->upload_stopped = true;
 		(void)x->hooks->upload(x->owner, false); /* stopping ends nothing */
+	} else if (x->upload_stopped && queued <= STREAM_BUFFER / 2 && x->uc && x->uc->connected) {
+		/* Stopped while the bytes waited for a connection or an
+		 * admission slot, and written now in this call: the bufferevent
+		 * wrote none of them, so no write callback (on_up_write) would
+		 * resume the owner. */
+		x->upload_stopped = false;
+		if (x->hooks->upload(x->owner, true) == XR_ENDED)
+			return XR_ENDED;
+	}
 	/* all of it may be out already: no write callback will say so */
 	exchange_check_sent(x);
 	return XR_OK;
@@ -916,9 +935,11 @@ static void on_up_write(struct bufferevent *bev, void *arg)
 
 	/* under half the stream buffer: the owner reads its client again, if
 	 * it had stopped */
-	if (evbuffer_get_length(bufferevent_get_output(bev)) <= STREAM_BUFFER / 2 &&
-	    x->hooks->upload(x->owner, true) == XR_ENDED)
-		return;
+	if (evbuffer_get_length(bufferevent_get_output(bev)) <= STREAM_BUFFER / 2) {
+		x->upload_stopped = false;
+		if (x->hooks->upload(x->owner, true) == XR_ENDED)
+			return;
+	}
 	exchange_check_sent(x);
 }
 

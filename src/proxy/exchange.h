@@ -213,6 +213,7 @@ struct exchange {
 	bool http10;		    /* likewise: the client spoke HTTP/1.0 */
 	bool body_done;		    /* the whole request body is in pending (or gone out) */
 	bool corked;		    /* the owner is inside a parse pass: it flushes after each (exchange_flush) */
+	bool upload_stopped;	    /* the owner was told to stop reading the body (exchange_flush) */
 	bool resp_close;	    /* the response ends the client's connection (on_resp_complete) */
 	char sticky_value[128];	    /* the route's sticky JSON field, from the body */
 

@@ -824,7 +824,7 @@ static void upconn_tls_own(struct upconn *c)
 		return;
 	bufferevent_disable(c->bev, EV_READ);
 	bufferevent_set_timeouts(c->bev, NULL, NULL);
-	tls_read_ahead(ssl);
+	tls_read_own(ssl);
 	c->ssl = ssl;
 	if (tls_bev_resumed(c->bev)) {
 		up->tls_resumed++;

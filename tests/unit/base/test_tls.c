@@ -150,7 +150,7 @@ static void conn_open(struct conn *c)
 			done_s = SSL_do_handshake(c->srv) == 1;
 	}
 	assert_true(done_s && done_c);
-	tls_read_ahead(c->cli);
+	tls_read_own(c->cli);
 	counted_reads = 0;
 	read_eof = 0;
 }
@@ -207,6 +207,43 @@ static void test_records_in_one_read(void **state)
 	assert_int_equal(n, -1);
 	assert_int_equal(errno, EAGAIN);
 	assert_int_equal(counted_reads, 1);
+	conn_close(&c);
+}
+
+/* A burst of small records: all of them come out, in few reads (16.5 KiB
+ * each, as read-ahead took), and once the connection is read empty its
+ * memory BIO holds no burst-sized buffer; a lone record after it keeps a
+ * small one. */
+static void test_burst_then_idle(void **state)
+{
+	(void)state;
+	struct conn c;
+	static char buf[262144];
+	char want[65536];
+	size_t wlen = 0;
+	conn_open(&c);
+
+	for (int i = 0; i < 200; i++) { /* what the socket pair's buffer takes of small writes */
+		send_record(&c, i % 2 ? EV2 : EV1);
+		memcpy(want + wlen, i % 2 ? EV2 : EV1, strlen(EV1));
+		wlen += strlen(EV1);
+	}
+	struct tls_reader rd = { .ssl = c.cli };
+	ssize_t n = tls_recv(&rd, buf, sizeof(buf));
+	assert_int_equal(n, (ssize_t)wlen);
+	assert_memory_equal(buf, want, wlen);
+	assert_false(rd.more);
+	assert_int_equal(rd.reads, 200);
+	assert_true(counted_reads <= 3); /* ~20 KB on the wire: 2 reads and the EAGAIN */
+	assert_false(tls_pending(c.cli));
+	BUF_MEM *bm = NULL;
+	assert_true(BIO_get_mem_ptr(SSL_get_rbio(c.cli), &bm) > 0 && bm);
+	assert_true(bm->max <= 4096);
+
+	send_record(&c, EV1);
+	n = tls_recv(&rd, buf, sizeof(buf));
+	assert_int_equal(n, strlen(EV1));
+	assert_memory_equal(buf, EV1, (size_t)n);
 	conn_close(&c);
 }
 
@@ -305,7 +342,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_records_in_one_read), cmocka_unit_test(test_record_arriving_meanwhile),
 		cmocka_unit_test(test_record_cut_in_two),   cmocka_unit_test(test_data_then_close_notify),
-		cmocka_unit_test(test_data_then_tcp_close),
+		cmocka_unit_test(test_data_then_tcp_close), cmocka_unit_test(test_burst_then_idle),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
