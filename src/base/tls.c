@@ -371,6 +371,7 @@ static ssize_t tls_recv_records(struct tls_reader *rd, char *buf, size_t len)
 	rd->more = false;
 	tls_err_reset(); /* SSL_get_error reads the queue: ours only */
 	while (got < len) {
+		err = SSL_ERROR_NONE; /* a WANT_READ a feed answered is not why the loop ends */
 		if (SSL_read_ex(rd->ssl, buf + got, len - got, &n) == 1) {
 			got += n;
 			rd->reads++;

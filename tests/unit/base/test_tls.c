@@ -247,6 +247,39 @@ static void test_burst_then_idle(void **state)
 	conn_close(&c);
 }
 
+/* A call whose buffer fills after the memory BIO was fed a second time:
+ * the rest of that feed waits in the BIO, not in the socket, which will
+ * not wake for it, so the call says `more`; the next call takes the rest
+ * without waiting for the socket. */
+static void test_full_after_a_second_feed(void **state)
+{
+	(void)state;
+	struct conn c;
+	static char buf[65536], want[65536], ev[201];
+	size_t wlen = 0, got = 0;
+	conn_open(&c);
+
+	memset(ev, 'x', 200);		/* 222 bytes a record on the wire: 76 of them in a feed */
+	for (int i = 0; i < 120; i++) { /* 26 KB: two feeds, within the socket pair's buffer */
+		ev[0] = (char)('a' + i % 26);
+		send_record(&c, ev);
+		memcpy(want + wlen, ev, 200);
+		wlen += 200;
+	}
+	size_t first = 17500; /* past the first feed's 15,200 bytes of records */
+	struct tls_reader rd = { .ssl = c.cli };
+	ssize_t n = tls_recv(&rd, buf, first);
+	assert_int_equal(n, (ssize_t)first);
+	assert_true(rd.more);
+	assert_true(tls_pending(c.cli));
+	got = (size_t)n;
+	n = tls_recv(&rd, buf + got, sizeof(buf) - got);
+	assert_int_equal(n, (ssize_t)(wlen - got));
+	assert_memory_equal(buf, want, wlen);
+	assert_false(rd.more);
+	conn_close(&c);
+}
+
 static void test_record_arriving_meanwhile(void **state)
 {
 	(void)state;
@@ -340,9 +373,10 @@ static void test_data_then_tcp_close(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_records_in_one_read), cmocka_unit_test(test_record_arriving_meanwhile),
-		cmocka_unit_test(test_record_cut_in_two),   cmocka_unit_test(test_data_then_close_notify),
-		cmocka_unit_test(test_data_then_tcp_close), cmocka_unit_test(test_burst_then_idle),
+		cmocka_unit_test(test_records_in_one_read),	 cmocka_unit_test(test_record_arriving_meanwhile),
+		cmocka_unit_test(test_record_cut_in_two),	 cmocka_unit_test(test_data_then_close_notify),
+		cmocka_unit_test(test_data_then_tcp_close),	 cmocka_unit_test(test_burst_then_idle),
+		cmocka_unit_test(test_full_after_a_second_feed),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
