@@ -95,7 +95,7 @@ const char *balance_policy_name(enum balance_policy b);
  * leading blocks hashed by default, and the bound on the affine upstream's
  * load, as a multiple of its share */
 #define PREFIX_BLOCK_TOKENS 16
-#define PREFIX_BLOCKS_DEFAULT 32
+#define PREFIX_BLOCKS_DEFAULT 256
 #define PREFIX_BLOCKS_MAX 1024
 #define LOAD_FACTOR_DEFAULT 1.25
 
