@@ -355,6 +355,13 @@ static void test_first_turn_key(void **state)
 			      "[{\"type\":\"text\",\"text\":\"first question of conversation one\"}]}]}",
 			      0, &h, &b));
 	assert_true(h == h1);
+	/* Gemini: a system instruction, contents of parts */
+	assert_true(
+		first_turn_of("{\"systemInstruction\":{\"parts\":[{\"text\":\"You are terse.\"}]},\"contents\":"
+			      "[{\"role\":\"user\",\"parts\":[{\"text\":\"first question of conversation one\"}]},"
+			      "{\"role\":\"model\",\"parts\":[{\"text\":\"an answer\"}]}]}",
+			      0, &h, &b));
+	assert_true(h == h1);
 	/* a user message with no text yet leaves the key to the next one */
 	assert_true(first_turn_of(
 		"{\"messages\":[{\"role\":\"system\",\"content\":\"You are terse.\"},"
