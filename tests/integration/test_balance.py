@@ -612,6 +612,9 @@ class ConfigCheckTest(unittest.TestCase):
     def test_bad_load_factor(self):
         self.check("", "    load_factor: 1\n", "load_factor", "expected a number above 1")
 
+    def test_bad_load_slack(self):
+        self.check("", "    load_slack: 5000\n", "load_slack", "expected from 0 to 4096 requests")
+
     def test_bad_eject(self):
         self.check("    eject: {after: x}\n", "", "eject:", "expected a whole number")
         self.check("    eject: {backoff: 5s, max_backoff: 1s}\n", "", "eject:", "max_backoff")
