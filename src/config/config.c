@@ -60,6 +60,7 @@ void config_route_defaults(struct route_conf *r)
 	r->failover = true;
 	r->prefix_blocks = PREFIX_BLOCKS_DEFAULT;
 	r->load_factor = LOAD_FACTOR_DEFAULT;
+	r->load_slack = PREFIX_LOAD_SLACK_DEFAULT;
 }
 
 void *config_own(struct config *c, void *p)

@@ -95,9 +95,11 @@ const char *balance_policy_name(enum balance_policy b);
  * leading blocks hashed by default, and the bound on the affine upstream's
  * load, as a multiple of its share */
 #define PREFIX_BLOCK_TOKENS 16
-#define PREFIX_BLOCKS_DEFAULT 32
+#define PREFIX_BLOCKS_DEFAULT 256
 #define PREFIX_BLOCKS_MAX 1024
 #define LOAD_FACTOR_DEFAULT 1.25
+#define PREFIX_LOAD_SLACK_DEFAULT 4
+#define PREFIX_LOAD_SLACK_MAX 4096
 
 /* outlier ejection defaults: failures in a row, first and longest backoff */
 #define EJECT_AFTER_DEFAULT 5
@@ -137,6 +139,7 @@ struct route_conf {
 	enum balance_policy balance;
 	unsigned prefix_blocks; /* prefix: leading blocks of the prompt that key the choice */
 	double load_factor;	/* prefix: the affine upstream's bound, times its share of the load */
+	unsigned load_slack;	/* prefix: requests the bound allows past that */
 	bool split;		/* targets came from `split:` (else `upstream:`) */
 	int line, split_line;
 	const char *mirror_upstream;   /* shadow copies go here; NULL: none */

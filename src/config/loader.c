@@ -1043,6 +1043,7 @@ static const struct field route_keys[] = {
 	ROW_ENUM("balance", struct route_conf, balance, balance_names),
 	ROW_RANGE("prefix_blocks", struct route_conf, prefix_blocks, 1, PREFIX_BLOCKS_MAX, "blocks"),
 	ROW_FN("load_factor", r_load_factor),
+	ROW_RANGE("load_slack", struct route_conf, load_slack, 0, PREFIX_LOAD_SLACK_MAX, "requests"),
 	ROW_FN("tenant", r_tenant),
 	ROWS_END,
 };

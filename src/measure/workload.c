@@ -45,7 +45,10 @@
 #define NUM_MAX 64 /* a max_tokens number written longer is no number of ours */
 
 /* What a JSON value is to the capture, from the key it sits under. */
-enum wl_kind { WK_OTHER, WK_PROMPT, WK_MAXTOK, WK_SESSION };
+enum wl_kind { WK_OTHER, WK_PROMPT, WK_MAXTOK, WK_SESSION, WK_ROLE };
+
+/* What an object's `role` said, per depth. */
+enum wl_role { WR_NONE, WR_USER, WR_OTHER };
 
 struct wl_req {
 	uint8_t salt[16];
@@ -54,6 +57,8 @@ struct wl_req {
 	unsigned depth;		      /* containers open */
 	uint8_t is_obj[SCAN_DEPTH];   /* per depth: an object (else an array) */
 	uint8_t kind[SCAN_DEPTH];     /* per depth: an array's element kind, an object's current member kind */
+	uint8_t role[SCAN_DEPTH];     /* per depth: an object's `role` (enum wl_role) */
+	uint64_t opened[SCAN_DEPTH];  /* per depth: prompt_bytes when the container opened */
 	bool want_key;		      /* in an object, the next string is a key */
 	bool in_str, esc, str_is_key; /* inside a string */
 	uint8_t str_kind;	      /* a value string's kind */
@@ -76,6 +81,9 @@ struct wl_req {
 	uint64_t partial;    /* the open block's hash, valid when partial_n */
 	bool partial_n;
 	uint64_t prompt_bytes;
+	/* the end of the first message whose role is "user" */
+	bool turn_done, has_turn;
+	uint64_t turn_hash, turn_bytes;
 	/* the session key: the salted hash of `user` / `user_id` / `session_id` */
 	EVP_MD_CTX *session;
 	bool has_session;
@@ -176,6 +184,8 @@ static enum wl_kind key_kind(const char *k, unsigned len, unsigned depth)
 		for (size_t i = 0; i < sizeof(maxtok) / sizeof(maxtok[0]); i++)
 			if (strlen(maxtok[i]) == len && memcmp(maxtok[i], k, len) == 0)
 				return WK_MAXTOK;
+	if (depth >= 2 && len == 4 && memcmp(k, "role", 4) == 0)
+		return WK_ROLE;
 	if ((depth == 1 && len == 4 && memcmp(k, "user", 4) == 0) ||
 	    (depth <= 2 && len == 7 && memcmp(k, "user_id", 7) == 0) ||
 	    (depth == 1 && len == 10 && memcmp(k, "session_id", 10) == 0))
@@ -197,6 +207,8 @@ static void push(struct wl_req *w, bool obj)
 
 	if (w->depth < SCAN_DEPTH) {
 		w->is_obj[w->depth] = obj;
+		w->role[w->depth] = WR_NONE;
+		w->opened[w->depth] = w->prompt_bytes;
 		/* an array's elements are what it is; an object's members wait for their keys */
 		w->kind[w->depth] = obj ? WK_OTHER : (k == WK_PROMPT ? WK_PROMPT : WK_OTHER);
 	}
@@ -270,9 +282,9 @@ static size_t scan_string(struct wl_req *w, const char *at, size_t len)
 			break;
 		i++;
 	}
-	if (w->str_is_key) {
+	if (w->str_is_key || w->str_kind == WK_ROLE) {
 		for (size_t j = 0; j < i; j++)
-			key_byte(w, at[j]);
+			key_byte(w, at[j]); /* a role is decoded as a key is */
 	} else if (w->str_kind == WK_PROMPT) {
 		chain_feed(w, at, i);
 	} else if (w->str_kind == WK_SESSION && w->session) {
@@ -312,6 +324,9 @@ static void string_end(struct wl_req *w)
 		if (w->depth && w->depth <= SCAN_DEPTH)
 			w->kind[w->depth - 1] = (uint8_t)key_kind(w->key, w->key_len, w->depth);
 		w->want_key = false;
+	} else if (w->str_kind == WK_ROLE) {
+		if (w->depth && w->depth <= SCAN_DEPTH)
+			w->role[w->depth - 1] = w->key_len == 4 && memcmp(w->key, "user", 4) == 0 ? WR_USER : WR_OTHER;
 	} else if (w->str_kind == WK_PROMPT) {
 		/* a separator: ["ab"] and ["a", "b"] are different prompts */
 		chain_feed(w, "\x1e", 1);
@@ -401,6 +416,42 @@ static void num_end(struct wl_req *w)
 	w->max_tokens = w->num_len <= NUM_MAX ? num_value(w->num, w->num_len) : -1;
 }
 
+/* The chain's hash over every prompt byte so far: the open block's from a
+ * copy of its digest, so the chain goes on. False when the chain stopped
+ * (WL_HASHES_MAX) or is empty. */
+static bool chain_now(struct wl_req *w, uint64_t *out)
+{
+	if (w->nhashes >= WL_HASHES_MAX || !w->prompt_bytes)
+		return false;
+	if (!w->block_open || !w->fill) {
+		if (!w->nhashes)
+			return false;
+		*out = w->hashes[w->nhashes - 1];
+		return true;
+	}
+	EVP_MD_CTX *c = EVP_MD_CTX_new();
+	uint8_t d[32];
+	unsigned int dn = 0;
+	bool ok = c && EVP_MD_CTX_copy_ex(c, w->block) == 1 && EVP_DigestFinal_ex(c, d, &dn) == 1;
+	EVP_MD_CTX_free(c);
+	if (ok)
+		*out = digest64(d);
+	return ok;
+}
+
+/* The first object with "role": "user" closes: the chain through it (every
+ * prompt byte before it and its own text) is the conversation's key, the
+ * same in each of its later turns, which resend it unchanged. One with no
+ * prompt text of its own (an image alone) leaves it to the next. */
+static void turn_end(struct wl_req *w)
+{
+	if (w->prompt_bytes == w->opened[w->depth - 1])
+		return;
+	w->turn_done = true;
+	w->has_turn = chain_now(w, &w->turn_hash);
+	w->turn_bytes = w->prompt_bytes;
+}
+
 void wl_req_feed(struct wl_req *w, const char *at, size_t len)
 {
 	size_t i = 0;
@@ -435,6 +486,8 @@ void wl_req_feed(struct wl_req *w, const char *at, size_t len)
 			break;
 		case '}':
 		case ']':
+			if (c == '}' && !w->turn_done && top_is_obj(w) && w->role[w->depth - 1] == WR_USER)
+				turn_end(w);
 			if (w->depth)
 				w->depth--;
 			w->want_key = false;
@@ -486,6 +539,20 @@ int64_t wl_req_max_tokens(const struct wl_req *w)
 uint64_t wl_req_prompt_bytes(const struct wl_req *w)
 {
 	return w->prompt_bytes;
+}
+
+bool wl_req_first_turn(const struct wl_req *w, uint64_t *hash, uint64_t *bytes)
+{
+	if (!w->has_turn)
+		return false;
+	*hash = w->turn_hash;
+	*bytes = w->turn_bytes;
+	return true;
+}
+
+bool wl_req_first_turn_seen(const struct wl_req *w)
+{
+	return w->turn_done;
 }
 
 /* ---- hash → id ---- */

@@ -119,6 +119,14 @@ void wl_req_feed(struct wl_req *w, const char *at, size_t len);
 size_t wl_req_hashes(struct wl_req *w, const uint64_t **out);
 int64_t wl_req_max_tokens(const struct wl_req *w); /* -1: not asked */
 uint64_t wl_req_prompt_bytes(const struct wl_req *w);
+/* The chain's hash through the end of the first message whose role is
+ * "user" (an object with "role": "user" and prompt text of its own:
+ * every prompt byte up to there, its own text and separator included, the
+ * open block's part too), and the prompt bytes it covers. False when no
+ * such message has ended in what was fed, or the chain stopped before it. */
+bool wl_req_first_turn(const struct wl_req *w, uint64_t *hash, uint64_t *bytes);
+/* Whether that message has ended (the hash may still be missing). */
+bool wl_req_first_turn_seen(const struct wl_req *w);
 
 /* Hash → id in order of first appearance (ids from 0), remembering up to
  * `max` hashes (0: WL_HASH_IDS_DEFAULT); past it a new hash gets a new id

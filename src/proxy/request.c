@@ -274,22 +274,27 @@ void request_note_head(struct request *req)
 
 /* The prefix policy's key: the hash chain of the workload capture
  * (workload.h) over the prompt text of the body prefix, in blocks of
- * PREFIX_BLOCK_TOKENS (at 4 bytes a token), with no salt, so
- * that every tokentap of a fleet computes the same one; the hash of the
- * last whole block among the first `want` (the one open block when the
- * prompt is shorter than one), which stands for every block before it.
- * The scan stops once those blocks are full. With `keep` (latency), the
+ * PREFIX_BLOCK_TOKENS (at 4 bytes a token), with no salt, so that every
+ * tokentap of a fleet computes the same one. A chat body's key is the
+ * chain through the end of its first user message, which every later turn
+ * of the conversation resends unchanged and which tells conversations over
+ * one system prompt apart, when that end lies within the first `want`
+ * blocks; any other body's (no user message, or its end past them) is the
+ * hash of the last whole block among the first `want` (the one open block
+ * when the prompt is shorter than one), which stands for every block
+ * before it. The scan stops once that is known. With `keep` (latency), the
  * chain of every whole block is kept for the choice too (x.pick.chain). */
 static void request_prefix_key(struct request *req, unsigned want, bool keep)
 {
 	static const uint8_t no_salt[16];
 	size_t block = (size_t)PREFIX_BLOCK_TOKENS * WL_BYTES_PER_TOKEN, done = 0;
+	uint64_t cap = (uint64_t)want * block, turn_hash, turn_bytes;
 	struct wl_req *w = wl_req_new(no_salt, block);
 	const uint64_t *h;
 
 	if (!w)
 		return; /* out of memory: routed as if the prompt were unknown */
-	while (done < req->body_prefix_len && wl_req_prompt_bytes(w) < (uint64_t)want * block) {
+	while (done < req->body_prefix_len && wl_req_prompt_bytes(w) <= cap && (keep || !wl_req_first_turn_seen(w))) {
 		size_t take = req->body_prefix_len - done < 4096 ? req->body_prefix_len - done : 4096;
 		wl_req_feed(w, req->body_prefix + done, take);
 		done += take;
@@ -297,7 +302,11 @@ static void request_prefix_key(struct request *req, unsigned want, bool keep)
 	uint64_t whole = wl_req_prompt_bytes(w) / block;
 	size_t n = wl_req_hashes(w, &h);
 	size_t k = whole ? (whole < want ? whole : want) : (n ? 1 : 0);
-	if (k && h) {
+	if (wl_req_first_turn(w, &turn_hash, &turn_bytes) && turn_bytes <= cap) {
+		req->x.pick.has_prefix = true;
+		req->x.pick.prefix_key = turn_hash;
+		req->x.pick.prefix_blocks = (unsigned)((turn_bytes + block - 1) / block);
+	} else if (k && h) {
 		req->x.pick.has_prefix = true;
 		req->x.pick.prefix_key = h[k - 1];
 		req->x.pick.prefix_blocks = (unsigned)k;

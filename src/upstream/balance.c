@@ -221,7 +221,7 @@ int bal_latency(const struct bal_cand *c, unsigned n, double tokens, uint64_t rn
 	return bal_latency_choose(c, idx, m, tokens, pred_ms);
 }
 
-int bal_prefix(const struct bal_cand *c, unsigned n, double factor, unsigned *rank)
+int bal_prefix(const struct bal_cand *c, unsigned n, double factor, unsigned slack, unsigned *rank)
 {
 	double total = 1, wsum = 0; /* the route's load with this request */
 	bool taken[64] = { false };
@@ -241,7 +241,7 @@ int bal_prefix(const struct bal_cand *c, unsigned n, double factor, unsigned *ra
 				best = (int)i;
 		taken[best] = true;
 		const struct bal_cand *b = &c[best];
-		double bound = ceil(factor * total * b->weight / wsum);
+		double bound = ceil(factor * total * b->weight / wsum) + slack;
 		if (!bal_full(b) && (double)b->active + b->queued + 1 <= bound) {
 			*rank = r;
 			return best;

@@ -114,10 +114,10 @@ int bal_latency(const struct bal_cand *c, unsigned n, double tokens, uint64_t rn
 /* Consistent hashing with bounded loads: candidates in order of their
  * rendezvous score (highest first); the first with a free slot whose load
  * (active + queued), this request added, stays within `factor` times its
- * weighted share of the route's load (rounded up) takes it. *rank: how far
- * down the order it was (0: the affine upstream). When none qualifies, the
- * least loaded per weight, *rank = n. */
-int bal_prefix(const struct bal_cand *c, unsigned n, double factor, unsigned *rank);
+ * weighted share of the route's load (rounded up) plus `slack` requests
+ * takes it. *rank: how far down the order it was (0: the affine upstream).
+ * When none qualifies, the least loaded per weight, *rank = n. */
+int bal_prefix(const struct bal_cand *c, unsigned n, double factor, unsigned slack, unsigned *rank);
 
 /* The weighted rendezvous score of `key` for the upstream named `name`:
  * the same in every process (no salt, no state). -weight / ln(u), u the

@@ -449,7 +449,7 @@ struct upstream *route_pick(struct route *r, const struct pick_req *q, uint64_t 
 			break;
 		case BALANCE_PREFIX:
 			if (q->has_prefix) {
-				k = bal_prefix(cand, n, r->conf->load_factor, &rank);
+				k = bal_prefix(cand, n, r->conf->load_factor, r->conf->load_slack, &rank);
 				out->reason = rank ? PICK_SATURATED_RELEASE : PICK_PREFIX;
 				break;
 			}

@@ -362,6 +362,86 @@ class PrefixTest(harness.TestCase):
         self.assertEqual(who(rh.send(self.tt1.port, rh.chat(prompt=p))), home)
 
 
+SYSTEM = ("You are the assistant of a shared deployment; every conversation opens with these "
+          "instructions. " * 40)[:3000]  # 47 blocks: past the first 32 a key of leading blocks would cover
+
+
+def user_turn(conv, turn):
+    return "conversation %d, turn %d: tell me about item %d in some detail please" % (conv, turn, conv * 7 + turn)
+
+
+def conversation(conv, turns, shape):
+    """(path, body, first-turn prompt bytes) of turn `turns` of conversation
+    `conv` over SYSTEM, resending the history, in one API's shape."""
+    hist = []
+    for t in range(turns):
+        hist.append(("user", user_turn(conv, t)))
+        if t < turns - 1:
+            hist.append(("assistant", "answer %d to conversation %d" % (t, conv)))
+    first = len(SYSTEM) + 1 + len(user_turn(conv, 0)) + 1  # each text and its separator
+    if shape == "anthropic":
+        msgs = [{"role": r, "content": [{"type": "text", "text": c}]} for r, c in hist]
+        return "/v1/messages", {"system": SYSTEM, "messages": msgs, "max_tokens": 4}, first
+    msgs = [{"role": "system", "content": SYSTEM}] + [{"role": r, "content": c} for r, c in hist]
+    if shape == "responses":
+        return "/v1/responses", {"input": msgs}, first
+    return CHAT, {"messages": msgs}, first
+
+
+class PrefixConversationTest(harness.TestCase):
+    """prefix with its default prefix_blocks keys a conversation on its system
+    prompt and first user message: every turn of one conversation goes to one
+    upstream, in either of two tokentaps, and conversations over one system
+    prompt spread."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.sims = start_sims(cls, {"a": 0, "b": 0, "c": 0, "d": 0})
+        body = (rh.upstreams_yaml({n: s.url for n, s in cls.sims.items()})
+                + route_yaml(["a", "b", "c", "d"], "prefix"))
+        cls.tts = (rh.start_conf(cls, body), rh.start_conf(cls, body, "--workers", "2"))
+
+    def check_shape(self, shape):
+        n0 = [len(tt.wait_log_count(0)) for tt in self.tts]
+        sent = [0, 0]
+        home = {}
+        for conv in range(12):
+            for turn in range(1, 4):
+                i = (conv + turn) % 2  # the turns alternate between the two tokentaps
+                path, body, first = conversation(conv, turn, shape)
+                resp = rh.send(self.tts[i].port, body, path=path)
+                self.assertEqual(resp.status, 200, (shape, conv, turn, resp.body[:200]))
+                sent[i] += 1
+                e = self.tts[i].wait_log_count(n0[i] + sent[i])[-1]
+                self.assertEqual(e["pick"], "prefix", e)
+                self.assertEqual(e["pick_prefix_blocks"], -(-first // 64), e)
+                home.setdefault(conv, e["upstream"])
+                self.assertEqual(e["upstream"], home[conv],
+                                 "%s: conversation %d, turn %d on tokentap %d went to %s, its turn 1 to %s"
+                                 % (shape, conv, turn, i + 1, e["upstream"], home[conv]))
+        self.assertGreaterEqual(len(set(home.values())), 3,
+                                "%s: 12 conversations over one system prompt on %r" % (shape, home))
+
+    def test_openai_chat(self):
+        self.check_shape("chat")
+
+    def test_anthropic_messages(self):
+        self.check_shape("anthropic")
+
+    def test_responses(self):
+        self.check_shape("responses")
+
+    def test_no_user_message_keys_leading_blocks(self):
+        # a completions prompt has no first user message: its leading
+        # prefix_blocks (256 by default, 16 KiB) key it, here all of it
+        tt = self.tts[0]
+        n0 = len(tt.wait_log_count(0))
+        resp = rh.send(tt.port, {"prompt": SYSTEM}, path="/v1/completions")
+        self.assertEqual(resp.status, 200)
+        e = tt.wait_log_count(n0 + 1)[-1]
+        self.assertEqual((e["pick"], e["pick_prefix_blocks"]), ("prefix", len(SYSTEM) // 64), e)
+
+
 def failing_handler(state):
     """A fake upstream answering 500 while state["fail"], else a small chat
     answer."""
@@ -531,6 +611,9 @@ class ConfigCheckTest(unittest.TestCase):
 
     def test_bad_load_factor(self):
         self.check("", "    load_factor: 1\n", "load_factor", "expected a number above 1")
+
+    def test_bad_load_slack(self):
+        self.check("", "    load_slack: 5000\n", "load_slack", "expected from 0 to 4096 requests")
 
     def test_bad_eject(self):
         self.check("    eject: {after: x}\n", "", "eject:", "expected a whole number")

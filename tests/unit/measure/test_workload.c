@@ -292,6 +292,91 @@ static void test_escaped_keys(void **state)
 	assert_int_not_equal(hashes_of("{\"\\u0073ystem\":\"abc\"}", 8, 0, a, 16), 0);
 }
 
+/* The first-turn key of `body` fed in pieces of `step` bytes (0: at
+ * once); false when there is none. */
+static bool first_turn_of(const char *body, size_t step, uint64_t *hash, uint64_t *bytes)
+{
+	struct wl_req *w = wl_req_new(salt, 64);
+	size_t len = strlen(body);
+
+	assert_non_null(w);
+	for (size_t i = 0; i < len; i += step ? step : len)
+		wl_req_feed(w, body + i, !step || len - i < step ? len - i : step);
+	bool ok = wl_req_first_turn(w, hash, bytes);
+	assert_true(wl_req_first_turn_seen(w) || !ok);
+	workload_req_free(w);
+	return ok;
+}
+
+/* A conversation's key is the chain through its first user message: the
+ * same in every later turn, in any split, whatever the order of a
+ * message's members; another first message changes it; a body with no
+ * user message has none. */
+static void test_first_turn_key(void **state)
+{
+	(void)state;
+	const char *t1 =
+		"{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"You are terse.\"},"
+		"{\"role\":\"user\",\"content\":\"first question of conversation one\"}]}";
+	const char *t3 =
+		"{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"You are terse.\"},"
+		"{\"content\":\"first question of conversation one\",\"role\":\"user\"},"
+		"{\"role\":\"assistant\",\"content\":\"an answer\"},"
+		"{\"role\":\"user\",\"content\":\"second question\"},"
+		"{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"more\"}]},"
+		"{\"role\":\"user\",\"content\":\"third question\"}],\"max_tokens\":8}";
+	const char *other =
+		"{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"You are terse.\"},"
+		"{\"role\":\"user\",\"content\":\"first question of conversation two\"}]}";
+	uint64_t h1, b1, h, b, hashes[8];
+
+	assert_true(first_turn_of(t1, 0, &h1, &b1));
+	assert_int_equal(b1, strlen("You are terse.") + 1 + strlen("first question of conversation one") + 1);
+	/* the chain's hash through those bytes: t1's whole prompt */
+	size_t n = hashes_of(t1, 64, 0, hashes, 8);
+	assert_int_equal(n, 1);
+	assert_true(h1 == hashes[0]);
+	for (size_t step = 1; step <= 9; step += 4) {
+		assert_true(first_turn_of(t3, step, &h, &b));
+		assert_true(h == h1);
+		assert_int_equal(b, b1);
+	}
+	assert_true(first_turn_of(other, 3, &h, &b));
+	assert_true(h != h1);
+	/* a role written with an escape is the role */
+	assert_true(
+		first_turn_of("{\"messages\":[{\"role\":\"system\",\"content\":\"You are terse.\"},"
+			      "{\"role\":\"\\u0075ser\",\"content\":\"first question of conversation one\"}]}",
+			      0, &h, &b));
+	assert_true(h == h1);
+	/* Anthropic: a top-level system, content blocks */
+	assert_true(
+		first_turn_of("{\"system\":\"You are terse.\",\"messages\":[{\"role\":\"user\",\"content\":"
+			      "[{\"type\":\"text\",\"text\":\"first question of conversation one\"}]}]}",
+			      0, &h, &b));
+	assert_true(h == h1);
+	/* Gemini: a system instruction, contents of parts */
+	assert_true(
+		first_turn_of("{\"systemInstruction\":{\"parts\":[{\"text\":\"You are terse.\"}]},\"contents\":"
+			      "[{\"role\":\"user\",\"parts\":[{\"text\":\"first question of conversation one\"}]},"
+			      "{\"role\":\"model\",\"parts\":[{\"text\":\"an answer\"}]}]}",
+			      0, &h, &b));
+	assert_true(h == h1);
+	/* a user message with no text yet leaves the key to the next one */
+	assert_true(first_turn_of(
+		"{\"messages\":[{\"role\":\"system\",\"content\":\"You are terse.\"},"
+		"{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{\"url\":\"x\"}}]},"
+		"{\"role\":\"user\",\"content\":\"first question of conversation one\"}]}",
+		0, &h, &b));
+	assert_true(h == h1);
+	/* no user message: no key; a body cut inside the first user message: none yet */
+	assert_false(first_turn_of("{\"prompt\":\"You are terse. first question of conversation one\"}", 0, &h, &b));
+	assert_false(first_turn_of("{\"messages\":[{\"role\":\"system\",\"content\":\"You are terse.\"}]}", 0, &h, &b));
+	assert_false(first_turn_of("{\"messages\":[{\"role\":\"user\",\"content\":\"first question", 0, &h, &b));
+	/* "role" at the top is no message's */
+	assert_false(first_turn_of("{\"role\":\"user\",\"prompt\":\"text\"}", 0, &h, &b));
+}
+
 static void test_ids_in_order_of_first_appearance(void **state)
 {
 	struct wl_ids *t = wl_ids_new(0);
@@ -844,6 +929,7 @@ int main(void)
 		cmocka_unit_test(test_only_prompt_text),
 		cmocka_unit_test(test_escaped_keys),
 		cmocka_unit_test(test_max_tokens_is_a_json_number),
+		cmocka_unit_test(test_first_turn_key),
 		cmocka_unit_test(test_ids_in_order_of_first_appearance),
 		cmocka_unit_test(test_ids_bound),
 		cmocka_unit_test(test_capture_lines_and_rotation),

@@ -142,11 +142,11 @@ static void test_prefix(void **state)
 			c[i] = cand(0, 0);
 			c[i].score = bal_rendezvous(key * 0x9e3779b97f4a7c15ull, names[i], 1);
 		}
-		int k = bal_prefix(c, 4, 1.25, &rank);
+		int k = bal_prefix(c, 4, 1.25, 0, &rank);
 		assert_int_equal(rank, 0);
 		/* the same key again, the candidates in another order: the same name */
 		struct bal_cand r[4] = { c[3], c[2], c[1], c[0] };
-		assert_int_equal(bal_prefix(r, 4, 1.25, &rank), 3 - k);
+		assert_int_equal(bal_prefix(r, 4, 1.25, 0, &rank), 3 - k);
 		hits[k]++;
 	}
 	for (int i = 0; i < 4; i++)
@@ -163,20 +163,40 @@ static void test_prefix(void **state)
 		c[i].score = 4 - i;
 	}
 	c[0].active = 10;
-	assert_int_equal(bal_prefix(c, 4, 1.25, &rank), 1);
+	assert_int_equal(bal_prefix(c, 4, 1.25, 0, &rank), 1);
 	assert_int_equal(rank, 1);
 	/* full counts as saturated whatever the share */
 	c[0].active = 1;
 	c[0].max_conc = 1;
-	assert_int_equal(bal_prefix(c, 4, 1.25, &rank), 1);
+	assert_int_equal(bal_prefix(c, 4, 1.25, 0, &rank), 1);
 	/* all full: the least loaded per weight */
 	for (int i = 0; i < 4; i++) {
 		c[i].max_conc = 2;
 		c[i].active = 2;
 		c[i].queued = (unsigned)(4 - i);
 	}
-	assert_int_equal(bal_prefix(c, 4, 1.25, &rank), 3);
+	assert_int_equal(bal_prefix(c, 4, 1.25, 0, &rank), 3);
 	assert_int_equal(rank, 4);
+	/* light load: 3 in flight, 2 of them on the affine one, bound to its
+	 * share: ceil(1.25 x 4 / 4) = 2, so a third is released; with a slack
+	 * of 4 requests it stays until its load reaches the bound plus 4 */
+	for (int i = 0; i < 4; i++)
+		c[i] = cand(0, 0), c[i].score = 4 - i;
+	c[0].active = 2;
+	c[1].active = 1;
+	assert_int_equal(bal_prefix(c, 4, 1.25, 0, &rank), 1);
+	assert_int_equal(rank, 1);
+	assert_int_equal(bal_prefix(c, 4, 1.25, 4, &rank), 0);
+	assert_int_equal(rank, 0);
+	c[0].active = 6;
+	assert_int_equal(bal_prefix(c, 4, 1.25, 4, &rank), 0); /* 7 <= ceil(1.25 x 8 / 4) + 4 */
+	c[0].active = 7;
+	assert_int_equal(bal_prefix(c, 4, 1.25, 4, &rank), 1); /* 8 > ceil(1.25 x 9 / 4) + 4 */
+	assert_int_equal(rank, 1);
+	/* and a slack never makes a full one take it */
+	c[0].active = 1;
+	c[0].max_conc = 1;
+	assert_int_equal(bal_prefix(c, 4, 1.25, 4, &rank), 1);
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -277,7 +297,7 @@ static void test_pick_cost(void **state)
 			uint64_t d = now_ns();
 			for (int i = 0; i < N; i++)
 				c[i].score = bal_rendezvous_u((uint64_t)n, names[i]);
-			sink += bal_prefix(c, N, 1.25, &rank);
+			sink += bal_prefix(c, N, 1.25, 4, &rank);
 			uint64_t e = now_ns();
 			t[0][n] = b - a;
 			t[1][n] = d - b;
