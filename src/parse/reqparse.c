@@ -87,17 +87,13 @@ const struct hdr *reqhead_header(const struct reqhead *h, const char *name)
 	return NULL;
 }
 
-/* True when `name` appears as a token of the Connection header. Asked of
- * every header forwarded: only the Connection headers the parser counted
- * (nconn, from conn_first) are looked at. */
-static bool listed_in_connection(const struct reqhead *h, const char *name, size_t nlen)
+/* Whether `pred` holds for some token of the Connection headers the
+ * parser counted (nconn, from conn_first); an empty token is none. */
+static bool connection_token_any(const struct reqhead *h, bool (*pred)(const char *tok, size_t n, const void *arg),
+				 const void *arg)
 {
 	unsigned left = h->nconn;
 
-	if (!left)
-		return false;
-	if (h->conn_plain) /* "keep-alive" is hop-by-hop anyway */
-		return nlen == 5 && strncasecmp(name, "close", 5) == 0;
 	for (unsigned i = h->conn_first; left && i < h->nhdr; i++) {
 		const struct hdr *f = &h->hdrs[i];
 		if (!name_eq(h->buf + f->name_off, f->name_len, "connection"))
@@ -110,38 +106,47 @@ static bool listed_in_connection(const struct reqhead *h, const char *name, size
 			const char *tok = v;
 			while (v < end && *v != ',' && *v != ' ' && *v != '\t')
 				v++;
-			if ((size_t)(v - tok) == nlen && strncasecmp(tok, name, nlen) == 0)
+			if (v > tok && pred(tok, (size_t)(v - tok), arg))
 				return true;
 		}
 	}
 	return false;
 }
 
+struct token_name {
+	const char *name;
+	size_t len;
+};
+
+static bool token_is(const char *tok, size_t n, const void *arg)
+{
+	const struct token_name *t = arg;
+	return n == t->len && strncasecmp(tok, t->name, n) == 0;
+}
+
+static bool token_not_plain(const char *tok, size_t n, const void *arg)
+{
+	(void)arg;
+	return !(n == 5 && strncasecmp(tok, "close", 5) == 0) && !(n == 10 && strncasecmp(tok, "keep-alive", 10) == 0);
+}
+
+/* True when `name` appears as a token of the Connection header. Asked of
+ * every header forwarded: only the Connection headers the parser counted
+ * are looked at. */
+static bool listed_in_connection(const struct reqhead *h, const char *name, size_t nlen)
+{
+	if (!h->nconn)
+		return false;
+	if (h->conn_plain) /* "keep-alive" is hop-by-hop anyway */
+		return nlen == 5 && strncasecmp(name, "close", 5) == 0;
+	return connection_token_any(h, token_is, &(struct token_name){ name, nlen });
+}
+
 /* Whether every token of the Connection headers is close or keep-alive
  * (what clients send): then listed_in_connection compares one name. */
 static bool connection_plain(const struct reqhead *h)
 {
-	unsigned left = h->nconn;
-
-	for (unsigned i = h->conn_first; left && i < h->nhdr; i++) {
-		const struct hdr *f = &h->hdrs[i];
-		if (!name_eq(h->buf + f->name_off, f->name_len, "connection"))
-			continue;
-		left--;
-		const char *v = h->buf + f->val_off, *end = v + f->val_len;
-		while (v < end) {
-			while (v < end && (*v == ' ' || *v == '\t' || *v == ','))
-				v++;
-			const char *tok = v;
-			while (v < end && *v != ',' && *v != ' ' && *v != '\t')
-				v++;
-			size_t n = (size_t)(v - tok);
-			if (n && !(n == 5 && strncasecmp(tok, "close", 5) == 0) &&
-			    !(n == 10 && strncasecmp(tok, "keep-alive", 10) == 0))
-				return false;
-		}
-	}
-	return true;
+	return !connection_token_any(h, token_not_plain, NULL);
 }
 
 bool reqhead_hop_by_hop(const struct reqhead *h, const char *name, size_t len)
