@@ -370,8 +370,8 @@ void upconn_priority(struct upconn *c, enum loop_prio prio);
  * most 4 KiB: two system calls where one does, and a busy stream cut in
  * 4 KiB pieces. Over TLS the bufferevent does the handshake; from the
  * first call after it (c->connected) tokentap reads the same way, with
- * tls_recv: one read() takes every record waiting (OpenSSL's read-ahead)
- * and all of them are decrypted into one buffer, where the bufferevent took
+ * tls_recv: each read() of up to 16.5 KiB fills a memory BIO that OpenSSL
+ * decrypts the records from (tls_read_own), all into one buffer, where the bufferevent took
  * two read()s per record and a pass through its input buffer. Use this,
  * never bufferevent_enable/disable(EV_READ), on an upstream connection.
  * `timeout_ms` (0: none) reports BEV_EVENT_TIMEOUT | BEV_EVENT_READING
