@@ -85,6 +85,9 @@ static void usage(FILE *f)
 		"  --sim-headers              also send x-sim-tokens, so tokentap-sim obeys exactly\n"
 		"  --ignore-eos               OpenAI chat and completions: ask the server to ignore\n"
 		"                             EOS (vLLM)\n"
+		"  --continuous-usage         OpenAI chat and completions streams: ask for usage on\n"
+		"                             every chunk (vLLM continuous_usage_stats), so a proxy\n"
+		"                             can count tokens per event\n"
 		"  --timeout DUR              a request fails when no byte comes for DUR (default 60s)\n"
 		"  --timestamps kernel|read   when response bytes arrived: the kernel's receive time\n"
 		"                             (default) or the clock in the read callback (https:\n"
@@ -313,6 +316,7 @@ enum {
 	OPT_OUTPUT_LEN,
 	OPT_SIM_HEADERS,
 	OPT_IGNORE_EOS,
+	OPT_CONTINUOUS_USAGE,
 	OPT_JSON,
 	OPT_REQUESTS_LOG,
 	OPT_SVG,
@@ -362,6 +366,7 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 		{ "output-len", required_argument, NULL, OPT_OUTPUT_LEN },
 		{ "sim-headers", no_argument, NULL, OPT_SIM_HEADERS },
 		{ "ignore-eos", no_argument, NULL, OPT_IGNORE_EOS },
+		{ "continuous-usage", no_argument, NULL, OPT_CONTINUOUS_USAGE },
 		{ "json", required_argument, NULL, OPT_JSON },
 		{ "requests-log", required_argument, NULL, OPT_REQUESTS_LOG },
 		{ "svg", required_argument, NULL, OPT_SVG },
@@ -491,6 +496,7 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
 		case OPT_OUTPUT_LEN: output_len = optarg, lens_given = true; break;
 		case OPT_SIM_HEADERS: o->sim_headers = true; break;
 		case OPT_IGNORE_EOS: o->ignore_eos = true; break;
+		case OPT_CONTINUOUS_USAGE: o->continuous_usage = true; break;
 		case OPT_JSON: o->json_path = optarg; break;
 		case OPT_REQUESTS_LOG: o->requests_log_path = optarg; break;
 		case OPT_SVG: o->svg_path = optarg; break;

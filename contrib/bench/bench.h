@@ -158,8 +158,9 @@ struct bench_opts {
 
 	struct dist input_len, output_len;
 	bool sim_headers, ignore_eos;
-	bool kernel_ts; /* stamp reads with the kernel's receive time */
-	bool new_conn;	/* --new-connection: each request on a connection of its own (Connection: close) */
+	bool continuous_usage; /* OpenAI streams: usage on every chunk (vLLM continuous_usage_stats) */
+	bool kernel_ts;	       /* stamp reads with the kernel's receive time */
+	bool new_conn;	       /* --new-connection: each request on a connection of its own (Connection: close) */
 
 	const char *json_path, *requests_log_path, *svg_path, *compare_admin;
 	int progress; /* 1 on, 0 off, -1 when stderr is a TTY */

@@ -240,6 +240,7 @@ void *report_config_json(const struct bench_opts *o)
 	json_object_set_new(c, "output_len", json_string(o->output_len.desc));
 	json_object_set_new(c, "sim_headers", json_boolean(o->sim_headers));
 	json_object_set_new(c, "ignore_eos", json_boolean(o->ignore_eos));
+	json_object_set_new(c, "continuous_usage", json_boolean(o->continuous_usage));
 	json_object_set_new(c, "timeout_s", json_real((double)o->timeout_ms / 1000.0));
 	json_object_set_new(c, "seed", json_integer((json_int_t)o->seed));
 	json_object_set_new(c, "run_id", json_string(o->run_id));

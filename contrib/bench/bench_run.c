@@ -524,7 +524,8 @@ prompt_done:
 	case BAPI_OPENAI_COMPLETIONS:
 		evbuffer_add_printf(b, ",\"max_tokens\":%u,\"stream\":%s", q->out_len, stream);
 		if (o->stream)
-			evbuffer_add_printf(b, ",\"stream_options\":{\"include_usage\":true}");
+			evbuffer_add_printf(b, ",\"stream_options\":{\"include_usage\":true%s}",
+					    o->continuous_usage ? ",\"continuous_usage_stats\":true" : "");
 		if (o->ignore_eos)
 			evbuffer_add_printf(b, ",\"ignore_eos\":true");
 		break;

@@ -18,6 +18,8 @@ through tokentap to the simulator over real sockets (docs/metrics.md,
 
 import json
 import math
+import os
+import subprocess
 
 import harness
 from test_tenants import assert_proto_is_text
@@ -155,6 +157,47 @@ class TokensPerEventTest(harness.TestCase):
         by_name = {ln.split("{")[0]: float(ln.split()[-1]) for ln in lines if "_bucket" not in ln}
         self.assertEqual(by_name["tokentap_tokens_per_event_count"], 0)
         self.assertEqual(by_name["tokentap_tokens_per_event_streams_total"], 0)
+
+    def series_with(self, admin, model, requests):
+        """The model's /stats series once it has counted `requests`."""
+        got = []
+
+        def ready():
+            s = harness.model_series(admin, model)
+            got[:] = [s]
+            return s is not None and s["requests"] >= requests
+
+        self.assertTrue(harness.wait_until(ready, 8.0, 0.05), got)
+        self.assertEqual(got[0]["requests"], requests)
+        return got[0]
+
+    def bench(self, model, *extra):
+        js = os.path.join(self.dir, model + ".json")
+        p = subprocess.run([harness.bench_bin(), "--url", "http://127.0.0.1:%d" % self.tt.port, "--api", "openai-chat",
+                            "--model", model, "--concurrency", "2", "--requests", "6", "--output-len", "40",
+                            "--input-len", "20", "--seed", "5", "--sim-headers", "-H", "x-sim-spec-tokens: 4",
+                            "--json", js, "--no-progress"] + list(extra), capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        with open(js) as f:
+            return json.load(f)
+
+    def test_bench_asks_for_continuous_usage(self):
+        # tokentap-bench --continuous-usage: the server counts every chunk,
+        # so tokentap has tokens per event; without it, none
+        d = self.bench("tpe-bench-cont", "--continuous-usage")
+        self.assertIs(d["config"]["continuous_usage"], True)
+        self.assertEqual(d["result"]["requests"]["ok"], 6, d["result"])
+        self.assertEqual(d["result"]["output_tokens"], 240)
+        s = self.series_with(self.admin, "tpe-bench-cont", 6)
+        h = s["metrics"]["tokens_per_event"]
+        self.assertEqual(s["metrics"]["request_tokens_per_event"]["count"], 6)
+        self.assertGreater(h["mean"], 1.0, h)
+        self.assertLessEqual(h["max"], 4, h)
+        self.assertAlmostEqual(h["mean"] * h["count"], 240, delta=1e-6)
+        d = self.bench("tpe-bench-plain")
+        self.assertIs(d["config"]["continuous_usage"], False)
+        s = self.series_with(self.admin, "tpe-bench-plain", 6)
+        self.assertEqual(s["metrics"]["request_tokens_per_event"]["count"], 0)
 
     def test_usage_at_the_end_only(self):
         self.check_unreported("tpe-final-usage", {"include_usage": True})
