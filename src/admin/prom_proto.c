@@ -310,6 +310,14 @@ static void family_flush(struct render *r, pb_family *f)
 	arena_clear(&r->arena);
 }
 
+/* A family built (NULL: out of memory making it) packed to the output. */
+static void family_done(struct render *r, pb_family *f)
+{
+	if (!f)
+		r->arena.failed = true;
+	family_flush(r, f);
+}
+
 static pb_family *family_new(struct render *r, const char *name, const char *help,
 			     Io__Prometheus__Client__MetricType type, size_t n)
 {
@@ -452,9 +460,7 @@ static void histogram_family(struct render *r, enum hist_metric hm, const char *
 		m->histogram = ph;
 		f->metric[f->n_metric++] = m;
 	}
-	if (!f)
-		r->arena.failed = true;
-	family_flush(r, f);
+	family_done(r, f);
 }
 
 static pb_metric *counter_metric(struct render *r, size_t gi, size_t extra, uint64_t v)
@@ -509,9 +515,7 @@ static void tokens_per_event_families(struct render *r)
 		m->histogram = ph;
 		f->metric[f->n_metric++] = m;
 	}
-	if (!f)
-		r->arena.failed = true;
-	family_flush(r, f);
+	family_done(r, f);
 
 	snprintf(name, sizeof(name), "%stokens_per_event_streams_total", r->pre);
 	f = family_new(r, name, PROM_TPE_STREAMS_HELP, IO__PROMETHEUS__CLIENT__METRIC_TYPE__COUNTER, gs->n);
@@ -522,9 +526,7 @@ static void tokens_per_event_families(struct render *r)
 			break;
 		f->metric[f->n_metric++] = m;
 	}
-	if (!f)
-		r->arena.failed = true;
-	family_flush(r, f);
+	family_done(r, f);
 }
 
 static void counter_families(struct render *r)
@@ -545,9 +547,7 @@ static void counter_families(struct render *r)
 			label_add(m, "status_class", slice_counter_name(c) + strlen("status_"));
 			f->metric[f->n_metric++] = m;
 		}
-	if (!f)
-		r->arena.failed = true;
-	family_flush(r, f);
+	family_done(r, f);
 
 	snprintf(name, sizeof(name), "%serrors_total", r->pre);
 	f = family_new(r, name, "Requests that did not complete normally, by kind.",
@@ -560,9 +560,7 @@ static void counter_families(struct render *r)
 			label_add(m, "kind", req_error_name((enum req_error)e));
 			f->metric[f->n_metric++] = m;
 		}
-	if (!f)
-		r->arena.failed = true;
-	family_flush(r, f);
+	family_done(r, f);
 
 	for (unsigned c = 0; c < CT_ERR_BASE; c++) {
 		const char *help = prom_counter_help(c);
@@ -576,9 +574,7 @@ static void counter_families(struct render *r)
 				break;
 			f->metric[f->n_metric++] = m;
 		}
-		if (!f)
-			r->arena.failed = true;
-		family_flush(r, f);
+		family_done(r, f);
 	}
 }
 
@@ -638,9 +634,7 @@ static void engine_families(struct render *r, const struct upstream_gauge *g, si
 			}
 			f->metric[f->n_metric++] = m;
 		}
-		if (!f)
-			r->arena.failed = true;
-		family_flush(r, f);
+		family_done(r, f);
 	}
 	prom_engine_families_free(ef);
 }
@@ -693,9 +687,7 @@ static void gauge_families(struct render *r, const struct upstream_gauge *g, siz
 			f->metric[f->n_metric++] = m;
 			i = j;
 		}
-		if (!f)
-			r->arena.failed = true;
-		family_flush(r, f);
+		family_done(r, f);
 	}
 	/* the upstreams' own counters (UPSTREAM_COUNTERS), as prom.c names them */
 	for (unsigned c = 0; c < UPC__COUNT; c++) {
@@ -728,9 +720,7 @@ static void gauge_families(struct render *r, const struct upstream_gauge *g, siz
 			f->metric[f->n_metric++] = m;
 			i = j;
 		}
-		if (!f)
-			r->arena.failed = true;
-		family_flush(r, f);
+		family_done(r, f);
 	}
 	free(sorted);
 	engine_families(r, g, n);
