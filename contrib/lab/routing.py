@@ -220,6 +220,7 @@ http {{
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_buffering off;
+            client_body_buffer_size 1m;
             proxy_read_timeout 300s;
         }}
     }}
