@@ -4,8 +4,10 @@ tokentap's weighted split and one peer (nginx least_conn, else HAProxy
 leastconn, whichever is installed; with neither, tokentap alone: the script
 is never allowed to install here). Each target's run must have served
 requests without errors, through all four replicas, with the replicas'
-prefix caches hit (the chat workload shares its system prompts), and the
-report must hold the medians, the rounds and the checks."""
+prefix caches hit (the chat workload shares its system prompts), no
+ttft p99 under the floor the workload's cold first turns put under every
+placement, and the report must hold the medians, the rounds and the
+checks."""
 
 import json
 import os
@@ -58,6 +60,11 @@ class RoutingBenchSmoke(harness.TestCase):
             self.assertIsNotNone(r["ttft_p99"])
             self.assertGreaterEqual(r["ttft_p99"], r["ttft_p50"])
             self.assertGreater(r["goodput"], 0)
+            # the floor is a bound from the workload alone: no run may beat it
+            self.assertGreaterEqual(r["cold"], 0)
+            self.assertGreaterEqual(r["ttft_p99_floor"], 0)
+            self.assertGreaterEqual(r["ttft_p99"], r["ttft_p99_floor"], (name, r))
+            self.assertLessEqual(r["goodput"], r["goodput_ceiling"], (name, r))
             self.assertEqual(got[name]["median"]["ttft_p50"], r["ttft_p50"], "one round: its own median")
             self.assertIn(name, p.stdout)
         self.assertTrue(any(c.startswith("(p) prefix hit ratio") for c in report["checks"]), report["checks"])
