@@ -130,6 +130,7 @@ static void framer_emit(struct framer *f, const char *name, size_t name_len, con
 		.name_len = name_len,
 		.data = data ? data : "",
 		.data_len = data_len,
+		.run = 1,
 	};
 	f->events++;
 	if (f->cb)
@@ -518,8 +519,9 @@ static inline bool digits_hold(const char *q, const char *end, uint32_t n)
 }
 
 /* The event at p, when it is the shape's: where framing resumes, NULL
- * when it is not (or is not whole in the slice). */
-static const char *shape_match(struct framer *f, const char *p, const char *end)
+ * when it is not (or is not whole in the slice). *ev is the event, not yet
+ * handed out. */
+static const char *shape_match(struct framer *f, const char *p, const char *end, struct framer_event *ev)
 {
 	const char *t = f->shape;
 	const char *q = p;
@@ -565,17 +567,23 @@ static const char *shape_match(struct framer *f, const char *p, const char *end)
 	if ((size_t)(q - p) > f->shape_max)
 		return NULL;
 	const char *data = p + f->shape_data_off;
-	struct framer_event ev = {
+	*ev = (struct framer_event){
 		.name = f->shape_name_len ? p + f->shape_line2 - 1 - f->shape_name_len : NULL,
 		.name_len = f->shape_name_len,
 		.data = data,
 		.data_len = (size_t)(q - 2 - data),
 		.same_shape = true,
+		.run = 1,
 	};
-	f->events++;
-	if (f->cb)
-		f->cb(f->arg, &ev);
 	return q;
+}
+
+/* Hands out `ev` (ev->run events). */
+static void emit_shaped(struct framer *f, struct framer_event *ev)
+{
+	f->events += ev->run;
+	if (f->cb)
+		f->cb(f->arg, ev);
 }
 
 /* The first `c` in [p, end), or end. */
@@ -891,6 +899,7 @@ static void on_evs_message(void *arg, const struct evs_message *m)
 		.data = data ? data : "",
 		.data_len = len,
 		.exception = exception,
+		.run = 1,
 	};
 	f->events++;
 	if (f->cb)
@@ -904,25 +913,67 @@ const char *framer_error(const struct framer *f)
 	return evs_error_name(f->evs.error);
 }
 
-static void feed_lines(struct framer *f, const char *buf, size_t len);
+static void feed_lines(struct framer *f, const char *buf, size_t len, struct framer_event *run);
+
+/* Hands out the run of same-shape events matched so far, if any. */
+static void run_flush(struct framer *f, struct framer_event *run)
+{
+	if (run->run) {
+		emit_shaped(f, run);
+		run->run = 0;
+	}
+}
+
+/* A same-shape event matched: handed out now, or with `runs` joined to the
+ * run, which is handed out before any other event is framed. */
+static void run_add(struct framer *f, struct framer_event *run, struct framer_event *ev)
+{
+	if (!f->runs)
+		emit_shaped(f, ev);
+	else if (run->run++ == 0)
+		*run = *ev; /* run 1 */
+}
 
 /* Events of the armed shape are taken first, as long as they come, with
  * nothing buffered (an armed shape means an SSE framer); the line-by-line
- * path takes what is left. */
-void framer_feed(struct framer *f, const char *buf, size_t len)
+ * path takes what is left. With `runs`, the events matched in a row are
+ * handed out once the row ends (*run keeps it across slices), before any
+ * event framed after them. */
+static void feed_slice(struct framer *f, const char *buf, size_t len, struct framer_event *run)
 {
 	if (f->shape_nholes && f->len == 0 && f->state == LINE_START && !f->has_data && !f->skip && !f->after_cr) {
 		const char *end = buf + len;
 		const char *next;
-		while (buf < end && f->shape_nholes && (next = shape_match(f, buf, end)) != NULL)
+		struct framer_event ev;
+		while (buf < end && f->shape_nholes && (next = shape_match(f, buf, end, &ev)) != NULL) {
 			buf = next;
+			run_add(f, run, &ev);
+		}
 		len = (size_t)(end - buf);
 	}
 	if (len)
-		feed_lines(f, buf, len);
+		feed_lines(f, buf, len, run);
 }
 
-static __attribute__((noinline)) void feed_lines(struct framer *f, const char *buf, size_t len)
+void framer_feed(struct framer *f, const char *buf, size_t len)
+{
+	struct framer_event run = { .run = 0 };
+
+	feed_slice(f, buf, len, &run);
+	run_flush(f, &run);
+}
+
+void framer_feed_v(struct framer *f, const struct framer_slice *v, size_t n)
+{
+	struct framer_event run = { .run = 0 };
+
+	for (size_t i = 0; i < n; i++)
+		feed_slice(f, v[i].at, v[i].len, &run);
+	run_flush(f, &run);
+}
+
+static __attribute__((noinline)) void feed_lines(struct framer *f, const char *buf, size_t len,
+						 struct framer_event *run)
 {
 	if (f->kind == FRAMER_NONE || len == 0)
 		return;
@@ -951,12 +1002,15 @@ static __attribute__((noinline)) void feed_lines(struct framer *f, const char *b
 	while (p < end) {
 		bool fresh = f->len == 0 && f->state == LINE_START && !f->has_data && !f->skip;
 		if (fresh && f->shape_nholes) {
-			const char *next = shape_match(f, p, end);
+			struct framer_event ev;
+			const char *next = shape_match(f, p, end, &ev);
 			if (next) {
+				run_add(f, run, &ev);
 				p = next;
 				continue;
 			}
 		}
+		run_flush(f, run);
 		if (lf == NULL || lf < p)
 			lf = scan_to(p, end, '\n');
 		if (cr == NULL || cr < p)

@@ -52,6 +52,17 @@ struct framer_event {
 	 * its bytes on the wire are that event's, except inside the holes,
 	 * whose bytes keep to the holes' rules ("Same-shape events" below) */
 	bool same_shape;
+	/* how many events this call stands for: 1, but with the framer's
+	 * `runs` set, same-shape events in a row of one framer_feed or
+	 * framer_feed_v call come in one call, name and data being the
+	 * first's (their holes differ; nothing else does) */
+	size_t run;
+};
+
+/* Bytes to feed, several at once (framer_feed_v). */
+struct framer_slice {
+	const char *at;
+	size_t len;
 };
 
 /*
@@ -117,6 +128,9 @@ struct framer {
 	uint8_t shape_nholes; /* 0: not armed */
 	struct framer_hole shape_holes[FRAMER_SHAPE_HOLES];
 	int shape_tag; /* the caller's, kept with the shape */
+	/* Set by the caller: same-shape events in a row come in one callback
+	 * (framer_event.run), which must then not change the shape */
+	bool runs;
 	const char *cur;
 	size_t cur_len, cur_line2;
 	/* counters, readable by the caller */
@@ -130,6 +144,10 @@ void framer_init(struct framer *f, enum framer_kind kind, size_t max_event, fram
 
 /* Consumes `len` bytes; calls `cb` for every event they complete. */
 void framer_feed(struct framer *f, const char *buf, size_t len);
+
+/* framer_feed() of each slice in turn, the bytes following each other in
+ * the stream; with `runs`, a run of same-shape events goes on across them. */
+void framer_feed_v(struct framer *f, const struct framer_slice *v, size_t n);
 
 /* End of body: an NDJSON line without a final newline is delivered; an SSE
  * event without its blank line is dispatched too (servers that close right

@@ -288,27 +288,43 @@ static const uint8_t hex_digit1[256] = {
 	['A'] = 11, ['B'] = 12, ['C'] = 13, ['D'] = 14, ['E'] = 15, ['F'] = 16,
 };
 
+#define CHUNKS_V 32 /* whole chunks handed to body_v at once */
+
 /* Whole chunks at p, as long as they come: `size CR LF data CR LF`, the
  * size's digits at most 15 (so no overflow) and not 0. Where the whole
- * chunks end; the state machine takes the rest. */
+ * chunks end; the state machine takes the rest. Their data goes to the
+ * body hook before this returns, CHUNKS_V at a time through body_v. */
 static const char *whole_chunks(struct respparse *rp, const char *p, const char *end)
 {
+	struct framer_slice v[CHUNKS_V];
+	size_t nv = 0;
+
 	while (end - p >= 6) {
-		uint64_t v = 0;
+		uint64_t n = 0;
 		const char *q = p;
 		int d;
 		while (q < end && q - p < 15 && (d = hex_digit1[(unsigned char)*q] - 1) >= 0) {
-			v = v << 4 | (uint64_t)d;
+			n = n << 4 | (uint64_t)d;
 			q++;
 		}
-		if (v == 0 || end - q < 4 || q[0] != '\r' || q[1] != '\n' || (uint64_t)(end - q - 4) < v)
+		if (n == 0 || end - q < 4 || q[0] != '\r' || q[1] != '\n' || (uint64_t)(end - q - 4) < n)
 			break;
 		q += 2;
-		if (q[v] != '\r' || q[v + 1] != '\n')
+		if (q[n] != '\r' || q[n + 1] != '\n')
 			break;
-		rp->hooks->body(rp->arg, q, (size_t)v);
-		p = q + v + 2;
+		if (rp->hooks->body_v == NULL) {
+			rp->hooks->body(rp->arg, q, (size_t)n);
+		} else {
+			v[nv++] = (struct framer_slice){ q, (size_t)n };
+			if (nv == CHUNKS_V) {
+				rp->hooks->body_v(rp->arg, v, nv);
+				nv = 0;
+			}
+		}
+		p = q + n + 2;
 	}
+	if (nv)
+		rp->hooks->body_v(rp->arg, v, nv);
 	return p;
 }
 

@@ -34,6 +34,9 @@ struct respparse_hooks {
 	/* The final response has ended; the parser pauses. `keep_alive`: the
 	 * connection may carry another exchange, as far as the response says. */
 	void (*complete)(void *arg, bool keep_alive);
+	/* May be NULL: body bytes of several chunks of one feed at once, in
+	 * order, instead of a body call for each. */
+	void (*body_v)(void *arg, const struct framer_slice *v, size_t n);
 };
 
 enum respparse_status {

@@ -149,7 +149,7 @@ static void on_complete(void *arg, bool keep_alive)
 	}
 }
 
-static const struct respparse_hooks hooks = { on_head, on_body, on_complete };
+static const struct respparse_hooks hooks = { on_head, on_body, on_complete, NULL };
 
 /* The upstream's stream, read by read; `split` NULL: one read. */
 static void run_stream(struct run *r, const uint8_t *data, size_t len, const uint8_t *split)

@@ -4,8 +4,8 @@
  * what the hook is told, whatever the version and Connection header say,
  * and a 1xx before the final response leaves it alone; the caller's hold
  * on a parsed head; and chunked bodies, read by respparse itself, seen by
- * the hooks and ended or refused exactly as llhttp reads them
- * (rp.llhttp_chunks), for well-formed and broken chunks cut anywhere.
+ * the hooks (body or body_v) and ended or refused exactly as llhttp reads
+ * them (rp.llhttp_chunks), for well-formed and broken chunks cut anywhere.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -37,7 +37,7 @@ static void on_complete(void *arg, bool keep_alive)
 	s->field_at_hook = s->rp->keep_alive;
 }
 
-static const struct respparse_hooks hooks = { ignore_head, ignore_body, on_complete };
+static const struct respparse_hooks hooks = { ignore_head, ignore_body, on_complete, NULL };
 
 /* Feeds `text` whole; returns the parser's status. */
 static enum respparse_status parse(struct respparse *rp, struct seen *s, const char *text)
@@ -171,18 +171,25 @@ static void tr_complete(void *arg, bool keep_alive)
 	tr_printf(arg, "[end %d]", keep_alive);
 }
 
-static const struct respparse_hooks tr_hooks = { tr_head, tr_body, tr_complete };
+static void tr_body_v(void *arg, const struct framer_slice *v, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		tr_body(arg, v[i].at, v[i].len);
+}
+
+static const struct respparse_hooks tr_hooks = { tr_head, tr_body, tr_complete, NULL };
+static const struct respparse_hooks tr_hooks_v = { tr_head, tr_body, tr_complete, tr_body_v };
 
 /* Feeds `text` in the pieces `cuts` (offsets, ascending, ending at len)
  * says, as exchange.c does: no more after an answer other than MORE. */
 static void tr_parse(struct transcript *t, const char *text, size_t len, const size_t *cuts, size_t ncuts,
-		     bool llhttp_chunks, bool head_request)
+		     bool llhttp_chunks, bool head_request, bool body_v)
 {
 	struct respparse rp;
 	size_t from = 0;
 
 	memset(t, 0, sizeof(*t));
-	respparse_init(&rp, &tr_hooks, t);
+	respparse_init(&rp, body_v ? &tr_hooks_v : &tr_hooks, t);
 	rp.llhttp_chunks = llhttp_chunks;
 	rp.head_request = head_request;
 	for (size_t i = 0; i < ncuts; i++) {
@@ -208,11 +215,14 @@ static void same_both_ways(const char *text, size_t len, const size_t *cuts, siz
 {
 	static struct transcript fast, slow;
 
-	tr_parse(&fast, text, len, cuts, ncuts, false, head_request);
-	tr_parse(&slow, text, len, cuts, ncuts, true, head_request);
-	if (strcmp(fast.log, slow.log) != 0) {
-		print_error("input: %.*s\nrespparse: %s\nllhttp:    %s\n", (int)len, text, fast.log, slow.log);
-		fail();
+	tr_parse(&slow, text, len, cuts, ncuts, true, head_request, false);
+	for (int v = 0; v < 2; v++) {
+		tr_parse(&fast, text, len, cuts, ncuts, false, head_request, v);
+		if (strcmp(fast.log, slow.log) != 0) {
+			print_error("input: %.*s\nrespparse%s: %s\nllhttp:    %s\n", (int)len, text,
+				    v ? " (body_v)" : "", fast.log, slow.log);
+			fail();
+		}
 	}
 }
 
