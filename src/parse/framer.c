@@ -429,6 +429,7 @@ bool framer_shape_arm(struct framer *f, const struct framer_hole *holes, size_t 
 	 * but its LF LF */
 	f->shape_max = f->max_event + f->shape_line2 + 2 - f->shape_name_len;
 	f->shape_nholes = (uint8_t)n;
+	f->shape_one_string = n == 1 && lh->kind == FRAMER_HOLE_STRING;
 	f->shape_tag = tag;
 	return true;
 }
@@ -462,7 +463,7 @@ static inline uint64_t bytes_below(uint64_t x, unsigned n)
  * escape is stepped over. Whether a byte is not a key name's is asked of
  * hole_class, of the first byte first (a blank, in most text); an escape
  * is such a byte. */
-static const char *string_hole_end(const char *q, const char *lim, const char *end)
+static const char *string_hole_slow(const char *q, const char *lim, const char *end)
 {
 	const char *s = q;
 	bool esc = false;
@@ -500,6 +501,25 @@ static const char *string_hole_end(const char *q, const char *lim, const char *e
 	return c == 1 ? q : NULL;
 }
 
+/* string_hole_slow() for the usual hole, a short text that starts with a
+ * byte no key name has (a blank): its '"' in the first eight bytes, no
+ * escape before it. Anything else is asked of string_hole_slow(), which
+ * answers the same for these. */
+static inline const char *string_hole_end(const char *q, const char *lim, const char *end)
+{
+	if (end - q >= 8 && hole_class[(unsigned char)*q] == 1) {
+		uint64_t x;
+		memcpy(&x, q, 8);
+		uint64_t stop = zero_bytes(x ^ (ONES * '"')) | zero_bytes(x ^ (ONES * '\\')) | bytes_below(x, 14);
+		if (stop) {
+			const char *e = q + ((unsigned)__builtin_ctzll(stop) >> 3);
+			if (e < lim && *e == '"')
+				return e;
+		}
+	}
+	return string_hole_slow(q, lim, end);
+}
+
 /* The n bytes at q (all before end) are ASCII digits: up to eight in one
  * word when eight can be read, as a byte out of '0'..'9' sets its own high
  * bit in (x - '0') | (x + 0x46) | x (a borrow or carry only ever starts at
@@ -516,6 +536,20 @@ static inline bool digits_hold(const char *q, const char *end, uint32_t n)
 		if (q[k] < '0' || q[k] > '9')
 			return false;
 	return n > 0;
+}
+
+/* The same-shape event whose wire bytes are [p, q), into *ev. */
+static inline void shape_event(const struct framer *f, const char *p, const char *q, struct framer_event *ev)
+{
+	const char *data = p + f->shape_data_off;
+	*ev = (struct framer_event){
+		.name = f->shape_name_len ? p + f->shape_line2 - 1 - f->shape_name_len : NULL,
+		.name_len = f->shape_name_len,
+		.data = data,
+		.data_len = (size_t)(q - 2 - data),
+		.same_shape = true,
+		.run = 1,
+	};
 }
 
 /* The event at p, when it is the shape's: where framing resumes, NULL
@@ -566,16 +600,34 @@ static const char *shape_match(struct framer *f, const char *p, const char *end,
 	 * named event the name and the data line together (shape_max) */
 	if ((size_t)(q - p) > f->shape_max)
 		return NULL;
-	const char *data = p + f->shape_data_off;
-	*ev = (struct framer_event){
-		.name = f->shape_name_len ? p + f->shape_line2 - 1 - f->shape_name_len : NULL,
-		.name_len = f->shape_name_len,
-		.data = data,
-		.data_len = (size_t)(q - 2 - data),
-		.same_shape = true,
-		.run = 1,
-	};
+	shape_event(f, p, q, ev);
 	return q;
+}
+
+/* The usual shape, one string hole (chat completions, Anthropic's
+ * deltas): shape_match's steps for it alone, over the events of the shape
+ * from p on, joined to *run (nothing is handed out meanwhile, so the shape
+ * holds). Where they stop. The shortest event of the shape fitting leaves
+ * room for the '"' and the rest after the hole. */
+static inline __attribute__((always_inline)) const char *run_one_string(const struct framer *f, const char *p,
+									const char *end, struct framer_event *run)
+{
+	const char *shape = f->shape;
+	size_t off = f->shape_holes[0].off, tail = off + f->shape_holes[0].len, rest = f->shape_len - tail;
+	size_t min = f->shape_min, max = f->shape_max;
+
+	while ((size_t)(end - p) >= min && memcmp(p, shape, off) == 0) {
+		const char *q = string_hole_end(p + off, end - rest + 1, end);
+		if (q == NULL || memcmp(q, shape + tail, rest) != 0)
+			break;
+		q += rest;
+		if ((size_t)(q - p) > max)
+			break;
+		if (run->run++ == 0)
+			shape_event(f, p, q, run);
+		p = q;
+	}
+	return p;
 }
 
 /* Hands out `ev` (ev->run events). */
@@ -945,14 +997,25 @@ static void feed_slice(struct framer *f, const char *buf, size_t len, struct fra
 		const char *end = buf + len;
 		const char *next;
 		struct framer_event ev;
-		while (buf < end && f->shape_nholes && (next = shape_match(f, buf, end, &ev)) != NULL) {
-			buf = next;
-			run_add(f, run, &ev);
+		if (f->shape_one_string && f->runs) {
+			buf = run_one_string(f, buf, end, run);
+		} else {
+			while (buf < end && f->shape_nholes && (next = shape_match(f, buf, end, &ev)) != NULL) {
+				buf = next;
+				run_add(f, run, &ev);
+			}
 		}
 		len = (size_t)(end - buf);
 	}
 	if (len)
 		feed_lines(f, buf, len, run);
+}
+
+/* Nothing buffered, an armed shape of one string hole, and runs. */
+static inline bool usual_run(const struct framer *f)
+{
+	return f->shape_one_string && f->runs && f->shape_nholes && f->len == 0 && f->state == LINE_START &&
+	       !f->has_data && !f->skip && !f->after_cr;
 }
 
 void framer_feed(struct framer *f, const char *buf, size_t len)
@@ -967,8 +1030,16 @@ void framer_feed_v(struct framer *f, const struct framer_slice *v, size_t n)
 {
 	struct framer_event run = { .run = 0 };
 
-	for (size_t i = 0; i < n; i++)
-		feed_slice(f, v[i].at, v[i].len, &run);
+	/* feed_slice's first loop, for the usual shape, with runs: what it
+	 * asks of the framer's state holds until feed_slice runs */
+	bool fast = usual_run(f);
+	for (size_t i = 0; i < n; i++) {
+		const char *p = v[i].at, *end = p + v[i].len;
+		if (fast && (p = run_one_string(f, p, end, &run)) == end)
+			continue;
+		feed_slice(f, p, (size_t)(end - p), &run);
+		fast = usual_run(f);
+	}
 	run_flush(f, &run);
 }
 

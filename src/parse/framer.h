@@ -123,9 +123,10 @@ struct framer {
 	 * that event's wire bytes (cur NULL otherwise) */
 	char *shape;
 	uint32_t shape_len, shape_line2, shape_name_len, shape_data_off;
-	uint32_t shape_min;   /* the shortest event of the shape: its string hole one byte */
-	size_t shape_max;     /* the longest the line-by-line path takes whole (max_event) */
-	uint8_t shape_nholes; /* 0: not armed */
+	uint32_t shape_min;    /* the shortest event of the shape: its string hole one byte */
+	size_t shape_max;      /* the longest the line-by-line path takes whole (max_event) */
+	uint8_t shape_nholes;  /* 0: not armed */
+	bool shape_one_string; /* the usual shape: one hole, a string (framer.c, match_one_string) */
 	struct framer_hole shape_holes[FRAMER_SHAPE_HOLES];
 	int shape_tag; /* the caller's, kept with the shape */
 	/* Set by the caller: same-shape events in a row come in one callback
