@@ -294,37 +294,47 @@ static const uint8_t hex_digit1[256] = {
  * size's digits at most 15 (so no overflow) and not 0. Where the whole
  * chunks end; the state machine takes the rest. Their data goes to the
  * body hook before this returns, CHUNKS_V at a time through body_v. */
+static inline bool is_crlf(const char *q)
+{
+	uint16_t w;
+	memcpy(&w, q, 2);
+	return w == (uint16_t)('\r' | '\n' << 8) || (q[0] == '\r' && q[1] == '\n');
+}
+
 static const char *whole_chunks(struct respparse *rp, const char *p, const char *end)
 {
+	void (*body_v)(void *, const struct framer_slice *, size_t) = rp->hooks->body_v;
 	struct framer_slice v[CHUNKS_V];
 	size_t nv = 0;
 
 	while (end - p >= 6) {
-		uint64_t n = 0;
-		const char *q = p;
-		int d;
-		while (q < end && q - p < 15 && (d = hex_digit1[(unsigned char)*q] - 1) >= 0) {
-			n = n << 4 | (uint64_t)d;
-			q++;
+		const unsigned char *u = (const unsigned char *)p;
+		size_t lim = end - p < 15 ? (size_t)(end - p) : 15, k = 1;
+		unsigned d = hex_digit1[u[0]];
+		if (d == 0)
+			break;
+		uint64_t n = d - 1;
+		while (k < lim && (d = hex_digit1[u[k]]) != 0) {
+			n = n << 4 | (d - 1);
+			k++;
 		}
-		if (n == 0 || end - q < 4 || q[0] != '\r' || q[1] != '\n' || (uint64_t)(end - q - 4) < n)
+		const char *q = p + k;
+		if (n == 0 || end - q < 4 || !is_crlf(q) || (uint64_t)(end - q - 4) < n || !is_crlf(q + 2 + n))
 			break;
 		q += 2;
-		if (q[n] != '\r' || q[n + 1] != '\n')
-			break;
-		if (rp->hooks->body_v == NULL) {
+		if (body_v == NULL) {
 			rp->hooks->body(rp->arg, q, (size_t)n);
 		} else {
 			v[nv++] = (struct framer_slice){ q, (size_t)n };
 			if (nv == CHUNKS_V) {
-				rp->hooks->body_v(rp->arg, v, nv);
+				body_v(rp->arg, v, nv);
 				nv = 0;
 			}
 		}
 		p = q + n + 2;
 	}
 	if (nv)
-		rp->hooks->body_v(rp->arg, v, nv);
+		body_v(rp->arg, v, nv);
 	return p;
 }
 
