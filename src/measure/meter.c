@@ -131,7 +131,7 @@ static void itl_gaps(struct meter *m, uint64_t gap, uint64_t n)
 
 /* ev->run events of the armed shape in a row, all of this read: each is
  * what the on_event of each would have made of it. They carry the
- * shape's kind (classify_event_shaped), its usage (so no new output count
+ * shape's kind and hint (classify_event_shaped), its usage (so no new output count
  * either) and, past the first, a gap of 0 (one clock reading per read):
  * for an answer with no gaps kept (itl_keep), the record of n - 1 such
  * gaps is a sum. The first of the run is an event after the one that
@@ -140,7 +140,7 @@ static void itl_gaps(struct meter *m, uint64_t gap, uint64_t n)
 static void on_shaped(struct meter *m, const struct framer_event *ev)
 {
 	struct req_record *rec = m->rec;
-	enum token_kind kind = (enum token_kind)framer_shape_tag(&m->framer);
+	enum token_kind kind = classify_shape_answer(&m->framer, &rec->hint);
 	size_t n = ev->run;
 	uint64_t gap;
 

@@ -1863,6 +1863,15 @@ enum token_kind classify_event(enum api_kind api, const struct framer_event *ev,
  * API token event by its SSE name (the name is part of the shape: keys_kind
  * at the hint, nothing else). Member walks (type without a name, usage
  * objects), which count brackets inside strings too, are never armed.
+ *
+ * E1 need not follow E0 straight: an event between them that cannot be
+ * armed itself (an escaped '"' in its text, text that is a key name, a
+ * token event of another key, an event of no tokens) leaves the shape
+ * armed, unless it changed the usage. Nothing above depends on the events
+ * between but usage, which such events left as E0 found it, and the hint,
+ * which only decides where the search starts (a probe that can only
+ * confirm): E1's answer is E0's kind and, as the search would leave it,
+ * E0's hint, which the shape carries in its tag.
  */
 static bool string_hole(const struct span *s, const char *v, const char *data, struct framer_hole *h)
 {
@@ -1935,10 +1944,11 @@ enum token_kind classify_event_armed(enum api_kind api, struct framer *f, const 
 	enum token_kind kind = classify_event(api, ev, usage, hint);
 	struct framer_hole holes[FRAMER_SHAPE_HOLES];
 	size_t n;
-	if (memcmp(&before, usage, sizeof(before)) == 0 && (n = shape_holes(api, ev, kind, hint, holes)) > 0)
-		framer_shape_arm(f, holes, n, (int)kind);
-	else
+	if (memcmp(&before, usage, sizeof(before)) != 0)
 		framer_shape_clear(f);
+	else if ((n = shape_holes(api, ev, kind, hint, holes)) > 0)
+		framer_shape_arm(f, holes, n, (uint64_t)kind | (uint64_t)hint->rule << 8 | (uint64_t)hint->at << 32);
+	/* else, or when it does not arm: the shape before holds still (above) */
 	return kind;
 }
 

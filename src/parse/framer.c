@@ -389,9 +389,10 @@ static bool hole_holds(const struct framer_hole *h, const char *p, size_t n)
 	return other != 0;
 }
 
-bool framer_shape_arm(struct framer *f, const struct framer_hole *holes, size_t n, int tag)
+bool framer_shape_arm(struct framer *f, const struct framer_hole *holes, size_t n, uint64_t tag)
 {
-	framer_shape_clear(f);
+	struct framer_hole hs[FRAMER_SHAPE_HOLES];
+
 	if (f->cur == NULL || f->cur_len > FRAMER_SHAPE_MAX || n == 0 || n > FRAMER_SHAPE_HOLES)
 		return false;
 	/* the data sits after `data:` and one blank on the data line */
@@ -412,11 +413,12 @@ bool framer_shape_arm(struct framer *f, const struct framer_hole *holes, size_t 
 			return false;
 		if (h->kind == FRAMER_HOLE_STRING && i + 1 < n)
 			return false; /* a string hole comes last */
-		f->shape_holes[i] = (struct framer_hole){ (uint32_t)(data_off + h->off), h->len, h->kind };
+		hs[i] = (struct framer_hole){ (uint32_t)(data_off + h->off), h->len, h->kind };
 		at = h->off + h->len;
 	}
 	if (f->shape == NULL && (f->shape = malloc(FRAMER_SHAPE_MAX)) == NULL)
 		return false;
+	memcpy(f->shape_holes, hs, n * sizeof(hs[0]));
 	memcpy(f->shape, f->cur, f->cur_len);
 	f->shape_len = (uint32_t)f->cur_len;
 	f->shape_line2 = (uint32_t)f->cur_line2;

@@ -128,7 +128,7 @@ struct framer {
 	uint8_t shape_nholes;  /* 0: not armed */
 	bool shape_one_string; /* the usual shape: one hole, a string (framer.c, match_one_string) */
 	struct framer_hole shape_holes[FRAMER_SHAPE_HOLES];
-	int shape_tag; /* the caller's, kept with the shape */
+	uint64_t shape_tag; /* the caller's, kept with the shape */
 	/* Set by the caller: same-shape events in a row come in one callback
 	 * (framer_event.run), which must then not change the shape */
 	bool runs;
@@ -162,15 +162,16 @@ void framer_free(struct framer *f);
 /* Arms the event being delivered (call from the callback) as the shape,
  * with holes `holes[0..n)` in its data (in order, not overlapping, each
  * holding bytes of its kind, a string hole followed by '"' and last), and `tag`
- * kept beside it (framer_shape_tag). False, and no shape armed, when the
+ * kept beside it (framer_shape_tag). False, and the shape armed before (if
+ * any) left as it was, when the
  * event was not framed in place, is longer than FRAMER_SHAPE_MAX, or the
  * holes do not hold. */
-bool framer_shape_arm(struct framer *f, const struct framer_hole *holes, size_t n, int tag);
+bool framer_shape_arm(struct framer *f, const struct framer_hole *holes, size_t n, uint64_t tag);
 
 /* No shape: every event is framed line by line again. */
 void framer_shape_clear(struct framer *f);
 
-static inline int framer_shape_tag(const struct framer *f)
+static inline uint64_t framer_shape_tag(const struct framer *f)
 {
 	return f->shape_tag;
 }
