@@ -504,19 +504,23 @@ static const char *string_hole_slow(const char *q, const char *lim, const char *
 }
 
 /* string_hole_slow() for the usual hole, a short text that starts with a
- * byte no key name has (a blank): its '"' in the first eight bytes, no
+ * byte no key name has (a blank): its '"' in the first sixteen bytes, no
  * escape before it. Anything else is asked of string_hole_slow(), which
  * answers the same for these. */
 static inline const char *string_hole_end(const char *q, const char *lim, const char *end)
 {
-	if (end - q >= 8 && hole_class[(unsigned char)*q] == 1) {
-		uint64_t x;
-		memcpy(&x, q, 8);
-		uint64_t stop = zero_bytes(x ^ (ONES * '"')) | zero_bytes(x ^ (ONES * '\\')) | bytes_below(x, 14);
-		if (stop) {
-			const char *e = q + ((unsigned)__builtin_ctzll(stop) >> 3);
-			if (e < lim && *e == '"')
-				return e;
+	if (end - q >= 16 && hole_class[(unsigned char)*q] == 1) {
+		for (const char *w = q; w < q + 16; w += 8) {
+			uint64_t x;
+			memcpy(&x, w, 8);
+			uint64_t stop =
+				zero_bytes(x ^ (ONES * '"')) | zero_bytes(x ^ (ONES * '\\')) | bytes_below(x, 14);
+			if (stop) {
+				const char *e = w + ((unsigned)__builtin_ctzll(stop) >> 3);
+				if (e < lim && *e == '"')
+					return e;
+				break;
+			}
 		}
 	}
 	return string_hole_slow(q, lim, end);
@@ -607,23 +611,37 @@ static const char *shape_match(struct framer *f, const char *p, const char *end,
 }
 
 /* The usual shape, one string hole (chat completions, Anthropic's
- * deltas): shape_match's steps for it alone, over the events of the shape
- * from p on, joined to *run (nothing is handed out meanwhile, so the shape
- * holds). Where they stop. The shortest event of the shape fitting leaves
- * room for the '"' and the rest after the hole. */
-static inline __attribute__((always_inline)) const char *run_one_string(const struct framer *f, const char *p,
+ * deltas), as run_one_string() reads it: taken once per feed, as the
+ * shape holds while runs are matched (nothing is handed out meanwhile). */
+struct one_string {
+	const char *shape;
+	size_t off, tail, rest; /* the hole's offset and end, the bytes after it */
+	size_t min, max;	/* shape_min, shape_max */
+};
+
+static inline void one_string_of(const struct framer *f, struct one_string *o)
+{
+	o->shape = f->shape;
+	o->off = f->shape_holes[0].off;
+	o->tail = o->off + f->shape_holes[0].len;
+	o->rest = f->shape_len - o->tail;
+	o->min = f->shape_min;
+	o->max = f->shape_max;
+}
+
+/* shape_match's steps for the usual shape alone, over the events of the
+ * shape from p on, joined to *run. Where they stop. The shortest event of
+ * the shape fitting leaves room for the '"' and the rest after the hole. */
+static inline __attribute__((always_inline)) const char *run_one_string(const struct framer *f,
+									const struct one_string *o, const char *p,
 									const char *end, struct framer_event *run)
 {
-	const char *shape = f->shape;
-	size_t off = f->shape_holes[0].off, tail = off + f->shape_holes[0].len, rest = f->shape_len - tail;
-	size_t min = f->shape_min, max = f->shape_max;
-
-	while ((size_t)(end - p) >= min && memcmp(p, shape, off) == 0) {
-		const char *q = string_hole_end(p + off, end - rest + 1, end);
-		if (q == NULL || memcmp(q, shape + tail, rest) != 0)
+	while ((size_t)(end - p) >= o->min && memcmp(p, o->shape, o->off) == 0) {
+		const char *q = string_hole_end(p + o->off, end - o->rest + 1, end);
+		if (q == NULL || memcmp(q, o->shape + o->tail, o->rest) != 0)
 			break;
-		q += rest;
-		if ((size_t)(q - p) > max)
+		q += o->rest;
+		if ((size_t)(q - p) > o->max)
 			break;
 		if (run->run++ == 0)
 			shape_event(f, p, q, run);
@@ -1000,7 +1018,9 @@ static void feed_slice(struct framer *f, const char *buf, size_t len, struct fra
 		const char *next;
 		struct framer_event ev;
 		if (f->shape_one_string && f->runs) {
-			buf = run_one_string(f, buf, end, run);
+			struct one_string o;
+			one_string_of(f, &o);
+			buf = run_one_string(f, &o, buf, end, run);
 		} else {
 			while (buf < end && f->shape_nholes && (next = shape_match(f, buf, end, &ev)) != NULL) {
 				buf = next;
@@ -1034,13 +1054,17 @@ void framer_feed_v(struct framer *f, const struct framer_slice *v, size_t n)
 
 	/* feed_slice's first loop, for the usual shape, with runs: what it
 	 * asks of the framer's state holds until feed_slice runs */
+	struct one_string o = { .shape = NULL };
 	bool fast = usual_run(f);
+	if (fast)
+		one_string_of(f, &o);
 	for (size_t i = 0; i < n; i++) {
 		const char *p = v[i].at, *end = p + v[i].len;
-		if (fast && (p = run_one_string(f, p, end, &run)) == end)
+		if (fast && (p = run_one_string(f, &o, p, end, &run)) == end)
 			continue;
 		feed_slice(f, p, (size_t)(end - p), &run);
-		fast = usual_run(f);
+		if ((fast = usual_run(f)))
+			one_string_of(f, &o);
 	}
 	run_flush(f, &run);
 }
