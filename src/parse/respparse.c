@@ -309,14 +309,20 @@ static const char *whole_chunks(struct respparse *rp, const char *p, const char 
 
 	while (end - p >= 6) {
 		const unsigned char *u = (const unsigned char *)p;
-		size_t lim = end - p < 15 ? (size_t)(end - p) : 15, k = 1;
-		unsigned d = hex_digit1[u[0]];
+		unsigned d = hex_digit1[u[0]], d1 = hex_digit1[u[1]];
 		if (d == 0)
 			break;
 		uint64_t n = d - 1;
-		while (k < lim && (d = hex_digit1[u[k]]) != 0) {
-			n = n << 4 | (d - 1);
-			k++;
+		size_t k = 1;
+		if (d1 != 0 && u[2] == '\r') { /* two digits, an event's usual size */
+			n = n << 4 | (d1 - 1);
+			k = 2;
+		} else {
+			size_t lim = end - p < 15 ? (size_t)(end - p) : 15;
+			while (k < lim && (d = hex_digit1[u[k]]) != 0) {
+				n = n << 4 | (d - 1);
+				k++;
+			}
 		}
 		const char *q = p + k;
 		if (n == 0 || end - q < 4 || !is_crlf(q) || (uint64_t)(end - q - 4) < n || !is_crlf(q + 2 + n))
