@@ -1865,13 +1865,14 @@ enum token_kind classify_event(enum api_kind api, const struct framer_event *ev,
  * objects), which count brackets inside strings too, are never armed.
  *
  * E1 need not follow E0 straight: an event between them that cannot be
- * armed itself (an escaped '"' in its text, text that is a key name, a
- * token event of another key, an event of no tokens) leaves the shape
- * armed, unless it changed the usage. Nothing above depends on the events
- * between but usage, which such events left as E0 found it, and the hint,
- * which only decides where the search starts (a probe that can only
- * confirm): E1's answer is E0's kind and, as the search would leave it,
- * E0's hint, which the shape carries in its tag.
+ * armed itself (an escaped '"' in its text, text that is a key name, an
+ * event of no tokens) leaves the shape armed when it left the usage and
+ * the hint as E0 left them. Nothing above depends on the events between
+ * but those two: usage, and the hint the search starts from (a probe that
+ * can only confirm, so the kind does not depend on it, but the hint it
+ * leaves can: a probe that confirms a later key keeps that key). So E1
+ * then meets what it would right after E0, and is answered as there:
+ * E0's kind and hint, which the shape carries in its tag.
  */
 static bool string_hole(const struct span *s, const char *v, const char *data, struct framer_hole *h)
 {
@@ -1944,11 +1945,15 @@ enum token_kind classify_event_armed(enum api_kind api, struct framer *f, const 
 	enum token_kind kind = classify_event(api, ev, usage, hint);
 	struct framer_hole holes[FRAMER_SHAPE_HOLES];
 	size_t n;
-	if (memcmp(&before, usage, sizeof(before)) != 0)
+	bool same_usage = memcmp(&before, usage, sizeof(before)) == 0;
+	if (same_usage && (n = shape_holes(api, ev, kind, hint, holes)) > 0 &&
+	    framer_shape_arm(f, holes, n, (uint64_t)kind | (uint64_t)hint->rule << 8 | (uint64_t)hint->at << 32))
+		return kind;
+	/* not armed: the shape before holds while usage and hint are as it
+	 * found and left them (above) */
+	uint64_t tag = framer_shape_tag(f);
+	if (!same_usage || hint->rule != (uint8_t)(tag >> 8) || hint->at != (uint32_t)(tag >> 32))
 		framer_shape_clear(f);
-	else if ((n = shape_holes(api, ev, kind, hint, holes)) > 0)
-		framer_shape_arm(f, holes, n, (uint64_t)kind | (uint64_t)hint->rule << 8 | (uint64_t)hint->at << 32);
-	/* else, or when it does not arm: the shape before holds still (above) */
 	return kind;
 }
 

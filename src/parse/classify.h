@@ -198,10 +198,10 @@ enum token_kind classify_event(enum api_kind api, const struct framer_event *ev,
  * that shape (same_shape) is answered with that event's kind and hint,
  * leaving usage alone, as classify_event() would: classify.c, "Same-shape
  * events", says why. Any other event is classified in full and re-arms
- * the shape, clears it when it changed the usage, or else, when it cannot
- * be armed itself, leaves the shape armed before (classify_event_armed,
- * the same without the same-shape test). `usage` and `hint` may not be
- * NULL.
+ * the shape, or, when it cannot be armed itself, leaves the shape armed
+ * before if it left usage and hint as that shape has them, else clears it
+ * (classify_event_armed, the same without the same-shape test). `usage`
+ * and `hint` may not be NULL.
  */
 enum token_kind classify_event_armed(enum api_kind api, struct framer *f, const struct framer_event *ev,
 				     struct usage *usage, struct classify_hint *hint);

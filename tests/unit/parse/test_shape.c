@@ -154,15 +154,15 @@ static void test_chat(void **state)
 		     27);
 }
 
-/* Between events of the shape, token events that cannot be armed (an
- * escaped '"') and leave another hint (a reasoning key, further on): the
- * shape stays armed, and its events give the hint that classify_event()
- * gives them. */
+/* Between events of the shape, a token event that cannot be armed (an
+ * escaped '"') and leaves the hint as it was keeps the shape armed; one
+ * that leaves another hint (a reasoning key, further on) clears it, and
+ * the event after it re-arms it. */
 static void test_chat_kept_past_unarmed(void **state)
 {
 	(void)state;
 	check_stream(API_OPENAI_CHAT,
-		     CHAT(" a") CHAT(" b") CHAT_HEAD
+		     CHAT(" a") CHAT(" b") CHAT(" \\\"q\\\"") CHAT(" b2") CHAT_HEAD
 		     "\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":null,\"reasoning_content\":\" "
 		     "\\\"r\\\"\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n" CHAT(" c")
 			     CHAT(" d") "data: [DONE]\n\n",
