@@ -579,9 +579,9 @@ static inline void shape_event(const struct framer *f, const char *p, const char
 }
 
 /* The event at p, when it is the shape's: where framing resumes, NULL
- * when it is not (or is not whole in the slice). *ev is the event, not yet
- * handed out. */
-static const char *shape_match(struct framer *f, const char *p, const char *end, struct framer_event *ev)
+ * when it is not (or is not whole in the slice). shape_match also makes
+ * it *ev, not yet handed out. */
+static inline const char *shape_end(const struct framer *f, const char *p, const char *end)
 {
 	const char *t = f->shape;
 	const char *q = p;
@@ -626,8 +626,30 @@ static const char *shape_match(struct framer *f, const char *p, const char *end,
 	 * named event the name and the data line together (shape_max) */
 	if ((size_t)(q - p) > f->shape_max)
 		return NULL;
-	shape_event(f, p, q, ev);
 	return q;
+}
+
+static const char *shape_match(struct framer *f, const char *p, const char *end, struct framer_event *ev)
+{
+	const char *q = shape_end(f, p, end);
+
+	if (q)
+		shape_event(f, p, q, ev);
+	return q;
+}
+
+/* Events of any armed shape from p on, joined to *run (runs only: nothing
+ * is handed out meanwhile, so the shape holds). Where they stop. */
+static inline const char *run_shape(const struct framer *f, const char *p, const char *end, struct framer_event *run)
+{
+	const char *q;
+
+	while (p < end && (q = shape_end(f, p, end)) != NULL) {
+		if (run->run++ == 0)
+			shape_event(f, p, q, run);
+		p = q;
+	}
+	return p;
 }
 
 /* The usual shape, one string hole (chat completions, Anthropic's
@@ -639,8 +661,13 @@ struct one_string {
 	size_t min, max;	/* shape_min, shape_max */
 };
 
+/* o->shape NULL: the armed shape is another (run_shape). */
 static inline void one_string_of(const struct framer *f, struct one_string *o)
 {
+	if (!f->shape_one_string) {
+		o->shape = NULL;
+		return;
+	}
 	o->shape = f->shape;
 	o->off = f->shape_holes[0].off;
 	o->tail = o->off + f->shape_holes[0].len;
@@ -1041,6 +1068,8 @@ static void feed_slice(struct framer *f, const char *buf, size_t len, struct fra
 			struct one_string o;
 			one_string_of(f, &o);
 			buf = run_one_string(f, &o, buf, end, run);
+		} else if (f->runs) {
+			buf = run_shape(f, buf, end, run);
 		} else {
 			while (buf < end && f->shape_nholes && (next = shape_match(f, buf, end, &ev)) != NULL) {
 				buf = next;
@@ -1053,11 +1082,11 @@ static void feed_slice(struct framer *f, const char *buf, size_t len, struct fra
 		feed_lines(f, buf, len, run);
 }
 
-/* Nothing buffered, an armed shape of one string hole, and runs. */
+/* Nothing buffered, an armed shape, and runs. */
 static inline bool usual_run(const struct framer *f)
 {
-	return f->shape_one_string && f->runs && f->shape_nholes && f->len == 0 && f->state == LINE_START &&
-	       !f->has_data && !f->skip && !f->after_cr;
+	return f->runs && f->shape_nholes && f->len == 0 && f->state == LINE_START && !f->has_data && !f->skip &&
+	       !f->after_cr;
 }
 
 void framer_feed(struct framer *f, const char *buf, size_t len)
@@ -1080,7 +1109,7 @@ void framer_feed_v(struct framer *f, const struct framer_slice *v, size_t n)
 		one_string_of(f, &o);
 	for (size_t i = 0; i < n; i++) {
 		const char *p = v[i].at, *end = p + v[i].len;
-		if (fast && (p = run_one_string(f, &o, p, end, &run)) == end)
+		if (fast && (p = o.shape ? run_one_string(f, &o, p, end, &run) : run_shape(f, p, end, &run)) == end)
 			continue;
 		feed_slice(f, p, (size_t)(end - p), &run);
 		if ((fast = usual_run(f)))

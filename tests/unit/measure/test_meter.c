@@ -1,6 +1,7 @@
 /*
  * test_meter.c — the meter's runs of same-shape events (framer.h `runs`,
- * meter.c on_shaped): a chat stream metered with the runs on leaves the
+ * meter.c on_shaped): a chat or Responses API stream (one string hole; a
+ * digits hole and a string hole) metered with the runs on leaves the
  * same record (events, token events, the timeline, the gaps and their
  * samples, usage, the hint) and the same ITL histogram in its series as
  * with each event handed out on its own, for reads cut at random, slices
@@ -30,6 +31,32 @@ static const char *const words[] = {
 	",",	".",  "usage",	" x",	" token",	   " seven",   " forty-two",	 " y",
 };
 
+/* A Responses API stream of `n` text deltas, their sequence numbers
+ * growing (a digit more now and then, which breaks the shape). */
+static size_t responses_stream(char *out, size_t cap, int n)
+{
+	size_t len = 0;
+
+	len += (size_t)snprintf(out + len, cap - len,
+				"event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,"
+				"\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\",\"usage\":null}}\n\n");
+	for (int i = 0; i < n; i++)
+		len += (size_t)snprintf(
+			out + len, cap - len,
+			"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\","
+			"\"sequence_number\":%d,\"item_id\":\"msg_1\",\"output_index\":0,"
+			"\"content_index\":0,\"delta\":\"%s\",\"logprobs\":[]}\n\n",
+			i + 1, words[(size_t)(uniform() * (sizeof(words) / sizeof(words[0])))]);
+	len += (size_t)snprintf(
+		out + len, cap - len,
+		"event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":%d,"
+		"\"response\":{\"status\":\"completed\",\"usage\":{\"input_tokens\":5,"
+		"\"output_tokens\":%d}}}\n\n",
+		n + 1, n);
+	assert_true(len < cap);
+	return len;
+}
+
 /* A chat completions stream of `n` token events, the sim's shape. */
 static size_t chat_stream(char *out, size_t cap, int n)
 {
@@ -58,12 +85,13 @@ struct metered {
 	struct meter m;
 };
 
-static void meter_start(struct metered *t, struct stats_shard *sh, const char *route, bool runs, bool keep)
+static void meter_start(struct metered *t, struct stats_shard *sh, const char *route, bool runs, bool keep,
+			enum api_kind api)
 {
 	memset(t, 0, sizeof(*t));
 	t->rec.usage = USAGE_UNKNOWN;
 	t->rec.inputs = -1;
-	t->rec.api = API_OPENAI_CHAT;
+	t->rec.api = api;
 	t->rec.itl_keep = keep;
 	snprintf(t->rec.model, sizeof(t->rec.model), "m");
 	t->rp.status = 200;
@@ -108,13 +136,16 @@ static void test_runs_record_as_events_do(void **state)
 	testrand_state = 0x31e7e7;
 	for (int round = 0; round < 200; round++) {
 		bool keep = round & 1;
-		size_t len = chat_stream(body, sizeof(body), 1 + (int)(uniform() * 400));
+		enum api_kind api = round & 2 ? API_OPENAI_RESPONSES : API_OPENAI_CHAT;
+		int events = 1 + (int)(uniform() * 400);
+		size_t len = api == API_OPENAI_CHAT ? chat_stream(body, sizeof(body), events)
+						    : responses_stream(body, sizeof(body), events);
 		static struct metered on, off;
 		char r_on[32], r_off[32];
 		snprintf(r_on, sizeof(r_on), "on%d", round);
 		snprintf(r_off, sizeof(r_off), "off%d", round);
-		meter_start(&on, sh, r_on, true, keep);
-		meter_start(&off, sh, r_off, false, keep);
+		meter_start(&on, sh, r_on, true, keep, api);
+		meter_start(&off, sh, r_off, false, keep, api);
 		uint64_t now = 2000;
 		for (size_t at = 0; at < len;) {
 			size_t n = 1 + (size_t)(uniform() * (uniform() < 0.5 ? 300 : 20000));
