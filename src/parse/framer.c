@@ -1065,7 +1065,7 @@ static void feed_slice(struct framer *f, const char *buf, size_t len, struct fra
 		const char *next;
 		struct framer_event ev;
 		if (f->shape_one_string && f->runs) {
-			struct one_string o;
+			struct one_string o = { .shape = NULL };
 			one_string_of(f, &o);
 			buf = run_one_string(f, &o, buf, end, run);
 		} else if (f->runs) {
