@@ -120,6 +120,55 @@ static void find_resp_model(struct req_record *rec, const char *p, const char *e
 	classify_resp_model(rec->api, p, (size_t)(end - p), rec->resp_model, sizeof(rec->resp_model));
 }
 
+/* A gap of `n` token events in a row: one ITL run holds gaps of one length. */
+static void itl_gaps(struct meter *m, uint64_t gap, uint64_t n)
+{
+	if (m->itl_run_n && gap != m->itl_run_gap)
+		flush_itl(m);
+	m->itl_run_gap = gap;
+	m->itl_run_n += n;
+}
+
+/* ev->run events of the armed shape in a row, all of this read: each is
+ * what the on_event of each would have made of it. They carry the
+ * shape's kind and hint (classify_event_shaped), its usage (so no new output count
+ * either) and, past the first, a gap of 0 (one clock reading per read):
+ * for an answer with no gaps kept (itl_keep), the record of n - 1 such
+ * gaps is a sum. The first of the run is an event after the one that
+ * armed the shape, so only it may be the stream's second event, which
+ * the response's model is looked for in. */
+static void on_shaped(struct meter *m, const struct framer_event *ev)
+{
+	struct req_record *rec = m->rec;
+	enum token_kind kind = classify_shape_answer(&m->framer, &rec->hint);
+	size_t n = ev->run;
+	uint64_t gap;
+
+	rec->events++;
+	timeline_mark(rec, TL_FIRST_EVENT, m->now);
+	if (rec->events <= 2 && !rec->resp_model[0] && ev->data)
+		find_resp_model(rec, ev->data, ev->data + ev->data_len);
+	if (kind == TOKEN_NONE) {
+		rec->events += n - 1;
+		return;
+	}
+	if (record_token_event_fast(rec, kind, m->now, &gap))
+		itl_gaps(m, gap, 1);
+	if (n == 1)
+		return;
+	rec->events += n - 1;
+	if (kind == TOKEN_ANSWER && !rec->itl_keep && rec->at[TL_FIRST_ANSWER] && rec->at[TL_LAST_TOKEN] == m->now) {
+		/* record_token_event_fast's path, n - 1 times, with gap 0 */
+		rec->token_events += n - 1;
+		rec->itl_total += n - 1;
+		itl_gaps(m, 0, n - 1);
+		return;
+	}
+	for (size_t i = 1; i < n; i++)
+		if (record_token_event_fast(rec, kind, m->now, &gap))
+			itl_gaps(m, gap, 1);
+}
+
 /* A framed event: the timeline learns about it (its bytes are already on
  * their way, or dropped for a shadow). */
 static void on_event(void *arg, const struct framer_event *ev)
@@ -128,27 +177,20 @@ static void on_event(void *arg, const struct framer_event *ev)
 	struct req_record *rec = m->rec;
 	uint64_t gap;
 
+	if (ev->same_shape) {
+		on_shaped(m, ev);
+		return;
+	}
 	rec->events++;
 	timeline_mark(rec, TL_FIRST_EVENT, m->now);
 	if (rec->events <= 2 && !rec->resp_model[0] && ev->data)
 		find_resp_model(rec, ev->data, ev->data + ev->data_len);
-	enum token_kind kind;
-	if (ev->same_shape) {
-		/* classify_event_shaped's answer; the usage stays its shape's,
-		 * so there is no new output count to take either */
-		kind = (enum token_kind)framer_shape_tag(&m->framer);
-	} else {
-		kind = classify_event_armed(rec->api, &m->framer, ev, &rec->usage, &rec->hint);
-		uint64_t n;
-		if (kind != TOKEN_NONE && rec->tpe_on >= 0 && record_event_tokens(rec, &n))
-			stats_record_event_tokens(meter_series(m), n);
-	}
-	if (kind != TOKEN_NONE && record_token_event_fast(rec, kind, m->now, &gap)) {
-		if (m->itl_run_n && gap != m->itl_run_gap)
-			flush_itl(m);
-		m->itl_run_gap = gap;
-		m->itl_run_n++;
-	}
+	enum token_kind kind = classify_event_armed(rec->api, &m->framer, ev, &rec->usage, &rec->hint);
+	uint64_t n;
+	if (kind != TOKEN_NONE && rec->tpe_on >= 0 && record_event_tokens(rec, &n))
+		stats_record_event_tokens(meter_series(m), n);
+	if (kind != TOKEN_NONE && record_token_event_fast(rec, kind, m->now, &gap))
+		itl_gaps(m, gap, 1);
 }
 
 void meter_token(struct meter *m, enum token_kind kind, uint64_t now)
@@ -177,6 +219,7 @@ void meter_head(struct meter *m, const struct respparse *rp)
 	if (rp->kind != FRAMER_NONE || m->json_array) {
 		m->rec->stream = 1;
 		framer_init(&m->framer, m->json_array ? FRAMER_JSON_ARRAY : rp->kind, m->max_event_size, on_event, m);
+		m->framer.runs = true; /* on_shaped */
 	} else if (status_ok(rp->status)) {
 		m->rec->stream = 0;
 	}
@@ -229,6 +272,18 @@ void meter_body(struct meter *m, const char *at, size_t len)
 		evbuffer_add(m->body, at, len);
 		m->body_tail = true;
 	}
+}
+
+void meter_body_v(struct meter *m, const struct framer_slice *v, size_t n)
+{
+	if (m->resp->kind != FRAMER_NONE || m->json_array) {
+		framer_feed_v(&m->framer, v, n);
+		if (m->framer.kind == FRAMER_EVENTSTREAM)
+			note_framer_error(m);
+		return;
+	}
+	for (size_t i = 0; i < n; i++)
+		meter_body(m, v[i].at, v[i].len);
 }
 
 void meter_resp_body(void *meter, const char *at, size_t len)

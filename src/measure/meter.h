@@ -117,6 +117,8 @@ void meter_read_end(struct meter *m);
  * outcome the server's own word gives). */
 void meter_head(struct meter *m, const struct respparse *rp);
 void meter_body(struct meter *m, const char *at, size_t len);
+/* meter_body of each slice in turn, the parser's whole chunks of one read */
+void meter_body_v(struct meter *m, const struct framer_slice *v, size_t n);
 void meter_complete(struct meter *m);
 /* meter_body as the parser's body hook, for an owner that gives the parser
  * its meter as the hooks' `arg` (the owner has nothing to add there). */

@@ -402,6 +402,11 @@ void stats_record_itl_n(struct series *se, uint64_t gap_ns, unsigned load, uint6
 	mark_dirty(se);
 }
 
+const struct slice *stats_series_slice(const struct series *se)
+{
+	return &se->slice;
+}
+
 void stats_record_event_tokens(struct series *se, uint64_t n)
 {
 	if (!se)

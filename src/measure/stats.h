@@ -56,6 +56,9 @@ struct series *stats_tenant_series(struct stats_shard *sh, const char *route, co
 void stats_record_itl(struct series *se, uint64_t gap_ns, unsigned load);
 /* `n` gaps of the same length, as one record. */
 void stats_record_itl_n(struct series *se, uint64_t gap_ns, unsigned load, uint64_t n);
+
+/* What `se` has recorded since the last flush (read-only; for tests). */
+const struct slice *stats_series_slice(const struct series *se);
 /* One token event that carried `n` tokens (timeline.h, record_event_tokens). */
 void stats_record_event_tokens(struct series *se, uint64_t n);
 void stats_record_request(struct series *se, const struct req_record *r, unsigned load);

@@ -1863,6 +1863,16 @@ enum token_kind classify_event(enum api_kind api, const struct framer_event *ev,
  * API token event by its SSE name (the name is part of the shape: keys_kind
  * at the hint, nothing else). Member walks (type without a name, usage
  * objects), which count brackets inside strings too, are never armed.
+ *
+ * E1 need not follow E0 straight: an event between them that cannot be
+ * armed itself (an escaped '"' in its text, text that is a key name, an
+ * event of no tokens) leaves the shape armed when it left the usage and
+ * the hint as E0 left them. Nothing above depends on the events between
+ * but those two: usage, and the hint the search starts from (a probe that
+ * can only confirm, so the kind does not depend on it, but the hint it
+ * leaves can: a probe that confirms a later key keeps that key). So E1
+ * then meets what it would right after E0, and is answered as there:
+ * E0's kind and hint, which the shape carries in its tag.
  */
 static bool string_hole(const struct span *s, const char *v, const char *data, struct framer_hole *h)
 {
@@ -1935,9 +1945,14 @@ enum token_kind classify_event_armed(enum api_kind api, struct framer *f, const 
 	enum token_kind kind = classify_event(api, ev, usage, hint);
 	struct framer_hole holes[FRAMER_SHAPE_HOLES];
 	size_t n;
-	if (memcmp(&before, usage, sizeof(before)) == 0 && (n = shape_holes(api, ev, kind, hint, holes)) > 0)
-		framer_shape_arm(f, holes, n, (int)kind);
-	else
+	bool same_usage = memcmp(&before, usage, sizeof(before)) == 0;
+	if (same_usage && (n = shape_holes(api, ev, kind, hint, holes)) > 0 &&
+	    framer_shape_arm(f, holes, n, (uint64_t)kind | (uint64_t)hint->rule << 8 | (uint64_t)hint->at << 32))
+		return kind;
+	/* not armed: the shape before holds while usage and hint are as it
+	 * found and left them (above) */
+	uint64_t tag = framer_shape_tag(f);
+	if (!same_usage || hint->rule != (uint8_t)(tag >> 8) || hint->at != (uint32_t)(tag >> 32))
 		framer_shape_clear(f);
 	return kind;
 }

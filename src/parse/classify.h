@@ -195,20 +195,34 @@ enum token_kind classify_event(enum api_kind api, const struct framer_event *ev,
  * content_block_delta, a Responses API token event, each by its SSE name
  * where it has one), the event is armed as the framer's shape, holes at
  * its text (and a Responses event's sequence_number); an event framed as
- * that shape (same_shape) is answered with that event's kind, leaving
- * usage and hint alone, as classify_event() would: classify.c,
- * "Same-shape events", says why. Any other event is classified in full
- * and re-arms or clears the shape (classify_event_armed, the same without
- * the same-shape test). `usage` and `hint` may not be NULL.
+ * that shape (same_shape) is answered with that event's kind and hint,
+ * leaving usage alone, as classify_event() would: classify.c, "Same-shape
+ * events", says why. Any other event is classified in full and re-arms
+ * the shape, or, when it cannot be armed itself, leaves the shape armed
+ * before if it left usage and hint as that shape has them, else clears it
+ * (classify_event_armed, the same without the same-shape test). `usage`
+ * and `hint` may not be NULL.
  */
 enum token_kind classify_event_armed(enum api_kind api, struct framer *f, const struct framer_event *ev,
 				     struct usage *usage, struct classify_hint *hint);
+
+/* The answer to an event of `f`'s shape (same_shape): the kind of the
+ * event the shape was armed from, and its hint, which classify_event()
+ * would give this event too. */
+static inline enum token_kind classify_shape_answer(const struct framer *f, struct classify_hint *hint)
+{
+	uint64_t tag = framer_shape_tag(f);
+
+	hint->rule = (uint8_t)(tag >> 8);
+	hint->at = (uint32_t)(tag >> 32);
+	return (enum token_kind)(tag & 0xff);
+}
 
 static inline enum token_kind classify_event_shaped(enum api_kind api, struct framer *f, const struct framer_event *ev,
 						    struct usage *usage, struct classify_hint *hint)
 {
 	if (ev->same_shape)
-		return (enum token_kind)framer_shape_tag(f);
+		return classify_shape_answer(f, hint);
 	return classify_event_armed(api, f, ev, usage, hint);
 }
 

@@ -35,6 +35,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__x86_64__) && defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 /* What the framer does with the bytes of the current line. */
 enum line_state {
 	LINE_START = 0, /* no byte of this line seen yet (a LF here ends a blank line) */
@@ -130,6 +134,7 @@ static void framer_emit(struct framer *f, const char *name, size_t name_len, con
 		.name_len = name_len,
 		.data = data ? data : "",
 		.data_len = data_len,
+		.run = 1,
 	};
 	f->events++;
 	if (f->cb)
@@ -388,9 +393,10 @@ static bool hole_holds(const struct framer_hole *h, const char *p, size_t n)
 	return other != 0;
 }
 
-bool framer_shape_arm(struct framer *f, const struct framer_hole *holes, size_t n, int tag)
+bool framer_shape_arm(struct framer *f, const struct framer_hole *holes, size_t n, uint64_t tag)
 {
-	framer_shape_clear(f);
+	struct framer_hole hs[FRAMER_SHAPE_HOLES];
+
 	if (f->cur == NULL || f->cur_len > FRAMER_SHAPE_MAX || n == 0 || n > FRAMER_SHAPE_HOLES)
 		return false;
 	/* the data sits after `data:` and one blank on the data line */
@@ -411,11 +417,12 @@ bool framer_shape_arm(struct framer *f, const struct framer_hole *holes, size_t 
 			return false;
 		if (h->kind == FRAMER_HOLE_STRING && i + 1 < n)
 			return false; /* a string hole comes last */
-		f->shape_holes[i] = (struct framer_hole){ (uint32_t)(data_off + h->off), h->len, h->kind };
+		hs[i] = (struct framer_hole){ (uint32_t)(data_off + h->off), h->len, h->kind };
 		at = h->off + h->len;
 	}
 	if (f->shape == NULL && (f->shape = malloc(FRAMER_SHAPE_MAX)) == NULL)
 		return false;
+	memcpy(f->shape_holes, hs, n * sizeof(hs[0]));
 	memcpy(f->shape, f->cur, f->cur_len);
 	f->shape_len = (uint32_t)f->cur_len;
 	f->shape_line2 = (uint32_t)f->cur_line2;
@@ -428,6 +435,7 @@ bool framer_shape_arm(struct framer *f, const struct framer_hole *holes, size_t 
 	 * but its LF LF */
 	f->shape_max = f->max_event + f->shape_line2 + 2 - f->shape_name_len;
 	f->shape_nholes = (uint8_t)n;
+	f->shape_one_string = n == 1 && lh->kind == FRAMER_HOLE_STRING;
 	f->shape_tag = tag;
 	return true;
 }
@@ -461,7 +469,7 @@ static inline uint64_t bytes_below(uint64_t x, unsigned n)
  * escape is stepped over. Whether a byte is not a key name's is asked of
  * hole_class, of the first byte first (a blank, in most text); an escape
  * is such a byte. */
-static const char *string_hole_end(const char *q, const char *lim, const char *end)
+static const char *string_hole_slow(const char *q, const char *lim, const char *end)
 {
 	const char *s = q;
 	bool esc = false;
@@ -499,6 +507,45 @@ static const char *string_hole_end(const char *q, const char *lim, const char *e
 	return c == 1 ? q : NULL;
 }
 
+/* string_hole_slow() for the usual hole, a short text that starts with a
+ * byte no key name has (a blank): its '"' in the first sixteen bytes, no
+ * escape before it. Anything else is asked of string_hole_slow(), which
+ * answers the same for these. */
+static inline const char *string_hole_end(const char *q, const char *lim, const char *end)
+{
+#if defined(__x86_64__) && defined(__SSE2__)
+	/* the same test of sixteen bytes at once: '"', '\\', or at most 13 */
+	if (end - q >= 16 && hole_class[(unsigned char)*q] == 1) {
+		__m128i x = _mm_loadu_si128((const __m128i *)(const void *)q);
+		__m128i stop = _mm_or_si128(
+			_mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8('"')), _mm_cmpeq_epi8(x, _mm_set1_epi8('\\'))),
+			_mm_cmpeq_epi8(_mm_min_epu8(x, _mm_set1_epi8(13)), x));
+		unsigned m = (unsigned)_mm_movemask_epi8(stop);
+		if (m) {
+			const char *e = q + __builtin_ctz(m);
+			if (e < lim && *e == '"')
+				return e;
+		}
+	}
+#else
+	if (end - q >= 16 && hole_class[(unsigned char)*q] == 1) {
+		for (const char *w = q; w < q + 16; w += 8) {
+			uint64_t x;
+			memcpy(&x, w, 8);
+			uint64_t stop =
+				zero_bytes(x ^ (ONES * '"')) | zero_bytes(x ^ (ONES * '\\')) | bytes_below(x, 14);
+			if (stop) {
+				const char *e = w + ((unsigned)__builtin_ctzll(stop) >> 3);
+				if (e < lim && *e == '"')
+					return e;
+				break;
+			}
+		}
+	}
+#endif
+	return string_hole_slow(q, lim, end);
+}
+
 /* The n bytes at q (all before end) are ASCII digits: up to eight in one
  * word when eight can be read, as a byte out of '0'..'9' sets its own high
  * bit in (x - '0') | (x + 0x46) | x (a borrow or carry only ever starts at
@@ -517,9 +564,24 @@ static inline bool digits_hold(const char *q, const char *end, uint32_t n)
 	return n > 0;
 }
 
+/* The same-shape event whose wire bytes are [p, q), into *ev. */
+static inline void shape_event(const struct framer *f, const char *p, const char *q, struct framer_event *ev)
+{
+	const char *data = p + f->shape_data_off;
+	*ev = (struct framer_event){
+		.name = f->shape_name_len ? p + f->shape_line2 - 1 - f->shape_name_len : NULL,
+		.name_len = f->shape_name_len,
+		.data = data,
+		.data_len = (size_t)(q - 2 - data),
+		.same_shape = true,
+		.run = 1,
+	};
+}
+
 /* The event at p, when it is the shape's: where framing resumes, NULL
- * when it is not (or is not whole in the slice). */
-static const char *shape_match(struct framer *f, const char *p, const char *end)
+ * when it is not (or is not whole in the slice). shape_match also makes
+ * it *ev, not yet handed out. */
+static inline const char *shape_end(const struct framer *f, const char *p, const char *end)
 {
 	const char *t = f->shape;
 	const char *q = p;
@@ -564,18 +626,83 @@ static const char *shape_match(struct framer *f, const char *p, const char *end)
 	 * named event the name and the data line together (shape_max) */
 	if ((size_t)(q - p) > f->shape_max)
 		return NULL;
-	const char *data = p + f->shape_data_off;
-	struct framer_event ev = {
-		.name = f->shape_name_len ? p + f->shape_line2 - 1 - f->shape_name_len : NULL,
-		.name_len = f->shape_name_len,
-		.data = data,
-		.data_len = (size_t)(q - 2 - data),
-		.same_shape = true,
-	};
-	f->events++;
-	if (f->cb)
-		f->cb(f->arg, &ev);
 	return q;
+}
+
+static const char *shape_match(struct framer *f, const char *p, const char *end, struct framer_event *ev)
+{
+	const char *q = shape_end(f, p, end);
+
+	if (q)
+		shape_event(f, p, q, ev);
+	return q;
+}
+
+/* Events of any armed shape from p on, joined to *run (runs only: nothing
+ * is handed out meanwhile, so the shape holds). Where they stop. */
+static inline const char *run_shape(const struct framer *f, const char *p, const char *end, struct framer_event *run)
+{
+	const char *q;
+
+	while (p < end && (q = shape_end(f, p, end)) != NULL) {
+		if (run->run++ == 0)
+			shape_event(f, p, q, run);
+		p = q;
+	}
+	return p;
+}
+
+/* The usual shape, one string hole (chat completions, Anthropic's
+ * deltas), as run_one_string() reads it: taken once per feed, as the
+ * shape holds while runs are matched (nothing is handed out meanwhile). */
+struct one_string {
+	const char *shape;
+	size_t off, tail, rest; /* the hole's offset and end, the bytes after it */
+	size_t min, max;	/* shape_min, shape_max */
+};
+
+/* o->shape NULL: the armed shape is another (run_shape). */
+static inline void one_string_of(const struct framer *f, struct one_string *o)
+{
+	if (!f->shape_one_string) {
+		o->shape = NULL;
+		return;
+	}
+	o->shape = f->shape;
+	o->off = f->shape_holes[0].off;
+	o->tail = o->off + f->shape_holes[0].len;
+	o->rest = f->shape_len - o->tail;
+	o->min = f->shape_min;
+	o->max = f->shape_max;
+}
+
+/* shape_match's steps for the usual shape alone, over the events of the
+ * shape from p on, joined to *run. Where they stop. The shortest event of
+ * the shape fitting leaves room for the '"' and the rest after the hole. */
+static inline __attribute__((always_inline)) const char *run_one_string(const struct framer *f,
+									const struct one_string *o, const char *p,
+									const char *end, struct framer_event *run)
+{
+	while ((size_t)(end - p) >= o->min && memcmp(p, o->shape, o->off) == 0) {
+		const char *q = string_hole_end(p + o->off, end - o->rest + 1, end);
+		if (q == NULL || memcmp(q, o->shape + o->tail, o->rest) != 0)
+			break;
+		q += o->rest;
+		if ((size_t)(q - p) > o->max)
+			break;
+		if (run->run++ == 0)
+			shape_event(f, p, q, run);
+		p = q;
+	}
+	return p;
+}
+
+/* Hands out `ev` (ev->run events). */
+static void emit_shaped(struct framer *f, struct framer_event *ev)
+{
+	f->events += ev->run;
+	if (f->cb)
+		f->cb(f->arg, ev);
 }
 
 /* The first `c` in [p, end), or end. */
@@ -891,6 +1018,7 @@ static void on_evs_message(void *arg, const struct evs_message *m)
 		.data = data ? data : "",
 		.data_len = len,
 		.exception = exception,
+		.run = 1,
 	};
 	f->events++;
 	if (f->cb)
@@ -904,25 +1032,94 @@ const char *framer_error(const struct framer *f)
 	return evs_error_name(f->evs.error);
 }
 
-static void feed_lines(struct framer *f, const char *buf, size_t len);
+static void feed_lines(struct framer *f, const char *buf, size_t len, struct framer_event *run);
+
+/* Hands out the run of same-shape events matched so far, if any. */
+static void run_flush(struct framer *f, struct framer_event *run)
+{
+	if (run->run) {
+		emit_shaped(f, run);
+		run->run = 0;
+	}
+}
+
+/* A same-shape event matched: handed out now, or with `runs` joined to the
+ * run, which is handed out before any other event is framed. */
+static void run_add(struct framer *f, struct framer_event *run, struct framer_event *ev)
+{
+	if (!f->runs)
+		emit_shaped(f, ev);
+	else if (run->run++ == 0)
+		*run = *ev; /* run 1 */
+}
 
 /* Events of the armed shape are taken first, as long as they come, with
  * nothing buffered (an armed shape means an SSE framer); the line-by-line
- * path takes what is left. */
-void framer_feed(struct framer *f, const char *buf, size_t len)
+ * path takes what is left. With `runs`, the events matched in a row are
+ * handed out once the row ends (*run keeps it across slices), before any
+ * event framed after them. */
+static void feed_slice(struct framer *f, const char *buf, size_t len, struct framer_event *run)
 {
 	if (f->shape_nholes && f->len == 0 && f->state == LINE_START && !f->has_data && !f->skip && !f->after_cr) {
 		const char *end = buf + len;
 		const char *next;
-		while (buf < end && f->shape_nholes && (next = shape_match(f, buf, end)) != NULL)
-			buf = next;
+		struct framer_event ev;
+		if (f->shape_one_string && f->runs) {
+			struct one_string o = { .shape = NULL };
+			one_string_of(f, &o);
+			buf = run_one_string(f, &o, buf, end, run);
+		} else if (f->runs) {
+			buf = run_shape(f, buf, end, run);
+		} else {
+			while (buf < end && f->shape_nholes && (next = shape_match(f, buf, end, &ev)) != NULL) {
+				buf = next;
+				run_add(f, run, &ev);
+			}
+		}
 		len = (size_t)(end - buf);
 	}
 	if (len)
-		feed_lines(f, buf, len);
+		feed_lines(f, buf, len, run);
 }
 
-static __attribute__((noinline)) void feed_lines(struct framer *f, const char *buf, size_t len)
+/* Nothing buffered, an armed shape, and runs. */
+static inline bool usual_run(const struct framer *f)
+{
+	return f->runs && f->shape_nholes && f->len == 0 && f->state == LINE_START && !f->has_data && !f->skip &&
+	       !f->after_cr;
+}
+
+void framer_feed(struct framer *f, const char *buf, size_t len)
+{
+	struct framer_event run = { .run = 0 };
+
+	feed_slice(f, buf, len, &run);
+	run_flush(f, &run);
+}
+
+void framer_feed_v(struct framer *f, const struct framer_slice *v, size_t n)
+{
+	struct framer_event run = { .run = 0 };
+
+	/* feed_slice's first loop, for the usual shape, with runs: what it
+	 * asks of the framer's state holds until feed_slice runs */
+	struct one_string o = { .shape = NULL };
+	bool fast = usual_run(f);
+	if (fast)
+		one_string_of(f, &o);
+	for (size_t i = 0; i < n; i++) {
+		const char *p = v[i].at, *end = p + v[i].len;
+		if (fast && (p = o.shape ? run_one_string(f, &o, p, end, &run) : run_shape(f, p, end, &run)) == end)
+			continue;
+		feed_slice(f, p, (size_t)(end - p), &run);
+		if ((fast = usual_run(f)))
+			one_string_of(f, &o);
+	}
+	run_flush(f, &run);
+}
+
+static __attribute__((noinline)) void feed_lines(struct framer *f, const char *buf, size_t len,
+						 struct framer_event *run)
 {
 	if (f->kind == FRAMER_NONE || len == 0)
 		return;
@@ -951,12 +1148,15 @@ static __attribute__((noinline)) void feed_lines(struct framer *f, const char *b
 	while (p < end) {
 		bool fresh = f->len == 0 && f->state == LINE_START && !f->has_data && !f->skip;
 		if (fresh && f->shape_nholes) {
-			const char *next = shape_match(f, p, end);
+			struct framer_event ev;
+			const char *next = shape_match(f, p, end, &ev);
 			if (next) {
+				run_add(f, run, &ev);
 				p = next;
 				continue;
 			}
 		}
+		run_flush(f, run);
 		if (lf == NULL || lf < p)
 			lf = scan_to(p, end, '\n');
 		if (cr == NULL || cr < p)

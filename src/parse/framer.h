@@ -52,6 +52,17 @@ struct framer_event {
 	 * its bytes on the wire are that event's, except inside the holes,
 	 * whose bytes keep to the holes' rules ("Same-shape events" below) */
 	bool same_shape;
+	/* how many events this call stands for: 1, but with the framer's
+	 * `runs` set, same-shape events in a row of one framer_feed or
+	 * framer_feed_v call come in one call, name and data being the
+	 * first's (their holes differ; nothing else does) */
+	size_t run;
+};
+
+/* Bytes to feed, several at once (framer_feed_v). */
+struct framer_slice {
+	const char *at;
+	size_t len;
 };
 
 /*
@@ -112,11 +123,15 @@ struct framer {
 	 * that event's wire bytes (cur NULL otherwise) */
 	char *shape;
 	uint32_t shape_len, shape_line2, shape_name_len, shape_data_off;
-	uint32_t shape_min;   /* the shortest event of the shape: its string hole one byte */
-	size_t shape_max;     /* the longest the line-by-line path takes whole (max_event) */
-	uint8_t shape_nholes; /* 0: not armed */
+	uint32_t shape_min;    /* the shortest event of the shape: its string hole one byte */
+	size_t shape_max;      /* the longest the line-by-line path takes whole (max_event) */
+	uint8_t shape_nholes;  /* 0: not armed */
+	bool shape_one_string; /* the usual shape: one hole, a string (framer.c, match_one_string) */
 	struct framer_hole shape_holes[FRAMER_SHAPE_HOLES];
-	int shape_tag; /* the caller's, kept with the shape */
+	uint64_t shape_tag; /* the caller's, kept with the shape */
+	/* Set by the caller: same-shape events in a row come in one callback
+	 * (framer_event.run), which must then not change the shape */
+	bool runs;
 	const char *cur;
 	size_t cur_len, cur_line2;
 	/* counters, readable by the caller */
@@ -131,6 +146,10 @@ void framer_init(struct framer *f, enum framer_kind kind, size_t max_event, fram
 /* Consumes `len` bytes; calls `cb` for every event they complete. */
 void framer_feed(struct framer *f, const char *buf, size_t len);
 
+/* framer_feed() of each slice in turn, the bytes following each other in
+ * the stream; with `runs`, a run of same-shape events goes on across them. */
+void framer_feed_v(struct framer *f, const struct framer_slice *v, size_t n);
+
 /* End of body: an NDJSON line without a final newline is delivered; an SSE
  * event without its blank line is dispatched too (servers that close right
  * after the last `data:` line exist). A JSON array's element cut by the end
@@ -143,15 +162,16 @@ void framer_free(struct framer *f);
 /* Arms the event being delivered (call from the callback) as the shape,
  * with holes `holes[0..n)` in its data (in order, not overlapping, each
  * holding bytes of its kind, a string hole followed by '"' and last), and `tag`
- * kept beside it (framer_shape_tag). False, and no shape armed, when the
+ * kept beside it (framer_shape_tag). False, and the shape armed before (if
+ * any) left as it was, when the
  * event was not framed in place, is longer than FRAMER_SHAPE_MAX, or the
  * holes do not hold. */
-bool framer_shape_arm(struct framer *f, const struct framer_hole *holes, size_t n, int tag);
+bool framer_shape_arm(struct framer *f, const struct framer_hole *holes, size_t n, uint64_t tag);
 
 /* No shape: every event is framed line by line again. */
 void framer_shape_clear(struct framer *f);
 
-static inline int framer_shape_tag(const struct framer *f)
+static inline uint64_t framer_shape_tag(const struct framer *f)
 {
 	return f->shape_tag;
 }

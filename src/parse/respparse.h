@@ -12,6 +12,7 @@
 #include <llhttp.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "classify.h"
 #include "framer.h"
@@ -33,6 +34,9 @@ struct respparse_hooks {
 	/* The final response has ended; the parser pauses. `keep_alive`: the
 	 * connection may carry another exchange, as far as the response says. */
 	void (*complete)(void *arg, bool keep_alive);
+	/* May be NULL: body bytes of several chunks of one feed at once, in
+	 * order, instead of a body call for each. */
+	void (*body_v)(void *arg, const struct framer_slice *v, size_t n);
 };
 
 enum respparse_status {
@@ -74,7 +78,14 @@ struct respparse {
 	/* From the end (beside the complete hook): what the hook was told, the
 	 * connection may carry another exchange as far as the response says */
 	bool keep_alive;
+	/* Set by the caller before the response arrives: llhttp reads a
+	 * chunked body too (respparse.c, "Chunked bodies"; tests compare the
+	 * two paths with it). */
+	bool llhttp_chunks;
 	/* parse state */
+	uint8_t ck;	    /* a chunked body read here: enum chunk_state in respparse.c, 0 when llhttp reads */
+	bool ck_mute;	    /* llhttp's body bytes are the prefix chunks_fallback made up: not the body */
+	uint64_t ck_len;    /* the chunk size read so far, then the chunk's data still to come */
 	bool informational; /* inside a 1xx response */
 	int refused;	    /* a status refused in the head: 101, or below 100 */
 	bool in_name;

@@ -1384,6 +1384,15 @@ static void on_resp_body(void *arg, const char *at, size_t len)
 	x->body_seen = true;
 }
 
+static void on_resp_body_v(void *arg, const struct framer_slice *v, size_t n)
+{
+	struct exchange *x = meter_request(arg);
+	CHECK_OBJ(x, EXCHANGE_MAGIC);
+
+	meter_body_v(&x->meter, v, n);
+	x->body_seen = true;
+}
+
 static void on_resp_complete(void *arg, bool keep_alive)
 {
 	struct exchange *x = meter_request(arg);
@@ -1407,6 +1416,7 @@ static void on_resp_complete(void *arg, bool keep_alive)
 static const struct respparse_hooks resp_hooks = {
 	.head = on_resp_head,
 	.body = on_resp_body,
+	.body_v = on_resp_body_v,
 	.complete = on_resp_complete,
 };
 

@@ -54,6 +54,16 @@ void hist_init(struct hist *h)
 	h->min = UINT64_MAX;
 }
 
+void hist_clear(struct hist *h)
+{
+	if (h->count) {
+		unsigned lo = hist_index(h->min), hi = hist_index(h->max);
+		memset(h->buckets + lo, 0, (hi - lo + 1) * sizeof(h->buckets[0]));
+	}
+	h->count = h->sum = h->max = 0;
+	h->min = UINT64_MAX;
+}
+
 void hist_record_n(struct hist *h, uint64_t v, uint64_t n)
 {
 	/* n == 0 must not touch min/max: an empty histogram keeps its
@@ -236,7 +246,9 @@ size_t hist_encode(const struct hist *h, uint8_t *out, size_t cap)
 	 * for scattered samples; dense count differences over [first, last]
 	 * for the smooth, contiguous histograms that long windows produce, where
 	 * neighbouring counts are close and the index costs nothing. */
-	for (unsigned i = 0, prev = 0; i < HIST_BUCKETS; i++) {
+	/* only [min's bucket, max's] can hold samples (the invariants) */
+	unsigned lo = h->count ? hist_index(h->min) : 0, hi = h->count ? hist_index(h->max) + 1 : 0;
+	for (unsigned i = lo, prev = 0; i < hi; i++) {
 		if (h->buckets[i] == 0)
 			continue;
 		if (nnz++ == 0)
@@ -262,7 +274,7 @@ size_t hist_encode(const struct hist *h, uint8_t *out, size_t cap)
 		return pos;
 	}
 	unsigned prev = 0;
-	for (unsigned i = 0; i < HIST_BUCKETS; i++) {
+	for (unsigned i = first; nnz && i <= last; i++) {
 		if (h->buckets[i] == 0)
 			continue;
 		if (!put(out, cap, &pos, i - prev) || !put(out, cap, &pos, h->buckets[i]))

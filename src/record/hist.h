@@ -64,6 +64,11 @@ struct hist {
 /* Makes `h` empty. */
 void hist_init(struct hist *h);
 
+/* Makes `h`, which keeps the invariants, empty: only the buckets from
+ * min's to max's are written (a histogram of one flush interval's samples
+ * spans a few of its 1,112). */
+void hist_clear(struct hist *h);
+
 /*
  * Bucket index of `v`.
  * Below 1024: with s = floor(log2(v | 64)) - 6, v >> s lies in [64, 128)

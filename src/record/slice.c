@@ -245,7 +245,7 @@ void slice_clear(struct slice *s)
 	memset(s->counters, 0, sizeof(s->counters));
 	for (unsigned i = 0; i < SLICE_SLOTS; i++)
 		if (s->slot[i] && s->slot[i]->count)
-			hist_init(s->slot[i]);
+			hist_clear(s->slot[i]);
 }
 
 void slice_release(struct slice *s)

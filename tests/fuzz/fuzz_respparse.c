@@ -23,7 +23,10 @@
  * keep-alive and end, and unless that end is an error, the same bytes
  * consumed and forwarded (an error stops a read, and what earlier reads
  * held went out before it). The head bound is decided read by read: there
- * the pieces may meet it before the whole stream does, never after. ASan/UBSan catch the rest.
+ * the pieces may meet it before the whole stream does, never after. The
+ * pieces read again with llhttp reading chunked bodies too
+ * (rp.llhttp_chunks) give all the same, errors included. ASan/UBSan catch
+ * the rest.
  */
 #include <stdbool.h>
 #include <stddef.h>
@@ -56,7 +59,7 @@ static bool timing_eq(const struct server_timing *a, const struct server_timing 
 
 struct run {
 	/* set by the caller */
-	bool head_request;
+	bool head_request, llhttp_chunks;
 	size_t head_max, max_event;
 	/* hooks */
 	unsigned heads, completes;
@@ -149,7 +152,7 @@ static void on_complete(void *arg, bool keep_alive)
 	}
 }
 
-static const struct respparse_hooks hooks = { on_head, on_body, on_complete };
+static const struct respparse_hooks hooks = { on_head, on_body, on_complete, NULL };
 
 /* The upstream's stream, read by read; `split` NULL: one read. */
 static void run_stream(struct run *r, const uint8_t *data, size_t len, const uint8_t *split)
@@ -176,6 +179,7 @@ static void run_stream(struct run *r, const uint8_t *data, size_t len, const uin
 
 	respparse_init(&rp, &hooks, r);
 	rp.head_request = r->head_request;
+	rp.llhttp_chunks = r->llhttp_chunks;
 	rp.head_max = r->head_max;
 	for (unsigned k = 0; off < len && r->end == END_MORE; k++) {
 		size_t piece = len - off;
@@ -252,7 +256,7 @@ static void run_stream(struct run *r, const uint8_t *data, size_t len, const uin
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	static struct run whole, pieces, prefix;
+	static struct run whole, pieces, prefix, slow;
 	static const size_t head_bounds[4] = { 64, 512, 4096, RESP_HEAD_MAX };
 	static const size_t event_bounds[8] = { 16, 64, 200, 512, 700, 1024, 2048, 1u << 20 };
 
@@ -267,6 +271,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	run_stream(&whole, stream, len, NULL);
 	run_stream(&pieces, stream, len, split);
+	slow.head_request = pieces.head_request;
+	slow.head_max = pieces.head_max;
+	slow.max_event = pieces.max_event;
+	slow.llhttp_chunks = true;
+	run_stream(&slow, stream, len, split);
+	CHECK(slow.end == pieces.end && slow.consumed == pieces.consumed && slow.forwarded == pieces.forwarded);
+	CHECK(slow.heads == pieces.heads && slow.completes == pieces.completes && slow.status == pieces.status);
+	CHECK(slow.kind == pieces.kind && slow.keep_alive == pieces.keep_alive);
+	CHECK(slow.body_len == pieces.body_len && slow.body_digest == pieces.body_digest && slow.n == pieces.n);
+	CHECK(memcmp(slow.digest, pieces.digest,
+		     (pieces.n < MAX_EVENTS ? pieces.n : MAX_EVENTS) * sizeof(pieces.digest[0])) == 0);
 
 	/* A head still incomplete past the bound in the whole stream is so at
 	 * some read of the pieces too; the pieces may meet the bound first. */

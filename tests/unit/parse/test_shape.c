@@ -96,8 +96,9 @@ static void assert_same(const struct run *a, const struct run *b)
 
 /* The shaped run equals the byte-at-a-time reference run for every cut,
  * and, whole, it took `min_same` events as the shape's (counted by hand:
- * an event after a shape-breaking one re-arms it, and only the events after
- * that one match). */
+ * an event that breaks the shape and cannot be armed itself leaves the
+ * shape armed unless it changed the usage, so the event after it matches;
+ * one that can be armed re-arms it, and only the events after it match). */
 static void check_stream(enum api_kind api, const char *s, int min_same)
 {
 	static const size_t bounds[] = { 0, 64, 150, 200, 236, 260 };
@@ -150,7 +151,22 @@ static void test_chat(void **state)
 		     "\"finish_reason\":null}]}\r\n\r\n" CHAT(" o") CHAT(" p") CHAT(" q") CHAT(" incomprehensibilities") CHAT("a.b") CHAT("abcdefgh")
 				     CHAT("abcdefgh.") CHAT(" r") CHAT("abcdefg\xc3") CHAT(" x\\") CHAT(" s") CHAT(" y\\\\")
 					     CHAT("\\u00e9") CHAT("\\n") CHAT(" t") "data: [DONE]\n\n",
-		     19);
+		     27);
+}
+
+/* Between events of the shape, a token event that cannot be armed (an
+ * escaped '"') and leaves the hint as it was keeps the shape armed; one
+ * that leaves another hint (a reasoning key, further on) clears it, and
+ * the event after it re-arms it. */
+static void test_chat_kept_past_unarmed(void **state)
+{
+	(void)state;
+	check_stream(API_OPENAI_CHAT,
+		     CHAT(" a") CHAT(" b") CHAT(" \\\"q\\\"") CHAT(" b2") CHAT_HEAD
+		     "\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":null,\"reasoning_content\":\" "
+		     "\\\"r\\\"\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n" CHAT(" c")
+			     CHAT(" d") "data: [DONE]\n\n",
+		     3);
 }
 
 #define RESP(seq, text) \
@@ -171,7 +187,7 @@ static void test_responses(void **state)
 		     "\"sequence_number\":18,\"delta\":\" think\"}\n\n" RESP("19", " e") RESP("20", " f")
 		     "event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":21,"
 		     "\"response\":{\"status\":\"completed\",\"usage\":{\"input_tokens\":5,\"output_tokens\":17}}}\n\n",
-		     6);
+		     8);
 }
 
 #define ANT(text) \
@@ -195,7 +211,7 @@ static void test_anthropic(void **state)
 		     "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n"
 		     "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"max_tokens\"},"
 		     "\"usage\":{\"output_tokens\":12}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
-		     5);
+		     8);
 }
 
 /* Arming checks its holes: none outside the data, none of a wrong kind,
@@ -251,9 +267,8 @@ static void test_arm_bounds(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_chat),
-		cmocka_unit_test(test_responses),
-		cmocka_unit_test(test_anthropic),
+		cmocka_unit_test(test_chat),	   cmocka_unit_test(test_chat_kept_past_unarmed),
+		cmocka_unit_test(test_responses),  cmocka_unit_test(test_anthropic),
 		cmocka_unit_test(test_arm_bounds),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,7 +1,7 @@
 /*
  * test_hist.c — bucket geometry, quantile accuracy against exact order
- * statistics, exact merge, and the storage encoding under truncation and
- * garbage.
+ * statistics, exact merge, the storage encoding under truncation and
+ * garbage, and emptying a histogram in place.
  *
  * Samples come from a fixed-seed PRNG written here (no libc rand(), whose
  * sequence differs between platforms), so every run checks the same values.
@@ -780,17 +780,55 @@ static void test_decode_dense(void **state)
 	free(scratch);
 }
 
+/* hist_clear leaves what hist_init does, byte for byte, whatever the
+ * samples were: it writes only min's to max's buckets. */
+static void test_clear(void **state)
+{
+	(void)state;
+	struct hist *want = hist_new(), *h = hist_new();
+	hist_clear(h);
+	assert_memory_equal(h, want, sizeof(*h));
+	static const uint64_t edges[] = { 0, 127, 128, 1023, 1024, HIST_LIMIT - 1, UINT64_MAX };
+	for (size_t i = 0; i < sizeof(edges) / sizeof(edges[0]); i++) {
+		hist_record(h, edges[i]);
+		hist_clear(h);
+		assert_memory_equal(h, want, sizeof(*h));
+		hist_record(h, edges[i]);
+		hist_record(h, edges[sizeof(edges) / sizeof(edges[0]) - 1 - i]);
+		hist_clear(h);
+		assert_memory_equal(h, want, sizeof(*h));
+	}
+	for (enum dist d = 0; d < D__COUNT; d++) {
+		struct rng r = { 200 + d };
+		for (int i = 0; i < 10000; i++)
+			hist_record(h, draw(&r, d));
+		hist_clear(h);
+		assert_memory_equal(h, want, sizeof(*h));
+	}
+	free(h);
+	free(want);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_consistent),	  cmocka_unit_test(test_geometry),
-		cmocka_unit_test(test_small_exact),	  cmocka_unit_test(test_quantile_edges),
-		cmocka_unit_test(test_quantiles_uniform), cmocka_unit_test(test_quantiles_lognormal),
-		cmocka_unit_test(test_quantiles_bimodal), cmocka_unit_test(test_quantiles_pareto),
-		cmocka_unit_test(test_merge_union),	  cmocka_unit_test(test_count_le),
-		cmocka_unit_test(test_round_trip),	  cmocka_unit_test(test_encoded_size),
-		cmocka_unit_test(test_decode_truncated),  cmocka_unit_test(test_decode_malformed),
-		cmocka_unit_test(test_decode_dense),	  cmocka_unit_test(test_decode_garbage),
+		cmocka_unit_test(test_consistent),
+		cmocka_unit_test(test_geometry),
+		cmocka_unit_test(test_small_exact),
+		cmocka_unit_test(test_quantile_edges),
+		cmocka_unit_test(test_quantiles_uniform),
+		cmocka_unit_test(test_quantiles_lognormal),
+		cmocka_unit_test(test_quantiles_bimodal),
+		cmocka_unit_test(test_quantiles_pareto),
+		cmocka_unit_test(test_merge_union),
+		cmocka_unit_test(test_count_le),
+		cmocka_unit_test(test_round_trip),
+		cmocka_unit_test(test_encoded_size),
+		cmocka_unit_test(test_decode_truncated),
+		cmocka_unit_test(test_decode_malformed),
+		cmocka_unit_test(test_decode_dense),
+		cmocka_unit_test(test_decode_garbage),
+		cmocka_unit_test(test_clear),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

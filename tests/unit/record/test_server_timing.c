@@ -363,7 +363,7 @@ static void on_complete(void *arg, bool keep_alive)
 	(void)arg;
 	(void)keep_alive;
 }
-static const struct respparse_hooks hooks = { ignore_head, ignore_body, on_complete };
+static const struct respparse_hooks hooks = { ignore_head, ignore_body, on_complete, NULL };
 
 /* The response fed in pieces of `step` bytes; its parsed server timing. */
 static struct server_timing parse_head(const char *resp, size_t step)
