@@ -46,6 +46,24 @@ int reqhead_init(struct reqhead *h, const struct reqparse_limits *lim)
 	return h->hdrs ? 0 : -1;
 }
 
+int reqhead_reset(struct reqhead *h, const struct reqparse_limits *lim)
+{
+	char *buf = h->buf;
+	size_t cap = h->cap;
+	struct hdr *hdrs = h->hdrs;
+
+	if (hdrs && h->lim.max_headers != lim->max_headers) { /* a reload changed the limit */
+		free(hdrs);
+		hdrs = NULL;
+	}
+	memset(h, 0, sizeof(*h));
+	h->lim = *lim;
+	h->buf = buf;
+	h->cap = cap;
+	h->hdrs = hdrs ? hdrs : calloc(lim->max_headers, sizeof(*h->hdrs));
+	return h->hdrs ? 0 : -1;
+}
+
 void reqhead_free(struct reqhead *h)
 {
 	free(h->buf);

@@ -105,6 +105,12 @@ struct reqparse {
 /* Allocates the head's header array for `lim`; -1 when out of memory. The
  * head is otherwise zeroed. */
 int reqhead_init(struct reqhead *h, const struct reqparse_limits *lim) __attribute__((warn_unused_result));
+/* The head made ready for the next request of its connection, as
+ * reqhead_init leaves it, keeping its buffer and (for an unchanged
+ * lim.max_headers) its header array: nothing of the last request is read
+ * again, since only nhdr fields and len bytes count. -1 when out of memory
+ * (the head holds no header array then; reqhead_free still frees it). */
+int reqhead_reset(struct reqhead *h, const struct reqparse_limits *lim) __attribute__((warn_unused_result));
 /* Frees what the head holds. Safe on a zeroed head and twice. */
 void reqhead_free(struct reqhead *h);
 

@@ -1423,8 +1423,10 @@ int exchange_init(struct exchange *x, const struct exchange_env *env, const stru
 	x->log_id = log_id;
 	x->shadow = shadow;
 	x->corked = !shadow; /* a primary is made inside its owner's parse pass */
-	x->pending = evbuffer_new();
-	x->timer = evtimer_new(env->base, on_exchange_timer, x);
+	if (!x->pending)     /* else kept from the owner's last request (exchange_recycle) */
+		x->pending = evbuffer_new();
+	if (!x->timer)
+		x->timer = evtimer_new(env->base, on_exchange_timer, x);
 	if (!x->pending || !x->timer)
 		return -1;
 	respparse_init(&x->resp, &resp_hooks, &x->meter);
@@ -1448,6 +1450,22 @@ void exchange_free(struct exchange *x)
 	x->pending = x->replay = NULL;
 	x->timer = x->deadline = NULL;
 	OBJ_MAGIC_CLEAR(x);
+}
+
+void exchange_recycle(struct exchange *x)
+{
+	if (x->pending || x->timer)
+		exchange_release(x, false);
+	meter_free(&x->meter);
+	if (x->pending)
+		evbuffer_drain(x->pending, evbuffer_get_length(x->pending));
+	if (x->replay)
+		evbuffer_free(x->replay);
+	x->replay = NULL;
+	if (x->timer)
+		evtimer_del(x->timer);
+	if (x->deadline)
+		evtimer_del(x->deadline);
 }
 
 void exchange_meter_label(struct exchange *x)

@@ -171,12 +171,32 @@ static void request_trace(struct request *req)
 
 /* ---- request objects ---- */
 
+/* What a recycled request keeps for the next one: its memory, the head's
+ * buffer and header array, the body prefix's buffer, the exchange's pending
+ * buffer and timers (request_recycle). The rest is zeroed as calloc would. */
+static struct request *request_renew(struct request *req)
+{
+	CHECK_OBJ(req, REQUEST_MAGIC);
+	struct reqhead head = req->head;
+	char *body_prefix = req->body_prefix;
+	struct evbuffer *pending = req->x.pending;
+	struct event *timer = req->x.timer, *deadline = req->x.deadline;
+
+	memset(req, 0, sizeof(*req));
+	req->head = head;
+	req->body_prefix = body_prefix;
+	req->x.pending = pending;
+	req->x.timer = timer;
+	req->x.deadline = deadline;
+	return req;
+}
+
 struct request *request_new(struct request_env *env, const struct exchange_hooks *hooks, void *owner,
-			    uint64_t arrive_ns, uint64_t log_id)
+			    uint64_t arrive_ns, uint64_t log_id, struct request *spare)
 {
 	const struct config *cfg = &env->router->cfg;
 	const struct reqparse_limits lim = { cfg->max_header_size, cfg->max_headers, cfg->max_body_size };
-	struct request *req = calloc(1, sizeof(*req));
+	struct request *req = spare ? request_renew(spare) : calloc(1, sizeof(*req));
 
 	if (!req)
 		return NULL;
@@ -189,7 +209,7 @@ struct request *request_new(struct request_env *env, const struct exchange_hooks
 	req->rec.stream = -1;
 	req->rec.itl_keep = env->x.meter.alog != NULL || otlp_metrics_active(); /* the gaps are samples of both */
 	req->rec.at[TL_ARRIVE] = arrive_ns;
-	if (reqhead_init(&req->head, &lim) == -1 ||
+	if ((spare ? reqhead_reset(&req->head, &lim) : reqhead_init(&req->head, &lim)) == -1 ||
 	    exchange_init(&req->x, &env->x, hooks, owner, &req->rec, &req->head, env->router, log_id, false) == -1) {
 		request_free(req);
 		return NULL;
@@ -215,6 +235,24 @@ void request_free(struct request *req)
 	router_unref(req->x.rt);
 	OBJ_MAGIC_CLEAR(req);
 	free(req);
+}
+
+void request_recycle(struct request *req)
+{
+	CHECK_OBJ(req, REQUEST_MAGIC);
+	exchange_release(&req->x, false);
+	tunnel_free(&req->tunnel);
+	if (req->mirror)
+		mirror_detach(req->mirror, req->x.body_done);
+	exchange_recycle(&req->x);
+	workload_req_free(req->rec.wl);
+	record_release(&req->rec);
+	free(req->chain);
+	router_unref(req->x.rt);
+	req->chain = NULL;
+	req->rec.wl = NULL;
+	req->mirror = NULL;
+	req->x.rt = NULL;
 }
 
 /* Each request is logged and counted once, when its outcome is known

@@ -59,12 +59,19 @@ struct request {
 };
 
 /* A request arriving at `arrive_ns`, whose exchange reaches `owner` through
- * `hooks`; `log_id` names its connection in the log. NULL: out of memory. */
+ * `hooks`; `log_id` names its connection in the log. Made in `spare`, a
+ * request of the same owner that request_recycle ended, when one is given
+ * (its buffers kept), else allocated. NULL: out of memory (`spare` freed
+ * too). */
 struct request *request_new(struct request_env *env, const struct exchange_hooks *hooks, void *owner,
-			    uint64_t arrive_ns, uint64_t log_id);
+			    uint64_t arrive_ns, uint64_t log_id, struct request *spare);
 /* Ends its exchange (unrecorded), detaches its shadow, frees it. NULL is
  * fine. */
 void request_free(struct request *req);
+/* Ends it as request_free does but keeps its memory and buffers, for the
+ * next request of its connection (request_new's `spare`; request_free
+ * frees it if none comes). */
+void request_recycle(struct request *req);
 /* The outcome is known: logged and counted, once (meter_finish). */
 void request_record(struct request *req);
 void request_id_generate(struct request_ids *ids, char *out, size_t len);
