@@ -510,6 +510,16 @@ int exchange_head_write(const struct reqhead *head, const struct req_record *rec
  * -1: out of memory (pending unchanged). */
 static int request_write_head(struct exchange *x)
 {
+	size_t before = evbuffer_get_length(x->pending);
+
+	/* Nothing of the body yet (the head is routed as it parses): written in
+	 * place, committed whole or not at all. */
+	if (before == 0) {
+		if (exchange_head_write(x->head, x->rec, x->up, x->pending) == -1)
+			return -1;
+		x->head_len = evbuffer_get_length(x->pending);
+		return 0;
+	}
 	struct evbuffer *out = evbuffer_new();
 	int r = -1;
 
