@@ -505,6 +505,31 @@ int exchange_head_write(const struct reqhead *head, const struct req_record *rec
 	return evbuffer_commit_space(out, &vec, 1) == 0 ? 0 : -1;
 }
 
+/* The copy of the request kept for a resend (x->replay) begun, in the
+ * emptied buffer of the last one when there is one; NULL when out of memory
+ * (no resend). */
+static void replay_open(struct exchange *x)
+{
+	if (x->replay)
+		return;
+	x->replay = x->replay_spare ? x->replay_spare : evbuffer_new();
+	x->replay_spare = NULL;
+}
+
+/* No resend from here: the copy dropped, its buffer emptied and kept. */
+static void replay_drop(struct exchange *x)
+{
+	if (!x->replay)
+		return;
+	if (x->replay_spare) {
+		evbuffer_free(x->replay);
+	} else {
+		evbuffer_drain(x->replay, evbuffer_get_length(x->replay));
+		x->replay_spare = x->replay;
+	}
+	x->replay = NULL;
+}
+
 /* The primary's head goes in front of whatever body bytes already wait in
  * pending, once the upstream is chosen (a failover writes it again).
  * -1: out of memory (pending unchanged). */
@@ -563,8 +588,7 @@ static void request_deadline_arm(struct exchange *x)
 	if (!x->deadline && !(x->deadline = evtimer_new(x->env->base, on_deadline, x)))
 		return;
 	x->resp.hold = true;
-	if (!x->replay)
-		x->replay = evbuffer_new(); /* filled as bytes go out (exchange_flush); NULL: no resend */
+	replay_open(x); /* filled as bytes go out (exchange_flush); NULL: no resend */
 	/* From now, not from the loop turn's cached clock, which may be some
 	 * milliseconds old on a busy worker: the upstream gets the whole
 	 * deadline. */
@@ -592,10 +616,7 @@ static void request_hold_check(struct exchange *x)
 		evtimer_del(x->deadline);
 		/* the response has begun: neither this nor a replay on a pooled
 		 * connection (request_replay) sends the request again */
-		if (x->replay) {
-			evbuffer_free(x->replay);
-			x->replay = NULL;
-		}
+		replay_drop(x);
 	}
 }
 
@@ -636,8 +657,8 @@ static enum xr request_connect(struct exchange *x)
 		/* A pooled connection may have been closed by the server a moment
 		 * ago (its keep-alive timeout racing this request): keep a copy to
 		 * replay, when the whole request is here and small. */
-		if (!x->retried && !x->replay)
-			x->replay = evbuffer_new(); /* filled as bytes go out: exchange_flush */
+		if (!x->retried)
+			replay_open(x); /* filled as bytes go out: exchange_flush */
 		x->rec->at[TL_UP_CONNECTED] = now;
 		upconn_writing(x->uc);
 		upconn_reading(x->uc, true, 0);
@@ -788,8 +809,7 @@ static int request_rewind(struct exchange *x)
 	CHECK(x->replay && x->rec->bytes_out == 0);
 	if (evbuffer_prepend_buffer(x->pending, x->replay) == -1)
 		return -1;
-	evbuffer_free(x->replay);
-	x->replay = NULL; /* made again at the next dispatch */
+	replay_drop(x); /* made again at the next dispatch */
 	x->wrote_at = 0;
 	x->reused = x->retried = false;
 	x->upstream_dirty = x->resp_close = x->body_seen = false;
@@ -885,8 +905,7 @@ enum xr exchange_flush(struct exchange *x)
 			/* keep what goes out, while the request stays small */
 			size_t have = evbuffer_get_length(x->replay);
 			if (have + queued > REPLAY_MAX || bevio_copy(x->replay, x->pending) == -1) {
-				evbuffer_free(x->replay); /* too big, or out of memory: no replay */
-				x->replay = NULL;
+				replay_drop(x); /* too big, or out of memory: no replay */
 			}
 		}
 		if (queued)
@@ -1032,9 +1051,10 @@ static bool request_replay(struct exchange *x, char *why, size_t whylen)
 	upstream_release(x->uc, false);
 	x->uc = fresh;
 	x->reused = false;
-	evbuffer_free(x->replay);
+	replay_drop(x);
 	/* a route's ttft_deadline keeps what goes out again, for another upstream */
-	x->replay = x->resp.hold ? evbuffer_new() : NULL;
+	if (x->resp.hold)
+		replay_open(x);
 	x->rec->at[TL_UP_CONNECTED] = 0;
 	x->rec->at[TL_REQ_SENT] = 0;
 	x->wrote_at = 0;
@@ -1453,11 +1473,13 @@ void exchange_free(struct exchange *x)
 		evbuffer_free(x->pending);
 	if (x->replay)
 		evbuffer_free(x->replay);
+	if (x->replay_spare)
+		evbuffer_free(x->replay_spare);
 	if (x->timer)
 		event_free(x->timer);
 	if (x->deadline)
 		event_free(x->deadline);
-	x->pending = x->replay = NULL;
+	x->pending = x->replay = x->replay_spare = NULL;
 	x->timer = x->deadline = NULL;
 	OBJ_MAGIC_CLEAR(x);
 }
@@ -1469,9 +1491,7 @@ void exchange_recycle(struct exchange *x)
 	meter_free(&x->meter);
 	if (x->pending)
 		evbuffer_drain(x->pending, evbuffer_get_length(x->pending));
-	if (x->replay)
-		evbuffer_free(x->replay);
-	x->replay = NULL;
+	replay_drop(x);
 	if (x->timer)
 		evtimer_del(x->timer);
 	if (x->deadline)

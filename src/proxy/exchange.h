@@ -232,9 +232,10 @@ struct exchange {
 
 	/* upstream side */
 	struct upconn *uc;
-	bool reused;		 /* uc came from the pool */
-	bool retried;		 /* a replay already happened */
-	struct evbuffer *replay; /* the whole request, kept while a pooled connection may turn out dead */
+	bool reused;		       /* uc came from the pool */
+	bool retried;		       /* a replay already happened */
+	struct evbuffer *replay;       /* the whole request, kept while a pooled connection may turn out dead */
+	struct evbuffer *replay_spare; /* an empty buffer for the next replay copy (replay_open) */
 	/* requests running on or queued for the upstream when it was routed
 	 * there, this one included */
 	unsigned load;
@@ -264,15 +265,15 @@ struct exchange {
 
 /* Makes the exchange of a request (its pending buffer, timer, response
  * parser and meter); `shadow`: a shadow copy's (head and rt NULL). `x` is
- * zeroed but for the buffer and timers exchange_recycle kept, which it
+ * zeroed but for the buffers and timers exchange_recycle kept, which it
  * takes. -1: out of memory (exchange_free cleans up). */
 int exchange_init(struct exchange *x, const struct exchange_env *env, const struct exchange_hooks *hooks, void *owner,
 		  struct req_record *rec, const struct reqhead *head, struct router *rt, uint64_t log_id, bool shadow);
 /* Releases the upstream (unpooled) and frees what exchange_init made.
  * Accepts a zeroed exchange; safe twice. */
 void exchange_free(struct exchange *x);
-/* Ends the exchange as exchange_free does, but keeps its pending buffer
- * (emptied) and its timers (stopped) for the owner's next request: the
+/* Ends the exchange as exchange_free does, but keeps its pending and
+ * replay buffers (emptied) and its timers (stopped) for the owner's next request: the
  * owner zeroes the rest and calls exchange_init on the same memory. */
 void exchange_recycle(struct exchange *x);
 

@@ -173,19 +173,20 @@ static void request_trace(struct request *req)
 
 /* What a recycled request keeps for the next one: its memory, the head's
  * buffer and header array, the body prefix's buffer, the exchange's pending
- * buffer and timers (request_recycle). The rest is zeroed as calloc would. */
+ * and replay buffers and timers (request_recycle). The rest is zeroed as calloc would. */
 static struct request *request_renew(struct request *req)
 {
 	CHECK_OBJ(req, REQUEST_MAGIC);
 	struct reqhead head = req->head;
 	char *body_prefix = req->body_prefix;
-	struct evbuffer *pending = req->x.pending;
+	struct evbuffer *pending = req->x.pending, *replay = req->x.replay_spare;
 	struct event *timer = req->x.timer, *deadline = req->x.deadline;
 
 	memset(req, 0, sizeof(*req));
 	req->head = head;
 	req->body_prefix = body_prefix;
 	req->x.pending = pending;
+	req->x.replay_spare = replay;
 	req->x.timer = timer;
 	req->x.deadline = deadline;
 	return req;
