@@ -14,6 +14,7 @@
 #include <sys/queue.h>
 
 #include "check.h"
+#include "loop.h"
 #include "reqparse.h"
 #include "request.h"
 #include "rxstamp.h"
@@ -83,7 +84,7 @@ struct client {
 	struct event *rev;	/* plain TCP: the read event (see client_reading); NULL over TLS */
 	struct reqparse parser; /* its requests, one at a time */
 	enum client_state state;
-	struct event *timer; /* keep-alive idle, header deadline, upload idle or deadline, linger */
+	struct loop_deadline timer; /* keep-alive idle, header deadline, upload idle or deadline, linger */
 	struct request *req;
 	struct request *spare; /* the last request, recycled for the next one (request_recycle) */
 	uint64_t nrequests;    /* requests begun on this connection */

@@ -230,9 +230,9 @@ void exchange_set_state(struct exchange *x, enum xstate to)
 	if (t == xstate_timer[from] && !close_pending)
 		return; /* STREAMING <-> PAUSED: the idle clock runs on (request_idle_rearm) */
 	if (t == XT_NONE)
-		evtimer_del(x->timer);
+		loop_deadline_clear(&x->timer);
 	else
-		loop_timer_arm(x->timer, xtimer_ms(x, t));
+		loop_deadline_set(&x->timer, xtimer_ms(x, t));
 }
 
 /* Leaves the upstream: a queued waiter cancelled, the connection back, the
@@ -291,7 +291,7 @@ static bool request_idle_rearm(struct exchange *x)
 	uint64_t silent = now - x->idle_from;
 	if (silent >= limit)
 		return false;
-	loop_timer_arm(x->timer, (limit - silent + 999999) / 1000000);
+	loop_deadline_set(&x->timer, (limit - silent + 999999) / 1000000);
 	return true;
 }
 
@@ -304,6 +304,8 @@ static void on_exchange_timer(evutil_socket_t fd, short what, void *arg)
 	enum xfail why;
 	char msg[200];
 
+	if (!loop_deadline_due(&x->timer))
+		return; /* moved later, or cleared, since the event was armed */
 	if (x->up_closed) {
 		short how = x->up_closed;
 		x->up_closed = 0; /* from here the states' timers run again */
@@ -1109,7 +1111,7 @@ static void on_up_event(struct bufferevent *bev, short what, void *arg)
 	if (tls_bev_is_tls(bev)) {
 		x->upstream_dirty = true; /* never back to the pool */
 		x->up_closed = what;	  /* not 0: BEV_EVENT_EOF or _ERROR is in it */
-		loop_timer_arm(x->timer, 0);
+		loop_deadline_set(&x->timer, 0);
 		return;
 	}
 	(void)request_upstream_closed(x, what);
@@ -1455,9 +1457,9 @@ int exchange_init(struct exchange *x, const struct exchange_env *env, const stru
 	x->corked = !shadow; /* a primary is made inside its owner's parse pass */
 	if (!x->pending)     /* else kept from the owner's last request (exchange_recycle) */
 		x->pending = evbuffer_new();
-	if (!x->timer)
-		x->timer = evtimer_new(env->base, on_exchange_timer, x);
-	if (!x->pending || !x->timer)
+	if (!x->timer.ev)
+		x->timer.ev = evtimer_new(env->base, on_exchange_timer, x);
+	if (!x->pending || !x->timer.ev)
 		return -1;
 	respparse_init(&x->resp, &resp_hooks, &x->meter);
 	meter_init(&x->meter, &env->meter, rec, &x->resp, xcfg(x)->max_event_size, shadow);
@@ -1466,7 +1468,7 @@ int exchange_init(struct exchange *x, const struct exchange_env *env, const stru
 
 void exchange_free(struct exchange *x)
 {
-	if (x->pending || x->timer)
+	if (x->pending || x->timer.ev)
 		exchange_release(x, false);
 	meter_free(&x->meter);
 	if (x->pending)
@@ -1475,25 +1477,27 @@ void exchange_free(struct exchange *x)
 		evbuffer_free(x->replay);
 	if (x->replay_spare)
 		evbuffer_free(x->replay_spare);
-	if (x->timer)
-		event_free(x->timer);
+	if (x->timer.ev)
+		event_free(x->timer.ev);
 	if (x->deadline)
 		event_free(x->deadline);
 	x->pending = x->replay = x->replay_spare = NULL;
-	x->timer = x->deadline = NULL;
+	x->timer = (struct loop_deadline){ 0 };
+	x->deadline = NULL;
 	OBJ_MAGIC_CLEAR(x);
 }
 
 void exchange_recycle(struct exchange *x)
 {
-	if (x->pending || x->timer)
+	if (x->pending || x->timer.ev)
 		exchange_release(x, false);
 	meter_free(&x->meter);
 	if (x->pending)
 		evbuffer_drain(x->pending, evbuffer_get_length(x->pending));
 	replay_drop(x);
-	if (x->timer)
-		evtimer_del(x->timer);
+	/* the timer's event may stay armed: it finds nothing due, or the next
+	 * request's deadline, and its argument (x) stays this memory */
+	loop_deadline_clear(&x->timer);
 	if (x->deadline)
 		evtimer_del(x->deadline);
 }

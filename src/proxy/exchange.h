@@ -36,6 +36,7 @@
 #include <stdint.h>
 
 #include "check.h"
+#include "loop.h"
 #include "meter.h"
 #include "reqparse.h"
 #include "respparse.h"
@@ -240,11 +241,11 @@ struct exchange {
 	 * there, this one included */
 	unsigned load;
 	bool cold;
-	struct evbuffer *pending; /* request bytes waiting for the connection */
-	uint64_t wrote_at;	  /* the last request bytes went out in a write begun then; 0: by the bufferevent */
-	enum xstate xstate;	  /* EXCHANGE_STATES; changed only by exchange_set_state */
-	struct event *timer;	  /* the state's timer (exchange_set_state), or a pending upstream close */
-	uint64_t idle_from;	  /* XT_IDLE: silence is counted from here */
+	struct evbuffer *pending;   /* request bytes waiting for the connection */
+	uint64_t wrote_at;	    /* the last request bytes went out in a write begun then; 0: by the bufferevent */
+	enum xstate xstate;	    /* EXCHANGE_STATES; changed only by exchange_set_state */
+	struct loop_deadline timer; /* the state's timer (exchange_set_state), or a pending upstream close */
+	uint64_t idle_from;	    /* XT_IDLE: silence is counted from here */
 	/* A TLS upstream's close, acted on at the next loop turn (on_up_event
 	 * says why): its BEV_EVENT_* flags, never 0, while it waits. It holds
 	 * x->timer (armed for 0 ms) meanwhile: the close is decided first,

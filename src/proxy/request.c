@@ -180,7 +180,8 @@ static struct request *request_renew(struct request *req)
 	struct reqhead head = req->head;
 	char *body_prefix = req->body_prefix;
 	struct evbuffer *pending = req->x.pending, *replay = req->x.replay_spare;
-	struct event *timer = req->x.timer, *deadline = req->x.deadline;
+	struct loop_deadline timer = req->x.timer;
+	struct event *deadline = req->x.deadline;
 
 	memset(req, 0, sizeof(*req));
 	req->head = head;
