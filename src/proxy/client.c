@@ -254,10 +254,8 @@ static void client_upload_blocked(struct client *cl, bool blocked)
 /* A request on `cl`, arrived when its bytes were last read. */
 static struct request *client_request_new(struct client *cl)
 {
-	struct request *spare = cl->spare;
-	cl->spare = NULL;
 	struct request *req = request_new(&cl->set->renv, &client_xhooks, cl,
-					  cl->last_read_ns ? cl->last_read_ns : clock_now_ns(), cl->id, spare);
+					  cl->last_read_ns ? cl->last_read_ns : clock_now_ns(), cl->id);
 
 	if (req)
 		req->seq = ++cl->nrequests;
@@ -383,7 +381,6 @@ static void client_free(struct client *cl)
 	set->nclients--;
 	atomic_fetch_sub(set->clients_all, 1);
 	request_free(cl->req);
-	request_free(cl->spare);
 	if (cl->rev)
 		event_free(cl->rev);
 	if (cl->bev)
@@ -458,14 +455,11 @@ static void client_request_done(struct client *cl)
 	cl->reading_blocked = false;
 	cl->blocked_since_ns = 0;
 	cl->body_deadline_ns = 0;
+	request_retire(req); /* its memory and buffers serve a next request */
 	if (cl->close_after || cl->set->draining) {
-		request_free(req);
 		client_close(cl, cl->set->draining ? "draining" : "response done, connection: close");
 		return;
 	}
-	/* its memory and buffers serve the connection's next request */
-	request_recycle(req);
-	cl->spare = req;
 	client_set_state(cl, CL_IDLE);
 	reqparse_resume(&cl->parser);
 	bufferevent_setwatermark(cl->bev, EV_WRITE, 0, 0);

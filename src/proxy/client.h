@@ -86,8 +86,7 @@ struct client {
 	enum client_state state;
 	struct loop_deadline timer; /* keep-alive idle, header deadline, upload idle or deadline, linger */
 	struct request *req;
-	struct request *spare; /* the last request, recycled for the next one (request_recycle) */
-	uint64_t nrequests;    /* requests begun on this connection */
+	uint64_t nrequests; /* requests begun on this connection */
 	char peer[64];
 	uint64_t last_read_ns; /* when the bytes last read arrived (kernel stamp where there is one) */
 	bool reading;	       /* reading wanted (rev added unless input_full) */
@@ -110,8 +109,8 @@ struct client {
  * Whether the request numbered `seq` on `cl` is still its running one,
  * after a call that may have finished it (and closed the client, or begun
  * the next request). Asked by number, never by address: the next request
- * is made inside that call in the memory of the one just finished
- * (request_recycle).
+ * is made inside that call, typically in the memory of the one just
+ * finished (request_retire).
  */
 static inline bool client_runs(const struct client *cl, uint64_t seq)
 {

@@ -171,9 +171,18 @@ static void request_trace(struct request *req)
 
 /* ---- request objects ---- */
 
-/* What a recycled request keeps for the next one: its memory, the head's
- * buffer and header array, the body prefix's buffer, the exchange's pending
- * and replay buffers and timers (request_recycle). The rest is zeroed as calloc would. */
+/*
+ * Finished requests are kept for the next ones of the same worker
+ * (request_retire, at most REQUEST_SPARES of them, env->spares), with the
+ * buffers they grew: the head's buffer and header array, the body prefix's
+ * buffer, the exchange's pending and replay buffers and its timers. So a
+ * request on a kept connection (or a new one) is made without a calloc of
+ * the whole object, its buffers and its timer. The worker's, not each
+ * connection's: an idle connection holds none, and the spares number no
+ * more than the requests that finished while others had not yet begun.
+ */
+
+/* A spare made ready: zeroed as calloc would, but for what it keeps. */
 static struct request *request_renew(struct request *req)
 {
 	CHECK_OBJ(req, REQUEST_MAGIC);
@@ -194,14 +203,19 @@ static struct request *request_renew(struct request *req)
 }
 
 struct request *request_new(struct request_env *env, const struct exchange_hooks *hooks, void *owner,
-			    uint64_t arrive_ns, uint64_t log_id, struct request *spare)
+			    uint64_t arrive_ns, uint64_t log_id)
 {
 	const struct config *cfg = &env->router->cfg;
 	const struct reqparse_limits lim = { cfg->max_header_size, cfg->max_headers, cfg->max_body_size };
-	struct request *req = spare ? request_renew(spare) : calloc(1, sizeof(*req));
+	struct request *spare = env->spares, *req;
 
-	if (!req)
+	if (spare) {
+		env->spares = spare->next_spare;
+		env->nspares--;
+		req = request_renew(spare);
+	} else if (!(req = calloc(1, sizeof(*req)))) {
 		return NULL;
+	}
 	OBJ_MAGIC_SET(req, REQUEST_MAGIC);
 	req->env = env;
 	req->x.rt = env->router;
@@ -239,9 +253,16 @@ void request_free(struct request *req)
 	free(req);
 }
 
-void request_recycle(struct request *req)
+void request_retire(struct request *req)
 {
+	if (!req)
+		return;
 	CHECK_OBJ(req, REQUEST_MAGIC);
+	struct request_env *env = req->env;
+	if (env->nspares >= REQUEST_SPARES) {
+		request_free(req);
+		return;
+	}
 	exchange_release(&req->x, false);
 	tunnel_free(&req->tunnel);
 	if (req->mirror)
@@ -255,6 +276,19 @@ void request_recycle(struct request *req)
 	req->rec.wl = NULL;
 	req->mirror = NULL;
 	req->x.rt = NULL;
+	req->next_spare = env->spares;
+	env->spares = req;
+	env->nspares++;
+}
+
+void request_env_spares_free(struct request_env *env)
+{
+	while (env->spares) {
+		struct request *req = env->spares;
+		env->spares = req->next_spare;
+		request_free(req);
+	}
+	env->nspares = 0;
 }
 
 /* Each request is logged and counted once, when its outcome is known
