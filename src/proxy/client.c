@@ -333,9 +333,7 @@ static void on_req_body(void *arg, const char *at, size_t len)
 	if (!req->reqinfo_done) {
 		size_t room = BODY_INSPECT_MAX - req->body_prefix_len;
 		size_t take = len < room ? len : room;
-		if (!req->body_prefix)
-			req->body_prefix = malloc(BODY_INSPECT_MAX);
-		if (req->body_prefix) {
+		if (request_prefix_buf(req)) {
 			memcpy(req->body_prefix + req->body_prefix_len, at, take);
 			req->body_prefix_len += take;
 		}

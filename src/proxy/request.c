@@ -174,27 +174,48 @@ static void request_trace(struct request *req)
 /*
  * Finished requests are kept for the next ones of the same worker
  * (request_retire, at most REQUEST_SPARES of them, env->spares), with the
- * buffers they grew: the head's buffer and header array, the body prefix's
- * buffer, the exchange's pending and replay buffers and its timers. So a
+ * buffers they grew: the head's buffer and header array, the exchange's
+ * pending and replay buffers and its timers; the body prefix's buffer (64
+ * KiB, let go once the prefix is read) is kept once per worker. So a
  * request on a kept connection (or a new one) is made without a calloc of
  * the whole object, its buffers and its timer. The worker's, not each
  * connection's: an idle connection holds none, and the spares number no
  * more than the requests that finished while others had not yet begun.
  */
 
+char *request_prefix_buf(struct request *req)
+{
+	if (!req->body_prefix) {
+		req->body_prefix = req->env->prefix_spare ? req->env->prefix_spare : malloc(BODY_INSPECT_MAX);
+		req->env->prefix_spare = NULL;
+	}
+	return req->body_prefix;
+}
+
+/* The body prefix read (or the request over): its buffer kept for the
+ * worker's next one when none is kept yet, else freed. */
+static void request_prefix_drop(struct request *req)
+{
+	if (!req->body_prefix)
+		return;
+	if (!req->env->prefix_spare)
+		req->env->prefix_spare = req->body_prefix;
+	else
+		free(req->body_prefix);
+	req->body_prefix = NULL;
+}
+
 /* A spare made ready: zeroed as calloc would, but for what it keeps. */
 static struct request *request_renew(struct request *req)
 {
 	CHECK_OBJ(req, REQUEST_MAGIC);
 	struct reqhead head = req->head;
-	char *body_prefix = req->body_prefix;
 	struct evbuffer *pending = req->x.pending, *replay = req->x.replay_spare;
 	struct loop_deadline timer = req->x.timer;
 	struct event *deadline = req->x.deadline;
 
 	memset(req, 0, sizeof(*req));
 	req->head = head;
-	req->body_prefix = body_prefix;
 	req->x.pending = pending;
 	req->x.replay_spare = replay;
 	req->x.timer = timer;
@@ -272,6 +293,7 @@ void request_retire(struct request *req)
 	record_release(&req->rec);
 	free(req->chain);
 	router_unref(req->x.rt);
+	request_prefix_drop(req);
 	req->chain = NULL;
 	req->rec.wl = NULL;
 	req->mirror = NULL;
@@ -283,6 +305,8 @@ void request_retire(struct request *req)
 
 void request_env_spares_free(struct request_env *env)
 {
+	free(env->prefix_spare);
+	env->prefix_spare = NULL;
 	while (env->spares) {
 		struct request *req = env->spares;
 		env->spares = req->next_spare;
@@ -572,8 +596,7 @@ void request_learn_body(struct request *req, bool complete)
 	 * BODY_INSPECT_MAX; else that much, a floor) */
 	if (req->head.chunked && req->x.xstate == XS_AWAIT_BODY && !req->x.pick.tokens)
 		req->x.pick.tokens = (double)(uint64_t)(req->body_prefix_len / WL_BYTES_PER_TOKEN);
-	free(req->body_prefix);
-	req->body_prefix = NULL;
+	request_prefix_drop(req);
 	if (req->x.xstate == XS_AWAIT_BODY)
 		request_route(req);
 }

@@ -34,6 +34,7 @@ struct request_env {
 	struct trace_rng trace_rng; /* trace and span ids (tracectx.h) */
 	struct request *spares;	    /* finished requests kept for the next ones (request_retire) */
 	unsigned nspares;
+	char *prefix_spare; /* a body prefix's buffer (BODY_INSPECT_MAX), kept for the next request */
 };
 
 /* The most finished requests a worker keeps for its next ones: each some 8
@@ -78,6 +79,9 @@ void request_free(struct request *req);
  * env's spares for a next request (request_new), while there are fewer
  * than REQUEST_SPARES; else frees it. NULL is fine. */
 void request_retire(struct request *req);
+/* The buffer the body prefix goes in (BODY_INSPECT_MAX bytes; the worker's
+ * kept one when there is one); NULL: out of memory. */
+char *request_prefix_buf(struct request *req);
 /* Frees the spares (before the loop that their timers are on). */
 void request_env_spares_free(struct request_env *env);
 /* The outcome is known: logged and counted, once (meter_finish). */
