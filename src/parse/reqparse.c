@@ -114,7 +114,7 @@ static bool connection_token_any(const struct reqhead *h, bool (*pred)(const cha
 
 	for (unsigned i = h->conn_first; left && i < h->nhdr; i++) {
 		const struct hdr *f = &h->hdrs[i];
-		if (!name_eq(h->buf + f->name_off, f->name_len, "connection"))
+		if (f->kind != HDR_CONNECTION)
 			continue;
 		left--;
 		const char *v = h->buf + f->val_off, *end = v + f->val_len;
@@ -167,23 +167,76 @@ static bool connection_plain(const struct reqhead *h)
 	return !connection_token_any(h, token_not_plain, NULL);
 }
 
-bool reqhead_hop_by_hop(const struct reqhead *h, const char *name, size_t len)
+enum hdr_kind reqhead_kind_of(const char *name, size_t len)
 {
-	/* The fixed ones by length: one comparison at most. */
-	const char *hop = NULL;
+	/* by length, then the first letter: one comparison at most */
+	const char *lit = NULL;
+	enum hdr_kind k = HDR_OTHER;
+	char c = len ? (char)(name[0] | 0x20) : 0;
 	switch (len) {
-	case 2: hop = "te"; break;
-	case 6: hop = "expect"; break;
-	case 7: hop = (name[0] | 0x20) == 'u' ? "upgrade" : "trailer"; break;
-	case 10: hop = (name[0] | 0x20) == 'c' ? "connection" : "keep-alive"; break;
-	case 14: hop = "http2-settings"; break;
-	case 16: hop = "proxy-connection"; break;
-	case 17: hop = "transfer-encoding"; break;
+	case 2: lit = "te", k = HDR_TE; break;
+	case 4: lit = "host", k = HDR_HOST; break;
+	case 6: lit = "expect", k = HDR_EXPECT; break;
+	case 7:
+		if (c == 'u')
+			lit = "upgrade", k = HDR_UPGRADE;
+		else
+			lit = "trailer", k = HDR_TRAILER;
+		break;
+	case 10:
+		if (c == 'c')
+			lit = "connection", k = HDR_CONNECTION;
+		else if (c == 'k')
+			lit = "keep-alive", k = HDR_KEEP_ALIVE;
+		else
+			lit = "tracestate", k = HDR_TRACESTATE;
+		break;
+	case 11: lit = "traceparent", k = HDR_TRACEPARENT; break;
+	case 12: lit = "x-request-id", k = HDR_X_REQUEST_ID; break;
+	case 14: lit = "http2-settings", k = HDR_HTTP2_SETTINGS; break;
+	case 16: lit = "proxy-connection", k = HDR_PROXY_CONNECTION; break;
+	case 17: lit = "transfer-encoding", k = HDR_TRANSFER_ENCODING; break;
 	default: break;
 	}
-	if (hop && strncasecmp(name, hop, len) == 0)
-		return true;
-	return listed_in_connection(h, name, len);
+	/* each name's length is its case's: the first letter, then the rest */
+	return lit && c == lit[0] && strncasecmp(name, lit, len) == 0 ? k : HDR_OTHER;
+}
+
+/* The fixed hop-by-hop headers (RFC 9110 7.6.1, and those of the protocols
+ * tokentap ends: keep-alive, proxy-connection, HTTP/2's settings, Expect). */
+static bool kind_hop(enum hdr_kind k)
+{
+	switch (k) {
+	case HDR_TE:
+	case HDR_EXPECT:
+	case HDR_UPGRADE:
+	case HDR_TRAILER:
+	case HDR_CONNECTION:
+	case HDR_KEEP_ALIVE:
+	case HDR_HTTP2_SETTINGS:
+	case HDR_PROXY_CONNECTION:
+	case HDR_TRANSFER_ENCODING: return true;
+	default: return false;
+	}
+}
+
+const struct hdr *reqhead_kind(const struct reqhead *h, enum hdr_kind k)
+{
+	for (unsigned i = 0; i < h->nhdr; i++)
+		if (h->hdrs[i].kind == (uint32_t)k)
+			return &h->hdrs[i];
+	return NULL;
+}
+
+bool reqhead_hop_by_hop(const struct reqhead *h, const char *name, size_t len)
+{
+	return kind_hop(reqhead_kind_of(name, len)) || listed_in_connection(h, name, len);
+}
+
+bool reqhead_field_hop_by_hop(const struct reqhead *h, unsigned i)
+{
+	const struct hdr *f = &h->hdrs[i];
+	return kind_hop((enum hdr_kind)f->kind) || listed_in_connection(h, h->buf + f->name_off, f->name_len);
 }
 
 /* ---- llhttp callbacks ---- */
@@ -312,6 +365,7 @@ static int on_header_field(llhttp_t *p, const char *at, size_t len)
 		h->hdrs[h->nhdr].name_len = 0;
 		h->hdrs[h->nhdr].val_off = (uint32_t)h->len;
 		h->hdrs[h->nhdr].val_len = 0;
+		h->hdrs[h->nhdr].kind = HDR_OTHER;
 		h->nhdr++;
 	}
 	if (!head_append(h, at, len))
@@ -333,8 +387,9 @@ static int on_header_field_complete(llhttp_t *p)
 	if (h->parsed)
 		return 0;
 	h->in_name = false;
-	const struct hdr *f = &h->hdrs[h->nhdr - 1];
-	if (f->name_len == 10 && name_eq(h->buf + f->name_off, f->name_len, "connection") && h->nconn++ == 0)
+	struct hdr *f = &h->hdrs[h->nhdr - 1];
+	f->kind = reqhead_kind_of(h->buf + f->name_off, f->name_len);
+	if (f->kind == HDR_CONNECTION && h->nconn++ == 0)
 		h->conn_first = h->nhdr - 1;
 	h->hdrs[h->nhdr - 1].val_off = (uint32_t)h->len;
 	return 0;
@@ -379,12 +434,12 @@ static int request_head_check(struct reqparse *rp, llhttp_t *p)
 		return reject(rp, 400, "the request target must be a path; absolute URLs are for forward proxies");
 	for (unsigned i = 0; i < rh->nhdr; i++) {
 		const struct hdr *h = &rh->hdrs[i];
-		const char *name = rh->buf + h->name_off, *v = rh->buf + h->val_off;
+		const char *v = rh->buf + h->val_off;
 		size_t vlen = h->val_len;
-		if (name_eq(name, h->name_len, "host")) {
+		if (h->kind == HDR_HOST) {
 			hosts++;
 			host = h;
-		} else if (name_eq(name, h->name_len, "transfer-encoding")) {
+		} else if (h->kind == HDR_TRANSFER_ENCODING) {
 			while (vlen && (*v == ' ' || *v == '\t'))
 				v++, vlen--;
 			while (vlen && (v[vlen - 1] == ' ' || v[vlen - 1] == '\t'))
@@ -427,7 +482,7 @@ static int on_headers_complete(llhttp_t *p)
 		return reject(rp, 501, "CONNECT is not supported: tokentap is a reverse proxy");
 	if (request_head_check(rp, p) == -1)
 		return -1;
-	f = reqhead_header(h, "upgrade");
+	f = reqhead_kind(h, HDR_UPGRADE);
 	h->websocket = false;
 	if (f && name_eq(h->buf + f->val_off, f->val_len, "websocket")) {
 		/* RFC 6455 4.1: a GET over HTTP/1.1 whose Connection lists
@@ -449,7 +504,7 @@ static int on_headers_complete(llhttp_t *p)
 	p->upgrade = 0;
 	if ((p->flags & F_CONTENT_LENGTH) && p->content_length > h->lim.max_body_size)
 		return reject(rp, 413, "request body exceeds the configured maximum body size");
-	f = reqhead_header(h, "expect");
+	f = reqhead_kind(h, HDR_EXPECT);
 	h->send_continue = false;
 	if (f) {
 		if (!name_eq(h->buf + f->val_off, f->val_len, "100-continue"))

@@ -404,16 +404,15 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
 static bool head_keeps(const struct reqhead *head, const struct req_record *rec, unsigned i, bool *host)
 {
 	const struct hdr *h = &head->hdrs[i];
-	const char *name = head->buf + h->name_off;
-	if (reqhead_hop_by_hop(head, name, h->name_len))
+	if (reqhead_field_hop_by_hop(head, i))
 		return false;
-	if (name_eq(name, h->name_len, "x-request-id"))
+	if (h->kind == HDR_X_REQUEST_ID)
 		return false; /* written once below: the id the log has */
-	if (name_eq(name, h->name_len, "traceparent"))
+	if (h->kind == HDR_TRACEPARENT)
 		return false; /* written below: tokentap's span as the parent */
-	if (name_eq(name, h->name_len, "tracestate") && !rec->trace_state)
+	if (h->kind == HDR_TRACESTATE && !rec->trace_state)
 		return false; /* invalid, too long, or without its traceparent */
-	if (name_eq(name, h->name_len, "host"))
+	if (h->kind == HDR_HOST)
 		*host = true;
 	return true;
 }
@@ -733,7 +732,7 @@ static const char *request_sticky_key(struct exchange *x, size_t *len)
 
 struct route *exchange_match(const struct exchange *x)
 {
-	const struct hdr *host = reqhead_header(x->head, "host");
+	const struct hdr *host = reqhead_kind(x->head, HDR_HOST);
 
 	return router_match(x->rt, x->rec->method, x->rec->path, strlen(x->rec->path),
 			    host ? x->head->buf + host->val_off : NULL, host ? host->val_len : 0,

@@ -138,14 +138,16 @@ static void request_trace(struct request *req)
 	memset(&sc, 0, sizeof(sc));
 	for (unsigned i = 0; i < rh->nhdr; i++) {
 		const struct hdr *h = &rh->hdrs[i];
-		const char *name = rh->buf + h->name_off, *val = rh->buf + h->val_off;
+		if (h->kind != HDR_TRACEPARENT && h->kind != HDR_TRACESTATE)
+			continue;
+		const char *val = rh->buf + h->val_off;
 		size_t vlen = h->val_len;
 		trim_ows(&val, &vlen);
-		if (name_eq(name, h->name_len, "traceparent")) {
+		if (h->kind == HDR_TRACEPARENT) {
 			ntp++;
 			tp = val;
 			tplen = vlen;
-		} else if (name_eq(name, h->name_len, "tracestate") && state_ok) {
+		} else if (state_ok) {
 			state_ok = tracestate_add(&sc, val, vlen) == 0;
 		}
 	}
@@ -351,7 +353,7 @@ void request_note_head(struct request *req)
 		if (mlen)
 			copy_trunc(req->rec.model, sizeof(req->rec.model), model, mlen); /* Gemini: the body has none */
 	}
-	h = reqhead_header(rh, "x-request-id");
+	h = reqhead_kind(rh, HDR_X_REQUEST_ID);
 	if (h && request_id_acceptable(rh->buf + h->val_off, h->val_len))
 		copy_trunc(req->rec.id, sizeof(req->rec.id), rh->buf + h->val_off, h->val_len);
 	else

@@ -312,6 +312,16 @@ static void test_header_value_bytes(void **state)
 	}
 }
 
+static void check_kinds(const struct reqhead *h)
+{
+	static const enum hdr_kind want[] = { HDR_HOST, HDR_X_REQUEST_ID, HDR_OTHER, HDR_TRACEPARENT };
+	assert_int_equal(h->nhdr, 4);
+	for (unsigned i = 0; i < 4; i++)
+		assert_int_equal(h->hdrs[i].kind, want[i]);
+	assert_ptr_equal(reqhead_kind(h, HDR_TRACEPARENT), &h->hdrs[3]);
+	assert_null(reqhead_kind(h, HDR_TRACESTATE));
+}
+
 static bool hop(const struct reqhead *h, const char *name)
 {
 	return reqhead_hop_by_hop(h, name, strlen(name));
@@ -375,6 +385,63 @@ static void check_late_connection(const struct reqhead *h)
 	assert_false(hop(h, "x-a"));
 }
 
+/* Each name tokentap reads has its kind in any case; the same lengths one
+ * letter off, and other names, have none. */
+static void test_header_kinds(void **state)
+{
+	static const struct {
+		const char *name;
+		enum hdr_kind kind;
+	} known[] = {
+		{ "te", HDR_TE },
+		{ "Host", HDR_HOST },
+		{ "EXPECT", HDR_EXPECT },
+		{ "Upgrade", HDR_UPGRADE },
+		{ "trailer", HDR_TRAILER },
+		{ "Connection", HDR_CONNECTION },
+		{ "keep-alive", HDR_KEEP_ALIVE },
+		{ "TraceState", HDR_TRACESTATE },
+		{ "traceparent", HDR_TRACEPARENT },
+		{ "X-Request-ID", HDR_X_REQUEST_ID },
+		{ "HTTP2-Settings", HDR_HTTP2_SETTINGS },
+		{ "proxy-connection", HDR_PROXY_CONNECTION },
+		{ "Transfer-Encoding", HDR_TRANSFER_ENCODING },
+	};
+	static const char *const others[] = { "tf",
+					      "hosu",
+					      "expecu",
+					      "upgradf",
+					      "trailes",
+					      "connectioo",
+					      "keep-alivf",
+					      "tracestatf",
+					      "traceparenu",
+					      "x-request-ie",
+					      "http2-settingt",
+					      "proxy-connectioo",
+					      "transfer-encodinh",
+					      "x",
+					      "content-length",
+					      "" };
+	(void)state;
+	for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
+		assert_int_equal(reqhead_kind_of(known[i].name, strlen(known[i].name)), known[i].kind);
+	for (size_t i = 0; i < sizeof(others) / sizeof(others[0]); i++)
+		assert_int_equal(reqhead_kind_of(others[i], strlen(others[i])), HDR_OTHER);
+
+	/* a parsed head's fields carry theirs, names split across reads too */
+	static const char get[] =
+		"GET /a HTTP/1.1\r\nHOST: h\r\nX-Request-Id: r\r\nX-Other: 1\r\n"
+		"traceparent: t\r\n\r\n";
+	for (size_t step = 0; step <= 4; step++) {
+		struct seen s;
+		head_check = check_kinds;
+		assert_int_equal(RUN(get, step, &s), 0);
+		head_check = NULL;
+		assert_int_equal(s.heads, 1);
+	}
+}
+
 static void test_hop_by_hop(void **state)
 {
 	static const char get[] =
@@ -409,15 +476,11 @@ static void test_hop_by_hop(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_lenient_chunk_framing),
-		cmocka_unit_test(test_trailer_framing),
-		cmocka_unit_test(test_target_bytes),
-		cmocka_unit_test(test_head_framing),
-		cmocka_unit_test(test_well_framed),
-		cmocka_unit_test(test_h2c_offer_then_next_request),
-		cmocka_unit_test(test_hop_by_hop),
-		cmocka_unit_test(test_header_name_bytes),
-		cmocka_unit_test(test_header_value_bytes),
+		cmocka_unit_test(test_lenient_chunk_framing), cmocka_unit_test(test_trailer_framing),
+		cmocka_unit_test(test_target_bytes),	      cmocka_unit_test(test_head_framing),
+		cmocka_unit_test(test_well_framed),	      cmocka_unit_test(test_h2c_offer_then_next_request),
+		cmocka_unit_test(test_header_kinds),	      cmocka_unit_test(test_hop_by_hop),
+		cmocka_unit_test(test_header_name_bytes),     cmocka_unit_test(test_header_value_bytes),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
