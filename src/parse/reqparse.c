@@ -38,11 +38,17 @@
 
 /* ---- the head ---- */
 
+/* A head's header array starts this long and doubles as fields come, up to
+ * lim.max_headers: a request holds room for the fields it has (most send a
+ * dozen), not for the most it may have. */
+#define HDRS_FIRST 16u
+
 int reqhead_init(struct reqhead *h, const struct reqparse_limits *lim)
 {
 	memset(h, 0, sizeof(*h));
 	h->lim = *lim;
-	h->hdrs = calloc(lim->max_headers, sizeof(*h->hdrs));
+	h->hdr_cap = lim->max_headers < HDRS_FIRST ? lim->max_headers : HDRS_FIRST;
+	h->hdrs = calloc(h->hdr_cap, sizeof(*h->hdrs));
 	return h->hdrs ? 0 : -1;
 }
 
@@ -51,17 +57,32 @@ int reqhead_reset(struct reqhead *h, const struct reqparse_limits *lim)
 	char *buf = h->buf;
 	size_t cap = h->cap;
 	struct hdr *hdrs = h->hdrs;
+	unsigned hdr_cap = h->hdr_cap;
 
-	if (hdrs && h->lim.max_headers != lim->max_headers) { /* a reload changed the limit */
-		free(hdrs);
-		hdrs = NULL;
-	}
+	if (!hdrs)
+		return reqhead_init(h, lim);
 	memset(h, 0, sizeof(*h));
 	h->lim = *lim;
 	h->buf = buf;
 	h->cap = cap;
-	h->hdrs = hdrs ? hdrs : calloc(lim->max_headers, sizeof(*h->hdrs));
-	return h->hdrs ? 0 : -1;
+	h->hdrs = hdrs; /* room beyond a lowered max_headers is never used: the count stops there */
+	h->hdr_cap = hdr_cap;
+	return 0;
+}
+
+/* Room for one more field: the array doubled when full, up to
+ * lim.max_headers. False when out of memory. */
+static bool hdrs_room(struct reqhead *h)
+{
+	if (h->nhdr < h->hdr_cap)
+		return true;
+	unsigned cap = h->hdr_cap * 2 < h->lim.max_headers ? h->hdr_cap * 2 : h->lim.max_headers;
+	struct hdr *p = realloc(h->hdrs, (size_t)cap * sizeof(*p));
+	if (!p)
+		return false;
+	h->hdrs = p;
+	h->hdr_cap = cap;
+	return true;
 }
 
 void reqhead_free(struct reqhead *h)
@@ -70,6 +91,7 @@ void reqhead_free(struct reqhead *h)
 	free(h->hdrs);
 	h->buf = NULL;
 	h->hdrs = NULL;
+	h->hdr_cap = 0;
 	h->len = h->cap = 0;
 	h->nhdr = 0;
 }
@@ -360,6 +382,8 @@ static int on_header_field(llhttp_t *p, const char *at, size_t len)
 	if (!h->in_name) {
 		if (h->nhdr == h->lim.max_headers)
 			return reject(rp, 431, "too many request header fields");
+		if (!hdrs_room(h))
+			return reject(rp, 431, "request header fields too large"); /* out of memory for them */
 		h->in_name = true;
 		h->hdrs[h->nhdr].name_off = (uint32_t)h->len;
 		h->hdrs[h->nhdr].name_len = 0;

@@ -57,7 +57,8 @@ struct reqhead {
 	struct reqparse_limits lim;
 	char *buf; /* URL, header names and values, back to back */
 	size_t len, cap;
-	struct hdr *hdrs; /* lim.max_headers of them */
+	struct hdr *hdrs; /* hdr_cap of them, grown up to lim.max_headers */
+	unsigned hdr_cap;
 	unsigned nhdr;
 	/* the Connection headers: how many, the first one's index; whether
 	 * they list nothing but close and keep-alive (known once parsed) */
@@ -123,14 +124,13 @@ struct reqparse {
 	bool last_chunk; /* llhttp paused at the last chunk's line: the trailers follow */
 };
 
-/* Allocates the head's header array for `lim`; -1 when out of memory. The
- * head is otherwise zeroed. */
+/* Allocates the head's header array for `lim` (its first fields; it grows
+ * as more come); -1 when out of memory. The head is otherwise zeroed. */
 int reqhead_init(struct reqhead *h, const struct reqparse_limits *lim) __attribute__((warn_unused_result));
-/* The head made ready for the next request of its connection, as
- * reqhead_init leaves it, keeping its buffer and (for an unchanged
- * lim.max_headers) its header array: nothing of the last request is read
- * again, since only nhdr fields and len bytes count. -1 when out of memory
- * (the head holds no header array then; reqhead_free still frees it). */
+/* The head made ready for another request, as reqhead_init leaves it but
+ * keeping its buffer and header array as they grew: nothing of the last
+ * request is read again, since only nhdr fields and len bytes count. -1
+ * when out of memory (reqhead_free still frees what it holds). */
 int reqhead_reset(struct reqhead *h, const struct reqparse_limits *lim) __attribute__((warn_unused_result));
 /* Frees what the head holds. Safe on a zeroed head and twice. */
 void reqhead_free(struct reqhead *h);

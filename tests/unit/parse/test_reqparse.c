@@ -322,6 +322,53 @@ static void check_kinds(const struct reqhead *h)
 	assert_null(reqhead_kind(h, HDR_TRACESTATE));
 }
 
+static unsigned want_fields;
+
+/* Fields X-F0 .. X-F<n-1>, each valued its number, all there in order. */
+static void check_fields(const struct reqhead *h)
+{
+	assert_int_equal(h->nhdr, want_fields + 1); /* and Host */
+	for (unsigned i = 0; i < want_fields; i++) {
+		char name[16], val[16];
+		const struct hdr *f = &h->hdrs[i + 1];
+		int nl = snprintf(name, sizeof(name), "X-F%u", i), vl = snprintf(val, sizeof(val), "%u", i);
+		assert_int_equal(f->name_len, nl);
+		assert_memory_equal(h->buf + f->name_off, name, (size_t)nl);
+		assert_int_equal(f->val_len, vl);
+		assert_memory_equal(h->buf + f->val_off, val, (size_t)vl);
+	}
+}
+
+/* The header array grows as fields come (16, 32, 64, then the limit's 100):
+ * every count up to the limit parses whole, in one read and in pieces of
+ * three bytes; one field more is refused with 431. */
+static void test_header_array_grows(void **state)
+{
+	static char raw[8192];
+	(void)state;
+	for (unsigned n = 0; n <= 100; n++) {
+		int len = snprintf(raw, sizeof(raw), "GET / HTTP/1.1\r\nHost: h\r\n");
+		for (unsigned i = 0; i < n - (n == 100); i++) /* Host is one of the 100 */
+			len += snprintf(raw + len, sizeof(raw) - (size_t)len, "X-F%u: %u\r\n", i, i);
+		len += snprintf(raw + len, sizeof(raw) - (size_t)len, "\r\n");
+		want_fields = n - (n == 100);
+		for (size_t step = 0; step <= 3; step += 3) {
+			struct seen s;
+			head_check = check_fields;
+			assert_int_equal(run(raw, (size_t)len, step, &s), 0);
+			head_check = NULL;
+			assert_int_equal(s.heads, 1);
+		}
+	}
+	int len = snprintf(raw, sizeof(raw), "GET / HTTP/1.1\r\nHost: h\r\n");
+	for (unsigned i = 0; i < 100; i++)
+		len += snprintf(raw + len, sizeof(raw) - (size_t)len, "X-F%u: %u\r\n", i, i);
+	len += snprintf(raw + len, sizeof(raw) - (size_t)len, "\r\n");
+	struct seen s;
+	assert_int_equal(run(raw, (size_t)len, 0, &s), 431);
+	assert_int_equal(s.heads, 0);
+}
+
 static bool hop(const struct reqhead *h, const char *name)
 {
 	return reqhead_hop_by_hop(h, name, strlen(name));
@@ -476,11 +523,17 @@ static void test_hop_by_hop(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_lenient_chunk_framing), cmocka_unit_test(test_trailer_framing),
-		cmocka_unit_test(test_target_bytes),	      cmocka_unit_test(test_head_framing),
-		cmocka_unit_test(test_well_framed),	      cmocka_unit_test(test_h2c_offer_then_next_request),
-		cmocka_unit_test(test_header_kinds),	      cmocka_unit_test(test_hop_by_hop),
-		cmocka_unit_test(test_header_name_bytes),     cmocka_unit_test(test_header_value_bytes),
+		cmocka_unit_test(test_lenient_chunk_framing),
+		cmocka_unit_test(test_trailer_framing),
+		cmocka_unit_test(test_target_bytes),
+		cmocka_unit_test(test_head_framing),
+		cmocka_unit_test(test_well_framed),
+		cmocka_unit_test(test_h2c_offer_then_next_request),
+		cmocka_unit_test(test_header_kinds),
+		cmocka_unit_test(test_header_array_grows),
+		cmocka_unit_test(test_hop_by_hop),
+		cmocka_unit_test(test_header_name_bytes),
+		cmocka_unit_test(test_header_value_bytes),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
