@@ -11,6 +11,9 @@
 #include <stdint.h>
 #include <string.h>
 #include <strings.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 /* Case-insensitive comparison of (a, alen) with the string `lit`: an HTTP
  * header name, or a token of a header value. The first bytes are compared
@@ -160,11 +163,40 @@ static inline bool tenant_name_ok(const char *s, size_t len)
 	return true;
 }
 
-/* The first byte of [p, end) that is `a` or `b`, or end: eight bytes a
- * step where loads of them are cheap (little-endian), one otherwise. Each
- * step's word is the exact bytes of [p, p + 8) (memcpy), none past end. */
+#if defined(__x86_64__)
+/* find_either's AVX2 steps, 32 bytes each while 32 remain: the first byte
+ * that is `a` or `b`, or where fewer than 32 bytes remain, none before it
+ * being either. */
+__attribute__((target("avx2"))) static inline const char *find_either_avx2(const char *p, const char *end, char a,
+									   char b)
+{
+	const __m256i va = _mm256_set1_epi8(a), vb = _mm256_set1_epi8(b);
+
+	while (end - p >= 32) {
+		__m256i w = _mm256_loadu_si256((const __m256i *)(const void *)p);
+		unsigned m = (unsigned)_mm256_movemask_epi8(
+			_mm256_or_si256(_mm256_cmpeq_epi8(w, va), _mm256_cmpeq_epi8(w, vb)));
+		if (m)
+			return p + __builtin_ctz(m);
+		p += 32;
+	}
+	return p;
+}
+#endif
+
+/* The first byte of [p, end) that is `a` or `b`, or end: 32 bytes a step
+ * where AVX2 runs, then eight where loads of them are cheap
+ * (little-endian), one otherwise. Each step reads the exact bytes of its
+ * span, none past end. */
 static inline const char *find_either(const char *p, const char *end, char a, char b)
 {
+#if defined(__x86_64__)
+	if (end - p >= 32 && __builtin_cpu_supports("avx2")) {
+		p = find_either_avx2(p, end, a, b);
+		if (end - p >= 32)
+			return p; /* a match: the steps stop short of the tail only there */
+	}
+#endif
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 	const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
 	const uint64_t wa = ones * (uint8_t)a, wb = ones * (uint8_t)b;

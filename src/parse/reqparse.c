@@ -38,12 +38,51 @@
 
 /* ---- the head ---- */
 
+/* A head's header array starts this long and doubles as fields come, up to
+ * lim.max_headers: a request holds room for the fields it has (most send a
+ * dozen), not for the most it may have. */
+#define HDRS_FIRST 16u
+
 int reqhead_init(struct reqhead *h, const struct reqparse_limits *lim)
 {
 	memset(h, 0, sizeof(*h));
 	h->lim = *lim;
-	h->hdrs = calloc(lim->max_headers, sizeof(*h->hdrs));
+	h->hdr_cap = lim->max_headers < HDRS_FIRST ? lim->max_headers : HDRS_FIRST;
+	h->hdrs = calloc(h->hdr_cap, sizeof(*h->hdrs));
 	return h->hdrs ? 0 : -1;
+}
+
+int reqhead_reset(struct reqhead *h, const struct reqparse_limits *lim)
+{
+	char *buf = h->buf;
+	size_t cap = h->cap;
+	struct hdr *hdrs = h->hdrs;
+	unsigned hdr_cap = h->hdr_cap;
+
+	if (!hdrs)
+		return reqhead_init(h, lim);
+	memset(h, 0, sizeof(*h));
+	h->lim = *lim;
+	h->buf = buf;
+	h->cap = cap;
+	h->hdrs = hdrs; /* room beyond a lowered max_headers is never used: the count stops there */
+	h->hdr_cap = hdr_cap;
+	return 0;
+}
+
+/* Room for one more field: the array doubled when full, up to
+ * lim.max_headers. False when out of memory. */
+static bool hdrs_room(struct reqhead *h)
+{
+	if (h->nhdr < h->hdr_cap)
+		return true;
+	unsigned cap = h->hdr_cap * 2 < h->lim.max_headers ? h->hdr_cap * 2 : h->lim.max_headers;
+	struct hdr *p = realloc(h->hdrs, (size_t)cap * sizeof(*p));
+	if (!p)
+		return false;
+	h->hdrs = p;
+	h->hdr_cap = cap;
+	return true;
 }
 
 void reqhead_free(struct reqhead *h)
@@ -52,6 +91,7 @@ void reqhead_free(struct reqhead *h)
 	free(h->hdrs);
 	h->buf = NULL;
 	h->hdrs = NULL;
+	h->hdr_cap = 0;
 	h->len = h->cap = 0;
 	h->nhdr = 0;
 }
@@ -96,7 +136,7 @@ static bool connection_token_any(const struct reqhead *h, bool (*pred)(const cha
 
 	for (unsigned i = h->conn_first; left && i < h->nhdr; i++) {
 		const struct hdr *f = &h->hdrs[i];
-		if (!name_eq(h->buf + f->name_off, f->name_len, "connection"))
+		if (f->kind != HDR_CONNECTION)
 			continue;
 		left--;
 		const char *v = h->buf + f->val_off, *end = v + f->val_len;
@@ -149,23 +189,76 @@ static bool connection_plain(const struct reqhead *h)
 	return !connection_token_any(h, token_not_plain, NULL);
 }
 
-bool reqhead_hop_by_hop(const struct reqhead *h, const char *name, size_t len)
+enum hdr_kind reqhead_kind_of(const char *name, size_t len)
 {
-	/* The fixed ones by length: one comparison at most. */
-	const char *hop = NULL;
+	/* by length, then the first letter: one comparison at most */
+	const char *lit = NULL;
+	enum hdr_kind k = HDR_OTHER;
+	char c = len ? (char)(name[0] | 0x20) : 0;
 	switch (len) {
-	case 2: hop = "te"; break;
-	case 6: hop = "expect"; break;
-	case 7: hop = (name[0] | 0x20) == 'u' ? "upgrade" : "trailer"; break;
-	case 10: hop = (name[0] | 0x20) == 'c' ? "connection" : "keep-alive"; break;
-	case 14: hop = "http2-settings"; break;
-	case 16: hop = "proxy-connection"; break;
-	case 17: hop = "transfer-encoding"; break;
+	case 2: lit = "te", k = HDR_TE; break;
+	case 4: lit = "host", k = HDR_HOST; break;
+	case 6: lit = "expect", k = HDR_EXPECT; break;
+	case 7:
+		if (c == 'u')
+			lit = "upgrade", k = HDR_UPGRADE;
+		else
+			lit = "trailer", k = HDR_TRAILER;
+		break;
+	case 10:
+		if (c == 'c')
+			lit = "connection", k = HDR_CONNECTION;
+		else if (c == 'k')
+			lit = "keep-alive", k = HDR_KEEP_ALIVE;
+		else
+			lit = "tracestate", k = HDR_TRACESTATE;
+		break;
+	case 11: lit = "traceparent", k = HDR_TRACEPARENT; break;
+	case 12: lit = "x-request-id", k = HDR_X_REQUEST_ID; break;
+	case 14: lit = "http2-settings", k = HDR_HTTP2_SETTINGS; break;
+	case 16: lit = "proxy-connection", k = HDR_PROXY_CONNECTION; break;
+	case 17: lit = "transfer-encoding", k = HDR_TRANSFER_ENCODING; break;
 	default: break;
 	}
-	if (hop && strncasecmp(name, hop, len) == 0)
-		return true;
-	return listed_in_connection(h, name, len);
+	/* each name's length is its case's: the first letter, then the rest */
+	return lit && c == lit[0] && strncasecmp(name, lit, len) == 0 ? k : HDR_OTHER;
+}
+
+/* The fixed hop-by-hop headers (RFC 9110 7.6.1, and those of the protocols
+ * tokentap ends: keep-alive, proxy-connection, HTTP/2's settings, Expect). */
+static bool kind_hop(enum hdr_kind k)
+{
+	switch (k) {
+	case HDR_TE:
+	case HDR_EXPECT:
+	case HDR_UPGRADE:
+	case HDR_TRAILER:
+	case HDR_CONNECTION:
+	case HDR_KEEP_ALIVE:
+	case HDR_HTTP2_SETTINGS:
+	case HDR_PROXY_CONNECTION:
+	case HDR_TRANSFER_ENCODING: return true;
+	default: return false;
+	}
+}
+
+const struct hdr *reqhead_kind(const struct reqhead *h, enum hdr_kind k)
+{
+	for (unsigned i = 0; i < h->nhdr; i++)
+		if (h->hdrs[i].kind == (uint32_t)k)
+			return &h->hdrs[i];
+	return NULL;
+}
+
+bool reqhead_hop_by_hop(const struct reqhead *h, const char *name, size_t len)
+{
+	return kind_hop(reqhead_kind_of(name, len)) || listed_in_connection(h, name, len);
+}
+
+bool reqhead_field_hop_by_hop(const struct reqhead *h, unsigned i)
+{
+	const struct hdr *f = &h->hdrs[i];
+	return kind_hop((enum hdr_kind)f->kind) || listed_in_connection(h, h->buf + f->name_off, f->name_len);
 }
 
 /* ---- llhttp callbacks ---- */
@@ -221,31 +314,41 @@ static int on_url(llhttp_t *p, const char *at, size_t len)
 	return 0;
 }
 
-/* RFC 9110 token characters. The llhttp build Debian ships tolerates some
- * others (a space before the colon, for one); tokentap does not, since a
- * server behind it may read such a header differently. */
-static bool is_tchar(unsigned char c)
+/* RFC 9110 token characters, one table lookup a byte. The llhttp build
+ * Debian ships tolerates some others (a space before the colon, for one);
+ * tokentap does not, since a server behind it may read such a header
+ * differently. */
+static const bool tchar[256] = {
+	['a' ... 'z'] = true, ['A' ... 'Z'] = true, ['0' ... '9'] = true, ['!'] = true, ['#'] = true, ['$'] = true,
+	['%'] = true,	      ['&'] = true,	    ['\''] = true,	  ['*'] = true, ['+'] = true, ['-'] = true,
+	['.'] = true,	      ['^'] = true,	    ['_'] = true,	  ['`'] = true, ['|'] = true, ['~'] = true,
+};
+
+/* Whether (at, len) holds a control character a field value may not: below
+ * 0x20 but for tab, or DEL. Eight bytes a step where loads of them are
+ * cheap: a word with no byte below 0x20 and none 0x7f passes at once, one
+ * that might have one is looked at byte by byte. */
+static bool value_has_control(const char *at, size_t len)
 {
-	if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))
-		return true;
-	switch (c) { /* "!#$%&'*+-.^_`|~", without a strchr per byte */
-	case '!':
-	case '#':
-	case '$':
-	case '%':
-	case '&':
-	case '\'':
-	case '*':
-	case '+':
-	case '-':
-	case '.':
-	case '^':
-	case '_':
-	case '`':
-	case '|':
-	case '~': return true;
-	default: return false;
+	size_t i = 0;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+	const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
+	for (; i + 8 <= len; i += 8) {
+		uint64_t w, d;
+		memcpy(&w, at + i, 8);
+		d = w ^ (ones * 0x7f);
+		/* a byte below 0x20, or one equal to 0x7f, sets its high bit
+		 * (and may set others: only a clean word is let through) */
+		if ((((w - ones * 0x20) & ~w) | ((d - ones) & ~d)) & highs)
+			break;
 	}
+#endif
+	for (; i < len; i++) {
+		unsigned char c = (unsigned char)at[i];
+		if ((c < 0x20 && c != '\t') || c == 0x7f)
+			return true;
+	}
+	return false;
 }
 
 /* Trailer fields (after a chunked body) pass the same character checks and
@@ -271,7 +374,7 @@ static int on_header_field(llhttp_t *p, const char *at, size_t len)
 	struct reqhead *h = rp->head;
 
 	for (size_t i = 0; i < len; i++)
-		if (!is_tchar((unsigned char)at[i]))
+		if (!tchar[(unsigned char)at[i]])
 			return reject(rp, 400, "invalid character in a request header name");
 	if (h->parsed)
 		return on_trailer_bytes(rp, len, true);
@@ -279,11 +382,14 @@ static int on_header_field(llhttp_t *p, const char *at, size_t len)
 	if (!h->in_name) {
 		if (h->nhdr == h->lim.max_headers)
 			return reject(rp, 431, "too many request header fields");
+		if (!hdrs_room(h))
+			return reject(rp, 431, "request header fields too large"); /* out of memory for them */
 		h->in_name = true;
 		h->hdrs[h->nhdr].name_off = (uint32_t)h->len;
 		h->hdrs[h->nhdr].name_len = 0;
 		h->hdrs[h->nhdr].val_off = (uint32_t)h->len;
 		h->hdrs[h->nhdr].val_len = 0;
+		h->hdrs[h->nhdr].kind = HDR_OTHER;
 		h->nhdr++;
 	}
 	if (!head_append(h, at, len))
@@ -305,8 +411,9 @@ static int on_header_field_complete(llhttp_t *p)
 	if (h->parsed)
 		return 0;
 	h->in_name = false;
-	const struct hdr *f = &h->hdrs[h->nhdr - 1];
-	if (f->name_len == 10 && name_eq(h->buf + f->name_off, f->name_len, "connection") && h->nconn++ == 0)
+	struct hdr *f = &h->hdrs[h->nhdr - 1];
+	f->kind = reqhead_kind_of(h->buf + f->name_off, f->name_len);
+	if (f->kind == HDR_CONNECTION && h->nconn++ == 0)
 		h->conn_first = h->nhdr - 1;
 	h->hdrs[h->nhdr - 1].val_off = (uint32_t)h->len;
 	return 0;
@@ -317,11 +424,8 @@ static int on_header_value(llhttp_t *p, const char *at, size_t len)
 	struct reqparse *rp = p->data;
 	struct reqhead *h = rp->head;
 
-	for (size_t i = 0; i < len; i++) {
-		unsigned char c = (unsigned char)at[i];
-		if ((c < 0x20 && c != '\t') || c == 0x7f)
-			return reject(rp, 400, "control character in a request header value");
-	}
+	if (value_has_control(at, len))
+		return reject(rp, 400, "control character in a request header value");
 	if (h->parsed)
 		return on_trailer_bytes(rp, len, false);
 	if (!head_append(h, at, len))
@@ -354,12 +458,12 @@ static int request_head_check(struct reqparse *rp, llhttp_t *p)
 		return reject(rp, 400, "the request target must be a path; absolute URLs are for forward proxies");
 	for (unsigned i = 0; i < rh->nhdr; i++) {
 		const struct hdr *h = &rh->hdrs[i];
-		const char *name = rh->buf + h->name_off, *v = rh->buf + h->val_off;
+		const char *v = rh->buf + h->val_off;
 		size_t vlen = h->val_len;
-		if (name_eq(name, h->name_len, "host")) {
+		if (h->kind == HDR_HOST) {
 			hosts++;
 			host = h;
-		} else if (name_eq(name, h->name_len, "transfer-encoding")) {
+		} else if (h->kind == HDR_TRANSFER_ENCODING) {
 			while (vlen && (*v == ' ' || *v == '\t'))
 				v++, vlen--;
 			while (vlen && (v[vlen - 1] == ' ' || v[vlen - 1] == '\t'))
@@ -402,7 +506,7 @@ static int on_headers_complete(llhttp_t *p)
 		return reject(rp, 501, "CONNECT is not supported: tokentap is a reverse proxy");
 	if (request_head_check(rp, p) == -1)
 		return -1;
-	f = reqhead_header(h, "upgrade");
+	f = reqhead_kind(h, HDR_UPGRADE);
 	h->websocket = false;
 	if (f && name_eq(h->buf + f->val_off, f->val_len, "websocket")) {
 		/* RFC 6455 4.1: a GET over HTTP/1.1 whose Connection lists
@@ -424,7 +528,7 @@ static int on_headers_complete(llhttp_t *p)
 	p->upgrade = 0;
 	if ((p->flags & F_CONTENT_LENGTH) && p->content_length > h->lim.max_body_size)
 		return reject(rp, 413, "request body exceeds the configured maximum body size");
-	f = reqhead_header(h, "expect");
+	f = reqhead_kind(h, HDR_EXPECT);
 	h->send_continue = false;
 	if (f) {
 		if (!name_eq(h->buf + f->val_off, f->val_len, "100-continue"))

@@ -24,9 +24,30 @@ struct reqparse_limits {
 	uint64_t max_body_size;
 };
 
-/* One header field: offsets into its head's buffer. */
+/* The header names tokentap itself reads or drops, known once a field's
+ * name has parsed (hdr.kind): one comparison then, instead of one by each
+ * reader of the head. */
+enum hdr_kind {
+	HDR_OTHER,
+	HDR_HOST,
+	HDR_CONNECTION,
+	HDR_TRANSFER_ENCODING,
+	HDR_UPGRADE,
+	HDR_EXPECT,
+	HDR_KEEP_ALIVE,
+	HDR_TE,
+	HDR_TRAILER,
+	HDR_HTTP2_SETTINGS,
+	HDR_PROXY_CONNECTION,
+	HDR_X_REQUEST_ID,
+	HDR_TRACEPARENT,
+	HDR_TRACESTATE,
+};
+
+/* One header field: offsets into its head's buffer, and what its name is. */
 struct hdr {
 	uint32_t name_off, name_len, val_off, val_len;
+	uint32_t kind; /* enum hdr_kind */
 };
 
 /* One request's head as parsed. Owned by whoever owns the request (request.h:
@@ -36,7 +57,8 @@ struct reqhead {
 	struct reqparse_limits lim;
 	char *buf; /* URL, header names and values, back to back */
 	size_t len, cap;
-	struct hdr *hdrs; /* lim.max_headers of them */
+	struct hdr *hdrs; /* hdr_cap of them, grown up to lim.max_headers */
+	unsigned hdr_cap;
 	unsigned nhdr;
 	/* the Connection headers: how many, the first one's index; whether
 	 * they list nothing but close and keep-alive (known once parsed) */
@@ -102,17 +124,28 @@ struct reqparse {
 	bool last_chunk; /* llhttp paused at the last chunk's line: the trailers follow */
 };
 
-/* Allocates the head's header array for `lim`; -1 when out of memory. The
- * head is otherwise zeroed. */
+/* Allocates the head's header array for `lim` (its first fields; it grows
+ * as more come); -1 when out of memory. The head is otherwise zeroed. */
 int reqhead_init(struct reqhead *h, const struct reqparse_limits *lim) __attribute__((warn_unused_result));
+/* The head made ready for another request, as reqhead_init leaves it but
+ * keeping its buffer and header array as they grew: nothing of the last
+ * request is read again, since only nhdr fields and len bytes count. -1
+ * when out of memory (reqhead_free still frees what it holds). */
+int reqhead_reset(struct reqhead *h, const struct reqparse_limits *lim) __attribute__((warn_unused_result));
 /* Frees what the head holds. Safe on a zeroed head and twice. */
 void reqhead_free(struct reqhead *h);
 
 /* The first header named `name` (case-insensitive), or NULL. */
 const struct hdr *reqhead_header(const struct reqhead *h, const char *name);
+/* The first header of kind `k`, or NULL. */
+const struct hdr *reqhead_kind(const struct reqhead *h, enum hdr_kind k);
+/* What `name` is among the header names tokentap reads (HDR_OTHER: none). */
+enum hdr_kind reqhead_kind_of(const char *name, size_t len);
 /* True for a hop-by-hop header: the fixed list, or a name the Connection
  * header lists. Such headers are not forwarded. */
 bool reqhead_hop_by_hop(const struct reqhead *h, const char *name, size_t len);
+/* The same of the head's field i, its kind known. */
+bool reqhead_field_hop_by_hop(const struct reqhead *h, unsigned i);
 
 void reqparse_init(struct reqparse *rp, const struct reqparse_hooks *hooks, void *arg);
 /* Parses `buf`; *used is how much of it was taken. After REFUSED or

@@ -199,7 +199,7 @@ static void client_fail(struct client *cl, int status, enum req_error kind, cons
 	bufferevent_setwatermark(cl->bev, EV_WRITE, 0, 0);
 	bufferevent_enable(cl->bev, EV_WRITE);
 	client_reading(cl, true);
-	loop_timer_arm(cl->timer, LINGER_MS);
+	loop_deadline_set(&cl->timer, LINGER_MS);
 }
 
 /* ---- the request parser's hooks (reqparse.h decides, these act) ---- */
@@ -226,9 +226,9 @@ static void client_body_timer(struct client *cl)
 		}
 	}
 	if (ms || cl->body_timer_deadline)
-		loop_timer_arm(cl->timer, ms);
+		loop_deadline_set(&cl->timer, ms);
 	else
-		evtimer_del(cl->timer);
+		loop_deadline_clear(&cl->timer);
 }
 
 /* Upload backpressure: stop (or resume) reading the client while its
@@ -273,7 +273,7 @@ static struct reqhead *on_req_begin(void *arg)
 			return NULL;
 	}
 	client_set_state(cl, CL_HEAD);
-	loop_timer_arm(cl->timer, client_cfg(cl)->header_timeout_ms);
+	loop_deadline_set(&cl->timer, client_cfg(cl)->header_timeout_ms);
 	return &cl->req->head;
 }
 
@@ -284,7 +284,7 @@ static int on_req_head(void *arg, struct reqhead *h)
 	struct request *req = cl->req;
 	const struct config *cfg = client_cfg(cl);
 
-	evtimer_del(cl->timer);
+	loop_deadline_clear(&cl->timer);
 	request_note_head(req);
 	if (h->send_continue && bufferevent_write(cl->bev, "HTTP/1.1 100 Continue\r\n\r\n", 25) == -1) {
 		client_close(cl, "out of memory for 100 Continue");
@@ -333,9 +333,7 @@ static void on_req_body(void *arg, const char *at, size_t len)
 	if (!req->reqinfo_done) {
 		size_t room = BODY_INSPECT_MAX - req->body_prefix_len;
 		size_t take = len < room ? len : room;
-		if (!req->body_prefix)
-			req->body_prefix = malloc(BODY_INSPECT_MAX);
-		if (req->body_prefix) {
+		if (request_prefix_buf(req)) {
 			memcpy(req->body_prefix + req->body_prefix_len, at, take);
 			req->body_prefix_len += take;
 		}
@@ -358,7 +356,7 @@ static void on_req_complete(void *arg)
 	 * (LINGER), and the linger timer runs. */
 	if (client_ending(cl))
 		return;
-	evtimer_del(cl->timer);
+	loop_deadline_clear(&cl->timer);
 	cl->body_deadline_ns = 0;
 	client_set_state(cl, CL_WAIT); /* reqparse pauses: a pipelined request waits for this response */
 }
@@ -385,8 +383,8 @@ static void client_free(struct client *cl)
 		event_free(cl->rev);
 	if (cl->bev)
 		bufferevent_free(cl->bev);
-	if (cl->timer)
-		event_free(cl->timer);
+	if (cl->timer.ev)
+		event_free(cl->timer.ev);
 	OBJ_MAGIC_CLEAR(cl);
 	free(cl);
 	if (set->draining && LIST_EMPTY(&set->clients) && set->drained) {
@@ -432,14 +430,14 @@ static void client_close(struct client *cl, const char *why)
 		bufferevent_free(cl->bev);
 		cl->bev = NULL;
 	}
-	evtimer_del(cl->timer);
+	loop_deadline_stop(&cl->timer);
 	struct timeval zero = { 0, 0 };
 	if (event_base_once(cl->set->base, -1, EV_TIMEOUT, on_deferred_free, cl, &zero) == -1) {
 		/* no memory even for that (a close for want of memory): the
 		 * client's own timer frees it, which allocates nothing; freeing
 		 * a timer in its own callback is safe */
-		event_assign(cl->timer, cl->set->base, -1, 0, on_deferred_free, cl);
-		event_active(cl->timer, EV_TIMEOUT, 1);
+		event_assign(cl->timer.ev, cl->set->base, -1, 0, on_deferred_free, cl);
+		event_active(cl->timer.ev, EV_TIMEOUT, 1);
 	}
 }
 
@@ -451,11 +449,11 @@ static void client_request_done(struct client *cl)
 
 	timeline_mark(&req->rec, TL_CLIENT_DONE, clock_now_ns());
 	request_record(req);
-	request_free(req);
 	cl->req = NULL;
 	cl->reading_blocked = false;
 	cl->blocked_since_ns = 0;
 	cl->body_deadline_ns = 0;
+	request_retire(req); /* its memory and buffers serve a next request */
 	if (cl->close_after || cl->set->draining) {
 		client_close(cl, cl->set->draining ? "draining" : "response done, connection: close");
 		return;
@@ -464,7 +462,7 @@ static void client_request_done(struct client *cl)
 	reqparse_resume(&cl->parser);
 	bufferevent_setwatermark(cl->bev, EV_WRITE, 0, 0);
 	client_reading(cl, true);
-	loop_timer_arm(cl->timer, client_cfg(cl)->keepalive_timeout_ms);
+	loop_deadline_set(&cl->timer, client_cfg(cl)->keepalive_timeout_ms);
 	if (evbuffer_get_length(bufferevent_get_input(cl->bev)))
 		client_parse(cl);
 }
@@ -797,6 +795,8 @@ static void on_client_timer(evutil_socket_t fd, short what, void *arg)
 	CHECK_OBJ(cl, CLIENT_MAGIC);
 	char msg[120];
 
+	if (!loop_deadline_due(&cl->timer))
+		return; /* moved later, or cleared, since the event was armed */
 	switch (cl->state) {
 	case CL_IDLE: client_close(cl, "keep-alive timeout"); break;
 	case CL_HEAD:
@@ -857,16 +857,16 @@ void client_new(struct client_set *set, int fd, const char *peer, struct ssl_ctx
 	if (!tls) {
 		cl->rev = event_new(set->base, fd, EV_READ | EV_PERSIST, on_client_readable, cl);
 	}
-	cl->timer = evtimer_new(set->base, on_client_timer, cl);
-	if (!cl->bev || !cl->timer || (!tls && !cl->rev)) {
+	cl->timer.ev = evtimer_new(set->base, on_client_timer, cl);
+	if (!cl->bev || !cl->timer.ev || (!tls && !cl->rev)) {
 		if (cl->rev)
 			event_free(cl->rev);
 		if (cl->bev)
 			bufferevent_free(cl->bev);
 		else
 			evutil_closesocket(fd);
-		if (cl->timer)
-			event_free(cl->timer);
+		if (cl->timer.ev)
+			event_free(cl->timer.ev);
 		free(cl);
 		atomic_fetch_sub(set->clients_all, 1);
 		return;
@@ -880,7 +880,7 @@ void client_new(struct client_set *set, int fd, const char *peer, struct ssl_ctx
 	if (tls || !evbuffer_add_cb(bufferevent_get_output(cl->bev), client_out_added, cl))
 		bufferevent_enable(cl->bev, EV_WRITE);
 	client_reading(cl, true);
-	loop_timer_arm(cl->timer, client_cfg(cl)->keepalive_timeout_ms);
+	loop_deadline_set(&cl->timer, client_cfg(cl)->keepalive_timeout_ms);
 	log_conn(LOG_DEBUG, cl->id, "accepted from %s", cl->peer);
 }
 
@@ -1042,7 +1042,7 @@ static void th_end(void *owner, const char *why)
 	log_conn(LOG_DEBUG, cl->id, "%s; writing the client's last bytes", why);
 	client_reading(cl, false);
 	bufferevent_setwatermark(cl->bev, EV_WRITE, 0, 0);
-	loop_timer_arm(cl->timer, LINGER_MS);
+	loop_deadline_set(&cl->timer, LINGER_MS);
 }
 
 static const struct tunnel_hooks client_thooks = {
@@ -1073,7 +1073,7 @@ static void xh_upgraded(void *owner)
 		client_close(cl, "a 101 before the handshake's end");
 		return;
 	}
-	evtimer_del(cl->timer);
+	loop_deadline_clear(&cl->timer);
 	cl->close_after = true;
 	client_set_state(cl, CL_TUNNEL);
 	log_conn(LOG_DEBUG, cl->id, "request %s: WebSocket tunnel to %s", req->rec.id, req->x.up->name);

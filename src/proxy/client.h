@@ -14,6 +14,7 @@
 #include <sys/queue.h>
 
 #include "check.h"
+#include "loop.h"
 #include "reqparse.h"
 #include "request.h"
 #include "rxstamp.h"
@@ -83,7 +84,7 @@ struct client {
 	struct event *rev;	/* plain TCP: the read event (see client_reading); NULL over TLS */
 	struct reqparse parser; /* its requests, one at a time */
 	enum client_state state;
-	struct event *timer; /* keep-alive idle, header deadline, upload idle or deadline, linger */
+	struct loop_deadline timer; /* keep-alive idle, header deadline, upload idle or deadline, linger */
 	struct request *req;
 	uint64_t nrequests; /* requests begun on this connection */
 	char peer[64];
@@ -108,8 +109,8 @@ struct client {
  * Whether the request numbered `seq` on `cl` is still its running one,
  * after a call that may have finished it (and closed the client, or begun
  * the next request). Asked by number, never by address: the next request
- * is allocated inside that call, and malloc typically hands it the block of
- * the one just freed.
+ * is made inside that call, typically in the memory of the one just
+ * finished (request_retire).
  */
 static inline bool client_runs(const struct client *cl, uint64_t seq)
 {

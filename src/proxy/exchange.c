@@ -230,9 +230,9 @@ void exchange_set_state(struct exchange *x, enum xstate to)
 	if (t == xstate_timer[from] && !close_pending)
 		return; /* STREAMING <-> PAUSED: the idle clock runs on (request_idle_rearm) */
 	if (t == XT_NONE)
-		evtimer_del(x->timer);
+		loop_deadline_clear(&x->timer);
 	else
-		loop_timer_arm(x->timer, xtimer_ms(x, t));
+		loop_deadline_set(&x->timer, xtimer_ms(x, t));
 }
 
 /* Leaves the upstream: a queued waiter cancelled, the connection back, the
@@ -291,7 +291,7 @@ static bool request_idle_rearm(struct exchange *x)
 	uint64_t silent = now - x->idle_from;
 	if (silent >= limit)
 		return false;
-	loop_timer_arm(x->timer, (limit - silent + 999999) / 1000000);
+	loop_deadline_set(&x->timer, (limit - silent + 999999) / 1000000);
 	return true;
 }
 
@@ -304,6 +304,8 @@ static void on_exchange_timer(evutil_socket_t fd, short what, void *arg)
 	enum xfail why;
 	char msg[200];
 
+	if (!loop_deadline_due(&x->timer))
+		return; /* moved later, or cleared, since the event was armed */
 	if (x->up_closed) {
 		short how = x->up_closed;
 		x->up_closed = 0; /* from here the states' timers run again */
@@ -402,16 +404,15 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
 static bool head_keeps(const struct reqhead *head, const struct req_record *rec, unsigned i, bool *host)
 {
 	const struct hdr *h = &head->hdrs[i];
-	const char *name = head->buf + h->name_off;
-	if (reqhead_hop_by_hop(head, name, h->name_len))
+	if (reqhead_field_hop_by_hop(head, i))
 		return false;
-	if (name_eq(name, h->name_len, "x-request-id"))
+	if (h->kind == HDR_X_REQUEST_ID)
 		return false; /* written once below: the id the log has */
-	if (name_eq(name, h->name_len, "traceparent"))
+	if (h->kind == HDR_TRACEPARENT)
 		return false; /* written below: tokentap's span as the parent */
-	if (name_eq(name, h->name_len, "tracestate") && !rec->trace_state)
+	if (h->kind == HDR_TRACESTATE && !rec->trace_state)
 		return false; /* invalid, too long, or without its traceparent */
-	if (name_eq(name, h->name_len, "host"))
+	if (h->kind == HDR_HOST)
 		*host = true;
 	return true;
 }
@@ -505,11 +506,46 @@ int exchange_head_write(const struct reqhead *head, const struct req_record *rec
 	return evbuffer_commit_space(out, &vec, 1) == 0 ? 0 : -1;
 }
 
+/* The copy of the request kept for a resend (x->replay) begun, in the
+ * emptied buffer of the last one when there is one; NULL when out of memory
+ * (no resend). */
+static void replay_open(struct exchange *x)
+{
+	if (x->replay)
+		return;
+	x->replay = x->replay_spare ? x->replay_spare : evbuffer_new();
+	x->replay_spare = NULL;
+}
+
+/* No resend from here: the copy dropped, its buffer emptied and kept. */
+static void replay_drop(struct exchange *x)
+{
+	if (!x->replay)
+		return;
+	if (x->replay_spare) {
+		evbuffer_free(x->replay);
+	} else {
+		evbuffer_drain(x->replay, evbuffer_get_length(x->replay));
+		x->replay_spare = x->replay;
+	}
+	x->replay = NULL;
+}
+
 /* The primary's head goes in front of whatever body bytes already wait in
  * pending, once the upstream is chosen (a failover writes it again).
  * -1: out of memory (pending unchanged). */
 static int request_write_head(struct exchange *x)
 {
+	size_t before = evbuffer_get_length(x->pending);
+
+	/* Nothing of the body yet (the head is routed as it parses): written in
+	 * place, committed whole or not at all. */
+	if (before == 0) {
+		if (exchange_head_write(x->head, x->rec, x->up, x->pending) == -1)
+			return -1;
+		x->head_len = evbuffer_get_length(x->pending);
+		return 0;
+	}
 	struct evbuffer *out = evbuffer_new();
 	int r = -1;
 
@@ -553,8 +589,7 @@ static void request_deadline_arm(struct exchange *x)
 	if (!x->deadline && !(x->deadline = evtimer_new(x->env->base, on_deadline, x)))
 		return;
 	x->resp.hold = true;
-	if (!x->replay)
-		x->replay = evbuffer_new(); /* filled as bytes go out (exchange_flush); NULL: no resend */
+	replay_open(x); /* filled as bytes go out (exchange_flush); NULL: no resend */
 	/* From now, not from the loop turn's cached clock, which may be some
 	 * milliseconds old on a busy worker: the upstream gets the whole
 	 * deadline. */
@@ -582,10 +617,7 @@ static void request_hold_check(struct exchange *x)
 		evtimer_del(x->deadline);
 		/* the response has begun: neither this nor a replay on a pooled
 		 * connection (request_replay) sends the request again */
-		if (x->replay) {
-			evbuffer_free(x->replay);
-			x->replay = NULL;
-		}
+		replay_drop(x);
 	}
 }
 
@@ -626,8 +658,8 @@ static enum xr request_connect(struct exchange *x)
 		/* A pooled connection may have been closed by the server a moment
 		 * ago (its keep-alive timeout racing this request): keep a copy to
 		 * replay, when the whole request is here and small. */
-		if (!x->retried && !x->replay)
-			x->replay = evbuffer_new(); /* filled as bytes go out: exchange_flush */
+		if (!x->retried)
+			replay_open(x); /* filled as bytes go out: exchange_flush */
 		x->rec->at[TL_UP_CONNECTED] = now;
 		upconn_writing(x->uc);
 		upconn_reading(x->uc, true, 0);
@@ -700,7 +732,7 @@ static const char *request_sticky_key(struct exchange *x, size_t *len)
 
 struct route *exchange_match(const struct exchange *x)
 {
-	const struct hdr *host = reqhead_header(x->head, "host");
+	const struct hdr *host = reqhead_kind(x->head, HDR_HOST);
 
 	return router_match(x->rt, x->rec->method, x->rec->path, strlen(x->rec->path),
 			    host ? x->head->buf + host->val_off : NULL, host ? host->val_len : 0,
@@ -778,8 +810,7 @@ static int request_rewind(struct exchange *x)
 	CHECK(x->replay && x->rec->bytes_out == 0);
 	if (evbuffer_prepend_buffer(x->pending, x->replay) == -1)
 		return -1;
-	evbuffer_free(x->replay);
-	x->replay = NULL; /* made again at the next dispatch */
+	replay_drop(x); /* made again at the next dispatch */
 	x->wrote_at = 0;
 	x->reused = x->retried = false;
 	x->upstream_dirty = x->resp_close = x->body_seen = false;
@@ -875,8 +906,7 @@ enum xr exchange_flush(struct exchange *x)
 			/* keep what goes out, while the request stays small */
 			size_t have = evbuffer_get_length(x->replay);
 			if (have + queued > REPLAY_MAX || bevio_copy(x->replay, x->pending) == -1) {
-				evbuffer_free(x->replay); /* too big, or out of memory: no replay */
-				x->replay = NULL;
+				replay_drop(x); /* too big, or out of memory: no replay */
 			}
 		}
 		if (queued)
@@ -1022,9 +1052,10 @@ static bool request_replay(struct exchange *x, char *why, size_t whylen)
 	upstream_release(x->uc, false);
 	x->uc = fresh;
 	x->reused = false;
-	evbuffer_free(x->replay);
+	replay_drop(x);
 	/* a route's ttft_deadline keeps what goes out again, for another upstream */
-	x->replay = x->resp.hold ? evbuffer_new() : NULL;
+	if (x->resp.hold)
+		replay_open(x);
 	x->rec->at[TL_UP_CONNECTED] = 0;
 	x->rec->at[TL_REQ_SENT] = 0;
 	x->wrote_at = 0;
@@ -1079,7 +1110,7 @@ static void on_up_event(struct bufferevent *bev, short what, void *arg)
 	if (tls_bev_is_tls(bev)) {
 		x->upstream_dirty = true; /* never back to the pool */
 		x->up_closed = what;	  /* not 0: BEV_EVENT_EOF or _ERROR is in it */
-		loop_timer_arm(x->timer, 0);
+		loop_deadline_set(&x->timer, 0);
 		return;
 	}
 	(void)request_upstream_closed(x, what);
@@ -1433,9 +1464,11 @@ int exchange_init(struct exchange *x, const struct exchange_env *env, const stru
 	x->log_id = log_id;
 	x->shadow = shadow;
 	x->corked = !shadow; /* a primary is made inside its owner's parse pass */
-	x->pending = evbuffer_new();
-	x->timer = evtimer_new(env->base, on_exchange_timer, x);
-	if (!x->pending || !x->timer)
+	if (!x->pending)     /* else kept from the owner's last request (exchange_recycle) */
+		x->pending = evbuffer_new();
+	if (!x->timer.ev)
+		x->timer.ev = evtimer_new(env->base, on_exchange_timer, x);
+	if (!x->pending || !x->timer.ev)
 		return -1;
 	respparse_init(&x->resp, &resp_hooks, &x->meter);
 	meter_init(&x->meter, &env->meter, rec, &x->resp, xcfg(x)->max_event_size, shadow);
@@ -1444,20 +1477,38 @@ int exchange_init(struct exchange *x, const struct exchange_env *env, const stru
 
 void exchange_free(struct exchange *x)
 {
-	if (x->pending || x->timer)
+	if (x->pending || x->timer.ev)
 		exchange_release(x, false);
 	meter_free(&x->meter);
 	if (x->pending)
 		evbuffer_free(x->pending);
 	if (x->replay)
 		evbuffer_free(x->replay);
-	if (x->timer)
-		event_free(x->timer);
+	if (x->replay_spare)
+		evbuffer_free(x->replay_spare);
+	if (x->timer.ev)
+		event_free(x->timer.ev);
 	if (x->deadline)
 		event_free(x->deadline);
-	x->pending = x->replay = NULL;
-	x->timer = x->deadline = NULL;
+	x->pending = x->replay = x->replay_spare = NULL;
+	x->timer = (struct loop_deadline){ 0 };
+	x->deadline = NULL;
 	OBJ_MAGIC_CLEAR(x);
+}
+
+void exchange_recycle(struct exchange *x)
+{
+	if (x->pending || x->timer.ev)
+		exchange_release(x, false);
+	meter_free(&x->meter);
+	if (x->pending)
+		evbuffer_drain(x->pending, evbuffer_get_length(x->pending));
+	replay_drop(x);
+	/* the timer's event may stay armed: it finds nothing due, or the next
+	 * request's deadline, and its argument (x) stays this memory */
+	loop_deadline_clear(&x->timer);
+	if (x->deadline)
+		evtimer_del(x->deadline);
 }
 
 void exchange_meter_label(struct exchange *x)

@@ -36,6 +36,7 @@
 #include <stdint.h>
 
 #include "check.h"
+#include "loop.h"
 #include "meter.h"
 #include "reqparse.h"
 #include "respparse.h"
@@ -232,18 +233,19 @@ struct exchange {
 
 	/* upstream side */
 	struct upconn *uc;
-	bool reused;		 /* uc came from the pool */
-	bool retried;		 /* a replay already happened */
-	struct evbuffer *replay; /* the whole request, kept while a pooled connection may turn out dead */
+	bool reused;		       /* uc came from the pool */
+	bool retried;		       /* a replay already happened */
+	struct evbuffer *replay;       /* the whole request, kept while a pooled connection may turn out dead */
+	struct evbuffer *replay_spare; /* an empty buffer for the next replay copy (replay_open) */
 	/* requests running on or queued for the upstream when it was routed
 	 * there, this one included */
 	unsigned load;
 	bool cold;
-	struct evbuffer *pending; /* request bytes waiting for the connection */
-	uint64_t wrote_at;	  /* the last request bytes went out in a write begun then; 0: by the bufferevent */
-	enum xstate xstate;	  /* EXCHANGE_STATES; changed only by exchange_set_state */
-	struct event *timer;	  /* the state's timer (exchange_set_state), or a pending upstream close */
-	uint64_t idle_from;	  /* XT_IDLE: silence is counted from here */
+	struct evbuffer *pending;   /* request bytes waiting for the connection */
+	uint64_t wrote_at;	    /* the last request bytes went out in a write begun then; 0: by the bufferevent */
+	enum xstate xstate;	    /* EXCHANGE_STATES; changed only by exchange_set_state */
+	struct loop_deadline timer; /* the state's timer (exchange_set_state), or a pending upstream close */
+	uint64_t idle_from;	    /* XT_IDLE: silence is counted from here */
 	/* A TLS upstream's close, acted on at the next loop turn (on_up_event
 	 * says why): its BEV_EVENT_* flags, never 0, while it waits. It holds
 	 * x->timer (armed for 0 ms) meanwhile: the close is decided first,
@@ -263,13 +265,18 @@ struct exchange {
 };
 
 /* Makes the exchange of a request (its pending buffer, timer, response
- * parser and meter); `shadow`: a shadow copy's (head and rt NULL). -1: out
- * of memory (exchange_free cleans up). */
+ * parser and meter); `shadow`: a shadow copy's (head and rt NULL). `x` is
+ * zeroed but for the buffers and timers exchange_recycle kept, which it
+ * takes. -1: out of memory (exchange_free cleans up). */
 int exchange_init(struct exchange *x, const struct exchange_env *env, const struct exchange_hooks *hooks, void *owner,
 		  struct req_record *rec, const struct reqhead *head, struct router *rt, uint64_t log_id, bool shadow);
 /* Releases the upstream (unpooled) and frees what exchange_init made.
  * Accepts a zeroed exchange; safe twice. */
 void exchange_free(struct exchange *x);
+/* Ends the exchange as exchange_free does, but keeps its pending and
+ * replay buffers (emptied) and its timers (stopped) for the owner's next request: the
+ * owner zeroes the rest and calls exchange_init on the same memory. */
+void exchange_recycle(struct exchange *x);
 
 /* Whether the exchange may go from `from` to `to` (an unknown state: never). */
 bool exchange_transition_legal(enum xstate from, enum xstate to);

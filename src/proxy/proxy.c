@@ -296,6 +296,7 @@ void proxy_free(struct proxy *px)
 			evconnlistener_free(px->listeners[i].lev);
 	client_set_free_all(&px->set);
 	mirror_abort_all(&px->set.renv.mirrors);
+	request_env_spares_free(&px->set.renv);
 	if (px->drain_timer)
 		event_free(px->drain_timer);
 	if (px->accept_timer)

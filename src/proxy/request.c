@@ -138,14 +138,16 @@ static void request_trace(struct request *req)
 	memset(&sc, 0, sizeof(sc));
 	for (unsigned i = 0; i < rh->nhdr; i++) {
 		const struct hdr *h = &rh->hdrs[i];
-		const char *name = rh->buf + h->name_off, *val = rh->buf + h->val_off;
+		if (h->kind != HDR_TRACEPARENT && h->kind != HDR_TRACESTATE)
+			continue;
+		const char *val = rh->buf + h->val_off;
 		size_t vlen = h->val_len;
 		trim_ows(&val, &vlen);
-		if (name_eq(name, h->name_len, "traceparent")) {
+		if (h->kind == HDR_TRACEPARENT) {
 			ntp++;
 			tp = val;
 			tplen = vlen;
-		} else if (name_eq(name, h->name_len, "tracestate") && state_ok) {
+		} else if (state_ok) {
 			state_ok = tracestate_add(&sc, val, vlen) == 0;
 		}
 	}
@@ -171,15 +173,72 @@ static void request_trace(struct request *req)
 
 /* ---- request objects ---- */
 
+/*
+ * Finished requests are kept for the next ones of the same worker
+ * (request_retire, at most REQUEST_SPARES of them, env->spares), with the
+ * buffers they grew: the head's buffer and header array, the exchange's
+ * pending and replay buffers and its timers; the body prefix's buffer (64
+ * KiB, let go once the prefix is read) is kept once per worker. So a
+ * request on a kept connection (or a new one) is made without a calloc of
+ * the whole object, its buffers and its timer. The worker's, not each
+ * connection's: an idle connection holds none, and the spares number no
+ * more than the requests that finished while others had not yet begun.
+ */
+
+char *request_prefix_buf(struct request *req)
+{
+	if (!req->body_prefix) {
+		req->body_prefix = req->env->prefix_spare ? req->env->prefix_spare : malloc(BODY_INSPECT_MAX);
+		req->env->prefix_spare = NULL;
+	}
+	return req->body_prefix;
+}
+
+/* The body prefix read (or the request over): its buffer kept for the
+ * worker's next one when none is kept yet, else freed. */
+static void request_prefix_drop(struct request *req)
+{
+	if (!req->body_prefix)
+		return;
+	if (!req->env->prefix_spare)
+		req->env->prefix_spare = req->body_prefix;
+	else
+		free(req->body_prefix);
+	req->body_prefix = NULL;
+}
+
+/* A spare made ready: zeroed as calloc would, but for what it keeps. */
+static struct request *request_renew(struct request *req)
+{
+	CHECK_OBJ(req, REQUEST_MAGIC);
+	struct reqhead head = req->head;
+	struct evbuffer *pending = req->x.pending, *replay = req->x.replay_spare;
+	struct loop_deadline timer = req->x.timer;
+	struct event *deadline = req->x.deadline;
+
+	memset(req, 0, sizeof(*req));
+	req->head = head;
+	req->x.pending = pending;
+	req->x.replay_spare = replay;
+	req->x.timer = timer;
+	req->x.deadline = deadline;
+	return req;
+}
+
 struct request *request_new(struct request_env *env, const struct exchange_hooks *hooks, void *owner,
 			    uint64_t arrive_ns, uint64_t log_id)
 {
 	const struct config *cfg = &env->router->cfg;
 	const struct reqparse_limits lim = { cfg->max_header_size, cfg->max_headers, cfg->max_body_size };
-	struct request *req = calloc(1, sizeof(*req));
+	struct request *spare = env->spares, *req;
 
-	if (!req)
+	if (spare) {
+		env->spares = spare->next_spare;
+		env->nspares--;
+		req = request_renew(spare);
+	} else if (!(req = calloc(1, sizeof(*req)))) {
 		return NULL;
+	}
 	OBJ_MAGIC_SET(req, REQUEST_MAGIC);
 	req->env = env;
 	req->x.rt = env->router;
@@ -189,7 +248,7 @@ struct request *request_new(struct request_env *env, const struct exchange_hooks
 	req->rec.stream = -1;
 	req->rec.itl_keep = env->x.meter.alog != NULL || otlp_metrics_active(); /* the gaps are samples of both */
 	req->rec.at[TL_ARRIVE] = arrive_ns;
-	if (reqhead_init(&req->head, &lim) == -1 ||
+	if ((spare ? reqhead_reset(&req->head, &lim) : reqhead_init(&req->head, &lim)) == -1 ||
 	    exchange_init(&req->x, &env->x, hooks, owner, &req->rec, &req->head, env->router, log_id, false) == -1) {
 		request_free(req);
 		return NULL;
@@ -215,6 +274,47 @@ void request_free(struct request *req)
 	router_unref(req->x.rt);
 	OBJ_MAGIC_CLEAR(req);
 	free(req);
+}
+
+void request_retire(struct request *req)
+{
+	if (!req)
+		return;
+	CHECK_OBJ(req, REQUEST_MAGIC);
+	struct request_env *env = req->env;
+	if (env->nspares >= REQUEST_SPARES) {
+		request_free(req);
+		return;
+	}
+	exchange_release(&req->x, false);
+	tunnel_free(&req->tunnel);
+	if (req->mirror)
+		mirror_detach(req->mirror, req->x.body_done);
+	exchange_recycle(&req->x);
+	workload_req_free(req->rec.wl);
+	record_release(&req->rec);
+	free(req->chain);
+	router_unref(req->x.rt);
+	request_prefix_drop(req);
+	req->chain = NULL;
+	req->rec.wl = NULL;
+	req->mirror = NULL;
+	req->x.rt = NULL;
+	req->next_spare = env->spares;
+	env->spares = req;
+	env->nspares++;
+}
+
+void request_env_spares_free(struct request_env *env)
+{
+	free(env->prefix_spare);
+	env->prefix_spare = NULL;
+	while (env->spares) {
+		struct request *req = env->spares;
+		env->spares = req->next_spare;
+		request_free(req);
+	}
+	env->nspares = 0;
 }
 
 /* Each request is logged and counted once, when its outcome is known
@@ -253,7 +353,7 @@ void request_note_head(struct request *req)
 		if (mlen)
 			copy_trunc(req->rec.model, sizeof(req->rec.model), model, mlen); /* Gemini: the body has none */
 	}
-	h = reqhead_header(rh, "x-request-id");
+	h = reqhead_kind(rh, HDR_X_REQUEST_ID);
 	if (h && request_id_acceptable(rh->buf + h->val_off, h->val_len))
 		copy_trunc(req->rec.id, sizeof(req->rec.id), rh->buf + h->val_off, h->val_len);
 	else
@@ -498,8 +598,7 @@ void request_learn_body(struct request *req, bool complete)
 	 * BODY_INSPECT_MAX; else that much, a floor) */
 	if (req->head.chunked && req->x.xstate == XS_AWAIT_BODY && !req->x.pick.tokens)
 		req->x.pick.tokens = (double)(uint64_t)(req->body_prefix_len / WL_BYTES_PER_TOKEN);
-	free(req->body_prefix);
-	req->body_prefix = NULL;
+	request_prefix_drop(req);
 	if (req->x.xstate == XS_AWAIT_BODY)
 		request_route(req);
 }

@@ -32,7 +32,14 @@ struct request_env {
 	struct mirror_list mirrors; /* shadow exchanges in flight */
 	struct request_ids ids;
 	struct trace_rng trace_rng; /* trace and span ids (tracectx.h) */
+	struct request *spares;	    /* finished requests kept for the next ones (request_retire) */
+	unsigned nspares;
+	char *prefix_spare; /* a body prefix's buffer (BODY_INSPECT_MAX), kept for the next request */
 };
+
+/* The most finished requests a worker keeps for its next ones: each some 8
+ * KiB and the body prefix's pages a request touched. */
+#define REQUEST_SPARES 64
 
 /* One request and its exchange with the upstream. Owned by its client. */
 /* The request body's first bytes kept to learn the model, the stream flag
@@ -55,16 +62,28 @@ struct request {
 	struct mirror
 		*mirror;   /* its shadow copy, while the body still flows; cleared by the mirror when it ends first */
 	struct exchange x; /* x.body_done: the whole body has been read */
-	struct tunnel tunnel; /* a WebSocket's, once x is in TUNNEL (tunnel.running) */
+	struct tunnel tunnel;	    /* a WebSocket's, once x is in TUNNEL (tunnel.running) */
+	struct request *next_spare; /* in env->spares, once retired */
 };
 
 /* A request arriving at `arrive_ns`, whose exchange reaches `owner` through
- * `hooks`; `log_id` names its connection in the log. NULL: out of memory. */
+ * `hooks`; `log_id` names its connection in the log. Made in a spare of the
+ * worker's when there is one (request_retire), else allocated. NULL: out of
+ * memory. */
 struct request *request_new(struct request_env *env, const struct exchange_hooks *hooks, void *owner,
 			    uint64_t arrive_ns, uint64_t log_id);
 /* Ends its exchange (unrecorded), detaches its shadow, frees it. NULL is
  * fine. */
 void request_free(struct request *req);
+/* Ends it as request_free does, but keeps its memory and buffers among
+ * env's spares for a next request (request_new), while there are fewer
+ * than REQUEST_SPARES; else frees it. NULL is fine. */
+void request_retire(struct request *req);
+/* The buffer the body prefix goes in (BODY_INSPECT_MAX bytes; the worker's
+ * kept one when there is one); NULL: out of memory. */
+char *request_prefix_buf(struct request *req);
+/* Frees the spares (before the loop that their timers are on). */
+void request_env_spares_free(struct request_env *env);
 /* The outcome is known: logged and counted, once (meter_finish). */
 void request_record(struct request *req);
 void request_id_generate(struct request_ids *ids, char *out, size_t len);

@@ -84,5 +84,66 @@ class PipelinedTest(harness.TestCase):
         self.check_answers(conn, [body0, body1])
 
 
+# what differs between two runs of one request: its times, its id, the
+# connection's log id, the keys derived from the clock
+VARYING = {"id", "ts", "time", "conn", "timeline_ms", "itl_ms", "decode_tps", "trace_id", "span_id"}
+
+
+def comparable(e):
+    return {k: v for k, v in e.items() if k not in VARYING and not k.endswith("_ms")}
+
+
+class KeptConnectionTest(harness.TestCase):
+    """A connection's next request is made in the memory of the one before
+    (request_recycle): each request of a kept connection is logged exactly
+    as the same request on a connection of its own, with nothing of the
+    request before it (its model, id, tenant, trace, usage, route)."""
+
+    def setUp(self):
+        self.sim = harness.start_sim(self, "--ttft-ms", "0", "--itl-ms", "0", "--seed", "7")
+        self.log = harness.temp_path(self)
+        self.tt = harness.start_tokentap(self, self.sim.url, "--access-log", self.log, "--workers", "1")
+
+    def plan(self):
+        tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        return [
+            ("openai-chat", dict(stream=True, include_usage=True, model="model-a"), 5,
+             [("traceparent", tp), ("x-tenant", "t1")]),
+            ("anthropic", dict(stream=False, model="model-b"), 7, []),
+            ("openai-completions", dict(stream=True, include_usage=False, model="m"), 3, []),
+            ("openai-chat", dict(stream=False, model="model-c" + "x" * 100), 1, [("traceparent", tp)]),
+            ("ollama-generate", dict(stream=True), 9, []),
+            ("openai-chat", dict(stream=True, include_usage=True), 2, []),
+        ]
+
+    def send(self, conn, i, tag, api, kw, tokens, extra):
+        rid = "%s-%d" % (tag, i)
+        headers = harness.sim_headers(ttft=0, itl=0, tokens=tokens, request_id=rid, extra=extra)
+        raw = harness.request_bytes("POST", harness.API_PATHS[api], harness.api_body(api, **kw), headers,
+                                    self.tt.port)
+        conn.send(raw)
+        resp = conn.read_response()
+        self.assertIsNotNone(resp, "request %s: no answer" % rid)
+        self.assertEqual(resp.status, 200, "request %s: %r" % (rid, resp.body[:300]))
+        return rid
+
+    def test_each_request_logged_as_on_its_own_connection(self):
+        plan = self.plan()
+        kept = harness.HttpConn(self.tt.port)
+        self.addCleanup(kept.close)
+        on_kept = [self.send(kept, i, "kept", *p) for i, p in enumerate(plan)]
+        alone = []
+        for i, p in enumerate(plan):
+            conn = harness.HttpConn(self.tt.port)
+            try:
+                alone.append(self.send(conn, i, "solo", *p))  # an id of the same length
+            finally:
+                conn.close()
+        for i, (a, b) in enumerate(zip(on_kept, alone)):
+            ea, eb = self.log_entry(self.log, a), self.log_entry(self.log, b)
+            self.assertEqual(comparable(ea), comparable(eb), "request %d on the kept connection" % i)
+            self.assertEqual("trace_id" in ea, "trace_id" in eb, "request %d: a trace of another request" % i)
+
+
 if __name__ == "__main__":
     unittest.main()

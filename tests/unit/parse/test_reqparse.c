@@ -281,6 +281,94 @@ static void test_header_name_bytes(void **state)
 	}
 }
 
+/* Every byte in a field value, at each offset of a long one (the check
+ * goes eight bytes a step), after a tab too: refused exactly for the
+ * controls but tab, and for DEL. (The strict llhttp build refuses the same
+ * bytes on its own; reqparse's check is there should it not.) */
+static void test_header_value_bytes(void **state)
+{
+	(void)state;
+	for (int c = 1; c < 256; c++) {
+		if (c == '\r' || c == '\n')
+			continue; /* end the line: the framing's checks, test_head_framing */
+		bool bad = (c < 0x20 && c != '\t') || c == 0x7f;
+		for (int at = 0; at < 20; at++) {
+			for (int tab = 0; tab < 2; tab++) {
+				char v[32], raw[128];
+				memset(v, 'v', 24);
+				v[24] = 0;
+				if (tab)
+					v[at / 2] = '\t';
+				v[at] = (char)c;
+				int n = snprintf(raw, sizeof(raw), "GET / HTTP/1.1\r\nHost: h\r\nX-Long: a%sz\r\n\r\n",
+						 v);
+				struct seen s;
+				int status = run(raw, (size_t)n, 0, &s);
+				if (bad ? status != 400 : status != 0)
+					fail_msg("byte 0x%02x at %d of a header value (tab %d): status %d", c, at, tab,
+						 status);
+			}
+		}
+	}
+}
+
+static void check_kinds(const struct reqhead *h)
+{
+	static const enum hdr_kind want[] = { HDR_HOST, HDR_X_REQUEST_ID, HDR_OTHER, HDR_TRACEPARENT };
+	assert_int_equal(h->nhdr, 4);
+	for (unsigned i = 0; i < 4; i++)
+		assert_int_equal(h->hdrs[i].kind, want[i]);
+	assert_ptr_equal(reqhead_kind(h, HDR_TRACEPARENT), &h->hdrs[3]);
+	assert_null(reqhead_kind(h, HDR_TRACESTATE));
+}
+
+static unsigned want_fields;
+
+/* Fields X-F0 .. X-F<n-1>, each valued its number, all there in order. */
+static void check_fields(const struct reqhead *h)
+{
+	assert_int_equal(h->nhdr, want_fields + 1); /* and Host */
+	for (unsigned i = 0; i < want_fields; i++) {
+		char name[16], val[16];
+		const struct hdr *f = &h->hdrs[i + 1];
+		int nl = snprintf(name, sizeof(name), "X-F%u", i), vl = snprintf(val, sizeof(val), "%u", i);
+		assert_int_equal(f->name_len, nl);
+		assert_memory_equal(h->buf + f->name_off, name, (size_t)nl);
+		assert_int_equal(f->val_len, vl);
+		assert_memory_equal(h->buf + f->val_off, val, (size_t)vl);
+	}
+}
+
+/* The header array grows as fields come (16, 32, 64, then the limit's 100):
+ * every count up to the limit parses whole, in one read and in pieces of
+ * three bytes; one field more is refused with 431. */
+static void test_header_array_grows(void **state)
+{
+	static char raw[8192];
+	(void)state;
+	for (unsigned n = 0; n <= 100; n++) {
+		int len = snprintf(raw, sizeof(raw), "GET / HTTP/1.1\r\nHost: h\r\n");
+		for (unsigned i = 0; i < n - (n == 100); i++) /* Host is one of the 100 */
+			len += snprintf(raw + len, sizeof(raw) - (size_t)len, "X-F%u: %u\r\n", i, i);
+		len += snprintf(raw + len, sizeof(raw) - (size_t)len, "\r\n");
+		want_fields = n - (n == 100);
+		for (size_t step = 0; step <= 3; step += 3) {
+			struct seen s;
+			head_check = check_fields;
+			assert_int_equal(run(raw, (size_t)len, step, &s), 0);
+			head_check = NULL;
+			assert_int_equal(s.heads, 1);
+		}
+	}
+	int len = snprintf(raw, sizeof(raw), "GET / HTTP/1.1\r\nHost: h\r\n");
+	for (unsigned i = 0; i < 100; i++)
+		len += snprintf(raw + len, sizeof(raw) - (size_t)len, "X-F%u: %u\r\n", i, i);
+	len += snprintf(raw + len, sizeof(raw) - (size_t)len, "\r\n");
+	struct seen s;
+	assert_int_equal(run(raw, (size_t)len, 0, &s), 431);
+	assert_int_equal(s.heads, 0);
+}
+
 static bool hop(const struct reqhead *h, const char *name)
 {
 	return reqhead_hop_by_hop(h, name, strlen(name));
@@ -344,6 +432,63 @@ static void check_late_connection(const struct reqhead *h)
 	assert_false(hop(h, "x-a"));
 }
 
+/* Each name tokentap reads has its kind in any case; the same lengths one
+ * letter off, and other names, have none. */
+static void test_header_kinds(void **state)
+{
+	static const struct {
+		const char *name;
+		enum hdr_kind kind;
+	} known[] = {
+		{ "te", HDR_TE },
+		{ "Host", HDR_HOST },
+		{ "EXPECT", HDR_EXPECT },
+		{ "Upgrade", HDR_UPGRADE },
+		{ "trailer", HDR_TRAILER },
+		{ "Connection", HDR_CONNECTION },
+		{ "keep-alive", HDR_KEEP_ALIVE },
+		{ "TraceState", HDR_TRACESTATE },
+		{ "traceparent", HDR_TRACEPARENT },
+		{ "X-Request-ID", HDR_X_REQUEST_ID },
+		{ "HTTP2-Settings", HDR_HTTP2_SETTINGS },
+		{ "proxy-connection", HDR_PROXY_CONNECTION },
+		{ "Transfer-Encoding", HDR_TRANSFER_ENCODING },
+	};
+	static const char *const others[] = { "tf",
+					      "hosu",
+					      "expecu",
+					      "upgradf",
+					      "trailes",
+					      "connectioo",
+					      "keep-alivf",
+					      "tracestatf",
+					      "traceparenu",
+					      "x-request-ie",
+					      "http2-settingt",
+					      "proxy-connectioo",
+					      "transfer-encodinh",
+					      "x",
+					      "content-length",
+					      "" };
+	(void)state;
+	for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
+		assert_int_equal(reqhead_kind_of(known[i].name, strlen(known[i].name)), known[i].kind);
+	for (size_t i = 0; i < sizeof(others) / sizeof(others[0]); i++)
+		assert_int_equal(reqhead_kind_of(others[i], strlen(others[i])), HDR_OTHER);
+
+	/* a parsed head's fields carry theirs, names split across reads too */
+	static const char get[] =
+		"GET /a HTTP/1.1\r\nHOST: h\r\nX-Request-Id: r\r\nX-Other: 1\r\n"
+		"traceparent: t\r\n\r\n";
+	for (size_t step = 0; step <= 4; step++) {
+		struct seen s;
+		head_check = check_kinds;
+		assert_int_equal(RUN(get, step, &s), 0);
+		head_check = NULL;
+		assert_int_equal(s.heads, 1);
+	}
+}
+
 static void test_hop_by_hop(void **state)
 {
 	static const char get[] =
@@ -384,8 +529,11 @@ int main(void)
 		cmocka_unit_test(test_head_framing),
 		cmocka_unit_test(test_well_framed),
 		cmocka_unit_test(test_h2c_offer_then_next_request),
+		cmocka_unit_test(test_header_kinds),
+		cmocka_unit_test(test_header_array_grows),
 		cmocka_unit_test(test_hop_by_hop),
 		cmocka_unit_test(test_header_name_bytes),
+		cmocka_unit_test(test_header_value_bytes),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,7 +3,7 @@
  * the exchange's (exchange.c, EXCHANGE_STATES) and the client's (client.c,
  * CLIENT_STATES). Each legal transition (the diagrams at the top of
  * client.c and exchange.c) is accepted and every other pair refused, each
- * state runs the timer EXCHANGE_STATES names for it, exchange_set_state arms and deletes x->timer by that
+ * state runs the timer EXCHANGE_STATES names for it, exchange_set_state sets and clears x->timer by that
  * rule (the idle clock left alone between STREAMING and PAUSED, nothing
  * armed while an upstream's close is pending), and an illegal transition
  * aborts the process (CHECK) instead of carrying on.
@@ -131,38 +131,38 @@ static void fixture_init(struct fixture *f)
 	f->up.first_byte_timeout_ms = FIRST_BYTE_MS;
 	f->up.idle_timeout_ms = IDLE_MS;
 	f->x.up = &f->up;
-	f->x.timer = evtimer_new(f->base, noop_timer, NULL);
-	assert_non_null(f->x.timer);
+	f->x.timer.ev = evtimer_new(f->base, noop_timer, NULL);
+	assert_non_null(f->x.timer.ev);
 }
 
 static void fixture_free(struct fixture *f)
 {
-	event_free(f->x.timer);
+	event_free(f->x.timer.ev);
 	event_base_free(f->base);
 }
 
-/* The timer's expiry, or 0 when it is not pending. */
+/* When the timer acts (its deadline, loop.h: the event itself may be armed
+ * to fire earlier and find it not due), in µs; 0 when nothing is due. An
+ * armed deadline always has its event armed, to fire no later than it. */
 static uint64_t expiry_us(struct fixture *f)
 {
 	struct timeval tv;
 
-	if (!evtimer_pending(f->x.timer, &tv))
+	if (!f->x.timer.due_ns)
 		return 0;
-	return (uint64_t)tv.tv_sec * 1000000u + (uint64_t)tv.tv_usec;
+	assert_true(evtimer_pending(f->x.timer.ev, &tv));
+	return f->x.timer.due_ns / 1000u;
 }
 
-/* The timer is pending for about `ms` from now: within 5 s either way (the
- * test's own steps take far less; libevent's expiry is its cached clock's,
- * which may be off the wall clock read here by a few ms). The durations
- * differ by 100 s, so the margin still tells them apart. */
+/* The timer is due about `ms` from now: within 5 s either way (the test's
+ * own steps take far less). The durations differ by 100 s, so the margin
+ * still tells them apart. */
 static void assert_armed_for(struct fixture *f, uint64_t ms)
 {
-	struct timeval now;
 	uint64_t at = expiry_us(f);
 
 	assert_int_not_equal(at, 0);
-	gettimeofday(&now, NULL);
-	uint64_t now_us = (uint64_t)now.tv_sec * 1000000u + (uint64_t)now.tv_usec;
+	uint64_t now_us = loop_mono_ns() / 1000u;
 	assert_true(at > now_us);
 	uint64_t left_ms = (at - now_us) / 1000u;
 	if (left_ms > ms + 5000 || left_ms + 5000 < ms)
@@ -244,13 +244,12 @@ static void test_setter_failover_and_replay(void **state)
 static void test_pending_close_holds_the_timer(void **state)
 {
 	struct fixture f;
-	struct timeval zero = { 0, 0 };
 
 	(void)state;
 	fixture_init(&f);
 	f.x.xstate = XS_SENDING;
 	f.x.up_closed = 0x11; /* BEV_EVENT_READING | BEV_EVENT_EOF */
-	evtimer_add(f.x.timer, &zero);
+	loop_deadline_set(&f.x.timer, 0);
 	uint64_t at = expiry_us(&f);
 	assert_int_not_equal(at, 0);
 	exchange_set_state(&f.x, XS_AWAIT_HEAD);
@@ -267,7 +266,7 @@ static void test_pending_close_holds_the_timer(void **state)
 	fixture_init(&f);
 	f.x.xstate = XS_SENDING;
 	f.x.up_closed = 0x11;
-	evtimer_add(f.x.timer, &zero);
+	loop_deadline_set(&f.x.timer, 0);
 	exchange_set_state(&f.x, XS_DONE);
 	assert_int_equal(expiry_us(&f), 0);
 	assert_int_equal(f.x.up_closed, 0);
