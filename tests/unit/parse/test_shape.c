@@ -233,6 +233,19 @@ static void test_anthropic(void **state)
 		     8);
 }
 
+/* Why `\"timings` at a text's end is turned away: the usage search notes
+ * a "timings" hit wherever it is, and then reads the chunk's members, here
+ * vLLM's "metrics", which the chunks before it never had read. */
+#define CHATM(text) \
+	CHAT_HEAD "\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"" text \
+		  "\"},\"finish_reason\":null}],\"metrics\":{\"queue_time_ms\":3}}\n\n"
+
+static void test_chat_escaped_key_read(void **state)
+{
+	(void)state;
+	check_stream(API_OPENAI_CHAT, CHATM(" a") CHATM(" b") CHATM("\\\"timings") CHATM(" c") CHATM(" d"), 2);
+}
+
 /* The same for the Anthropic and Responses API deltas: "text" and
  * "delta" after an escaped quote are their keys. */
 static void test_escapes_named(void **state)
@@ -329,10 +342,15 @@ static void test_arm_escapes(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_chat),	     cmocka_unit_test(test_chat_kept_past_unarmed),
-		cmocka_unit_test(test_chat_escapes), cmocka_unit_test(test_escapes_named),
-		cmocka_unit_test(test_responses),    cmocka_unit_test(test_anthropic),
-		cmocka_unit_test(test_arm_bounds),   cmocka_unit_test(test_arm_escapes),
+		cmocka_unit_test(test_chat),
+		cmocka_unit_test(test_chat_kept_past_unarmed),
+		cmocka_unit_test(test_chat_escapes),
+		cmocka_unit_test(test_escapes_named),
+		cmocka_unit_test(test_chat_escaped_key_read),
+		cmocka_unit_test(test_responses),
+		cmocka_unit_test(test_anthropic),
+		cmocka_unit_test(test_arm_bounds),
+		cmocka_unit_test(test_arm_escapes),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
