@@ -1839,20 +1839,34 @@ enum token_kind classify_event(enum api_kind api, const struct framer_event *ev,
  * hit (backslashes before, blanks and ':' after) and the first bytes of a
  * value. Take an event E0 of an API and path below, whose token text is
  * the string at the hint's key, and an event E1 that has E0's bytes
- * except in the holes: a string hole holds no '"', CR or LF, a '\\' only
- * as an escape of another byte, and a byte no key name has (framer.h); a
- * digits hole as many digits. Then:
+ * except in the holes: a string hole (the text's body, between the '"'
+ * after the key's ':' and the first '"' no escape takes, closing_quote)
+ * holds plain bytes (no '"', '\\', CR, LF) and escapes ('\\' and any byte
+ * but CR and LF, '"' included), and after its last escaped '"' no bytes or
+ * a byte no key name has (framer.h); a digits hole as many digits. Then:
  *
- *  - no hit starts inside a hole (no '"' there), and none spans one: the
- *    only quotes around a string hole are its own, and `"TEXT"` is no key
- *    name; so E1's hits are E0's, at the same offsets up to the text and
- *    at the same distance from the end after it;
+ *  - every '"' inside a string hole is escaped, so preceded by '\\'; the
+ *    closing '"' of a hit follows a key name's byte, so it is never one
+ *    of them. A hit with a quote inside the hole then opens at one and
+ *    closes at the hole's own closing '"', its name the bytes after the
+ *    hole's last escaped '"': which are no key name. A hit that opens
+ *    before the hole and closes at or after its end has the text's own
+ *    '"'s for quotes, `"TEXT"`, no key name either (a '\\' in it, or a
+ *    byte no key name has). So no hit starts inside a hole or spans one
+ *    (a digits hole holds no '"'), and E1's hits are E0's, at the same
+ *    offsets up to the text and at the same distance from the end after
+ *    it;
  *  - around each hit the bytes looked at are E0's, or judged the same: the
- *    backslash run before the closing '"' is even in both (escapes are
- *    pairs), blanks and ':' after a key are never in a hole (a hole is a
- *    value's body);
+ *    backslash run before the text's closing '"' is even in both (a '\\'
+ *    in a hole is an escape's, and only `\\\\` ends in one), blanks and
+ *    ':' after a key are never in a hole (a hole is a value's body);
  *  - the only value that starts at a hole is the text's own string, and
- *    for it only "non-empty" is asked, true for both.
+ *    for it only "non-empty" is asked, true for both (its first byte is
+ *    never '"');
+ *  - a member walk (the usage read, when "usage" or "timings" is there)
+ *    skips the text's string to the same closing '"' in both, by escape
+ *    pairs (string_end) or backslash parity (closing_quote), which agree
+ *    on a hole's bytes.
  *
  * So the paths taken below answer E1 as E0, give the hint E0's offset
  * (the text's key is before the string hole, and a digits hole keeps its
@@ -1865,9 +1879,9 @@ enum token_kind classify_event(enum api_kind api, const struct framer_event *ev,
  * objects), which count brackets inside strings too, are never armed.
  *
  * E1 need not follow E0 straight: an event between them that cannot be
- * armed itself (an escaped '"' in its text, text that is a key name, an
- * event of no tokens) leaves the shape armed when it left the usage and
- * the hint as E0 left them. Nothing above depends on the events between
+ * armed itself (text that is a key name, or ends in an escaped '"' and
+ * a key name's bytes, an event of no tokens) leaves the shape armed when
+ * it left the usage and the hint as E0 left them. Nothing above depends on the events between
  * but those two: usage, and the hint the search starts from (a probe that
  * can only confirm, so the kind does not depend on it, but the hint it
  * leaves can: a probe that confirms a later key keeps that key). So E1
@@ -1879,9 +1893,9 @@ static bool string_hole(const struct span *s, const char *v, const char *data, s
 	if (v == NULL || v >= s->end || *v != '"')
 		return false;
 	const char *b = v + 1;
-	const char *e = memchr(b, '"', (size_t)(s->end - b));
+	const char *e = closing_quote(b, s->end);
 	if (e == NULL || e == b)
-		return false; /* an escaped '"' ends it too early: the framer turns that hole away */
+		return false;
 	*h = (struct framer_hole){ (uint32_t)(b - data), (uint32_t)(e - b), FRAMER_HOLE_STRING };
 	return true;
 }

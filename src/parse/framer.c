@@ -348,10 +348,10 @@ static const char *frame_in_place(struct framer *f, const char *p, const char *e
  * `[event: NAME LF] data: DATA LF LF`. A match compares the bytes between
  * the holes with the shape's and checks each hole's bytes against its
  * kind; the data line then ends at the shape's final LF LF, since no hole
- * holds a CR or LF and no other byte differs. So the line-by-line path
- * would frame the same name and data from the same bytes: the same lines
- * (the bound on their lengths is checked as there), the same field names,
- * the same blank line.
+ * holds a CR or LF (an escape of one included) and no other byte differs.
+ * So the line-by-line path would frame the same name and data from the
+ * same bytes: the same lines (the bound on their lengths is checked as
+ * there), the same field names, the same blank line.
  */
 
 /* What a byte is inside a string hole: 0 a key name's, 1 another, 2 not
@@ -361,11 +361,25 @@ static const unsigned char hole_class[256] = {
 	[46 ... 47] = 1, [58 ... 64] = 1, [91] = 1,	   ['\\'] = 2, [93 ... 94] = 1, [96] = 1,  [123 ... 255] = 1,
 };
 
-/* An escape in a string hole: '\\' and a byte that is not '"', CR or LF
- * (framer.h: so the hole holds no '"' at all). */
+/* An escape in a string hole: '\\' and a byte that is not CR or LF
+ * ('"' included: the hole then goes on past it, framer.h). */
 static inline bool escape_holds(char c)
 {
-	return c != '"' && c != '\r' && c != '\n';
+	return c != '\r' && c != '\n';
+}
+
+/* The bytes of a string hole after its last escaped '"' (from `from`,
+ * `quoted` when there is one), up to its end `e`: none after a '"', or
+ * some byte no key name has ('\\' being one), so that no quoted key
+ * name starts inside the hole (framer.h). */
+static bool tail_holds(const char *from, const char *e, bool quoted)
+{
+	if (from == e)
+		return quoted;
+	unsigned c = 0;
+	for (const char *b = from; b < e; b++)
+		c |= hole_class[(unsigned char)*b];
+	return (c & 3) != 0;
 }
 
 static bool hole_holds(const struct framer_hole *h, const char *p, size_t n)
@@ -376,21 +390,19 @@ static bool hole_holds(const struct framer_hole *h, const char *p, size_t n)
 				return false;
 		return n > 0;
 	}
-	unsigned other = 0;
+	size_t from = 0;
 	for (size_t i = 0; i < n; i++) {
 		if (p[i] == '\\') {
 			if (i + 1 >= n || !escape_holds(p[i + 1]))
 				return false;
-			other = 1;
-			i++;
+			if (p[++i] == '"')
+				from = i + 1;
 			continue;
 		}
-		unsigned c = hole_class[(unsigned char)p[i]];
-		if (c & 6)
+		if (hole_class[(unsigned char)p[i]] & 6)
 			return false;
-		other |= c;
 	}
-	return other != 0;
+	return n > 0 && tail_holds(p + from, p + n, from > 0);
 }
 
 bool framer_shape_arm(struct framer *f, const struct framer_hole *holes, size_t n, uint64_t tag)
@@ -466,13 +478,13 @@ static inline uint64_t bytes_below(uint64_t x, unsigned n)
  * end, so a read past lim is still the slice's), else byte by byte, up to
  * the next '"', '\\' or control byte below 14 (CR, LF; the others are
  * turned away too, which only costs a match): a '"' ends the hole, an
- * escape is stepped over. Whether a byte is not a key name's is asked of
- * hole_class, of the first byte first (a blank, in most text); an escape
- * is such a byte. */
+ * escape is stepped over, an escaped '"' too, the bytes after the last
+ * one being those tail_holds() asks about. Whether a byte is not a key
+ * name's is asked of hole_class, of the first byte first (a blank, in
+ * most text). */
 static const char *string_hole_slow(const char *q, const char *lim, const char *end)
 {
-	const char *s = q;
-	bool esc = false;
+	const char *s = q, *from = q;
 	for (;;) {
 		while (end - q >= 8) {
 			uint64_t x;
@@ -494,17 +506,15 @@ static const char *string_hole_slow(const char *q, const char *lim, const char *
 			break;
 		if (*q != '\\' || lim - q < 2 || !escape_holds(q[1]))
 			return NULL;
-		esc = true;
 		q += 2;
+		if (q[-1] == '"')
+			from = q;
 	}
 	if (q == s)
 		return NULL;
-	if (esc || hole_class[(unsigned char)*s] == 1)
+	if (from < q && (hole_class[(unsigned char)*from] == 1 || *from == '\\'))
 		return q;
-	unsigned c = 0;
-	for (const char *b = s; b < q; b++)
-		c |= hole_class[(unsigned char)*b];
-	return c == 1 ? q : NULL;
+	return tail_holds(from, q, from > s) ? q : NULL;
 }
 
 /* string_hole_slow() for the usual hole, a short text that starts with a

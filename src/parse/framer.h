@@ -79,11 +79,14 @@ struct framer_slice {
  * `same_shape` is its own business (classify_event_shaped).
  */
 enum framer_hole_kind {
-	/* the body of a JSON string, any length from 1: no '"', CR or LF, a
-	 * '\\' only as an escape of a byte that is none of these (so no '"'
-	 * at all), and at least one byte outside [A-Za-z0-9_-] (so the string
-	 * is no key name); it ends at the first '"', which the shape's next
-	 * byte must be */
+	/* the body of a JSON string, any length from 1: bytes that are not
+	 * '"', '\\', CR or LF, and escapes, a '\\' and a byte that is not CR
+	 * or LF ('"' included); it ends at the first '"' no escape takes,
+	 * which the shape's next byte must be. After its last escaped '"'
+	 * (from its start when it has none) the bytes are none, which needs
+	 * a '"' before them, or hold one outside [A-Za-z0-9_-]: so no quoted
+	 * key name starts inside the string and ends at its closing '"'
+	 * (classify.c, "Same-shape events") */
 	FRAMER_HOLE_STRING = 1,
 	FRAMER_HOLE_DIGITS, /* as many ASCII digits as the shape's */
 };

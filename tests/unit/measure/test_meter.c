@@ -6,7 +6,9 @@
  * samples, usage, the hint) and the same ITL histogram in its series as
  * with each event handed out on its own, for reads cut at random, slices
  * of a read cut at random (meter_body_v), clocks that stand still or move
- * between reads, and the gaps kept (itl_keep) or not.
+ * between reads, and the gaps kept (itl_keep) or not. The words hold
+ * escaped quotes and backslashes as the wire has them (`\"`, ` \\\"`,
+ * ` z\\`, and `\"content`, which is never taken as the shape's).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -27,8 +29,9 @@
 #include "timeline.h"
 
 static const char *const words[] = {
-	" the", " a", " model", "next", " \\\"quoted\\\"", " line\\n", " back\\\\slash", " caf\xc3\xa9",
-	",",	".",  "usage",	" x",	" token",	   " seven",   " forty-two",	 " y",
+	" the", " a",	     " model",	    "next",   " \\\"quoted\\\"", " line\\n", " back\\\\slash", " caf\xc3\xa9",
+	",",	".",	     "usage",	    " x",     " token",		 " seven",   " forty-two",     " y",
+	"\\\"", " \\\\\\\"", "\\\"content", " z\\\\",
 };
 
 /* A Responses API stream of `n` text deltas, their sequence numbers

@@ -6,9 +6,11 @@
  * completions, the Responses API and Anthropic's Messages API, whole, cut
  * at every byte and fed a byte at a time, under several event size bounds.
  * The streams hold what must not be taken as the shape: text that is a key
- * name, empty text, an escaped '"' (and one that escapes the string's end),
- * a usage chunk, CRLF line ends, a sequence number that grows a digit; and
- * what may: other escapes, long text, UTF-8.
+ * name, or ends in an escaped '"' and a key name (`\"content`, which makes
+ * a quoted key of the text's closing quote), empty text, a usage chunk,
+ * CRLF line ends, a sequence number that grows a digit; and what may:
+ * escapes, escaped quotes and backslashes anywhere (`\\"`, `\\\\` at
+ * the end, one that escapes the string's end), long text, UTF-8.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -154,19 +156,36 @@ static void test_chat(void **state)
 		     27);
 }
 
-/* Between events of the shape, a token event that cannot be armed (an
- * escaped '"') and leaves the hint as it was keeps the shape armed; one
+/* Between events of the shape, a token event that cannot be armed (a
+ * text that is a key name) and leaves the hint as it was keeps the shape
+ * armed; one
  * that leaves another hint (a reasoning key, further on) clears it, and
  * the event after it re-arms it. */
 static void test_chat_kept_past_unarmed(void **state)
 {
 	(void)state;
 	check_stream(API_OPENAI_CHAT,
-		     CHAT(" a") CHAT(" b") CHAT(" \\\"q\\\"") CHAT(" b2") CHAT_HEAD
+		     CHAT(" a") CHAT(" b") CHAT("q") CHAT(" b2") CHAT_HEAD
 		     "\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":null,\"reasoning_content\":\" "
 		     "\\\"r\\\"\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n" CHAT(" c")
 			     CHAT(" d") "data: [DONE]\n\n",
 		     3);
+}
+
+/* Escapes in the text, escaped quotes among them: the string hole goes on
+ * to the first '"' no backslash escapes, wherever a read cuts it. A text
+ * whose bytes after its last escaped '"' are a key name is turned away:
+ * `\"content` and the string's closing quote make the key "content" (and
+ * `\"timings`, which the usage search notes wherever it is). */
+static void test_chat_escapes(void **state)
+{
+	(void)state;
+	check_stream(API_OPENAI_CHAT,
+		     CHAT(" a") CHAT(" \\\"q\\\"") CHAT("\\\"") CHAT(" \\\\\\\"") CHAT(" y\\\\\\\\") CHAT("\\\\\\\\")
+			     CHAT("\\\"\\\\") CHAT("\\\"content") CHAT(" b") CHAT("\\\"timings") CHAT(" c")
+				     CHAT("\\\"usage\\\": {") CHAT("\\\"a b") CHAT("x\\\"text")
+					     CHAT(" \\\"\\u00e9\\\"\\t") CHAT(" d") "data: [DONE]\n\n",
+		     12);
 }
 
 #define RESP(seq, text) \
@@ -212,6 +231,34 @@ static void test_anthropic(void **state)
 		     "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"max_tokens\"},"
 		     "\"usage\":{\"output_tokens\":12}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
 		     8);
+}
+
+/* Why `\"timings` at a text's end is turned away: the usage search notes
+ * a "timings" hit wherever it is, and then reads the chunk's members, here
+ * vLLM's "metrics", which the chunks before it never had read. */
+#define CHATM(text) \
+	CHAT_HEAD "\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"" text \
+		  "\"},\"finish_reason\":null}],\"metrics\":{\"queue_time_ms\":3}}\n\n"
+
+static void test_chat_escaped_key_read(void **state)
+{
+	(void)state;
+	check_stream(API_OPENAI_CHAT, CHATM(" a") CHATM(" b") CHATM("\\\"timings") CHATM(" c") CHATM(" d"), 2);
+}
+
+/* The same for the Anthropic and Responses API deltas: "text" and
+ * "delta" after an escaped quote are their keys. */
+static void test_escapes_named(void **state)
+{
+	(void)state;
+	check_stream(API_ANTHROPIC,
+		     ANT(" a") ANT(" \\\"q\\\"") ANT("\\\"text") ANT(" b\\\\\\\\") ANT("\\\"content") ANT(" \\\\\\\"")
+			     ANT("x") "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+		     3);
+	check_stream(API_OPENAI_RESPONSES,
+		     RESP("4", " a") RESP("5", "\\\"b\\\"") RESP("6", "\\\"delta") RESP("7", " c\\\\\\\\")
+			     RESP("8", "\\\"") RESP("9", "\\\"sequence_number") RESP("10", " d") RESP("11", " e"),
+		     4);
 }
 
 /* Arming checks its holes: none outside the data, none of a wrong kind,
@@ -264,12 +311,46 @@ static void test_arm_bounds(void **state)
 	framer_free(&f);
 }
 
+/* A string hole may hold escaped quotes, but not end in one and a key
+ * name's bytes, nor in a backslash that escapes its closing quote. */
+static void test_arm_escapes(void **state)
+{
+	(void)state;
+	static const char ev[] = "data: {\"a\":\"\\\"k\",\"b\":\"\\\" k\",\"c\":\"q\\\"\"}\n\n";
+	const struct {
+		struct framer_hole h;
+		bool ok;
+	} cases[] = {
+		{ { 6, 3, FRAMER_HOLE_STRING }, false },  /* \"k: the key "k" */
+		{ { 16, 4, FRAMER_HOLE_STRING }, true },  /* \" k */
+		{ { 27, 3, FRAMER_HOLE_STRING }, true },  /* q\" */
+		{ { 27, 2, FRAMER_HOLE_STRING }, false }, /* q\ and an escaped '"' */
+		{ { 16, 3, FRAMER_HOLE_STRING }, false }, /* not followed by '"' */
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct framer f;
+		arm_holes[0] = cases[i].h;
+		arm_n = 1;
+		arm_ok = !cases[i].ok;
+		framer_init(&f, FRAMER_SSE, 0, on_arm, &f);
+		framer_feed(&f, ev, sizeof(ev) - 1);
+		assert_int_equal(arm_ok, cases[i].ok);
+		framer_free(&f);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_chat),	   cmocka_unit_test(test_chat_kept_past_unarmed),
-		cmocka_unit_test(test_responses),  cmocka_unit_test(test_anthropic),
+		cmocka_unit_test(test_chat),
+		cmocka_unit_test(test_chat_kept_past_unarmed),
+		cmocka_unit_test(test_chat_escapes),
+		cmocka_unit_test(test_escapes_named),
+		cmocka_unit_test(test_chat_escaped_key_read),
+		cmocka_unit_test(test_responses),
+		cmocka_unit_test(test_anthropic),
 		cmocka_unit_test(test_arm_bounds),
+		cmocka_unit_test(test_arm_escapes),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
