@@ -256,22 +256,36 @@ struct request *request_new(struct request_env *env, const struct exchange_hooks
 	return req;
 }
 
+/* What a finished request holds and gives back, whether its memory goes
+ * (request_free) or is kept as a spare (request_retire, `keep`). */
+static void request_drop_parts(struct request *req, bool keep)
+{
+	exchange_release(&req->x, false);
+	tunnel_free(&req->tunnel);
+	if (req->mirror)
+		mirror_detach(req->mirror, req->x.body_done);
+	if (keep)
+		exchange_recycle(&req->x);
+	else
+		exchange_free(&req->x);
+	workload_req_free(req->rec.wl);
+	record_release(&req->rec);
+	free(req->chain);
+	router_unref(req->x.rt);
+	req->chain = NULL;
+	req->rec.wl = NULL;
+	req->mirror = NULL;
+	req->x.rt = NULL;
+}
+
 void request_free(struct request *req)
 {
 	if (!req)
 		return;
 	CHECK_OBJ(req, REQUEST_MAGIC);
-	exchange_release(&req->x, false);
-	tunnel_free(&req->tunnel);
-	if (req->mirror)
-		mirror_detach(req->mirror, req->x.body_done);
-	exchange_free(&req->x);
-	workload_req_free(req->rec.wl);
-	record_release(&req->rec);
+	request_drop_parts(req, false);
 	reqhead_free(&req->head);
 	free(req->body_prefix);
-	free(req->chain);
-	router_unref(req->x.rt);
 	OBJ_MAGIC_CLEAR(req);
 	free(req);
 }
@@ -286,20 +300,8 @@ void request_retire(struct request *req)
 		request_free(req);
 		return;
 	}
-	exchange_release(&req->x, false);
-	tunnel_free(&req->tunnel);
-	if (req->mirror)
-		mirror_detach(req->mirror, req->x.body_done);
-	exchange_recycle(&req->x);
-	workload_req_free(req->rec.wl);
-	record_release(&req->rec);
-	free(req->chain);
-	router_unref(req->x.rt);
+	request_drop_parts(req, true);
 	request_prefix_drop(req);
-	req->chain = NULL;
-	req->rec.wl = NULL;
-	req->mirror = NULL;
-	req->x.rt = NULL;
 	req->next_spare = env->spares;
 	env->spares = req;
 	env->nspares++;
