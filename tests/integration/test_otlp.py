@@ -541,6 +541,9 @@ class TestSpans(harness.TestCase):
 
     def test_counters(self):
         self.check("ot-count", False)
+        # the collector holds the span before it answers, and the exporter
+        # counts it exported only once the answer is read: wait for that
+        harness.wait_until(lambda: metric(self.admin, "tokentap_otlp_spans_exported_total")[""] >= 1, 5.0, 0.05)
         exported = metric(self.admin, "tokentap_otlp_spans_exported_total")
         self.assertGreaterEqual(exported[""], 1)
         dropped = metric(self.admin, "tokentap_otlp_spans_dropped_total")
